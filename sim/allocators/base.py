@@ -1,0 +1,155 @@
+"""The one interface every KV allocation strategy implements.
+
+Sizes are tracked in tokens inside an allocator and reported in bytes
+(``tokens × kv_bytes_per_token``) by :meth:`Allocator.stats`. The engine calls
+``admit`` when a request first gets memory, ``grow`` before each iteration so
+that the slots for the tokens it computes exist, and ``release`` when a
+sequence finishes or is preempted. ``decode_plan``/``advance_decode`` let the
+fast-forward engine apply many decode iterations at once with the same result
+as calling ``grow`` once per iteration.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class Grow(IntEnum):
+    """Outcome of :meth:`Allocator.grow` / :meth:`Allocator.admit`."""
+
+    OK = 0
+    #: Not enough free memory now; preempting another sequence may help.
+    NO_SPACE = 1
+    #: The sequence outgrew what this allocator will ever give it (static reservation).
+    OVERFLOW = 2
+
+
+#: Refusal reasons counted in stats.
+INSUFFICIENT_FREE = "insufficient_free"
+#: Enough memory is free in total but no contiguous extent fits: stranded memory.
+NO_CONTIGUOUS_EXTENT = "no_contiguous_extent"
+EXCEEDS_RESERVATION = "exceeds_reservation"
+
+
+@dataclass(slots=True)
+class AllocatorStats:
+    """A snapshot, in bytes. ``used ≤ reserved ≤ capacity`` and ``reserved + free == capacity``."""
+
+    capacity_bytes: int
+    reserved_bytes: int
+    used_bytes: int
+    free_bytes: int
+    largest_free_extent_bytes: int
+    live_sequences: int
+    refusals: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def external_fragmentation(self) -> float:
+        """1 − largest free extent ÷ free (0 when nothing is free)."""
+        return 0.0 if self.free_bytes == 0 else 1.0 - self.largest_free_extent_bytes / self.free_bytes
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    """What ``k`` pure-decode iterations do to the allocator.
+
+    Iteration ``j`` (0-based) of the window computes one token for every
+    sequence; ``reserved_tokens[j]`` and ``used_tokens[j]`` are the totals held
+    during that iteration.
+    """
+
+    steps: int
+    reserved_tokens: np.ndarray
+    used_tokens: np.ndarray
+
+
+class Allocator(ABC):
+    """Base: per-sequence used-token bookkeeping and refusal counting."""
+
+    #: ``True`` when attention reads a block table (PagedAttention), for the cost model.
+    paged_layout: bool = False
+
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int):
+        if capacity_tokens <= 0:
+            raise ValueError("capacity_tokens must be positive")
+        self.bpt = kv_bytes_per_token
+        self.capacity_tokens = capacity_tokens
+        self.used: dict[int, int] = {}
+        self.used_total = 0
+        self.refusals: Counter[str] = Counter()
+        #: Incremented by every release: memory can only have become free if this moved.
+        self.releases = 0
+
+    # --- the interface -------------------------------------------------------------
+    @abstractmethod
+    def admit(self, seq: int, tokens: int) -> Grow:
+        """Give a new sequence memory for its first ``tokens`` tokens.
+
+        On anything but ``OK`` nothing changes and the reason is counted.
+        """
+
+    @abstractmethod
+    def grow(self, seq: int, tokens: int) -> Grow:
+        """Make sure ``seq`` holds slots for ``tokens`` tokens in total (never shrinks)."""
+
+    @abstractmethod
+    def release(self, seq: int) -> None:
+        """Return everything ``seq`` holds to the free pool."""
+
+    @abstractmethod
+    def reserved_tokens(self) -> int:
+        """Token slots owned by live sequences."""
+
+    @abstractmethod
+    def largest_free_extent_tokens(self) -> int:
+        """The longest run of free slots one new sequence could take contiguously."""
+
+    @abstractmethod
+    def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
+        """How many decode iterations (≤ ``max_steps``) can run without a refusal.
+
+        ``tokens_now[i]`` is what ``seqs[i]`` holds for the first iteration of
+        the window, already granted by :meth:`grow`; iteration ``j`` needs
+        ``tokens_now + j``. Always at least 1 step. Changes nothing.
+        """
+
+    def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
+        """Apply the growth of a decode window: ``grow(seq, tokens_after[i])`` for all, all of which must succeed."""
+        for s, t in zip(seqs, tokens_after.tolist()):
+            r = self.grow(s, t)
+            assert r is Grow.OK, f"decode window growth refused for seq {s}"
+
+    # --- derived -------------------------------------------------------------------
+    def free_tokens(self) -> int:
+        return self.capacity_tokens - self.reserved_tokens()
+
+    def stats(self) -> AllocatorStats:
+        reserved = self.reserved_tokens()
+        return AllocatorStats(
+            capacity_bytes=self.capacity_tokens * self.bpt,
+            reserved_bytes=reserved * self.bpt,
+            used_bytes=self.used_total * self.bpt,
+            free_bytes=(self.capacity_tokens - reserved) * self.bpt,
+            largest_free_extent_bytes=self.largest_free_extent_tokens() * self.bpt,
+            live_sequences=len(self.used),
+            refusals=dict(self.refusals),
+        )
+
+    def _set_used(self, seq: int, tokens: int) -> None:
+        self.used_total += tokens - self.used.get(seq, 0)
+        self.used[seq] = tokens
+
+    def _drop_used(self, seq: int) -> None:
+        self.used_total -= self.used.pop(seq)
+
+    def check_invariants(self) -> None:
+        """Assert the accounting identities; used by tests after every operation."""
+        reserved = self.reserved_tokens()
+        assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (self.used_total, reserved, self.capacity_tokens)
+        assert self.used_total == sum(self.used.values())
+        assert self.largest_free_extent_tokens() <= self.capacity_tokens - reserved

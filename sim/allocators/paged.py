@@ -1,0 +1,99 @@
+"""A pool of fixed-size KV blocks (PagedAttention).
+
+A sequence holding ``t`` tokens owns ``ceil(t / block_size)`` blocks from one
+shared pool; only the last block of a sequence can be partly empty, so
+internal fragmentation is below one block per sequence and there is no
+external fragmentation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
+
+
+class PagedAllocator(Allocator):
+    paged_layout = True
+
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16):
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        num_blocks = capacity_tokens // block_size
+        super().__init__(num_blocks * block_size, kv_bytes_per_token)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.free_blocks = num_blocks
+        self.blocks: dict[int, int] = {}
+
+    def _need(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def admit(self, seq: int, tokens: int) -> Grow:
+        assert seq not in self.blocks, f"seq {seq} admitted twice"
+        need = self._need(tokens)
+        if need > self.free_blocks:
+            self.refusals[INSUFFICIENT_FREE] += 1
+            return Grow.NO_SPACE
+        self.free_blocks -= need
+        self.blocks[seq] = need
+        self._set_used(seq, tokens)
+        return Grow.OK
+
+    def grow(self, seq: int, tokens: int) -> Grow:
+        extra = self._need(tokens) - self.blocks[seq]
+        if extra > 0:
+            if extra > self.free_blocks:
+                self.refusals[INSUFFICIENT_FREE] += 1
+                return Grow.NO_SPACE
+            self.free_blocks -= extra
+            self.blocks[seq] += extra
+        if tokens > self.used[seq]:
+            self._set_used(seq, tokens)
+        return Grow.OK
+
+    def release(self, seq: int) -> None:
+        self.releases += 1
+        self.free_blocks += self.blocks.pop(seq)
+        self._drop_used(seq)
+
+    def reserved_tokens(self) -> int:
+        return (self.num_blocks - self.free_blocks) * self.block_size
+
+    def largest_free_extent_tokens(self) -> int:
+        # Any free block serves any sequence: the whole free pool is one usable extent.
+        return self.free_blocks * self.block_size
+
+    def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
+        B = self.block_size
+        held = np.fromiter((self.blocks[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        # Iteration j (0-based) needs tokens_now + j slots. A sequence takes its next block
+        # at j = held*B - tokens_now + 1, then every B iterations after that.
+        first = held * B - tokens_now + 1
+        if max_steps > 1 and len(seqs):
+            counts = np.maximum(0, (max_steps - 1 - first) // B + 1)
+            starts = np.repeat(first, counts)
+            offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+            new_per_step = np.bincount(starts + offsets * B, minlength=max_steps)[:max_steps]
+        else:
+            new_per_step = np.zeros(max_steps, dtype=np.int64)
+        cum_new = np.cumsum(new_per_step)
+        k = int(np.searchsorted(cum_new, self.free_blocks, side="right"))
+        k = max(1, min(k, max_steps))
+        reserved = (self.num_blocks - self.free_blocks + cum_new[:k]) * B
+        used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
+        return DecodePlan(k, reserved.astype(np.float64), used)
+
+    def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
+        B = self.block_size
+        blocks = self.blocks
+        used = self.used
+        for s, t in zip(seqs, tokens_after.tolist()):
+            need = -(-t // B)
+            extra = need - blocks[s]
+            if extra > 0:
+                self.free_blocks -= extra
+                blocks[s] = need
+            self.used_total += t - used[s]
+            used[s] = t
+        assert self.free_blocks >= 0, "decode window overdrew the block pool"

@@ -1,0 +1,71 @@
+"""Static per-request reservation in a contiguous arena.
+
+Each admitted sequence reserves ``reserve_tokens`` contiguous slots up front
+(the FasterTransformer/Orca scheme PagedAttention measured against). Growth
+inside the reservation is free; growth past it is an ``OVERFLOW`` that the
+engine turns into a rejection or a truncation (``overflow`` policy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .arena import Arena
+from .base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
+
+
+class StaticAllocator(Allocator):
+    paged_layout = False
+
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int):
+        super().__init__(capacity_tokens, kv_bytes_per_token)
+        if not 0 < reserve_tokens <= capacity_tokens:
+            raise ValueError(f"reserve_tokens {reserve_tokens} must be in (0, {capacity_tokens}]")
+        self.reserve = reserve_tokens
+        self.arena = Arena(capacity_tokens)
+        self.extent: dict[int, int] = {}  # seq -> start slot
+
+    def admit(self, seq: int, tokens: int) -> Grow:
+        assert seq not in self.extent, f"seq {seq} admitted twice"
+        if tokens > self.reserve:
+            self.refusals[EXCEEDS_RESERVATION] += 1
+            return Grow.OVERFLOW
+        start = self.arena.allocate(self.reserve)
+        if start is None:
+            stranded = self.arena.free_total >= self.reserve
+            self.refusals[NO_CONTIGUOUS_EXTENT if stranded else INSUFFICIENT_FREE] += 1
+            return Grow.NO_SPACE
+        self.extent[seq] = start
+        self._set_used(seq, tokens)
+        return Grow.OK
+
+    def grow(self, seq: int, tokens: int) -> Grow:
+        if tokens > self.reserve:
+            self.refusals[EXCEEDS_RESERVATION] += 1
+            return Grow.OVERFLOW
+        if tokens > self.used[seq]:
+            self._set_used(seq, tokens)
+        return Grow.OK
+
+    def release(self, seq: int) -> None:
+        self.releases += 1
+        self.arena.free(self.extent.pop(seq), self.reserve)
+        self._drop_used(seq)
+
+    def reserved_tokens(self) -> int:
+        return len(self.extent) * self.reserve
+
+    def largest_free_extent_tokens(self) -> int:
+        return self.arena.largest_free()
+
+    def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
+        # Iteration j needs tokens_now + j slots; the reservation caps it.
+        headroom = int(self.reserve - tokens_now.max()) + 1 if len(seqs) else max_steps
+        k = max(1, min(max_steps, headroom))
+        used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
+        return DecodePlan(k, np.full(k, float(self.reserved_tokens())), used)
+
+    def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
+        for s, t in zip(seqs, tokens_after.tolist()):
+            assert t <= self.reserve
+            self._set_used(s, t)

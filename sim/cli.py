@@ -1,0 +1,169 @@
+"""The ``kvsim`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from .errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="kvsim: KV-cache capacity simulator for LLM serving.")
+# Piped output keeps whole cells instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True)
+
+
+def _fail(exc: ConfigError) -> None:
+    # One plain line: scripts grep it, and rich would wrap long messages.
+    sys.stderr.write(f"error: {exc}\n")
+    raise typer.Exit(2)
+
+
+def _overrides(items: list[str] | None) -> dict:
+    from .config import parse_override
+    return dict(parse_override(i) for i in items or [])
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}{unit}"
+    return f"{v}{unit}"
+
+
+def print_summary(summary: dict, wall_s: float | None = None) -> None:
+    t = Table(title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, cost model {summary['cost_model']}"
+              + ("" if summary.get("cost_model_calibrated") else " (UNCALIBRATED prior)"))
+    t.add_column("metric")
+    for c in ("p50", "p90", "p99", "mean"):
+        t.add_column(c, justify="right")
+    for key, label in (("ttft_s", "TTFT (s)"), ("tpot_s", "TPOT (s)"), ("e2e_s", "e2e latency (s)")):
+        d = summary[key]
+        t.add_row(label, *(_fmt(d[c]) for c in ("p50", "p90", "p99", "mean")))
+    console.print(t)
+    k = Table(show_header=False)
+    k.add_column("k")
+    k.add_column("v", justify="right")
+    rows = [
+        ("requests completed / rejected", f"{summary['completed']} / {summary['rejected']}"),
+        ("rejected by reason", ", ".join(f"{a}: {b}" for a, b in summary["rejected_by_reason"].items()) or "-"),
+        ("preemptions", summary["preemptions"]),
+        ("throughput (tokens/s, prompt+output)", _fmt(summary["throughput_tokens_per_s"])),
+        ("throughput (requests/s)", _fmt(summary["throughput_requests_per_s"])),
+        ("KV token utilization (used / reserved)", _fmt(summary["kv_token_utilization"])),
+        ("KV memory utilization (used / capacity)", _fmt(summary["kv_memory_utilization"])),
+        ("KV capacity per replica (GiB)", _fmt(summary["kv_capacity_bytes_per_replica"] / 2**30)),
+        ("busy fraction", _fmt(summary["busy_fraction"])),
+        ("simulated time (s)", _fmt(summary["makespan_s"])),
+    ]
+    if wall_s is not None:
+        rows.append(("wall time (s)", f"{wall_s:.2f}"))
+    for a, b in rows:
+        k.add_row(a, str(b))
+    console.print(k)
+
+
+@app.command()
+def run(
+    scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
+):
+    """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
+    from .cluster import simulate
+    from .config import load_scenario
+    from .results import write_run
+    try:
+        sc = load_scenario(scenario, _overrides(set_))
+        if quiet:
+            result = simulate(sc)
+        else:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
+                          TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+                task = bar.add_task("run", total=None)
+                result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n))
+    except ConfigError as exc:
+        _fail(exc)
+    path = write_run(result, out or Path("runs") / sc.name)
+    if quiet:
+        print(path / "summary.json")
+    else:
+        print_summary(result.summary, result.run_info["wall_s"])
+        console.print(f"wrote {path}/ (requests.parquet, timeseries.parquet, summary.json)")
+
+
+list_app = typer.Typer(help="List catalogs: models, gpus, scenarios, allocators.", no_args_is_help=True)
+app.add_typer(list_app, name="list")
+
+
+@list_app.command("models")
+def list_models():
+    """Model catalog with KV bytes per token (bf16)."""
+    from .catalog import MODELS
+    t = Table(title="models")
+    for c in ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "params (B)", "KV B/token bf16", "sliding window"):
+        t.add_column(c)
+    for m in MODELS.values():
+        t.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.head_dim),
+                  f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token('bf16'):,}", str(m.sliding_window or "-"))
+    console.print(t)
+
+
+@list_app.command("gpus")
+def list_gpus():
+    """GPU catalog."""
+    from .catalog import GPUS
+    t = Table(title="gpus")
+    for c in ("name", "memory (GiB)", "HBM (TB/s)", "bf16 (TFLOP/s)", "PCIe (GB/s)", "NVLink (GB/s)"):
+        t.add_column(c)
+    for g in GPUS.values():
+        t.add_row(g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth / 1e12:.2f}", f"{g.peak_bf16_flops / 1e12:.0f}",
+                  f"{g.pcie_bandwidth / 1e9:.0f}", f"{g.nvlink_bandwidth / 1e9:.0f}")
+    console.print(t)
+
+
+@list_app.command("scenarios")
+def list_scenarios_cmd():
+    """Built-in scenarios."""
+    from .config import SCENARIO_DIR, list_scenarios
+    import yaml
+    t = Table(title=f"scenarios ({SCENARIO_DIR})")
+    t.add_column("name")
+    t.add_column("description")
+    for name in list_scenarios():
+        data = yaml.safe_load((SCENARIO_DIR / f"{name}.yaml").read_text()) or {}
+        t.add_row(name, str(data.get("description", "")).strip().splitlines()[0] if data.get("description") else "")
+    console.print(t)
+
+
+@list_app.command("allocators")
+def list_allocators():
+    """Allocator kinds with their knobs and defaults."""
+    from .allocators import KINDS
+    t = Table(title="allocators")
+    for c in ("kind", "knobs (defaults)", "what it models"):
+        t.add_column(c)
+    for kind, (knobs, what) in KINDS.items():
+        t.add_row(kind, ", ".join(f"{k}={v}" for k, v in knobs.items()), what)
+    console.print(t)
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:  # raised outside a command's own handler
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

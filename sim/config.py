@@ -1,0 +1,267 @@
+"""Scenario files: YAML validated into typed configuration.
+
+Every key is documented in ``docs/scenario.md``. Sections are flat models with
+a ``kind`` plus every knob of every kind (defaults filled), so a dotted
+override such as ``--set allocator.kind=static`` never has to delete the
+knobs of the previous kind. Errors name the key, the value and what is
+allowed (:class:`sim.errors.ConfigError`).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = REPO_ROOT / "scenarios"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class ModelConfig(_Section):
+    """A catalog model, optionally with dims overridden, or fully explicit dims."""
+
+    name: str | None = "llama-3.1-8b"
+    layers: int | None = Field(None, gt=0)
+    hidden: int | None = Field(None, gt=0)
+    heads: int | None = Field(None, gt=0)
+    kv_heads: int | None = Field(None, gt=0)
+    head_dim: int | None = Field(None, gt=0)
+    intermediate: int | None = Field(None, gt=0)
+    params: float | None = Field(None, gt=0)
+    vocab: int | None = Field(None, gt=0)
+    sliding_window: int | None = Field(None, gt=0)
+    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    kv_dtype: Literal["bf16", "fp16", "fp8", "int4"] = "bf16"
+
+
+class GpuConfig(_Section):
+    name: str = "H100-SXM-80GB"
+    replicas: int = Field(1, ge=1, le=4096)
+    tensor_parallel: Literal[1, 2, 4, 8] = 1
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    #: Bytes per replica kept for activations; ``None`` derives it like vLLM's profiling run.
+    activation_reserve_bytes: int | None = Field(None, ge=0)
+
+
+class ArrivalConfig(_Section):
+    kind: Literal["poisson", "gamma", "trace", "closed_loop"] = "poisson"
+    rate: float | None = Field(None, gt=0)
+    cv: float = Field(1.0, gt=0)
+    path: str | None = None
+    format: Literal["auto", "azure", "mooncake", "csv", "parquet"] = "auto"
+    time_scale: float = Field(1.0, gt=0)
+    concurrency: int | None = Field(None, ge=1)
+    think_time_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if self.kind in ("poisson", "gamma") and self.rate is None:
+            raise ValueError(f"arrival kind {self.kind!r} needs 'rate' (requests/s, > 0)")
+        if self.kind == "trace" and not self.path:
+            raise ValueError("arrival kind 'trace' needs 'path' (a trace file)")
+        if self.kind == "closed_loop" and self.concurrency is None:
+            raise ValueError("arrival kind 'closed_loop' needs 'concurrency' (clients, >= 1)")
+        return self
+
+
+class LengthsConfig(_Section):
+    kind: Literal["fixed", "uniform", "lognormal", "empirical", "mixture", "trace"] = "fixed"
+    prompt_tokens: int = Field(512, ge=1)
+    output_tokens: int = Field(128, ge=1)
+    prompt_min: int = Field(1, ge=1)
+    prompt_max: int = Field(1024, ge=1)
+    output_min: int = Field(1, ge=1)
+    output_max: int = Field(256, ge=1)
+    prompt_median: float = Field(512.0, gt=0)
+    prompt_sigma: float = Field(1.0, ge=0)
+    output_median: float = Field(128.0, gt=0)
+    output_sigma: float = Field(1.0, ge=0)
+    path: str | None = None
+    format: Literal["auto", "azure", "mooncake", "csv", "parquet", "length_stats"] = "auto"
+    base: "LengthsConfig | None" = None
+    outlier_fraction: float = Field(0.1, ge=0, le=1)
+    outlier_multiplier: float = Field(4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if self.kind == "uniform":
+            if self.prompt_min > self.prompt_max:
+                raise ValueError(f"prompt_min {self.prompt_min} > prompt_max {self.prompt_max}")
+            if self.output_min > self.output_max:
+                raise ValueError(f"output_min {self.output_min} > output_max {self.output_max}")
+        if self.kind == "empirical" and not self.path:
+            raise ValueError("lengths kind 'empirical' needs 'path' (a trace or length-stats file)")
+        if self.kind == "mixture" and self.base is None:
+            raise ValueError("lengths kind 'mixture' needs 'base' (another lengths block)")
+        return self
+
+
+class WorkloadConfig(_Section):
+    num_requests: int | None = Field(1000, ge=1)
+    duration_s: float | None = Field(None, gt=0)
+    max_model_len: int = Field(8192, ge=2)
+    arrival: ArrivalConfig = ArrivalConfig(kind="poisson", rate=1.0)
+    #: ``None`` takes lengths from the arrival trace.
+    lengths: LengthsConfig | None = None
+
+
+class SchedulerConfig(_Section):
+    kind: Literal["continuous"] = "continuous"
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    chunked_prefill: bool = True
+
+
+class AllocatorConfig(_Section):
+    kind: Literal["paged", "static"] = "paged"
+    block_size: int = Field(16, ge=1, le=4096)
+    #: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
+    reserve: Union[int, str] = "max_model_len"
+    overflow: Literal["reject", "truncate"] = "reject"
+
+
+class CostModelConfig(_Section):
+    #: Built-in profile name or a path to a profile JSON; ``None`` = roofline prior.
+    profile: str | None = None
+    compute_efficiency: float = Field(0.6, gt=0, le=1)
+    memory_efficiency: float = Field(0.8, gt=0, le=1)
+    step_overhead_s: float = Field(2.0e-3, ge=0)
+    per_seq_overhead_s: float = Field(10e-6, ge=0)
+    paged_attention_overhead: float = Field(0.2, ge=0)
+
+
+class EngineConfig(_Section):
+    mode: Literal["fast_forward", "step"] = "fast_forward"
+
+
+class Scenario(_Section):
+    name: str = "unnamed"
+    description: str = ""
+    seed: int = 0
+    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    model: ModelConfig = ModelConfig()
+    gpu: GpuConfig = GpuConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    allocator: AllocatorConfig = AllocatorConfig()
+    cost_model: CostModelConfig = CostModelConfig()
+    engine: EngineConfig = EngineConfig()
+    #: Directory that relative paths in the scenario resolve against (not a YAML key).
+    base_dir: str = Field(default=str(SCENARIO_DIR), exclude=True)
+
+    def resolve_path(self, path: str, key: str) -> Path:
+        """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""
+        p = Path(path)
+        for cand in ([p] if p.is_absolute() else [Path(self.base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]):
+            if cand.is_file():
+                return cand
+        raise ConfigError(key, path, "a readable file (absolute, or relative to the scenario file or scenarios/)")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+# --- loading --------------------------------------------------------------------------
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    model: Any = Scenario
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cands = [ann, *getattr(ann, "__args__", ())]
+        nxt = next((c for c in cands if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nxt is None:
+            return []
+        model = nxt
+    return list(getattr(model, "model_fields", {}))
+
+
+def _error_from_pydantic(err: ValidationError) -> ConfigError:
+    e = err.errors()[0]
+    loc = tuple(p for p in e["loc"] if not isinstance(p, int))
+    key = ".".join(str(p) for p in loc) or "scenario"
+    if e["type"] == "extra_forbidden":
+        keys = [k for k in _allowed_keys(loc) if k != "base_dir"]
+        return ConfigError(key, e.get("input"), f"unknown key; allowed here: {', '.join(keys)}")
+    msg = e["msg"].removeprefix("Value error, ")
+    return ConfigError(key, e.get("input"), msg)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``a.b.c=value`` → (``a.b.c``, YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError("--set", item, "expected KEY=VALUE with KEY a dotted path such as workload.arrival.rate")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError("--set", item, "expected KEY=VALUE with KEY a dotted path such as workload.arrival.rate")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    """Set dotted keys in a nested dict (copied), creating sections as needed."""
+    out = copy.deepcopy(data)
+    for key, value in overrides.items():
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(key, value, f"'{part}' is a value, not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenario:
+    if not isinstance(data, dict):
+        raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as err:
+        raise _error_from_pydantic(err) from None
+    if base_dir is not None:
+        sc.base_dir = str(base_dir)
+    return sc
+
+
+def read_scenario_dict(path: str | Path) -> tuple[dict, Path]:
+    """Raw YAML of a scenario file or a built-in scenario name."""
+    p = Path(path)
+    if not p.is_file():
+        named = SCENARIO_DIR / f"{path}.yaml"
+        if named.is_file():
+            p = named
+        else:
+            raise ConfigError("scenario", str(path), f"a YAML file, or a built-in name ({', '.join(list_scenarios())})")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError("scenario", str(p), f"valid YAML ({str(exc).splitlines()[0]})") from None
+    return data, p.parent
+
+
+def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+    data, base = read_scenario_dict(path)
+    return scenario_from_dict(apply_overrides(data, overrides or {}), base_dir=base)
+
+
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))

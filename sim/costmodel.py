@@ -1,0 +1,181 @@
+"""Step time from a batch's shape.
+
+The engine only ever asks a :class:`CostModel` two questions: how long does
+this (possibly mixed) batch take, and how long do ``k`` consecutive pure
+decode iterations take (vectorised, for fast-forward). Allocators' memory work
+is charged through the same object. A calibrated profile (``calibration``)
+implements the same interface; :class:`RooflineCostModel` is the prior used
+when no profile exists, and says so in every output.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .catalog import GpuSpec, ModelSpec, dtype_bytes
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """What one iteration computes.
+
+    ``prefill_chunks`` holds ``(new_tokens, context_tokens)`` per sequence in
+    prefill, context being the tokens already in its KV cache before the
+    chunk. ``decode_kv_tokens`` is the sum over decoding sequences of the KV
+    length each attends over (its new token included).
+    """
+
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    decode_seqs: int = 0
+    decode_kv_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.decode_seqs + sum(c for c, _ in self.prefill_chunks)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the KV cache is laid out, which decides the attention kernel."""
+
+    paged: bool
+    block_size: int = 16
+
+
+class CostModel(ABC):
+    """Seconds for each thing the simulator charges. All methods are pure."""
+
+    #: Name written to outputs: a profile name or ``roofline-uncalibrated``.
+    name: str
+    calibrated: bool
+
+    def __init__(self) -> None:
+        #: Queries outside the measured range, by curve; reported in summary.json.
+        self.out_of_range: dict[str, int] = {}
+
+    @abstractmethod
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+        """Per-iteration seconds of pure decode steps of ``num_seqs`` sequences.
+
+        ``kv_tokens[j]`` is the total KV length attended in iteration ``j``.
+        Must equal :meth:`step_time_s` on the same single-iteration shape.
+        """
+
+    @abstractmethod
+    def mixed_step_time_s(self, batch: BatchShape) -> float:
+        """Seconds for an iteration that contains at least one prefill chunk."""
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        """Seconds for one iteration of ``batch``."""
+        if not batch.prefill_chunks:
+            return float(self.decode_times_s(batch.decode_seqs, np.array([batch.decode_kv_tokens], dtype=np.float64))[0])
+        return self.mixed_step_time_s(batch)
+
+    @abstractmethod
+    def copy_time_s(self, nbytes: float) -> float:
+        """Device-to-device copy (realloc, compaction)."""
+
+    @abstractmethod
+    def zero_fill_time_s(self, nbytes: float) -> float:
+        """memset of reused memory."""
+
+    @abstractmethod
+    def host_transfer_time_s(self, nbytes: float) -> float:
+        """Host↔device transfer (swap)."""
+
+    @abstractmethod
+    def alloc_time_s(self, events: int) -> float:
+        """Allocator bookkeeping for ``events`` page or extent allocations."""
+
+    def describe(self) -> dict:
+        return {"name": self.name, "calibrated": self.calibrated}
+
+
+@dataclass(frozen=True)
+class RooflineParams:
+    """Efficiencies and fixed costs of the roofline prior (uncalibrated guesses)."""
+
+    compute_efficiency: float = 0.6
+    memory_efficiency: float = 0.8
+    #: Kernel launches and framework overhead per iteration, seconds.
+    step_overhead_s: float = 2.0e-3
+    #: CPU scheduling/sampling per sequence in the batch, seconds.
+    per_seq_overhead_s: float = 10e-6
+    #: PagedAttention kernels measured 20–26% slower than contiguous (vLLM §7.1).
+    paged_attention_overhead: float = 0.2
+    alloc_event_s: float = 2e-6
+    allreduce_latency_s: float = 10e-6
+
+
+class RooflineCostModel(CostModel):
+    """max(FLOPs/peak, bytes/bandwidth) per kernel family, plus fixed overheads.
+
+    GEMMs read the weights once per iteration and do 2·params FLOPs per token;
+    attention reads every attended KV token once and does 4·heads·head_dim
+    FLOPs per (query, key) pair per layer. Tensor parallelism divides both
+    and adds two all-reduces per layer over NVLink.
+    """
+
+    name = "roofline-uncalibrated"
+    calibrated = False
+
+    def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1, weight_dtype: str = "bf16",
+                 kv_dtype: str = "bf16", layout: Layout = Layout(paged=True), params: RooflineParams = RooflineParams()):
+        super().__init__()
+        self.model, self.gpu, self.tp, self.layout, self.p = model, gpu, tensor_parallel, layout, params
+        self._flops = gpu.peak_bf16_flops * tensor_parallel * params.compute_efficiency
+        self._bw = gpu.hbm_bandwidth * tensor_parallel * params.memory_efficiency
+        self._weight_bytes = model.weight_bytes(weight_dtype)
+        self._kv_bpt = model.kv_bytes_per_token(kv_dtype)
+        embed = model.vocab * model.hidden
+        self._linear_flops_per_token = 2.0 * max(model.params - 2 * embed, model.params * 0.5)
+        self._lm_head_flops_per_seq = 2.0 * embed
+        self._attn_flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
+        self._act_bytes_per_token = model.hidden * dtype_bytes(weight_dtype, "model.weight_dtype")
+        self._paged_factor = 1.0 + (params.paged_attention_overhead if layout.paged else 0.0)
+
+    def _linear_s(self, tokens: float, seqs: float) -> float:
+        flops = tokens * self._linear_flops_per_token + seqs * self._lm_head_flops_per_seq
+        return max(flops / self._flops, self._weight_bytes / self._bw)
+
+    def _allreduce_s(self, tokens: float) -> float:
+        if self.tp == 1:
+            return 0.0
+        nbytes = tokens * self._act_bytes_per_token * 2 * (self.tp - 1) / self.tp
+        bw = self.gpu.nvlink_bandwidth or self.gpu.pcie_bandwidth
+        return 2 * self.model.layers * (self.p.allreduce_latency_s + nbytes / bw)
+
+    def _fixed_s(self, seqs: float) -> float:
+        return self.p.step_overhead_s + self.p.per_seq_overhead_s * seqs
+
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        base = self._linear_s(num_seqs, num_seqs) + self._allreduce_s(num_seqs) + self._fixed_s(num_seqs)
+        attn = np.maximum(kv * self._attn_flops_per_pair / self._flops, kv * self._kv_bpt / self._bw) * self._paged_factor
+        return base + attn
+
+    def mixed_step_time_s(self, batch: BatchShape) -> float:
+        seqs = batch.decode_seqs + len(batch.prefill_chunks)
+        tokens = batch.num_tokens
+        pairs = float(batch.decode_kv_tokens)
+        kv_read = float(batch.decode_kv_tokens)
+        for new, ctx in batch.prefill_chunks:
+            pairs += new * ctx + new * (new + 1) / 2
+            kv_read += ctx + new
+        attn = max(pairs * self._attn_flops_per_pair / self._flops, kv_read * self._kv_bpt / self._bw)
+        return self._linear_s(tokens, seqs) + self._allreduce_s(tokens) + self._fixed_s(seqs) + attn * self._paged_factor
+
+    def copy_time_s(self, nbytes: float) -> float:
+        return 2.0 * nbytes / self._bw  # read + write
+
+    def zero_fill_time_s(self, nbytes: float) -> float:
+        return nbytes / self._bw
+
+    def host_transfer_time_s(self, nbytes: float) -> float:
+        return nbytes / self.gpu.pcie_bandwidth
+
+    def alloc_time_s(self, events: int) -> float:
+        return events * self.p.alloc_event_s

@@ -1,0 +1,118 @@
+"""A scenario's hardware and model resolved into numbers: bytes per token, KV capacity, allocator, cost model."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from .allocators.base import Allocator
+from .allocators.paged import PagedAllocator
+from .allocators.static import StaticAllocator
+from .catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
+from .config import Scenario
+from .costmodel import CostModel, Layout, RooflineCostModel, RooflineParams
+from .errors import ConfigError
+
+_DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
+
+
+def model_spec(sc: Scenario) -> ModelSpec:
+    """Catalog entry with any explicit dims applied, or a fully explicit shape."""
+    m = sc.model
+    given = {f.name: getattr(m, f.name) for f in fields(ModelSpec) if f.name != "name" and getattr(m, f.name, None) is not None}
+    if m.name is None or m.name == "custom":
+        missing = [d for d in _DIMS if d not in given]
+        if missing:
+            raise ConfigError("model", "custom", f"explicit dims need all of {', '.join(_DIMS)}; missing {', '.join(missing)}")
+        return ModelSpec(name="custom", **given)
+    base = get_model(m.name)
+    if given:
+        return ModelSpec(**{**{f.name: getattr(base, f.name) for f in fields(ModelSpec)}, **given, "name": base.name + "*"})
+    return base
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """Per-replica memory arithmetic (bytes) for one scenario."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    kv_bytes_per_token: int
+    weight_bytes: int
+    activation_reserve_bytes: int
+    kv_capacity_bytes: int
+    kv_capacity_tokens: int
+    reserve_tokens: int | None
+
+    @classmethod
+    def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
+        model = model_spec(sc)
+        gpu = get_gpu(sc.gpu.name)
+        g = sc.gpu
+        bpt = model.kv_bytes_per_token(sc.model.kv_dtype)
+        act = g.activation_reserve_bytes
+        if act is None:
+            act = activation_reserve_bytes(model, g.tensor_parallel, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs)
+        weights = model.weight_bytes(sc.model.weight_dtype)
+        cap = kv_capacity_bytes(model, gpu, g.tensor_parallel, g.gpu_memory_utilization, sc.model.weight_dtype, act)
+        if cap <= 0:
+            raise ConfigError("gpu", f"{g.name} x TP{g.tensor_parallel}",
+                              f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
+                              f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.0f} GiB minus weights {weights / GiB:.1f} GiB "
+                              f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU")
+        cap_tokens = cap // bpt
+        max_len = sc.workload.max_model_len
+        needed = model.kv_tokens_held(max_len)
+        if cap_tokens < needed:
+            raise ConfigError("workload.max_model_len", max_len,
+                              f"at most {cap_tokens} tokens fit in the KV capacity of one replica "
+                              f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory")
+        reserve = None
+        if sc.allocator.kind == "static":
+            reserve = parse_reserve(sc.allocator.reserve, max_len, total_length_percentile)
+            if reserve > cap_tokens:
+                raise ConfigError("allocator.reserve", sc.allocator.reserve,
+                                  f"a reservation of at most {cap_tokens} tokens (one replica's KV capacity)")
+        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve)
+
+    def make_allocator(self, sc: Scenario) -> Allocator:
+        if sc.allocator.kind == "paged":
+            if sc.allocator.block_size > self.kv_capacity_tokens:
+                raise ConfigError("allocator.block_size", sc.allocator.block_size, f"at most {self.kv_capacity_tokens} tokens")
+            return PagedAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, sc.allocator.block_size)
+        return StaticAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, self.reserve_tokens)
+
+    def make_cost_model(self, sc: Scenario) -> CostModel:
+        layout = Layout(paged=sc.allocator.kind == "paged", block_size=sc.allocator.block_size)
+        c = sc.cost_model
+        if c.profile:
+            from .profile import build_profile_cost_model  # only when asked: keeps startup light
+            return build_profile_cost_model(c.profile, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
+                                            weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout)
+        params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
+                                step_overhead_s=c.step_overhead_s, per_seq_overhead_s=c.per_seq_overhead_s,
+                                paged_attention_overhead=c.paged_attention_overhead)
+        return RooflineCostModel(self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
+                                 weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout, params=params)
+
+
+_PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
+
+
+def parse_reserve(value, max_model_len: int, percentile_fn) -> int:
+    """Tokens reserved per request for ``allocator.reserve``: ``max_model_len``, an int, or ``pNN``."""
+    allowed = "max_model_len, a token count in [1, max_model_len], or a percentile like p95 of total request length"
+    if value == "max_model_len":
+        return max_model_len
+    if isinstance(value, bool):
+        raise ConfigError("allocator.reserve", value, allowed)
+    if isinstance(value, int):
+        if not 1 <= value <= max_model_len:
+            raise ConfigError("allocator.reserve", value, allowed)
+        return value
+    m = _PCT.match(str(value).strip())
+    if not m or not 0 < float(m.group(1)) <= 100:
+        raise ConfigError("allocator.reserve", value, allowed)
+    if percentile_fn is None:
+        raise ConfigError("allocator.reserve", value, "a percentile needs the workload's length distribution")
+    return max(1, min(max_model_len, percentile_fn(float(m.group(1)))))

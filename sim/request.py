@@ -1,0 +1,47 @@
+"""A request's life inside the simulator."""
+
+from __future__ import annotations
+
+COMPLETED = "completed"
+REJECTED = "rejected"
+
+#: Rejection reasons written to requests.parquet.
+EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
+EXCEEDS_RESERVATION = "exceeds_reservation"
+PROMPT_EXCEEDS_RESERVATION = "prompt_exceeds_reservation"
+
+
+class Request:
+    """Mutable per-request state; times in simulated seconds.
+
+    ``computed`` tokens have K/V in the cache; the sequence is
+    ``prompt + generated`` tokens long, so ``prompt + generated − computed``
+    tokens are still to compute (1 while decoding, more in (re)prefill).
+    """
+
+    __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client")
+
+    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1):
+        self.id = rid
+        self.prompt = prompt
+        self.output = output
+        self.arrival = arrival
+        self.admitted = -1.0
+        self.first_token = -1.0
+        self.finish = -1.0
+        self.computed = 0
+        self.generated = 0
+        self.preemptions = 0
+        self.replica = -1
+        self.status = ""
+        self.reason = ""
+        self.truncated = False
+        self.client = client
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.generated
+
+    def __repr__(self) -> str:
+        return f"Request({self.id}, p={self.prompt}, o={self.output}, c={self.computed}, g={self.generated})"

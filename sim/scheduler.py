@@ -1,0 +1,143 @@
+"""Continuous batching, vLLM-v1 style.
+
+Each iteration: running requests first, in admission order, each asking for
+its next tokens (a prefill chunk under the token budget, or one decode
+token); when the allocator cannot grow a request, the most recently admitted
+running request is preempted by recompute (its memory freed, it goes back to
+the head of the queue) until the grow succeeds or the request itself was the
+victim. Then, only if nothing was preempted, waiting requests are admitted in
+FCFS order while sequences, token budget and memory allow; the first one
+that does not fit stops admission (no overtaking).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .allocators.base import Allocator, Grow
+from .config import SchedulerConfig
+from .costmodel import BatchShape
+from .request import PROMPT_EXCEEDS_RESERVATION, Request
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One iteration: ``items`` are ``(request, new_tokens)``."""
+
+    items: list[tuple[Request, int]]
+    batch: BatchShape
+    #: Every item is a one-token decode; no prefill chunk.
+    pure_decode: bool
+    #: Requests preempted while forming this batch.
+    preempted: int
+    #: Running requests that outgrew a static reservation (to truncate or reject), and
+    #: waiting ones whose prompt alone exceeds it.
+    overflowed: list[Request] = field(default_factory=list)
+    rejected_at_admission: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+
+class ContinuousScheduler:
+    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None):
+        self.cfg = cfg
+        self.alloc = allocator
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        #: KV length attended per token is capped by a sliding window (``None`` = full).
+        self.kv_cap = kv_cap
+        self.preemptions = 0
+        # (request id, tokens asked, allocator releases) of the last refused admission: asking
+        # again before anything was released cannot succeed, and would count a refusal per iteration.
+        self._refused: tuple[int, int, int] | None = None
+
+    def can_admit_more(self) -> bool:
+        return len(self.running) < self.cfg.max_num_seqs
+
+    def _preempt_last(self) -> Request:
+        victim = self.running.pop()
+        self.alloc.release(victim.id)
+        victim.computed = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def schedule(self) -> StepPlan:
+        cfg = self.cfg
+        alloc = self.alloc
+        budget = cfg.max_num_batched_tokens
+        items: list[tuple[Request, int]] = []
+        overflowed: list[Request] = []
+        preempted = 0
+        pure_decode = True
+        running = self.running
+
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            need = req.prompt + req.generated - req.computed
+            if need > budget:
+                if not cfg.chunked_prefill:
+                    i += 1
+                    continue
+                need = budget
+            r = alloc.grow(req.id, req.computed + need)
+            while r is Grow.NO_SPACE:
+                victim = self._preempt_last()
+                preempted += 1
+                if victim is req:
+                    break
+                r = alloc.grow(req.id, req.computed + need)
+            if r is Grow.NO_SPACE:  # req itself was preempted; it was last, so the loop ends
+                break
+            if r is Grow.OVERFLOW:
+                running.pop(i)
+                alloc.release(req.id)
+                overflowed.append(req)
+                continue
+            items.append((req, need))
+            if need != 1 or req.computed + 1 != req.prompt + req.generated or req.generated == 0:
+                pure_decode = False
+            budget -= need
+            i += 1
+
+        admitted: list[Request] = []
+        rejected: list[Request] = []
+        if preempted == 0:
+            waiting = self.waiting
+            while waiting and len(running) < cfg.max_num_seqs and budget > 0:
+                req = waiting[0]
+                need = req.prompt + req.generated
+                if need > budget:
+                    if not cfg.chunked_prefill:
+                        break
+                    need = budget
+                if self._refused == (req.id, need, alloc.releases):
+                    break
+                r = alloc.admit(req.id, need)
+                if r is Grow.NO_SPACE:
+                    self._refused = (req.id, need, alloc.releases)
+                    break
+                waiting.popleft()
+                if r is Grow.OVERFLOW:
+                    req.reason = PROMPT_EXCEEDS_RESERVATION
+                    rejected.append(req)
+                    continue
+                running.append(req)
+                admitted.append(req)
+                items.append((req, need))
+                pure_decode = False
+                budget -= need
+
+        batch = BatchShape()
+        cap = self.kv_cap
+        for req, n in items:
+            if n == 1 and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
+                batch.decode_seqs += 1
+                kv = req.computed + 1
+                batch.decode_kv_tokens += kv if cap is None or kv < cap else cap
+            else:
+                ctx = req.computed if cap is None else min(req.computed, cap)
+                batch.prefill_chunks.append((n, ctx))
+        return StepPlan(items, batch, pure_decode and bool(items), preempted, overflowed, rejected, admitted)

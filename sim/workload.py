@@ -1,0 +1,137 @@
+"""Requests to simulate: when they arrive and how long they are.
+
+A :class:`Workload` is fully determined by the scenario and its seed. Open-loop
+arrivals (Poisson, gamma, trace replay) are drawn up front as arrays; a
+closed-loop workload draws lengths up front and lets the engine decide arrival
+times (each client sends its next request ``think_time_s`` after its last
+one finished).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import LengthsConfig, Scenario
+from .errors import ConfigError
+from .traces import Trace, read_trace
+
+#: Requests drawn at a time when the count is open-ended (duration-bounded runs).
+_CHUNK = 4096
+
+
+@dataclass
+class Workload:
+    """``arrival_s`` is ``None`` for closed loop; lengths are per request id."""
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    arrival_s: np.ndarray | None
+    closed_loop_clients: int = 0
+    think_time_s: float = 0.0
+    duration_s: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+
+class LengthSampler:
+    """Draws (prompt, output) token counts for ``n`` requests from a lengths block."""
+
+    def __init__(self, cfg: LengthsConfig, scenario: Scenario, key: str = "workload.lengths", trace: Trace | None = None):
+        self.cfg = cfg
+        self.key = key
+        self.trace = trace
+        self.base = LengthSampler(cfg.base, scenario, key + ".base", trace) if cfg.kind == "mixture" else None
+        if cfg.kind == "empirical":
+            self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
+        if cfg.kind == "trace" and trace is None:
+            raise ConfigError(key + ".kind", "trace", "lengths from the trace need workload.arrival.kind: trace")
+
+    def sample(self, rng: np.random.Generator, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        c = self.cfg
+        if c.kind == "fixed":
+            return np.full(n, c.prompt_tokens, np.int64), np.full(n, c.output_tokens, np.int64)
+        if c.kind == "uniform":
+            return (rng.integers(c.prompt_min, c.prompt_max + 1, n, dtype=np.int64),
+                    rng.integers(c.output_min, c.output_max + 1, n, dtype=np.int64))
+        if c.kind == "lognormal":
+            p = np.maximum(1, np.rint(c.prompt_median * np.exp(c.prompt_sigma * rng.standard_normal(n)))).astype(np.int64)
+            o = np.maximum(1, np.rint(c.output_median * np.exp(c.output_sigma * rng.standard_normal(n)))).astype(np.int64)
+            return p, o
+        if c.kind == "empirical":
+            idx = rng.integers(0, len(self.trace), n)
+            return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
+        if c.kind == "trace":
+            idx = np.arange(start, start + n) % len(self.trace)
+            return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
+        # mixture: a fraction of requests scaled by a multiplier (both prompt and output).
+        p, o = self.base.sample(rng, n, start)
+        out = rng.random(n) < c.outlier_fraction
+        p = np.where(out, np.maximum(1, np.rint(p * c.outlier_multiplier)), p).astype(np.int64)
+        o = np.where(out, np.maximum(1, np.rint(o * c.outlier_multiplier)), o).astype(np.int64)
+        return p, o
+
+
+def _streams(seed: int) -> list[np.random.Generator]:
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)]
+
+
+def build_workload(sc: Scenario) -> Workload:
+    """Draw every request of the scenario (deterministic in ``sc.seed``)."""
+    w = sc.workload
+    arr = w.arrival
+    rng_arrival, rng_len, _ = _streams(sc.seed)
+    explicit_n = "num_requests" in w.model_fields_set or w.duration_s is None
+    n_cap = w.num_requests if explicit_n else None
+    trace = None
+    if arr.kind == "trace":
+        trace = read_trace(sc.resolve_path(arr.path, "workload.arrival.path"), arr.format, "workload.arrival.path")
+        if trace.arrival_s is None:
+            raise ConfigError("workload.arrival.path", arr.path, "a trace with arrival times (length-stats files have none; use lengths.kind: empirical)")
+    lengths_cfg = w.lengths or (LengthsConfig(kind="trace") if trace is not None else None)
+    if lengths_cfg is None:
+        raise ConfigError("workload.lengths", None, "a lengths block (fixed, uniform, lognormal, empirical, mixture)")
+    sampler = LengthSampler(lengths_cfg, sc, trace=trace)
+
+    if arr.kind == "closed_loop":
+        n = n_cap if n_cap is not None else _CHUNK * 64
+        p, o = sampler.sample(rng_len, n)
+        return Workload(p, o, None, arr.concurrency, arr.think_time_s, w.duration_s)
+
+    if arr.kind == "trace":
+        t = trace.arrival_s * arr.time_scale
+        keep = len(t) if n_cap is None else min(n_cap, len(t))
+        if w.duration_s is not None:
+            keep = min(keep, int(np.searchsorted(t, w.duration_s, side="right")))
+        p, o = sampler.sample(rng_len, keep)
+        return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s)
+
+    def gaps(m: int) -> np.ndarray:
+        if arr.kind == "poisson":
+            return rng_arrival.exponential(1.0 / arr.rate, m)
+        shape = 1.0 / arr.cv ** 2  # gamma with mean 1/rate and coefficient of variation cv
+        return rng_arrival.gamma(shape, 1.0 / (arr.rate * shape), m)
+
+    if w.duration_s is None:
+        t = np.cumsum(gaps(n_cap))
+    else:
+        parts, last = [], 0.0
+        while True:
+            g = np.cumsum(gaps(_CHUNK)) + last
+            parts.append(g)
+            last = g[-1]
+            if last > w.duration_s or (n_cap is not None and sum(map(len, parts)) >= n_cap):
+                break
+        t = np.concatenate(parts)
+        t = t[t <= w.duration_s][:n_cap]
+    if len(t) == 0:
+        raise ConfigError("workload.duration_s", w.duration_s, "a duration long enough for at least one arrival")
+    p, o = sampler.sample(rng_len, len(t))
+    return Workload(p, o, t, duration_s=w.duration_s)
+
+
+def total_length_percentile(sc: Scenario, wl: Workload, q: float) -> int:
+    """The ``q``-th percentile of prompt + output tokens over the scenario's requests."""
+    return int(np.ceil(np.percentile(wl.prompt_tokens + wl.output_tokens, q)))

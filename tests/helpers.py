@@ -1,0 +1,23 @@
+"""Small scenarios for engine tests."""
+
+from sim.catalog import GPUS, MODELS
+from sim.config import apply_overrides, scenario_from_dict
+
+
+def tiny_scenario(kv_tokens: int = 4096, **over):
+    """tiny-llama on the ``cpu`` device with about ``kv_tokens`` of KV capacity per replica."""
+    m, g = MODELS["tiny-llama"], GPUS["cpu"]
+    bpt = m.kv_bytes_per_token("bf16")
+    act = int(g.memory_bytes * 0.9) - m.weight_bytes("bf16") - kv_tokens * bpt
+    base = {
+        "name": "tiny",
+        "seed": 3,
+        "model": {"name": "tiny-llama"},
+        "gpu": {"name": "cpu", "activation_reserve_bytes": act},
+        "workload": {"num_requests": 60, "max_model_len": 1024,
+                     "arrival": {"kind": "poisson", "rate": 20.0},
+                     "lengths": {"kind": "uniform", "prompt_min": 8, "prompt_max": 400, "output_min": 1, "output_max": 120}},
+        "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
+        "allocator": {"kind": "paged", "block_size": 16},
+    }
+    return scenario_from_dict(apply_overrides(base, over))

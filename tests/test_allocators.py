@@ -1,0 +1,135 @@
+"""Allocator invariants under random admit/grow/release sequences (hypothesis).
+
+Invariants, checked after every operation: used ≤ reserved ≤ capacity; every
+slot is free or owned by exactly one live sequence; release returns
+everything. Plus: a decode window applied in bulk equals growing one
+iteration at a time.
+"""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.allocators import Grow, PagedAllocator, StaticAllocator
+
+N_EXAMPLES = 10_000
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["admit", "grow", "release"]), st.integers(0, 7), st.integers(1, 300)),
+    min_size=1, max_size=40,
+)
+
+
+def _owned_slots_static(a: StaticAllocator) -> int:
+    # Walk the arena: allocated extents and free extents must tile [0, capacity) exactly.
+    spans = sorted([(s, a.reserve) for s in a.extent.values()] + a.arena.free_extents())
+    pos = 0
+    for start, size in spans:
+        assert start == pos, f"gap or overlap at {pos} (next span starts {start})"
+        pos += size
+    assert pos == a.capacity_tokens
+    return len(a.extent) * a.reserve
+
+
+def _run(a, seq_ops, check_layout):
+    live: set[int] = set()
+    for op, seq, tokens in seq_ops:
+        if op == "admit" and seq not in live:
+            if a.admit(seq, tokens) is Grow.OK:
+                live.add(seq)
+        elif op == "grow" and seq in live:
+            before = a.used[seq]
+            r = a.grow(seq, before + tokens % 40)
+            if r is not Grow.OK:
+                assert a.used[seq] == before, "a refused grow changed state"
+        elif op == "release" and seq in live:
+            a.release(seq)
+            live.discard(seq)
+        a.check_invariants()
+        assert set(a.used) == live
+        check_layout(a)
+        st_ = a.stats()
+        assert st_.used_bytes <= st_.reserved_bytes <= st_.capacity_bytes
+        assert st_.reserved_bytes + st_.free_bytes == st_.capacity_bytes
+    for seq in list(live):
+        a.release(seq)
+    a.check_invariants()
+    assert a.reserved_tokens() == 0 and a.used_total == 0
+    assert a.largest_free_extent_tokens() == a.capacity_tokens
+
+
+def _paged_layout(a: PagedAllocator):
+    assert sum(a.blocks.values()) + a.free_blocks == a.num_blocks
+    for s, b in a.blocks.items():
+        assert b == -(-a.used[s] // a.block_size), "a sequence holds more or fewer blocks than its tokens need"
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 64), st.integers(50, 3000))
+def test_paged_invariants(seq_ops, block, capacity):
+    a = PagedAllocator(max(capacity, block), 100, block)
+    _run(a, seq_ops, _paged_layout)
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 400), st.integers(400, 3000))
+def test_static_invariants(seq_ops, reserve, capacity):
+    a = StaticAllocator(capacity, 100, reserve)
+    _run(a, seq_ops, _owned_slots_static)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
+       st.integers(1, 80))
+def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps):
+    a = PagedAllocator(capacity, 10, block)
+    b = PagedAllocator(capacity, 10, block)
+    seqs = []
+    for i, n in enumerate(lengths):
+        if a.admit(i, n) is Grow.OK:
+            assert b.admit(i, n) is Grow.OK
+            seqs.append(i)
+    if not seqs:
+        return
+    tokens_now = np.array([a.used[s] for s in seqs], dtype=np.int64)
+    plan = a.decode_plan(seqs, tokens_now, max_steps)
+    # Step b one iteration at a time until a refusal or max_steps.
+    steps, reserved, used = 0, [], []
+    for j in range(max_steps):
+        if j > 0 and any(b.grow(s, int(t) + j) is not Grow.OK for s, t in zip(seqs, tokens_now)):
+            break
+        steps += 1
+        reserved.append(b.reserved_tokens())
+        used.append(b.used_total)
+    assert plan.steps == max(1, steps)
+    assert list(plan.reserved_tokens) == reserved[: plan.steps]
+    assert list(plan.used_tokens) == used[: plan.steps]
+    a.advance_decode(seqs, tokens_now + plan.steps - 1)
+    c = PagedAllocator(capacity, 10, block)
+    for i in seqs:
+        c.admit(i, int(tokens_now[seqs.index(i)]) + plan.steps - 1)
+    assert a.free_blocks == c.free_blocks and a.used_total == c.used_total
+
+
+def test_static_reservations_tile_the_arena_first_fit():
+    a = StaticAllocator(100, 1, 30)
+    for i in range(3):
+        assert a.admit(i, 1) is Grow.OK       # [0,30) [30,60) [60,90); tail [90,100)
+    assert a.admit(3, 1) is Grow.NO_SPACE
+    assert a.refusals["insufficient_free"] == 1
+    a.release(1)
+    assert a.arena.free_extents() == [(30, 30), (90, 10)]
+    assert a.admit(4, 1) is Grow.OK and a.extent[4] == 30   # first fit reuses the hole
+    a.release(0)
+    a.release(4)
+    assert a.arena.free_extents() == [(0, 60), (90, 10)]    # neighbours merged
+
+
+def test_static_overflow():
+    a = StaticAllocator(100, 1, 40)
+    assert a.admit(0, 41) is Grow.OVERFLOW
+    assert a.admit(0, 10) is Grow.OK
+    assert a.grow(0, 40) is Grow.OK
+    assert a.grow(0, 41) is Grow.OVERFLOW
+    assert a.refusals["exceeds_reservation"] == 2
+    assert a.used[0] == 40

@@ -1,0 +1,46 @@
+"""KV arithmetic equals hand computation for every catalog model."""
+
+import pytest
+
+from sim.catalog import GPUS, MODELS, GiB, kv_capacity_bytes
+
+# 2 · layers · kv_heads · head_dim · bytes, worked out by hand from each model's config.json.
+HAND_BF16 = {
+    "llama-2-7b": 2 * 32 * 32 * 128 * 2,      # 524,288
+    "llama-2-13b": 2 * 40 * 40 * 128 * 2,     # 819,200
+    "llama-2-70b": 2 * 80 * 8 * 128 * 2,      # 327,680
+    "llama-3.1-8b": 131_072,                  # the issue's figure
+    "llama-3.1-70b": 2 * 80 * 8 * 128 * 2,    # 327,680
+    "mistral-7b": 2 * 32 * 8 * 128 * 2,       # 131,072
+    "qwen2.5-7b": 2 * 28 * 4 * 128 * 2,       # 57,344
+    "tiny-llama": 2 * 4 * 4 * 32 * 2,         # 2,048
+}
+
+
+def test_every_catalog_model_has_a_hand_figure():
+    assert set(HAND_BF16) == set(MODELS)
+
+
+@pytest.mark.parametrize("name", sorted(HAND_BF16))
+def test_kv_bytes_per_token(name):
+    m = MODELS[name]
+    assert m.kv_bytes_per_token("bf16") == HAND_BF16[name]
+    assert m.kv_bytes_per_token("fp8") == HAND_BF16[name] // 2
+    assert m.kv_bytes_per_token("int4") == HAND_BF16[name] // 4
+
+
+def test_llama31_8b_figure():
+    assert MODELS["llama-3.1-8b"].kv_bytes_per_token("bf16") == 131_072
+
+
+def test_capacity_formula():
+    m, g = MODELS["llama-3.1-8b"], GPUS["H100-SXM-80GB"]
+    cap = kv_capacity_bytes(m, g, 1, 0.9, "bf16", 2 * GiB)
+    assert cap == int(80 * GiB * 0.9) - int(8.03e9 * 2) - 2 * GiB
+    assert kv_capacity_bytes(m, g, 2, 0.9, "bf16", 2 * GiB) == int(160 * GiB * 0.9) - int(8.03e9 * 2) - 2 * GiB
+
+
+def test_sliding_window_caps_held_tokens():
+    m = MODELS["mistral-7b"]
+    assert m.kv_tokens_held(10_000) == 4096
+    assert m.kv_tokens_held(100) == 100

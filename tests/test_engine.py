@@ -1,0 +1,156 @@
+"""End-to-end behaviour of the simulator."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.cluster import simulate
+from sim.config import load_scenario
+from sim.results import write_run
+
+from helpers import tiny_scenario
+
+
+def _check_accounting(res, n):
+    req = res.requests
+    assert req.num_rows == n, "a request vanished"
+    ids = sorted(req["id"].to_pylist())
+    assert ids == list(range(n))
+    for status, reason in zip(req["status"].to_pylist(), req["reason"].to_pylist()):
+        assert status in ("completed", "rejected")
+        if status == "rejected":
+            assert reason, "rejected without a reason"
+    ts = res.timeseries
+    used = np.asarray(ts["kv_used_bytes"])
+    reserved = np.asarray(ts["kv_reserved_bytes"])
+    cap = np.asarray(ts["kv_capacity_bytes"])
+    free = np.asarray(ts["kv_free_bytes"])
+    assert (used <= reserved).all() and (reserved <= cap).all()
+    assert (reserved + free == cap).all()
+
+
+@pytest.mark.parametrize("kind", ["paged", "static"])
+def test_every_request_ends_completed_or_rejected(kind):
+    sc = tiny_scenario(**{"allocator.kind": kind, "allocator.reserve": "p60",
+                          "workload.lengths.output_max": 700, "workload.num_requests": 120})
+    res = simulate(sc)
+    _check_accounting(res, 120)
+    s = res.summary
+    assert s["completed"] + s["rejected"] == 120
+    if kind == "static":
+        assert s["rejected_by_reason"].get("exceeds_reservation", 0) > 0
+    assert s["rejected_by_reason"].get("exceeds_max_model_len", 0) > 0   # 400 + 700 > 1024 for some
+
+
+def test_truncate_policy_completes_overflowing_requests():
+    sc = tiny_scenario(**{"allocator.kind": "static", "allocator.reserve": "p50", "allocator.overflow": "truncate"})
+    res = simulate(sc)
+    s = res.summary
+    assert s["truncated"] > 0
+    assert "exceeds_reservation" not in s["rejected_by_reason"]
+    req = res.requests.to_pydict()
+    for g, o, trunc, status in zip(req["generated_tokens"], req["output_tokens"], req["truncated"], req["status"]):
+        if status == "completed":
+            assert (g < o) == trunc
+
+
+def test_same_seed_gives_byte_identical_summary(tmp_path):
+    sc = load_scenario("chat-api", {"workload.num_requests": 300})
+    a = write_run(simulate(sc), tmp_path / "a")
+    b = write_run(simulate(sc), tmp_path / "b")
+    assert (a / "summary.json").read_bytes() == (b / "summary.json").read_bytes()
+    other = write_run(simulate(load_scenario("chat-api", {"workload.num_requests": 300, "seed": 2})), tmp_path / "c")
+    assert (a / "summary.json").read_bytes() != (other / "summary.json").read_bytes()
+
+
+def test_request_longer_than_max_model_len_is_rejected_with_reason():
+    sc = tiny_scenario(**{"workload.lengths": {"kind": "fixed", "prompt_tokens": 1000, "output_tokens": 100},
+                          "workload.num_requests": 5})
+    res = simulate(sc)
+    assert res.summary["rejected_by_reason"] == {"exceeds_max_model_len": 5}
+
+
+def test_paged_attention_finding_reproduces():
+    """ShareGPT lengths, reservation at max_model_len: static holds 20–40% real tokens, paged ≥ 95%."""
+    over = {"workload.num_requests": 600, "workload.max_model_len": 8192, "workload.arrival.rate": 4.0,
+            "workload.lengths.path": "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"}
+    static = simulate(load_scenario("chat-api", {**over, "allocator.kind": "static", "allocator.reserve": "max_model_len"}))
+    paged = simulate(load_scenario("chat-api", {**over, "allocator.kind": "paged", "allocator.block_size": 16}))
+    u_static = static.summary["kv_token_utilization"]
+    u_paged = paged.summary["kv_token_utilization"]
+    assert 0.20 <= u_static <= 0.40, f"static kv_token_utilization {u_static:.3f}"
+    assert u_paged >= 0.95, f"paged kv_token_utilization {u_paged:.3f}"
+
+
+def test_closed_loop_keeps_concurrency():
+    sc = tiny_scenario(**{"workload.arrival": {"kind": "closed_loop", "concurrency": 4, "think_time_s": 0.0},
+                          "workload.num_requests": 40})
+    res = simulate(sc)
+    _check_accounting(res, 40)
+    running = np.asarray(res.timeseries["running"]) + np.asarray(res.timeseries["waiting"])
+    assert running.max() <= 4
+
+
+def test_gamma_and_trace_arrivals_run():
+    g = simulate(tiny_scenario(**{"workload.arrival": {"kind": "gamma", "rate": 20.0, "cv": 3.0}}))
+    _check_accounting(g, 60)
+    sc = load_scenario("chat-api", {"workload.arrival": {"kind": "trace", "path": "traces/AzureLLMInferenceTrace_code.csv",
+                                                         "time_scale": 0.5},
+                                    "workload.lengths": None, "workload.num_requests": 200})
+    res = simulate(sc)
+    _check_accounting(res, 200)
+    arr = np.asarray(res.requests["arrival_s"])
+    assert arr.min() == 0.0 and arr.max() < 3600 * 0.5
+
+
+def test_preemption_happens_under_memory_pressure_and_everything_finishes():
+    sc = tiny_scenario(kv_tokens=1200, **{"workload.num_requests": 80, "workload.arrival.rate": 50.0,
+                                          "workload.lengths.output_max": 500, "workload.lengths.prompt_max": 500})
+    res = simulate(sc)
+    assert res.summary["preemptions"] > 0
+    _check_accounting(res, 80)
+    assert res.summary["completed"] + res.summary["rejected"] == 80
+
+
+# --- fast-forward equals per-iteration stepping ------------------------------------------
+
+def _compare(a, b):
+    ra, rb = a.requests.to_pydict(), b.requests.to_pydict()
+    for col in ra:
+        if col.endswith("_s"):
+            x, y = np.asarray(ra[col], float), np.asarray(rb[col], float)
+            assert np.allclose(x, y, rtol=1e-9, atol=1e-12), f"{col} differs: max {np.max(np.abs(x - y))}"
+        else:
+            assert ra[col] == rb[col], f"{col} differs"
+    for key in ("completed", "rejected", "preemptions", "iterations", "rejected_by_reason", "allocator_refusals"):
+        assert a.summary[key] == b.summary[key], key
+    for key in ("kv_token_utilization", "kv_memory_utilization"):
+        assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9)
+    assert max(a.timeseries["kv_used_bytes"].to_pylist()) == max(b.timeseries["kv_used_bytes"].to_pylist())
+    assert max(a.timeseries["kv_reserved_bytes"].to_pylist()) == max(b.timeseries["kv_reserved_bytes"].to_pylist())
+
+
+@settings(max_examples=150)
+@given(kind=st.sampled_from(["paged", "static"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
+       seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
+       replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]))
+def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve):
+    over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
+            "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
+            "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else 256}
+    ff = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "fast_forward"}))
+    step = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "step"}))
+    _compare(ff, step)
+
+
+def test_fast_forward_exercises_preemption_and_chunking():
+    over = {"workload.num_requests": 80, "workload.arrival.rate": 50.0, "workload.lengths.output_max": 500,
+            "workload.lengths.prompt_max": 500}
+    ff = simulate(tiny_scenario(kv_tokens=1200, **over))
+    step = simulate(tiny_scenario(kv_tokens=1200, **over, **{"engine.mode": "step"}))
+    assert ff.summary["preemptions"] > 0
+    _compare(ff, step)
+    assert ff.summary["sim_events"] < step.summary["sim_events"]
