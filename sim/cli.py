@@ -13,7 +13,9 @@ from rich.table import Table
 
 from .errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="kvsim: KV-cache capacity simulator for LLM serving.")
+# Exceptions reach main() unwrapped, so a ConfigError from any subcommand is one line and exit 2.
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="kvsim: KV-cache capacity simulator for LLM serving.")
 # Piped output keeps whole cells instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
@@ -155,6 +157,16 @@ def list_allocators():
     for kind, (knobs, what) in KINDS.items():
         t.add_row(kind, ", ".join(f"{k}={v}" for k, v in knobs.items()), what)
     console.print(t)
+
+
+def _mount_optional() -> None:
+    """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
+    from calibration.cli import calibrate_command, profile_app
+    app.command("calibrate")(calibrate_command)
+    app.add_typer(profile_app, name="profile")
+
+
+_mount_optional()
 
 
 def main() -> None:

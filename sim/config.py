@@ -130,8 +130,9 @@ class AllocatorConfig(_Section):
 
 
 class CostModelConfig(_Section):
-    #: Built-in profile name or a path to a profile JSON; ``None`` = roofline prior.
-    profile: str | None = None
+    #: ``auto`` (the built-in profile of the GPU when it covers the model, else the roofline
+    #: prior), ``none`` (roofline prior), a built-in profile name, or a path to a profile JSON.
+    profile: str | None = "auto"
     compute_efficiency: float = Field(0.6, gt=0, le=1)
     memory_efficiency: float = Field(0.8, gt=0, le=1)
     step_overhead_s: float = Field(2.0e-3, ge=0)

@@ -13,6 +13,9 @@ from .config import Scenario
 from .costmodel import CostModel, Layout, RooflineCostModel, RooflineParams
 from .errors import ConfigError
 
+#: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
+BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm"}
+
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
 
 
@@ -85,10 +88,22 @@ class Deployment:
     def make_cost_model(self, sc: Scenario) -> CostModel:
         layout = Layout(paged=sc.allocator.kind == "paged", block_size=sc.allocator.block_size)
         c = sc.cost_model
-        if c.profile:
-            from .profile import build_profile_cost_model  # only when asked: keeps startup light
-            return build_profile_cost_model(c.profile, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
-                                            weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout)
+        ref = c.profile if c.profile not in (None, "none") else None
+        if ref == "auto":
+            ref = BUILTIN_PROFILE_FOR_GPU.get(self.gpu.name)
+            auto = True
+        else:
+            auto = False
+        if ref:
+            from .profile import build_profile_cost_model  # only when needed: keeps startup light
+            try:
+                return build_profile_cost_model(ref, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
+                                                weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype,
+                                                layout=layout)
+            except ConfigError:
+                if not auto:
+                    raise
+                # auto: the GPU's profile does not cover this shape or dtype; fall back to the labelled prior.
         params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
                                 step_overhead_s=c.step_overhead_s, per_seq_overhead_s=c.per_seq_overhead_s,
                                 paged_attention_overhead=c.paged_attention_overhead)

@@ -22,12 +22,20 @@ def test_run_writes_outputs(tmp_path):
     for key in ("throughput_tokens_per_s", "throughput_requests_per_s", "completed", "rejected", "preemptions",
                 "kv_token_utilization", "kv_memory_utilization", "cost_model"):
         assert key in s
-    assert s["cost_model"] == "roofline-uncalibrated"
-    assert "TTFT" in r.stdout and "UNCALIBRATED" in r.stdout
+    assert s["cost_model"] == "h100-sxm" and s["cost_model_calibrated"] is True
+    assert "TTFT" in r.stdout and "h100-sxm" in r.stdout
     # The scenario written next to the results runs again as is.
     r2 = kvsim("run", str(tmp_path / "run" / "scenario.yaml"), "-q", "--out", str(tmp_path / "again"))
     assert r2.returncode == 0, r2.stderr
     assert json.loads((tmp_path / "again" / "summary.json").read_text()) == s
+
+
+def test_roofline_prior_is_labelled_uncalibrated(tmp_path):
+    r = kvsim("run", "chat-api", "--set", "workload.num_requests=50", "--set", "cost_model.profile=none",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "UNCALIBRATED" in r.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["cost_model"] == "roofline-uncalibrated"
 
 
 def test_static_baseline_by_override(tmp_path):

@@ -1,0 +1,101 @@
+"""Command-line entry points for calibration, mounted under ``kvsim`` by ``sim.cli``.
+
+* :func:`calibrate_command` — ``kvsim calibrate``: build a profile from published kernel
+  tables (``--from-tables DIR --system h200_sxm --backend trtllm --model NAME``) or by
+  timing kernels on this machine (``--device cpu|cuda --model NAME [--quick]``).
+* :data:`profile_app` — ``kvsim profile list`` / ``kvsim profile show NAME``.
+
+Errors are :class:`sim.errors.ConfigError`; the caller prints them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sim.catalog import get_model
+from sim.errors import ConfigError
+from sim.profile import list_profiles, load_profile
+
+from .profile_builder import DEFAULT_TPS, build_profile, default_models
+from .tables import load_kernel_tables
+
+profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_args_is_help=True)
+
+
+def calibrate_command(
+    out: Path = typer.Option(..., "--out", help="Profile JSON to write."),
+    model: str = typer.Option(..., "--model", help="Catalog model whose kernel shapes to calibrate."),
+    from_tables: Optional[Path] = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
+    system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
+    backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Keep only this weight/KV dtype (bf16|fp8)."),
+    tensor_parallel: Optional[list[int]] = typer.Option(None, "--tp", help="TP degrees (default: 1,2,4,8 that divide)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Time real torch kernels on cpu|cuda instead."),
+    quick: bool = typer.Option(False, "--quick", help="Small grids (device route)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
+) -> None:
+    """Fit a kvsim profile from kernel tables or from kernels timed on this machine."""
+    spec = get_model(model)
+    if (from_tables is None) == (device is None):
+        raise ConfigError("calibrate", {"from_tables": from_tables, "device": device},
+                          "exactly one of --from-tables DIR or --device cpu|cuda")
+    if dtype is not None and dtype not in ("bf16", "fp8"):
+        raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
+    if device is not None:
+        from .kernels import calibrate_device  # torch is imported only on this route
+        profile = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16")
+    else:
+        tps = tuple(tensor_parallel or DEFAULT_TPS)
+        pairs = default_models((spec.name,), tps)
+        if not pairs:
+            raise ConfigError("calibrate.tp", list(tps), f"TP degrees dividing {spec.name}'s heads ({spec.heads})")
+        kt = load_kernel_tables(from_tables, system, backend)
+        profile = build_profile(kt, models=pairs, name=name, dtype=dtype)
+    path = profile.write(out)
+    q = profile.fit_quality
+    typer.echo(f"wrote {path} ({profile.name}; models {', '.join(profile.models)})")
+    for fam, v in q.items():
+        if isinstance(v, dict) and "overall" in v:
+            o = v["overall"]
+            typer.echo(f"  {fam}: held-out median {o['median_rel_err']:.1%}, p95 {o['p95_rel_err']:.1%} (n={o['n']})")
+
+
+@profile_app.command("list")
+def profile_list() -> None:
+    """Built-in profiles with their device and backend."""
+    for name in list_profiles():
+        p = load_profile(name)
+        prov = p.provenance
+        typer.echo(f"{name:12s} {p.device.get('name', '?'):16s} {prov.get('backend', '?')} "
+                   f"{prov.get('backend_versions', {}).get('gemm', '')}  models: {len(p.models)}  dtypes: "
+                   f"weights {','.join(p.dtypes.get('weight', []))} / kv {','.join(p.dtypes.get('kv', []))}")
+
+
+@profile_app.command("show")
+def profile_show(name: str = typer.Argument(..., help="Built-in profile name or JSON path."),
+                 as_json: bool = typer.Option(False, "--json", help="Print provenance and fit quality as JSON.")) -> None:
+    """Provenance, fit quality and covered model shapes of one profile."""
+    p = load_profile(name)
+    if as_json:
+        typer.echo(json.dumps({"name": p.name, "device": p.device, "provenance": p.provenance,
+                               "fit_quality": p.fit_quality, "models": sorted(p.models), "dtypes": p.dtypes}, indent=2))
+        return
+    prov = p.provenance
+    typer.echo(f"profile {p.name}: {p.device.get('name')} ({prov.get('system', '')}), backend {prov.get('backend')} "
+               f"{prov.get('backend_versions')}, built {prov.get('date')}")
+    typer.echo(f"method: {prov.get('method')}")
+    typer.echo("held-out fit quality:")
+    for fam, v in p.fit_quality.items():
+        if isinstance(v, dict) and "overall" in v:
+            o = v["overall"]
+            typer.echo(f"  {fam:22s} median {o['median_rel_err']:.1%}  p95 {o['p95_rel_err']:.1%}  n={o['n']}")
+    typer.echo(f"dtypes: weights {p.dtypes.get('weight')}, kv {p.dtypes.get('kv')}")
+    typer.echo(f"models ({len(p.models)}): {', '.join(sorted(p.models))}")
+    typer.echo(f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} generation, "
+               f"all-reduce GPUs {sorted(p.allreduce, key=int)}")
+    for note in prov.get("notes", []):
+        typer.echo(f"note: {note}")

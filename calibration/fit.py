@@ -1,0 +1,406 @@
+"""Fits of measured kernel latencies: a physical form plus a measured-grid correction.
+
+Every kernel family is modelled in two layers:
+
+1. **Parametric form** (least squares in log space, :func:`scipy.optimize.least_squares`)::
+
+       t = L + (C^p + M^p)^(1/p),   C = FLOPs / F_eff,   M = bytes / B_eff
+
+   ``L`` is the launch/fixed latency, ``F_eff`` and ``B_eff`` the effective compute and
+   memory throughputs, and ``p`` a smooth maximum: ``p → ∞`` is the roofline's hard
+   max, a finite ``p`` is the efficiency loss where the two regimes meet. This carries
+   the trend everywhere, including outside the measured grid.
+
+2. **Grid correction**: the log-ratio ``r = log(measured / parametric)`` is placed on the
+   tensor grid of measured coordinates (in log space), missing cells are filled by
+   interpolating along the grid axes (:func:`fill_grid`), and queries get a multilinear
+   interpolation of ``r`` with coordinates clamped to the grid. Kernel tile and wave
+   quantisation steps live here. Beyond the grid the correction is held at its edge
+   value, so extrapolation follows the physical form, never a runaway polynomial.
+
+``predict`` returns ``exp(log parametric + r)``. Plain functions for the math; the
+dataclasses only hold fitted numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.interpolate import RegularGridInterpolator
+from scipy.optimize import least_squares
+
+#: Bytes per element by canonical dtype name. ``int8_wo`` stores int8 weights, computes in bf16.
+ELEM_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8_wo": 1.0, "int8_sq": 1.0,
+              "int4_wo": 0.5, "fp32": 4.0}
+
+
+def elem_bytes(dtype: str) -> float:
+    return ELEM_BYTES.get(dtype, 2.0)
+
+
+# --- parametric form ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RooflineFit:
+    """``t = L + (Σ_i (w_i / r_i)^p)^(1/p)``: launch latency plus a smooth max of work terms.
+
+    ``terms`` names the work measures (``flops``, ``bytes``, ``serial_tokens``) and
+    ``rates`` their fitted throughputs (FLOP/s, bytes/s, tokens/s); seconds out.
+    """
+
+    launch_s: float
+    terms: tuple[str, ...]
+    rates: tuple[float, ...]
+    p: float
+
+    def theta(self) -> np.ndarray:
+        return np.array([np.log(self.launch_s), *np.log(self.rates), np.log(self.p - 1.0)])
+
+    def __call__(self, work: np.ndarray) -> np.ndarray:
+        return roofline_time(self.theta(), work)
+
+    def as_dict(self) -> dict:
+        return {"launch_s": self.launch_s, "p": self.p, **{f"{n}_per_s": r for n, r in zip(self.terms, self.rates)}}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RooflineFit":
+        names = tuple(k[:-len("_per_s")] for k in d if k.endswith("_per_s"))
+        return cls(float(d["launch_s"]), names, tuple(float(d[f"{n}_per_s"]) for n in names), float(d["p"]))
+
+
+def roofline_time(theta: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Seconds of the parametric form. ``theta`` = log(L), log(r_1..r_n), log(p − 1); ``work`` is (n, rows)."""
+    launch, p = np.exp(theta[0]), 1.0 + np.exp(theta[-1])
+    rates = np.exp(theta[1:-1])[:, None]
+    terms = np.asarray(work, dtype=np.float64) / rates
+    hi = np.maximum(terms.max(axis=0), 1e-30)
+    # (Σ x_i^p)^(1/p) computed relative to the largest term so it cannot overflow.
+    return launch + hi * ((terms / hi) ** p).sum(axis=0) ** (1.0 / p)
+
+
+def fit_roofline(work: np.ndarray, t: np.ndarray, terms: tuple[str, ...], peaks: tuple[float, ...]) -> RooflineFit:
+    """Least-squares fit of :func:`roofline_time` to measured ``t`` in log space (relative error).
+
+    ``peaks`` bound each rate from above (hardware peak + 5 % for measurement noise); a
+    ``0`` peak leaves the rate free (serial per-token latency has no datasheet figure).
+    """
+    work, t = np.asarray(work, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    logt = np.log(t)
+    # Start each rate where its term alone would explain the median row.
+    start = [np.median(w / t) for w in work]
+    theta0 = np.array([np.log(max(np.min(t), 1e-7)), *np.log(start), np.log(3.0)])
+    lo = np.array([np.log(1e-8), *[np.log(pk * 1e-4) if pk else np.log(s) - 20 for pk, s in zip(peaks, start)], np.log(0.05)])
+    hi = np.array([np.log(1e-2), *[np.log(pk * 1.05) if pk else np.log(s) + 20 for pk, s in zip(peaks, start)], np.log(20.0)])
+    theta0 = np.clip(theta0, lo + 1e-6, hi - 1e-6)
+    res = least_squares(lambda th: np.log(roofline_time(th, work)) - logt, theta0, bounds=(lo, hi),
+                        loss="soft_l1", f_scale=0.1, x_scale="jac")
+    th = res.x
+    return RooflineFit(float(np.exp(th[0])), tuple(terms), tuple(float(x) for x in np.exp(th[1:-1])),
+                       float(1.0 + np.exp(th[-1])))
+
+
+# --- grid correction ------------------------------------------------------------------------
+
+def _axis_estimates(v, k, x, ax, extrapolate):
+    """Estimates of unknown cells by 1-d linear interpolation along axis ``ax`` at coordinates ``x``.
+
+    Returns an array shaped like ``v`` holding NaN where no estimate exists.
+    """
+    vv = np.moveaxis(v, ax, -1).reshape(-1, v.shape[ax])
+    kk = np.moveaxis(k, ax, -1).reshape(-1, v.shape[ax])
+    ee = np.full(vv.shape, np.nan)
+    for i in np.nonzero(kk.any(axis=1) & ~kk.all(axis=1))[0]:
+        kn = kk[i]
+        xs = x[kn]
+        unk = ~kn if extrapolate else (~kn) & (x > xs[0]) & (x < xs[-1])
+        if unk.any():
+            ee[i, unk] = np.interp(x[unk], xs, vv[i, kn])
+    return np.moveaxis(ee.reshape(np.moveaxis(v, ax, -1).shape), -1, ax)
+
+
+def fill_grid(values: np.ndarray, known: np.ndarray, axes: list[np.ndarray], base: np.ndarray | None = None,
+              priority: list[list[int]] | None = None, max_iter: int = 200) -> np.ndarray:
+    """Fill unknown cells of an n-d grid of log-ratios from known ones by 1-d interpolation along axes.
+
+    ``axes`` are log coordinates. Along each axis a cell gets up to two estimates: the
+    log-ratio interpolated in log coordinates, and, when ``base`` (the parametric time at
+    every cell, seconds) is given, the time itself interpolated linearly in linear
+    coordinates (exact on the piecewise-linear latency-vs-size curves of memory- and
+    launch-bound kernels, where a log-log interpolation overshoots the knee). The
+    median of all estimates is taken. ``priority`` groups the axes (default: one group):
+    a pass uses the first group, in order, that brackets some unknown cell, and only when
+    none does, nearest-value extrapolation in the same order. Known cells never change.
+    """
+    v = np.where(known, values, 0.0).astype(np.float64)
+    k = known.copy()
+    if not k.any():
+        raise ValueError("grid has no known cell")
+    groups = priority or [list(range(v.ndim))]
+    steps = [(g, False) for g in groups] + [(g, True) for g in groups]
+    lin_axes = [np.exp(a) for a in axes]
+    for _ in range(max_iter):
+        if k.all():
+            break
+        for group, extrapolate in steps:
+            ests = []
+            for ax in group:
+                if v.shape[ax] < 2:
+                    continue
+                ests.append(_axis_estimates(v, k, axes[ax], ax, extrapolate))
+                if base is not None:
+                    t_est = _axis_estimates(np.exp(v) * base, k, lin_axes[ax], ax, extrapolate)
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        ests.append(np.log(np.where(t_est > 0, t_est, np.nan) / base))
+            if not ests:
+                continue
+            stack = np.array(ests)
+            have = ~np.all(np.isnan(stack), axis=0) & ~k
+            if have.any():
+                v[have] = np.nanmedian(stack[:, have], axis=0)
+                k |= have
+                break
+        else:
+            break
+    return v
+
+
+@dataclass
+class GridCorrection:
+    """Log-ratio correction on a tensor grid of log coordinates, multilinear, clamped at the edges."""
+
+    axes: list[np.ndarray]
+    values: np.ndarray
+    _interp: RegularGridInterpolator | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_points(cls, coords_log: np.ndarray, residual: np.ndarray, base_fn=None,
+                    priority: list[list[int]] | None = None) -> "GridCorrection":
+        """``coords_log``: (rows, dims) log coordinates on a tensor grid; duplicate cells are averaged.
+
+        ``base_fn(cells_log)`` gives the parametric time at grid cells (see :func:`fill_grid`).
+        """
+        axes, idx = [], []
+        for d in range(coords_log.shape[1]):
+            ax, inv = np.unique(np.round(coords_log[:, d], 9), return_inverse=True)
+            axes.append(ax)
+            idx.append(inv.reshape(-1))
+        shape = tuple(len(a) for a in axes)
+        flat = np.ravel_multi_index(tuple(idx), shape)
+        total = np.bincount(flat, weights=residual, minlength=int(np.prod(shape)))
+        count = np.bincount(flat, minlength=int(np.prod(shape)))
+        known = (count > 0).reshape(shape)
+        vals = np.where(count > 0, total / np.maximum(count, 1), 0.0).reshape(shape)
+        base = None
+        if base_fn is not None:
+            mesh = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+            base = base_fn(mesh).reshape(shape)
+        return cls(axes, fill_grid(vals, known, axes, base, priority))
+
+    def __call__(self, coords_log: np.ndarray) -> np.ndarray:
+        live = [d for d, a in enumerate(self.axes) if len(a) > 1]
+        vals = self.values
+        # Singleton axes carry no variation: squeeze them out (RegularGridInterpolator needs ≥ 2 points).
+        vals = vals.reshape(tuple(len(self.axes[d]) for d in live)) if live else vals.reshape(())
+        if not live:
+            return np.full(coords_log.shape[0], float(vals))
+        if self._interp is None:
+            self._interp = RegularGridInterpolator([self.axes[d] for d in live], vals, method="linear")
+        pts = np.column_stack([np.clip(coords_log[:, d], self.axes[d][0], self.axes[d][-1]) for d in live])
+        return self._interp(pts)
+
+    def in_range(self, coords_log: np.ndarray) -> np.ndarray:
+        """True where every coordinate lies inside the measured grid (tolerance 1e-9 in log)."""
+        ok = np.ones(coords_log.shape[0], dtype=bool)
+        for d, a in enumerate(self.axes):
+            ok &= (coords_log[:, d] >= a[0] - 1e-9) & (coords_log[:, d] <= a[-1] + 1e-9)
+        return ok
+
+
+# --- kernel families ------------------------------------------------------------------------
+
+@dataclass
+class FamilyFit:
+    """One kernel family split into groups (dtype combinations), each parametric + grid."""
+
+    kind: str
+    groups: dict[tuple, tuple[RooflineFit, GridCorrection]]
+
+    def group_keys(self) -> list[tuple]:
+        return sorted(self.groups)
+
+
+GEMM_TERMS = ("flops", "bytes")
+CONTEXT_TERMS = ("flops", "bytes")
+GENERATION_TERMS = ("flops", "bytes", "serial_tokens")
+
+
+def gemm_work(m, n, k, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Work terms (FLOPs, bytes moved) and grid coordinates of an (m×k)·(k×n) GEMM of ``dtype``.
+
+    Activations are read at the compute width (bf16 for weight-only formats), weights
+    at the storage width, the output written in bf16.
+    """
+    m, n, k = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (m, n, k)))
+    wb = elem_bytes(dtype)
+    ab = 1.0 if dtype in ("fp8", "fp8_block", "int8_sq") else 2.0
+    flops = 2.0 * m * n * k
+    nbytes = m * k * ab + n * k * wb + m * n * 2.0
+    return np.stack([flops, nbytes]), np.log(np.column_stack([m, n, k]))
+
+
+def context_work(batch, length, heads, kv_heads, head_dim, attn_dtype: str, kv_dtype: str):
+    """Causal prefill of ``batch`` prompts of ``length`` tokens, one layer: work (FLOPs, bytes), grid coordinates."""
+    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
+                                            for a in (batch, length, heads, kv_heads, head_dim)))
+    flops = 2.0 * b * h * d * s * s  # QK^T and PV, 2 FLOPs each per (q, k) pair, half the pairs (causal)
+    nbytes = b * s * d * (2.0 * h * elem_bytes(attn_dtype) + 2.0 * kvh * elem_bytes(kv_dtype))
+    return np.stack([flops, nbytes]), np.log(np.column_stack([b, s, h / kvh, kvh]))
+
+
+def generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype: str):
+    """One decode token per sequence over ``kv_len`` cached tokens, one layer: work (FLOPs, bytes, serial tokens), coordinates."""
+    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
+                                            for a in (batch, kv_len, heads, kv_heads, head_dim)))
+    flops = 4.0 * b * h * d * s
+    nbytes = b * s * 2.0 * kvh * d * elem_bytes(kv_dtype) + b * 4.0 * h * d
+    # One thread block walks a sequence's KV serially when the batch is too small to fill
+    # the GPU: a per-token latency term, independent of batch, explains the knee that
+    # stays at the same KV length for batch 1 and batch 8.
+    return np.stack([flops, nbytes, s]), np.log(np.column_stack([b, s, h / kvh, kvh]))
+
+
+#: Axis groups for :func:`fill_grid` (one group: all axes vote; held-out tests showed
+#: no gain from filling along size axes first). GEMM coordinates are (m, n, k);
+#: attention coordinates are (batch, length, heads per KV head, KV heads): the query-group
+#: size rather than the head count is an axis because it selects the kernel (MHA,
+#: grouped-query, large-group fallback) and scales compute, while KV heads scale bytes.
+GEMM_PRIORITY = None
+ATTENTION_PRIORITY = None
+
+
+def _fit_group(work, coords, t, terms, peaks, priority, work_at) -> tuple[RooflineFit, GridCorrection]:
+    """Parametric fit, then the grid of log-ratios; ``work_at(cells_log)`` gives work terms at grid cells."""
+    rf = fit_roofline(work, t, terms, peaks)
+    resid = np.log(t) - np.log(rf(work))
+    return rf, GridCorrection.from_points(coords, resid, lambda cells: rf(work_at(cells)), priority)
+
+
+def _attention_dims(cells_log: np.ndarray):
+    """(batch, length, heads, kv_heads) from attention grid coordinates (log b, log s, log group, log kv_heads)."""
+    b, sl, g, kvh = np.exp(cells_log).T
+    return b, sl, g * kvh, kvh
+
+
+def fit_gemm(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
+    """Fit every dtype of a :class:`calibration.tables.GemmTable`; ``peak_flops_fn(dtype)`` gives hardware peaks."""
+    groups = {}
+    for dt in sorted(set(table.dtype)):
+        s = table.dtype == dt
+        w, co = gemm_work(table.m[s], table.n[s], table.k[s], dt)
+        groups[(dt,)] = _fit_group(w, co, table.latency_s[s], GEMM_TERMS, (peak_flops_fn(dt), peak_bw), GEMM_PRIORITY,
+                                   lambda c, dt=dt: gemm_work(*np.exp(c).T, dt)[0])
+    return FamilyFit("gemm", groups)
+
+
+def fit_context(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
+    groups = {}
+    for key in sorted(set(zip(table.attn_dtype, table.kv_dtype, table.head_dim))):
+        ad, kd, hd = key
+        s = (table.attn_dtype == ad) & (table.kv_dtype == kd) & (table.head_dim == hd)
+        w, co = context_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, ad, kd)
+        groups[(ad, kd, int(hd))] = _fit_group(
+            w, co, table.latency_s[s], CONTEXT_TERMS, (peak_flops_fn(ad), peak_bw), ATTENTION_PRIORITY,
+            lambda c, ad=ad, kd=kd, hd=hd: context_work(*_attention_dims(c), hd, ad, kd)[0])
+    return FamilyFit("context_attention", groups)
+
+
+def fit_generation(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
+    groups = {}
+    for key in sorted(set(zip(table.kv_dtype, table.head_dim))):
+        kd, hd = key
+        s = (table.kv_dtype == kd) & (table.head_dim == hd)
+        w, co = generation_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, kd)
+        groups[(kd, int(hd))] = _fit_group(
+            w, co, table.latency_s[s], GENERATION_TERMS, (peak_flops_fn("bf16"), peak_bw, 0.0), ATTENTION_PRIORITY,
+            lambda c, kd=kd, hd=hd: generation_work(*_attention_dims(c), hd, kd)[0])
+    return FamilyFit("generation_attention", groups)
+
+
+def _lookup(fit: FamilyFit, key: tuple) -> tuple[RooflineFit, GridCorrection]:
+    try:
+        return fit.groups[key]
+    except KeyError:
+        from sim.errors import ConfigError
+        raise ConfigError(f"calibration.{fit.kind}", key, f"measured groups: {', '.join(map(str, fit.group_keys()))}") from None
+
+
+def predict_gemm(fit: FamilyFit, dtype: str, m, n, k) -> np.ndarray:
+    """Seconds for GEMMs of one dtype (vectorised over m, n, k)."""
+    rf, gc = _lookup(fit, (dtype,))
+    w, co = gemm_work(m, n, k, dtype)
+    return rf(w) * np.exp(gc(co))
+
+
+def predict_context(fit: FamilyFit, attn_dtype: str, kv_dtype: str, head_dim: int, batch, length, heads, kv_heads) -> np.ndarray:
+    rf, gc = _lookup(fit, (attn_dtype, kv_dtype, int(head_dim)))
+    w, co = context_work(batch, length, heads, kv_heads, head_dim, attn_dtype, kv_dtype)
+    return rf(w) * np.exp(gc(co))
+
+
+def predict_generation(fit: FamilyFit, kv_dtype: str, head_dim: int, batch, kv_len, heads, kv_heads) -> np.ndarray:
+    rf, gc = _lookup(fit, (kv_dtype, int(head_dim)))
+    w, co = generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype)
+    return rf(w) * np.exp(gc(co))
+
+
+def predict_table(fit: FamilyFit, table) -> np.ndarray:
+    """Predicted seconds for every row of the table the family was fitted from (any subset of it)."""
+    out = np.empty(len(table))
+    if fit.kind == "gemm":
+        for (dt,) in fit.groups:
+            s = table.dtype == dt
+            if s.any():
+                out[s] = predict_gemm(fit, dt, table.m[s], table.n[s], table.k[s])
+    elif fit.kind == "context_attention":
+        for ad, kd, hd in fit.groups:
+            s = (table.attn_dtype == ad) & (table.kv_dtype == kd) & (table.head_dim == hd)
+            if s.any():
+                out[s] = predict_context(fit, ad, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s])
+    else:
+        for kd, hd in fit.groups:
+            s = (table.kv_dtype == kd) & (table.head_dim == hd)
+            if s.any():
+                out[s] = predict_generation(fit, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s])
+    return out
+
+
+# --- evaluation -----------------------------------------------------------------------------
+
+def relative_errors(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """``|pred − measured| / measured`` elementwise."""
+    return np.abs(np.asarray(pred) - np.asarray(measured)) / np.asarray(measured)
+
+
+def error_summary(pred: np.ndarray, measured: np.ndarray) -> dict:
+    """Median and 95th-percentile relative error and the row count."""
+    e = relative_errors(pred, measured)
+    return {"median_rel_err": float(np.median(e)), "p95_rel_err": float(np.percentile(e, 95)), "n": int(len(e))}
+
+
+def holdout_mask(n_rows: int, fraction: float = 0.2, seed: int = 0) -> np.ndarray:
+    """Boolean mask selecting a random ``fraction`` of rows (exactly ``round(fraction·n)``), reproducibly."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(n_rows, dtype=bool)
+    mask[rng.choice(n_rows, size=int(round(fraction * n_rows)), replace=False)] = True
+    return mask
+
+
+FITTERS = {"gemm": fit_gemm, "context_attention": fit_context, "generation_attention": fit_generation}
+
+
+def heldout_evaluation(kind: str, table, peak_flops_fn, peak_bw: float, test: np.ndarray) -> dict:
+    """Fit ``kind`` on the rows outside ``test`` and score the predictions on the rows in it."""
+    fit = FITTERS[kind](table.subset(~test), peak_flops_fn, peak_bw)
+    held = table.subset(test)
+    return error_summary(predict_table(fit, held), held.latency_s)

@@ -1,0 +1,317 @@
+"""Turn published kernel tables into a :class:`sim.profile.Profile` for chosen model shapes.
+
+Steps: fit every kernel family (:mod:`calibration.fit`), score each fit on a held-out
+20 % of its rows (fixed seed) for ``fit_quality``, then evaluate the fitted curves on
+the measured grid of each family at exactly the kernel shapes the requested models
+need (per-GPU shapes under tensor parallelism), clamp them to the physical floor
+(time ≥ FLOPs / peak FLOP/s and ≥ bytes / peak bandwidth), and add all-reduce, CPU
+overhead and memory-operation figures.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from pathlib import Path
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.catalog import MODELS, ModelSpec
+from sim.errors import ConfigError
+from sim.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
+
+from . import fit as F
+from .tables import CPU_OVERHEAD_PARTS, KernelTables, read_cpu_overheads
+
+#: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
+SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB"}
+SYSTEM_PROFILE = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm"}
+
+#: Catalog models with a 128-wide head (what the vendored attention tables measure).
+DEFAULT_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b")
+DEFAULT_TPS = (1, 2, 4, 8)
+
+#: Per-block allocator bookkeeping (vLLM's Python block pool pops a free block and updates
+#: hash/ref tables). No published table measures it: an assumption, labelled as such.
+ASSUMED_ALLOC_EVENT_S = 2e-6
+#: PagedAttention kernel 20–26 % slower than a contiguous-cache kernel (vLLM paper §7.1): lower end.
+PAGED_OVERHEAD = 0.20
+#: Block size of the TensorRT-LLM paged KV cache the attention tables were measured on.
+MEASURED_BLOCK_SIZE = 64
+#: Memory-bound kernels per layer charged as "elementwise": 2 RMSNorms, RoPE, SiLU·mul, residual add.
+ELEMENTWISE_KERNELS = 5
+
+
+@dataclass
+class Fits:
+    """Fitted families of one system plus their held-out scores."""
+
+    gemm: F.FamilyFit
+    context: F.FamilyFit
+    generation: F.FamilyFit
+    quality: dict = field(default_factory=dict)
+
+
+def _group_name(key: tuple) -> str:
+    return "/".join(str(x) for x in key)
+
+
+def fit_tables(kt: KernelTables, *, seed: int = 0, heldout: bool = True) -> Fits:
+    """Fit GEMM, context and generation attention; with ``heldout`` also score an 80/20 split."""
+    spec = kt.system
+    fams = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}
+    fitted = {k: F.FITTERS[k](t, spec.peak_flops, spec.mem_bw) for k, t in fams.items()}
+    quality: dict = {}
+    if heldout:
+        for kind, table in fams.items():
+            test = F.holdout_mask(len(table), 0.2, seed)
+            fit = F.FITTERS[kind](table.subset(~test), spec.peak_flops, spec.mem_bw)
+            held = table.subset(test)
+            pred = F.predict_table(fit, held)
+            groups = {}
+            for key in fit.group_keys():
+                sel = _group_mask(kind, held, key)
+                if sel.any():
+                    groups[_group_name(key)] = _rounded(F.error_summary(pred[sel], held.latency_s[sel]))
+            quality[kind] = {"overall": _rounded(F.error_summary(pred, held.latency_s)), "groups": groups}
+        quality["method"] = f"random 20% of rows held out (numpy seed {seed}), fit on the other 80%, relative error |pred-meas|/meas"
+    return Fits(fitted["gemm"], fitted["context_attention"], fitted["generation_attention"], quality)
+
+
+def _rounded(d: dict) -> dict:
+    return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+def _group_mask(kind: str, table, key: tuple) -> np.ndarray:
+    if kind == "gemm":
+        return table.dtype == key[0]
+    if kind == "context_attention":
+        return (table.attn_dtype == key[0]) & (table.kv_dtype == key[1]) & (table.head_dim == key[2])
+    return (table.kv_dtype == key[0]) & (table.head_dim == key[1])
+
+
+def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple, tuple]], list[str]]:
+    """User dtype → measured table group, for weights (GEMM) and the KV cache (attention), plus notes."""
+    notes = []
+    gemm_have = set(kt.gemm.dtype)
+    weights = {}
+    if "bf16" in gemm_have:
+        weights["bf16"] = "bf16"
+    if "fp8" in gemm_have:
+        weights["fp8"] = "fp8"
+    elif "int8_wo" in gemm_have:
+        weights["fp8"] = "int8_wo"
+        notes.append(f"{kt.system.name} has no FP8 tensor cores: fp8 weights use the int8 weight-only GEMM table "
+                     "(8-bit weights, bf16 compute), as vLLM runs FP8 checkpoints on Ampere with weight-only kernels")
+    ctx_have = set(zip(kt.context.attn_dtype, kt.context.kv_dtype, kt.context.head_dim.tolist()))
+    gen_have = set(zip(kt.generation.kv_dtype, kt.generation.head_dim.tolist()))
+    kv = {}
+    for d in ("bf16", "fp8"):
+        if ("bf16", d, 128) in ctx_have and (d, 128) in gen_have:
+            kv[d] = (("bf16", d, 128), (d, 128))
+    if "fp8" not in kv:
+        notes.append(f"{kt.system.name}: no fp8 KV-cache attention measured; kv_dtype fp8 is not offered")
+    return weights, kv, notes
+
+
+def _gemm_curve(fits: Fits, kt: KernelTables, n: int, k: int, table_dtype: str) -> Curve1D:
+    sel = kt.gemm.dtype == table_dtype
+    m = np.unique(kt.gemm.m[sel]).astype(np.float64)
+    t = F.predict_gemm(fits.gemm, table_dtype, m, np.full_like(m, n), np.full_like(m, k))
+    floor = 2.0 * m * n * k / kt.system.peak_flops(table_dtype)
+    clamped = int(np.sum(t < floor))
+    t = np.maximum(t, floor)
+    ns, ks = np.unique(kt.gemm.n[sel]), np.unique(kt.gemm.k[sel])
+    meta = {"table_dtype": table_dtype, "measured_shape": bool(n in ns and k in ks)}
+    outside = [f"{name}={v} outside measured {lo}..{hi}" for name, v, lo, hi in
+               (("n", n, ns.min(), ns.max()), ("k", k, ks.min(), ks.max())) if not lo <= v <= hi]
+    if outside:
+        meta["extrapolated"] = "; ".join(outside) + " (parametric form with the edge correction)"
+    if clamped:
+        meta["clamped_to_physical_floor"] = clamped
+    return Curve1D(m, t, meta)
+
+
+def _attention_grids(fits: Fits, kt: KernelTables, heads: int, kv_heads: int, head_dim: int,
+                     ctx_group: tuple, gen_group: tuple) -> tuple[Grid2D, Grid2D]:
+    spec = kt.system
+    ad, kd, _ = ctx_group
+    sel = (kt.context.attn_dtype == ad) & (kt.context.kv_dtype == kd) & (kt.context.head_dim == head_dim)
+    b, s = np.unique(kt.context.batch[sel]).astype(float), np.unique(kt.context.length[sel]).astype(float)
+    bb, ss = np.meshgrid(b, s, indexing="ij")
+    t = F.predict_context(fits.context, ad, kd, head_dim, bb.ravel(), ss.ravel(), heads, kv_heads).reshape(bb.shape)
+    work, _ = F.context_work(bb.ravel(), ss.ravel(), heads, kv_heads, head_dim, ad, kd)
+    floor = np.maximum(work[0] / spec.peak_flops(ad), work[1] / spec.mem_bw).reshape(bb.shape)
+    ctx_meta = {"group": _group_name(ctx_group), "measured_shape": _measured_heads(kt.context, heads, kv_heads, head_dim)}
+    if (t < floor).any():
+        ctx_meta["clamped_to_physical_floor"] = int((t < floor).sum())
+    ctx = Grid2D(b, s, np.maximum(t, floor), ctx_meta)
+
+    kd2, _ = gen_group
+    sel = (kt.generation.kv_dtype == kd2) & (kt.generation.head_dim == head_dim)
+    b, s = np.unique(kt.generation.batch[sel]).astype(float), np.unique(kt.generation.length[sel]).astype(float)
+    bb, ss = np.meshgrid(b, s, indexing="ij")
+    t = F.predict_generation(fits.generation, kd2, head_dim, bb.ravel(), ss.ravel(), heads, kv_heads).reshape(bb.shape)
+    work, _ = F.generation_work(bb.ravel(), ss.ravel(), heads, kv_heads, head_dim, kd2)
+    floor = np.maximum(work[0] / spec.bf16_flops, work[1] / spec.mem_bw).reshape(bb.shape)
+    gen_meta = {"group": _group_name(gen_group), "measured_shape": _measured_heads(kt.generation, heads, kv_heads, head_dim),
+                "length_is": "KV tokens per sequence"}
+    if (t < floor).any():
+        gen_meta["clamped_to_physical_floor"] = int((t < floor).sum())
+    return ctx, Grid2D(b, s, np.maximum(t, floor), gen_meta)
+
+
+def _measured_heads(table, heads, kv_heads, head_dim) -> bool:
+    return bool(np.any((table.heads == heads) & (table.kv_heads == kv_heads) & (table.head_dim == head_dim)))
+
+
+def cpu_overhead_section() -> dict:
+    """Linear fit ``intercept + per_seq · batch`` of vLLM's per-step CPU overhead, per TP degree."""
+    tab = read_cpu_overheads()
+    by_tp = {}
+    for tp in sorted(set(tab.tp.tolist())):
+        s = tab.tp == tp
+        A = np.column_stack([np.ones(s.sum()), tab.batch[s]])
+        coef, *_ = np.linalg.lstsq(A, tab.overhead_s[s], rcond=None)
+        err = F.error_summary(A @ coef, tab.overhead_s[s])
+        by_tp[str(tp)] = {"intercept_s": float(coef[0]), "per_seq_s": float(coef[1]),
+                          "batch_range": [int(tab.batch[s].min()), int(tab.batch[s].max())],
+                          "models": sorted(set(tab.model[s].tolist())), "fit_median_rel_err": round(err["median_rel_err"], 4)}
+    return {"by_tp": by_tp, "parts": list(CPU_OVERHEAD_PARTS),
+            "source": "Vidur profiles historical/a100/cpu_overheads.csv (vLLM on an A100 DGX host, MIT)",
+            "note": "host-side work per step, not overlapped with GPU work; TP degrees without data use the nearest lower one"}
+
+
+def _versions() -> dict:
+    import pyarrow
+    import scipy
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "pyarrow": pyarrow.__version__}
+
+
+def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name: str | None = None,
+                  fits: Fits | None = None, seed: int = 0, dtype: str | None = None) -> Profile:
+    """A profile with curves for every (model, TP) in ``models`` and every dtype the tables measure.
+
+    ``dtype`` (``bf16`` or ``fp8``) keeps only that weight and KV-cache dtype.
+    """
+    spec = kt.system
+    fits = fits or fit_tables(kt, seed=seed)
+    weights, kvs, notes = dtype_maps(kt)
+    if dtype is not None:
+        if dtype not in weights and dtype not in kvs:
+            raise ConfigError("calibrate.dtype", dtype, f"dtypes measured for {spec.name}: "
+                                                        f"{', '.join(sorted(set(weights) | set(kvs)))}")
+        weights = {k: v for k, v in weights.items() if k == dtype} or weights
+        kvs = {k: v for k, v in kvs.items() if k == dtype} or kvs
+    if not weights or not kvs:
+        raise ConfigError("calibrate.dtype", spec.name, "tables with bf16 GEMMs and bf16 attention at head_dim 128")
+    gemm: dict[str, Curve1D] = {}
+    ctx: dict[str, Grid2D] = {}
+    gen: dict[str, Grid2D] = {}
+    entries: dict[str, dict] = {}
+    gen_curves = gen
+    for model, tp in models:
+        h, kvh = per_gpu_heads(model, tp)
+        for wd, table_dtype in weights.items():
+            for kd, (cg, gg) in kvs.items():
+                keys = shape_keys(model, tp, wd, kd)
+                for key in keys.gemms().values():
+                    if key not in gemm:
+                        n, k = (int(x) for x in key.split(":")[0].split("x"))
+                        gemm[key] = _gemm_curve(fits, kt, n, k, table_dtype)
+                if keys.attention not in gen_curves:
+                    ctx[keys.attention], gen_curves[keys.attention] = _attention_grids(fits, kt, h, kvh, model.head_dim, cg, gg)
+        bf = shape_keys(model, tp, next(iter(weights)), next(iter(kvs)))
+        entries[f"{model.name}@tp{tp}"] = {
+            "tensor_parallel": tp, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
+            "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate, "vocab": model.vocab,
+            "gemm_shapes": {p: k.split(":")[0] for p, k in bf.gemms().items()}, "attention_shape": bf.attention.split(":")[0]}
+    allreduce = {}
+    if kt.nccl is not None:
+        for g in sorted(set(kt.nccl.num_gpus.tolist())):
+            s = kt.nccl.num_gpus == g
+            o = np.argsort(kt.nccl.nbytes[s])
+            allreduce[str(g)] = Curve1D(kt.nccl.nbytes[s][o], kt.nccl.latency_s[s][o],
+                                        {"x_is": "message bytes (fp16)", "nccl_version": kt.nccl.version})
+    params = {fam.kind: {_group_name(k): {**{a: _sig(b) for a, b in rf.as_dict().items()}} for k, (rf, _) in fam.groups.items()}
+              for fam in (fits.gemm, fits.context, fits.generation)}
+    gpu_name = SYSTEM_GPU.get(spec.name, spec.name)
+    clamped = {fam: sum(int(c.meta.get("clamped_to_physical_floor", 0)) for c in curves.values())
+               for fam, curves in (("gemm", gemm), ("context_attention", ctx), ("generation_attention", gen_curves))}
+    gen = kt.generation
+    implied = gen.batch * gen.length * 2.0 * gen.kv_heads * gen.head_dim * np.where(gen.kv_dtype == "fp8", 1.0, 2.0) / gen.latency_s
+    over = int(np.sum(implied > spec.mem_bw))
+    if over:
+        notes.append(f"{over} of {len(gen)} measured generation-attention rows imply more than the {spec.mem_bw / 1e12:.3g} TB/s "
+                     f"HBM peak (up to {implied.max() / spec.mem_bw:.2f}x); profile curves are raised to the "
+                     f"KV-bytes/peak floor there")
+    if any(clamped.values()):
+        notes.append("clamped_points counts grid cells raised to max(FLOPs/peak, bytes/peak_bw); most are cells the "
+                     "tables did not measure (large batch x length), where the correction is extrapolated")
+    provenance = {
+        "device": gpu_name, "system": spec.name, "backend": kt.backend,
+        "backend_versions": {"gemm": kt.gemm.version, "context_attention": kt.context.version,
+                             "generation_attention": kt.generation.version,
+                             "nccl": kt.nccl.version if kt.nccl is not None else None},
+        "source": "aiconfigurator-core 0.12.0 measured kernel tables (Apache-2.0); Vidur CPU overheads (MIT)",
+        "source_tables": [_rel(kt, p) for p in (kt.gemm.source, kt.context.source, kt.generation.source,
+                                                 kt.nccl.source if kt.nccl is not None else None) if p],
+        "date": _dt.date.today().isoformat(),
+        "method": "per dtype group: least-squares fit of t = launch + smooth-max(FLOPs/F, bytes/B[, KV tokens/S]) in log "
+                  "space, times a log-ratio correction interpolated on the measured grid; curves stored on the "
+                  "measured grid at each model's per-GPU kernel shapes, raised to max(FLOPs/peak, bytes/peak_bw)",
+        "parametric_fits": params, "clamped_points": clamped, "library_versions": _versions(), "notes": notes,
+    }
+    return Profile(
+        name=name or SYSTEM_PROFILE.get(spec.name, spec.name),
+        device={"name": gpu_name, "system": spec.name, "hbm_bandwidth": spec.mem_bw, "peak_bf16_flops": spec.bf16_flops,
+                "peak_fp8_flops": spec.fp8_flops, "memory_bytes": spec.mem_capacity_bytes, "pcie_bandwidth": spec.pcie_bw,
+                "nvlink_bandwidth": spec.nvlink_bw},
+        provenance=provenance,
+        memory={"latency_s": spec.mem_latency_s, "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
+                "host_latency_s": spec.p2p_latency_s, "host_bandwidth_bytes_per_s": spec.pcie_bw * spec.mem_bw_efficiency,
+                "alloc_event_s": ASSUMED_ALLOC_EVENT_S,
+                "source": "system.yaml: mem_bw x mem_bw_empirical_scaling_factor, mem_empirical_constant_latency; "
+                          "pcie_bw x the same factor, p2p_latency; alloc_event_s is an assumption (no measurement)"},
+        elementwise={"kernels_per_layer": ELEMENTWISE_KERNELS, "latency_s": spec.mem_latency_s,
+                     "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
+                     "source": "memory-bound kernels priced like memory ops (not in the kernel tables)"},
+        layout={"measured_paged": True, "measured_block_size": MEASURED_BLOCK_SIZE, "paged_overhead": PAGED_OVERHEAD,
+                "paged_overhead_source": "vLLM paper (SOSP 2023) section 7.1: PagedAttention kernel 20-26% slower than a "
+                                         "contiguous-cache kernel; lower end taken. Not measured by these tables.",
+                "contiguous_model": "decode attention time / (1 + paged_overhead)",
+                "block_size_dependence": "none modelled: only 64-token blocks were measured"},
+        cpu_overhead=cpu_overhead_section(),
+        allreduce=allreduce, gemm=gemm, context_attention=ctx, generation_attention=gen_curves, models=entries,
+        fit_quality=fits.quality, dtypes={"weight": sorted(weights), "kv": sorted(kvs),
+                                          "weight_tables": dict(weights), "kv_tables": {k: [list(a), list(b)] for k, (a, b) in kvs.items()}},
+    )
+
+
+def _sig(x):
+    return float(f"{x:.5g}") if isinstance(x, float) else x
+
+
+def _rel(kt: KernelTables, path: str) -> str:
+    """Source path relative to the tables root's system folder (``h100_sxm/gemm/...``), else as given."""
+    try:
+        return str(Path(path).resolve().relative_to(kt.root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def default_models(models: tuple[str, ...] = DEFAULT_MODELS, tps: tuple[int, ...] = DEFAULT_TPS) -> list[tuple[ModelSpec, int]]:
+    """(model, TP) pairs whose heads and KV heads split evenly across TP GPUs."""
+    out = []
+    for name in models:
+        m = MODELS[name]
+        for tp in tps:
+            if m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0 and m.vocab % tp == 0:
+                out.append((m, tp))
+    return out
+
+
+__all__ = ["Fits", "fit_tables", "build_profile", "default_models", "dtype_maps", "cpu_overhead_section",
+           "SYSTEM_GPU", "SYSTEM_PROFILE"]

@@ -1,0 +1,79 @@
+"""Copy the subset of the published tables that kvsim needs into ``calibration/data``.
+
+Run once from a checkout that has the shared reference data next to it::
+
+    python -m calibration.vendor_data /path/to/shared/data
+
+A fresh clone does not need this: the filtered copies are committed. The
+filters keep the files small and keep exactly what the fits and tests use:
+
+* GPU kernel tables (aiconfigurator-core 0.12.0, Apache-2.0), TensorRT-LLM
+  backend, because it is the only backend whose decode-attention tables cover
+  both GQA (8 KV heads) and MHA (32/64 KV heads) shapes at bf16 and fp8 KV:
+  GEMMs at bf16/fp8 (A100: bf16 and int8 weight-only), attention with
+  head_dim 128 and full attention (window 0), NCCL all-reduce in half.
+* Vidur profiles (MIT): Llama-2-7B per-operator times on A100/H100 and the
+  vLLM CPU-overhead table.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+
+#: system -> (trtllm version, nccl version, gemm dtypes kept)
+SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "h100_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
+    "h200_sxm": ("1.3.0rc20", "2.26.2", ("bfloat16", "fp8")),
+    "a100_sxm": ("1.0.0", "2.27.3", ("bfloat16", "int8_wo")),
+}
+
+VIDUR_FILES = [
+    "LICENSE",
+    "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
+    "compute/h100/meta-llama/Llama-2-7b-hf/mlp.csv",
+    "historical/a100/cpu_overheads.csv",
+]
+
+
+def _filter_copy(src: Path, dst: Path, mask_fn) -> None:
+    table = pq.read_table(src)
+    table = table.filter(mask_fn(table))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, dst, compression="zstd")
+    meta = src.parent / "collection_meta.yaml"
+    if meta.exists():
+        shutil.copy(meta, dst.parent / "collection_meta.yaml")
+
+
+def vendor(shared: Path) -> None:
+    gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
+    gk_dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(gk_src / "LICENSE", gk_dst / "LICENSE")
+    for system, (trt, nccl, gemm_dtypes) in SYSTEMS.items():
+        s, d = gk_src / system, gk_dst / system
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copy(s / "system.yaml", d / "system.yaml")
+        rel = f"gemm/trtllm/{trt}/gemm_perf.parquet"
+        _filter_copy(s / rel, d / rel, lambda t: pc.is_in(t["gemm_dtype"], value_set=pa.array(gemm_dtypes)))
+        for name in ("context_attention_perf", "generation_attention_perf"):
+            rel = f"attention/trtllm/{trt}/{name}.parquet"
+            _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0)))
+        rel = f"comm/nccl/{nccl}/nccl_perf.parquet"
+        _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["op_name"], "all_reduce"), pc.equal(t["nccl_dtype"], "half")))
+    v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
+    for rel in VIDUR_FILES:
+        (v_dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(v_src / rel, v_dst / rel)
+
+
+if __name__ == "__main__":
+    vendor(Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent.parent / "shared" / "data"))

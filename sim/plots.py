@@ -1,0 +1,338 @@
+"""Plotly figures of runs, sweeps and plans (used by ``kvsim report``, ``kvsim plan`` and the app).
+
+Plotly is an optional dependency (extras ``report`` / ``app``): it is imported here only, inside
+the functions, so ``import sim.plots`` works without it and the simulator core never needs it.
+
+Inputs are the Arrow tables a run writes (columns in :mod:`sim.metrics`), a sweep dataset
+(:func:`sim.sweep.read_dataset`) or a plan dict (``plan.json``, :mod:`sim.planner`). Times are
+seconds of simulated time; memory is plotted in GiB.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+if TYPE_CHECKING:  # pragma: no cover
+    from plotly.graph_objects import Figure
+
+GIB = 2.0**30
+#: More points than this in one trace are thinned by striding: a browser draws ~20k SVG points fine.
+MAX_POINTS = 20_000
+_COMPLETED = "completed"
+
+
+def _go():
+    try:
+        import plotly.graph_objects as go
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("plots need plotly: pip install 'kvsim[report]'") from exc
+    return go
+
+
+def _subplots(**kw):
+    from plotly.subplots import make_subplots
+    return make_subplots(**kw)
+
+
+def _thin(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    n = len(arrays[0]) if arrays else 0
+    if n <= MAX_POINTS:
+        return arrays
+    step = int(np.ceil(n / MAX_POINTS))
+    # Keep the last point so the curve reaches the end of the run.
+    idx = np.unique(np.r_[np.arange(0, n, step), n - 1])
+    return tuple(a[idx] for a in arrays)
+
+
+def _col(table: pa.Table, name: str) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False)
+
+
+# --- per-request latencies -----------------------------------------------------------
+
+def request_latencies(requests: pa.Table) -> dict[str, np.ndarray]:
+    """TTFT, TPOT and end-to-end latency (s) of the completed requests (TPOT needs ≥ 2 tokens)."""
+    ok = np.asarray(requests.column("status").to_pylist()) == _COMPLETED
+    arrival = _col(requests, "arrival_s")
+    first = _col(requests, "first_token_s")
+    finish = _col(requests, "finish_s")
+    gen = _col(requests, "generated_tokens")
+    multi = ok & (gen > 1)
+    return {
+        "ttft_s": (first - arrival)[ok],
+        "tpot_s": (finish - first)[multi] / (gen[multi] - 1),
+        "e2e_s": (finish - arrival)[ok],
+    }
+
+
+def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> "Figure":
+    """Empirical CDFs of TTFT, TPOT and e2e latency; a dict compares label → requests table."""
+    go = _go()
+    runs = {"run": requests} if isinstance(requests, pa.Table) else dict(requests)
+    fig = _subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "TPOT (s)", "end-to-end latency (s)"))
+    palette = _palette(len(runs))
+    for i, (label, table) in enumerate(runs.items()):
+        lat = request_latencies(table)
+        for j, key in enumerate(("ttft_s", "tpot_s", "e2e_s")):
+            v = np.sort(lat[key])
+            # Fraction of *all* requests: rejected ones never reach the top, so the CDF shows them.
+            y = np.arange(1, v.size + 1) / max(table.num_rows, 1)
+            v, y = _thin(v, y)
+            fig.add_trace(go.Scatter(x=v, y=y, mode="lines", name=str(label), legendgroup=str(label),
+                                     showlegend=j == 0, line=dict(color=palette[i], shape="hv")),
+                          row=1, col=j + 1)
+    fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
+    fig.update_layout(title="Latency CDFs (rejected requests never complete: curves stop below 1)",
+                      hovermode="x unified")
+    return fig
+
+
+# --- per-replica time series, summed over replicas ------------------------------------
+
+def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Cluster-wide step functions: at every recorded time, the sum over replicas of each
+    replica's latest value of ``cols`` (a replica not yet recorded contributes its first value
+    for capacity/free columns and 0 otherwise)."""
+    t_all = _col(ts, "t_s")
+    rep = _col(ts, "replica")
+    order = np.argsort(t_all, kind="stable")
+    t_union = np.unique(t_all)
+    out = {c: np.zeros(t_union.size, dtype=np.float64) for c in cols}
+    for r in np.unique(rep):
+        sel = order[rep[order] == r]
+        t_r = t_all[sel]
+        idx = np.searchsorted(t_r, t_union, side="right") - 1
+        before = idx < 0
+        idx = np.maximum(idx, 0)
+        for c in cols:
+            v = _col(ts, c)[sel].astype(np.float64)
+            vals = v[idx]
+            if c not in ("kv_capacity_bytes", "kv_free_bytes", "kv_largest_free_extent_bytes"):
+                vals = np.where(before, 0.0, vals)
+            out[c] += vals
+    return t_union, out
+
+
+def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> "Figure":
+    """Reserved, used and free KV bytes over time (GiB), summed over replicas; capacity dashed."""
+    go = _go()
+    fig = go.Figure()
+    if timeseries.num_rows == 0:
+        return _empty(fig, title)
+    cols = ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes"]
+    t, s = summed_over_replicas(timeseries, cols)
+    t, cap, res, used, free = _thin(t, s["kv_capacity_bytes"], s["kv_reserved_bytes"], s["kv_used_bytes"],
+                                    s["kv_free_bytes"])
+    for name, v, color, dash in (("reserved", res, "#d62728", None), ("used", used, "#2ca02c", None),
+                                 ("free", free, "#1f77b4", None), ("capacity", cap, "#7f7f7f", "dash")):
+        fig.add_trace(go.Scatter(x=t, y=v / GIB, mode="lines", name=name, line=dict(color=color, dash=dash, shape="hv")))
+    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="GiB", hovermode="x unified")
+    return fig
+
+
+def fragmentation_series(timeseries: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(t, internal, external) over time, cluster-wide.
+
+    internal = (reserved − used) / reserved: reserved memory holding no token (padding of a
+    static reservation, the unfilled tail of a page). external = 1 − Σ largest free extent /
+    Σ free: free memory no single new sequence can take (the free-weighted mean over replicas).
+    Both are 0 where their denominator is 0.
+    """
+    cols = ["kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes", "kv_largest_free_extent_bytes"]
+    t, s = summed_over_replicas(timeseries, cols)
+    res, used, free, largest = (s[c] for c in cols)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        internal = np.where(res > 0, (res - used) / res, 0.0)
+        external = np.where(free > 0, 1.0 - largest / free, 0.0)
+    return t, internal, np.clip(external, 0.0, 1.0)
+
+
+def fragmentation(timeseries: pa.Table) -> "Figure":
+    """Internal and external KV fragmentation over time (see :func:`fragmentation_series`)."""
+    go = _go()
+    fig = go.Figure()
+    title = "KV fragmentation: internal = (reserved − used)/reserved, external = 1 − largest free/free"
+    if timeseries.num_rows == 0:
+        return _empty(fig, title)
+    t, internal, external = _thin(*fragmentation_series(timeseries))
+    fig.add_trace(go.Scatter(x=t, y=internal, mode="lines", name="internal", line=dict(shape="hv", color="#d62728")))
+    fig.add_trace(go.Scatter(x=t, y=external, mode="lines", name="external", line=dict(shape="hv", color="#9467bd")))
+    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="fraction", yaxis_range=[0, 1.02],
+                      hovermode="x unified")
+    return fig
+
+
+def queue_length(timeseries: pa.Table) -> "Figure":
+    """Running and waiting requests over time, summed over replicas."""
+    go = _go()
+    fig = go.Figure()
+    title = "Requests running and waiting (all replicas)"
+    if timeseries.num_rows == 0:
+        return _empty(fig, title)
+    t, s = summed_over_replicas(timeseries, ["running", "waiting"])
+    t, running, waiting = _thin(t, s["running"], s["waiting"])
+    fig.add_trace(go.Scatter(x=t, y=running, mode="lines", name="running", line=dict(shape="hv")))
+    fig.add_trace(go.Scatter(x=t, y=waiting, mode="lines", name="waiting", line=dict(shape="hv")))
+    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="requests", hovermode="x unified")
+    return fig
+
+
+def step_latency(timeseries: pa.Table) -> "Figure":
+    """Per-iteration latency (``first_step_s``, ms) over time, one marker series per replica,
+    decode-only iterations apart from those with prefill work (the seed article's sawtooth)."""
+    go = _go()
+    fig = go.Figure()
+    title = "Iteration latency (first iteration of each recorded window)"
+    if timeseries.num_rows == 0:
+        return _empty(fig, title)
+    t = _col(timeseries, "t_s")
+    step = _col(timeseries, "first_step_s") * 1e3
+    decode = decode_only_mask(timeseries)
+    rep = _col(timeseries, "replica")
+    for r in np.unique(rep):
+        for mask, kind in ((decode, "decode"), (~decode, "prefill+decode")):
+            sel = (rep == r) & mask
+            if not sel.any():
+                continue
+            x, y = _thin(t[sel], step[sel])
+            name = f"{kind}" if len(np.unique(rep)) == 1 else f"replica {r} {kind}"
+            fig.add_trace(go.Scattergl(x=x, y=y, mode="markers", name=name, marker=dict(size=3)))
+    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="iteration latency (ms)")
+    return fig
+
+
+def decode_only_mask(timeseries: pa.Table) -> np.ndarray:
+    """Rows whose iterations computed one token per running sequence and nothing else."""
+    return _col(timeseries, "batch_tokens") == _col(timeseries, "running")
+
+
+# --- sweeps ---------------------------------------------------------------------------
+
+def _ok_rows(table: pa.Table) -> pa.Table:
+    if "status" in table.column_names:
+        import pyarrow.compute as pc
+        table = table.filter(pc.equal(table.column("status"), "ok"))
+    return table
+
+
+def _group_mean(keys: list[tuple], values: np.ndarray) -> dict[tuple, float]:
+    acc: dict[tuple, list[float]] = {}
+    for k, v in zip(keys, values):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            continue
+        acc.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def _sort_key(v):
+    return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
+
+
+def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> "Figure":
+    """``y`` against ``x`` over the ok points of a sweep, one line per value of ``color``.
+
+    Points sharing (color, x) — seeds, or axes not shown — are averaged, and the line is
+    drawn in ``x`` order.
+    """
+    go = _go()
+    t = _ok_rows(table)
+    fig = go.Figure()
+    for c in (x, y) + ((color,) if color else ()):
+        if c not in t.column_names:
+            raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
+    xs = t.column(x).to_pylist()
+    ys = np.array([np.nan if v is None else v for v in t.column(y).to_pylist()], dtype=np.float64)
+    cs = t.column(color).to_pylist() if color else ["all"] * t.num_rows
+    means = _group_mean(list(zip(cs, xs)), ys)
+    for cval in sorted(set(cs), key=_sort_key):
+        pts = sorted(((xv, m) for (cv, xv), m in means.items() if cv == cval), key=lambda p: _sort_key(p[0]))
+        if not pts:
+            continue
+        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
+                                 name=f"{color}={cval}" if color else y))
+    fig.update_layout(title=f"{y} vs {x}" + (f" by {color}" if color else ""), xaxis_title=x, yaxis_title=y,
+                      legend_title=color or "")
+    return fig
+
+
+def heatmap(table: pa.Table, x: str, y: str, z: str) -> "Figure":
+    """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid."""
+    go = _go()
+    t = _ok_rows(table)
+    for c in (x, y, z):
+        if c not in t.column_names:
+            raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
+    xs, ys = t.column(x).to_pylist(), t.column(y).to_pylist()
+    zs = np.array([np.nan if v is None else v for v in t.column(z).to_pylist()], dtype=np.float64)
+    means = _group_mean(list(zip(xs, ys)), zs)
+    xu = sorted(set(xs), key=_sort_key)
+    yu = sorted(set(ys), key=_sort_key)
+    grid = [[means.get((xv, yv)) for xv in xu] for yv in yu]
+    fig = go.Figure(go.Heatmap(x=[str(v) for v in xu], y=[str(v) for v in yu], z=grid, colorbar=dict(title=z),
+                               texttemplate="%{z:.3g}", hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{z}=%{{z}}<extra></extra>"))
+    fig.update_layout(title=f"{z} over {x} × {y}", xaxis_title=x, yaxis_title=y)
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    return fig
+
+
+# --- plans ----------------------------------------------------------------------------
+
+def attainment_vs_rate(plan: dict) -> "Figure":
+    """SLO attainment against arrival rate for each candidate of a plan, with the target and
+    each candidate's goodput marked."""
+    go = _go()
+    fig = go.Figure()
+    cands = plan.get("candidates", [])
+    palette = _palette(len(cands))
+    for i, c in enumerate(cands):
+        probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
+        if not probes:
+            continue
+        fig.add_trace(go.Scatter(x=[p["rate"] for p in probes], y=[p["attainment"] for p in probes],
+                                 mode="lines+markers", name=c["name"], legendgroup=c["name"], line=dict(color=palette[i])))
+        g = c.get("goodput_rps")
+        if g:
+            fig.add_vline(x=g, line=dict(color=palette[i], dash="dot", width=1))
+    target = plan.get("attainment_target")
+    if target is not None:
+        fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"target {target:g}")
+    fig.update_layout(title="SLO attainment vs arrival rate (dotted: goodput per candidate)",
+                      xaxis_title="arrival rate (requests/s, per deployment)", yaxis_title="SLO attainment",
+                      xaxis_type="log", yaxis_range=[0, 1.02])
+    return fig
+
+
+def latency_throughput(plan: dict) -> "Figure":
+    """TTFT and TPOT p90 against achieved throughput (requests/s) for each candidate of a plan."""
+    go = _go()
+    fig = _subplots(rows=1, cols=2, subplot_titles=("TTFT p90 (s)", "TPOT p90 (s)"))
+    cands = plan.get("candidates", [])
+    palette = _palette(len(cands))
+    for i, c in enumerate(cands):
+        probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
+        if not probes:
+            continue
+        x = [p["throughput_requests_per_s"] for p in probes]
+        for j, key in enumerate(("ttft_p90_s", "tpot_p90_s")):
+            fig.add_trace(go.Scatter(x=x, y=[p.get(key) for p in probes], mode="lines+markers", name=c["name"],
+                                     legendgroup=c["name"], showlegend=j == 0, line=dict(color=palette[i])),
+                          row=1, col=j + 1)
+    fig.update_xaxes(title_text="throughput (completed requests/s)")
+    fig.update_yaxes(type="log")
+    fig.update_layout(title="Latency–throughput curves (one point per probed rate)")
+    return fig
+
+
+def _palette(n: int) -> list[str]:
+    base = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf"]
+    return [base[i % len(base)] for i in range(max(n, 1))]
+
+
+def _empty(fig, title: str):
+    fig.update_layout(title=title + " (no data)")
+    return fig

@@ -1,0 +1,466 @@
+"""Calibrated profiles: the file format and the :class:`ProfileCostModel` built from one.
+
+A profile is one JSON file per device (``"format": "kvsim-profile", "version": 1``)
+holding measured-and-fitted curves keyed by kernel shape, so several model shapes
+share them (Llama-2-7B and Llama-3.1-8B share the 4096×4096 output projection):
+
+* ``gemm["<n>x<k>:<dtype>"]``: seconds vs token count ``m`` for an (m×k)·(k×n) GEMM;
+* ``context_attention["<heads>/<kv_heads>/<head_dim>:<kv_dtype>"]``: seconds vs
+  (batch, prompt length) for one layer's causal prefill;
+* ``generation_attention[...]``: seconds vs (batch, KV length per sequence) for one
+  layer's decode attention, measured on a paged cache (``layout``);
+* ``allreduce["<gpus>"]``: seconds vs message bytes; ``cpu_overhead``: seconds per step
+  vs batch size; ``memory``: alloc/zero-fill/copy/host-transfer figures;
+  ``elementwise``: the memory-bound per-layer ops (norms, RoPE, activation, residual adds);
+* ``provenance`` and ``fit_quality`` (held-out median/p95 relative error per curve family).
+
+Curves are stored on their measured grid and interpolated in log-log space (piecewise
+power laws, exact at grid points). A query beyond the grid is never silently
+extrapolated: it is counted in ``CostModel.out_of_range[curve]`` and answered by
+clamping (below the grid) or proportional scaling from the last grid point (above:
+time ∝ tokens, the compute/bandwidth-bound limit). This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .catalog import GpuSpec, ModelSpec
+from .costmodel import BatchShape, CostModel, Layout
+from .errors import ConfigError
+
+FORMAT = "kvsim-profile"
+VERSION = 1
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+KEY = "cost_model.profile"
+
+#: Activations cross the tensor-parallel all-reduce in bf16.
+ACT_BYTES = 2.0
+
+
+def _sig(x: float, digits: int = 5) -> float:
+    """Round to ``digits`` significant figures (keeps the JSON small, far below measurement noise)."""
+    return float(f"{x:.{digits}g}")
+
+
+def _round_list(a) -> list:
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.ndim == 0:
+        return _sig(float(arr))
+    return [_round_list(x) for x in arr] if arr.ndim > 1 else [_sig(float(x)) for x in arr]
+
+
+# --- curves ---------------------------------------------------------------------------------
+
+@dataclass
+class Curve1D:
+    """Seconds vs one positive coordinate, log-log piecewise linear between grid points."""
+
+    x: np.ndarray
+    t_s: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.x = np.asarray(self.x, dtype=np.float64)
+        self.t_s = np.asarray(self.t_s, dtype=np.float64)
+        if self.x.ndim != 1 or self.x.shape != self.t_s.shape or len(self.x) < 2:
+            raise ValueError("curve needs matching 1-d x and t_s with at least two points")
+        if np.any(np.diff(self.x) <= 0) or np.any(self.x <= 0) or np.any(self.t_s <= 0):
+            raise ValueError("curve x must be positive and increasing, t_s positive")
+        self._lx, self._lt = np.log(self.x), np.log(self.t_s)
+
+    def __call__(self, x) -> tuple[np.ndarray, int]:
+        """Seconds at ``x`` (array) and how many points lay outside the grid."""
+        x = np.maximum(np.asarray(x, dtype=np.float64), 1e-12)
+        t = np.exp(np.interp(np.log(x), self._lx, self._lt))
+        above = x > self.x[-1] * (1 + 1e-9)
+        below = x < self.x[0] * (1 - 1e-9)
+        if above.any():
+            t = np.where(above, self.t_s[-1] * x / self.x[-1], t)
+        return t, int(above.sum() + below.sum())
+
+    def to_json(self) -> dict:
+        return {"x": _round_list(self.x), "t_s": _round_list(self.t_s), **self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Curve1D":
+        return cls(np.array(d["x"]), np.array(d["t_s"]), {k: v for k, v in d.items() if k not in ("x", "t_s")})
+
+
+@dataclass
+class Grid2D:
+    """Seconds vs (batch, length) on a measured grid, bilinear in log space.
+
+    Above the grid on either axis the time scales in proportion (batch and length both
+    multiply work in the bandwidth/compute-bound limit); below, it is clamped.
+    """
+
+    batch: np.ndarray
+    length: np.ndarray
+    t_s: np.ndarray  # (len(batch), len(length))
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.batch = np.asarray(self.batch, dtype=np.float64)
+        self.length = np.asarray(self.length, dtype=np.float64)
+        self.t_s = np.asarray(self.t_s, dtype=np.float64)
+        if self.t_s.shape != (len(self.batch), len(self.length)) or len(self.batch) < 2 or len(self.length) < 2:
+            raise ValueError("grid t_s must be (len(batch), len(length)) with at least 2×2 points")
+        if np.any(np.diff(self.batch) <= 0) or np.any(np.diff(self.length) <= 0) or np.any(self.t_s <= 0):
+            raise ValueError("grid axes must increase and times be positive")
+        self._lb, self._ll, self._lt = np.log(self.batch), np.log(self.length), np.log(self.t_s)
+        self._rows: dict[float, tuple[np.ndarray, float, int]] = {}
+
+    def row(self, batch: float) -> tuple[np.ndarray, float, int]:
+        """log-time along the length axis at ``batch`` (cached), batch scale factor, out-of-range count."""
+        hit = self._rows.get(batch)
+        if hit is not None:
+            return hit
+        b = max(float(batch), 1e-12)
+        scale, oor = 1.0, 0
+        if b > self.batch[-1]:
+            scale, oor, b = b / self.batch[-1], 1, self.batch[-1]
+        elif b < self.batch[0]:
+            oor, b = 1, self.batch[0]
+        lb = math.log(b)
+        i = int(np.clip(np.searchsorted(self._lb, lb) - 1, 0, len(self._lb) - 2))
+        w = (lb - self._lb[i]) / (self._lb[i + 1] - self._lb[i])
+        row = (1 - w) * self._lt[i] + w * self._lt[i + 1]
+        out = (row, scale, oor)
+        if len(self._rows) < 4096:
+            self._rows[batch] = out
+        return out
+
+    def __call__(self, batch: float, length) -> tuple[np.ndarray, int]:
+        """Seconds at one batch size and an array of lengths; second value counts out-of-grid points."""
+        row, scale, oor_b = self.row(batch)
+        length = np.maximum(np.asarray(length, dtype=np.float64), 1e-12)
+        t = np.exp(np.interp(np.log(length), self._ll, row))
+        above = length > self.length[-1] * (1 + 1e-9)
+        below = length < self.length[0] * (1 - 1e-9)
+        if above.any():
+            t = np.where(above, math.exp(row[-1]) * length / self.length[-1], t)
+        oor = int(above.sum() + below.sum())
+        if oor_b:
+            oor = int(length.size)
+        return t * scale, oor
+
+    def to_json(self) -> dict:
+        return {"batch": _round_list(self.batch), "length": _round_list(self.length), "t_s": _round_list(self.t_s),
+                **self.meta}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Grid2D":
+        return cls(np.array(d["batch"]), np.array(d["length"]), np.array(d["t_s"]),
+                   {k: v for k, v in d.items() if k not in ("batch", "length", "t_s")})
+
+
+# --- the profile ----------------------------------------------------------------------------
+
+def gemm_key(n: int, k: int, dtype: str) -> str:
+    return f"{int(n)}x{int(k)}:{dtype}"
+
+
+def attention_key(heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> str:
+    return f"{int(heads)}/{int(kv_heads)}/{int(head_dim)}:{kv_dtype}"
+
+
+@dataclass
+class Profile:
+    """One device's calibrated curves and their provenance (see the module docstring)."""
+
+    name: str
+    device: dict
+    provenance: dict
+    memory: dict
+    elementwise: dict
+    layout: dict
+    cpu_overhead: dict
+    allreduce: dict[str, Curve1D]
+    gemm: dict[str, Curve1D]
+    context_attention: dict[str, Grid2D]
+    generation_attention: dict[str, Grid2D]
+    models: dict[str, dict]
+    fit_quality: dict
+    dtypes: dict
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT, "version": VERSION, "name": self.name, "device": self.device,
+            "provenance": self.provenance, "fit_quality": self.fit_quality, "dtypes": self.dtypes,
+            "models": self.models, "memory": self.memory, "elementwise": self.elementwise, "layout": self.layout,
+            "cpu_overhead": self.cpu_overhead,
+            "allreduce": {k: v.to_json() for k, v in sorted(self.allreduce.items())},
+            "gemm": {k: v.to_json() for k, v in sorted(self.gemm.items())},
+            "context_attention": {k: v.to_json() for k, v in sorted(self.context_attention.items())},
+            "generation_attention": {k: v.to_json() for k, v in sorted(self.generation_attention.items())},
+        }
+
+    def write(self, path: Path | str) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, doc: dict, source: str = "<dict>") -> "Profile":
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
+        if doc.get("version") != VERSION:
+            raise ConfigError(KEY, source, f"profile format version {VERSION} (file has version {doc.get('version')!r})")
+        try:
+            return cls(
+                name=str(doc["name"]), device=dict(doc["device"]), provenance=dict(doc["provenance"]),
+                memory=dict(doc["memory"]), elementwise=dict(doc["elementwise"]), layout=dict(doc["layout"]),
+                cpu_overhead=dict(doc["cpu_overhead"]),
+                allreduce={str(k): Curve1D.from_json(v) for k, v in doc["allreduce"].items()},
+                gemm={k: Curve1D.from_json(v) for k, v in doc["gemm"].items()},
+                context_attention={k: Grid2D.from_json(v) for k, v in doc["context_attention"].items()},
+                generation_attention={k: Grid2D.from_json(v) for k, v in doc["generation_attention"].items()},
+                models=dict(doc.get("models", {})), fit_quality=dict(doc.get("fit_quality", {})),
+                dtypes=dict(doc.get("dtypes", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})") from None
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in profiles shipped in ``sim/profiles/``."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """A built-in profile by name (``h100-sxm``) or a profile JSON file by path."""
+    ref = str(name_or_path)
+    path = Path(ref)
+    if not path.is_file():
+        builtin = PROFILE_DIR / f"{ref}.json"
+        if builtin.is_file():
+            path = builtin
+        else:
+            raise ConfigError(KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(KEY, str(path), f"valid JSON ({type(exc).__name__}: {exc})") from None
+    return Profile.from_json(doc, str(path))
+
+
+# --- the cost model -------------------------------------------------------------------------
+
+_DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}
+
+
+@dataclass(frozen=True)
+class ShapeKeys:
+    """Curve keys one model shape needs at one TP degree and dtype pair."""
+
+    qkv: str
+    o: str
+    gate_up: str
+    down: str
+    lm_head: str
+    attention: str
+
+    def gemms(self) -> dict[str, str]:
+        return {"qkv": self.qkv, "o": self.o, "gate_up": self.gate_up, "down": self.down, "lm_head": self.lm_head}
+
+
+def per_gpu_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """Query and KV heads one GPU holds; KV heads are replicated when fewer than ``tp``."""
+    if tp < 1 or model.heads % tp:
+        raise ConfigError("parallelism.tensor_parallel", tp, f"a divisor of the model's {model.heads} attention heads")
+    if model.kv_heads >= tp and model.kv_heads % tp:
+        raise ConfigError("parallelism.tensor_parallel", tp, f"a divisor of the model's {model.kv_heads} KV heads")
+    return model.heads // tp, max(1, model.kv_heads // tp)
+
+
+def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str) -> ShapeKeys:
+    """Column-parallel QKV and gate/up (n split), row-parallel O and down (k split), vocab-parallel LM head."""
+    h, kvh = per_gpu_heads(model, tp)
+    d = model.head_dim
+    if model.intermediate % tp or model.vocab % tp:
+        raise ConfigError("parallelism.tensor_parallel", tp, "a divisor of the intermediate size and vocabulary")
+    return ShapeKeys(
+        qkv=gemm_key((h + 2 * kvh) * d, model.hidden, gemm_dtype),
+        o=gemm_key(model.hidden, h * d, gemm_dtype),
+        gate_up=gemm_key(2 * model.intermediate // tp, model.hidden, gemm_dtype),
+        down=gemm_key(model.hidden, model.intermediate // tp, gemm_dtype),
+        lm_head=gemm_key(model.vocab // tp, model.hidden, gemm_dtype),
+        attention=attention_key(h, kvh, d, kv_dtype),
+    )
+
+
+class ProfileCostModel(CostModel):
+    """Step time from a profile's curves.
+
+    One iteration costs::
+
+        layers × (GEMMs(qkv, o, gate_up, down at T tokens) + attention + elementwise(T))
+        + 2 × layers × all-reduce(T × hidden × 2 bytes)      (TP > 1)
+        + lm_head GEMM(sequences) + CPU overhead(sequences)
+
+    with T the tokens computed this iteration. Decode attention is the generation
+    curve at (sequences, mean KV length); a contiguous layout divides it by
+    ``1 + layout.paged_overhead`` (the tables were measured paged). Prefill chunks use
+    the context curve at the FLOP-equivalent length ``sqrt(new² + 2·new·context)``
+    (root-mean-square over chunks), and never less than reading their KV once.
+    """
+
+    calibrated = True
+
+    def __init__(self, profile: Profile, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", layout: Layout = Layout(paged=True)):
+        super().__init__()
+        self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
+        self.name = profile.name
+        wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
+        self.keys = shape_keys(model, self.tp, wd, kd)
+        self._gemm = {proj: self._curve(profile.gemm, key, f"GEMM {proj}") for proj, key in self.keys.gemms().items()}
+        self._gen = self._curve(profile.generation_attention, self.keys.attention, "generation attention")
+        self._ctx = self._curve(profile.context_attention, self.keys.attention, "context attention")
+        self._allreduce = None
+        if self.tp > 1:
+            if str(self.tp) not in profile.allreduce:
+                raise ConfigError(KEY, profile.name, f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
+                                                     f"(all-reduce measured for those GPU counts); got {self.tp}")
+            self._allreduce = profile.allreduce[str(self.tp)]
+        cpu = profile.cpu_overhead["by_tp"]
+        tps = sorted(int(t) for t in cpu)
+        self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
+        self._attn_factor = 1.0 if layout.paged else 1.0 / (1.0 + float(profile.layout["paged_overhead"]))
+        ew = profile.elementwise
+        h, kvh = per_gpu_heads(model, self.tp)
+        # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
+        # SiLU·mul, 2 residual adds), bf16 activations.
+        per_tok = ACT_BYTES * (2 * 2 * model.hidden + 2 * (h + kvh) * model.head_dim
+                               + 3 * model.intermediate / self.tp + 2 * 3 * model.hidden)
+        self._ew_fixed = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
+        self._ew_per_token = per_tok / float(ew["bandwidth_bytes_per_s"])
+        self._base_cache: dict[int, float] = {}
+        mem = profile.memory
+        self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
+        self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
+        self._alloc_s = float(mem["alloc_event_s"])
+
+    # -- helpers --
+    def _dtype(self, dtype: str, which: str) -> str:
+        canon = _DTYPE_ALIAS.get(dtype)
+        have = self.profile.dtypes.get(which, [])
+        if canon is None or canon not in have:
+            raise ConfigError(f"model.{which}_dtype", dtype, f"profile {self.profile.name} has {which} dtypes "
+                                                             f"{', '.join(have)} (fp16 runs on the bf16 curves)")
+        return canon
+
+    def _curve(self, table: dict, key: str, what: str):
+        try:
+            return table[key]
+        except KeyError:
+            covered = ", ".join(sorted(self.profile.models)) or "none"
+            raise ConfigError(KEY, self.profile.name,
+                              f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
+                              f"tensor_parallel={self.tp}; {self.profile.name} covers: {covered}") from None
+
+    def _count(self, curve: str, n: int) -> None:
+        if n:
+            self.out_of_range[curve] = self.out_of_range.get(curve, 0) + n
+
+    def _gemms_s(self, tokens: float) -> float:
+        total = 0.0
+        for proj in ("qkv", "o", "gate_up", "down"):
+            t, oor = self._gemm[proj](np.array([tokens]))
+            self._count(f"gemm_{proj}", oor)
+            total += float(t[0])
+        return total
+
+    def _allreduce_s(self, tokens: float) -> float:
+        if self._allreduce is None:
+            return 0.0
+        t, oor = self._allreduce(np.array([tokens * self.model.hidden * ACT_BYTES]))
+        self._count("allreduce", oor)
+        return 2.0 * self.model.layers * float(t[0])
+
+    def _cpu_s(self, seqs: float) -> float:
+        lo, hi = self._cpu["batch_range"]
+        self._count("cpu_overhead", int(seqs < lo or seqs > hi))
+        return float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
+
+    def _lm_head_s(self, seqs: float) -> float:
+        t, oor = self._gemm["lm_head"](np.array([seqs]))
+        self._count("gemm_lm_head", oor)
+        return float(t[0])
+
+    def _non_attention_s(self, tokens: float, seqs: float) -> float:
+        per_layer = self._gemms_s(tokens) + self._ew_fixed + self._ew_per_token * tokens
+        return (self.model.layers * per_layer + self._allreduce_s(tokens) + self._lm_head_s(seqs) + self._cpu_s(seqs))
+
+    # -- CostModel API --
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        n = int(num_seqs)
+        if n <= 0:
+            return np.zeros(kv.shape)
+        base = self._base_cache.get(n)
+        if base is None:
+            base = self._non_attention_s(n, n)
+            if len(self._base_cache) < 65536:
+                self._base_cache[n] = base
+        attn, oor = self._gen(n, kv / n)
+        self._count("generation_attention", oor)
+        return base + self.model.layers * self._attn_factor * attn
+
+    def mixed_step_time_s(self, batch: BatchShape) -> float:
+        chunks = batch.prefill_chunks
+        tokens = batch.num_tokens
+        seqs = batch.decode_seqs + len(chunks)
+        if tokens <= 0:
+            return 0.0
+        attn = 0.0
+        if batch.decode_seqs > 0:
+            t, oor = self._gen(batch.decode_seqs, np.array([batch.decode_kv_tokens / batch.decode_seqs]))
+            self._count("generation_attention", oor)
+            attn += self._attn_factor * float(t[0])
+        if chunks:
+            new = np.array([c for c, _ in chunks], dtype=np.float64)
+            ctx = np.array([x for _, x in chunks], dtype=np.float64)
+            # FLOP-preserving equivalent: a fresh prompt of length L has L²/2 causal pairs;
+            # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
+            l_eq = np.sqrt(np.mean(new * new + 2.0 * new * ctx))
+            t, oor = self._ctx(len(chunks), np.array([max(l_eq, 1.0)]))
+            self._count("context_attention", oor)
+            # A chunk also reads its whole KV once, which the decode kernel's curve prices.
+            g, oor2 = self._gen(len(chunks), np.array([float(np.mean(new + ctx))]))
+            self._count("generation_attention", oor2)
+            attn += max(float(t[0]), self._attn_factor * float(g[0]))
+        return self._non_attention_s(tokens, seqs) + self.model.layers * attn
+
+    def copy_time_s(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self._mem_lat + 2.0 * nbytes / self._mem_bw  # read + write
+
+    def zero_fill_time_s(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self._mem_lat + nbytes / self._mem_bw
+
+    def host_transfer_time_s(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self._host_lat + nbytes / self._host_bw
+
+    def alloc_time_s(self, events: int) -> float:
+        return max(int(events), 0) * self._alloc_s
+
+    def describe(self) -> dict:
+        return {"name": self.name, "calibrated": True, "device": self.profile.device.get("name"),
+                "tensor_parallel": self.tp, "curves": {"attention": self.keys.attention, **self.keys.gemms()},
+                "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
+                "out_of_range": dict(self.out_of_range)}
+
+
+def build_profile_cost_model(profile_ref: str, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
+                             weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                             layout: Layout = Layout(paged=True)) -> CostModel:
+    """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path."""
+    return ProfileCostModel(load_profile(profile_ref), model, gpu, tensor_parallel=tensor_parallel,
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, layout=layout)

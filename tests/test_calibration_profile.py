@@ -1,0 +1,192 @@
+"""Profile format, loading, ProfileCostModel contract and error messages."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables, read_gemm
+from sim.catalog import get_gpu, get_model, with_overrides
+from sim.costmodel import BatchShape, Layout
+from sim.errors import ConfigError
+from sim.profile import (PROFILE_DIR, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
+
+H100 = get_gpu("H100-SXM-80GB")
+L8B = get_model("llama-3.1-8b")
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_profile("h100-sxm")
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
+@pytest.mark.parametrize("model,tp", [("llama-3.1-8b", 1), ("llama-2-7b", 1), ("llama-2-70b", 4), ("llama-3.1-70b", 8)])
+def test_builtins_cover_models(name, model, tp):
+    cm = build_profile_cost_model(name, get_model(model), H100, tensor_parallel=tp)
+    assert cm.name == name and cm.calibrated
+    t = cm.decode_times_s(32, np.array([32 * 2048.0]))
+    assert np.isfinite(t).all() and t[0] > 0
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm"])
+def test_fp8_offered_on_hopper(name):
+    bf = build_profile_cost_model(name, L8B, H100, weight_dtype="bf16", kv_dtype="bf16")
+    f8 = build_profile_cost_model(name, L8B, H100, weight_dtype="fp8", kv_dtype="fp8")
+    kv = np.array([64 * 8192.0])
+    assert f8.decode_times_s(64, kv)[0] < bf.decode_times_s(64, kv)[0]
+
+
+def test_builtin_sizes_small():
+    for p in PROFILE_DIR.glob("*.json"):
+        assert p.stat().st_size < 2_000_000
+
+
+def test_round_trip(tmp_path, h100):
+    path = h100.write(tmp_path / "p.json")
+    again = load_profile(path)
+    a = ProfileCostModel(h100, L8B, H100, tensor_parallel=2)
+    b = ProfileCostModel(again, L8B, H100, tensor_parallel=2)
+    kv = np.linspace(10, 2e6, 57)
+    assert np.array_equal(a.decode_times_s(48, kv), b.decode_times_s(48, kv))
+    batch = BatchShape(prefill_chunks=[(512, 0), (128, 3000)], decode_seqs=7, decode_kv_tokens=9000)
+    assert a.mixed_step_time_s(batch) == b.mixed_step_time_s(batch)
+
+
+def test_decode_times_match_step_time_and_are_elementwise(h100):
+    cm = ProfileCostModel(h100, L8B, H100)
+    kv = np.array([100.0, 5_000.0, 70_000.0, 3e6, 4e7])
+    many = cm.decode_times_s(37, kv)
+    for i, s in enumerate(kv):
+        single = cm.step_time_s(BatchShape(decode_seqs=37, decode_kv_tokens=int(s)))
+        assert single == pytest.approx(many[i], rel=1e-12)
+        assert cm.decode_times_s(37, kv[i:i + 1])[0] == many[i]
+        assert cm.decode_times_s(37, kv[::-1])[len(kv) - 1 - i] == many[i]
+    assert np.all(np.diff(many) > 0)  # more KV never costs less
+
+
+def test_contiguous_layout_cheaper_than_paged(h100):
+    paged = ProfileCostModel(h100, L8B, H100, layout=Layout(paged=True, block_size=16))
+    contig = ProfileCostModel(h100, L8B, H100, layout=Layout(paged=False))
+    kv = np.array([64 * 4096.0])
+    assert contig.decode_times_s(64, kv)[0] < paged.decode_times_s(64, kv)[0]
+
+
+def test_out_of_range_is_counted(h100):
+    cm = ProfileCostModel(h100, L8B, H100)
+    cm.decode_times_s(8, np.array([8 * 1000.0]))
+    assert "generation_attention" not in cm.out_of_range
+    cm.decode_times_s(8, np.array([8 * 500_000.0, 8 * 600_000.0]))  # beyond 131072 tokens per sequence
+    assert cm.out_of_range["generation_attention"] == 2
+    cm.step_time_s(BatchShape(prefill_chunks=[(65536, 0)]))  # beyond the 32768-token GEMM grid
+    assert cm.out_of_range["gemm_qkv"] >= 1
+
+
+def test_memory_ops(h100):
+    cm = ProfileCostModel(h100, L8B, H100)
+    assert cm.copy_time_s(0) == 0 and cm.alloc_time_s(0) == 0
+    assert cm.copy_time_s(1 << 30) > cm.zero_fill_time_s(1 << 30) > 0
+    assert cm.host_transfer_time_s(1 << 30) > cm.copy_time_s(1 << 30)
+    assert cm.alloc_time_s(10) == pytest.approx(10 * cm.alloc_time_s(1))
+
+
+def test_tp_adds_allreduce(h100):
+    t1 = ProfileCostModel(h100, get_model("llama-3.1-70b"), H100, tensor_parallel=8)
+    assert t1.decode_times_s(16, np.array([16 * 1024.0]))[0] > 0
+    with pytest.raises(ConfigError, match="tensor_parallel"):
+        ProfileCostModel(h100, L8B, H100, tensor_parallel=16)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def test_unknown_name():
+    with pytest.raises(ConfigError, match="cost_model.profile.*h100-sxm"):
+        load_profile("no-such-gpu")
+
+
+def test_corrupt_json(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="valid JSON"):
+        load_profile(p)
+
+
+def test_wrong_format_and_version(tmp_path, h100):
+    doc = h100.to_json()
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({**doc, "format": "something-else"}))
+    with pytest.raises(ConfigError, match="format"):
+        load_profile(p)
+    p.write_text(json.dumps({**doc, "version": 99}))
+    with pytest.raises(ConfigError, match="version 1"):
+        load_profile(p)
+    broken = dict(doc)
+    del broken["gemm"]
+    p.write_text(json.dumps(broken))
+    with pytest.raises(ConfigError, match="gemm"):
+        load_profile(p)
+
+
+def test_model_shape_absent(h100):
+    odd = with_overrides(L8B, name="odd", head_dim=96, hidden=3072)
+    with pytest.raises(ConfigError, match="odd.*covers: .*llama-3.1-8b@tp1"):
+        ProfileCostModel(h100, odd, H100)
+
+
+def test_dtype_not_in_profile():
+    with pytest.raises(ConfigError, match="kv_dtype"):
+        build_profile_cost_model("a100-sxm", L8B, H100, kv_dtype="fp8")
+    with pytest.raises(ConfigError, match="weight_dtype"):
+        build_profile_cost_model("h100-sxm", L8B, H100, weight_dtype="int4")
+
+
+def test_bad_tables(tmp_path):
+    p = tmp_path / "gemm_perf.parquet"
+    pq.write_table(pa.table({"m": [1], "n": [2], "latency": [0.1]}), p)
+    with pytest.raises(ConfigError, match="gemm_dtype"):
+        read_gemm(p)
+    p.write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match="Parquet"):
+        read_gemm(p)
+    with pytest.raises(ConfigError, match="from_tables"):
+        load_kernel_tables(tmp_path / "missing", "h100_sxm", "trtllm")
+    with pytest.raises(ConfigError, match="calibrate.system"):
+        load_kernel_tables(tmp_path, "h100_sxm", "trtllm")
+
+
+# --- CLI -----------------------------------------------------------------------------------
+
+def _app():
+    import typer
+    from calibration.cli import calibrate_command, profile_app
+    app = typer.Typer()
+    app.command("calibrate")(calibrate_command)
+    app.add_typer(profile_app, name="profile")
+    return app
+
+
+def test_cli_profile_list_and_show():
+    r = CliRunner().invoke(_app(), ["profile", "list"])
+    assert r.exit_code == 0 and "h100-sxm" in r.output
+    r = CliRunner().invoke(_app(), ["profile", "show", "a100-sxm"])
+    assert r.exit_code == 0 and "held-out" in r.output
+
+
+def test_cli_calibrate_from_tables(tmp_path):
+    out = tmp_path / "a100.json"
+    r = CliRunner().invoke(_app(), ["calibrate", "--from-tables", str(DEFAULT_TABLES_DIR), "--system", "a100_sxm",
+                                    "--model", "llama-2-7b", "--tp", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    cm = build_profile_cost_model(str(out), get_model("llama-2-7b"), H100)
+    assert cm.decode_times_s(4, np.array([4000.0]))[0] > 0
+    assert list_profiles()  # built-ins untouched
+
+
+def test_cli_calibrate_needs_a_route(tmp_path):
+    r = CliRunner().invoke(_app(), ["calibrate", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError)

@@ -1,0 +1,50 @@
+"""Physical sanity of the built-in profiles: decode attention never implies more than the
+catalog HBM bandwidth, GEMMs never more than peak FLOP/s (fp8: twice the bf16 peak)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.catalog import get_gpu, get_model
+from sim.profile import build_profile_cost_model, list_profiles, load_profile
+
+GPU_OF = {"h100-sxm": "H100-SXM-80GB", "h200-sxm": "H200-SXM-141GB", "a100-sxm": "A100-SXM-80GB"}
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
+def test_generation_attention_within_hbm_bandwidth(name):
+    p, gpu = load_profile(name), get_gpu(GPU_OF[name])
+    for key, grid in p.generation_attention.items():
+        heads, kv_heads, rest = key.split("/")
+        head_dim, kv_dtype = rest.split(":")
+        kvb = 1.0 if kv_dtype == "fp8" else 2.0
+        bb, ll = np.meshgrid(grid.batch, grid.length, indexing="ij")
+        nbytes = bb * ll * 2 * int(kv_heads) * int(head_dim) * kvb
+        assert np.all(nbytes / grid.t_s <= gpu.hbm_bandwidth * (1 + 1e-4)), key
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
+def test_gemm_within_peak_flops(name):
+    p, gpu = load_profile(name), get_gpu(GPU_OF[name])
+    for key, curve in p.gemm.items():
+        shape, dtype = key.split(":")
+        n, k = (int(x) for x in shape.split("x"))
+        peak = gpu.peak_bf16_flops * (2 if curve.meta["table_dtype"] == "fp8" else 1)
+        assert np.all(2.0 * curve.x * n * k / curve.t_s <= peak * (1 + 1e-4)), key
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
+def test_cost_model_decode_between_queries_respects_bandwidth(name):
+    """Interpolated (off-grid) queries keep the bound: log-log interpolation preserves it."""
+    gpu, model = get_gpu(GPU_OF[name]), get_model("llama-3.1-8b")
+    cm = build_profile_cost_model(name, model, gpu)
+    rng = np.random.default_rng(0)
+    for n in rng.integers(1, 2048, size=20):
+        kv = n * rng.uniform(2, 131072, size=50)
+        t_attn = cm._gen(int(n), kv / n)[0] * model.layers
+        assert np.all(kv * model.kv_bytes_per_token("bf16") / t_attn <= gpu.hbm_bandwidth * (1 + 1e-4))
+
+
+def test_builtins_listed():
+    assert {"h100-sxm", "h200-sxm", "a100-sxm"} <= set(list_profiles())

@@ -1,0 +1,36 @@
+"""Shape generalisation: withhold every row of one GEMM (n, k) shape and of one attention
+(heads, kv_heads, head_dim) shape, fit on the rest, predict the withheld rows (median ≤ 10 %)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibration import fit as F
+from _calib_helpers import SYSTEMS, tables
+
+BOUND = 0.10
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("n,k", [(4096, 4096), (12288, 4096)])
+def test_withheld_gemm_shape(system, n, k):
+    kt = tables(system)
+    g = kt.gemm
+    out = (g.n == n) & (g.k == k)
+    assert out.any()
+    r = F.heldout_evaluation("gemm", g, kt.system.peak_flops, kt.system.mem_bw, out)
+    assert r["median_rel_err"] <= BOUND, r
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("family", ["context_attention", "generation_attention"])
+@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 4)])
+def test_withheld_attention_shape(system, family, heads, kv_heads):
+    kt = tables(system)
+    t = kt.context if family == "context_attention" else kt.generation
+    out = (t.heads == heads) & (t.kv_heads == kv_heads) & (t.head_dim == 128)
+    assert out.any()
+    r = F.heldout_evaluation(family, t, kt.system.peak_flops, kt.system.mem_bw, out)
+    assert r["median_rel_err"] <= BOUND, r
+    assert np.isfinite(r["p95_rel_err"])
