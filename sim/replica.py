@@ -1,30 +1,50 @@
 """One model replica: a SimPy process running the iteration loop.
 
 Each iteration the scheduler forms a batch, the allocator grows or frees, the
-cost model prices the batch and the process yields a timeout. In
-``fast_forward`` mode a batch of pure decodes whose composition cannot change
-before a known iteration (the first completion, the first allocator refusal)
-is advanced as one window of ``k`` iterations: their times come from one
-vectorised cost-model call and the allocator applies the window's growth at
-once. An arrival that could join the batch interrupts the window at the end
-of the iteration in progress, exactly when per-iteration stepping would have
-seen it.
+cost model prices the batch and the process yields a timeout.
+
+``engine.mode: step`` does exactly that, one timeout per iteration (the
+reference). ``fast_forward`` pays per change of batch composition instead:
+
+* Decoding sequences form a *cohort* (``sim/allocators/cohort.py``) that the
+  allocator grows in aggregate, so an iteration costs O(prefill requests +
+  admissions), not O(running sequences).
+* A batch of pure decodes whose composition cannot change before a known
+  iteration (the first completion, the first allocator refusal) runs as one
+  window of ``k`` iterations: their times come from one vectorised cost-model
+  call, and the allocator grants the window's growth at once.
+* An arrival that could join the batch interrupts a window at the end of the
+  iteration in progress, exactly when per-iteration stepping would have seen it.
+* Anything irregular (a refusal that needs preemption, a static reservation
+  overflowing, a token budget smaller than the cohort) dissolves the cohort
+  and runs that iteration through the per-sequence scheduler.
+
+The equivalence of the modes is a property test (``tests/test_engine.py``).
 """
 
 from __future__ import annotations
 
+import heapq
+import os
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import simpy
 
 from .allocators.base import Allocator
-from .costmodel import CostModel
+from .costmodel import BatchShape, CostModel
 from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, Request
 from .scheduler import ContinuousScheduler, StepPlan
 
 if TYPE_CHECKING:
     from .metrics import Recorder
+
+
+DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
+
+
+def _seq_no(req: Request) -> int:
+    return req.seq_no
 
 
 class Replica:
@@ -49,7 +69,14 @@ class Replica:
         self.busy_s = 0.0
         self.iterations = 0
         self.windows = 0
-        self.proc = env.process(self._loop())
+        # Cohort state: G counts cohort iterations; a member with generation offset b has
+        # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
+        self.cohort = allocator.cohort if fast_forward else None
+        self.G = 0
+        self._gen_off: dict[int, int] = {}
+        self._fin: list[tuple[int, int, Request]] = []
+        loop = self._loop_cohort if self.cohort is not None else self._loop
+        self.proc = env.process(loop())
 
     # --- called by the router --------------------------------------------------------
     def outstanding(self) -> int:
@@ -68,30 +95,104 @@ class Replica:
             self._truncated = True
             self.proc.interrupt()
 
-    # --- the loop ----------------------------------------------------------------------
-    def _loop(self):
+    # --- shared pieces -----------------------------------------------------------------
+    def _settle(self, plan: StepPlan, now: float) -> None:
+        """Record admissions and end requests the scheduler turned away."""
+        for req in plan.admitted:
+            if req.admitted < 0:
+                req.admitted = now
+        for req in plan.rejected_at_admission:
+            self._end(req, REJECTED, now)
+        for req in plan.overflowed:
+            if self.overflow == "truncate":
+                req.truncated = True
+                self._end(req, COMPLETED, now)
+            else:
+                req.reason = EXCEEDS_RESERVATION
+                self._end(req, REJECTED, now)
+
+    def _account(self, used: float, reserved: float, dt: float) -> None:
+        self.used_token_s += used * dt
+        self.reserved_token_s += reserved * dt
+        self.busy_s += dt
+
+    def _advance_items(self, items: list[tuple[Request, int]], now: float, done: list[Request]) -> None:
+        """Per-sequence effect of one iteration on ``items``."""
+        for req, n in items:
+            req.computed += n
+            if req.computed == req.prompt + req.generated:
+                req.generated += 1
+                if req.first_token < 0:
+                    req.first_token = now
+                if req.generated >= req.output:
+                    done.append(req)
+
+    def _finish(self, done: list[Request], now: float) -> None:
+        # Running order, whichever path found them: closed-loop clients react in this order.
+        done.sort(key=_seq_no)
+        for req in done:
+            self.sched.running.remove(req)
+            self.alloc.release(req.id)
+            self._end(req, COMPLETED, now)
+
+    def _end(self, req: Request, status: str, now: float) -> None:
+        req.status = status
+        req.finish = now
+        self.rec.request_done(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
+
+    def _idle_wait(self):
+        self._idle = self.env.event()
+        yield self._idle
+        self._idle = None
+
+    def _single_step(self, plan: StepPlan):
+        """One iteration through the per-sequence path."""
+        dt = self.cost.step_time_s(plan.batch)
+        used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
+        yield self.env.timeout(dt)
+        self._account(used, reserved, dt)
+        self.iterations += 1
+        self.windows += 1
+        self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
+        done: list[Request] = []
+        self._advance_items(plan.items, self.env.now, done)
+        self._finish(done, self.env.now)
+
+    def _run_window(self, times: np.ndarray, k: int):
+        """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it short)."""
         env = self.env
+        ends = np.cumsum(times)
+        t0 = env.now
+        m = k
+        if k > 1:
+            self._in_window = True
+            self._truncated = False
+        try:
+            yield env.timeout(float(ends[-1]))
+        except simpy.Interrupt:
+            # Finish the iteration in progress, then stop the window there.
+            m = min(int(np.searchsorted(ends, env.now - t0, side="right")) + 1, k)
+            while True:
+                try:
+                    yield env.timeout(max(0.0, t0 + float(ends[m - 1]) - env.now))
+                    break
+                except simpy.Interrupt:
+                    continue
+        self._in_window = False
+        self._truncated = False
+        return m, ends
+
+    # --- per-sequence loop (step mode, and allocators without a cohort) -----------------
+    def _loop(self):
         sched = self.sched
         while True:
             if not sched.running and not sched.waiting:
-                self._idle = env.event()
-                yield self._idle
-                self._idle = None
+                yield from self._idle_wait()
                 continue
             plan = sched.schedule()
-            now = env.now
-            for req in plan.admitted:
-                if req.admitted < 0:
-                    req.admitted = now
-            for req in plan.rejected_at_admission:
-                self._end(req, REJECTED, now)
-            for req in plan.overflowed:
-                if self.overflow == "truncate":
-                    req.truncated = True
-                    self._end(req, COMPLETED, now)
-                else:
-                    req.reason = EXCEEDS_RESERVATION
-                    self._end(req, REJECTED, now)
+            self._settle(plan, self.env.now)
             if not plan.items:
                 if sched.running or not sched.waiting:
                     continue
@@ -101,32 +202,7 @@ class Replica:
             else:
                 yield from self._single_step(plan)
 
-    def _single_step(self, plan: StepPlan):
-        dt = self.cost.step_time_s(plan.batch)
-        st = self.alloc
-        used = st.used_total
-        reserved = st.reserved_tokens()
-        yield self.env.timeout(dt)
-        self.used_token_s += used * dt
-        self.reserved_token_s += reserved * dt
-        self.busy_s += dt
-        self.iterations += 1
-        self.windows += 1
-        self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
-        now = self.env.now
-        done = []
-        for req, n in plan.items:
-            req.computed += n
-            if req.computed == req.prompt + req.generated:
-                req.generated += 1
-                if req.first_token < 0:
-                    req.first_token = now
-                if req.generated >= req.output:
-                    done.append(req)
-        self._finish(done, now)
-
     def _decode_window(self, plan: StepPlan):
-        env = self.env
         reqs = [r for r, _ in plan.items]
         n = len(reqs)
         ids = [r.id for r in reqs]
@@ -141,26 +217,7 @@ class Replica:
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         times = self.cost.decode_times_s(n, kv)
-        ends = np.cumsum(times)
-        t0 = env.now
-        m = k
-        if k > 1:
-            self._in_window = True
-            self._truncated = False
-        try:
-            yield env.timeout(float(ends[-1]))
-        except simpy.Interrupt:
-            # Finish the iteration in progress, then stop the window there.
-            done_steps = int(np.searchsorted(ends, env.now - t0, side="right"))
-            m = min(done_steps + 1, k)
-            while True:
-                try:
-                    yield env.timeout(max(0.0, t0 + float(ends[m - 1]) - env.now))
-                    break
-                except simpy.Interrupt:
-                    continue
-        self._in_window = False
-        self._truncated = False
+        m, ends = yield from self._run_window(times, k)
         tm = times[:m]
         self.used_token_s += float(np.dot(dp.used_tokens[:m], tm))
         self.reserved_token_s += float(np.dot(dp.reserved_tokens[:m], tm))
@@ -171,7 +228,7 @@ class Replica:
         if m > 1:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
         self.rec.step(self, m, wall, float(times[0]), n)
-        now = env.now
+        now = self.env.now
         done = []
         for r in reqs:
             r.computed += m
@@ -180,15 +237,140 @@ class Replica:
                 done.append(r)
         self._finish(done, now)
 
-    def _finish(self, done: list[Request], now: float) -> None:
-        for req in done:
-            self.sched.running.remove(req)
-            self.alloc.release(req.id)
-            self._end(req, COMPLETED, now)
+    # --- cohort loop (fast_forward with an aggregate-capable allocator) ----------------
+    def _join(self, req: Request) -> None:
+        self.cohort.join(req.id, req.computed, self.G)
+        b = req.generated - self.G
+        self._gen_off[req.id] = b
+        heapq.heappush(self._fin, (req.output - b, req.id, req))
 
-    def _end(self, req: Request, status: str, now: float) -> None:
-        req.status = status
-        req.finish = now
-        self.rec.request_done(req)
-        if self.on_finish is not None:
-            self.on_finish(req)
+    def _leave(self, req: Request) -> None:
+        req.computed = self.cohort.leave(req.id, self.G)
+        req.generated = self._gen_off.pop(req.id) + self.G
+
+    def _dissolve(self) -> None:
+        """Every member back to per-sequence records (the cohort is empty afterwards)."""
+        for _, _, req in self._fin:
+            self._leave(req)
+        self._fin.clear()
+
+    def _rejoin(self) -> None:
+        """Decoding running requests (the front of ``running``) become members."""
+        for req in self.sched.running:
+            if req.generated > 0 and req.computed + 1 == req.prompt + req.generated and req.id not in self._gen_off:
+                self._join(req)
+
+    def _kv_attended(self, steps: int) -> np.ndarray:
+        """Σ KV length attended by the members in each of ``steps`` iterations from G."""
+        co = self.cohort
+        cap = self.sched.kv_cap
+        j = np.arange(1, steps + 1, dtype=np.float64)
+        if cap is None:
+            return co.sum_a + co.n * (self.G + j)
+        a = np.fromiter(co.a.values(), dtype=np.int64, count=co.n)
+        return np.minimum(a[None, :] + self.G + j[:, None], cap).sum(axis=1).astype(np.float64)
+
+    def _loop_cohort(self):
+        sched = self.sched
+        co = self.cohort
+        budget_cap = sched.cfg.max_num_batched_tokens
+        kv_cap = sched.kv_cap
+        while True:
+            if not sched.running and not sched.waiting:
+                yield from self._idle_wait()
+                continue
+            n = co.n
+            if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
+                # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
+                self._dissolve()
+                plan = sched.schedule()
+                self._settle(plan, self.env.now)
+                if not plan.items:
+                    if sched.running or not sched.waiting:
+                        continue
+                    raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+                yield from self._single_step(plan)
+                self._rejoin()
+                continue
+            # The cohort takes this iteration's token first (it is the front of the running list).
+            if DEBUG:
+                run = sched.running
+                assert all(r.id in self._gen_off for r in run[:n]), "cohort is not the front of running"
+                assert not any(r.id in self._gen_off for r in run[n:]), "a member sits behind a prefilling request"
+                assert all(run[i].seq_no < run[i + 1].seq_no for i in range(len(run) - 1)), "running out of order"
+            batch = BatchShape(decode_seqs=n, decode_kv_tokens=0)
+            if n:
+                if kv_cap is None:
+                    batch.decode_kv_tokens = co.sum_a + n * (self.G + 1)
+                else:
+                    batch.decode_kv_tokens = int(self._kv_attended(1)[0])
+                co.advance(self.G, 1)
+            plan = sched.schedule(start=n, batch=batch)
+            self._settle(plan, self.env.now)
+            if not plan.items and not n:
+                if sched.running or not sched.waiting:
+                    continue
+                raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+            if plan.items or plan.preempted:
+                yield from self._mixed_step(plan)
+            else:
+                yield from self._cohort_window(plan)
+
+    def _mixed_step(self, plan: StepPlan):
+        """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
+        dt = self.cost.step_time_s(plan.batch)
+        used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
+        yield self.env.timeout(dt)
+        self._account(used, reserved, dt)
+        self.iterations += 1
+        self.windows += 1
+        self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
+        now = self.env.now
+        self.G += 1
+        done: list[Request] = []
+        self._pop_finished(done)
+        self._advance_items(plan.items, now, done)
+        self._finish(done, now)
+        for req, _ in plan.items:
+            if req.status == "" and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
+                self._join(req)
+
+    def _pop_finished(self, done: list[Request]) -> None:
+        fin = self._fin
+        while fin and fin[0][0] <= self.G:
+            _, _, req = heapq.heappop(fin)
+            self._leave(req)
+            done.append(req)
+
+    def _cohort_window(self, plan: StepPlan):
+        """Pure-decode iterations of the cohort until its first completion or refusal."""
+        co = self.cohort
+        n = co.n
+        k_fin = self._fin[0][0] - self.G  # iterations until the first member finishes (≥ 1)
+        # The first iteration is granted; the rest of the window must be grantable from G + 1.
+        extra = co.grantable_steps(self.G + 1, k_fin - 1) if k_fin > 1 else 0
+        k = 1 + extra
+        kv = self._kv_attended(k)
+        times = self.cost.decode_times_s(n, kv)
+        reserved1, used1 = float(self.alloc.reserved_tokens()), float(self.alloc.used_total)
+        if extra:
+            reserved_rest, used_rest = co.preview(self.G + 1, extra)
+        m, ends = yield from self._run_window(times, k)
+        dots_used = used1 * float(times[0])
+        dots_reserved = reserved1 * float(times[0])
+        if m > 1:
+            tm = times[1:m]
+            dots_used += float(np.dot(used_rest[: m - 1], tm))
+            dots_reserved += float(np.dot(reserved_rest[: m - 1], tm))
+            co.advance(self.G + 1, m - 1)
+        self.used_token_s += dots_used
+        self.reserved_token_s += dots_reserved
+        wall = float(ends[m - 1])
+        self.busy_s += wall
+        self.iterations += m
+        self.windows += 1
+        self.rec.step(self, m, wall, float(times[0]), n)
+        self.G += m
+        done: list[Request] = []
+        self._pop_finished(done)
+        self._finish(done, self.env.now)

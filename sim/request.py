@@ -20,7 +20,7 @@ class Request:
     """
 
     __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client")
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no")
 
     def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1):
         self.id = rid
@@ -38,6 +38,8 @@ class Request:
         self.reason = ""
         self.truncated = False
         self.client = client
+        #: Order of (re)admission on its replica; the running list is sorted by it.
+        self.seq_no = -1
 
     @property
     def tokens(self) -> int:

@@ -50,6 +50,7 @@ class ContinuousScheduler:
         # (request id, tokens asked, allocator releases) of the last refused admission: asking
         # again before anything was released cannot succeed, and would count a refusal per iteration.
         self._refused: tuple[int, int, int] | None = None
+        self._admissions = 0
 
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
@@ -63,17 +64,24 @@ class ContinuousScheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, start: int = 0, batch: BatchShape | None = None) -> StepPlan:
+        """Form the next iteration's batch.
+
+        ``start`` running requests (the engine's decode cohort, already granted
+        their token, whose shape is in ``batch``) are skipped: scheduling
+        resumes with ``running[start]`` under the budget they left.
+        """
         cfg = self.cfg
         alloc = self.alloc
-        budget = cfg.max_num_batched_tokens
+        batch = batch if batch is not None else BatchShape()
+        budget = cfg.max_num_batched_tokens - batch.decode_seqs
         items: list[tuple[Request, int]] = []
         overflowed: list[Request] = []
         preempted = 0
         pure_decode = True
         running = self.running
 
-        i = 0
+        i = start
         while i < len(running) and budget > 0:
             req = running[i]
             need = req.prompt + req.generated - req.computed
@@ -125,12 +133,13 @@ class ContinuousScheduler:
                     rejected.append(req)
                     continue
                 running.append(req)
+                req.seq_no = self._admissions
+                self._admissions += 1
                 admitted.append(req)
                 items.append((req, need))
                 pure_decode = False
                 budget -= need
 
-        batch = BatchShape()
         cap = self.kv_cap
         for req, n in items:
             if n == 1 and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
@@ -140,4 +149,5 @@ class ContinuousScheduler:
             else:
                 ctx = req.computed if cap is None else min(req.computed, cap)
                 batch.prefill_chunks.append((n, ctx))
-        return StepPlan(items, batch, pure_decode and bool(items), preempted, overflowed, rejected, admitted)
+        return StepPlan(items, batch, pure_decode and bool(items or batch.decode_seqs), preempted, overflowed, rejected,
+                        admitted)

@@ -1,5 +1,8 @@
 import os
 
+# Engine self-checks (cohort ordering) on in tests.
+os.environ.setdefault("KVSIM_DEBUG", "1")
+
 from hypothesis import HealthCheck, settings
 
 # CI runs the full property budgets; a developer can lower them with HYPOTHESIS_PROFILE=dev.

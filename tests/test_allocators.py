@@ -133,3 +133,40 @@ def test_static_overflow():
     assert a.grow(0, 41) is Grow.OVERFLOW
     assert a.refusals["exceeds_reservation"] == 2
     assert a.used[0] == 40
+
+
+@settings(max_examples=500)
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
+       st.integers(0, 40), st.integers(1, 120))
+def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, steps):
+    """Granting k cohort iterations = growing each member by one token k times."""
+    a = PagedAllocator(capacity, 10, block)
+    b = PagedAllocator(capacity, 10, block)
+    seqs = []
+    for i, n in enumerate(lengths):
+        if a.admit(i, n) is Grow.OK:
+            assert b.admit(i, n) is Grow.OK
+            seqs.append(i)
+    for s in seqs:
+        a.cohort.join(s, a.used[s], G)
+    k = a.cohort.grantable_steps(G, steps)
+    # Reference: per-sequence growth, one iteration at a time, until a refusal.
+    ref_k, ref_reserved = 0, []
+    for j in range(steps):
+        need = sum(-(-(b.used[s] + 1) // block) - b.blocks[s] for s in seqs)
+        if need > b.free_blocks:  # a partial iteration is not granted
+            break
+        for s in seqs:
+            assert b.grow(s, b.used[s] + 1) is Grow.OK
+        ref_k += 1
+        ref_reserved.append(b.reserved_tokens())
+    assert k == ref_k
+    if k:
+        reserved, used = a.cohort.preview(G, k)
+        assert list(reserved) == ref_reserved
+        a.cohort.advance(G, k)
+        assert a.free_blocks == b.free_blocks and a.used_total == b.used_total
+    for s in seqs:
+        assert a.cohort.leave(s, G + k) == b.used[s]
+        assert a.blocks[s] == b.blocks[s]
+    a.check_invariants()

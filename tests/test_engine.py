@@ -136,11 +136,14 @@ def _compare(a, b):
 @settings(max_examples=150)
 @given(kind=st.sampled_from(["paged", "static"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
        seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
-       replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]))
-def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve):
+       replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
+       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]))
+def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget):
     over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
             "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
-            "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else 256}
+            "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else budget}
+    if closed:
+        over["workload.arrival"] = {"kind": "closed_loop", "concurrency": 6, "think_time_s": rate / 100}
     ff = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "fast_forward"}))
     step = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "step"}))
     _compare(ff, step)

@@ -73,6 +73,8 @@ class Allocator(ABC):
 
     #: ``True`` when attention reads a block table (PagedAttention), for the cost model.
     paged_layout: bool = False
+    #: Aggregate decode growth (:mod:`.cohort`); ``None`` = the engine grows sequences one by one.
+    cohort = None
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int):
         if capacity_tokens <= 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
+from .cohort import Cohort
 
 
 class PagedAllocator(Allocator):
@@ -25,6 +26,7 @@ class PagedAllocator(Allocator):
         self.num_blocks = num_blocks
         self.free_blocks = num_blocks
         self.blocks: dict[int, int] = {}
+        self.cohort = PagedCohort(self)
 
     def _need(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -97,3 +99,71 @@ class PagedAllocator(Allocator):
             self.used_total += t - used[s]
             used[s] = t
         assert self.free_blocks >= 0, "decode window overdrew the block pool"
+
+
+class PagedCohort(Cohort):
+    """Members of a block pool. A member with ``a ≡ r (mod B)`` takes a new block at the
+    iteration that starts from step ``G`` iff ``(r + G) % B == 0`` (its blocks are full),
+    so a histogram of ``a mod B`` is all the pool needs to know per iteration; over any
+    ``B`` consecutive iterations every member takes exactly one block."""
+
+    def __init__(self, pool: PagedAllocator):
+        super().__init__()
+        self.pool = pool
+        self.B = pool.block_size
+        self.cnt = [0] * self.B
+
+    def _join(self, seq: int, held_tokens: int, a: int) -> None:
+        pool = self.pool
+        assert pool.blocks[seq] == -(-held_tokens // self.B) and pool.used[seq] == held_tokens
+        del pool.blocks[seq]
+        del pool.used[seq]  # used_total keeps counting it
+        self.cnt[a % self.B] += 1
+
+    def _leave(self, seq: int, a: int, tokens: int) -> None:
+        self.cnt[a % self.B] -= 1
+        self.pool.blocks[seq] = -(-tokens // self.B)
+        self.pool.used[seq] = tokens
+
+    def _new_blocks(self, G: int, steps: int) -> list[int]:
+        # Iteration i (0-based) starts from step G + i; members with (a + G + i) % B == 0 need a block.
+        cnt, B = self.cnt, self.B
+        return [cnt[(-(G + i)) % B] for i in range(steps)]
+
+    def grantable_steps(self, G: int, max_steps: int) -> int:
+        if max_steps <= 0:
+            return 0
+        n, B, free = len(self.a), self.B, self.pool.free_blocks
+        if max_steps == 1:
+            return 1 if self.cnt[(-G) % B] <= free else 0
+        cycles = free // n if n else max_steps
+        if cycles * B >= max_steps:
+            return max_steps
+        left = free - cycles * n
+        k = cycles * B
+        cnt = self.cnt
+        while k < max_steps:
+            need = cnt[(-(G + k)) % B]
+            if need > left:
+                break
+            left -= need
+            k += 1
+        return k
+
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        pool = self.pool
+        cum = np.cumsum(np.asarray(self._new_blocks(G, steps), dtype=np.int64))
+        reserved = (pool.num_blocks - pool.free_blocks + cum) * self.B
+        used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
+        return reserved.astype(np.float64), used.astype(np.float64)
+
+    def advance(self, G: int, steps: int) -> None:
+        if steps <= 0:
+            return
+        n = len(self.a)
+        full, rest = divmod(steps, self.B)
+        new = full * n + (sum(self._new_blocks(G + full * self.B, rest)) if rest else 0)
+        pool = self.pool
+        assert new <= pool.free_blocks, "cohort advanced past the free pool"
+        pool.free_blocks -= new
+        pool.used_total += n * steps

@@ -12,6 +12,7 @@ import numpy as np
 
 from .arena import Arena
 from .base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
+from .cohort import Cohort
 
 
 class StaticAllocator(Allocator):
@@ -24,6 +25,7 @@ class StaticAllocator(Allocator):
         self.reserve = reserve_tokens
         self.arena = Arena(capacity_tokens)
         self.extent: dict[int, int] = {}  # seq -> start slot
+        self.cohort = StaticCohort(self)
 
     def admit(self, seq: int, tokens: int) -> Grow:
         assert seq not in self.extent, f"seq {seq} admitted twice"
@@ -69,3 +71,34 @@ class StaticAllocator(Allocator):
         for s, t in zip(seqs, tokens_after.tolist()):
             assert t <= self.reserve
             self._set_used(s, t)
+
+
+class StaticCohort(Cohort):
+    """Members of a static arena: growth is free until a member reaches its reservation."""
+
+    def __init__(self, arena: StaticAllocator):
+        super().__init__()
+        self.arena = arena
+
+    def _join(self, seq: int, held_tokens: int, a: int) -> None:
+        assert self.arena.used[seq] == held_tokens
+        del self.arena.used[seq]
+
+    def _leave(self, seq: int, a: int, tokens: int) -> None:
+        self.arena.used[seq] = tokens
+
+    def grantable_steps(self, G: int, max_steps: int) -> int:
+        if not self.a:
+            return max_steps
+        # Iteration from step G + i needs a + G + i + 1 <= reserve for the member with the largest a.
+        return max(0, min(max_steps, self.arena.reserve - max(self.a.values()) - G))
+
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        arena = self.arena
+        reserved = np.full(steps, float(arena.reserved_tokens()))
+        used = arena.used_total + self.n * np.arange(1, steps + 1, dtype=np.float64)
+        return reserved, used
+
+    def advance(self, G: int, steps: int) -> None:
+        assert steps <= self.grantable_steps(G, steps), "cohort grown past a reservation"
+        self.arena.used_total += self.n * steps

@@ -1,0 +1,68 @@
+"""Aggregate bookkeeping for sequences that all decode one token per iteration.
+
+Between two changes of batch composition every decoding sequence grows by
+exactly one token per iteration, so an allocator does not need to touch each
+sequence each iteration: it needs how many sequences there are, and, for a
+block pool, how many of them cross a block boundary at each iteration. A
+:class:`Cohort` keeps that aggregate. Member ``s`` that held ``c`` tokens when
+it joined at cohort step ``G0`` holds ``a_s + G`` tokens at cohort step ``G``,
+with ``a_s = c − G0``; its per-sequence records in the allocator are rebuilt
+only when it leaves. This is what makes the engine pay per batch change and
+not per token (see ``sim/replica.py``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Cohort(ABC):
+    """Decoding members of one allocator, advanced together."""
+
+    def __init__(self) -> None:
+        #: member seq -> a (tokens held = a + G)
+        self.a: dict[int, int] = {}
+        #: Σ a over members: the members hold ``sum_a + n·G`` tokens at step G.
+        self.sum_a = 0
+
+    @property
+    def n(self) -> int:
+        return len(self.a)
+
+    def join(self, seq: int, held_tokens: int, G: int) -> None:
+        """``seq`` (already holding ``held_tokens`` slots in the allocator) becomes a member at step ``G``."""
+        a = held_tokens - G
+        self._join(seq, held_tokens, a)
+        self.a[seq] = a
+        self.sum_a += a
+
+    def leave(self, seq: int, G: int) -> int:
+        """``seq`` stops being a member at step ``G``; its allocator records are rebuilt. Returns its tokens."""
+        a = self.a.pop(seq)
+        self.sum_a -= a
+        tokens = a + G
+        self._leave(seq, a, tokens)
+        return tokens
+
+    @abstractmethod
+    def _join(self, seq: int, held_tokens: int, a: int) -> None:
+        """Move ``seq`` out of the allocator's per-sequence records into the aggregate."""
+
+    @abstractmethod
+    def _leave(self, seq: int, a: int, tokens: int) -> None:
+        """Rebuild ``seq``'s per-sequence records for ``tokens`` held."""
+
+    @abstractmethod
+    def grantable_steps(self, G: int, max_steps: int) -> int:
+        """How many iterations from ``G`` (each growing every member by one token) fit without a refusal, ≤ ``max_steps``."""
+
+    @abstractmethod
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per iteration of ``steps`` starting at ``G`` (grantable), the reserved and used
+        token totals of the whole allocator while it runs (after its growth). Changes nothing."""
+
+    @abstractmethod
+    def advance(self, G: int, steps: int) -> None:
+        """Grant ``steps`` iterations starting at ``G`` (must be grantable)."""
