@@ -37,8 +37,12 @@ def calibrate_command(
     device: Optional[str] = typer.Option(None, "--device", help="Time real torch kernels on cpu|cuda instead."),
     quick: bool = typer.Option(False, "--quick", help="Small grids (device route)."),
     name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine."""
+    if device is not None and device not in ("cpu", "cuda"):
+        raise ConfigError("calibrate.device", device, "one of cpu, cuda")
     spec = get_model(model)
     if (from_tables is None) == (device is None):
         raise ConfigError("calibrate", {"from_tables": from_tables, "device": device},
@@ -46,8 +50,16 @@ def calibrate_command(
     if dtype is not None and dtype not in ("bf16", "fp8"):
         raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
     if device is not None:
-        from .kernels import calibrate_device  # torch is imported only on this route
-        profile = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16")
+        from .kernels import calibrate_device, write_outputs  # torch is imported only on this route
+        if threads is not None and threads < 1:
+            raise ConfigError("calibrate.threads", threads, "a thread count >= 1")
+        result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads)
+        files = write_outputs(result, out, spec, report=report)
+        profile = result.profile
+        typer.echo(f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
+                   f"{profile.device['name']} in {result.elapsed_s:.1f} s; raw timings: {files['measurements']}"
+                   + (f"; fit report: {files['report']}" if files["report"] else
+                      ("; fit report skipped (plotly not installed)" if report else "")))
     else:
         tps = tuple(tensor_parallel or DEFAULT_TPS)
         pairs = default_models((spec.name,), tps)

@@ -1,18 +1,948 @@
 """Route 1 of ``kvsim calibrate``: time real torch kernels on this machine (``--device cpu|cuda``).
 
-Not implemented yet. The intended design: import torch lazily here only; time the model's
-projection GEMMs over a token grid, SDPA prefill and decode attention over (batch, length)
-grids, memcpy/memset/host-transfer bandwidths and caching-allocator latency; feed the
-timings through the same :mod:`calibration.fit` path as the published tables so the
-output is an ordinary :class:`sim.profile.Profile`.
+torch is imported here only, and lazily (:func:`import_torch`): the simulator never needs it.
+
+What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
+
+* **GEMMs** ``F.linear`` for QKV, O, gate+up, down and the LM head over a grid of token
+  counts ``m``;
+* **prefill attention** ``F.scaled_dot_product_attention(is_causal=True)`` (grouped-query
+  via ``enable_gqa``) over (batch, prompt length);
+* **decode attention** (one query token per sequence) over (batch, KV length) on a
+  *contiguous* cache and on a *paged* cache: a preallocated block pool plus block tables
+  whose blocks are gathered (``pool[block_table]``) and attended. The profile's generation
+  curve is the paged one at :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the
+  measured ``layout.paged_overhead`` and other block sizes ``paged_overhead_by_block_size``;
+* **memory operations** the allocators charge: ``zero_()`` and ``copy_`` bandwidth and
+  latency over a size grid, host↔device transfers (pinned host memory on CUDA; on CPU a
+  memcpy between two host buffers, i.e. the copy measurement, stated as such), the
+  bookkeeping of one block allocation (pop from a free list, extend a block-table row,
+  write the row into the block-table tensor), and the elementwise kernels' bandwidth
+  (``add_`` over activations);
+* the **CPU side of a step** vs batch size: a Python loop building the batch metadata
+  (input ids, positions, slot mapping, padded block tables) moved to the device, an argmax
+  sampler over vocab-sized logits read back to the host, and the output bookkeeping.
+
+Timing: warm-up calls, then ``repeats`` timed repeats of ``inner`` calls each (``inner``
+chosen so a repeat lasts about ``target_repeat_s``), median of the per-call means; on CUDA
+each repeat is bracketed by CUDA events and synchronised; inputs rotate over several
+distinct buffers (enough to exceed the last-level cache that can reasonably be flushed:
+32 MiB on CPU, 128 MiB on CUDA) so a cached operand is not what is measured. CPU timings
+use one thread by default (``torch.set_num_threads``), restored afterwards.
+
+The measurements become ordinary :class:`calibration.tables.GemmTable` /
+``AttentionTable`` rows and go through :mod:`calibration.fit` (parametric form + grid
+correction, 80/20 held-out score) into an ordinary :class:`sim.profile.Profile`. Raw rows
+are written beside the profile as Parquet (``<out>.measurements.parquet``) and a plotly
+fit report as HTML (``<out>.report.html``) when plotly is importable.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import math
+import os
+import platform
+import random
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
 from sim.catalog import ModelSpec
 from sim.errors import ConfigError
+from sim.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
+
+from . import fit as F
+from .tables import AttentionTable, GemmTable
+
+DEVICES = ("cpu", "cuda")
+#: Decode-attention curve stored in the profile: the paged kernel at this block size.
+REFERENCE_BLOCK_SIZE = 16
+#: Bytes of distinct operands cycled per measurement (about the flushable cache).
+ROTATE_BYTES = {"cpu": 8 << 20, "cuda": 128 << 20}
+MAX_ROTATIONS = 8
+#: Memory-bound per-layer kernels charged as elementwise (same count as the tables route).
+ELEMENTWISE_KERNELS = 5
+METHOD = "torch kernel timing"
+
+_TORCH_DTYPE = {"bf16": "bfloat16"}
+
+
+def import_torch():
+    """torch, or a ConfigError saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate.device", "torch", "torch installed for the --device route: "
+                          "pip install torch==2.13.0 (CPU wheel) or a CUDA build") from None
+    return torch
+
+
+def check_device(device: str):
+    """The ``torch.device`` for ``--device``, or a ConfigError naming what is wrong."""
+    if device not in DEVICES:
+        raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
+    torch = import_torch()
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError("calibrate.device", device, f"a CUDA device (torch {torch.__version__}: {why}); "
+                                                      "use --device cpu on this machine")
+    return torch.device(device)
+
+
+# --- plans ----------------------------------------------------------------------------------
+
+def _pow2(lo: int, hi: int, step: int = 1) -> tuple[int, ...]:
+    out, x = [], lo
+    while x <= hi:
+        out.append(x)
+        x <<= step
+    return tuple(out)
+
+
+def _halfsteps(lo: int, hi: int) -> tuple[int, ...]:
+    """Powers of two and 1.5× powers of two in [lo, hi]."""
+    s = set()
+    for p in _pow2(1, hi):
+        for v in (p, p * 3 // 2):
+            if lo <= v <= hi:
+                s.add(v)
+    return tuple(sorted(s))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Grids and timing effort of one calibration run."""
+
+    gemm_m: tuple[int, ...]
+    ctx_batch: tuple[int, ...]
+    ctx_len: tuple[int, ...]
+    ctx_max_tokens: int          # batch × prompt length measured at most
+    gen_batch: tuple[int, ...]
+    gen_len: tuple[int, ...]
+    gen_max_kv_bytes: float      # batch × KV length × bytes per token (one layer) measured at most
+    block_sizes: tuple[int, ...]  # paged block sizes whose overhead vs contiguous is measured
+    overhead_batch: tuple[int, ...]
+    mem_bytes: tuple[int, ...]
+    ew_tokens: tuple[int, ...]
+    repeats: int
+    warmup: int
+    target_repeat_s: float
+    passes: int
+
+    def to_json(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
+    """Grids sized for the device; lengths stop at the model's ``max_position``."""
+    maxpos = model.max_position
+    if device == "cpu":
+        if quick:
+            return Plan(gemm_m=_pow2(1, 2048), ctx_batch=(1, 2, 4, 8), ctx_len=_pow2(16, min(2048, maxpos)),
+                        ctx_max_tokens=4096, gen_batch=_pow2(1, 32), gen_len=_pow2(16, min(4096, maxpos)),
+                        gen_max_kv_bytes=32 << 20, block_sizes=(8, 32), overhead_batch=_pow2(1, 256, 2),
+                        mem_bytes=_pow2(1 << 12, 1 << 26, 2), ew_tokens=(1, 16, 256, 4096),
+                        repeats=7, warmup=2, target_repeat_s=0.0005, passes=3)
+        return Plan(gemm_m=_halfsteps(1, 4096), ctx_batch=_pow2(1, 16), ctx_len=_pow2(16, min(2048, maxpos)),
+                    ctx_max_tokens=8192, gen_batch=_pow2(1, 64), gen_len=_pow2(16, min(8192, maxpos)),
+                    gen_max_kv_bytes=64 << 20, block_sizes=(8, 32, 64), overhead_batch=_pow2(1, 512),
+                    mem_bytes=_pow2(1 << 12, 1 << 27), ew_tokens=(1, 4, 16, 64, 256, 1024, 4096),
+                    repeats=9, warmup=2, target_repeat_s=0.0005, passes=5)
+    if quick:
+        return Plan(gemm_m=_pow2(1, 16384), ctx_batch=(1, 4, 16, 64), ctx_len=_pow2(64, min(16384, maxpos), 2),
+                    ctx_max_tokens=65536, gen_batch=_pow2(1, 256, 2), gen_len=_pow2(64, min(131072, maxpos), 2),
+                    gen_max_kv_bytes=1 << 30, block_sizes=(32,), overhead_batch=_pow2(1, 256, 2),
+                    mem_bytes=_pow2(1 << 14, 1 << 30, 2), ew_tokens=(1, 64, 4096, 16384),
+                    repeats=7, warmup=3, target_repeat_s=0.002, passes=2)
+    return Plan(gemm_m=_halfsteps(1, 32768), ctx_batch=_pow2(1, 128), ctx_len=_pow2(32, min(32768, maxpos)),
+                ctx_max_tokens=262144, gen_batch=_pow2(1, 512), gen_len=_pow2(16, min(131072, maxpos)),
+                gen_max_kv_bytes=2 << 30, block_sizes=(8, 32, 64, 128), overhead_batch=_pow2(1, 1024),
+                mem_bytes=_pow2(1 << 12, 1 << 31), ew_tokens=(1, 16, 256, 4096, 16384, 65536),
+                repeats=11, warmup=5, target_repeat_s=0.003, passes=3)
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+#: A point's timed closures and the factor from seconds per call to the reported unit.
+Setup = tuple  # (list[Callable[[], object]], float)
+#: Elements of the pre-generated random pool operands are cut from.
+POOL_ELEMS = 1 << 23
+#: Timed work per point and pass above which repeats are cut (never below 3).
+MAX_POINT_S = 0.15
+
+
+@dataclass
+class Timing:
+    median_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    inner: int
+    buffers: int
+
+
+class Bench:
+    """Times torch kernels on one device; every method returns a :class:`Timing` (seconds per call).
+
+    Build with :meth:`open` (imports torch, checks the device, sets the thread count);
+    :meth:`close` restores the thread count.
+    """
+
+    def __init__(self, torch, device, dtype: str, *, repeats: int = 5, warmup: int = 2,
+                 target_repeat_s: float = 0.002, threads: int | None = None, seed: int = 0):
+        self.torch, self.device, self.dtype_name = torch, device, dtype
+        self.dtype = getattr(torch, _TORCH_DTYPE[dtype])
+        self.elem = torch.tensor([], dtype=self.dtype).element_size()
+        self.cuda = device.type == "cuda"
+        self.repeats, self.warmup, self.target = int(repeats), int(warmup), float(target_repeat_s)
+        self.rotate_bytes = ROTATE_BYTES[device.type]
+        self._threads_before = torch.get_num_threads()
+        self.threads = threads
+        if device.type == "cpu":
+            torch.set_num_threads(int(threads or 1))
+            self.threads = torch.get_num_threads()
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed)
+        self.rng = random.Random(seed)
+        self._pools: dict = {}
+
+    @classmethod
+    def open(cls, device: str, dtype: str = "bf16", **kw) -> "Bench":
+        if dtype not in _TORCH_DTYPE:
+            raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route "
+                                                        "(fp8 kernels are not timed)")
+        dev = check_device(device)
+        return cls(import_torch(), dev, dtype, **kw)
+
+    def close(self) -> None:
+        self.torch.set_num_threads(self._threads_before)
+
+    # -- helpers --
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def randn(self, *shape, dtype=None):
+        """Normal random values: a clone of a random window of one pre-generated pool (fast), or fresh ones."""
+        torch = self.torch
+        dtype = dtype or self.dtype
+        numel = math.prod(shape)
+        pool = self._pools.get(dtype)
+        if pool is None:
+            pool = self._pools[dtype] = torch.randn(POOL_ELEMS, generator=self.gen, device=self.device, dtype=dtype)
+        if numel > POOL_ELEMS // 2:
+            return torch.randn(*shape, generator=self.gen, device=self.device, dtype=dtype)
+        off = self.rng.randrange(0, POOL_ELEMS - numel + 1)
+        return pool[off:off + numel].clone().view(*shape)
+
+    def rotations(self, set_bytes: float) -> int:
+        """Distinct operand sets to cycle so their total exceeds the flushable cache."""
+        if set_bytes >= self.rotate_bytes:
+            return 1
+        return int(min(MAX_ROTATIONS, max(2, math.ceil(self.rotate_bytes / max(set_bytes, 1.0)))))
+
+    def samples(self, calls: list[Callable[[], object]], repeats: int | None = None) -> tuple[list[float], int]:
+        """Per-call seconds of ``repeats`` timed loops cycling ``calls`` (after warming every buffer), and the loop length."""
+        n = len(calls)
+        for i in range(max(self.warmup, n)):
+            calls[i % n]()
+        self.sync()
+        t0 = time.perf_counter()
+        calls[0]()
+        self.sync()
+        est = max(time.perf_counter() - t0, 1e-7)
+        inner = int(max(1, min(2000, round(self.target / est))))
+        repeats = int(repeats or self.repeats)
+        # Long kernels: cap one point's timed work near MAX_POINT_S per pass (at least 3 repeats).
+        repeats = int(max(3, min(repeats, MAX_POINT_S // (est * inner) or 3)))
+        out = []
+        torch = self.torch
+        for r in range(repeats):
+            base = r * inner
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for j in range(inner):
+                    calls[(base + j) % n]()
+                end.record()
+                end.synchronize()
+                out.append(start.elapsed_time(end) * 1e-3 / inner)
+            else:
+                t0 = time.perf_counter()
+                for j in range(inner):
+                    calls[(base + j) % n]()
+                out.append((time.perf_counter() - t0) / inner)
+        return out, inner
+
+    def measure(self, setups: list[Callable[[], "Setup"]], passes: int = 1, on_done=None) -> list[Timing]:
+        """Time several points in ``passes`` interleaved passes; each point's value is the median
+        of all its samples, so a slow episode of a shared machine touches one pass only.
+
+        ``setups[i]()`` builds point i's buffers (rebuilt each pass, freed after it) and returns
+        ``(calls, scale)``; ``scale`` converts seconds per call (e.g. per allocation event).
+        """
+        acc: list[list[float]] = [[] for _ in setups]
+        info = [(1, 1, 1.0)] * len(setups)
+        for _ in range(max(1, passes)):
+            for i, setup in enumerate(setups):
+                calls, scale = setup()
+                got, inner = self.samples(calls)
+                acc[i] += [x * scale for x in got]
+                info[i] = (inner, len(calls), scale)
+                del calls
+                if on_done is not None:
+                    on_done(i)
+        return [Timing(statistics.median(a), min(a), max(a), len(a), inf[0], inf[1]) for a, inf in zip(acc, info)]
+
+    def time_one(self, kind: str, *args, passes: int = 1, **kw) -> Timing:
+        """Convenience: ``bench.time_one("gemm", m, n, k, passes=3)``."""
+        fn = getattr(self, f"{kind}_calls")
+        return self.measure([lambda: fn(*args, **kw)], passes)[0]
+
+    # -- kernels --
+    def gemm_calls(self, m: int, n: int, k: int) -> Setup:
+        """``F.linear(x[m,k], w[n,k])`` (an (m×k)·(k×n) GEMM)."""
+        lin = self.torch.nn.functional.linear
+        nb = self.rotations((m * k + n * k + m * n) * self.elem)
+        sets = [(self.randn(m, k), self.randn(n, k)) for _ in range(nb)]
+        return [lambda x=x, w=w: lin(x, w) for x, w in sets], 1.0
+
+    def _gqa(self, heads: int, kv_heads: int) -> dict:
+        return {"enable_gqa": True} if heads != kv_heads else {}
+
+    def context_calls(self, batch: int, length: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
+        """Causal prefill attention of ``batch`` prompts of ``length`` tokens (SDPA, is_causal=True)."""
+        sdpa = self.torch.nn.functional.scaled_dot_product_attention
+        kw = self._gqa(heads, kv_heads)
+        nb = self.rotations(batch * length * head_dim * (2 * heads + 2 * kv_heads) * self.elem)
+        sets = [(self.randn(batch, heads, length, head_dim), self.randn(batch, kv_heads, length, head_dim),
+                 self.randn(batch, kv_heads, length, head_dim)) for _ in range(nb)]
+        return [lambda q=q, k=k, v=v: sdpa(q, k, v, is_causal=True, **kw) for q, k, v in sets], 1.0
+
+    def decode_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
+               block_size: int | None = None) -> Setup:
+        """One query token per sequence over ``kv_len`` cached tokens.
+
+        ``block_size=None``: contiguous cache ``[batch, kv_heads, kv_len, head_dim]``.
+        Otherwise a paged cache: K and V pools ``[blocks, kv_heads, block_size, head_dim]``
+        whose blocks each sequence holds scattered (random block tables); the kernel gathers
+        the table's blocks (``pool[table]``) into a contiguous view and attends.
+        """
+        torch = self.torch
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        kw = self._gqa(heads, kv_heads)
+        kv_bytes = 2 * batch * kv_len * kv_heads * head_dim * self.elem
+        nb = self.rotations(kv_bytes + batch * heads * head_dim * self.elem)
+        qs = [self.randn(batch, heads, 1, head_dim) for _ in range(nb)]
+        if block_size is None:
+            kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
+                   for _ in range(nb)]
+            return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
+        nblk = -(-kv_len // block_size)
+        total = nb * batch * nblk
+        kpool = self.randn(total, kv_heads, block_size, head_dim)
+        vpool = self.randn(total, kv_heads, block_size, head_dim)
+        perm = torch.randperm(total, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
+        tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
+
+        def paged(q, table):
+            k = kpool[table].transpose(1, 2).reshape(batch, kv_heads, nblk * block_size, head_dim)
+            v = vpool[table].transpose(1, 2).reshape(batch, kv_heads, nblk * block_size, head_dim)
+            if nblk * block_size != kv_len:
+                k, v = k[:, :, :kv_len], v[:, :, :kv_len]
+            return sdpa(q, k, v, **kw)
+
+        return [lambda q=q, t=t: paged(q, t) for q, t in zip(qs, tables)], 1.0
+
+    def _elems(self, nbytes: int) -> int:
+        return max(1, int(nbytes) // self.elem)
+
+    def zero_fill_calls(self, nbytes: int) -> Setup:
+        bufs = [self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device)
+                for _ in range(self.rotations(nbytes))]
+        return [b.zero_ for b in bufs], 1.0
+
+    def copy_calls(self, nbytes: int) -> Setup:
+        """Device-to-device ``dst.copy_(src)`` of ``nbytes`` (bytes copied, read once and written once)."""
+        nb = self.rotations(2 * nbytes)
+        pairs = [(self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device),
+                  self.randn(self._elems(nbytes))) for _ in range(nb)]
+        return [lambda d=d, s=s: d.copy_(s) for d, s in pairs], 1.0
+
+    def host_transfer_calls(self, nbytes: int, direction: str) -> Setup:
+        """CUDA: pinned host ↔ device ``copy_`` (``h2d`` or ``d2h``). CPU: a copy between two host buffers."""
+        if not self.cuda:
+            return self.copy_calls(nbytes)
+        torch = self.torch
+        nb = self.rotations(nbytes)
+        host = [torch.empty(self._elems(nbytes), dtype=self.dtype, pin_memory=True) for _ in range(nb)]
+        dev = [torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device) for _ in range(nb)]
+        if direction == "h2d":
+            return [lambda d=d, h=h: d.copy_(h) for d, h in zip(dev, host)], 1.0
+        return [lambda d=d, h=h: h.copy_(d) for d, h in zip(dev, host)], 1.0
+
+    def elementwise_calls(self, tokens: int, hidden: int) -> Setup:
+        """``x.add_(y)`` over ``tokens × hidden`` activations (a residual add: 3 streams)."""
+        nb = self.rotations(3 * tokens * hidden * self.elem)
+        pairs = [(self.randn(tokens, hidden), self.randn(tokens, hidden)) for _ in range(nb)]
+        return [lambda x=x, y=y: x.add_(y) for x, y in pairs], 1.0
+
+    def alloc_events_calls(self, events: int = 256, block_size: int = REFERENCE_BLOCK_SIZE,
+                     blocks_per_row: int = 8) -> Setup:
+        """Seconds per block allocation: pop a free block, extend the sequence's block-table row,
+        write finished rows into the (host) block-table tensor. Timing per call of ``events``
+        allocations; the result is divided by ``events``.
+        """
+        torch = self.torch
+        rows = -(-events // blocks_per_row)
+        table = torch.zeros(rows, blocks_per_row, dtype=torch.int32)
+        free = deque(range(1 << 20))
+        state = {"next": 1 << 20}
+
+        def allocate():
+            if len(free) < events:
+                free.extend(range(state["next"], state["next"] + (1 << 20)))
+                state["next"] += 1 << 20
+            for r in range(rows):
+                row = []
+                for _ in range(blocks_per_row):
+                    row.append(free.pop())
+                table[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
+
+        return [allocate], 1.0 / (rows * blocks_per_row)
+
+    def step_cpu_calls(self, batch: int, vocab: int, block_size: int = REFERENCE_BLOCK_SIZE,
+                 max_blocks: int = 64) -> Setup:
+        """Host-side work of one decode step for ``batch`` sequences.
+
+        Schedule (walk the running sequences, grow a block when a block boundary is reached),
+        prepare inputs (token ids, positions, slot mapping, padded block tables → device
+        tensors), sample (argmax over ``[batch, vocab]`` logits, tokens back to the host),
+        process outputs (append tokens, stop checks).
+        """
+        torch = self.torch
+        rng = random.Random(batch)
+        seqs = []
+        for i in range(batch):
+            length = rng.randrange(1, block_size * (max_blocks - 1))
+            seqs.append({"tokens": [rng.randrange(vocab) for _ in range(4)], "len": length,
+                         "blocks": [rng.randrange(1 << 20) for _ in range(length // block_size + 1)]})
+        nb = self.rotations(batch * vocab * 4)
+        logits = [self.randn(batch, vocab, dtype=torch.float32) for _ in range(nb)]
+        free = deque(range(1 << 20))
+        dev = self.device
+
+        def step(lg):
+            # schedule
+            for s in seqs:
+                if s["len"] % block_size == 0:
+                    s["blocks"].append(free.pop() if free else 0)
+            # prepare inputs
+            ids, pos, slots, lens = [], [], [], []
+            for s in seqs:
+                p = s["len"]
+                ids.append(s["tokens"][-1])
+                pos.append(p)
+                slots.append(s["blocks"][p // block_size] * block_size + p % block_size)
+                lens.append(p + 1)
+            width = max(len(s["blocks"]) for s in seqs)
+            bt = [s["blocks"] + [0] * (width - len(s["blocks"])) for s in seqs]
+            tensors = [torch.tensor(x, dtype=torch.long).to(dev, non_blocking=True) for x in (ids, pos, slots, lens)]
+            tensors.append(torch.tensor(bt, dtype=torch.int32).to(dev, non_blocking=True))
+            # sample
+            nxt = lg.argmax(dim=-1).tolist()
+            # process outputs (undo the growth so the state stays the same across calls)
+            for s, tok in zip(seqs, nxt):
+                s["tokens"].append(tok)
+                s["tokens"].pop()
+                if s["len"] % block_size == 0 and len(s["blocks"]) > s["len"] // block_size + 1:
+                    free.append(s["blocks"].pop())
+            return tensors
+
+        return [lambda lg=lg: step(lg) for lg in logits], 1.0
+
+
+# --- device description ---------------------------------------------------------------------
+
+def cpu_model_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_device(bench: Bench) -> dict:
+    torch = bench.torch
+    info = {"kind": bench.device.type, "torch": torch.__version__, "dtype": bench.dtype_name,
+            "host_cpu": cpu_model_name(), "host_cores": os.cpu_count(), "platform": platform.platform()}
+    if bench.cuda:
+        idx = bench.device.index if bench.device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        info.update(name=torch.cuda.get_device_name(idx), memory_bytes=int(props.total_memory),
+                    compute_capability=f"{props.major}.{props.minor}", cuda_runtime=torch.version.cuda,
+                    cudnn=str(torch.backends.cudnn.version()))
+        try:
+            info["cuda_driver"] = int(torch._C._cuda_getDriverVersion())
+        except Exception:  # private API; absent in some builds
+            info["cuda_driver"] = None
+    else:
+        info.update(name=cpu_model_name(), threads=bench.threads)
+        try:
+            kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal"))
+            info["memory_bytes"] = kb * 1024
+        except (OSError, StopIteration, ValueError):
+            pass
+    return info
+
+
+# --- the run --------------------------------------------------------------------------------
+
+@dataclass
+class Measurements:
+    """Raw timings, one dict per measured point (the Parquet sidecar's rows)."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, family: str, name: str, t: Timing, **coords) -> None:
+        self.rows.append({"family": family, "kernel": name, **coords, "median_s": t.median_s, "min_s": t.min_s,
+                          "max_s": t.max_s, "repeats": t.repeats, "inner": t.inner, "buffers": t.buffers})
+
+    def select(self, family: str, **eq) -> list[dict]:
+        return [r for r in self.rows if r["family"] == family and all(r.get(k) == v for k, v in eq.items())]
+
+    def to_arrow(self):
+        import pyarrow as pa
+        keys: list[str] = []
+        for r in self.rows:
+            keys += [k for k in r if k not in keys]
+        return pa.table({k: [r.get(k) for r in self.rows] for k in keys})
+
+
+def _gemm_shapes(model: ModelSpec, dtype: str) -> dict[str, tuple[int, int]]:
+    keys = shape_keys(model, 1, dtype, dtype).gemms()
+    return {proj: tuple(int(x) for x in key.split(":")[0].split("x")) for proj, key in keys.items()}
+
+
+def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool = True) -> Measurements:
+    """Time every point of ``plan`` at ``model``'s TP-1 shapes, in ``plan.passes`` interleaved passes."""
+    h, kvh = per_gpu_heads(model, 1)
+    d = model.head_dim
+    kv_tok_bytes = 2 * kvh * d * bench.elem
+    # (label, setup, family, kernel, coordinates)
+    jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
+    for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
+        for m in plan.gemm_m:
+            jobs.append((f"GEMM {proj} m={m}", lambda m=m, n=n, k=k: bench.gemm_calls(m, n, k), "gemm", proj,
+                         {"m": m, "n": n, "k": k}))
+    for b in plan.ctx_batch:
+        for s in plan.ctx_len:
+            if b * s <= plan.ctx_max_tokens:
+                jobs.append((f"prefill b={b} s={s}", lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d),
+                             "context_attention", "sdpa_causal",
+                             {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d}))
+    gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
+    sub_b = {plan.gen_batch[len(plan.gen_batch) // 2], plan.gen_batch[-1]}
+    sub_l = {plan.gen_len[len(plan.gen_len) // 2], plan.gen_len[-1]}
+    for b, s in gen_cells:
+        sizes = [None, REFERENCE_BLOCK_SIZE] + ([x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE]
+                                                if b in sub_b and s in sub_l else [])
+        for bs in sizes:
+            name = "decode_contiguous" if bs is None else "decode_paged"
+            jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
+                         lambda b=b, s=s, bs=bs: bench.decode_calls(b, s, h, kvh, d, bs), "generation_attention", name,
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0}))
+    for nb in plan.mem_bytes:
+        jobs.append((f"zero_ {nb} B", lambda nb=nb: bench.zero_fill_calls(nb), "memory", "zero_fill", {"nbytes": nb}))
+        jobs.append((f"copy_ {nb} B", lambda nb=nb: bench.copy_calls(nb), "memory", "copy", {"nbytes": nb}))
+        if bench.cuda:
+            for di in ("h2d", "d2h"):
+                jobs.append((f"{di} {nb} B", lambda nb=nb, di=di: bench.host_transfer_calls(nb, di), "memory",
+                             f"host_{di}", {"nbytes": nb}))
+    for tok in plan.ew_tokens:
+        jobs.append((f"add_ {tok} tokens", lambda t=tok: bench.elementwise_calls(t, model.hidden), "elementwise", "add_",
+                     {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem}))
+    jobs.append(("block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}))
+    for b in plan.overhead_batch:
+        jobs.append((f"CPU step b={b}", lambda b=b: bench.step_cpu_calls(b, model.vocab), "cpu_overhead", "step_cpu",
+                     {"batch": b}))
+    timings = _run_jobs(bench, jobs, plan.passes, progress)
+    meas = Measurements()
+    for (label, _, fam, kern, coords), t in zip(jobs, timings):
+        meas.add(fam, kern, t, **coords)
+    return meas
+
+
+def _run_jobs(bench: Bench, jobs, passes: int, progress: bool) -> list[Timing]:
+    setups = [j[1] for j in jobs]
+    if not progress:
+        return bench.measure(setups, passes)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("[bold]calibrate[/] {task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=False) as bar:
+        task = bar.add_task("", total=len(jobs) * passes)
+        state = {"pass": 1}
+
+        def done(i):
+            if i == len(jobs) - 1:
+                state["pass"] += 1
+            bar.update(task, advance=1, description=f"pass {min(state['pass'], passes)}/{passes} "
+                                                     f"{jobs[(i + 1) % len(jobs)][0]}")
+        return bench.measure(setups, passes, on_done=done)
+
+
+# --- fitting --------------------------------------------------------------------------------
+
+def _gemm_table(meas: Measurements, dtype: str, version: str) -> GemmTable:
+    rows = meas.select("gemm")
+    return GemmTable(np.array([dtype] * len(rows)), *(np.array([r[c] for r in rows], dtype=np.int64) for c in "mnk"),
+                     np.array([r["median_s"] for r in rows]), "device", "torch", version)
+
+
+def _attention_table(meas: Measurements, kind: str, dtype: str, version: str, **eq) -> AttentionTable:
+    fam = "context_attention" if kind == "context" else "generation_attention"
+    rows = meas.select(fam, **eq)
+    col = lambda c: np.array([r[c] for r in rows], dtype=np.int64)  # noqa: E731
+    return AttentionTable(kind, col("batch"), col("length"), col("heads"), col("kv_heads"), col("head_dim"),
+                          np.array([dtype] * len(rows)), np.array([dtype] * len(rows)),
+                          np.array([r["median_s"] for r in rows]), "device", "torch", version)
+
+
+def _linear_fit(x: np.ndarray, t: np.ndarray) -> tuple[float, float, dict]:
+    """``t ≈ a + b·x`` minimising relative error; a, b ≥ 0."""
+    A = np.column_stack([np.ones_like(x), x]) / t[:, None]
+    coef, *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    a, b = float(coef[0]), float(coef[1])
+    if a < 0 or b < 0:  # fall back to the non-negative one-term fit
+        a = max(a, 0.0)
+        b = max(float(np.median((t - a) / x)), 0.0)
+    return a, b, F.error_summary(a + b * x, t)
+
+
+def _mem_fit(meas: Measurements, kinds: tuple[str, ...]) -> dict:
+    rows = [r for k in kinds for r in meas.select("memory", kernel=k)]
+    x = np.array([r["nbytes"] for r in rows], dtype=float)
+    t = np.array([r["median_s"] for r in rows])
+    lat, inv_bw, q = _linear_fit(x, t)
+    return {"latency_s": lat, "bandwidth_bytes_per_s": 1.0 / inv_bw if inv_bw > 0 else float("inf"),
+            "fit_median_rel_err": round(q["median_rel_err"], 4), "fit_p95_rel_err": round(q["p95_rel_err"], 4), "n": q["n"]}
+
+
+def _peaks(meas: Measurements, elem: float) -> tuple[float, float]:
+    """Generous upper bounds for the fit's rates: 4× the best observed FLOP/s and bytes/s."""
+    flops, bw = [1.0], [1.0]
+    for r in meas.select("gemm"):
+        flops.append(2.0 * r["m"] * r["n"] * r["k"] / r["median_s"])
+        bw.append((r["m"] * r["k"] + r["n"] * r["k"] + r["m"] * r["n"]) * elem / r["median_s"])
+    for r in meas.select("memory", kernel="copy"):
+        bw.append(2.0 * r["nbytes"] / r["median_s"])
+    for fam in ("context_attention", "generation_attention"):
+        for r in meas.select(fam):
+            bw.append(2.0 * r["batch"] * r["length"] * r["kv_heads"] * r["head_dim"] * elem / r["median_s"])
+    return 4.0 * max(flops), 4.0 * max(bw)
+
+
+def _heldout(kind: str, table, peak_fn, peak_bw: float, seed: int = 0) -> dict:
+    test = F.holdout_mask(len(table), 0.2, seed)
+    if test.sum() == 0 or (~test).sum() < 4:
+        return {"median_rel_err": float("nan"), "p95_rel_err": float("nan"), "n": 0}
+    return {k: (round(v, 5) if isinstance(v, float) else v)
+            for k, v in F.heldout_evaluation(kind, table, peak_fn, peak_bw, test).items()}
+
+
+def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict, plan: Plan, *,
+                         name: str | None, dtype: str, elapsed_s: float, seed: int = 0) -> tuple[Profile, dict]:
+    """Fit the measurements into a Profile; also return the fits (for the report)."""
+    version = device_info["torch"]
+    elem = 2.0
+    peak_flops, peak_bw = _peaks(meas, elem)
+    peak_fn = lambda _dt: peak_flops  # noqa: E731
+    h, kvh = per_gpu_heads(model, 1)
+    d = model.head_dim
+    gt = _gemm_table(meas, dtype, version)
+    ct = _attention_table(meas, "context", dtype, version)
+    pt = _attention_table(meas, "generation", dtype, version, kernel="decode_paged", block_size=REFERENCE_BLOCK_SIZE)
+    cont = _attention_table(meas, "generation", dtype, version, kernel="decode_contiguous")
+    fits = {"gemm": F.fit_gemm(gt, peak_fn, peak_bw), "context_attention": F.fit_context(ct, peak_fn, peak_bw),
+            "generation_attention": F.fit_generation(pt, peak_fn, peak_bw),
+            "generation_contiguous": F.fit_generation(cont, peak_fn, peak_bw)}
+    quality = {}
+    for kind, table in (("gemm", gt), ("context_attention", ct), ("generation_attention", pt)):
+        quality[kind] = {"overall": _heldout(kind, table, peak_fn, peak_bw, seed), "groups": {}}
+    quality["method"] = (f"random 20% of measured points held out (numpy seed {seed}), fit on the other 80%, "
+                         "relative error |pred-meas|/meas; measured value = median of repeats")
+
+    keys = shape_keys(model, 1, dtype, dtype)
+    gemm = {}
+    for proj, key in keys.gemms().items():
+        n, k = (int(x) for x in key.split(":")[0].split("x"))
+        m = np.array(sorted({r["m"] for r in meas.select("gemm", kernel=proj)}), dtype=float)
+        t = F.predict_gemm(fits["gemm"], dtype, m, np.full_like(m, n), np.full_like(m, k))
+        gemm[key] = Curve1D(m, t, {"table_dtype": dtype, "measured_shape": True, "projection": proj})
+
+    def grid(fam_fit, table, predict, meta):
+        b = np.unique(table.batch).astype(float)
+        s = np.unique(table.length).astype(float)
+        bb, ss = np.meshgrid(b, s, indexing="ij")
+        t = predict(fam_fit, dtype, dtype, d, bb.ravel(), ss.ravel(), h, kvh) if predict is F.predict_context else \
+            predict(fam_fit, dtype, d, bb.ravel(), ss.ravel(), h, kvh)
+        measured = {(int(x), int(y)) for x, y in zip(table.batch, table.length)}
+        meta = {**meta, "measured_cells": len(measured), "cells": int(bb.size)}
+        return Grid2D(b, s, t.reshape(bb.shape), meta)
+
+    akey = keys.attention
+    ctx = {akey: grid(fits["context_attention"], ct, F.predict_context,
+                      {"group": f"{dtype}/{dtype}/{d}", "measured_shape": True,
+                       "kernel": "torch.nn.functional.scaled_dot_product_attention(is_causal=True)"})}
+    gen = {akey: grid(fits["generation_attention"], pt, F.predict_generation,
+                      {"group": f"{dtype}/{d}", "measured_shape": True, "length_is": "KV tokens per sequence",
+                       "kernel": f"paged: gather pool[block_table] (block {REFERENCE_BLOCK_SIZE}) + SDPA"})}
+    # Paged overhead: measured paged / contiguous at the same (batch, length).
+    contig = {(r["batch"], r["length"]): r["median_s"] for r in meas.select("generation_attention", kernel="decode_contiguous")}
+    # Block-size dependence, every block size on the same sub-grid cells.
+    sub = {(r["batch"], r["length"]) for r in meas.select("generation_attention", kernel="decode_paged")
+           if r["block_size"] != REFERENCE_BLOCK_SIZE}
+    by_bs = {}
+    for bs in sorted({REFERENCE_BLOCK_SIZE, *plan.block_sizes}):
+        ratios = [r["median_s"] / contig[(r["batch"], r["length"])]
+                  for r in meas.select("generation_attention", kernel="decode_paged", block_size=bs)
+                  if (r["batch"], r["length"]) in contig and (r["batch"], r["length"]) in sub]
+        if ratios:
+            by_bs[str(bs)] = round(float(np.median(ratios)) - 1.0, 4)
+    ref_ratios = [r["median_s"] / contig[(r["batch"], r["length"])]
+                  for r in meas.select("generation_attention", kernel="decode_paged", block_size=REFERENCE_BLOCK_SIZE)
+                  if (r["batch"], r["length"]) in contig]
+    paged_overhead = float(np.median(ref_ratios)) - 1.0
+    layout = {"measured_paged": True, "measured_block_size": REFERENCE_BLOCK_SIZE,
+              "paged_overhead": round(max(paged_overhead, -0.5), 4),
+              "paged_overhead_source": "measured: median over the decode grid of paged / contiguous time - 1",
+              "paged_overhead_spread": [round(float(np.percentile(ref_ratios, q)) - 1.0, 4) for q in (10, 90)],
+              "paged_overhead_by_block_size": by_bs,
+              "contiguous_model": "decode attention time / (1 + paged_overhead)",
+              "block_size_dependence": "decode attention time x (1 + overhead(block size)) / (1 + paged_overhead), "
+                                       "overhead interpolated in log block size, clamped at the measured ends",
+              "paged_kernel": "gather of the sequence's blocks from a preallocated pool, then SDPA (no FlexAttention)"}
+
+    zero, copy = _mem_fit(meas, ("zero_fill",)), _mem_fit(meas, ("copy",))
+    host = _mem_fit(meas, ("host_h2d", "host_d2h")) if device_info["kind"] == "cuda" else dict(copy)
+    alloc = meas.select("alloc")[0]["median_s"]
+
+    def size_curve(kinds):
+        by = {}
+        for k in kinds:
+            for r in meas.select("memory", kernel=k):
+                by.setdefault(r["nbytes"], []).append(r["median_s"])
+        x = np.array(sorted(by), dtype=float)
+        t = np.maximum.accumulate(np.array([float(np.mean(by[v])) for v in sorted(by)]))  # more bytes never faster
+        return Curve1D(x, t, {"x_is": "bytes", "kernels": list(kinds)}).to_json()
+
+    curves = {"zero_fill": size_curve(("zero_fill",)), "copy": size_curve(("copy",)),
+              "host_transfer": size_curve(("host_h2d", "host_d2h") if device_info["kind"] == "cuda" else ("copy",))}
+    memory = {"latency_s": zero["latency_s"], "bandwidth_bytes_per_s": zero["bandwidth_bytes_per_s"],
+              "zero_latency_s": zero["latency_s"], "zero_bandwidth_bytes_per_s": zero["bandwidth_bytes_per_s"],
+              "copy_latency_s": copy["latency_s"], "copy_bandwidth_bytes_per_s": copy["bandwidth_bytes_per_s"],
+              "host_latency_s": host["latency_s"], "host_bandwidth_bytes_per_s": host["bandwidth_bytes_per_s"],
+              "alloc_event_s": alloc, "curves": curves,
+              "fits": {"zero_fill": zero, "copy": copy, "host_transfer": host},
+              "source": "measured: tensor.zero_() and dst.copy_(src) over a size grid; the cost model reads the "
+                        "curves (seconds vs bytes, log-log, non-decreasing; caches make one latency + bandwidth line "
+                        "inaccurate), the latency/bandwidth fits are summaries (copy bandwidth = bytes copied per second); "
+                        + ("host transfer: pinned host <-> device copy_, both directions" if device_info["kind"] == "cuda"
+                           else "host transfer on CPU = memcpy between two host buffers (the copy measurement)")
+                        + "; alloc_event_s: pop from a free list + extend a block-table row + write it into the "
+                          "block-table tensor, per block"}
+    ew_rows = meas.select("elementwise")
+    x = np.array([r["nbytes"] for r in ew_rows], dtype=float)
+    lat, inv_bw, q = _linear_fit(x, np.array([r["median_s"] for r in ew_rows]))
+    elementwise = {"kernels_per_layer": ELEMENTWISE_KERNELS, "latency_s": lat, "bandwidth_bytes_per_s": 1.0 / inv_bw,
+                   "fit_median_rel_err": round(q["median_rel_err"], 4),
+                   "source": "measured: x.add_(y) over tokens x hidden activations, t = latency + bytes/bandwidth"}
+    ov_rows = meas.select("cpu_overhead")
+    xb = np.array([r["batch"] for r in ov_rows], dtype=float)
+    a, b, q = _linear_fit(xb, np.array([r["median_s"] for r in ov_rows]))
+    cpu_overhead = {"by_tp": {"1": {"intercept_s": a, "per_seq_s": b, "batch_range": [int(xb.min()), int(xb.max())],
+                                    "fit_median_rel_err": round(q["median_rel_err"], 4),
+                                    "fit_p95_rel_err": round(q["p95_rel_err"], 4)}},
+                    "parts": ["schedule (block growth)", "prepare inputs (ids, positions, slot mapping, block tables "
+                              "to device)", "argmax sampler over vocab-sized logits", "output processing"],
+                    "source": "measured: a Python loop of a vLLM-like decode step (Bench.step_cpu), not a real engine",
+                    "note": "host-side work per step, not overlapped with device work"}
+
+    dev_name = device_info.get("name", device_info["kind"])
+    params = {fam: {"/".join(map(str, k)): {a_: float(f"{v:.5g}") for a_, v in rf.as_dict().items()}
+                    for k, (rf, _) in fits[fam].groups.items()}
+              for fam in ("gemm", "context_attention", "generation_attention")}
+    counts = {}
+    for r in meas.rows:
+        counts[r["family"]] = counts.get(r["family"], 0) + 1
+    provenance = {
+        "device": dev_name, "system": device_info["kind"], "backend": f"torch {version} (eager)",
+        "backend_versions": {"gemm": version, "context_attention": version, "generation_attention": version, "nccl": None},
+        "source": "kernels timed on this machine by kvsim calibrate --device",
+        "source_tables": [], "date": _dt.date.today().isoformat(), "method": METHOD,
+        "method_detail": "warm-up calls, then median over repeats of the mean per-call time of a timed loop "
+                         + ("bracketed by CUDA events and synchronised" if device_info["kind"] == "cuda" else
+                            f"(time.perf_counter, torch.set_num_threads({device_info.get('threads')}))")
+                         + "; inputs cycled over distinct buffers to defeat cache reuse; fits as in the tables route "
+                           "(calibration.fit: parametric smooth roofline x grid correction)",
+        "device_info": device_info, "plan": plan.to_json(), "measured_points": counts,
+        "elapsed_s": round(elapsed_s, 1), "parametric_fits": params, "clamped_points": {},
+        "library_versions": {**_lib_versions(), "torch": version}, "notes": [
+            "TP 1 only (no all-reduce measured)",
+            "the profile's decode curve is the paged kernel at block 16; contiguous = / (1 + paged_overhead)"],
+    }
+    device = {"name": dev_name, "system": device_info["kind"], "hbm_bandwidth": copy["bandwidth_bytes_per_s"] * 2.0,
+              "peak_bf16_flops": peak_flops / 4.0, "peak_fp8_flops": 0.0,
+              "memory_bytes": device_info.get("memory_bytes", 0), "pcie_bandwidth": host["bandwidth_bytes_per_s"],
+              "nvlink_bandwidth": 0.0, "note": "bandwidth and FLOP/s are the best observed, not datasheet peaks"}
+    entry = {"tensor_parallel": 1, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
+             "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate,
+             "vocab": model.vocab, "gemm_shapes": {p: k.split(":")[0] for p, k in keys.gemms().items()},
+             "attention_shape": akey.split(":")[0]}
+    profile = Profile(name=name or f"{device_info['kind']}-{model.name}", device=device, provenance=provenance,
+                      memory=memory, elementwise=elementwise, layout=layout, cpu_overhead=cpu_overhead, allreduce={},
+                      gemm=gemm, context_attention=ctx, generation_attention=gen, models={f"{model.name}@tp1": entry},
+                      fit_quality=quality, dtypes={"weight": [dtype], "kv": [dtype], "weight_tables": {dtype: dtype},
+                                                   "kv_tables": {dtype: [[dtype, dtype, d], [dtype, d]]}})
+    return profile, fits
+
+
+def _lib_versions() -> dict:
+    import pyarrow
+    import scipy
+    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+            "pyarrow": pyarrow.__version__}
+
+
+# --- sidecar files --------------------------------------------------------------------------
+
+def sidecar_paths(out: Path | str) -> tuple[Path, Path]:
+    out = Path(out)
+    stem = out.with_suffix("")
+    return stem.with_name(stem.name + ".measurements.parquet"), stem.with_name(stem.name + ".report.html")
+
+
+def write_report(path: Path, profile: Profile, meas: Measurements, fits: dict, model: ModelSpec) -> Path | None:
+    """Measured points vs fitted curves, one panel per family. None when plotly is missing."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError:
+        return None
+    dtype = profile.dtypes["weight"][0]
+    h, kvh = per_gpu_heads(model, 1)
+    d = model.head_dim
+    fig = make_subplots(rows=3, cols=2, subplot_titles=(
+        "GEMMs: time vs tokens m", "prefill attention: time vs prompt length (per batch)",
+        "decode attention (paged, block 16): time vs KV length (per batch)", "memory ops: time vs bytes",
+        "CPU step overhead vs batch", "decode: paged / contiguous"))
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+    for i, (key, curve) in enumerate(profile.gemm.items()):
+        proj = curve.meta.get("projection", key)
+        n, k = (int(x) for x in key.split(":")[0].split("x"))
+        rows = meas.select("gemm", kernel=proj)
+        c = colors[i % len(colors)]
+        fig.add_trace(go.Scatter(x=[r["m"] for r in rows], y=[r["median_s"] for r in rows], mode="markers",
+                                 marker={"color": c}, name=f"{proj} {n}x{k} measured", legendgroup=proj), 1, 1)
+        mf = np.geomspace(curve.x[0], curve.x[-1], 80)
+        fig.add_trace(go.Scatter(x=mf, y=F.predict_gemm(fits["gemm"], dtype, mf, n, k), mode="lines", line={"color": c},
+                                 name=f"{proj} fit", legendgroup=proj, showlegend=False), 1, 1)
+    for fam, (r_, c_), kernel in (("context_attention", (1, 2), None), ("generation_attention", (2, 1), "decode_paged")):
+        sel = meas.select(fam) if kernel is None else meas.select(fam, kernel=kernel, block_size=REFERENCE_BLOCK_SIZE)
+        for i, b in enumerate(sorted({r["batch"] for r in sel})):
+            rows = sorted([r for r in sel if r["batch"] == b], key=lambda r: r["length"])
+            c = colors[i % len(colors)]
+            fig.add_trace(go.Scatter(x=[r["length"] for r in rows], y=[r["median_s"] for r in rows], mode="markers",
+                                     marker={"color": c}, name=f"{fam.split('_')[0]} b={b}", legendgroup=f"{fam}{b}"), r_, c_)
+            lf = np.geomspace(rows[0]["length"], rows[-1]["length"], 60)
+            pred = (F.predict_context(fits[fam], dtype, dtype, d, b, lf, h, kvh) if fam == "context_attention"
+                    else F.predict_generation(fits[fam], dtype, d, b, lf, h, kvh))
+            fig.add_trace(go.Scatter(x=lf, y=pred, mode="lines", line={"color": c}, showlegend=False,
+                                     legendgroup=f"{fam}{b}"), r_, c_)
+    mem = profile.memory
+    for i, (kern, lat, bw) in enumerate((("zero_fill", mem["zero_latency_s"], mem["zero_bandwidth_bytes_per_s"]),
+                                         ("copy", mem["copy_latency_s"], mem["copy_bandwidth_bytes_per_s"]))):
+        rows = meas.select("memory", kernel=kern)
+        xs = np.array([r["nbytes"] for r in rows], dtype=float)
+        c = colors[i]
+        fig.add_trace(go.Scatter(x=xs, y=[r["median_s"] for r in rows], mode="markers", marker={"color": c},
+                                 name=f"{kern} measured"), 2, 2)
+        fig.add_trace(go.Scatter(x=xs, y=lat + xs / bw, mode="lines", line={"color": c}, name=f"{kern} fit"), 2, 2)
+    rows = meas.select("cpu_overhead")
+    xb = np.array([r["batch"] for r in rows], dtype=float)
+    cpu = profile.cpu_overhead["by_tp"]["1"]
+    fig.add_trace(go.Scatter(x=xb, y=[r["median_s"] for r in rows], mode="markers", name="CPU step measured"), 3, 1)
+    fig.add_trace(go.Scatter(x=xb, y=cpu["intercept_s"] + cpu["per_seq_s"] * xb, mode="lines", name="CPU step fit"), 3, 1)
+    contig = {(r["batch"], r["length"]): r["median_s"] for r in meas.select("generation_attention", kernel="decode_contiguous")}
+    for i, bs in enumerate(sorted({r["block_size"] for r in meas.select("generation_attention", kernel="decode_paged")})):
+        rows = [r for r in meas.select("generation_attention", kernel="decode_paged", block_size=bs)
+                if (r["batch"], r["length"]) in contig]
+        fig.add_trace(go.Scatter(x=[r["batch"] * r["length"] for r in rows],
+                                 y=[r["median_s"] / contig[(r["batch"], r["length"])] for r in rows], mode="markers",
+                                 marker={"color": colors[i % len(colors)]}, name=f"paged/contiguous block {bs}"), 3, 2)
+    for (r_, c_) in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 2)):
+        fig.update_xaxes(type="log", row=r_, col=c_)
+        if (r_, c_) != (3, 2):
+            fig.update_yaxes(type="log", row=r_, col=c_)
+    fig.update_yaxes(title_text="seconds")
+    q = profile.fit_quality
+    sub = ", ".join(f"{k} {v['overall']['median_rel_err']:.1%}/{v['overall']['p95_rel_err']:.1%}"
+                    for k, v in q.items() if isinstance(v, dict) and "overall" in v)
+    fig.update_layout(height=1300, title=f"kvsim calibrate: {profile.name} on {profile.device['name']} "
+                                         f"(torch {profile.provenance['device_info']['torch']}); held-out median/p95: {sub}")
+    fig.write_html(path, include_plotlyjs="cdn")
+    return path
+
+
+# --- entry point ----------------------------------------------------------------------------
+
+@dataclass
+class DeviceResult:
+    profile: Profile
+    measurements: Measurements
+    fits: dict
+    elapsed_s: float
 
 
 def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name: str | None = None,
-                     dtype: str = "bf16"):
-    raise ConfigError("calibrate.device", device, "not implemented yet; use --from-tables DIR (published kernel tables)")
+                     dtype: str = "bf16", threads: int | None = None, progress: bool = True,
+                     plan: Plan | None = None) -> DeviceResult:
+    """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring)."""
+    if device not in DEVICES:
+        raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
+    if dtype not in _TORCH_DTYPE:
+        raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route")
+    t0 = time.perf_counter()
+    bench = Bench.open(device, dtype, threads=threads)
+    try:
+        plan = plan or make_plan(device, model, quick)
+        bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s
+        info = describe_device(bench)
+        meas = run_measurements(bench, model, plan, progress)
+    finally:
+        bench.close()
+    elapsed = time.perf_counter() - t0
+    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed)
+    return DeviceResult(profile, meas, fits, elapsed)
+
+
+def write_outputs(result: DeviceResult, out: Path | str, model: ModelSpec, report: bool = True) -> dict[str, Path | None]:
+    """Write the profile, the Parquet sidecar of raw timings and (with plotly) the HTML fit report."""
+    import pyarrow.parquet as pq
+    out = Path(out)
+    path = result.profile.write(out)
+    pq_path, html_path = sidecar_paths(out)
+    pq.write_table(result.measurements.to_arrow(), pq_path, compression="zstd")
+    written = {"profile": path, "measurements": pq_path, "report": None}
+    if report:
+        written["report"] = write_report(html_path, result.profile, result.measurements, result.fits, model)
+    return written

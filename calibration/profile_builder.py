@@ -37,8 +37,13 @@ DEFAULT_TPS = (1, 2, 4, 8)
 ASSUMED_ALLOC_EVENT_S = 2e-6
 #: PagedAttention kernel 20–26 % slower than a contiguous-cache kernel (vLLM paper §7.1): lower end.
 PAGED_OVERHEAD = 0.20
-#: Block size of the TensorRT-LLM paged KV cache the attention tables were measured on.
-MEASURED_BLOCK_SIZE = 64
+#: Block size of the paged KV cache the decode tables were measured on, by backend
+#: (TensorRT-LLM: 64-token blocks; SGLang's table does not record its page size).
+MEASURED_BLOCK_SIZE = {"trtllm": 64, "sglang": None, "vllm": None}
+MEASURED_KERNEL = {"trtllm": "TensorRT-LLM XQA/MMHA decode kernels, paged KV (64-token blocks)",
+                   "sglang": "SGLang decode attention (FlashAttention-3 on Hopper, flash_attention on A100) on SGLang's "
+                             "paged KV pool",
+                   "vllm": "vLLM decode attention backend"}
 #: Memory-bound kernels per layer charged as "elementwise": 2 RMSNorms, RoPE, SiLU·mul, residual add.
 ELEMENTWISE_KERNELS = 5
 
@@ -251,7 +256,11 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
         notes.append("clamped_points counts grid cells raised to max(FLOPs/peak, bytes/peak_bw); most are cells the "
                      "tables did not measure (large batch x length), where the correction is extrapolated")
     provenance = {
-        "device": gpu_name, "system": spec.name, "backend": kt.backend,
+        "device": gpu_name, "system": spec.name,
+        "backend": kt.backend if not kt.backends else
+        f"{kt.backend} (generation attention: {kt.backend_of('generation_attention')})",
+        "backends": {"gemm": kt.backend, "context_attention": kt.backend,
+                     "generation_attention": kt.backend_of("generation_attention"), "nccl": "nccl"},
         "backend_versions": {"gemm": kt.gemm.version, "context_attention": kt.context.version,
                              "generation_attention": kt.generation.version,
                              "nccl": kt.nccl.version if kt.nccl is not None else None},
@@ -278,11 +287,13 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
         elementwise={"kernels_per_layer": ELEMENTWISE_KERNELS, "latency_s": spec.mem_latency_s,
                      "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
                      "source": "memory-bound kernels priced like memory ops (not in the kernel tables)"},
-        layout={"measured_paged": True, "measured_block_size": MEASURED_BLOCK_SIZE, "paged_overhead": PAGED_OVERHEAD,
+        layout={"measured_paged": True, "measured_block_size": MEASURED_BLOCK_SIZE.get(kt.backend_of("generation_attention")),
+                "measured_kernel": MEASURED_KERNEL.get(kt.backend_of("generation_attention"), ""),
+                "paged_overhead": PAGED_OVERHEAD,
                 "paged_overhead_source": "vLLM paper (SOSP 2023) section 7.1: PagedAttention kernel 20-26% slower than a "
                                          "contiguous-cache kernel; lower end taken. Not measured by these tables.",
                 "contiguous_model": "decode attention time / (1 + paged_overhead)",
-                "block_size_dependence": "none modelled: only 64-token blocks were measured"},
+                "block_size_dependence": "none modelled: the tables measure one block size"},
         cpu_overhead=cpu_overhead_section(),
         allreduce=allreduce, gemm=gemm, context_attention=ctx, generation_attention=gen_curves, models=entries,
         fit_quality=fits.quality, dtypes={"weight": sorted(weights), "kv": sorted(kvs),

@@ -274,17 +274,29 @@ class KernelTables:
     nccl: NcclTable | None
     backend: str
     root: Path
+    #: Backend of each family's table when they differ (``generation_attention`` → ``sglang``).
+    backends: dict[str, str] | None = None
+
+    def backend_of(self, family: str) -> str:
+        return (self.backends or {}).get(family, self.backend)
 
 
-def load_kernel_tables(root: Path | str, system: str, backend: str) -> KernelTables:
-    """Read system.yaml, GEMM, context/generation attention and (if present) NCCL tables."""
+def load_kernel_tables(root: Path | str, system: str, backend: str,
+                       generation_backend: str | None = None) -> KernelTables:
+    """Read system.yaml, GEMM, context/generation attention and (if present) NCCL tables.
+
+    ``generation_backend`` takes the decode-attention table from another backend (the
+    built-in profiles use SGLang's: see docs/calibration.md); everything else comes from
+    ``backend``.
+    """
     root = Path(root)
     if not root.is_dir():
         raise ConfigError("calibrate.from_tables", str(root), "an existing folder laid out as <system>/<family>/<backend>/<version>/")
     spec = read_system(root, system)
     gpath, gver = find_table(root, system, "gemm", backend, "gemm_perf")
     cpath, cver = find_table(root, system, "attention", backend, "context_attention_perf")
-    apath, aver = find_table(root, system, "attention", backend, "generation_attention_perf")
+    gen_backend = generation_backend or backend
+    apath, aver = find_table(root, system, "attention", gen_backend, "generation_attention_perf")
     nccl = None
     nccl_dir = root / system / "comm" / "nccl"
     if nccl_dir.is_dir():
@@ -292,7 +304,8 @@ def load_kernel_tables(root: Path | str, system: str, backend: str) -> KernelTab
         npath, nver = find_table(root, system, "comm", "nccl", "nccl_perf", want)
         nccl = read_nccl(npath, nver)
     return KernelTables(spec, read_gemm(gpath, backend, gver), read_attention(cpath, "context", backend, cver),
-                        read_attention(apath, "generation", backend, aver), nccl, backend, root)
+                        read_attention(apath, "generation", gen_backend, aver), nccl, backend, root,
+                        {"generation_attention": gen_backend} if gen_backend != backend else None)
 
 
 # --- Vidur CSVs -------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ filters keep the files small and keep exactly what the fits and tests use:
   both GQA (8 KV heads) and MHA (32/64 KV heads) shapes at bf16 and fp8 KV:
   GEMMs at bf16/fp8 (A100: bf16 and int8 weight-only), attention with
   head_dim 128 and full attention (window 0), NCCL all-reduce in half.
+  The built-in profiles take decode attention from the SGLang backend instead
+  (FlashAttention-3 on Hopper, flash_attention on A100): its tables cover every KV-head
+  count 1–64 too and are far smoother (docs/calibration.md), head_dim 128, window 0.
 * Vidur profiles (MIT): Llama-2-7B per-operator times on A100/H100 and the
   vLLM CPU-overhead table.
 """
@@ -28,6 +31,9 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
+
+#: system -> SGLang version whose decode-attention table the built-in profiles use.
+SGLANG_GENERATION = {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10"}
 
 #: system -> (trtllm version, nccl version, gemm dtypes kept)
 SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -54,6 +60,12 @@ def _filter_copy(src: Path, dst: Path, mask_fn) -> None:
         shutil.copy(meta, dst.parent / "collection_meta.yaml")
 
 
+def _head128_full(t):
+    """head_dim 128 and full attention (window 0; tables without the column are all full attention)."""
+    mask = pc.equal(t["head_dim"], 128)
+    return pc.and_(mask, pc.equal(t["window_size"], 0)) if "window_size" in t.column_names else mask
+
+
 def vendor(shared: Path) -> None:
     gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
     gk_dst.mkdir(parents=True, exist_ok=True)
@@ -67,6 +79,8 @@ def vendor(shared: Path) -> None:
         for name in ("context_attention_perf", "generation_attention_perf"):
             rel = f"attention/trtllm/{trt}/{name}.parquet"
             _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0)))
+        rel = f"attention/sglang/{SGLANG_GENERATION[system]}/generation_attention_perf.parquet"
+        _filter_copy(s / rel, d / rel, _head128_full)
         rel = f"comm/nccl/{nccl}/nccl_perf.parquet"
         _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["op_name"], "all_reduce"), pc.equal(t["nccl_dtype"], "half")))
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"

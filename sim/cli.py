@@ -162,8 +162,15 @@ def list_allocators():
 def _mount_optional() -> None:
     """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
     from calibration.cli import calibrate_command, profile_app
+
+    from .planner_cli import plan_command
+    from .report_cli import report_command
+    from .sweep_cli import sweep_command
     app.command("calibrate")(calibrate_command)
     app.add_typer(profile_app, name="profile")
+    app.command("sweep")(sweep_command)
+    app.command("plan")(plan_command)
+    app.command("report")(report_command)
 
 
 _mount_optional()

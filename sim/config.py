@@ -127,6 +127,8 @@ class AllocatorConfig(_Section):
     #: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
     reserve: Union[int, str] = "max_model_len"
     overflow: Literal["reject", "truncate"] = "reject"
+    #: paged: ``zero`` memsets a block before reuse; ``generation`` marks it stale with a counter (free).
+    page_reuse: Literal["generation", "zero"] = "generation"
 
 
 class CostModelConfig(_Section):

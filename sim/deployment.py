@@ -14,7 +14,8 @@ from .costmodel import CostModel, Layout, RooflineCostModel, RooflineParams
 from .errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
-BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm"}
+BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm",
+                           "cpu": "cpu-reference"}
 
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
 
@@ -82,7 +83,8 @@ class Deployment:
         if sc.allocator.kind == "paged":
             if sc.allocator.block_size > self.kv_capacity_tokens:
                 raise ConfigError("allocator.block_size", sc.allocator.block_size, f"at most {self.kv_capacity_tokens} tokens")
-            return PagedAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, sc.allocator.block_size)
+            return PagedAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, sc.allocator.block_size,
+                                  sc.allocator.page_reuse)
         return StaticAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, self.reserve_tokens)
 
     def make_cost_model(self, sc: Scenario) -> CostModel:

@@ -100,6 +100,10 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
         for k, v in r.alloc.refusals.items():
             refusals[k] = refusals.get(k, 0) + v
     out_tokens = int(gen[ok].sum())
+    work = {"events": 0, "copy_bytes": 0, "zero_bytes": 0, "swap_out_bytes": 0, "swap_in_bytes": 0}
+    for r in replicas:
+        for k in work:
+            work[k] += getattr(r.alloc.work_total, k)
     return {
         "requests": int(len(status)),
         "completed": int(ok.sum()),
@@ -118,6 +122,12 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
         "kv_memory_utilization": used / capacity if capacity > 0 else None,
         "kv_capacity_bytes_per_replica": int(replicas[0].alloc.capacity_tokens * bpt),
         "allocator_refusals": dict(sorted(refusals.items())),
+        "allocation_events": work["events"],
+        "allocation_time_s": sum(r.alloc_work_s for r in replicas),
+        "copy_bytes": work["copy_bytes"],
+        "zero_fill_bytes": work["zero_bytes"],
+        "swap_out_bytes": work["swap_out_bytes"],
+        "swap_in_bytes": work["swap_in_bytes"],
         "iterations": int(sum(r.iterations for r in replicas)),
         "busy_fraction": sum(r.busy_s for r in replicas) / (makespan * len(replicas)),
     }

@@ -336,3 +336,25 @@ def _palette(n: int) -> list[str]:
 def _empty(fig, title: str):
     fig.update_layout(title=title + " (no data)")
     return fig
+
+
+def plan_kv_memory(plan: dict) -> "Figure":
+    """KV memory over time at each candidate's operating point (reserved solid, used dotted, GiB)."""
+    go = _go()
+    fig = go.Figure()
+    cands = [c for c in plan.get("candidates", []) if c.get("kv_series")]
+    palette = _palette(len(cands))
+    for i, c in enumerate(cands):
+        s = c["kv_series"]
+        op = c.get("operating_point", {})
+        label = f"{c['name']} @ {op.get('rate', 0):.3g} req/s"
+        fig.add_trace(go.Scatter(x=s["t_s"], y=s["reserved_gib"], mode="lines", name=f"{label} reserved",
+                                 legendgroup=c["name"], line=dict(color=palette[i], shape="hv")))
+        fig.add_trace(go.Scatter(x=s["t_s"], y=s["used_gib"], mode="lines", name=f"{label} used",
+                                 legendgroup=c["name"], line=dict(color=palette[i], dash="dot", shape="hv")))
+    if cands and cands[0]["kv_series"]["capacity_gib"]:
+        fig.add_hline(y=max(cands[0]["kv_series"]["capacity_gib"]), line=dict(color="#7f7f7f", dash="dash"),
+                      annotation_text="KV capacity")
+    fig.update_layout(title="KV memory at each operating point (solid: reserved, dotted: used)",
+                      xaxis_title="simulated time (s)", yaxis_title="GiB")
+    return fig

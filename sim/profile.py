@@ -296,6 +296,26 @@ def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str) -> Sha
     )
 
 
+def attention_layout_factor(profile_layout: dict, layout: Layout) -> float:
+    """Multiplier on the profile's (paged, measured block size) decode-attention curve for ``layout``.
+
+    Contiguous: ``1 / (1 + paged_overhead)``. Paged: 1, unless the profile measured the
+    overhead at several block sizes (``paged_overhead_by_block_size``, device profiles):
+    then ``(1 + overhead(block size)) / (1 + overhead(measured block size))``, the overhead
+    interpolated linearly in log block size and clamped at the measured ends.
+    """
+    if not layout.paged:
+        return 1.0 / (1.0 + float(profile_layout["paged_overhead"]))
+    by_bs = profile_layout.get("paged_overhead_by_block_size") or {}
+    ref = profile_layout.get("measured_block_size")
+    if len(by_bs) < 2 or ref is None or str(ref) not in by_bs:
+        return 1.0
+    bs = np.array(sorted(int(k) for k in by_bs), dtype=np.float64)
+    ov = np.array([float(by_bs[str(int(b))]) for b in bs])
+    at = float(np.interp(math.log(max(layout.block_size, 1)), np.log(bs), ov))
+    return (1.0 + at) / (1.0 + float(by_bs[str(ref)]))
+
+
 class ProfileCostModel(CostModel):
     """Step time from a profile's curves.
 
@@ -333,7 +353,7 @@ class ProfileCostModel(CostModel):
         cpu = profile.cpu_overhead["by_tp"]
         tps = sorted(int(t) for t in cpu)
         self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
-        self._attn_factor = 1.0 if layout.paged else 1.0 / (1.0 + float(profile.layout["paged_overhead"]))
+        self._attn_factor = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)
         # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
@@ -347,6 +367,8 @@ class ProfileCostModel(CostModel):
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
         self._alloc_s = float(mem["alloc_event_s"])
+        # Measured device profiles carry size curves (seconds vs bytes) per operation.
+        self._mem_curves = {k: Curve1D.from_json(v) for k, v in mem.get("curves", {}).items()}
 
     # -- helpers --
     def _dtype(self, dtype: str, which: str) -> str:
@@ -439,14 +461,31 @@ class ProfileCostModel(CostModel):
             attn += max(float(t[0]), self._attn_factor * float(g[0]))
         return self._non_attention_s(tokens, seqs) + self.model.layers * attn
 
+    def _mem_curve_s(self, op: str, nbytes: float) -> float:
+        t, oor = self._mem_curves[op](np.array([float(nbytes)]))
+        self._count(f"memory_{op}", oor)
+        return float(t[0])
+
     def copy_time_s(self, nbytes: float) -> float:
-        return 0.0 if nbytes <= 0 else self._mem_lat + 2.0 * nbytes / self._mem_bw  # read + write
+        if nbytes <= 0:
+            return 0.0
+        if "copy" in self._mem_curves:
+            return self._mem_curve_s("copy", nbytes)
+        return self._mem_lat + 2.0 * nbytes / self._mem_bw  # read + write
 
     def zero_fill_time_s(self, nbytes: float) -> float:
-        return 0.0 if nbytes <= 0 else self._mem_lat + nbytes / self._mem_bw
+        if nbytes <= 0:
+            return 0.0
+        if "zero_fill" in self._mem_curves:
+            return self._mem_curve_s("zero_fill", nbytes)
+        return self._mem_lat + nbytes / self._mem_bw
 
     def host_transfer_time_s(self, nbytes: float) -> float:
-        return 0.0 if nbytes <= 0 else self._host_lat + nbytes / self._host_bw
+        if nbytes <= 0:
+            return 0.0
+        if "host_transfer" in self._mem_curves:
+            return self._mem_curve_s("host_transfer", nbytes)
+        return self._host_lat + nbytes / self._host_bw
 
     def alloc_time_s(self, events: int) -> float:
         return max(int(events), 0) * self._alloc_s

@@ -69,6 +69,8 @@ class Replica:
         self.busy_s = 0.0
         self.iterations = 0
         self.windows = 0
+        #: Seconds charged for allocator work (part of busy time).
+        self.alloc_work_s = 0.0
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         self.cohort = allocator.cohort if fast_forward else None
@@ -147,9 +149,18 @@ class Replica:
         yield self._idle
         self._idle = None
 
+    def _work_s(self) -> float:
+        """Charge the allocator's pending work (allocations, copies, zero-fill, swaps) to this iteration."""
+        w = self.alloc.take_work()
+        if not w.any():
+            return 0.0
+        t = w.time_s(self.cost)
+        self.alloc_work_s += t
+        return t
+
     def _single_step(self, plan: StepPlan):
         """One iteration through the per-sequence path."""
-        dt = self.cost.step_time_s(plan.batch)
+        dt = self.cost.step_time_s(plan.batch) + self._work_s()
         used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
         yield self.env.timeout(dt)
         self._account(used, reserved, dt)
@@ -217,7 +228,13 @@ class Replica:
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         times = self.cost.decode_times_s(n, kv)
+        times[0] += self._work_s()
+        if dp.events is not None and k > 1:
+            extra_t = self.alloc.window_work_time_s(self.cost, dp.events[1:])
+            times[1:] += extra_t
         m, ends = yield from self._run_window(times, k)
+        if dp.events is not None and m > 1:
+            self.alloc_work_s += float(extra_t[: m - 1].sum())
         tm = times[:m]
         self.used_token_s += float(np.dot(dp.used_tokens[:m], tm))
         self.reserved_token_s += float(np.dot(dp.reserved_tokens[:m], tm))
@@ -227,6 +244,7 @@ class Replica:
         self.windows += 1
         if m > 1:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
+            self.alloc.take_work()  # into the totals; its time was charged above through extra_t
         self.rec.step(self, m, wall, float(times[0]), n)
         now = self.env.now
         done = []
@@ -318,7 +336,7 @@ class Replica:
 
     def _mixed_step(self, plan: StepPlan):
         """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
-        dt = self.cost.step_time_s(plan.batch)
+        dt = self.cost.step_time_s(plan.batch) + self._work_s()
         used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
         yield self.env.timeout(dt)
         self._account(used, reserved, dt)
@@ -352,9 +370,12 @@ class Replica:
         k = 1 + extra
         kv = self._kv_attended(k)
         times = self.cost.decode_times_s(n, kv)
+        times[0] += self._work_s()
         reserved1, used1 = float(self.alloc.reserved_tokens()), float(self.alloc.used_total)
         if extra:
-            reserved_rest, used_rest = co.preview(self.G + 1, extra)
+            reserved_rest, used_rest, events_rest = co.preview(self.G + 1, extra)
+            extra_t = self.alloc.window_work_time_s(self.cost, events_rest)
+            times[1:] += extra_t
         m, ends = yield from self._run_window(times, k)
         dots_used = used1 * float(times[0])
         dots_reserved = reserved1 * float(times[0])
@@ -363,6 +384,8 @@ class Replica:
             dots_used += float(np.dot(used_rest[: m - 1], tm))
             dots_reserved += float(np.dot(reserved_rest[: m - 1], tm))
             co.advance(self.G + 1, m - 1)
+            self.alloc.take_work()  # into the totals; its time was charged above through extra_t
+            self.alloc_work_s += float(extra_t[: m - 1].sum())
         self.used_token_s += dots_used
         self.reserved_token_s += dots_reserved
         wall = float(ends[m - 1])

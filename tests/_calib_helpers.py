@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables
+from calibration.build_builtin import builtin_tables
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "a100_sxm")
 
 
 @lru_cache(maxsize=None)
 def tables(system: str):
-    return load_kernel_tables(DEFAULT_TABLES_DIR, system, "trtllm")
+    """The tables the built-in profile of ``system`` is fitted from (TensorRT-LLM + SGLang decode attention)."""
+    return builtin_tables(system)

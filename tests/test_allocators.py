@@ -162,7 +162,7 @@ def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, st
         ref_reserved.append(b.reserved_tokens())
     assert k == ref_k
     if k:
-        reserved, used = a.cohort.preview(G, k)
+        reserved, used, events = a.cohort.preview(G, k)
         assert list(reserved) == ref_reserved
         a.cohort.advance(G, k)
         assert a.free_blocks == b.free_blocks and a.used_total == b.used_total

@@ -1,5 +1,8 @@
 """Held-out accuracy: fit on a random 80 % of each table's rows, predict the other 20 %.
 
+Scored on exactly the tables the built-in profiles are fitted from (``_calib_helpers.tables``:
+TensorRT-LLM GEMM and context attention, SGLang decode attention).
+
 Bounds (from the calibration issue): median relative error ≤ 3 %, p95 ≤ 15 %. Cases the
 fits do not meet are marked ``xfail(strict=True)`` with the measured numbers, so the
 bound stays as specified and a future improvement turns them into failures to update.
@@ -18,11 +21,9 @@ FAMILIES = ("gemm", "context_attention", "generation_attention")
 MEDIAN_BOUND, P95_BOUND = 0.03, 0.15
 
 #: (system, family, statistic) → measured value at seed 0, where the bound is missed.
+#: Decode attention is scored on the SGLang table the built-in profiles use (the TensorRT-LLM
+#: one missed p95 at 22-30 %); the A100 GEMM table (21 token counts) is the remaining miss.
 KNOWN_MISSES = {
-    ("h100_sxm", "generation_attention", "p95"): 0.215,
-    ("h200_sxm", "generation_attention", "p95"): 0.234,
-    ("a100_sxm", "generation_attention", "p95"): 0.304,
-    ("a100_sxm", "generation_attention", "median"): 0.036,
     ("a100_sxm", "gemm", "p95"): 0.177,
 }
 
@@ -41,7 +42,7 @@ def _cases(stat):
             marks = []
             if (s, f, stat) in KNOWN_MISSES:
                 marks = [pytest.mark.xfail(strict=True, reason=f"measured {stat} {KNOWN_MISSES[(s, f, stat)]:.3f}: "
-                                                               "table noise at kernel switch points, see docs/calibration.md")]
+                                                               "coarse 21-point token grid of the A100 GEMM table, see docs/calibration.md")]
             yield pytest.param(s, f, marks=marks, id=f"{s}-{f}")
 
 

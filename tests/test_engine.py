@@ -125,9 +125,10 @@ def _compare(a, b):
             assert np.allclose(x, y, rtol=1e-9, atol=1e-12), f"{col} differs: max {np.max(np.abs(x - y))}"
         else:
             assert ra[col] == rb[col], f"{col} differs"
-    for key in ("completed", "rejected", "preemptions", "iterations", "rejected_by_reason", "allocator_refusals"):
+    for key in ("completed", "rejected", "preemptions", "iterations", "rejected_by_reason", "allocator_refusals",
+                "allocation_events", "zero_fill_bytes"):
         assert a.summary[key] == b.summary[key], key
-    for key in ("kv_token_utilization", "kv_memory_utilization"):
+    for key in ("kv_token_utilization", "kv_memory_utilization", "allocation_time_s"):
         assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9)
     assert max(a.timeseries["kv_used_bytes"].to_pylist()) == max(b.timeseries["kv_used_bytes"].to_pylist())
     assert max(a.timeseries["kv_reserved_bytes"].to_pylist()) == max(b.timeseries["kv_reserved_bytes"].to_pylist())
@@ -137,9 +138,10 @@ def _compare(a, b):
 @given(kind=st.sampled_from(["paged", "static"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
        seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
        replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
-       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]))
-def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget):
+       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]))
+def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse):
     over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
+            "allocator.page_reuse": reuse,
             "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
             "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else budget}
     if closed:

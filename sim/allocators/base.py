@@ -55,6 +55,48 @@ class AllocatorStats:
 
 
 @dataclass(slots=True)
+class AllocWork:
+    """Memory work an allocator did, for the cost model to charge (counts and bytes)."""
+
+    #: Page or extent allocations (allocation latency each).
+    events: int = 0
+    #: Device-to-device copies (realloc-and-copy, compaction): count and bytes.
+    copy_ops: int = 0
+    copy_bytes: int = 0
+    #: memsets of reused memory: count and bytes.
+    zero_ops: int = 0
+    zero_bytes: int = 0
+    #: Device→host and host→device transfers (swap): count and bytes.
+    swap_ops: int = 0
+    swap_out_bytes: int = 0
+    swap_in_bytes: int = 0
+
+    def add(self, other: "AllocWork") -> None:
+        for f in self.__slots__:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+    def any(self) -> bool:
+        return bool(self.events or self.copy_ops or self.zero_ops or self.swap_ops)
+
+    def time_s(self, cost) -> float:
+        """Seconds this work costs on ``cost`` (a :class:`sim.costmodel.CostModel`).
+
+        Each copy, memset and transfer is its own operation: curves with a fixed
+        per-call cost charge it once per operation (at the mean size).
+        """
+        t = 0.0
+        if self.events:
+            t += cost.alloc_time_s(self.events)
+        if self.copy_ops:
+            t += self.copy_ops * cost.copy_time_s(self.copy_bytes / self.copy_ops)
+        if self.zero_ops:
+            t += self.zero_ops * cost.zero_fill_time_s(self.zero_bytes / self.zero_ops)
+        if self.swap_ops:
+            t += self.swap_ops * cost.host_transfer_time_s((self.swap_out_bytes + self.swap_in_bytes) / self.swap_ops)
+        return t
+
+
+@dataclass(slots=True)
 class DecodePlan:
     """What ``k`` pure-decode iterations do to the allocator.
 
@@ -66,6 +108,9 @@ class DecodePlan:
     steps: int
     reserved_tokens: np.ndarray
     used_tokens: np.ndarray
+    #: Allocation events of each iteration after the first (length ``steps``; entry 0 is
+    #: already in the allocator's pending work); ``None`` = none.
+    events: np.ndarray | None = None
 
 
 class Allocator(ABC):
@@ -86,6 +131,9 @@ class Allocator(ABC):
         self.refusals: Counter[str] = Counter()
         #: Incremented by every release: memory can only have become free if this moved.
         self.releases = 0
+        #: Work done since the engine last charged it (drained every iteration) and in total.
+        self.work = AllocWork()
+        self.work_total = AllocWork()
 
     # --- the interface -------------------------------------------------------------
     @abstractmethod
@@ -118,6 +166,10 @@ class Allocator(ABC):
         ``tokens_now[i]`` is what ``seqs[i]`` holds for the first iteration of
         the window, already granted by :meth:`grow`; iteration ``j`` needs
         ``tokens_now + j``. Always at least 1 step. Changes nothing.
+        Iterations after the first may only be included if their growth does
+        no allocator work other than ``DecodePlan.events`` (allocation events,
+        charged per iteration through :meth:`window_work_time_s`): anything
+        else (a copy, a compaction) must end the window before it.
         """
 
     def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
@@ -125,6 +177,20 @@ class Allocator(ABC):
         for s, t in zip(seqs, tokens_after.tolist()):
             r = self.grow(s, t)
             assert r is Grow.OK, f"decode window growth refused for seq {s}"
+
+    def take_work(self) -> AllocWork:
+        """Work pending since the last call, moved into the run's total."""
+        w = self.work
+        self.work = AllocWork()
+        self.work_total.add(w)
+        return w
+
+    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
+        """Seconds of allocator work per iteration of a decode window, given its allocation events.
+
+        Allocation latency is charged per event, so one event's price times the counts.
+        """
+        return events * cost.alloc_time_s(1)
 
     # --- derived -------------------------------------------------------------------
     def free_tokens(self) -> int:

@@ -59,10 +59,11 @@ class Cohort(ABC):
         """How many iterations from ``G`` (each growing every member by one token) fit without a refusal, ≤ ``max_steps``."""
 
     @abstractmethod
-    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per iteration of ``steps`` starting at ``G`` (grantable), the reserved and used
-        token totals of the whole allocator while it runs (after its growth). Changes nothing."""
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per iteration of ``steps`` starting at ``G`` (grantable): the reserved and used
+        token totals of the whole allocator while it runs (after its growth), and its
+        allocation events. Changes nothing."""
 
     @abstractmethod
     def advance(self, G: int, steps: int) -> None:
-        """Grant ``steps`` iterations starting at ``G`` (must be grantable)."""
+        """Grant ``steps`` iterations starting at ``G`` (must be grantable); their work goes to the allocator's pending work."""

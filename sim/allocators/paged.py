@@ -17,7 +17,7 @@ from .cohort import Cohort
 class PagedAllocator(Allocator):
     paged_layout = True
 
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16):
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16, page_reuse: str = "generation"):
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         num_blocks = capacity_tokens // block_size
@@ -26,7 +26,23 @@ class PagedAllocator(Allocator):
         self.num_blocks = num_blocks
         self.free_blocks = num_blocks
         self.blocks: dict[int, int] = {}
+        #: ``zero``: a block is memset before reuse; ``generation``: a generation counter marks it stale for free.
+        self.zero_on_reuse = page_reuse == "zero"
+        self.block_bytes = block_size * kv_bytes_per_token
         self.cohort = PagedCohort(self)
+
+    def _took(self, blocks: int) -> None:
+        w = self.work
+        w.events += blocks
+        if self.zero_on_reuse:
+            w.zero_ops += blocks
+            w.zero_bytes += blocks * self.block_bytes
+
+    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
+        per_block = cost.alloc_time_s(1)
+        if self.zero_on_reuse:
+            per_block += cost.zero_fill_time_s(self.block_bytes)
+        return events * per_block
 
     def _need(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -39,6 +55,7 @@ class PagedAllocator(Allocator):
             return Grow.NO_SPACE
         self.free_blocks -= need
         self.blocks[seq] = need
+        self._took(need)
         self._set_used(seq, tokens)
         return Grow.OK
 
@@ -50,6 +67,7 @@ class PagedAllocator(Allocator):
                 return Grow.NO_SPACE
             self.free_blocks -= extra
             self.blocks[seq] += extra
+            self._took(extra)
         if tokens > self.used[seq]:
             self._set_used(seq, tokens)
         return Grow.OK
@@ -84,7 +102,7 @@ class PagedAllocator(Allocator):
         k = max(1, min(k, max_steps))
         reserved = (self.num_blocks - self.free_blocks + cum_new[:k]) * B
         used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
-        return DecodePlan(k, reserved.astype(np.float64), used)
+        return DecodePlan(k, reserved.astype(np.float64), used, new_per_step[:k].astype(np.float64))
 
     def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
         B = self.block_size
@@ -95,6 +113,7 @@ class PagedAllocator(Allocator):
             extra = need - blocks[s]
             if extra > 0:
                 self.free_blocks -= extra
+                self._took(extra)
                 blocks[s] = need
             self.used_total += t - used[s]
             used[s] = t
@@ -150,12 +169,13 @@ class PagedCohort(Cohort):
             k += 1
         return k
 
-    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         pool = self.pool
-        cum = np.cumsum(np.asarray(self._new_blocks(G, steps), dtype=np.int64))
+        new = np.asarray(self._new_blocks(G, steps), dtype=np.int64)
+        cum = np.cumsum(new)
         reserved = (pool.num_blocks - pool.free_blocks + cum) * self.B
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
-        return reserved.astype(np.float64), used.astype(np.float64)
+        return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
 
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
@@ -166,4 +186,5 @@ class PagedCohort(Cohort):
         pool = self.pool
         assert new <= pool.free_blocks, "cohort advanced past the free pool"
         pool.free_blocks -= new
+        pool._took(new)
         pool.used_total += n * steps

@@ -4,26 +4,40 @@ Each admitted sequence reserves ``reserve_tokens`` contiguous slots up front
 (the FasterTransformer/Orca scheme PagedAttention measured against). Growth
 inside the reservation is free; growth past it is an ``OVERFLOW`` that the
 engine turns into a rejection or a truncation (``overflow`` policy).
+
+``placement`` (:mod:`.placement`) chooses where a reservation goes:
+``first_fit`` (default), ``best_fit`` or ``buddy`` (a reservation then owns the
+power-of-two block ≥ ``reserve_tokens``: the slack counts as reserved).
+``compact()`` slides reservations together (:mod:`.compaction`); it needs the
+per-sequence records, so the engine must dissolve the decode cohort first.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .arena import Arena
+from .compaction import CompactionMixin, compact_allocator
 from .base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
 from .cohort import Cohort
+from .placement import make_arena
 
 
-class StaticAllocator(Allocator):
+class StaticAllocator(CompactionMixin, Allocator):
     paged_layout = False
 
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int):
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int,
+                 placement: str = "first_fit"):
         super().__init__(capacity_tokens, kv_bytes_per_token)
         if not 0 < reserve_tokens <= capacity_tokens:
             raise ValueError(f"reserve_tokens {reserve_tokens} must be in (0, {capacity_tokens}]")
         self.reserve = reserve_tokens
-        self.arena = Arena(capacity_tokens)
+        self.placement = placement
+        self.arena = make_arena(placement, capacity_tokens)
+        #: Slots one reservation owns: ``reserve_tokens``, or its power-of-two block for buddy.
+        self.block = self.arena.granted(reserve_tokens)
+        if self.block > self.arena.max_extent:
+            raise ValueError(f"reserve_tokens {reserve_tokens} needs a {placement} block of {self.block} slots; "
+                             f"the largest in {capacity_tokens} is {self.arena.max_extent}")
         self.extent: dict[int, int] = {}  # seq -> start slot
         self.cohort = StaticCohort(self)
 
@@ -34,9 +48,10 @@ class StaticAllocator(Allocator):
             return Grow.OVERFLOW
         start = self.arena.allocate(self.reserve)
         if start is None:
-            stranded = self.arena.free_total >= self.reserve
+            stranded = self.arena.free_total >= self.block
             self.refusals[NO_CONTIGUOUS_EXTENT if stranded else INSUFFICIENT_FREE] += 1
             return Grow.NO_SPACE
+        self.work.events += 1
         self.extent[seq] = start
         self._set_used(seq, tokens)
         return Grow.OK
@@ -55,10 +70,15 @@ class StaticAllocator(Allocator):
         self._drop_used(seq)
 
     def reserved_tokens(self) -> int:
-        return len(self.extent) * self.reserve
+        return len(self.extent) * self.block
 
     def largest_free_extent_tokens(self) -> int:
         return self.arena.largest_free()
+
+    def compact(self) -> int:
+        """Slide reservations together (see :mod:`.compaction`); returns the used tokens copied."""
+        assert self.cohort.n == 0, "dissolve the decode cohort before compacting (its members' tokens are aggregate)"
+        return compact_allocator(self, self.extent, lambda s: self.block)
 
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
         # Iteration j needs tokens_now + j slots; the reservation caps it.
@@ -93,11 +113,11 @@ class StaticCohort(Cohort):
         # Iteration from step G + i needs a + G + i + 1 <= reserve for the member with the largest a.
         return max(0, min(max_steps, self.arena.reserve - max(self.a.values()) - G))
 
-    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def preview(self, G: int, steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         arena = self.arena
         reserved = np.full(steps, float(arena.reserved_tokens()))
         used = arena.used_total + self.n * np.arange(1, steps + 1, dtype=np.float64)
-        return reserved, used
+        return reserved, used, np.zeros(steps)
 
     def advance(self, G: int, steps: int) -> None:
         assert steps <= self.grantable_steps(G, steps), "cohort grown past a reservation"

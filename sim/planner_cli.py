@@ -1,0 +1,89 @@
+"""``kvsim plan SCENARIO --slo ...``: the command (registered in :mod:`sim.cli`; ``python -m sim.planner_cli`` runs it alone).
+
+Exit status: 0 a recommendation was made; 1 no candidate meets the SLO; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import ConfigError
+from .sweep_cli import fail, stdout_console
+
+
+def plan_command(
+    scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
+    slo: List[str] = typer.Option(..., "--slo", help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
+                                                     "(repeatable; see docs/sweeps.md for what pNN means)."),
+    attainment: Optional[float] = typer.Option(None, "--attainment", help="Fraction of requests that must meet every "
+                                                                          "bound (default: the pNN of the SLO names, or 0.9)."),
+    allocators: Optional[str] = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all): "
+                                                                        "static, static-p95, paged, paged-b32, ..."),
+    target_rate: Optional[float] = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
+    tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
+):
+    """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
+    from rich.table import Table
+
+    from .config import parse_override
+    from .planner import PLAN_COLUMNS, plan, plan_rows, write_plan
+    from .slo import parse_slos
+    try:
+        slo_ = parse_slos(slo, attainment)
+        overrides = dict(parse_override(i) for i in set_ or [])
+        names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
+        if workers is not None and workers < 1:
+            raise ConfigError("--workers", workers, "an integer ≥ 1")
+        if quiet:
+            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers)
+        else:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            with Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
+                          transient=True) as bar:
+                task = bar.add_task("plan", total=None, last="searching goodput")
+                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers,
+                         progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"))
+        dest = write_plan(p, out or Path("plans") / p["scenario"])
+    except ConfigError as exc:
+        fail(exc)
+    if quiet:
+        print(dest / "plan.json")
+    else:
+        console = stdout_console()
+        cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
+        t = Table(title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
+                        f"SLO: {p['slo_text']}{cal}")
+        for c in PLAN_COLUMNS:
+            t.add_column(c, justify="left" if c == "candidate" else "right")
+        for r in plan_rows(p):
+            t.add_row(*r)
+        console.print(t)
+        for s in p["skipped"]:
+            console.print(f"skipped {s['name']}: {s['reason']}")
+        rec = p["recommendation"]
+        console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
+        for r in rec["reasons"]:
+            console.print(f"  • {r}", highlight=False)
+        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations in {p['wall_s']:.1f} s")
+    if p["recommendation"]["candidate"] is None:
+        raise typer.Exit(1)
+
+
+def _main() -> None:
+    app = typer.Typer(add_completion=False)
+    app.command()(plan_command)
+    app()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,44 @@
+"""``kvsim report RUN_DIR|SWEEP_DIR``: the command (registered in :mod:`sim.cli`; ``python -m sim.report_cli`` runs it alone)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import ConfigError
+from .sweep_cli import fail
+
+
+def report_command(
+    path: Path = typer.Argument(..., help="A run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)."),
+    png: bool = typer.Option(False, "--png", help="Also write one PNG per figure (kaleido; needs Chromium/Chrome)."),
+    x: Optional[str] = typer.Option(None, "--x", help="Sweep: axis for curves and heatmap columns (default: the rate axis)."),
+    y: Optional[str] = typer.Option(None, "--y", help="Sweep: axis for heatmap rows (default: the next varying axis)."),
+    z: Optional[List[str]] = typer.Option(None, "--z", help="Sweep: heatmap metric (repeatable; default TTFT/TPOT p90, "
+                                                            "throughput, KV utilization)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH itself)."),
+):
+    """Write a self-contained plotly report.html (plotly.js inlined) for a run or a sweep."""
+    try:
+        from .report import report
+    except ImportError as exc:  # plotly is an optional extra
+        fail(ConfigError("report", str(path), f"plotly installed: pip install 'kvsim[report]' ({exc})"))
+    try:
+        written = report(path, png=png, x=x, y=y, z=z or None, out=out)
+    except ConfigError as exc:
+        fail(exc)
+    except ImportError as exc:
+        fail(ConfigError("report", str(path), f"plotly installed: pip install 'kvsim[report]' ({exc})"))
+    print(written)
+
+
+def _main() -> None:
+    app = typer.Typer(add_completion=False)
+    app.command()(report_command)
+    app()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,72 @@
+"""``kvsim sweep SWEEP.yaml``: the command (registered in :mod:`sim.cli`; ``python -m sim.sweep_cli`` runs it alone).
+
+Exit status: 0 every point ok; 1 some points failed (listed, one per line); 2 bad input.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+
+from .errors import ConfigError
+
+
+def fail(exc: ConfigError) -> NoReturn:
+    """One plain ``error: ...`` line on stderr and exit status 2 (as ``sim.cli`` does)."""
+    sys.stderr.write(f"error: {exc}\n")
+    raise typer.Exit(2)
+
+
+def stdout_console():
+    from rich.console import Console
+    # Piped output keeps whole cells instead of rich's 80-column default.
+    return Console(width=None if sys.stdout.isatty() else 160)
+
+
+def sweep_command(
+    sweep_file: Path = typer.Argument(..., help="Sweep YAML: base scenario, axes (grid/zip), seeds."),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Parallel points (default: CPU cores)."),
+    backend: str = typer.Option("local", "--backend", help="local (process pool) or ray."),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: a local Ray)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print the dataset path only."),
+):
+    """Run every point of a sweep into one resumable Parquet dataset (points already done are skipped)."""
+    from rich.table import Table
+
+    from .sweep import describe_params, run_sweep
+    try:
+        res = run_sweep(sweep_file, workers=workers, backend=backend, address=address, out=out, progress=not quiet)
+    except ConfigError as exc:
+        fail(exc)
+    if quiet:
+        print(res.out)
+    else:
+        t = Table(title=f"sweep {res.name}", show_header=False)
+        t.add_column("k")
+        t.add_column("v", justify="right")
+        for k, v in (("points", res.total), ("already in the dataset (skipped)", res.skipped), ("simulated now", res.ran),
+                     ("invalid (recorded failed)", res.invalid), ("failed", len(res.failures)),
+                     ("wall time (s)", f"{res.wall_s:.1f}")):
+            t.add_row(k, str(v))
+        console = stdout_console()
+        console.print(t)
+        console.print(f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.sweep.read_dataset)")
+    if res.failures:
+        sys.stderr.write(f"{len(res.failures)} of {res.total} points failed:\n")
+        for f in res.failures:
+            sys.stderr.write(f"failed {f['point_id']} ({describe_params(f['params'])}): {f['error']}\n")
+        raise typer.Exit(1)
+
+
+def _main() -> None:
+    app = typer.Typer(add_completion=False)
+    app.command()(sweep_command)
+    app()
+
+
+if __name__ == "__main__":
+    _main()

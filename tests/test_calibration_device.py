@@ -1,0 +1,179 @@
+"""Route 1: ``kvsim calibrate --device cpu --quick`` on tiny-llama times real torch kernels,
+fits a profile the simulator loads, and the fitted curves predict re-measured off-grid points.
+
+One calibration run (module fixture, < 60 s on a 2-core host) serves every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+
+# Wall-clock measurements: ./dev test runs these after the parallel phase, alone on the machine.
+pytestmark = pytest.mark.timing
+
+from calibration import kernels as K  # noqa: E402
+from sim.catalog import get_gpu, get_model  # noqa: E402
+from sim.cluster import simulate  # noqa: E402
+from sim.config import scenario_from_dict  # noqa: E402
+from sim.costmodel import BatchShape, Layout  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
+from sim.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
+
+TINY = get_model("tiny-llama")
+CPU = get_gpu("cpu")
+HELDOUT_BOUND = 0.15
+QUICK_BUDGET_S = 60.0
+
+
+def _app():
+    import typer
+    from calibration.cli import calibrate_command
+    app = typer.Typer()
+    app.command("calibrate")(calibrate_command)
+    app.command("noop")(lambda: None)
+    return app
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib") / "cpu.json"
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick",
+                                    "--out", str(out)])
+    wall = time.perf_counter() - t0
+    assert r.exit_code == 0, (r.output, r.exception)
+    return out, wall, r.output
+
+
+def test_quick_run_writes_profile_sidecar_and_report(quick):
+    out, wall, output = quick
+    assert wall < QUICK_BUDGET_S, f"quick CPU calibration took {wall:.1f} s"
+    p = load_profile(out)
+    prov = p.provenance
+    assert prov["method"] == "torch kernel timing"
+    assert prov["device_info"]["torch"] == torch.__version__ and prov["device_info"]["host_cpu"]
+    assert prov["device_info"]["threads"] == 1 and prov["date"]
+    for fam in ("gemm", "context_attention", "generation_attention"):
+        q = p.fit_quality[fam]["overall"]
+        assert q["n"] > 0 and np.isfinite(q["median_rel_err"])
+    assert set(p.memory["curves"]) == {"zero_fill", "copy", "host_transfer"}
+    assert p.layout["paged_overhead_by_block_size"]
+    pq_path, html = K.sidecar_paths(out)
+    import pyarrow.parquet as pq
+    raw = pq.read_table(pq_path).to_pydict()
+    fams = set(raw["family"])
+    assert {"gemm", "context_attention", "generation_attention", "memory", "elementwise", "alloc", "cpu_overhead"} <= fams
+    assert all(t > 0 for t in raw["median_s"])
+    try:
+        import plotly  # noqa: F401
+        assert html.is_file() and "plotly" in html.read_text()[:200_000].lower()
+    except ImportError:
+        assert not html.exists()
+
+
+def test_profile_drives_a_simulation(quick):
+    out, _, _ = quick
+    sc = scenario_from_dict({
+        "name": "cpu-profile", "seed": 1,
+        "model": {"name": "tiny-llama"}, "gpu": {"name": "cpu"},
+        "workload": {"num_requests": 40, "max_model_len": 1024, "arrival": {"kind": "poisson", "rate": 20.0},
+                     "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 400, "output_min": 4,
+                                 "output_max": 64}},
+        "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024},
+        "cost_model": {"profile": str(out)},
+    })
+    res = simulate(sc)
+    s = res.summary
+    assert json.dumps(s)
+    assert res.requests.num_rows == 40
+    name = load_profile(out).name
+    assert name in json.dumps(s)
+
+
+def test_cost_model_uses_measured_memory_and_layout(quick):
+    out, _, _ = quick
+    p = load_profile(out)
+    paged = ProfileCostModel(p, TINY, CPU, layout=Layout(paged=True, block_size=16))
+    contig = ProfileCostModel(p, TINY, CPU, layout=Layout(paged=False))
+    kv = np.array([8 * 512.0])
+    ratio = paged.decode_times_s(8, kv)[0] / contig.decode_times_s(8, kv)[0]
+    assert ratio > 1.0  # gathering blocks costs something on a CPU
+    assert paged.copy_time_s(1 << 20) > 0 and paged.zero_fill_time_s(1 << 26) > paged.zero_fill_time_s(1 << 12)
+    assert paged.alloc_time_s(10) == pytest.approx(10 * paged.alloc_time_s(1))
+    step = paged.step_time_s(BatchShape(prefill_chunks=[(128, 0)], decode_seqs=4, decode_kv_tokens=800))
+    assert 0 < step < 1.0
+
+
+def test_heldout_points_remeasured(quick):
+    """Points between the quick grid's points, re-measured (median of repeats over 5 interleaved passes)."""
+    out, _, _ = quick
+    p = load_profile(out)
+    h, kvh, d = TINY.heads, TINY.kv_heads, TINY.head_dim
+    keys = ProfileCostModel(p, TINY, CPU).keys
+    gate_n, gate_k = (int(x) for x in keys.gate_up.split(":")[0].split("x"))
+    plan = K.make_plan("cpu", TINY, quick=True)
+    points = {"gemm gate_up m=96": (lambda b: b.gemm_calls(96, gate_n, gate_k), lambda: p.gemm[keys.gate_up](np.array([96.0]))[0][0]),
+              "gemm qkv m=384": (lambda b: b.gemm_calls(384, 512, 256), lambda: p.gemm[keys.qkv](np.array([384.0]))[0][0]),
+              "decode paged b=6 L=384": (lambda b: b.decode_calls(6, 384, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
+                                         lambda: p.generation_attention[keys.attention](6, np.array([384.0]))[0][0]),
+              "prefill b=3 s=96": (lambda b: b.context_calls(3, 96, h, kvh, d),
+                                   lambda: p.context_attention[keys.attention](3, np.array([96.0]))[0][0])}
+    for m in (96, 384):
+        assert m not in plan.gemm_m
+    assert 6 not in plan.gen_batch and 384 not in plan.gen_len and 3 not in plan.ctx_batch and 96 not in plan.ctx_len
+    bench = K.Bench.open("cpu", repeats=plan.repeats, warmup=plan.warmup, target_repeat_s=plan.target_repeat_s)
+    try:
+        timings = bench.measure([lambda f=f: f(bench) for f, _ in points.values()], passes=5)
+    finally:
+        bench.close()
+    errs = {}
+    for (label, (_, pred)), t in zip(points.items(), timings):
+        errs[label] = abs(float(pred()) - t.median_s) / t.median_s
+    report = {k: f"{v:.1%}" for k, v in errs.items()}
+    assert max(errs.values()) <= HELDOUT_BOUND, report
+
+
+# --- errors --------------------------------------------------------------------------------
+
+def test_unknown_device(tmp_path):
+    r = CliRunner().invoke(_app(), ["calibrate", "--device", "tpu", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError)
+    assert "calibrate.device" in str(r.exception) and "tpu" in str(r.exception) and "cpu, cuda" in str(r.exception)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda(tmp_path):
+    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cuda", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError)
+    assert "calibrate.device" in str(r.exception) and "CUDA" in str(r.exception)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_model_not_in_catalog(tmp_path):
+    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "gpt-17", "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError)
+    assert "model.name" in str(r.exception) and "gpt-17" in str(r.exception) and "tiny-llama" in str(r.exception)
+
+
+def test_fp8_not_timed(tmp_path):
+    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--dtype", "fp8",
+                                    "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError) and "calibrate.dtype" in str(r.exception)
+
+
+# --- the shipped cpu-reference profile ------------------------------------------------------
+
+def test_cpu_reference_builtin():
+    assert "cpu-reference" in list_profiles()
+    p = load_profile("cpu-reference")
+    assert p.provenance["method"] == "torch kernel timing"
+    cm = ProfileCostModel(p, TINY, CPU)
+    t = cm.decode_times_s(8, np.array([8 * 256.0, 8 * 1024.0]))
+    assert np.all(t > 0) and t[1] > t[0]
