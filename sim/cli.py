@@ -159,6 +159,13 @@ def list_allocators():
     console.print(t)
 
 
+@app.command("app", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def app_cmd(ctx: typer.Context):
+    """Open the Streamlit what-if explorer (needs the app extra); extra arguments go to streamlit."""
+    from .explorer import app_command
+    raise typer.Exit(app_command(list(ctx.args)))
+
+
 def _mount_optional() -> None:
     """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
     from calibration.cli import calibrate_command, profile_app

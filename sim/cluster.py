@@ -56,9 +56,11 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None) -> RunResult:
         alloc = dep.make_allocator(sc)
         if cost is None:
             cost = dep.make_cost_model(sc)
-        sched = ContinuousScheduler(sc.scheduler, alloc, dep.model.sliding_window)
+        swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
+        sched = ContinuousScheduler(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
-                                overflow=sc.allocator.overflow, on_finish=on_finish))
+                                overflow=sc.allocator.overflow, on_finish=on_finish,
+                                compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None))
     router = Router(sc.router, replicas)
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()

@@ -121,14 +121,63 @@ class SchedulerConfig(_Section):
     chunked_prefill: bool = True
 
 
+class CompactionConfig(_Section):
+    """Background compaction of contiguous arenas (the article's thresholds)."""
+
+    enabled: bool = False
+    below_utilization: float = Field(0.70, ge=0, le=1)
+    above_fragmentation: float = Field(0.50, ge=0, le=1)
+    #: ``stall``: the replica pauses for the copy time; ``background``: copies run beside
+    #: iterations, which are slowed by ``background_slowdown`` while they last.
+    mode: Literal["stall", "background"] = "stall"
+    background_slowdown: float = Field(0.25, ge=0)
+    #: At most one compaction per this many seconds.
+    period_s: float = Field(0.5, gt=0)
+
+
+class PrefixCachingConfig(_Section):
+    enabled: bool = False
+    eviction: Literal["lru", "lfu"] = "lru"
+
+
+class PreemptionConfig(_Section):
+    #: ``recompute`` frees a victim's KV and re-prefills it later (vLLM); ``swap`` copies it to
+    #: host memory over PCIe and back.
+    mode: Literal["recompute", "swap"] = "recompute"
+    #: Host memory for swapped KV per replica; a victim that does not fit is recomputed.
+    swap_capacity_bytes: int = Field(64 * 2**30, ge=0)
+    #: ``lifo``: the most recently admitted running request (vLLM); ``lowest_priority``: the
+    #: request with the lowest ``priority`` (ties: most recent).
+    victim: Literal["lifo", "lowest_priority"] = "lifo"
+
+
 class AllocatorConfig(_Section):
-    kind: Literal["paged", "static"] = "paged"
+    kind: Literal["paged", "static", "dynamic", "hybrid_tail", "hybrid_reserve"] = "paged"
     block_size: int = Field(16, ge=1, le=4096)
-    #: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
+    #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
     reserve: Union[int, str] = "max_model_len"
     overflow: Literal["reject", "truncate"] = "reject"
     #: paged: ``zero`` memsets a block before reuse; ``generation`` marks it stale with a counter (free).
     page_reuse: Literal["generation", "zero"] = "generation"
+    #: dynamic: grow an extent one token at a time or in chunks of ``chunk_tokens``.
+    growth: Literal["token", "chunk"] = "chunk"
+    chunk_tokens: int = Field(512, ge=1)
+    #: static, dynamic, hybrid_tail's static partition: where extents go.
+    placement: Literal["first_fit", "best_fit", "buddy"] = "first_fit"
+    compaction: CompactionConfig = CompactionConfig()
+    prefix_caching: PrefixCachingConfig = PrefixCachingConfig()
+    preemption: PreemptionConfig = PreemptionConfig()
+    #: hybrid_tail: requests predicted longer than this (``pNN`` of total length, or tokens) get a
+    #: static reservation of ``max_model_len`` from a partition of ``static_fraction`` of KV memory.
+    long_threshold: Union[int, str] = "p90"
+    static_fraction: float = Field(0.3, gt=0, lt=1)
+    #: hybrid_reserve: a reserve only running sequences may grow into; preempt above
+    #: ``preempt_at_usage``; pause admissions while free < ``admit_when_free_above``; drop
+    #: sequences that have not advanced for ``stale_after_s`` (none = never).
+    reserve_fraction: float = Field(0.15, ge=0, lt=1)
+    preempt_at_usage: float = Field(0.95, gt=0, le=1)
+    admit_when_free_above: float = Field(0.10, ge=0, lt=1)
+    stale_after_s: float | None = Field(None, gt=0)
 
 
 class CostModelConfig(_Section):

@@ -6,6 +6,9 @@ import re
 from dataclasses import dataclass, fields
 
 from .allocators.base import Allocator
+from .allocators.dynamic import DynamicAllocator
+from .allocators.hybrid_reserve import HybridReserveAllocator
+from .allocators.hybrid_tail import HybridTailAllocator
 from .allocators.paged import PagedAllocator
 from .allocators.static import StaticAllocator
 from .catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
@@ -47,6 +50,8 @@ class Deployment:
     kv_capacity_bytes: int
     kv_capacity_tokens: int
     reserve_tokens: int | None
+    #: hybrid_tail: requests longer than this (tokens) go to the static partition.
+    long_threshold_tokens: int | None = None
 
     @classmethod
     def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
@@ -71,24 +76,62 @@ class Deployment:
             raise ConfigError("workload.max_model_len", max_len,
                               f"at most {cap_tokens} tokens fit in the KV capacity of one replica "
                               f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory")
+        a = sc.allocator
         reserve = None
-        if sc.allocator.kind == "static":
-            reserve = parse_reserve(sc.allocator.reserve, max_len, total_length_percentile)
+        long_threshold = None
+        if a.kind == "static":
+            reserve = parse_reserve(a.reserve, max_len, total_length_percentile)
             if reserve > cap_tokens:
-                raise ConfigError("allocator.reserve", sc.allocator.reserve,
+                raise ConfigError("allocator.reserve", a.reserve,
                                   f"a reservation of at most {cap_tokens} tokens (one replica's KV capacity)")
-        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve)
+        if a.kind == "dynamic" and a.growth == "chunk" and a.chunk_tokens > max_len:
+            raise ConfigError("allocator.chunk_tokens", a.chunk_tokens, f"at most workload.max_model_len ({max_len})")
+        if a.kind == "hybrid_tail":
+            reserve = max_len
+            static_tokens = int(cap_tokens * a.static_fraction)
+            if static_tokens < max_len:
+                raise ConfigError("allocator.static_fraction", a.static_fraction,
+                                  f"a static partition of at least one max_model_len request ({max_len} tokens); "
+                                  f"{a.static_fraction} of {cap_tokens} tokens is {static_tokens}")
+            long_threshold = parse_reserve(a.long_threshold, max_len, total_length_percentile, key="allocator.long_threshold")
+        if a.kind == "hybrid_reserve":
+            usable = min(1.0 - a.reserve_fraction, a.preempt_at_usage)
+            if cap_tokens * usable < needed:
+                raise ConfigError("allocator.reserve_fraction", a.reserve_fraction,
+                                  f"room for one max_model_len request outside the reserve and below preempt_at_usage "
+                                  f"({int(cap_tokens * usable)} of {cap_tokens} tokens usable, {needed} needed)")
+        if a.placement == "buddy" and a.kind in ("static", "dynamic", "hybrid_tail"):
+            region = cap_tokens if a.kind != "hybrid_tail" else int(cap_tokens * a.static_fraction)
+            largest = 1 << (region.bit_length() - 1)
+            want = needed if a.kind == "dynamic" else 1 << (max(reserve, 1) - 1).bit_length()
+            if want > largest:
+                raise ConfigError("allocator.placement", "buddy",
+                                  f"a buddy arena of {region} tokens has blocks of at most {largest}; "
+                                  f"{want} are needed for one request: use first_fit or best_fit")
+        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve, long_threshold)
 
     def make_allocator(self, sc: Scenario) -> Allocator:
-        if sc.allocator.kind == "paged":
-            if sc.allocator.block_size > self.kv_capacity_tokens:
-                raise ConfigError("allocator.block_size", sc.allocator.block_size, f"at most {self.kv_capacity_tokens} tokens")
-            return PagedAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, sc.allocator.block_size,
-                                  sc.allocator.page_reuse)
-        return StaticAllocator(self.kv_capacity_tokens, self.kv_bytes_per_token, self.reserve_tokens)
+        a = sc.allocator
+        cap, bpt = self.kv_capacity_tokens, self.kv_bytes_per_token
+        if a.kind in ("paged", "hybrid_reserve", "hybrid_tail") and a.block_size > cap // 2:
+            raise ConfigError("allocator.block_size", a.block_size, f"at most {cap // 2} tokens")
+        if a.kind == "paged":
+            return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
+        if a.kind == "hybrid_reserve":
+            return HybridReserveAllocator(cap, bpt, a.block_size, a.page_reuse, reserve_fraction=a.reserve_fraction,
+                                          preempt_at_usage=a.preempt_at_usage,
+                                          admit_when_free_above=a.admit_when_free_above)
+        if a.kind == "hybrid_tail":
+            return HybridTailAllocator(cap, bpt, static_tokens=int(cap * a.static_fraction),
+                                       reserve_tokens=self.reserve_tokens, long_threshold_tokens=self.long_threshold_tokens,
+                                       block_size=a.block_size, page_reuse=a.page_reuse, placement=a.placement)
+        if a.kind == "dynamic":
+            return DynamicAllocator(cap, bpt, a.growth, a.chunk_tokens, a.placement)
+        return StaticAllocator(cap, bpt, self.reserve_tokens, placement=a.placement)
 
     def make_cost_model(self, sc: Scenario) -> CostModel:
-        layout = Layout(paged=sc.allocator.kind == "paged", block_size=sc.allocator.block_size)
+        layout = Layout(paged=sc.allocator.kind in ("paged", "hybrid_reserve", "hybrid_tail"),
+                        block_size=sc.allocator.block_size)
         c = sc.cost_model
         ref = c.profile if c.profile not in (None, "none") else None
         if ref == "auto":
@@ -116,20 +159,20 @@ class Deployment:
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
 
 
-def parse_reserve(value, max_model_len: int, percentile_fn) -> int:
-    """Tokens reserved per request for ``allocator.reserve``: ``max_model_len``, an int, or ``pNN``."""
+def parse_reserve(value, max_model_len: int, percentile_fn, key: str = "allocator.reserve") -> int:
+    """Tokens for ``allocator.reserve`` (or ``long_threshold``): ``max_model_len``, an int, or ``pNN``."""
     allowed = "max_model_len, a token count in [1, max_model_len], or a percentile like p95 of total request length"
     if value == "max_model_len":
         return max_model_len
     if isinstance(value, bool):
-        raise ConfigError("allocator.reserve", value, allowed)
+        raise ConfigError(key, value, allowed)
     if isinstance(value, int):
         if not 1 <= value <= max_model_len:
-            raise ConfigError("allocator.reserve", value, allowed)
+            raise ConfigError(key, value, allowed)
         return value
     m = _PCT.match(str(value).strip())
     if not m or not 0 < float(m.group(1)) <= 100:
-        raise ConfigError("allocator.reserve", value, allowed)
+        raise ConfigError(key, value, allowed)
     if percentile_fn is None:
-        raise ConfigError("allocator.reserve", value, "a percentile needs the workload's length distribution")
+        raise ConfigError(key, value, "a percentile needs the workload's length distribution")
     return max(1, min(max_model_len, percentile_fn(float(m.group(1)))))

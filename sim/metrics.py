@@ -23,7 +23,7 @@ REQUEST_COLUMNS = ["id", "replica", "status", "reason", "truncated", "arrival_s"
                    "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "preemptions"]
 TIMESERIES_COLUMNS = ["t_s", "replica", "running", "waiting", "batch_tokens", "iterations", "window_s",
                       "first_step_s", "kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes",
-                      "kv_largest_free_extent_bytes"]
+                      "kv_largest_free_extent_bytes", "kv_internal_fragmentation", "kv_external_fragmentation"]
 
 
 class Recorder:
@@ -53,7 +53,11 @@ class Recorder:
         c["kv_reserved_bytes"].append(reserved * bpt)
         c["kv_used_bytes"].append(a.used_total * bpt)
         c["kv_free_bytes"].append((a.capacity_tokens - reserved) * bpt)
-        c["kv_largest_free_extent_bytes"].append(a.largest_free_extent_tokens() * bpt)
+        largest = a.largest_free_extent_tokens()
+        free = a.capacity_tokens - reserved
+        c["kv_largest_free_extent_bytes"].append(largest * bpt)
+        c["kv_internal_fragmentation"].append(1.0 - a.used_total / reserved if reserved else 0.0)
+        c["kv_external_fragmentation"].append(1.0 - largest / free if free else 0.0)
 
     def requests_table(self) -> pa.Table:
         rows = sorted(self.req_rows)
@@ -97,8 +101,9 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
     capacity = sum(r.alloc.capacity_tokens for r in replicas) * makespan
     refusals: dict[str, int] = {}
     for r in replicas:
-        for k, v in r.alloc.refusals.items():
+        for k, v in r.alloc.refusal_counts().items():
             refusals[k] = refusals.get(k, 0) + v
+    busy = sum(r.busy_s for r in replicas)
     out_tokens = int(gen[ok].sum())
     work = {"events": 0, "copy_bytes": 0, "zero_bytes": 0, "swap_out_bytes": 0, "swap_in_bytes": 0}
     for r in replicas:
@@ -122,6 +127,15 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
         "kv_memory_utilization": used / capacity if capacity > 0 else None,
         "kv_capacity_bytes_per_replica": int(replicas[0].alloc.capacity_tokens * bpt),
         "allocator_refusals": dict(sorted(refusals.items())),
+        "stranded_refusals": refusals.get("no_contiguous_extent", 0),
+        "kv_internal_fragmentation": 1.0 - used / reserved if reserved > 0 else None,
+        "kv_external_fragmentation": sum(r.ext_frag_s for r in replicas) / busy if busy > 0 else None,
+        "admissions_paused_s": sum(r.paused_s for r in replicas),
+        "compactions": int(sum(r.compactions for r in replicas)),
+        "compaction_bytes": int(sum(r.compaction_bytes for r in replicas)),
+        "compaction_time_s": sum(r.compaction_s for r in replicas),
+        "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
+        "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "allocation_events": work["events"],
         "allocation_time_s": sum(r.alloc_work_s for r in replicas),
         "copy_bytes": work["copy_bytes"],

@@ -199,7 +199,7 @@ def step_latency(timeseries: pa.Table) -> "Figure":
                 continue
             x, y = _thin(t[sel], step[sel])
             name = f"{kind}" if len(np.unique(rep)) == 1 else f"replica {r} {kind}"
-            fig.add_trace(go.Scattergl(x=x, y=y, mode="markers", name=name, marker=dict(size=3)))
+            fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, marker=dict(size=3)))
     fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="iteration latency (ms)")
     return fig
 

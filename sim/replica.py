@@ -50,7 +50,7 @@ def _seq_no(req: Request) -> int:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, scheduler: ContinuousScheduler, allocator: Allocator,
                  cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
-                 on_finish: Callable[[Request], None] | None = None):
+                 on_finish: Callable[[Request], None] | None = None, compaction=None):
         self.env = env
         self.index = index
         self.sched = scheduler
@@ -71,14 +71,30 @@ class Replica:
         self.windows = 0
         #: Seconds charged for allocator work (part of busy time).
         self.alloc_work_s = 0.0
+        #: Seconds during which requests waited while the admission breaker was open.
+        self.paused_s = 0.0
+        #: ∫ external fragmentation dt over busy time (value at each iteration's start).
+        self.ext_frag_s = 0.0
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         self.cohort = allocator.cohort if fast_forward else None
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []
+        # Background compaction (contiguous allocators): a SimPy process checks the thresholds
+        # every period_s while the replica is busy; the move happens at the next iteration
+        # boundary (KV cannot move under a running kernel).
+        self.compaction = compaction if compaction is not None and hasattr(allocator, "compact") else None
+        self._compact_due = False
+        self._activity: simpy.Event | None = None
+        self._bg_copy_left_s = 0.0
+        self.compactions = 0
+        self.compaction_bytes = 0
+        self.compaction_s = 0.0
         loop = self._loop_cohort if self.cohort is not None else self._loop
         self.proc = env.process(loop())
+        if self.compaction is not None:
+            env.process(self._compactor())
 
     # --- called by the router --------------------------------------------------------
     def outstanding(self) -> int:
@@ -90,12 +106,67 @@ class Replica:
         was_empty = not sched.waiting
         req.replica = self.index
         sched.waiting.append(req)
+        if self._activity is not None and not self._activity.triggered:
+            self._activity.succeed()
         if self._idle is not None:
             if not self._idle.triggered:
                 self._idle.succeed()
         elif self._in_window and not self._truncated and was_empty and sched.can_admit_more():
             self._truncated = True
             self.proc.interrupt()
+
+    # --- compaction ----------------------------------------------------------------------
+    def _compactor(self):
+        cfg = self.compaction
+        env = self.env
+        while True:
+            if not self.sched.running and not self.sched.waiting:
+                self._activity = env.event()
+                yield self._activity  # nothing is scheduled while idle, so a finished run ends
+                self._activity = None
+            yield env.timeout(cfg.period_s)
+            if self._compact_due or not self.sched.running:
+                continue
+            if self.alloc.should_compact(cfg.below_utilization, cfg.above_fragmentation):
+                self._compact_due = True
+                if self._in_window and not self._truncated:
+                    self._truncated = True
+                    self.proc.interrupt()
+
+    def _run_compaction(self) -> None:
+        """Move live extents together now; stall mode charges the copy to the next iteration."""
+        self._compact_due = False
+        if self.cohort is not None and self.cohort.n:
+            self._dissolve()  # the move needs every sequence's own token count
+        before = self.alloc.work.copy_bytes
+        self.alloc.compact()
+        moved = self.alloc.work.copy_bytes - before
+        if not moved:
+            return
+        self.compactions += 1
+        self.compaction_bytes += moved
+        t = self.cost.copy_time_s(moved)
+        self.compaction_s += t
+        if self.compaction.mode == "background":
+            # Copies run beside iterations: take them out of the stall path, slow the next ones.
+            w = self.alloc.work
+            w.copy_ops -= 1
+            w.copy_bytes -= moved
+            self.alloc.work_total.copy_ops += 1
+            self.alloc.work_total.copy_bytes += moved
+            self._bg_copy_left_s += t
+
+    def _background_penalty(self, times: np.ndarray) -> None:
+        """Slow iterations while a background compaction's copies are in flight (in place)."""
+        if self._bg_copy_left_s <= 0:
+            return
+        extra = times * self.compaction.background_slowdown
+        cum = np.cumsum(extra)
+        take = np.minimum(cum, self._bg_copy_left_s)
+        add = np.diff(take, prepend=0.0)
+        times += add
+        # Only the iterations that actually run consume it; callers pass exactly those.
+        self._bg_copy_left_s -= float(add.sum())
 
     # --- shared pieces -----------------------------------------------------------------
     def _settle(self, plan: StepPlan, now: float) -> None:
@@ -117,6 +188,21 @@ class Replica:
         self.used_token_s += used * dt
         self.reserved_token_s += reserved * dt
         self.busy_s += dt
+
+    def _account_paused(self, plan: StepPlan, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> None:
+        """Breaker time in a window: it opens mid-window when free memory crosses its threshold
+        (``waiting``: requests were queued when the window began; later arrivals end it)."""
+        if plan.paused:
+            self.paused_s += float(times.sum())
+        elif waiting:
+            mask = self.alloc.paused_at(reserved)
+            if mask is not None:
+                self.paused_s += float(times[mask].sum())
+
+    def _ext_frag(self) -> float:
+        a = self.alloc
+        free = a.capacity_tokens - a.reserved_tokens()
+        return 0.0 if free <= 0 else 1.0 - a.largest_free_extent_tokens() / free
 
     def _advance_items(self, items: list[tuple[Request, int]], now: float, done: list[Request]) -> None:
         """Per-sequence effect of one iteration on ``items``."""
@@ -158,12 +244,24 @@ class Replica:
         self.alloc_work_s += t
         return t
 
+    def _step_time(self, plan: StepPlan) -> float:
+        dt = self.cost.step_time_s(plan.batch) + self._work_s()
+        if self._bg_copy_left_s > 0:
+            arr = np.array([dt])
+            self._background_penalty(arr)
+            dt = float(arr[0])
+        return dt
+
     def _single_step(self, plan: StepPlan):
         """One iteration through the per-sequence path."""
-        dt = self.cost.step_time_s(plan.batch) + self._work_s()
+        dt = self._step_time(plan)
         used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
+        frag = self._ext_frag()
         yield self.env.timeout(dt)
         self._account(used, reserved, dt)
+        self.ext_frag_s += frag * dt
+        if plan.paused:
+            self.paused_s += dt
         self.iterations += 1
         self.windows += 1
         self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
@@ -202,6 +300,8 @@ class Replica:
             if not sched.running and not sched.waiting:
                 yield from self._idle_wait()
                 continue
+            if self._compact_due:
+                self._run_compaction()
             plan = sched.schedule()
             self._settle(plan, self.env.now)
             if not plan.items:
@@ -219,6 +319,8 @@ class Replica:
         ids = [r.id for r in reqs]
         tokens_now = np.fromiter((r.computed + 1 for r in reqs), dtype=np.int64, count=n)
         max_steps = min(r.output - r.generated for r in reqs)
+        if self._bg_copy_left_s > 0:
+            max_steps = 1  # background copies slow each iteration: step until they are done
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
         j = np.arange(k, dtype=np.int64)
@@ -229,9 +331,12 @@ class Replica:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         times = self.cost.decode_times_s(n, kv)
         times[0] += self._work_s()
+        self._background_penalty(times)
+        frag = self._ext_frag()
         if dp.events is not None and k > 1:
             extra_t = self.alloc.window_work_time_s(self.cost, dp.events[1:])
             times[1:] += extra_t
+        waiting_at_start = bool(self.sched.waiting)
         m, ends = yield from self._run_window(times, k)
         if dp.events is not None and m > 1:
             self.alloc_work_s += float(extra_t[: m - 1].sum())
@@ -240,6 +345,8 @@ class Replica:
         self.reserved_token_s += float(np.dot(dp.reserved_tokens[:m], tm))
         wall = float(ends[m - 1])
         self.busy_s += wall
+        self.ext_frag_s += frag * wall
+        self._account_paused(plan, dp.reserved_tokens[:m], tm, waiting_at_start)
         self.iterations += m
         self.windows += 1
         if m > 1:
@@ -297,6 +404,8 @@ class Replica:
             if not sched.running and not sched.waiting:
                 yield from self._idle_wait()
                 continue
+            if self._compact_due:
+                self._run_compaction()
             n = co.n
             if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
@@ -336,10 +445,14 @@ class Replica:
 
     def _mixed_step(self, plan: StepPlan):
         """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
-        dt = self.cost.step_time_s(plan.batch) + self._work_s()
+        dt = self._step_time(plan)
         used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
+        frag = self._ext_frag()
         yield self.env.timeout(dt)
         self._account(used, reserved, dt)
+        self.ext_frag_s += frag * dt
+        if plan.paused:
+            self.paused_s += dt
         self.iterations += 1
         self.windows += 1
         self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
@@ -365,17 +478,22 @@ class Replica:
         co = self.cohort
         n = co.n
         k_fin = self._fin[0][0] - self.G  # iterations until the first member finishes (≥ 1)
+        if self._bg_copy_left_s > 0:
+            k_fin = 1  # background copies slow each iteration: step until they are done
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
         extra = co.grantable_steps(self.G + 1, k_fin - 1) if k_fin > 1 else 0
         k = 1 + extra
         kv = self._kv_attended(k)
         times = self.cost.decode_times_s(n, kv)
         times[0] += self._work_s()
+        self._background_penalty(times)
+        frag = self._ext_frag()
         reserved1, used1 = float(self.alloc.reserved_tokens()), float(self.alloc.used_total)
         if extra:
             reserved_rest, used_rest, events_rest = co.preview(self.G + 1, extra)
             extra_t = self.alloc.window_work_time_s(self.cost, events_rest)
             times[1:] += extra_t
+        waiting_at_start = bool(self.sched.waiting)
         m, ends = yield from self._run_window(times, k)
         dots_used = used1 * float(times[0])
         dots_reserved = reserved1 * float(times[0])
@@ -390,6 +508,11 @@ class Replica:
         self.reserved_token_s += dots_reserved
         wall = float(ends[m - 1])
         self.busy_s += wall
+        self.ext_frag_s += frag * wall
+        if m > 1:
+            self._account_paused(plan, np.concatenate(([reserved1], reserved_rest[: m - 1])), times[:m], waiting_at_start)
+        else:
+            self._account_paused(plan, np.array([reserved1]), times[:1], waiting_at_start)
         self.iterations += m
         self.windows += 1
         self.rec.step(self, m, wall, float(times[0]), n)

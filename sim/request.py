@@ -20,7 +20,7 @@ class Request:
     """
 
     __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no")
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped")
 
     def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1):
         self.id = rid
@@ -40,6 +40,8 @@ class Request:
         self.client = client
         #: Order of (re)admission on its replica; the running list is sorted by it.
         self.seq_no = -1
+        #: Preempted by swap: its ``computed`` tokens wait in host memory.
+        self.swapped = False
 
     @property
     def tokens(self) -> int:

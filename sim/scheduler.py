@@ -36,12 +36,20 @@ class StepPlan:
     overflowed: list[Request] = field(default_factory=list)
     rejected_at_admission: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    #: The allocator's circuit breaker held admissions back this iteration.
+    paused: bool = False
 
 
 class ContinuousScheduler:
-    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None):
+    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None, *,
+                 swap_capacity_bytes: int = 0):
         self.cfg = cfg
         self.alloc = allocator
+        #: ``swap`` preemption: host bytes available to hold preempted sequences' KV (0 = recompute).
+        self.swap_capacity_bytes = swap_capacity_bytes
+        self.swap_used_bytes = 0
+        self.swaps_out = 0
+        self.swaps_in = 0
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         #: KV length attended per token is capped by a sliding window (``None`` = full).
@@ -57,8 +65,18 @@ class ContinuousScheduler:
 
     def _preempt_last(self) -> Request:
         victim = self.running.pop()
-        self.alloc.release(victim.id)
-        victim.computed = 0
+        alloc = self.alloc
+        nbytes = victim.computed * alloc.bpt
+        if victim.computed and self.swap_used_bytes + nbytes <= self.swap_capacity_bytes:
+            # Swap: the KV goes to host memory over PCIe and comes back on re-admission.
+            self.swap_used_bytes += nbytes
+            victim.swapped = True
+            alloc.work.swap_ops += 1
+            alloc.work.swap_out_bytes += nbytes
+            self.swaps_out += 1
+        else:
+            victim.computed = 0  # recompute: re-prefill prompt + generated later
+        alloc.release(victim.id)
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
@@ -112,18 +130,22 @@ class ContinuousScheduler:
 
         admitted: list[Request] = []
         rejected: list[Request] = []
-        if preempted == 0:
+        paused = False
+        if preempted == 0 and self.waiting and alloc.admission_paused():
+            paused = True
+        elif preempted == 0:
             waiting = self.waiting
             while waiting and len(running) < cfg.max_num_seqs and budget > 0:
                 req = waiting[0]
-                need = req.prompt + req.generated
+                need = req.prompt + req.generated - req.computed  # computed > 0 only when swapped in
                 if need > budget:
                     if not cfg.chunked_prefill:
                         break
                     need = budget
                 if self._refused == (req.id, need, alloc.releases):
                     break
-                r = alloc.admit(req.id, need)
+                alloc.hint(req.id, req.prompt + req.output)
+                r = alloc.admit(req.id, req.computed + need)
                 if r is Grow.NO_SPACE:
                     self._refused = (req.id, need, alloc.releases)
                     break
@@ -132,6 +154,13 @@ class ContinuousScheduler:
                     req.reason = PROMPT_EXCEEDS_RESERVATION
                     rejected.append(req)
                     continue
+                if req.swapped:
+                    nbytes = req.computed * alloc.bpt
+                    self.swap_used_bytes -= nbytes
+                    alloc.work.swap_ops += 1
+                    alloc.work.swap_in_bytes += nbytes
+                    self.swaps_in += 1
+                    req.swapped = False
                 running.append(req)
                 req.seq_no = self._admissions
                 self._admissions += 1
@@ -150,4 +179,4 @@ class ContinuousScheduler:
                 ctx = req.computed if cap is None else min(req.computed, cap)
                 batch.prefill_chunks.append((n, ctx))
         return StepPlan(items, batch, pure_decode and bool(items or batch.decode_seqs), preempted, overflowed, rejected,
-                        admitted)
+                        admitted, paused)

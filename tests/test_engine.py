@@ -126,22 +126,28 @@ def _compare(a, b):
         else:
             assert ra[col] == rb[col], f"{col} differs"
     for key in ("completed", "rejected", "preemptions", "iterations", "rejected_by_reason", "allocator_refusals",
-                "allocation_events", "zero_fill_bytes"):
+                "allocation_events", "zero_fill_bytes", "copy_bytes", "swaps_out", "swaps_in", "stranded_refusals"):
         assert a.summary[key] == b.summary[key], key
-    for key in ("kv_token_utilization", "kv_memory_utilization", "allocation_time_s"):
+    for key in ("kv_token_utilization", "kv_memory_utilization", "allocation_time_s", "admissions_paused_s"):
         assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9)
     assert max(a.timeseries["kv_used_bytes"].to_pylist()) == max(b.timeseries["kv_used_bytes"].to_pylist())
     assert max(a.timeseries["kv_reserved_bytes"].to_pylist()) == max(b.timeseries["kv_reserved_bytes"].to_pylist())
 
 
 @settings(max_examples=150)
-@given(kind=st.sampled_from(["paged", "static"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
+@given(kind=st.sampled_from(["paged", "static", "dynamic", "hybrid_tail", "hybrid_reserve"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
        seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
        replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
-       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]))
-def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse):
+       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]),
+       swap=st.booleans(), growth=st.sampled_from(["token", "chunk"]), placement=st.sampled_from(["first_fit", "best_fit"]))
+def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse,
+                                      swap, growth, placement):
+    kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
-            "allocator.page_reuse": reuse,
+            "allocator.page_reuse": reuse, "allocator.preemption.mode": "swap" if swap else "recompute",
+            "allocator.preemption.swap_capacity_bytes": 3000 * 2048, "allocator.growth": growth,
+            "allocator.chunk_tokens": 64, "allocator.placement": placement, "allocator.static_fraction": 0.5,
+            "allocator.long_threshold": "p80",
             "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
             "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else budget}
     if closed:

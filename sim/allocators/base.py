@@ -178,6 +178,20 @@ class Allocator(ABC):
             r = self.grow(s, t)
             assert r is Grow.OK, f"decode window growth refused for seq {s}"
 
+    def admission_paused(self) -> bool:
+        """Circuit breaker: ``True`` while new requests must wait (hybrid_reserve)."""
+        return False
+
+    def paused_at(self, reserved_tokens: np.ndarray) -> np.ndarray | None:
+        """Whether the breaker is open at each of these reserved totals (``None``: it never opens)."""
+        return None
+
+    def hint(self, seq: int, total_tokens: int) -> None:
+        """The predicted total length of ``seq``, given before :meth:`admit` (hybrid_tail routes by it)."""
+
+    def refusal_counts(self) -> dict[str, int]:
+        return dict(self.refusals)
+
     def take_work(self) -> AllocWork:
         """Work pending since the last call, moved into the run's total."""
         w = self.work

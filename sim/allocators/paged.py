@@ -47,11 +47,19 @@ class PagedAllocator(Allocator):
     def _need(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def admit_limit(self) -> int:
+        """Blocks a new sequence may take now."""
+        return self.free_blocks
+
+    def grow_limit(self) -> int:
+        """Blocks running sequences may still take now."""
+        return self.free_blocks
+
     def admit(self, seq: int, tokens: int) -> Grow:
         assert seq not in self.blocks, f"seq {seq} admitted twice"
         need = self._need(tokens)
-        if need > self.free_blocks:
-            self.refusals[INSUFFICIENT_FREE] += 1
+        if need > self.admit_limit():
+            self.refusals[self.admit_refusal_reason(need)] += 1
             return Grow.NO_SPACE
         self.free_blocks -= need
         self.blocks[seq] = need
@@ -62,8 +70,8 @@ class PagedAllocator(Allocator):
     def grow(self, seq: int, tokens: int) -> Grow:
         extra = self._need(tokens) - self.blocks[seq]
         if extra > 0:
-            if extra > self.free_blocks:
-                self.refusals[INSUFFICIENT_FREE] += 1
+            if extra > self.grow_limit():
+                self.refusals[self.grow_refusal_reason(extra)] += 1
                 return Grow.NO_SPACE
             self.free_blocks -= extra
             self.blocks[seq] += extra
@@ -71,6 +79,12 @@ class PagedAllocator(Allocator):
         if tokens > self.used[seq]:
             self._set_used(seq, tokens)
         return Grow.OK
+
+    def admit_refusal_reason(self, need: int) -> str:
+        return INSUFFICIENT_FREE
+
+    def grow_refusal_reason(self, need: int) -> str:
+        return INSUFFICIENT_FREE
 
     def release(self, seq: int) -> None:
         self.releases += 1
@@ -98,7 +112,7 @@ class PagedAllocator(Allocator):
         else:
             new_per_step = np.zeros(max_steps, dtype=np.int64)
         cum_new = np.cumsum(new_per_step)
-        k = int(np.searchsorted(cum_new, self.free_blocks, side="right"))
+        k = int(np.searchsorted(cum_new, self.grow_limit(), side="right"))
         k = max(1, min(k, max_steps))
         reserved = (self.num_blocks - self.free_blocks + cum_new[:k]) * B
         used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
@@ -152,7 +166,7 @@ class PagedCohort(Cohort):
     def grantable_steps(self, G: int, max_steps: int) -> int:
         if max_steps <= 0:
             return 0
-        n, B, free = len(self.a), self.B, self.pool.free_blocks
+        n, B, free = len(self.a), self.B, self.pool.grow_limit()
         if max_steps == 1:
             return 1 if self.cnt[(-G) % B] <= free else 0
         cycles = free // n if n else max_steps
@@ -184,7 +198,7 @@ class PagedCohort(Cohort):
         full, rest = divmod(steps, self.B)
         new = full * n + (sum(self._new_blocks(G + full * self.B, rest)) if rest else 0)
         pool = self.pool
-        assert new <= pool.free_blocks, "cohort advanced past the free pool"
+        assert new <= pool.grow_limit(), "cohort advanced past the free pool"
         pool.free_blocks -= new
         pool._took(new)
         pool.used_total += n * steps

@@ -1,0 +1,666 @@
+"""kvsim what-if explorer: ``streamlit run app.py`` (or ``kvsim app``).
+
+Thin by design: widgets are wired to functions of :mod:`sim.explorer`, :mod:`sim.plots`,
+:mod:`sim.sweep`, :mod:`sim.planner` and :mod:`sim.profile`; no simulation logic lives here.
+See docs/app.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+import streamlit as st
+
+from sim import explorer as X
+from sim import plots
+from sim.allocators import KINDS
+from sim.catalog import GPUS, MODELS
+from sim.config import apply_overrides
+from sim.errors import ConfigError
+
+st.set_page_config(page_title="kvsim explorer", page_icon="🧮", layout="wide")
+
+PAGES = ["Explore", "Compare", "Sweeps & plan", "Calibration"]
+S = st.session_state
+
+
+# --- state ----------------------------------------------------------------------------------
+
+def store() -> X.UploadStore:
+    if "store" not in S:
+        S.store = X.UploadStore()
+    return S.store
+
+
+def set_base(data: dict, base_id, label: str) -> None:
+    """A new base scenario: knobs (and their widgets) reset to its values."""
+    S.base, S.base_id, S.base_label = data, base_id, label
+    slo = {k: S.knobs[k] for k in X.DEFAULT_SLO} if "knobs" in S else dict(X.DEFAULT_SLO)
+    S.knobs = {**X.knobs_from_scenario(data), **slo}
+    for k in [k for k in S if isinstance(k, str) and k.startswith("knob.")]:
+        del S[k]
+
+
+def set_knob(k: str, v) -> None:
+    S.knobs[k] = v
+    S.pop("knob." + k, None)
+
+
+def knob(widget, label: str, k: str, where=None, **kw):
+    """A widget bound to ``S.knobs[k]`` (kept while the widget is hidden)."""
+    wkey = "knob." + k
+    if wkey not in S:
+        S[wkey] = S.knobs[k]
+    v = getattr(where or st.sidebar, widget)(label, key=wkey, **kw)
+    S.knobs[k] = v
+    return v
+
+
+def show_error(where, msg: str | None) -> None:
+    if msg:
+        where.error(msg, icon="⚠️")
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def cached_run(key: str, _progress=None) -> X.RunData:
+    """One simulation per resolved scenario (its canonical JSON): repeated runs are free."""
+    return X.run_canonical(key, _progress)
+
+
+@st.cache_resource
+def _prewarmed() -> set:
+    return set()
+
+
+def prewarm(key: str) -> None:
+    """Start the run of the scenario on screen in the background, before anyone presses Run, so
+    the default view's charts come back at once (set KVSIM_APP_PREWARM=0 to turn off)."""
+    started = _prewarmed()
+    if key in started or os.environ.get("KVSIM_APP_PREWARM", "1") == "0":
+        return
+    started.add(key)
+
+    def work():
+        try:
+            cached_run(key)
+        except Exception:  # noqa: BLE001 - the real run reports errors
+            started.discard(key)
+
+    threading.Thread(target=work, name="kvsim-prewarm", daemon=True).start()
+
+
+def run_with_progress(key: str, where, label: str = "simulating") -> X.RunData:
+    """Run (or fetch) in a worker thread; a run longer than a second shows a progress bar."""
+    done: dict = {}
+    bar = None
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(cached_run, key, lambda d, n: done.update(d=d, n=n))
+        while True:
+            try:
+                result = fut.result(timeout=0.05)
+                break
+            except FutureTimeout:
+                if bar is None and time.perf_counter() - t0 > 1.0:
+                    bar = where.progress(0.0, text=f"{label}…")
+                if bar is not None and done:
+                    bar.progress(min(1.0, done["d"] / max(done["n"], 1)), text=f"{label}… {done['d']}/{done['n']} requests")
+    where.empty()
+    return result
+
+
+def current_scenario():
+    """(raw edited mapping, resolved Scenario) of the Explore knobs; raises ConfigError."""
+    data = X.edited_scenario(S.base, S.knobs)
+    return data, X.resolve_scenario(data, store().trace_paths(), store().profiles)
+
+
+# --- sidebar: page and scenario knobs -------------------------------------------------------
+
+def trace_options(need_arrivals: bool = False) -> list[str]:
+    names = list(X.builtin_traces())
+    names += [n for n, t in store().traces.items() if t.has_arrivals or not need_arrivals]
+    return names
+
+
+def options_with(options: list, current) -> list:
+    return options if current in options else [*options, current]
+
+
+def scenario_source() -> None:
+    sb = st.sidebar
+    src = sb.radio("Scenario", ["Built-in", "Upload"], horizontal=True, key="src")
+    if src == "Built-in":
+        names = X.builtin_scenarios()
+        name = sb.selectbox("Built-in scenario", names, key="builtin",
+                            index=names.index("chat-api") if "chat-api" in names else 0)
+        if S.get("base_id") != ("builtin", name):
+            set_base(X.builtin_scenario(name), ("builtin", name), name)
+    else:
+        up = sb.file_uploader("Scenario YAML (≤ 256 kB)", type=["yaml", "yml"], key="scenario_upload")
+        if up is not None and S.get("scenario_upload_seen") != up.file_id:
+            S.scenario_upload_seen = up.file_id
+            try:
+                data = store().parse_scenario(up.name, up.getvalue())
+            except ConfigError as exc:
+                S.upload_error = f"Upload rejected, previous scenario kept — {X.error_text(exc)}"
+            else:
+                S.upload_error = None
+                set_base(data, ("upload", up.file_id), up.name)
+        show_error(sb, S.get("upload_error"))
+    if "base" not in S:  # first visit with "Upload" selected
+        first = X.builtin_scenarios()[0]
+        set_base(X.builtin_scenario(first), ("builtin", first), first)
+
+
+def trace_upload(where) -> None:
+    up = where.file_uploader("Upload a trace (CSV / JSONL / Parquet, ≤ 5 MB)", type=["csv", "jsonl", "parquet"],
+                             key="trace_upload")
+    fmt = where.selectbox("Trace format", X.TRACE_FORMATS, key="trace_format")
+    if up is not None and S.get("trace_upload_seen") != (up.file_id, fmt):
+        S.trace_upload_seen = (up.file_id, fmt)
+        try:
+            info = store().add_trace(up.name, up.getvalue(), fmt)
+        except ConfigError as exc:
+            S.trace_error = f"Trace rejected — {X.error_text(exc)}"
+        else:
+            S.trace_error = None
+            set_knob("workload.lengths.path", info.name)
+            if S.knobs["workload.lengths.kind"] != "empirical":
+                set_knob("workload.lengths.kind", "empirical")
+            where.success(f"{info.name}: {info.rows:,} rows" + (" with arrival times" if info.has_arrivals else ""))
+    show_error(where, S.get("trace_error"))
+
+
+ALLOCATOR_LABELS = {"block_size": "Block size (tokens)", "reserve": "Reserve (max_model_len | tokens | pNN)",
+                    "overflow": "Overflow"}
+
+
+def allocator_widget_args(name: str, default) -> tuple[str, dict]:
+    """Widget kind and arguments for one allocator knob (from its default and the scenario schema)."""
+    choices = X.allocator_choices(name)
+    if name == "reserve" or (choices is None and isinstance(default, str)):
+        return "text_input", {}
+    if choices is not None:
+        return "selectbox", {"options": choices}
+    if isinstance(default, bool):
+        return "checkbox", {}
+    if isinstance(default, int):
+        return "number_input", {"min_value": 0, "step": 16 if name == "block_size" else 1}
+    return "number_input", {"min_value": 0.0, "step": 0.05, "format": "%.3f"}
+
+
+def allocator_knob_widget(name: str, default) -> None:
+    widget, kw = allocator_widget_args(name, default)
+    knob(widget, ALLOCATOR_LABELS.get(name, name), f"allocator.{name}", st, **kw)
+
+
+def knob_widgets(allocator: bool = True) -> None:
+    sb = st.sidebar
+    K = S.knobs
+    with sb.expander("Model & GPU", expanded=True):
+        knob("selectbox", "Model", "model.name", st, options=options_with(list(MODELS), K["model.name"]))
+        knob("selectbox", "GPU", "gpu.name", st, options=options_with(list(GPUS), K["gpu.name"]))
+        c1, c2 = st.columns(2)
+        knob("number_input", "Replicas", "gpu.replicas", c1, min_value=1, max_value=4096, step=1)
+        knob("selectbox", "Tensor parallel", "gpu.tensor_parallel", c2, options=[1, 2, 4, 8])
+        knob("selectbox", "KV dtype", "model.kv_dtype", st, options=["bf16", "fp16", "fp8", "int4"])
+        profiles = ["auto", "none", *X.builtin_profiles(), *store().profiles]
+        knob("selectbox", "Cost model profile", "cost_model.profile", st,
+             options=options_with(profiles, K["cost_model.profile"]),
+             help="auto: the GPU's calibrated profile when it covers the model; none: roofline prior")
+    with sb.expander("Traffic", expanded=True):
+        knob("number_input", "Requests", "workload.num_requests", st, min_value=1, max_value=1_000_000, step=100)
+        kind = knob("selectbox", "Arrivals", "workload.arrival.kind", st,
+                    options=["poisson", "gamma", "trace", "closed_loop"],
+                    help="gamma: bursty arrivals with coefficient of variation cv")
+        if kind in ("poisson", "gamma"):
+            knob("number_input", "Rate (requests/s)", "workload.arrival.rate", st, min_value=0.01, step=1.0, format="%.2f")
+        if kind == "gamma":
+            knob("number_input", "Burstiness (gamma cv)", "workload.arrival.cv", st, min_value=0.05, step=0.5,
+                 format="%.2f")
+        if kind == "trace":
+            opts = trace_options(need_arrivals=True)
+            if K["workload.arrival.path"] not in opts:
+                set_knob("workload.arrival.path", next((o for o in opts if "Azure" in o), opts[0]))
+            knob("selectbox", "Arrival trace", "workload.arrival.path", st, options=opts)
+            knob("number_input", "Time scale", "workload.arrival.time_scale", st, min_value=0.01, step=0.1,
+                 format="%.2f")
+        if kind == "closed_loop":
+            knob("number_input", "Clients", "workload.arrival.concurrency", st, min_value=1, step=1)
+            knob("number_input", "Think time (s)", "workload.arrival.think_time_s", st, min_value=0.0, step=0.5)
+    with sb.expander("Lengths", expanded=False):
+        trace_upload(st)  # first: an accepted trace selects itself in the widgets below
+        kinds = ["fixed", "uniform", "lognormal", "empirical"]
+        if K["workload.arrival.kind"] == "trace":
+            kinds.append("trace")
+        base_kind = X.knobs_from_scenario(S.base)["workload.lengths.kind"]
+        if base_kind == "mixture":
+            kinds.append("mixture")
+        if K["workload.lengths.kind"] not in kinds:
+            set_knob("workload.lengths.kind", base_kind if base_kind in kinds else "fixed")
+        lk = knob("selectbox", "Length distribution", "workload.lengths.kind", st, options=kinds)
+        c1, c2 = st.columns(2)
+        if lk == "fixed":
+            knob("number_input", "Prompt tokens", "workload.lengths.prompt_tokens", c1, min_value=1, step=64)
+            knob("number_input", "Output tokens", "workload.lengths.output_tokens", c2, min_value=1, step=16)
+        elif lk == "uniform":
+            knob("number_input", "Prompt min", "workload.lengths.prompt_min", c1, min_value=1, step=16)
+            knob("number_input", "Prompt max", "workload.lengths.prompt_max", c2, min_value=1, step=64)
+            knob("number_input", "Output min", "workload.lengths.output_min", c1, min_value=1, step=16)
+            knob("number_input", "Output max", "workload.lengths.output_max", c2, min_value=1, step=16)
+        elif lk == "lognormal":
+            knob("number_input", "Prompt median", "workload.lengths.prompt_median", c1, min_value=1.0, step=64.0)
+            knob("number_input", "Prompt sigma", "workload.lengths.prompt_sigma", c2, min_value=0.0, step=0.1)
+            knob("number_input", "Output median", "workload.lengths.output_median", c1, min_value=1.0, step=16.0)
+            knob("number_input", "Output sigma", "workload.lengths.output_sigma", c2, min_value=0.0, step=0.1)
+        elif lk == "empirical":
+            opts = trace_options()
+            if K["workload.lengths.path"] not in opts:
+                set_knob("workload.lengths.path", next((o for o in opts if "conv" in o), opts[0]))
+            knob("selectbox", "Length trace", "workload.lengths.path", st, options=opts)
+        elif lk == "mixture":
+            knob("number_input", "Outlier fraction", "workload.lengths.outlier_fraction", c1, min_value=0.0,
+                 max_value=1.0, step=0.05)
+            knob("number_input", "Outlier multiplier", "workload.lengths.outlier_multiplier", c2, min_value=0.1,
+                 step=0.5)
+        knob("number_input", "max_model_len", "workload.max_model_len", st, min_value=2, step=1024)
+    if allocator:
+        with sb.expander("Allocator", expanded=True):
+            ak = knob("selectbox", "Allocator", "allocator.kind", st, options=list(KINDS),
+                      help="; ".join(f"{k}: {v[1]}" for k, v in KINDS.items()))
+            for name, default in X.allocator_knobs(ak).items():
+                allocator_knob_widget(name, default)
+    with sb.expander("Scheduler", expanded=False):
+        knob("number_input", "max_num_seqs", "scheduler.max_num_seqs", st, min_value=1, step=16)
+        knob("number_input", "max_num_batched_tokens", "scheduler.max_num_batched_tokens", st, min_value=1, step=512)
+        knob("checkbox", "Chunked prefill", "scheduler.chunked_prefill", st)
+    with sb.expander("SLO", expanded=False):
+        knob("number_input", "TTFT bound (s, 0 = none)", "slo.ttft_s", st, min_value=0.0, step=0.1, format="%.3f")
+        knob("number_input", "TPOT bound (s, 0 = none)", "slo.tpot_s", st, min_value=0.0, step=0.01, format="%.3f")
+        knob("number_input", "Attainment target", "slo.attainment", st, min_value=0.01, max_value=1.0, step=0.05)
+        knob("number_input", "Seed", "seed", st, step=1)
+
+
+# --- Explore --------------------------------------------------------------------------------
+
+def run_figures(rd: X.RunData) -> dict:
+    return {
+        "Latency CDFs": plots.latency_cdf(rd.requests),
+        "KV memory": plots.kv_memory(rd.timeseries),
+        "Fragmentation": plots.fragmentation(rd.timeseries),
+        "Queue length": plots.queue_length(rd.timeseries),
+        "Per-step decode latency": plots.step_latency(rd.timeseries),
+    }
+
+
+def render_charts(figs: dict) -> None:
+    items = list(figs.items())
+    st.plotly_chart(items[0][1], key="chart_cdf", theme=None)
+    for left, right in ((items[1], items[2]), (items[3], items[4])):
+        a, b = st.columns(2)
+        for col, (name, fig) in ((a, left), (b, right)):
+            fig.update_layout(title_font_size=13)  # half-width: long titles must fit
+            col.plotly_chart(fig, key=f"chart_{name}", theme=None)
+
+
+def kpi_grid(values: dict, previous: dict | None) -> None:
+    keys = [k for k, *_ in X.KPI_SPEC]
+    for row in (keys[:6], keys[6:]):
+        cols = st.columns(len(row))
+        for c, k in zip(cols, row):
+            delta, color = X.kpi_delta(k, values.get(k), (previous or {}).get(k))
+            c.metric(X.KPI_LABELS[k], X.format_kpi(k, values.get(k)), delta=delta, delta_color=color)
+
+
+def downloads(rd: X.RunData, figs: dict) -> None:
+    st.subheader("Downloads")
+    cols = st.columns(7)
+    try:
+        yaml_text = X.edited_scenario_yaml(S.base, S.knobs, [n for n in store().traces])
+    except ConfigError as exc:
+        yaml_text = f"# invalid scenario: {exc}\n"
+    name = rd.scenario_name or "scenario"
+    cols[0].download_button("scenario.yaml", yaml_text, f"{name}.yaml", "text/yaml", on_click="ignore", key="dl_yaml")
+    for i, (tname, table) in enumerate((("requests", rd.requests), ("timeseries", rd.timeseries))):
+        for j, fmt in enumerate(("parquet", "csv")):
+            cols[1 + 2 * i + j].download_button(
+                f"{tname}.{fmt}", (lambda t=table, f=fmt: X.table_bytes(t, f)), f"{tname}.{fmt}",
+                "application/octet-stream" if fmt == "parquet" else "text/csv", on_click="ignore", key=f"dl_{tname}_{fmt}")
+    cols[5].download_button("summary.json", json.dumps(rd.summary, indent=2, sort_keys=True), "summary.json",
+                            "application/json", on_click="ignore", key="dl_summary")
+    cols[6].download_button("charts.html", lambda f=figs: X.figures_html(f, f"kvsim: {name}"), f"{name}-charts.html",
+                            "text/html", on_click="ignore", key="dl_html")
+
+
+def page_explore() -> None:
+    # The element layout is the same before and after a run (placeholders, KPI grid, chart
+    # slots), so a run updates the charts in place instead of rebuilding the page.
+    st.title("Explore")
+    st.caption(f"Scenario **{S.base_label}** — {S.base.get('description', '')}  ·  edit the knobs in the sidebar, "
+               "then run.")
+    c1, c2 = st.columns([1, 5])
+    pressed = c1.button("▶ Run", type="primary", key="run")
+    status = c2.empty()
+    bar = st.empty()
+    err = st.empty()
+    if pressed:
+        try:
+            _, sc = current_scenario()
+            key = X.canonical_json(sc)
+            rd = run_with_progress(key, bar)
+        except ConfigError as exc:
+            S.explore_error = X.error_text(exc)
+        except Exception as exc:  # noqa: BLE001 - show, do not crash the page
+            S.explore_error = f"{type(exc).__name__}: {X.error_text(exc)}"
+        else:
+            S.explore_error = None
+            if S.get("explore_result") is not None and S.explore_result.key != rd.key:
+                S.explore_prev = S.explore_result
+            S.explore_result = rd
+            S.run_count = S.get("run_count", 0) + 1
+    show_error(err, S.get("explore_error"))
+    rd = S.get("explore_result")
+    try:
+        key_now = X.canonical_json(current_scenario()[1])
+    except ConfigError:
+        key_now = None
+    slo = X.slo_from_knobs(S.knobs)
+    if rd is None:
+        status.info("Press **Run** to simulate the scenario.")
+        if key_now is not None:
+            prewarm(key_now)
+        kpi_grid({}, None)
+    else:
+        s = rd.summary
+        status.caption(("⚠️ knobs changed since this run — press Run.  " if key_now != rd.key else "")
+                       + f"{s['completed']:,} completed / {s['requests']:,} requests · cost model `{s['cost_model']}`"
+                       + ("" if s.get("cost_model_calibrated") else " (uncalibrated prior)")
+                       + f" · simulated {s['makespan_s']:.0f} s in {rd.wall_s:.2f} s wall · run #{S.get('run_count', 0)}")
+        prev = S.get("explore_prev")
+        kpi_grid(X.kpis(s, rd.requests, slo), X.kpis(prev.summary, prev.requests, slo) if prev else None)
+    st.caption(f"SLO: {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'none'} · KV waste = 1 − used/reserved "
+               "KV token-seconds · deltas against the previous run")
+    figs = run_figures(rd if rd is not None else X.empty_run())
+    render_charts(figs)
+    if rd is not None:
+        downloads(rd, figs)
+
+
+# --- Compare --------------------------------------------------------------------------------
+
+DEFAULT_CONFIGS = [
+    {"kind": "paged", "block_size": 16, "reserve": "max_model_len", "overflow": "reject"},
+    {"kind": "static", "block_size": 16, "reserve": "max_model_len", "overflow": "reject"},
+    {"kind": "static", "block_size": 16, "reserve": "p95", "overflow": "truncate"},
+    {"kind": "paged", "block_size": 128, "reserve": "max_model_len", "overflow": "reject"},
+]
+
+
+def highlight_kpis(rows: list[dict], labels: list[str]):
+    import pandas as pd
+    df = pd.DataFrame([{k: r[k] for k in ["KPI", *labels]} for r in rows]).set_index("KPI")
+
+    def style(frame):
+        out = pd.DataFrame("", index=frame.index, columns=frame.columns)
+        for r, row in zip(frame.index, rows):
+            if row["_differs"]:
+                out.loc[r, :] = "font-weight: bold"
+            if row["_best"]:
+                out.loc[r, row["_best"]] = "background-color: #c8f0c8; font-weight: bold"
+            if row["_worst"]:
+                out.loc[r, row["_worst"]] = "background-color: #f6cccc; font-weight: bold"
+        return out
+
+    return df.style.apply(style, axis=None)
+
+
+def page_compare() -> None:
+    st.title("Compare allocators")
+    st.caption(f"Same workload for every column: scenario **{S.base_label}** with the sidebar knobs. "
+               "Best value per KPI in green, worst in red; rows that differ in bold.")
+    n = st.radio("Configurations", [2, 3, 4], horizontal=True, key="cmp_n", index=1)
+    cfgs = []
+    cols = st.columns(n)
+    for i, col in enumerate(cols):
+        d = DEFAULT_CONFIGS[i]
+        with col:
+            kinds = list(KINDS)
+            kind = st.selectbox(f"#{i + 1} allocator", kinds, index=kinds.index(d["kind"]) if d["kind"] in kinds else 0,
+                                key=f"cmp_kind_{i}")
+            cfg = {"kind": kind}
+            for name, default in X.allocator_knobs(kind).items():
+                widget, kw = allocator_widget_args(name, default)
+                value = d.get(name, default)
+                if widget == "selectbox":
+                    kw["index"] = kw["options"].index(value) if value in kw["options"] else 0
+                else:
+                    kw["value"] = value
+                cfg[name] = getattr(st, widget)(name, key=f"cmp_{name}_{i}", **kw)
+            cfgs.append(cfg)
+    labels = X.unique_labels(cfgs)
+    pressed = st.button("▶ Run comparison", type="primary", key="compare_run")
+    bar = st.empty()
+    if pressed:
+        try:
+            data, _ = current_scenario()
+            results = {}
+            for lb, cfg in zip(labels, cfgs):
+                sc = X.resolve_scenario(apply_overrides(data, X.allocator_overrides(cfg)), store().trace_paths(),
+                                        store().profiles)
+                results[lb] = run_with_progress(X.canonical_json(sc), bar, f"simulating {lb}")
+        except ConfigError as exc:
+            S.compare_error = X.error_text(exc)
+        except Exception as exc:  # noqa: BLE001
+            S.compare_error = f"{type(exc).__name__}: {X.error_text(exc)}"
+        else:
+            S.compare_error = None
+            S.compare = results
+    show_error(st, S.get("compare_error"))
+    results = S.get("compare")
+    if not results:
+        st.info("Pick 2–4 allocator configurations and press **Run comparison**.")
+        return
+    slo = X.slo_from_knobs(S.knobs)
+    kp = {lb: X.kpis(rd.summary, rd.requests, slo) for lb, rd in results.items()}
+    rows = X.compare_rows(kp)
+    st.dataframe(highlight_kpis(rows, list(results)), key="cmp_table", height=36 * (len(rows) + 1) + 4)
+    fig = plots.latency_cdf({lb: rd.requests for lb, rd in results.items()})
+    st.plotly_chart(fig, key="cmp_cdf", theme=None)
+    cols = st.columns(len(results))
+    figs = {"Latency CDFs": fig}
+    for col, (lb, rd) in zip(cols, results.items()):
+        f = plots.kv_memory(rd.timeseries, title=f"KV memory — {lb}")
+        figs[f"KV memory — {lb}"] = f
+        col.plotly_chart(f, key=f"cmp_kv_{lb}", theme=None)
+    csv = "KPI," + ",".join(results) + "\n" + "\n".join(
+        ",".join([r["KPI"], *(str(r[lb]).replace(",", "") for lb in results)]) for r in rows) + "\n"
+    c1, c2 = st.columns(2)
+    c1.download_button("comparison.csv", csv, "comparison.csv", "text/csv", on_click="ignore", key="dl_cmp_csv")
+    c2.download_button("comparison-charts.html", lambda f=figs: X.figures_html(f, "kvsim allocator comparison"),
+                       "comparison-charts.html", "text/html", on_click="ignore", key="dl_cmp_html")
+
+
+# --- Sweeps & plan --------------------------------------------------------------------------
+
+def page_sweeps() -> None:
+    st.title("Sweeps & plan")
+    try:
+        from sim import sweep as SW
+    except ImportError as exc:
+        st.info(f"Sweeps are not available yet in this build ({exc}).")
+        return
+    src = st.radio("Dataset", ["Upload a Parquet dataset", "Run a small sweep"], horizontal=True, key="sw_src")
+    if src.startswith("Upload"):
+        up = st.file_uploader("Sweep dataset (one Parquet file, ≤ 20 MB)", type=["parquet"], key="sweep_upload")
+        if up is not None and S.get("sweep_upload_seen") != up.file_id:
+            S.sweep_upload_seen = up.file_id
+            try:
+                S.sweep_table = X.read_sweep_upload(up.name, up.getvalue())
+                S.sweep_error = None
+            except ConfigError as exc:
+                S.sweep_error = f"Upload rejected, previous dataset kept — {X.error_text(exc)}"
+    else:
+        st.caption(f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
+                   "keep it small: every point is a full run.")
+        axes = X.SWEEP_AXES
+        c1, c2 = st.columns(2)
+        a1 = c1.selectbox("Axis 1", list(axes), key="sw_a1")
+        v1 = c1.text_input("values (comma-separated)", axes[a1], key=f"sw_v1_{a1}")
+        a2 = c2.selectbox("Axis 2", ["(none)", *axes], index=2, key="sw_a2")
+        v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}",
+                           disabled=a2 == "(none)")
+        n_req = st.number_input("Requests per point", 50, 5000, 300, 50, key="sw_n")
+        if st.button("▶ Run sweep", type="primary", key="sweep_run"):
+            bar = st.progress(0.0, text="sweeping…")
+            try:
+                data, _ = current_scenario()
+                grid = {a1: X.parse_axis_values(v1, a1)}
+                if a2 != "(none)":
+                    grid[a2] = X.parse_axis_values(v2, a2)
+                table, failures = X.run_small_sweep(
+                    data, grid, int(n_req), store(),
+                    progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"))
+                S.sweep_table = table
+                S.sweep_error = (f"{len(failures)} point(s) failed: " + "; ".join(
+                    X.error_text(f["error"])[:200] for f in failures[:3])) if failures else None
+            except ConfigError as exc:
+                S.sweep_error = X.error_text(exc)
+            bar.empty()
+    show_error(st, S.get("sweep_error"))
+    table = S.get("sweep_table")
+    if table is not None:
+        st.dataframe(table.to_pandas(), key="sweep_df", height=220)
+        cols = table.column_names
+        numeric = X.numeric_columns(table)
+        params = X.sweep_param_columns(table)
+        c1, c2, c3 = st.columns(3)
+        dx, dcolor = X.default_sweep_axes(table)
+        xs = params or cols
+        x = c1.selectbox("x", xs, index=X.default_index(xs, dx), key="sw_x")
+        y = c2.selectbox("y", numeric, index=X.default_index(numeric, "ttft_s.p99"), key="sw_y")
+        colors = ["(none)", *[c for c in params if c != x]]
+        color = c3.selectbox("color", colors, index=X.default_index(colors, dcolor), key="sw_color")
+        fig = plots.sweep_curves(table, x, y, None if color == "(none)" else color)
+        st.plotly_chart(fig, key="sw_curves", theme=None)
+        if len(params) >= 2:
+            c1, c2, c3 = st.columns(3)
+            hx = c1.selectbox("heatmap x", params, key="sw_hx")
+            hy = c2.selectbox("heatmap y", [p for p in params if p != hx], key="sw_hy")
+            hz = c3.selectbox("heatmap value", numeric, index=X.default_index(numeric, "throughput_tokens_per_s"),
+                              key="sw_hz")
+            st.plotly_chart(plots.heatmap(table, hx, hy, hz), key="sw_heat", theme=None)
+        st.download_button("sweep.parquet", lambda t=table: X.table_bytes(t, "parquet"), "sweep.parquet",
+                           on_click="ignore", key="dl_sweep")
+    st.divider()
+    st.subheader("Goodput plan")
+    try:
+        from sim import planner as PL
+    except ImportError as exc:
+        st.info(f"The goodput planner is not available yet in this build ({exc}).")
+        return
+    slo = X.slo_from_knobs(S.knobs)
+    st.caption(f"Highest arrival rate per allocator at which {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'the SLO'}"
+               " holds (SLO in the sidebar). Each candidate costs ~10 runs.")
+    c1, c2 = st.columns([3, 1])
+    cands = c1.multiselect("Candidates", list(PL.CANDIDATES), default=[c for c in ("static", "paged") if c in PL.CANDIDATES],
+                           key="plan_cands")
+    n_req = c2.number_input("Requests per run", 50, 5000, 200, 50, key="plan_n")
+    if st.button("▶ Plan", type="primary", key="plan_run"):
+        bar = st.progress(0.0, text="planning…")
+        try:
+            data, _ = current_scenario()
+            S.plan = X.run_small_plan(data, slo, cands, int(n_req), store(),
+                                      progress=lambda d, n, name: bar.progress(min(1.0, d / max(n, 1)),
+                                                                               text=f"planning… {name} done ({d}/{n})"))
+            S.plan_error = None
+        except ConfigError as exc:
+            S.plan_error = X.error_text(exc)
+        bar.empty()
+    show_error(st, S.get("plan_error"))
+    p = S.get("plan")
+    if p:
+        st.success(p["recommendation"]["text"])
+        for r in p["recommendation"].get("reasons", []):
+            st.markdown(f"- {r}")
+        st.dataframe([dict(zip(PL.PLAN_COLUMNS, r)) for r in PL.plan_rows(p)], key="plan_table", hide_index=True)
+        for s_ in p.get("skipped", []):
+            st.caption(f"skipped {s_['name']}: {s_['reason']}")
+        a, b = st.columns(2)
+        a.plotly_chart(plots.attainment_vs_rate(p), key="plan_attain", theme=None)
+        b.plotly_chart(plots.latency_throughput(p), key="plan_lat", theme=None)
+        st.download_button("plan.json", json.dumps(p, indent=1, default=float), "plan.json", "application/json",
+                           on_click="ignore", key="dl_plan")
+
+
+# --- Calibration ----------------------------------------------------------------------------
+
+def page_calibration() -> None:
+    st.title("Calibration")
+    try:
+        from sim.profile import load_profile
+    except ImportError as exc:
+        st.info(f"Calibrated profiles are not available yet in this build ({exc}).")
+        return
+    uploaded = store().profiles
+    st.subheader("Profiles")
+    try:
+        rows = X.profile_rows()
+        rows += X.profile_rows(list(uploaded), loader=lambda n: load_profile(uploaded[n]))
+    except ConfigError as exc:
+        rows = []
+        show_error(st, X.error_text(exc))
+    st.dataframe(rows, key="prof_table", hide_index=True)
+    up = st.file_uploader("Upload a profile JSON (≤ 5 MB; made with `kvsim calibrate`)", type=["json"],
+                          key="profile_upload")
+    if up is not None and S.get("profile_upload_seen") != up.file_id:
+        S.profile_upload_seen = up.file_id
+        try:
+            name = store().add_profile(up.name, up.getvalue())
+        except ConfigError as exc:
+            S.profile_error = f"Profile rejected — {X.error_text(exc)}"
+        else:
+            S.profile_error = None
+            st.success(f"Profile **{name}** added: pick it below, or use it in Explore.")
+            st.rerun()
+    show_error(st, S.get("profile_error"))
+    names = [*X.builtin_profiles(), *uploaded]
+    if not names:
+        st.info("No profiles.")
+        return
+    name = st.selectbox("Profile", names, key="prof_name")
+    prof = load_profile(uploaded.get(name, name))
+    c1, c2 = st.columns([3, 1])
+    c1.caption(f"device {prof.device.get('name', '')} · {prof.provenance.get('source', '')}")
+    if c2.button("Use in Explore", key="prof_use"):
+        set_knob("cost_model.profile", name)
+        st.success(f"Explore now uses cost model profile **{name}**.")
+    with st.expander("Provenance"):
+        st.json(prof.provenance, expanded=False)
+    with st.expander("Fit quality (held-out relative error)"):
+        st.json(prof.fit_quality, expanded=True)
+    c1, c2 = st.columns(2)
+    fam = c1.selectbox("Curve family", [f for f in X.CURVE_FAMILIES if X.curve_keys(prof, f)], key="prof_fam")
+    keys = X.curve_keys(prof, fam)
+    key = c2.selectbox("Shape", keys, index=X.default_index(keys, X.default_curve(prof, fam)), key="prof_key")
+    fig, measured = X.calibration_figure(prof, fam, key)
+    st.plotly_chart(fig, key="prof_fig", theme=None)
+    if not measured:
+        st.caption("No measured points for this shape in the shipped tables: the curve is the fit's prediction.")
+
+
+# --- main -----------------------------------------------------------------------------------
+
+st.sidebar.title("kvsim explorer")
+page = st.sidebar.radio("Page", PAGES, key="page")
+scenario_source()
+if page in ("Explore", "Compare", "Sweeps & plan"):
+    knob_widgets(allocator=page != "Compare")
+{"Explore": page_explore, "Compare": page_compare, "Sweeps & plan": page_sweeps,
+ "Calibration": page_calibration}[page]()

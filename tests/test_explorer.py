@@ -1,0 +1,322 @@
+"""sim.explorer: the explorer's glue (knobs, untrusted uploads, cache keys, KPIs, downloads)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sim import explorer as X
+from sim.config import SCENARIO_DIR, load_scenario, scenario_from_dict
+from sim.errors import ConfigError
+
+SMALL = {"name": "small", "seed": 2, "model": {"name": "llama-3.1-8b"},
+         "workload": {"num_requests": 150, "max_model_len": 4096, "arrival": {"kind": "poisson", "rate": 20.0},
+                      "lengths": {"kind": "uniform", "prompt_min": 50, "prompt_max": 1500, "output_min": 10,
+                                  "output_max": 400}},
+         "allocator": {"kind": "paged", "block_size": 16}}
+
+
+@pytest.fixture()
+def store():
+    s = X.UploadStore()
+    yield s
+    s.close()
+
+
+# --- knobs -------------------------------------------------------------------------------
+
+def test_unchanged_knobs_make_no_overrides():
+    assert "chat-api" in X.builtin_scenarios()
+    for name in X.builtin_scenarios():
+        data = X.builtin_scenario(name)
+        assert X.overrides_from_knobs(X.knobs_from_scenario(data), scenario_from_dict(data)) == {}
+
+
+def test_overrides_only_for_changed_and_relevant_knobs():
+    base = X.builtin_scenario("chat-api")
+    k = X.knobs_from_scenario(base)
+    k.update({"allocator.kind": "static", "allocator.reserve": "p95", "workload.arrival.cv": 4.0,
+              "gpu.replicas": 2, "slo.ttft_s": 0.1})
+    over = X.overrides_from_knobs(k, base)
+    # A new allocator kind takes all its knobs (KINDS); cv belongs to gamma arrivals: hidden
+    # under poisson, it must not leak into the run; the SLO is not a scenario key.
+    static_knobs = {f"allocator.{n}" for n in X.allocator_knobs("static")}
+    assert set(over) == {"allocator.kind", "gpu.replicas"} | static_knobs
+    assert (over["allocator.kind"], over["allocator.reserve"], over["gpu.replicas"]) == ("static", "p95", 2)
+    assert "allocator.block_size" not in over
+    k["allocator.kind"] = "paged"
+    assert X.overrides_from_knobs(k, base) == {"gpu.replicas": 2}  # static knobs do not apply to paged
+    k["allocator.kind"] = "static"
+    k["workload.arrival.kind"] = "gamma"
+    assert X.overrides_from_knobs(k, base)["workload.arrival.cv"] == 4.0
+    k["allocator.reserve"] = "2048"
+    assert X.overrides_from_knobs(k, base)["allocator.reserve"] == 2048
+    # Switching kind takes every knob of the new kind, defaults included.
+    k["workload.arrival.kind"] = "closed_loop"
+    over = X.overrides_from_knobs(k, base)
+    assert over["workload.arrival.concurrency"] == 16 and over["workload.arrival.think_time_s"] == 0.0
+    X.resolve_scenario(X.apply_overrides(base, over))
+
+
+def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+    base = X.builtin_scenario("chat-api")
+    k = X.knobs_from_scenario(base)
+    k.update({"allocator.kind": "static", "workload.num_requests": 120, "workload.arrival.kind": "gamma",
+              "workload.arrival.cv": 2.0})
+    text = X.edited_scenario_yaml(base, k)
+    path = tmp_path / "edited.yaml"
+    path.write_text(text)
+    sc = load_scenario(path)
+    assert (sc.allocator.kind, sc.workload.num_requests, sc.workload.arrival.kind, sc.workload.arrival.cv) == \
+        ("static", 120, "gamma", 2.0)
+    res = CliRunner().invoke(app, ["run", str(path), "--quiet", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["allocator"] == "static" and summary["requests"] == 120
+
+
+def test_canonical_json_round_trips_semantics():
+    sc = X.resolve_scenario({"workload": {"duration_s": 5.0, "arrival": {"kind": "poisson", "rate": 2.0},
+                                          "lengths": {"kind": "fixed"}}})
+    back = X.scenario_from_canonical(X.canonical_json(sc))
+    # duration_s without num_requests: num_requests must stay "not given" (it is not a cap then).
+    assert "num_requests" not in back.workload.model_fields_set
+    assert X.canonical_json(back) == X.canonical_json(sc)
+    other = X.resolve_scenario({**SMALL, "allocator": {"kind": "static"}})
+    assert X.canonical_json(other) != X.canonical_json(X.resolve_scenario(SMALL))
+
+
+# --- untrusted input ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../../README.md", "traces/../../README.md", "scenarios/chat-api.yaml",
+                                  str(SCENARIO_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"), 42])
+def test_trace_paths_must_be_builtin_or_uploaded(path):
+    for data in ({"workload": {"lengths": {"kind": "empirical", "path": path}}},
+                 {"workload": {"arrival": {"kind": "trace", "path": path}}},
+                 {"workload": {"lengths": {"kind": "mixture", "base": {"kind": "empirical", "path": path}}}}):
+        with pytest.raises(ConfigError) as e:
+            X.resolve_paths(data)
+        assert "path" in e.value.key
+
+
+def test_builtin_and_uploaded_traces_resolve(store):
+    rel = "traces/AzureLLMInferenceTrace_conv.csv"
+    out = X.resolve_paths({"workload": {"lengths": {"kind": "empirical", "path": rel}}})
+    assert out["workload"]["lengths"]["path"] == str(SCENARIO_DIR / rel)
+    info = store.add_trace("t.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,20,6\n")
+    out = X.resolve_paths({"workload": {"arrival": {"kind": "trace", "path": "t.csv"}}}, store.trace_paths())
+    assert Path(out["workload"]["arrival"]["path"]) == info.path and store.dir in info.path.parents
+
+
+def test_profile_and_base_dir_keys_are_vetted(store):
+    for ref in ("/etc/passwd", "../sim/profiles/h100-sxm.json", "x"):
+        with pytest.raises(ConfigError, match="cost_model.profile"):
+            X.resolve_paths({"cost_model": {"profile": ref}})
+    with pytest.raises(ConfigError, match="base_dir"):
+        X.resolve_paths({"base_dir": "/etc"})
+    for ok in ("auto", "none", *X.builtin_profiles()):
+        assert X.resolve_paths({"cost_model": {"profile": ok}})["cost_model"]["profile"] == ok
+
+
+def test_safe_yaml_refuses_aliases_binary_and_bad_yaml():
+    bomb = b'a: &a ["x","x"]\nb: &b [*a,*a]\nc: &c [*b,*b]\nd: [*c,*c]\n'
+    with pytest.raises(ConfigError, match="anchors"):
+        X.safe_yaml(bomb)
+    with pytest.raises(ConfigError, match="UTF-8"):
+        X.safe_yaml(b"\xff\xfe\x00bad")
+    with pytest.raises(ConfigError, match=r"valid YAML \(.* at line \d+\)"):
+        X.safe_yaml(b"a: 1\nb: [unclosed\n")
+    with pytest.raises(ConfigError):  # python tags are not constructed by safe_load
+        X.safe_yaml(b"!!python/object/apply:os.system ['echo hi']\n")
+    assert X.safe_yaml(b"a: {b: 1}\n") == {"a": {"b": 1}}
+
+
+def test_upload_limits(store):
+    with pytest.raises(ConfigError, match="at most"):
+        store.parse_scenario("big.yaml", b"#" * (X.MAX_SCENARIO_BYTES + 1))
+    with pytest.raises(ConfigError, match="at most"):
+        store.add_trace("big.csv", b"0" * (X.MAX_UPLOAD_BYTES + 1))
+    with pytest.raises(ConfigError, match="non-empty"):
+        store.add_trace("e.csv", b"")
+    with pytest.raises(ConfigError, match="ending in"):
+        store.add_trace("evil.sh", b"arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
+
+
+def test_scenario_upload_validates_schema_and_references(store):
+    with pytest.raises(ConfigError, match="unknown key"):
+        store.parse_scenario("s.yaml", b"allocator: {kind: paged, blocksize: 8}\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        store.parse_scenario("s.yaml", b"- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="built-in trace"):
+        store.parse_scenario("s.yaml", b"workload: {lengths: {kind: empirical, path: /etc/hostname}}\n")
+    store.add_trace("mine.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n0.5,30,6\n")
+    data = store.parse_scenario("s.yaml", b"workload: {num_requests: 10, lengths: {kind: empirical, path: mine.csv}}\n")
+    assert data["workload"]["lengths"]["path"] == "mine.csv"  # the raw mapping keeps the user's name
+
+
+def test_trace_upload_validates_and_cleans_up(store):
+    with pytest.raises(ConfigError) as e:
+        store.add_trace("../../x.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,0\n")
+    msg = str(e.value)
+    assert "x.csv" in msg and "output_tokens" in msg and "row 0" in msg and str(store.dir) not in msg
+    assert not list((store.dir / "traces").rglob("*.csv"))
+    info = store.add_trace("../../x.csv", b"prompt_tokens,output_tokens,arrival_s\n10,5,0\n12,6,1\n")
+    assert info.name == "x.csv" and info.rows == 2 and info.has_arrivals
+    stats = store.add_trace("len.csv", b"num_prefill_tokens,num_decode_tokens\n10,5\n")
+    assert not stats.has_arrivals
+
+
+def test_store_close_removes_its_folder():
+    s = X.UploadStore()
+    s.add_trace("t.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
+    folder = s.dir
+    assert folder.is_dir()
+    s.close()
+    assert not folder.exists()
+
+
+def test_profile_upload(store):
+    with pytest.raises(ConfigError, match="JSON"):
+        store.add_profile("p.json", b"{not json")
+    with pytest.raises(ConfigError, match="kvsim-profile"):
+        store.add_profile("p.json", b'{"format": "other"}')
+    names = X.builtin_profiles()
+    if not names:
+        pytest.skip("no built-in profiles")
+    data = (Path(X.__file__).parent / "profiles" / f"{names[0]}.json").read_bytes()
+    key = store.add_profile(f"{names[0]}.json", data)
+    assert key == f"uploaded-{names[0]}"  # never shadows a built-in name
+    out = X.resolve_paths({"cost_model": {"profile": key}}, profiles=store.profiles)
+    assert Path(out["cost_model"]["profile"]).is_file()
+
+
+def test_default_sweep_axes():
+    t = pa.table({"allocator.kind": ["paged", "static"], "workload.arrival.rate": [5.0, 5.0], "seed": [1, 1],
+                  "ttft_s.p99": [0.1, 0.2]})
+    assert X.default_sweep_axes(t) == ("workload.arrival.rate", "allocator.kind")
+
+
+def test_sweep_upload():
+    with pytest.raises(ConfigError, match="Parquet"):
+        X.read_sweep_upload("s.parquet", b"garbage")
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"allocator.kind": ["paged"], "ttft_s.p99": [0.1], "status": ["ok"]}), buf)
+    t = X.read_sweep_upload("s.parquet", buf.getvalue())
+    assert X.sweep_param_columns(t) == ["allocator.kind"] and X.numeric_columns(t) == ["ttft_s.p99"]
+
+
+# --- runs, KPIs, downloads -------------------------------------------------------------------
+
+def test_run_kpis_and_downloads():
+    key = X.canonical_json(X.resolve_scenario(SMALL))
+    rd = X.run_canonical(key)
+    assert rd.requests.num_rows == 150 and rd.timeseries.num_rows > 0
+    slo = X.slo_from_knobs({"slo.ttft_s": 0.5, "slo.tpot_s": 0.05})
+    k = X.kpis(rd.summary, rd.requests, slo)
+    assert set(k) == {key for key, *_ in X.KPI_SPEC}
+    assert k["kv_waste"] == pytest.approx(1 - rd.summary["kv_token_utilization"])
+    assert 0 <= k["slo_attainment"] <= 1
+    assert X.kpis(rd.summary, rd.requests, X.slo_from_knobs({"slo.ttft_s": 0, "slo.tpot_s": 0}))["slo_attainment"] is None
+    assert pq.read_table(io.BytesIO(X.table_bytes(rd.requests, "parquet"))).equals(rd.requests)
+    assert X.table_bytes(rd.timeseries, "csv").decode().startswith('"t_s"')
+    from sim import plots
+    html = X.figures_html({"cdf": plots.latency_cdf(rd.requests), "kv": plots.kv_memory(rd.timeseries)})
+    assert html.count("<h2>") == 2 and html.count("plotly.js v") == 1  # plotly.js inlined once: works offline
+
+
+def test_allocator_configs_and_compare_rows():
+    cfgs = [{"kind": "paged", "block_size": 16}, {"kind": "static", "reserve": "max_model_len", "overflow": "reject"},
+            {"kind": "paged", "block_size": 16}]
+    labels = X.unique_labels(cfgs)
+    assert labels == ["paged b=16", "static max_model_len (reject)", "paged b=16 #2"]
+    over = X.allocator_overrides(cfgs[1])
+    assert {"allocator.kind": "static", "allocator.reserve": "max_model_len", "allocator.overflow": "reject"}.items() \
+        <= over.items() and "allocator.block_size" not in over
+    assert X.allocator_overrides({"kind": "static", "reserve": "2048"})["allocator.reserve"] == 2048
+    base = X.resolve_scenario(SMALL).model_dump(mode="json", exclude_unset=True)
+    kp = {}
+    for lb, cfg in zip(labels[:2], cfgs[:2]):
+        sc = X.resolve_scenario(X.apply_overrides(base, X.allocator_overrides(cfg)))
+        rd = X.run_canonical(X.canonical_json(sc))
+        kp[lb] = X.kpis(rd.summary, rd.requests, X.slo_from_knobs({}))
+    rows = {r["KPI"]: r for r in X.compare_rows(kp)}
+    waste = rows["KV waste"]
+    assert waste["_differs"] and waste["_best"] == "paged b=16" and waste["_worst"] == labels[1]
+    same = {"a": {"preemptions": 0}, "b": {"preemptions": 0}}
+    assert not {r["KPI"]: r for r in X.compare_rows(same)}["preemptions"]["_differs"]
+
+
+def test_kpi_delta_direction():
+    assert X.kpi_delta("ttft_p99_s", 2.0, 1.0) == ("+1.000", "inverse")
+    assert X.kpi_delta("throughput_tokens_per_s", 900.0, 1000.0) == ("-100", "normal")
+    assert X.kpi_delta("kv_waste", 0.5, 0.1)[0] == "+40.0 pp"
+    assert X.kpi_delta("rejected", 3, 3) == (None, "off")
+
+
+def test_parse_axis_values():
+    assert X.parse_axis_values("5, 10,20.5", "workload.arrival.rate") == [5, 10, 20.5]
+    assert X.parse_axis_values("static, paged, static", "allocator.kind") == ["static", "paged"]
+    with pytest.raises(ConfigError, match="one of"):
+        X.parse_axis_values("1", "workload.lengths.path")
+    with pytest.raises(ConfigError):
+        X.parse_axis_values("{a: 1}", "allocator.kind")
+    with pytest.raises(ConfigError, match="at most"):
+        X.parse_axis_values(",".join(str(i) for i in range(20)), "gpu.replicas")
+
+
+def test_small_sweep_from_the_page(store):
+    pytest.importorskip("sim.sweep")
+    table, failures = X.run_small_sweep(SMALL, {"allocator.kind": ["paged", "static"]}, 40, store)
+    assert not failures and table.num_rows == 2
+    assert sorted(table.column("allocator.kind").to_pylist()) == ["paged", "static"]
+    assert list((store.dir / "sweeps").rglob("part-*.parquet"))  # written in the session folder only
+    with pytest.raises(ConfigError, match="points"):
+        X.run_small_sweep(SMALL, {"workload.arrival.rate": list(range(1, 13)), "gpu.replicas": [1, 2, 3, 4, 5]}, 10,
+                          store)
+
+
+# --- calibration --------------------------------------------------------------------------------
+
+def test_profile_rows_and_calibration_figure():
+    names = X.builtin_profiles()
+    if not names:
+        pytest.skip("no built-in profiles")
+    rows = X.profile_rows()
+    assert [r["profile"] for r in rows] == names
+    assert all("%" in r["gemm median / p95 err"] for r in rows)
+    from sim.profile import load_profile
+    prof = load_profile("h100-sxm" if "h100-sxm" in names else names[0])
+    for fam in X.CURVE_FAMILIES:
+        keys = X.curve_keys(prof, fam)
+        if not keys:
+            continue
+        key = X.default_curve(prof, fam)
+        fig, measured = X.calibration_figure(prof, fam, key)
+        assert len(fig.data) >= 1
+        pts = X.measured_points(prof, fam, key)
+        assert measured == (pts is not None)
+        if prof.provenance.get("source_tables") and fam != "allreduce":
+            # Built-in profiles ship their tables: the default curve of each family has its measured points.
+            assert measured, (fam, key)
+            assert len(pts["t_s"]) > 3 and len(fig.data) > 1
+
+
+# --- launcher -----------------------------------------------------------------------------------
+
+def test_app_command(monkeypatch):
+    pytest.importorskip("streamlit")
+    seen = {}
+    monkeypatch.setattr(X.subprocess, "call", lambda cmd, cwd=None: seen.update(cmd=cmd, cwd=cwd) or 0)
+    assert X.app_command(["--server.port", "9999"]) == 0
+    cmd = seen["cmd"]
+    assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(X.APP_PATH)
+    assert X.APP_PATH.is_file() and cmd[-2:] == ["--server.port", "9999"]
