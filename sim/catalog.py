@@ -35,7 +35,16 @@ class ModelSpec:
     vocab: int = 32000
     max_position: int = 4096
     sliding_window: int | None = None
+    #: Encoder layers of an encoder-decoder model (0: decoder-only). The KV arithmetic then
+    #: counts, per decoder layer, a cross-attention cache over the input tokens (kept for the
+    #: request's whole life) beside the growing self-attention cache over output tokens; both
+    #: are 2 · kv_heads · head_dim values per token, so a request holds (input + output) tokens.
+    encoder_layers: int = 0
     source: str = ""
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.encoder_layers > 0
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype."""
@@ -83,6 +92,9 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 70.55e9, 128256, 131072, source=_HF),
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 7.24e9, 32000, 32768, sliding_window=4096, source=_HF + " (v0.1, sliding window 4096)"),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 7.62e9, 152064, 32768, source=_HF),
+        # T5-class encoder-decoder: 24 encoder + 24 decoder layers, d_model 2048, 32 heads of 64.
+        ModelSpec("flan-t5-xl", 24, 2048, 32, 32, 64, 5120, 2.85e9, 32128, 4096, encoder_layers=24,
+                  source=_HF + " (google/flan-t5-xl; layers = decoder layers)"),
         # Small shapes a CPU can run for the reference engine and CI.
         ModelSpec("tiny-llama", 4, 256, 8, 4, 32, 688, 4.2e6, 1024, 2048, source="synthetic test shape"),
     ]

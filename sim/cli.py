@@ -85,17 +85,18 @@ def run(
     from .results import write_run
     try:
         sc = load_scenario(scenario, _overrides(set_))
+        out = out or Path("runs") / sc.name
         if quiet:
-            result = simulate(sc)
+            result = simulate(sc, out_dir=out)
         else:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
             with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
                           TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as bar:
                 task = bar.add_task("run", total=None)
-                result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n))
+                result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=out)
     except ConfigError as exc:
         _fail(exc)
-    path = write_run(result, out or Path("runs") / sc.name)
+    path = write_run(result, out)
     if quiet:
         print(path / "summary.json")
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
@@ -21,23 +21,44 @@ from .workload import build_workload, total_length_percentile
 ProgressFn = Callable[[int, int], None]
 
 
-@dataclass
 class RunResult:
-    scenario: Scenario
-    summary: dict
-    requests: pa.Table
-    timeseries: pa.Table
-    #: Wall-clock facts about the run itself (not part of the deterministic summary).
-    run_info: dict = field(default_factory=dict)
+    """A finished run. ``requests``/``timeseries`` are read from ``out_dir`` on first use when the
+    run streamed them there, so a million-request run never holds them in memory unasked."""
+
+    def __init__(self, scenario: Scenario, summary: dict, rec: Recorder, out_dir: Path | None, run_info: dict):
+        self.scenario = scenario
+        self.summary = summary
+        self.out_dir = out_dir
+        #: Wall-clock facts about the run itself (not part of the deterministic summary).
+        self.run_info = run_info
+        self._rec = rec
+        self._requests: pa.Table | None = None
+        self._timeseries: pa.Table | None = None
+
+    @property
+    def requests(self) -> pa.Table:
+        if self._requests is None:
+            self._requests = self._rec.requests_table()
+        return self._requests
+
+    @property
+    def timeseries(self) -> pa.Table:
+        if self._timeseries is None:
+            self._timeseries = self._rec.timeseries_table()
+        return self._timeseries
 
 
-def simulate(sc: Scenario, progress: ProgressFn | None = None) -> RunResult:
-    """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result."""
+def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None) -> RunResult:
+    """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
+
+    With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
+    """
     wall0 = time.perf_counter()
     wl = build_workload(sc)
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     env = simpy.Environment()
-    rec = Recorder(dep.kv_bytes_per_token)
+    out = Path(out_dir) if out_dir is not None else None
+    rec = Recorder(dep.kv_bytes_per_token, out, sc.timeseries.every_s)
     total = len(wl)
     max_len = sc.workload.max_model_len
     done_count = [0]
@@ -99,9 +120,9 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None) -> RunResult:
     else:
         env.process(open_loop())
     env.run()
-    requests = rec.requests_table()
+    rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
-    summary = summarize(requests, replicas, dep.kv_bytes_per_token)
+    summary = summarize(rec, replicas, dep.kv_bytes_per_token)
     summary.update({
         "scenario": sc.name,
         "seed": sc.seed,
@@ -118,4 +139,4 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None) -> RunResult:
     info = {"wall_s": time.perf_counter() - wall0}
     if progress is not None:
         progress(total, total)
-    return RunResult(sc, clean_json(summary), requests, rec.timeseries_table(), info)
+    return RunResult(sc, clean_json(summary), rec, out, info)

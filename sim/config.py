@@ -191,6 +191,12 @@ class CostModelConfig(_Section):
     paged_attention_overhead: float = Field(0.2, ge=0)
 
 
+class TimeseriesConfig(_Section):
+    #: Sample the per-replica time series every this many simulated seconds (last values plus
+    #: exact per-interval peaks); ``None`` = one row per batch change.
+    every_s: float | None = Field(None, gt=0)
+
+
 class EngineConfig(_Section):
     mode: Literal["fast_forward", "step"] = "fast_forward"
 
@@ -207,6 +213,7 @@ class Scenario(_Section):
     allocator: AllocatorConfig = AllocatorConfig()
     cost_model: CostModelConfig = CostModelConfig()
     engine: EngineConfig = EngineConfig()
+    timeseries: TimeseriesConfig = TimeseriesConfig()
     #: Directory that relative paths in the scenario resolve against (not a YAML key).
     base_dir: str = Field(default=str(SCENARIO_DIR), exclude=True)
 

@@ -10,6 +10,7 @@ from .allocators.dynamic import DynamicAllocator
 from .allocators.hybrid_reserve import HybridReserveAllocator
 from .allocators.hybrid_tail import HybridTailAllocator
 from .allocators.paged import PagedAllocator
+from .allocators.sliding_window import SlidingWindowPagedAllocator
 from .allocators.static import StaticAllocator
 from .catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
 from .config import Scenario
@@ -116,6 +117,8 @@ class Deployment:
         if a.kind in ("paged", "hybrid_reserve", "hybrid_tail") and a.block_size > cap // 2:
             raise ConfigError("allocator.block_size", a.block_size, f"at most {cap // 2} tokens")
         if a.kind == "paged":
+            if self.model.sliding_window is not None:
+                return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=self.model.sliding_window)
             return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
         if a.kind == "hybrid_reserve":
             return HybridReserveAllocator(cap, bpt, a.block_size, a.page_reuse, reserve_fraction=a.reserve_fraction,

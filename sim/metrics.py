@@ -9,10 +9,14 @@ sequences free their memory, so peaks are kept).
 from __future__ import annotations
 
 import math
+from array import array
+from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .request import COMPLETED, Request
 
@@ -21,53 +25,167 @@ if TYPE_CHECKING:
 
 REQUEST_COLUMNS = ["id", "replica", "status", "reason", "truncated", "arrival_s", "admitted_s", "first_token_s",
                    "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "preemptions"]
+REQUEST_SCHEMA = pa.schema([(n, t) for n, t in zip(REQUEST_COLUMNS, [
+    pa.int64(), pa.int32(), pa.string(), pa.string(), pa.bool_(), pa.float64(), pa.float64(), pa.float64(),
+    pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.int32()])])
 TIMESERIES_COLUMNS = ["t_s", "replica", "running", "waiting", "batch_tokens", "iterations", "window_s",
                       "first_step_s", "kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes",
-                      "kv_largest_free_extent_bytes", "kv_internal_fragmentation", "kv_external_fragmentation"]
+                      "kv_largest_free_extent_bytes", "kv_internal_fragmentation", "kv_external_fragmentation",
+                      "kv_used_bytes_max", "kv_reserved_bytes_max", "waiting_max"]
+TIMESERIES_SCHEMA = pa.schema([(n, pa.float64() if n in ("t_s", "window_s", "first_step_s", "kv_internal_fragmentation",
+                                                          "kv_external_fragmentation") else pa.int64())
+                               for n in TIMESERIES_COLUMNS])
+#: Rows buffered before they become an Arrow record batch (and, when streaming, go to disk).
+BATCH_ROWS = 65_536
+
+
+class _Sink:
+    """Rows → Arrow record batches, kept in memory or streamed to one Parquet file."""
+
+    def __init__(self, schema: pa.Schema, path: Path | None):
+        self.schema = schema
+        self.path = path
+        self.rows: list[tuple] = []
+        self.batches: list[pa.RecordBatch] = []
+        self.writer: pq.ParquetWriter | None = None
+
+    def add(self, row: tuple) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        cols = list(zip(*self.rows))
+        batch = pa.record_batch([pa.array(c, type=f.type) for c, f in zip(cols, self.schema)], schema=self.schema)
+        self.rows = []
+        if self.path is None:
+            self.batches.append(batch)
+            return
+        if self.writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(self.path, self.schema)
+        self.writer.write_batch(batch)
+
+    def close(self) -> None:
+        self.flush()
+        if self.path is not None:
+            if self.writer is None:
+                pq.write_table(self.schema.empty_table(), self.path)
+            else:
+                self.writer.close()
+                self.writer = None
+
+    def table(self) -> pa.Table:
+        if self.path is not None:
+            return pq.read_table(self.path)
+        return pa.Table.from_batches(self.batches, schema=self.schema)
+
+
+class _Bin:
+    """One replica's time-series interval (``timeseries.every_s``): last values plus exact peaks."""
+
+    __slots__ = ("index", "row", "used_max", "reserved_max", "waiting_max", "iterations", "window_s")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.row: list | None = None
+        self.used_max = self.reserved_max = self.waiting_max = 0
+        self.iterations = 0
+        self.window_s = 0.0
 
 
 class Recorder:
-    def __init__(self, kv_bytes_per_token: int):
+    """Collects request rows and time-series rows; memory grows with live requests only.
+
+    Rows go to Arrow record batches (to Parquet files when ``out_dir`` is given).
+    For the summary, each finished request keeps a handful of numbers in
+    compact arrays (8 bytes each), so percentiles come from every request.
+    """
+
+    def __init__(self, kv_bytes_per_token: int, out_dir: Path | None = None, every_s: float | None = None):
         self.bpt = kv_bytes_per_token
-        self.req_rows: list[tuple] = []
-        self.ts_cols: dict[str, list] = {c: [] for c in TIMESERIES_COLUMNS}
+        out = Path(out_dir) if out_dir is not None else None
+        self.requests = _Sink(REQUEST_SCHEMA, out / "requests.parquet" if out else None)
+        self.timeseries = _Sink(TIMESERIES_SCHEMA, out / "timeseries.parquet" if out else None)
+        self.every_s = every_s
+        self._bins: dict[int, _Bin] = {}
+        self.ok = array("b")
+        self.arrival = array("d")
+        self.first = array("d")
+        self.finish = array("d")
+        self.generated = array("q")
+        self.prompt = array("q")
+        self.reasons: Counter[str] = Counter()
+        self.truncated = 0
 
     def request_done(self, r: Request) -> None:
-        self.req_rows.append((r.id, r.replica, r.status, r.reason, r.truncated, r.arrival, r.admitted,
-                              r.first_token, r.finish, r.prompt, r.output, r.generated, r.preemptions))
+        self.requests.add((r.id, r.replica, r.status, r.reason, r.truncated, r.arrival, r.admitted,
+                           r.first_token, r.finish, r.prompt, r.output, r.generated, r.preemptions))
+        ok = r.status == COMPLETED
+        self.ok.append(ok)
+        self.arrival.append(r.arrival)
+        self.first.append(r.first_token)
+        self.finish.append(r.finish)
+        self.generated.append(r.generated)
+        self.prompt.append(r.prompt)
+        if not ok:
+            self.reasons[r.reason] += 1
+        self.truncated += r.truncated
 
     def step(self, rep: "Replica", iterations: int, window_s: float, first_step_s: float, batch_tokens: int) -> None:
         a = rep.alloc
-        reserved = a.reserved_tokens()
         bpt = self.bpt
-        c = self.ts_cols
-        c["t_s"].append(rep.env.now)
-        c["replica"].append(rep.index)
-        c["running"].append(len(rep.sched.running))
-        c["waiting"].append(len(rep.sched.waiting))
-        c["batch_tokens"].append(batch_tokens)
-        c["iterations"].append(iterations)
-        c["window_s"].append(window_s)
-        c["first_step_s"].append(first_step_s)
-        c["kv_capacity_bytes"].append(a.capacity_tokens * bpt)
-        c["kv_reserved_bytes"].append(reserved * bpt)
-        c["kv_used_bytes"].append(a.used_total * bpt)
-        c["kv_free_bytes"].append((a.capacity_tokens - reserved) * bpt)
+        reserved = a.reserved_tokens()
+        used = a.used_total
         largest = a.largest_free_extent_tokens()
         free = a.capacity_tokens - reserved
-        c["kv_largest_free_extent_bytes"].append(largest * bpt)
-        c["kv_internal_fragmentation"].append(1.0 - a.used_total / reserved if reserved else 0.0)
-        c["kv_external_fragmentation"].append(1.0 - largest / free if free else 0.0)
+        waiting = len(rep.sched.waiting)
+        row = [rep.env.now, rep.index, len(rep.sched.running), waiting, batch_tokens, iterations, window_s,
+               first_step_s, a.capacity_tokens * bpt, reserved * bpt, used * bpt, free * bpt, largest * bpt,
+               1.0 - used / reserved if reserved else 0.0, 1.0 - largest / free if free else 0.0,
+               used * bpt, reserved * bpt, waiting]
+        if self.every_s is None:
+            self.timeseries.add(tuple(row))
+            return
+        b = self._bins.get(rep.index)
+        idx = int(rep.env.now // self.every_s)
+        if b is None:
+            b = self._bins[rep.index] = _Bin(idx)
+        elif idx != b.index:
+            self._emit(b)
+            b.index = idx
+        b.row = row
+        b.used_max = max(b.used_max, row[10])
+        b.reserved_max = max(b.reserved_max, row[9])
+        b.waiting_max = max(b.waiting_max, waiting)
+        b.iterations += iterations
+        b.window_s += window_s
+
+    def _emit(self, b: _Bin) -> None:
+        if b.row is None:
+            return
+        row = b.row
+        row[5], row[6] = b.iterations, b.window_s
+        row[15], row[16], row[17] = b.used_max, b.reserved_max, b.waiting_max
+        self.timeseries.add(tuple(row))
+        b.row = None
+        b.used_max = b.reserved_max = b.waiting_max = 0
+        b.iterations = 0
+        b.window_s = 0.0
+
+    def close(self) -> None:
+        for b in self._bins.values():
+            self._emit(b)
+        self.requests.close()
+        self.timeseries.close()
 
     def requests_table(self) -> pa.Table:
-        rows = sorted(self.req_rows)
-        cols = list(zip(*rows)) if rows else [[] for _ in REQUEST_COLUMNS]
-        types = [pa.int64(), pa.int32(), pa.string(), pa.string(), pa.bool_(), pa.float64(), pa.float64(),
-                 pa.float64(), pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.int32()]
-        return pa.table({name: pa.array(col, type=t) for name, col, t in zip(REQUEST_COLUMNS, cols, types)})
+        return self.requests.table().sort_by("id")
 
     def timeseries_table(self) -> pa.Table:
-        return pa.table({k: pa.array(v) for k, v in self.ts_cols.items()})
+        return self.timeseries.table()
 
 
 def _pct(values: np.ndarray) -> dict[str, float | None]:
@@ -77,15 +195,14 @@ def _pct(values: np.ndarray) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(values.mean())}
 
 
-def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
-    """Headline metrics of a run (see docs/scenario.md, "Outputs")."""
-    status = np.asarray(req["status"].to_pylist())
-    ok = status == COMPLETED
-    arrival = req["arrival_s"].to_numpy()
-    first = req["first_token_s"].to_numpy()
-    finish = req["finish_s"].to_numpy()
-    gen = req["generated_tokens"].to_numpy()
-    prompt = req["prompt_tokens"].to_numpy()
+def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
+    """Headline metrics of a run (see docs/scenario.md, "Outputs"), over every request."""
+    ok = np.frombuffer(rec.ok, dtype=np.int8).astype(bool) if len(rec.ok) else np.zeros(0, dtype=bool)
+    arrival = np.frombuffer(rec.arrival, dtype=np.float64) if len(rec.arrival) else np.zeros(0)
+    first = np.frombuffer(rec.first, dtype=np.float64) if len(rec.first) else np.zeros(0)
+    finish = np.frombuffer(rec.finish, dtype=np.float64) if len(rec.finish) else np.zeros(0)
+    gen = np.frombuffer(rec.generated, dtype=np.int64) if len(rec.generated) else np.zeros(0, dtype=np.int64)
+    prompt = np.frombuffer(rec.prompt, dtype=np.int64) if len(rec.prompt) else np.zeros(0, dtype=np.int64)
     ttft = (first - arrival)[ok]
     e2e = (finish - arrival)[ok]
     multi = ok & (gen > 1)
@@ -93,9 +210,7 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
     t_start = float(arrival.min()) if arrival.size else 0.0
     t_end = float(finish.max()) if finish.size else 0.0
     makespan = max(t_end - t_start, 1e-12)
-    reasons: dict[str, int] = {}
-    for reason in np.asarray(req["reason"].to_pylist())[~ok]:
-        reasons[str(reason)] = reasons.get(str(reason), 0) + 1
+    reasons = dict(rec.reasons)
     used = sum(r.used_token_s for r in replicas)
     reserved = sum(r.reserved_token_s for r in replicas)
     capacity = sum(r.alloc.capacity_tokens for r in replicas) * makespan
@@ -110,11 +225,11 @@ def summarize(req: pa.Table, replicas: list["Replica"], bpt: int) -> dict:
         for k in work:
             work[k] += getattr(r.alloc.work_total, k)
     return {
-        "requests": int(len(status)),
+        "requests": int(len(ok)),
         "completed": int(ok.sum()),
         "rejected": int((~ok).sum()),
         "rejected_by_reason": dict(sorted(reasons.items())),
-        "truncated": int(np.asarray(req["truncated"].to_pylist(), dtype=bool).sum()),
+        "truncated": int(rec.truncated),
         "preemptions": int(sum(r.sched.preemptions for r in replicas)),
         "ttft_s": _pct(ttft),
         "tpot_s": _pct(tpot),

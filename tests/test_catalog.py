@@ -14,6 +14,7 @@ HAND_BF16 = {
     "mistral-7b": 2 * 32 * 8 * 128 * 2,       # 131,072
     "qwen2.5-7b": 2 * 28 * 4 * 128 * 2,       # 57,344
     "tiny-llama": 2 * 4 * 4 * 32 * 2,         # 2,048
+    "flan-t5-xl": 2 * 24 * 32 * 64 * 2,       # 196,608 per input token (cross-attn) and per output token (self-attn)
 }
 
 

@@ -165,3 +165,47 @@ def test_fast_forward_exercises_preemption_and_chunking():
     assert ff.summary["preemptions"] > 0
     _compare(ff, step)
     assert ff.summary["sim_events"] < step.summary["sim_events"]
+
+
+@pytest.mark.parametrize("mode", ["fast_forward", "step"])
+def test_sliding_window_caps_paged_memory(mode):
+    """mistral-7b (window 4096): a long sequence's blocks stop growing at the window."""
+    over = {"model.name": "mistral-7b", "workload.max_model_len": 16384, "workload.num_requests": 6,
+            "workload.lengths": {"kind": "fixed", "prompt_tokens": 6000, "output_tokens": 300},
+            "workload.arrival.rate": 100.0, "engine.mode": mode}
+    res = simulate(load_scenario("chat-api", over))
+    _check_accounting(res, 6)
+    bpt = res.summary["kv_bytes_per_token"]
+    peak_used = max(res.timeseries["kv_used_bytes"].to_pylist()) / bpt
+    peak_reserved = max(res.timeseries["kv_reserved_bytes"].to_pylist()) / bpt
+    assert peak_used <= 6 * 4096, peak_used
+    assert peak_reserved <= 6 * (4096 + 2 * 16), peak_reserved
+    full = simulate(load_scenario("chat-api", {**over, "model.name": "llama-3.1-8b"}))
+    assert max(full.timeseries["kv_used_bytes"].to_pylist()) / bpt > 6 * 6000
+
+
+def test_sliding_window_fast_forward_equals_stepping():
+    over = {"model.name": "mistral-7b", "workload.max_model_len": 9000, "workload.num_requests": 30,
+            "workload.lengths": {"kind": "uniform", "prompt_min": 100, "prompt_max": 6000, "output_min": 1,
+                                 "output_max": 300},
+            "workload.arrival.rate": 50.0, "gpu.gpu_memory_utilization": 0.27}
+    ff = simulate(load_scenario("chat-api", over))
+    step = simulate(load_scenario("chat-api", {**over, "engine.mode": "step"}))
+    _compare(ff, step)
+
+
+def test_sampled_timeseries_keeps_peaks_and_streams_to_parquet(tmp_path):
+    sc = load_scenario("chat-api", {"workload.num_requests": 400})
+    full = simulate(sc)
+    sampled = simulate(load_scenario("chat-api", {"workload.num_requests": 400, "timeseries.every_s": 2.0}),
+                       out_dir=tmp_path)
+    assert (tmp_path / "requests.parquet").is_file() and (tmp_path / "timeseries.parquet").is_file()
+    ts_full, ts = full.timeseries, sampled.timeseries
+    assert ts.num_rows < ts_full.num_rows / 5
+    assert max(ts["kv_used_bytes_max"].to_pylist()) == max(ts_full["kv_used_bytes"].to_pylist())
+    assert max(ts["kv_reserved_bytes_max"].to_pylist()) == max(ts_full["kv_reserved_bytes"].to_pylist())
+    assert max(ts["waiting_max"].to_pylist()) == max(ts_full["waiting"].to_pylist())
+    assert sum(ts["iterations"].to_pylist()) == sum(ts_full["iterations"].to_pylist())
+    # Requests streamed to disk equal the in-memory ones, and the summary does not depend on sampling.
+    assert sampled.requests.equals(full.requests)
+    assert {k: v for k, v in sampled.summary.items()} == full.summary

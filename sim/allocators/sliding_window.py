@@ -1,0 +1,99 @@
+"""A block pool for sliding-window attention: a sequence keeps only the blocks its window covers.
+
+With a window of ``W`` tokens, a sequence of ``t`` tokens attends to tokens
+``[t − W, t)``; blocks wholly before that range are returned to the pool (as
+vLLM's sliding-window manager does), so a sequence holds at most
+``ceil(W / B) + 1`` blocks however long it grows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import DecodePlan, Grow
+from .paged import PagedAllocator
+
+
+class SlidingWindowPagedAllocator(PagedAllocator):
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16,
+                 page_reuse: str = "generation", *, window: int):
+        super().__init__(capacity_tokens, kv_bytes_per_token, block_size, page_reuse)
+        self.window = window
+        self.cohort = None  # block counts stop growing at the window: the residue aggregate does not apply
+        #: Logical length of each sequence (``used`` holds the tokens actually kept: ≤ window).
+        self.length: dict[int, int] = {}
+
+    def _blocks(self, tokens: int) -> int:
+        if tokens <= 0:
+            return 0
+        B = self.block_size
+        return (tokens - 1) // B - max(0, tokens - self.window) // B + 1
+
+    def _need(self, tokens: int) -> int:
+        return self._blocks(tokens)
+
+    def admit(self, seq: int, tokens: int) -> Grow:
+        r = super().admit(seq, tokens)
+        if r is Grow.OK:
+            self.length[seq] = tokens
+            self._set_used(seq, min(tokens, self.window))
+        return r
+
+    def grow(self, seq: int, tokens: int) -> Grow:
+        if tokens <= self.length[seq]:
+            return Grow.OK
+        need = self._blocks(tokens)
+        extra = need - self.blocks[seq]
+        if extra > 0:
+            if extra > self.grow_limit():
+                self.refusals[self.grow_refusal_reason(extra)] += 1
+                return Grow.NO_SPACE
+            self._took(extra)
+        self.free_blocks -= extra  # negative when blocks slid out of the window
+        self.blocks[seq] = need
+        self.length[seq] = tokens
+        self._set_used(seq, min(tokens, self.window))
+        return Grow.OK
+
+    def release(self, seq: int) -> None:
+        super().release(seq)
+        del self.length[seq]
+
+    def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
+        B, W = self.block_size, self.window
+        j = np.arange(max_steps, dtype=np.int64)[:, None]
+        t = tokens_now[None, :] + j
+        blocks = (t - 1) // B - np.maximum(0, t - W) // B + 1          # [step, seq]
+        held0 = np.fromiter((self.blocks[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        prev = np.vstack([held0[None, :], blocks[:-1]])
+        taken = np.maximum(0, blocks - prev).sum(axis=1)                 # new blocks per step
+        # Steps after the first are included only while the blocks taken so far fit the free pool
+        # without counting the blocks that slid out: then every grow succeeds in any order within
+        # a step, as stepping one iteration at a time would find. (Ending early is always exact.)
+        cum = np.cumsum(taken) - taken[0]
+        k = int(np.searchsorted(cum, self.grow_limit(), side="right"))
+        k = max(1, min(k, max_steps))
+        others = self.reserved_tokens() - int(held0.sum()) * B
+        reserved = (others + blocks[:k].sum(axis=1) * B).astype(np.float64)
+        used_now = self.used_total - sum(min(int(x), W) for x in tokens_now)
+        used = (used_now + np.minimum(t[:k], W).sum(axis=1)).astype(np.float64)
+        return DecodePlan(k, reserved, used, taken[:k].astype(np.float64))
+
+    def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
+        for s, t in zip(seqs, tokens_after.tolist()):
+            need = self._blocks(t)
+            extra = need - self.blocks[s]
+            # Events as stepping counts them: iterations whose net block count went up.
+            prev = self.blocks[s]
+            taken = 0
+            for u in range(self.length[s] + 1, t + 1):
+                b = self._blocks(u)
+                taken += b > prev
+                prev = b
+            if taken:
+                self._took(taken)
+            self.free_blocks -= extra
+            self.blocks[s] = need
+            self.length[s] = t
+            self._set_used(s, min(t, self.window))
+        assert self.free_blocks >= 0, "decode window overdrew the block pool"
