@@ -170,3 +170,59 @@ def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, st
         assert a.cohort.leave(s, G + k) == b.used[s]
         assert a.blocks[s] == b.blocks[s]
     a.check_invariants()
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 32), st.integers(400, 3000), st.floats(0.0, 0.4), st.floats(0.6, 1.0))
+def test_hybrid_reserve_invariants(seq_ops, block, capacity, reserve, preempt):
+    from sim.allocators import HybridReserveAllocator
+    a = HybridReserveAllocator(capacity, 100, block, reserve_fraction=reserve, preempt_at_usage=preempt)
+    _run(a, seq_ops, _paged_layout)
+    held = a.num_blocks - a.free_blocks
+    assert held <= a.preempt_blocks or held == 0
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 32), st.integers(900, 3000), st.integers(1, 400))
+def test_hybrid_tail_invariants(seq_ops, block, capacity, threshold):
+    from sim.allocators import HybridTailAllocator
+
+    def layout(a):
+        _paged_layout(a.pool)
+        _owned_slots_static(a.static)
+        assert set(a._where) == set(a.used)
+        assert a.used_total == a.static.used_total + a.pool.used_total
+
+    a = HybridTailAllocator(capacity, 100, static_tokens=capacity // 2, reserve_tokens=300,
+                            long_threshold_tokens=threshold, block_size=block)
+    live = set()
+    # Hints decide the partition: the op's token count stands for the request's predicted total.
+    for op, seq, tokens in seq_ops:
+        if op == "admit" and seq not in live:
+            a.hint(seq, tokens)
+            if a.admit(seq, min(tokens, 300)) is Grow.OK:
+                live.add(seq)
+        elif op == "grow" and seq in live:
+            a.grow(seq, a.used[seq] + tokens % 40)
+        elif op == "release" and seq in live:
+            a.release(seq)
+            live.discard(seq)
+        a.check_invariants()
+        layout(a)
+    for seq in list(live):
+        a.release(seq)
+    assert a.reserved_tokens() == 0 and a.used_total == 0
+
+
+@settings(max_examples=2000)
+@given(ops, st.integers(1, 32), st.integers(200, 3000), st.integers(16, 600))
+def test_sliding_window_invariants(seq_ops, block, capacity, window):
+    from sim.allocators.sliding_window import SlidingWindowPagedAllocator
+    a = SlidingWindowPagedAllocator(max(capacity, 4 * block), 100, block, window=window)
+
+    def layout(x):
+        assert sum(x.blocks.values()) + x.free_blocks == x.num_blocks
+        for s, b in x.blocks.items():
+            assert b == x._blocks(x.length[s]) and b <= -(-window // block) + 1
+
+    _run(a, seq_ops, layout)
