@@ -16,6 +16,7 @@ from .replica import Replica
 from .request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
 from .router import Router
 from .scheduler import ContinuousScheduler
+from .static_batch import StaticBatchScheduler
 from .workload import build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
@@ -78,7 +79,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if cost is None:
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched = ContinuousScheduler(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
+        sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
+        sched = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None))

@@ -115,7 +115,9 @@ class WorkloadConfig(_Section):
 
 
 class SchedulerConfig(_Section):
-    kind: Literal["continuous"] = "continuous"
+    #: ``continuous`` (vLLM-v1-like iteration-level batching) or ``static_batch`` (request-level,
+    #: FasterTransformer-style: a batch padded to its longest member runs to completion).
+    kind: Literal["continuous", "static_batch"] = "continuous"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     chunked_prefill: bool = True

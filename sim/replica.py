@@ -77,7 +77,7 @@ class Replica:
         self.ext_frag_s = 0.0
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
-        self.cohort = allocator.cohort if fast_forward else None
+        self.cohort = allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True) else None
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []
@@ -216,6 +216,9 @@ class Replica:
                     done.append(req)
 
     def _finish(self, done: list[Request], now: float) -> None:
+        completing = getattr(self.sched, "completing", None)
+        if completing is not None:
+            done = completing(done)  # static batching returns a batch's members together
         # Running order, whichever path found them: closed-loop clients react in this order.
         done.sort(key=_seq_no)
         for req in done:

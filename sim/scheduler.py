@@ -41,6 +41,8 @@ class StepPlan:
 
 
 class ContinuousScheduler:
+    supports_cohort = True
+
     def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None, *,
                  swap_capacity_bytes: int = 0):
         self.cfg = cfg
