@@ -83,7 +83,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         sched = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
-                                compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None))
+                                compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
+                                stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None))
     router = Router(sc.router, replicas)
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()

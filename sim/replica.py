@@ -33,7 +33,7 @@ import simpy
 
 from .allocators.base import Allocator
 from .costmodel import BatchShape, CostModel
-from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, Request
+from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from .scheduler import ContinuousScheduler, StepPlan
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ def _seq_no(req: Request) -> int:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, scheduler: ContinuousScheduler, allocator: Allocator,
                  cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
-                 on_finish: Callable[[Request], None] | None = None, compaction=None):
+                 on_finish: Callable[[Request], None] | None = None, compaction=None,
+                 stale_after_s: float | None = None):
         self.env = env
         self.index = index
         self.sched = scheduler
@@ -86,6 +87,7 @@ class Replica:
         # boundary (KV cannot move under a running kernel).
         self.compaction = compaction if compaction is not None and hasattr(allocator, "compact") else None
         self._compact_due = False
+        self.stale_after_s = stale_after_s
         self._activity: simpy.Event | None = None
         self._bg_copy_left_s = 0.0
         self.compactions = 0
@@ -169,6 +171,16 @@ class Replica:
         self._bg_copy_left_s -= float(add.sum())
 
     # --- shared pieces -----------------------------------------------------------------
+    def _drop_stale(self, now: float) -> None:
+        """Checked at batch changes: drop queued requests that have not advanced for stale_after_s."""
+        for req in self.sched.now_hint_preempted:
+            req.last_progress = now
+        self.sched.now_hint_preempted.clear()
+        if self.stale_after_s is not None and self.sched.waiting:
+            for req in self.sched.drop_stale(now, self.stale_after_s):
+                req.reason = STALE
+                self._end(req, REJECTED, now)
+
     def _settle(self, plan: StepPlan, now: float) -> None:
         """Record admissions and end requests the scheduler turned away."""
         for req in plan.admitted:
@@ -305,6 +317,9 @@ class Replica:
                 continue
             if self._compact_due:
                 self._run_compaction()
+            self._drop_stale(self.env.now)
+            if not sched.running and not sched.waiting:
+                continue
             plan = sched.schedule()
             self._settle(plan, self.env.now)
             if not plan.items:
@@ -409,6 +424,9 @@ class Replica:
                 continue
             if self._compact_due:
                 self._run_compaction()
+            self._drop_stale(self.env.now)
+            if not sched.running and not sched.waiting:
+                continue
             n = co.n
             if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.

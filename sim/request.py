@@ -9,6 +9,7 @@ REJECTED = "rejected"
 EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
 EXCEEDS_RESERVATION = "exceeds_reservation"
 PROMPT_EXCEEDS_RESERVATION = "prompt_exceeds_reservation"
+STALE = "stale"
 
 
 class Request:
@@ -20,7 +21,7 @@ class Request:
     """
 
     __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped")
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress")
 
     def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1):
         self.id = rid
@@ -42,6 +43,8 @@ class Request:
         self.seq_no = -1
         #: Preempted by swap: its ``computed`` tokens wait in host memory.
         self.swapped = False
+        #: When it last advanced (arrival, or its preemption): hybrid_reserve drops stale ones.
+        self.last_progress = arrival
 
     @property
     def tokens(self) -> int:

@@ -61,6 +61,8 @@ class ContinuousScheduler:
         # again before anything was released cannot succeed, and would count a refusal per iteration.
         self._refused: tuple[int, int, int] | None = None
         self._admissions = 0
+        #: Requests preempted since the engine last looked (it stamps their last progress).
+        self.now_hint_preempted: list[Request] = []
 
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
@@ -82,7 +84,15 @@ class ContinuousScheduler:
         victim.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(victim)
+        self.now_hint_preempted.append(victim)
         return victim
+
+    def drop_stale(self, now: float, stale_after_s: float) -> list[Request]:
+        """Waiting requests that have not advanced for ``stale_after_s`` (queued or preempted)."""
+        stale = [r for r in self.waiting if now - r.last_progress > stale_after_s]
+        for r in stale:
+            self.waiting.remove(r)
+        return stale
 
     def schedule(self, start: int = 0, batch: BatchShape | None = None) -> StepPlan:
         """Form the next iteration's batch.

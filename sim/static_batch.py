@@ -36,9 +36,16 @@ class StaticBatchScheduler:
         self._steps = 0    # decode steps the batch runs (longest output − 1)
         self._step = 0     # decode steps done
         self._admissions = 0
+        self.now_hint_preempted: list[Request] = []
 
     def can_admit_more(self) -> bool:
         return False  # nobody joins a running batch
+
+    def drop_stale(self, now: float, stale_after_s: float) -> list[Request]:
+        stale = [r for r in self.waiting if now - r.last_progress > stale_after_s]
+        for r in stale:
+            self.waiting.remove(r)
+        return stale
 
     def completing(self, done: list[Request]) -> list[Request]:
         """Members finish together, when the batch's last decode step is done."""

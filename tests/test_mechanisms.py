@@ -135,3 +135,14 @@ def test_static_batching_pads_and_holds_the_batch():
            f"{sb.summary['throughput_tokens_per_s']:.0f} tokens/s; e2e p50 {cont.summary['e2e_s']['p50']:.2f}s vs "
            f"{sb.summary['e2e_s']['p50']:.2f}s")
     assert cont.summary["throughput_tokens_per_s"] > 1.5 * sb.summary["throughput_tokens_per_s"], msg
+
+
+def test_stale_sequences_are_dropped():
+    over = {"gpu.gpu_memory_utilization": 0.33, "workload.arrival.rate": 16.0, "workload.num_requests": 500,
+            "allocator.kind": "hybrid_reserve", "allocator.stale_after_s": 5.0}
+    res = simulate(load_scenario("chat-api", over))
+    r = res.requests.to_pydict()
+    stale = [(f - a) for f, a, why in zip(r["finish_s"], r["arrival_s"], r["reason"]) if why == "stale"]
+    assert stale and min(stale) > 5.0, stale[:5]
+    assert res.summary["completed"] + len(stale) + sum(
+        v for k, v in res.summary["rejected_by_reason"].items() if k != "stale") == 500
