@@ -251,6 +251,7 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "compaction_time_s": sum(r.compaction_s for r in replicas),
         "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
+        "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),
         "allocation_events": work["events"],
         "allocation_time_s": sum(r.alloc_work_s for r in replicas),
         "copy_bytes": work["copy_bytes"],

@@ -52,6 +52,8 @@ class ContinuousScheduler:
         self.swap_used_bytes = 0
         self.swaps_out = 0
         self.swaps_in = 0
+        #: KV tokens thrown away by recompute preemptions (computed again later).
+        self.recomputed_tokens = 0
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         #: KV length attended per token is capped by a sliding window (``None`` = full).
@@ -79,6 +81,7 @@ class ContinuousScheduler:
             alloc.work.swap_out_bytes += nbytes
             self.swaps_out += 1
         else:
+            self.recomputed_tokens += victim.computed
             victim.computed = 0  # recompute: re-prefill prompt + generated later
         alloc.release(victim.id)
         victim.preemptions += 1

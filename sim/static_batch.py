@@ -32,6 +32,7 @@ class StaticBatchScheduler:
         self.waiting: deque[Request] = deque()
         self.preemptions = 0
         self.swaps_out = self.swaps_in = 0
+        self.recomputed_tokens = 0
         self._prompt = 0   # padded prompt length of the current batch
         self._steps = 0    # decode steps the batch runs (longest output − 1)
         self._step = 0     # decode steps done
