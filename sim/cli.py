@@ -171,6 +171,7 @@ def _mount_optional() -> None:
     """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
     from calibration.cli import calibrate_command, profile_app
 
+    from .guide import guide_command
     from .planner_cli import plan_command
     from .report_cli import report_command
     from .sweep_cli import sweep_command
@@ -179,6 +180,7 @@ def _mount_optional() -> None:
     app.command("sweep")(sweep_command)
     app.command("plan")(plan_command)
     app.command("report")(report_command)
+    app.command("guide")(guide_command)
 
 
 _mount_optional()

@@ -81,22 +81,25 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
         sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
         sched = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
+        sched.hash_block_tokens = wl.hash_block_tokens
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
                                 stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None))
-    router = Router(sc.router, replicas)
+    router = Router(sc.router, replicas, wl.hash_block_tokens)
     prompts = wl.prompt_tokens.tolist()
     outputs = wl.output_tokens.tolist()
 
+    hashes = wl.hashes
+
     def submit(rid: int, client: int = -1) -> None:
-        req = Request(rid, prompts[rid], outputs[rid], env.now, client)
+        req = Request(rid, prompts[rid], outputs[rid], env.now, client, hashes[rid] if hashes is not None else None)
         if req.prompt + req.output > max_len:
             req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env.now
             rec.request_done(req)
             on_finish(req)
             return
-        router.pick().submit(req)
+        router.pick(req).submit(req)
 
     closed_loop = wl.arrival_s is None
     next_id = [0]

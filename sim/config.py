@@ -105,6 +105,15 @@ class LengthsConfig(_Section):
         return self
 
 
+class PrefixConfig(_Section):
+    """Synthetic shared prefixes (system prompts, RAG templates): a ``fraction`` of requests get
+    one of ``groups`` shared prefixes of ``prefix_tokens`` tokens in front of their prompt."""
+
+    fraction: float = Field(0.0, ge=0, le=1)
+    prefix_tokens: int = Field(1024, ge=1)
+    groups: int = Field(1, ge=1)
+
+
 class WorkloadConfig(_Section):
     num_requests: int | None = Field(1000, ge=1)
     duration_s: float | None = Field(None, gt=0)
@@ -112,6 +121,7 @@ class WorkloadConfig(_Section):
     arrival: ArrivalConfig = ArrivalConfig(kind="poisson", rate=1.0)
     #: ``None`` takes lengths from the arrival trace.
     lengths: LengthsConfig | None = None
+    prefix: PrefixConfig = PrefixConfig()
 
 
 class SchedulerConfig(_Section):
@@ -207,7 +217,7 @@ class Scenario(_Section):
     name: str = "unnamed"
     description: str = ""
     seed: int = 0
-    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
     model: ModelConfig = ModelConfig()
     gpu: GpuConfig = GpuConfig()
     workload: WorkloadConfig = WorkloadConfig()

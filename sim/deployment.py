@@ -10,6 +10,7 @@ from .allocators.dynamic import DynamicAllocator
 from .allocators.hybrid_reserve import HybridReserveAllocator
 from .allocators.hybrid_tail import HybridTailAllocator
 from .allocators.paged import PagedAllocator
+from .allocators.prefix_cache import PrefixCachingPagedAllocator
 from .allocators.sliding_window import SlidingWindowPagedAllocator
 from .allocators.static import StaticAllocator
 from .catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
@@ -117,6 +118,12 @@ class Deployment:
         if a.kind in ("paged", "hybrid_reserve", "hybrid_tail") and a.block_size > cap // 2:
             raise ConfigError("allocator.block_size", a.block_size, f"at most {cap // 2} tokens")
         if a.kind == "paged":
+            if a.prefix_caching.enabled:
+                if self.model.sliding_window is not None:
+                    raise ConfigError("allocator.prefix_caching.enabled", True,
+                                      "false for sliding-window models (their blocks slide out of the window)")
+                return PrefixCachingPagedAllocator(cap, bpt, a.block_size, a.page_reuse,
+                                                   eviction=a.prefix_caching.eviction)
             if self.model.sliding_window is not None:
                 return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=self.model.sliding_window)
             return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)

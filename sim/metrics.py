@@ -252,6 +252,7 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),
+        **_prefix_stats(replicas),
         "allocation_events": work["events"],
         "allocation_time_s": sum(r.alloc_work_s for r in replicas),
         "copy_bytes": work["copy_bytes"],
@@ -261,6 +262,16 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "iterations": int(sum(r.iterations for r in replicas)),
         "busy_fraction": sum(r.busy_s for r in replicas) / (makespan * len(replicas)),
     }
+
+
+def _prefix_stats(replicas) -> dict:
+    allocs = [r.alloc for r in replicas if hasattr(r.alloc, "hit_tokens")]
+    if not allocs:
+        return {}
+    hit = sum(a.hit_tokens for a in allocs)
+    queried = sum(a.queried_tokens for a in allocs)
+    return {"prefix_hit_tokens": int(hit), "prefix_queried_tokens": int(queried),
+            "prefix_hit_rate": hit / queried if queried else 0.0}
 
 
 def clean_json(obj):

@@ -320,6 +320,7 @@ class Replica:
             self._drop_stale(self.env.now)
             if not sched.running and not sched.waiting:
                 continue
+            sched.now = self.env.now
             plan = sched.schedule()
             self._settle(plan, self.env.now)
             if not plan.items:
@@ -427,6 +428,7 @@ class Replica:
             self._drop_stale(self.env.now)
             if not sched.running and not sched.waiting:
                 continue
+            sched.now = self.env.now
             n = co.n
             if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.

@@ -21,9 +21,9 @@ class Request:
     """
 
     __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress")
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress", "hashes")
 
-    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1):
+    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1, hashes=None):
         self.id = rid
         self.prompt = prompt
         self.output = output
@@ -45,6 +45,8 @@ class Request:
         self.swapped = False
         #: When it last advanced (arrival, or its preemption): hybrid_reserve drops stale ones.
         self.last_progress = arrival
+        #: Prefix block ids of the prompt (prefix caching), or ``None``.
+        self.hashes = hashes
 
     @property
     def tokens(self) -> int:

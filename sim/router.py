@@ -9,17 +9,26 @@ if TYPE_CHECKING:
 
 
 class Router:
-    """``round_robin`` cycles; ``least_outstanding`` picks the fewest running + waiting (lowest index on ties)."""
+    """``round_robin`` cycles; ``least_outstanding`` picks the fewest running + waiting (lowest index
+    on ties); ``prefix_affinity`` (KV-cache-aware routing) picks the replica holding most of the
+    request's prefix in its cache, falling back to least outstanding."""
 
-    def __init__(self, policy: str, replicas: list["Replica"]):
+    def __init__(self, policy: str, replicas: list["Replica"], hash_block_tokens: int = 512):
         self.policy = policy
         self.replicas = replicas
+        self.hash_block_tokens = hash_block_tokens
         self._next = 0
 
-    def pick(self) -> "Replica":
+    def pick(self, req=None) -> "Replica":
         reps = self.replicas
         if len(reps) == 1:
             return reps[0]
+        if self.policy == "prefix_affinity" and req is not None and req.hashes:
+            hits = [r.alloc.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
+                    if hasattr(r.alloc, "cached_prefix_tokens") else 0 for r in reps]
+            best = max(hits)
+            if best > 0:
+                return min((r for r, h in zip(reps, hits) if h == best), key=lambda r: r.outstanding())
         if self.policy == "round_robin":
             r = reps[self._next]
             self._next = (self._next + 1) % len(reps)

@@ -63,6 +63,10 @@ class ContinuousScheduler:
         # again before anything was released cannot succeed, and would count a refusal per iteration.
         self._refused: tuple[int, int, int] | None = None
         self._admissions = 0
+        #: Prefix caching: block size of request hashes, and the time of this iteration (LRU).
+        self.hash_block_tokens = 512
+        self.now = 0.0
+        self._prefix = hasattr(allocator, "admit_prefix")
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -157,10 +161,22 @@ class ContinuousScheduler:
                     if not cfg.chunked_prefill:
                         break
                     need = budget
+                cached = 0
+                if self._prefix and req.hashes and not req.computed:
+                    # Cached prefix blocks are shared, not computed: the chunk starts after them.
+                    cached = alloc.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
+                    need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
                 alloc.hint(req.id, req.prompt + req.output)
-                r = alloc.admit(req.id, req.computed + need)
+                if cached or (self._prefix and req.hashes and not req.computed):
+                    r, got = alloc.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
+                                                prompt_tokens=req.prompt)
+                    if r is Grow.OK:
+                        assert got == cached, (got, cached)
+                        req.computed = cached
+                else:
+                    r = alloc.admit(req.id, req.computed + need)
                 if r is Grow.NO_SPACE:
                     self._refused = (req.id, need, alloc.releases)
                     break

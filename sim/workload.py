@@ -31,6 +31,10 @@ class Workload:
     closed_loop_clients: int = 0
     think_time_s: float = 0.0
     duration_s: float | None = None
+    #: Per request, the ids of its prompt's prefix blocks (``hash_block_tokens`` tokens each):
+    #: equal ids = shared prefix. ``None`` when the workload has no prefix identity.
+    hashes: list[tuple[int, ...] | None] | None = None
+    hash_block_tokens: int = 512
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -44,10 +48,19 @@ class LengthSampler:
         self.key = key
         self.trace = trace
         self.base = LengthSampler(cfg.base, scenario, key + ".base", trace) if cfg.kind == "mixture" else None
+        #: Trace rows behind the last sample (for prefix hashes), when lengths came from a trace.
+        self.last_rows: np.ndarray | None = None
         if cfg.kind == "empirical":
             self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
         if cfg.kind == "trace" and trace is None:
             raise ConfigError(key + ".kind", "trace", "lengths from the trace need workload.arrival.kind: trace")
+
+    def hashes(self) -> tuple[tuple[tuple[int, ...], ...] | None, int]:
+        """Prefix block ids of the trace rows behind the last sample, and their block size."""
+        src = self.trace if self.trace is not None else (self.base.trace if self.base is not None else None)
+        if src is None or src.hash_ids is None or self.last_rows is None:
+            return None, 512
+        return tuple(src.hash_ids[i] for i in self.last_rows.tolist()), 512
 
     def sample(self, rng: np.random.Generator, n: int, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         c = self.cfg
@@ -62,12 +75,15 @@ class LengthSampler:
             return p, o
         if c.kind == "empirical":
             idx = rng.integers(0, len(self.trace), n)
+            self.last_rows = idx
             return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
         if c.kind == "trace":
             idx = np.arange(start, start + n) % len(self.trace)
+            self.last_rows = idx
             return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
         # mixture: a fraction of requests scaled by a multiplier (both prompt and output).
         p, o = self.base.sample(rng, n, start)
+        self.last_rows = self.base.last_rows
         out = rng.random(n) < c.outlier_fraction
         p = np.where(out, np.maximum(1, np.rint(p * c.outlier_multiplier)), p).astype(np.int64)
         o = np.where(out, np.maximum(1, np.rint(o * c.outlier_multiplier)), o).astype(np.int64)
@@ -80,6 +96,38 @@ def _streams(seed: int) -> list[np.random.Generator]:
 
 def build_workload(sc: Scenario) -> Workload:
     """Draw every request of the scenario (deterministic in ``sc.seed``)."""
+    wl, sampler = _draw(sc)
+    hashes, block = sampler.hashes()
+    if hashes is not None:
+        wl.hashes, wl.hash_block_tokens = list(hashes), block
+    pre = sc.workload.prefix
+    if pre.fraction > 0:
+        if wl.hashes is not None:
+            raise ConfigError("workload.prefix.fraction", pre.fraction,
+                              "0 with a trace that carries its own prefix hashes (Mooncake)")
+        _add_shared_prefixes(sc, wl)
+    return wl
+
+
+#: Synthetic prefix ids are hashed per 16 tokens and kept apart from trace ids.
+_SYNTH_BLOCK = 16
+_SYNTH_BASE = 1 << 40
+
+
+def _add_shared_prefixes(sc: Scenario, wl: Workload) -> None:
+    pre = sc.workload.prefix
+    rng = _streams(sc.seed)[2]
+    n = len(wl)
+    shared = rng.random(n) < pre.fraction
+    group = rng.integers(0, pre.groups, n)
+    blocks = -(-pre.prefix_tokens // _SYNTH_BLOCK)
+    wl.prompt_tokens = wl.prompt_tokens + np.where(shared, pre.prefix_tokens, 0)
+    wl.hash_block_tokens = _SYNTH_BLOCK
+    wl.hashes = [tuple(_SYNTH_BASE + int(g) * blocks + j for j in range(blocks)) if s else None
+                 for s, g in zip(shared.tolist(), group.tolist())]
+
+
+def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
     w = sc.workload
     arr = w.arrival
     rng_arrival, rng_len, _ = _streams(sc.seed)
@@ -98,7 +146,7 @@ def build_workload(sc: Scenario) -> Workload:
     if arr.kind == "closed_loop":
         n = n_cap if n_cap is not None else _CHUNK * 64
         p, o = sampler.sample(rng_len, n)
-        return Workload(p, o, None, arr.concurrency, arr.think_time_s, w.duration_s)
+        return Workload(p, o, None, arr.concurrency, arr.think_time_s, w.duration_s), sampler
 
     if arr.kind == "trace":
         t = trace.arrival_s * arr.time_scale
@@ -106,7 +154,7 @@ def build_workload(sc: Scenario) -> Workload:
         if w.duration_s is not None:
             keep = min(keep, int(np.searchsorted(t, w.duration_s, side="right")))
         p, o = sampler.sample(rng_len, keep)
-        return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s)
+        return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s), sampler
 
     def gaps(m: int) -> np.ndarray:
         if arr.kind == "poisson":
@@ -129,7 +177,7 @@ def build_workload(sc: Scenario) -> Workload:
     if len(t) == 0:
         raise ConfigError("workload.duration_s", w.duration_s, "a duration long enough for at least one arrival")
     p, o = sampler.sample(rng_len, len(t))
-    return Workload(p, o, t, duration_s=w.duration_s)
+    return Workload(p, o, t, duration_s=w.duration_s), sampler
 
 
 def total_length_percentile(sc: Scenario, wl: Workload, q: float) -> int:
