@@ -13,6 +13,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
+import pandas  # noqa: F401  (first imports before the prewarm thread starts: two threads importing
+import plotly.graph_objects  # noqa: F401  pandas/plotly at once see a partially initialised module)
 import streamlit as st
 
 from sim import explorer as X

@@ -20,8 +20,8 @@ from sim.catalog import get_model
 from sim.errors import ConfigError
 from sim.profile import list_profiles, load_profile
 
-from .profile_builder import DEFAULT_TPS, build_profile, default_models
-from .tables import load_kernel_tables
+# The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
+DEFAULT_TPS = (1, 2, 4, 8)
 
 profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_args_is_help=True)
 
@@ -61,6 +61,8 @@ def calibrate_command(
                    + (f"; fit report: {files['report']}" if files["report"] else
                       ("; fit report skipped (plotly not installed)" if report else "")))
     else:
+        from .profile_builder import build_profile, default_models
+        from .tables import load_kernel_tables
         tps = tuple(tensor_parallel or DEFAULT_TPS)
         pairs = default_models((spec.name,), tps)
         if not pairs:

@@ -10,7 +10,7 @@ What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
   via ``enable_gqa``) over (batch, prompt length);
 * **decode attention** (one query token per sequence) over (batch, KV length) on a
   *contiguous* cache and on a *paged* cache: a preallocated block pool plus block tables
-  whose blocks are gathered (``pool[block_table]``) and attended. The profile's generation
+  whose blocks are gathered (``pool.index_select(0, block_table)``) and attended with a length mask (the reference engine's kernel). The profile's generation
   curve is the paged one at :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the
   measured ``layout.paged_overhead`` and other block sizes ``paged_overhead_by_block_size``;
 * **memory operations** the allocators charge: ``zero_()`` and ``copy_`` bandwidth and
@@ -70,7 +70,7 @@ MAX_ROTATIONS = 8
 ELEMENTWISE_KERNELS = 5
 METHOD = "torch kernel timing"
 
-_TORCH_DTYPE = {"bf16": "bfloat16"}
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def import_torch():
@@ -330,9 +330,10 @@ class Bench:
         """One query token per sequence over ``kv_len`` cached tokens.
 
         ``block_size=None``: contiguous cache ``[batch, kv_heads, kv_len, head_dim]``.
-        Otherwise a paged cache: K and V pools ``[blocks, kv_heads, block_size, head_dim]``
-        whose blocks each sequence holds scattered (random block tables); the kernel gathers
-        the table's blocks (``pool[table]``) into a contiguous view and attends.
+        Otherwise a paged cache: K and V pools ``[blocks, block_size, kv_heads, head_dim]``
+        whose blocks each sequence holds scattered (random block tables); the kernel is the
+        reference engine's (:func:`calibration.engine.paged_decode_attention`): gather the
+        table's blocks (``index_select``) and attend with a length mask (SDPA).
         """
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -344,21 +345,16 @@ class Bench:
             kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
                    for _ in range(nb)]
             return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
+        from .engine import paged_decode_attention  # the reference engine's kernel, timed as it runs there
         nblk = -(-kv_len // block_size)
         total = nb * batch * nblk
-        kpool = self.randn(total, kv_heads, block_size, head_dim)
-        vpool = self.randn(total, kv_heads, block_size, head_dim)
+        kpool = self.randn(total, block_size, kv_heads, head_dim)
+        vpool = self.randn(total, block_size, kv_heads, head_dim)
         perm = torch.randperm(total, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
         tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
-
-        def paged(q, table):
-            k = kpool[table].transpose(1, 2).reshape(batch, kv_heads, nblk * block_size, head_dim)
-            v = vpool[table].transpose(1, 2).reshape(batch, kv_heads, nblk * block_size, head_dim)
-            if nblk * block_size != kv_len:
-                k, v = k[:, :, :kv_len], v[:, :, :kv_len]
-            return sdpa(q, k, v, **kw)
-
-        return [lambda q=q, t=t: paged(q, t) for q, t in zip(qs, tables)], 1.0
+        lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
+        q3 = [q.squeeze(2) for q in qs]
+        return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens) for q, t in zip(q3, tables)], 1.0
 
     def _elems(self, nbytes: int) -> int:
         return max(1, int(nbytes) // self.elem)
@@ -660,10 +656,16 @@ def _heldout(kind: str, table, peak_fn, peak_bw: float, seed: int = 0) -> dict:
 
 
 def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict, plan: Plan, *,
-                         name: str | None, dtype: str, elapsed_s: float, seed: int = 0) -> tuple[Profile, dict]:
-    """Fit the measurements into a Profile; also return the fits (for the report)."""
+                         name: str | None, dtype: str, elapsed_s: float, seed: int = 0,
+                         key_dtype: str | None = None) -> tuple[Profile, dict]:
+    """Fit the measurements into a Profile; also return the fits (for the report).
+
+    ``key_dtype``: the dtype name the profile's curves are filed under (default ``dtype``).
+    The simulator's dtype vocabulary has no fp32, so an fp32-timed profile for the fp32
+    reference engine is filed under ``bf16`` and says so in ``provenance.compute_dtype``.
+    """
     version = device_info["torch"]
-    elem = 2.0
+    elem = F.elem_bytes(dtype)
     peak_flops, peak_bw = _peaks(meas, elem)
     peak_fn = lambda _dt: peak_flops  # noqa: E731
     h, kvh = per_gpu_heads(model, 1)
@@ -681,7 +683,8 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     quality["method"] = (f"random 20% of measured points held out (numpy seed {seed}), fit on the other 80%, "
                          "relative error |pred-meas|/meas; measured value = median of repeats")
 
-    keys = shape_keys(model, 1, dtype, dtype)
+    kd = key_dtype or dtype
+    keys = shape_keys(model, 1, kd, kd)
     gemm = {}
     for proj, key in keys.gemms().items():
         n, k = (int(x) for x in key.split(":")[0].split("x"))
@@ -705,7 +708,7 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
                        "kernel": "torch.nn.functional.scaled_dot_product_attention(is_causal=True)"})}
     gen = {akey: grid(fits["generation_attention"], pt, F.predict_generation,
                       {"group": f"{dtype}/{d}", "measured_shape": True, "length_is": "KV tokens per sequence",
-                       "kernel": f"paged: gather pool[block_table] (block {REFERENCE_BLOCK_SIZE}) + SDPA"})}
+                       "kernel": f"paged: index_select gather of block_table (block {REFERENCE_BLOCK_SIZE}) + masked SDPA (calibration.engine)"})}
     # Paged overhead: measured paged / contiguous at the same (batch, length).
     contig = {(r["batch"], r["length"]): r["median_s"] for r in meas.select("generation_attention", kernel="decode_contiguous")}
     # Block-size dependence, every block size on the same sub-grid cells.
@@ -811,8 +814,12 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     profile = Profile(name=name or f"{device_info['kind']}-{model.name}", device=device, provenance=provenance,
                       memory=memory, elementwise=elementwise, layout=layout, cpu_overhead=cpu_overhead, allreduce={},
                       gemm=gemm, context_attention=ctx, generation_attention=gen, models={f"{model.name}@tp1": entry},
-                      fit_quality=quality, dtypes={"weight": [dtype], "kv": [dtype], "weight_tables": {dtype: dtype},
-                                                   "kv_tables": {dtype: [[dtype, dtype, d], [dtype, d]]}})
+                      fit_quality=quality, dtypes={"weight": [kd], "kv": [kd], "weight_tables": {kd: dtype},
+                                                   "kv_tables": {kd: [[dtype, dtype, d], [dtype, d]]}})
+    profile.provenance["compute_dtype"] = dtype
+    if kd != dtype:
+        profile.provenance["notes"].append(f"kernels timed in {dtype}; curves filed under {kd} (the simulator's dtype "
+                                           f"names have no {dtype}); KV bytes in the simulator stay {kd}-sized")
     return profile, fits
 
 
@@ -838,7 +845,7 @@ def write_report(path: Path, profile: Profile, meas: Measurements, fits: dict, m
         from plotly.subplots import make_subplots
     except ImportError:
         return None
-    dtype = profile.dtypes["weight"][0]
+    dtype = profile.provenance.get("compute_dtype", profile.dtypes["weight"][0])
     h, kvh = per_gpu_heads(model, 1)
     d = model.head_dim
     fig = make_subplots(rows=3, cols=2, subplot_titles=(
@@ -915,7 +922,7 @@ class DeviceResult:
 
 def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name: str | None = None,
                      dtype: str = "bf16", threads: int | None = None, progress: bool = True,
-                     plan: Plan | None = None) -> DeviceResult:
+                     plan: Plan | None = None, key_dtype: str | None = None) -> DeviceResult:
     """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring)."""
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
@@ -931,7 +938,8 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
     finally:
         bench.close()
     elapsed = time.perf_counter() - t0
-    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed)
+    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed,
+                                         key_dtype=key_dtype)
     return DeviceResult(profile, meas, fits, elapsed)
 
 
@@ -946,3 +954,168 @@ def write_outputs(result: DeviceResult, out: Path | str, model: ModelSpec, repor
     if report:
         written["report"] = write_report(html_path, result.profile, result.measurements, result.fits, model)
     return written
+
+
+# --- framework overhead of the reference engine, measured with its own loop -----------------------
+
+#: Batch sizes (max_num_seqs) of the offline engine runs that measure its per-iteration overhead.
+ENGINE_OVERHEAD_BATCHES = (1, 2, 4, 8, 16)
+
+
+def kernels_only(profile: Profile) -> Profile:
+    """A copy of ``profile`` whose CPU-side step overhead is zero (kernels, elementwise and allocation only)."""
+    import copy
+    p = copy.deepcopy(profile)
+    by = p.cpu_overhead.setdefault("by_tp", {})
+    for k in list(by) or ["1"]:
+        by[k] = {**by.get(k, {}), "intercept_s": 0.0, "per_seq_s": 0.0, "batch_range": [1, 1 << 20]}
+    return p
+
+
+def engine_iteration_rows(result, cost) -> list[dict]:
+    """One row per engine iteration: its batch shape, measured wall and thread-CPU seconds, and ``cost``'s prediction."""
+    from sim.costmodel import BatchShape
+    rows = []
+    for i, it in enumerate(result.iterations):
+        shape = BatchShape(list(it["prefill_chunks"]), it["decode_seqs"], it["decode_kv_tokens"])
+        pred = cost.step_time_s(shape) + cost.alloc_time_s(it["alloc_events"])
+        rows.append({"iteration": i, "seqs": it["decode_seqs"] + len(it["prefill_chunks"]),
+                     "decode_seqs": it["decode_seqs"], "prefill_chunks": len(it["prefill_chunks"]),
+                     "tokens": it["decode_seqs"] + it["prefill_tokens"], "decode_kv_tokens": it["decode_kv_tokens"],
+                     "pure_decode": not it["prefill_chunks"], "measured_s": it["end_s"] - it["start_s"],
+                     "cpu_s": it["cpu_s"], "predicted_s": pred})
+    return rows
+
+
+def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
+                            dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
+                            prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
+                            seed: int = 0, device: str = "cpu", clock: str = "wall") -> dict[str, dict]:
+    """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
+
+    The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
+    uniform in ``prompt_range``, ``output_tokens`` each) through its own loop: scheduling,
+    block tables, metadata tensors, the forward with its small ops (norms, RoPE, cache
+    writes, masks, views), sampling and bookkeeping. Each iteration's time minus what the
+    profile's kernel curves predict for the same batch shape (GEMMs, attention,
+    elementwise, allocations; CPU overhead zeroed) is the overhead route 1's isolated
+    kernels miss. It is fitted ``a + b·S + c·P`` (``S`` sequences, ``P`` prefill tokens): ``a + b·S``
+    by non-negative least squares on the median residual of pure-decode iterations per ``S``,
+    ``c`` the median of what mixed iterations leave per prefill token. The layouts' runs are interleaved
+    (pass by pass, batch by batch) so a slow episode of a shared host hits all of them alike.
+
+    ``clock="wall"``: iteration wall time (what latencies are made of; on a shared host it
+    includes the time the engine thread was not running). ``clock="cpu"``: the engine
+    thread's CPU time (``time.thread_time``; one torch thread, so every CPU kernel runs on
+    it): the engine's own cost on a quiet host (not the step time on CUDA, which is async).
+    Returns ``{allocator: fit}`` (each with its rows).
+    """
+    if clock not in ("cpu", "wall"):
+        raise ValueError("clock: cpu or wall")
+    from sim.catalog import GPUS
+    from sim.costmodel import Layout
+    from sim.profile import ProfileCostModel
+
+    from .engine import Engine, EngineConfig, Transformer
+
+    kd = profile.dtypes["weight"][0]
+    costs = {a: ProfileCostModel(kernels_only(profile), model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd,
+                                 layout=Layout(paged=a == "paged", block_size=block_size)) for a in allocators}
+    net = Transformer(model, dtype, device, seed)
+    rng = random.Random(seed)
+    longest = prompt_range[1] + output_tokens
+    rows: dict[str, list] = {a: [] for a in allocators}
+    t0 = time.perf_counter()
+    for p in range(passes):
+        for b in batches:
+            trace = [(0.0, rng.randint(*prompt_range), output_tokens) for _ in range(b)]
+            for a in allocators:
+                cfg = EngineConfig(model, num_blocks=b * -(-longest // block_size) + 1, block_size=block_size,
+                                   max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
+                                   reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
+                                   device=device)
+                res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
+                for r in engine_iteration_rows(res, costs[a])[1:]:  # the first iteration of a run warms caches
+                    r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]
+                    r.update(batch=b, pass_=p)
+                    rows[a].append(r)
+    elapsed = round(time.perf_counter() - t0, 2)
+    meta = {"block_size": block_size, "dtype": dtype, "threads": threads, "clock": clock, "elapsed_s": elapsed,
+            "passes": passes, "batches": list(batches), "prompt_range": list(prompt_range),
+            "output_tokens": output_tokens}
+    return {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
+
+
+def _fit_overhead(rows: list[dict], clock: str) -> dict:
+    from scipy.optimize import nnls
+    S = np.array([r["seqs"] for r in rows], dtype=float)
+    T = np.array([r["tokens"] for r in rows], dtype=float)
+    R = np.array([r["residual_s"] for r in rows])
+    xs = np.array(sorted(set(S.tolist())))
+    med = np.array([np.median(R[S == x]) for x in xs])
+    # Robust to a shared host's slow episodes: medians, not means. a + b·S from the median residual
+    # of pure-decode iterations per S (least squares over S, non-negative); c from the median of
+    # what mixed iterations leave per prefill token.
+    dec = np.array([r["pure_decode"] for r in rows])
+    xd = np.array(sorted(set(S[dec].tolist()))) if dec.any() else xs
+    md = np.array([np.median(R[dec & (S == x)]) for x in xd]) if dec.any() else med
+    (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]), md)
+    mixed = ~dec & (T > S)
+    c_ = float(max(0.0, np.median((R[mixed] - a - b_ * S[mixed]) / (T[mixed] - S[mixed])))) if mixed.any() else 0.0
+    pred = a + b_ * S + c_ * (T - S)
+    meas = np.array([r["cpu_s" if clock == "cpu" else "measured_s"] for r in rows])
+    kern = np.array([r["predicted_s"] for r in rows])
+    wall = np.array([r["measured_s"] for r in rows])
+    err = np.abs(kern + pred - meas) / meas
+    return {"intercept_s": float(a), "per_seq_s": float(b_), "per_token_s": float(c_),
+            "batch_range": [int(xs.min()), int(xs.max())], "tokens_range": [int(T.min()), int(T.max())],
+            "cpu_over_wall": round(float(np.sum([r["cpu_s"] for r in rows]) / wall.sum()), 4),
+            "iterations": len(rows), "median_by_seqs": {str(int(x)): float(m) for x, m in zip(xs, med)},
+            "fit_median_rel_err": round(float(np.median(err)), 4),
+            "fit_p90_rel_err": round(float(np.percentile(err, 90)), 4),
+            "residual_share_median": round(float(np.median(pred / meas)), 4), "rows": rows}
+
+
+def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> Profile:
+    """``profile`` whose CPU-side step term is the reference engine's measured overhead (``measure_engine_overhead``).
+
+    The per-prefill-token part ``c·P`` is charged through the profile's only per-token
+    channel, the elementwise term (``layers × bytes per token / bandwidth``, every token
+    computed): its bandwidth is lowered so that channel grows by exactly ``c`` per token, and
+    ``cpu_overhead`` becomes ``a + (b − c)·S`` (a decode sequence is one token), so a step
+    costs ``a + b·S + c·(T − S) = a + b·S + c·P`` on top of the kernels.
+    """
+    import copy
+
+    from sim.catalog import GPUS
+    from sim.profile import ProfileCostModel
+    p = copy.deepcopy(profile)
+    c = float(overhead.get("per_token_s", 0.0))
+    if c > 0:
+        kd = p.dtypes["weight"][0]
+        cm = ProfileCostModel(p, model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd)
+        old = cm._ew_per_token * model.layers  # seconds per token through the elementwise channel
+        ew = dict(p.elementwise)
+        ew["kernel_route_bandwidth_bytes_per_s"] = ew["bandwidth_bytes_per_s"]
+        ew["bandwidth_bytes_per_s"] = float(ew["bandwidth_bytes_per_s"]) * old / (old + c)
+        ew["engine_per_token_s"] = c
+        ew["source"] = (ew.get("source", "") + "; bandwidth lowered to include the reference engine's measured "
+                        f"per-token framework cost ({c * 1e6:.2f} us/token, measure_engine_overhead)")
+        p.elementwise = ew
+    kernel_route = p.cpu_overhead.get("by_tp", {}).get("1")
+    p.cpu_overhead = {
+        "by_tp": {"1": {"intercept_s": overhead["intercept_s"],
+                        "per_seq_s": max(overhead["per_seq_s"] - float(overhead.get("per_token_s", 0.0)), 0.0),
+                        "batch_range": overhead["batch_range"], "fit_median_rel_err": overhead["fit_median_rel_err"],
+                        "fit_p90_rel_err": overhead["fit_p90_rel_err"]}},
+        "parts": ["the reference engine's whole iteration beyond the profile's kernels: scheduling, block tables, "
+                  "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
+        "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "
+                  f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
+                  f"{'thread CPU' if overhead.get('clock') == 'cpu' else 'wall'} time "
+                  "minus the kernel curves' prediction for the same batch shape, median per sequence count, "
+                  "fitted a + b x sequences (kvsim.calibration.kernels.measure_engine_overhead)",
+        "median_by_seqs": overhead["median_by_seqs"], "kernel_route_step_cpu": kernel_route,
+        "note": "host-side and framework work per step, not overlapped with kernels (CPU: same thread)"}
+    p.provenance = {**p.provenance, "engine_overhead": {k: v for k, v in overhead.items() if k != "rows"}}
+    return p

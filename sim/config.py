@@ -335,4 +335,13 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
 
 
 def list_scenarios() -> list[str]:
-    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+    """Built-in simulator scenarios (files marked ``kind: validation`` are specs for ``kvsim validate``)."""
+    out = []
+    for p in sorted(SCENARIO_DIR.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        if isinstance(data, dict) and data.get("kind") != "validation":
+            out.append(p.stem)
+    return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,33 @@ def _round_list(a) -> list:
 
 # --- curves ---------------------------------------------------------------------------------
 
+# Scalar queries (one batch shape per engine iteration) go through plain Python floats: numpy's
+# per-call overhead on 1-element arrays dominated the cost model. Results stay those of the
+# vectorised path: log/exp are numpy's own ufuncs applied to one value (the same loops as on an
+# array; ``math``'s differ in the last bit where numpy uses AVX-512), and ``_interp1`` repeats
+# ``np.interp``'s branches and arithmetic for one point (bitwise equal on x86-64; within an ulp
+# where the C compiler fuses np.interp's multiply-add). tests/test_profile_speed_equivalence.py.
+_np_log = np.log
+_np_exp = np.exp
+
+
+def _interp1(x: float, xp: list, fp: list, slopes: list) -> float:
+    """``np.interp(x, xp, fp)`` for one float: same bracket, same ``slope·(x − xp[j]) + fp[j]``."""
+    if x >= xp[-1]:
+        return fp[-1]
+    if x < xp[0]:
+        return fp[0]
+    j = bisect_right(xp, x) - 1
+    xj = xp[j]
+    if xj == x:
+        return fp[j]
+    return slopes[j] * (x - xj) + fp[j]
+
+
+def _slopes(xp: list, fp: list) -> list:
+    return [(fp[i + 1] - fp[i]) / (xp[i + 1] - xp[i]) for i in range(len(xp) - 1)]
+
+
 @dataclass
 class Curve1D:
     """Seconds vs one positive coordinate, log-log piecewise linear between grid points."""
@@ -73,6 +101,19 @@ class Curve1D:
         if np.any(np.diff(self.x) <= 0) or np.any(self.x <= 0) or np.any(self.t_s <= 0):
             raise ValueError("curve x must be positive and increasing, t_s positive")
         self._lx, self._lt = np.log(self.x), np.log(self.t_s)
+        # Scalar tables (see ``at``).
+        self._lxl, self._ltl = self._lx.tolist(), self._lt.tolist()
+        self._sl = _slopes(self._lxl, self._ltl)
+        self._x_last, self._t_last = float(self.x[-1]), float(self.t_s[-1])
+        self._hi, self._lo = self._x_last * (1 + 1e-9), float(self.x[0]) * (1 - 1e-9)
+
+    def at(self, x: float) -> tuple[float, int]:
+        """``__call__`` for one value, without numpy arrays: seconds and 0/1 out of the grid."""
+        x = max(float(x), 1e-12)
+        if x > self._hi:
+            return self._t_last * x / self._x_last, 1
+        t = float(_np_exp(_interp1(float(_np_log(x)), self._lxl, self._ltl, self._sl)))
+        return t, int(x < self._lo)
 
     def __call__(self, x) -> tuple[np.ndarray, int]:
         """Seconds at ``x`` (array) and how many points lay outside the grid."""
@@ -115,6 +156,33 @@ class Grid2D:
             raise ValueError("grid axes must increase and times be positive")
         self._lb, self._ll, self._lt = np.log(self.batch), np.log(self.length), np.log(self.t_s)
         self._rows: dict[float, tuple[np.ndarray, float, int]] = {}
+        # Scalar tables (see ``at``): log lengths, and per batch the row as floats with its slopes.
+        self._lll = self._ll.tolist()
+        self._len_last = float(self.length[-1])
+        self._len_hi, self._len_lo = self._len_last * (1 + 1e-9), float(self.length[0]) * (1 - 1e-9)
+        self._srows: dict[float, tuple[list, list, float, int, float]] = {}
+
+    def _srow(self, batch: float) -> tuple[list, list, float, int, float]:
+        hit = self._srows.get(batch)
+        if hit is not None:
+            return hit
+        row, scale, oor = self.row(batch)
+        lrow = row.tolist()
+        out = (lrow, _slopes(self._lll, lrow), scale, oor, math.exp(row[-1]))
+        if len(self._srows) < 4096:
+            self._srows[batch] = out
+        return out
+
+    def at(self, batch: float, length: float) -> tuple[float, int]:
+        """``__call__`` for one length, without numpy arrays: seconds and 0/1 out of the grid."""
+        lrow, slopes, scale, oor_b, e_last = self._srow(batch)
+        length = max(float(length), 1e-12)
+        if length > self._len_hi:
+            t, oor = e_last * length / self._len_last, 1
+        else:
+            t = float(_np_exp(_interp1(float(_np_log(length)), self._lll, lrow, slopes)))
+            oor = int(length < self._len_lo)
+        return t * scale, (1 if oor_b else oor)
 
     def row(self, batch: float) -> tuple[np.ndarray, float, int]:
         """log-time along the length axis at ``batch`` (cached), batch scale factor, out-of-range count."""
@@ -255,6 +323,10 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 _DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}
 
+#: Decode windows up to this many iterations are priced one scalar query at a time (faster
+#: than numpy's fixed overhead); longer ones vectorised. Both give the same floats (see ``at``).
+_SHORT = 16
+
 
 @dataclass(frozen=True)
 class ShapeKeys:
@@ -363,6 +435,9 @@ class ProfileCostModel(CostModel):
         self._ew_fixed = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
         self._ew_per_token = per_tok / float(ew["bandwidth_bytes_per_s"])
         self._base_cache: dict[int, float] = {}
+        self._tok_cache: dict[float, tuple[float, tuple]] = {}
+        self._seq_cache: dict[float, tuple[float, float, tuple]] = {}
+        self._gemm_tok = [(proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")]
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
@@ -392,34 +467,73 @@ class ProfileCostModel(CostModel):
         if n:
             self.out_of_range[curve] = self.out_of_range.get(curve, 0) + n
 
-    def _gemms_s(self, tokens: float) -> float:
+    def _replay(self, counts: tuple) -> None:
+        oor = self.out_of_range
+        for curve, n in counts:
+            oor[curve] = oor.get(curve, 0) + n
+
+    # Each piece below is a pure function of its (integer) arguments, so it is computed once per
+    # distinct argument and cached with the out-of-range counts it made; a hit replays the counts,
+    # so ``out_of_range`` is exactly what evaluating it again would have counted.
+    def _tokens_part(self, tokens: float) -> tuple[float, tuple]:
+        """``layers × (GEMMs + elementwise) + all-reduces`` at ``tokens``, and its out-of-range counts."""
+        hit = self._tok_cache.get(tokens)
+        if hit is not None:
+            return hit
+        counts = []
         total = 0.0
-        for proj in ("qkv", "o", "gate_up", "down"):
-            t, oor = self._gemm[proj](np.array([tokens]))
-            self._count(f"gemm_{proj}", oor)
-            total += float(t[0])
-        return total
+        for proj, curve in self._gemm_tok:
+            t, oor = curve.at(tokens)
+            if oor:
+                counts.append((f"gemm_{proj}", oor))
+            total += t
+        per_layer = total + self._ew_fixed + self._ew_per_token * tokens
+        val = self.model.layers * per_layer
+        if self._allreduce is not None:
+            t, oor = self._allreduce.at(tokens * self.model.hidden * ACT_BYTES)
+            if oor:
+                counts.append(("allreduce", oor))
+            val = val + 2.0 * self.model.layers * t
+        out = (val, tuple(counts))
+        if len(self._tok_cache) < 65536:
+            self._tok_cache[tokens] = out
+        return out
 
-    def _allreduce_s(self, tokens: float) -> float:
-        if self._allreduce is None:
-            return 0.0
-        t, oor = self._allreduce(np.array([tokens * self.model.hidden * ACT_BYTES]))
-        self._count("allreduce", oor)
-        return 2.0 * self.model.layers * float(t[0])
-
-    def _cpu_s(self, seqs: float) -> float:
+    def _seqs_part(self, seqs: float) -> tuple[float, float, tuple]:
+        """LM head and CPU overhead at ``seqs`` sequences, and their out-of-range counts."""
+        hit = self._seq_cache.get(seqs)
+        if hit is not None:
+            return hit
+        counts = []
+        lm, oor = self._gemm["lm_head"].at(seqs)
+        if oor:
+            counts.append(("gemm_lm_head", oor))
         lo, hi = self._cpu["batch_range"]
-        self._count("cpu_overhead", int(seqs < lo or seqs > hi))
-        return float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
-
-    def _lm_head_s(self, seqs: float) -> float:
-        t, oor = self._gemm["lm_head"](np.array([seqs]))
-        self._count("gemm_lm_head", oor)
-        return float(t[0])
+        if seqs < lo or seqs > hi:
+            counts.append(("cpu_overhead", 1))
+        cpu = float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
+        out = (lm, cpu, tuple(counts))
+        if len(self._seq_cache) < 65536:
+            self._seq_cache[seqs] = out
+        return out
 
     def _non_attention_s(self, tokens: float, seqs: float) -> float:
-        per_layer = self._gemms_s(tokens) + self._ew_fixed + self._ew_per_token * tokens
-        return (self.model.layers * per_layer + self._allreduce_s(tokens) + self._lm_head_s(seqs) + self._cpu_s(seqs))
+        a, ca = self._tokens_part(tokens)
+        lm, cpu, cs = self._seqs_part(seqs)
+        if ca:
+            self._replay(ca)
+        if cs:
+            self._replay(cs)
+        return a + lm + cpu
+
+    def _decode_base(self, n: int) -> float:
+        # Counted on first use of ``n`` only (the historical semantics of this cache).
+        base = self._base_cache.get(n)
+        if base is None:
+            base = self._non_attention_s(n, n)
+            if len(self._base_cache) < 65536:
+                self._base_cache[n] = base
+        return base
 
     # -- CostModel API --
     def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
@@ -427,44 +541,76 @@ class ProfileCostModel(CostModel):
         n = int(num_seqs)
         if n <= 0:
             return np.zeros(kv.shape)
-        base = self._base_cache.get(n)
-        if base is None:
-            base = self._non_attention_s(n, n)
-            if len(self._base_cache) < 65536:
-                self._base_cache[n] = base
+        base = self._decode_base(n)
+        coef = self.model.layers * self._attn_factor
+        if kv.ndim == 1 and kv.size <= _SHORT:
+            # Short windows (most of them): one scalar query per iteration beats numpy's overhead.
+            at = self._gen.at
+            out, oor = [], 0
+            for v in kv.tolist():
+                t, o = at(n, v / n)
+                oor += o
+                out.append(base + coef * t)
+            self._count("generation_attention", oor)
+            return np.array(out, dtype=np.float64)
         attn, oor = self._gen(n, kv / n)
         self._count("generation_attention", oor)
-        return base + self.model.layers * self._attn_factor * attn
+        return base + coef * attn
+
+    def step_time_s(self, batch: BatchShape) -> float:
+        if batch.prefill_chunks:
+            return self.mixed_step_time_s(batch)
+        n = int(batch.decode_seqs)
+        if n <= 0:
+            return 0.0
+        # Exactly decode_times_s(n, [kv])[0]: the same scalar expression.
+        base = self._decode_base(n)
+        t, oor = self._gen.at(n, float(batch.decode_kv_tokens) / n)
+        self._count("generation_attention", oor)
+        return base + self.model.layers * self._attn_factor * t
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         chunks = batch.prefill_chunks
-        tokens = batch.num_tokens
-        seqs = batch.decode_seqs + len(chunks)
+        d = batch.decode_seqs
+        m = len(chunks)
+        tokens = d + sum(c for c, _ in chunks)
+        seqs = d + m
         if tokens <= 0:
             return 0.0
         attn = 0.0
-        if batch.decode_seqs > 0:
-            t, oor = self._gen(batch.decode_seqs, np.array([batch.decode_kv_tokens / batch.decode_seqs]))
+        if d > 0:
+            t, oor = self._gen.at(d, batch.decode_kv_tokens / d)
             self._count("generation_attention", oor)
-            attn += self._attn_factor * float(t[0])
+            attn += self._attn_factor * t
         if chunks:
-            new = np.array([c for c, _ in chunks], dtype=np.float64)
-            ctx = np.array([x for _, x in chunks], dtype=np.float64)
-            # FLOP-preserving equivalent: a fresh prompt of length L has L²/2 causal pairs;
-            # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
-            l_eq = np.sqrt(np.mean(new * new + 2.0 * new * ctx))
-            t, oor = self._ctx(len(chunks), np.array([max(l_eq, 1.0)]))
+            if m < 8:
+                # numpy sums fewer than 8 values left to right: the same floats as np.mean below.
+                sq, tot = 0.0, 0.0
+                for c, x in chunks:
+                    fc = float(c)
+                    sq += fc * fc + 2.0 * fc * float(x)
+                    tot += fc + float(x)
+                l_eq = math.sqrt(sq / m)
+                mean_len = tot / m
+            else:
+                new = np.array([c for c, _ in chunks], dtype=np.float64)
+                ctx = np.array([x for _, x in chunks], dtype=np.float64)
+                # FLOP-preserving equivalent: a fresh prompt of length L has L²/2 causal pairs;
+                # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
+                l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
+                mean_len = float(np.mean(new + ctx))
+            t, oor = self._ctx.at(m, max(l_eq, 1.0))
             self._count("context_attention", oor)
             # A chunk also reads its whole KV once, which the decode kernel's curve prices.
-            g, oor2 = self._gen(len(chunks), np.array([float(np.mean(new + ctx))]))
+            g, oor2 = self._gen.at(m, mean_len)
             self._count("generation_attention", oor2)
-            attn += max(float(t[0]), self._attn_factor * float(g[0]))
+            attn += max(t, self._attn_factor * g)
         return self._non_attention_s(tokens, seqs) + self.model.layers * attn
 
     def _mem_curve_s(self, op: str, nbytes: float) -> float:
-        t, oor = self._mem_curves[op](np.array([float(nbytes)]))
+        t, oor = self._mem_curves[op].at(float(nbytes))
         self._count(f"memory_{op}", oor)
-        return float(t[0])
+        return t
 
     def copy_time_s(self, nbytes: float) -> float:
         if nbytes <= 0:

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+# Times what a person sees: ./dev test runs it after the parallel phase, alone on the machine.
+pytestmark = pytest.mark.timing
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("KVSIM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

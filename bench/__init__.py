@@ -1,0 +1,15 @@
+"""Benchmarks of the simulator itself: ``python -m bench <name> [--quick] [--out DIR]``.
+
+* ``ff-vs-step``: fast-forward against per-iteration stepping on the same scenarios (wall time,
+  SimPy events, windows/iterations, largest relative metric difference);
+* ``scale``: 10k / 100k / 1M requests of ``bench-1m``, each in a subprocess (wall, requests/s,
+  peak RSS, cost per request);
+* ``saturated``: ``bench-saturated`` (the Vidur comparison workload) wall time, preemptions,
+  TTFT/TPOT percentiles;
+* ``profile``: cProfile top entries of a run, to choose the next optimisation from data;
+* ``costmodel``: per-call time of the calibrated cost model against the roofline prior on the
+  batch shapes a run actually prices.
+
+Each prints a rich table and writes ``<out>/<name>.json`` with the machine's load average, since
+wall times on a shared machine are only comparable side by side. See docs/performance.md.
+"""

@@ -1,0 +1,47 @@
+"""``python -m bench <name> [--quick] [--out DIR]`` — see ``bench/__init__.py``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import console, machine, warn_debug, write_json
+
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel"]
+
+
+def _module(name: str):
+    if name == "ff-vs-step":
+        from . import ff_vs_step as m
+    elif name == "scale":
+        from . import scale as m
+    elif name == "saturated":
+        from . import saturated as m
+    elif name == "profile":
+        from . import profiling as m
+    else:
+        from . import costmodel as m
+    return m
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("name", choices=NAMES + ["all"], help="benchmark to run ('all': every one, in this order)")
+    ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
+    args = ap.parse_args(argv)
+    warn_debug()
+    info = machine()
+    console.print(f"[dim]load average {info['load_avg_start']} on {info['cpus']} CPUs; python {info['python']}, "
+                  f"numpy {info['numpy']}, simpy {info['simpy']}[/]")
+    for name in NAMES if args.name == "all" else [args.name]:
+        data = _module(name).run(args.quick, args.out)
+        data["machine"] = info
+        path = write_json(args.out, name, data)
+        console.print(f"[dim]wrote {path}[/]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Per-call time of the calibrated cost model against the roofline prior.
+
+A run of chat-api records every batch shape the engine priced (mixed steps, decode windows);
+those calls are then replayed, timed, through the calibrated profile model and the roofline
+model of the same deployment. Replaying the same shapes side by side makes the ratio robust to
+the machine's load.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .common import load_avg, table, write_json
+
+SCENARIO = "chat-api"
+
+
+class _Recorder:
+    """Wraps a cost model, keeping the arguments of the two engine calls."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step_time_s(self, batch):
+        self.calls.append(("step", batch))
+        return self.inner.step_time_s(batch)
+
+    def decode_times_s(self, n, kv):
+        self.calls.append(("decode", n, np.array(kv, dtype=np.float64)))
+        return self.inner.decode_times_s(n, kv)
+
+
+def _replay(cm, calls, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for c in calls:
+            if c[0] == "step":
+                cm.step_time_s(c[1])
+            else:
+                cm.decode_times_s(c[1], c[2])
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _reference(sc, dep):
+    """The ProfileCostModel evaluation before it was made fast, kept in the equivalence test."""
+    import sys
+    from .common import ROOT
+    tests = str(ROOT / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    try:
+        from test_profile_speed_equivalence import _Reference
+    except ImportError:
+        return None
+    cm = dep.make_cost_model(sc)
+    return _Reference(cm.profile, cm.model, cm.gpu, tensor_parallel=cm.tp, layout=cm.layout)
+
+
+def run(quick: bool, out: Path) -> dict:
+    import sim.deployment as dep_mod
+    from sim.cluster import simulate
+    from sim.config import load_scenario
+    n = 300 if quick else 2000
+    sc = load_scenario(SCENARIO, {"workload.num_requests": n})
+    recorders: list[_Recorder] = []
+    orig = dep_mod.Deployment.make_cost_model
+
+    def make(self, scn):
+        r = _Recorder(orig(self, scn))
+        recorders.append(r)
+        return r
+
+    dep_mod.Deployment.make_cost_model = make
+    try:
+        simulate(sc)
+    finally:
+        dep_mod.Deployment.make_cost_model = orig
+    calls = recorders[0].calls
+    profile_cm = recorders[0].inner
+    dep = dep_mod.Deployment.from_scenario(sc, lambda q: 0)
+    roofline = dep.make_cost_model(load_scenario(SCENARIO, {"workload.num_requests": n, "cost_model.profile": "none"}))
+    fresh = dep.make_cost_model(sc)  # empty caches: the first replay pays them
+    load0 = load_avg()
+    repeats = 3 if quick else 5
+    t_first = _replay(fresh, calls, 1)
+    t_prof = _replay(profile_cm, calls, repeats)
+    t_roof = _replay(roofline, calls, repeats)
+    ref = _reference(sc, dep)
+    t_ref = _replay(ref, calls, repeats) if ref is not None else None
+    mixed = sum(1 for c in calls if c[0] == "step" and c[1].prefill_chunks)
+    decode_calls = [c for c in calls if c[0] == "decode"]
+    k = [len(c[2]) for c in decode_calls]
+    per_call = {"profile_us": 1e6 * t_prof / len(calls), "profile_first_pass_us": 1e6 * t_first / len(calls),
+                "roofline_us": 1e6 * t_roof / len(calls)}
+    table(f"cost model per engine call ({len(calls):,} calls of a {n:,}-request {SCENARIO} run; load {load0[:1]})",
+          ["model", "total s", "µs per call", "vs roofline"],
+          [[profile_cm.name + " (warm caches)", t_prof, per_call["profile_us"], t_prof / t_roof],
+           [profile_cm.name + " (first pass)", t_first, per_call["profile_first_pass_us"], t_first / t_roof],
+           ["roofline-uncalibrated", t_roof, per_call["roofline_us"], 1.0]]
+          + ([[profile_cm.name + " (pre-speed-up reference)", t_ref, 1e6 * t_ref / len(calls), t_ref / t_roof]]
+             if t_ref is not None else []))
+    data = {"bench": "costmodel", "quick": quick, "scenario": SCENARIO, "requests": n, "calls": len(calls),
+            "mixed_step_calls": mixed, "pure_decode_step_calls": sum(1 for c in calls if c[0] == "step") - mixed,
+            "decode_window_calls": len(decode_calls), "decode_window_len_mean": float(np.mean(k)) if k else 0.0,
+            "decode_window_len_max": int(max(k)) if k else 0, "seconds": {"profile_warm": t_prof,
+                                                                            "profile_first_pass": t_first,
+                                                                            "roofline": t_roof},
+            "per_call": per_call, "profile_over_roofline": t_prof / t_roof, "load_avg": load0,
+            "reference_s": t_ref, "speedup_over_reference": (t_ref / t_prof) if t_ref else None}
+    write_json(out, "costmodel", data)
+    return data

@@ -1,0 +1,708 @@
+"""A small but real continuous-batching inference engine in torch: the reference for ``kvsim validate``.
+
+* **Model**: a random-weight decoder-only transformer of a catalog shape (``ModelSpec``):
+  token embedding, per layer RMSNorm → fused QKV GEMM → rotary position embedding (RoPE,
+  rotate-half) → grouped-query attention → O GEMM → residual → RMSNorm → fused gate+up GEMM
+  → SiLU·up → down GEMM → residual; final RMSNorm and LM head; greedy (argmax) sampling for
+  exactly each request's output length (no EOS). GEMM shapes are the ones route 1 of
+  ``kvsim calibrate`` times (QKV ``(h+2·kv_h)·d × hidden``, gate+up ``2·intermediate × hidden``).
+* **KV cache**, two families, both preallocated once:
+
+  - ``paged``: per layer a K and a V tensor ``[num_blocks, block_size, kv_heads, head_dim]``,
+    a free-block list and a block table per request. New K/V are scattered into their
+    slots (``block_table[p // B] · B + p % B``); decode attention gathers each sequence's
+    blocks (``pool[block_tables]``) into a padded batch and runs SDPA with a length mask
+    (the paged kernel route 1 times); a prefill chunk gathers its own blocks.
+  - ``static``: per layer one contiguous K and V tensor ``[capacity, kv_heads, head_dim]``;
+    each admitted request reserves ``reserve`` contiguous slots, first fit. Attention reads
+    the reservation as a view (no gather), one SDPA per sequence.
+
+* **Scheduler**: the simulator's ``continuous`` scheduler rule for rule (``sim/scheduler.py``):
+  running requests first in admission order, each asking for its remaining tokens capped by
+  the token budget (chunked prefill); a failed grow preempts the most recently admitted
+  running request by recompute (its memory freed, back to the head of the queue) until the
+  grow succeeds or the request itself was the victim; then, only if nothing was preempted,
+  FCFS admission while ``max_num_seqs``, the budget and memory allow, the first refusal
+  stopping admission. A sequence that has computed ``c`` tokens and computes ``n`` more holds
+  slots for ``c + n``; a request's last sampled token is never computed.
+* **Replay**: :meth:`Engine.run` replays a trace in wall-clock time: a feeder thread puts
+  each request in a queue at its arrival time, the engine loop drains the queue at
+  iteration boundaries. ``clock="virtual"`` instead advances a virtual clock by a cost
+  model's step time (arrivals seen when the virtual clock passes them): the schedule is then
+  timing-independent and must equal the simulator's exactly.
+
+Records per request (arrival, enqueue, admission, first token, finish, preemptions) and per
+iteration (start/end, thread CPU time, prefill chunks ``(new, context)``, decode sequences
+and their KV tokens, blocks in use, block allocations, preemptions).
+
+float32 on CPU by default, ``torch.inference_mode()``, ``torch.set_num_threads(threads)``
+(default 1, the thread count route 1 calibrates with).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import queue
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from sim.catalog import ModelSpec
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+ALLOCATORS = ("paged", "static")
+NO_SPACE, OVERFLOW, OK = "no_space", "overflow", "ok"
+
+
+def _torch():
+    from .kernels import import_torch
+    return import_torch()
+
+
+@dataclass
+class EngineConfig:
+    model: ModelSpec
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    allocator: str = "paged"
+    #: static: slots reserved per request (``None``: ``max_model_len``).
+    reserve: int | None = None
+    max_model_len: int = 1024
+    chunked_prefill: bool = True
+    dtype: str = "fp32"
+    threads: int = 1
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator {self.allocator!r}: one of {ALLOCATORS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: one of {tuple(DTYPES)}")
+        if self.allocator == "static" and self.reserve is None:
+            self.reserve = self.max_model_len
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+# --- the model ------------------------------------------------------------------------------
+
+class Transformer:
+    """Random weights of ``model``'s shape; :meth:`forward` runs one batch through the KV cache."""
+
+    def __init__(self, model: ModelSpec, dtype: str = "fp32", device: str = "cpu", seed: int = 0, rope_base: float = 10000.0):
+        torch = self.torch = _torch()
+        self.m = model
+        self.dtype = getattr(torch, DTYPES[dtype])
+        self.device = torch.device(device)
+        g = torch.Generator().manual_seed(seed)
+        H, KVH, d, hid, inter = model.heads, model.kv_heads, model.head_dim, model.hidden, model.intermediate
+
+        def w(*shape, std=0.02):
+            return (torch.randn(*shape, generator=g) * std).to(self.device, self.dtype)
+
+        self.embed = w(model.vocab, hid, std=1.0)
+        self.layers = []
+        for _ in range(model.layers):
+            self.layers.append({
+                "norm1": (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype),
+                "wqkv": w((H + 2 * KVH) * d, hid, std=hid ** -0.5),
+                "wo": w(hid, H * d, std=(H * d) ** -0.5),
+                "norm2": (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype),
+                "wgu": w(2 * inter, hid, std=hid ** -0.5),
+                "wdown": w(hid, inter, std=inter ** -0.5),
+            })
+        self.norm_f = (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype)
+        self.lm_head = w(model.vocab, hid, std=hid ** -0.5)
+        inv = 1.0 / (rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.arange(model.max_position, dtype=torch.float64)[:, None] * inv[None, :]
+        self.cos = torch.cat([ang.cos(), ang.cos()], -1).to(self.device, self.dtype)  # [pos, d]
+        self.sin = torch.cat([ang.sin(), ang.sin()], -1).to(self.device, self.dtype)
+        self.scale = d ** -0.5
+
+    def rms(self, x, w, eps: float = 1e-6):
+        return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def rope(self, x, cos, sin):
+        """x [T, heads, d]; cos/sin [T, 1, d]."""
+        h = x.shape[-1] // 2
+        rot = self.torch.cat([-x[..., h:], x[..., :h]], -1)
+        return x * cos + rot * sin
+
+    def forward(self, ids, pos, attend, write, sample_rows):
+        """One batch. ``ids``/``pos`` [T]; ``write(layer, k, v)`` stores the new K/V;
+        ``attend(layer, q) -> [T, H, d]`` attends (``q`` [T, H, d]); logits of ``sample_rows``."""
+        torch = self.torch
+        F = torch.nn.functional
+        m = self.m
+        H, KVH, d = m.heads, m.kv_heads, m.head_dim
+        T = ids.shape[0]
+        x = self.embed[ids]
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)
+        for li, L in enumerate(self.layers):
+            h = self.rms(x, L["norm1"])
+            qkv = F.linear(h, L["wqkv"])
+            q = qkv[:, :H * d].view(T, H, d)
+            k = qkv[:, H * d:(H + KVH) * d].view(T, KVH, d)
+            v = qkv[:, (H + KVH) * d:].view(T, KVH, d)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            write(li, k, v)
+            o = attend(li, q)
+            x = x + F.linear(o.reshape(T, H * d), L["wo"])
+            h = self.rms(x, L["norm2"])
+            gu = F.linear(h, L["wgu"])
+            g, u = gu.chunk(2, -1)
+            x = x + F.linear(F.silu(g) * u, L["wdown"])
+        h = self.rms(x[sample_rows], self.norm_f)
+        return F.linear(h, self.lm_head)
+
+    def reference_logits(self, tokens: list[int]):
+        """No-cache forward of the whole sequence (causal SDPA); last-token logits [vocab]."""
+        torch = self.torch
+        F = torch.nn.functional
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(len(tokens), device=self.device)
+        store = {}
+
+        def write(li, k, v):
+            store[li] = (k, v)
+
+        def attend(li, q):
+            k, v = store[li]
+            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True,
+                                               scale=self.scale)
+            return o[0].transpose(0, 1)
+
+        with torch.inference_mode():
+            return self.forward(ids, pos, attend, write, torch.tensor([len(tokens) - 1], device=self.device))[0]
+
+
+# --- attention over the two cache layouts (module functions: tests call them directly) -------
+
+def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None):
+    """One query token per sequence over a paged cache.
+
+    q [D, H, d]; pools [num_blocks, B, KVH, d]; block_tables [D, max_blocks] (int64, padded);
+    seq_lens [D] (KV tokens incl. the new one). Returns [D, H, d].
+    """
+    import torch
+    D, nblk = block_tables.shape
+    B, KVH, d = k_pool.shape[1:]
+    Lmax = nblk * B
+    flat = block_tables.reshape(-1)
+    # index_select on dim 0 gathers whole blocks (about 3x faster than pool[table] on CPU)
+    k = k_pool.index_select(0, flat).view(D, Lmax, KVH, d).transpose(1, 2)
+    v = v_pool.index_select(0, flat).view(D, Lmax, KVH, d).transpose(1, 2)
+    mask = (torch.arange(Lmax, device=q.device)[None, :] < seq_lens[:, None]).view(D, 1, 1, Lmax)
+    o = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, enable_gqa=True,
+                                                         scale=scale)
+    return o.squeeze(2)
+
+
+def chunk_attention(q, k, v, ctx: int, scale=None):
+    """``n`` new tokens after ``ctx`` cached ones: q [n, H, d]; k, v [ctx + n, KVH, d] (views). Returns [n, H, d]."""
+    import torch
+    n = q.shape[0]
+    qq, kk, vv = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+    F = torch.nn.functional
+    if ctx == 0:
+        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True, scale=scale)
+    else:
+        L = ctx + n
+        mask = torch.arange(L, device=q.device)[None, :] <= (ctx + torch.arange(n, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, enable_gqa=True, scale=scale)
+    return o[0].transpose(0, 1)
+
+
+def contiguous_attention(q, k_list, v_list, scale=None):
+    """Reference: one query token per sequence over its own contiguous K/V ([L_i, KVH, d]); [D, H, d]."""
+    import torch
+    outs = [chunk_attention(q[i:i + 1], k_list[i], v_list[i], k_list[i].shape[0] - 1, scale) for i in range(q.shape[0])]
+    return torch.cat(outs, 0)
+
+
+# --- KV memory managers -----------------------------------------------------------------------
+
+class BlockPool:
+    """Free-block list + block tables (``paged``)."""
+
+    paged = True
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.B = block_size
+        self.num_blocks = num_blocks
+        self.free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self.tables: dict[int, list[int]] = {}
+        self.events = 0
+
+    def _take(self, table: list[int], tokens: int) -> str:
+        need = -(-tokens // self.B) - len(table)
+        if need > len(self.free):
+            return NO_SPACE
+        for _ in range(need):
+            table.append(self.free.pop())
+        self.events += max(need, 0)
+        return OK
+
+    def admit(self, rid: int, tokens: int) -> str:
+        table: list[int] = []
+        r = self._take(table, tokens)
+        if r == OK:
+            self.tables[rid] = table
+        return r
+
+    def grow(self, rid: int, tokens: int) -> str:
+        return self._take(self.tables[rid], tokens)
+
+    def release(self, rid: int) -> None:
+        self.free.extend(reversed(self.tables.pop(rid)))
+
+    def slot(self, rid: int, p: int) -> int:
+        return self.tables[rid][p // self.B] * self.B + p % self.B
+
+    def blocks_in_use(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def reserved_tokens(self) -> int:
+        return self.blocks_in_use() * self.B
+
+
+class StaticArena:
+    """``reserve`` contiguous slots per request in one arena, first fit (``static``)."""
+
+    paged = False
+
+    def __init__(self, capacity: int, reserve: int, block_size: int):
+        if not 0 < reserve <= capacity:
+            raise ValueError(f"reserve {reserve} must be in (0, {capacity}]")
+        self.cap, self.R, self.B = capacity, reserve, block_size
+        self.starts, self.sizes = [0], [capacity]  # free extents, sorted by start
+        self.owner: dict[int, int] = {}
+        self.events = 0
+
+    def admit(self, rid: int, tokens: int) -> str:
+        if tokens > self.R:
+            return OVERFLOW
+        for i, s in enumerate(self.sizes):
+            if s >= self.R:
+                start = self.starts[i]
+                if s == self.R:
+                    del self.starts[i], self.sizes[i]
+                else:
+                    self.starts[i] += self.R
+                    self.sizes[i] -= self.R
+                self.owner[rid] = start
+                self.events += 1
+                return OK
+        return NO_SPACE
+
+    def grow(self, rid: int, tokens: int) -> str:
+        return OVERFLOW if tokens > self.R else OK
+
+    def release(self, rid: int) -> None:
+        start, size = self.owner.pop(rid), self.R
+        i = bisect.bisect_left(self.starts, start)
+        left = i > 0 and self.starts[i - 1] + self.sizes[i - 1] == start
+        right = i < len(self.starts) and self.starts[i] == start + size
+        if left and right:
+            self.sizes[i - 1] += size + self.sizes[i]
+            del self.starts[i], self.sizes[i]
+        elif left:
+            self.sizes[i - 1] += size
+        elif right:
+            self.starts[i] = start
+            self.sizes[i] += size
+        else:
+            self.starts.insert(i, start)
+            self.sizes.insert(i, size)
+
+    def slot(self, rid: int, p: int) -> int:
+        return self.owner[rid] + p
+
+    def reserved_tokens(self) -> int:
+        return len(self.owner) * self.R
+
+    def blocks_in_use(self) -> float:
+        """Reserved slots in block units (what a paged pool of the same memory would count)."""
+        return self.reserved_tokens() / self.B
+
+
+# --- requests and records -----------------------------------------------------------------------
+
+class EngineRequest:
+    __slots__ = ("id", "prompt", "output", "arrival", "tokens", "computed", "generated", "admitted", "first_token",
+                 "finish", "preemptions", "enqueued", "status", "seq_no")
+
+    def __init__(self, rid: int, arrival: float, prompt_ids: list[int], output: int):
+        self.id, self.arrival, self.output = rid, float(arrival), int(output)
+        self.prompt = len(prompt_ids)
+        self.tokens = list(prompt_ids)
+        self.computed = self.generated = self.preemptions = 0
+        self.admitted = self.first_token = self.finish = self.enqueued = -1.0
+        self.status = ""
+        self.seq_no = -1
+
+
+@dataclass
+class EngineResult:
+    requests: list[dict]
+    iterations: list[dict]
+    config: dict
+    info: dict = field(default_factory=dict)
+
+    def peak_blocks(self) -> float:
+        return max((it["blocks_in_use"] for it in self.iterations), default=0)
+
+    def preemptions(self) -> int:
+        return sum(it["preempted"] for it in self.iterations)
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, model: Transformer | None = None):
+        torch = self.torch = _torch()
+        self.cfg = cfg
+        if cfg.device == "cpu":
+            torch.set_num_threads(int(cfg.threads))
+        self.net = model or Transformer(cfg.model, cfg.dtype, cfg.device, cfg.seed)
+        m = cfg.model
+        KVH, d = m.kv_heads, m.head_dim
+        dt, dev = self.net.dtype, self.net.device
+        if cfg.allocator == "paged":
+            shape = (cfg.num_blocks, cfg.block_size, KVH, d)
+        else:
+            shape = (cfg.capacity_tokens, KVH, d)
+        self.k_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
+        self.reset()
+
+    def reset(self) -> None:
+        cfg = self.cfg
+        self.mem = (BlockPool(cfg.num_blocks, cfg.block_size) if cfg.allocator == "paged"
+                    else StaticArena(cfg.capacity_tokens, int(cfg.reserve), cfg.block_size))
+        self.running: list[EngineRequest] = []
+        self.waiting: deque[EngineRequest] = deque()
+        self._admissions = 0
+
+    # -- scheduling: sim/scheduler.py, rule for rule --
+    def _preempt_last(self) -> EngineRequest:
+        victim = self.running.pop()
+        self.mem.release(victim.id)
+        victim.computed = 0
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def schedule(self):
+        cfg, mem, running = self.cfg, self.mem, self.running
+        budget = cfg.max_num_batched_tokens
+        items: list[tuple[EngineRequest, int]] = []
+        ended: list[EngineRequest] = []
+        preempted = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            need = len(req.tokens) - req.computed
+            if need > budget:
+                if not cfg.chunked_prefill:
+                    i += 1
+                    continue
+                need = budget
+            r = mem.grow(req.id, req.computed + need)
+            while r == NO_SPACE:
+                victim = self._preempt_last()
+                preempted += 1
+                if victim is req:
+                    break
+                r = mem.grow(req.id, req.computed + need)
+            if r == NO_SPACE:
+                break
+            if r == OVERFLOW:
+                running.pop(i)
+                mem.release(req.id)
+                req.status = "rejected"
+                ended.append(req)
+                continue
+            items.append((req, need))
+            budget -= need
+            i += 1
+        admitted = []
+        if preempted == 0:
+            waiting = self.waiting
+            while waiting and len(running) < cfg.max_num_seqs and budget > 0:
+                req = waiting[0]
+                need = len(req.tokens)
+                if need > budget:
+                    if not cfg.chunked_prefill:
+                        break
+                    need = budget
+                r = mem.admit(req.id, need)
+                if r == NO_SPACE:
+                    break
+                waiting.popleft()
+                if r == OVERFLOW:
+                    req.status = "rejected"
+                    ended.append(req)
+                    continue
+                running.append(req)
+                req.seq_no = self._admissions
+                self._admissions += 1
+                admitted.append(req)
+                items.append((req, need))
+                budget -= need
+        return items, preempted, admitted, ended
+
+    # -- one forward over the scheduled items --
+    def execute(self, items: list[tuple[EngineRequest, int]]) -> list[int]:
+        """Run the model on ``items``; returns the sampled token of each item that completes its
+        sequence (in item order), and -1 for chunks that do not."""
+        torch = self.torch
+        mem, net = self.mem, self.net
+        dev = net.device
+        dec = [(r, n) for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0]
+        dec_ids = {id(r) for r, _ in dec}
+        pre = [(r, n) for r, n in items if id(r) not in dec_ids]
+        ids, pos, slots = [], [], []
+        for r, _ in dec:
+            p = r.computed
+            ids.append(r.tokens[p])
+            pos.append(p)
+            slots.append(mem.slot(r.id, p))
+        chunk_meta = []
+        for r, n in pre:
+            c = r.computed
+            chunk_meta.append((len(ids), n, c, r))
+            ids.extend(r.tokens[c:c + n])
+            pos.extend(range(c, c + n))
+            slots.extend(mem.slot(r.id, p) for p in range(c, c + n))
+        T = len(ids)
+        D = len(dec)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
+        scale = net.scale
+        m = self.cfg.model
+        KVH, d, H = m.kv_heads, m.head_dim, m.heads
+        paged = mem.paged
+        if D:
+            if paged:
+                width = max(len(mem.tables[r.id]) for r, _ in dec)
+                bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
+                                  dtype=torch.long, device=dev)
+                lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
+            else:
+                dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
+        chunk_idx = []
+        for off, n, c, r in chunk_meta:
+            if paged:
+                nb = -(-(c + n) // mem.B)
+                chunk_idx.append(torch.tensor(mem.tables[r.id][:nb], dtype=torch.long, device=dev))
+            else:
+                chunk_idx.append(mem.owner[r.id])
+        kc, vc = self.k_cache, self.v_cache
+
+        def write(li, k, v):
+            if paged:
+                kc[li].view(-1, KVH, d).index_copy_(0, slots_t, k)
+                vc[li].view(-1, KVH, d).index_copy_(0, slots_t, v)
+            else:
+                kc[li].index_copy_(0, slots_t, k)
+                vc[li].index_copy_(0, slots_t, v)
+
+        def attend(li, q):
+            if not chunk_meta:  # pure decode
+                if paged:
+                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale)
+                return torch.cat([chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
+                                  for i, (s, L) in enumerate(dec_span)], 0)
+            out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
+            if D:
+                if paged:
+                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale)
+                else:
+                    for i, (s, L) in enumerate(dec_span):
+                        out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
+            for (off, n, c, r), idx in zip(chunk_meta, chunk_idx):
+                L = c + n
+                if paged:
+                    k = kc[li].index_select(0, idx).view(-1, KVH, d)[:L]
+                    v = vc[li].index_select(0, idx).view(-1, KVH, d)[:L]
+                else:
+                    k, v = kc[li][idx:idx + L], vc[li][idx:idx + L]
+                out[off:off + n] = chunk_attention(q[off:off + n], k, v, c, scale)
+            return out
+
+        rows, owners = [], []
+        for i, (r, _) in enumerate(dec):
+            rows.append(i)
+            owners.append(r)
+        for off, n, c, r in chunk_meta:
+            if c + n == len(r.tokens):
+                rows.append(off + n - 1)
+                owners.append(r)
+        logits = net.forward(ids_t, pos_t, attend, write, torch.tensor(rows, dtype=torch.long, device=dev))
+        toks = logits.argmax(-1).tolist() if rows else []
+        by_req = {id(r): t for r, t in zip(owners, toks)}
+        self.last_logits = logits
+        return [by_req.get(id(r), -1) for r, _ in items]
+
+    # -- the loop --
+    def run(self, trace, *, clock: str = "wall", cost=None, compute: bool = True, lead_s: float = 0.05,
+            seed: int | None = None, max_wall_s: float | None = None) -> EngineResult:
+        """Replay ``trace`` (rows ``(arrival_s, prompt_tokens, output_tokens)``).
+
+        ``clock="wall"``: real time, arrivals fed by a thread at their times. ``clock="cpu"``: the
+        engine's own clock, advanced by each iteration's thread CPU time (the real computation,
+        timed without the time a shared host kept the thread off the CPU) and jumping to the
+        next arrival when idle; arrivals are seen at iteration boundaries. ``clock="virtual"``:
+        time advances by ``cost.step_time_s`` per iteration (a sim ``CostModel``, plus its
+        allocation charge), arrivals are seen when the virtual clock passes them;
+        ``compute=False`` then skips the forward (scheduling and memory only, sampled tokens 0).
+        """
+        torch = self.torch
+        if clock not in ("wall", "virtual", "cpu"):
+            raise ValueError("clock: wall, cpu or virtual")
+        if clock == "virtual" and cost is None:
+            raise ValueError("clock='virtual' needs a cost model")
+        self.reset()
+        rng = random.Random(self.cfg.seed if seed is None else seed)
+        vocab = self.cfg.model.vocab
+        reqs = [EngineRequest(i, a, [rng.randrange(vocab) for _ in range(int(p))], int(o))
+                for i, (a, p, o) in enumerate(trace)]
+        order = sorted(reqs, key=lambda r: (r.arrival, r.id))
+        n_total = len(reqs)
+        iters: list[dict] = []
+        done = 0
+        running, waiting = self.running, self.waiting
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        feeder = None
+        if clock == "wall":
+            t0 = time.perf_counter() + lead_s
+
+            def feed():
+                for r in order:
+                    while True:
+                        dt = t0 + r.arrival - time.perf_counter()
+                        if dt <= 0:
+                            break
+                        time.sleep(dt)
+                    r.enqueued = time.perf_counter() - t0
+                    q.put(r)
+
+            feeder = threading.Thread(target=feed, name="kvsim-feeder", daemon=True)
+            feeder.start()
+            now = lambda: time.perf_counter() - t0  # noqa: E731
+        else:
+            vt = [0.0]
+            nxt = [0]
+            now = lambda: vt[0]  # noqa: E731
+
+        def drain(block: bool) -> None:
+            if clock != "wall":
+                if block and nxt[0] < n_total and order[nxt[0]].arrival > vt[0]:
+                    vt[0] = order[nxt[0]].arrival
+                while nxt[0] < n_total and order[nxt[0]].arrival <= vt[0]:
+                    r = order[nxt[0]]
+                    r.enqueued = r.arrival
+                    waiting.append(r)
+                    nxt[0] += 1
+                return
+            if block:
+                waiting.append(q.get())
+            while True:
+                try:
+                    waiting.append(q.get_nowait())
+                except queue.Empty:
+                    return
+
+        wall0 = time.perf_counter()
+        with torch.inference_mode():
+            while done < n_total:
+                drain(False)
+                if not running and not waiting:
+                    drain(True)
+                    continue
+                if max_wall_s is not None and time.perf_counter() - wall0 > max_wall_s:
+                    raise TimeoutError(f"engine run exceeded {max_wall_s} s")
+                ts = now()
+                c0 = time.thread_time()
+                ev0 = self.mem.events
+                items, preempted, admitted, ended = self.schedule()
+                for r in admitted:
+                    if r.admitted < 0:
+                        r.admitted = ts
+                blocks = self.mem.blocks_in_use()
+                reserved = self.mem.reserved_tokens()
+                chunks = [(n, r.computed) for r, n in items
+                          if not (n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)]
+                dseqs = sum(1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
+                dkv = sum(r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
+                events = self.mem.events - ev0
+                if items:
+                    if compute:
+                        toks = self.execute(items)
+                    else:
+                        toks = [0] * len(items)
+                else:
+                    toks = []
+                if clock == "virtual":
+                    from sim.costmodel import BatchShape
+                    if items:
+                        vt[0] += cost.step_time_s(BatchShape(list(chunks), dseqs, dkv)) + cost.alloc_time_s(events)
+                te = now() if clock != "cpu" else ts + (time.thread_time() - c0)
+                finished = 0
+                for (r, n), tok in zip(items, toks):
+                    r.computed += n
+                    if r.computed == len(r.tokens):
+                        r.tokens.append(int(tok))
+                        r.generated += 1
+                        if r.first_token < 0:
+                            r.first_token = te
+                        if r.generated >= r.output:
+                            r.status = "completed"
+                            r.finish = te
+                            finished += 1
+                for r in ended:
+                    r.finish = te
+                    finished += 1
+                if finished:
+                    keep = []
+                    for r in running:
+                        if r.status == "completed":
+                            self.mem.release(r.id)
+                        else:
+                            keep.append(r)
+                    running[:] = keep
+                    done += finished
+                c1 = time.thread_time()
+                if clock == "cpu":
+                    vt[0] = ts + (c1 - c0)
+                te2 = now()
+                if items or preempted:
+                    iters.append({"start_s": ts, "end_s": te2, "cpu_s": c1 - c0, "prefill_chunks": chunks,
+                                  "prefill_tokens": sum(n for n, _ in chunks), "decode_seqs": dseqs,
+                                  "decode_kv_tokens": dkv, "blocks_in_use": blocks, "reserved_tokens": reserved,
+                                  "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
+                                  "running": len(running), "waiting": len(waiting)})
+                    if clock == "virtual":
+                        iters[-1]["end_s"] = te
+        if feeder is not None:
+            feeder.join(timeout=1.0)
+        rows = [{"id": r.id, "status": r.status or "incomplete", "arrival_s": r.arrival, "enqueued_s": r.enqueued,
+                 "admitted_s": r.admitted, "first_token_s": r.first_token, "finish_s": r.finish,
+                 "prompt_tokens": r.prompt, "output_tokens": r.output, "generated_tokens": r.generated,
+                 "preemptions": r.preemptions, "output_ids": r.tokens[r.prompt:]} for r in reqs]
+        c = self.cfg
+        conf = {"model": c.model.name, "allocator": c.allocator, "num_blocks": c.num_blocks, "block_size": c.block_size,
+                "reserve": c.reserve, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+                "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock}
+        return EngineResult(rows, iters, conf, {"wall_s": time.perf_counter() - wall0})

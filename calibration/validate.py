@@ -1,0 +1,653 @@
+"""``kvsim validate``: the simulator against a real engine, on the same requests, config and device.
+
+For each allocator (``paged``, ``static``) and each load of a validation spec
+(``scenarios/validate-cpu.yaml``; format in ``docs/validation.md``):
+
+1. **Profile**: route 1 of ``kvsim calibrate`` on this device at the engine's model shape
+   and compute dtype (a narrow grid covering the spec's batch shapes), or a given profile;
+   then the reference engine's own per-iteration framework overhead
+   (:func:`calibration.kernels.measure_engine_overhead`, per cache layout) replaces the
+   profile's CPU-step term. One profile file per allocator is written to the output folder.
+2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
+   capacity the simulator estimates for that allocator (requests/s when all arrive at once),
+   or an explicit ``rate``; written as a generic CSV trace ``arrival_s,prompt_tokens,output_tokens``.
+3. **Engine** (:mod:`calibration.engine`) replays the trace in wall-clock time.
+4. **Simulator** replays the same CSV (``workload.arrival.kind: trace``) with the same
+   scheduler and allocator knobs and a KV capacity of exactly ``num_blocks × block_size``
+   tokens (``gpu.activation_reserve_bytes`` set so), cost model = the profile of step 1.
+5. **Semantics check**: the engine again on a *virtual* clock driven by the same cost model
+   (no compute): its schedule is then timing-independent and must equal the simulator's —
+   peak blocks, preemptions and every request's admission / first-token / finish time.
+6. ``validation.json`` (rows ``{load, allocator, metric, measured, simulated, rel_error}``,
+   per-iteration diagnostics, device, profile, shape) and ``validation.html`` (plotly).
+
+torch is imported only through :mod:`calibration.engine` and :mod:`calibration.kernels`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from sim.catalog import GPUS, get_model
+from sim.config import scenario_from_dict
+from sim.errors import ConfigError
+
+METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "e2e_p50", "e2e_p90", "e2e_p99",
+           "throughput", "peak_kv_blocks", "preemptions")
+#: GPU catalog entry whose memory arithmetic the simulator uses (capacity is forced to the engine's anyway).
+SIM_GPU = {"cpu": "cpu", "cuda": "H200-SXM-141GB"}
+KEY = "validate"
+
+DEFAULT_SPEC = {
+    "name": "validate", "description": "",
+    "model": "tiny-llama",
+    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu", "wall"]},
+    "kv": {"num_blocks": 256, "block_size": 16},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
+    "static_reserve": 480,
+    "workload": {"num_requests": 100, "max_model_len": 480, "seed": 1,
+                 "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 384, "output_min": 8, "output_max": 96}},
+    "loads": [{"name": "light", "utilization": 0.3}, {"name": "medium", "utilization": 0.7},
+              {"name": "saturating", "utilization": 1.6}],
+    "allocators": ["paged", "static"],
+    "host_speed": "probe",
+    "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
+}
+_ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
+
+
+# --- the spec ----------------------------------------------------------------------------------
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "lengths":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_spec(path: str | Path, quick: bool = False) -> dict:
+    """A validation spec (YAML) with defaults filled; ``quick`` applies its ``quick`` section."""
+    p = Path(path)
+    if not p.is_file():
+        from sim.config import SCENARIO_DIR
+        cand = SCENARIO_DIR / f"{path}.yaml"
+        if not cand.is_file():
+            raise ConfigError(f"{KEY}.scenario", str(path), "a validation spec YAML file (e.g. scenarios/validate-cpu.yaml)")
+        p = cand
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{KEY}.scenario", str(p), f"valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{KEY}.scenario", str(p), "a YAML mapping")
+    bad = sorted(set(raw) - _ALLOWED)
+    if bad:
+        raise ConfigError(f"{KEY}.{bad[0]}", raw[bad[0]], f"unknown key; allowed: {', '.join(sorted(_ALLOWED))}")
+    spec = _merge(DEFAULT_SPEC, raw)
+    get_model(spec["model"])
+    for i, ld in enumerate(spec["loads"]):
+        if "name" not in ld or (("utilization" in ld) == ("rate" in ld)):
+            raise ConfigError(f"{KEY}.loads[{i}]", ld, "a mapping with name and exactly one of utilization, rate")
+    for a in spec["allocators"]:
+        if a not in ("paged", "static"):
+            raise ConfigError(f"{KEY}.allocators", a, "paged or static")
+    if quick:
+        q = spec["quick"]
+        spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
+        names = q.get("loads")
+        if names:
+            spec["loads"] = [ld for ld in spec["loads"] if ld["name"] in names]
+        spec["allocators"] = list(q.get("allocators", spec["allocators"]))
+    spec["source"] = str(p)
+    return spec
+
+
+# --- scenarios for the simulator -----------------------------------------------------------------
+
+def capacity_tokens(spec: dict) -> int:
+    return int(spec["kv"]["num_blocks"]) * int(spec["kv"]["block_size"])
+
+
+def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, profile: str | None = None,
+                 arrival: dict | None = None, num_requests: int | None = None, device: str = "cpu"):
+    """The Scenario the simulator runs for ``spec``: same knobs, KV capacity = the engine's."""
+    model = get_model(spec["model"])
+    gpu = GPUS[SIM_GPU[device]]
+    bpt = model.kv_bytes_per_token("bf16")
+    act = int(gpu.memory_bytes * 0.9) - model.weight_bytes("bf16") - capacity_tokens(spec) * bpt
+    w = spec["workload"]
+    if arrival is None:
+        arrival = {"kind": "trace", "path": str(trace_path), "format": "csv"}
+    d = {
+        "name": f"{spec['name']}-{allocator}", "seed": int(w.get("seed", 0)),
+        "model": {"name": spec["model"]},
+        "gpu": {"name": gpu.name, "gpu_memory_utilization": 0.9, "activation_reserve_bytes": act},
+        "workload": {"num_requests": int(num_requests or w["num_requests"]), "max_model_len": int(w["max_model_len"]),
+                     "arrival": arrival},
+        "scheduler": {"max_num_seqs": int(spec["scheduler"]["max_num_seqs"]),
+                      "max_num_batched_tokens": int(spec["scheduler"]["max_num_batched_tokens"])},
+        "allocator": {"kind": allocator, "block_size": int(spec["kv"]["block_size"]),
+                      "reserve": int(spec["static_reserve"])},
+        "cost_model": {"profile": profile or "none"},
+    }
+    if arrival.get("kind") != "trace":
+        d["workload"]["lengths"] = copy.deepcopy(w["lengths"])
+    return scenario_from_dict(d)
+
+
+def make_requests(spec: dict, rate: float) -> np.ndarray:
+    """``[n, 3]`` rows ``(arrival_s, prompt, output)``: the spec's lengths, Poisson arrivals at ``rate``, first at 0."""
+    from sim.workload import build_workload
+    sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)})
+    wl = build_workload(sc)
+    t = wl.arrival_s - wl.arrival_s[0]
+    return np.column_stack([t, wl.prompt_tokens, wl.output_tokens]).astype(np.float64)
+
+
+def write_trace(rows: np.ndarray, path: Path) -> Path:
+    with open(path, "w") as f:
+        f.write("arrival_s,prompt_tokens,output_tokens\n")
+        for a, p, o in rows:
+            f.write(f"{float(a)!r},{int(p)},{int(o)}\n")
+    return path
+
+
+def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path) -> float:
+    """Requests/s the simulator sustains for ``allocator`` when every request arrives at once."""
+    from sim.cluster import simulate
+    rows = make_requests(spec, 1.0)
+    rows[:, 0] = 0.0
+    path = write_trace(rows, out / f"capacity-{allocator}.csv")
+    s = simulate(sim_scenario(spec, allocator, trace_path=str(path), profile=profile)).summary
+    return float(s["completed"]) / float(s["makespan_s"])
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+def latency_metrics(arrival, first, finish, prompt, generated) -> dict:
+    """The summary's definitions: TTFT, TPOT = (finish − first)/(generated − 1), e2e; tokens/s over the makespan."""
+    arrival, first, finish = (np.asarray(x, dtype=np.float64) for x in (arrival, first, finish))
+    prompt, generated = np.asarray(prompt), np.asarray(generated)
+    out = {}
+    multi = generated > 1
+    series = {"ttft": first - arrival, "tpot": (finish - first)[multi] / (generated[multi] - 1), "e2e": finish - arrival}
+    for k, v in series.items():
+        for q in (50, 90, 99):
+            out[f"{k}_p{q}"] = float(np.percentile(v, q)) if v.size else None
+    makespan = float(finish.max() - arrival.min())
+    out["throughput"] = float((prompt.sum() + generated.sum()) / makespan)
+    return out
+
+
+def rel_error(measured, simulated) -> float | None:
+    if measured is None or simulated is None:
+        return None
+    if measured == 0:
+        return 0.0 if simulated == 0 else None
+    return float(abs(simulated - measured) / abs(measured))
+
+
+def _engine_metrics(res) -> dict:
+    ok = [r for r in res.requests if r["status"] == "completed"]
+    m = latency_metrics([r["arrival_s"] for r in ok], [r["first_token_s"] for r in ok], [r["finish_s"] for r in ok],
+                        [r["prompt_tokens"] for r in ok], [r["generated_tokens"] for r in ok])
+    m["peak_kv_blocks"] = float(res.peak_blocks())
+    m["preemptions"] = int(res.preemptions())
+    return m
+
+
+def _sim_metrics(result, block_size: int) -> dict:
+    req = result.requests
+    ok = np.asarray(req["status"].to_pylist()) == "completed"
+    col = lambda c: req[c].to_numpy()[ok]  # noqa: E731
+    m = latency_metrics(col("arrival_s"), col("first_token_s"), col("finish_s"), col("prompt_tokens"),
+                        col("generated_tokens"))
+    bpt = result.summary["kv_bytes_per_token"]
+    ts = result.timeseries
+    m["peak_kv_blocks"] = float(ts["kv_reserved_bytes"].to_numpy().max() / bpt / block_size) if ts.num_rows else 0.0
+    m["preemptions"] = int(result.summary["preemptions"])
+    return m
+
+
+# --- profile --------------------------------------------------------------------------------------
+
+def validation_plan(spec: dict, device: str):
+    """A route-1 grid covering the spec's batch shapes only (seconds, not minutes)."""
+    from .kernels import Plan, _pow2
+    model = get_model(spec["model"])
+    T = int(spec["scheduler"]["max_num_batched_tokens"])
+    S = int(spec["scheduler"]["max_num_seqs"])
+    L = min(int(spec["workload"]["max_model_len"]), model.max_position)
+    top = 1 << max(1, (max(T, S) - 1).bit_length())
+    ltop = 1 << max(5, (L - 1).bit_length())
+    return Plan(gemm_m=_pow2(1, top), ctx_batch=(1, 2, 4), ctx_len=_pow2(16, min(ltop, model.max_position), 1),
+                ctx_max_tokens=4 * top, gen_batch=_pow2(1, 1 << (S - 1).bit_length()),
+                gen_len=_pow2(16, min(ltop, model.max_position)), gen_max_kv_bytes=256 << 20, block_sizes=(8, 32),
+                overhead_batch=_pow2(1, 64, 2), mem_bytes=_pow2(1 << 12, 1 << 24, 4), ew_tokens=(1, 16, 256),
+                repeats=5, warmup=2, target_repeat_s=0.0005, passes=2 if device == "cpu" else 1)
+
+
+def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
+                     progress: bool = False) -> tuple[dict[str, str], dict]:
+    """Profile file per allocator (kernel curves + the engine's measured overhead for that layout)."""
+    from sim.profile import load_profile
+
+    from .kernels import calibrate_device, measure_engine_overhead, with_engine_overhead
+    model = get_model(spec["model"])
+    eng = spec["engine"]
+    info: dict = {}
+    t0 = time.perf_counter()
+    if profile is None:
+        res = calibrate_device(device, model, dtype=eng["dtype"], key_dtype="bf16", threads=int(eng["threads"]),
+                               plan=validation_plan(spec, device), progress=progress,
+                               name=f"{device}-{model.name}-{eng['dtype']}-validate")
+        base = res.profile
+        info["calibrated"] = {"route": "kvsim calibrate --device (route 1), validation grid",
+                              "elapsed_s": round(res.elapsed_s, 1),
+                              "points": sum(base.provenance["measured_points"].values())}
+    else:
+        base = load_profile(profile)
+        info["loaded"] = profile
+        cdt = base.provenance.get("compute_dtype", base.dtypes.get("weight", ["?"])[0])
+        if cdt != eng["dtype"]:
+            info["dtype_mismatch"] = f"profile kernels timed in {cdt}, engine computes in {eng['dtype']}"
+    paths = {}
+    info["engine_overhead"] = {}
+    ovs = {}
+    if engine_overhead:
+        ovs = measure_engine_overhead(base, model, allocators=tuple(spec["allocators"]),
+                                      block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
+                                      threads=int(eng["threads"]), device=device,
+                                      clock="cpu" if (device == "cpu" and eng["clocks"][0] == "cpu") else "wall",
+                                      max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
+                                      batches=tuple(b for b in (1, 2, 4, 8, 16, 32)
+                                                    if b <= int(spec["scheduler"]["max_num_seqs"])))
+    for alloc in spec["allocators"]:
+        prof = base
+        if alloc in ovs:
+            prof = with_engine_overhead(base, ovs[alloc], model)
+            info["engine_overhead"][alloc] = {k: v for k, v in ovs[alloc].items() if k != "rows"}
+        path = out / f"profile-{alloc}.json"
+        prof.write(path)
+        paths[alloc] = str(path)
+    info["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    info["name"] = base.name
+    return paths, info
+
+
+# --- runs ------------------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    load: str
+    allocator: str
+    rate: float
+    #: per replay clock (``cpu``, ``wall``): simulator metrics and RunResult (profile rescaled by the host
+    #: probe taken just before that replay, when ``host_speed: probe``), engine metrics, EngineResult, diagnostics
+    simulated: dict
+    sim: dict
+    measured: dict
+    engine: dict
+    diagnostics: dict
+    #: simulator on the calibrated profile as is
+    simulated_raw: dict
+    semantics: dict
+
+
+def scale_profile(profile, f: float):
+    """``profile`` with every time multiplied by ``f`` (curves, latencies, CPU terms; bandwidths divided)."""
+    from sim.profile import Profile
+    doc = json.loads(json.dumps(profile.to_json()))
+    for fam in ("gemm", "context_attention", "generation_attention", "allreduce"):
+        for c in doc[fam].values():
+            c["t_s"] = (np.asarray(c["t_s"], dtype=np.float64) * f).tolist()
+    ew = doc["elementwise"]
+    ew["latency_s"] = float(ew["latency_s"]) * f
+    ew["bandwidth_bytes_per_s"] = float(ew["bandwidth_bytes_per_s"]) / f
+    for t in doc["cpu_overhead"].get("by_tp", {}).values():
+        t["intercept_s"] = float(t["intercept_s"]) * f
+        t["per_seq_s"] = float(t["per_seq_s"]) * f
+    m = doc["memory"]
+    for k in list(m):
+        if k.endswith("latency_s") or k == "alloc_event_s":
+            m[k] = float(m[k]) * f
+        elif k.endswith("bandwidth_bytes_per_s"):
+            m[k] = float(m[k]) / f
+    for c in m.get("curves", {}).values():
+        c["t_s"] = [x * f for x in c["t_s"]]
+    doc["provenance"]["host_speed_scale"] = f
+    return Profile.from_json(doc, "scaled")
+
+
+def engine_config(spec: dict, allocator: str, device: str):
+    from .engine import EngineConfig
+    e = spec["engine"]
+    return EngineConfig(get_model(spec["model"]), num_blocks=int(spec["kv"]["num_blocks"]),
+                        block_size=int(spec["kv"]["block_size"]), max_num_seqs=int(spec["scheduler"]["max_num_seqs"]),
+                        max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]), allocator=allocator,
+                        reserve=int(spec["static_reserve"]), max_model_len=int(spec["workload"]["max_model_len"]),
+                        dtype=e["dtype"], threads=int(e["threads"]), seed=int(e["seed"]), device=device)
+
+
+def _pcts(x) -> dict:
+    x = np.asarray(x, dtype=np.float64)
+    if not x.size:
+        return {}
+    return {f"p{q}": float(np.percentile(x, q)) for q in (10, 50, 90, 99)}
+
+
+def iteration_diagnostics(res, cost) -> dict:
+    """Per-iteration time measured vs predicted by the cost model for the same batch shapes."""
+    from .kernels import engine_iteration_rows
+    rows = engine_iteration_rows(res, cost)
+    out = {}
+    for name, sel in (("all", lambda r: True), ("pure_decode", lambda r: r["pure_decode"]),
+                      ("mixed", lambda r: not r["pure_decode"])):
+        rs = [r for r in rows if sel(r)]
+        if not rs:
+            continue
+        meas = np.array([r["measured_s"] for r in rs])
+        pred = np.array([r["predicted_s"] for r in rs])
+        cpu = np.array([r["cpu_s"] for r in rs])
+        out[name] = {"iterations": len(rs), "measured_s": _pcts(meas), "predicted_s": _pcts(pred),
+                     "signed_rel_error": _pcts((pred - meas) / meas),
+                     "abs_rel_error_median": float(np.median(np.abs(pred - meas) / meas)),
+                     "sum_predicted_over_measured": float(pred.sum() / meas.sum()),
+                     "cpu_over_wall": _pcts(cpu / meas),
+                     "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
+                     "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None}
+    busy = sum(it["end_s"] - it["start_s"] for it in res.iterations)
+    lag = [r["enqueued_s"] - r["arrival_s"] for r in res.requests if r["enqueued_s"] >= 0]
+    span = max((r["finish_s"] for r in res.requests), default=0.0)
+    out["busy_s"] = busy
+    out["makespan_s"] = span
+    out["feeder_lag_s"] = _pcts(lag)
+    out["rows"] = [{k: (round(v, 7) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    return out
+
+
+def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, sim_result, cost) -> dict:
+    """Engine on a virtual clock driven by ``cost`` (no compute) vs the simulator: must be identical."""
+    from .engine import Engine
+    eng = Engine(engine_config(spec, allocator, device))
+    res = eng.run([tuple(r) for r in rows], clock="virtual", cost=cost, compute=False)
+    req = sim_result.requests
+    sim_rows = {int(i): (a, f, e) for i, a, f, e in zip(req["id"].to_pylist(), req["admitted_s"].to_pylist(),
+                                                         req["first_token_s"].to_pylist(), req["finish_s"].to_pylist())}
+    diffs = [max(abs(r["admitted_s"] - sim_rows[r["id"]][0]), abs(r["first_token_s"] - sim_rows[r["id"]][1]),
+                 abs(r["finish_s"] - sim_rows[r["id"]][2])) for r in res.requests]
+    bpt = sim_result.summary["kv_bytes_per_token"]
+    B = int(spec["kv"]["block_size"])
+    sim_peak = float(sim_result.timeseries["kv_reserved_bytes"].to_numpy().max() / bpt / B)
+    out = {"engine_peak_kv_blocks": float(res.peak_blocks()), "sim_peak_kv_blocks": sim_peak,
+           "engine_preemptions": res.preemptions(), "sim_preemptions": int(sim_result.summary["preemptions"]),
+           "engine_iterations": len(res.iterations), "sim_iterations": int(sim_result.summary["iterations"]),
+           "max_abs_time_diff_s": float(max(diffs)) if diffs else 0.0}
+    out["identical"] = bool(out["engine_peak_kv_blocks"] == sim_peak and out["engine_preemptions"] == out["sim_preemptions"]
+                            and out["engine_iterations"] == out["sim_iterations"] and out["max_abs_time_diff_s"] < 1e-6)
+    return out
+
+
+PROBE_TRACE = [(0.0, 64, 24), (0.0, 200, 24), (0.0, 120, 24), (0.0, 32, 24)] * 3
+
+
+def host_probe(engine, cost, clock: str = "cpu") -> dict:
+    """Host speed now: a fixed offline batch through the engine on ``clock`` (``cpu``: thread CPU
+    time per iteration; ``wall``: wall time, so the CPU share other jobs leave is in it),
+    measured ÷ predicted busy time.
+
+    Taken right after calibration and before every run: a ratio that moves between the two is
+    the shared host (other jobs' cache, memory-bandwidth and SMT pressure), not the model.
+    """
+    res = engine.run(PROBE_TRACE, clock=clock, lead_s=0.0)
+    from .kernels import engine_iteration_rows
+    rows = engine_iteration_rows(res, cost)
+    meas = sum(r["measured_s"] for r in rows)
+    pred = sum(r["predicted_s"] for r in rows)
+    return {"measured_s": round(meas, 5), "predicted_s": round(pred, 5), "measured_over_predicted": round(meas / pred, 4),
+            "cpu_share": cpu_share(0.2)}
+
+
+def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: str, out: Path, device: str,
+            engine=None) -> Run:
+    """One load and allocator: the simulator, the semantics check, and the engine on each replay clock.
+
+    ``host_speed: probe``: just before and just after each replay a fixed batch measures the
+    host's speed (:func:`host_probe`, measured ÷ predicted busy time); the simulator then runs
+    on the profile with every time scaled by the geometric mean of the two (a recalibration
+    bracketing, never taken from, the replay). ``host_speed: fixed``: the profile as calibrated.
+    """
+    from sim.cluster import simulate
+    from sim.deployment import Deployment
+    from sim.profile import load_profile
+
+    from .engine import Engine
+    rows = make_requests(spec, rate)
+    trace = write_trace(rows, out / f"trace-{load['name']}-{allocator}.csv")
+    sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=profile_path, device=device)
+    sim_raw = simulate(sc)
+    B = int(spec["kv"]["block_size"])
+    cost = Deployment.from_scenario(sc).make_cost_model(sc)
+    eng = engine or Engine(engine_config(spec, allocator, device))
+    simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
+    for clock in spec["engine"]["clocks"]:
+        probe = host_probe(eng, cost, clock)
+        res = eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600)
+        probe_after = host_probe(eng, cost, clock)
+        if spec.get("host_speed", "probe") == "probe":
+            # bracket the replay: geometric mean of the probes just before and just after it
+            f = round(math.sqrt(probe["measured_over_predicted"] * probe_after["measured_over_predicted"]), 4)
+            path = out / f"profile-{allocator}-{load['name']}-{clock}.json"
+            scale_profile(load_profile(profile_path), f).write(path)
+            sc_c = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
+            sims[clock] = simulate(sc_c)
+            cost_c = Deployment.from_scenario(sc_c).make_cost_model(sc_c)
+        else:
+            sims[clock], cost_c = sim_raw, cost
+        simulated[clock] = _sim_metrics(sims[clock], B)
+        measured[clock], results[clock] = _engine_metrics(res), res
+        diags[clock] = iteration_diagnostics(res, cost_c)
+        diags[clock]["host_probe_before"] = probe
+        diags[clock]["host_probe_after"] = probe_after
+        diags[clock]["unscaled"] = {k: v for k, v in iteration_diagnostics(res, cost).items() if k in ("all",)}
+    return Run(load["name"], allocator, rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
+               semantics_check(spec, allocator, device, rows, sim_raw, cost))
+
+
+def cpu_share(seconds: float = 0.3) -> float:
+    """Share of one core a busy Python loop gets now (thread CPU time / wall time): 1.0 on a quiet host."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    x = 0
+    while time.perf_counter() - t0 < seconds:
+        x += 1
+    return round((time.thread_time() - c0) / (time.perf_counter() - t0), 3)
+
+
+def host_load() -> dict:
+    try:
+        la = os.getloadavg()
+    except OSError:
+        la = (None, None, None)
+    return {"loadavg_1m": la[0], "loadavg_5m": la[1], "cores": os.cpu_count(), "cpu_share": cpu_share()}
+
+
+def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out: Path | str = "runs/validate",
+             engine_overhead: bool = True, progress=None) -> dict:
+    """Run the whole validation (see the module docstring); returns the ``validation.json`` document."""
+    from .kernels import check_device
+    check_device(device)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    say = progress or (lambda msg: None)
+    t0 = time.perf_counter()
+    load_before = host_load()
+    say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
+    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead)
+    runs: list[Run] = []
+    caps = {}
+    from sim.deployment import Deployment
+
+    from .engine import Engine
+    probes = {}
+    for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe)
+        sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
+        probes[alloc] = host_probe(Engine(engine_config(spec, alloc, device)),
+                                   Deployment.from_scenario(sc).make_cost_model(sc))
+    for alloc in spec["allocators"]:
+        caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out)
+        engine = Engine(engine_config(spec, alloc, device))
+        for load in spec["loads"]:
+            rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
+            say(f"{alloc} {load['name']}: {rate:.2f} req/s, {spec['workload']['num_requests']} requests")
+            runs.append(run_one(spec, alloc, load, rate, paths[alloc], out, device, engine))
+    clocks = list(spec["engine"]["clocks"])
+    rows, by_clock = [], {c: [] for c in clocks}
+    for r in runs:
+        for c in clocks:
+            for m in METRICS:
+                meas, sim_v, raw = r.measured[c].get(m), r.simulated[c].get(m), r.simulated_raw.get(m)
+                by_clock[c].append({"load": r.load, "allocator": r.allocator, "metric": m, "measured": meas,
+                                    "simulated": sim_v, "rel_error": rel_error(meas, sim_v), "clock": c,
+                                    "simulated_unscaled": raw, "rel_error_unscaled": rel_error(meas, raw)})
+    rows = by_clock[clocks[0]]
+    model = get_model(spec["model"])
+    doc = {
+        "format": "kvsim-validation", "version": 1, "spec": spec["source"], "name": spec["name"],
+        "device": {"kind": device, "host": platform.node(), "cpu": _cpu_name(), "threads": int(spec["engine"]["threads"]),
+                   "dtype": spec["engine"]["dtype"], "torch": _torch_version()},
+        "profile": {"files": paths, **pinfo},
+        "shape": {"model": model.name, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
+                  "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate,
+                  "vocab": model.vocab},
+        "config": {"kv": spec["kv"], "scheduler": spec["scheduler"], "static_reserve": spec["static_reserve"],
+                   "workload": spec["workload"], "loads": spec["loads"]},
+        "capacity_requests_per_s": caps,
+        "rates": {f"{r.load}/{r.allocator}": r.rate for r in runs},
+        "clock": clocks[0],
+        "host_speed": spec.get("host_speed", "probe"),
+        "clock_meaning": {"cpu": "engine clock advanced by each iteration's thread CPU time (idle: jumps to the next "
+                                 "arrival): the engine as on a quiet host",
+                          "wall": "wall-clock replay, arrivals fed by a thread: the engine on this host as it is"},
+        "rows": rows,
+        "rows_by_clock": by_clock,
+        "semantics": {f"{r.load}/{r.allocator}": r.semantics for r in runs},
+        "diagnostics": {f"{r.load}/{r.allocator}": {c: {k: v for k, v in d.items() if k != "rows"}
+                                                     for c, d in r.diagnostics.items()} for r in runs},
+        "host_load": {"before": load_before, "after": host_load()},
+        "host_probe_after_calibration": probes,
+        "elapsed_s": round(time.perf_counter() - t0, 1),
+    }
+    (out / "validation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    (out / "iterations.json").write_text(json.dumps({f"{r.load}/{r.allocator}/{c}": d["rows"]
+                                                     for r in runs for c, d in r.diagnostics.items()}))
+    write_html(out / "validation.html", runs, doc)
+    return doc
+
+
+def _cpu_name() -> str:
+    from .kernels import cpu_model_name
+    return cpu_model_name()
+
+
+def _torch_version() -> str:
+    from .kernels import import_torch
+    return import_torch().__version__
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def _cdf(x):
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    return x, (np.arange(1, x.size + 1) / max(x.size, 1))
+
+
+def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
+    """Measured vs simulated CDFs (TTFT, TPOT, e2e), KV blocks over time, per-iteration times."""
+    try:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+    except ImportError:
+        return None
+    titles = []
+    for r in runs:
+        t = f"{r.load}/{r.allocator}"
+        titles += [f"{t}: TTFT CDF", f"{t}: TPOT CDF", f"{t}: e2e CDF", f"{t}: KV blocks in use",
+                   f"{t}: iteration time ({doc['clock']} clock)"]
+    fig = make_subplots(rows=len(runs), cols=5, subplot_titles=titles, horizontal_spacing=0.04,
+                        vertical_spacing=0.3 / max(len(runs), 1))
+    sim_c = "#d62728"
+    colors = {"cpu": "#1f77b4", "wall": "#17becf"}
+    for i, r in enumerate(runs, start=1):
+        first = next(iter(r.sim))
+        sim_r = r.sim[first]
+        req = sim_r.requests
+        okm = np.asarray(req["status"].to_pylist()) == "completed"
+        a, f, e, g = (req[c].to_numpy()[okm] for c in ("arrival_s", "first_token_s", "finish_s", "generated_tokens"))
+        s_vals = [f - a, ((e - f)[g > 1] / (g[g > 1] - 1)), e - a]
+        for c, res in r.engine.items():
+            ok = [q for q in res.requests if q["status"] == "completed"]
+            m_vals = ([q["first_token_s"] - q["arrival_s"] for q in ok],
+                      [(q["finish_s"] - q["first_token_s"]) / (q["generated_tokens"] - 1) for q in ok
+                       if q["generated_tokens"] > 1],
+                      [q["finish_s"] - q["arrival_s"] for q in ok])
+            for j, mv in enumerate(m_vals, start=1):
+                x, y = _cdf(mv)
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line={"color": colors.get(c, "#1f77b4")},
+                                         name=f"measured (engine, {c} clock)", legendgroup=c,
+                                         showlegend=(i == 1 and j == 1)), i, j)
+            its = res.iterations
+            fig.add_trace(go.Scatter(x=[it["end_s"] for it in its], y=[it["blocks_in_use"] for it in its], mode="lines",
+                                     line={"color": colors.get(c, "#1f77b4"), "shape": "hv"}, showlegend=False), i, 4)
+        for j, sv in enumerate(s_vals, start=1):
+            x, y = _cdf(sv)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line={"color": sim_c, "dash": "dash"},
+                                     name="simulated", legendgroup="s", showlegend=(i == 1 and j == 1)), i, j)
+            fig.update_xaxes(title_text="s", row=i, col=j)
+        ts = sim_r.timeseries
+        bpt = sim_r.summary["kv_bytes_per_token"]
+        B = int(doc["config"]["kv"]["block_size"])
+        fig.add_trace(go.Scatter(x=ts["t_s"].to_numpy(), y=ts["kv_reserved_bytes"].to_numpy() / bpt / B, mode="lines",
+                                 line={"color": sim_c, "dash": "dash", "shape": "hv"}, showlegend=False), i, 4)
+        rows = r.diagnostics[next(iter(r.diagnostics))]["rows"]
+        fig.add_trace(go.Scatter(x=[q["predicted_s"] * 1e3 for q in rows], y=[q["measured_s"] * 1e3 for q in rows],
+                                 mode="markers", marker={"size": 3, "color": ["#2ca02c" if q["pure_decode"] else "#ff7f0e"
+                                                                              for q in rows]},
+                                 showlegend=False, text=[f"seqs {q['seqs']} tokens {q['tokens']}" for q in rows]), i, 5)
+        hi = max([q["measured_s"] * 1e3 for q in rows] + [1.0])
+        fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", line={"color": "#999", "dash": "dot"},
+                                 showlegend=False), i, 5)
+        fig.update_xaxes(title_text="t (s)", row=i, col=4)
+        fig.update_xaxes(title_text="predicted ms (green: pure decode)", row=i, col=5)
+        fig.update_yaxes(title_text="measured ms", row=i, col=5)
+    errs = {(row["load"], row["allocator"], row["metric"]): row["rel_error"] for row in doc["rows"]}
+    p50 = [v for (l_, a_, m), v in errs.items() if m in ("tpot_p50", "e2e_p50", "ttft_p50") and v is not None]
+    fig.update_layout(height=330 * len(runs), width=1900,
+                      title=f"kvsim validate: {doc['name']} on {doc['device']['cpu'] if doc['device']['kind'] == 'cpu' else doc['device']['kind']}"
+                            f" ({doc['shape']['model']}, {doc['device']['dtype']}); profile {doc['profile']['name']}; "
+                            f"max |rel error| of p50 TTFT/TPOT/e2e: {max(p50) if p50 else float('nan'):.1%}")
+    fig.write_html(path, include_plotlyjs="cdn")
+    return path
+
+
+def format_table(doc: dict) -> list[list[str]]:
+    """Rows for the CLI: load, allocator, metric, measured, simulated, rel error."""
+    out = []
+    for r in doc["rows"]:
+        def f(v):
+            return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+        out.append([r["load"], r["allocator"], r["metric"], f(r["measured"]), f(r["simulated"]),
+                    "-" if r["rel_error"] is None else f"{r['rel_error']:.1%}"])
+    return out

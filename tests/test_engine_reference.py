@@ -1,0 +1,175 @@
+"""The reference engine (calibration/engine.py) is a correct engine, and the simulator's
+scheduler + allocators reproduce its schedule exactly when both run on the same clock."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from calibration.engine import (Engine, EngineConfig, EngineRequest, Transformer, chunk_attention,  # noqa: E402
+                                contiguous_attention, paged_decode_attention)
+from calibration.validate import load_spec, make_requests, semantics_check, sim_scenario, write_trace  # noqa: E402
+from sim.catalog import MODELS  # noqa: E402
+from sim.cluster import simulate  # noqa: E402
+from sim.deployment import Deployment  # noqa: E402
+
+TINY = MODELS["tiny-llama"]
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.fixture(scope="module")
+def net():
+    torch.set_num_threads(1)
+    return Transformer(TINY, "fp32", "cpu", seed=0)
+
+
+def test_paged_attention_equals_contiguous():
+    g = torch.Generator().manual_seed(0)
+    B, KVH, d, H, nblocks = 16, 4, 32, 8, 64
+    kp, vp = torch.randn(nblocks, B, KVH, d, generator=g), torch.randn(nblocks, B, KVH, d, generator=g)
+    lens = [1, 17, 40, 100, 3]
+    perm = torch.randperm(nblocks, generator=g).tolist()
+    tables, ks, vs, at = [], [], [], 0
+    for L in lens:
+        n = -(-L // B)
+        t = perm[at:at + n]
+        at += n
+        tables.append(t)
+        ks.append(kp[t].reshape(-1, KVH, d)[:L].clone())  # the sequence's K as one contiguous tensor
+        vs.append(vp[t].reshape(-1, KVH, d)[:L].clone())
+    width = max(len(t) for t in tables)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    q = torch.randn(len(lens), H, d, generator=g)
+    got = paged_decode_attention(q, kp, vp, bt, torch.tensor(lens))
+    ref = contiguous_attention(q, ks, vs)
+    assert rel(got, ref) < 1e-5
+    # and against plain math (softmax(q·k/sqrt(d))·v, GQA by repeating KV heads)
+    for i, L in enumerate(lens):
+        k, v = ks[i].repeat_interleave(H // KVH, 1), vs[i].repeat_interleave(H // KVH, 1)
+        s = torch.einsum("hd,lhd->hl", q[i], k) / d ** 0.5
+        o = torch.einsum("hl,lhd->hd", s.softmax(-1), v)
+        assert rel(got[i], o) < 1e-5
+
+
+def test_chunk_attention_with_context_equals_full_causal():
+    g = torch.Generator().manual_seed(1)
+    L, ctx, H, KVH, d = 70, 50, 8, 4, 32
+    q, k, v = torch.randn(L, H, d, generator=g), torch.randn(L, KVH, d, generator=g), torch.randn(L, KVH, d, generator=g)
+    full = chunk_attention(q, k, v, 0)
+    part = chunk_attention(q[ctx:], k, v, ctx)
+    assert rel(part, full[ctx:]) < 1e-5
+
+
+def _prefill_logits(eng: Engine, prompt: list[int]):
+    eng.reset()
+    r = EngineRequest(0, 0.0, prompt, 4)
+    eng.waiting.append(r)
+    with torch.inference_mode():
+        while r.computed < r.prompt:
+            items, *_ = eng.schedule()
+            eng.execute(items)
+            for q, n in items:
+                q.computed += n
+    return eng.last_logits[0]
+
+
+@pytest.mark.parametrize("allocator", ["paged", "static"])
+def test_cached_forward_equals_no_cache_forward(net, allocator):
+    # 150-token prompt in chunks of 64 (three iterations through the cache), block size 16
+    cfg = EngineConfig(TINY, num_blocks=32, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                       allocator=allocator, reserve=300, max_model_len=300)
+    eng = Engine(cfg, model=net)
+    prompt = [random.Random(5).randrange(TINY.vocab) for _ in range(150)]
+    got = _prefill_logits(eng, prompt)
+    ref = net.reference_logits(prompt)
+    assert rel(got, ref) < 1e-5
+
+
+def _greedy(net, prompt, n):
+    seq, out = list(prompt), []
+    for _ in range(n):
+        t = int(net.reference_logits(seq).argmax())
+        out.append(t)
+        seq.append(t)
+    return out
+
+
+@pytest.mark.parametrize("allocator,num_blocks", [("paged", 64), ("paged", 9), ("static", 40)])
+def test_batched_greedy_outputs_equal_reference(net, allocator, num_blocks):
+    """Mixed batches (chunks + decodes), and with 9 blocks recompute preemptions: every request's
+    tokens equal a no-cache greedy decode of its prompt."""
+    from sim.catalog import GPUS
+    from sim.costmodel import RooflineCostModel
+    cfg = EngineConfig(TINY, num_blocks=num_blocks, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
+                       allocator=allocator, reserve=160, max_model_len=160, seed=3)
+    eng = Engine(cfg, model=net)
+    trace = [(0.0, 70, 9), (0.001, 33, 12), (0.002, 90, 6), (0.02, 5, 10), (0.03, 60, 8)]
+    res = eng.run(trace, clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
+    rng = random.Random(cfg.seed)
+    prompts = [[rng.randrange(TINY.vocab) for _ in range(p)] for _, p, _ in trace]
+    for row, prompt, (_, _, o) in zip(res.requests, prompts, trace):
+        assert row["status"] == "completed" and row["generated_tokens"] == o
+        assert row["output_ids"] == _greedy(net, prompt, o)
+    if num_blocks == 14:
+        assert res.preemptions() > 0
+
+
+def test_wall_clock_run_records_iterations(net):
+    cfg = EngineConfig(TINY, num_blocks=40, block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
+    res = Engine(cfg, model=net).run([(0.0, 40, 5), (0.01, 20, 3)], clock="wall", lead_s=0.0)
+    assert all(r["status"] == "completed" for r in res.requests)
+    for r in res.requests:
+        assert r["arrival_s"] <= r["enqueued_s"] <= r["admitted_s"] < r["first_token_s"] <= r["finish_s"]
+    its = res.iterations
+    assert all(a["end_s"] <= b["start_s"] + 1e-9 for a, b in zip(its, its[1:]))
+    assert sum(it["prefill_tokens"] for it in its) == 60
+    assert res.peak_blocks() == 3 + 2  # ceil(44/16) + ceil(22/16): prompt + output - 1 slots at the end
+
+
+# --- the simulator reproduces the engine's schedule exactly (same clock) ------------------------------
+
+def _spec(**over):
+    spec = load_spec("scenarios/validate-cpu.yaml")
+    for k, v in over.items():
+        spec[k] = {**spec[k], **v} if isinstance(v, dict) else v
+    return spec
+
+
+@pytest.mark.parametrize("allocator", ["paged", "static"])
+@pytest.mark.parametrize("rate,num_blocks", [(2.0, 256), (8.0, 256), (40.0, 256), (40.0, 60), (1e6, 80)])
+def test_simulator_schedule_identical_to_engine(tmp_path, allocator, rate, num_blocks):
+    """Engine on a virtual clock driven by the simulator's cost model (no compute): peak blocks,
+    preemptions, iteration count and every request's admission / first token / finish are equal."""
+    spec = _spec(kv={"num_blocks": num_blocks}, workload={"num_requests": 60}, static_reserve=400,
+                 allocators=[allocator])
+    spec["workload"]["max_model_len"] = 400
+    spec["workload"]["lengths"] = {"kind": "uniform", "prompt_min": 8, "prompt_max": 300, "output_min": 1,
+                                   "output_max": 90}
+    rows = make_requests(spec, rate)
+    path = write_trace(rows, tmp_path / "t.csv")
+    sc = sim_scenario(spec, allocator, trace_path=str(path), profile="none")
+    sim = simulate(sc)
+    cost = Deployment.from_scenario(sc).make_cost_model(sc)
+    sem = semantics_check(spec, allocator, "cpu", rows, sim, cost)
+    assert sem["identical"], sem
+    if allocator == "paged" and num_blocks <= 80:
+        assert sem["sim_preemptions"] > 0  # the check covers recompute preemption
+
+
+def test_static_mode_is_contiguous_first_fit():
+    from calibration.engine import StaticArena
+    a = StaticArena(100, 30, 16)
+    assert [a.admit(i, 10) for i in range(4)] == ["ok", "ok", "ok", "no_space"]
+    assert [a.owner[i] for i in range(3)] == [0, 30, 60]
+    a.release(1)
+    assert a.admit(5, 31) == "overflow" and a.admit(5, 30) == "ok" and a.owner[5] == 30
+    assert a.grow(5, 31) == "overflow" and a.grow(5, 30) == "ok"
+    assert a.reserved_tokens() == 90 and a.blocks_in_use() == 90 / 16
+    np.testing.assert_equal(a.starts, [90])

@@ -1,0 +1,249 @@
+"""The fast ProfileCostModel (scalar paths, caches) prices every batch exactly as before.
+
+``_Reference`` is the evaluation code of ``sim/profile.py`` before it was made fast (numpy on
+1-element arrays, no per-argument caches), kept verbatim here: the curve lookups as functions of
+a curve's data, the cost-model methods as a subclass that only swaps the evaluation. Both are
+built from the same profile, model and layout, so any difference is the new code's.
+"""
+
+import math
+import random
+import zlib
+
+import numpy as np
+import pytest
+
+from sim.catalog import get_gpu, get_model
+from sim.costmodel import BatchShape, Layout
+from sim.profile import ACT_BYTES, Curve1D, Grid2D, ProfileCostModel, load_profile
+
+REL = 1e-12
+
+
+# --- the old evaluation, verbatim ---------------------------------------------------------
+
+def _ref_curve(c: Curve1D, x):
+    x = np.maximum(np.asarray(x, dtype=np.float64), 1e-12)
+    t = np.exp(np.interp(np.log(x), np.log(c.x), np.log(c.t_s)))
+    above = x > c.x[-1] * (1 + 1e-9)
+    below = x < c.x[0] * (1 - 1e-9)
+    if above.any():
+        t = np.where(above, c.t_s[-1] * x / c.x[-1], t)
+    return t, int(above.sum() + below.sum())
+
+
+def _ref_row(g: Grid2D, batch):
+    lb, lt = np.log(g.batch), np.log(g.t_s)
+    b = max(float(batch), 1e-12)
+    scale, oor = 1.0, 0
+    if b > g.batch[-1]:
+        scale, oor, b = b / g.batch[-1], 1, g.batch[-1]
+    elif b < g.batch[0]:
+        oor, b = 1, g.batch[0]
+    lb1 = math.log(b)
+    i = int(np.clip(np.searchsorted(lb, lb1) - 1, 0, len(lb) - 2))
+    w = (lb1 - lb[i]) / (lb[i + 1] - lb[i])
+    row = (1 - w) * lt[i] + w * lt[i + 1]
+    return row, scale, oor
+
+
+def _ref_grid(g: Grid2D, batch, length):
+    row, scale, oor_b = _ref_row(g, batch)
+    length = np.maximum(np.asarray(length, dtype=np.float64), 1e-12)
+    t = np.exp(np.interp(np.log(length), np.log(g.length), row))
+    above = length > g.length[-1] * (1 + 1e-9)
+    below = length < g.length[0] * (1 - 1e-9)
+    if above.any():
+        t = np.where(above, math.exp(row[-1]) * length / g.length[-1], t)
+    oor = int(above.sum() + below.sum())
+    if oor_b:
+        oor = int(length.size)
+    return t * scale, oor
+
+
+class _Reference(ProfileCostModel):
+    """The old ProfileCostModel evaluation (before the speed work)."""
+
+    def _gemms_s(self, tokens):
+        total = 0.0
+        for proj in ("qkv", "o", "gate_up", "down"):
+            t, oor = _ref_curve(self._gemm[proj], np.array([tokens]))
+            self._count(f"gemm_{proj}", oor)
+            total += float(t[0])
+        return total
+
+    def _allreduce_s(self, tokens):
+        if self._allreduce is None:
+            return 0.0
+        t, oor = _ref_curve(self._allreduce, np.array([tokens * self.model.hidden * ACT_BYTES]))
+        self._count("allreduce", oor)
+        return 2.0 * self.model.layers * float(t[0])
+
+    def _cpu_s(self, seqs):
+        lo, hi = self._cpu["batch_range"]
+        self._count("cpu_overhead", int(seqs < lo or seqs > hi))
+        return float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
+
+    def _lm_head_s(self, seqs):
+        t, oor = _ref_curve(self._gemm["lm_head"], np.array([seqs]))
+        self._count("gemm_lm_head", oor)
+        return float(t[0])
+
+    def _non_attention_s(self, tokens, seqs):
+        per_layer = self._gemms_s(tokens) + self._ew_fixed + self._ew_per_token * tokens
+        return (self.model.layers * per_layer + self._allreduce_s(tokens) + self._lm_head_s(seqs) + self._cpu_s(seqs))
+
+    def decode_times_s(self, num_seqs, kv_tokens):
+        kv = np.asarray(kv_tokens, dtype=np.float64)
+        n = int(num_seqs)
+        if n <= 0:
+            return np.zeros(kv.shape)
+        base = self._base_cache.get(n)
+        if base is None:
+            base = self._non_attention_s(n, n)
+            if len(self._base_cache) < 65536:
+                self._base_cache[n] = base
+        attn, oor = _ref_grid(self._gen, n, kv / n)
+        self._count("generation_attention", oor)
+        return base + self.model.layers * self._attn_factor * attn
+
+    def step_time_s(self, batch):
+        if not batch.prefill_chunks:
+            return float(self.decode_times_s(batch.decode_seqs, np.array([batch.decode_kv_tokens], dtype=np.float64))[0])
+        return self.mixed_step_time_s(batch)
+
+    def mixed_step_time_s(self, batch):
+        chunks = batch.prefill_chunks
+        tokens = batch.num_tokens
+        seqs = batch.decode_seqs + len(chunks)
+        if tokens <= 0:
+            return 0.0
+        attn = 0.0
+        if batch.decode_seqs > 0:
+            t, oor = _ref_grid(self._gen, batch.decode_seqs, np.array([batch.decode_kv_tokens / batch.decode_seqs]))
+            self._count("generation_attention", oor)
+            attn += self._attn_factor * float(t[0])
+        if chunks:
+            new = np.array([c for c, _ in chunks], dtype=np.float64)
+            ctx = np.array([x for _, x in chunks], dtype=np.float64)
+            l_eq = np.sqrt(np.mean(new * new + 2.0 * new * ctx))
+            t, oor = _ref_grid(self._ctx, len(chunks), np.array([max(l_eq, 1.0)]))
+            self._count("context_attention", oor)
+            g, oor2 = _ref_grid(self._gen, len(chunks), np.array([float(np.mean(new + ctx))]))
+            self._count("generation_attention", oor2)
+            attn += max(float(t[0]), self._attn_factor * float(g[0]))
+        return self._non_attention_s(tokens, seqs) + self.model.layers * attn
+
+    def _mem_curve_s(self, op, nbytes):
+        t, oor = _ref_curve(self._mem_curves[op], np.array([float(nbytes)]))
+        self._count(f"memory_{op}", oor)
+        return float(t[0])
+
+
+# --- comparisons ----------------------------------------------------------------------------
+
+CASES = [  # (profile, model, gpu, tp, layout)
+    ("h100-sxm", "llama-3.1-8b", "H100-SXM-80GB", 1, Layout(paged=True, block_size=16)),
+    ("h100-sxm", "llama-3.1-8b", "H100-SXM-80GB", 1, Layout(paged=False)),
+    ("a100-sxm", "llama-2-70b", "A100-SXM-80GB", 2, Layout(paged=True, block_size=16)),
+    ("h200-sxm", "llama-3.1-70b", "H200-SXM-141GB", 8, Layout(paged=True, block_size=32)),
+    ("cpu-reference", "tiny-llama", "cpu", 1, Layout(paged=True, block_size=16)),
+]
+
+
+def _pair(case):
+    prof, model, gpu, tp, layout = case
+    p = load_profile(prof)
+    args = (p, get_model(model), get_gpu(gpu))
+    kw = {"tensor_parallel": tp, "layout": layout}
+    return ProfileCostModel(*args, **kw), _Reference(*args, **kw)
+
+
+def _close(a, b):
+    return abs(a - b) <= REL * max(abs(a), abs(b))
+
+
+def _batch(rng: random.Random) -> BatchShape:
+    """Random shapes, many of them beyond the measured grids (huge batches, KV, chunks)."""
+    big = rng.random() < 0.1
+    d = rng.choice([0, 0, 1, 2, rng.randint(1, 64), rng.randint(1, 512), rng.randint(500, 5000) if big else 3])
+    per = rng.choice([1, rng.randint(1, 300), rng.randint(1, 20_000), rng.randint(10_000, 400_000) if big else 9])
+    kv = d * per + (rng.randint(0, d) if d else 0)
+    m = rng.choice([0, 0, 1, 1, 2, 3, rng.randint(1, 7), rng.randint(8, 24)])
+    chunks = [(rng.choice([1, rng.randint(1, 512), rng.randint(1, 8192), rng.randint(8192, 70_000) if big else 17]),
+               rng.choice([0, 0, rng.randint(0, 4096), rng.randint(0, 200_000) if big else 5])) for _ in range(m)]
+    return BatchShape(prefill_chunks=chunks, decode_seqs=d, decode_kv_tokens=kv)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}-{'paged' if c[4].paged else 'contig'}")
+def test_step_times_equal_the_old_evaluation(case):
+    new, old = _pair(case)
+    rng = random.Random(zlib.crc32((case[0] + case[1]).encode()))
+    worst = 0.0
+    for _ in range(1500):
+        b = _batch(rng)
+        # Repeat some shapes: cache hits must price (and count) exactly like misses.
+        for _ in range(1 + (rng.random() < 0.3)):
+            a, r = new.step_time_s(b), old.step_time_s(b)
+            assert _close(a, r), (b, a, r)
+            worst = max(worst, abs(a - r) / max(abs(r), 1e-300))
+    assert new.out_of_range == old.out_of_range
+    assert list(new.out_of_range) == list(old.out_of_range)  # first-seen order too
+    assert worst <= REL
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
+def test_decode_windows_equal_the_old_evaluation(case):
+    new, old = _pair(case)
+    rng = np.random.default_rng(7)
+    for _ in range(800):
+        n = int(rng.choice([1, 2, rng.integers(1, 64), rng.integers(1, 600), rng.integers(600, 6000)]))
+        k = int(rng.choice([1, 2, 3, rng.integers(1, 17), rng.integers(17, 300)]))
+        start = float(n * rng.choice([1, rng.integers(1, 4000), rng.integers(1, 300_000)]))
+        kv = start + n * np.arange(k, dtype=np.float64)
+        a, r = new.decode_times_s(n, kv), old.decode_times_s(n, kv)
+        assert a.shape == r.shape and a.dtype == np.float64
+        np.testing.assert_allclose(a, r, rtol=REL, atol=0)
+    assert new.out_of_range == old.out_of_range
+    assert new.decode_times_s(0, np.array([1.0, 2.0])).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
+def test_single_decode_equals_step_time_exactly(case):
+    new, _ = _pair(case)
+    rng = random.Random(11)
+    for _ in range(3000):
+        n = rng.choice([1, rng.randint(1, 64), rng.randint(1, 1024), rng.randint(1000, 9000)])
+        s = n * rng.choice([1, rng.randint(1, 5000), rng.randint(1, 400_000)]) + rng.randint(0, n)
+        one = new.decode_times_s(n, np.array([s], dtype=np.float64))[0]
+        assert one == new.step_time_s(BatchShape(decode_seqs=n, decode_kv_tokens=s))
+        # Short (scalar) and long (vectorised) windows price an iteration alike.
+        long = new.decode_times_s(n, np.full(40, float(s)))
+        assert _close(long[17], one)
+
+
+def test_memory_curves_equal_the_old_evaluation():
+    new, old = _pair(CASES[4])  # the measured device profile carries memory size curves
+    assert new._mem_curves, "cpu-reference has memory curves"
+    for nbytes in [1, 100, 4096, 1 << 20, 3 << 27, 1 << 34, 1 << 40]:
+        for f in ("copy_time_s", "zero_fill_time_s", "host_transfer_time_s"):
+            assert _close(getattr(new, f)(nbytes), getattr(old, f)(nbytes))
+    assert new.out_of_range == old.out_of_range
+
+
+def test_curve_scalar_lookup_matches_arrays():
+    p = load_profile("h100-sxm")
+    rng = np.random.default_rng(3)
+    for c in list(p.gemm.values())[:6] + list(p.allreduce.values()):
+        xs = np.concatenate([c.x, c.x * 1.0000001, c.x * 0.9999, rng.uniform(c.x[0] * 0.5, c.x[-1] * 2, 200), [1e-20, 0.0]])
+        for x in xs:
+            t, oor = c.at(float(x))
+            rt, roor = _ref_curve(c, np.array([x]))
+            assert _close(t, float(rt[0])) and oor == roor
+    for g in list(p.generation_attention.values())[:3] + list(p.context_attention.values())[:3]:
+        for b in [0.5, 1, 3, g.batch[-1], g.batch[-1] * 3]:
+            ls = np.concatenate([g.length, g.length * 1.01, [0.1, g.length[-1] * 5]])
+            for x in ls:
+                t, oor = g.at(b, float(x))
+                rt, roor = _ref_grid(g, b, np.array([x]))
+                assert _close(t, float(rt[0])) and oor == roor
