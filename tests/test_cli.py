@@ -68,6 +68,9 @@ BAD = [
     (["--set", "gpu.name=L4", "--set", "model.name=llama-3.1-70b"], "gpu", "KV capacity"),
     (["--set", "allocator.kind=static", "--set", "allocator.reserve=p0"], "allocator.reserve", "p0"),
     (["--set", "scheduler.max_num_seqs=0"], "scheduler.max_num_seqs", "0"),
+    (["--set", "allocator.kind=hybrid_reserve", "--set", "allocator.reserve_fraction=1.5"], "allocator.reserve_fraction", "1.5"),
+    (["--set", "allocator.kind=dynamic", "--set", "allocator.chunk_tokens=20000"], "allocator.chunk_tokens", "20000"),
+    (["--set", "allocator.kind=hybrid_tail", "--set", "allocator.static_fraction=0.01"], "allocator.static_fraction", "0.01"),
 ]
 
 
