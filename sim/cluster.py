@@ -82,6 +82,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
         sched = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
         sched.hash_block_tokens = wl.hash_block_tokens
+        sched.victim_policy = sc.allocator.preemption.victim
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
@@ -91,9 +92,11 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     outputs = wl.output_tokens.tolist()
 
     hashes = wl.hashes
+    priority = wl.priority
 
     def submit(rid: int, client: int = -1) -> None:
-        req = Request(rid, prompts[rid], outputs[rid], env.now, client, hashes[rid] if hashes is not None else None)
+        req = Request(rid, prompts[rid], outputs[rid], env.now, client, hashes[rid] if hashes is not None else None,
+                      int(priority[rid]) if priority is not None else 0)
         if req.prompt + req.output > max_len:
             req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env.now
             rec.request_done(req)

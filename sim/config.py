@@ -114,6 +114,12 @@ class PrefixConfig(_Section):
     groups: int = Field(1, ge=1)
 
 
+class PriorityConfig(_Section):
+    """Request classes for priority preemption: ``high_fraction`` of requests get priority 1, the rest 0."""
+
+    high_fraction: float = Field(0.0, ge=0, le=1)
+
+
 class WorkloadConfig(_Section):
     num_requests: int | None = Field(1000, ge=1)
     duration_s: float | None = Field(None, gt=0)
@@ -122,6 +128,7 @@ class WorkloadConfig(_Section):
     #: ``None`` takes lengths from the arrival trace.
     lengths: LengthsConfig | None = None
     prefix: PrefixConfig = PrefixConfig()
+    priority: PriorityConfig = PriorityConfig()
 
 
 class SchedulerConfig(_Section):
@@ -159,7 +166,7 @@ class PreemptionConfig(_Section):
     #: Host memory for swapped KV per replica; a victim that does not fit is recomputed.
     swap_capacity_bytes: int = Field(64 * 2**30, ge=0)
     #: ``lifo``: the most recently admitted running request (vLLM); ``lowest_priority``: the
-    #: request with the lowest ``priority`` (ties: most recent).
+    #: request with the lowest priority (``workload.priority``; ties: most recent).
     victim: Literal["lifo", "lowest_priority"] = "lifo"
 
 

@@ -78,7 +78,9 @@ class Replica:
         self.ext_frag_s = 0.0
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
-        self.cohort = allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True) else None
+        # The cohort assumes victims come from the tail of the running list (LIFO).
+        self.cohort = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
+                       and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []

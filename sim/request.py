@@ -21,9 +21,10 @@ class Request:
     """
 
     __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress", "hashes")
+                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress", "hashes", "priority")
 
-    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1, hashes=None):
+    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1, hashes=None,
+                 priority: int = 0):
         self.id = rid
         self.prompt = prompt
         self.output = output
@@ -47,6 +48,8 @@ class Request:
         self.last_progress = arrival
         #: Prefix block ids of the prompt (prefix caching), or ``None``.
         self.hashes = hashes
+        #: Larger = more important; ``lowest_priority`` preemption takes the smallest first.
+        self.priority = priority
 
     @property
     def tokens(self) -> int:

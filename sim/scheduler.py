@@ -49,6 +49,8 @@ class ContinuousScheduler:
         self.alloc = allocator
         #: ``swap`` preemption: host bytes available to hold preempted sequences' KV (0 = recompute).
         self.swap_capacity_bytes = swap_capacity_bytes
+        #: ``lifo`` or ``lowest_priority`` (see PreemptionConfig.victim).
+        self.victim_policy = "lifo"
         self.swap_used_bytes = 0
         self.swaps_out = 0
         self.swaps_in = 0
@@ -73,8 +75,15 @@ class ContinuousScheduler:
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
 
-    def _preempt_last(self) -> Request:
-        victim = self.running.pop()
+    def _pick_victim(self) -> int:
+        """Index in ``running`` of the request to preempt."""
+        if self.victim_policy == "lifo":
+            return len(self.running) - 1
+        # Lowest priority first; among equals the most recently admitted (vLLM's priority policy).
+        return max(range(len(self.running)), key=lambda k: (-self.running[k].priority, self.running[k].seq_no))
+
+    def _preempt_last(self, index: int | None = None) -> Request:
+        victim = self.running.pop(len(self.running) - 1 if index is None else index)
         alloc = self.alloc
         nbytes = victim.computed * alloc.bpt
         if victim.computed and self.swap_used_bytes + nbytes <= self.swap_capacity_bytes:
@@ -129,13 +138,24 @@ class ContinuousScheduler:
                 need = budget
             r = alloc.grow(req.id, req.computed + need)
             while r is Grow.NO_SPACE:
-                victim = self._preempt_last()
+                k = self._pick_victim()
+                victim = self._preempt_last(k)
                 preempted += 1
                 if victim is req:
                     break
+                if k < i:
+                    # Already given tokens this iteration: take them back.
+                    for j, (other, n_other) in enumerate(items):
+                        if other is victim:
+                            del items[j]
+                            budget += n_other
+                            break
+                    i -= 1
                 r = alloc.grow(req.id, req.computed + need)
-            if r is Grow.NO_SPACE:  # req itself was preempted; it was last, so the loop ends
-                break
+            if r is Grow.NO_SPACE:  # req itself was preempted
+                if self.victim_policy == "lifo":
+                    break  # it was last, so the loop ends
+                continue
             if r is Grow.OVERFLOW:
                 running.pop(i)
                 alloc.release(req.id)

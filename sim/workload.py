@@ -35,6 +35,8 @@ class Workload:
     #: equal ids = shared prefix. ``None`` when the workload has no prefix identity.
     hashes: list[tuple[int, ...] | None] | None = None
     hash_block_tokens: int = 512
+    #: Per request priority (0 or 1), or ``None`` when every request is equal.
+    priority: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -106,6 +108,10 @@ def build_workload(sc: Scenario) -> Workload:
             raise ConfigError("workload.prefix.fraction", pre.fraction,
                               "0 with a trace that carries its own prefix hashes (Mooncake)")
         _add_shared_prefixes(sc, wl)
+    if sc.workload.priority.high_fraction > 0:
+        # Its own stream, so adding classes does not change arrivals or lengths.
+        rng = np.random.default_rng(np.random.SeedSequence(sc.seed).spawn(4)[3])
+        wl.priority = (rng.random(len(wl)) < sc.workload.priority.high_fraction).astype(np.int64)
     return wl
 
 

@@ -139,15 +139,17 @@ def _compare(a, b):
        seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
        replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
        closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]),
-       swap=st.booleans(), growth=st.sampled_from(["token", "chunk"]), placement=st.sampled_from(["first_fit", "best_fit"]))
+       swap=st.booleans(), growth=st.sampled_from(["token", "chunk"]), placement=st.sampled_from(["first_fit", "best_fit"]),
+       victim=st.sampled_from(["lifo", "lowest_priority"]))
 def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse,
-                                      swap, growth, placement):
+                                      swap, growth, placement, victim):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
             "allocator.page_reuse": reuse, "allocator.preemption.mode": "swap" if swap else "recompute",
             "allocator.preemption.swap_capacity_bytes": 3000 * 2048, "allocator.growth": growth,
             "allocator.chunk_tokens": 64, "allocator.placement": placement, "allocator.static_fraction": 0.5,
-            "allocator.long_threshold": "p80",
+            "allocator.long_threshold": "p80", "allocator.preemption.victim": victim,
+            "workload.priority.high_fraction": 0.5,
             "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
             "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else budget}
     if closed:

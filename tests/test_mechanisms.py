@@ -169,3 +169,22 @@ def test_prefix_caching_on_the_mooncake_trace():
     print(msg)
     assert 0 < lru["prefix_hit_rate"] <= 0.366 and 0 < lfu["prefix_hit_rate"] <= 0.366, msg
     assert lru["ttft_s"]["p50"] < off["ttft_s"]["p50"], msg
+
+
+def test_lowest_priority_preemption_spares_high_priority_requests():
+    over = {"gpu.gpu_memory_utilization": 0.33, "workload.arrival.rate": 16.0, "workload.num_requests": 500,
+            "workload.priority.high_fraction": 0.3}
+    out = {}
+    for victim in ("lifo", "lowest_priority"):
+        res = simulate(load_scenario("chat-api", {**BASE, **over, "allocator.preemption.victim": victim}))
+        r = res.requests.to_pydict()
+        from sim.workload import build_workload
+        wl = build_workload(res.scenario)
+        high = [p for p, i in zip(r["preemptions"], r["id"]) if wl.priority[i] == 1]
+        low = [p for p, i in zip(r["preemptions"], r["id"]) if wl.priority[i] == 0]
+        out[victim] = (sum(high) / len(high), sum(low) / len(low))
+    msg = (f"preemptions per request (high / low priority): lifo {out['lifo'][0]:.3f} / {out['lifo'][1]:.3f}, "
+           f"lowest_priority {out['lowest_priority'][0]:.3f} / {out['lowest_priority'][1]:.3f}")
+    print(msg)
+    assert out["lowest_priority"][0] < out["lifo"][0], msg
+    assert out["lowest_priority"][0] < out["lowest_priority"][1], msg

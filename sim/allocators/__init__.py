@@ -25,7 +25,8 @@ KINDS: dict[str, tuple[dict, str]] = {
                        "paged pool with an emergency reserve for running sequences, a preemption threshold and an admission breaker"),
 }
 #: Knobs every kind takes.
-COMMON_KNOBS = {"preemption.mode": "recompute", "preemption.swap_capacity_bytes": 64 * 2**30}
+COMMON_KNOBS = {"preemption.mode": "recompute", "preemption.swap_capacity_bytes": 64 * 2**30,
+                "preemption.victim": "lifo"}
 
 __all__ = ["Allocator", "AllocatorStats", "AllocWork", "DecodePlan", "Grow", "DynamicAllocator", "HybridReserveAllocator",
            "HybridTailAllocator", "PagedAllocator", "StaticAllocator", "KINDS", "COMMON_KNOBS"]
