@@ -151,12 +151,14 @@ def list_scenarios_cmd():
 @list_app.command("allocators")
 def list_allocators():
     """Allocator kinds with their knobs and defaults."""
-    from .allocators import KINDS
-    t = Table(title="allocators")
+    from .allocators import COMMON_KNOBS, KINDS
+    t = Table(title="allocators (allocator.kind; knobs are allocator.<knob>; details in docs/allocators.md)")
     for c in ("kind", "knobs (defaults)", "what it models"):
         t.add_column(c)
     for kind, (knobs, what) in KINDS.items():
         t.add_row(kind, ", ".join(f"{k}={v}" for k, v in knobs.items()), what)
+    t.add_row("(every kind)", ", ".join(f"{k}={v}" for k, v in COMMON_KNOBS.items()),
+              "preemption: recompute or swap; victim lifo or lowest_priority")
     console.print(t)
 
 
