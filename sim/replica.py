@@ -79,6 +79,7 @@ class Replica:
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
+        self._has_breaker = type(allocator).paused_at is not Allocator.paused_at
         self.cohort = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
                        and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
         self.G = 0
@@ -534,10 +535,9 @@ class Replica:
         wall = float(ends[m - 1])
         self.busy_s += wall
         self.ext_frag_s += frag * wall
-        if m > 1:
-            self._account_paused(plan, np.concatenate(([reserved1], reserved_rest[: m - 1])), times[:m], waiting_at_start)
-        else:
-            self._account_paused(plan, np.array([reserved1]), times[:1], waiting_at_start)
+        if plan.paused or (waiting_at_start and self._has_breaker):
+            reserved_seq = np.concatenate(([reserved1], reserved_rest[: m - 1])) if m > 1 else np.array([reserved1])
+            self._account_paused(plan, reserved_seq, times[:m], waiting_at_start)
         self.iterations += m
         self.windows += 1
         self.rec.step(self, m, wall, float(times[0]), n)
