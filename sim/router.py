@@ -33,4 +33,6 @@ class Router:
             r = reps[self._next]
             self._next = (self._next + 1) % len(reps)
             return r
-        return min(reps, key=lambda r: r.outstanding())
+        # Inline counts (this runs once per arrival over every replica): lowest index on ties.
+        loads = [len(r.sched.running) + len(r.sched.waiting) for r in reps]
+        return reps[loads.index(min(loads))]

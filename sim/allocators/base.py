@@ -72,8 +72,14 @@ class AllocWork:
     swap_in_bytes: int = 0
 
     def add(self, other: "AllocWork") -> None:
-        for f in self.__slots__:
-            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.events += other.events
+        self.copy_ops += other.copy_ops
+        self.copy_bytes += other.copy_bytes
+        self.zero_ops += other.zero_ops
+        self.zero_bytes += other.zero_bytes
+        self.swap_ops += other.swap_ops
+        self.swap_out_bytes += other.swap_out_bytes
+        self.swap_in_bytes += other.swap_in_bytes
 
     def any(self) -> bool:
         return bool(self.events or self.copy_ops or self.zero_ops or self.swap_ops)
