@@ -249,6 +249,9 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "compactions": int(sum(r.compactions for r in replicas)),
         "compaction_bytes": int(sum(r.compaction_bytes for r in replicas)),
         "compaction_time_s": sum(r.compaction_s for r in replicas),
+        # Every compaction (first 10,000): when, on which replica, bytes moved, copy seconds.
+        "compaction_log": [{"t_s": t, "replica": r.index, "bytes": b, "time_s": c}
+                           for r in replicas for (t, b, c) in r.compaction_log][:10_000],
         "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),

@@ -96,6 +96,8 @@ class Replica:
         self.compactions = 0
         self.compaction_bytes = 0
         self.compaction_s = 0.0
+        #: Each compaction: (time s, bytes moved, copy seconds).
+        self.compaction_log: list[tuple[float, int, float]] = []
         loop = self._loop_cohort if self.cohort is not None else self._loop
         self.proc = env.process(loop())
         if self.compaction is not None:
@@ -152,6 +154,7 @@ class Replica:
         self.compaction_bytes += moved
         t = self.cost.copy_time_s(moved)
         self.compaction_s += t
+        self.compaction_log.append((self.env.now, int(moved), t))
         if self.compaction.mode == "background":
             # Copies run beside iterations: take them out of the stall path, slow the next ones.
             w = self.alloc.work

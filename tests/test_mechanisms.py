@@ -42,6 +42,9 @@ def test_compaction_lowers_external_fragmentation_and_charges_its_copies():
            f"{compacted['compaction_bytes'] / 2**30:.2f} GiB moved in {compacted['compaction_time_s'] * 1e3:.1f} ms")
     print(msg)
     assert compacted["compactions"] > 0 and compacted["compaction_time_s"] > 0, msg
+    log = compacted["compaction_log"]
+    assert len(log) == compacted["compactions"] and sum(e["bytes"] for e in log) == compacted["compaction_bytes"], msg
+    assert all(e["time_s"] > 0 for e in log), msg
     assert compacted["kv_external_fragmentation"] < plain["kv_external_fragmentation"], msg
 
 
