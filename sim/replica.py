@@ -273,8 +273,8 @@ class Replica:
             dt = float(arr[0])
         return dt
 
-    def _single_step(self, plan: StepPlan):
-        """One iteration through the per-sequence path."""
+    def _one_iteration(self, plan: StepPlan):
+        """Yield through one iteration of ``plan`` and account for it (time, memory, time series)."""
         dt = self._step_time(plan)
         used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
         frag = self._ext_frag()
@@ -286,6 +286,10 @@ class Replica:
         self.iterations += 1
         self.windows += 1
         self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
+
+    def _single_step(self, plan: StepPlan):
+        """One iteration through the per-sequence path."""
+        yield from self._one_iteration(plan)
         done: list[Request] = []
         self._advance_items(plan.items, self.env.now, done)
         self._finish(done, self.env.now)
@@ -474,17 +478,7 @@ class Replica:
 
     def _mixed_step(self, plan: StepPlan):
         """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
-        dt = self._step_time(plan)
-        used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
-        frag = self._ext_frag()
-        yield self.env.timeout(dt)
-        self._account(used, reserved, dt)
-        self.ext_frag_s += frag * dt
-        if plan.paused:
-            self.paused_s += dt
-        self.iterations += 1
-        self.windows += 1
-        self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
+        yield from self._one_iteration(plan)
         now = self.env.now
         self.G += 1
         done: list[Request] = []
