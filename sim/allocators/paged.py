@@ -98,9 +98,13 @@ class PagedAllocator(Allocator):
         # Any free block serves any sequence: the whole free pool is one usable extent.
         return self.free_blocks * self.block_size
 
+    def _held_blocks(self, seq: int) -> int:
+        """Blocks ``seq`` holds (subclasses with block tables count them there)."""
+        return self.blocks[seq]
+
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
         B = self.block_size
-        held = np.fromiter((self.blocks[s] for s in seqs), dtype=np.int64, count=len(seqs))
+        held = np.fromiter((self._held_blocks(s) for s in seqs), dtype=np.int64, count=len(seqs))
         # Iteration j (0-based) needs tokens_now + j slots. A sequence takes its next block
         # at j = held*B - tokens_now + 1, then every B iterations after that.
         first = held * B - tokens_now + 1
@@ -191,14 +195,18 @@ class PagedCohort(Cohort):
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
         return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
 
+    def _blocks_for(self, G: int, steps: int) -> int:
+        """New blocks the members take over ``steps`` iterations from ``G``."""
+        # Whole cycles of B iterations take one block per member; the rest is a partial cycle.
+        full, rest = divmod(steps, self.B)
+        return full * len(self.a) + (sum(self._new_blocks(G + full * self.B, rest)) if rest else 0)
+
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
             return
-        n = len(self.a)
-        full, rest = divmod(steps, self.B)
-        new = full * n + (sum(self._new_blocks(G + full * self.B, rest)) if rest else 0)
+        new = self._blocks_for(G, steps)
         pool = self.pool
         assert new <= pool.grow_limit(), "cohort advanced past the free pool"
         pool.free_blocks -= new
         pool._took(new)
-        pool.used_total += n * steps
+        pool.used_total += len(self.a) * steps

@@ -62,7 +62,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .base import INSUFFICIENT_FREE, DecodePlan, Grow
+from .base import INSUFFICIENT_FREE, Grow
 from .paged import PagedAllocator, PagedCohort
 
 EVICTIONS = ("lru", "lfu")
@@ -406,24 +406,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             self._dup -= shared * self.block_size
             self.used_total += shared * self.block_size
 
-    def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
-        # PagedAllocator.decode_plan over block-table lengths (same arithmetic).
-        B = self.block_size
-        held = np.fromiter((len(self.tables[s]) for s in seqs), dtype=np.int64, count=len(seqs))
-        first = held * B - tokens_now + 1
-        if max_steps > 1 and len(seqs):
-            counts = np.maximum(0, (max_steps - 1 - first) // B + 1)
-            starts = np.repeat(first, counts)
-            offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-            new_per_step = np.bincount(starts + offsets * B, minlength=max_steps)[:max_steps]
-        else:
-            new_per_step = np.zeros(max_steps, dtype=np.int64)
-        cum_new = np.cumsum(new_per_step)
-        k = int(np.searchsorted(cum_new, self.free_blocks, side="right"))
-        k = max(1, min(k, max_steps))
-        reserved = (self.num_blocks - self.free_blocks + cum_new[:k]) * B
-        used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
-        return DecodePlan(k, reserved.astype(np.float64), used, new_per_step[:k].astype(np.float64))
+    def _held_blocks(self, seq: int) -> int:
+        return len(self.tables[seq])
 
     def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
         for s, t in zip(seqs, tokens_after.tolist()):
@@ -506,10 +490,8 @@ class PrefixCachingCohort(PagedCohort):
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
             return
-        n = len(self.a)
-        full, rest = divmod(steps, self.B)
-        new = full * n + (sum(self._new_blocks(G + full * self.B, rest)) if rest else 0)
+        new = self._blocks_for(G, steps)
         pool = self.pool
         assert new <= pool.free_blocks, "cohort advanced past the free pool"
         self.spare.extend(pool._take(new))
-        pool.used_total += n * steps
+        pool.used_total += len(self.a) * steps
