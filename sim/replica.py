@@ -318,25 +318,37 @@ class Replica:
         self._truncated = False
         return m, ends
 
+    def _at_boundary(self):
+        """Between iterations: wait while idle, compact, drop stale requests. ``True`` when there is work."""
+        sched = self.sched
+        if not sched.running and not sched.waiting:
+            yield from self._idle_wait()
+            return False
+        if self._compact_due:
+            self._run_compaction()
+        self._drop_stale(self.env.now)
+        if not sched.running and not sched.waiting:
+            return False
+        sched.now = self.env.now
+        return True
+
+    def _stuck(self) -> None:
+        """Nothing was scheduled: fine if requests are running (budget) or none wait; else a bug."""
+        sched = self.sched
+        if not sched.running and sched.waiting:
+            raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+
     # --- per-sequence loop (step mode, and allocators without a cohort) -----------------
     def _loop(self):
         sched = self.sched
         while True:
-            if not sched.running and not sched.waiting:
-                yield from self._idle_wait()
+            if not (yield from self._at_boundary()):
                 continue
-            if self._compact_due:
-                self._run_compaction()
-            self._drop_stale(self.env.now)
-            if not sched.running and not sched.waiting:
-                continue
-            sched.now = self.env.now
             plan = sched.schedule()
             self._settle(plan, self.env.now)
             if not plan.items:
-                if sched.running or not sched.waiting:
-                    continue
-                raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+                self._stuck()
+                continue
             if self.fast_forward and plan.pure_decode and plan.preempted == 0:
                 yield from self._decode_window(plan)
             else:
@@ -430,15 +442,8 @@ class Replica:
         budget_cap = sched.cfg.max_num_batched_tokens
         kv_cap = sched.kv_cap
         while True:
-            if not sched.running and not sched.waiting:
-                yield from self._idle_wait()
+            if not (yield from self._at_boundary()):
                 continue
-            if self._compact_due:
-                self._run_compaction()
-            self._drop_stale(self.env.now)
-            if not sched.running and not sched.waiting:
-                continue
-            sched.now = self.env.now
             n = co.n
             if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
@@ -446,9 +451,8 @@ class Replica:
                 plan = sched.schedule()
                 self._settle(plan, self.env.now)
                 if not plan.items:
-                    if sched.running or not sched.waiting:
-                        continue
-                    raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+                    self._stuck()
+                    continue
                 yield from self._single_step(plan)
                 self._rejoin()
                 continue
@@ -468,9 +472,8 @@ class Replica:
             plan = sched.schedule(start=n, batch=batch)
             self._settle(plan, self.env.now)
             if not plan.items and not n:
-                if sched.running or not sched.waiting:
-                    continue
-                raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+                self._stuck()
+                continue
             if plan.items or plan.preempted:
                 yield from self._mixed_step(plan)
             else:
