@@ -64,6 +64,11 @@ class CostModel(ABC):
         Must equal :meth:`step_time_s` on the same single-iteration shape.
         """
 
+    def decode_times_list(self, num_seqs: int, kv_tokens: list[float]) -> list[float]:
+        """:meth:`decode_times_s` on a list, returning a list (the engine's short windows
+        avoid numpy's per-call overhead; implementations may override with a scalar path)."""
+        return self.decode_times_s(num_seqs, np.array(kv_tokens, dtype=np.float64)).tolist()
+
     @abstractmethod
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         """Seconds for an iteration that contains at least one prefill chunk."""

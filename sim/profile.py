@@ -59,13 +59,13 @@ def _round_list(a) -> list:
 # --- curves ---------------------------------------------------------------------------------
 
 # Scalar queries (one batch shape per engine iteration) go through plain Python floats: numpy's
-# per-call overhead on 1-element arrays dominated the cost model. Results stay those of the
-# vectorised path: log/exp are numpy's own ufuncs applied to one value (the same loops as on an
-# array; ``math``'s differ in the last bit where numpy uses AVX-512), and ``_interp1`` repeats
-# ``np.interp``'s branches and arithmetic for one point (bitwise equal on x86-64; within an ulp
-# where the C compiler fuses np.interp's multiply-add). tests/test_profile_speed_equivalence.py.
-_np_log = np.log
-_np_exp = np.exp
+# per-call overhead on 1-element arrays dominated the cost model. ``_interp1`` repeats
+# ``np.interp``'s branches and arithmetic for one point; log/exp are ``math``'s, which differ from
+# numpy's vectorised loops by at most an ulp or two (numpy's ufuncs on a scalar cost ~1 µs each,
+# a large share of a decode window). tests/test_profile_speed_equivalence.py holds both paths
+# to 1e-12 relative.
+_log = math.log
+_exp = math.exp
 
 
 def _interp1(x: float, xp: list, fp: list, slopes: list) -> float:
@@ -112,7 +112,7 @@ class Curve1D:
         x = max(float(x), 1e-12)
         if x > self._hi:
             return self._t_last * x / self._x_last, 1
-        t = float(_np_exp(_interp1(float(_np_log(x)), self._lxl, self._ltl, self._sl)))
+        t = _exp(_interp1(_log(x), self._lxl, self._ltl, self._sl))
         return t, int(x < self._lo)
 
     def __call__(self, x) -> tuple[np.ndarray, int]:
@@ -180,7 +180,7 @@ class Grid2D:
         if length > self._len_hi:
             t, oor = e_last * length / self._len_last, 1
         else:
-            t = float(_np_exp(_interp1(float(_np_log(length)), self._lll, lrow, slopes)))
+            t = _exp(_interp1(_log(length), self._lll, lrow, slopes))
             oor = int(length < self._len_lo)
         return t * scale, (1 if oor_b else oor)
 
@@ -556,6 +556,22 @@ class ProfileCostModel(CostModel):
         attn, oor = self._gen(n, kv / n)
         self._count("generation_attention", oor)
         return base + coef * attn
+
+    def decode_times_list(self, num_seqs: int, kv_tokens: list[float]) -> list[float]:
+        n = int(num_seqs)
+        if n <= 0 or len(kv_tokens) > _SHORT:
+            return self.decode_times_s(n, np.array(kv_tokens, dtype=np.float64)).tolist()
+        # The scalar branch of decode_times_s without the array round trip (same floats).
+        base = self._decode_base(n)
+        coef = self.model.layers * self._attn_factor
+        at = self._gen.at
+        out, oor = [], 0
+        for v in kv_tokens:
+            t, o = at(n, v / n)
+            oor += o
+            out.append(base + coef * t)
+        self._count("generation_attention", oor)
+        return out
 
     def step_time_s(self, batch: BatchShape) -> float:
         if batch.prefill_chunks:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import heapq
 import os
+from bisect import bisect_right
+from itertools import accumulate
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -61,6 +63,9 @@ class Replica:
         self.fast_forward = fast_forward
         self.overflow = overflow
         self.on_finish = on_finish
+        #: Outstanding (running + waiting) requests per replica of the cluster, this one at
+        #: ``index``; the router shares it (``sim/router.py``). Changed by submit and _end only.
+        self.loads: list[int] = [0] * (index + 1)
         self._idle: simpy.Event | None = None
         self._in_window = False
         self._truncated = False
@@ -113,6 +118,7 @@ class Replica:
         was_empty = not sched.waiting
         req.replica = self.index
         sched.waiting.append(req)
+        self.loads[self.index] += 1
         if self._activity is not None and not self._activity.triggered:
             self._activity.succeed()
         if self._idle is not None:
@@ -247,6 +253,7 @@ class Replica:
     def _end(self, req: Request, status: str, now: float) -> None:
         req.status = status
         req.finish = now
+        self.loads[self.index] -= 1
         self.rec.request_done(req)
         if self.on_finish is not None:
             self.on_finish(req)
@@ -294,23 +301,26 @@ class Replica:
         self._advance_items(plan.items, self.env.now, done)
         self._finish(done, self.env.now)
 
-    def _run_window(self, times: np.ndarray, k: int):
-        """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it short)."""
+    def _run_window(self, times: list[float], k: int):
+        """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
+        short) and the iterations' end offsets (running sums, left to right like ``np.cumsum``)."""
         env = self.env
-        ends = np.cumsum(times)
+        if k == 1:
+            yield env.timeout(times[0])
+            return 1, times
+        ends = list(accumulate(times))
         t0 = env.now
         m = k
-        if k > 1:
-            self._in_window = True
-            self._truncated = False
+        self._in_window = True
+        self._truncated = False
         try:
-            yield env.timeout(float(ends[-1]))
+            yield env.timeout(ends[-1])
         except simpy.Interrupt:
             # Finish the iteration in progress, then stop the window there.
-            m = min(int(np.searchsorted(ends, env.now - t0, side="right")) + 1, k)
+            m = min(bisect_right(ends, env.now - t0) + 1, k)
             while True:
                 try:
-                    yield env.timeout(max(0.0, t0 + float(ends[m - 1]) - env.now))
+                    yield env.timeout(max(0.0, t0 + ends[m - 1] - env.now))
                     break
                 except simpy.Interrupt:
                     continue
@@ -330,6 +340,8 @@ class Replica:
         if not sched.running and not sched.waiting:
             return False
         sched.now = self.env.now
+        if DEBUG:
+            assert self.loads[self.index] == len(sched.running) + len(sched.waiting), "outstanding count drifted"
         return True
 
     def _stuck(self) -> None:
@@ -378,7 +390,7 @@ class Replica:
             extra_t = self.alloc.window_work_time_s(self.cost, dp.events[1:])
             times[1:] += extra_t
         waiting_at_start = bool(self.sched.waiting)
-        m, ends = yield from self._run_window(times, k)
+        m, ends = yield from self._run_window(times.tolist(), k)
         if dp.events is not None and m > 1:
             self.alloc_work_s += float(extra_t[: m - 1].sum())
         tm = times[:m]
@@ -426,15 +438,18 @@ class Replica:
             if req.generated > 0 and req.computed + 1 == req.prompt + req.generated and req.id not in self._gen_off:
                 self._join(req)
 
-    def _kv_attended(self, steps: int) -> np.ndarray:
-        """Σ KV length attended by the members in each of ``steps`` iterations from G."""
+    def _kv_attended(self, steps: int, G: int | None = None) -> list[float]:
+        """Σ KV length attended by the members in each of ``steps`` iterations from ``G`` (default: now)."""
         co = self.cohort
         cap = self.sched.kv_cap
-        j = np.arange(1, steps + 1, dtype=np.float64)
+        G = self.G if G is None else G
         if cap is None:
-            return co.sum_a + co.n * (self.G + j)
+            # Integers below 2**53: exact, as the float64 array arithmetic was.
+            n, base = co.n, co.sum_a + co.n * G
+            return [float(base + n * j) for j in range(1, steps + 1)]
+        j = np.arange(1, steps + 1, dtype=np.float64)
         a = np.fromiter(co.a.values(), dtype=np.int64, count=co.n)
-        return np.minimum(a[None, :] + self.G + j[:, None], cap).sum(axis=1).astype(np.float64)
+        return np.minimum(a[None, :] + G + j[:, None], cap).sum(axis=1).astype(np.float64).tolist()
 
     def _loop_cohort(self):
         sched = self.sched
@@ -462,6 +477,12 @@ class Replica:
                 assert all(r.id in self._gen_off for r in run[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in run[n:]), "a member sits behind a prefilling request"
                 assert all(run[i].seq_no < run[i + 1].seq_no for i in range(len(run) - 1)), "running out of order"
+            if n and len(sched.running) == n and not self._has_breaker and sched.admission_blocked(n):
+                # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
+                # move): a pure-decode window, without forming a plan.
+                co.advance(self.G, 1)
+                yield from self._cohort_window(None)
+                continue
             batch = BatchShape(decode_seqs=n, decode_kv_tokens=0)
             if n:
                 if kv_cap is None:
@@ -499,49 +520,70 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _cohort_window(self, plan: StepPlan):
-        """Pure-decode iterations of the cohort until its first completion or refusal."""
+    def _window_arrays(self, k: int):
+        """Times, reserved and used token totals, and allocator-work seconds of ``k`` decode
+        iterations of the cohort from step ``G``, the first of them already granted (its work
+        pending in the allocator, its totals the allocator's now)."""
+        co, alloc, G = self.cohort, self.alloc, self.G
+        # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
+        # overhead was the engine's largest cost (the floats are the same).
+        times = self.cost.decode_times_list(co.n, self._kv_attended(k))
+        times[0] += self._work_s()
+        if self._bg_copy_left_s > 0:
+            arr = np.array(times)
+            self._background_penalty(arr)
+            times = arr.tolist()
+        reserved, used = [float(alloc.reserved_tokens())], [float(alloc.used_total)]
+        work = [0.0]
+        if k > 1:
+            r, u, events = co.preview_lists(G + 1, k - 1)
+            reserved += r
+            used += u
+            work += alloc.window_work_times(self.cost, events)
+            for i in range(1, k):
+                times[i] += work[i]
+        return times, reserved, used, work
+
+    def _account_window(self, m: int, times: list, reserved: list, used: list, work: list, frag: float) -> None:
+        """Time integrals and allocator growth of the first ``m`` iterations of a window from ``G``."""
+        du = dr = wall = 0.0
+        for i in range(m):
+            t = times[i]
+            du += used[i] * t
+            dr += reserved[i] * t
+            wall += t
+        if m > 1:
+            self.cohort.advance(self.G + 1, m - 1)
+            self.alloc.take_work()  # into the totals; its time was charged through ``work``
+            self.alloc_work_s += sum(work[1:m])
+        self.used_token_s += du
+        self.reserved_token_s += dr
+        self.busy_s += wall
+        self.ext_frag_s += frag * wall
+
+    def _cohort_window(self, plan: StepPlan | None):
+        """Pure-decode iterations of the cohort until its first completion or refusal.
+
+        ``plan`` is ``None`` when nothing but the cohort was running and nothing waited."""
         co = self.cohort
         n = co.n
-        k_fin = self._fin[0][0] - self.G  # iterations until the first member finishes (≥ 1)
+        G = self.G
+        k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
         if self._bg_copy_left_s > 0:
             k_fin = 1  # background copies slow each iteration: step until they are done
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
-        extra = co.grantable_steps(self.G + 1, k_fin - 1) if k_fin > 1 else 0
-        k = 1 + extra
-        kv = self._kv_attended(k)
-        times = self.cost.decode_times_s(n, kv)
-        times[0] += self._work_s()
-        self._background_penalty(times)
+        k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
+        times, reserved, used, work = self._window_arrays(k)
         frag = self._ext_frag()
-        reserved1, used1 = float(self.alloc.reserved_tokens()), float(self.alloc.used_total)
-        if extra:
-            reserved_rest, used_rest, events_rest = co.preview(self.G + 1, extra)
-            extra_t = self.alloc.window_work_time_s(self.cost, events_rest)
-            times[1:] += extra_t
         waiting_at_start = bool(self.sched.waiting)
         m, ends = yield from self._run_window(times, k)
-        dots_used = used1 * float(times[0])
-        dots_reserved = reserved1 * float(times[0])
-        if m > 1:
-            tm = times[1:m]
-            dots_used += float(np.dot(used_rest[: m - 1], tm))
-            dots_reserved += float(np.dot(reserved_rest[: m - 1], tm))
-            co.advance(self.G + 1, m - 1)
-            self.alloc.take_work()  # into the totals; its time was charged above through extra_t
-            self.alloc_work_s += float(extra_t[: m - 1].sum())
-        self.used_token_s += dots_used
-        self.reserved_token_s += dots_reserved
-        wall = float(ends[m - 1])
-        self.busy_s += wall
-        self.ext_frag_s += frag * wall
-        if plan.paused or (waiting_at_start and self._has_breaker):
-            reserved_seq = np.concatenate(([reserved1], reserved_rest[: m - 1])) if m > 1 else np.array([reserved1])
-            self._account_paused(plan, reserved_seq, times[:m], waiting_at_start)
+        self._account_window(m, times, reserved, used, work, frag)
+        if (plan is not None and plan.paused) or (waiting_at_start and self._has_breaker):
+            self._account_paused(plan, np.array(reserved[:m]), np.array(times[:m]), waiting_at_start)
         self.iterations += m
         self.windows += 1
-        self.rec.step(self, m, wall, float(times[0]), n)
-        self.G += m
+        self.rec.step(self, m, ends[m - 1], times[0], n)
+        self.G = G + m
         done: list[Request] = []
         self._pop_finished(done)
         self._finish(done, self.env.now)

@@ -75,6 +75,28 @@ class ContinuousScheduler:
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
 
+    def admission_blocked(self, start: int) -> bool:
+        """``schedule(start=start)`` with only the ``start`` cohort requests running would admit
+        nothing and change nothing (no queue, no free sequence slot or token budget, or the head
+        of the queue was refused and nothing was released since). Callers exclude allocators with
+        an admission breaker; prefix caching answers ``False`` (its chunk size depends on the cache)."""
+        waiting = self.waiting
+        if not waiting:
+            return True
+        if self._prefix:
+            return False
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens - start
+        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return True
+        req = waiting[0]
+        need = req.prompt + req.generated - req.computed
+        if need > budget:
+            if not cfg.chunked_prefill:
+                return True
+            need = budget
+        return self._refused == (req.id, need, self.alloc.releases)
+
     def _pick_victim(self) -> int:
         """Index in ``running`` of the request to preempt."""
         if self.victim_policy == "lifo":

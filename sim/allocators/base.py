@@ -214,6 +214,10 @@ class Allocator(ABC):
         """
         return events * cost.alloc_time_s(1)
 
+    def window_work_times(self, cost, events: list[float]) -> list[float]:
+        """:meth:`window_work_time_s` on lists (short windows avoid numpy's per-call overhead)."""
+        return self.window_work_time_s(cost, np.array(events, dtype=np.float64)).tolist()
+
     # --- derived -------------------------------------------------------------------
     def free_tokens(self) -> int:
         return self.capacity_tokens - self.reserved_tokens()

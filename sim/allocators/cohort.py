@@ -64,6 +64,11 @@ class Cohort(ABC):
         token totals of the whole allocator while it runs (after its growth), and its
         allocation events. Changes nothing."""
 
+    def preview_lists(self, G: int, steps: int) -> tuple[list[float], list[float], list[float]]:
+        """:meth:`preview` as Python lists (short windows; cohorts may override without numpy)."""
+        reserved, used, events = self.preview(G, steps)
+        return reserved.tolist(), used.tolist(), events.tolist()
+
     @abstractmethod
     def advance(self, G: int, steps: int) -> None:
         """Grant ``steps`` iterations starting at ``G`` (must be grantable); their work goes to the allocator's pending work."""

@@ -38,11 +38,18 @@ class PagedAllocator(Allocator):
             w.zero_ops += blocks
             w.zero_bytes += blocks * self.block_bytes
 
-    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
+    def _per_block_s(self, cost) -> float:
         per_block = cost.alloc_time_s(1)
         if self.zero_on_reuse:
             per_block += cost.zero_fill_time_s(self.block_bytes)
-        return events * per_block
+        return per_block
+
+    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
+        return events * self._per_block_s(cost)
+
+    def window_work_times(self, cost, events: list[float]) -> list[float]:
+        per_block = self._per_block_s(cost)
+        return [e * per_block for e in events]
 
     def _need(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -194,6 +201,22 @@ class PagedCohort(Cohort):
         reserved = (pool.num_blocks - pool.free_blocks + cum) * self.B
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
         return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
+
+    def preview_lists(self, G: int, steps: int) -> tuple[list[float], list[float], list[float]]:
+        if steps > 48:
+            return super().preview_lists(G, steps)  # long windows: numpy's fixed cost pays off
+        # ``preview`` without numpy: the same integer sums, converted to float at the end.
+        pool, B, n = self.pool, self.B, len(self.a)
+        base = pool.num_blocks - pool.free_blocks
+        used0 = pool.used_total
+        new = self._new_blocks(G, steps)
+        reserved, used = [], []
+        cum = 0
+        for i, b in enumerate(new, 1):
+            cum += b
+            reserved.append(float((base + cum) * B))
+            used.append(float(used0 + n * i))
+        return reserved, used, [float(b) for b in new]
 
     def _blocks_for(self, G: int, steps: int) -> int:
         """New blocks the members take over ``steps`` iterations from ``G``."""
