@@ -208,6 +208,37 @@ def test_decode_windows_equal_the_old_evaluation(case):
     assert new.decode_times_s(0, np.array([1.0, 2.0])).tolist() == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
+def test_decode_window_lists_equal_the_old_evaluation(case):
+    """``decode_times_list`` (the engine's short windows: ``Grid2D.at_many``, pow form inside a
+    grid segment) prices and counts like the old array evaluation."""
+    new, old = _pair(case)
+    rng = np.random.default_rng(8)
+    for _ in range(800):
+        n = int(rng.choice([1, 2, rng.integers(1, 64), rng.integers(1, 600), rng.integers(600, 6000)]))
+        k = int(rng.choice([1, 2, 3, rng.integers(1, 17), rng.integers(17, 300)]))
+        start = float(n * rng.choice([1, rng.integers(1, 4000), rng.integers(1, 300_000)]))
+        kv = start + n * np.arange(k, dtype=np.float64)
+        a, r = new.decode_times_list(n, kv.tolist()), old.decode_times_s(n, kv)
+        assert isinstance(a, list) and len(a) == k
+        np.testing.assert_allclose(a, r, rtol=REL, atol=0)
+    assert new.out_of_range == old.out_of_range
+
+
+def test_grid_at_many_matches_at_across_segments_and_edges():
+    p = load_profile("h100-sxm")
+    for g in list(p.generation_attention.values())[:3]:
+        for b in [0.5, 1, 3, float(g.batch[-1]), float(g.batch[-1]) * 3]:
+            ls = sorted(np.concatenate([g.length, g.length * 1.01, g.length * 0.999, [0.1, 1e-20, g.length[-1] * 5]]).tolist())
+            many, oor = g.at_many(b, ls)
+            one = [g.at(b, x) for x in ls]
+            assert all(_close(t, u) for t, (u, _) in zip(many, one))
+            assert oor == sum(o for _, o in one)
+            # Unsorted input re-brackets and still agrees.
+            rev = g.at_many(b, ls[::-1])[0]
+            assert all(_close(t, u) for t, u in zip(rev, many[::-1]))
+
+
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
 def test_single_decode_equals_step_time_exactly(case):
     new, _ = _pair(case)
