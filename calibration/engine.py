@@ -29,7 +29,10 @@
   each request in a queue at its arrival time, the engine loop drains the queue at
   iteration boundaries. ``clock="virtual"`` instead advances a virtual clock by a cost
   model's step time (arrivals seen when the virtual clock passes them): the schedule is then
-  timing-independent and must equal the simulator's exactly.
+  timing-independent and must equal the simulator's exactly. ``clock="cpu"`` advances the
+  engine's clock by each iteration's thread CPU time; ``clock="cpu_norm"`` by that times a
+  host-speed factor from a fixed reference iteration (:class:`SpeedProbe`) run every 50 ms of
+  engine CPU time: the engine as on a host running at the probe's reference speed.
 
 Records per request (arrival, enqueue, admission, first token, finish, preemptions) and per
 iteration (start/end, thread CPU time, prefill chunks ``(new, context)``, decode sequences
@@ -53,6 +56,13 @@ from dataclasses import dataclass, field
 from sim.catalog import ModelSpec
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+#: Engine.run clocks; ``cpu_norm`` is ``cpu`` normalised by a host-speed probe (:class:`SpeedProbe`).
+CLOCKS = ("wall", "cpu", "cpu_norm", "virtual")
+#: cpu_norm: probe every this many seconds of engine thread CPU time, scale by the median of the last
+#: PROBE_WINDOW probes (chosen by measurement, docs/validation.md: 25-50 ms track the host's speed
+#: changes, which last ~0.5 s and more; the probe's 2 x ~8 ms then cost ~30 % extra run time, not charged).
+PROBE_EVERY_S = 0.05
+PROBE_WINDOW = 3
 ALLOCATORS = ("paged", "static")
 NO_SPACE, OVERFLOW, OK = "no_space", "overflow", "ok"
 
@@ -365,6 +375,79 @@ class EngineResult:
         return sum(it["preempted"] for it in self.iterations)
 
 
+# --- host-speed probe ---------------------------------------------------------------------------
+
+#: The probe's fixed batch: decode sequences (KV tokens each, incl. the new one) and prefill chunks
+#: ``(new tokens, context)``: one mixed iteration of the kind a replay runs (see docs/validation.md).
+PROBE_DECODE_KV = (64, 96, 128, 160, 192, 224, 256, 288)
+PROBE_CHUNKS = ((32, 64),)
+
+
+class SpeedProbe:
+    """A fixed reference iteration through the engine's own code: host speed, measured.
+
+    A separate small :class:`Engine` (same model object, same cache layout, its own KV memory)
+    holds a fixed state: ``decode_kv`` sequences at one decode step each and ``chunks`` prefill
+    chunks ``(new, context)``. :meth:`measure` runs that one mixed iteration (``Engine.execute``:
+    metadata tensors, every layer's GEMMs, attention over the layout, cache writes, norms, RoPE,
+    sampling) and returns its thread CPU time. The state is never advanced (the same slots are
+    rewritten), so every call does the same work: the only thing that varies is the host's speed
+    for this thread (other processes' SMT / cache / memory-bandwidth pressure shows in thread CPU
+    time too) and timer noise.
+    """
+
+    def __init__(self, cfg: EngineConfig, net: "Transformer", decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
+                 seed: int = 1234, warmup: int = 3):
+        longest = max([kv for kv in decode_kv] + [n + c for n, c in chunks] + [1])
+        B = cfg.block_size
+        per = -(-longest // B) * B
+        n = len(decode_kv) + len(chunks)
+        self.cfg = EngineConfig(cfg.model, num_blocks=n * per // B + 1, block_size=B, max_num_seqs=max(n, 1),
+                                max_num_batched_tokens=max(cfg.max_num_batched_tokens, len(decode_kv) + sum(c[0] for c in chunks)),
+                                allocator=cfg.allocator, reserve=per, max_model_len=per, dtype=cfg.dtype,
+                                threads=cfg.threads, seed=seed, device=cfg.device)
+        self.engine = Engine(self.cfg, model=net)
+        rng = random.Random(seed)
+        vocab = cfg.model.vocab
+        self.items = []
+        mem = self.engine.mem
+        for i, kv in enumerate(decode_kv):
+            r = EngineRequest(i, 0.0, [rng.randrange(vocab) for _ in range(kv)], 2)
+            r.computed, r.generated = kv - 1, 1
+            assert mem.admit(r.id, kv) == OK
+            self.items.append((r, 1))
+        for j, (new, ctx) in enumerate(chunks):
+            r = EngineRequest(len(decode_kv) + j, 0.0, [rng.randrange(vocab) for _ in range(ctx + new + 1)], 2)
+            r.computed = ctx
+            assert mem.admit(r.id, ctx + new) == OK
+            self.items.append((r, new))
+        self.shape = {"decode_kv": list(decode_kv), "prefill_chunks": [list(c) for c in chunks],
+                      "allocator": cfg.allocator}
+        for _ in range(warmup):
+            self.measure()
+
+    def measure(self, warm: bool = True) -> float:
+        """Thread CPU seconds of one run of the fixed iteration; ``warm``: right after an untimed run of
+        it (measured: a single run after a large engine iteration is ~8-10 % slower than after itself,
+        which would read the engine's own recent work as host slowness)."""
+        torch = self.engine.torch
+        with torch.inference_mode():
+            if warm:
+                self.engine.execute(self.items)
+            c0 = time.thread_time()
+            self.engine.execute(self.items)
+            return time.thread_time() - c0
+
+    def series(self, n: int) -> list[float]:
+        return [self.measure() for _ in range(n)]
+
+
+def _median(xs) -> float:
+    s = sorted(xs)
+    k = len(s)
+    return s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+
+
 # --- the engine ----------------------------------------------------------------------------------
 
 class Engine:
@@ -557,7 +640,9 @@ class Engine:
 
     # -- the loop --
     def run(self, trace, *, clock: str = "wall", cost=None, compute: bool = True, lead_s: float = 0.05,
-            seed: int | None = None, max_wall_s: float | None = None) -> EngineResult:
+            seed: int | None = None, max_wall_s: float | None = None, probe: SpeedProbe | None = None,
+            probe_ref_s: float | None = None, probe_every_s: float = PROBE_EVERY_S,
+            probe_window: int = PROBE_WINDOW) -> EngineResult:
         """Replay ``trace`` (rows ``(arrival_s, prompt_tokens, output_tokens)``).
 
         ``clock="wall"``: real time, arrivals fed by a thread at their times. ``clock="cpu"``: the
@@ -567,12 +652,22 @@ class Engine:
         time advances by ``cost.step_time_s`` per iteration (a sim ``CostModel``, plus its
         allocation charge), arrivals are seen when the virtual clock passes them;
         ``compute=False`` then skips the forward (scheduling and memory only, sampled tokens 0).
+        ``clock="cpu_norm"``: the ``cpu`` clock normalised to a reference host speed: every
+        ``probe_every_s`` of engine thread CPU time (and ``probe_window`` times before the first
+        iteration) ``probe`` (a :class:`SpeedProbe`) runs its fixed iteration; each iteration then
+        advances the clock by its thread CPU time × ``probe_ref_s`` ÷ the median of the last
+        ``probe_window`` probe times. Probe time is not charged to the clock; the probe series is
+        in ``info["speed_probes"]`` and each iteration's factor in its ``speed_scale``.
         """
         torch = self.torch
-        if clock not in ("wall", "virtual", "cpu"):
-            raise ValueError("clock: wall, cpu or virtual")
+        if clock not in CLOCKS:
+            raise ValueError(f"clock: one of {', '.join(CLOCKS)}")
         if clock == "virtual" and cost is None:
             raise ValueError("clock='virtual' needs a cost model")
+        norm = clock == "cpu_norm"
+        if norm and (probe is None or not probe_ref_s or probe_ref_s <= 0):
+            raise ValueError("clock='cpu_norm' needs a SpeedProbe and its reference time probe_ref_s > 0")
+        cpu_clock = clock in ("cpu", "cpu_norm")
         self.reset()
         rng = random.Random(self.cfg.seed if seed is None else seed)
         vocab = self.cfg.model.vocab
@@ -625,6 +720,22 @@ class Engine:
                     return
 
         wall0 = time.perf_counter()
+        scale = 1.0
+        probes: list[dict] = []
+        hist: deque[float] = deque(maxlen=max(int(probe_window), 1))
+        since = [0.0]  # engine thread CPU seconds since the last probe
+
+        def take_probe() -> float:
+            p = probe.measure()
+            hist.append(p)
+            since[0] = 0.0
+            f = float(probe_ref_s) / _median(hist)
+            probes.append({"engine_s": now(), "wall_s": time.perf_counter() - wall0, "probe_s": p, "scale": f})
+            return f
+
+        if norm:
+            for _ in range(hist.maxlen):
+                scale = take_probe()
         with torch.inference_mode():
             while done < n_total:
                 drain(False)
@@ -633,6 +744,8 @@ class Engine:
                     continue
                 if max_wall_s is not None and time.perf_counter() - wall0 > max_wall_s:
                     raise TimeoutError(f"engine run exceeded {max_wall_s} s")
+                if norm and since[0] >= probe_every_s:
+                    scale = take_probe()
                 ts = now()
                 c0 = time.thread_time()
                 ev0 = self.mem.events
@@ -658,7 +771,7 @@ class Engine:
                     from sim.costmodel import BatchShape
                     if items:
                         vt[0] += cost.step_time_s(BatchShape(list(chunks), dseqs, dkv)) + cost.alloc_time_s(events)
-                te = now() if clock != "cpu" else ts + (time.thread_time() - c0)
+                te = now() if not cpu_clock else ts + (time.thread_time() - c0) * scale
                 finished = 0
                 for (r, n), tok in zip(items, toks):
                     r.computed += n
@@ -684,8 +797,9 @@ class Engine:
                     running[:] = keep
                     done += finished
                 c1 = time.thread_time()
-                if clock == "cpu":
-                    vt[0] = ts + (c1 - c0)
+                if cpu_clock:
+                    vt[0] = ts + (c1 - c0) * scale
+                    since[0] += c1 - c0
                 te2 = now()
                 if items or preempted:
                     iters.append({"start_s": ts, "end_s": te2, "cpu_s": c1 - c0, "prefill_chunks": chunks,
@@ -693,6 +807,8 @@ class Engine:
                                   "decode_kv_tokens": dkv, "blocks_in_use": blocks, "reserved_tokens": reserved,
                                   "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
                                   "running": len(running), "waiting": len(waiting)})
+                    if norm:
+                        iters[-1]["speed_scale"] = scale
                     if clock == "virtual":
                         iters[-1]["end_s"] = te
         if feeder is not None:
@@ -705,4 +821,9 @@ class Engine:
         conf = {"model": c.model.name, "allocator": c.allocator, "num_blocks": c.num_blocks, "block_size": c.block_size,
                 "reserve": c.reserve, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock}
-        return EngineResult(rows, iters, conf, {"wall_s": time.perf_counter() - wall0})
+        info = {"wall_s": time.perf_counter() - wall0}
+        if norm:
+            conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=hist.maxlen,
+                        probe_shape=probe.shape)
+            info["speed_probes"] = probes
+        return EngineResult(rows, iters, conf, info)

@@ -990,7 +990,8 @@ def engine_iteration_rows(result, cost) -> list[dict]:
 def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
-                            seed: int = 0, device: str = "cpu", clock: str = "wall") -> dict[str, dict]:
+                            seed: int = 0, device: str = "cpu", clock: str = "wall",
+                            between_runs=None) -> dict[str, dict]:
     """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
 
     The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
@@ -1008,7 +1009,9 @@ def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("
     includes the time the engine thread was not running). ``clock="cpu"``: the engine
     thread's CPU time (``time.thread_time``; one torch thread, so every CPU kernel runs on
     it): the engine's own cost on a quiet host (not the step time on CUDA, which is async).
-    Returns ``{allocator: fit}`` (each with its rows).
+    ``between_runs``: called after each engine run (``kvsim validate`` times its host-speed
+    probe there, so the probe's reference spans the measurement). Returns ``{allocator: fit}``
+    (each with its rows).
     """
     if clock not in ("cpu", "wall"):
         raise ValueError("clock: cpu or wall")
@@ -1039,6 +1042,8 @@ def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("
                     r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]
                     r.update(batch=b, pass_=p)
                     rows[a].append(r)
+                if between_runs is not None:
+                    between_runs()
     elapsed = round(time.perf_counter() - t0, 2)
     meta = {"block_size": block_size, "dtype": dtype, "threads": threads, "clock": clock, "elapsed_s": elapsed,
             "passes": passes, "batches": list(batches), "prompt_range": list(prompt_range),

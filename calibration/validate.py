@@ -11,7 +11,9 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
 2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
    capacity the simulator estimates for that allocator (requests/s when all arrive at once),
    or an explicit ``rate``; written as a generic CSV trace ``arrival_s,prompt_tokens,output_tokens``.
-3. **Engine** (:mod:`calibration.engine`) replays the trace in wall-clock time.
+3. **Engine** (:mod:`calibration.engine`) replays the trace on each of the spec's clocks:
+   ``cpu_norm`` (thread CPU time normalised to calibration speed by :class:`HostSpeed`'s probe,
+   compared with the profile as calibrated), ``cpu`` (thread CPU time), ``wall``.
 4. **Simulator** replays the same CSV (``workload.arrival.kind: trace``) with the same
    scheduler and allocator knobs and a KV capacity of exactly ``num_blocks × block_size``
    tokens (``gpu.activation_reserve_bytes`` set so), cost model = the profile of step 1.
@@ -51,7 +53,7 @@ KEY = "validate"
 DEFAULT_SPEC = {
     "name": "validate", "description": "",
     "model": "tiny-llama",
-    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu", "wall"]},
+    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"]},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -64,6 +66,15 @@ DEFAULT_SPEC = {
     "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
 }
 _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
+#: replay clocks of the engine (``engine.clocks``; the first is the table's), see docs/validation.md
+REPLAY_CLOCKS = ("cpu_norm", "cpu", "wall")
+CLOCK_MEANING = {
+    "cpu_norm": "engine clock advanced by each iteration's thread CPU time x (host-speed probe's reference time at "
+                "calibration / median of its last probes during the replay): the engine on a host running at "
+                "calibration speed (host interference removed); simulated with the profile as calibrated",
+    "cpu": "engine clock advanced by each iteration's thread CPU time (idle: jumps to the next arrival): the engine "
+           "as it ran, without the time other jobs kept its thread off the CPU",
+    "wall": "wall-clock replay, arrivals fed by a thread: the engine on this host as it is"}
 
 
 # --- the spec ----------------------------------------------------------------------------------
@@ -104,6 +115,10 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     for a in spec["allocators"]:
         if a not in ("paged", "static"):
             raise ConfigError(f"{KEY}.allocators", a, "paged or static")
+    clocks = spec["engine"].get("clocks")
+    if not isinstance(clocks, list) or not clocks or len(set(clocks)) != len(clocks) \
+            or any(c not in REPLAY_CLOCKS for c in clocks):
+        raise ConfigError(f"{KEY}.engine.clocks", clocks, f"a non-empty list of distinct {', '.join(REPLAY_CLOCKS)}")
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
@@ -241,8 +256,13 @@ def validation_plan(spec: dict, device: str):
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False) -> tuple[dict[str, str], dict]:
-    """Profile file per allocator (kernel curves + the engine's measured overhead for that layout)."""
+                     progress: bool = False, speed: "HostSpeed | None" = None) -> tuple[dict[str, str], dict]:
+    """Profile file per allocator (kernel curves + the engine's measured overhead for that layout).
+
+    ``speed``: the host-speed probes (:class:`HostSpeed`) sample right before the kernel route,
+    right after it, after every engine run of the overhead measurement and right after the
+    whole calibration: their median is the reference ("calibration speed") of the ``cpu_norm`` clock.
+    """
     from sim.profile import load_profile
 
     from .kernels import calibrate_device, measure_engine_overhead, with_engine_overhead
@@ -250,6 +270,8 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     eng = spec["engine"]
     info: dict = {}
     t0 = time.perf_counter()
+    if speed is not None:
+        speed.sample("before_calibration", 10)
     if profile is None:
         res = calibrate_device(device, model, dtype=eng["dtype"], key_dtype="bf16", threads=int(eng["threads"]),
                                plan=validation_plan(spec, device), progress=progress,
@@ -264,6 +286,8 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         cdt = base.provenance.get("compute_dtype", base.dtypes.get("weight", ["?"])[0])
         if cdt != eng["dtype"]:
             info["dtype_mismatch"] = f"profile kernels timed in {cdt}, engine computes in {eng['dtype']}"
+    if speed is not None:
+        speed.sample("after_kernels", 10)
     paths = {}
     info["engine_overhead"] = {}
     ovs = {}
@@ -271,7 +295,9 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         ovs = measure_engine_overhead(base, model, allocators=tuple(spec["allocators"]),
                                       block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
                                       threads=int(eng["threads"]), device=device,
-                                      clock="cpu" if (device == "cpu" and eng["clocks"][0] == "cpu") else "wall",
+                                      clock="cpu" if (device == "cpu" and eng["clocks"][0] in ("cpu", "cpu_norm"))
+                                      else "wall",
+                                      between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed else None,
                                       max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                                       batches=tuple(b for b in (1, 2, 4, 8, 16, 32)
                                                     if b <= int(spec["scheduler"]["max_num_seqs"])))
@@ -283,9 +309,70 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         path = out / f"profile-{alloc}.json"
         prof.write(path)
         paths[alloc] = str(path)
+    if speed is not None:
+        speed.sample("after_calibration", 10)
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)
     info["name"] = base.name
     return paths, info
+
+
+class HostSpeed:
+    """The ``cpu_norm`` clock's host-speed probes (:class:`calibration.engine.SpeedProbe`, one per
+    allocator, on that allocator's engine) and their reference series taken during calibration.
+
+    The reference time of a probe is the median of the probes taken between the engine runs of
+    the overhead measurement (:func:`prepare_profiles`): the overhead is fitted to those runs'
+    times minus the kernel curves, so the profile's prediction of an engine iteration is anchored
+    to the host's speed during them, whatever it was while the kernels were timed (without an
+    overhead measurement: every probe taken during calibration). A replay on
+    ``cpu_norm`` then scales each iteration's thread CPU time by reference ÷ current probe time,
+    so it is timed as if the host ran at calibration speed, and is compared with the profile as
+    calibrated (no before/after rescaling). Nothing here looks at replay iterations or predictions.
+    """
+
+    def __init__(self, probes: dict):
+        self.probes = probes
+        self.t0 = time.perf_counter()
+        self.series: dict[str, list] = {a: [] for a in probes}
+
+    def sample(self, phase: str, n: int) -> None:
+        for a, p in self.probes.items():
+            for _ in range(n):
+                self.series[a].append((phase, round(time.perf_counter() - self.t0, 4), p.measure()))
+
+    def reference_phase(self, allocator: str) -> str:
+        return "engine_overhead" if any(x[0] == "engine_overhead" for x in self.series[allocator]) else "all"
+
+    def reference(self, allocator: str) -> float:
+        ph = self.reference_phase(allocator)
+        return float(np.median([x[2] for x in self.series[allocator] if ph == "all" or x[0] == ph]))
+
+    def summary(self) -> dict:
+        out = {}
+        for a, ser in self.series.items():
+            v = np.array([x[2] for x in ser])
+            phases = list(dict.fromkeys(x[0] for x in ser))
+            out[a] = {"reference_s": self.reference(a), "reference_phase": self.reference_phase(a),
+                      "probes": len(v), "probe_s": _pcts(v),
+                      "by_phase_median_s": {ph: float(np.median([x[2] for x in ser if x[0] == ph])) for ph in phases},
+                      "shape": self.probes[a].shape, "series": [[ph, t, round(x, 7)] for ph, t, x in ser]}
+        return out
+
+
+def probe_diagnostics(res) -> dict:
+    """The host speed over a ``cpu_norm`` replay: its probe series and what it cost."""
+    pr = res.info.get("speed_probes", [])
+    if not pr:
+        return {}
+    ps = np.array([p["probe_s"] for p in pr])
+    sc = np.array([p["scale"] for p in pr])
+    busy = sum(it["cpu_s"] for it in res.iterations)
+    return {"reference_s": res.config["probe_ref_s"], "every_s": res.config["probe_every_s"],
+            "window": res.config["probe_window"], "probes": len(pr), "probe_s": _pcts(ps), "scale": _pcts(sc),
+            "probe_p90_over_p10": float(np.percentile(ps, 90) / np.percentile(ps, 10)),
+            "probe_cpu_over_engine_cpu": float(ps.sum() / busy) if busy > 0 else None,
+            "series": [[round(p["engine_s"], 5), round(p["wall_s"], 4), round(p["probe_s"], 7), round(p["scale"], 4)]
+                       for p in pr]}
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -422,13 +509,15 @@ def host_probe(engine, cost, clock: str = "cpu") -> dict:
 
 
 def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: str, out: Path, device: str,
-            engine=None) -> Run:
+            engine=None, speed: HostSpeed | None = None) -> Run:
     """One load and allocator: the simulator, the semantics check, and the engine on each replay clock.
 
     ``host_speed: probe``: just before and just after each replay a fixed batch measures the
     host's speed (:func:`host_probe`, measured ÷ predicted busy time); the simulator then runs
     on the profile with every time scaled by the geometric mean of the two (a recalibration
     bracketing, never taken from, the replay). ``host_speed: fixed``: the profile as calibrated.
+    ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe),
+    so it is always compared with the profile as calibrated and needs no bracketing probe.
     """
     from sim.cluster import simulate
     from sim.deployment import Deployment
@@ -444,6 +533,16 @@ def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: s
     eng = engine or Engine(engine_config(spec, allocator, device))
     simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
     for clock in spec["engine"]["clocks"]:
+        if clock == "cpu_norm":
+            if speed is None:
+                raise ConfigError(f"{KEY}.engine.clocks", clock, "cpu_norm with a HostSpeed reference (validate())")
+            res = eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600, probe=speed.probes[allocator],
+                          probe_ref_s=speed.reference(allocator))
+            simulated[clock], sims[clock] = _sim_metrics(sim_raw, B), sim_raw
+            measured[clock], results[clock] = _engine_metrics(res), res
+            diags[clock] = iteration_diagnostics(res, cost)
+            diags[clock]["speed_probes"] = probe_diagnostics(res)
+            continue
         probe = host_probe(eng, cost, clock)
         res = eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600)
         probe_after = host_probe(eng, cost, clock)
@@ -494,25 +593,27 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     load_before = host_load()
-    say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
-    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead)
-    runs: list[Run] = []
-    caps = {}
     from sim.deployment import Deployment
 
-    from .engine import Engine
+    from .engine import Engine, SpeedProbe
+    engines = {a: Engine(engine_config(spec, a, device)) for a in spec["allocators"]}
+    speed = None
+    if "cpu_norm" in spec["engine"]["clocks"]:
+        speed = HostSpeed({a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]})
+    say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
+    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed)
+    runs: list[Run] = []
+    caps = {}
     probes = {}
     for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe)
         sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
-        probes[alloc] = host_probe(Engine(engine_config(spec, alloc, device)),
-                                   Deployment.from_scenario(sc).make_cost_model(sc))
+        probes[alloc] = host_probe(engines[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
     for alloc in spec["allocators"]:
         caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out)
-        engine = Engine(engine_config(spec, alloc, device))
         for load in spec["loads"]:
             rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
             say(f"{alloc} {load['name']}: {rate:.2f} req/s, {spec['workload']['num_requests']} requests")
-            runs.append(run_one(spec, alloc, load, rate, paths[alloc], out, device, engine))
+            runs.append(run_one(spec, alloc, load, rate, paths[alloc], out, device, engines[alloc], speed))
     clocks = list(spec["engine"]["clocks"])
     rows, by_clock = [], {c: [] for c in clocks}
     for r in runs:
@@ -538,9 +639,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         "rates": {f"{r.load}/{r.allocator}": r.rate for r in runs},
         "clock": clocks[0],
         "host_speed": spec.get("host_speed", "probe"),
-        "clock_meaning": {"cpu": "engine clock advanced by each iteration's thread CPU time (idle: jumps to the next "
-                                 "arrival): the engine as on a quiet host",
-                          "wall": "wall-clock replay, arrivals fed by a thread: the engine on this host as it is"},
+        "clock_meaning": {c: CLOCK_MEANING[c] for c in clocks},
         "rows": rows,
         "rows_by_clock": by_clock,
         "semantics": {f"{r.load}/{r.allocator}": r.semantics for r in runs},
@@ -548,6 +647,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
                                                      for c, d in r.diagnostics.items()} for r in runs},
         "host_load": {"before": load_before, "after": host_load()},
         "host_probe_after_calibration": probes,
+        "host_speed_reference": speed.summary() if speed is not None else None,
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }
     (out / "validation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
@@ -575,7 +675,7 @@ def _cdf(x):
 
 
 def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
-    """Measured vs simulated CDFs (TTFT, TPOT, e2e), KV blocks over time, per-iteration times."""
+    """Measured vs simulated CDFs (TTFT, TPOT, e2e), KV blocks over time, per-iteration times, host speed."""
     try:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
@@ -585,11 +685,11 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
     for r in runs:
         t = f"{r.load}/{r.allocator}"
         titles += [f"{t}: TTFT CDF", f"{t}: TPOT CDF", f"{t}: e2e CDF", f"{t}: KV blocks in use",
-                   f"{t}: iteration time ({doc['clock']} clock)"]
-    fig = make_subplots(rows=len(runs), cols=5, subplot_titles=titles, horizontal_spacing=0.04,
+                   f"{t}: iteration time ({doc['clock']} clock)", f"{t}: host speed (cpu_norm probe)"]
+    fig = make_subplots(rows=len(runs), cols=6, subplot_titles=titles, horizontal_spacing=0.035,
                         vertical_spacing=0.3 / max(len(runs), 1))
     sim_c = "#d62728"
-    colors = {"cpu": "#1f77b4", "wall": "#17becf"}
+    colors = {"cpu_norm": "#9467bd", "cpu": "#1f77b4", "wall": "#17becf"}
     for i, r in enumerate(runs, start=1):
         first = next(iter(r.sim))
         sim_r = r.sim[first]
@@ -629,12 +729,19 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
         hi = max([q["measured_s"] * 1e3 for q in rows] + [1.0])
         fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", line={"color": "#999", "dash": "dot"},
                                  showlegend=False), i, 5)
+        sp = r.diagnostics.get("cpu_norm", {}).get("speed_probes", {}).get("series", [])
+        if sp:
+            fig.add_trace(go.Scatter(x=[q[0] for q in sp], y=[q[3] for q in sp], mode="lines",
+                                     line={"color": colors["cpu_norm"], "shape": "hv"}, showlegend=False,
+                                     text=[f"probe {q[2] * 1e3:.2f} ms" for q in sp]), i, 6)
+            fig.update_xaxes(title_text="engine t (s)", row=i, col=6)
+            fig.update_yaxes(title_text="reference / probe", row=i, col=6)
         fig.update_xaxes(title_text="t (s)", row=i, col=4)
         fig.update_xaxes(title_text="predicted ms (green: pure decode)", row=i, col=5)
         fig.update_yaxes(title_text="measured ms", row=i, col=5)
     errs = {(row["load"], row["allocator"], row["metric"]): row["rel_error"] for row in doc["rows"]}
     p50 = [v for (l_, a_, m), v in errs.items() if m in ("tpot_p50", "e2e_p50", "ttft_p50") and v is not None]
-    fig.update_layout(height=330 * len(runs), width=1900,
+    fig.update_layout(height=330 * len(runs), width=2200,
                       title=f"kvsim validate: {doc['name']} on {doc['device']['cpu'] if doc['device']['kind'] == 'cpu' else doc['device']['kind']}"
                             f" ({doc['shape']['model']}, {doc['device']['dtype']}); profile {doc['profile']['name']}; "
                             f"max |rel error| of p50 TTFT/TPOT/e2e: {max(p50) if p50 else float('nan'):.1%}")

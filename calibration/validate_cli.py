@@ -42,7 +42,7 @@ def validate_command(
     con = Console(width=None if sys.stdout.isatty() else 160)
     t = Table(title=f"kvsim validate: {doc['name']} on {doc['device']['kind']} ({doc['shape']['model']}, "
                     f"{doc['device']['dtype']}), profile {doc['profile']['name']}")
-    t.caption = f"measured on the engine's {doc['clock']} clock (see docs/validation.md)"
+    t.caption = f"measured on the engine's {doc['clock']} clock: {doc['clock_meaning'][doc['clock']]} (docs/validation.md)"
     for c in ("load", "allocator", "metric", "measured", "simulated", "rel error"):
         t.add_column(c, justify="left" if c in ("load", "allocator", "metric") else "right")
     for row in format_table(doc):
@@ -55,10 +55,14 @@ def validate_command(
         for clock, d in dd.items():
             a = d.get("all", {})
             lag = d.get("feeder_lag_s", {}).get("p99")
+            sp = d.get("speed_probes") or {}
             con.print(f"{k} ({clock} clock): per-iteration predicted/measured median "
                       f"{1 + a.get('signed_rel_error', {}).get('p50', 0):.3f}, "
                       f"busy-time ratio {a.get('sum_predicted_over_measured', float('nan')):.3f}, "
-                      f"thread CPU / wall {a.get('sum_cpu_over_wall', float('nan')):.3f}"
+                      + (f"thread CPU / wall {a.get('sum_cpu_over_wall', float('nan')):.3f}" if clock != "cpu_norm" else
+                         f"host-speed probe {sp.get('probes', 0)}x, {sp.get('probe_s', {}).get('p10', 0) * 1e3:.2f}/"
+                         f"{sp.get('probe_s', {}).get('p50', 0) * 1e3:.2f}/{sp.get('probe_s', {}).get('p90', 0) * 1e3:.2f} ms"
+                         f" p10/p50/p90 (reference {sp.get('reference_s', 0) * 1e3:.2f} ms)")
                       + (f", feeder lag p99 {lag * 1e3:.2f} ms" if clock == "wall" and lag is not None else ""))
     if len(doc.get("rows_by_clock", {})) > 1:
         other = [c for c in doc["rows_by_clock"] if c != doc["clock"]]

@@ -123,7 +123,8 @@ def test_batched_greedy_outputs_equal_reference(net, allocator, num_blocks):
 
 def test_wall_clock_run_records_iterations(net):
     cfg = EngineConfig(TINY, num_blocks=40, block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
-    res = Engine(cfg, model=net).run([(0.0, 40, 5), (0.01, 20, 3)], clock="wall", lead_s=0.0)
+    # both at t = 0: with the second at 10 ms a fast moment of the host finished the first before it came (no overlap)
+    res = Engine(cfg, model=net).run([(0.0, 40, 5), (0.0, 20, 3)], clock="wall", lead_s=0.0)
     assert all(r["status"] == "completed" for r in res.requests)
     for r in res.requests:
         assert r["arrival_s"] <= r["enqueued_s"] <= r["admitted_s"] < r["first_token_s"] <= r["finish_s"]
@@ -131,6 +132,34 @@ def test_wall_clock_run_records_iterations(net):
     assert all(a["end_s"] <= b["start_s"] + 1e-9 for a, b in zip(its, its[1:]))
     assert sum(it["prefill_tokens"] for it in its) == 60
     assert res.peak_blocks() == 3 + 2  # ceil(44/16) + ceil(22/16): prompt + output - 1 slots at the end
+
+
+@pytest.mark.parametrize("allocator", ["paged", "static"])
+def test_cpu_norm_clock_scales_thread_time_by_the_probe(net, allocator):
+    """cpu_norm: same tokens as any clock; each iteration lasts its thread CPU time x the probe's
+    reference / median of the last probes (recorded), probes every ``probe_every_s`` of engine CPU."""
+    from calibration.engine import SpeedProbe
+    from sim.catalog import GPUS
+    from sim.costmodel import RooflineCostModel
+    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                       allocator=allocator, reserve=80, max_model_len=80)
+    eng = Engine(cfg, model=net)
+    probe = SpeedProbe(cfg, net)
+    assert probe.engine.mem is not eng.mem and probe.engine.k_cache[0] is not eng.k_cache[0]
+    trace = [(0.0, 40, 6), (0.001, 20, 4), (0.002, 33, 5)]
+    ref = eng.run(trace, clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
+    res = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=2 * probe.measure(), probe_every_s=0.0,
+                  probe_window=3)
+    assert [r["output_ids"] for r in res.requests] == [r["output_ids"] for r in ref.requests]
+    probes = res.info["speed_probes"]
+    assert len(probes) == 3 + len(res.iterations)  # 3 before the first iteration, then one per iteration
+    for it in res.iterations:
+        assert it["end_s"] - it["start_s"] == pytest.approx(it["cpu_s"] * it["speed_scale"], rel=1e-9, abs=1e-12)
+        assert 0.5 < it["speed_scale"] < 8  # about 2 (reference = 2 x one probe)
+    assert all(p["scale"] == pytest.approx(res.config["probe_ref_s"] / np.median([q["probe_s"] for q in probes[max(0, i - 2):i + 1]]))
+               for i, p in enumerate(probes))
+    with pytest.raises(ValueError, match="cpu_norm"):
+        eng.run(trace, clock="cpu_norm")
 
 
 # --- the simulator reproduces the engine's schedule exactly (same clock) ------------------------------

@@ -30,6 +30,14 @@ def test_spec_errors(tmp_path):
         load_spec(bad)
     with pytest.raises(ConfigError):
         load_spec(tmp_path / "missing.yaml")
+    bad.write_text("engine: {clocks: [cpu, virtual]}\n")
+    with pytest.raises(ConfigError, match="clocks"):
+        load_spec(bad)
+
+
+def test_spec_clocks():
+    spec = load_spec("scenarios/validate-cpu.yaml")
+    assert spec["engine"]["clocks"] == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
 
 
 def test_simulator_capacity_matches_engine_blocks(tmp_path):
@@ -59,42 +67,50 @@ def test_latency_metrics_definitions():
 
 
 def _drift(doc) -> float:
-    """How far the host's speed moved between calibration and the runs (host probe, see validate.host_probe)."""
-    after = doc["host_probe_after_calibration"]
+    """How far the host's speed moved from calibration during the replays: the cpu_norm probe's
+    p10 / p90 over each replay against its reference (1 = calibration speed; engine.SpeedProbe)."""
     worst = 0.0
-    for key, by_clock in doc["diagnostics"].items():
-        ref = after[key.split("/")[1]]["measured_over_predicted"]
-        for d in by_clock.values():
-            worst = max(worst, abs(d["host_probe_before"]["measured_over_predicted"] / ref - 1.0))
+    for by_clock in doc["diagnostics"].values():
+        sp = by_clock.get("cpu_norm", {}).get("speed_probes") or {}
+        for q in ("p10", "p90"):
+            if sp:
+                worst = max(worst, abs(sp["probe_s"][q] / sp["reference_s"] - 1.0))
     return worst
 
 
 @pytest.mark.timing
 def test_quick_validation_within_bound(tmp_path):
     """Calibrate (validation grid), measure the engine overhead, run engine and simulator on the
-    quick subset (medium load, paged and static) and compare on the engine's CPU clock.
+    quick subset (medium load, paged and static) and compare on the engine's host-speed-normalised
+    CPU clock (``cpu_norm``, the spec's table clock; the raw clocks are left out to keep this short).
 
     A loose bound, as CI runs on a shared 2-core host whose speed moves by tens of percent within
-    a minute (docs/validation.md): the median relative error over p50/p90 TTFT, TPOT and e2e of
-    both allocators within 35 %, and none off by more than 2x. The semantics (schedule, blocks,
-    preemptions) must be identical. A miss is measured once more before it fails."""
+    seconds, which the normalisation removes only partly (docs/validation.md): the median relative
+    error over p50/p90 TTFT, TPOT and e2e of both allocators within 25 %, and none off by more
+    than 2x. The semantics (schedule, blocks, preemptions) must be identical. A miss is measured
+    once more before it fails."""
     pytest.importorskip("torch")
     from calibration.validate import validate
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
+    assert spec["engine"]["clocks"][0] == "cpu_norm"
+    spec["engine"]["clocks"] = ["cpu_norm"]
     for attempt in range(2):
         out = tmp_path / f"try{attempt}"
         doc = validate(spec, device="cpu", out=out)
         assert (out / "validation.html").is_file()
         on_disk = json.loads((out / "validation.json").read_text())
         assert on_disk["rows"] == json.loads(json.dumps(doc["rows"]))
-        assert {r["metric"] for r in doc["rows"]} == set(METRICS) and doc["clock"] == "cpu"
+        assert {r["metric"] for r in doc["rows"]} == set(METRICS) and doc["clock"] == "cpu_norm"
+        for key, by_clock in doc["diagnostics"].items():  # the probe series is reported
+            sp = by_clock["cpu_norm"]["speed_probes"]
+            assert sp["probes"] >= 3 and sp["reference_s"] > 0 and len(sp["series"]) == sp["probes"], key
         assert doc["shape"]["model"] == "tiny-llama" and doc["device"]["kind"] == "cpu"
         for key, sem in doc["semantics"].items():
             assert sem["identical"], (key, sem)  # same clock => same schedule, blocks, preemptions
         errs = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]
                 if r["metric"].split("_")[0] in ("ttft", "tpot", "e2e") and r["metric"].endswith(("p50", "p90"))}
         median = float(np.median(list(errs.values())))
-        bad = median > 0.35 or max(errs.values()) > 1.0
+        bad = median > 0.25 or max(errs.values()) > 1.0
         drift = _drift(doc)
         if not bad:
             break  # else measure once more: one noisy minute on a shared host is not a verdict
