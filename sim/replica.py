@@ -34,6 +34,7 @@ import numpy as np
 import simpy
 
 from .allocators.base import Allocator
+from .allocators.paged import PagedAllocator
 from .costmodel import BatchShape, CostModel
 from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from .scheduler import ContinuousScheduler, StepPlan
@@ -103,6 +104,12 @@ class Replica:
         self.compaction_s = 0.0
         #: Each compaction: (time s, bytes moved, copy seconds).
         self.compaction_log: list[tuple[float, int, float]] = []
+        #: The allocator's pending work is its own ``work`` (composites gather their parts' in take_work).
+        self._plain_work = type(allocator).take_work is Allocator.take_work
+        #: Static batching returns a batch's members together (``None``: each request alone).
+        self._completing = getattr(scheduler, "completing", None)
+        #: Block pools: every free block serves any sequence, so external fragmentation is 0.
+        self._one_extent = type(allocator).largest_free_extent_tokens is PagedAllocator.largest_free_extent_tokens
         loop = self._loop_cohort if self.cohort is not None else self._loop
         self.proc = env.process(loop())
         if self.compaction is not None:
@@ -224,6 +231,8 @@ class Replica:
                 self.paused_s += float(times[mask].sum())
 
     def _ext_frag(self) -> float:
+        if self._one_extent:
+            return 0.0
         a = self.alloc
         free = a.capacity_tokens - a.reserved_tokens()
         return 0.0 if free <= 0 else 1.0 - a.largest_free_extent_tokens() / free
@@ -240,14 +249,17 @@ class Replica:
                     done.append(req)
 
     def _finish(self, done: list[Request], now: float) -> None:
-        completing = getattr(self.sched, "completing", None)
-        if completing is not None:
-            done = completing(done)  # static batching returns a batch's members together
+        if self._completing is not None:
+            done = self._completing(done)
+        if not done:
+            return
         # Running order, whichever path found them: closed-loop clients react in this order.
-        done.sort(key=_seq_no)
+        if len(done) > 1:
+            done.sort(key=_seq_no)
+        running, release = self.sched.running, self.alloc.release
         for req in done:
-            self.sched.running.remove(req)
-            self.alloc.release(req.id)
+            running.remove(req)
+            release(req.id)
             self._end(req, COMPLETED, now)
 
     def _end(self, req: Request, status: str, now: float) -> None:
@@ -265,9 +277,11 @@ class Replica:
 
     def _work_s(self) -> float:
         """Charge the allocator's pending work (allocations, copies, zero-fill, swaps) to this iteration."""
+        if self._plain_work:
+            w = self.alloc.work
+            if not (w.events or w.copy_ops or w.zero_ops or w.swap_ops):
+                return 0.0
         w = self.alloc.take_work()
-        if not w.any():
-            return 0.0
         t = w.time_s(self.cost)
         self.alloc_work_s += t
         return t
@@ -282,11 +296,20 @@ class Replica:
 
     def _one_iteration(self, plan: StepPlan):
         """Yield through one iteration of ``plan`` and account for it (time, memory, time series)."""
-        dt = self._step_time(plan)
-        used, reserved = self.alloc.used_total, self.alloc.reserved_tokens()
-        frag = self._ext_frag()
-        yield self.env.timeout(dt)
-        self._account(used, reserved, dt)
+        it = self._iteration_begin(plan)
+        yield self.env.timeout(it[0])
+        self._iteration_end(plan, it)
+
+    def _iteration_begin(self, plan: StepPlan) -> tuple[float, int, int, float]:
+        """Price one iteration: (seconds, used and reserved tokens while it runs, external fragmentation)."""
+        a = self.alloc
+        return self._step_time(plan), a.used_total, a.reserved_tokens(), self._ext_frag()
+
+    def _iteration_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
+        dt, used, reserved, frag = it
+        self.used_token_s += used * dt
+        self.reserved_token_s += reserved * dt
+        self.busy_s += dt
         self.ext_frag_s += frag * dt
         if plan.paused:
             self.paused_s += dt
@@ -334,12 +357,19 @@ class Replica:
         if not sched.running and not sched.waiting:
             yield from self._idle_wait()
             return False
+        return self._boundary_work()
+
+    def _boundary_work(self) -> bool:
+        """:meth:`_at_boundary` once there is work: compact, drop stale requests; ``True`` if work remains."""
+        sched = self.sched
+        now = self.env.now
         if self._compact_due:
             self._run_compaction()
-        self._drop_stale(self.env.now)
-        if not sched.running and not sched.waiting:
-            return False
-        sched.now = self.env.now
+        if self.stale_after_s is not None or sched.now_hint_preempted:
+            self._drop_stale(now)
+            if not sched.running and not sched.waiting:
+                return False
+        sched.now = now
         if DEBUG:
             assert self.loads[self.index] == len(sched.running) + len(sched.waiting), "outstanding count drifted"
         return True
@@ -452,19 +482,26 @@ class Replica:
         return np.minimum(a[None, :] + G + j[:, None], cap).sum(axis=1).astype(np.float64).tolist()
 
     def _loop_cohort(self):
+        # Flat on purpose: this loop runs once per batch change of every replica, so the phases
+        # are plain methods around the yields instead of nested generators.
         sched = self.sched
         co = self.cohort
+        env = self.env
+        running, waiting = sched.running, sched.waiting
         budget_cap = sched.cfg.max_num_batched_tokens
         kv_cap = sched.kv_cap
         while True:
-            if not (yield from self._at_boundary()):
+            if not running and not waiting:
+                yield from self._idle_wait()
                 continue
-            n = co.n
+            if not self._boundary_work():
+                continue
+            n = len(co.a)
             if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
                 self._dissolve()
                 plan = sched.schedule()
-                self._settle(plan, self.env.now)
+                self._settle(plan, env.now)
                 if not plan.items:
                     self._stuck()
                     continue
@@ -473,36 +510,49 @@ class Replica:
                 continue
             # The cohort takes this iteration's token first (it is the front of the running list).
             if DEBUG:
-                run = sched.running
-                assert all(r.id in self._gen_off for r in run[:n]), "cohort is not the front of running"
-                assert not any(r.id in self._gen_off for r in run[n:]), "a member sits behind a prefilling request"
-                assert all(run[i].seq_no < run[i + 1].seq_no for i in range(len(run) - 1)), "running out of order"
-            if n and len(sched.running) == n and not self._has_breaker and sched.admission_blocked(n):
+                assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
+                assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
+                assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
+            if n and len(running) == n and not self._has_breaker and sched.admission_blocked(n):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
                 co.advance(self.G, 1)
-                yield from self._cohort_window(None)
-                continue
-            batch = BatchShape(decode_seqs=n, decode_kv_tokens=0)
-            if n:
-                if kv_cap is None:
-                    batch.decode_kv_tokens = co.sum_a + n * (self.G + 1)
-                else:
-                    batch.decode_kv_tokens = int(self._kv_attended(1)[0])
-                co.advance(self.G, 1)
-            plan = sched.schedule(start=n, batch=batch)
-            self._settle(plan, self.env.now)
-            if not plan.items and not n:
-                self._stuck()
-                continue
-            if plan.items or plan.preempted:
-                yield from self._mixed_step(plan)
+                plan = None
             else:
-                yield from self._cohort_window(plan)
+                batch = BatchShape(decode_seqs=n, decode_kv_tokens=0)
+                if n:
+                    if kv_cap is None:
+                        batch.decode_kv_tokens = co.sum_a + n * (self.G + 1)
+                    else:
+                        batch.decode_kv_tokens = int(self._kv_attended(1)[0])
+                    co.advance(self.G, 1)
+                plan = sched.schedule(start=n, batch=batch)
+                self._settle(plan, env.now)
+                if not plan.items and not n:
+                    self._stuck()
+                    continue
+                if plan.items or plan.preempted:
+                    it = self._iteration_begin(plan)
+                    yield env.timeout(it[0])
+                    self._iteration_end(plan, it)
+                    self._mixed_end(plan)
+                    continue
+            # A pure-decode window of the cohort.
+            w = self._window_begin()
+            times, k = w[0], w[1]
+            if k == 1:
+                yield env.timeout(times[0])
+                m, ends = 1, times
+            else:
+                m, ends = yield from self._run_window(times, k)
+            self._window_end(plan, w, m, ends)
 
     def _mixed_step(self, plan: StepPlan):
         """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
         yield from self._one_iteration(plan)
+        self._mixed_end(plan)
+
+    def _mixed_end(self, plan: StepPlan) -> None:
         now = self.env.now
         self.G += 1
         done: list[Request] = []
@@ -564,26 +614,32 @@ class Replica:
     def _cohort_window(self, plan: StepPlan | None):
         """Pure-decode iterations of the cohort until its first completion or refusal.
 
-        ``plan`` is ``None`` when nothing but the cohort was running and nothing waited."""
+        ``plan`` is ``None`` when the cohort was all that ran and the queue could not move."""
+        w = self._window_begin()
+        m, ends = yield from self._run_window(w[0], w[1])
+        self._window_end(plan, w, m, ends)
+
+    def _window_begin(self) -> tuple:
+        """Price a window from step ``G`` (its first iteration granted): times, k and what
+        :meth:`_window_end` needs."""
         co = self.cohort
-        n = co.n
-        G = self.G
-        k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
+        k_fin = self._fin[0][0] - self.G  # iterations until the first member finishes (≥ 1)
         if self._bg_copy_left_s > 0:
             k_fin = 1  # background copies slow each iteration: step until they are done
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
-        k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
+        k = 1 + (co.grantable_steps(self.G + 1, k_fin - 1) if k_fin > 1 else 0)
         times, reserved, used, work = self._window_arrays(k)
-        frag = self._ext_frag()
-        waiting_at_start = bool(self.sched.waiting)
-        m, ends = yield from self._run_window(times, k)
+        return times, k, reserved, used, work, self._ext_frag(), bool(self.sched.waiting), len(co.a)
+
+    def _window_end(self, plan: StepPlan | None, w: tuple, m: int, ends: list) -> None:
+        times, k, reserved, used, work, frag, waiting_at_start, n = w
         self._account_window(m, times, reserved, used, work, frag)
         if (plan is not None and plan.paused) or (waiting_at_start and self._has_breaker):
             self._account_paused(plan, np.array(reserved[:m]), np.array(times[:m]), waiting_at_start)
         self.iterations += m
         self.windows += 1
         self.rec.step(self, m, ends[m - 1], times[0], n)
-        self.G = G + m
+        self.G += m
         done: list[Request] = []
         self._pop_finished(done)
         self._finish(done, self.env.now)

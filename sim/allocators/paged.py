@@ -227,9 +227,11 @@ class PagedCohort(Cohort):
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
             return
-        new = self._blocks_for(G, steps)
+        # One iteration (the engine grants every iteration's token this way): one histogram cell.
+        new = self.cnt[(-G) % self.B] if steps == 1 else self._blocks_for(G, steps)
         pool = self.pool
         assert new <= pool.grow_limit(), "cohort advanced past the free pool"
-        pool.free_blocks -= new
-        pool._took(new)
+        if new:
+            pool.free_blocks -= new
+            pool._took(new)
         pool.used_total += len(self.a) * steps
