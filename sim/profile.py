@@ -591,8 +591,14 @@ class ProfileCostModel(CostModel):
             return self.decode_times_s(n, np.array(kv_tokens, dtype=np.float64)).tolist()
         base = self._decode_base(n)
         coef = self.model.layers * self._attn_factor
+        if len(kv_tokens) == 1:  # a third of all windows: one iteration before the next arrival
+            t, oor = self._gen.at(n, kv_tokens[0] / n)
+            if oor:
+                self._count("generation_attention", oor)
+            return [base + coef * t]
         attn, oor = self._gen.at_many(n, [v / n for v in kv_tokens])
-        self._count("generation_attention", oor)
+        if oor:
+            self._count("generation_attention", oor)
         return [base + coef * t for t in attn]
 
     def step_time_s(self, batch: BatchShape) -> float:

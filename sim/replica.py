@@ -475,7 +475,10 @@ class Replica:
         G = self.G if G is None else G
         if cap is None:
             # Integers below 2**53: exact, as the float64 array arithmetic was.
-            n, base = co.n, co.sum_a + co.n * G
+            n = len(co.a)
+            base = co.sum_a + n * G
+            if steps == 1:
+                return [float(base + n)]
             return [float(base + n * j) for j in range(1, steps + 1)]
         j = np.arange(1, steps + 1, dtype=np.float64)
         a = np.fromiter(co.a.values(), dtype=np.int64, count=co.n)
@@ -577,7 +580,7 @@ class Replica:
         co, alloc, G = self.cohort, self.alloc, self.G
         # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
         # overhead was the engine's largest cost (the floats are the same).
-        times = self.cost.decode_times_list(co.n, self._kv_attended(k))
+        times = self.cost.decode_times_list(len(co.a), self._kv_attended(k))
         times[0] += self._work_s()
         if self._bg_copy_left_s > 0:
             arr = np.array(times)
