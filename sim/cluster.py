@@ -116,18 +116,27 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         next_id[0] += 1
         submit(rid, client)
 
-    def open_loop():
-        for rid, t in enumerate(wl.arrival_s.tolist()):
-            if t > env.now:
-                yield env.timeout(t - env.now)
+    arrivals = wl.arrival_s.tolist() if wl.arrival_s is not None else []
+    next_arrival = [0]
+
+    def arrive(_event=None) -> None:
+        # A callback chain, not a process: one timeout per distinct arrival time and no generator
+        # to resume (this runs once per request). Same order and times as a process would give.
+        rid = next_arrival[0]
+        now = env.now
+        while rid < len(arrivals) and arrivals[rid] <= now:
             submit(rid)
+            rid += 1
+        next_arrival[0] = rid
+        if rid < len(arrivals):
+            env.timeout(arrivals[rid] - now).callbacks.append(arrive)
 
     if closed_loop:
         for c in range(min(wl.closed_loop_clients, total)):
             next_id[0] += 1
             submit(c, c)
     else:
-        env.process(open_loop())
+        arrive()
     env.run()
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
