@@ -134,6 +134,8 @@ class Plan:
     warmup: int
     target_repeat_s: float
     passes: int
+    #: also time the reference engine's static-cache decode attention (``decode_static``: one SDPA per sequence)
+    static_decode: bool = False
 
     def to_json(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -211,6 +213,13 @@ class Bench:
         self.gen.manual_seed(seed)
         self.rng = random.Random(seed)
         self._pools: dict = {}
+        #: CPU repeats timed with this clock (``time.perf_counter``; ``time.thread_time`` for the thread's
+        #: CPU time, what ``kvsim validate``'s cpu clocks measure the engine with).
+        self.timer = time.perf_counter
+        #: optional host-speed normaliser (``kvsim validate``): ``tick()`` before each point (it may run
+        #: a probe), ``factor_at(t)`` after all passes: the factor each sample taken at ``perf_counter`` t is
+        #: multiplied by (reference speed / the host's speed then).
+        self.speed = None
 
     @classmethod
     def open(cls, device: str, dtype: str = "bf16", **kw) -> "Bench":
@@ -274,10 +283,11 @@ class Bench:
                 end.synchronize()
                 out.append(start.elapsed_time(end) * 1e-3 / inner)
             else:
-                t0 = time.perf_counter()
+                clock = self.timer
+                t0 = clock()
                 for j in range(inner):
                     calls[(base + j) % n]()
-                out.append((time.perf_counter() - t0) / inner)
+                out.append((clock() - t0) / inner)
         return out, inner
 
     def measure(self, setups: list[Callable[[], "Setup"]], passes: int = 1, on_done=None) -> list[Timing]:
@@ -288,16 +298,26 @@ class Bench:
         ``(calls, scale)``; ``scale`` converts seconds per call (e.g. per allocation event).
         """
         acc: list[list[float]] = [[] for _ in setups]
+        stamps: list[list[float]] = [[] for _ in setups]
         info = [(1, 1, 1.0)] * len(setups)
+        speed = self.speed
         for _ in range(max(1, passes)):
             for i, setup in enumerate(setups):
+                if speed is not None:
+                    speed.tick()
                 calls, scale = setup()
                 got, inner = self.samples(calls)
                 acc[i] += [x * scale for x in got]
+                stamps[i].append(time.perf_counter())
                 info[i] = (inner, len(calls), scale)
                 del calls
                 if on_done is not None:
                     on_done(i)
+        if speed is not None:  # every sample at the reference speed: x reference / the host's speed then
+            speed.tick(force=True)
+            for i, a in enumerate(acc):
+                k = len(a) // max(len(stamps[i]), 1)
+                acc[i] = [x * speed.factor_at(stamps[i][j // k]) for j, x in enumerate(a)]
         return [Timing(statistics.median(a), min(a), max(a), len(a), inf[0], inf[1]) for a, inf in zip(acc, info)]
 
     def time_one(self, kind: str, *args, passes: int = 1, **kw) -> Timing:
@@ -355,6 +375,28 @@ class Bench:
         lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
         q3 = [q.squeeze(2) for q in qs]
         return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens) for q, t in zip(q3, tables)], 1.0
+
+    def decode_static_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
+        """The reference engine's static-cache decode attention: one contiguous arena
+        ``[slots, kv_heads, head_dim]`` with one reservation per sequence; each sequence's query
+        attends its reservation's view (``chunk_attention``: one masked SDPA per sequence), the
+        outputs concatenated (``calibration.engine.Engine.execute``, static layout)."""
+        torch = self.torch
+        from .engine import chunk_attention
+        kv_bytes = 2 * batch * kv_len * kv_heads * head_dim * self.elem
+        nb = self.rotations(kv_bytes + batch * heads * head_dim * self.elem)
+        sets = []
+        for _ in range(nb):
+            k = self.randn(batch * kv_len, kv_heads, head_dim)
+            v = self.randn(batch * kv_len, kv_heads, head_dim)
+            q = self.randn(batch, heads, head_dim)
+            sets.append((q, k, v))
+        L = kv_len
+
+        def call(q, k, v):
+            return torch.cat([chunk_attention(q[i:i + 1], k[i * L:(i + 1) * L], v[i * L:(i + 1) * L], L - 1)
+                              for i in range(batch)], 0)
+        return [lambda q=q, k=k, v=v: call(q, k, v) for q, k, v in sets], 1.0
 
     def _elems(self, nbytes: int) -> int:
         return max(1, int(nbytes) // self.elem)
@@ -557,6 +599,11 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
             jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
                          lambda b=b, s=s, bs=bs: bench.decode_calls(b, s, h, kvh, d, bs), "generation_attention", name,
                          {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0}))
+    if plan.static_decode:
+        for b, s in gen_cells:
+            jobs.append((f"decode_static b={b} L={s}", lambda b=b, s=s: bench.decode_static_calls(b, s, h, kvh, d),
+                         "generation_attention", "decode_static",
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0}))
     for nb in plan.mem_bytes:
         jobs.append((f"zero_ {nb} B", lambda nb=nb: bench.zero_fill_calls(nb), "memory", "zero_fill", {"nbytes": nb}))
         jobs.append((f"copy_ {nb} B", lambda nb=nb: bench.copy_calls(nb), "memory", "copy", {"nbytes": nb}))
@@ -922,8 +969,14 @@ class DeviceResult:
 
 def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name: str | None = None,
                      dtype: str = "bf16", threads: int | None = None, progress: bool = True,
-                     plan: Plan | None = None, key_dtype: str | None = None) -> DeviceResult:
-    """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring)."""
+                     plan: Plan | None = None, key_dtype: str | None = None, cpu_time: bool = False,
+                     speed=None) -> DeviceResult:
+    """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring).
+
+    ``cpu_time`` (CPU only): time repeats in the thread's CPU time (``time.thread_time``) instead of
+    wall time. ``speed``: a host-speed normaliser (:attr:`Bench.speed`; ``kvsim validate``'s
+    :class:`calibration.validate.HostSpeed`) that puts every sample at its reference speed.
+    """
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
     if dtype not in _TORCH_DTYPE:
@@ -933,6 +986,9 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
     try:
         plan = plan or make_plan(device, model, quick)
         bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s
+        if cpu_time and device == "cpu":
+            bench.timer = time.thread_time
+        bench.speed = speed
         info = describe_device(bench)
         meas = run_measurements(bench, model, plan, progress)
     finally:
@@ -972,6 +1028,38 @@ def kernels_only(profile: Profile) -> Profile:
     return p
 
 
+def with_static_decode(profile: Profile, meas: Measurements, model: ModelSpec) -> Profile:
+    """``profile`` for the reference engine's *static* cache: its decode-attention grid is the
+    measured ``decode_static`` kernel (one masked SDPA per sequence over its contiguous
+    reservation, as ``Engine.execute`` runs it), and ``layout.paged_overhead`` 0, so the cost model's
+    contiguous layout reads that grid as is (instead of the paged grid ÷ (1 + a median overhead),
+    whose ratio to the static kernel varies with batch and length). Unchanged without those rows."""
+    import copy
+    rows = meas.select("generation_attention", kernel="decode_static")
+    if not rows:
+        return profile
+    b = np.array(sorted({r["batch"] for r in rows}), dtype=float)
+    L = np.array(sorted({r["length"] for r in rows}), dtype=float)
+    by = {(r["batch"], r["length"]): r["median_s"] for r in rows}
+    if len(by) != b.size * L.size:
+        return profile
+    t = np.array([[by[(int(x), int(y))] for y in L] for x in b])
+    # more KV per sequence, or more sequences, is never faster (timing noise otherwise bends the grid)
+    t = np.maximum.accumulate(np.maximum.accumulate(t, axis=0), axis=1)
+    p = copy.deepcopy(profile)
+    key = shape_keys(model, 1, p.dtypes["weight"][0], p.dtypes["weight"][0]).attention
+    old = p.generation_attention[key]
+    p.generation_attention = {**p.generation_attention,
+                              key: Grid2D(b, L, t, {**old.meta, "kernel": "static: one masked SDPA per sequence over "
+                                                    "its contiguous reservation (calibration.engine), measured medians",
+                                                    "measured_cells": int(b.size * L.size), "cells": int(b.size * L.size),
+                                                    "replaces": "paged grid / (1 + paged_overhead)"})}
+    p.layout = {**p.layout, "paged_overhead": 0.0, "paged_overhead_by_block_size": {},
+                "kernel_route_paged_overhead": p.layout.get("paged_overhead"),
+                "contiguous_model": "the generation grid is the static-cache kernel itself (decode_static)"}
+    return p
+
+
 def engine_iteration_rows(result, cost) -> list[dict]:
     """One row per engine iteration: its batch shape, measured wall and thread-CPU seconds, and ``cost``'s prediction."""
     from sim.costmodel import BatchShape
@@ -987,11 +1075,12 @@ def engine_iteration_rows(result, cost) -> list[dict]:
     return rows
 
 
-def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
+def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
                             seed: int = 0, device: str = "cpu", clock: str = "wall",
-                            between_runs=None) -> dict[str, dict]:
+                            between_runs=None, probes: dict | None = None,
+                            probe_ref_s: dict | None = None) -> dict[str, dict]:
     """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
 
     The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
@@ -1010,24 +1099,31 @@ def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("
     thread's CPU time (``time.thread_time``; one torch thread, so every CPU kernel runs on
     it): the engine's own cost on a quiet host (not the step time on CUDA, which is async).
     ``between_runs``: called after each engine run (``kvsim validate`` times its host-speed
-    probe there, so the probe's reference spans the measurement). Returns ``{allocator: fit}``
+    probe there, so the probe's reference spans the measurement). ``clock="cpu_norm"`` with
+    ``probes`` (``{allocator: SpeedProbe}``) and ``probe_ref_s`` (``{allocator: seconds}``): each run on
+    the engine's ``cpu_norm`` clock (thread CPU time × reference ÷ median of the last probes, as a
+    replay), so the residual is at the probe's reference speed. Returns ``{allocator: fit}``
     (each with its rows).
     """
-    if clock not in ("cpu", "wall"):
-        raise ValueError("clock: cpu or wall")
+    if clock not in ("cpu", "wall", "cpu_norm"):
+        raise ValueError("clock: cpu, cpu_norm or wall")
+    if clock == "cpu_norm" and (not probes or not probe_ref_s):
+        raise ValueError("clock='cpu_norm' needs probes and probe_ref_s per allocator")
     from sim.catalog import GPUS
     from sim.costmodel import Layout
     from sim.profile import ProfileCostModel
 
     from .engine import Engine, EngineConfig, Transformer
 
-    kd = profile.dtypes["weight"][0]
-    costs = {a: ProfileCostModel(kernels_only(profile), model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd,
+    profiles = profile if isinstance(profile, dict) else {a: profile for a in allocators}
+    costs = {a: ProfileCostModel(kernels_only(profiles[a]), model, GPUS["cpu"], weight_dtype=profiles[a].dtypes["weight"][0],
+                                 kv_dtype=profiles[a].dtypes["weight"][0],
                                  layout=Layout(paged=a == "paged", block_size=block_size)) for a in allocators}
     net = Transformer(model, dtype, device, seed)
     rng = random.Random(seed)
     longest = prompt_range[1] + output_tokens
     rows: dict[str, list] = {a: [] for a in allocators}
+    probe_log: dict[str, list] = {a: [] for a in allocators}
     t0 = time.perf_counter()
     for p in range(passes):
         for b in batches:
@@ -1037,7 +1133,12 @@ def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("
                                    max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
                                    reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
                                    device=device)
-                res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
+                if clock == "cpu_norm":
+                    res = Engine(cfg, model=net).run(trace, clock="cpu_norm", probe=probes[a],
+                                                     probe_ref_s=probe_ref_s[a])
+                    probe_log[a] += res.info["speed_probes"]
+                else:
+                    res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
                 for r in engine_iteration_rows(res, costs[a])[1:]:  # the first iteration of a run warms caches
                     r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]
                     r.update(batch=b, pass_=p)
@@ -1048,7 +1149,12 @@ def measure_engine_overhead(profile: Profile, model: ModelSpec, *, allocators=("
     meta = {"block_size": block_size, "dtype": dtype, "threads": threads, "clock": clock, "elapsed_s": elapsed,
             "passes": passes, "batches": list(batches), "prompt_range": list(prompt_range),
             "output_tokens": output_tokens}
-    return {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
+    out = {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
+    for a in allocators:
+        if probe_log[a]:
+            out[a]["speed_probes"] = probe_log[a]
+            out[a]["probe_ref_s"] = float(probe_ref_s[a])
+    return out
 
 
 def _fit_overhead(rows: list[dict], clock: str) -> dict:
@@ -1061,14 +1167,19 @@ def _fit_overhead(rows: list[dict], clock: str) -> dict:
     # Robust to a shared host's slow episodes: medians, not means. a + b·S from the median residual
     # of pure-decode iterations per S (least squares over S, non-negative); c from the median of
     # what mixed iterations leave per prefill token.
+    # The fit minimises *relative* error of the iteration time (what latencies are compared in), each
+    # S weighted by the square root of its iteration count: weights sqrt(n_S) / median time at S.
     dec = np.array([r["pure_decode"] for r in rows])
-    xd = np.array(sorted(set(S[dec].tolist()))) if dec.any() else xs
-    md = np.array([np.median(R[dec & (S == x)]) for x in xd]) if dec.any() else med
-    (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]), md)
+    meas_t = np.array([r["measured_s" if clock != "cpu" else "cpu_s"] for r in rows])
+    sel = dec if dec.any() else np.ones(len(rows), dtype=bool)
+    xd = np.array(sorted(set(S[sel].tolist())))
+    md = np.array([np.median(R[sel & (S == x)]) for x in xd])
+    w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
+    (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]) * w[:, None], md * w)
     mixed = ~dec & (T > S)
     c_ = float(max(0.0, np.median((R[mixed] - a - b_ * S[mixed]) / (T[mixed] - S[mixed])))) if mixed.any() else 0.0
     pred = a + b_ * S + c_ * (T - S)
-    meas = np.array([r["cpu_s" if clock == "cpu" else "measured_s"] for r in rows])
+    meas = meas_t
     kern = np.array([r["predicted_s"] for r in rows])
     wall = np.array([r["measured_s"] for r in rows])
     err = np.abs(kern + pred - meas) / meas
@@ -1117,10 +1228,11 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
                   "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
         "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "
                   f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
-                  f"{'thread CPU' if overhead.get('clock') == 'cpu' else 'wall'} time "
+                  f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock'), 'wall')} time "
                   "minus the kernel curves' prediction for the same batch shape, median per sequence count, "
                   "fitted a + b x sequences (kvsim.calibration.kernels.measure_engine_overhead)",
         "median_by_seqs": overhead["median_by_seqs"], "kernel_route_step_cpu": kernel_route,
         "note": "host-side and framework work per step, not overlapped with kernels (CPU: same thread)"}
-    p.provenance = {**p.provenance, "engine_overhead": {k: v for k, v in overhead.items() if k != "rows"}}
+    p.provenance = {**p.provenance, "engine_overhead": {k: v for k, v in overhead.items()
+                                                        if k not in ("rows", "speed_probes")}}
     return p

@@ -252,60 +252,76 @@ def validation_plan(spec: dict, device: str):
                 ctx_max_tokens=4 * top, gen_batch=_pow2(1, 1 << (S - 1).bit_length()),
                 gen_len=_pow2(16, min(ltop, model.max_position)), gen_max_kv_bytes=256 << 20, block_sizes=(8, 32),
                 overhead_batch=_pow2(1, 64, 2), mem_bytes=_pow2(1 << 12, 1 << 24, 4), ew_tokens=(1, 16, 256),
-                repeats=5, warmup=2, target_repeat_s=0.0005, passes=2 if device == "cpu" else 1)
+                repeats=5, warmup=2, target_repeat_s=0.0005, passes=2 if device == "cpu" else 1,
+                static_decode="static" in spec["allocators"])
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
                      progress: bool = False, speed: "HostSpeed | None" = None) -> tuple[dict[str, str], dict]:
     """Profile file per allocator (kernel curves + the engine's measured overhead for that layout).
 
-    ``speed``: the host-speed probes (:class:`HostSpeed`) sample right before the kernel route,
-    right after it, after every engine run of the overhead measurement and right after the
-    whole calibration: their median is the reference ("calibration speed") of the ``cpu_norm`` clock.
+    ``speed`` (the ``cpu_norm`` clock's :class:`HostSpeed`): the whole calibration is put at one
+    reference host speed. Its probes run 10 times before the kernel route and then between the
+    route's points (every :attr:`HostSpeed.every_s` of wall time); the **reference** is the median of
+    those probes, and every kernel sample is multiplied by reference ÷ the median of the probes
+    around it (:meth:`HostSpeed.factor_at`); kernels are timed in thread CPU time. The overhead runs
+    then run on the engine's ``cpu_norm`` clock with that reference (the replay's normalisation),
+    so kernel curves, overhead fit and the ``cpu_norm`` replays share one reference speed.
+    The static profile's decode-attention grid is the engine's static kernel (``decode_static``).
     """
     from sim.profile import load_profile
 
-    from .kernels import calibrate_device, measure_engine_overhead, with_engine_overhead
+    from .kernels import calibrate_device, measure_engine_overhead, with_engine_overhead, with_static_decode
     model = get_model(spec["model"])
     eng = spec["engine"]
     info: dict = {}
     t0 = time.perf_counter()
+    cpu_clock = device == "cpu" and eng["clocks"][0] in ("cpu", "cpu_norm")
     if speed is not None:
         speed.sample("before_calibration", 10)
+    bases = {}
     if profile is None:
         res = calibrate_device(device, model, dtype=eng["dtype"], key_dtype="bf16", threads=int(eng["threads"]),
                                plan=validation_plan(spec, device), progress=progress,
-                               name=f"{device}-{model.name}-{eng['dtype']}-validate")
+                               name=f"{device}-{model.name}-{eng['dtype']}-validate", cpu_time=cpu_clock, speed=speed)
         base = res.profile
         info["calibrated"] = {"route": "kvsim calibrate --device (route 1), validation grid",
                               "elapsed_s": round(res.elapsed_s, 1),
-                              "points": sum(base.provenance["measured_points"].values())}
+                              "points": sum(base.provenance["measured_points"].values()),
+                              "timer": "thread CPU time" if cpu_clock else "wall time",
+                              "normalised": speed is not None}
+        for a in spec["allocators"]:
+            bases[a] = with_static_decode(base, res.measurements, model) if a == "static" else base
     else:
         base = load_profile(profile)
         info["loaded"] = profile
         cdt = base.provenance.get("compute_dtype", base.dtypes.get("weight", ["?"])[0])
         if cdt != eng["dtype"]:
             info["dtype_mismatch"] = f"profile kernels timed in {cdt}, engine computes in {eng['dtype']}"
+        bases = {a: base for a in spec["allocators"]}
     if speed is not None:
-        speed.sample("after_kernels", 10)
+        speed.freeze()
     paths = {}
     info["engine_overhead"] = {}
     ovs = {}
     if engine_overhead:
-        ovs = measure_engine_overhead(base, model, allocators=tuple(spec["allocators"]),
+        norm = speed is not None and cpu_clock
+        ovs = measure_engine_overhead(bases, model, allocators=tuple(spec["allocators"]),
                                       block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
                                       threads=int(eng["threads"]), device=device,
-                                      clock="cpu" if (device == "cpu" and eng["clocks"][0] in ("cpu", "cpu_norm"))
-                                      else "wall",
-                                      between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed else None,
+                                      clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
+                                      probes=speed.logged("engine_overhead") if norm else None,
+                                      probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
+                                      between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm
+                                      else None,
                                       max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                                       batches=tuple(b for b in (1, 2, 4, 8, 16, 32)
                                                     if b <= int(spec["scheduler"]["max_num_seqs"])))
     for alloc in spec["allocators"]:
-        prof = base
+        prof = bases[alloc]
         if alloc in ovs:
-            prof = with_engine_overhead(base, ovs[alloc], model)
-            info["engine_overhead"][alloc] = {k: v for k, v in ovs[alloc].items() if k != "rows"}
+            prof = with_engine_overhead(prof, ovs[alloc], model)
+            info["engine_overhead"][alloc] = {k: v for k, v in ovs[alloc].items() if k not in ("rows", "speed_probes")}
         path = out / f"profile-{alloc}.json"
         prof.write(path)
         paths[alloc] = str(path)
@@ -316,36 +332,94 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     return paths, info
 
 
+class _LoggedProbe:
+    """A :class:`SpeedProbe` whose every measurement is also recorded in a :class:`HostSpeed` series."""
+
+    def __init__(self, host: "HostSpeed", allocator: str, phase: str):
+        self.host, self.allocator, self.phase = host, allocator, phase
+        self.probe = host.probes[allocator]
+        self.shape = self.probe.shape
+
+    def measure(self) -> float:
+        x = self.probe.measure()
+        self.host.series[self.allocator].append((self.phase, round(time.perf_counter() - self.host.t0, 4), x))
+        return x
+
+
 class HostSpeed:
     """The ``cpu_norm`` clock's host-speed probes (:class:`calibration.engine.SpeedProbe`, one per
-    allocator, on that allocator's engine) and their reference series taken during calibration.
+    allocator, on that allocator's engine) and the reference speed of the whole calibration.
 
-    The reference time of a probe is the median of the probes taken between the engine runs of
-    the overhead measurement (:func:`prepare_profiles`): the overhead is fitted to those runs'
-    times minus the kernel curves, so the profile's prediction of an engine iteration is anchored
-    to the host's speed during them, whatever it was while the kernels were timed (without an
-    overhead measurement: every probe taken during calibration). A replay on
-    ``cpu_norm`` then scales each iteration's thread CPU time by reference ÷ current probe time,
-    so it is timed as if the host ran at calibration speed, and is compared with the profile as
-    calibrated (no before/after rescaling). Nothing here looks at replay iterations or predictions.
+    **Reference**: per allocator, the median of the probes taken before the kernel route (10) and
+    between its points (:meth:`tick`, every :attr:`every_s` of wall time, every allocator's probe
+    each time), fixed by :meth:`freeze` when the route ends (without a kernel route, ``--profile``:
+    the 10 probes before calibration). Every kernel sample is multiplied by :meth:`factor_at` its
+    time (reference ÷ the median of the 3 probes around it, geometric mean over the allocators'
+    probes), the overhead runs and the replays run on the engine's ``cpu_norm`` clock with the same
+    reference (thread CPU time × reference ÷ median of the last 3 probes). So every time in the
+    profile and in a ``cpu_norm`` replay is a time on a host running at the reference speed, which
+    is compared with the profile as calibrated (no before/after rescaling). Nothing here looks at
+    replay iterations or predictions.
     """
+
+    #: seconds of calibration work (wall) between two probe rounds in the kernel route
+    every_s = 0.05
 
     def __init__(self, probes: dict):
         self.probes = probes
         self.t0 = time.perf_counter()
         self.series: dict[str, list] = {a: [] for a in probes}
+        self._ref: dict[str, float] | None = None
+        self._last = -math.inf
+        self._win: dict | None = None
 
     def sample(self, phase: str, n: int) -> None:
         for a, p in self.probes.items():
             for _ in range(n):
-                self.series[a].append((phase, round(time.perf_counter() - self.t0, 4), p.measure()))
+                x = p.measure()
+                self.series[a].append((phase, round(time.perf_counter() - self.t0, 4), x))
+
+    def tick(self, force: bool = False) -> None:
+        """A probe round between kernel points, at most every :attr:`every_s` (``force``: now)."""
+        if self._ref is not None:
+            return
+        if force or time.perf_counter() - self._last >= self.every_s:
+            self.sample("kernels", 1)
+            self._last = time.perf_counter()
+
+    def freeze(self) -> None:
+        """Fix the reference: the median of every probe so far (before and during the kernel route)."""
+        if self._ref is not None:
+            return
+        self._ref = {a: float(np.median([x[2] for x in ser])) for a, ser in self.series.items()}
+        self._win = {}
+        for a, ser in self.series.items():
+            t = [self.t0 + x[1] for x in ser]
+            self._win[a] = (t, [x[2] for x in ser])
+
+    def factor_at(self, t: float) -> float:
+        """reference ÷ host speed at ``perf_counter`` time ``t``: per allocator the median of the probe
+        before ``t`` and its two neighbours, the geometric mean over allocators (freezes the reference)."""
+        import bisect
+        self.freeze()
+        logs = []
+        for a, (ts, xs) in self._win.items():
+            i = max(bisect.bisect_right(ts, t) - 1, 0)
+            w = xs[max(i - 1, 0):i + 2]
+            logs.append(math.log(self._ref[a] / float(np.median(w))))
+        return math.exp(sum(logs) / len(logs))
+
+    def logged(self, phase: str) -> dict:
+        """Per allocator, its probe recording every measurement under ``phase`` (the overhead runs)."""
+        return {a: _LoggedProbe(self, a, phase) for a in self.probes}
 
     def reference_phase(self, allocator: str) -> str:
-        return "engine_overhead" if any(x[0] == "engine_overhead" for x in self.series[allocator]) else "all"
+        phases = {x[0] for x in self.series[allocator]}
+        return "before_calibration+kernels" if "kernels" in phases else "before_calibration"
 
     def reference(self, allocator: str) -> float:
-        ph = self.reference_phase(allocator)
-        return float(np.median([x[2] for x in self.series[allocator] if ph == "all" or x[0] == ph]))
+        self.freeze()
+        return self._ref[allocator]
 
     def summary(self) -> dict:
         out = {}
@@ -355,6 +429,8 @@ class HostSpeed:
             out[a] = {"reference_s": self.reference(a), "reference_phase": self.reference_phase(a),
                       "probes": len(v), "probe_s": _pcts(v),
                       "by_phase_median_s": {ph: float(np.median([x[2] for x in ser if x[0] == ph])) for ph in phases},
+                      "by_phase_p10_p90_s": {ph: [float(np.percentile([x[2] for x in ser if x[0] == ph], q))
+                                                  for q in (10, 90)] for ph in phases},
                       "shape": self.probes[a].shape, "series": [[ph, t, round(x, 7)] for ph, t, x in ser]}
         return out
 
