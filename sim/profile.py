@@ -463,6 +463,7 @@ class ProfileCostModel(CostModel):
         self._ew_fixed = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
         self._ew_per_token = per_tok / float(ew["bandwidth_bytes_per_s"])
         self._base_cache: dict[int, float] = {}
+        self._chunk_cache: dict = {}
         self._tok_cache: dict[float, tuple[float, tuple]] = {}
         self._seq_cache: dict[float, tuple[float, float, tuple]] = {}
         self._gemm_tok = [(proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")]
@@ -617,39 +618,58 @@ class ProfileCostModel(CostModel):
         chunks = batch.prefill_chunks
         d = batch.decode_seqs
         m = len(chunks)
-        tokens = d + sum(c for c, _ in chunks)
-        seqs = d + m
+        tokens = d + (chunks[0][0] if m == 1 else sum(c for c, _ in chunks))
         if tokens <= 0:
             return 0.0
         attn = 0.0
         if d > 0:
             t, oor = self._gen.at(d, batch.decode_kv_tokens / d)
-            self._count("generation_attention", oor)
+            if oor:
+                self._count("generation_attention", oor)
             attn += self._attn_factor * t
         if chunks:
-            if m < 8:
-                # numpy sums fewer than 8 values left to right: the same floats as np.mean below.
-                sq, tot = 0.0, 0.0
-                for c, x in chunks:
-                    fc = float(c)
-                    sq += fc * fc + 2.0 * fc * float(x)
-                    tot += fc + float(x)
-                l_eq = math.sqrt(sq / m)
-                mean_len = tot / m
-            else:
-                new = np.array([c for c, _ in chunks], dtype=np.float64)
-                ctx = np.array([x for _, x in chunks], dtype=np.float64)
-                # FLOP-preserving equivalent: a fresh prompt of length L has L²/2 causal pairs;
-                # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
-                l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
-                mean_len = float(np.mean(new + ctx))
-            t, oor = self._ctx.at(m, max(l_eq, 1.0))
-            self._count("context_attention", oor)
-            # A chunk also reads its whole KV once, which the decode kernel's curve prices.
-            g, oor2 = self._gen.at(m, mean_len)
-            self._count("generation_attention", oor2)
-            attn += max(t, self._attn_factor * g)
-        return self._non_attention_s(tokens, seqs) + self.model.layers * attn
+            attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
+        return self._non_attention_s(tokens, d + m) + self.model.layers * attn
+
+    def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
+        """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the
+        chunks, cached with the out-of-range counts it made (replayed on a hit, as above)."""
+        hit = self._chunk_cache.get(key)
+        if hit is not None:
+            if hit[1]:
+                self._replay(hit[1])
+            return hit[0]
+        m = len(chunks)
+        if m < 8:
+            # numpy sums fewer than 8 values left to right: the same floats as np.mean below.
+            sq, tot = 0.0, 0.0
+            for c, x in chunks:
+                fc = float(c)
+                sq += fc * fc + 2.0 * fc * float(x)
+                tot += fc + float(x)
+            l_eq = math.sqrt(sq / m)
+            mean_len = tot / m
+        else:
+            new = np.array([c for c, _ in chunks], dtype=np.float64)
+            ctx = np.array([x for _, x in chunks], dtype=np.float64)
+            # FLOP-preserving equivalent: a fresh prompt of length L has L²/2 causal pairs;
+            # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
+            l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
+            mean_len = float(np.mean(new + ctx))
+        counts = []
+        t, oor = self._ctx.at(m, max(l_eq, 1.0))
+        if oor:
+            counts.append(("context_attention", oor))
+        # A chunk also reads its whole KV once, which the decode kernel's curve prices.
+        g, oor2 = self._gen.at(m, mean_len)
+        if oor2:
+            counts.append(("generation_attention", oor2))
+        out = (max(t, self._attn_factor * g), tuple(counts))
+        if counts:
+            self._replay(out[1])
+        if len(self._chunk_cache) < 65536:
+            self._chunk_cache[key] = out
+        return out[0]
 
     def _mem_curve_s(self, op: str, nbytes: float) -> float:
         t, oor = self._mem_curves[op].at(float(nbytes))
