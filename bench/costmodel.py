@@ -36,14 +36,23 @@ class _Recorder:
         self.calls.append(("decode", n, np.array(kv, dtype=np.float64)))
         return self.inner.decode_times_s(n, kv)
 
+    def decode_times_list(self, n, kv):
+        # The engine's cohort windows (lists; every CostModel has the method).
+        self.calls.append(("decode_list", n, np.array(kv, dtype=np.float64), list(kv)))
+        return self.inner.decode_times_list(n, kv)
 
-def _replay(cm, calls, repeats: int) -> float:
+
+def _replay(cm, calls, repeats: int, lists: bool = True) -> float:
+    """Best of ``repeats`` replays; ``lists=False`` prices windows through ``decode_times_s``
+    (the old evaluation's only window path)."""
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for c in calls:
             if c[0] == "step":
                 cm.step_time_s(c[1])
+            elif c[0] == "decode_list" and lists:
+                cm.decode_times_list(c[1], c[3])
             else:
                 cm.decode_times_s(c[1], c[2])
         best = min(best, time.perf_counter() - t0)
@@ -95,9 +104,9 @@ def run(quick: bool, out: Path) -> dict:
     t_prof = _replay(profile_cm, calls, repeats)
     t_roof = _replay(roofline, calls, repeats)
     ref = _reference(sc, dep)
-    t_ref = _replay(ref, calls, repeats) if ref is not None else None
+    t_ref = _replay(ref, calls, repeats, lists=False) if ref is not None else None
     mixed = sum(1 for c in calls if c[0] == "step" and c[1].prefill_chunks)
-    decode_calls = [c for c in calls if c[0] == "decode"]
+    decode_calls = [c for c in calls if c[0] in ("decode", "decode_list")]
     k = [len(c[2]) for c in decode_calls]
     per_call = {"profile_us": 1e6 * t_prof / len(calls), "profile_first_pass_us": 1e6 * t_first / len(calls),
                 "roofline_us": 1e6 * t_roof / len(calls)}
