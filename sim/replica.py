@@ -573,42 +573,24 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _window_arrays(self, k: int):
-        """Times, reserved and used token totals, and allocator-work seconds of ``k`` decode
-        iterations of the cohort from step ``G``, the first of them already granted (its work
-        pending in the allocator, its totals the allocator's now)."""
-        co, alloc, G = self.cohort, self.alloc, self.G
-        # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
-        # overhead was the engine's largest cost (the floats are the same).
-        times = self.cost.decode_times_list(len(co.a), self._kv_attended(k))
-        times[0] += self._work_s()
-        if self._bg_copy_left_s > 0:
-            arr = np.array(times)
-            self._background_penalty(arr)
-            times = arr.tolist()
-        reserved, used = [float(alloc.reserved_tokens())], [float(alloc.used_total)]
-        work = [0.0]
-        if k > 1:
-            r, u, events = co.preview_lists(G + 1, k - 1)
-            reserved += r
-            used += u
-            work += alloc.window_work_times(self.cost, events)
-            for i in range(1, k):
-                times[i] += work[i]
-        return times, reserved, used, work
-
-    def _account_window(self, m: int, times: list, reserved: list, used: list, work: list, frag: float) -> None:
+    def _account_window(self, m: int, times: list, reserved: list, used: list, work: list | None, frag: float) -> None:
         """Time integrals and allocator growth of the first ``m`` iterations of a window from ``G``."""
+        if m == 1:
+            t = times[0]
+            self.used_token_s += used[0] * t
+            self.reserved_token_s += reserved[0] * t
+            self.busy_s += t
+            self.ext_frag_s += frag * t
+            return
         du = dr = wall = 0.0
         for i in range(m):
             t = times[i]
             du += used[i] * t
             dr += reserved[i] * t
             wall += t
-        if m > 1:
-            self.cohort.advance(self.G + 1, m - 1)
-            self.alloc.take_work()  # into the totals; its time was charged through ``work``
-            self.alloc_work_s += sum(work[1:m])
+        self.cohort.advance(self.G + 1, m - 1)
+        self.alloc.take_work()  # into the totals; its time was charged through ``work``
+        self.alloc_work_s += sum(work[1:m])
         self.used_token_s += du
         self.reserved_token_s += dr
         self.busy_s += wall
@@ -623,16 +605,35 @@ class Replica:
         self._window_end(plan, w, m, ends)
 
     def _window_begin(self) -> tuple:
-        """Price a window from step ``G`` (its first iteration granted): times, k and what
-        :meth:`_window_end` needs."""
-        co = self.cohort
-        k_fin = self._fin[0][0] - self.G  # iterations until the first member finishes (≥ 1)
+        """Price a window from step ``G`` (its first iteration granted, its work pending in the
+        allocator, its totals the allocator's now): times, k, reserved and used token totals and
+        allocator-work seconds per iteration, and what :meth:`_window_end` needs."""
+        co, alloc, G = self.cohort, self.alloc, self.G
+        n = len(co.a)
+        k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
         if self._bg_copy_left_s > 0:
             k_fin = 1  # background copies slow each iteration: step until they are done
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
-        k = 1 + (co.grantable_steps(self.G + 1, k_fin - 1) if k_fin > 1 else 0)
-        times, reserved, used, work = self._window_arrays(k)
-        return times, k, reserved, used, work, self._ext_frag(), bool(self.sched.waiting), len(co.a)
+        k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
+        # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
+        # overhead was the engine's largest cost (the floats are the same).
+        times = self.cost.decode_times_list(n, self._kv_attended(k))
+        times[0] += self._work_s()
+        if self._bg_copy_left_s > 0:
+            arr = np.array(times)
+            self._background_penalty(arr)
+            times = arr.tolist()
+        reserved, used = [float(alloc.reserved_tokens())], [float(alloc.used_total)]
+        work = None
+        if k > 1:
+            r, u, events = co.preview_lists(G + 1, k - 1)
+            reserved += r
+            used += u
+            work = [0.0] + alloc.window_work_times(self.cost, events)
+            for i in range(1, k):
+                times[i] += work[i]
+        frag = 0.0 if self._one_extent else self._ext_frag()
+        return times, k, reserved, used, work, frag, bool(self.sched.waiting), n
 
     def _window_end(self, plan: StepPlan | None, w: tuple, m: int, ends: list) -> None:
         times, k, reserved, used, work, frag, waiting_at_start, n = w
