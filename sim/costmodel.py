@@ -69,6 +69,12 @@ class CostModel(ABC):
         avoid numpy's per-call overhead; implementations may override with a scalar path)."""
         return self.decode_times_s(num_seqs, np.array(kv_tokens, dtype=np.float64)).tolist()
 
+    def decode_window_times(self, num_seqs: int, kv_first: int, k: int) -> list[float]:
+        """Seconds of ``k`` pure decode iterations of ``num_seqs`` sequences attending
+        ``kv_first`` KV tokens in the first and ``num_seqs`` more in each next one (a cohort
+        window without a sliding-window cap)."""
+        return self.decode_times_list(num_seqs, [float(kv_first + num_seqs * j) for j in range(k)])
+
     @abstractmethod
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         """Seconds for an iteration that contains at least one prefill chunk."""

@@ -602,6 +602,18 @@ class ProfileCostModel(CostModel):
             self._count("generation_attention", oor)
         return [base + coef * t for t in attn]
 
+    def decode_window_times(self, num_seqs: int, kv_first: int, k: int) -> list[float]:
+        n = int(num_seqs)
+        if n <= 0 or k == 1 or k > _SHORT:
+            return super().decode_window_times(n, kv_first, k)
+        # decode_times_list's at_many branch, the lengths made in place (the same floats).
+        attn, oor = self._gen.at_many(n, [(kv_first + n * j) / n for j in range(k)])
+        if oor:
+            self._count("generation_attention", oor)
+        base = self._decode_base(n)
+        coef = self.model.layers * self._attn_factor
+        return [base + coef * t for t in attn]
+
     def step_time_s(self, batch: BatchShape) -> float:
         if batch.prefill_chunks:
             return self.mixed_step_time_s(batch)

@@ -573,28 +573,36 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _account_window(self, m: int, times: list, reserved: list, used: list, work: list | None, frag: float) -> None:
-        """Time integrals and allocator growth of the first ``m`` iterations of a window from ``G``."""
+    def _account_window(self, m: int, w: tuple) -> list[float]:
+        """Time integrals and allocator growth of the first ``m`` iterations of window ``w`` from
+        ``G``; returns the reserved token totals of those iterations."""
+        times, k, reserved0, used0, events, per_event, frag = w[:7]
         if m == 1:
             t = times[0]
-            self.used_token_s += used[0] * t
-            self.reserved_token_s += reserved[0] * t
+            self.used_token_s += used0 * t
+            self.reserved_token_s += reserved0 * t
             self.busy_s += t
             self.ext_frag_s += frag * t
-            return
-        du = dr = wall = 0.0
-        for i in range(m):
+            return [reserved0]
+        # Totals only for the iterations that ran (an arrival often cuts a window short).
+        r, u, _ = self.cohort.preview_lists(self.G + 1, m - 1)
+        t = times[0]
+        du, dr, wall = used0 * t, reserved0 * t, t
+        work = 0.0
+        for i in range(1, m):
             t = times[i]
-            du += used[i] * t
-            dr += reserved[i] * t
+            du += u[i - 1] * t
+            dr += r[i - 1] * t
             wall += t
+            work += events[i - 1] * per_event
         self.cohort.advance(self.G + 1, m - 1)
-        self.alloc.take_work()  # into the totals; its time was charged through ``work``
-        self.alloc_work_s += sum(work[1:m])
+        self.alloc.take_work()  # into the totals; its time was charged through ``per_event``
+        self.alloc_work_s += work
         self.used_token_s += du
         self.reserved_token_s += dr
         self.busy_s += wall
         self.ext_frag_s += frag * wall
+        return [reserved0] + r
 
     def _cohort_window(self, plan: StepPlan | None):
         """Pure-decode iterations of the cohort until its first completion or refusal.
@@ -606,9 +614,8 @@ class Replica:
 
     def _window_begin(self) -> tuple:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
-        allocator, its totals the allocator's now): times, k, reserved and used token totals and
-        allocator-work seconds per iteration, and what :meth:`_window_end` needs."""
-        co, alloc, G = self.cohort, self.alloc, self.G
+        allocator, its totals the allocator's now): what the timeout and :meth:`_window_end` need."""
+        co, alloc, G, cost = self.cohort, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
         if self._bg_copy_left_s > 0:
@@ -617,29 +624,31 @@ class Replica:
         k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
         # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
         # overhead was the engine's largest cost (the floats are the same).
-        times = self.cost.decode_times_list(n, self._kv_attended(k))
+        if self.sched.kv_cap is None:
+            times = cost.decode_window_times(n, co.sum_a + n * (G + 1), k)
+        else:
+            times = cost.decode_times_list(n, self._kv_attended(k))
         times[0] += self._work_s()
         if self._bg_copy_left_s > 0:
             arr = np.array(times)
             self._background_penalty(arr)
             times = arr.tolist()
-        reserved, used = [float(alloc.reserved_tokens())], [float(alloc.used_total)]
-        work = None
+        events, per_event = None, 0.0
         if k > 1:
-            r, u, events = co.preview_lists(G + 1, k - 1)
-            reserved += r
-            used += u
-            work = [0.0] + alloc.window_work_times(self.cost, events)
-            for i in range(1, k):
-                times[i] += work[i]
+            events = co.block_events(G + 1, k - 1)
+            per_event = alloc.window_event_s(cost)
+            for i, e in enumerate(events, 1):
+                if e:
+                    times[i] += e * per_event
         frag = 0.0 if self._one_extent else self._ext_frag()
-        return times, k, reserved, used, work, frag, bool(self.sched.waiting), n
+        return (times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
+                bool(self.sched.waiting), n)
 
     def _window_end(self, plan: StepPlan | None, w: tuple, m: int, ends: list) -> None:
-        times, k, reserved, used, work, frag, waiting_at_start, n = w
-        self._account_window(m, times, reserved, used, work, frag)
+        times, waiting_at_start, n = w[0], w[7], w[8]
+        reserved = self._account_window(m, w)
         if (plan is not None and plan.paused) or (waiting_at_start and self._has_breaker):
-            self._account_paused(plan, np.array(reserved[:m]), np.array(times[:m]), waiting_at_start)
+            self._account_paused(plan, np.array(reserved), np.array(times[:m]), waiting_at_start)
         self.iterations += m
         self.windows += 1
         self.rec.step(self, m, ends[m - 1], times[0], n)

@@ -73,13 +73,17 @@ class AllocWork:
 
     def add(self, other: "AllocWork") -> None:
         self.events += other.events
-        self.copy_ops += other.copy_ops
-        self.copy_bytes += other.copy_bytes
-        self.zero_ops += other.zero_ops
-        self.zero_bytes += other.zero_bytes
-        self.swap_ops += other.swap_ops
-        self.swap_out_bytes += other.swap_out_bytes
-        self.swap_in_bytes += other.swap_in_bytes
+        # Most pending work is allocation events alone (paged decode growth): skip empty kinds.
+        if other.copy_ops or other.copy_bytes:
+            self.copy_ops += other.copy_ops
+            self.copy_bytes += other.copy_bytes
+        if other.zero_ops or other.zero_bytes:
+            self.zero_ops += other.zero_ops
+            self.zero_bytes += other.zero_bytes
+        if other.swap_ops or other.swap_out_bytes or other.swap_in_bytes:
+            self.swap_ops += other.swap_ops
+            self.swap_out_bytes += other.swap_out_bytes
+            self.swap_in_bytes += other.swap_in_bytes
 
     def any(self) -> bool:
         return bool(self.events or self.copy_ops or self.zero_ops or self.swap_ops)
@@ -207,16 +211,16 @@ class Allocator(ABC):
         self.work_total.add(w)
         return w
 
+    def window_event_s(self, cost) -> float:
+        """Seconds of allocator work per allocation event inside a decode window."""
+        return cost.alloc_time_s(1)
+
     def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
         """Seconds of allocator work per iteration of a decode window, given its allocation events.
 
         Allocation latency is charged per event, so one event's price times the counts.
         """
-        return events * cost.alloc_time_s(1)
-
-    def window_work_times(self, cost, events: list[float]) -> list[float]:
-        """:meth:`window_work_time_s` on lists (short windows avoid numpy's per-call overhead)."""
-        return self.window_work_time_s(cost, np.array(events, dtype=np.float64)).tolist()
+        return events * self.window_event_s(cost)
 
     # --- derived -------------------------------------------------------------------
     def free_tokens(self) -> int:

@@ -64,6 +64,10 @@ class Cohort(ABC):
         token totals of the whole allocator while it runs (after its growth), and its
         allocation events. Changes nothing."""
 
+    def block_events(self, G: int, steps: int) -> list[int]:
+        """Allocation events of each of ``steps`` iterations from ``G`` (grantable); changes nothing."""
+        return [int(e) for e in self.preview(G, steps)[2]]
+
     def preview_lists(self, G: int, steps: int) -> tuple[list[float], list[float], list[float]]:
         """:meth:`preview` as Python lists (short windows; cohorts may override without numpy)."""
         reserved, used, events = self.preview(G, steps)

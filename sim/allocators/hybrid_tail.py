@@ -83,8 +83,8 @@ class HybridTailAllocator(Allocator):
             self.work.add(part.take_work())
         return super().take_work()
 
-    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
-        return self.pool.window_work_time_s(cost, events)
+    def window_event_s(self, cost) -> float:
+        return self.pool.window_event_s(cost)
 
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
         in_static = np.fromiter((self._where[s] is self.static for s in seqs), dtype=bool, count=len(seqs))

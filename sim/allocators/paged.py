@@ -38,18 +38,11 @@ class PagedAllocator(Allocator):
             w.zero_ops += blocks
             w.zero_bytes += blocks * self.block_bytes
 
-    def _per_block_s(self, cost) -> float:
+    def window_event_s(self, cost) -> float:
         per_block = cost.alloc_time_s(1)
         if self.zero_on_reuse:
             per_block += cost.zero_fill_time_s(self.block_bytes)
         return per_block
-
-    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
-        return events * self._per_block_s(cost)
-
-    def window_work_times(self, cost, events: list[float]) -> list[float]:
-        per_block = self._per_block_s(cost)
-        return [e * per_block for e in events]
 
     def _need(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -168,6 +161,9 @@ class PagedCohort(Cohort):
         self.cnt[a % self.B] -= 1
         self.pool.blocks[seq] = -(-tokens // self.B)
         self.pool.used[seq] = tokens
+
+    def block_events(self, G: int, steps: int) -> list[int]:
+        return self._new_blocks(G, steps)
 
     def _new_blocks(self, G: int, steps: int) -> list[int]:
         # Iteration i (0-based) starts from step G + i; members with (a + G + i) % B == 0 need a block.

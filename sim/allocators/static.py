@@ -119,6 +119,9 @@ class StaticCohort(Cohort):
         used = arena.used_total + self.n * np.arange(1, steps + 1, dtype=np.float64)
         return reserved, used, np.zeros(steps)
 
+    def block_events(self, G: int, steps: int) -> list[int]:
+        return [0] * steps  # reservations are taken at admission
+
     def advance(self, G: int, steps: int) -> None:
         assert steps <= self.grantable_steps(G, steps), "cohort grown past a reservation"
         self.arena.used_total += self.n * steps
