@@ -550,12 +550,9 @@ class Replica:
                 m, ends = yield from self._run_window(times, k)
             self._window_end(plan, w, m, ends)
 
-    def _mixed_step(self, plan: StepPlan):
-        """One iteration: the cohort's token (already granted) plus per-sequence prefill items."""
-        yield from self._one_iteration(plan)
-        self._mixed_end(plan)
-
     def _mixed_end(self, plan: StepPlan) -> None:
+        """After an iteration of the cohort's token (granted before it) plus per-sequence prefill
+        items: completions, first tokens, and new cohort members."""
         now = self.env.now
         self.G += 1
         done: list[Request] = []
@@ -604,14 +601,6 @@ class Replica:
         self.ext_frag_s += frag * wall
         return [reserved0] + r
 
-    def _cohort_window(self, plan: StepPlan | None):
-        """Pure-decode iterations of the cohort until its first completion or refusal.
-
-        ``plan`` is ``None`` when the cohort was all that ran and the queue could not move."""
-        w = self._window_begin()
-        m, ends = yield from self._run_window(w[0], w[1])
-        self._window_end(plan, w, m, ends)
-
     def _window_begin(self) -> tuple:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
         allocator, its totals the allocator's now): what the timeout and :meth:`_window_end` need."""
@@ -645,6 +634,8 @@ class Replica:
                 bool(self.sched.waiting), n)
 
     def _window_end(self, plan: StepPlan | None, w: tuple, m: int, ends: list) -> None:
+        """Account the ``m`` iterations of window ``w`` that ran (``plan`` is ``None`` when the
+        cohort was all that ran and the queue could not move), then end what completed."""
         times, waiting_at_start, n = w[0], w[7], w[8]
         reserved = self._account_window(m, w)
         if (plan is not None and plan.paused) or (waiting_at_start and self._has_breaker):
