@@ -192,15 +192,20 @@ def test_step_times_equal_the_old_evaluation(case):
     assert worst <= REL
 
 
+def _random_windows(seed: int, count: int = 800):
+    """``(n, first KV total, k, kv array)`` of random decode windows, many beyond the grids."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        n = int(rng.choice([1, 2, rng.integers(1, 64), rng.integers(1, 600), rng.integers(600, 6000)]))
+        k = int(rng.choice([1, 2, 3, rng.integers(1, 17), rng.integers(17, 300)]))
+        start = int(n * rng.choice([1, rng.integers(1, 4000), rng.integers(1, 300_000)]))
+        yield n, start, k, start + n * np.arange(k, dtype=np.float64)
+
+
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
 def test_decode_windows_equal_the_old_evaluation(case):
     new, old = _pair(case)
-    rng = np.random.default_rng(7)
-    for _ in range(800):
-        n = int(rng.choice([1, 2, rng.integers(1, 64), rng.integers(1, 600), rng.integers(600, 6000)]))
-        k = int(rng.choice([1, 2, 3, rng.integers(1, 17), rng.integers(17, 300)]))
-        start = float(n * rng.choice([1, rng.integers(1, 4000), rng.integers(1, 300_000)]))
-        kv = start + n * np.arange(k, dtype=np.float64)
+    for n, _, _, kv in _random_windows(7):
         a, r = new.decode_times_s(n, kv), old.decode_times_s(n, kv)
         assert a.shape == r.shape and a.dtype == np.float64
         np.testing.assert_allclose(a, r, rtol=REL, atol=0)
@@ -210,18 +215,16 @@ def test_decode_windows_equal_the_old_evaluation(case):
 
 @pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"{c[0]}-{c[1]}-tp{c[3]}")
 def test_decode_window_lists_equal_the_old_evaluation(case):
-    """``decode_times_list`` (the engine's short windows: ``Grid2D.at_many``, pow form inside a
-    grid segment) prices and counts like the old array evaluation."""
+    """The engine's list paths (``decode_times_list`` on KV totals, ``decode_window_times`` from
+    the first one: ``Grid2D.at_many``, pow form inside a grid segment) price and count like the
+    old array evaluation."""
     new, old = _pair(case)
-    rng = np.random.default_rng(8)
-    for _ in range(800):
-        n = int(rng.choice([1, 2, rng.integers(1, 64), rng.integers(1, 600), rng.integers(600, 6000)]))
-        k = int(rng.choice([1, 2, 3, rng.integers(1, 17), rng.integers(17, 300)]))
-        start = float(n * rng.choice([1, rng.integers(1, 4000), rng.integers(1, 300_000)]))
-        kv = start + n * np.arange(k, dtype=np.float64)
-        a, r = new.decode_times_list(n, kv.tolist()), old.decode_times_s(n, kv)
-        assert isinstance(a, list) and len(a) == k
-        np.testing.assert_allclose(a, r, rtol=REL, atol=0)
+    for n, start, k, kv in _random_windows(8):
+        r = old.decode_times_s(n, kv)
+        for a in (new.decode_times_list(n, kv.tolist()), new.decode_window_times(n, start, k)):
+            assert isinstance(a, list) and len(a) == k
+            np.testing.assert_allclose(a, r, rtol=REL, atol=0)
+        old.decode_times_s(n, kv)  # the new model priced the window twice: count it twice here too
     assert new.out_of_range == old.out_of_range
 
 
