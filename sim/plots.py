@@ -116,21 +116,30 @@ def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dic
     return t_union, out
 
 
-def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> "Figure":
-    """Reserved, used and free KV bytes over time (GiB), summed over replicas; capacity dashed."""
+def _step_lines(title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, dict]], yaxis_title: str,
+                **layout) -> "Figure":
+    """Time-series lines held between samples (``shape="hv"``): ``(name, values, line style)`` each."""
     go = _go()
     fig = go.Figure()
+    for name, v, style in lines:
+        fig.add_trace(go.Scatter(x=t, y=v, mode="lines", name=name, line=dict(shape="hv", **style)))
+    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title=yaxis_title, hovermode="x unified",
+                      **layout)
+    return fig
+
+
+def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> "Figure":
+    """Reserved, used and free KV bytes over time (GiB), summed over replicas; capacity dashed."""
     if timeseries.num_rows == 0:
-        return _empty(fig, title)
+        return _empty(_go().Figure(), title)
     cols = ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes"]
     t, s = summed_over_replicas(timeseries, cols)
     t, cap, res, used, free = _thin(t, s["kv_capacity_bytes"], s["kv_reserved_bytes"], s["kv_used_bytes"],
                                     s["kv_free_bytes"])
-    for name, v, color, dash in (("reserved", res, "#d62728", None), ("used", used, "#2ca02c", None),
-                                 ("free", free, "#1f77b4", None), ("capacity", cap, "#7f7f7f", "dash")):
-        fig.add_trace(go.Scatter(x=t, y=v / GIB, mode="lines", name=name, line=dict(color=color, dash=dash, shape="hv")))
-    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="GiB", hovermode="x unified")
-    return fig
+    return _step_lines(title, t, [("reserved", res / GIB, dict(color="#d62728", dash=None)),
+                                  ("used", used / GIB, dict(color="#2ca02c", dash=None)),
+                                  ("free", free / GIB, dict(color="#1f77b4", dash=None)),
+                                  ("capacity", cap / GIB, dict(color="#7f7f7f", dash="dash"))], "GiB")
 
 
 def fragmentation_series(timeseries: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -152,32 +161,22 @@ def fragmentation_series(timeseries: pa.Table) -> tuple[np.ndarray, np.ndarray, 
 
 def fragmentation(timeseries: pa.Table) -> "Figure":
     """Internal and external KV fragmentation over time (see :func:`fragmentation_series`)."""
-    go = _go()
-    fig = go.Figure()
     title = "KV fragmentation: internal = (reserved − used)/reserved, external = 1 − largest free/free"
     if timeseries.num_rows == 0:
-        return _empty(fig, title)
+        return _empty(_go().Figure(), title)
     t, internal, external = _thin(*fragmentation_series(timeseries))
-    fig.add_trace(go.Scatter(x=t, y=internal, mode="lines", name="internal", line=dict(shape="hv", color="#d62728")))
-    fig.add_trace(go.Scatter(x=t, y=external, mode="lines", name="external", line=dict(shape="hv", color="#9467bd")))
-    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="fraction", yaxis_range=[0, 1.02],
-                      hovermode="x unified")
-    return fig
+    return _step_lines(title, t, [("internal", internal, dict(color="#d62728")),
+                                  ("external", external, dict(color="#9467bd"))], "fraction", yaxis_range=[0, 1.02])
 
 
 def queue_length(timeseries: pa.Table) -> "Figure":
     """Running and waiting requests over time, summed over replicas."""
-    go = _go()
-    fig = go.Figure()
     title = "Requests running and waiting (all replicas)"
     if timeseries.num_rows == 0:
-        return _empty(fig, title)
+        return _empty(_go().Figure(), title)
     t, s = summed_over_replicas(timeseries, ["running", "waiting"])
     t, running, waiting = _thin(t, s["running"], s["waiting"])
-    fig.add_trace(go.Scatter(x=t, y=running, mode="lines", name="running", line=dict(shape="hv")))
-    fig.add_trace(go.Scatter(x=t, y=waiting, mode="lines", name="waiting", line=dict(shape="hv")))
-    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title="requests", hovermode="x unified")
-    return fig
+    return _step_lines(title, t, [("running", running, {}), ("waiting", waiting, {})], "requests")
 
 
 def step_latency(timeseries: pa.Table) -> "Figure":
