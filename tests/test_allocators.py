@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allocator_checks import check_after_op, grow_one_at_a_time, release_all
 from sim.allocators import Grow, PagedAllocator, StaticAllocator
 
 N_EXAMPLES = 10_000
@@ -45,16 +46,8 @@ def _run(a, seq_ops, check_layout):
         elif op == "release" and seq in live:
             a.release(seq)
             live.discard(seq)
-        a.check_invariants()
-        assert set(a.used) == live
-        check_layout(a)
-        st_ = a.stats()
-        assert st_.used_bytes <= st_.reserved_bytes <= st_.capacity_bytes
-        assert st_.reserved_bytes + st_.free_bytes == st_.capacity_bytes
-    for seq in list(live):
-        a.release(seq)
-    a.check_invariants()
-    assert a.reserved_tokens() == 0 and a.used_total == 0
+        check_after_op(a, live, check_layout)
+    release_all(a, live)
     assert a.largest_free_extent_tokens() == a.capacity_tokens
 
 
@@ -78,10 +71,8 @@ def test_static_invariants(seq_ops, reserve, capacity):
     _run(a, seq_ops, _owned_slots_static)
 
 
-@settings(max_examples=300)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
-       st.integers(1, 80))
-def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps):
+def _twin_pools(lengths: list[int], block: int, capacity: int):
+    """Two identical block pools holding the same admitted sequences (ids of those admitted)."""
     a = PagedAllocator(capacity, 10, block)
     b = PagedAllocator(capacity, 10, block)
     seqs = []
@@ -89,6 +80,14 @@ def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps
         if a.admit(i, n) is Grow.OK:
             assert b.admit(i, n) is Grow.OK
             seqs.append(i)
+    return a, b, seqs
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
+       st.integers(1, 80))
+def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps):
+    a, b, seqs = _twin_pools(lengths, block, capacity)
     if not seqs:
         return
     tokens_now = np.array([a.used[s] for s in seqs], dtype=np.int64)
@@ -140,26 +139,11 @@ def test_static_overflow():
        st.integers(0, 40), st.integers(1, 120))
 def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, steps):
     """Granting k cohort iterations = growing each member by one token k times."""
-    a = PagedAllocator(capacity, 10, block)
-    b = PagedAllocator(capacity, 10, block)
-    seqs = []
-    for i, n in enumerate(lengths):
-        if a.admit(i, n) is Grow.OK:
-            assert b.admit(i, n) is Grow.OK
-            seqs.append(i)
+    a, b, seqs = _twin_pools(lengths, block, capacity)
     for s in seqs:
         a.cohort.join(s, a.used[s], G)
     k = a.cohort.grantable_steps(G, steps)
-    # Reference: per-sequence growth, one iteration at a time, until a refusal.
-    ref_k, ref_reserved = 0, []
-    for j in range(steps):
-        need = sum(-(-(b.used[s] + 1) // block) - b.blocks[s] for s in seqs)
-        if need > b.free_blocks:  # a partial iteration is not granted
-            break
-        for s in seqs:
-            assert b.grow(s, b.used[s] + 1) is Grow.OK
-        ref_k += 1
-        ref_reserved.append(b.reserved_tokens())
+    ref_k, ref_reserved = grow_one_at_a_time(b, seqs, steps)
     assert k == ref_k
     if k:
         reserved, used, events = a.cohort.preview(G, k)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from allocator_checks import check_after_op, release_all
 from sim.allocators import Grow
 from sim.allocators.base import EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT
 from sim.allocators.compaction import should_compact
@@ -132,16 +133,8 @@ def _run(a, seq_ops) -> None:
             live.discard(seq)
         elif op == "compact":
             _compact_checked(a)
-        a.check_invariants()
-        assert set(a.used) == live
-        _check_layout(a)
-        st_ = a.stats()
-        assert st_.used_bytes <= st_.reserved_bytes <= st_.capacity_bytes
-        assert st_.reserved_bytes + st_.free_bytes == st_.capacity_bytes
-    for seq in list(live):
-        a.release(seq)
-    a.check_invariants()
-    assert a.reserved_tokens() == 0 and a.used_total == 0
+        check_after_op(a, live, _check_layout)
+    release_all(a, live)
     arena = a.arena
     if isinstance(arena, BuddyArena):
         # Every block merged back: the arena is its initial top-level blocks again.

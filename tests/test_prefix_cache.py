@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allocator_checks import grow_one_at_a_time
 from sim.allocators import Grow, PagedAllocator
 from sim.allocators.prefix_cache import PrefixCachingPagedAllocator as PC
 
@@ -274,15 +275,7 @@ def test_cohort_equals_per_sequence_growth(reqs, block, capacity, G, steps, evic
         a.cohort.join(s, a.used[s], G)
     a.check_invariants()
     k = a.cohort.grantable_steps(G, steps)
-    ref_k, ref_reserved = 0, []
-    for _ in range(steps):
-        need = sum(_ceil(b.used[s] + 1, block) - len(b.tables[s]) for s in seqs)
-        if need > b.free_blocks:
-            break
-        for s in seqs:
-            assert b.grow(s, b.used[s] + 1) is Grow.OK
-        ref_k += 1
-        ref_reserved.append(b.reserved_tokens())
+    ref_k, ref_reserved = grow_one_at_a_time(b, seqs, steps)
     assert k == ref_k
     if k:
         reserved, used, events = a.cohort.preview(G, k)
