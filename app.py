@@ -67,6 +67,25 @@ def show_error(where, msg: str | None) -> None:
         where.error(msg, icon="⚠️")
 
 
+def accept_upload(up, seen_key: str, error_key: str, parse, rejected: str, seen=None):
+    """Parse an uploaded file once (Streamlit reruns keep handing back the same file): returns what
+    ``parse(name, data)`` gave, or ``None`` when nothing new arrived or it was rejected, the reason
+    then kept in ``S[error_key]`` for :func:`show_error`. ``seen``: what makes it new (its file id)."""
+    if up is None:
+        return None
+    seen = up.file_id if seen is None else seen
+    if S.get(seen_key) == seen:
+        return None
+    S[seen_key] = seen
+    try:
+        out = parse(up.name, up.getvalue())
+    except ConfigError as exc:
+        S[error_key] = f"{rejected} — {X.error_text(exc)}"
+        return None
+    S[error_key] = None
+    return out
+
+
 # --- runs -----------------------------------------------------------------------------------
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -146,15 +165,10 @@ def scenario_source() -> None:
             set_base(X.builtin_scenario(name), ("builtin", name), name)
     else:
         up = sb.file_uploader("Scenario YAML (≤ 256 kB)", type=["yaml", "yml"], key="scenario_upload")
-        if up is not None and S.get("scenario_upload_seen") != up.file_id:
-            S.scenario_upload_seen = up.file_id
-            try:
-                data = store().parse_scenario(up.name, up.getvalue())
-            except ConfigError as exc:
-                S.upload_error = f"Upload rejected, previous scenario kept — {X.error_text(exc)}"
-            else:
-                S.upload_error = None
-                set_base(data, ("upload", up.file_id), up.name)
+        data = accept_upload(up, "scenario_upload_seen", "upload_error", store().parse_scenario,
+                             "Upload rejected, previous scenario kept")
+        if data is not None:
+            set_base(data, ("upload", up.file_id), up.name)
         show_error(sb, S.get("upload_error"))
     if "base" not in S:  # first visit with "Upload" selected
         first = X.builtin_scenarios()[0]
@@ -165,18 +179,13 @@ def trace_upload(where) -> None:
     up = where.file_uploader("Upload a trace (CSV / JSONL / Parquet, ≤ 5 MB)", type=["csv", "jsonl", "parquet"],
                              key="trace_upload")
     fmt = where.selectbox("Trace format", X.TRACE_FORMATS, key="trace_format")
-    if up is not None and S.get("trace_upload_seen") != (up.file_id, fmt):
-        S.trace_upload_seen = (up.file_id, fmt)
-        try:
-            info = store().add_trace(up.name, up.getvalue(), fmt)
-        except ConfigError as exc:
-            S.trace_error = f"Trace rejected — {X.error_text(exc)}"
-        else:
-            S.trace_error = None
-            set_knob("workload.lengths.path", info.name)
-            if S.knobs["workload.lengths.kind"] != "empirical":
-                set_knob("workload.lengths.kind", "empirical")
-            where.success(f"{info.name}: {info.rows:,} rows" + (" with arrival times" if info.has_arrivals else ""))
+    info = accept_upload(up, "trace_upload_seen", "trace_error", lambda n, d: store().add_trace(n, d, fmt),
+                         "Trace rejected", seen=None if up is None else (up.file_id, fmt))
+    if info is not None:
+        set_knob("workload.lengths.path", info.name)
+        if S.knobs["workload.lengths.kind"] != "empirical":
+            set_knob("workload.lengths.kind", "empirical")
+        where.success(f"{info.name}: {info.rows:,} rows" + (" with arrival times" if info.has_arrivals else ""))
     show_error(where, S.get("trace_error"))
 
 
@@ -501,13 +510,10 @@ def page_sweeps() -> None:
     src = st.radio("Dataset", ["Upload a Parquet dataset", "Run a small sweep"], horizontal=True, key="sw_src")
     if src.startswith("Upload"):
         up = st.file_uploader("Sweep dataset (one Parquet file, ≤ 20 MB)", type=["parquet"], key="sweep_upload")
-        if up is not None and S.get("sweep_upload_seen") != up.file_id:
-            S.sweep_upload_seen = up.file_id
-            try:
-                S.sweep_table = X.read_sweep_upload(up.name, up.getvalue())
-                S.sweep_error = None
-            except ConfigError as exc:
-                S.sweep_error = f"Upload rejected, previous dataset kept — {X.error_text(exc)}"
+        table = accept_upload(up, "sweep_upload_seen", "sweep_error", X.read_sweep_upload,
+                              "Upload rejected, previous dataset kept")
+        if table is not None:
+            S.sweep_table = table
     else:
         st.caption(f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
                    "keep it small: every point is a full run.")
@@ -621,16 +627,10 @@ def page_calibration() -> None:
     st.dataframe(rows, key="prof_table", hide_index=True)
     up = st.file_uploader("Upload a profile JSON (≤ 5 MB; made with `kvsim calibrate`)", type=["json"],
                           key="profile_upload")
-    if up is not None and S.get("profile_upload_seen") != up.file_id:
-        S.profile_upload_seen = up.file_id
-        try:
-            name = store().add_profile(up.name, up.getvalue())
-        except ConfigError as exc:
-            S.profile_error = f"Profile rejected — {X.error_text(exc)}"
-        else:
-            S.profile_error = None
-            st.success(f"Profile **{name}** added: pick it below, or use it in Explore.")
-            st.rerun()
+    name = accept_upload(up, "profile_upload_seen", "profile_error", store().add_profile, "Profile rejected")
+    if name is not None:
+        st.success(f"Profile **{name}** added: pick it below, or use it in Explore.")
+        st.rerun()
     show_error(st, S.get("profile_error"))
     names = [*X.builtin_profiles(), *uploaded]
     if not names:
