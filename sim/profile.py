@@ -683,31 +683,26 @@ class ProfileCostModel(CostModel):
             self._chunk_cache[key] = out
         return out[0]
 
-    def _mem_curve_s(self, op: str, nbytes: float) -> float:
-        t, oor = self._mem_curves[op].at(float(nbytes))
+    def _memory_s(self, op: str, nbytes: float, latency_s: float, traffic_bytes: float, bandwidth: float) -> float:
+        """A memory operation of ``nbytes``: the profile's measured size curve for ``op`` where it has
+        one, else ``latency_s + traffic_bytes / bandwidth``."""
+        if nbytes <= 0:
+            return 0.0
+        curve = self._mem_curves.get(op)
+        if curve is None:
+            return latency_s + traffic_bytes / bandwidth
+        t, oor = curve.at(float(nbytes))
         self._count(f"memory_{op}", oor)
         return t
 
     def copy_time_s(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        if "copy" in self._mem_curves:
-            return self._mem_curve_s("copy", nbytes)
-        return self._mem_lat + 2.0 * nbytes / self._mem_bw  # read + write
+        return self._memory_s("copy", nbytes, self._mem_lat, 2.0 * nbytes, self._mem_bw)  # read + write
 
     def zero_fill_time_s(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        if "zero_fill" in self._mem_curves:
-            return self._mem_curve_s("zero_fill", nbytes)
-        return self._mem_lat + nbytes / self._mem_bw
+        return self._memory_s("zero_fill", nbytes, self._mem_lat, nbytes, self._mem_bw)
 
     def host_transfer_time_s(self, nbytes: float) -> float:
-        if nbytes <= 0:
-            return 0.0
-        if "host_transfer" in self._mem_curves:
-            return self._mem_curve_s("host_transfer", nbytes)
-        return self._host_lat + nbytes / self._host_bw
+        return self._memory_s("host_transfer", nbytes, self._host_lat, nbytes, self._host_bw)
 
     def alloc_time_s(self, events: int) -> float:
         return max(int(events), 0) * self._alloc_s

@@ -134,7 +134,11 @@ class _Reference(ProfileCostModel):
             attn += max(float(t[0]), self._attn_factor * float(g[0]))
         return self._non_attention_s(tokens, seqs) + self.model.layers * attn
 
-    def _mem_curve_s(self, op, nbytes):
+    def _memory_s(self, op, nbytes, latency_s, traffic_bytes, bandwidth):
+        if nbytes <= 0:
+            return 0.0
+        if op not in self._mem_curves:
+            return latency_s + traffic_bytes / bandwidth
         t, oor = _ref_curve(self._mem_curves[op], np.array([float(nbytes)]))
         self._count(f"memory_{op}", oor)
         return float(t[0])
