@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from dataclasses import dataclass
 from bisect import bisect_right
 from itertools import accumulate
 from typing import TYPE_CHECKING, Callable
@@ -48,6 +49,24 @@ DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
 
 def _seq_no(req: Request) -> int:
     return req.seq_no
+
+
+@dataclass(slots=True)
+class _Window:
+    """A priced decode window of the cohort from step ``G`` (its first iteration granted)."""
+
+    #: Seconds of each of its ``k`` iterations (allocator work included).
+    times: list[float]
+    k: int
+    #: Reserved and used tokens while the first iteration runs (later ones: ``preview_totals``).
+    reserved0: float
+    used0: float
+    #: Allocation events of iterations 2..k and the seconds one event costs.
+    events: list[int] | None
+    per_event_s: float
+    frag: float
+    waiting_at_start: bool
+    members: int
 
 
 class Replica:
@@ -468,11 +487,11 @@ class Replica:
             if req.generated > 0 and req.computed + 1 == req.prompt + req.generated and req.id not in self._gen_off:
                 self._join(req)
 
-    def _kv_attended(self, steps: int, G: int | None = None) -> list[float]:
-        """Σ KV length attended by the members in each of ``steps`` iterations from ``G`` (default: now)."""
+    def _kv_attended(self, steps: int) -> list[float]:
+        """Σ KV length attended by the members in each of ``steps`` iterations from ``G``."""
         co = self.cohort
         cap = self.sched.kv_cap
-        G = self.G if G is None else G
+        G = self.G
         if cap is None:
             # Integers below 2**53: exact, as the float64 array arithmetic was.
             n = len(co.a)
@@ -516,10 +535,11 @@ class Replica:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
                 assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
+            if n:
+                co.advance(self.G, 1)
             if n and len(running) == n and not self._has_breaker and sched.admission_blocked(n):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
-                co.advance(self.G, 1)
                 plan = None
             else:
                 batch = BatchShape(decode_seqs=n, decode_kv_tokens=0)
@@ -528,7 +548,6 @@ class Replica:
                         batch.decode_kv_tokens = co.sum_a + n * (self.G + 1)
                     else:
                         batch.decode_kv_tokens = int(self._kv_attended(1)[0])
-                    co.advance(self.G, 1)
                 plan = sched.schedule(start=n, batch=batch)
                 self._settle(plan, env.now)
                 if not plan.items and not n:
@@ -542,12 +561,11 @@ class Replica:
                     continue
             # A pure-decode window of the cohort.
             w = self._window_begin()
-            times, k = w[0], w[1]
-            if k == 1:
-                yield env.timeout(times[0])
-                m, ends = 1, times
+            if w.k == 1:
+                yield env.timeout(w.times[0])
+                m, ends = 1, w.times
             else:
-                m, ends = yield from self._run_window(times, k)
+                m, ends = yield from self._run_window(w.times, w.k)
             self._window_end(plan, w, m, ends)
 
     def _mixed_end(self, plan: StepPlan) -> None:
@@ -570,22 +588,23 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _account_window(self, m: int, w: tuple) -> list[float]:
-        """Time integrals and allocator growth of the first ``m`` iterations of window ``w`` from
-        ``G``; returns the reserved token totals of those iterations."""
-        times, k, reserved0, used0, events, per_event, frag = w[:7]
+    def _account_window(self, m: int, w: _Window) -> list[float]:
+        """Time integrals and allocator growth of the first ``m`` iterations of ``w``; returns the
+        reserved token totals of those iterations."""
+        times, frag = w.times, w.frag
         if m == 1:
             t = times[0]
-            self.used_token_s += used0 * t
-            self.reserved_token_s += reserved0 * t
+            self.used_token_s += w.used0 * t
+            self.reserved_token_s += w.reserved0 * t
             self.busy_s += t
             self.ext_frag_s += frag * t
-            return [reserved0]
+            return [w.reserved0]
         # Totals only for the iterations that ran (an arrival often cuts a window short).
-        r, u, _ = self.cohort.preview_lists(self.G + 1, m - 1)
+        r, u = self.cohort.preview_totals(self.G + 1, m - 1)
         t = times[0]
-        du, dr, wall = used0 * t, reserved0 * t, t
+        du, dr, wall = w.used0 * t, w.reserved0 * t, t
         work = 0.0
+        events, per_event = w.events, w.per_event_s
         for i in range(1, m):
             t = times[i]
             du += u[i - 1] * t
@@ -593,17 +612,17 @@ class Replica:
             wall += t
             work += events[i - 1] * per_event
         self.cohort.advance(self.G + 1, m - 1)
-        self.alloc.take_work()  # into the totals; its time was charged through ``per_event``
+        self.alloc.take_work()  # into the totals; its time was charged through ``per_event_s``
         self.alloc_work_s += work
         self.used_token_s += du
         self.reserved_token_s += dr
         self.busy_s += wall
         self.ext_frag_s += frag * wall
-        return [reserved0] + r
+        return [w.reserved0] + r
 
-    def _window_begin(self) -> tuple:
+    def _window_begin(self) -> _Window:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
-        allocator, its totals the allocator's now): what the timeout and :meth:`_window_end` need."""
+        allocator, its totals the allocator's now)."""
         co, alloc, G, cost = self.cohort, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
@@ -630,19 +649,18 @@ class Replica:
                 if e:
                     times[i] += e * per_event
         frag = 0.0 if self._one_extent else self._ext_frag()
-        return (times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
-                bool(self.sched.waiting), n)
+        return _Window(times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
+                       bool(self.sched.waiting), n)
 
-    def _window_end(self, plan: StepPlan | None, w: tuple, m: int, ends: list) -> None:
+    def _window_end(self, plan: StepPlan | None, w: _Window, m: int, ends: list) -> None:
         """Account the ``m`` iterations of window ``w`` that ran (``plan`` is ``None`` when the
         cohort was all that ran and the queue could not move), then end what completed."""
-        times, waiting_at_start, n = w[0], w[7], w[8]
         reserved = self._account_window(m, w)
-        if (plan is not None and plan.paused) or (waiting_at_start and self._has_breaker):
-            self._account_paused(plan, np.array(reserved), np.array(times[:m]), waiting_at_start)
+        if (plan is not None and plan.paused) or (w.waiting_at_start and self._has_breaker):
+            self._account_paused(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
         self.iterations += m
         self.windows += 1
-        self.rec.step(self, m, ends[m - 1], times[0], n)
+        self.rec.step(self, m, ends[m - 1], w.times[0], w.members)
         self.G += m
         done: list[Request] = []
         self._pop_finished(done)

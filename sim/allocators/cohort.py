@@ -68,10 +68,11 @@ class Cohort(ABC):
         """Allocation events of each of ``steps`` iterations from ``G`` (grantable); changes nothing."""
         return [int(e) for e in self.preview(G, steps)[2]]
 
-    def preview_lists(self, G: int, steps: int) -> tuple[list[float], list[float], list[float]]:
-        """:meth:`preview` as Python lists (short windows; cohorts may override without numpy)."""
-        reserved, used, events = self.preview(G, steps)
-        return reserved.tolist(), used.tolist(), events.tolist()
+    def preview_totals(self, G: int, steps: int) -> tuple[list[float], list[float]]:
+        """:meth:`preview`'s reserved and used totals as Python lists (short windows; cohorts may
+        override without numpy)."""
+        reserved, used, _ = self.preview(G, steps)
+        return reserved.tolist(), used.tolist()
 
     @abstractmethod
     def advance(self, G: int, steps: int) -> None:

@@ -198,9 +198,9 @@ class PagedCohort(Cohort):
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
         return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
 
-    def preview_lists(self, G: int, steps: int) -> tuple[list[float], list[float], list[float]]:
+    def preview_totals(self, G: int, steps: int) -> tuple[list[float], list[float]]:
         if steps > 48:
-            return super().preview_lists(G, steps)  # long windows: numpy's fixed cost pays off
+            return super().preview_totals(G, steps)  # long windows: numpy's fixed cost pays off
         # ``preview`` without numpy: the same integer sums, converted to float at the end.
         pool, B, n = self.pool, self.B, len(self.a)
         base = pool.num_blocks - pool.free_blocks
@@ -212,7 +212,7 @@ class PagedCohort(Cohort):
             cum += b
             reserved.append(float((base + cum) * B))
             used.append(float(used0 + n * i))
-        return reserved, used, [float(b) for b in new]
+        return reserved, used
 
     def _blocks_for(self, G: int, steps: int) -> int:
         """New blocks the members take over ``steps`` iterations from ``G``."""
