@@ -75,6 +75,16 @@ class ContinuousScheduler:
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
 
+    def _chunk(self, req: Request, budget: int) -> int | None:
+        """Tokens ``req`` computes this iteration under ``budget``: all it has left, or the budget
+        when chunked prefill splits it; ``None`` when it does not fit and may not be split."""
+        need = req.prompt + req.generated - req.computed
+        if need > budget:
+            if not self.cfg.chunked_prefill:
+                return None
+            need = budget
+        return need
+
     def admission_blocked(self, start: int) -> bool:
         """``schedule(start=start)`` with only the ``start`` cohort requests running would admit
         nothing and change nothing (no queue, no free sequence slot or token budget, or the head
@@ -90,12 +100,8 @@ class ContinuousScheduler:
         if len(self.running) >= cfg.max_num_seqs or budget <= 0:
             return True
         req = waiting[0]
-        need = req.prompt + req.generated - req.computed
-        if need > budget:
-            if not cfg.chunked_prefill:
-                return True
-            need = budget
-        return self._refused == (req.id, need, self.alloc.releases)
+        need = self._chunk(req, budget)
+        return need is None or self._refused == (req.id, need, self.alloc.releases)
 
     def _pick_victim(self) -> int:
         """Index in ``running`` of the request to preempt."""
@@ -152,12 +158,10 @@ class ContinuousScheduler:
         i = start
         while i < len(running) and budget > 0:
             req = running[i]
-            need = req.prompt + req.generated - req.computed
-            if need > budget:
-                if not cfg.chunked_prefill:
-                    i += 1
-                    continue
-                need = budget
+            need = self._chunk(req, budget)
+            if need is None:
+                i += 1
+                continue
             r = alloc.grow(req.id, req.computed + need)
             while r is Grow.NO_SPACE:
                 k = self._pick_victim()
@@ -198,11 +202,9 @@ class ContinuousScheduler:
             waiting = self.waiting
             while waiting and len(running) < cfg.max_num_seqs and budget > 0:
                 req = waiting[0]
-                need = req.prompt + req.generated - req.computed  # computed > 0 only when swapped in
-                if need > budget:
-                    if not cfg.chunked_prefill:
-                        break
-                    need = budget
+                need = self._chunk(req, budget)  # req.computed > 0 only when swapped in
+                if need is None:
+                    break
                 cached = 0
                 if self._prefix and req.hashes and not req.computed:
                     # Cached prefix blocks are shared, not computed: the chunk starts after them.
