@@ -590,28 +590,26 @@ class ProfileCostModel(CostModel):
         n = int(num_seqs)
         if n <= 0 or len(kv_tokens) > _SHORT:
             return self.decode_times_s(n, np.array(kv_tokens, dtype=np.float64)).tolist()
-        base = self._decode_base(n)
-        coef = self.model.layers * self._attn_factor
-        if len(kv_tokens) == 1:  # a third of all windows: one iteration before the next arrival
-            t, oor = self._gen.at(n, kv_tokens[0] / n)
-            if oor:
-                self._count("generation_attention", oor)
-            return [base + coef * t]
-        attn, oor = self._gen.at_many(n, [v / n for v in kv_tokens])
-        if oor:
-            self._count("generation_attention", oor)
-        return [base + coef * t for t in attn]
+        return self._decode_at_lengths(n, [v / n for v in kv_tokens])
 
     def decode_window_times(self, num_seqs: int, kv_first: int, k: int) -> list[float]:
         n = int(num_seqs)
-        if n <= 0 or k == 1 or k > _SHORT:
+        if n <= 0 or k > _SHORT:
             return super().decode_window_times(n, kv_first, k)
-        # decode_times_list's at_many branch, the lengths made in place (the same floats).
-        attn, oor = self._gen.at_many(n, [(kv_first + n * j) / n for j in range(k)])
-        if oor:
-            self._count("generation_attention", oor)
+        return self._decode_at_lengths(n, [(kv_first + n * j) / n for j in range(k)])
+
+    def _decode_at_lengths(self, n: int, lengths: list[float]) -> list[float]:
+        """Short decode windows of ``n`` sequences at these mean KV lengths, one value at a time
+        (the same floats as the array path, within the ulps of ``at_many``'s pow form)."""
         base = self._decode_base(n)
         coef = self.model.layers * self._attn_factor
+        if len(lengths) == 1:  # a third of all windows: one iteration before the next arrival
+            t, oor = self._gen.at(n, lengths[0])
+            attn = [t]
+        else:
+            attn, oor = self._gen.at_many(n, lengths)
+        if oor:
+            self._count("generation_attention", oor)
         return [base + coef * t for t in attn]
 
     def step_time_s(self, batch: BatchShape) -> float:
