@@ -296,10 +296,8 @@ class Replica:
 
     def _work_s(self) -> float:
         """Charge the allocator's pending work (allocations, copies, zero-fill, swaps) to this iteration."""
-        if self._plain_work:
-            w = self.alloc.work
-            if not (w.events or w.copy_ops or w.zero_ops or w.swap_ops):
-                return 0.0
+        if self._plain_work and not self.alloc.work.any():
+            return 0.0  # nothing pending: skip take_work's bookkeeping
         w = self.alloc.take_work()
         t = w.time_s(self.cost)
         self.alloc_work_s += t

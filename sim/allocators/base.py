@@ -205,7 +205,7 @@ class Allocator(ABC):
     def take_work(self) -> AllocWork:
         """Work pending since the last call, moved into the run's total."""
         w = self.work
-        if not (w.events or w.copy_ops or w.zero_ops or w.swap_ops):
+        if not w.any():
             return w  # nothing pending (the common case in decode windows): no new object
         self.work = AllocWork()
         self.work_total.add(w)
