@@ -48,6 +48,7 @@ import bisect
 import math
 import queue
 import random
+import statistics
 import threading
 import time
 from collections import deque
@@ -442,12 +443,6 @@ class SpeedProbe:
         return [self.measure() for _ in range(n)]
 
 
-def _median(xs) -> float:
-    s = sorted(xs)
-    k = len(s)
-    return s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
-
-
 # --- the engine ----------------------------------------------------------------------------------
 
 class Engine:
@@ -729,7 +724,7 @@ class Engine:
             p = probe.measure()
             hist.append(p)
             since[0] = 0.0
-            f = float(probe_ref_s) / _median(hist)
+            f = float(probe_ref_s) / statistics.median(hist)
             probes.append({"engine_s": now(), "wall_s": time.perf_counter() - wall0, "probe_s": p, "scale": f})
             return f
 

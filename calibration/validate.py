@@ -342,7 +342,7 @@ class _LoggedProbe:
 
     def measure(self) -> float:
         x = self.probe.measure()
-        self.host.series[self.allocator].append((self.phase, round(time.perf_counter() - self.host.t0, 4), x))
+        self.host.record(self.allocator, self.phase, x)
         return x
 
 
@@ -373,11 +373,14 @@ class HostSpeed:
         self._last = -math.inf
         self._win: dict | None = None
 
+    def record(self, allocator: str, phase: str, probe_s: float) -> None:
+        """One probe time of ``allocator``'s probe, stamped with the phase and the seconds since start."""
+        self.series[allocator].append((phase, round(time.perf_counter() - self.t0, 4), probe_s))
+
     def sample(self, phase: str, n: int) -> None:
         for a, p in self.probes.items():
             for _ in range(n):
-                x = p.measure()
-                self.series[a].append((phase, round(time.perf_counter() - self.t0, 4), x))
+                self.record(a, phase, p.measure())
 
     def tick(self, force: bool = False) -> None:
         """A probe round between kernel points, at most every :attr:`every_s` (``force``: now)."""
