@@ -89,6 +89,10 @@ class Replica:
         self._idle: simpy.Event | None = None
         self._in_window = False
         self._truncated = False
+        # The running window (``_run_window``): its start, iteration end offsets, iterations to run.
+        self._win_t0 = 0.0
+        self._win_ends: list[float] = []
+        self._win_m = 0
         # Time integrals over busy iterations, in token·seconds.
         self.used_token_s = 0.0
         self.reserved_token_s = 0.0
@@ -151,8 +155,7 @@ class Replica:
             if not self._idle.triggered:
                 self._idle.succeed()
         elif self._in_window and not self._truncated and was_empty and sched.can_admit_more():
-            self._truncated = True
-            self.proc.interrupt()
+            self._cut_window()
 
     # --- compaction ----------------------------------------------------------------------
     def _compactor(self):
@@ -169,8 +172,7 @@ class Replica:
             if self.alloc.should_compact(cfg.below_utilization, cfg.above_fragmentation):
                 self._compact_due = True
                 if self._in_window and not self._truncated:
-                    self._truncated = True
-                    self.proc.interrupt()
+                    self._cut_window()
 
     def _run_compaction(self) -> None:
         """Move live extents together now; stall mode charges the copy to the next iteration."""
@@ -343,30 +345,44 @@ class Replica:
 
     def _run_window(self, times: list[float], k: int):
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
-        short) and the iterations' end offsets (running sums, left to right like ``np.cumsum``)."""
+        short, see :meth:`_cut_window`) and the iterations' end offsets (running sums, left to right
+        like ``np.cumsum``)."""
         env = self.env
         if k == 1:
             yield env.timeout(times[0])
             return 1, times
         ends = list(accumulate(times))
-        t0 = env.now
-        m = k
+        self._win_t0 = env.now
+        self._win_ends = ends
+        self._win_m = k
         self._in_window = True
         self._truncated = False
-        try:
-            yield env.timeout(ends[-1])
-        except simpy.Interrupt:
-            # Finish the iteration in progress, then stop the window there.
-            m = min(bisect_right(ends, env.now - t0) + 1, k)
-            while True:
-                try:
-                    yield env.timeout(max(0.0, t0 + ends[m - 1] - env.now))
-                    break
-                except simpy.Interrupt:
-                    continue
+        yield env.timeout(ends[-1])
         self._in_window = False
         self._truncated = False
-        return m, ends
+        return self._win_m, ends
+
+    def _cut_window(self) -> None:
+        """End the running window at the end of the iteration in progress (where stepping would
+        first see what changed): the process now waits on a timeout there instead.
+
+        Moving the process's wait is what ``Process.interrupt`` does inside SimPy, minus the
+        Interruption event and the exception thrown into the generator, which cost about twice
+        as much (measured: 7.5–9.5 µs against 3.5 µs per cut). The abandoned timeout still fires,
+        with no one waiting on it.
+        """
+        self._truncated = True
+        env, t0, ends = self.env, self._win_t0, self._win_ends
+        now = env.now
+        m = min(bisect_right(ends, now - t0) + 1, len(ends))
+        self._win_m = m
+        if m == len(ends):
+            return  # the window ends there anyway
+        proc = self.proc
+        cut = env.timeout(max(0.0, t0 + ends[m - 1] - now))
+        proc._target.callbacks.remove(proc._resume)
+        cut.callbacks.append(proc._resume)
+        proc._target = cut
 
     def _at_boundary(self):
         """Between iterations: wait while idle, compact, drop stale requests. ``True`` when there is work."""
