@@ -602,37 +602,39 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _account_window(self, m: int, w: _Window) -> list[float]:
-        """Time integrals and allocator growth of the first ``m`` iterations of ``w``; returns the
-        reserved token totals of those iterations."""
+    def _account_window(self, m: int, w: _Window, wall: float) -> list[float] | None:
+        """Time integrals and allocator growth of the first ``m`` iterations of ``w`` (``wall``
+        seconds); returns their reserved token totals where the admission breaker needs them."""
         times, frag = w.times, w.frag
+        t = times[0]
         if m == 1:
-            t = times[0]
             self.used_token_s += w.used0 * t
             self.reserved_token_s += w.reserved0 * t
             self.busy_s += t
             self.ext_frag_s += frag * t
-            return [w.reserved0]
+            return [w.reserved0] if self._has_breaker else None
         # Totals only for the iterations that ran (an arrival often cuts a window short).
-        r, u = self.cohort.preview_totals(self.G + 1, m - 1)
-        t = times[0]
-        du, dr, wall = w.used0 * t, w.reserved0 * t, t
-        work = 0.0
-        events, per_event = w.events, w.per_event_s
-        for i in range(1, m):
-            t = times[i]
-            du += u[i - 1] * t
-            dr += r[i - 1] * t
-            wall += t
-            work += events[i - 1] * per_event
-        self.cohort.advance(self.G + 1, m - 1)
+        co = self.cohort
+        G1 = self.G + 1
+        reserved = None
+        if self._has_breaker:
+            r, u = co.preview_totals(G1, m - 1)
+            du, dr = w.used0 * t, w.reserved0 * t
+            for i in range(1, m):
+                t = times[i]
+                du += u[i - 1] * t
+                dr += r[i - 1] * t
+            reserved = [w.reserved0] + r
+        else:
+            du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
+        co.advance(G1, m - 1)
         self.alloc.take_work()  # into the totals; its time was charged through ``per_event_s``
-        self.alloc_work_s += work
+        self.alloc_work_s += sum(w.events[: m - 1]) * w.per_event_s
         self.used_token_s += du
         self.reserved_token_s += dr
         self.busy_s += wall
         self.ext_frag_s += frag * wall
-        return [w.reserved0] + r
+        return reserved
 
     def _window_begin(self) -> _Window:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
@@ -659,9 +661,7 @@ class Replica:
         if k > 1:
             events = co.block_events(G + 1, k - 1)
             per_event = alloc.window_event_s(cost)
-            for i, e in enumerate(events, 1):
-                if e:
-                    times[i] += e * per_event
+            times[1:] = [t + e * per_event for t, e in zip(times[1:], events)]
         frag = 0.0 if self._one_extent else self._ext_frag()
         return _Window(times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
                        bool(self.sched.waiting), n)
@@ -669,7 +669,7 @@ class Replica:
     def _window_end(self, plan: StepPlan | None, w: _Window, m: int, ends: list) -> None:
         """Account the ``m`` iterations of window ``w`` that ran (``plan`` is ``None`` when the
         cohort was all that ran and the queue could not move), then end what completed."""
-        reserved = self._account_window(m, w)
+        reserved = self._account_window(m, w, ends[m - 1])
         if (plan is not None and plan.paused) or (w.waiting_at_start and self._has_breaker):
             self._account_paused(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
         self.iterations += m

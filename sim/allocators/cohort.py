@@ -74,6 +74,18 @@ class Cohort(ABC):
         reserved, used, _ = self.preview(G, steps)
         return reserved.tolist(), used.tolist()
 
+    def integrals(self, G: int, times: list[float], first: int, stop: int, used_s: float,
+                  reserved_s: float) -> tuple[float, float]:
+        """``used_s`` and ``reserved_s`` plus Σ used·t and Σ reserved·t (token·seconds) over the
+        iterations of ``times[first:stop]``, the first from step ``G`` (all grantable), added left to
+        right; changes nothing."""
+        reserved, used = self.preview_totals(G, stop - first)
+        for i in range(first, stop):
+            t = times[i]
+            used_s += used[i - first] * t
+            reserved_s += reserved[i - first] * t
+        return used_s, reserved_s
+
     @abstractmethod
     def advance(self, G: int, steps: int) -> None:
         """Grant ``steps`` iterations starting at ``G`` (must be grantable); their work goes to the allocator's pending work."""

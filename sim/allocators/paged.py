@@ -8,6 +8,9 @@ external fragmentation.
 
 from __future__ import annotations
 
+from itertools import accumulate
+from operator import mul
+
 import numpy as np
 
 from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
@@ -166,9 +169,14 @@ class PagedCohort(Cohort):
         return self._new_blocks(G, steps)
 
     def _new_blocks(self, G: int, steps: int) -> list[int]:
-        # Iteration i (0-based) starts from step G + i; members with (a + G + i) % B == 0 need a block.
+        # Iteration i (0-based) starts from step G + i; members with (a + G + i) % B == 0 need a
+        # block: cnt[(-(G + i)) % B], i.e. the histogram read backwards from (-G) % B, cyclically.
         cnt, B = self.cnt, self.B
-        return [cnt[(-(G + i)) % B] for i in range(steps)]
+        r0 = (-G) % B
+        if steps == 1:
+            return [cnt[r0]]
+        cycle = cnt[r0::-1] + cnt[:r0:-1]
+        return (cycle * (steps // B + 1))[:steps] if steps > B else cycle[:steps]
 
     def grantable_steps(self, G: int, max_steps: int) -> int:
         if max_steps <= 0:
@@ -213,6 +221,21 @@ class PagedCohort(Cohort):
             reserved.append(float((base + cum) * B))
             used.append(float(used0 + n * i))
         return reserved, used
+
+    def integrals(self, G: int, times: list[float], first: int, stop: int, used_s: float,
+                  reserved_s: float) -> tuple[float, float]:
+        # preview_totals' sums without its lists, in C loops (map/sum): the same products; the
+        # sums are associated differently (within an ulp or two of adding them one by one).
+        steps = stop - first
+        if steps <= 0:
+            return used_s, reserved_s
+        pool, B, n = self.pool, self.B, len(self.a)
+        ts = times[first:stop]
+        blocks = accumulate(self._new_blocks(G, steps), initial=pool.num_blocks - pool.free_blocks)
+        next(blocks)  # the count before the first iteration's growth
+        u0 = pool.used_total
+        used = range(u0 + n, u0 + n * steps + 1, n) if n else [u0] * steps
+        return used_s + sum(map(mul, used, ts)), reserved_s + B * sum(map(mul, blocks, ts))
 
     def _blocks_for(self, G: int, steps: int) -> int:
         """New blocks the members take over ``steps`` iterations from ``G``."""
