@@ -127,8 +127,6 @@ class Replica:
         self.compaction_s = 0.0
         #: Each compaction: (time s, bytes moved, copy seconds).
         self.compaction_log: list[tuple[float, int, float]] = []
-        #: The allocator's pending work is its own ``work`` (composites gather their parts' in take_work).
-        self._plain_work = type(allocator).take_work is Allocator.take_work
         #: Static batching returns a batch's members together (``None``: each request alone).
         self._completing = getattr(scheduler, "completing", None)
         #: Block pools: every free block serves any sequence, so external fragmentation is 0.
@@ -298,10 +296,7 @@ class Replica:
 
     def _work_s(self) -> float:
         """Charge the allocator's pending work (allocations, copies, zero-fill, swaps) to this iteration."""
-        if self._plain_work and not self.alloc.work.any():
-            return 0.0  # nothing pending: skip take_work's bookkeeping
-        w = self.alloc.take_work()
-        t = w.time_s(self.cost)
+        t = self.alloc.take_work_s(self.cost)
         self.alloc_work_s += t
         return t
 
@@ -351,16 +346,26 @@ class Replica:
         if k == 1:
             yield env.timeout(times[0])
             return 1, times
+        ends = self._arm_window(times)
+        yield env.timeout(ends[-1])
+        return self._disarm_window(), ends
+
+    def _arm_window(self, times: list[float]) -> list[float]:
+        """A window of ``times`` starts now (arrivals may cut it); returns its iterations' end
+        offsets. The caller yields a timeout to the last one, then calls :meth:`_disarm_window`."""
         ends = list(accumulate(times))
-        self._win_t0 = env.now
+        self._win_t0 = self.env.now
         self._win_ends = ends
-        self._win_m = k
+        self._win_m = len(ends)
         self._in_window = True
         self._truncated = False
-        yield env.timeout(ends[-1])
+        return ends
+
+    def _disarm_window(self) -> int:
+        """The window is over: how many of its iterations ran."""
         self._in_window = False
         self._truncated = False
-        return self._win_m, ends
+        return self._win_m
 
     def _cut_window(self) -> None:
         """End the running window at the end of the iteration in progress (where stepping would
@@ -533,7 +538,8 @@ class Replica:
             if not self._boundary_work():
                 continue
             n = len(co.a)
-            if n > budget_cap or (n and co.grantable_steps(self.G, 1) < 1):
+            # The cohort takes this iteration's token first (it is the front of the running list).
+            if n > budget_cap or (n and not co.advance_one(self.G)):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
                 self._dissolve()
                 plan = sched.schedule()
@@ -544,13 +550,10 @@ class Replica:
                 yield from self._single_step(plan)
                 self._rejoin()
                 continue
-            # The cohort takes this iteration's token first (it is the front of the running list).
             if DEBUG:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
                 assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
-            if n:
-                co.advance(self.G, 1)
             if n and len(running) == n and not self._has_breaker and sched.admission_blocked(n):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
@@ -579,7 +582,9 @@ class Replica:
                 yield env.timeout(w.times[0])
                 m, ends = 1, w.times
             else:
-                m, ends = yield from self._run_window(w.times, w.k)
+                ends = self._arm_window(w.times)
+                yield env.timeout(ends[-1])
+                m = self._disarm_window()
             self._window_end(plan, w, m, ends)
 
     def _mixed_end(self, plan: StepPlan) -> None:
@@ -628,7 +633,7 @@ class Replica:
         else:
             du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
         co.advance(G1, m - 1)
-        self.alloc.take_work()  # into the totals; its time was charged through ``per_event_s``
+        self.alloc.take_work_s(self.cost)  # into the totals; its time was charged through ``per_event_s``
         self.alloc_work_s += sum(w.events[: m - 1]) * w.per_event_s
         self.used_token_s += du
         self.reserved_token_s += dr

@@ -211,6 +211,19 @@ class Allocator(ABC):
         self.work_total.add(w)
         return w
 
+    def take_work_s(self, cost) -> float:
+        """:meth:`take_work`, priced on ``cost`` (seconds). Allocation events alone (a block pool's
+        growth: most batch changes) move into the totals in place, without a new record."""
+        w = self.work
+        if w.copy_ops or w.zero_ops or w.swap_ops or type(self).take_work is not Allocator.take_work:
+            return self.take_work().time_s(cost)
+        events = w.events
+        if not events:
+            return 0.0
+        w.events = 0
+        self.work_total.events += events
+        return cost.alloc_time_s(events)
+
     def window_event_s(self, cost) -> float:
         """Seconds of allocator work per allocation event inside a decode window."""
         return cost.alloc_time_s(1)

@@ -86,6 +86,13 @@ class Cohort(ABC):
             reserved_s += reserved[i - first] * t
         return used_s, reserved_s
 
+    def advance_one(self, G: int) -> bool:
+        """Grant the iteration from ``G`` if it fits (``True``); else change nothing (``False``)."""
+        if self.grantable_steps(G, 1) < 1:
+            return False
+        self.advance(G, 1)
+        return True
+
     @abstractmethod
     def advance(self, G: int, steps: int) -> None:
         """Grant ``steps`` iterations starting at ``G`` (must be grantable); their work goes to the allocator's pending work."""

@@ -237,6 +237,21 @@ class PagedCohort(Cohort):
         used = range(u0 + n, u0 + n * steps + 1, n) if n else [u0] * steps
         return used_s + sum(map(mul, used, ts)), reserved_s + B * sum(map(mul, blocks, ts))
 
+    def advance_one(self, G: int) -> bool:
+        # grantable_steps(G, 1) and advance(G, 1) in one call: this runs at every batch change.
+        new = self.cnt[(-G) % self.B]
+        pool = self.pool
+        if new:
+            if new > pool.grow_limit():
+                return False
+            pool.free_blocks -= new
+            if pool.zero_on_reuse:
+                pool._took(new)
+            else:
+                pool.work.events += new
+        pool.used_total += len(self.a)
+        return True
+
     def _blocks_for(self, G: int, steps: int) -> int:
         """New blocks the members take over ``steps`` iterations from ``G``."""
         # Whole cycles of B iterations take one block per member; the rest is a partial cycle.
@@ -252,5 +267,8 @@ class PagedCohort(Cohort):
         assert new <= pool.grow_limit(), "cohort advanced past the free pool"
         if new:
             pool.free_blocks -= new
-            pool._took(new)
+            if pool.zero_on_reuse:
+                pool._took(new)
+            else:
+                pool.work.events += new  # _took, inlined: this runs at every batch change
         pool.used_total += len(self.a) * steps

@@ -63,6 +63,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from .base import INSUFFICIENT_FREE, Grow
+from .cohort import Cohort
 from .paged import PagedAllocator, PagedCohort
 
 EVICTIONS = ("lru", "lfu")
@@ -486,6 +487,9 @@ class PrefixCachingCohort(PagedCohort):
             table.extend(spare[len(spare) - k:])
             del spare[len(spare) - k:]
         pool.used[seq] = tokens
+
+    # The block pool's one-step shortcut would bypass the block tables ``advance`` keeps.
+    advance_one = Cohort.advance_one
 
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
