@@ -9,10 +9,9 @@ sequences free their memory, so peaks are kept).
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +34,10 @@ TIMESERIES_COLUMNS = ["t_s", "replica", "running", "waiting", "batch_tokens", "i
 TIMESERIES_SCHEMA = pa.schema([(n, pa.float64() if n in ("t_s", "window_s", "first_step_s", "kv_internal_fragmentation",
                                                           "kv_external_fragmentation") else pa.int64())
                                for n in TIMESERIES_COLUMNS])
+#: What the summary keeps of each request: (key, request column, dtype); ``ok`` = completed.
+_SUMMARY_COLUMNS = [("ok", "status", bool), ("arrival", "arrival_s", np.float64), ("first", "first_token_s", np.float64),
+                    ("finish", "finish_s", np.float64), ("generated", "generated_tokens", np.int64),
+                    ("prompt", "prompt_tokens", np.int64)]
 #: Rows buffered before they become an Arrow record batch (and, when streaming, go to disk).
 BATCH_ROWS = 65_536
 
@@ -66,9 +69,11 @@ def _arrow_column(values: tuple, typ: pa.DataType) -> pa.Array:
 class _Sink:
     """Rows → Arrow record batches, kept in memory or streamed to one Parquet file."""
 
-    def __init__(self, schema: pa.Schema, path: Path | None):
+    def __init__(self, schema: pa.Schema, path: Path | None, on_columns: Callable[[list[tuple]], None] | None = None):
         self.schema = schema
         self.path = path
+        #: Called with each batch's columns (tuples, schema order) before they become Arrow arrays.
+        self.on_columns = on_columns
         self.rows: list[tuple] = []
         self.batches: list[pa.RecordBatch] = []
         self.writer: pq.ParquetWriter | None = None
@@ -82,6 +87,8 @@ class _Sink:
         if not self.rows:
             return
         cols = list(zip(*self.rows))
+        if self.on_columns is not None:
+            self.on_columns(cols)
         batch = pa.record_batch([_arrow_column(c, f.type) for c, f in zip(cols, self.schema)], schema=self.schema)
         self.rows = []
         if self.path is None:
@@ -126,38 +133,47 @@ class Recorder:
 
     Rows go to Arrow record batches (to Parquet files when ``out_dir`` is given).
     For the summary, each finished request keeps a handful of numbers in
-    compact arrays (8 bytes each), so percentiles come from every request.
+    numpy arrays (8 bytes each, taken column-wise from every batch of rows), so
+    percentiles come from every request.
     """
 
     def __init__(self, kv_bytes_per_token: int, out_dir: Path | None = None, every_s: float | None = None):
         self.bpt = kv_bytes_per_token
         out = Path(out_dir) if out_dir is not None else None
-        self.requests = _Sink(REQUEST_SCHEMA, out / "requests.parquet" if out else None)
+        self.requests = _Sink(REQUEST_SCHEMA, out / "requests.parquet" if out else None, self._summary_columns)
         self.timeseries = _Sink(TIMESERIES_SCHEMA, out / "timeseries.parquet" if out else None)
         self.every_s = every_s
         self._bins: dict[int, _Bin] = {}
-        self.ok = array("b")
-        self.arrival = array("d")
-        self.first = array("d")
-        self.finish = array("d")
-        self.generated = array("q")
-        self.prompt = array("q")
+        #: Summary columns, one numpy array per flushed batch of request rows (``_summary_columns``).
+        self._parts: dict[str, list[np.ndarray]] = {k: [] for k, _, _ in _SUMMARY_COLUMNS}
         self.reasons: Counter[str] = Counter()
         self.truncated = 0
 
     def request_done(self, r: Request) -> None:
+        # One tuple per request; the summary's columns are taken from whole batches of them.
         self.requests.add((r.id, r.replica, r.status, r.reason, r.truncated, r.arrival, r.admitted,
                            r.first_token, r.finish, r.prompt, r.output, r.generated, r.preemptions))
-        ok = r.status == COMPLETED
-        self.ok.append(ok)
-        self.arrival.append(r.arrival)
-        self.first.append(r.first_token)
-        self.finish.append(r.finish)
-        self.generated.append(r.generated)
-        self.prompt.append(r.prompt)
-        if not ok:
-            self.reasons[r.reason] += 1
-        self.truncated += r.truncated
+
+    def _summary_columns(self, cols: list[tuple]) -> None:
+        status = cols[REQUEST_COLUMNS.index("status")]
+        n = len(status)
+        ok = np.fromiter(map(COMPLETED.__eq__, status), dtype=bool, count=n)
+        self._parts["ok"].append(ok)
+        for key, column, dtype in _SUMMARY_COLUMNS[1:]:
+            self._parts[key].append(np.fromiter(cols[REQUEST_COLUMNS.index(column)], dtype=dtype, count=n))
+        reason = cols[REQUEST_COLUMNS.index("reason")]
+        for i in np.flatnonzero(~ok).tolist():
+            self.reasons[reason[i]] += 1
+        self.truncated += sum(cols[REQUEST_COLUMNS.index("truncated")])
+
+    def summary_column(self, key: str) -> np.ndarray:
+        """Every finished request's ``key`` (``ok``, ``arrival``, ``first``, ``finish``,
+        ``generated``, ``prompt``), in the order they finished."""
+        self.requests.flush()
+        parts = self._parts[key]
+        if not parts:
+            return np.zeros(0, dtype=dict((k, d) for k, _, d in _SUMMARY_COLUMNS)[key])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _row(self, now: float, replica: int, running: int, waiting: int, batch_tokens: int, iterations: int,
              window_s: float, first_step_s: float, capacity: int, reserved: int, used: int, largest: int) -> list:
@@ -235,12 +251,7 @@ def _pct(values: np.ndarray) -> dict[str, float | None]:
 
 def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
     """Headline metrics of a run (see docs/scenario.md, "Outputs"), over every request."""
-    ok = np.frombuffer(rec.ok, dtype=np.int8).astype(bool) if len(rec.ok) else np.zeros(0, dtype=bool)
-    arrival = np.frombuffer(rec.arrival, dtype=np.float64) if len(rec.arrival) else np.zeros(0)
-    first = np.frombuffer(rec.first, dtype=np.float64) if len(rec.first) else np.zeros(0)
-    finish = np.frombuffer(rec.finish, dtype=np.float64) if len(rec.finish) else np.zeros(0)
-    gen = np.frombuffer(rec.generated, dtype=np.int64) if len(rec.generated) else np.zeros(0, dtype=np.int64)
-    prompt = np.frombuffer(rec.prompt, dtype=np.int64) if len(rec.prompt) else np.zeros(0, dtype=np.int64)
+    ok, arrival, first, finish, gen, prompt = (rec.summary_column(k) for k, _, _ in _SUMMARY_COLUMNS)
     ttft = (first - arrival)[ok]
     e2e = (finish - arrival)[ok]
     multi = ok & (gen > 1)

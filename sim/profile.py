@@ -176,7 +176,8 @@ class Grid2D:
 
     def at(self, batch: float, length: float) -> tuple[float, int]:
         """``__call__`` for one length, without numpy arrays: seconds and 0/1 out of the grid."""
-        lrow, slopes, scale, oor_b, e_last = self._srow(batch)
+        row = self._srows.get(batch)
+        lrow, slopes, scale, oor_b, e_last = row if row is not None else self._srow(batch)
         length = max(float(length), 1e-12)
         if length > self._len_hi:
             t, oor = e_last * length / self._len_last, 1
@@ -596,6 +597,13 @@ class ProfileCostModel(CostModel):
         n = int(num_seqs)
         if n <= 0 or k > _SHORT:
             return super().decode_window_times(n, kv_first, k)
+        if k == 1:  # a third of all windows (an arrival comes first): _decode_at_lengths, unrolled
+            base = self._decode_base(n)
+            coef = self.model.layers * self._attn_factor
+            t, oor = self._gen.at(n, kv_first / n)
+            if oor:
+                self._count("generation_attention", oor)
+            return [base + coef * t]
         return self._decode_at_lengths(n, [(kv_first + n * j) / n for j in range(k)])
 
     def _decode_at_lengths(self, n: int, lengths: list[float]) -> list[float]:

@@ -681,6 +681,8 @@ class Replica:
         self.windows += 1
         self.rec.step(self, m, ends[m - 1], w.times[0], w.members)
         self.G += m
-        done: list[Request] = []
-        self._pop_finished(done)
-        self._finish(done, self.env.now)
+        fin = self._fin
+        if (fin and fin[0][0] <= self.G) or self._completing is not None:
+            done: list[Request] = []
+            self._pop_finished(done)
+            self._finish(done, self.env.now)

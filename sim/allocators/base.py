@@ -144,6 +144,8 @@ class Allocator(ABC):
         #: Work done since the engine last charged it (drained every iteration) and in total.
         self.work = AllocWork()
         self.work_total = AllocWork()
+        #: Pending work is this allocator's own ``work`` (composites gather their parts' in take_work).
+        self._own_work = type(self).take_work is Allocator.take_work
 
     # --- the interface -------------------------------------------------------------
     @abstractmethod
@@ -215,7 +217,7 @@ class Allocator(ABC):
         """:meth:`take_work`, priced on ``cost`` (seconds). Allocation events alone (a block pool's
         growth: most batch changes) move into the totals in place, without a new record."""
         w = self.work
-        if w.copy_ops or w.zero_ops or w.swap_ops or type(self).take_work is not Allocator.take_work:
+        if w.copy_ops or w.zero_ops or w.swap_ops or not self._own_work:
             return self.take_work().time_s(cost)
         events = w.events
         if not events:
