@@ -535,8 +535,11 @@ class Replica:
             if not running and not waiting:
                 yield from self._idle_wait()
                 continue
-            if not self._boundary_work():
-                continue
+            if self._compact_due or self.stale_after_s is not None or sched.now_hint_preempted or DEBUG:
+                if not self._boundary_work():
+                    continue
+            else:
+                sched.now = env.now  # _boundary_work's only effect when nothing else is due
             n = len(co.a)
             # The cohort takes this iteration's token first (it is the front of the running list).
             if n > budget_cap or (n and not co.advance_one(self.G)):
@@ -573,8 +576,7 @@ class Replica:
                 if plan.items or plan.preempted:
                     it = self._iteration_begin(plan)
                     yield env.timeout(it[0])
-                    self._iteration_end(plan, it)
-                    self._mixed_end(plan)
+                    self._mixed_end(plan, it)
                     continue
             # A pure-decode window of the cohort.
             w = self._window_begin()
@@ -587,9 +589,10 @@ class Replica:
                 m = self._disarm_window()
             self._window_end(plan, w, m, ends)
 
-    def _mixed_end(self, plan: StepPlan) -> None:
+    def _mixed_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
         """After an iteration of the cohort's token (granted before it) plus per-sequence prefill
-        items: completions, first tokens, and new cohort members."""
+        items, priced as ``it``: its accounting, completions, first tokens, and new cohort members."""
+        self._iteration_end(plan, it)
         now = self.env.now
         self.G += 1
         done: list[Request] = []

@@ -69,6 +69,9 @@ class ContinuousScheduler:
         self.hash_block_tokens = 512
         self.now = 0.0
         self._prefix = hasattr(allocator, "admit_prefix")
+        # Allocator hooks that do nothing unless overridden: skipped then (they run per admission).
+        self._hints = type(allocator).hint is not Allocator.hint
+        self._breaker = type(allocator).admission_paused is not Allocator.admission_paused
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -196,7 +199,7 @@ class ContinuousScheduler:
         admitted: list[Request] = []
         rejected: list[Request] = []
         paused = False
-        if preempted == 0 and self.waiting and alloc.admission_paused():
+        if preempted == 0 and self._breaker and self.waiting and alloc.admission_paused():
             paused = True
         elif preempted == 0:
             waiting = self.waiting
@@ -212,7 +215,8 @@ class ContinuousScheduler:
                     need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
-                alloc.hint(req.id, req.prompt + req.output)
+                if self._hints:
+                    alloc.hint(req.id, req.prompt + req.output)
                 if cached or (self._prefix and req.hashes and not req.computed):
                     r, got = alloc.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
                                                 prompt_tokens=req.prompt)
