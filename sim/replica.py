@@ -317,7 +317,7 @@ class Replica:
     def _iteration_begin(self, plan: StepPlan) -> tuple[float, int, int, float]:
         """Price one iteration: (seconds, used and reserved tokens while it runs, external fragmentation)."""
         a = self.alloc
-        return self._step_time(plan), a.used_total, a.reserved_tokens(), self._ext_frag()
+        return self._step_time(plan), a.used_total, a.reserved_tokens(), 0.0 if self._one_extent else self._ext_frag()
 
     def _iteration_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
         dt, used, reserved, frag = it
