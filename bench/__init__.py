@@ -8,7 +8,9 @@
   TTFT/TPOT percentiles;
 * ``profile``: cProfile top entries of a run, to choose the next optimisation from data;
 * ``costmodel``: per-call time of the calibrated cost model against the roofline prior on the
-  batch shapes a run actually prices.
+  batch shapes a run actually prices;
+* ``opcount``: Python bytecodes and calls per request (``sys.settrace``), per function: the same
+  count on every run, so small engine changes can be compared on a host whose speed drifts.
 
 Each prints a rich table and writes ``<out>/<name>.json`` with the machine's load average, since
 wall times on a shared machine are only comparable side by side. See docs/performance.md.

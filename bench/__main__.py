@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount"]
 
 
 def _module(name: str):
@@ -20,6 +20,8 @@ def _module(name: str):
         from . import saturated as m
     elif name == "profile":
         from . import profiling as m
+    elif name == "opcount":
+        from . import opcount as m
     else:
         from . import costmodel as m
     return m
