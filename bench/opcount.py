@@ -10,6 +10,7 @@ machine instructions when that matters (docs/performance.md).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,11 +45,15 @@ def count(scenario: str, requests: int) -> dict:
             return local
         return local
 
+    # Collections run finalizers at moments that vary from run to run: none while counting.
+    gc.collect()
+    gc.disable()
     sys.settrace(tracer)
     try:
         res = simulate(sc)
     finally:
         sys.settrace(None)
+        gc.enable()
     total = sum(ops.values())
     top = [{"function": k, "bytecodes_per_request": v / requests, "share": v / total,
             "calls_per_request": calls[k] / requests} for k, v in ops.most_common(TOP)]
