@@ -18,7 +18,7 @@ from pathlib import Path
 from .common import console, table, write_json
 
 SCENARIOS = {"bench-1m": 10_000, "bench-saturated": 3_000}
-TOP = 20
+TOP = 25
 
 
 def count(scenario: str, requests: int) -> dict:

@@ -186,10 +186,11 @@ class Grid2D:
             oor = int(length < self._len_lo)
         return t * scale, (1 if oor_b else oor)
 
-    def at_many(self, batch: float, lengths: list[float]) -> tuple[list[float], int]:
-        """``at`` for several lengths at one batch size (a decode window's: one token more per
-        iteration), and their out-of-grid count. Inside grid segment ``j`` the log-log line is
-        ``t = A_j·L^s_j``: one ``pow`` per length, and a bracket search only when a length leaves
+    def at_many(self, batch: float, lengths: list[float], base: float = 0.0,
+                coef: float = 1.0) -> tuple[list[float], int]:
+        """``base + coef·at`` for several lengths at one batch size (a decode window's: one token
+        more per iteration), and their out-of-grid count. Inside grid segment ``j`` the log-log line
+        is ``t = A_j·L^s_j``: one ``pow`` per length, and a bracket search only when a length leaves
         the segment of the previous one. Within a few ulps of ``at`` (exp of a sum vs a product)."""
         lrow, slopes, scale, oor_b, e_last = self._srow(batch)
         knots = self._knots
@@ -202,14 +203,14 @@ class Grid2D:
         for length in lengths:
             if not lo < length < top:
                 t, o = at(batch, length)  # edges, clamps and scaling beyond the grid
-                out.append(t)
+                out.append(base + coef * t)
                 oor += o
                 continue
             if not left <= length < right:
                 j = bisect_right(knots, length) - 1
                 left, right, s = knots[j], knots[j + 1], slopes[j]
                 a = _exp(lrow[j] - s * self._lll[j])
-            out.append(a * length ** s * scale)
+            out.append(base + coef * (a * length ** s * scale))
             oor += oor_b
         return out, (len(lengths) if oor_b else oor)
 
@@ -613,12 +614,12 @@ class ProfileCostModel(CostModel):
         coef = self.model.layers * self._attn_factor
         if len(lengths) == 1:  # a third of all windows: one iteration before the next arrival
             t, oor = self._gen.at(n, lengths[0])
-            attn = [t]
+            out = [base + coef * t]
         else:
-            attn, oor = self._gen.at_many(n, lengths)
+            out, oor = self._gen.at_many(n, lengths, base, coef)
         if oor:
             self._count("generation_attention", oor)
-        return [base + coef * t for t in attn]
+        return out
 
     def step_time_s(self, batch: BatchShape) -> float:
         if batch.prefill_chunks:

@@ -557,7 +557,7 @@ class Replica:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
                 assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
-            if n and len(running) == n and not self._has_breaker and sched.admission_blocked(n):
+            if n and len(running) == n and not self._has_breaker and (not waiting or sched.admission_blocked(n)):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
                 plan = None

@@ -33,6 +33,8 @@ class PagedAllocator(Allocator):
         self.zero_on_reuse = page_reuse == "zero"
         self.block_bytes = block_size * kv_bytes_per_token
         self.cohort = PagedCohort(self)
+        #: ``grow_limit`` is the free pool (subclasses with reserves override it).
+        self._plain_limits = type(self).grow_limit is PagedAllocator.grow_limit
 
     def _took(self, blocks: int) -> None:
         w = self.work
@@ -242,7 +244,7 @@ class PagedCohort(Cohort):
         new = self.cnt[(-G) % self.B]
         pool = self.pool
         if new:
-            if new > pool.grow_limit():
+            if new > (pool.free_blocks if pool._plain_limits else pool.grow_limit()):
                 return False
             pool.free_blocks -= new
             if pool.zero_on_reuse:
