@@ -598,13 +598,8 @@ class ProfileCostModel(CostModel):
         n = int(num_seqs)
         if n <= 0 or k > _SHORT:
             return super().decode_window_times(n, kv_first, k)
-        if k == 1:  # a third of all windows (an arrival comes first): _decode_at_lengths, unrolled
-            base = self._decode_base(n)
-            coef = self.model.layers * self._attn_factor
-            t, oor = self._gen.at(n, kv_first / n)
-            if oor:
-                self._count("generation_attention", oor)
-            return [base + coef * t]
+        if k == 1:  # a third of all windows (an arrival comes first)
+            return self._decode_at_lengths(n, [kv_first / n])
         return self._decode_at_lengths(n, [(kv_first + n * j) / n for j in range(k)])
 
     def _decode_at_lengths(self, n: int, lengths: list[float]) -> list[float]:

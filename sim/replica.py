@@ -624,17 +624,8 @@ class Replica:
         # Totals only for the iterations that ran (an arrival often cuts a window short).
         co = self.cohort
         G1 = self.G + 1
-        reserved = None
-        if self._has_breaker:
-            r, u = co.preview_totals(G1, m - 1)
-            du, dr = w.used0 * t, w.reserved0 * t
-            for i in range(1, m):
-                t = times[i]
-                du += u[i - 1] * t
-                dr += r[i - 1] * t
-            reserved = [w.reserved0] + r
-        else:
-            du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
+        du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
+        reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._has_breaker else None
         co.advance(G1, m - 1)
         self.alloc.take_work_s(self.cost)  # into the totals; its time was charged through ``per_event_s``
         self.alloc_work_s += sum(w.events[: m - 1]) * w.per_event_s

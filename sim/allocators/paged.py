@@ -240,7 +240,8 @@ class PagedCohort(Cohort):
         return used_s + sum(map(mul, used, ts)), reserved_s + B * sum(map(mul, blocks, ts))
 
     def advance_one(self, G: int) -> bool:
-        # grantable_steps(G, 1) and advance(G, 1) in one call: this runs at every batch change.
+        # grantable_steps(G, 1) and advance(G, 1) in one call, _took inlined: this runs at every
+        # batch change.
         new = self.cnt[(-G) % self.B]
         pool = self.pool
         if new:
@@ -263,14 +264,14 @@ class PagedCohort(Cohort):
     def advance(self, G: int, steps: int) -> None:
         if steps <= 0:
             return
-        # One iteration (the engine grants every iteration's token this way): one histogram cell.
-        new = self.cnt[(-G) % self.B] if steps == 1 else self._blocks_for(G, steps)
+        if steps == 1:
+            granted = self.advance_one(G)
+            assert granted, "cohort advanced past the free pool"
+            return
+        new = self._blocks_for(G, steps)
         pool = self.pool
         assert new <= pool.grow_limit(), "cohort advanced past the free pool"
         if new:
             pool.free_blocks -= new
-            if pool.zero_on_reuse:
-                pool._took(new)
-            else:
-                pool.work.events += new  # _took, inlined: this runs at every batch change
+            pool._took(new)
         pool.used_total += len(self.a) * steps
