@@ -73,6 +73,9 @@ class CostModel(ABC):
         """Seconds of ``k`` pure decode iterations of ``num_seqs`` sequences attending
         ``kv_first`` KV tokens in the first and ``num_seqs`` more in each next one (a cohort
         window without a sliding-window cap)."""
+        if k > 16:
+            # A long window's KV ramp as an array: the same integers (exact in float64), no list.
+            return self.decode_times_s(num_seqs, np.arange(k, dtype=np.float64) * num_seqs + kv_first).tolist()
         return self.decode_times_list(num_seqs, [float(kv_first + num_seqs * j) for j in range(k)])
 
     @abstractmethod
