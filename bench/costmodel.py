@@ -19,7 +19,7 @@ SCENARIO = "chat-api"
 
 
 class _Recorder:
-    """Wraps a cost model, keeping the arguments of the two engine calls."""
+    """Wraps a cost model, keeping the arguments of the engine's pricing calls."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -41,6 +41,12 @@ class _Recorder:
         self.calls.append(("decode_list", n, np.array(kv, dtype=np.float64), list(kv)))
         return self.inner.decode_times_list(n, kv)
 
+    def decode_window_times(self, n, kv_first, k):
+        # The engine's cohort windows without a sliding-window cap: KV from kv_first, n more each.
+        kv = np.array([float(kv_first + n * j) for j in range(k)], dtype=np.float64)
+        self.calls.append(("window", n, kv, kv_first, k))
+        return self.inner.decode_window_times(n, kv_first, k)
+
 
 def _replay(cm, calls, repeats: int, lists: bool = True) -> float:
     """Best of ``repeats`` replays; ``lists=False`` prices windows through ``decode_times_s``
@@ -53,6 +59,8 @@ def _replay(cm, calls, repeats: int, lists: bool = True) -> float:
                 cm.step_time_s(c[1])
             elif c[0] == "decode_list" and lists:
                 cm.decode_times_list(c[1], c[3])
+            elif c[0] == "window" and lists:
+                cm.decode_window_times(c[1], c[3], c[4])
             else:
                 cm.decode_times_s(c[1], c[2])
         best = min(best, time.perf_counter() - t0)
@@ -106,7 +114,7 @@ def run(quick: bool, out: Path) -> dict:
     ref = _reference(sc, dep)
     t_ref = _replay(ref, calls, repeats, lists=False) if ref is not None else None
     mixed = sum(1 for c in calls if c[0] == "step" and c[1].prefill_chunks)
-    decode_calls = [c for c in calls if c[0] in ("decode", "decode_list")]
+    decode_calls = [c for c in calls if c[0] in ("decode", "decode_list", "window")]
     k = [len(c[2]) for c in decode_calls]
     per_call = {"profile_us": 1e6 * t_prof / len(calls), "profile_first_pass_us": 1e6 * t_first / len(calls),
                 "roofline_us": 1e6 * t_roof / len(calls)}
