@@ -108,7 +108,7 @@ class Replica:
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
-        self._has_breaker = type(allocator).paused_at is not Allocator.paused_at
+        self._has_breaker = allocator.has_breaker
         self.cohort = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
                        and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
         self.G = 0

@@ -69,9 +69,8 @@ class ContinuousScheduler:
         self.hash_block_tokens = 512
         self.now = 0.0
         self._prefix = hasattr(allocator, "admit_prefix")
-        # Allocator hooks that do nothing unless overridden: skipped then (they run per admission).
+        # An allocator hook that does nothing unless overridden: skipped then (it runs per admission).
         self._hints = type(allocator).hint is not Allocator.hint
-        self._breaker = type(allocator).admission_paused is not Allocator.admission_paused
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -199,7 +198,7 @@ class ContinuousScheduler:
         admitted: list[Request] = []
         rejected: list[Request] = []
         paused = False
-        if preempted == 0 and self._breaker and self.waiting and alloc.admission_paused():
+        if preempted == 0 and alloc.has_breaker and self.waiting and alloc.admission_paused():
             paused = True
         elif preempted == 0:
             waiting = self.waiting

@@ -146,6 +146,8 @@ class Allocator(ABC):
         self.work_total = AllocWork()
         #: Pending work is this allocator's own ``work`` (composites gather their parts' in take_work).
         self._own_work = type(self).take_work is Allocator.take_work
+        #: The allocator has an admission circuit breaker (``admission_paused``/``paused_at``).
+        self.has_breaker = type(self).admission_paused is not Allocator.admission_paused
 
     # --- the interface -------------------------------------------------------------
     @abstractmethod
