@@ -598,8 +598,6 @@ class ProfileCostModel(CostModel):
         n = int(num_seqs)
         if n <= 0 or k > _SHORT:
             return super().decode_window_times(n, kv_first, k)
-        if k == 1:  # a third of all windows (an arrival comes first)
-            return self._decode_at_lengths(n, [kv_first / n])
         return self._decode_at_lengths(n, [(kv_first + n * j) / n for j in range(k)])
 
     def _decode_at_lengths(self, n: int, lengths: list[float]) -> list[float]:

@@ -58,7 +58,7 @@ class _Window:
     #: Seconds of each of its ``k`` iterations (allocator work included).
     times: list[float]
     k: int
-    #: Reserved and used tokens while the first iteration runs (later ones: ``preview_totals``).
+    #: Reserved and used tokens while the first iteration runs (later ones: ``Cohort.integrals``).
     reserved0: float
     used0: float
     #: Allocation events of iterations 2..k and the seconds one event costs.

@@ -69,8 +69,7 @@ class Cohort(ABC):
         return [int(e) for e in self.preview(G, steps)[2]]
 
     def preview_totals(self, G: int, steps: int) -> tuple[list[float], list[float]]:
-        """:meth:`preview`'s reserved and used totals as Python lists (short windows; cohorts may
-        override without numpy)."""
+        """:meth:`preview`'s reserved and used totals as Python lists."""
         reserved, used, _ = self.preview(G, steps)
         return reserved.tolist(), used.tolist()
 

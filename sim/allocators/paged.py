@@ -208,25 +208,9 @@ class PagedCohort(Cohort):
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
         return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
 
-    def preview_totals(self, G: int, steps: int) -> tuple[list[float], list[float]]:
-        if steps > 48:
-            return super().preview_totals(G, steps)  # long windows: numpy's fixed cost pays off
-        # ``preview`` without numpy: the same integer sums, converted to float at the end.
-        pool, B, n = self.pool, self.B, len(self.a)
-        base = pool.num_blocks - pool.free_blocks
-        used0 = pool.used_total
-        new = self._new_blocks(G, steps)
-        reserved, used = [], []
-        cum = 0
-        for i, b in enumerate(new, 1):
-            cum += b
-            reserved.append(float((base + cum) * B))
-            used.append(float(used0 + n * i))
-        return reserved, used
-
     def integrals(self, G: int, times: list[float], first: int, stop: int, used_s: float,
                   reserved_s: float) -> tuple[float, float]:
-        # preview_totals' sums without its lists, in C loops (map/sum): the same products; the
+        # preview's sums without its arrays, in C loops (map/sum): the same products; the
         # sums are associated differently (within an ulp or two of adding them one by one).
         steps = stop - first
         if steps <= 0:
