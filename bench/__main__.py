@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
 NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount"]
+#: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
+#: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
+INTERPRETED = {"profile", "opcount"}
 
 
 def _module(name: str):
@@ -33,11 +38,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
     args = ap.parse_args(argv)
+    names = NAMES if args.name == "all" else [args.name]
+    if names == [args.name] and args.name in INTERPRETED:
+        os.environ["KVSIM_NATIVE"] = "0"  # before anything imports sim
     warn_debug()
     info = machine()
     console.print(f"[dim]load average {info['load_avg_start']} on {info['cpus']} CPUs; python {info['python']}, "
-                  f"numpy {info['numpy']}, simpy {info['simpy']}[/]")
-    for name in NAMES if args.name == "all" else [args.name]:
+                  f"numpy {info['numpy']}, simpy {info['simpy']}; compiled hot path: {info['native']}[/]")
+    for name in names:
+        if name in INTERPRETED and info["native"] != "off":
+            flags = ["--quick"] if args.quick else []
+            subprocess.run([sys.executable, "-m", "bench", name, *flags, "--out", str(args.out)],
+                           env=dict(os.environ, KVSIM_NATIVE="0"), check=True)
+            continue
         data = _module(name).run(args.quick, args.out)
         data["machine"] = info
         path = write_json(args.out, name, data)

@@ -29,7 +29,9 @@ def load_avg() -> list[float]:
 def machine() -> dict:
     import numpy
     import simpy
-    return {"python": platform.python_version(), "numpy": numpy.__version__, "simpy": simpy.__version__,
+
+    import sim
+    return {"native": sim.NATIVE_STATE, "python": platform.python_version(), "numpy": numpy.__version__, "simpy": simpy.__version__,
             "cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": load_avg(),
             "kvsim_debug": bool(os.environ.get("KVSIM_DEBUG"))}
 
@@ -52,11 +54,14 @@ def timed_run(scenario: str, overrides: dict | None = None, out_dir: Path | None
             "load_avg_before": load0, "load_avg_after": load_avg(), "summary": res.summary, "result": res}
 
 
-def child_run(scenario: str, overrides: dict, timeout_s: float | None = None) -> dict:
+def child_run(scenario: str, overrides: dict, timeout_s: float | None = None, interpreted: bool = False) -> dict:
     """Simulate in a fresh interpreter (``python -m bench.child``) and return what it measured,
-    peak RSS included; the parent's RUSAGE_CHILDREN maximum is added as a cross-check."""
+    peak RSS included; the parent's RUSAGE_CHILDREN maximum is added as a cross-check.
+    ``interpreted``: the plain sources, even where a compiled build exists (``KVSIM_NATIVE=0``)."""
     cmd = [sys.executable, "-m", "bench.child", scenario, json.dumps(overrides)]
     env = {k: v for k, v in os.environ.items() if k != "KVSIM_DEBUG"}
+    if interpreted:
+        env["KVSIM_NATIVE"] = "0"
     w0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
     if p.returncode != 0:

@@ -23,8 +23,12 @@ TOP = 25
 
 def count(scenario: str, requests: int) -> dict:
     """Bytecodes and Python calls per request of ``requests`` of ``scenario``, with the top functions."""
+    from sim import native
     from sim.cluster import simulate
     from sim.config import load_scenario
+    if native.active():
+        raise RuntimeError("opcount counts the interpreted engine's bytecodes: run it with KVSIM_NATIVE=0 "
+                           "(python -m bench opcount does)")
     sc = load_scenario(scenario, {"workload.num_requests": requests})
     # Untraced first: lazy imports and the process-wide caches (profiles, curve rows) fill here, so
     # the count is of the engine's steady state and the same on every call.

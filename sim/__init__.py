@@ -1,3 +1,8 @@
 """kvsim: a capacity simulator for LLM serving whose subject is the KV cache."""
 
 __version__ = "0.1.0"
+
+from . import native as _native
+
+#: ``compiled`` when the hot path runs from an up-to-date mypyc build (``sim/native.py``).
+NATIVE_STATE = _native.guard()

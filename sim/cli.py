@@ -162,6 +162,27 @@ def list_allocators():
     console.print(t)
 
 
+@app.command("native")
+def native_cmd(action: str = typer.Argument("status", help="build | status | clean")):
+    """The compiled hot path (mypyc): build it, show whether it is in use, or remove it."""
+    from . import native
+    if action == "status":
+        console.print(native.state())
+    elif action == "clean":
+        console.print(f"removed {native.clean()} files")
+    elif action == "build":
+        console.print("compiling the hot path with mypyc (about a minute on two cores)…")
+        try:
+            files = native.build()
+        except native.NativeBuildError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            raise typer.Exit(1)
+        console.print(f"built {len(files)} extensions; state: {native.state()}")
+    else:
+        sys.stderr.write(f"error: native action {action!r}: expected build, status or clean\n")
+        raise typer.Exit(2)
+
+
 @app.command("app", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def app_cmd(ctx: typer.Context):
     """Open the Streamlit what-if explorer (needs the app extra); extra arguments go to streamlit."""

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .catalog import GpuSpec, ModelSpec, dtype_bytes
 
@@ -45,6 +46,7 @@ class Layout:
     block_size: int = 16
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class CostModel(ABC):
     """Seconds for each thing the simulator charges. All methods are pure."""
 

@@ -23,6 +23,7 @@ time ∝ tokens, the compute/bandwidth-bound limit). This module must not import
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import math
 from bisect import bisect_right
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .catalog import GpuSpec, ModelSpec
 from .costmodel import BatchShape, CostModel, Layout
@@ -37,7 +39,8 @@ from .errors import ConfigError
 
 FORMAT = "kvsim-profile"
 VERSION = 1
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+# From the package, not ``__file__``: a compiled module (sim/native.py) reports its own path differently.
+PROFILE_DIR = Path(str(importlib.resources.files("sim"))) / "profiles"
 KEY = "cost_model.profile"
 
 #: Activations cross the tensor-parallel all-reduce in bf16.
@@ -49,7 +52,7 @@ def _sig(x: float, digits: int = 5) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def _round_list(a) -> list:
+def _round_list(a) -> list | float:
     arr = np.asarray(a, dtype=np.float64)
     if arr.ndim == 0:
         return _sig(float(arr))
@@ -418,6 +421,7 @@ def attention_layout_factor(profile_layout: dict, layout: Layout) -> float:
     return (1.0 + at) / (1.0 + float(by_bs[str(ref)]))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class ProfileCostModel(CostModel):
     """Step time from a profile's curves.
 

@@ -29,12 +29,13 @@ import os
 from dataclasses import dataclass
 from bisect import bisect_right
 from itertools import accumulate
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generator, cast
 
 import numpy as np
 import simpy
 
 from .allocators.base import Allocator
+from .allocators.cohort import Cohort
 from .allocators.paged import PagedAllocator
 from .costmodel import BatchShape, CostModel
 from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
@@ -45,6 +46,9 @@ if TYPE_CHECKING:
 
 
 DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
+
+#: A :class:`ContinuousScheduler` or a ``StaticBatchScheduler`` (same duck type, no common base).
+Scheduler = Any
 
 
 def _seq_no(req: Request) -> int:
@@ -70,7 +74,7 @@ class _Window:
 
 
 class Replica:
-    def __init__(self, env: simpy.Environment, index: int, scheduler: ContinuousScheduler, allocator: Allocator,
+    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, allocator: Allocator,
                  cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
                  on_finish: Callable[[Request], None] | None = None, compaction=None,
                  stale_after_s: float | None = None):
@@ -109,8 +113,11 @@ class Replica:
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
         self._has_breaker = allocator.has_breaker
-        self.cohort = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
+        self.cohort: Cohort | None = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
                        and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
+        if self.cohort is not None:
+            #: The cohort, typed as present: only the cohort loop and its methods read it.
+            self._co: Cohort = self.cohort
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []
@@ -156,8 +163,9 @@ class Replica:
             self._cut_window()
 
     # --- compaction ----------------------------------------------------------------------
-    def _compactor(self):
+    def _compactor(self) -> Generator[simpy.Event, Any, None]:
         cfg = self.compaction
+        assert cfg is not None
         env = self.env
         while True:
             if not self.sched.running and not self.sched.waiting:
@@ -167,7 +175,7 @@ class Replica:
             yield env.timeout(cfg.period_s)
             if self._compact_due or not self.sched.running:
                 continue
-            if self.alloc.should_compact(cfg.below_utilization, cfg.above_fragmentation):
+            if cast(Any, self.alloc).should_compact(cfg.below_utilization, cfg.above_fragmentation):
                 self._compact_due = True
                 if self._in_window and not self._truncated:
                     self._cut_window()
@@ -178,7 +186,7 @@ class Replica:
         if self.cohort is not None and self.cohort.n:
             self._dissolve()  # the move needs every sequence's own token count
         before = self.alloc.work.copy_bytes
-        self.alloc.compact()
+        cast(Any, self.alloc).compact()  # only allocators with ``compact`` get a compaction config
         moved = self.alloc.work.copy_bytes - before
         if not moved:
             return
@@ -187,6 +195,7 @@ class Replica:
         t = self.cost.copy_time_s(moved)
         self.compaction_s += t
         self.compaction_log.append((self.env.now, int(moved), t))
+        assert self.compaction is not None
         if self.compaction.mode == "background":
             # Copies run beside iterations: take them out of the stall path, slow the next ones.
             w = self.alloc.work
@@ -200,6 +209,7 @@ class Replica:
         """Slow iterations while a background compaction's copies are in flight (in place)."""
         if self._bg_copy_left_s <= 0:
             return
+        assert self.compaction is not None
         extra = times * self.compaction.background_slowdown
         cum = np.cumsum(extra)
         take = np.minimum(cum, self._bg_copy_left_s)
@@ -239,10 +249,10 @@ class Replica:
         self.reserved_token_s += reserved * dt
         self.busy_s += dt
 
-    def _account_paused(self, plan: StepPlan, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> None:
+    def _account_paused(self, plan: StepPlan | None, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> None:
         """Breaker time in a window: it opens mid-window when free memory crosses its threshold
         (``waiting``: requests were queued when the window began; later arrivals end it)."""
-        if plan.paused:
+        if plan is not None and plan.paused:
             self.paused_s += float(times.sum())
         elif waiting:
             mask = self.alloc.paused_at(reserved)
@@ -289,7 +299,7 @@ class Replica:
         if self.on_finish is not None:
             self.on_finish(req)
 
-    def _idle_wait(self):
+    def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
         self._idle = self.env.event()
         yield self._idle
         self._idle = None
@@ -308,7 +318,7 @@ class Replica:
             dt = float(arr[0])
         return dt
 
-    def _one_iteration(self, plan: StepPlan):
+    def _one_iteration(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         """Yield through one iteration of ``plan`` and account for it (time, memory, time series)."""
         it = self._iteration_begin(plan)
         yield self.env.timeout(it[0])
@@ -331,14 +341,14 @@ class Replica:
         self.windows += 1
         self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
 
-    def _single_step(self, plan: StepPlan):
+    def _single_step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         """One iteration through the per-sequence path."""
         yield from self._one_iteration(plan)
         done: list[Request] = []
         self._advance_items(plan.items, self.env.now, done)
         self._finish(done, self.env.now)
 
-    def _run_window(self, times: list[float], k: int):
+    def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
         short, see :meth:`_cut_window`) and the iterations' end offsets (running sums, left to right
         like ``np.cumsum``)."""
@@ -389,7 +399,7 @@ class Replica:
         cut.callbacks.append(proc._resume)
         proc._target = cut
 
-    def _at_boundary(self):
+    def _at_boundary(self) -> Generator[simpy.Event, Any, bool]:
         """Between iterations: wait while idle, compact, drop stale requests. ``True`` when there is work."""
         sched = self.sched
         if not sched.running and not sched.waiting:
@@ -419,7 +429,7 @@ class Replica:
             raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
 
     # --- per-sequence loop (step mode, and allocators without a cohort) -----------------
-    def _loop(self):
+    def _loop(self) -> Generator[simpy.Event, Any, None]:
         sched = self.sched
         while True:
             if not (yield from self._at_boundary()):
@@ -434,7 +444,7 @@ class Replica:
             else:
                 yield from self._single_step(plan)
 
-    def _decode_window(self, plan: StepPlan):
+    def _decode_window(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         reqs = [r for r, _ in plan.items]
         n = len(reqs)
         ids = [r.id for r in reqs]
@@ -485,13 +495,13 @@ class Replica:
 
     # --- cohort loop (fast_forward with an aggregate-capable allocator) ----------------
     def _join(self, req: Request) -> None:
-        self.cohort.join(req.id, req.computed, self.G)
+        self._co.join(req.id, req.computed, self.G)
         b = req.generated - self.G
         self._gen_off[req.id] = b
         heapq.heappush(self._fin, (req.output - b, req.id, req))
 
     def _leave(self, req: Request) -> None:
-        req.computed = self.cohort.leave(req.id, self.G)
+        req.computed = self._co.leave(req.id, self.G)
         req.generated = self._gen_off.pop(req.id) + self.G
 
     def _dissolve(self) -> None:
@@ -508,7 +518,7 @@ class Replica:
 
     def _kv_attended(self, steps: int) -> list[float]:
         """Σ KV length attended by the members in each of ``steps`` iterations from ``G``."""
-        co = self.cohort
+        co = self._co
         cap = self.sched.kv_cap
         G = self.G
         if cap is None:
@@ -522,15 +532,16 @@ class Replica:
         a = np.fromiter(co.a.values(), dtype=np.int64, count=co.n)
         return np.minimum(a[None, :] + G + j[:, None], cap).sum(axis=1).astype(np.float64).tolist()
 
-    def _loop_cohort(self):
+    def _loop_cohort(self) -> Generator[simpy.Event, Any, None]:
         # Flat on purpose: this loop runs once per batch change of every replica, so the phases
         # are plain methods around the yields instead of nested generators.
-        sched = self.sched
-        co = self.cohort
+        sched: ContinuousScheduler = self.sched  # the cohort needs continuous batching
+        co = self._co
         env = self.env
         running, waiting = sched.running, sched.waiting
         budget_cap = sched.cfg.max_num_batched_tokens
         kv_cap = sched.kv_cap
+        plan: StepPlan | None
         while True:
             if not running and not waiting:
                 yield from self._idle_wait()
@@ -622,12 +633,13 @@ class Replica:
             self.ext_frag_s += frag * t
             return [w.reserved0] if self._has_breaker else None
         # Totals only for the iterations that ran (an arrival often cuts a window short).
-        co = self.cohort
+        co = self._co
         G1 = self.G + 1
         du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
         reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._has_breaker else None
         co.advance(G1, m - 1)
         self.alloc.take_work_s(self.cost)  # into the totals; its time was charged through ``per_event_s``
+        assert w.events is not None  # a window of more than one iteration has them
         self.alloc_work_s += sum(w.events[: m - 1]) * w.per_event_s
         self.used_token_s += du
         self.reserved_token_s += dr
@@ -638,7 +650,7 @@ class Replica:
     def _window_begin(self) -> _Window:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
         allocator, its totals the allocator's now)."""
-        co, alloc, G, cost = self.cohort, self.alloc, self.G, self.cost
+        co, alloc, G, cost = self._co, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
         if self._bg_copy_left_s > 0:

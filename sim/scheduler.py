@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from .allocators.base import Allocator, Grow
 from .config import SchedulerConfig
@@ -210,14 +211,14 @@ class ContinuousScheduler:
                 cached = 0
                 if self._prefix and req.hashes and not req.computed:
                     # Cached prefix blocks are shared, not computed: the chunk starts after them.
-                    cached = alloc.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
+                    cached = cast(Any, alloc).cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
                     need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
                 if self._hints:
                     alloc.hint(req.id, req.prompt + req.output)
                 if cached or (self._prefix and req.hashes and not req.computed):
-                    r, got = alloc.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
+                    r, got = cast(Any, alloc).admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
                                                 prompt_tokens=req.prompt)
                     if r is Grow.OK:
                         assert got == cached, (got, cached)

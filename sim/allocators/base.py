@@ -15,8 +15,13 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
+from mypy_extensions import mypyc_attr
+
+if TYPE_CHECKING:
+    from .cohort import Cohort
 
 
 class Grow(IntEnum):
@@ -123,13 +128,14 @@ class DecodePlan:
     events: np.ndarray | None = None
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class Allocator(ABC):
     """Base: per-sequence used-token bookkeeping and refusal counting."""
 
     #: ``True`` when attention reads a block table (PagedAttention), for the cost model.
     paged_layout: bool = False
     #: Aggregate decode growth (:mod:`.cohort`); ``None`` = the engine grows sequences one by one.
-    cohort = None
+    cohort: Cohort | None = None
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int):
         if capacity_tokens <= 0:

@@ -16,8 +16,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class Cohort(ABC):
     """Decoding members of one allocator, advanced together."""
 

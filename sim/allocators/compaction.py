@@ -26,7 +26,10 @@ fragmentation (1 − largest free extent ÷ free) above 0.50.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable
+
+if TYPE_CHECKING:
+    from .placement import AnyArena
 
 #: The article's background-compaction thresholds.
 BELOW_UTILIZATION = 0.70
@@ -95,6 +98,11 @@ class CompactionMixin:
 
     The allocator implements ``compact() -> moved_tokens``.
     """
+
+    # Provided by the allocator the mixin is combined with.
+    arena: AnyArena
+    capacity_tokens: int
+    reserved_tokens: Callable[[], int]
 
     def fragmentation(self) -> float:
         """1 − largest free extent ÷ free (0 when nothing is free)."""

@@ -12,11 +12,13 @@ from itertools import accumulate
 from operator import mul
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
 from .cohort import Cohort
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class PagedAllocator(Allocator):
     paged_layout = True
 
@@ -143,6 +145,7 @@ class PagedAllocator(Allocator):
         assert self.free_blocks >= 0, "decode window overdrew the block pool"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class PagedCohort(Cohort):
     """Members of a block pool. A member with ``a ≡ r (mod B)`` takes a new block at the
     iteration that starts from step ``G`` iff ``(r + G) % B == 0`` (its blocks are full),

@@ -329,7 +329,7 @@ class BuddyArena:
 
 AnyArena = FitArena | BuddyArena
 
-_ARENAS = {"first_fit": FirstFitArena, "best_fit": BestFitArena, "buddy": BuddyArena}
+_ARENAS: dict[str, type[AnyArena]] = {"first_fit": FirstFitArena, "best_fit": BestFitArena, "buddy": BuddyArena}
 
 
 def make_arena(placement: str, size: int) -> AnyArena:

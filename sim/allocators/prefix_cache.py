@@ -78,7 +78,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {EVICTIONS}, not {eviction!r}")
         super().__init__(capacity_tokens, kv_bytes_per_token, block_size, page_reuse)
-        del self.blocks  # block counts per sequence: replaced by real block tables
+        # Block counts per sequence are replaced by real block tables; the base class's dict stays
+        # empty (a compiled base class cannot lose the attribute; check_invariants holds it empty).
+        self.blocks.clear()
         self.eviction = eviction
         #: seq -> its block ids, in token order (cohort members keep theirs).
         self.tables: dict[int, list[int]] = {}
@@ -417,6 +419,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     # --- checks -------------------------------------------------------------------------
     def check_invariants(self) -> None:
+        assert not self.blocks, "block counts belong to the block tables here"
         B = self.block_size
         reserved = self.reserved_tokens()
         assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (self.used_total, reserved, self.capacity_tokens)

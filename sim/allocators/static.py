@@ -77,7 +77,7 @@ class StaticAllocator(CompactionMixin, Allocator):
 
     def compact(self) -> int:
         """Slide reservations together (see :mod:`.compaction`); returns the used tokens copied."""
-        assert self.cohort.n == 0, "dissolve the decode cohort before compacting (its members' tokens are aggregate)"
+        assert self.cohort is not None and self.cohort.n == 0, "dissolve the decode cohort before compacting (its members' tokens are aggregate)"
         return compact_allocator(self, self.extent, lambda s: self.block)
 
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
