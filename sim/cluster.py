@@ -95,10 +95,10 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     priority = wl.priority
 
     def submit(rid: int, client: int = -1) -> None:
-        req = Request(rid, prompts[rid], outputs[rid], env.now, client, hashes[rid] if hashes is not None else None,
+        req = Request(rid, prompts[rid], outputs[rid], env._now, client, hashes[rid] if hashes is not None else None,
                       int(priority[rid]) if priority is not None else 0)
         if req.prompt + req.output > max_len:
-            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env.now
+            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env._now
             rec.request_done(req)
             on_finish(req)
             return
@@ -111,7 +111,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if wl.think_time_s > 0:
             yield env.timeout(wl.think_time_s)
         rid = next_id[0]
-        if rid >= total or (wl.duration_s is not None and env.now > wl.duration_s):
+        if rid >= total or (wl.duration_s is not None and env._now > wl.duration_s):
             return
         next_id[0] += 1
         submit(rid, client)
@@ -123,7 +123,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         # A callback chain, not a process: one timeout per distinct arrival time and no generator
         # to resume (this runs once per request). Same order and times as a process would give.
         rid = next_arrival[0]
-        now = env.now
+        now = env._now
         while rid < len(arrivals) and arrivals[rid] <= now:
             submit(rid)
             rid += 1

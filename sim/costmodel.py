@@ -19,7 +19,7 @@ from mypy_extensions import mypyc_attr
 from .catalog import GpuSpec, ModelSpec, dtype_bytes
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BatchShape:
     """What one iteration computes.
 
@@ -32,6 +32,14 @@ class BatchShape:
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     decode_seqs: int = 0
     decode_kv_tokens: int = 0
+
+    # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
+    # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
+    def __init__(self, prefill_chunks: list[tuple[int, int]] | None = None, decode_seqs: int = 0,
+                 decode_kv_tokens: int = 0):
+        self.prefill_chunks = [] if prefill_chunks is None else prefill_chunks
+        self.decode_seqs = decode_seqs
+        self.decode_kv_tokens = decode_kv_tokens
 
     @property
     def num_tokens(self) -> int:

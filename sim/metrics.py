@@ -190,11 +190,11 @@ class Recorder:
         used = a.used_total
         waiting = len(rep.sched.waiting)
         if self.every_s is None:
-            self.timeseries.add(tuple(self._row(rep.env.now, rep.index, len(rep.sched.running), waiting, batch_tokens,
+            self.timeseries.add(tuple(self._row(rep.env._now, rep.index, len(rep.sched.running), waiting, batch_tokens,
                                                 iterations, window_s, first_step_s, a.capacity_tokens, reserved, used,
                                                 a.largest_free_extent_tokens())))
             return
-        now = rep.env.now
+        now = rep.env._now
         b = self._bins.get(rep.index)
         idx = int(now // self.every_s)
         if b is None:

@@ -71,7 +71,7 @@ _log = math.log
 _exp = math.exp
 
 
-def _interp1(x: float, xp: list, fp: list, slopes: list) -> float:
+def _interp1(x: float, xp: list[float], fp: list[float], slopes: list[float]) -> float:
     """``np.interp(x, xp, fp)`` for one float: same bracket, same ``slope·(x − xp[j]) + fp[j]``."""
     if x >= xp[-1]:
         return fp[-1]
@@ -84,8 +84,13 @@ def _interp1(x: float, xp: list, fp: list, slopes: list) -> float:
     return slopes[j] * (x - xj) + fp[j]
 
 
-def _slopes(xp: list, fp: list) -> list:
+def _slopes(xp: list[float], fp: list[float]) -> list[float]:
     return [(fp[i + 1] - fp[i]) / (xp[i + 1] - xp[i]) for i in range(len(xp) - 1)]
+
+
+#: A grid row at one batch size for scalar lookups: log-times, their slopes, the batch scale
+#: factor, its out-of-range flag and the time at the last length.
+_ScalarRow = tuple[list[float], list[float], float, int, float]
 
 
 @dataclass
@@ -105,10 +110,13 @@ class Curve1D:
             raise ValueError("curve x must be positive and increasing, t_s positive")
         self._lx, self._lt = np.log(self.x), np.log(self.t_s)
         # Scalar tables (see ``at``).
-        self._lxl, self._ltl = self._lx.tolist(), self._lt.tolist()
+        self._lxl: list[float] = self._lx.tolist()
+        self._ltl: list[float] = self._lt.tolist()
         self._sl = _slopes(self._lxl, self._ltl)
-        self._x_last, self._t_last = float(self.x[-1]), float(self.t_s[-1])
-        self._hi, self._lo = self._x_last * (1 + 1e-9), float(self.x[0]) * (1 - 1e-9)
+        self._x_last: float = float(self.x[-1])
+        self._t_last: float = float(self.t_s[-1])
+        self._hi: float = self._x_last * (1 + 1e-9)
+        self._lo: float = float(self.x[0]) * (1 - 1e-9)
 
     def at(self, x: float) -> tuple[float, int]:
         """``__call__`` for one value, without numpy arrays: seconds and 0/1 out of the grid."""
@@ -160,18 +168,19 @@ class Grid2D:
         self._lb, self._ll, self._lt = np.log(self.batch), np.log(self.length), np.log(self.t_s)
         self._rows: dict[float, tuple[np.ndarray, float, int]] = {}
         # Scalar tables (see ``at``): log lengths, and per batch the row as floats with its slopes.
-        self._lll = self._ll.tolist()
-        self._knots = self.length.tolist()
-        self._len_last = float(self.length[-1])
-        self._len_hi, self._len_lo = self._len_last * (1 + 1e-9), float(self.length[0]) * (1 - 1e-9)
-        self._srows: dict[float, tuple[list, list, float, int, float]] = {}
+        self._lll: list[float] = self._ll.tolist()
+        self._knots: list[float] = self.length.tolist()
+        self._len_last: float = float(self.length[-1])
+        self._len_hi: float = self._len_last * (1 + 1e-9)
+        self._len_lo: float = float(self.length[0]) * (1 - 1e-9)
+        self._srows: dict[float, _ScalarRow] = {}
 
-    def _srow(self, batch: float) -> tuple[list, list, float, int, float]:
+    def _srow(self, batch: float) -> _ScalarRow:
         hit = self._srows.get(batch)
         if hit is not None:
             return hit
         row, scale, oor = self.row(batch)
-        lrow = row.tolist()
+        lrow: list[float] = row.tolist()
         out = (lrow, _slopes(self._lll, lrow), scale, oor, math.exp(row[-1]))
         if len(self._srows) < 4096:
             self._srows[batch] = out
@@ -445,12 +454,15 @@ class ProfileCostModel(CostModel):
         super().__init__()
         self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
         self.name = profile.name
+        #: ``model.layers`` as a plain attribute: read on every priced iteration.
+        self._layers: int = model.layers
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
         self.keys = shape_keys(model, self.tp, wd, kd)
-        self._gemm = {proj: self._curve(profile.gemm, key, f"GEMM {proj}") for proj, key in self.keys.gemms().items()}
-        self._gen = self._curve(profile.generation_attention, self.keys.attention, "generation attention")
-        self._ctx = self._curve(profile.context_attention, self.keys.attention, "context attention")
-        self._allreduce = None
+        self._gemm: dict[str, Curve1D] = {proj: self._curve(profile.gemm, key, f"GEMM {proj}")
+                                          for proj, key in self.keys.gemms().items()}
+        self._gen: Grid2D = self._curve(profile.generation_attention, self.keys.attention, "generation attention")
+        self._ctx: Grid2D = self._curve(profile.context_attention, self.keys.attention, "context attention")
+        self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
                 raise ConfigError(KEY, profile.name, f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
@@ -459,20 +471,20 @@ class ProfileCostModel(CostModel):
         cpu = profile.cpu_overhead["by_tp"]
         tps = sorted(int(t) for t in cpu)
         self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
-        self._attn_factor = attention_layout_factor(profile.layout, layout)
+        self._attn_factor: float = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)
         # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
         # SiLU·mul, 2 residual adds), bf16 activations.
         per_tok = ACT_BYTES * (2 * 2 * model.hidden + 2 * (h + kvh) * model.head_dim
                                + 3 * model.intermediate / self.tp + 2 * 3 * model.hidden)
-        self._ew_fixed = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
-        self._ew_per_token = per_tok / float(ew["bandwidth_bytes_per_s"])
+        self._ew_fixed: float = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
+        self._ew_per_token: float = per_tok / float(ew["bandwidth_bytes_per_s"])
         self._base_cache: dict[int, float] = {}
-        self._chunk_cache: dict = {}
+        self._chunk_cache: dict[object, tuple[float, tuple]] = {}
         self._tok_cache: dict[float, tuple[float, tuple]] = {}
         self._seq_cache: dict[float, tuple[float, float, tuple]] = {}
-        self._gemm_tok = [(proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")]
+        self._gemm_tok: list[tuple[str, Curve1D]] = [(proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")]
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
@@ -577,7 +589,7 @@ class ProfileCostModel(CostModel):
         if n <= 0:
             return np.zeros(kv.shape)
         base = self._decode_base(n)
-        coef = self.model.layers * self._attn_factor
+        coef = self._layers * self._attn_factor
         if kv.ndim == 1 and kv.size <= _SHORT:
             # Short windows (most of them): one scalar query per iteration beats numpy's overhead.
             at = self._gen.at
@@ -608,7 +620,7 @@ class ProfileCostModel(CostModel):
         """Short decode windows of ``n`` sequences at these mean KV lengths, one value at a time
         (the same floats as the array path, within the ulps of ``at_many``'s pow form)."""
         base = self._decode_base(n)
-        coef = self.model.layers * self._attn_factor
+        coef = self._layers * self._attn_factor
         if len(lengths) == 1:  # a third of all windows: one iteration before the next arrival
             t, oor = self._gen.at(n, lengths[0])
             out = [base + coef * t]
@@ -628,7 +640,7 @@ class ProfileCostModel(CostModel):
         base = self._decode_base(n)
         t, oor = self._gen.at(n, float(batch.decode_kv_tokens) / n)
         self._count("generation_attention", oor)
-        return base + self.model.layers * self._attn_factor * t
+        return base + self._layers * self._attn_factor * t
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         chunks = batch.prefill_chunks
@@ -645,7 +657,7 @@ class ProfileCostModel(CostModel):
             attn += self._attn_factor * t
         if chunks:
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
-        return self._non_attention_s(tokens, d + m) + self.model.layers * attn
+        return self._non_attention_s(tokens, d + m) + self._layers * attn
 
     def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
         """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the

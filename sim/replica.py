@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
 
+# The clock is read as ``env._now`` (SimPy's own attribute) here, in sim/metrics.py and in
+# sim/cluster.py: ``Environment.now`` is a Python property, one interpreted call per read, about ten
+# per request. Like ``Process._target`` below, a SimPy change would fail the engine tests.
+
 #: A :class:`ContinuousScheduler` or a ``StaticBatchScheduler`` (same duck type, no common base).
 Scheduler = Any
 
@@ -55,7 +59,7 @@ def _seq_no(req: Request) -> int:
     return req.seq_no
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Window:
     """A priced decode window of the cohort from step ``G`` (its first iteration granted)."""
 
@@ -71,6 +75,14 @@ class _Window:
     frag: float
     waiting_at_start: bool
     members: int
+
+    # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
+    # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
+    def __init__(self, times: list[float], k: int, reserved0: float, used0: float, events: list[int] | None,
+                 per_event_s: float, frag: float, waiting_at_start: bool, members: int):
+        self.times, self.k, self.reserved0, self.used0 = times, k, reserved0, used0
+        self.events, self.per_event_s, self.frag = events, per_event_s, frag
+        self.waiting_at_start, self.members = waiting_at_start, members
 
 
 class Replica:
@@ -194,7 +206,7 @@ class Replica:
         self.compaction_bytes += moved
         t = self.cost.copy_time_s(moved)
         self.compaction_s += t
-        self.compaction_log.append((self.env.now, int(moved), t))
+        self.compaction_log.append((self.env._now, int(moved), t))
         assert self.compaction is not None
         if self.compaction.mode == "background":
             # Copies run beside iterations: take them out of the stall path, slow the next ones.
@@ -345,8 +357,8 @@ class Replica:
         """One iteration through the per-sequence path."""
         yield from self._one_iteration(plan)
         done: list[Request] = []
-        self._advance_items(plan.items, self.env.now, done)
-        self._finish(done, self.env.now)
+        self._advance_items(plan.items, self.env._now, done)
+        self._finish(done, self.env._now)
 
     def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
@@ -364,7 +376,7 @@ class Replica:
         """A window of ``times`` starts now (arrivals may cut it); returns its iterations' end
         offsets. The caller yields a timeout to the last one, then calls :meth:`_disarm_window`."""
         ends = list(accumulate(times))
-        self._win_t0 = self.env.now
+        self._win_t0 = self.env._now
         self._win_ends = ends
         self._win_m = len(ends)
         self._in_window = True
@@ -388,7 +400,7 @@ class Replica:
         """
         self._truncated = True
         env, t0, ends = self.env, self._win_t0, self._win_ends
-        now = env.now
+        now = env._now
         m = min(bisect_right(ends, now - t0) + 1, len(ends))
         self._win_m = m
         if m == len(ends):
@@ -410,7 +422,7 @@ class Replica:
     def _boundary_work(self) -> bool:
         """:meth:`_at_boundary` once there is work: compact, drop stale requests; ``True`` if work remains."""
         sched = self.sched
-        now = self.env.now
+        now = self.env._now
         if self._compact_due:
             self._run_compaction()
         if self.stale_after_s is not None or sched.now_hint_preempted:
@@ -435,7 +447,7 @@ class Replica:
             if not (yield from self._at_boundary()):
                 continue
             plan = sched.schedule()
-            self._settle(plan, self.env.now)
+            self._settle(plan, self.env._now)
             if not plan.items:
                 self._stuck()
                 continue
@@ -484,7 +496,7 @@ class Replica:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
             self.alloc.take_work()  # into the totals; its time was charged above through extra_t
         self.rec.step(self, m, wall, float(times[0]), n)
-        now = self.env.now
+        now = self.env._now
         done = []
         for r in reqs:
             r.computed += m
@@ -550,14 +562,14 @@ class Replica:
                 if not self._boundary_work():
                     continue
             else:
-                sched.now = env.now  # _boundary_work's only effect when nothing else is due
+                sched.now = env._now  # _boundary_work's only effect when nothing else is due
             n = len(co.a)
             # The cohort takes this iteration's token first (it is the front of the running list).
             if n > budget_cap or (n and not co.advance_one(self.G)):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
                 self._dissolve()
                 plan = sched.schedule()
-                self._settle(plan, env.now)
+                self._settle(plan, env._now)
                 if not plan.items:
                     self._stuck()
                     continue
@@ -580,7 +592,7 @@ class Replica:
                     else:
                         batch.decode_kv_tokens = int(self._kv_attended(1)[0])
                 plan = sched.schedule(start=n, batch=batch)
-                self._settle(plan, env.now)
+                self._settle(plan, env._now)
                 if not plan.items and not n:
                     self._stuck()
                     continue
@@ -604,7 +616,7 @@ class Replica:
         """After an iteration of the cohort's token (granted before it) plus per-sequence prefill
         items, priced as ``it``: its accounting, completions, first tokens, and new cohort members."""
         self._iteration_end(plan, it)
-        now = self.env.now
+        now = self.env._now
         self.G += 1
         done: list[Request] = []
         self._pop_finished(done)
@@ -691,4 +703,4 @@ class Replica:
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
             done: list[Request] = []
             self._pop_finished(done)
-            self._finish(done, self.env.now)
+            self._finish(done, self.env._now)

@@ -22,7 +22,7 @@ from .costmodel import BatchShape
 from .request import PROMPT_EXCEEDS_RESERVATION, Request
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StepPlan:
     """One iteration: ``items`` are ``(request, new_tokens)``."""
 
@@ -39,6 +39,17 @@ class StepPlan:
     admitted: list[Request] = field(default_factory=list)
     #: The allocator's circuit breaker held admissions back this iteration.
     paused: bool = False
+
+    # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
+    # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
+    def __init__(self, items: list[tuple[Request, int]], batch: BatchShape, pure_decode: bool, preempted: int,
+                 overflowed: list[Request] | None = None, rejected_at_admission: list[Request] | None = None,
+                 admitted: list[Request] | None = None, paused: bool = False):
+        self.items, self.batch, self.pure_decode, self.preempted = items, batch, pure_decode, preempted
+        self.overflowed = [] if overflowed is None else overflowed
+        self.rejected_at_admission = [] if rejected_at_admission is None else rejected_at_admission
+        self.admitted = [] if admitted is None else admitted
+        self.paused = paused
 
 
 class ContinuousScheduler:

@@ -21,6 +21,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
+    from ..costmodel import CostModel
     from .cohort import Cohort
 
 
@@ -93,7 +94,7 @@ class AllocWork:
     def any(self) -> bool:
         return bool(self.events or self.copy_ops or self.zero_ops or self.swap_ops)
 
-    def time_s(self, cost) -> float:
+    def time_s(self, cost: CostModel) -> float:
         """Seconds this work costs on ``cost`` (a :class:`sim.costmodel.CostModel`).
 
         Each copy, memset and transfer is its own operation: curves with a fixed
@@ -221,7 +222,7 @@ class Allocator(ABC):
         self.work_total.add(w)
         return w
 
-    def take_work_s(self, cost) -> float:
+    def take_work_s(self, cost: CostModel) -> float:
         """:meth:`take_work`, priced on ``cost`` (seconds). Allocation events alone (a block pool's
         growth: most batch changes) move into the totals in place, without a new record."""
         w = self.work
@@ -234,11 +235,11 @@ class Allocator(ABC):
         self.work_total.events += events
         return cost.alloc_time_s(events)
 
-    def window_event_s(self, cost) -> float:
+    def window_event_s(self, cost: CostModel) -> float:
         """Seconds of allocator work per allocation event inside a decode window."""
         return cost.alloc_time_s(1)
 
-    def window_work_time_s(self, cost, events: np.ndarray) -> np.ndarray:
+    def window_work_time_s(self, cost: CostModel, events: np.ndarray) -> np.ndarray:
         """Seconds of allocator work per iteration of a decode window, given its allocation events.
 
         Allocation latency is charged per event, so one event's price times the counts.

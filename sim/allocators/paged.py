@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from itertools import accumulate
 from operator import mul
+from typing import TYPE_CHECKING
 
 import numpy as np
 from mypy_extensions import mypyc_attr
 
 from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
 from .cohort import Cohort
+
+if TYPE_CHECKING:
+    from ..costmodel import CostModel
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
@@ -45,7 +49,7 @@ class PagedAllocator(Allocator):
             w.zero_ops += blocks
             w.zero_bytes += blocks * self.block_bytes
 
-    def window_event_s(self, cost) -> float:
+    def window_event_s(self, cost: CostModel) -> float:
         per_block = cost.alloc_time_s(1)
         if self.zero_on_reuse:
             per_block += cost.zero_fill_time_s(self.block_bytes)
