@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Generator
 
 import pyarrow as pa
 import simpy
 
 from .config import Scenario
+from .costmodel import CostModel
 from .deployment import Deployment
 from .metrics import Recorder, clean_json, summarize
 from .replica import Replica
@@ -72,7 +73,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if closed_loop and req.client >= 0:
             env.process(_client_next(req.client))
 
-    cost = None
+    cost: CostModel | None = None
     replicas: list[Replica] = []
     for i in range(sc.gpu.replicas):
         alloc = dep.make_allocator(sc)
@@ -80,16 +81,17 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
         sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
-        sched = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
+        sched: Any = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
         sched.hash_block_tokens = wl.hash_block_tokens
         sched.victim_policy = sc.allocator.preemption.victim
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
                                 stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None))
+    assert cost is not None  # at least one replica (the config requires it)
     router = Router(sc.router, replicas, wl.hash_block_tokens)
-    prompts = wl.prompt_tokens.tolist()
-    outputs = wl.output_tokens.tolist()
+    prompts: list[int] = wl.prompt_tokens.tolist()
+    outputs: list[int] = wl.output_tokens.tolist()
 
     hashes = wl.hashes
     priority = wl.priority
@@ -107,7 +109,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     closed_loop = wl.arrival_s is None
     next_id = [0]
 
-    def _client_next(client: int):
+    def _client_next(client: int) -> Generator[simpy.Event, Any, None]:
         if wl.think_time_s > 0:
             yield env.timeout(wl.think_time_s)
         rid = next_id[0]
@@ -116,10 +118,10 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         next_id[0] += 1
         submit(rid, client)
 
-    arrivals = wl.arrival_s.tolist() if wl.arrival_s is not None else []
+    arrivals: list[float] = wl.arrival_s.tolist() if wl.arrival_s is not None else []
     next_arrival = [0]
 
-    def arrive(_event=None) -> None:
+    def arrive(_event: object = None) -> None:
         # A callback chain, not a process: one timeout per distinct arrival time and no generator
         # to resume (this runs once per request). Same order and times as a process would give.
         rid = next_arrival[0]

@@ -47,6 +47,7 @@ MODULES = (
     "sim.metrics",
     "sim.router",
     "sim.replica",
+    "sim.cluster",
 )
 #: The shared library that holds the compiled code (the per-module extensions are shims).
 GROUP = "sim._native"

@@ -3,7 +3,8 @@
 The comparison is of whole-run summaries, byte for byte (``json.dumps`` of every metric, float
 for float): the sources run in a child interpreter with ``KVSIM_NATIVE=0``, the build in this
 one. It covers every allocator kind, both engine modes, both schedulers, both preemption modes,
-prefix caching, compaction and the calibrated and roofline cost models.
+prefix caching, compaction, open-loop (Poisson, gamma, trace) and closed-loop arrivals, and the
+calibrated and roofline cost models.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ CASES = [
     ("chat-api", {"workload.num_requests": 300, "allocator.kind": "hybrid_reserve", "allocator.stale_after_s": 30.0}),
     ("chat-api", {"workload.num_requests": 200, "scheduler.kind": "static_batch"}),
     ("chat-api", {"workload.num_requests": 300, "cost_model.profile": "none"}),
+    ("azure-conv-replay", {"workload.num_requests": 300}),
+    ("high-throughput-burst", {"workload.num_requests": 300}),
 ]
 
 _CHILD = """
@@ -115,4 +118,4 @@ def test_sources_forced_with_env_and_when_stale():
     for mod in native.MODULES:
         spec = native._SourceFinder().find_spec(mod)
         assert spec is not None and spec.origin.endswith(mod.split(".")[-1] + ".py") and Path(spec.origin).exists()
-    assert native._SourceFinder().find_spec("sim.cluster") is None
+    assert native._SourceFinder().find_spec("sim.config") is None
