@@ -3,7 +3,7 @@
 * ``ff-vs-step``: fast-forward against per-iteration stepping on the same scenarios (wall time,
   SimPy events, windows/iterations, largest relative metric difference);
 * ``scale``: 10k / 100k / 1M requests of ``bench-1m``, each in a subprocess (wall, requests/s,
-  peak RSS, cost per request);
+  peak RSS, cost per request), then the compiled hot path against the plain sources side by side;
 * ``saturated``: ``bench-saturated`` (the Vidur comparison workload) wall time, preemptions,
   TTFT/TPOT percentiles;
 * ``profile``: cProfile top entries of a run, to choose the next optimisation from data;
@@ -11,6 +11,9 @@
   batch shapes a run actually prices;
 * ``opcount``: Python bytecodes and calls per request (``sys.settrace``), per function: the same
   count on every run, so small engine changes can be compared on a host whose speed drifts.
+
+``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
+(``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).
 
 Each prints a rich table and writes ``<out>/<name>.json`` with the machine's load average, since
 wall times on a shared machine are only comparable side by side. See docs/performance.md.

@@ -18,34 +18,42 @@ from .common import load_avg, table, write_json
 SCENARIO = "chat-api"
 
 
-class _Recorder:
-    """Wraps a cost model, keeping the arguments of the engine's pricing calls."""
+def _recording(inner):
+    """A copy of the calibrated model ``inner`` that keeps the arguments of the engine's pricing
+    calls. A subclass, not a wrapper: the compiled engine (sim/native.py) accepts only CostModels."""
+    from sim.profile import ProfileCostModel
 
-    def __init__(self, inner):
-        self.inner = inner
-        self.calls: list[tuple] = []
+    class _Recording(ProfileCostModel):
+        # Only the engine's calls: the model's own calls between these methods (a long window
+        # priced through ``decode_times_s``) reach the overrides too, and are not recorded again.
+        def _keep(self, call, method, *args):
+            if self.depth == 0:
+                self.calls.append(call)
+            self.depth += 1
+            try:
+                return method(*args)
+            finally:
+                self.depth -= 1
 
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        def step_time_s(self, batch):
+            return self._keep(("step", batch), super().step_time_s, batch)
 
-    def step_time_s(self, batch):
-        self.calls.append(("step", batch))
-        return self.inner.step_time_s(batch)
+        def decode_times_s(self, n, kv):
+            return self._keep(("decode", n, np.array(kv, dtype=np.float64)), super().decode_times_s, n, kv)
 
-    def decode_times_s(self, n, kv):
-        self.calls.append(("decode", n, np.array(kv, dtype=np.float64)))
-        return self.inner.decode_times_s(n, kv)
+        def decode_times_list(self, n, kv):
+            # The engine's cohort windows (lists; every CostModel has the method).
+            return self._keep(("decode_list", n, np.array(kv, dtype=np.float64), list(kv)),
+                              super().decode_times_list, n, kv)
 
-    def decode_times_list(self, n, kv):
-        # The engine's cohort windows (lists; every CostModel has the method).
-        self.calls.append(("decode_list", n, np.array(kv, dtype=np.float64), list(kv)))
-        return self.inner.decode_times_list(n, kv)
+        def decode_window_times(self, n, kv_first, k):
+            # The engine's cohort windows without a sliding-window cap: KV from kv_first, n more each.
+            kv = np.array([float(kv_first + n * j) for j in range(k)], dtype=np.float64)
+            return self._keep(("window", n, kv, kv_first, k), super().decode_window_times, n, kv_first, k)
 
-    def decode_window_times(self, n, kv_first, k):
-        # The engine's cohort windows without a sliding-window cap: KV from kv_first, n more each.
-        kv = np.array([float(kv_first + n * j) for j in range(k)], dtype=np.float64)
-        self.calls.append(("window", n, kv, kv_first, k))
-        return self.inner.decode_window_times(n, kv_first, k)
+    rec = _Recording(inner.profile, inner.model, inner.gpu, tensor_parallel=inner.tp, layout=inner.layout)
+    rec.calls, rec.depth = [], 0
+    return rec
 
 
 def _replay(cm, calls, repeats: int, lists: bool = True) -> float:
@@ -88,27 +96,26 @@ def run(quick: bool, out: Path) -> dict:
     from sim.config import load_scenario
     n = 300 if quick else 2000
     sc = load_scenario(SCENARIO, {"workload.num_requests": n})
-    recorders: list[_Recorder] = []
+    recorders: list = []
     orig = dep_mod.Deployment.make_cost_model
 
     def make(self, scn):
-        r = _Recorder(orig(self, scn))
+        r = _recording(orig(self, scn))
         recorders.append(r)
         return r
 
     dep_mod.Deployment.make_cost_model = make
     try:
-        simulate(sc)
+        priced = simulate(sc).summary["windows"]  # batch changes: each priced by one call
     finally:
         dep_mod.Deployment.make_cost_model = orig
     calls = recorders[0].calls
-    profile_cm = recorders[0].inner
     dep = dep_mod.Deployment.from_scenario(sc, lambda q: 0)
     roofline = dep.make_cost_model(load_scenario(SCENARIO, {"workload.num_requests": n, "cost_model.profile": "none"}))
-    fresh = dep.make_cost_model(sc)  # empty caches: the first replay pays them
+    profile_cm = dep.make_cost_model(sc)  # empty caches: the first replay pays them, later ones find them warm
     load0 = load_avg()
     repeats = 3 if quick else 5
-    t_first = _replay(fresh, calls, 1)
+    t_first = _replay(profile_cm, calls, 1)
     t_prof = _replay(profile_cm, calls, repeats)
     t_roof = _replay(roofline, calls, repeats)
     ref = _reference(sc, dep)
@@ -126,6 +133,7 @@ def run(quick: bool, out: Path) -> dict:
           + ([[profile_cm.name + " (pre-speed-up reference)", t_ref, 1e6 * t_ref / len(calls), t_ref / t_roof]]
              if t_ref is not None else []))
     data = {"bench": "costmodel", "quick": quick, "scenario": SCENARIO, "requests": n, "calls": len(calls),
+            "engine_batch_changes": priced,
             "mixed_step_calls": mixed, "pure_decode_step_calls": sum(1 for c in calls if c[0] == "step") - mixed,
             "decode_window_calls": len(decode_calls), "decode_window_len_mean": float(np.mean(k)) if k else 0.0,
             "decode_window_len_max": int(max(k)) if k else 0, "seconds": {"profile_warm": t_prof,

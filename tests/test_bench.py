@@ -25,3 +25,15 @@ def test_opcount_is_deterministic_and_names_the_engine():
     assert a["top"] == b["top"]
     assert any(t["function"].startswith("replica.py:") for t in a["top"])
     assert 1 <= a["sim_events_per_request"] < 10
+
+
+def test_costmodel_bench_records_the_engines_calls(tmp_path):
+    # It records through a CostModel subclass (the compiled engine takes nothing else), every kind
+    # of call the engine makes, each once: a window priced internally through decode_times_s is
+    # not recorded a second time.
+    sys.path.insert(0, str(ROOT))
+    from bench.costmodel import run
+    data = run(True, tmp_path)
+    assert data["mixed_step_calls"] > 0 and data["decode_window_calls"] > 0
+    assert data["calls"] == data["engine_batch_changes"]  # one pricing call per batch change, none twice
+    assert data["seconds"]["profile_warm"] > 0 and (tmp_path / "costmodel.json").exists()
