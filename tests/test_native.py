@@ -119,3 +119,21 @@ def test_sources_forced_with_env_and_when_stale():
         spec = native._SourceFinder().find_spec(mod)
         assert spec is not None and spec.origin.endswith(mod.split(".")[-1] + ".py") and Path(spec.origin).exists()
     assert native._SourceFinder().find_spec("sim.config") is None
+
+
+def test_build_refuses_clearly_without_a_compiler_and_keeps_the_build(monkeypatch):
+    before = native.extensions()
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with pytest.raises(native.NativeBuildError, match="no C compiler"):
+        native.build()
+    assert native.extensions() == before  # checked before anything is removed
+
+
+def test_native_command():
+    from typer.testing import CliRunner
+
+    from sim.cli import app
+    r = CliRunner().invoke(app, ["native", "status"])
+    assert r.exit_code == 0 and r.output.strip() in ("compiled", "stale", "absent", "off"), r.output
+    r = CliRunner().invoke(app, ["native", "rebuild"])
+    assert r.exit_code == 2 and "native action 'rebuild'" in r.output + str(r.stderr_bytes or b""), r.output
