@@ -40,7 +40,12 @@ def _fmt(v, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def print_summary(summary: dict, wall_s: float | None = None) -> None:
+_HOT_PATH = {"compiled": "compiled (mypyc)", "off": "interpreted (KVSIM_NATIVE=0)",
+             "absent": "interpreted (no build: kvsim native build)",
+             "stale": "interpreted (build older than the sources: kvsim native build)"}
+
+
+def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | None = None) -> None:
     t = Table(title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, cost model {summary['cost_model']}"
               + ("" if summary.get("cost_model_calibrated") else " (UNCALIBRATED prior)"))
     t.add_column("metric")
@@ -67,6 +72,8 @@ def print_summary(summary: dict, wall_s: float | None = None) -> None:
     ]
     if wall_s is not None:
         rows.append(("wall time (s)", f"{wall_s:.2f}"))
+    if hot_path is not None:
+        rows.append(("simulator hot path", _HOT_PATH.get(hot_path, hot_path)))
     for a, b in rows:
         k.add_row(a, str(b))
     console.print(k)
@@ -100,7 +107,7 @@ def run(
     if quiet:
         print(path / "summary.json")
     else:
-        print_summary(result.summary, result.run_info["wall_s"])
+        print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"))
         console.print(f"wrote {path}/ (requests.parquet, timeseries.parquet, summary.json)")
 
 

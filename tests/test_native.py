@@ -137,3 +137,16 @@ def test_native_command():
     assert r.exit_code == 0 and r.output.strip() in ("compiled", "stale", "absent", "off"), r.output
     r = CliRunner().invoke(app, ["native", "rebuild"])
     assert r.exit_code == 2 and "native action 'rebuild'" in r.output + str(r.stderr_bytes or b""), r.output
+
+
+def test_a_run_says_which_engine_ran(tmp_path):
+    from sim.cluster import simulate
+    from sim.config import load_scenario
+    res = simulate(load_scenario("chat-api", {"workload.num_requests": 20}))
+    assert res.run_info["hot_path"] == sim.NATIVE_STATE
+    assert (res.run_info["hot_path"] == "compiled") == native.active()
+    env = dict(os.environ, KVSIM_NATIVE="0")
+    out = subprocess.run([sys.executable, "-m", "sim.cli", "run", "chat-api", "--set", "workload.num_requests=20",
+                          "--out", str(tmp_path / "r")], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "simulator hot path" in out.stdout and "interpreted (KVSIM_NATIVE=0)" in out.stdout, out.stdout[-1500:]
