@@ -125,8 +125,9 @@ class Replica:
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
         self._has_breaker = allocator.has_breaker
-        self.cohort: Cohort | None = (allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
-                       and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
+        self.cohort: Cohort | None = (
+            allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
+            and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
         if self.cohort is not None:
             #: The cohort, typed as present: only the cohort loop and its methods read it.
             self._co: Cohort = self.cohort
