@@ -202,11 +202,9 @@ class Recorder:
         elif idx != b.index:
             self._emit(b, rep.index)
             b.index = idx
-        # Raw values only: most samples are overwritten before their interval ends. In a block pool
-        # the free memory is one extent (``Replica._one_extent``): no allocator call for it.
-        cap = a.capacity_tokens
-        b.last = (now, len(rep.sched.running), waiting, batch_tokens, first_step_s, cap, reserved, used,
-                  cap - reserved if rep._one_extent else a.largest_free_extent_tokens())
+        # Raw values only: most samples are overwritten before their interval ends.
+        b.last = (now, len(rep.sched.running), waiting, batch_tokens, first_step_s, a.capacity_tokens, reserved, used,
+                  a.largest_free_extent_tokens())
         if used > b.used_max:
             b.used_max = used
         if reserved > b.reserved_max:

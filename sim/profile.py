@@ -188,8 +188,7 @@ class Grid2D:
 
     def at(self, batch: float, length: float) -> tuple[float, int]:
         """``__call__`` for one length, without numpy arrays: seconds and 0/1 out of the grid."""
-        row = self._srows.get(batch)
-        lrow, slopes, scale, oor_b, e_last = row if row is not None else self._srow(batch)
+        lrow, slopes, scale, oor_b, e_last = self._srow(batch)
         length = max(float(length), 1e-12)
         if length > self._len_hi:
             t, oor = e_last * length / self._len_last, 1

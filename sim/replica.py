@@ -340,7 +340,7 @@ class Replica:
     def _iteration_begin(self, plan: StepPlan) -> tuple[float, int, int, float]:
         """Price one iteration: (seconds, used and reserved tokens while it runs, external fragmentation)."""
         a = self.alloc
-        return self._step_time(plan), a.used_total, a.reserved_tokens(), 0.0 if self._one_extent else self._ext_frag()
+        return self._step_time(plan), a.used_total, a.reserved_tokens(), self._ext_frag()
 
     def _iteration_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
         dt, used, reserved, frag = it
@@ -686,7 +686,7 @@ class Replica:
             events = co.block_events(G + 1, k - 1)
             per_event = alloc.window_event_s(cost)
             times[1:] = [t + e * per_event for t, e in zip(times[1:], events)]
-        frag = 0.0 if self._one_extent else self._ext_frag()
+        frag = self._ext_frag()
         return _Window(times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
                        bool(self.sched.waiting), n)
 
