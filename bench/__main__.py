@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
     args = ap.parse_args(argv)
     names = NAMES if args.name == "all" else [args.name]
-    if names == [args.name] and args.name in INTERPRETED:
+    if args.name in INTERPRETED:
         os.environ["KVSIM_NATIVE"] = "0"  # before anything imports sim
     warn_debug()
     info = machine()

@@ -17,6 +17,7 @@ from .common import load_avg
 
 def main() -> None:
     scenario, overrides = sys.argv[1], json.loads(sys.argv[2])
+    from sim import NATIVE_STATE
     from sim.cluster import simulate
     from sim.config import load_scenario
     from sim.results import write_run
@@ -30,9 +31,8 @@ def main() -> None:
         write_run(res, tmp)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     s = res.summary
-    import sim
     print(json.dumps({
-        "scenario": scenario, "native": sim.NATIVE_STATE, "overrides": overrides, "wall_s": wall, "cpu_s": cpu,
+        "scenario": scenario, "native": NATIVE_STATE, "overrides": overrides, "wall_s": wall, "cpu_s": cpu,
         "simulate_wall_s": sim_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_import_mb": rss0,
         "load_avg_before": load0, "load_avg_after": load_avg(),

@@ -9,7 +9,7 @@ from typing import Any, Callable, Generator
 import pyarrow as pa
 import simpy
 
-from . import native
+from . import NATIVE_STATE
 from .config import Scenario
 from .costmodel import CostModel
 from .deployment import Deployment
@@ -158,7 +158,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "windows": int(sum(r.windows for r in replicas)),
     })
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
-    info = {"wall_s": time.perf_counter() - wall0, "hot_path": native.LOADED}
+    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}
     if progress is not None:
         progress(total, total)
     return RunResult(sc, clean_json(summary), rec, out, info)

@@ -110,14 +110,10 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
         return None
 
 
-#: What ``guard`` found on ``import sim``: the engine this process runs (``compiled`` or why not).
-LOADED = "absent"
-
-
 def guard() -> str:
-    """Called on ``import sim``: use the sources unless an up-to-date build exists. Returns the state."""
-    global LOADED
-    st = LOADED = state()
+    """Called on ``import sim``: use the sources unless an up-to-date build exists. Returns the state
+    (``sim.NATIVE_STATE``: the engine this process runs)."""
+    st = state()
     if st in ("off", "stale"):
         if st == "stale":
             warnings.warn("kvsim: the compiled hot path is older than its sources; running the sources "
