@@ -34,7 +34,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,7 @@ KEY = "validate"
 DEFAULT_SPEC = {
     "name": "validate", "description": "",
     "model": "tiny-llama",
-    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"]},
+    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -119,6 +119,12 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if not isinstance(clocks, list) or not clocks or len(set(clocks)) != len(clocks) \
             or any(c not in REPLAY_CLOCKS for c in clocks):
         raise ConfigError(f"{KEY}.engine.clocks", clocks, f"a non-empty list of distinct {', '.join(REPLAY_CLOCKS)}")
+    if quick and "replays" in spec["quick"]:
+        spec["engine"]["replays"] = spec["quick"]["replays"]
+    n = spec["engine"].get("replays")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
+        where = "quick.replays" if quick and "replays" in spec["quick"] else "engine.replays"
+        raise ConfigError(f"{KEY}.{where}", n, "an integer from 1 to 20: engine replays on the table's clock")
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
@@ -471,6 +477,10 @@ class Run:
     #: simulator on the calibrated profile as is
     simulated_raw: dict
     semantics: dict
+    #: with ``engine.replays`` > 1, per clock: each replay's metrics (``measured`` holds their medians)
+    replays: dict = field(default_factory=dict)
+    #: and the EngineResults of the replays after the first (``engine`` holds the first)
+    engine_more: dict = field(default_factory=dict)
 
 
 def scale_profile(profile, f: float):
@@ -611,38 +621,83 @@ def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: s
     cost = Deployment.from_scenario(sc).make_cost_model(sc)
     eng = engine or Engine(engine_config(spec, allocator, device))
     simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
-    for clock in spec["engine"]["clocks"]:
+    per_replay: dict[str, list[dict]] = {}
+    more: dict[str, list] = {}
+    n_rep = int(spec["engine"].get("replays", 1))
+    for ci, clock in enumerate(spec["engine"]["clocks"]):
+        n = n_rep if ci == 0 else 1  # the table's clock is replayed n times, the others once
         if clock == "cpu_norm":
             if speed is None:
                 raise ConfigError(f"{KEY}.engine.clocks", clock, "cpu_norm with a HostSpeed reference (validate())")
-            res = eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600, probe=speed.probes[allocator],
-                          probe_ref_s=speed.reference(allocator))
-            simulated[clock], sims[clock] = _sim_metrics(sim_raw, B), sim_raw
-            measured[clock], results[clock] = _engine_metrics(res), res
+            ress = [eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600, probe=speed.probes[allocator],
+                            probe_ref_s=speed.reference(allocator)) for _ in range(n)]
+            res = ress[0]
+            simulated[clock], sims[clock], cost_c = _sim_metrics(sim_raw, B), sim_raw, cost
             diags[clock] = iteration_diagnostics(res, cost)
             diags[clock]["speed_probes"] = probe_diagnostics(res)
-            continue
-        probe = host_probe(eng, cost, clock)
-        res = eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600)
-        probe_after = host_probe(eng, cost, clock)
-        if spec.get("host_speed", "probe") == "probe":
-            # bracket the replay: geometric mean of the probes just before and just after it
-            f = round(math.sqrt(probe["measured_over_predicted"] * probe_after["measured_over_predicted"]), 4)
-            path = out / f"profile-{allocator}-{load['name']}-{clock}.json"
-            scale_profile(load_profile(profile_path), f).write(path)
-            sc_c = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
-            sims[clock] = simulate(sc_c)
-            cost_c = Deployment.from_scenario(sc_c).make_cost_model(sc_c)
         else:
-            sims[clock], cost_c = sim_raw, cost
-        simulated[clock] = _sim_metrics(sims[clock], B)
-        measured[clock], results[clock] = _engine_metrics(res), res
-        diags[clock] = iteration_diagnostics(res, cost_c)
-        diags[clock]["host_probe_before"] = probe
-        diags[clock]["host_probe_after"] = probe_after
-        diags[clock]["unscaled"] = {k: v for k, v in iteration_diagnostics(res, cost).items() if k in ("all",)}
+            probe = host_probe(eng, cost, clock)
+            ress = [eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600) for _ in range(n)]
+            res = ress[0]
+            probe_after = host_probe(eng, cost, clock)
+            if spec.get("host_speed", "probe") == "probe":
+                # bracket the replay(s): geometric mean of the probes just before and just after
+                f = round(math.sqrt(probe["measured_over_predicted"] * probe_after["measured_over_predicted"]), 4)
+                path = out / f"profile-{allocator}-{load['name']}-{clock}.json"
+                scale_profile(load_profile(profile_path), f).write(path)
+                sc_c = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
+                sims[clock] = simulate(sc_c)
+                cost_c = Deployment.from_scenario(sc_c).make_cost_model(sc_c)
+            else:
+                sims[clock], cost_c = sim_raw, cost
+            simulated[clock] = _sim_metrics(sims[clock], B)
+            diags[clock] = iteration_diagnostics(res, cost_c)
+            diags[clock]["host_probe_before"] = probe
+            diags[clock]["host_probe_after"] = probe_after
+            diags[clock]["unscaled"] = {k: v for k, v in iteration_diagnostics(res, cost).items() if k in ("all",)}
+        per = [_engine_metrics(r) for r in ress]
+        measured[clock], results[clock] = median_metrics(per), res
+        if n > 1:
+            per_replay[clock], more[clock] = per, ress[1:]
+            diags[clock]["replays"] = [replay_summary(r, m, cost_c) for r, m in zip(ress, per)]
     return Run(load["name"], allocator, rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
-               semantics_check(spec, allocator, device, rows, sim_raw, cost))
+               semantics_check(spec, allocator, device, rows, sim_raw, cost), per_replay, more)
+
+
+def median_metrics(per: list[dict]) -> dict:
+    """Each metric's median over the engine's replays of one trace (one replay: its own values).
+
+    The simulator is deterministic; the engine is not (a shared host's speed moves within a replay),
+    so one replay's percentiles carry that noise, which queueing amplifies at medium load. The
+    median over replays keeps one disturbed replay from setting the measurement."""
+    out = {}
+    for k in per[0]:
+        vals = [m[k] for m in per]
+        if any(v is None for v in vals):
+            out[k] = None
+            continue
+        med = float(np.median(vals))
+        out[k] = int(med) if all(isinstance(v, int) for v in vals) and med.is_integer() else med
+    return out
+
+
+def replay_spread(vals: list) -> float | None:
+    """(max − min) ÷ median of one metric over the engine's replays: its run-to-run noise."""
+    if len(vals) < 2 or any(v is None for v in vals):
+        return None
+    med = float(np.median(vals))
+    if med == 0:
+        return 0.0 if max(vals) == min(vals) else None
+    return float((max(vals) - min(vals)) / abs(med))
+
+
+def replay_summary(res, metrics: dict, cost) -> dict:
+    """One replay in brief: its metrics, the model's busy-time ratio, the host-speed probe's median."""
+    d = iteration_diagnostics(res, cost)
+    sp = probe_diagnostics(res)
+    return {"metrics": metrics, "sum_predicted_over_measured": d.get("all", {}).get("sum_predicted_over_measured"),
+            "iterations": len(res.iterations), "wall_s": round(res.info.get("wall_s", 0.0), 3),
+            "probe_p50_s": sp.get("probe_s", {}).get("p50") if sp else None}
 
 
 def cpu_share(seconds: float = 0.3) -> float:
@@ -699,9 +754,14 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         for c in clocks:
             for m in METRICS:
                 meas, sim_v, raw = r.measured[c].get(m), r.simulated[c].get(m), r.simulated_raw.get(m)
-                by_clock[c].append({"load": r.load, "allocator": r.allocator, "metric": m, "measured": meas,
-                                    "simulated": sim_v, "rel_error": rel_error(meas, sim_v), "clock": c,
-                                    "simulated_unscaled": raw, "rel_error_unscaled": rel_error(meas, raw)})
+                row = {"load": r.load, "allocator": r.allocator, "metric": m, "measured": meas,
+                       "simulated": sim_v, "rel_error": rel_error(meas, sim_v), "clock": c,
+                       "simulated_unscaled": raw, "rel_error_unscaled": rel_error(meas, raw)}
+                if c in r.replays:
+                    vals = [x.get(m) for x in r.replays[c]]
+                    row.update(measured_replays=vals, rel_error_replays=[rel_error(v, sim_v) for v in vals],
+                               replay_spread=replay_spread(vals))
+                by_clock[c].append(row)
     rows = by_clock[clocks[0]]
     model = get_model(spec["model"])
     doc = {
@@ -717,6 +777,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         "capacity_requests_per_s": caps,
         "rates": {f"{r.load}/{r.allocator}": r.rate for r in runs},
         "clock": clocks[0],
+        "replays": int(spec["engine"].get("replays", 1)),
         "host_speed": spec.get("host_speed", "probe"),
         "clock_meaning": {c: CLOCK_MEANING[c] for c in clocks},
         "rows": rows,
@@ -777,16 +838,21 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
         a, f, e, g = (req[c].to_numpy()[okm] for c in ("arrival_s", "first_token_s", "finish_s", "generated_tokens"))
         s_vals = [f - a, ((e - f)[g > 1] / (g[g > 1] - 1)), e - a]
         for c, res in r.engine.items():
-            ok = [q for q in res.requests if q["status"] == "completed"]
-            m_vals = ([q["first_token_s"] - q["arrival_s"] for q in ok],
-                      [(q["finish_s"] - q["first_token_s"]) / (q["generated_tokens"] - 1) for q in ok
-                       if q["generated_tokens"] > 1],
-                      [q["finish_s"] - q["arrival_s"] for q in ok])
-            for j, mv in enumerate(m_vals, start=1):
-                x, y = _cdf(mv)
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line={"color": colors.get(c, "#1f77b4")},
-                                         name=f"measured (engine, {c} clock)", legendgroup=c,
-                                         showlegend=(i == 1 and j == 1)), i, j)
+            for k, rr in enumerate([res] + list(r.engine_more.get(c, []))):
+                ok = [q for q in rr.requests if q["status"] == "completed"]
+                m_vals = ([q["first_token_s"] - q["arrival_s"] for q in ok],
+                          [(q["finish_s"] - q["first_token_s"]) / (q["generated_tokens"] - 1) for q in ok
+                           if q["generated_tokens"] > 1],
+                          [q["finish_s"] - q["arrival_s"] for q in ok])
+                for j, mv in enumerate(m_vals, start=1):
+                    x, y = _cdf(mv)
+                    # further replays of the same trace: thinner, so the run-to-run spread shows
+                    fig.add_trace(go.Scatter(x=x, y=y, mode="lines",
+                                             line={"color": colors.get(c, "#1f77b4"), "width": 2 if k == 0 else 1},
+                                             opacity=1.0 if k == 0 else 0.5,
+                                             name=f"measured (engine, {c} clock)" + (" replay 1" if k == 0 and
+                                                                                     c in r.engine_more else ""),
+                                             legendgroup=c, showlegend=(i == 1 and j == 1 and k == 0)), i, j)
             its = res.iterations
             fig.add_trace(go.Scatter(x=[it["end_s"] for it in its], y=[it["blocks_in_use"] for it in its], mode="lines",
                                      line={"color": colors.get(c, "#1f77b4"), "shape": "hv"}, showlegend=False), i, 4)
@@ -829,11 +895,16 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
 
 
 def format_table(doc: dict) -> list[list[str]]:
-    """Rows for the CLI: load, allocator, metric, measured, simulated, rel error."""
+    """Rows for the CLI: load, allocator, metric, measured, simulated, rel error (and, with replays,
+    the replay spread: (max − min) ÷ median of the engine's replays)."""
     out = []
     for r in doc["rows"]:
         def f(v):
             return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
-        out.append([r["load"], r["allocator"], r["metric"], f(r["measured"]), f(r["simulated"]),
-                    "-" if r["rel_error"] is None else f"{r['rel_error']:.1%}"])
+        row = [r["load"], r["allocator"], r["metric"], f(r["measured"]), f(r["simulated"]),
+               "-" if r["rel_error"] is None else f"{r['rel_error']:.1%}"]
+        if "replay_spread" in r:
+            sp = r["replay_spread"]
+            row.append("-" if sp is None else f"{sp:.1%}")
+        out.append(row)
     return out

@@ -42,8 +42,12 @@ def validate_command(
     con = Console(width=None if sys.stdout.isatty() else 160)
     t = Table(title=f"kvsim validate: {doc['name']} on {doc['device']['kind']} ({doc['shape']['model']}, "
                     f"{doc['device']['dtype']}), profile {doc['profile']['name']}")
-    t.caption = f"measured on the engine's {doc['clock']} clock: {doc['clock_meaning'][doc['clock']]} (docs/validation.md)"
-    for c in ("load", "allocator", "metric", "measured", "simulated", "rel error"):
+    n = int(doc.get("replays", 1))
+    t.caption = (f"measured on the engine's {doc['clock']} clock"
+                 + (f" (median of {n} replays of the same trace; replay spread = (max - min) / median)" if n > 1 else "")
+                 + f": {doc['clock_meaning'][doc['clock']]} (docs/validation.md)")
+    cols = ["load", "allocator", "metric", "measured", "simulated", "rel error"] + (["replay spread"] if n > 1 else [])
+    for c in cols:
         t.add_column(c, justify="left" if c in ("load", "allocator", "metric") else "right")
     for row in format_table(doc):
         t.add_row(*row)

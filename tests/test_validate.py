@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from calibration.validate import (METRICS, capacity_tokens, latency_metrics, load_spec, make_requests, rel_error,
-                                  sim_scenario, write_trace)
+from calibration.validate import (METRICS, capacity_tokens, latency_metrics, load_spec, make_requests, median_metrics,
+                                  rel_error, replay_spread, sim_scenario, write_trace)
 from sim.errors import ConfigError
 
 
@@ -33,11 +33,31 @@ def test_spec_errors(tmp_path):
     bad.write_text("engine: {clocks: [cpu, virtual]}\n")
     with pytest.raises(ConfigError, match="clocks"):
         load_spec(bad)
+    for v in ("0", "true", "2.5", "21"):
+        bad.write_text(f"engine: {{replays: {v}}}\n")
+        with pytest.raises(ConfigError, match=r"validate\.engine\.replays.*1 to 20"):
+            load_spec(bad)
+    bad.write_text("quick: {replays: x}\n")
+    load_spec(bad)  # the quick section only matters with --quick
+    with pytest.raises(ConfigError, match=r"validate\.quick\.replays"):
+        load_spec(bad, quick=True)
+
+
+def test_replays_median_and_spread():
+    per = [{"ttft_p50": 1.0, "preemptions": 0, "x": None}, {"ttft_p50": 3.0, "preemptions": 2, "x": 1.0},
+           {"ttft_p50": 1.2, "preemptions": 1, "x": 1.0}]
+    m = median_metrics(per)
+    assert m["ttft_p50"] == 1.2 and m["preemptions"] == 1 and isinstance(m["preemptions"], int) and m["x"] is None
+    assert median_metrics(per[:2])["preemptions"] == 1.0  # even count: mean of the middle two
+    assert median_metrics(per[:1]) == per[0]
+    assert replay_spread([1.0, 3.0, 1.2]) == pytest.approx(2.0 / 1.2)
+    assert replay_spread([2.0]) is None and replay_spread([0, 0]) == 0.0 and replay_spread([1.0, None]) is None
 
 
 def test_spec_clocks():
     spec = load_spec("scenarios/validate-cpu.yaml")
     assert spec["engine"]["clocks"] == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
+    assert spec["engine"]["replays"] == 3 and load_spec("scenarios/validate-cpu.yaml", quick=True)["engine"]["replays"] == 3
 
 
 def test_simulator_capacity_matches_engine_blocks(tmp_path):
@@ -101,6 +121,12 @@ def test_quick_validation_within_bound(tmp_path):
         on_disk = json.loads((out / "validation.json").read_text())
         assert on_disk["rows"] == json.loads(json.dumps(doc["rows"]))
         assert {r["metric"] for r in doc["rows"]} == set(METRICS) and doc["clock"] == "cpu_norm"
+        n = spec["engine"]["replays"]
+        assert doc["replays"] == n >= 2
+        for r in doc["rows"]:  # the measurement is the median of the replays, each replay kept
+            vals = r["measured_replays"]
+            assert len(vals) == n and r["measured"] == pytest.approx(float(np.median(vals))), r
+            assert r["rel_error_replays"] == [rel_error(v, r["simulated"]) for v in vals]
         for key, by_clock in doc["diagnostics"].items():  # the probe series is reported
             sp = by_clock["cpu_norm"]["speed_probes"]
             assert sp["probes"] >= 3 and sp["reference_s"] > 0 and len(sp["series"]) == sp["probes"], key
