@@ -1,8 +1,9 @@
 """The compiled hot path (``sim/native.py``) computes exactly what the sources compute.
 
-The comparison is of whole-run summaries, byte for byte (``json.dumps`` of every metric, float
-for float): the sources run in a child interpreter with ``KVSIM_NATIVE=0``, the build in this
-one. It covers every allocator kind, both engine modes, both schedulers, both preemption modes,
+The comparison is of whole runs, byte for byte: the summary (``json.dumps`` of every metric, float
+for float) and a SHA-256 of every column of the per-request table and of the time series (their
+raw float/int bytes): the sources run in a child interpreter with ``KVSIM_NATIVE=0``, the build in
+this one. It covers every allocator kind, both engine modes, both schedulers, both preemption modes,
 prefix caching, compaction, open-loop (Poisson, gamma, trace) and closed-loop arrivals, and the
 calibrated and roofline cost models.
 """
@@ -43,21 +44,43 @@ CASES = [
     ("high-throughput-burst", {"workload.num_requests": 300}),
 ]
 
-_CHILD = """
-import json, sys
+# One definition of what is compared, run in both interpreters.
+_FINGERPRINT = """
+import hashlib, json
+import numpy as np
+
+def fingerprint(res):
+    out = {"summary": res.summary}
+    for name in ("requests", "timeseries"):
+        table = getattr(res, name)
+        cols = {}
+        for col in table.column_names:
+            a = table[col].to_numpy(zero_copy_only=False)
+            raw = a.tobytes() if a.dtype != object else repr(a.tolist()).encode()
+            cols[col] = hashlib.sha256(raw).hexdigest()[:16]
+        out[name] = {"rows": table.num_rows, "columns": cols}
+    return json.dumps(out, sort_keys=True)
+"""
+
+_CHILD = _FINGERPRINT + """
+import sys
 import sim
 from sim.cluster import simulate
 from sim.config import load_scenario
 assert sim.NATIVE_STATE == "off" and sim.replica.__file__.endswith(".py"), sim.NATIVE_STATE
-out = [json.dumps(simulate(load_scenario(s, o)).summary, sort_keys=True) for s, o in json.loads(sys.argv[1])]
+out = [fingerprint(simulate(load_scenario(s, o))) for s, o in json.loads(sys.argv[1])]
 print(json.dumps(out))
 """
+
+_ns: dict = {}
+exec(_FINGERPRINT, _ns)
+fingerprint = _ns["fingerprint"]
 
 
 def _run(scenario: str, overrides: dict) -> str:
     from sim.cluster import simulate
     from sim.config import load_scenario
-    return json.dumps(simulate(load_scenario(scenario, overrides)).summary, sort_keys=True)
+    return fingerprint(simulate(load_scenario(scenario, overrides)))
 
 
 def _interpreted(cases) -> list[str]:
@@ -70,12 +93,14 @@ def _interpreted(cases) -> list[str]:
 
 @pytest.mark.skipif(not native.active(), reason="no compiled build in use (kvsim native status: "
                     f"{sim.NATIVE_STATE}); ./dev setup builds it")
-def test_compiled_summaries_equal_the_sources_byte_for_byte():
+def test_compiled_runs_equal_the_sources_byte_for_byte():
     compiled = [_run(s, o) for s, o in CASES]
     interpreted = _interpreted(CASES)
     for (s, o), c, i in zip(CASES, compiled, interpreted):
         if c != i:
             a, b = json.loads(c), json.loads(i)
+            a = {**a["summary"], **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in a[t]["columns"].items()}}
+            b = {**b["summary"], **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in b[t]["columns"].items()}}
             diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
             pytest.fail(f"{s} {o}: compiled and interpreted runs differ in {list(diff)[:8]}: "
                         f"{dict(list(diff.items())[:3])}")
