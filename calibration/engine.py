@@ -113,24 +113,32 @@ class Transformer:
         self.m = model
         self.dtype = getattr(torch, DTYPES[dtype])
         self.device = torch.device(device)
-        g = torch.Generator().manual_seed(seed)
+        # Drawn where they live: an 8B shape's 8e9 numbers take a minute on a CPU generator and a
+        # fraction of a second on the GPU's (on a CPU engine this is the same generator as before).
+        g = torch.Generator(device=self.device).manual_seed(seed)
         H, KVH, d, hid, inter = model.heads, model.kv_heads, model.head_dim, model.hidden, model.intermediate
 
+        def randn(*shape):
+            return torch.randn(*shape, generator=g, device=self.device)
+
         def w(*shape, std=0.02):
-            return (torch.randn(*shape, generator=g) * std).to(self.device, self.dtype)
+            return (randn(*shape) * std).to(self.dtype)
+
+        def norm():
+            return (1.0 + 0.1 * randn(hid)).to(self.dtype)
 
         self.embed = w(model.vocab, hid, std=1.0)
         self.layers = []
         for _ in range(model.layers):
             self.layers.append({
-                "norm1": (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype),
+                "norm1": norm(),
                 "wqkv": w((H + 2 * KVH) * d, hid, std=hid ** -0.5),
                 "wo": w(hid, H * d, std=(H * d) ** -0.5),
-                "norm2": (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype),
+                "norm2": norm(),
                 "wgu": w(2 * inter, hid, std=hid ** -0.5),
                 "wdown": w(hid, inter, std=inter ** -0.5),
             })
-        self.norm_f = (1.0 + 0.1 * torch.randn(hid, generator=g)).to(self.device, self.dtype)
+        self.norm_f = norm()
         self.lm_head = w(model.vocab, hid, std=hid ** -0.5)
         inv = 1.0 / (rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         ang = torch.arange(model.max_position, dtype=torch.float64)[:, None] * inv[None, :]

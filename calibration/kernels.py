@@ -1080,7 +1080,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
                             seed: int = 0, device: str = "cpu", clock: str = "wall",
                             between_runs=None, probes: dict | None = None,
-                            probe_ref_s: dict | None = None) -> dict[str, dict]:
+                            probe_ref_s: dict | None = None, net=None) -> dict[str, dict]:
     """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
 
     The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
@@ -1102,8 +1102,9 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     probe there, so the probe's reference spans the measurement). ``clock="cpu_norm"`` with
     ``probes`` (``{allocator: SpeedProbe}``) and ``probe_ref_s`` (``{allocator: seconds}``): each run on
     the engine's ``cpu_norm`` clock (thread CPU time × reference ÷ median of the last probes, as a
-    replay), so the residual is at the probe's reference speed. Returns ``{allocator: fit}``
-    (each with its rows).
+    replay), so the residual is at the probe's reference speed. ``net``: a
+    :class:`~calibration.engine.Transformer` of ``model`` to reuse (else one is drawn with ``seed``).
+    Returns ``{allocator: fit}`` (each with its rows).
     """
     if clock not in ("cpu", "wall", "cpu_norm"):
         raise ValueError("clock: cpu, cpu_norm or wall")
@@ -1119,7 +1120,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     costs = {a: ProfileCostModel(kernels_only(profiles[a]), model, GPUS["cpu"], weight_dtype=profiles[a].dtypes["weight"][0],
                                  kv_dtype=profiles[a].dtypes["weight"][0],
                                  layout=Layout(paged=a == "paged", block_size=block_size)) for a in allocators}
-    net = Transformer(model, dtype, device, seed)
+    net = net if net is not None else Transformer(model, dtype, device, seed)
     rng = random.Random(seed)
     longest = prompt_range[1] + output_tokens
     rows: dict[str, list] = {a: [] for a in allocators}

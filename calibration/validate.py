@@ -169,10 +169,13 @@ def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, p
     return scenario_from_dict(d)
 
 
-def make_requests(spec: dict, rate: float) -> np.ndarray:
-    """``[n, 3]`` rows ``(arrival_s, prompt, output)``: the spec's lengths, Poisson arrivals at ``rate``, first at 0."""
+def make_requests(spec: dict, rate: float, device: str = "cpu") -> np.ndarray:
+    """``[n, 3]`` rows ``(arrival_s, prompt, output)``: the spec's lengths, Poisson arrivals at ``rate``, first at 0.
+
+    ``device`` only picks the GPU entry whose memory must hold the model (an 8B shape does not fit the
+    ``cpu`` entry); the requests do not depend on it."""
     from sim.workload import build_workload
-    sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)})
+    sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)}, device=device)
     wl = build_workload(sc)
     t = wl.arrival_s - wl.arrival_s[0]
     return np.column_stack([t, wl.prompt_tokens, wl.output_tokens]).astype(np.float64)
@@ -186,13 +189,13 @@ def write_trace(rows: np.ndarray, path: Path) -> Path:
     return path
 
 
-def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path) -> float:
+def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path, device: str = "cpu") -> float:
     """Requests/s the simulator sustains for ``allocator`` when every request arrives at once."""
     from sim.cluster import simulate
-    rows = make_requests(spec, 1.0)
+    rows = make_requests(spec, 1.0, device)
     rows[:, 0] = 0.0
     path = write_trace(rows, out / f"capacity-{allocator}.csv")
-    s = simulate(sim_scenario(spec, allocator, trace_path=str(path), profile=profile)).summary
+    s = simulate(sim_scenario(spec, allocator, trace_path=str(path), profile=profile, device=device)).summary
     return float(s["completed"]) / float(s["makespan_s"])
 
 
@@ -263,7 +266,7 @@ def validation_plan(spec: dict, device: str):
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False, speed: "HostSpeed | None" = None) -> tuple[dict[str, str], dict]:
+                     progress: bool = False, speed: "HostSpeed | None" = None, net=None) -> tuple[dict[str, str], dict]:
     """Profile file per allocator (kernel curves + the engine's measured overhead for that layout).
 
     ``speed`` (the ``cpu_norm`` clock's :class:`HostSpeed`): the whole calibration is put at one
@@ -322,7 +325,7 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
                                       else None,
                                       max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                                       batches=tuple(b for b in (1, 2, 4, 8, 16, 32)
-                                                    if b <= int(spec["scheduler"]["max_num_seqs"])))
+                                                    if b <= int(spec["scheduler"]["max_num_seqs"])), net=net)
     for alloc in spec["allocators"]:
         prof = bases[alloc]
         if alloc in ovs:
@@ -555,10 +558,13 @@ def iteration_diagnostics(res, cost) -> dict:
     return out
 
 
-def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, sim_result, cost) -> dict:
-    """Engine on a virtual clock driven by ``cost`` (no compute) vs the simulator: must be identical."""
+def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, sim_result, cost, net=None) -> dict:
+    """Engine on a virtual clock driven by ``cost`` (no compute) vs the simulator: must be identical.
+
+    ``net``: the validation's shared :class:`~calibration.engine.Transformer` (it is never run here;
+    sharing it saves drawing a model's weights again, a real cost at an 8B shape)."""
     from .engine import Engine
-    eng = Engine(engine_config(spec, allocator, device))
+    eng = Engine(engine_config(spec, allocator, device), model=net)
     res = eng.run([tuple(r) for r in rows], clock="virtual", cost=cost, compute=False)
     req = sim_result.requests
     sim_rows = {int(i): (a, f, e) for i, a, f, e in zip(req["id"].to_pylist(), req["admitted_s"].to_pylist(),
@@ -613,7 +619,7 @@ def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: s
     from sim.profile import load_profile
 
     from .engine import Engine
-    rows = make_requests(spec, rate)
+    rows = make_requests(spec, rate, device)
     trace = write_trace(rows, out / f"trace-{load['name']}-{allocator}.csv")
     sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
@@ -661,7 +667,7 @@ def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: s
             per_replay[clock], more[clock] = per, ress[1:]
             diags[clock]["replays"] = [replay_summary(r, m, cost_c) for r, m in zip(ress, per)]
     return Run(load["name"], allocator, rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
-               semantics_check(spec, allocator, device, rows, sim_raw, cost), per_replay, more)
+               semantics_check(spec, allocator, device, rows, sim_raw, cost, net=eng.net), per_replay, more)
 
 
 def median_metrics(per: list[dict]) -> dict:
@@ -717,10 +723,22 @@ def host_load() -> dict:
     return {"loadavg_1m": la[0], "loadavg_5m": la[1], "cores": os.cpu_count(), "cpu_share": cpu_share()}
 
 
+def check_clocks(spec: dict, device: str) -> None:
+    """Thread CPU time times a CPU engine's kernels, not a GPU's (they run asynchronously on the
+    device): on ``cuda`` only the ``wall`` clock measures the engine."""
+    clocks = spec["engine"]["clocks"]
+    bad = [c for c in clocks if c in ("cpu", "cpu_norm")]
+    if device != "cpu" and bad:
+        raise ConfigError(f"{KEY}.engine.clocks", clocks,
+                          f"[wall] with --device {device}: {', '.join(bad)} time the engine's thread on the CPU, "
+                          "not its kernels on the GPU")
+
+
 def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out: Path | str = "runs/validate",
              engine_overhead: bool = True, progress=None) -> dict:
     """Run the whole validation (see the module docstring); returns the ``validation.json`` document."""
     from .kernels import check_device
+    check_clocks(spec, device)
     check_device(device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -729,13 +747,16 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     load_before = host_load()
     from sim.deployment import Deployment
 
-    from .engine import Engine, SpeedProbe
-    engines = {a: Engine(engine_config(spec, a, device)) for a in spec["allocators"]}
+    from .engine import Engine, SpeedProbe, Transformer
+    first = engine_config(spec, spec["allocators"][0], device)
+    # one set of weights for every engine of the run (the allocators differ in KV layout only)
+    net = Transformer(first.model, first.dtype, first.device, first.seed)
+    engines = {a: Engine(engine_config(spec, a, device), model=net) for a in spec["allocators"]}
     speed = None
     if "cpu_norm" in spec["engine"]["clocks"]:
         speed = HostSpeed({a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]})
     say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
-    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed)
+    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
     runs: list[Run] = []
     caps = {}
     probes = {}
@@ -743,7 +764,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
         probes[alloc] = host_probe(engines[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
     for alloc in spec["allocators"]:
-        caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out)
+        caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out, device)
         for load in spec["loads"]:
             rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
             say(f"{alloc} {load['name']}: {rate:.2f} req/s, {spec['workload']['num_requests']} requests")

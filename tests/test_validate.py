@@ -54,6 +54,55 @@ def test_replays_median_and_spread():
     assert replay_spread([2.0]) is None and replay_spread([0, 0]) == 0.0 and replay_spread([1.0, None]) is None
 
 
+def test_cuda_spec_and_clocks():
+    from calibration.validate import check_clocks
+    spec = load_spec("scenarios/validate-cuda.yaml")
+    assert spec["model"] == "llama-3.1-8b" and spec["engine"]["clocks"] == ["wall"] and spec["engine"]["dtype"] == "bf16"
+    check_clocks(spec, "cuda")
+    cpu = load_spec("scenarios/validate-cpu.yaml")
+    check_clocks(cpu, "cpu")
+    with pytest.raises(ConfigError, match=r"validate\.engine\.clocks.*\[wall\] with --device cuda"):
+        check_clocks(cpu, "cuda")
+    from calibration.validate import validate
+    with pytest.raises(ConfigError, match="engine.clocks"):  # before anything is calibrated
+        validate(cpu, device="cuda")
+
+
+def test_cuda_spec_simulates_at_the_engines_capacity(tmp_path):
+    """The simulator side of the GPU validation runs here: an 8B shape needs the cuda GPU entry's
+    memory (the cpu entry cannot hold its weights), at exactly the engine's KV capacity."""
+    from calibration.validate import estimate_capacity
+    from sim.cluster import simulate
+    from sim.deployment import Deployment
+    spec = load_spec("scenarios/validate-cuda.yaml", quick=True)
+    cap = estimate_capacity(spec, "paged", "none", tmp_path, "cuda")
+    rows = make_requests(spec, 1.6 * cap, "cuda")
+    path = write_trace(rows, tmp_path / "t.csv")
+    for alloc in ("paged", "static"):
+        sc = sim_scenario(spec, alloc, trace_path=str(path), profile="none", device="cuda")
+        assert Deployment.from_scenario(sc).kv_capacity_tokens == capacity_tokens(spec)
+        assert simulate(sc).summary["completed"] == len(rows)
+    with pytest.raises(ConfigError, match="activation_reserve_bytes"):
+        make_requests(spec, 1.0, "cpu")
+
+
+def test_wall_clock_replays(tmp_path):
+    """The path a GPU run takes (raw clock, bracketing probes) with replays, on a given profile."""
+    pytest.importorskip("torch")
+    from calibration.validate import validate
+    spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
+    spec["engine"].update(clocks=["wall"], replays=2)
+    spec["workload"]["num_requests"] = 6
+    spec["allocators"] = ["paged"]
+    doc = validate(spec, device="cpu", profile="cpu-reference", out=tmp_path, engine_overhead=False)
+    assert doc["clock"] == "wall" and doc["replays"] == 2 and list(doc["rows_by_clock"]) == ["wall"]
+    for r in doc["rows"]:
+        assert len(r["measured_replays"]) == 2 and r["measured"] == pytest.approx(float(np.median(r["measured_replays"])))
+    d = doc["diagnostics"]["medium/paged"]["wall"]
+    assert len(d["replays"]) == 2 and d["host_probe_before"]["measured_s"] > 0
+    assert all(sem["identical"] for sem in doc["semantics"].values())
+
+
 def test_spec_clocks():
     spec = load_spec("scenarios/validate-cpu.yaml")
     assert spec["engine"]["clocks"] == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
