@@ -762,7 +762,8 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     probes = {}
     for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe)
         sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
-        probes[alloc] = host_probe(engines[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
+        probes[alloc] = host_probe(engines[alloc], Deployment.from_scenario(sc).make_cost_model(sc),
+                                   "cpu" if device == "cpu" else "wall")  # thread CPU time does not time GPU work
     for alloc in spec["allocators"]:
         caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out, device)
         for load in spec["loads"]:
