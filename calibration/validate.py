@@ -812,11 +812,34 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         "host_speed_reference": speed.summary() if speed is not None else None,
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }
+    doc["summary"] = error_summary(rows)
     (out / "validation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n")
     (out / "iterations.json").write_text(json.dumps({f"{r.load}/{r.allocator}/{c}": d["rows"]
                                                      for r in runs for c, d in r.diagnostics.items()}))
     write_html(out / "validation.html", runs, doc)
     return doc
+
+
+#: the cells the fidelity target is stated on: p50 and p90 of TTFT, TPOT and e2e
+TARGET_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90")
+
+
+def error_summary(rows: list[dict]) -> dict:
+    """The table in a line: of the p50/p90 TTFT, TPOT and e2e cells, how many are within 10 % and 5 %,
+    the median and the worst error, and (with replays) how many errors are below the cell's own
+    replay spread, i.e. cannot be told from the engine's run-to-run noise by this run."""
+    cells = [r for r in rows if r["metric"] in TARGET_METRICS and r["rel_error"] is not None]
+    if not cells:
+        return {"cells": 0}
+    errs = np.array([r["rel_error"] for r in cells])
+    worst = cells[int(np.argmax(errs))]
+    out = {"cells": len(cells), "within_10pct": int((errs <= 0.10).sum()), "within_5pct": int((errs <= 0.05).sum()),
+           "median_rel_error": float(np.median(errs)), "max_rel_error": float(errs.max()),
+           "worst": f"{worst['load']}/{worst['allocator']} {worst['metric']}"}
+    spread = [r for r in cells if r.get("replay_spread") is not None]
+    if spread:
+        out["below_replay_spread"] = sum(r["rel_error"] <= r["replay_spread"] for r in spread)
+    return out
 
 
 def _cpu_name() -> str:

@@ -52,6 +52,13 @@ def validate_command(
     for row in format_table(doc):
         t.add_row(*row)
     con.print(t)
+    sm = doc.get("summary") or {}
+    if sm.get("cells"):
+        con.print(f"p50/p90 TTFT, TPOT, e2e: {sm['within_10pct']} of {sm['cells']} cells within 10 %, "
+                  f"{sm['within_5pct']} within 5 %; median {sm['median_rel_error']:.1%}, worst {sm['max_rel_error']:.1%} "
+                  f"({sm['worst']})"
+                  + (f"; {sm['below_replay_spread']} of {sm['cells']} below their replay spread (noise this run "
+                     "cannot resolve)" if "below_replay_spread" in sm else ""))
     sem = doc["semantics"]
     con.print("semantics (engine on the simulator's clock): "
               + ", ".join(f"{k} {'identical' if v['identical'] else 'DIFFERENT'}" for k, v in sem.items()))

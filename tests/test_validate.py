@@ -54,6 +54,18 @@ def test_replays_median_and_spread():
     assert replay_spread([2.0]) is None and replay_spread([0, 0]) == 0.0 and replay_spread([1.0, None]) is None
 
 
+def test_error_summary():
+    from calibration.validate import error_summary
+    rows = [{"load": "l", "allocator": "paged", "metric": m, "rel_error": e, "replay_spread": sp}
+            for m, e, sp in (("ttft_p50", 0.02, 0.05), ("ttft_p90", 0.30, 0.10), ("tpot_p50", 0.07, 0.01),
+                             ("e2e_p90", 0.10, None), ("ttft_p99", 0.9, 0.0), ("throughput", 0.5, 0.0))]
+    sm = error_summary(rows)  # p99 and throughput are not target cells
+    assert sm["cells"] == 4 and sm["within_10pct"] == 3 and sm["within_5pct"] == 1  # 10 % itself is within
+    assert sm["max_rel_error"] == 0.30 and sm["worst"] == "l/paged ttft_p90"
+    assert sm["median_rel_error"] == pytest.approx(0.085) and sm["below_replay_spread"] == 1
+    assert error_summary([]) == {"cells": 0}
+
+
 def test_cuda_spec_and_clocks():
     from calibration.validate import check_clocks
     spec = load_spec("scenarios/validate-cuda.yaml")
@@ -172,6 +184,7 @@ def test_quick_validation_within_bound(tmp_path):
         assert {r["metric"] for r in doc["rows"]} == set(METRICS) and doc["clock"] == "cpu_norm"
         n = spec["engine"]["replays"]
         assert doc["replays"] == n >= 2
+        assert doc["summary"]["cells"] == 12 and "below_replay_spread" in doc["summary"]
         for r in doc["rows"]:  # the measurement is the median of the replays, each replay kept
             vals = r["measured_replays"]
             assert len(vals) == n and r["measured"] == pytest.approx(float(np.median(vals))), r
