@@ -8,6 +8,7 @@
 #   bash bench/device_validate.sh quick      # the spec's quick subset
 # A dry run of the same steps on this CPU:
 #   DEVICE=cpu SPEC=scenarios/validate-cpu.yaml PYTHON=.venv/bin/python bash bench/device_validate.sh quick
+# PROFILE=P reuses a profile instead of calibrating; VALIDATE_ARGS adds options (e.g. --no-engine-overhead).
 # Results go to $OUT (or runs/device): validation.json, validate.log, gpu.txt, the two profiles and
 # validation.html -- at most 8 files, the limit of what a lent machine returns.
 set -euo pipefail
@@ -51,14 +52,17 @@ PYCHECK
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 fi
-rm -rf /tmp/kvsim-validate
-args=(--device "$DEVICE" --scenario "$SPEC" --out /tmp/kvsim-validate)
+WORK=$(mktemp -d)
+args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK")
 if [ "${1:-}" = quick ]; then args+=(--quick); fi
+if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
+# shellcheck disable=SC2206
+args+=(${VALIDATE_ARGS:-})
 set +e
 timeout "${LIMIT_S:-560}" "$PY" -m sim.cli validate "${args[@]}" 2>&1 | tee "$OUT/validate.log"
 rc=${PIPESTATUS[0]}
 set -e
 for f in validation.json validation.html profile-paged.json profile-static.json; do
-  if [ -f "/tmp/kvsim-validate/$f" ]; then cp "/tmp/kvsim-validate/$f" "$OUT/"; fi
+  if [ -f "$WORK/$f" ]; then cp "$WORK/$f" "$OUT/"; fi
 done
 exit "$rc"

@@ -205,3 +205,32 @@ def test_quick_validation_within_bound(tmp_path):
     table = {f"{a}/{m}": f"{v:.0%}" for (a, m), v in sorted(errs.items())}
     print(f"median {median:.0%}: {table}")
     assert not bad, f"median error {median:.0%}, worst {max(errs.values()):.0%}: {table}; host speed drift {drift:.0%}; host load {doc['host_load']}"
+
+
+def test_device_script_dry_run(tmp_path):
+    """bench/device_validate.sh, the prepared GPU check, runs its steps end to end on this CPU (a
+    tiny spec, a built-in profile) and leaves its results where a lent machine returns them."""
+    pytest.importorskip("torch")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text("kind: validation\nname: tiny\nengine: {clocks: [wall]}\nworkload: {num_requests: 5}\n"
+                    "loads: [{name: medium, utilization: 0.7}]\nallocators: [paged]\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, DEVICE="cpu", SPEC=str(spec), PYTHON=sys.executable, OUT=str(out),
+               PROFILE="cpu-reference", VALIDATE_ARGS="--no-engine-overhead")
+    p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
+    assert {"validation.json", "validate.log", "profile-paged.json"} <= {f.name for f in out.iterdir()}
+    doc = json.loads((out / "validation.json").read_text())
+    assert doc["clock"] == "wall" and doc["summary"]["cells"] == 6 and "torch" in p.stdout
+    env["DEVICE"] = "cuda"
+    p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=120)
+    import torch
+    if not torch.cuda.is_available():
+        assert p.returncode != 0 and "torch sees no CUDA device" in p.stdout + p.stderr
