@@ -53,6 +53,7 @@ if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 fi
 WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
 args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK")
 if [ "${1:-}" = quick ]; then args+=(--quick); fi
 if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
