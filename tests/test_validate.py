@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -211,10 +215,6 @@ def test_device_script_dry_run(tmp_path):
     """bench/device_validate.sh, the prepared GPU check, runs its steps end to end on this CPU (a
     tiny spec, a built-in profile) and leaves its results where a lent machine returns them."""
     pytest.importorskip("torch")
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     root = Path(__file__).resolve().parent.parent
     spec = tmp_path / "tiny.yaml"
     spec.write_text("kind: validation\nname: tiny\nengine: {clocks: [wall]}\nworkload: {num_requests: 5}\n"
