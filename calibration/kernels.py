@@ -1089,9 +1089,10 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     writes, masks, views), sampling and bookkeeping. Each iteration's time minus what the
     profile's kernel curves predict for the same batch shape (GEMMs, attention,
     elementwise, allocations; CPU overhead zeroed) is the overhead route 1's isolated
-    kernels miss. It is fitted ``a + b·S + c·P`` (``S`` sequences, ``P`` prefill tokens): ``a + b·S``
-    by non-negative least squares on the median residual of pure-decode iterations per ``S``,
-    ``c`` the median of what mixed iterations leave per prefill token. The layouts' runs are interleaved
+    kernels miss. It is fitted ``a + b·S + c·P`` (``S`` sequences, ``P`` prefill tokens) by
+    :func:`_fit_overhead`: ``a + b·S`` on steady-state decode iterations, ``c`` = what an iteration
+    with prefill leaves per prefill token plus the slowdown it causes in the decode iterations
+    right after it, per token of it (see there). The layouts' runs are interleaved
     (pass by pass, batch by batch) so a slow episode of a shared host hits all of them alike.
 
     ``clock="wall"``: iteration wall time (what latencies are made of; on a shared host it
@@ -1140,9 +1141,13 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                     probe_log[a] += res.info["speed_probes"]
                 else:
                     res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
-                for r in engine_iteration_rows(res, costs[a])[1:]:  # the first iteration of a run warms caches
+                since = 0  # decode iterations since the last iteration with a prefill chunk (the first is one)
+                for r in engine_iteration_rows(res, costs[a]):
+                    since = since + 1 if r["pure_decode"] else 0
+                    if r["iteration"] == 0:
+                        continue  # the first iteration of a run warms caches
                     r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]
-                    r.update(batch=b, pass_=p)
+                    r.update(batch=b, pass_=p, run=f"{p}/{b}", since_prefill=since)
                     rows[a].append(r)
                 if between_runs is not None:
                     between_runs()
@@ -1158,36 +1163,77 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     return out
 
 
-def _fit_overhead(rows: list[dict], clock: str) -> dict:
+#: decode iterations right after an iteration with a prefill chunk that run slower than the steady
+#: state (cache and allocator state after a prefill's large activations). Measured on this 2-vCPU
+#: host, one sequence, paged, 64 outputs, thread CPU time: the 1st to 5th decode iteration after the
+#: prefill 2.87 / 2.93 / 2.63 / 2.59 / 2.44 ms, the 6th on 2.28 ms; in the validation replays the
+#: first decode iterations after a mixed one ran 5–12 % above the model, the later ones 1–10 % below.
+AFTER_PREFILL = 5
+
+
+def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, aftermath: bool = False) -> dict:
+    """Fit the engine's overhead ``a + b·S + c·P`` to its calibration rows (``residual_s`` = iteration
+    time minus the kernel curves' prediction).
+
+    * ``a + b·S``: non-negative least squares on the median residual of **steady-state** pure-decode
+      iterations per ``S`` (more than :data:`AFTER_PREFILL` decode iterations after the run's last
+      iteration with a prefill chunk; all pure-decode rows where too few), weighted by the square root
+      of their count ÷ the median iteration time at ``S`` (relative error, what latencies are
+      compared in); medians, robust to a shared host's slow episodes.
+    * ``c`` per prefill token: the median of what iterations with prefill leave per prefill token
+      after ``a + b·S`` (``per_token_own_s``).
+    * ``aftermath=True`` adds ``c_after`` to ``c``: the median, over iterations with prefill that are
+      followed by :data:`AFTER_PREFILL` pure-decode iterations of the same run, of those iterations'
+      summed excess over ``a + b·S`` ÷ the prefill's tokens (the simulator has no state carrying a
+      prefill's aftermath forward, so it would be charged to the prefill's own iteration). Off by
+      default: refitted on the same replays (``calibration.validate_refit``) it made three full
+      validation runs worse (26–27 of 36 cells within 10 % against 30–35 without; docs/validation.md).
+    * ``steady=False``: ``a + b·S`` from every pure-decode iteration (the fifth session's fit).
+    """
     from scipy.optimize import nnls
     S = np.array([r["seqs"] for r in rows], dtype=float)
     T = np.array([r["tokens"] for r in rows], dtype=float)
     R = np.array([r["residual_s"] for r in rows])
     xs = np.array(sorted(set(S.tolist())))
     med = np.array([np.median(R[S == x]) for x in xs])
-    # Robust to a shared host's slow episodes: medians, not means. a + b·S from the median residual
-    # of pure-decode iterations per S (least squares over S, non-negative); c from the median of
-    # what mixed iterations leave per prefill token.
-    # The fit minimises *relative* error of the iteration time (what latencies are compared in), each
-    # S weighted by the square root of its iteration count: weights sqrt(n_S) / median time at S.
     dec = np.array([r["pure_decode"] for r in rows])
+    since = np.array([r.get("since_prefill", 1 << 30) for r in rows])
     meas_t = np.array([r["measured_s" if clock != "cpu" else "cpu_s"] for r in rows])
-    sel = dec if dec.any() else np.ones(len(rows), dtype=bool)
+    late = dec & (since > AFTER_PREFILL)
+    sel = late if steady and late.sum() >= 10 else (dec if dec.any() else np.ones(len(rows), dtype=bool))
     xd = np.array(sorted(set(S[sel].tolist())))
     md = np.array([np.median(R[sel & (S == x)]) for x in xd])
     w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
     (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]) * w[:, None], md * w)
     mixed = ~dec & (T > S)
-    c_ = float(max(0.0, np.median((R[mixed] - a - b_ * S[mixed]) / (T[mixed] - S[mixed])))) if mixed.any() else 0.0
+    c_own = float(max(0.0, np.median((R[mixed] - a - b_ * S[mixed]) / (T[mixed] - S[mixed])))) if mixed.any() else 0.0
+    # the aftermath: each iteration with prefill followed by AFTER_PREFILL decode iterations of its run
+    after = []
+    runs: dict = {}
+    for i, r in enumerate(rows):
+        runs.setdefault((r.get("round", 0), r.get("run")), []).append(i)
+    for idx in runs.values():
+        for j, i in enumerate(idx):
+            nxt = idx[j + 1:j + 1 + AFTER_PREFILL]
+            if mixed[i] and len(nxt) == AFTER_PREFILL and all(dec[k] and since[k] == n + 1 for n, k in enumerate(nxt)):
+                after.append(float(sum(R[k] - a - b_ * S[k] for k in nxt)) / (T[i] - S[i]))
+    c_after = float(max(0.0, np.median(after))) if aftermath and len(after) >= 5 else 0.0
+    c_ = c_own + c_after
     pred = a + b_ * S + c_ * (T - S)
     meas = meas_t
     kern = np.array([r["predicted_s"] for r in rows])
     wall = np.array([r["measured_s"] for r in rows])
     err = np.abs(kern + pred - meas) / meas
     return {"intercept_s": float(a), "per_seq_s": float(b_), "per_token_s": float(c_),
+            "per_token_own_s": c_own, "per_token_after_s": c_after, "after_prefill_iterations": AFTER_PREFILL,
+            "after_prefill_samples": len(after), "steady_decode_iterations": int(sel.sum()),
             "batch_range": [int(xs.min()), int(xs.max())], "tokens_range": [int(T.min()), int(T.max())],
             "cpu_over_wall": round(float(np.sum([r["cpu_s"] for r in rows]) / wall.sum()), 4),
             "iterations": len(rows), "median_by_seqs": {str(int(x)): float(m) for x, m in zip(xs, med)},
+            # steady pure decode per S: iterations, median measured, median predicted (kernels + this fit), seconds
+            "decode_by_seqs": {str(int(x)): [int(np.sum(sel & (S == x))),
+                                             float(np.median(meas_t[sel & (S == x)])),
+                                             float(np.median((kern + a + b_ * S)[sel & (S == x)]))] for x in xd},
             "fit_median_rel_err": round(float(np.median(err)), 4),
             "fit_p90_rel_err": round(float(np.percentile(err, 90)), 4),
             "residual_share_median": round(float(np.median(pred / meas)), 4), "rows": rows}

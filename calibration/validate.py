@@ -8,15 +8,19 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
    then the reference engine's own per-iteration framework overhead
    (:func:`calibration.kernels.measure_engine_overhead`, per cache layout) replaces the
    profile's CPU-step term. One profile file per allocator is written to the output folder.
+   With ``engine.overhead_rounds: spread`` (default) the overhead runs are repeated once before
+   every cell's replays and once after the last, and the final profiles are fitted on every
+   round pooled (:class:`OverheadRounds`); the arrival rates come from the up-front fit.
 2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
    capacity the simulator estimates for that allocator (requests/s when all arrive at once),
    or an explicit ``rate``; written as a generic CSV trace ``arrival_s,prompt_tokens,output_tokens``.
 3. **Engine** (:mod:`calibration.engine`) replays the trace on each of the spec's clocks:
    ``cpu_norm`` (thread CPU time normalised to calibration speed by :class:`HostSpeed`'s probe,
    compared with the profile as calibrated), ``cpu`` (thread CPU time), ``wall``.
-4. **Simulator** replays the same CSV (``workload.arrival.kind: trace``) with the same
-   scheduler and allocator knobs and a KV capacity of exactly ``num_blocks × block_size``
-   tokens (``gpu.activation_reserve_bytes`` set so), cost model = the profile of step 1.
+4. **Simulator** (after every cell is replayed) replays the same CSV (``workload.arrival.kind:
+   trace``) with the same scheduler and allocator knobs and a KV capacity of exactly
+   ``num_blocks × block_size`` tokens (``gpu.activation_reserve_bytes`` set so), cost model = the
+   final profile of step 1 (:func:`replay_cell`, then :func:`compare_cell`).
 5. **Semantics check**: the engine again on a *virtual* clock driven by the same cost model
    (no compute): its schedule is then timing-independent and must equal the simulator's —
    peak blocks, preemptions and every request's admission / first-token / finish time.
@@ -53,7 +57,8 @@ KEY = "validate"
 DEFAULT_SPEC = {
     "name": "validate", "description": "",
     "model": "tiny-llama",
-    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1},
+    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
+               "overhead_rounds": "spread"},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -66,6 +71,10 @@ DEFAULT_SPEC = {
     "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
 }
 _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
+#: ``engine.overhead_rounds``: ``spread`` (default) adds one pass of the engine-overhead runs before every
+#: cell's replays and one after the last, pooled with the up-front passes (:class:`OverheadRounds`);
+#: ``upfront``: the up-front passes only
+OVERHEAD_ROUNDS = ("spread", "upfront")
 #: replay clocks of the engine (``engine.clocks``; the first is the table's), see docs/validation.md
 REPLAY_CLOCKS = ("cpu_norm", "cpu", "wall")
 CLOCK_MEANING = {
@@ -125,6 +134,9 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
         where = "quick.replays" if quick and "replays" in spec["quick"] else "engine.replays"
         raise ConfigError(f"{KEY}.{where}", n, "an integer from 1 to 20: engine replays on the table's clock")
+    if spec["engine"].get("overhead_rounds") not in OVERHEAD_ROUNDS:
+        raise ConfigError(f"{KEY}.engine.overhead_rounds", spec["engine"].get("overhead_rounds"),
+                          f"one of {', '.join(OVERHEAD_ROUNDS)}: where the engine-overhead calibration runs")
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
@@ -266,8 +278,11 @@ def validation_plan(spec: dict, device: str):
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False, speed: "HostSpeed | None" = None, net=None) -> tuple[dict[str, str], dict]:
-    """Profile file per allocator (kernel curves + the engine's measured overhead for that layout).
+                     progress: bool = False, speed: "HostSpeed | None" = None,
+                     net=None) -> tuple[dict[str, str], dict, "OverheadRounds | None"]:
+    """Profile file per allocator (kernel curves + the engine's measured overhead for that layout),
+    the calibration's description, and the overhead's :class:`OverheadRounds` (to add rounds to
+    and refit; ``None`` without ``engine_overhead``).
 
     ``speed`` (the ``cpu_norm`` clock's :class:`HostSpeed`): the whole calibration is put at one
     reference host speed. Its probes run 10 times before the kernel route and then between the
@@ -280,7 +295,7 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     """
     from sim.profile import load_profile
 
-    from .kernels import calibrate_device, measure_engine_overhead, with_engine_overhead, with_static_decode
+    from .kernels import calibrate_device, with_static_decode
     model = get_model(spec["model"])
     eng = spec["engine"]
     info: dict = {}
@@ -310,35 +325,124 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         bases = {a: base for a in spec["allocators"]}
     if speed is not None:
         speed.freeze()
-    paths = {}
-    info["engine_overhead"] = {}
-    ovs = {}
+    rounds = None
     if engine_overhead:
         norm = speed is not None and cpu_clock
-        ovs = measure_engine_overhead(bases, model, allocators=tuple(spec["allocators"]),
-                                      block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
-                                      threads=int(eng["threads"]), device=device,
-                                      clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
-                                      probes=speed.logged("engine_overhead") if norm else None,
-                                      probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
-                                      between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm
-                                      else None,
-                                      max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
-                                      batches=tuple(b for b in (1, 2, 4, 8, 16, 32)
-                                                    if b <= int(spec["scheduler"]["max_num_seqs"])), net=net)
-    for alloc in spec["allocators"]:
-        prof = bases[alloc]
-        if alloc in ovs:
-            prof = with_engine_overhead(prof, ovs[alloc], model)
-            info["engine_overhead"][alloc] = {k: v for k, v in ovs[alloc].items() if k not in ("rows", "speed_probes")}
-        path = out / f"profile-{alloc}.json"
-        prof.write(path)
-        paths[alloc] = str(path)
+        kw = dict(allocators=tuple(spec["allocators"]), block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
+                  threads=int(eng["threads"]), device=device,
+                  clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
+                  probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
+                  max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
+                  batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
+                  net=net)
+        rounds = OverheadRounds(bases, model, kw, speed if norm else None,
+                                between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None)
+        rounds.upfront()
+        paths = rounds.write(out)
+        info["engine_overhead"] = rounds.summary()
+    else:
+        paths = {}
+        for alloc in spec["allocators"]:
+            path = out / f"profile-{alloc}.json"
+            bases[alloc].write(path)
+            paths[alloc] = str(path)
     if speed is not None:
         speed.sample("after_calibration", 10)
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)
     info["name"] = base.name
-    return paths, info
+    return paths, info, rounds
+
+
+class OverheadRounds:
+    """The reference engine's per-iteration overhead (:func:`calibration.kernels.measure_engine_overhead`),
+    measured in rounds spread over the whole validation and fitted on all of them pooled.
+
+    :meth:`upfront` runs the calibration's passes (3) before any replay; with
+    ``engine.overhead_rounds: spread`` ``validate`` adds one pass (:meth:`round`, both layouts
+    interleaved, new prompts each time) before every cell's replays and one after the last, and
+    the final profiles (:meth:`write`) are fitted on every pass pooled. Why: on a shared host one
+    pass's fit moves far between rounds a few seconds apart (this sandbox, one process, 8 rounds of
+    one pass: the median one-sequence decode iteration 1.96–3.60 ms paged, 1.43–2.86 ms static, on
+    the ``cpu_norm`` clock), so a calibration taken in one 12 s window sets every cell's level by
+    that window's luck. Spread over the run, the overhead is measured under the same mix of host
+    states as the replays, still only on offline batches of its own prompts: nothing here reads
+    a replay. Capacities and arrival rates are set from the up-front fit (they must exist before
+    the first replay).
+    """
+
+    #: passes of the offline batches before the first replay
+    upfront_passes = 3
+
+    def __init__(self, bases: dict, model, kw: dict, speed: "HostSpeed | None" = None, between_runs=None):
+        self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
+        self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}
+        self.log: list[dict] = []
+        self.elapsed_s = 0.0
+        self.t0 = time.perf_counter()
+
+    def _measure(self, label: str, passes: int) -> None:
+        from .kernels import measure_engine_overhead
+        k = len(self.log)
+        ovs = measure_engine_overhead(self.bases, self.model, passes=passes, seed=k,
+                                      probes=self.speed.logged("engine_overhead" if k == 0 else "overhead_rounds")
+                                      if self.speed is not None else None,
+                                      between_runs=self.between_runs, **self.kw)
+        for a, ov in ovs.items():
+            self.rows[a] += [dict(r, round=k) for r in ov["rows"]]
+        self.elapsed_s += ovs[next(iter(ovs))]["elapsed_s"]
+        self.log.append({"round": k, "label": label, "passes": passes,
+                         "start_s": round(time.perf_counter() - self.t0 - ovs[next(iter(ovs))]["elapsed_s"], 2),
+                         "elapsed_s": ovs[next(iter(ovs))]["elapsed_s"],
+                         "fit": {a: {x: ov[x] for x in ("intercept_s", "per_seq_s", "per_token_s")} for a, ov in ovs.items()}})
+        self._meta = {x: ov[x] for x in ("block_size", "dtype", "threads", "clock", "batches", "prompt_range",
+                                        "output_tokens")}
+
+    def upfront(self) -> None:
+        self._measure("calibration", self.upfront_passes)
+
+    def round(self, label: str) -> None:
+        """One more pass of the offline batches (both layouts), pooled into the fit."""
+        self._measure(label, 1)
+
+    def fits(self) -> dict[str, dict]:
+        """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled."""
+        from .kernels import _fit_overhead
+        passes = sum(x["passes"] for x in self.log)
+        return {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta, "passes": passes,
+                    "rounds": len(self.log), "elapsed_s": round(self.elapsed_s, 2),
+                    **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s") else {})}
+                for a, rows in self.rows.items()}
+
+    def write(self, out: Path, suffix: str = "") -> dict[str, str]:
+        """``profile-<allocator><suffix>.json`` per allocator: its kernel profile + the pooled overhead fit."""
+        from .kernels import with_engine_overhead
+        fits = self.fits()
+        paths = {}
+        for a, fit in fits.items():
+            path = out / f"profile-{a}{suffix}.json"
+            with_engine_overhead(self.bases[a], fit, self.model).write(path)
+            paths[a] = str(path)
+        return paths
+
+    def level_by_round(self) -> list[dict]:
+        """Each round's pure-decode iterations, measured ÷ (kernels + pooled fit) summed: how far the
+        host's (normalised) speed in that round sat from the pooled level."""
+        fits = self.fits()
+        out = []
+        for x in self.log:
+            row = {k: x[k] for k in ("round", "label", "passes", "start_s", "elapsed_s")}
+            for a, rows in self.rows.items():
+                f = fits[a]
+                rs = [r for r in rows if r["round"] == x["round"] and r["pure_decode"]]
+                meas = sum(r["measured_s" if self._meta["clock"] != "cpu" else "cpu_s"] for r in rs)
+                pred = sum(r["predicted_s"] + f["intercept_s"] + f["per_seq_s"] * r["seqs"] for r in rs)
+                row[a] = round(meas / pred, 4) if pred > 0 else None
+            out.append(row)
+        return out
+
+    def summary(self) -> dict:
+        fits = self.fits()
+        return {a: {k: v for k, v in f.items() if k not in ("rows", "speed_probes")} for a, f in fits.items()}
 
 
 class _LoggedProbe:
@@ -548,6 +652,18 @@ def iteration_diagnostics(res, cost) -> dict:
                      "cpu_over_wall": _pcts(cpu / meas),
                      "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
                      "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None}
+    # pure-decode iterations by how many decode iterations came since the last one with a prefill
+    # chunk (1..AFTER_PREFILL, then the steady state): the aftermath the overhead fit charges to the prefill
+    from .kernels import AFTER_PREFILL
+    by_k: dict[str, list] = {}
+    k = 1 << 30
+    for r in rows:
+        k = k + 1 if r["pure_decode"] else 0
+        if r["pure_decode"]:
+            key = str(k) if k <= AFTER_PREFILL else f">{AFTER_PREFILL}"
+            by_k.setdefault(key, []).append((r["predicted_s"], r["measured_s"]))
+    out["after_prefill"] = {key: {"iterations": len(v), "sum_predicted_over_measured":
+                                  float(sum(p for p, _ in v) / sum(m for _, m in v))} for key, v in by_k.items()}
     busy = sum(it["end_s"] - it["start_s"] for it in res.iterations)
     lag = [r["enqueued_s"] - r["arrival_s"] for r in res.requests if r["enqueued_s"] >= 0]
     span = max((r["finish_s"] for r in res.requests), default=0.0)
@@ -586,72 +702,105 @@ def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, s
 PROBE_TRACE = [(0.0, 64, 24), (0.0, 200, 24), (0.0, 120, 24), (0.0, 32, 24)] * 3
 
 
-def host_probe(engine, cost, clock: str = "cpu") -> dict:
-    """Host speed now: a fixed offline batch through the engine on ``clock`` (``cpu``: thread CPU
-    time per iteration; ``wall``: wall time, so the CPU share other jobs leave is in it),
-    measured ÷ predicted busy time.
+@dataclass
+class HostProbeRun:
+    """A host-speed probe's engine run (:func:`host_probe_run`), priced later by :func:`host_probe`."""
+    result: object
+    cpu_share: float
 
-    Taken right after calibration and before every run: a ratio that moves between the two is
-    the shared host (other jobs' cache, memory-bandwidth and SMT pressure), not the model.
-    """
-    res = engine.run(PROBE_TRACE, clock=clock, lead_s=0.0)
+
+def host_probe_run(engine, clock: str = "cpu") -> HostProbeRun:
+    """Host speed now: a fixed offline batch through the engine on ``clock`` (``cpu``: thread CPU
+    time per iteration; ``wall``: wall time, so the CPU share other jobs leave is in it).
+
+    Taken right after calibration and before and after every raw-clock replay: a measured ÷
+    predicted ratio (:func:`host_probe`) that moves between them is the shared host (other jobs'
+    cache, memory-bandwidth and SMT pressure), not the model."""
+    return HostProbeRun(engine.run(PROBE_TRACE, clock=clock, lead_s=0.0), cpu_share(0.2))
+
+
+def host_probe(run: HostProbeRun, cost) -> dict:
+    """A probe run's measured ÷ predicted busy time under the cost model ``cost``."""
     from .kernels import engine_iteration_rows
-    rows = engine_iteration_rows(res, cost)
+    rows = engine_iteration_rows(run.result, cost)
     meas = sum(r["measured_s"] for r in rows)
     pred = sum(r["predicted_s"] for r in rows)
     return {"measured_s": round(meas, 5), "predicted_s": round(pred, 5), "measured_over_predicted": round(meas / pred, 4),
-            "cpu_share": cpu_share(0.2)}
+            "cpu_share": run.cpu_share}
 
 
-def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: str, out: Path, device: str,
-            engine=None, speed: HostSpeed | None = None) -> Run:
-    """One load and allocator: the simulator, the semantics check, and the engine on each replay clock.
+@dataclass
+class Replayed:
+    """One cell's engine side (:func:`replay_cell`): the trace and, per replay clock, every replay
+    and (raw clocks) the host probes around them."""
+    load: dict
+    allocator: str
+    rate: float
+    rows: np.ndarray
+    trace: Path
+    results: dict[str, list]
+    probes: dict[str, tuple[HostProbeRun, HostProbeRun]]
 
-    ``host_speed: probe``: just before and just after each replay a fixed batch measures the
-    host's speed (:func:`host_probe`, measured ÷ predicted busy time); the simulator then runs
-    on the profile with every time scaled by the geometric mean of the two (a recalibration
-    bracketing, never taken from, the replay). ``host_speed: fixed``: the profile as calibrated.
-    ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe),
-    so it is always compared with the profile as calibrated and needs no bracketing probe.
-    """
-    from sim.cluster import simulate
-    from sim.deployment import Deployment
-    from sim.profile import load_profile
 
-    from .engine import Engine
+def replay_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, device: str, engine,
+                speed: "HostSpeed | None" = None) -> Replayed:
+    """The engine replays one load's trace on each clock (the table's ``engine.replays`` times).
+
+    ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe);
+    the raw clocks get a fixed batch (:func:`host_probe_run`) just before and just after their
+    replay, for ``host_speed: probe`` (see :func:`compare_cell`). Nothing here needs the profile:
+    the simulator side runs after every cell is replayed, on the final profile."""
     rows = make_requests(spec, rate, device)
     trace = write_trace(rows, out / f"trace-{load['name']}-{allocator}.csv")
-    sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=profile_path, device=device)
-    sim_raw = simulate(sc)
-    B = int(spec["kv"]["block_size"])
-    cost = Deployment.from_scenario(sc).make_cost_model(sc)
-    eng = engine or Engine(engine_config(spec, allocator, device))
-    simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
-    per_replay: dict[str, list[dict]] = {}
-    more: dict[str, list] = {}
+    results: dict[str, list] = {}
+    probes = {}
     n_rep = int(spec["engine"].get("replays", 1))
     for ci, clock in enumerate(spec["engine"]["clocks"]):
         n = n_rep if ci == 0 else 1  # the table's clock is replayed n times, the others once
         if clock == "cpu_norm":
             if speed is None:
                 raise ConfigError(f"{KEY}.engine.clocks", clock, "cpu_norm with a HostSpeed reference (validate())")
-            ress = [eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600, probe=speed.probes[allocator],
-                            probe_ref_s=speed.reference(allocator)) for _ in range(n)]
-            res = ress[0]
+            results[clock] = [engine.run([tuple(r) for r in rows], clock=clock, max_wall_s=600,
+                                         probe=speed.probes[allocator], probe_ref_s=speed.reference(allocator))
+                              for _ in range(n)]
+        else:
+            before = host_probe_run(engine, clock)
+            results[clock] = [engine.run([tuple(r) for r in rows], clock=clock, max_wall_s=600) for _ in range(n)]
+            probes[clock] = (before, host_probe_run(engine, clock))
+    return Replayed(load, allocator, rate, rows, trace, results, probes)
+
+
+def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, device: str, net=None) -> Run:
+    """The simulator on one replayed cell's trace and the comparison, clock by clock.
+
+    ``host_speed: probe``: the raw clocks' simulator runs on the profile with every time scaled by
+    the geometric mean of the probes just before and just after their replay (measured ÷ predicted
+    busy time: a recalibration bracketing, never taken from, the replay). ``host_speed: fixed``: the
+    profile as calibrated. ``cpu_norm`` is always compared with the profile as calibrated."""
+    from sim.cluster import simulate
+    from sim.deployment import Deployment
+    from sim.profile import load_profile
+    allocator, load = cell.allocator, cell.load
+    sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
+    sim_raw = simulate(sc)
+    B = int(spec["kv"]["block_size"])
+    cost = Deployment.from_scenario(sc).make_cost_model(sc)
+    simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
+    per_replay: dict[str, list[dict]] = {}
+    more: dict[str, list] = {}
+    for clock, ress in cell.results.items():
+        res = ress[0]
+        if clock == "cpu_norm":
             simulated[clock], sims[clock], cost_c = _sim_metrics(sim_raw, B), sim_raw, cost
             diags[clock] = iteration_diagnostics(res, cost)
             diags[clock]["speed_probes"] = probe_diagnostics(res)
         else:
-            probe = host_probe(eng, cost, clock)
-            ress = [eng.run([tuple(r) for r in rows], clock=clock, max_wall_s=600) for _ in range(n)]
-            res = ress[0]
-            probe_after = host_probe(eng, cost, clock)
+            probe, probe_after = (host_probe(x, cost) for x in cell.probes[clock])
             if spec.get("host_speed", "probe") == "probe":
-                # bracket the replay(s): geometric mean of the probes just before and just after
                 f = round(math.sqrt(probe["measured_over_predicted"] * probe_after["measured_over_predicted"]), 4)
                 path = out / f"profile-{allocator}-{load['name']}-{clock}.json"
                 scale_profile(load_profile(profile_path), f).write(path)
-                sc_c = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
+                sc_c = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=str(path), device=device)
                 sims[clock] = simulate(sc_c)
                 cost_c = Deployment.from_scenario(sc_c).make_cost_model(sc_c)
             else:
@@ -663,13 +812,13 @@ def run_one(spec: dict, allocator: str, load: dict, rate: float, profile_path: s
             diags[clock]["unscaled"] = {k: v for k, v in iteration_diagnostics(res, cost).items() if k in ("all",)}
         per = [_engine_metrics(r) for r in ress]
         measured[clock], results[clock] = median_metrics(per), res
-        if n > 1:
+        if len(ress) > 1:
             per_replay[clock], more[clock] = per, ress[1:]
             # the first replay's diagnostics are the clock's own, computed above
             diags[clock]["replays"] = [replay_summary(r, m, diags[clock] if i == 0 else iteration_diagnostics(r, cost_c))
                                        for i, (r, m) in enumerate(zip(ress, per))]
-    return Run(load["name"], allocator, rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
-               semantics_check(spec, allocator, device, rows, sim_raw, cost, net=eng.net), per_replay, more)
+    return Run(load["name"], allocator, cell.rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
+               semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net), per_replay, more)
 
 
 def median_metrics(per: list[dict]) -> dict:
@@ -758,20 +907,37 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     if "cpu_norm" in spec["engine"]["clocks"]:
         speed = HostSpeed({a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]})
     say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
-    paths, pinfo = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
-    runs: list[Run] = []
+    paths, pinfo, rounds = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
+    spread = rounds is not None and spec["engine"].get("overhead_rounds", "spread") == "spread"
+    probe_runs = {a: host_probe_run(engines[a], "cpu" if device == "cpu" else "wall")  # thread CPU time does not
+                  for a in spec["allocators"]}                                       # time GPU work
     caps = {}
-    probes = {}
-    for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe)
-        sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
-        probes[alloc] = host_probe(engines[alloc], Deployment.from_scenario(sc).make_cost_model(sc),
-                                   "cpu" if device == "cpu" else "wall")  # thread CPU time does not time GPU work
+    cells: list[Replayed] = []
     for alloc in spec["allocators"]:
         caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out, device)
         for load in spec["loads"]:
             rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
+            if spread:
+                rounds.round(f"before {load['name']}/{alloc}")
             say(f"{alloc} {load['name']}: {rate:.2f} req/s, {spec['workload']['num_requests']} requests")
-            runs.append(run_one(spec, alloc, load, rate, paths[alloc], out, device, engines[alloc], speed))
+            cells.append(replay_cell(spec, alloc, load, rate, out, device, engines[alloc], speed))
+    if spread:
+        rounds.round("after the last replay")
+        upfront = {a: str(Path(pth).with_name(f"profile-{a}-upfront.json")) for a, pth in paths.items()}
+        for a, pth in paths.items():
+            os.replace(pth, upfront[a])
+        paths = rounds.write(out)
+        pinfo["engine_overhead_upfront"] = {"files": upfront, "fit": pinfo["engine_overhead"]}
+        pinfo["engine_overhead"] = rounds.summary()
+        pinfo["overhead_rounds"] = rounds.level_by_round()
+        say(f"engine overhead refitted on {len(rounds.log)} rounds ({sum(x['passes'] for x in rounds.log)} passes)")
+    if rounds is not None:  # every overhead-run iteration (full precision: a refit reproduces the fit)
+        (out / "overhead_rows.json").write_text(json.dumps(rounds.rows))
+    probes = {}
+    for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe_run)
+        sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
+        probes[alloc] = host_probe(probe_runs[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
+    runs = [compare_cell(spec, c, paths[c.allocator], out, device, net=net) for c in cells]
     clocks = list(spec["engine"]["clocks"])
     rows, by_clock = [], {c: [] for c in clocks}
     for r in runs:

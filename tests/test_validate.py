@@ -41,10 +41,109 @@ def test_spec_errors(tmp_path):
         bad.write_text(f"engine: {{replays: {v}}}\n")
         with pytest.raises(ConfigError, match=r"validate\.engine\.replays.*1 to 20"):
             load_spec(bad)
+    bad.write_text("engine: {overhead_rounds: sometimes}\n")
+    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, upfront"):
+        load_spec(bad)
     bad.write_text("quick: {replays: x}\n")
     load_spec(bad)  # the quick section only matters with --quick
     with pytest.raises(ConfigError, match=r"validate\.quick\.replays"):
         load_spec(bad, quick=True)
+
+
+def test_overhead_rounds_pool_every_pass(monkeypatch):
+    """OverheadRounds: the up-front passes and each later round (new prompts: a new seed) are fitted
+    pooled, and the per-round level is measured against that pooled fit."""
+    from calibration import kernels
+    from calibration.validate import OverheadRounds
+    calls = []
+
+    def fake(bases, model, *, passes, seed, **kw):
+        calls.append((passes, seed))
+        level = 1.0 + 0.1 * seed  # each round's host a little slower: the pooled fit sits between
+        rows = []
+        for S in (1, 2, 4):
+            for _ in range(passes * 5):
+                kern = 1e-3 * S
+                meas = level * (kern + 1e-3 + 2e-4 * S)
+                rows.append({"seqs": S, "tokens": S, "pure_decode": True, "predicted_s": kern, "measured_s": meas,
+                             "cpu_s": meas, "residual_s": meas - kern})
+        return {a: {**kernels._fit_overhead(rows, "cpu_norm"), "allocator": a, "block_size": 16, "dtype": "fp32",
+                    "threads": 1, "clock": "cpu_norm", "elapsed_s": 0.5, "passes": passes, "batches": [1, 2, 4],
+                    "prompt_range": [16, 384], "output_tokens": 24} for a in kw["allocators"]}
+
+    monkeypatch.setattr(kernels, "measure_engine_overhead", fake)
+    r = OverheadRounds({"paged": None, "static": None}, None, {"allocators": ("paged", "static")})
+    r.upfront()
+    first = r.fits()["paged"]
+    for label in ("before light/paged", "before medium/paged", "before light/static", "after the last replay"):
+        r.round(label)
+    assert calls == [(3, 0), (1, 1), (1, 2), (1, 3), (1, 4)]
+    fit = r.fits()["paged"]
+    assert fit["passes"] == 7 and fit["rounds"] == 5 and fit["iterations"] == 105
+    assert fit["intercept_s"] > first["intercept_s"]  # the later, slower rounds are in the fit
+    lv = r.level_by_round()
+    assert [x["label"] for x in lv][::4] == ["calibration", "after the last replay"]
+    assert lv[0]["paged"] < 1.0 < lv[4]["paged"] and lv[0]["static"] == lv[0]["paged"]
+    assert set(r.summary()["static"]) >= {"intercept_s", "per_seq_s", "per_token_s", "passes", "rounds"}
+    assert "rows" not in r.summary()["static"]
+
+
+def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
+    """Synthetic calibration rows: per run one prefill iteration of P tokens (S decoding alongside),
+    then ``decodes`` pure-decode iterations whose first ones carry ``excess[k]`` seconds (the aftermath)."""
+    from calibration.kernels import AFTER_PREFILL
+    rows = []
+    for run in range(runs):
+        S, P = 1 + run % 4, 32 + 16 * run
+        since = 0
+        for i in range(decodes + 1):
+            kern = 1e-3 * S
+            if i == 0:
+                # the chunk is one more sequence; T - seqs = P - 1 tokens beyond one per sequence
+                over, r = a + b * (S + 1) + c * (P - 1), {"seqs": S + 1, "tokens": S + P, "pure_decode": False}
+                since = 0
+            else:
+                since += 1
+                over = a + b * S + (excess[since - 1] * (P - 1) if since <= len(excess) else 0.0)
+                r = {"seqs": S, "tokens": S, "pure_decode": True}
+            if rng is not None:
+                over *= 1.0 + rng.normal(0, 0.01)
+            m = kern + over
+            r.update(predicted_s=kern, measured_s=m, cpu_s=m, residual_s=over, run=f"0/{run}", since_prefill=since,
+                     iteration=i + 1)
+            rows.append(r)
+    assert AFTER_PREFILL == 5
+    return rows
+
+
+def test_overhead_fit_steady_state_and_prefill_aftermath():
+    """The decode term is fitted on steady-state iterations; with ``aftermath``, what a prefill makes
+    the next AFTER_PREFILL decode iterations cost is charged per prefill token to its iteration."""
+    from calibration.kernels import _fit_overhead as fit_default
+    a, b, c = 1e-3, 2e-4, 20e-6
+    excess = [6e-6, 4e-6, 2e-6, 1e-6, 1e-6]  # per prefill token, decode iterations 1..5 after it
+    plain = fit_default(_run_rows(a, b, c, excess), "cpu_norm")  # the default: no aftermath term
+    assert plain["intercept_s"] == pytest.approx(a, rel=1e-6) and plain["per_token_after_s"] == 0.0
+    assert plain["per_token_s"] == pytest.approx(c, rel=1e-6)
+    # short runs (most decode iterations in an aftermath): every decode iteration lifts the decode term
+    short = _run_rows(a, b, c, excess, decodes=8)
+    assert fit_default(short, "cpu_norm", steady=False)["intercept_s"] > a * 1.01
+    assert fit_default(short, "cpu_norm")["intercept_s"] == pytest.approx(a, rel=1e-6)
+
+    def _fit_overhead(rows, clock):
+        return fit_default(rows, clock, aftermath=True)
+    fit = _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm")
+    # the mixed iteration counts one more sequence (the chunk) than the decodes around it
+    assert fit["intercept_s"] == pytest.approx(a, rel=1e-6) and fit["per_seq_s"] == pytest.approx(b, rel=1e-6)
+    assert fit["per_token_own_s"] == pytest.approx(c, rel=1e-6)
+    assert fit["per_token_after_s"] == pytest.approx(sum(excess), rel=1e-6)
+    assert fit["per_token_s"] == pytest.approx(fit["per_token_own_s"] + sum(excess), rel=1e-9)
+    assert fit["after_prefill_samples"] == 12 and fit["steady_decode_iterations"] == 12 * 15
+    # no aftermath: nothing charged for it; noise: still close
+    assert _fit_overhead(_run_rows(a, b, c, [0.0] * 5), "cpu_norm")["per_token_after_s"] == pytest.approx(0.0, abs=1e-12)
+    noisy = _fit_overhead(_run_rows(a, b, c, excess, rng=np.random.default_rng(0)), "cpu_norm")
+    assert noisy["per_token_after_s"] == pytest.approx(sum(excess), rel=0.3)
+    assert noisy["intercept_s"] + noisy["per_seq_s"] == pytest.approx(a + b, rel=0.03)
 
 
 def test_replays_median_and_spread():
@@ -189,6 +288,23 @@ def test_quick_validation_within_bound(tmp_path):
         n = spec["engine"]["replays"]
         assert doc["replays"] == n >= 2
         assert doc["summary"]["cells"] == 12 and "below_replay_spread" in doc["summary"]
+        # the overhead calibration: 3 passes up front, one before each cell, one after the last
+        lv = doc["profile"]["overhead_rounds"]
+        assert [x["passes"] for x in lv] == [3, 1, 1, 1] and all(x["paged"] > 0 and x["static"] > 0 for x in lv)
+        for a in ("paged", "static"):
+            fit = doc["profile"]["engine_overhead"][a]
+            assert fit["passes"] == 6 and fit["rounds"] == 4
+            prof = json.loads(Path(doc["profile"]["files"][a]).read_text())
+            assert prof["cpu_overhead"]["by_tp"]["1"]["intercept_s"] == pytest.approx(fit["intercept_s"])
+            assert Path(doc["profile"]["engine_overhead_upfront"]["files"][a]).is_file()
+        ov_rows = json.loads((out / "overhead_rows.json").read_text())
+        assert {r["round"] for r in ov_rows["paged"]} == {0, 1, 2, 3} and len(ov_rows["static"]) > 100
+        # refitting the kept rows with validate's own fit reproduces the table on the same replays
+        from calibration.validate_refit import ROUNDS, VARIANTS, refit
+        (again,) = refit(out, variants={"steady": VARIANTS["steady"]}, rounds={"pooled": ROUNDS["pooled"]})
+        ours = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]}
+        for r in again["cells"]:
+            assert r["rel_error"] == pytest.approx(ours[(r["allocator"], r["metric"])], rel=1e-9, abs=1e-12), r
         for r in doc["rows"]:  # the measurement is the median of the replays, each replay kept
             vals = r["measured_replays"]
             assert len(vals) == n and r["measured"] == pytest.approx(float(np.median(vals))), r

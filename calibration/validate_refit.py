@@ -1,0 +1,107 @@
+"""Refit a ``kvsim validate`` run's engine-overhead calibration offline, on the same replays.
+
+A validation run measures the engine once (minutes of replays on a shared host); the choices in
+the overhead fit (which decode iterations set ``a + b·S``, whether a prefill's aftermath is
+charged, which rounds are pooled) can then be compared on exactly those replays: each variant
+refits the run's ``overhead_rows.json``, rebuilds the profiles from their kernel curves, re-runs
+the simulator on the run's traces and scores it against the run's measured values (the median of
+its replays). The default variant reproduces the run's own table.
+
+    python -m calibration.validate_refit runs/validate-cpu [more run folders]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from sim.catalog import get_model
+
+#: fit variants (keyword arguments of ``kernels._fit_overhead``); the first is what validate uses
+VARIANTS = {
+    "steady": {"steady": True, "aftermath": False},
+    "all-decode": {"steady": False, "aftermath": False},
+    "steady+aftermath": {"steady": True, "aftermath": True},
+    "all-decode+aftermath": {"steady": False, "aftermath": True},
+}
+#: which overhead rounds are fitted: all of them, or the up-front passes only
+ROUNDS = {"pooled": lambda r: True, "upfront": lambda r: r.get("round", 0) == 0}
+
+
+def kernel_profile(path: str | Path):
+    """The kernel-route profile under a validation profile: its elementwise bandwidth as measured
+    (``with_engine_overhead`` lowered it to carry the per-token overhead); the CPU term is replaced
+    by whatever overhead fit comes next."""
+    from sim.profile import Profile
+    doc = json.loads(Path(path).read_text())
+    ew = doc["elementwise"]
+    if "kernel_route_bandwidth_bytes_per_s" in ew:
+        ew["bandwidth_bytes_per_s"] = ew.pop("kernel_route_bandwidth_bytes_per_s")
+        ew.pop("engine_per_token_s", None)
+    return Profile.from_json(doc, str(path))
+
+
+def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = None) -> list[dict]:
+    """Every (variant, rounds) pair scored on ``run``'s replays: ``{variant, rounds, summary, cells}``
+    with ``summary`` as ``validation.json``'s (``validate.error_summary``) and ``cells`` the rows."""
+    from sim.cluster import simulate
+
+    from . import kernels
+    from .validate import TARGET_METRICS, _sim_metrics, error_summary, load_spec, rel_error, sim_scenario
+    run = Path(run)
+    doc = json.loads((run / "validation.json").read_text())
+    rows_path = run / "overhead_rows.json"
+    if not rows_path.is_file():
+        raise FileNotFoundError(f"{rows_path}: written by kvsim validate with the engine-overhead calibration on")
+    ov_rows = json.loads(rows_path.read_text())
+    spec = load_spec(doc["spec"])
+    model = get_model(doc["shape"]["model"])
+    device = doc["device"]["kind"]
+    B = int(doc["config"]["kv"]["block_size"])
+    fits0 = doc["profile"]["engine_overhead"]
+    measured = {(r["load"], r["allocator"], r["metric"]): r["measured"] for r in doc["rows"]}
+    cells = sorted({(r["load"], r["allocator"]) for r in doc["rows"]})
+    out = []
+    for rname, sel in (rounds or ROUNDS).items():
+        for vname, kw in (variants or VARIANTS).items():
+            paths = {}
+            for alloc, rows in ov_rows.items():
+                fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
+                fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
+                path = run / f"refit-{alloc}.json"
+                kernels.with_engine_overhead(kernel_profile(doc["profile"]["files"][alloc]), fit, model).write(path)
+                paths[alloc] = str(path)
+            scored = []
+            for load, alloc in cells:
+                sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"), profile=paths[alloc],
+                                  device=device)
+                sm = _sim_metrics(simulate(sc), B)
+                for m in TARGET_METRICS:
+                    meas = measured[(load, alloc, m)]
+                    scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas, "simulated": sm[m],
+                                   "rel_error": rel_error(meas, sm[m])})
+            out.append({"variant": vname, "rounds": rname, "summary": error_summary(scored), "cells": scored})
+    for p in run.glob("refit-*.json"):
+        p.unlink()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if args else 2
+    for run in args:
+        for r in refit(run):
+            s = r["summary"]
+            print(f"{run}  {r['rounds']:<8} {r['variant']:<21} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
+                  f"{s['within_5pct']:>2} within 5 %, median {s['median_rel_error']:.1%}, worst {s['max_rel_error']:.1%} "
+                  f"({s['worst']})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
