@@ -1186,8 +1186,8 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, aftermat
       followed by :data:`AFTER_PREFILL` pure-decode iterations of the same run, of those iterations'
       summed excess over ``a + b·S`` ÷ the prefill's tokens (the simulator has no state carrying a
       prefill's aftermath forward, so it would be charged to the prefill's own iteration). Off by
-      default: refitted on the same replays (``calibration.validate_refit``) it made three full
-      validation runs worse (26–27 of 36 cells within 10 % against 30–35 without; docs/validation.md).
+      default: refitted on the same replays (``calibration.validate_refit``) it made five full
+      validation runs worse (21–28 of 36 cells within 10 % against 31–35 without; docs/validation.md).
     * ``steady=False``: ``a + b·S`` from every pure-decode iteration (the fifth session's fit).
     """
     from scipy.optimize import nnls
