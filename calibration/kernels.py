@@ -1075,6 +1075,17 @@ def engine_iteration_rows(result, cost) -> list[dict]:
     return rows
 
 
+def decode_since_prefill(rows: list[dict]) -> list[int]:
+    """Per engine iteration row (in run order), how many pure-decode iterations have run since the
+    last iteration with a prefill chunk, this one included (0 for an iteration with prefill; a run
+    starts with one, as nothing is computed before its first prefill)."""
+    out, k = [], 0
+    for r in rows:
+        k = k + 1 if r["pure_decode"] else 0
+        out.append(k)
+    return out
+
+
 def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
@@ -1091,8 +1102,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     elementwise, allocations; CPU overhead zeroed) is the overhead route 1's isolated
     kernels miss. It is fitted ``a + b·S + c·P`` (``S`` sequences, ``P`` prefill tokens) by
     :func:`_fit_overhead`: ``a + b·S`` on steady-state decode iterations, ``c`` = what an iteration
-    with prefill leaves per prefill token plus the slowdown it causes in the decode iterations
-    right after it, per token of it (see there). The layouts' runs are interleaved
+    with prefill leaves per prefill token (see there). The layouts' runs are interleaved
     (pass by pass, batch by batch) so a slow episode of a shared host hits all of them alike.
 
     ``clock="wall"``: iteration wall time (what latencies are made of; on a shared host it
@@ -1141,9 +1151,8 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                     probe_log[a] += res.info["speed_probes"]
                 else:
                     res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
-                since = 0  # decode iterations since the last iteration with a prefill chunk (the first is one)
-                for r in engine_iteration_rows(res, costs[a]):
-                    since = since + 1 if r["pure_decode"] else 0
+                its = engine_iteration_rows(res, costs[a])
+                for r, since in zip(its, decode_since_prefill(its)):
                     if r["iteration"] == 0:
                         continue  # the first iteration of a run warms caches
                     r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]

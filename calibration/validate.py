@@ -377,8 +377,8 @@ class OverheadRounds:
         self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
         self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}
         self.log: list[dict] = []
-        self.elapsed_s = 0.0
         self.t0 = time.perf_counter()
+        self._fits: dict[str, dict] | None = None  # the pooled fit, until the next round
 
     def _measure(self, label: str, passes: int) -> None:
         from .kernels import measure_engine_overhead
@@ -389,13 +389,12 @@ class OverheadRounds:
                                       between_runs=self.between_runs, **self.kw)
         for a, ov in ovs.items():
             self.rows[a] += [dict(r, round=k) for r in ov["rows"]]
-        self.elapsed_s += ovs[next(iter(ovs))]["elapsed_s"]
-        self.log.append({"round": k, "label": label, "passes": passes,
-                         "start_s": round(time.perf_counter() - self.t0 - ovs[next(iter(ovs))]["elapsed_s"], 2),
-                         "elapsed_s": ovs[next(iter(ovs))]["elapsed_s"],
-                         "fit": {a: {x: ov[x] for x in ("intercept_s", "per_seq_s", "per_token_s")} for a, ov in ovs.items()}})
+        ov = ovs[next(iter(ovs))]
+        self.log.append({"round": k, "label": label, "passes": passes, "elapsed_s": ov["elapsed_s"],
+                         "start_s": round(time.perf_counter() - self.t0 - ov["elapsed_s"], 2)})
         self._meta = {x: ov[x] for x in ("block_size", "dtype", "threads", "clock", "batches", "prompt_range",
                                         "output_tokens")}
+        self._fits = None
 
     def upfront(self) -> None:
         self._measure("calibration", self.upfront_passes)
@@ -407,19 +406,23 @@ class OverheadRounds:
     def fits(self) -> dict[str, dict]:
         """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled."""
         from .kernels import _fit_overhead
-        passes = sum(x["passes"] for x in self.log)
-        return {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta, "passes": passes,
-                    "rounds": len(self.log), "elapsed_s": round(self.elapsed_s, 2),
-                    **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s") else {})}
-                for a, rows in self.rows.items()}
+        if self._fits is None:
+            passes = sum(x["passes"] for x in self.log)
+            elapsed = round(sum(x["elapsed_s"] for x in self.log), 2)
+            self._fits = {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta,
+                              "passes": passes, "rounds": len(self.log), "elapsed_s": elapsed,
+                              **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s")
+                                 else {})}
+                          for a, rows in self.rows.items()}
+        return self._fits
 
-    def write(self, out: Path, suffix: str = "") -> dict[str, str]:
-        """``profile-<allocator><suffix>.json`` per allocator: its kernel profile + the pooled overhead fit."""
+    def write(self, out: Path) -> dict[str, str]:
+        """``profile-<allocator>.json`` per allocator: its kernel profile + the pooled overhead fit."""
         from .kernels import with_engine_overhead
         fits = self.fits()
         paths = {}
         for a, fit in fits.items():
-            path = out / f"profile-{a}{suffix}.json"
+            path = out / f"profile-{a}.json"
             with_engine_overhead(self.bases[a], fit, self.model).write(path)
             paths[a] = str(path)
         return paths
@@ -653,12 +656,10 @@ def iteration_diagnostics(res, cost) -> dict:
                      "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
                      "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None}
     # pure-decode iterations by how many decode iterations came since the last one with a prefill
-    # chunk (1..AFTER_PREFILL, then the steady state): the aftermath the overhead fit charges to the prefill
-    from .kernels import AFTER_PREFILL
+    # chunk (1..AFTER_PREFILL, slower than the steady state, then the steady state the fit prices)
+    from .kernels import AFTER_PREFILL, decode_since_prefill
     by_k: dict[str, list] = {}
-    k = 1 << 30
-    for r in rows:
-        k = k + 1 if r["pure_decode"] else 0
+    for r, k in zip(rows, decode_since_prefill(rows)):
         if r["pure_decode"]:
             key = str(k) if k <= AFTER_PREFILL else f">{AFTER_PREFILL}"
             by_k.setdefault(key, []).append((r["predicted_s"], r["measured_s"]))

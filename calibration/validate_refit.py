@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -65,27 +66,26 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
     measured = {(r["load"], r["allocator"], r["metric"]): r["measured"] for r in doc["rows"]}
     cells = sorted({(r["load"], r["allocator"]) for r in doc["rows"]})
     out = []
-    for rname, sel in (rounds or ROUNDS).items():
-        for vname, kw in (variants or VARIANTS).items():
-            paths = {}
-            for alloc, rows in ov_rows.items():
-                fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
-                fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
-                path = run / f"refit-{alloc}.json"
-                kernels.with_engine_overhead(kernel_profile(doc["profile"]["files"][alloc]), fit, model).write(path)
-                paths[alloc] = str(path)
-            scored = []
-            for load, alloc in cells:
-                sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"), profile=paths[alloc],
-                                  device=device)
-                sm = _sim_metrics(simulate(sc), B)
-                for m in TARGET_METRICS:
-                    meas = measured[(load, alloc, m)]
-                    scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas, "simulated": sm[m],
-                                   "rel_error": rel_error(meas, sm[m])})
-            out.append({"variant": vname, "rounds": rname, "summary": error_summary(scored), "cells": scored})
-    for p in run.glob("refit-*.json"):
-        p.unlink()
+    with tempfile.TemporaryDirectory(prefix="kvsim-refit-") as tmp:  # the run's own files stay as they are
+        for rname, sel in (rounds or ROUNDS).items():
+            for vname, kw in (variants or VARIANTS).items():
+                paths = {}
+                for alloc, rows in ov_rows.items():
+                    fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
+                    fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
+                    path = Path(tmp) / f"profile-{alloc}.json"
+                    kernels.with_engine_overhead(kernel_profile(doc["profile"]["files"][alloc]), fit, model).write(path)
+                    paths[alloc] = str(path)
+                scored = []
+                for load, alloc in cells:
+                    sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"),
+                                      profile=paths[alloc], device=device)
+                    sm = _sim_metrics(simulate(sc), B)
+                    for m in TARGET_METRICS:
+                        meas = measured[(load, alloc, m)]
+                        scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas,
+                                       "simulated": sm[m], "rel_error": rel_error(meas, sm[m])})
+                out.append({"variant": vname, "rounds": rname, "summary": error_summary(scored), "cells": scored})
     return out
 
 
