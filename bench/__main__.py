@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes"]
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -27,6 +27,8 @@ def _module(name: str):
         from . import profiling as m
     elif name == "opcount":
         from . import opcount as m
+    elif name == "host-modes":
+        from . import host_modes as m
     else:
         from . import costmodel as m
     return m

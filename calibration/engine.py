@@ -390,6 +390,25 @@ class EngineResult:
 #: ``(new tokens, context)``: one mixed iteration of the kind a replay runs (see docs/validation.md).
 PROBE_DECODE_KV = (64, 96, 128, 160, 192, 224, 256, 288)
 PROBE_CHUNKS = ((32, 64),)
+#: The prefill probe's fixed batch (``cpu_norm`` with ``prefill_probe``): one 128-token chunk, no decode.
+#: Why a second probe: on this 2-vCPU host the speed switches between two levels, and a prefill's
+#: GEMM-bound work changes less between them than the decode-heavy probe does (150 s, one process,
+#: 1058 rounds: slow ÷ fast level 1.50 for the probe, 1.53 one-sequence decode, 1.48 eight-sequence
+#: decode, 1.40 a 256-token prefill and a 128-token chunk over 256 context), so one probe's factor
+#: puts a prefill measured in the fast level 7 % above the same prefill measured in the slow one.
+#: ``python -m bench host-modes`` measures this on any host.
+PREFILL_PROBE_DECODE_KV: tuple[int, ...] = ()
+PREFILL_PROBE_CHUNKS = ((128, 0),)
+
+
+def prefill_weight(prefill_tokens: int, probe_tokens: int, prefill_probe_tokens: int) -> float:
+    """How much of an iteration's speed factor comes from the prefill probe (0 to 1): linear in the
+    iteration's prefill tokens between the two probes' own (the mixed probe's chunk: 0, the prefill
+    probe's: 1), 0 for a pure decode iteration."""
+    if prefill_tokens <= probe_tokens:
+        return 0.0
+    span = prefill_probe_tokens - probe_tokens
+    return 1.0 if span <= 0 else min(1.0, (prefill_tokens - probe_tokens) / span)
 
 
 class SpeedProbe:
@@ -432,6 +451,8 @@ class SpeedProbe:
             self.items.append((r, new))
         self.shape = {"decode_kv": list(decode_kv), "prefill_chunks": [list(c) for c in chunks],
                       "allocator": cfg.allocator}
+        #: prefill tokens of the fixed iteration (for :func:`prefill_weight`)
+        self.prefill_tokens = sum(n for n, _ in chunks)
         for _ in range(warmup):
             self.measure()
 
@@ -645,7 +666,8 @@ class Engine:
     def run(self, trace, *, clock: str = "wall", cost=None, compute: bool = True, lead_s: float = 0.05,
             seed: int | None = None, max_wall_s: float | None = None, probe: SpeedProbe | None = None,
             probe_ref_s: float | None = None, probe_every_s: float = PROBE_EVERY_S,
-            probe_window: int = PROBE_WINDOW) -> EngineResult:
+            probe_window: int = PROBE_WINDOW, prefill_probe: SpeedProbe | None = None,
+            prefill_probe_ref_s: float | None = None) -> EngineResult:
         """Replay ``trace`` (rows ``(arrival_s, prompt_tokens, output_tokens)``).
 
         ``clock="wall"``: real time, arrivals fed by a thread at their times. ``clock="cpu"``: the
@@ -653,23 +675,32 @@ class Engine:
         timed without the time a shared host kept the thread off the CPU) and jumping to the
         next arrival when idle; arrivals are seen at iteration boundaries. ``clock="virtual"``:
         time advances by ``cost.step_time_s`` per iteration (a sim ``CostModel``, plus its
-        allocation charge), arrivals are seen when the virtual clock passes them;
+        allocation charge and its ``after_prefill_s`` as the simulator's replica adds it), arrivals are seen when the virtual clock passes them;
         ``compute=False`` then skips the forward (scheduling and memory only, sampled tokens 0).
         ``clock="cpu_norm"``: the ``cpu`` clock normalised to a reference host speed: every
         ``probe_every_s`` of engine thread CPU time (and ``probe_window`` times before the first
         iteration) ``probe`` (a :class:`SpeedProbe`) runs its fixed iteration; each iteration then
         advances the clock by its thread CPU time × ``probe_ref_s`` ÷ the median of the last
         ``probe_window`` probe times. Probe time is not charged to the clock; the probe series is
-        in ``info["speed_probes"]`` and each iteration's factor in its ``speed_scale``.
+        in ``info["speed_probes"]`` and each iteration's factor in its ``speed_scale``. With
+        ``prefill_probe`` (a :class:`SpeedProbe` of :data:`PREFILL_PROBE_CHUNKS`, reference
+        ``prefill_probe_ref_s``) it runs right before every probe (untimed warm run and all, so the
+        engine's next iteration follows the probe as without it) and an iteration's factor is ``f ** (1 − w) · f_prefill ** w``, ``w`` = :func:`prefill_weight` of
+        its prefill tokens: a prefill is normalised by how prefills, not decodes, slowed.
         """
         torch = self.torch
         if clock not in CLOCKS:
             raise ValueError(f"clock: one of {', '.join(CLOCKS)}")
         if clock == "virtual" and cost is None:
             raise ValueError("clock='virtual' needs a cost model")
+        after_s = list(getattr(cost, "after_prefill_s", [])) if clock == "virtual" else []
+        after_k = [len(after_s)]  # decode iterations since the last prefill (past the list: none yet)
         norm = clock == "cpu_norm"
         if norm and (probe is None or not probe_ref_s or probe_ref_s <= 0):
             raise ValueError("clock='cpu_norm' needs a SpeedProbe and its reference time probe_ref_s > 0")
+        dual = norm and prefill_probe is not None
+        if dual and (not prefill_probe_ref_s or prefill_probe_ref_s <= 0):
+            raise ValueError("prefill_probe needs its reference time prefill_probe_ref_s > 0")
         cpu_clock = clock in ("cpu", "cpu_norm")
         self.reset()
         rng = random.Random(self.cfg.seed if seed is None else seed)
@@ -723,22 +754,35 @@ class Engine:
                     return
 
         wall0 = time.perf_counter()
-        scale = 1.0
+        scale = scale_pre = 1.0
         probes: list[dict] = []
         hist: deque[float] = deque(maxlen=max(int(probe_window), 1))
+        hist_pre: deque[float] = deque(maxlen=hist.maxlen)
         since = [0.0]  # engine thread CPU seconds since the last probe
 
-        def take_probe() -> float:
+        def take_probe() -> tuple[float, float]:
+            q = 0.0
+            if dual:
+                # before the probe, so the engine's next iteration still follows the probe alone (right
+                # after a prefill probe a decode iteration runs ~18 % slower); the prefill probe itself
+                # hardly depends on what ran before it (within 4 %: docs/validation.md)
+                q = prefill_probe.measure(warm=False)
+                hist_pre.append(q)
             p = probe.measure()
             hist.append(p)
             since[0] = 0.0
             f = float(probe_ref_s) / statistics.median(hist)
-            probes.append({"engine_s": now(), "wall_s": time.perf_counter() - wall0, "probe_s": p, "scale": f})
-            return f
+            row = {"engine_s": now(), "wall_s": time.perf_counter() - wall0, "probe_s": p, "scale": f}
+            f_pre = f
+            if dual:
+                f_pre = float(prefill_probe_ref_s) / statistics.median(hist_pre)
+                row.update(prefill_probe_s=q, prefill_scale=f_pre)
+            probes.append(row)
+            return f, f_pre
 
         if norm:
             for _ in range(hist.maxlen):
-                scale = take_probe()
+                scale, scale_pre = take_probe()
         with torch.inference_mode():
             while done < n_total:
                 drain(False)
@@ -748,7 +792,7 @@ class Engine:
                 if max_wall_s is not None and time.perf_counter() - wall0 > max_wall_s:
                     raise TimeoutError(f"engine run exceeded {max_wall_s} s")
                 if norm and since[0] >= probe_every_s:
-                    scale = take_probe()
+                    scale, scale_pre = take_probe()
                 ts = now()
                 c0 = time.thread_time()
                 ev0 = self.mem.events
@@ -763,6 +807,10 @@ class Engine:
                 dseqs = sum(1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
                 dkv = sum(r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
                 events = self.mem.events - ev0
+                it_scale = scale
+                if dual and scale_pre != scale:
+                    w = prefill_weight(sum(n for n, _ in chunks), probe.prefill_tokens, prefill_probe.prefill_tokens)
+                    it_scale = scale ** (1.0 - w) * scale_pre ** w
                 if items:
                     if compute:
                         toks = self.execute(items)
@@ -774,7 +822,13 @@ class Engine:
                     from sim.costmodel import BatchShape
                     if items:
                         vt[0] += cost.step_time_s(BatchShape(list(chunks), dseqs, dkv)) + cost.alloc_time_s(events)
-                te = now() if not cpu_clock else ts + (time.thread_time() - c0) * scale
+                        # the cost model's after-prefill excess, counted as the simulator's replica does
+                        if chunks:
+                            after_k[0] = 0
+                        elif dseqs and after_k[0] < len(after_s):
+                            vt[0] += after_s[after_k[0]]
+                            after_k[0] += 1
+                te = now() if not cpu_clock else ts + (time.thread_time() - c0) * it_scale
                 finished = 0
                 for (r, n), tok in zip(items, toks):
                     r.computed += n
@@ -801,7 +855,7 @@ class Engine:
                     done += finished
                 c1 = time.thread_time()
                 if cpu_clock:
-                    vt[0] = ts + (c1 - c0) * scale
+                    vt[0] = ts + (c1 - c0) * it_scale
                     since[0] += c1 - c0
                 te2 = now()
                 if items or preempted:
@@ -811,7 +865,7 @@ class Engine:
                                   "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
                                   "running": len(running), "waiting": len(waiting)})
                     if norm:
-                        iters[-1]["speed_scale"] = scale
+                        iters[-1]["speed_scale"] = it_scale
                     if clock == "virtual":
                         iters[-1]["end_s"] = te
         if feeder is not None:
@@ -828,5 +882,7 @@ class Engine:
         if norm:
             conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=hist.maxlen,
                         probe_shape=probe.shape)
+            if dual:
+                conf.update(prefill_probe_ref_s=float(prefill_probe_ref_s), prefill_probe_shape=prefill_probe.shape)
             info["speed_probes"] = probes
         return EngineResult(rows, iters, conf, info)

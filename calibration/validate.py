@@ -8,8 +8,8 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
    then the reference engine's own per-iteration framework overhead
    (:func:`calibration.kernels.measure_engine_overhead`, per cache layout) replaces the
    profile's CPU-step term. One profile file per allocator is written to the output folder.
-   With ``engine.overhead_rounds: spread`` (default) the overhead runs are repeated once before
-   every cell's replays and once after the last, and the final profiles are fitted on every
+   With ``engine.overhead_rounds: spread`` (default) the overhead runs are repeated as many times
+   as there are cells, evenly among the replays, and once after the last, and the final profiles are fitted on every
    round pooled (:class:`OverheadRounds`); the arrival rates come from the up-front fit.
 2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
    capacity the simulator estimates for that allocator (requests/s when all arrive at once),
@@ -20,7 +20,7 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
 4. **Simulator** (after every cell is replayed) replays the same CSV (``workload.arrival.kind:
    trace``) with the same scheduler and allocator knobs and a KV capacity of exactly
    ``num_blocks × block_size`` tokens (``gpu.activation_reserve_bytes`` set so), cost model = the
-   final profile of step 1 (:func:`replay_cell`, then :func:`compare_cell`).
+   final profile of step 1 (:func:`replay_cells`, then :func:`compare_cell`).
 5. **Semantics check**: the engine again on a *virtual* clock driven by the same cost model
    (no compute): its schedule is then timing-independent and must equal the simulator's —
    peak blocks, preemptions and every request's admission / first-token / finish time.
@@ -58,7 +58,7 @@ DEFAULT_SPEC = {
     "name": "validate", "description": "",
     "model": "tiny-llama",
     "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
-               "overhead_rounds": "spread"},
+               "overhead_rounds": "spread", "replay_order": "interleaved", "prefill_probe": True},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -75,6 +75,9 @@ _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a 
 #: cell's replays and one after the last, pooled with the up-front passes (:class:`OverheadRounds`);
 #: ``upfront``: the up-front passes only
 OVERHEAD_ROUNDS = ("spread", "upfront")
+#: ``engine.replay_order``: ``interleaved`` (default) replays every cell once, then every cell again, ... (the
+#: raw clocks in the last sweep); ``blocked``: all of one cell's replays, then the next cell's
+REPLAY_ORDERS = ("interleaved", "blocked")
 #: replay clocks of the engine (``engine.clocks``; the first is the table's), see docs/validation.md
 REPLAY_CLOCKS = ("cpu_norm", "cpu", "wall")
 CLOCK_MEANING = {
@@ -137,6 +140,12 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if spec["engine"].get("overhead_rounds") not in OVERHEAD_ROUNDS:
         raise ConfigError(f"{KEY}.engine.overhead_rounds", spec["engine"].get("overhead_rounds"),
                           f"one of {', '.join(OVERHEAD_ROUNDS)}: where the engine-overhead calibration runs")
+    if not isinstance(spec["engine"].get("prefill_probe"), bool):
+        raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
+                          "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
+    if spec["engine"].get("replay_order") not in REPLAY_ORDERS:
+        raise ConfigError(f"{KEY}.engine.replay_order", spec["engine"].get("replay_order"),
+                          f"one of {', '.join(REPLAY_ORDERS)}: the order of the cells' replays")
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
@@ -332,6 +341,8 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
                   threads=int(eng["threads"]), device=device,
                   clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
                   probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
+                  prefill_probe_ref_s={a: speed.prefill_reference(a) for a in speed.prefill_probes}
+                  if norm and speed.prefill_probes else None,
                   max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                   batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
                   net=net)
@@ -359,7 +370,7 @@ class OverheadRounds:
 
     :meth:`upfront` runs the calibration's passes (3) before any replay; with
     ``engine.overhead_rounds: spread`` ``validate`` adds one pass (:meth:`round`, both layouts
-    interleaved, new prompts each time) before every cell's replays and one after the last, and
+    interleaved, new prompts each time) per cell, evenly among the replays, and one after the last, and
     the final profiles (:meth:`write`) are fitted on every pass pooled. Why: on a shared host one
     pass's fit moves far between rounds a few seconds apart (this sandbox, one process, 8 rounds of
     one pass: the median one-sequence decode iteration 1.96–3.60 ms paged, 1.43–2.86 ms static, on
@@ -383,9 +394,11 @@ class OverheadRounds:
     def _measure(self, label: str, passes: int) -> None:
         from .kernels import measure_engine_overhead
         k = len(self.log)
+        phase = "engine_overhead" if k == 0 else "overhead_rounds"
         ovs = measure_engine_overhead(self.bases, self.model, passes=passes, seed=k,
-                                      probes=self.speed.logged("engine_overhead" if k == 0 else "overhead_rounds")
-                                      if self.speed is not None else None,
+                                      probes=self.speed.logged(phase) if self.speed is not None else None,
+                                      prefill_probes=self.speed.logged(phase, prefill=True) if self.speed is not None
+                                      else None,
                                       between_runs=self.between_runs, **self.kw)
         for a, ov in ovs.items():
             self.rows[a] += [dict(r, round=k) for r in ov["rows"]]
@@ -449,16 +462,18 @@ class OverheadRounds:
 
 
 class _LoggedProbe:
-    """A :class:`SpeedProbe` whose every measurement is also recorded in a :class:`HostSpeed` series."""
+    """A :class:`SpeedProbe` whose every measurement is also recorded in a :class:`HostSpeed` series
+    (``prefill``: the allocator's prefill probe and its series)."""
 
-    def __init__(self, host: "HostSpeed", allocator: str, phase: str):
-        self.host, self.allocator, self.phase = host, allocator, phase
-        self.probe = host.probes[allocator]
+    def __init__(self, host: "HostSpeed", allocator: str, phase: str, prefill: bool = False):
+        self.host, self.allocator, self.phase, self.prefill = host, allocator, phase, prefill
+        self.probe = (host.prefill_probes if prefill else host.probes)[allocator]
         self.shape = self.probe.shape
+        self.prefill_tokens = self.probe.prefill_tokens
 
-    def measure(self) -> float:
-        x = self.probe.measure()
-        self.host.record(self.allocator, self.phase, x)
+    def measure(self, warm: bool = True) -> float:
+        x = self.probe.measure(warm=warm)
+        self.host.record(self.allocator, self.phase, x, prefill=self.prefill)
         return x
 
 
@@ -472,7 +487,12 @@ class HostSpeed:
     the 10 probes before calibration). Every kernel sample is multiplied by :meth:`factor_at` its
     time (reference ÷ the median of the 3 probes around it, geometric mean over the allocators'
     probes), the overhead runs and the replays run on the engine's ``cpu_norm`` clock with the same
-    reference (thread CPU time × reference ÷ median of the last 3 probes). So every time in the
+    reference (thread CPU time × reference ÷ median of the last 3 probes). ``prefill_probes``
+    (``engine.prefill_probe``, one :data:`calibration.engine.PREFILL_PROBE_CHUNKS` probe per
+    allocator) run right before every probe and have their own reference, taken alike; the engine
+    then normalises an iteration with prefill by them in proportion to its prefill tokens
+    (:func:`calibration.engine.prefill_weight`). The kernel samples keep the mixed probe's factor:
+    the overhead rounds, on the engine's clock, absorb what that leaves. So every time in the
     profile and in a ``cpu_norm`` replay is a time on a host running at the reference speed, which
     is compared with the profile as calibrated (no before/after rescaling). Nothing here looks at
     replay iterations or predictions.
@@ -481,21 +501,29 @@ class HostSpeed:
     #: seconds of calibration work (wall) between two probe rounds in the kernel route
     every_s = 0.05
 
-    def __init__(self, probes: dict):
+    def __init__(self, probes: dict, prefill_probes: dict | None = None):
         self.probes = probes
+        self.prefill_probes = prefill_probes or {}
         self.t0 = time.perf_counter()
         self.series: dict[str, list] = {a: [] for a in probes}
+        self.prefill_series: dict[str, list] = {a: [] for a in self.prefill_probes}
         self._ref: dict[str, float] | None = None
+        self._ref_pre: dict[str, float] = {}
         self._last = -math.inf
         self._win: dict | None = None
 
-    def record(self, allocator: str, phase: str, probe_s: float) -> None:
-        """One probe time of ``allocator``'s probe, stamped with the phase and the seconds since start."""
-        self.series[allocator].append((phase, round(time.perf_counter() - self.t0, 4), probe_s))
+    def record(self, allocator: str, phase: str, probe_s: float, prefill: bool = False) -> None:
+        """One probe time of ``allocator``'s probe (``prefill``: its prefill probe), stamped with the
+        phase and the seconds since start."""
+        (self.prefill_series if prefill else self.series)[allocator].append(
+            (phase, round(time.perf_counter() - self.t0, 4), probe_s))
 
     def sample(self, phase: str, n: int) -> None:
         for a, p in self.probes.items():
+            pp = self.prefill_probes.get(a)
             for _ in range(n):
+                if pp is not None:  # right before the probe, as in a cpu_norm run
+                    self.record(a, phase, pp.measure(warm=False), prefill=True)
                 self.record(a, phase, p.measure())
 
     def tick(self, force: bool = False) -> None:
@@ -511,6 +539,7 @@ class HostSpeed:
         if self._ref is not None:
             return
         self._ref = {a: float(np.median([x[2] for x in ser])) for a, ser in self.series.items()}
+        self._ref_pre = {a: float(np.median([x[2] for x in ser])) for a, ser in self.prefill_series.items()}
         self._win = {}
         for a, ser in self.series.items():
             t = [self.t0 + x[1] for x in ser]
@@ -528,9 +557,10 @@ class HostSpeed:
             logs.append(math.log(self._ref[a] / float(np.median(w))))
         return math.exp(sum(logs) / len(logs))
 
-    def logged(self, phase: str) -> dict:
-        """Per allocator, its probe recording every measurement under ``phase`` (the overhead runs)."""
-        return {a: _LoggedProbe(self, a, phase) for a in self.probes}
+    def logged(self, phase: str, prefill: bool = False) -> dict:
+        """Per allocator, its probe (``prefill``: its prefill probe, ``{}`` without) recording every
+        measurement under ``phase`` (the overhead runs)."""
+        return {a: _LoggedProbe(self, a, phase, prefill) for a in (self.prefill_probes if prefill else self.probes)}
 
     def reference_phase(self, allocator: str) -> str:
         phases = {x[0] for x in self.series[allocator]}
@@ -539,6 +569,18 @@ class HostSpeed:
     def reference(self, allocator: str) -> float:
         self.freeze()
         return self._ref[allocator]
+
+    def prefill_reference(self, allocator: str) -> float | None:
+        """The prefill probe's reference (taken like :meth:`reference`), ``None`` without one."""
+        self.freeze()
+        return self._ref_pre.get(allocator)
+
+    def run_kwargs(self, allocator: str) -> dict:
+        """``Engine.run`` arguments of a ``cpu_norm`` run on ``allocator``'s engine."""
+        kw = {"probe": self.probes[allocator], "probe_ref_s": self.reference(allocator)}
+        if allocator in self.prefill_probes:
+            kw.update(prefill_probe=self.prefill_probes[allocator], prefill_probe_ref_s=self.prefill_reference(allocator))
+        return kw
 
     def summary(self) -> dict:
         out = {}
@@ -551,6 +593,14 @@ class HostSpeed:
                       "by_phase_p10_p90_s": {ph: [float(np.percentile([x[2] for x in ser if x[0] == ph], q))
                                                   for q in (10, 90)] for ph in phases},
                       "shape": self.probes[a].shape, "series": [[ph, t, round(x, 7)] for ph, t, x in ser]}
+            pser = self.prefill_series.get(a)
+            if pser:
+                out[a]["prefill_probe"] = {
+                    "reference_s": self.prefill_reference(a), "shape": self.prefill_probes[a].shape,
+                    "probe_s": _pcts(np.array([x[2] for x in pser])),
+                    "by_phase_median_s": {ph: float(np.median([x[2] for x in pser if x[0] == ph]))
+                                          for ph in dict.fromkeys(x[0] for x in pser)},
+                    "series": [[ph, t, round(x, 7)] for ph, t, x in pser]}
         return out
 
 
@@ -567,7 +617,14 @@ def probe_diagnostics(res) -> dict:
             "probe_p90_over_p10": float(np.percentile(ps, 90) / np.percentile(ps, 10)),
             "probe_cpu_over_engine_cpu": float(ps.sum() / busy) if busy > 0 else None,
             "series": [[round(p["engine_s"], 5), round(p["wall_s"], 4), round(p["probe_s"], 7), round(p["scale"], 4)]
-                       for p in pr]}
+                       for p in pr],
+            **({"prefill_reference_s": res.config["prefill_probe_ref_s"],
+                "prefill_probe_s": _pcts(np.array([p["prefill_probe_s"] for p in pr])),
+                "prefill_scale": _pcts(np.array([p["prefill_scale"] for p in pr])),
+                "prefill_probe_cpu_over_engine_cpu": float(sum(p["prefill_probe_s"] for p in pr) / busy) if busy > 0
+                else None,
+                "prefill_series": [[round(p["prefill_probe_s"], 7), round(p["prefill_scale"], 4)] for p in pr]}
+               if "prefill_probe_ref_s" in res.config else {})}
 
 
 # --- runs ------------------------------------------------------------------------------------------
@@ -732,7 +789,7 @@ def host_probe(run: HostProbeRun, cost) -> dict:
 
 @dataclass
 class Replayed:
-    """One cell's engine side (:func:`replay_cell`): the trace and, per replay clock, every replay
+    """One cell's engine side (:func:`new_cell`, :func:`replay_cells`): the trace and, per replay clock, every replay
     and (raw clocks) the host probes around them."""
     load: dict
     allocator: str
@@ -743,32 +800,60 @@ class Replayed:
     probes: dict[str, tuple[HostProbeRun, HostProbeRun]]
 
 
-def replay_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, device: str, engine,
-                speed: "HostSpeed | None" = None) -> Replayed:
-    """The engine replays one load's trace on each clock (the table's ``engine.replays`` times).
-
-    ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe);
-    the raw clocks get a fixed batch (:func:`host_probe_run`) just before and just after their
-    replay, for ``host_speed: probe`` (see :func:`compare_cell`). Nothing here needs the profile:
-    the simulator side runs after every cell is replayed, on the final profile."""
+def new_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, device: str) -> Replayed:
+    """One load × allocator cell before any replay: its requests and their CSV trace."""
     rows = make_requests(spec, rate, device)
     trace = write_trace(rows, out / f"trace-{load['name']}-{allocator}.csv")
-    results: dict[str, list] = {}
-    probes = {}
-    n_rep = int(spec["engine"].get("replays", 1))
-    for ci, clock in enumerate(spec["engine"]["clocks"]):
-        n = n_rep if ci == 0 else 1  # the table's clock is replayed n times, the others once
-        if clock == "cpu_norm":
-            if speed is None:
-                raise ConfigError(f"{KEY}.engine.clocks", clock, "cpu_norm with a HostSpeed reference (validate())")
-            results[clock] = [engine.run([tuple(r) for r in rows], clock=clock, max_wall_s=600,
-                                         probe=speed.probes[allocator], probe_ref_s=speed.reference(allocator))
-                              for _ in range(n)]
-        else:
-            before = host_probe_run(engine, clock)
-            results[clock] = [engine.run([tuple(r) for r in rows], clock=clock, max_wall_s=600) for _ in range(n)]
-            probes[clock] = (before, host_probe_run(engine, clock))
-    return Replayed(load, allocator, rate, rows, trace, results, probes)
+    return Replayed(load, allocator, rate, rows, trace, {c: [] for c in spec["engine"]["clocks"]}, {})
+
+
+def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: "HostSpeed | None" = None) -> None:
+    """The engine replays ``cell``'s trace once more on ``clock``; the result is appended to ``cell.results``.
+
+    ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe);
+    a raw clock gets a fixed batch (:func:`host_probe_run`) just before and just after its replay,
+    for ``host_speed: probe`` (see :func:`compare_cell`; a raw clock is replayed once per cell).
+    Nothing here needs the profile: the simulator side runs after every cell is replayed, on the
+    final profile."""
+    reqs = [tuple(r) for r in cell.rows]
+    if clock == "cpu_norm":
+        if speed is None:
+            raise ConfigError(f"{KEY}.engine.clocks", clock, "cpu_norm with a HostSpeed reference (validate())")
+        cell.results[clock].append(engine.run(reqs, clock=clock, max_wall_s=600, **speed.run_kwargs(cell.allocator)))
+    else:
+        before = host_probe_run(engine, clock)
+        cell.results[clock].append(engine.run(reqs, clock=clock, max_wall_s=600))
+        cell.probes[clock] = (before, host_probe_run(engine, clock))
+
+
+def replay_cells(spec: dict, cells: list[Replayed], engines: dict, speed: "HostSpeed | None" = None,
+                 before=None, say=None) -> None:
+    """Every cell's replays: the table's clock (the first) ``engine.replays`` times, each other clock once.
+
+    ``engine.replay_order: interleaved`` (default) replays every cell once, then every cell again,
+    and so on, the raw clocks in the last sweep; ``blocked`` runs all of one cell's replays before
+    the next cell's. Why interleave: a shared host's speed drifts over minutes and the ``cpu_norm``
+    probe removes it only partly, so consecutive replays share a level (this sandbox, runs S6–S10:
+    the model's busy-time ratio within a cell's three blocked replays 1–3 % apart, between cells up
+    to 12 %). Blocked, each cell's median carries its own minute's level; interleaved, each median
+    draws on windows spread over the whole run, the same windows for every cell.
+    ``before(k, cell)`` is called before the k-th replay of the table's clock (k from 0)."""
+    clocks = spec["engine"]["clocks"]
+    n = int(spec["engine"].get("replays", 1))
+    if spec["engine"].get("replay_order", "interleaved") == "blocked":
+        order = [(c, i) for c in cells for i in range(n)]
+    else:
+        order = [(c, i) for i in range(n) for c in cells]
+    for k, (cell, i) in enumerate(order):
+        if before is not None:
+            before(k, cell)
+        if say is not None:
+            say(f"replay {k + 1}/{len(order)}: {cell.allocator} {cell.load['name']} ({i + 1} of {n}), "
+                f"{cell.rate:.2f} req/s, {len(cell.rows)} requests")
+        replay_once(spec, cell, clocks[0], engines[cell.allocator], speed)
+        if i == n - 1:  # the raw clocks once, after the cell's last replay of the table's clock
+            for clock in clocks[1:]:
+                replay_once(spec, cell, clock, engines[cell.allocator], speed)
 
 
 def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, device: str, net=None) -> Run:
@@ -899,14 +984,17 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     load_before = host_load()
     from sim.deployment import Deployment
 
-    from .engine import Engine, SpeedProbe, Transformer
+    from .engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, Engine, SpeedProbe, Transformer
     first = engine_config(spec, spec["allocators"][0], device)
     # one set of weights for every engine of the run (the allocators differ in KV layout only)
     net = Transformer(first.model, first.dtype, first.device, first.seed)
     engines = {a: Engine(engine_config(spec, a, device), model=net) for a in spec["allocators"]}
     speed = None
     if "cpu_norm" in spec["engine"]["clocks"]:
-        speed = HostSpeed({a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]})
+        speed = HostSpeed({a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]},
+                          {a: SpeedProbe(engines[a].cfg, engines[a].net, decode_kv=PREFILL_PROBE_DECODE_KV,
+                                         chunks=PREFILL_PROBE_CHUNKS) for a in spec["allocators"]}
+                          if spec["engine"].get("prefill_probe", True) else None)
     say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
     paths, pinfo, rounds = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
     spread = rounds is not None and spec["engine"].get("overhead_rounds", "spread") == "spread"
@@ -918,10 +1006,15 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out, device)
         for load in spec["loads"]:
             rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
-            if spread:
-                rounds.round(f"before {load['name']}/{alloc}")
-            say(f"{alloc} {load['name']}: {rate:.2f} req/s, {spec['workload']['num_requests']} requests")
-            cells.append(replay_cell(spec, alloc, load, rate, out, device, engines[alloc], speed))
+            cells.append(new_cell(spec, alloc, load, rate, out, device))
+    n_rep = int(spec["engine"].get("replays", 1))
+
+    def before(k: int, cell: Replayed) -> None:
+        # as many rounds as cells, evenly among the table clock's replays
+        if spread and k % n_rep == 0:
+            rounds.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
+
+    replay_cells(spec, cells, engines, speed, before=before, say=say)
     if spread:
         rounds.round("after the last replay")
         upfront = {a: str(Path(pth).with_name(f"profile-{a}-upfront.json")) for a, pth in paths.items()}

@@ -1,8 +1,8 @@
 """Refit a ``kvsim validate`` run's engine-overhead calibration offline, on the same replays.
 
 A validation run measures the engine once (minutes of replays on a shared host); the choices in
-the overhead fit (which decode iterations set ``a + b·S``, whether a prefill's aftermath is
-charged, which rounds are pooled) can then be compared on exactly those replays: each variant
+the overhead fit (which decode iterations set ``a + b·S``, whether the decode iterations right
+after a prefill get their measured excess, which rounds are pooled) can then be compared on exactly those replays: each variant
 refits the run's ``overhead_rows.json``, rebuilds the profiles from their kernel curves, re-runs
 the simulator on the run's traces and scores it against the run's measured values (the median of
 its replays). The default variant reproduces the run's own table.
@@ -23,10 +23,9 @@ from sim.catalog import get_model
 
 #: fit variants (keyword arguments of ``kernels._fit_overhead``); the first is what validate uses
 VARIANTS = {
-    "steady": {"steady": True, "aftermath": False},
-    "all-decode": {"steady": False, "aftermath": False},
-    "steady+aftermath": {"steady": True, "aftermath": True},
-    "all-decode+aftermath": {"steady": False, "aftermath": True},
+    "steady": {"steady": True, "after_prefill": True},
+    "steady-no-after": {"steady": True, "after_prefill": False},
+    "all-decode": {"steady": False, "after_prefill": False},
 }
 #: which overhead rounds are fitted: all of them, or the up-front passes only
 ROUNDS = {"pooled": lambda r: True, "upfront": lambda r: r.get("round", 0) == 0}

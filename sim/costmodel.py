@@ -65,6 +65,12 @@ class CostModel(ABC):
     def __init__(self) -> None:
         #: Queries outside the measured range, by curve; reported in summary.json.
         self.out_of_range: dict[str, int] = {}
+        #: Seconds added to the k-th pure decode iteration after an iteration with prefill
+        #: (``after_prefill_s[k - 1]``; empty: none). A replica state, not a batch shape: the
+        #: replica counts the decode iterations and adds these itself (``sim/replica.py``), so
+        #: the pricing methods stay pure. Measured on CPU engines, where the first decode
+        #: iterations after a prefill's large activations run slower (calibration/kernels.py).
+        self.after_prefill_s: list[float] = []
 
     @abstractmethod
     def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:

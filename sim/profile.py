@@ -470,6 +470,12 @@ class ProfileCostModel(CostModel):
         cpu = profile.cpu_overhead["by_tp"]
         tps = sorted(int(t) for t in cpu)
         self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
+        after = self._cpu.get("after_prefill_s", [])
+        if not isinstance(after, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                  and 0 <= x < 1 for x in after):
+            raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
+                                                 f"(added to the k-th decode iteration after a prefill); got {after!r}")
+        self.after_prefill_s = [float(x) for x in after]
         self._attn_factor: float = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)

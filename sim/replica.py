@@ -147,6 +147,10 @@ class Replica:
         self.compaction_s = 0.0
         #: Each compaction: (time s, bytes moved, copy seconds).
         self.compaction_log: list[tuple[float, int, float]] = []
+        # The cost model's after-prefill excess (CostModel.after_prefill_s) and the pure decode
+        # iterations run since the last iteration with prefill (starts past the list: no prefill yet).
+        self._after: list[float] = list(cost.after_prefill_s)
+        self._since_prefill = len(self._after)
         #: Static batching returns a batch's members together (``None``: each request alone).
         self._completing = getattr(scheduler, "completing", None)
         #: Block pools: every free block serves any sequence, so external fragmentation is 0.
@@ -323,8 +327,33 @@ class Replica:
         self.alloc_work_s += t
         return t
 
+    def _after_prefill_step(self, batch: BatchShape) -> float:
+        """Seconds the after-prefill excess adds to one iteration of ``batch`` about to run (and the
+        count of decode iterations since a prefill moved past it)."""
+        if batch.prefill_chunks:
+            self._since_prefill = 0
+            return 0.0
+        s = self._since_prefill
+        if batch.decode_seqs == 0 or s >= len(self._after):
+            return 0.0
+        self._since_prefill = s + 1
+        return self._after[s]
+
+    def _after_prefill_window(self, times: list[float]) -> None:
+        """Add the after-prefill excess to the first iterations of a decode window (priced, not yet
+        run: :meth:`_after_prefill_ran` counts the ones that ran)."""
+        s, after = self._since_prefill, self._after
+        for j in range(min(len(times), len(after) - s)):
+            times[j] += after[s + j]
+
+    def _after_prefill_ran(self, m: int) -> None:
+        if self._since_prefill < len(self._after):
+            self._since_prefill = min(self._since_prefill + m, len(self._after))
+
     def _step_time(self, plan: StepPlan) -> float:
         dt = self.cost.step_time_s(plan.batch) + self._work_s()
+        if self._after:
+            dt += self._after_prefill_step(plan.batch)
         if self._bg_copy_left_s > 0:
             arr = np.array([dt])
             self._background_penalty(arr)
@@ -474,6 +503,10 @@ class Replica:
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         times = self.cost.decode_times_s(n, kv)
+        if self._after and self._since_prefill < len(self._after):
+            s, after = self._since_prefill, self._after
+            for i in range(min(k, len(after) - s)):
+                times[i] += after[s + i]
         times[0] += self._work_s()
         self._background_penalty(times)
         frag = self._ext_frag()
@@ -482,6 +515,8 @@ class Replica:
             times[1:] += extra_t
         waiting_at_start = bool(self.sched.waiting)
         m, ends = yield from self._run_window(times.tolist(), k)
+        if self._after:
+            self._after_prefill_ran(m)
         if dp.events is not None and m > 1:
             self.alloc_work_s += float(extra_t[: m - 1].sum())
         tm = times[:m]
@@ -676,6 +711,8 @@ class Replica:
             times = cost.decode_window_times(n, co.sum_a + n * (G + 1), k)
         else:
             times = cost.decode_times_list(n, self._kv_attended(k))
+        if self._after and self._since_prefill < len(self._after):
+            self._after_prefill_window(times)
         times[0] += self._work_s()
         if self._bg_copy_left_s > 0:
             arr = np.array(times)
@@ -693,6 +730,8 @@ class Replica:
     def _window_end(self, plan: StepPlan | None, w: _Window, m: int, ends: list) -> None:
         """Account the ``m`` iterations of window ``w`` that ran (``plan`` is ``None`` when the
         cohort was all that ran and the queue could not move), then end what completed."""
+        if self._after:
+            self._after_prefill_ran(m)
         reserved = self._account_window(m, w, ends[m - 1])
         if (plan is not None and plan.paused) or (w.waiting_at_start and self._has_breaker):
             self._account_paused(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)

@@ -162,6 +162,38 @@ def test_cpu_norm_clock_scales_thread_time_by_the_probe(net, allocator):
         eng.run(trace, clock="cpu_norm")
 
 
+def test_cpu_norm_prefill_probe(net):
+    """With a prefill probe the factor of an iteration with prefill moves from the probe's toward the
+    prefill probe's in proportion to its prefill tokens (prefill_weight); a decode iteration keeps
+    the probe's. Each prefill probe runs right after a probe, with its own reference."""
+    from calibration.engine import SpeedProbe, prefill_weight
+    assert prefill_weight(0, 32, 128) == 0.0 and prefill_weight(32, 32, 128) == 0.0
+    assert prefill_weight(80, 32, 128) == pytest.approx(0.5) and prefill_weight(256, 32, 128) == 1.0
+    assert prefill_weight(40, 32, 32) == 1.0
+    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                       allocator="paged", reserve=80, max_model_len=80)
+    eng = Engine(cfg, model=net)
+    probe = SpeedProbe(cfg, net, chunks=((8, 16),))
+    pre = SpeedProbe(cfg, net, decode_kv=(), chunks=((40, 0),))
+    assert (probe.prefill_tokens, pre.prefill_tokens) == (8, 40)
+    trace = [(0.0, 40, 6), (0.001, 20, 4), (0.002, 33, 5)]
+    # references far apart so the two factors differ by ~4x whatever the host does
+    res = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=probe.measure(), probe_every_s=0.0,
+                  prefill_probe=pre, prefill_probe_ref_s=4 * pre.measure(warm=False))
+    probes = res.info["speed_probes"]
+    assert len(probes) == 3 + len(res.iterations) and all("prefill_scale" in p for p in probes)
+    assert res.config["prefill_probe_shape"]["prefill_chunks"] == [[40, 0]]
+    seen_prefill = seen_decode = False
+    for it, p in zip(res.iterations, probes[3:]):  # the factors in force during each iteration
+        w = prefill_weight(it["prefill_tokens"], 8, 40)
+        assert it["speed_scale"] == pytest.approx(p["scale"] ** (1 - w) * p["prefill_scale"] ** w, rel=1e-9)
+        seen_prefill |= w == 1.0 and it["speed_scale"] == pytest.approx(p["prefill_scale"])
+        seen_decode |= not it["prefill_chunks"] and it["speed_scale"] == p["scale"]
+    assert seen_prefill and seen_decode
+    with pytest.raises(ValueError, match="prefill_probe_ref_s"):
+        eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=1.0, prefill_probe=pre)
+
+
 # --- the simulator reproduces the engine's schedule exactly (same clock) ------------------------------
 
 def _spec(**over):
@@ -171,18 +203,23 @@ def _spec(**over):
     return spec
 
 
+def _semantics_case(tmp_path, allocator, rate, num_blocks, num_requests, output_max):
+    """A spec (prompts 8-300, outputs 1-output_max, static reserve 400), its requests and their trace."""
+    spec = _spec(kv={"num_blocks": num_blocks}, workload={"num_requests": num_requests}, static_reserve=400,
+                 allocators=[allocator])
+    spec["workload"]["max_model_len"] = 400
+    spec["workload"]["lengths"] = {"kind": "uniform", "prompt_min": 8, "prompt_max": 300, "output_min": 1,
+                                   "output_max": output_max}
+    rows = make_requests(spec, rate)
+    return spec, rows, write_trace(rows, tmp_path / "t.csv")
+
+
 @pytest.mark.parametrize("allocator", ["paged", "static"])
 @pytest.mark.parametrize("rate,num_blocks", [(2.0, 256), (8.0, 256), (40.0, 256), (40.0, 60), (1e6, 80)])
 def test_simulator_schedule_identical_to_engine(tmp_path, allocator, rate, num_blocks):
     """Engine on a virtual clock driven by the simulator's cost model (no compute): peak blocks,
     preemptions, iteration count and every request's admission / first token / finish are equal."""
-    spec = _spec(kv={"num_blocks": num_blocks}, workload={"num_requests": 60}, static_reserve=400,
-                 allocators=[allocator])
-    spec["workload"]["max_model_len"] = 400
-    spec["workload"]["lengths"] = {"kind": "uniform", "prompt_min": 8, "prompt_max": 300, "output_min": 1,
-                                   "output_max": 90}
-    rows = make_requests(spec, rate)
-    path = write_trace(rows, tmp_path / "t.csv")
+    spec, rows, path = _semantics_case(tmp_path, allocator, rate, num_blocks, 60, 90)
     sc = sim_scenario(spec, allocator, trace_path=str(path), profile="none")
     sim = simulate(sc)
     cost = Deployment.from_scenario(sc).make_cost_model(sc)
@@ -190,6 +227,38 @@ def test_simulator_schedule_identical_to_engine(tmp_path, allocator, rate, num_b
     assert sem["identical"], sem
     if allocator == "paged" and num_blocks <= 80:
         assert sem["sim_preemptions"] > 0  # the check covers recompute preemption
+
+
+@pytest.mark.parametrize("allocator", ["paged", "static"])
+@pytest.mark.parametrize("rate,num_blocks", [(4.0, 256), (40.0, 256), (40.0, 60)])
+def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, rate, num_blocks):
+    """A profile with after_prefill_s: the simulator adds it to the first decode iterations after each
+    prefill (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the
+    same, so their schedules stay identical; and it is charged (the run is longer than without it)."""
+    from sim.profile import load_profile
+    from sim.config import scenario_from_dict
+    prof = load_profile("cpu-reference")
+    plain_path = prof.write(tmp_path / "plain.json")
+    prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3]}
+                                                       for k, v in prof.cpu_overhead["by_tp"].items()}}
+    after_path = prof.write(tmp_path / "after.json")
+    spec, rows, path = _semantics_case(tmp_path, allocator, rate, num_blocks, 40, 60)
+    runs = {}
+    for name, prof_path in (("plain", plain_path), ("after", after_path)):
+        sc = sim_scenario(spec, allocator, trace_path=str(path), profile=str(prof_path))
+        runs[name] = sim = simulate(sc)
+        cost = Deployment.from_scenario(sc).make_cost_model(sc)
+        assert cost.after_prefill_s == ([4e-3, 2e-3, 1e-3] if name == "after" else [])
+        sem = semantics_check(spec, allocator, "cpu", rows, sim, cost)
+        assert sem["identical"], (name, sem)
+        # stepping every iteration prices the same excess as the fast-forward windows
+        step = simulate(scenario_from_dict({**sc.model_dump(), "engine": {"mode": "step"}}))
+        ff_req = sorted((r["id"], r["finish_s"]) for r in sim.requests.to_pylist())
+        st_req = sorted((r["id"], r["finish_s"]) for r in step.requests.to_pylist())
+        assert [r[0] for r in ff_req] == [r[0] for r in st_req]
+        np.testing.assert_allclose([r[1] for r in ff_req], [r[1] for r in st_req], rtol=1e-9, atol=1e-12)
+    ends = {k: max(r["finish_s"] for r in v.requests.to_pylist()) for k, v in runs.items()}
+    assert ends["after"] > ends["plain"]
 
 
 def test_static_mode_is_contiguous_first_fit():

@@ -44,6 +44,9 @@ def test_spec_errors(tmp_path):
     bad.write_text("engine: {overhead_rounds: sometimes}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, upfront"):
         load_spec(bad)
+    bad.write_text("engine: {replay_order: random}\n")
+    with pytest.raises(ConfigError, match=r"validate\.engine\.replay_order.*interleaved, blocked"):
+        load_spec(bad)
     bad.write_text("quick: {replays: x}\n")
     load_spec(bad)  # the quick section only matters with --quick
     with pytest.raises(ConfigError, match=r"validate\.quick\.replays"):
@@ -88,9 +91,47 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
     assert "rows" not in r.summary()["static"]
 
 
+def test_replay_order_interleaved_and_blocked():
+    """replay_cells: interleaved sweeps every cell once per replay (the raw clocks after a cell's last
+    table-clock replay); blocked finishes one cell first. ``before`` sees every table-clock replay."""
+    from calibration.validate import Replayed, replay_cells
+
+    class FakeEngine:
+        def __init__(self, name, log):
+            self.name, self.log = name, log
+
+        def run(self, reqs, clock, **kw):
+            self.log.append((self.name, len(reqs), clock, "probe" if "probe" in kw else kw.get("lead_s", "replay")))
+            return (self.name, clock)
+
+    class FakeSpeed:
+        def run_kwargs(self, allocator):
+            return {"probe": allocator[0].upper(), "probe_ref_s": 1.0}
+
+    for order, want in (("interleaved", ["pl", "pm", "sl", "pl", "pm", "sl"]),
+                        ("blocked", ["pl", "pl", "pm", "pm", "sl", "sl"])):
+        spec = load_spec("scenarios/validate-cpu.yaml")
+        spec["engine"].update(replays=2, clocks=["cpu_norm", "wall"], replay_order=order)
+        log, seen = [], []
+        engines = {a: FakeEngine(a, log) for a in ("paged", "static")}
+        rows = np.zeros((3, 3))
+        cells = [Replayed({"name": ld}, a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
+                 for a, ld in (("paged", "light"), ("paged", "medium"), ("static", "light"))]
+        replay_cells(spec, cells, engines, FakeSpeed(), before=lambda k, c: seen.append((k, c.allocator[0] + c.load["name"][0])))
+        assert [x[1] for x in seen] == want and [x[0] for x in seen] == list(range(6))
+        norm = [(name[0], clock) for name, n, clock, kind in log if n == 3]
+        assert [n for n, c in norm if c == "cpu_norm"] == [w[0] for w in want]
+        for c in cells:
+            assert len(c.results["cpu_norm"]) == 2 and len(c.results["wall"]) == 1
+            assert set(c.probes) == {"wall"}  # before and after the raw clock's one replay
+        # a raw clock's replay comes right after its cell's last cpu_norm replay, bracketed by probes
+        i = next(i for i, x in enumerate(log) if x[2] == "wall" and x[1] == 3)
+        assert log[i - 2][2] == "cpu_norm" and log[i - 1][3] == 0.0 and log[i + 1][3] == 0.0
+
+
 def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
     """Synthetic calibration rows: per run one prefill iteration of P tokens (S decoding alongside),
-    then ``decodes`` pure-decode iterations whose first ones carry ``excess[k]`` seconds (the aftermath)."""
+    then ``decodes`` pure-decode iterations, the k-th of which carries ``excess[k - 1]`` seconds more."""
     from calibration.kernels import AFTER_PREFILL
     rows = []
     for run in range(runs):
@@ -104,7 +145,7 @@ def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
                 since = 0
             else:
                 since += 1
-                over = a + b * S + (excess[since - 1] * (P - 1) if since <= len(excess) else 0.0)
+                over = a + b * S + (excess[since - 1] if since <= len(excess) else 0.0)
                 r = {"seqs": S, "tokens": S, "pure_decode": True}
             if rng is not None:
                 over *= 1.0 + rng.normal(0, 0.01)
@@ -116,34 +157,37 @@ def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
     return rows
 
 
-def test_overhead_fit_steady_state_and_prefill_aftermath():
-    """The decode term is fitted on steady-state iterations; with ``aftermath``, what a prefill makes
-    the next AFTER_PREFILL decode iterations cost is charged per prefill token to its iteration."""
-    from calibration.kernels import _fit_overhead as fit_default
+def test_overhead_fit_steady_state_and_after_prefill():
+    """The decode term is fitted on steady-state iterations; the k-th decode iteration after a prefill
+    gets its own excess over it (after_prefill_s), which the all-decode fit averages into a + b·S."""
+    from calibration.kernels import _fit_overhead
     a, b, c = 1e-3, 2e-4, 20e-6
-    excess = [6e-6, 4e-6, 2e-6, 1e-6, 1e-6]  # per prefill token, decode iterations 1..5 after it
-    plain = fit_default(_run_rows(a, b, c, excess), "cpu_norm")  # the default: no aftermath term
-    assert plain["intercept_s"] == pytest.approx(a, rel=1e-6) and plain["per_token_after_s"] == 0.0
-    assert plain["per_token_s"] == pytest.approx(c, rel=1e-6)
-    # short runs (most decode iterations in an aftermath): every decode iteration lifts the decode term
-    short = _run_rows(a, b, c, excess, decodes=8)
-    assert fit_default(short, "cpu_norm", steady=False)["intercept_s"] > a * 1.01
-    assert fit_default(short, "cpu_norm")["intercept_s"] == pytest.approx(a, rel=1e-6)
-
-    def _fit_overhead(rows, clock):
-        return fit_default(rows, clock, aftermath=True)
+    excess = [6e-4, 3e-4, 1e-4, 0.0, 0.0]  # seconds, decode iterations 1..5 after a prefill
     fit = _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm")
     # the mixed iteration counts one more sequence (the chunk) than the decodes around it
     assert fit["intercept_s"] == pytest.approx(a, rel=1e-6) and fit["per_seq_s"] == pytest.approx(b, rel=1e-6)
-    assert fit["per_token_own_s"] == pytest.approx(c, rel=1e-6)
-    assert fit["per_token_after_s"] == pytest.approx(sum(excess), rel=1e-6)
-    assert fit["per_token_s"] == pytest.approx(fit["per_token_own_s"] + sum(excess), rel=1e-9)
-    assert fit["after_prefill_samples"] == 12 and fit["steady_decode_iterations"] == 12 * 15
-    # no aftermath: nothing charged for it; noise: still close
-    assert _fit_overhead(_run_rows(a, b, c, [0.0] * 5), "cpu_norm")["per_token_after_s"] == pytest.approx(0.0, abs=1e-12)
+    assert fit["per_token_s"] == pytest.approx(c, rel=1e-6)
+    assert fit["after_prefill_s"] == pytest.approx(excess[:3], rel=1e-6)  # trailing zeros dropped
+    assert fit["after_prefill_samples"] == [12] * 5 and fit["steady_decode_iterations"] == 12 * 15
+    assert fit["fit_p90_rel_err"] < 1e-6  # with the excess, the fit prices every row
+    assert _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm", after_prefill=False)["after_prefill_s"] == []
+    # short runs (most decode iterations right after a prefill): the all-decode fit lifts a + b·S instead
+    long_excess = [6e-4, 5e-4, 4e-4, 3e-4, 2e-4]
+    short = _run_rows(a, b, c, long_excess, decodes=8)
+    alld = _fit_overhead(short, "cpu_norm", steady=False)
+    assert alld["intercept_s"] > a * 1.01 and alld["after_prefill_s"] == []
+    assert _fit_overhead(short, "cpu_norm")["intercept_s"] == pytest.approx(a, rel=1e-6)
+    assert _fit_overhead(_run_rows(a, b, c, [0.0] * 5), "cpu_norm")["after_prefill_s"] == []
     noisy = _fit_overhead(_run_rows(a, b, c, excess, rng=np.random.default_rng(0)), "cpu_norm")
-    assert noisy["per_token_after_s"] == pytest.approx(sum(excess), rel=0.3)
+    assert noisy["after_prefill_s"][0] == pytest.approx(excess[0], rel=0.1)
     assert noisy["intercept_s"] + noisy["per_seq_s"] == pytest.approx(a + b, rel=0.03)
+    # into the profile as is
+    from calibration.kernels import with_engine_overhead
+    from sim.profile import load_profile
+    from sim.catalog import get_model
+    prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
+                                                                  "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+    assert prof.cpu_overhead["by_tp"]["1"]["after_prefill_s"] == fit["after_prefill_s"]
 
 
 def test_replays_median_and_spread():
@@ -312,6 +356,12 @@ def test_quick_validation_within_bound(tmp_path):
         for key, by_clock in doc["diagnostics"].items():  # the probe series is reported
             sp = by_clock["cpu_norm"]["speed_probes"]
             assert sp["probes"] >= 3 and sp["reference_s"] > 0 and len(sp["series"]) == sp["probes"], key
+            assert sp["prefill_reference_s"] > 0 and len(sp["prefill_series"]) == sp["probes"], key
+        for a in ("paged", "static"):  # the prefill probe: its own reference, sampled with the probe
+            ref = doc["host_speed_reference"][a]
+            pre = ref["prefill_probe"]
+            assert pre["reference_s"] > ref["reference_s"] and pre["shape"]["prefill_chunks"] == [[128, 0]]
+            assert len(pre["series"]) == len(ref["series"])
         assert doc["shape"]["model"] == "tiny-llama" and doc["device"]["kind"] == "cpu"
         for key, sem in doc["semantics"].items():
             assert sem["identical"], (key, sem)  # same clock => same schedule, blocks, preemptions
