@@ -30,7 +30,8 @@ KINDS = {  # name: (decode KV tokens per sequence, prefill chunks (new, context)
 }
 
 
-def run(quick: bool, out: Path) -> dict:
+def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
+    """Rotate the iteration kinds for ``seconds`` (default 150, ``quick``: 20) and tabulate them."""
     from calibration.engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, Engine, SpeedProbe
     from calibration.validate import engine_config, load_spec
     spec = load_spec("scenarios/validate-cpu.yaml")
@@ -43,7 +44,7 @@ def run(quick: bool, out: Path) -> dict:
             probes[name] = SpeedProbe(eng.cfg, eng.net, decode_kv=PREFILL_PROBE_DECODE_KV, chunks=PREFILL_PROBE_CHUNKS)
         else:
             probes[name] = SpeedProbe(eng.cfg, eng.net, decode_kv=shape[0], chunks=shape[1])
-    seconds = 20.0 if quick else 150.0
+    seconds = float(seconds) if seconds is not None else 20.0 if quick else 150.0
     la0 = load_avg()
     rounds = []
     t0 = time.perf_counter()

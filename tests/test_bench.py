@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent  # holds the repository's bench/ package
 
 _CHILD = """
@@ -37,3 +39,17 @@ def test_costmodel_bench_records_the_engines_calls(tmp_path):
     assert data["mixed_step_calls"] > 0 and data["decode_window_calls"] > 0
     assert data["calls"] == data["engine_batch_changes"]  # one pricing call per batch change, none twice
     assert data["seconds"]["profile_warm"] > 0 and (tmp_path / "costmodel.json").exists()
+
+
+def test_host_modes_bench_tabulates_every_kind(tmp_path):
+    """``bench host-modes``: every iteration kind timed in each round, split by the probe's speed;
+    the probe over itself is 1 by construction."""
+    pytest.importorskip("torch")
+    from bench.host_modes import KINDS, run
+    res = run(True, tmp_path, seconds=1.0)
+    assert res["rounds"] >= 3 and set(res["kinds"]) == set(KINDS)
+    probe = res["kinds"]["probe"]
+    assert probe["over_probe_fast"] == 1.0 and probe["over_probe_slow"] == 1.0
+    assert all(k["fast_ms"] > 0 and k["slow_ms"] > 0 for k in res["kinds"].values())
+    # a 256-token prefill costs more than a one-sequence decode on any host
+    assert res["kinds"]["prefill 256"]["fast_ms"] > res["kinds"]["decode 1"]["fast_ms"]
