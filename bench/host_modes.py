@@ -20,9 +20,11 @@ import numpy as np
 
 from .common import load_avg, table
 
+from calibration.engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, PROBE_CHUNKS, PROBE_DECODE_KV
+
 KINDS = {  # name: (decode KV tokens per sequence, prefill chunks (new, context))
-    "probe": None,  # the cpu_norm clock's mixed probe, engine.PROBE_*
-    "prefill probe": None,  # engine.PREFILL_PROBE_*
+    "probe": (PROBE_DECODE_KV, PROBE_CHUNKS),  # the cpu_norm clock's mixed probe
+    "prefill probe": (PREFILL_PROBE_DECODE_KV, PREFILL_PROBE_CHUNKS),
     "prefill 256": ((), ((256, 0),)),
     "chunk 128 + 256 ctx": ((), ((128, 256),)),
     "decode 1": ((200,), ()),
@@ -32,18 +34,11 @@ KINDS = {  # name: (decode KV tokens per sequence, prefill chunks (new, context)
 
 def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
     """Rotate the iteration kinds for ``seconds`` (default 150, ``quick``: 20) and tabulate them."""
-    from calibration.engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, Engine, SpeedProbe
+    from calibration.engine import Engine, SpeedProbe
     from calibration.validate import engine_config, load_spec
     spec = load_spec("scenarios/validate-cpu.yaml")
     eng = Engine(engine_config(spec, "paged", "cpu"))
-    probes = {}
-    for name, shape in KINDS.items():
-        if name == "probe":
-            probes[name] = SpeedProbe(eng.cfg, eng.net)
-        elif name == "prefill probe":
-            probes[name] = SpeedProbe(eng.cfg, eng.net, decode_kv=PREFILL_PROBE_DECODE_KV, chunks=PREFILL_PROBE_CHUNKS)
-        else:
-            probes[name] = SpeedProbe(eng.cfg, eng.net, decode_kv=shape[0], chunks=shape[1])
+    probes = {name: SpeedProbe(eng.cfg, eng.net, decode_kv=kv, chunks=chunks) for name, (kv, chunks) in KINDS.items()}
     seconds = float(seconds) if seconds is not None else 20.0 if quick else 150.0
     la0 = load_avg()
     rounds = []

@@ -675,8 +675,8 @@ class Engine:
         timed without the time a shared host kept the thread off the CPU) and jumping to the
         next arrival when idle; arrivals are seen at iteration boundaries. ``clock="virtual"``:
         time advances by ``cost.step_time_s`` per iteration (a sim ``CostModel``, plus its
-        allocation charge and its ``after_prefill_s`` as the simulator's replica adds it), arrivals are seen when the virtual clock passes them;
-        ``compute=False`` then skips the forward (scheduling and memory only, sampled tokens 0).
+        allocation charge and its ``after_prefill_s`` as the simulator's replica adds it), arrivals
+        are seen when the virtual clock passes them; ``compute=False`` then skips the forward (scheduling and memory only, sampled tokens 0).
         ``clock="cpu_norm"``: the ``cpu`` clock normalised to a reference host speed: every
         ``probe_every_s`` of engine thread CPU time (and ``probe_window`` times before the first
         iteration) ``probe`` (a :class:`SpeedProbe`) runs its fixed iteration; each iteration then
@@ -685,8 +685,9 @@ class Engine:
         in ``info["speed_probes"]`` and each iteration's factor in its ``speed_scale``. With
         ``prefill_probe`` (a :class:`SpeedProbe` of :data:`PREFILL_PROBE_CHUNKS`, reference
         ``prefill_probe_ref_s``) it runs right before every probe (untimed warm run and all, so the
-        engine's next iteration follows the probe as without it) and an iteration's factor is ``f ** (1 − w) · f_prefill ** w``, ``w`` = :func:`prefill_weight` of
-        its prefill tokens: a prefill is normalised by how prefills, not decodes, slowed.
+        engine's next iteration follows the probe as without it) and an iteration's factor is
+        ``f ** (1 − w) · f_prefill ** w``, ``w`` = :func:`prefill_weight` of its prefill tokens: a
+        prefill is normalised by how prefills, not decodes, slowed.
         """
         torch = self.torch
         if clock not in CLOCKS:
@@ -807,9 +808,10 @@ class Engine:
                 dseqs = sum(1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
                 dkv = sum(r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
                 events = self.mem.events - ev0
+                ptoks = sum(n for n, _ in chunks)
                 it_scale = scale
                 if dual and scale_pre != scale:
-                    w = prefill_weight(sum(n for n, _ in chunks), probe.prefill_tokens, prefill_probe.prefill_tokens)
+                    w = prefill_weight(ptoks, probe.prefill_tokens, prefill_probe.prefill_tokens)
                     it_scale = scale ** (1.0 - w) * scale_pre ** w
                 if items:
                     if compute:
@@ -860,7 +862,7 @@ class Engine:
                 te2 = now()
                 if items or preempted:
                     iters.append({"start_s": ts, "end_s": te2, "cpu_s": c1 - c0, "prefill_chunks": chunks,
-                                  "prefill_tokens": sum(n for n, _ in chunks), "decode_seqs": dseqs,
+                                  "prefill_tokens": ptoks, "decode_seqs": dseqs,
                                   "decode_kv_tokens": dkv, "blocks_in_use": blocks, "reserved_tokens": reserved,
                                   "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
                                   "running": len(running), "waiting": len(waiting)})

@@ -1199,7 +1199,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       the median excess over ``a + b·S`` of the pure-decode iterations ``k`` after the last iteration
       with prefill (never below 0; trailing zeros dropped). The simulator adds it to those decode
       iterations (``CostModel.after_prefill_s``), the engine's virtual clock too. Without it the
-      steady-state fit prices them 5–15 % low; with it, on the same replays (six full runs), 205
+      steady-state fit prices them 5–15 % low; with it, on the same replays (six full runs), 204
       against 188 of 216 cells came within 10 % (docs/validation.md).
     * ``steady=False``: ``a + b·S`` from every pure-decode iteration (the fifth session's fit), which
       averages the after-prefill excess into ``a`` and ``b`` (so no ``after_prefill_s``).
@@ -1211,10 +1211,11 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     xs = np.array(sorted(set(S.tolist())))
     med = np.array([np.median(R[S == x]) for x in xs])
     dec = np.array([r["pure_decode"] for r in rows])
-    since = np.array([r.get("since_prefill") if r.get("since_prefill") is not None else 1 << 30 for r in rows])
+    since = np.array([r.get("since_prefill", 1 << 30) for r in rows])
     meas_t = np.array([r["measured_s" if clock != "cpu" else "cpu_s"] for r in rows])
     late = dec & (since > AFTER_PREFILL)
-    sel = late if steady and late.sum() >= 10 else (dec if dec.any() else np.ones(len(rows), dtype=bool))
+    steady = steady and late.sum() >= 10  # else too few steady-state rows: every decode row
+    sel = late if steady else (dec if dec.any() else np.ones(len(rows), dtype=bool))
     xd = np.array(sorted(set(S[sel].tolist())))
     md = np.array([np.median(R[sel & (S == x)]) for x in xd])
     w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
@@ -1223,7 +1224,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     c_ = float(max(0.0, np.median((R[mixed] - a - b_ * S[mixed]) / (T[mixed] - S[mixed])))) if mixed.any() else 0.0
     after_s: list[float] = []
     after_n: list[int] = []
-    if steady and after_prefill and sel is late:
+    if steady and after_prefill:
         for k in range(1, AFTER_PREFILL + 1):
             m = dec & (since == k)
             after_n.append(int(m.sum()))

@@ -9,8 +9,9 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
    (:func:`calibration.kernels.measure_engine_overhead`, per cache layout) replaces the
    profile's CPU-step term. One profile file per allocator is written to the output folder.
    With ``engine.overhead_rounds: spread`` (default) the overhead runs are repeated as many times
-   as there are cells, evenly among the replays, and once after the last, and the final profiles are fitted on every
-   round pooled (:class:`OverheadRounds`); the arrival rates come from the up-front fit.
+   as there are cells, evenly among the replays, and once after the last, and the final profiles
+   are fitted on every round pooled (:class:`OverheadRounds`); the arrival rates come from the
+   up-front fit.
 2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
    capacity the simulator estimates for that allocator (requests/s when all arrive at once),
    or an explicit ``rate``; written as a generic CSV trace ``arrival_s,prompt_tokens,output_tokens``.
@@ -71,9 +72,9 @@ DEFAULT_SPEC = {
     "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
 }
 _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
-#: ``engine.overhead_rounds``: ``spread`` (default) adds one pass of the engine-overhead runs before every
-#: cell's replays and one after the last, pooled with the up-front passes (:class:`OverheadRounds`);
-#: ``upfront``: the up-front passes only
+#: ``engine.overhead_rounds``: ``spread`` (default) adds one pass of the engine-overhead runs per cell,
+#: evenly among the replays, and one after the last, pooled with the up-front passes
+#: (:class:`OverheadRounds`); ``upfront``: the up-front passes only
 OVERHEAD_ROUNDS = ("spread", "upfront")
 #: ``engine.replay_order``: ``interleaved`` (default) replays every cell once, then every cell again, ... (the
 #: raw clocks in the last sweep); ``blocked``: all of one cell's replays, then the next cell's
@@ -789,8 +790,8 @@ def host_probe(run: HostProbeRun, cost) -> dict:
 
 @dataclass
 class Replayed:
-    """One cell's engine side (:func:`new_cell`, :func:`replay_cells`): the trace and, per replay clock, every replay
-    and (raw clocks) the host probes around them."""
+    """One cell's engine side (:func:`new_cell`, :func:`replay_cells`): the trace and, per replay
+    clock, every replay and (raw clocks) the host probes around them."""
     load: dict
     allocator: str
     rate: float

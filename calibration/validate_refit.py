@@ -2,10 +2,11 @@
 
 A validation run measures the engine once (minutes of replays on a shared host); the choices in
 the overhead fit (which decode iterations set ``a + b·S``, whether the decode iterations right
-after a prefill get their measured excess, which rounds are pooled) can then be compared on exactly those replays: each variant
-refits the run's ``overhead_rows.json``, rebuilds the profiles from their kernel curves, re-runs
-the simulator on the run's traces and scores it against the run's measured values (the median of
-its replays). The default variant reproduces the run's own table.
+after a prefill get their measured excess, which rounds are pooled) can then be compared on
+exactly those replays: each variant refits the run's ``overhead_rows.json``, rebuilds the profiles
+from their kernel curves, re-runs the simulator on the run's traces and scores it against the
+run's measured values (the median of its replays). The default variant reproduces the run's own
+table.
 
     python -m calibration.validate_refit runs/validate-cpu [more run folders]
 """

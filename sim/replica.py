@@ -339,7 +339,7 @@ class Replica:
         self._since_prefill = s + 1
         return self._after[s]
 
-    def _after_prefill_window(self, times: list[float]) -> None:
+    def _after_prefill_window(self, times: list[float] | np.ndarray) -> None:
         """Add the after-prefill excess to the first iterations of a decode window (priced, not yet
         run: :meth:`_after_prefill_ran` counts the ones that ran)."""
         s, after = self._since_prefill, self._after
@@ -503,10 +503,8 @@ class Replica:
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         times = self.cost.decode_times_s(n, kv)
-        if self._after and self._since_prefill < len(self._after):
-            s, after = self._since_prefill, self._after
-            for i in range(min(k, len(after) - s)):
-                times[i] += after[s + i]
+        if self._after:
+            self._after_prefill_window(times)
         times[0] += self._work_s()
         self._background_penalty(times)
         frag = self._ext_frag()
@@ -711,7 +709,7 @@ class Replica:
             times = cost.decode_window_times(n, co.sum_a + n * (G + 1), k)
         else:
             times = cost.decode_times_list(n, self._kv_attended(k))
-        if self._after and self._since_prefill < len(self._after):
+        if self._after:
             self._after_prefill_window(times)
         times[0] += self._work_s()
         if self._bg_copy_left_s > 0:
