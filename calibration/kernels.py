@@ -977,14 +977,26 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
     wall time. ``speed``: a host-speed normaliser (:attr:`Bench.speed`; ``kvsim validate``'s
     :class:`calibration.validate.HostSpeed`) that puts every sample at its reference speed.
     """
+    t0 = time.perf_counter()
+    plan = plan or make_plan(device, model, quick)
+    meas, info = measure_device(device, model, plan, dtype=dtype, threads=threads, progress=progress,
+                                cpu_time=cpu_time, speed=speed)
+    elapsed = time.perf_counter() - t0
+    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed,
+                                         key_dtype=key_dtype)
+    return DeviceResult(profile, meas, fits, elapsed)
+
+
+def measure_device(device: str, model: ModelSpec, plan: Plan, *, dtype: str = "bf16", threads: int | None = None,
+                   progress: bool = False, cpu_time: bool = False, speed=None) -> tuple[Measurements, dict]:
+    """Time every point of ``plan`` (no fitting): the measurements and the device's description.
+    Arguments as :func:`calibrate_device`."""
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
     if dtype not in _TORCH_DTYPE:
         raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route")
-    t0 = time.perf_counter()
     bench = Bench.open(device, dtype, threads=threads)
     try:
-        plan = plan or make_plan(device, model, quick)
         bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s
         if cpu_time and device == "cpu":
             bench.timer = time.thread_time
@@ -993,10 +1005,29 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
         meas = run_measurements(bench, model, plan, progress)
     finally:
         bench.close()
-    elapsed = time.perf_counter() - t0
-    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed,
-                                         key_dtype=key_dtype)
-    return DeviceResult(profile, meas, fits, elapsed)
+    return meas, info
+
+
+def pool_measurements(runs: list[Measurements]) -> Measurements:
+    """One point per measured coordinate from several runs of the same plan: the median of the
+    runs' medians (each run's value already robust to its slow samples; a run taken in a slow
+    or oddly-loaded window is outvoted), the extreme min and max, the repeats summed. A point
+    missing from some runs is pooled over the runs that have it."""
+    from collections import OrderedDict
+    stats = ("median_s", "min_s", "max_s", "repeats", "inner", "buffers", "runs")
+    groups: OrderedDict = OrderedDict()
+    for m in runs:
+        for r in m.rows:
+            key = tuple(sorted((k, v) for k, v in r.items() if k not in stats))
+            groups.setdefault(key, []).append(r)
+    out = Measurements()
+    for rs in groups.values():
+        row = {k: v for k, v in rs[0].items() if k not in stats}
+        row.update(median_s=float(np.median([r["median_s"] for r in rs])), min_s=min(r["min_s"] for r in rs),
+                   max_s=max(r["max_s"] for r in rs), repeats=sum(r["repeats"] for r in rs),
+                   inner=rs[-1]["inner"], buffers=rs[-1]["buffers"], runs=sum(r.get("runs", 1) for r in rs))
+        out.rows.append(row)
+    return out
 
 
 def write_outputs(result: DeviceResult, out: Path | str, model: ModelSpec, report: bool = True) -> dict[str, Path | None]:
@@ -1024,7 +1055,8 @@ def kernels_only(profile: Profile) -> Profile:
     p = copy.deepcopy(profile)
     by = p.cpu_overhead.setdefault("by_tp", {})
     for k in list(by) or ["1"]:
-        by[k] = {**by.get(k, {}), "intercept_s": 0.0, "per_seq_s": 0.0, "batch_range": [1, 1 << 20]}
+        by[k] = {**by.get(k, {}), "intercept_s": 0.0, "per_seq_s": 0.0, "batch_range": [1, 1 << 20],
+                 "after_prefill_s": []}
     return p
 
 
@@ -1060,19 +1092,53 @@ def with_static_decode(profile: Profile, meas: Measurements, model: ModelSpec) -
     return p
 
 
-def engine_iteration_rows(result, cost) -> list[dict]:
-    """One row per engine iteration: its batch shape, measured wall and thread-CPU seconds, and ``cost``'s prediction."""
+def kernel_cost(profile: Profile, model: ModelSpec, allocator: str, block_size: int):
+    """The cost model of ``profile``'s kernels alone (CPU-side step overhead zeroed) for the
+    reference engine's ``allocator`` layout: what the engine overhead is measured against."""
+    from sim.catalog import GPUS
+    from sim.costmodel import Layout
+    from sim.profile import ProfileCostModel
+    dt = profile.dtypes["weight"][0]
+    return ProfileCostModel(kernels_only(profile), model, GPUS["cpu"], weight_dtype=dt, kv_dtype=dt,
+                            layout=Layout(paged=allocator == "paged", block_size=block_size))
+
+
+def _predict(cost, chunks, decode_seqs: int, decode_kv: int, alloc_events: int) -> float:
     from sim.costmodel import BatchShape
+    shape = BatchShape([tuple(c) for c in chunks], decode_seqs, decode_kv)
+    return cost.step_time_s(shape) + cost.alloc_time_s(alloc_events)
+
+
+def engine_iteration_rows(result, cost) -> list[dict]:
+    """One row per engine iteration: its batch shape (``chunks``: the prefill chunks as
+    ``[new tokens, context]``), measured wall and thread-CPU seconds, and ``cost``'s prediction."""
     rows = []
     for i, it in enumerate(result.iterations):
-        shape = BatchShape(list(it["prefill_chunks"]), it["decode_seqs"], it["decode_kv_tokens"])
-        pred = cost.step_time_s(shape) + cost.alloc_time_s(it["alloc_events"])
-        rows.append({"iteration": i, "seqs": it["decode_seqs"] + len(it["prefill_chunks"]),
-                     "decode_seqs": it["decode_seqs"], "prefill_chunks": len(it["prefill_chunks"]),
+        chunks = [list(c) for c in it["prefill_chunks"]]
+        rows.append({"iteration": i, "seqs": it["decode_seqs"] + len(chunks),
+                     "decode_seqs": it["decode_seqs"], "prefill_chunks": len(chunks),
                      "tokens": it["decode_seqs"] + it["prefill_tokens"], "decode_kv_tokens": it["decode_kv_tokens"],
-                     "pure_decode": not it["prefill_chunks"], "measured_s": it["end_s"] - it["start_s"],
-                     "cpu_s": it["cpu_s"], "predicted_s": pred})
+                     "pure_decode": not chunks, "measured_s": it["end_s"] - it["start_s"],
+                     "cpu_s": it["cpu_s"], "chunks": chunks, "alloc_events": it["alloc_events"],
+                     "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"],
+                                             it["alloc_events"])})
     return rows
+
+
+def repredict(rows: list[dict], cost, clock: str) -> list[dict]:
+    """``rows`` (engine overhead rows) with ``predicted_s`` and ``residual_s`` recomputed against
+    ``cost`` (kernels only, :func:`kernel_cost`): how the overhead rounds are refitted on kernel
+    curves re-timed after they ran. Rows without ``chunks`` (runs before it was stored) are
+    returned unchanged."""
+    out = []
+    for r in rows:
+        if "chunks" not in r:
+            out.append(r)
+            continue
+        pred = _predict(cost, r["chunks"], r["decode_seqs"], r["decode_kv_tokens"], r["alloc_events"])
+        out.append({**r, "predicted_s": pred,
+                    "residual_s": (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - pred})
+    return out
 
 
 def decode_since_prefill(rows: list[dict]) -> list[int]:
@@ -1123,16 +1189,10 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
         raise ValueError("clock: cpu, cpu_norm or wall")
     if clock == "cpu_norm" and (not probes or not probe_ref_s):
         raise ValueError("clock='cpu_norm' needs probes and probe_ref_s per allocator")
-    from sim.catalog import GPUS
-    from sim.costmodel import Layout
-    from sim.profile import ProfileCostModel
-
     from .engine import Engine, EngineConfig, Transformer
 
     profiles = profile if isinstance(profile, dict) else {a: profile for a in allocators}
-    costs = {a: ProfileCostModel(kernels_only(profiles[a]), model, GPUS["cpu"], weight_dtype=profiles[a].dtypes["weight"][0],
-                                 kv_dtype=profiles[a].dtypes["weight"][0],
-                                 layout=Layout(paged=a == "paged", block_size=block_size)) for a in allocators}
+    costs = {a: kernel_cost(profiles[a], model, a, block_size) for a in allocators}
     net = net if net is not None else Transformer(model, dtype, device, seed)
     rng = random.Random(seed)
     longest = prompt_range[1] + output_tokens

@@ -11,7 +11,9 @@ For each allocator (``paged``, ``static``) and each load of a validation spec
    With ``engine.overhead_rounds: spread`` (default) the overhead runs are repeated as many times
    as there are cells, evenly among the replays, and once after the last, and the final profiles
    are fitted on every round pooled (:class:`OverheadRounds`); the arrival rates come from the
-   up-front fit.
+   up-front fit. With ``engine.kernel_rounds: spread`` (default) the kernel grid is timed again
+   before every later round and the final kernel curves are fitted on every pass pooled
+   (:class:`KernelRounds`), the overhead rows re-priced against them.
 2. **Requests**: the spec's lengths and a Poisson arrival rate = ``utilization`` × the
    capacity the simulator estimates for that allocator (requests/s when all arrive at once),
    or an explicit ``rate``; written as a generic CSV trace ``arrival_s,prompt_tokens,output_tokens``.
@@ -33,6 +35,7 @@ torch is imported only through :mod:`calibration.engine` and :mod:`calibration.k
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -59,7 +62,8 @@ DEFAULT_SPEC = {
     "name": "validate", "description": "",
     "model": "tiny-llama",
     "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
-               "overhead_rounds": "spread", "replay_order": "interleaved", "prefill_probe": True},
+               "overhead_rounds": "spread", "kernel_rounds": "spread", "replay_order": "interleaved",
+               "prefill_probe": True},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -76,6 +80,11 @@ _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a 
 #: evenly among the replays, and one after the last, pooled with the up-front passes
 #: (:class:`OverheadRounds`); ``upfront``: the up-front passes only
 OVERHEAD_ROUNDS = ("spread", "upfront")
+#: ``engine.kernel_rounds``: ``spread`` (default, with ``overhead_rounds: spread`` and a calibrated
+#: profile) times the kernel route's grid again, one pass, before every overhead round, and the final
+#: profiles' kernel curves are fitted on every pass pooled (:class:`KernelRounds`); ``upfront``: the
+#: up-front route only
+KERNEL_ROUNDS = ("spread", "upfront")
 #: ``engine.replay_order``: ``interleaved`` (default) replays every cell once, then every cell again, ... (the
 #: raw clocks in the last sweep); ``blocked``: all of one cell's replays, then the next cell's
 REPLAY_ORDERS = ("interleaved", "blocked")
@@ -141,6 +150,9 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if spec["engine"].get("overhead_rounds") not in OVERHEAD_ROUNDS:
         raise ConfigError(f"{KEY}.engine.overhead_rounds", spec["engine"].get("overhead_rounds"),
                           f"one of {', '.join(OVERHEAD_ROUNDS)}: where the engine-overhead calibration runs")
+    if spec["engine"].get("kernel_rounds") not in KERNEL_ROUNDS:
+        raise ConfigError(f"{KEY}.engine.kernel_rounds", spec["engine"].get("kernel_rounds"),
+                          f"one of {', '.join(KERNEL_ROUNDS)}: where the kernel route is timed")
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
         raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
                           "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
@@ -305,7 +317,6 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     """
     from sim.profile import load_profile
 
-    from .kernels import calibrate_device, with_static_decode
     model = get_model(spec["model"])
     eng = spec["engine"]
     info: dict = {}
@@ -314,18 +325,16 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     if speed is not None:
         speed.sample("before_calibration", 10)
     bases = {}
+    kernels = None
     if profile is None:
-        res = calibrate_device(device, model, dtype=eng["dtype"], key_dtype="bf16", threads=int(eng["threads"]),
-                               plan=validation_plan(spec, device), progress=progress,
-                               name=f"{device}-{model.name}-{eng['dtype']}-validate", cpu_time=cpu_clock, speed=speed)
-        base = res.profile
+        kernels = KernelRounds(spec, device, model, speed=speed, cpu_time=cpu_clock, progress=progress)
+        bases = kernels.bases()
+        base = bases[spec["allocators"][0]]
         info["calibrated"] = {"route": "kvsim calibrate --device (route 1), validation grid",
-                              "elapsed_s": round(res.elapsed_s, 1),
+                              "elapsed_s": kernels.log[0]["elapsed_s"],
                               "points": sum(base.provenance["measured_points"].values()),
                               "timer": "thread CPU time" if cpu_clock else "wall time",
                               "normalised": speed is not None}
-        for a in spec["allocators"]:
-            bases[a] = with_static_decode(base, res.measurements, model) if a == "static" else base
     else:
         base = load_profile(profile)
         info["loaded"] = profile
@@ -348,7 +357,8 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
                   batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
                   net=net)
         rounds = OverheadRounds(bases, model, kw, speed if norm else None,
-                                between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None)
+                                between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
+                                kernels=kernels if eng.get("kernel_rounds", "spread") == "spread" else None)
         rounds.upfront()
         paths = rounds.write(out)
         info["engine_overhead"] = rounds.summary()
@@ -363,6 +373,71 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)
     info["name"] = base.name
     return paths, info, rounds
+
+
+class KernelRounds:
+    """Route 1's validation grid (:func:`validation_plan`), timed up front and again, one pass,
+    before every overhead round (``engine.kernel_rounds: spread``); the kernel curves are fitted on
+    every pass pooled (:func:`calibration.kernels.pool_measurements`: per point the median of the
+    passes' medians).
+
+    Why: one route is one ~6 s window, and its curves move by shape from window to window even
+    normalised by the probe (this sandbox, five routes back to back in one process, kernels-only
+    predictions in reference units: a one-sequence decode 0.95–1.14 of their mean, four sequences
+    0.88–1.11, a 256-token prefill 0.86–1.06, each route off in its own pattern). The overhead
+    fit ``a + b·S + c·P`` takes out a level, not a shape, so a run's cells that lean on one shape
+    (light load: one or two sequences; saturating: full batches) inherited that window's error.
+    Pooled over the run, as the overhead already is, the pattern averages out. Each later pass is
+    put at the frozen reference by the probes around its own points (:meth:`HostSpeed.kernel_round`).
+    """
+
+    def __init__(self, spec: dict, device: str, model, *, speed: "HostSpeed | None", cpu_time: bool,
+                 progress: bool = False):
+        from .kernels import measure_device
+        eng = spec["engine"]
+        self.spec, self.device, self.model, self.speed, self.cpu_time = spec, device, model, speed, cpu_time
+        self.allocators = tuple(spec["allocators"])
+        self.plan = validation_plan(spec, device)
+        self.name = f"{device}-{model.name}-{eng['dtype']}-validate"
+        self.kw = dict(dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time)
+        t = time.perf_counter()
+        meas, self.info = measure_device(device, model, self.plan, progress=progress, speed=speed, **self.kw)
+        if speed is not None:
+            speed.freeze()
+        self.runs = [meas]
+        self.log = [{"label": "calibration", "passes": self.plan.passes, "elapsed_s": round(time.perf_counter() - t, 1)}]
+        self._bases: dict | None = None
+
+    def round(self, label: str) -> None:
+        """One more pass of the grid, pooled into :meth:`bases`."""
+        from dataclasses import replace
+
+        from .kernels import measure_device
+        t = time.perf_counter()
+        with self.speed.kernel_round() if self.speed is not None else contextlib.nullcontext():
+            meas, _ = measure_device(self.device, self.model, replace(self.plan, passes=1), speed=self.speed, **self.kw)
+        self.runs.append(meas)
+        self.log.append({"label": label, "passes": 1, "elapsed_s": round(time.perf_counter() - t, 1)})
+        self._bases = None
+
+    def passes(self) -> int:
+        return sum(x["passes"] for x in self.log)
+
+    def bases(self) -> dict:
+        """Per allocator, the kernel profile fitted on every pass so far (``static``: its decode grid
+        the engine's static kernel, :func:`calibration.kernels.with_static_decode`)."""
+        from .kernels import build_device_profile, pool_measurements, with_static_decode
+        if self._bases is None:
+            meas = self.runs[0] if len(self.runs) == 1 else pool_measurements(self.runs)
+            base, _ = build_device_profile(meas, self.model, self.info, self.plan, name=self.name,
+                                           dtype=self.spec["engine"]["dtype"],
+                                           elapsed_s=sum(x["elapsed_s"] for x in self.log), key_dtype="bf16")
+            if len(self.runs) > 1:
+                base.provenance["kernel_rounds"] = {"passes": self.passes(), "runs": len(self.runs),
+                                                    "pooled": "per point, the median of the runs' medians"}
+            self._bases = {a: with_static_decode(base, meas, self.model) if a == "static" else base
+                           for a in self.allocators}
+        return self._bases
 
 
 class OverheadRounds:
@@ -385,8 +460,10 @@ class OverheadRounds:
     #: passes of the offline batches before the first replay
     upfront_passes = 3
 
-    def __init__(self, bases: dict, model, kw: dict, speed: "HostSpeed | None" = None, between_runs=None):
+    def __init__(self, bases: dict, model, kw: dict, speed: "HostSpeed | None" = None, between_runs=None,
+                 kernels: "KernelRounds | None" = None):
         self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
+        self.kernels = kernels
         self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}
         self.log: list[dict] = []
         self.t0 = time.perf_counter()
@@ -395,6 +472,8 @@ class OverheadRounds:
     def _measure(self, label: str, passes: int) -> None:
         from .kernels import measure_engine_overhead
         k = len(self.log)
+        if k > 0 and self.kernels is not None:  # the kernel grid again, right before this round
+            self.kernels.round(label)
         phase = "engine_overhead" if k == 0 else "overhead_rounds"
         ovs = measure_engine_overhead(self.bases, self.model, passes=passes, seed=k,
                                       probes=self.speed.logged(phase) if self.speed is not None else None,
@@ -417,14 +496,28 @@ class OverheadRounds:
         """One more pass of the offline batches (both layouts), pooled into the fit."""
         self._measure(label, 1)
 
+    def _rebase(self) -> None:
+        """With kernel rounds: the kernel curves pooled over every pass so far, and every overhead
+        row's prediction and residual recomputed against them (the rows stay as measured)."""
+        from .kernels import kernel_cost, repredict
+        if self.kernels is None or len(self.kernels.runs) < 2:
+            return
+        self.bases = self.kernels.bases()
+        for a in self.rows:
+            cost = kernel_cost(self.bases[a], self.model, a, int(self.kw["block_size"]))
+            self.rows[a] = repredict(self.rows[a], cost, self._meta["clock"])
+
     def fits(self) -> dict[str, dict]:
-        """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled."""
+        """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled
+        (against the pooled kernel curves, with kernel rounds)."""
         from .kernels import _fit_overhead
         if self._fits is None:
+            self._rebase()
             passes = sum(x["passes"] for x in self.log)
             elapsed = round(sum(x["elapsed_s"] for x in self.log), 2)
             self._fits = {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta,
                               "passes": passes, "rounds": len(self.log), "elapsed_s": elapsed,
+                              **({"kernel_passes": self.kernels.passes()} if self.kernels is not None else {}),
                               **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s")
                                  else {})}
                           for a, rows in self.rows.items()}
@@ -512,6 +605,8 @@ class HostSpeed:
         self._ref_pre: dict[str, float] = {}
         self._last = -math.inf
         self._win: dict | None = None
+        self._win_len = -1
+        self._phase: str | None = "kernels"  # what tick() records under; None: tick() does nothing
 
     def record(self, allocator: str, phase: str, probe_s: float, prefill: bool = False) -> None:
         """One probe time of ``allocator``'s probe (``prefill``: its prefill probe), stamped with the
@@ -528,11 +623,12 @@ class HostSpeed:
                 self.record(a, phase, p.measure())
 
     def tick(self, force: bool = False) -> None:
-        """A probe round between kernel points, at most every :attr:`every_s` (``force``: now)."""
-        if self._ref is not None:
+        """A probe round between kernel points, at most every :attr:`every_s` (``force``: now);
+        nothing after :meth:`freeze` outside :meth:`kernel_round`."""
+        if self._phase is None:
             return
         if force or time.perf_counter() - self._last >= self.every_s:
-            self.sample("kernels", 1)
+            self.sample(self._phase, 1)
             self._last = time.perf_counter()
 
     def freeze(self) -> None:
@@ -541,16 +637,28 @@ class HostSpeed:
             return
         self._ref = {a: float(np.median([x[2] for x in ser])) for a, ser in self.series.items()}
         self._ref_pre = {a: float(np.median([x[2] for x in ser])) for a, ser in self.prefill_series.items()}
-        self._win = {}
-        for a, ser in self.series.items():
-            t = [self.t0 + x[1] for x in ser]
-            self._win[a] = (t, [x[2] for x in ser])
+        self._phase = None
+
+    @contextlib.contextmanager
+    def kernel_round(self):
+        """While open, :meth:`tick` probes again (phase ``kernel_rounds``), so a later pass of the
+        kernel route is put at the frozen reference by the probes around its own points."""
+        self.freeze()
+        self._phase, self._last = "kernel_rounds", -math.inf
+        try:
+            yield self
+        finally:
+            self._phase = None
 
     def factor_at(self, t: float) -> float:
         """reference ÷ host speed at ``perf_counter`` time ``t``: per allocator the median of the probe
         before ``t`` and its two neighbours, the geometric mean over allocators (freezes the reference)."""
         import bisect
         self.freeze()
+        n = sum(len(ser) for ser in self.series.values())
+        if n != self._win_len:  # probes logged since (overhead runs, kernel rounds)
+            self._win = {a: ([self.t0 + x[1] for x in ser], [x[2] for x in ser]) for a, ser in self.series.items()}
+            self._win_len = n
         logs = []
         for a, (ts, xs) in self._win.items():
             i = max(bisect.bisect_right(ts, t) - 1, 0)
@@ -1025,7 +1133,10 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         pinfo["engine_overhead_upfront"] = {"files": upfront, "fit": pinfo["engine_overhead"]}
         pinfo["engine_overhead"] = rounds.summary()
         pinfo["overhead_rounds"] = rounds.level_by_round()
-        say(f"engine overhead refitted on {len(rounds.log)} rounds ({sum(x['passes'] for x in rounds.log)} passes)")
+        if rounds.kernels is not None:
+            pinfo["kernel_rounds"] = rounds.kernels.log
+        say(f"engine overhead refitted on {len(rounds.log)} rounds ({sum(x['passes'] for x in rounds.log)} passes)"
+            + (f", kernel curves on {rounds.kernels.passes()} passes" if rounds.kernels is not None else ""))
     if rounds is not None:  # every overhead-run iteration (full precision: a refit reproduces the fit)
         (out / "overhead_rows.json").write_text(json.dumps(rounds.rows))
     probes = {}

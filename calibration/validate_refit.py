@@ -6,13 +6,16 @@ after a prefill get their measured excess, which rounds are pooled) can then be 
 exactly those replays: each variant refits the run's ``overhead_rows.json``, rebuilds the profiles
 from their kernel curves, re-runs the simulator on the run's traces and scores it against the
 run's measured values (the median of its replays). The default variant reproduces the run's own
-table.
+table. With ``engine.kernel_rounds: spread`` runs, each variant is also scored on the run's
+up-front kernel route alone (``kernels upfront``: the rows re-priced against it), so pooled and
+single-window kernel curves are compared on the same replays.
 
     python -m calibration.validate_refit runs/validate-cpu [more run folders]
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import tempfile
@@ -30,6 +33,10 @@ VARIANTS = {
 }
 #: which overhead rounds are fitted: all of them, or the up-front passes only
 ROUNDS = {"pooled": lambda r: True, "upfront": lambda r: r.get("round", 0) == 0}
+#: whose kernel curves the overhead is fitted against and the simulator runs on: the run's final
+#: profiles (pooled over its kernel rounds, where it had them) or its up-front route alone (runs with
+#: ``engine.kernel_rounds: spread``; the rows are re-priced against those curves)
+KERNELS = {"final": "profile-{a}.json", "upfront": "profile-{a}-upfront.json"}
 
 
 def kernel_profile(path: str | Path):
@@ -45,9 +52,12 @@ def kernel_profile(path: str | Path):
     return Profile.from_json(doc, str(path))
 
 
-def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = None) -> list[dict]:
-    """Every (variant, rounds) pair scored on ``run``'s replays: ``{variant, rounds, summary, cells}``
-    with ``summary`` as ``validation.json``'s (``validate.error_summary``) and ``cells`` the rows."""
+def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = None,
+          kernel_sets: dict | None = None) -> list[dict]:
+    """Every (kernels, rounds, variant) scored on ``run``'s replays: ``{kernels, variant, rounds,
+    summary, cells}`` with ``summary`` as ``validation.json``'s (``validate.error_summary``) and
+    ``cells`` the rows. A kernel set is used where the run has its files and its rows their shapes
+    (``final`` always)."""
     from sim.cluster import simulate
 
     from . import kernels
@@ -66,26 +76,38 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
     measured = {(r["load"], r["allocator"], r["metric"]): r["measured"] for r in doc["rows"]}
     cells = sorted({(r["load"], r["allocator"]) for r in doc["rows"]})
     out = []
+    sets = {}
+    for kname, pattern in (kernel_sets or KERNELS).items():
+        files = {a: run / pattern.format(a=a) for a in ov_rows}
+        if kname == "final":  # the rows are priced against these already
+            if not all(f.is_file() for f in files.values()):  # a run written elsewhere: its recorded paths
+                files = {a: Path(doc["profile"]["files"][a]) for a in ov_rows}
+            sets[kname] = ({a: kernel_profile(f) for a, f in files.items()}, ov_rows)
+        elif all(f.is_file() for f in files.values()) and all("chunks" in r for rows in ov_rows.values() for r in rows):
+            profs = {a: kernel_profile(f) for a, f in files.items()}
+            sets[kname] = (profs, {a: kernels.repredict(rows, kernels.kernel_cost(profs[a], model, a, B),
+                                                        fits0[a]["clock"]) for a, rows in ov_rows.items()})
     with tempfile.TemporaryDirectory(prefix="kvsim-refit-") as tmp:  # the run's own files stay as they are
-        for rname, sel in (rounds or ROUNDS).items():
-            for vname, kw in (variants or VARIANTS).items():
-                paths = {}
-                for alloc, rows in ov_rows.items():
-                    fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
-                    fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
-                    path = Path(tmp) / f"profile-{alloc}.json"
-                    kernels.with_engine_overhead(kernel_profile(doc["profile"]["files"][alloc]), fit, model).write(path)
-                    paths[alloc] = str(path)
-                scored = []
-                for load, alloc in cells:
-                    sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"),
-                                      profile=paths[alloc], device=device)
-                    sm = _sim_metrics(simulate(sc), B)
-                    for m in TARGET_METRICS:
-                        meas = measured[(load, alloc, m)]
-                        scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas,
-                                       "simulated": sm[m], "rel_error": rel_error(meas, sm[m])})
-                out.append({"variant": vname, "rounds": rname, "summary": error_summary(scored), "cells": scored})
+        for (kname, (profs, krows)), (rname, sel), (vname, kw) in itertools.product(
+                sets.items(), (rounds or ROUNDS).items(), (variants or VARIANTS).items()):
+            paths = {}
+            for alloc, rows in krows.items():
+                fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
+                fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
+                path = Path(tmp) / f"profile-{alloc}.json"
+                kernels.with_engine_overhead(profs[alloc], fit, model).write(path)
+                paths[alloc] = str(path)
+            scored = []
+            for load, alloc in cells:
+                sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"),
+                                  profile=paths[alloc], device=device)
+                sm = _sim_metrics(simulate(sc), B)
+                for m in TARGET_METRICS:
+                    meas = measured[(load, alloc, m)]
+                    scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas,
+                                   "simulated": sm[m], "rel_error": rel_error(meas, sm[m])})
+            out.append({"kernels": kname, "variant": vname, "rounds": rname, "summary": error_summary(scored),
+                        "cells": scored})
     return out
 
 
@@ -97,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in args:
         for r in refit(run):
             s = r["summary"]
-            print(f"{run}  {r['rounds']:<8} {r['variant']:<21} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
+            print(f"{run}  kernels {r['kernels']:<8} rounds {r['rounds']:<8} {r['variant']:<16} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
                   f"{s['within_5pct']:>2} within 5 %, median {s['median_rel_error']:.1%}, worst {s['max_rel_error']:.1%} "
                   f"({s['worst']})", flush=True)
     return 0

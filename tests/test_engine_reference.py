@@ -194,6 +194,30 @@ def test_cpu_norm_prefill_probe(net):
         eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=1.0, prefill_probe=pre)
 
 
+def test_repredict_prices_stored_shapes_like_engine_iteration_rows(net):
+    """An overhead row keeps its batch shape (prefill chunks with context, decode KV, allocation
+    events), so re-pricing it against other kernel curves gives exactly what pricing the engine's
+    iterations with them gives; rows stored without a shape are left alone."""
+    from calibration.kernels import engine_iteration_rows, kernel_cost, repredict
+    from calibration.validate import scale_profile
+    from sim.profile import load_profile
+    prof = load_profile("cpu-reference")
+    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
+                       allocator="paged", reserve=160, max_model_len=160)
+    res = Engine(cfg, model=net).run([(0.0, 70, 5), (0.0, 30, 8), (0.0, 100, 3)], clock="cpu", lead_s=0.0)
+    a, b = kernel_cost(prof, TINY, "paged", 16), kernel_cost(scale_profile(prof, 1.7), TINY, "paged", 16)
+    rows = engine_iteration_rows(res, a)
+    assert any(len(r["chunks"]) > 1 or any(c[1] > 0 for c in r["chunks"]) for r in rows)  # chunked, with context
+    want = engine_iteration_rows(res, b)
+    got = repredict(rows, b, "cpu")
+    assert [r["predicted_s"] for r in got] == [r["predicted_s"] for r in want]
+    assert all(r["residual_s"] == r["cpu_s"] - r["predicted_s"] for r in got)
+    assert all(x["predicted_s"] != y["predicted_s"] for x, y in zip(got, rows))
+    assert [r["predicted_s"] for r in repredict(rows, a, "cpu")] == [r["predicted_s"] for r in rows]
+    old = {k: v for k, v in rows[0].items() if k != "chunks"}
+    assert repredict([old], b, "cpu_norm") == [old]
+
+
 # --- the simulator reproduces the engine's schedule exactly (same clock) ------------------------------
 
 def _spec(**over):

@@ -44,6 +44,9 @@ def test_spec_errors(tmp_path):
     bad.write_text("engine: {overhead_rounds: sometimes}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, upfront"):
         load_spec(bad)
+    bad.write_text("engine: {kernel_rounds: often}\n")
+    with pytest.raises(ConfigError, match=r"validate\.engine\.kernel_rounds.*spread, upfront"):
+        load_spec(bad)
     bad.write_text("engine: {replay_order: random}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.replay_order.*interleaved, blocked"):
         load_spec(bad)
@@ -89,6 +92,118 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
     assert lv[0]["paged"] < 1.0 < lv[4]["paged"] and lv[0]["static"] == lv[0]["paged"]
     assert set(r.summary()["static"]) >= {"intercept_s", "per_seq_s", "per_token_s", "passes", "rounds"}
     assert "rows" not in r.summary()["static"]
+
+
+def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
+    """With kernel rounds: a kernel pass runs right before every later overhead round (not before the
+    up-front passes), and the fit prices every overhead row against the kernel curves pooled over all
+    passes (predicted_s recomputed from the row's shape; residual = measured - that)."""
+    from calibration import kernels
+    from calibration.validate import OverheadRounds
+    from sim.catalog import MODELS
+    from sim.costmodel import BatchShape
+    from sim.profile import load_profile
+    tiny = MODELS["tiny-llama"]
+    prof = load_profile("cpu-reference")
+    events = []
+
+    def fake(bases, model, *, passes, seed, **kw):
+        events.append(("overhead", seed))
+        rows = []
+        for S in (1, 2, 4):
+            for i in range(passes * 6):
+                meas = 1e-3 * (3 + S)
+                rows.append({"seqs": S, "decode_seqs": S, "tokens": S, "pure_decode": True, "chunks": [],
+                             "decode_kv_tokens": 100 * S, "alloc_events": 0, "predicted_s": 0.0, "measured_s": meas,
+                             "cpu_s": meas, "residual_s": meas, "since_prefill": 10})
+        return {a: {"rows": rows, "elapsed_s": 0.1, "block_size": 16, "dtype": "fp32", "threads": 1,
+                    "clock": "cpu_norm", "batches": [1, 2, 4], "prompt_range": [16, 384], "output_tokens": 24}
+                for a in kw["allocators"]}
+
+    class FakeKernels:
+        runs = ["upfront"]
+
+        def round(self, label):
+            events.append(("kernels", label))
+            self.runs.append(label)
+
+        def passes(self):
+            return len(self.runs) + 1
+
+        def bases(self):
+            return {"paged": prof, "static": prof}
+
+    monkeypatch.setattr(kernels, "measure_engine_overhead", fake)
+    r = OverheadRounds({"paged": None, "static": None}, tiny, {"allocators": ("paged", "static"), "block_size": 16},
+                       kernels=FakeKernels())
+    r.upfront()
+    r.round("before light/paged")
+    r.round("after the last replay")
+    assert events == [("overhead", 0), ("kernels", "before light/paged"), ("overhead", 1),
+                      ("kernels", "after the last replay"), ("overhead", 2)]
+    fit = r.fits()["paged"]
+    assert r.bases["paged"] is prof and fit["kernel_passes"] == 4
+    cost = kernels.kernel_cost(prof, tiny, "paged", 16)
+    for row in r.rows["paged"]:
+        pred = cost.step_time_s(BatchShape([], row["decode_seqs"], row["decode_kv_tokens"]))
+        assert row["predicted_s"] == pytest.approx(pred, rel=1e-12) and pred > 0
+        assert row["residual_s"] == pytest.approx(row["measured_s"] - pred, rel=1e-12)
+    # the fit is the plain fit of those re-priced rows
+    again = kernels._fit_overhead(r.rows["paged"], "cpu_norm")
+    assert (fit["intercept_s"], fit["per_seq_s"]) == (again["intercept_s"], again["per_seq_s"])
+
+
+def test_pool_measurements_median_of_runs():
+    """Per coordinate the median of the runs' medians; extremes and repeats over all runs; a point
+    that only some runs have is pooled over those; pooling pooled runs counts every run once."""
+    from calibration.kernels import Measurements, Timing, pool_measurements
+    runs = []
+    for med in (1.0, 3.0, 2.0):
+        m = Measurements()
+        m.add("gemm", "qkv", Timing(med, med / 2, med * 2, 5, 10, 2), m=1, n=8, k=8)
+        m.add("gemm", "qkv", Timing(10 * med, 5 * med, 20 * med, 5, 10, 2), m=2, n=8, k=8)
+        runs.append(m)
+    runs[2].add("memory", "copy", Timing(7.0, 6.0, 8.0, 3, 1, 1), nbytes=4096)
+    p = pool_measurements(runs)
+    rows = {(r["family"], r.get("m"), r.get("nbytes")): r for r in p.rows}
+    assert len(p.rows) == 3
+    a = rows[("gemm", 1, None)]
+    assert (a["median_s"], a["min_s"], a["max_s"], a["repeats"], a["runs"]) == (2.0, 0.5, 6.0, 15, 3)
+    assert rows[("gemm", 2, None)]["median_s"] == 20.0
+    assert rows[("memory", None, 4096)]["median_s"] == 7.0 and rows[("memory", None, 4096)]["runs"] == 1
+    assert [r["m"] for r in p.select("gemm", n=8)] == [1, 2]
+    twice = pool_measurements([p, runs[0]])
+    assert twice.select("gemm", m=1)[0]["runs"] == 4 and len(twice.rows) == 3
+
+
+def test_host_speed_kernel_round_probes_after_freeze():
+    """After the reference is frozen tick() probes nothing, except inside kernel_round(), which
+    records under its own phase; the reference stays; factor_at reads the new probes."""
+    from calibration.validate import HostSpeed
+
+    class Probe:
+        def __init__(self, times):
+            self.times = list(times)
+
+        def measure(self, warm=True):
+            return self.times.pop(0)
+
+    hs = HostSpeed({"paged": Probe([1.0] * 10 + [2.0] * 4)})
+    hs.every_s = 1e9  # only forced ticks probe, however slow this host
+    hs.sample("before_calibration", 10)
+    hs.freeze()
+    hs.tick(force=True)
+    assert len(hs.series["paged"]) == 10 and hs.reference("paged") == 1.0
+    with hs.kernel_round():
+        hs.tick(force=True)
+        hs.tick(force=True)
+        hs.tick()  # within every_s of the last: nothing
+        hs.tick(force=True)
+    hs.tick(force=True)  # closed again
+    assert [x[0] for x in hs.series["paged"]][10:] == ["kernel_rounds"] * 3
+    assert hs.reference("paged") == 1.0
+    import time as _t
+    assert hs.factor_at(_t.perf_counter()) == pytest.approx(0.5)  # host now twice as slow
 
 
 def test_replay_order_interleaved_and_blocked():
@@ -345,10 +460,18 @@ def test_quick_validation_within_bound(tmp_path):
         assert {r["round"] for r in ov_rows["paged"]} == {0, 1, 2, 3} and len(ov_rows["static"]) > 100
         # refitting the kept rows with validate's own fit reproduces the table on the same replays
         from calibration.validate_refit import ROUNDS, VARIANTS, refit
-        (again,) = refit(out, variants={"steady": VARIANTS["steady"]}, rounds={"pooled": ROUNDS["pooled"]})
+        again, upfront = refit(out, variants={"steady": VARIANTS["steady"]}, rounds={"pooled": ROUNDS["pooled"]})
+        assert (again["kernels"], upfront["kernels"]) == ("final", "upfront")
         ours = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]}
         for r in again["cells"]:
             assert r["rel_error"] == pytest.approx(ours[(r["allocator"], r["metric"])], rel=1e-9, abs=1e-12), r
+        # the kernel grid: 2 passes up front, one more before each later overhead round, pooled
+        assert [x["passes"] for x in doc["profile"]["kernel_rounds"]] == [2, 1, 1, 1]
+        assert all(doc["profile"]["engine_overhead"][a]["kernel_passes"] == 5 for a in ("paged", "static"))
+        assert all(r["chunks"] is not None for r in ov_rows["paged"])
+        prof = json.loads(Path(doc["profile"]["files"]["paged"]).read_text())
+        assert prof["provenance"]["kernel_rounds"]["passes"] == 5
+        assert prof["gemm"] != json.loads(Path(doc["profile"]["engine_overhead_upfront"]["files"]["paged"]).read_text())["gemm"]
         for r in doc["rows"]:  # the measurement is the median of the replays, each replay kept
             vals = r["measured_replays"]
             assert len(vals) == n and r["measured"] == pytest.approx(float(np.median(vals))), r
