@@ -306,6 +306,33 @@ def test_overhead_fit_steady_state_and_after_prefill():
     assert prof.cpu_overhead["by_tp"]["1"]["after_prefill_s"] == fit["after_prefill_s"]
 
 
+def test_overhead_fit_center_prices_the_mean_iteration():
+    """Right-skewed iteration times (a few slow ones): the default trimmed centre lands between the
+    median and the mean, so a sum of iterations is priced closer to its measured total than with
+    medians; the trim keeps one huge outlier out; a bad centre is refused."""
+    from calibration.kernels import _fit_overhead
+    rng = np.random.default_rng(1)
+    rows = []
+    for S in (1, 2, 4, 8):
+        base = 1e-3 + 2e-4 * S
+        extra = rng.exponential(0.1 * base, size=400)  # skewed: mean above median
+        extra[0] = 100 * base  # one host stall
+        for i, x in enumerate(extra):
+            rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": base + x,
+                         "measured_s": 2 * base + x, "cpu_s": 2 * base + x, "predicted_s": base})
+    fits = {c: _fit_overhead(rows, "cpu_norm", center=c) for c in ("median", "trimmed", "mean")}
+    at = {c: f["intercept_s"] + 4 * f["per_seq_s"] for c, f in fits.items()}
+    assert at["median"] < at["trimmed"] < at["mean"]
+    total = sum(r["residual_s"] for r in rows if r["seqs"] == 4 and r["residual_s"] < 50 * 1.8e-3) / 399
+    assert abs(at["trimmed"] - total) < abs(at["median"] - total)
+    with pytest.raises(ValueError, match="center"):
+        _fit_overhead(rows, "cpu_norm", center="mode")
+    # groups too small to trim (two iterations at S = 3) take their median, never NaN
+    few = rows + [dict(rows[0], seqs=3, residual_s=1.7e-3), dict(rows[0], seqs=3, residual_s=1.9e-3)]
+    small = _fit_overhead(few, "cpu_norm")
+    assert np.isfinite(small["intercept_s"]) and np.isfinite(small["per_seq_s"])
+
+
 def test_replays_median_and_spread():
     per = [{"ttft_p50": 1.0, "preemptions": 0, "x": None}, {"ttft_p50": 3.0, "preemptions": 2, "x": 1.0},
            {"ttft_p50": 1.2, "preemptions": 1, "x": 1.0}]
