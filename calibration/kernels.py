@@ -1013,9 +1013,8 @@ def pool_measurements(runs: list[Measurements]) -> Measurements:
     runs' medians (each run's value already robust to its slow samples; a run taken in a slow
     or oddly-loaded window is outvoted), the extreme min and max, the repeats summed. A point
     missing from some runs is pooled over the runs that have it."""
-    from collections import OrderedDict
     stats = ("median_s", "min_s", "max_s", "repeats", "inner", "buffers", "runs")
-    groups: OrderedDict = OrderedDict()
+    groups: dict[tuple, list[dict]] = {}  # in first-seen order
     for m in runs:
         for r in m.rows:
             key = tuple(sorted((k, v) for k, v in r.items() if k not in stats))
@@ -1103,6 +1102,12 @@ def kernel_cost(profile: Profile, model: ModelSpec, allocator: str, block_size: 
                             layout=Layout(paged=allocator == "paged", block_size=block_size))
 
 
+def row_time_s(row: dict, clock: str) -> float:
+    """An engine iteration row's time on ``clock``: thread CPU seconds for ``cpu``, else the
+    measured seconds (wall, or the ``cpu_norm`` clock's normalised CPU time)."""
+    return row["cpu_s"] if clock == "cpu" else row["measured_s"]
+
+
 def _predict(cost, chunks, decode_seqs: int, decode_kv: int, alloc_events: int) -> float:
     from sim.costmodel import BatchShape
     shape = BatchShape([tuple(c) for c in chunks], decode_seqs, decode_kv)
@@ -1137,7 +1142,7 @@ def repredict(rows: list[dict], cost, clock: str) -> list[dict]:
             continue
         pred = _predict(cost, r["chunks"], r["decode_seqs"], r["decode_kv_tokens"], r["alloc_events"])
         out.append({**r, "predicted_s": pred,
-                    "residual_s": (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - pred})
+                    "residual_s": row_time_s(r, clock) - pred})
     return out
 
 
@@ -1219,7 +1224,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                 for r, since in zip(its, decode_since_prefill(its)):
                     if r["iteration"] == 0:
                         continue  # the first iteration of a run warms caches
-                    r["residual_s"] = (r["cpu_s"] if clock == "cpu" else r["measured_s"]) - r["predicted_s"]
+                    r["residual_s"] = row_time_s(r, clock) - r["predicted_s"]
                     r.update(batch=b, pass_=p, run=f"{p}/{b}", since_prefill=since)
                     rows[a].append(r)
                 if between_runs is not None:
@@ -1248,6 +1253,16 @@ AFTER_PREFILL = 5
 FIT_CENTERS = ("trimmed", "median", "mean")
 
 
+#: the fewest values a ``trimmed`` centre trims (5 % off each end of 20 is one value)
+TRIM_MIN = 20
+
+
+def _untrimmed(x: np.ndarray) -> np.ndarray:
+    """The values of ``x`` between its 5th and 95th percentiles (a mask)."""
+    lo, hi = np.percentile(x, [5, 95])
+    return (x >= lo) & (x <= hi)
+
+
 def _center(x: np.ndarray, how: str) -> float:
     """``trimmed``: the mean of the values between their 5th and 95th percentiles (the median of
     fewer than :data:`TRIM_MIN` values, too few to trim); ``median``; ``mean``."""
@@ -1255,12 +1270,7 @@ def _center(x: np.ndarray, how: str) -> float:
         return float(np.median(x))
     if how == "mean":
         return float(np.mean(x))
-    lo, hi = np.percentile(x, [5, 95])
-    return float(np.mean(x[(x >= lo) & (x <= hi)]))
-
-
-#: the fewest values a ``trimmed`` centre trims (5 % off each end of 20 is one value)
-TRIM_MIN = 20
+    return float(np.mean(x[_untrimmed(x)]))
 
 
 def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_prefill: bool = True,
@@ -1294,6 +1304,8 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       averages the after-prefill excess into ``a`` and ``b`` (so no ``after_prefill_s``).
     """
     from scipy.optimize import nnls
+    if center not in FIT_CENTERS:
+        raise ValueError(f"center: one of {', '.join(FIT_CENTERS)}; got {center!r}")
     S = np.array([r["seqs"] for r in rows], dtype=float)
     T = np.array([r["tokens"] for r in rows], dtype=float)
     R = np.array([r["residual_s"] for r in rows])
@@ -1301,12 +1313,10 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     med = np.array([np.median(R[S == x]) for x in xs])
     dec = np.array([r["pure_decode"] for r in rows])
     since = np.array([r.get("since_prefill", 1 << 30) for r in rows])
-    meas_t = np.array([r["measured_s" if clock != "cpu" else "cpu_s"] for r in rows])
+    meas_t = np.array([row_time_s(r, clock) for r in rows])
     late = dec & (since > AFTER_PREFILL)
     steady = steady and late.sum() >= 10  # else too few steady-state rows: every decode row
     sel = late if steady else (dec if dec.any() else np.ones(len(rows), dtype=bool))
-    if center not in FIT_CENTERS:
-        raise ValueError(f"center: one of {', '.join(FIT_CENTERS)}; got {center!r}")
     xd = np.array(sorted(set(S[sel].tolist())))
     md = np.array([_center(R[sel & (S == x)], center) for x in xd])
     w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
@@ -1318,10 +1328,8 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
         if center == "median":
             c_ = float(max(0.0, np.median(rr / pp)))
         else:  # what the mixed iterations leave in all, per prefill token (trimmed: per-token outliers out)
-            keep = np.ones(len(rr), dtype=bool)
-            if center == "trimmed" and len(rr) >= TRIM_MIN:
-                lo, hi = np.percentile(rr / pp, [5, 95])
-                keep = (rr / pp >= lo) & (rr / pp <= hi)
+            trim = center == "trimmed" and len(rr) >= TRIM_MIN
+            keep = _untrimmed(rr / pp) if trim else np.ones(len(rr), dtype=bool)
             c_ = float(max(0.0, rr[keep].sum() / pp[keep].sum()))
     after_s: list[float] = []
     after_n: list[int] = []

@@ -395,7 +395,7 @@ class KernelRounds:
                  progress: bool = False):
         from .kernels import measure_device
         eng = spec["engine"]
-        self.spec, self.device, self.model, self.speed, self.cpu_time = spec, device, model, speed, cpu_time
+        self.spec, self.device, self.model, self.speed = spec, device, model, speed
         self.allocators = tuple(spec["allocators"])
         self.plan = validation_plan(spec, device)
         self.name = f"{device}-{model.name}-{eng['dtype']}-validate"
@@ -537,6 +537,7 @@ class OverheadRounds:
     def level_by_round(self) -> list[dict]:
         """Each round's pure-decode iterations, measured ÷ (kernels + pooled fit) summed: how far the
         host's (normalised) speed in that round sat from the pooled level."""
+        from .kernels import row_time_s
         fits = self.fits()
         out = []
         for x in self.log:
@@ -544,7 +545,7 @@ class OverheadRounds:
             for a, rows in self.rows.items():
                 f = fits[a]
                 rs = [r for r in rows if r["round"] == x["round"] and r["pure_decode"]]
-                meas = sum(r["measured_s" if self._meta["clock"] != "cpu" else "cpu_s"] for r in rs)
+                meas = sum(row_time_s(r, self._meta["clock"]) for r in rs)
                 pred = sum(r["predicted_s"] + f["intercept_s"] + f["per_seq_s"] * r["seqs"] for r in rs)
                 row[a] = round(meas / pred, 4) if pred > 0 else None
             out.append(row)
