@@ -40,6 +40,7 @@ fit report as HTML (``<out>.report.html``) when plotly is importable.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import math
 import os
 import platform
@@ -1046,6 +1047,12 @@ def write_outputs(result: DeviceResult, out: Path | str, model: ModelSpec, repor
 
 #: Batch sizes (max_num_seqs) of the offline engine runs that measure its per-iteration overhead.
 ENGINE_OVERHEAD_BATCHES = (1, 2, 4, 8, 16)
+#: how the engine-overhead runs fill a batch of ``b`` (``measure_engine_overhead``'s ``mix``):
+#: ``offline``: ``b`` requests at t = 0, ``output_tokens`` each (every prefill at the start, then
+#: decode); ``queued``: ``b + max(1, b // 2)`` requests at t = 0 with outputs uniform in
+#: ``output_range``, ``max_num_seqs = b``, so waiting requests are admitted as others finish and
+#: their prefill chunks run beside ``b - 1`` long decodes, as in a loaded replay
+OVERHEAD_MIXES = ("offline", "queued")
 
 
 def kernels_only(profile: Profile) -> Profile:
@@ -1160,6 +1167,7 @@ def decode_since_prefill(rows: list[dict]) -> list[int]:
 def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
+                            mixes=("offline",), output_range=(8, 48),
                             seed: int = 0, device: str = "cpu", clock: str = "wall",
                             between_runs=None, probes: dict | None = None,
                             probe_ref_s: dict | None = None, net=None, prefill_probes: dict | None = None,
@@ -1176,6 +1184,8 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     :func:`_fit_overhead`: ``a + b·S`` on steady-state decode iterations, ``c`` = what an iteration
     with prefill leaves per prefill token (see there). The layouts' runs are interleaved
     (pass by pass, batch by batch) so a slow episode of a shared host hits all of them alike.
+    ``mixes`` (:data:`OVERHEAD_MIXES`, each row tagged ``mix``): how each batch is filled;
+    ``queued`` adds runs whose prefills join running decodes mid-stream (``output_range`` its outputs).
 
     ``clock="wall"``: iteration wall time (what latencies are made of; on a shared host it
     includes the time the engine thread was not running). ``clock="cpu"``: the engine
@@ -1194,45 +1204,51 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
         raise ValueError("clock: cpu, cpu_norm or wall")
     if clock == "cpu_norm" and (not probes or not probe_ref_s):
         raise ValueError("clock='cpu_norm' needs probes and probe_ref_s per allocator")
+    if not mixes or any(m not in OVERHEAD_MIXES for m in mixes):
+        raise ValueError(f"mixes: one or more of {', '.join(OVERHEAD_MIXES)}; got {mixes!r}")
     from .engine import Engine, EngineConfig, Transformer
 
     profiles = profile if isinstance(profile, dict) else {a: profile for a in allocators}
     costs = {a: kernel_cost(profiles[a], model, a, block_size) for a in allocators}
     net = net if net is not None else Transformer(model, dtype, device, seed)
     rng = random.Random(seed)
-    longest = prompt_range[1] + output_tokens
     rows: dict[str, list] = {a: [] for a in allocators}
     probe_log: dict[str, list] = {a: [] for a in allocators}
     t0 = time.perf_counter()
-    for p in range(passes):
-        for b in batches:
+    for p, b, mix in itertools.product(range(passes), batches, mixes):
+        if mix == "offline":
             trace = [(0.0, rng.randint(*prompt_range), output_tokens) for _ in range(b)]
-            for a in allocators:
-                cfg = EngineConfig(model, num_blocks=b * -(-longest // block_size) + 1, block_size=block_size,
-                                   max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
-                                   reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
-                                   device=device)
-                if clock == "cpu_norm":
-                    pre = ({"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
-                           if prefill_probes and prefill_probe_ref_s else {})
-                    res = Engine(cfg, model=net).run(trace, clock="cpu_norm", probe=probes[a],
-                                                     probe_ref_s=probe_ref_s[a], **pre)
-                    probe_log[a] += res.info["speed_probes"]
-                else:
-                    res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
-                its = engine_iteration_rows(res, costs[a])
-                for r, since in zip(its, decode_since_prefill(its)):
-                    if r["iteration"] == 0:
-                        continue  # the first iteration of a run warms caches
-                    r["residual_s"] = row_time_s(r, clock) - r["predicted_s"]
-                    r.update(batch=b, pass_=p, run=f"{p}/{b}", since_prefill=since)
-                    rows[a].append(r)
-                if between_runs is not None:
-                    between_runs()
+            longest = prompt_range[1] + output_tokens
+        else:
+            trace = [(0.0, rng.randint(*prompt_range), rng.randint(*output_range)) for _ in range(b + max(1, b // 2))]
+            longest = prompt_range[1] + output_range[1]
+        for a in allocators:
+            cfg = EngineConfig(model, num_blocks=b * -(-longest // block_size) + 1, block_size=block_size,
+                               max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
+                               reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
+                               device=device)
+            if clock == "cpu_norm":
+                pre = ({"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
+                       if prefill_probes and prefill_probe_ref_s else {})
+                res = Engine(cfg, model=net).run(trace, clock="cpu_norm", probe=probes[a],
+                                                 probe_ref_s=probe_ref_s[a], **pre)
+                probe_log[a] += res.info["speed_probes"]
+            else:
+                res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
+            its = engine_iteration_rows(res, costs[a])
+            for r, since in zip(its, decode_since_prefill(its)):
+                if r["iteration"] == 0:
+                    continue  # the first iteration of a run warms caches
+                r["residual_s"] = row_time_s(r, clock) - r["predicted_s"]
+                r.update(batch=b, pass_=p, run=f"{p}/{b}/{mix}", since_prefill=since, mix=mix)
+                rows[a].append(r)
+            if between_runs is not None:
+                between_runs()
     elapsed = round(time.perf_counter() - t0, 2)
     meta = {"block_size": block_size, "dtype": dtype, "threads": threads, "clock": clock, "elapsed_s": elapsed,
             "passes": passes, "batches": list(batches), "prompt_range": list(prompt_range),
-            "output_tokens": output_tokens}
+            "output_tokens": output_tokens, "mixes": list(mixes),
+            **({"output_range": list(output_range)} if "queued" in mixes else {})}
     out = {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
     for a in allocators:
         if probe_log[a]:

@@ -63,7 +63,7 @@ DEFAULT_SPEC = {
     "model": "tiny-llama",
     "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
                "overhead_rounds": "spread", "kernel_rounds": "spread", "replay_order": "interleaved",
-               "prefill_probe": True},
+               "prefill_probe": True, "overhead_mix": "offline"},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -85,6 +85,11 @@ OVERHEAD_ROUNDS = ("spread", "upfront")
 #: profiles' kernel curves are fitted on every pass pooled (:class:`KernelRounds`); ``upfront``: the
 #: up-front route only
 KERNEL_ROUNDS = ("spread", "upfront")
+#: ``engine.overhead_mix``: how the engine-overhead runs fill their batches
+#: (:data:`calibration.kernels.OVERHEAD_MIXES`): ``offline`` (default), ``queued``, or ``both`` (each
+#: round runs both, the fit pools them; ``calibration.validate_refit`` can then compare them on the
+#: same replays)
+OVERHEAD_MIX = {"offline": ("offline",), "queued": ("queued",), "both": ("offline", "queued")}
 #: ``engine.replay_order``: ``interleaved`` (default) replays every cell once, then every cell again, ... (the
 #: raw clocks in the last sweep); ``blocked``: all of one cell's replays, then the next cell's
 REPLAY_ORDERS = ("interleaved", "blocked")
@@ -156,6 +161,9 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
         raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
                           "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
+    if spec["engine"].get("overhead_mix") not in OVERHEAD_MIX:
+        raise ConfigError(f"{KEY}.engine.overhead_mix", spec["engine"].get("overhead_mix"),
+                          f"one of {', '.join(OVERHEAD_MIX)}: how the engine-overhead runs fill their batches")
     if spec["engine"].get("replay_order") not in REPLAY_ORDERS:
         raise ConfigError(f"{KEY}.engine.replay_order", spec["engine"].get("replay_order"),
                           f"one of {', '.join(REPLAY_ORDERS)}: the order of the cells' replays")
@@ -355,6 +363,7 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
                   if norm and speed.prefill_probes else None,
                   max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                   batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
+                  mixes=OVERHEAD_MIX[eng.get("overhead_mix", "offline")],
                   net=net)
         rounds = OverheadRounds(bases, model, kw, speed if norm else None,
                                 between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
@@ -486,7 +495,7 @@ class OverheadRounds:
         self.log.append({"round": k, "label": label, "passes": passes, "elapsed_s": ov["elapsed_s"],
                          "start_s": round(time.perf_counter() - self.t0 - ov["elapsed_s"], 2)})
         self._meta = {x: ov[x] for x in ("block_size", "dtype", "threads", "clock", "batches", "prompt_range",
-                                        "output_tokens")}
+                                        "output_tokens", "mixes", "output_range") if x in ov}
         self._fits = None
 
     def upfront(self) -> None:

@@ -8,7 +8,8 @@ from their kernel curves, re-runs the simulator on the run's traces and scores i
 run's measured values (the median of its replays). The default variant reproduces the run's own
 table. With ``engine.kernel_rounds: spread`` runs, each variant is also scored on the run's
 up-front kernel route alone (``kernels upfront``: the rows re-priced against it), so pooled and
-single-window kernel curves are compared on the same replays.
+single-window kernel curves are compared on the same replays. With ``engine.overhead_mix: both``
+runs, each is also scored on the ``offline`` and the ``queued`` overhead runs alone (``mix``).
 
     python -m calibration.validate_refit runs/validate-cpu [more run folders]
 """
@@ -35,6 +36,10 @@ VARIANTS = {
 }
 #: which overhead rounds are fitted: all of them, or the up-front passes only
 ROUNDS = {"pooled": lambda r: True, "upfront": lambda r: r.get("round", 0) == 0}
+#: which engine-overhead runs are fitted, by how they filled their batches (``engine.overhead_mix``;
+#: rows from before the option are ``offline``): all of them, or one mix alone where the run has both
+MIXES = {"all": lambda r: True, "offline": lambda r: r.get("mix", "offline") == "offline",
+         "queued": lambda r: r.get("mix") == "queued"}
 #: whose kernel curves the overhead is fitted against and the simulator runs on: the run's final
 #: profiles (pooled over its kernel rounds, where it had them) or its up-front route alone (runs with
 #: ``engine.kernel_rounds: spread``; the rows are re-priced against those curves)
@@ -55,11 +60,11 @@ def kernel_profile(path: str | Path):
 
 
 def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = None,
-          kernel_sets: dict | None = None) -> list[dict]:
-    """Every (kernels, rounds, variant) scored on ``run``'s replays: ``{kernels, variant, rounds,
-    summary, cells}`` with ``summary`` as ``validation.json``'s (``validate.error_summary``) and
+          kernel_sets: dict | None = None, mixes: dict | None = None) -> list[dict]:
+    """Every (kernels, rounds, mix, variant) scored on ``run``'s replays: ``{kernels, variant, rounds,
+    mix, summary, cells}`` with ``summary`` as ``validation.json``'s (``validate.error_summary``) and
     ``cells`` the rows. A kernel set is used where the run has its files and its rows their shapes
-    (``final`` always)."""
+    (``final`` always); a mix other than ``all`` where the run measured more than one."""
     from sim.cluster import simulate
 
     from . import kernels
@@ -89,12 +94,14 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
             profs = {a: kernel_profile(f) for a, f in files.items()}
             sets[kname] = (profs, {a: kernels.repredict(rows, kernels.kernel_cost(profs[a], model, a, B),
                                                         fits0[a]["clock"]) for a, rows in ov_rows.items()})
+    present = {r.get("mix", "offline") for rows in ov_rows.values() for r in rows}
+    mixes = {k: f for k, f in (mixes or MIXES).items() if k == "all" or (len(present) > 1 and k in present)}
     with tempfile.TemporaryDirectory(prefix="kvsim-refit-") as tmp:  # the run's own files stay as they are
-        for (kname, (profs, krows)), (rname, sel), (vname, kw) in itertools.product(
-                sets.items(), (rounds or ROUNDS).items(), (variants or VARIANTS).items()):
+        for (kname, (profs, krows)), (rname, sel), (mname, msel), (vname, kw) in itertools.product(
+                sets.items(), (rounds or ROUNDS).items(), mixes.items(), (variants or VARIANTS).items()):
             paths = {}
             for alloc, rows in krows.items():
-                fit = kernels._fit_overhead([r for r in rows if sel(r)], fits0[alloc]["clock"], **kw)
+                fit = kernels._fit_overhead([r for r in rows if sel(r) and msel(r)], fits0[alloc]["clock"], **kw)
                 fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
                 path = Path(tmp) / f"profile-{alloc}.json"
                 kernels.with_engine_overhead(profs[alloc], fit, model).write(path)
@@ -108,7 +115,7 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
                     meas = measured[(load, alloc, m)]
                     scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas,
                                    "simulated": sm[m], "rel_error": rel_error(meas, sm[m])})
-            out.append({"kernels": kname, "variant": vname, "rounds": rname, "summary": error_summary(scored),
+            out.append({"kernels": kname, "variant": vname, "rounds": rname, "mix": mname, "summary": error_summary(scored),
                         "cells": scored})
     return out
 
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in args:
         for r in refit(run):
             s = r["summary"]
-            print(f"{run}  kernels {r['kernels']:<8} rounds {r['rounds']:<8} {r['variant']:<16} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
+            print(f"{run}  kernels {r['kernels']:<8} rounds {r['rounds']:<8} mix {r['mix']:<8} {r['variant']:<16} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
                   f"{s['within_5pct']:>2} within 5 %, median {s['median_rel_error']:.1%}, worst {s['max_rel_error']:.1%} "
                   f"({s['worst']})", flush=True)
     return 0

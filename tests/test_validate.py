@@ -47,6 +47,9 @@ def test_spec_errors(tmp_path):
     bad.write_text("engine: {kernel_rounds: often}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.kernel_rounds.*spread, upfront"):
         load_spec(bad)
+    bad.write_text("engine: {overhead_mix: mixed}\n")
+    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_mix.*offline, queued, both"):
+        load_spec(bad)
     bad.write_text("engine: {replay_order: random}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.replay_order.*interleaved, blocked"):
         load_spec(bad)
@@ -151,6 +154,38 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
     # the fit is the plain fit of those re-priced rows
     again = kernels._fit_overhead(r.rows["paged"], "cpu_norm")
     assert (fit["intercept_s"], fit["per_seq_s"]) == (again["intercept_s"], again["per_seq_s"])
+
+
+def test_engine_overhead_queued_mix():
+    """``mixes``: the ``queued`` runs admit waiting requests as others finish, so their prefill chunks
+    run beside running decodes after the batch has been decoding (what a loaded replay does and an
+    ``offline`` batch never does: all its prefills come first); every row says which runs it is from."""
+    pytest.importorskip("torch")
+    from calibration.kernels import kernels_only, measure_engine_overhead
+    from sim.catalog import get_model
+    from sim.profile import load_profile
+    model = get_model("tiny-llama")
+    prof = kernels_only(load_profile("cpu-reference"))
+    with pytest.raises(ValueError, match="mixes: one or more of offline, queued"):
+        measure_engine_overhead(prof, model, mixes=("online",))
+    out = measure_engine_overhead(prof, model, batches=(2, 4), passes=1, clock="cpu", prompt_range=(16, 64),
+                                  output_tokens=8, output_range=(4, 24), mixes=("offline", "queued"))
+    fit = out["paged"]
+    assert fit["mixes"] == ["offline", "queued"] and fit["output_range"] == [4, 24]
+    runs: dict[str, list] = {}
+    for r in fit["rows"]:
+        assert r["run"].endswith("/" + r["mix"])
+        runs.setdefault(r["run"], []).append(r)
+    assert sorted(runs) == ["0/2/offline", "0/2/queued", "0/4/offline", "0/4/queued"]
+    for name, rows in runs.items():
+        first_decode = next(i for i, r in enumerate(rows) if r["pure_decode"])
+        late_prefill = [r for r in rows[first_decode:] if not r["pure_decode"]]
+        if name.endswith("offline"):
+            assert not late_prefill, name
+        else:  # b + b // 2 requests through b slots: at least one admitted mid-stream, beside decodes
+            assert late_prefill and all(r["decode_seqs"] >= 1 for r in late_prefill), name
+            assert max(r["seqs"] for r in rows) <= int(name.split("/")[1])
+    assert all(r["predicted_s"] > 0 for r in fit["rows"])
 
 
 def test_pool_measurements_median_of_runs():
