@@ -78,10 +78,8 @@ DEFAULT_SPEC = {
 _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
 #: ``engine.overhead_rounds``: ``spread`` (default) adds one pass of the engine-overhead runs per cell,
 #: evenly among the replays, and one after the last, pooled with the up-front passes
-#: (:class:`OverheadRounds`); ``fine``: the same passes cut into parts, one batch size of each pass before
-#: every replay (the kernel grid again before each pass's first part), so the rounds meet the host states
-#: the replays meet; ``upfront``: the up-front passes only
-OVERHEAD_ROUNDS = ("spread", "fine", "upfront")
+#: (:class:`OverheadRounds`); ``upfront``: the up-front passes only
+OVERHEAD_ROUNDS = ("spread", "upfront")
 #: ``engine.kernel_rounds``: ``spread`` (default, with ``overhead_rounds: spread`` and a calibrated
 #: profile) times the kernel route's grid again, one pass, before every overhead round, and the final
 #: profiles' kernel curves are fitted on every pass pooled (:class:`KernelRounds`); ``upfront``: the
@@ -480,29 +478,24 @@ class OverheadRounds:
         self.t0 = time.perf_counter()
         self._fits: dict[str, dict] | None = None  # the pooled fit, until the next round
 
-    def _measure(self, label: str, passes: int, batches: tuple | None = None, kernels: bool = True) -> None:
+    def _measure(self, label: str, passes: int) -> None:
         from .kernels import measure_engine_overhead
         k = len(self.log)
-        if k > 0 and kernels and self.kernels is not None:  # the kernel grid again, right before this round
+        if k > 0 and self.kernels is not None:  # the kernel grid again, right before this round
             self.kernels.round(label)
         phase = "engine_overhead" if k == 0 else "overhead_rounds"
-        kw = dict(self.kw, batches=batches) if batches is not None else self.kw
         ovs = measure_engine_overhead(self.bases, self.model, passes=passes, seed=k,
                                       probes=self.speed.logged(phase) if self.speed is not None else None,
                                       prefill_probes=self.speed.logged(phase, prefill=True) if self.speed is not None
                                       else None,
-                                      between_runs=self.between_runs, **kw)
+                                      between_runs=self.between_runs, **self.kw)
         for a, ov in ovs.items():
             self.rows[a] += [dict(r, round=k) for r in ov["rows"]]
         ov = ovs[next(iter(ovs))]
-        if batches is not None:  # a part of a pass: its share of the batch sizes
-            passes = passes * len(batches) / len(self.kw["batches"])
         self.log.append({"round": k, "label": label, "passes": passes, "elapsed_s": ov["elapsed_s"],
                          "start_s": round(time.perf_counter() - self.t0 - ov["elapsed_s"], 2)})
         self._meta = {x: ov[x] for x in ("block_size", "dtype", "threads", "clock", "batches", "prompt_range",
                                         "output_tokens", "mixes", "output_range") if x in ov}
-        if "batches" in self.kw:  # the whole pass's, also after a part of one
-            self._meta["batches"] = list(self.kw["batches"])
         self._fits = None
 
     def upfront(self) -> None:
@@ -511,12 +504,6 @@ class OverheadRounds:
     def round(self, label: str) -> None:
         """One more pass of the offline batches (both layouts), pooled into the fit."""
         self._measure(label, 1)
-
-    def part(self, label: str, i: int) -> None:
-        """Part ``i`` of a pass cut by batch size (``engine.overhead_rounds: fine``): the ``i % n``-th of
-        the ``n`` batch sizes, both layouts; the kernel grid again before each pass's first part."""
-        bs = tuple(self.kw["batches"])
-        self._measure(label, 1, batches=(bs[i % len(bs)],), kernels=i % len(bs) == 0)
 
     def _rebase(self) -> None:
         """With kernel rounds: the kernel curves pooled over every pass so far, and every overhead
@@ -535,7 +522,7 @@ class OverheadRounds:
         from .kernels import _fit_overhead
         if self._fits is None:
             self._rebase()
-            passes = round(sum(x["passes"] for x in self.log), 4)
+            passes = sum(x["passes"] for x in self.log)
             elapsed = round(sum(x["elapsed_s"] for x in self.log), 2)
             self._fits = {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta,
                               "passes": passes, "rounds": len(self.log), "elapsed_s": elapsed,
@@ -1141,15 +1128,10 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
             cells.append(new_cell(spec, alloc, load, rate, out, device))
     n_rep = int(spec["engine"].get("replays", 1))
 
-    fine = rounds is not None and spec["engine"].get("overhead_rounds") == "fine"
-    spread = spread or fine
-
     def before(k: int, cell: Replayed) -> None:
-        label = f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})"
-        if fine:  # a part of a pass before every replay (one batch size each)
-            rounds.part(label, k)
-        elif spread and k % n_rep == 0:  # as many rounds as cells, evenly among the table clock's replays
-            rounds.round(label)
+        # as many rounds as cells, evenly among the table clock's replays
+        if spread and k % n_rep == 0:
+            rounds.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
 
     replay_cells(spec, cells, engines, speed, before=before, say=say)
     if spread:

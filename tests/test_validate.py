@@ -42,7 +42,7 @@ def test_spec_errors(tmp_path):
         with pytest.raises(ConfigError, match=r"validate\.engine\.replays.*1 to 20"):
             load_spec(bad)
     bad.write_text("engine: {overhead_rounds: sometimes}\n")
-    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, fine, upfront"):
+    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, upfront"):
         load_spec(bad)
     bad.write_text("engine: {kernel_rounds: often}\n")
     with pytest.raises(ConfigError, match=r"validate\.engine\.kernel_rounds.*spread, upfront"):
@@ -95,45 +95,6 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
     assert lv[0]["paged"] < 1.0 < lv[4]["paged"] and lv[0]["static"] == lv[0]["paged"]
     assert set(r.summary()["static"]) >= {"intercept_s", "per_seq_s", "per_token_s", "passes", "rounds"}
     assert "rows" not in r.summary()["static"]
-
-
-def test_overhead_rounds_fine_parts(monkeypatch):
-    """``overhead_rounds: fine``: part ``i`` of a pass runs the ``i % n``-th batch size only, counts as
-    1/n of a pass, and the kernel grid is timed again before each pass's first part only."""
-    from calibration import kernels
-    from calibration.validate import OverheadRounds
-    calls = []
-
-    def fake(bases, model, *, passes, seed, batches, **kw):
-        calls.append(tuple(batches))
-        rows = [{"seqs": b, "tokens": b, "pure_decode": True, "predicted_s": 1e-3 * b, "measured_s": 2e-3 * b + 1e-3,
-                 "cpu_s": 2e-3 * b + 1e-3, "residual_s": 1e-3 * b + 1e-3} for b in batches for _ in range(4 * passes)]
-        return {a: {**kernels._fit_overhead(rows, "cpu_norm"), "allocator": a, "block_size": 16, "dtype": "fp32",
-                    "threads": 1, "clock": "cpu_norm", "elapsed_s": 0.1, "passes": passes, "batches": list(batches),
-                    "prompt_range": [16, 384], "output_tokens": 24} for a in kw["allocators"]}
-
-    class Kernels:
-        runs, labels = [None, None], []
-
-        def round(self, label):
-            self.labels.append(label)
-
-        def passes(self):
-            return len(self.labels)
-
-    monkeypatch.setattr(kernels, "measure_engine_overhead", fake)
-    r = OverheadRounds({"paged": None}, None, {"allocators": ("paged",), "batches": (1, 2, 4)})
-    r.kernels = Kernels()
-    r._rebase = lambda: None  # no kernel curves to re-price against in this fake
-    r.upfront()
-    for i in range(6):
-        r.part(f"before replay {i + 1}", i)
-    r.round("after the last replay")
-    assert calls == [(1, 2, 4), (1,), (2,), (4,), (1,), (2,), (4,), (1, 2, 4)]
-    assert [x["passes"] for x in r.log] == [3] + [pytest.approx(1 / 3, abs=1e-4)] * 6 + [1]
-    assert r.kernels.labels == ["before replay 1", "before replay 4", "after the last replay"]
-    fit = r.fits()["paged"]
-    assert fit["passes"] == 6 and fit["rounds"] == 8 and fit["batches"] == [1, 2, 4]
 
 
 def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
