@@ -152,21 +152,15 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
         where = "quick.replays" if quick and "replays" in spec["quick"] else "engine.replays"
         raise ConfigError(f"{KEY}.{where}", n, "an integer from 1 to 20: engine replays on the table's clock")
-    if spec["engine"].get("overhead_rounds") not in OVERHEAD_ROUNDS:
-        raise ConfigError(f"{KEY}.engine.overhead_rounds", spec["engine"].get("overhead_rounds"),
-                          f"one of {', '.join(OVERHEAD_ROUNDS)}: where the engine-overhead calibration runs")
-    if spec["engine"].get("kernel_rounds") not in KERNEL_ROUNDS:
-        raise ConfigError(f"{KEY}.engine.kernel_rounds", spec["engine"].get("kernel_rounds"),
-                          f"one of {', '.join(KERNEL_ROUNDS)}: where the kernel route is timed")
+    for key, choices, meaning in (("overhead_rounds", OVERHEAD_ROUNDS, "where the engine-overhead calibration runs"),
+                                  ("kernel_rounds", KERNEL_ROUNDS, "where the kernel route is timed"),
+                                  ("overhead_mix", OVERHEAD_MIX, "how the engine-overhead runs fill their batches"),
+                                  ("replay_order", REPLAY_ORDERS, "the order of the cells' replays")):
+        if spec["engine"].get(key) not in choices:
+            raise ConfigError(f"{KEY}.engine.{key}", spec["engine"].get(key), f"one of {', '.join(choices)}: {meaning}")
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
         raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
                           "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
-    if spec["engine"].get("overhead_mix") not in OVERHEAD_MIX:
-        raise ConfigError(f"{KEY}.engine.overhead_mix", spec["engine"].get("overhead_mix"),
-                          f"one of {', '.join(OVERHEAD_MIX)}: how the engine-overhead runs fill their batches")
-    if spec["engine"].get("replay_order") not in REPLAY_ORDERS:
-        raise ConfigError(f"{KEY}.engine.replay_order", spec["engine"].get("replay_order"),
-                          f"one of {', '.join(REPLAY_ORDERS)}: the order of the cells' replays")
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
