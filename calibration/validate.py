@@ -76,6 +76,9 @@ DEFAULT_SPEC = {
     "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
 }
 _ALLOWED = set(DEFAULT_SPEC) | {"kind"}  # kind: validation marks the file as a spec, not a scenario
+#: ``quick``'s keys: the subset, and the engine options it may set for itself
+QUICK_ENGINE_KEYS = {"replays", "overhead_mix"}
+QUICK_KEYS = {"num_requests", "loads", "allocators"} | QUICK_ENGINE_KEYS
 #: ``engine.overhead_rounds``: ``spread`` (default) adds one pass of the engine-overhead runs per cell,
 #: evenly among the replays, and one after the last, pooled with the up-front passes
 #: (:class:`OverheadRounds`); ``upfront``: the up-front passes only
@@ -146,18 +149,23 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if not isinstance(clocks, list) or not clocks or len(set(clocks)) != len(clocks) \
             or any(c not in REPLAY_CLOCKS for c in clocks):
         raise ConfigError(f"{KEY}.engine.clocks", clocks, f"a non-empty list of distinct {', '.join(REPLAY_CLOCKS)}")
-    if quick and "replays" in spec["quick"]:
-        spec["engine"]["replays"] = spec["quick"]["replays"]
+    bad = sorted(set(spec["quick"]) - QUICK_KEYS)
+    if bad:
+        raise ConfigError(f"{KEY}.quick.{bad[0]}", spec["quick"][bad[0]], f"unknown key; allowed: {', '.join(sorted(QUICK_KEYS))}")
+    where = {k: "engine." + k for k in spec["engine"]}
+    if quick:  # the quick subset's own engine options (CI keeps its calibration short)
+        for k in QUICK_ENGINE_KEYS & set(spec["quick"]):
+            spec["engine"][k], where[k] = spec["quick"][k], "quick." + k
     n = spec["engine"].get("replays")
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
-        where = "quick.replays" if quick and "replays" in spec["quick"] else "engine.replays"
-        raise ConfigError(f"{KEY}.{where}", n, "an integer from 1 to 20: engine replays on the table's clock")
+        raise ConfigError(f"{KEY}.{where['replays']}", n, "an integer from 1 to 20: engine replays on the table's clock")
     for key, choices, meaning in (("overhead_rounds", OVERHEAD_ROUNDS, "where the engine-overhead calibration runs"),
                                   ("kernel_rounds", KERNEL_ROUNDS, "where the kernel route is timed"),
                                   ("overhead_mix", OVERHEAD_MIX, "how the engine-overhead runs fill their batches"),
                                   ("replay_order", REPLAY_ORDERS, "the order of the cells' replays")):
         if spec["engine"].get(key) not in choices:
-            raise ConfigError(f"{KEY}.engine.{key}", spec["engine"].get(key), f"one of {', '.join(choices)}: {meaning}")
+            raise ConfigError(f"{KEY}.{where.get(key, 'engine.' + key)}", spec["engine"].get(key),
+                              f"one of {', '.join(choices)}: {meaning}")
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
         raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
                           "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
@@ -1173,7 +1181,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
                   "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate,
                   "vocab": model.vocab},
         "config": {"kv": spec["kv"], "scheduler": spec["scheduler"], "static_reserve": spec["static_reserve"],
-                   "workload": spec["workload"], "loads": spec["loads"]},
+                   "workload": spec["workload"], "loads": spec["loads"], "engine": spec["engine"]},
         "capacity_requests_per_s": caps,
         "rates": {f"{r.load}/{r.allocator}": r.rate for r in runs},
         "clock": clocks[0],

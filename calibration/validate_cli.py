@@ -86,6 +86,23 @@ def validate_command(
     con.print(f"wrote {Path(out) / 'validation.json'} and {Path(out) / 'validation.html'} in {doc['elapsed_s']} s")
 
 
+def validate_runs_command(
+    runs: list[Path] = typer.Argument(..., help="Two or more kvsim validate output folders of one spec."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the tables as JSON here."),
+) -> None:
+    """Read several validation runs together: per run, per cell over the runs (the systematic part), and the runs' median."""
+    import json
+
+    from .validate_runs import combine, load_run, markdown
+
+    doc = combine([load_run(r) for r in runs])
+    print(markdown(doc))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {out}")
+
+
 def main() -> None:  # ``python -m calibration.validate_cli`` until sim.cli mounts the command
     import typer as _t
     try:

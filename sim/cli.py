@@ -200,7 +200,7 @@ def app_cmd(ctx: typer.Context):
 def _mount_optional() -> None:
     """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
     from calibration.cli import calibrate_command, profile_app
-    from calibration.validate_cli import validate_command
+    from calibration.validate_cli import validate_command, validate_runs_command
 
     from .guide import guide_command
     from .planner_cli import plan_command
@@ -213,6 +213,7 @@ def _mount_optional() -> None:
     app.command("report")(report_command)
     app.command("guide")(guide_command)
     app.command("validate")(validate_command)
+    app.command("validate-runs")(validate_runs_command)
 
 
 _mount_optional()

@@ -57,6 +57,16 @@ def test_spec_errors(tmp_path):
     load_spec(bad)  # the quick section only matters with --quick
     with pytest.raises(ConfigError, match=r"validate\.quick\.replays"):
         load_spec(bad, quick=True)
+    bad.write_text("quick: {overhead_mix: some}\n")
+    with pytest.raises(ConfigError, match=r"validate\.quick\.overhead_mix.*offline, queued, both"):
+        load_spec(bad, quick=True)
+    bad.write_text("quick: {clocks: [cpu]}\n")
+    with pytest.raises(ConfigError, match=r"validate\.quick\.clocks.*unknown key"):
+        load_spec(bad)
+    # the quick subset may set its own calibration mix (CI keeps its calibration short)
+    bad.write_text("engine: {overhead_mix: both}\nquick: {overhead_mix: offline}\n")
+    assert load_spec(bad)["engine"]["overhead_mix"] == "both"
+    assert load_spec(bad, quick=True)["engine"]["overhead_mix"] == "offline"
 
 
 def test_overhead_rounds_pool_every_pass(monkeypatch):

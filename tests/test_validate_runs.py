@@ -1,0 +1,106 @@
+"""``kvsim validate-runs``: several validation runs read together (calibration/validate_runs.py)."""
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from calibration.validate_runs import JUDGED, combine, load_run, markdown
+from sim.errors import ConfigError
+
+CELLS = [(load, alloc) for alloc in ("paged", "static") for load in ("light", "medium", "saturating")]
+METRICS = JUDGED + ("ttft_p99", "throughput", "peak_kv_blocks")  # the last three are not judged
+
+
+def _write_run(path, errors, *, measured=1.0, config=None, engine=None):
+    """A validation.json whose judged cell ``i`` has signed error ``errors[i]`` (the others 0.5)."""
+    rows, i = [], 0
+    for load, alloc in CELLS:
+        for m in METRICS:
+            e = errors[i] if m in JUDGED else 0.5
+            i += m in JUDGED
+            rows.append({"load": load, "allocator": alloc, "metric": m, "measured": measured,
+                         "simulated": measured * (1 + e), "rel_error": abs(e)})
+    cfg = {"kv": {"num_blocks": 256, "block_size": 16}, "loads": ["light", "medium", "saturating"], **(config or {})}
+    if engine is not None:
+        cfg["engine"] = engine
+    path.mkdir(parents=True)
+    (path / "validation.json").write_text(json.dumps({
+        "rows": rows, "config": cfg, "shape": {"model": "tiny-llama"}, "clock": "cpu_norm",
+        "device": {"kind": "cpu"}, "elapsed_s": 600.0}))
+    return path
+
+
+def test_combine_separates_the_systematic_part_from_each_runs_level(tmp_path):
+    n = len(CELLS) * len(JUDGED)
+    rng = np.random.default_rng(0)
+    bias = np.linspace(-0.06, 0.03, n)  # the same in every run
+    levels = [-0.04, 0.0, 0.02, 0.05]
+    errs = [bias + lv + rng.normal(0, 0.01, n) for lv in levels]
+    errs[1][7] = 0.15  # one run's one cell beyond 10 %
+    runs = [load_run(_write_run(tmp_path / f"r{i}", e, measured=0.1 * (i + 1))) for i, e in enumerate(errs)]
+    doc = combine(runs)
+    E = np.array(errs)
+    assert [r["run"] for r in doc["runs"]] == ["r0", "r1", "r2", "r3"]
+    for r, e in zip(doc["runs"], E):  # per run: its level is the mean signed error of its cells
+        assert r["cells"] == n and r["mean_signed_error"] == pytest.approx(e.mean(), abs=1e-12)
+        assert r["within_10pct"] == int((np.abs(e) <= 0.10).sum()) and r["max_abs_error"] == pytest.approx(np.abs(e).max())
+    # per cell: the mean over runs recovers the bias (the levels average to +0.75 %)
+    cells = doc["cells"]
+    assert len(cells) == n
+    by_key = {(c["load"], c["allocator"], c["metric"]): c for c in cells}
+    for j in range(n):
+        load, alloc = CELLS[j // len(JUDGED)]
+        c = by_key[(load, alloc, JUDGED[j % len(JUDGED)])]
+        assert c["mean_signed_error"] == pytest.approx(E[:, j].mean(), abs=1e-12)
+        assert c["sd"] == pytest.approx(E[:, j].std(ddof=1), abs=1e-12)
+        assert c["runs_beyond_10pct"] == int((np.abs(E[:, j]) > 0.10).sum())
+    p = doc["pooled"]
+    assert p["runs"] == 4 and p["cell_results"] == 4 * n
+    assert p["cells_beyond_10pct"] == int((np.abs(E) > 0.10).sum()) >= 1
+    assert p["runs_all_within_10pct"] == int((np.abs(E) <= 0.10).all(axis=1).sum())
+    assert p["mean_signed_error"] == pytest.approx(E.mean())
+    # the runs' median: per cell the median of the runs' errors (each run's times in its own unit)
+    med = doc["median_of_runs"]
+    for k in med["cells_detail"]:
+        j = CELLS.index((k["load"], k["allocator"])) * len(JUDGED) + JUDGED.index(k["metric"])
+        assert k["signed_error"] == pytest.approx(np.median(E[:, j]), abs=1e-12)
+    assert med["within_10pct"] == int((np.abs(np.median(E, axis=0)) <= 0.10).sum())
+    text = markdown(doc)
+    assert "| r1 |" in text and "4 runs: all 36 cells within 10 %" in text and "| light | paged |" in text
+
+
+def test_combine_refuses_what_cannot_be_read_together(tmp_path):
+    e = np.zeros(len(CELLS) * len(JUDGED))
+    a = load_run(_write_run(tmp_path / "a", e))
+    with pytest.raises(ConfigError, match="two or more"):
+        combine([a])
+    other = load_run(_write_run(tmp_path / "b", e, config={"kv": {"num_blocks": 128, "block_size": 16}}))
+    with pytest.raises(ConfigError, match=r"same setup.*config"):
+        combine([a, other])
+    with pytest.raises(ConfigError, match="validation.json"):
+        load_run(tmp_path / "missing")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "validation.json").write_text("{}")
+    with pytest.raises(ConfigError, match="rows"):
+        load_run(tmp_path / "bad")
+    # engine options may differ (calibration choices): named, not refused
+    b = load_run(_write_run(tmp_path / "c", e, engine={"replays": 5}))
+    c = load_run(_write_run(tmp_path / "d", e, engine={"replays": 5, "overhead_mix": "both"}))
+    assert combine([b, c])["engine_differs"] == ["d"]
+    assert "differ from the first run's in d" in markdown(combine([b, c]))
+
+
+def test_validate_runs_command(tmp_path):
+    from sim.cli import app
+    e = np.full(len(CELLS) * len(JUDGED), -0.02)
+    r1, r2 = _write_run(tmp_path / "r1", e), _write_run(tmp_path / "r2", e + 0.01)
+    out = tmp_path / "sum" / "runs.json"
+    res = CliRunner().invoke(app, ["validate-runs", str(r1), str(r2), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 runs: all 36 cells within 10 % in 2" in res.output
+    doc = json.loads(out.read_text())
+    assert doc["pooled"]["mean_signed_error"] == pytest.approx(-0.015)
+    res = CliRunner().invoke(app, ["validate-runs", str(r1), str(tmp_path / "nope")])
+    assert res.exit_code != 0
