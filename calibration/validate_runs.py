@@ -90,7 +90,7 @@ def _score(errs: np.ndarray) -> dict:
 def combine(runs: list[Run]) -> dict:
     """The runs read together (see the module docstring). Needs two or more runs of one setup with the
     same cells (else :class:`ConfigError` naming the run and what differs); a run whose engine options
-    (replays, calibration choices) differ from the first's is named in ``engine_differs``."""
+    (replays, calibration choices) differ from the first's that records them is named in ``engine_differs``."""
     if len(runs) < 2:
         raise ConfigError(f"{KEY}.runs", len(runs), "two or more validation runs of one spec")
     keys = sorted(runs[0].cells)
@@ -113,7 +113,8 @@ def combine(runs: list[Run]) -> dict:
                          "min": float(e.min()), "max": float(e.max())})
     med = np.median(E, axis=0)
     n_all = int((np.abs(E) <= 0.10).all(axis=1).sum())
-    differs = [r.name for r in runs[1:] if r.engine != runs[0].engine]
+    known = [r for r in runs if r.engine]  # runs written before validation.json recorded them: unknown, not different
+    differs = [r.name for r in known[1:] if r.engine != known[0].engine]
     return {"runs": per_run, "cells": per_cell,
             "pooled": {"runs": len(runs), "cells_per_run": len(keys), "runs_all_within_10pct": n_all,
                        "cells_beyond_10pct": int((np.abs(E) > 0.10).sum()), "cell_results": int(E.size),

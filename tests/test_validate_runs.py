@@ -89,6 +89,7 @@ def test_combine_refuses_what_cannot_be_read_together(tmp_path):
     b = load_run(_write_run(tmp_path / "c", e, engine={"replays": 5}))
     c = load_run(_write_run(tmp_path / "d", e, engine={"replays": 5, "overhead_mix": "both"}))
     assert combine([b, c])["engine_differs"] == ["d"]
+    assert combine([a, b, c])["engine_differs"] == ["d"]  # a run that does not record them is not "different"
     assert "differ from the first run's in d" in markdown(combine([b, c]))
 
 
