@@ -149,6 +149,8 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
     if not isinstance(clocks, list) or not clocks or len(set(clocks)) != len(clocks) \
             or any(c not in REPLAY_CLOCKS for c in clocks):
         raise ConfigError(f"{KEY}.engine.clocks", clocks, f"a non-empty list of distinct {', '.join(REPLAY_CLOCKS)}")
+    if not isinstance(spec["quick"], dict):
+        raise ConfigError(f"{KEY}.quick", spec["quick"], f"a mapping of {', '.join(sorted(QUICK_KEYS))}")
     bad = sorted(set(spec["quick"]) - QUICK_KEYS)
     if bad:
         raise ConfigError(f"{KEY}.quick.{bad[0]}", spec["quick"][bad[0]], f"unknown key; allowed: {', '.join(sorted(QUICK_KEYS))}")

@@ -28,11 +28,12 @@ import numpy as np
 
 from sim.errors import ConfigError
 
-#: the cells a validation is judged on (``validate.TARGET_METRICS``' p50 and p90 of TTFT, TPOT, e2e)
-JUDGED = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90")
+from .validate import TARGET_METRICS as JUDGED  # the cells a validation is judged on
+
 #: the bars the tables count against (fractions)
 BARS = (0.10, 0.05)
 KEY = "validate-runs"
+_LOAD_ORDER = {"light": 0, "medium": 1, "saturating": 2}
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,3 @@ def markdown(doc: dict) -> str:
     if doc["engine_differs"]:
         out.append(f"Note: the spec's engine options differ from the first run's in {', '.join(doc['engine_differs'])}.")
     return "\n".join(out)
-
-
-_LOAD_ORDER = {"light": 0, "medium": 1, "saturating": 2}

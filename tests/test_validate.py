@@ -62,6 +62,9 @@ def test_spec_errors(tmp_path):
     bad.write_text("quick: {overhead_mix: some}\n")
     with pytest.raises(ConfigError, match=r"validate\.quick\.overhead_mix.*offline, queued, both"):
         load_spec(bad, quick=True)
+    bad.write_text("quick: 5\n")
+    with pytest.raises(ConfigError, match=r"validate\.quick.*a mapping"):
+        load_spec(bad)
     bad.write_text("quick: {clocks: [cpu]}\n")
     with pytest.raises(ConfigError, match=r"validate\.quick\.clocks.*unknown key"):
         load_spec(bad)
