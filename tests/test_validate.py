@@ -43,31 +43,20 @@ def test_spec_errors(tmp_path):
         bad.write_text(f"engine: {{replays: {v}}}\n")
         with pytest.raises(ConfigError, match=r"validate\.engine\.replays.*1 to 20"):
             load_spec(bad)
-    bad.write_text("engine: {overhead_rounds: sometimes}\n")
-    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_rounds.*spread, upfront"):
-        load_spec(bad)
-    bad.write_text("engine: {kernel_rounds: often}\n")
-    with pytest.raises(ConfigError, match=r"validate\.engine\.kernel_rounds.*spread, upfront"):
-        load_spec(bad)
-    bad.write_text("engine: {overhead_mix: mixed}\n")
-    with pytest.raises(ConfigError, match=r"validate\.engine\.overhead_mix.*offline, queued, both"):
-        load_spec(bad)
-    bad.write_text("engine: {replay_order: random}\n")
-    with pytest.raises(ConfigError, match=r"validate\.engine\.replay_order.*interleaved, blocked"):
-        load_spec(bad)
     bad.write_text("quick: {replays: x}\n")
     load_spec(bad)  # the quick section only matters with --quick
-    with pytest.raises(ConfigError, match=r"validate\.quick\.replays"):
-        load_spec(bad, quick=True)
-    bad.write_text("quick: {overhead_mix: some}\n")
-    with pytest.raises(ConfigError, match=r"validate\.quick\.overhead_mix.*offline, queued, both"):
-        load_spec(bad, quick=True)
-    bad.write_text("quick: 5\n")
-    with pytest.raises(ConfigError, match=r"validate\.quick.*a mapping"):
-        load_spec(bad)
-    bad.write_text("quick: {clocks: [cpu]}\n")
-    with pytest.raises(ConfigError, match=r"validate\.quick\.clocks.*unknown key"):
-        load_spec(bad)
+    for text, quick, match in (
+            ("engine: {overhead_rounds: sometimes}", False, r"validate\.engine\.overhead_rounds.*spread, upfront"),
+            ("engine: {kernel_rounds: often}", False, r"validate\.engine\.kernel_rounds.*spread, upfront"),
+            ("engine: {overhead_mix: mixed}", False, r"validate\.engine\.overhead_mix.*offline, queued, both"),
+            ("engine: {replay_order: random}", False, r"validate\.engine\.replay_order.*interleaved, blocked"),
+            ("quick: {replays: x}", True, r"validate\.quick\.replays"),
+            ("quick: {overhead_mix: some}", True, r"validate\.quick\.overhead_mix.*offline, queued, both"),
+            ("quick: 5", False, r"validate\.quick.*a mapping"),
+            ("quick: {clocks: [cpu]}", False, r"validate\.quick\.clocks.*unknown key")):
+        bad.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=match):
+            load_spec(bad, quick=quick)
     # the quick subset may set its own calibration mix (CI keeps its calibration short)
     bad.write_text("engine: {overhead_mix: both}\nquick: {overhead_mix: offline}\n")
     assert load_spec(bad)["engine"]["overhead_mix"] == "both"
