@@ -1273,6 +1273,25 @@ FIT_CENTERS = ("trimmed", "median", "mean")
 TRIM_MIN = 20
 
 
+#: the fewest steady-state decode iterations at one sequence count for the overhead fit to measure
+#: that count's departure from its line (``_fit_overhead``'s ``by_seqs``)
+BY_SEQS_MIN = 20
+
+
+def step_overhead_s(fit: dict, seqs) -> np.ndarray:
+    """The overhead fit's seconds per iteration of ``seqs`` sequences before its per-prefill-token part:
+    ``intercept_s + per_seq_s·S``, plus ``per_seq_delta_s`` interpolated between its measured counts
+    (nothing beyond them), as ``sim.profile.ProfileCostModel`` charges it."""
+    S = np.asarray(seqs, dtype=np.float64)
+    out = fit["intercept_s"] + fit["per_seq_s"] * S
+    delta = fit.get("per_seq_delta_s") or {}
+    xs, ys = delta.get("seqs") or [], delta.get("delta_s") or []
+    if xs:
+        inside = (S >= xs[0]) & (S <= xs[-1])
+        out = out + np.where(inside, np.interp(S, xs, ys), 0.0)
+    return out
+
+
 def _untrimmed(x: np.ndarray) -> np.ndarray:
     """The values of ``x`` between its 5th and 95th percentiles (a mask)."""
     lo, hi = np.percentile(x, [5, 95])
@@ -1290,7 +1309,7 @@ def _center(x: np.ndarray, how: str) -> float:
 
 
 def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_prefill: bool = True,
-                  center: str = "trimmed") -> dict:
+                  center: str = "trimmed", by_seqs: bool = True) -> dict:
     """Fit the engine's overhead ``a + b·S + c·P`` to its calibration rows (``residual_s`` = iteration
     time minus the kernel curves' prediction), and the after-prefill excess of decode iterations.
 
@@ -1318,6 +1337,10 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       against 188 of 216 cells came within 10 % (docs/validation.md).
     * ``steady=False``: ``a + b·S`` from every pure-decode iteration (the fifth session's fit), which
       averages the after-prefill excess into ``a`` and ``b`` (so no ``after_prefill_s``).
+    * ``by_seqs``: also each sequence count's departure from ``a + b·S`` (``per_seq_delta_s``: the centre
+      of its steady-state residuals minus the line, at counts with at least :data:`BY_SEQS_MIN` of them),
+      which the simulator interpolates between those counts; ``c`` and ``after_prefill_s`` are then
+      measured against the line with its departures (:func:`step_overhead_s`).
     """
     from scipy.optimize import nnls
     if center not in FIT_CENTERS:
@@ -1337,10 +1360,16 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     md = np.array([_center(R[sel & (S == x)], center) for x in xd])
     w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
     (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]) * w[:, None], md * w)
+    line = {"intercept_s": float(a), "per_seq_s": float(b_)}
+    if by_seqs:
+        keep_x = [i for i, x in enumerate(xd) if np.sum(sel & (S == x)) >= BY_SEQS_MIN]
+        line["per_seq_delta_s"] = {"seqs": [int(xd[i]) for i in keep_x],
+                                   "delta_s": [float(md[i] - a - b_ * xd[i]) for i in keep_x]}
+    base = step_overhead_s(line, S)
     mixed = ~dec & (T > S)
     c_ = 0.0
     if mixed.any():
-        rr, pp = R[mixed] - a - b_ * S[mixed], T[mixed] - S[mixed]
+        rr, pp = R[mixed] - base[mixed], T[mixed] - S[mixed]
         if center == "median":
             c_ = float(max(0.0, np.median(rr / pp)))
         else:  # what the mixed iterations leave in all, per prefill token (trimmed: per-token outliers out)
@@ -1353,18 +1382,18 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
         for k in range(1, AFTER_PREFILL + 1):
             m = dec & (since == k)
             after_n.append(int(m.sum()))
-            after_s.append(float(max(0.0, _center(R[m] - a - b_ * S[m], center))) if m.sum() >= 5 else 0.0)
+            after_s.append(float(max(0.0, _center(R[m] - base[m], center))) if m.sum() >= 5 else 0.0)
         after_s = [x if x >= 1e-7 else 0.0 for x in after_s]  # below 0.1 us: float noise, not excess
         while after_s and after_s[-1] == 0.0:
             after_s.pop()
-    pred = a + b_ * S + c_ * (T - S)
+    pred = base + c_ * (T - S)
     if after_s:  # the decode iterations' excess, as the simulator charges it
         pred = pred + np.array([after_s[int(k) - 1] if d and 1 <= k <= len(after_s) else 0.0 for d, k in zip(dec, since)])
     meas = meas_t
     kern = np.array([r["predicted_s"] for r in rows])
     wall = np.array([r["measured_s"] for r in rows])
     err = np.abs(kern + pred - meas) / meas
-    return {"intercept_s": float(a), "per_seq_s": float(b_), "per_token_s": c_,
+    return {**line, "per_token_s": c_,
             "after_prefill_s": after_s, "after_prefill_samples": after_n,
             "steady_decode_iterations": int(sel.sum()),
             "batch_range": [int(xs.min()), int(xs.max())], "tokens_range": [int(T.min()), int(T.max())],
@@ -1373,7 +1402,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
             # steady pure decode per S: iterations, median measured, median predicted (kernels + this fit), seconds
             "decode_by_seqs": {str(int(x)): [int(np.sum(sel & (S == x))),
                                              float(np.median(meas_t[sel & (S == x)])),
-                                             float(np.median((kern + a + b_ * S)[sel & (S == x)]))] for x in xd},
+                                             float(np.median((kern + base)[sel & (S == x)]))] for x in xd},
             "fit_median_rel_err": round(float(np.median(err)), 4),
             "fit_p90_rel_err": round(float(np.percentile(err, 90)), 4),
             "residual_share_median": round(float(np.median(pred / meas)), 4), "rows": rows}
@@ -1413,14 +1442,17 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
                         "batch_range": overhead["batch_range"], "fit_median_rel_err": overhead["fit_median_rel_err"],
                         "fit_p90_rel_err": overhead["fit_p90_rel_err"],
                         **({"after_prefill_s": [float(x) for x in overhead["after_prefill_s"]]}
-                           if overhead.get("after_prefill_s") else {})}},
+                           if overhead.get("after_prefill_s") else {}),
+                        **({"per_seq_delta_s": overhead["per_seq_delta_s"]}
+                           if (overhead.get("per_seq_delta_s") or {}).get("seqs") else {})}},
         "parts": ["the reference engine's whole iteration beyond the profile's kernels: scheduling, block tables, "
                   "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
         "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "
                   f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
                   f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock'), 'wall')} time "
-                  "minus the kernel curves' prediction for the same batch shape, median per sequence count, "
-                  "fitted a + b x sequences (kvsim.calibration.kernels.measure_engine_overhead)",
+                  "minus the kernel curves' prediction for the same batch shape, per sequence count, fitted a + b x "
+                  "sequences plus each well-measured count's departure from that line (per_seq_delta_s; "
+                  "kvsim.calibration.kernels.measure_engine_overhead)",
         "median_by_seqs": overhead["median_by_seqs"], "kernel_route_step_cpu": kernel_route,
         "note": "host-side and framework work per step, not overlapped with kernels (CPU: same thread)"}
     p.provenance = {**p.provenance, "engine_overhead": {k: v for k, v in overhead.items()

@@ -550,7 +550,7 @@ class OverheadRounds:
     def level_by_round(self) -> list[dict]:
         """Each round's pure-decode iterations, measured ÷ (kernels + pooled fit) summed: how far the
         host's (normalised) speed in that round sat from the pooled level."""
-        from .kernels import row_time_s
+        from .kernels import row_time_s, step_overhead_s
         fits = self.fits()
         out = []
         for x in self.log:
@@ -559,7 +559,7 @@ class OverheadRounds:
                 f = fits[a]
                 rs = [r for r in rows if r["round"] == x["round"] and r["pure_decode"]]
                 meas = sum(row_time_s(r, self._meta["clock"]) for r in rs)
-                pred = sum(r["predicted_s"] + f["intercept_s"] + f["per_seq_s"] * r["seqs"] for r in rs)
+                pred = float(sum(r["predicted_s"] for r in rs) + step_overhead_s(f, [r["seqs"] for r in rs]).sum())
                 row[a] = round(meas / pred, 4) if pred > 0 else None
             out.append(row)
         return out
@@ -786,6 +786,9 @@ def scale_profile(profile, f: float):
     for t in doc["cpu_overhead"].get("by_tp", {}).values():
         t["intercept_s"] = float(t["intercept_s"]) * f
         t["per_seq_s"] = float(t["per_seq_s"]) * f
+        t["after_prefill_s"] = [float(x) * f for x in t.get("after_prefill_s", [])]
+        if t.get("per_seq_delta_s"):
+            t["per_seq_delta_s"] = {**t["per_seq_delta_s"], "delta_s": [float(x) * f for x in t["per_seq_delta_s"]["delta_s"]]}
     m = doc["memory"]
     for k in list(m):
         if k.endswith("latency_s") or k == "alloc_event_s":

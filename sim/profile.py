@@ -10,7 +10,8 @@ share them (Llama-2-7B and Llama-3.1-8B share the 4096×4096 output projection):
 * ``generation_attention[...]``: seconds vs (batch, KV length per sequence) for one
   layer's decode attention, measured on a paged cache (``layout``);
 * ``allreduce["<gpus>"]``: seconds vs message bytes; ``cpu_overhead``: seconds per step
-  vs batch size; ``memory``: alloc/zero-fill/copy/host-transfer figures;
+  vs batch size (``intercept_s + per_seq_s·S``, plus, where measured per count, its departure
+  from that line ``per_seq_delta_s``); ``memory``: alloc/zero-fill/copy/host-transfer figures;
   ``elementwise``: the memory-bound per-layer ops (norms, RoPE, activation, residual adds);
 * ``provenance`` and ``fit_quality`` (held-out median/p95 relative error per curve family).
 
@@ -476,6 +477,20 @@ class ProfileCostModel(CostModel):
             raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
                                                  f"(added to the k-th decode iteration after a prefill); got {after!r}")
         self.after_prefill_s = [float(x) for x in after]
+        delta = self._cpu.get("per_seq_delta_s")
+        self._delta_x: list[float] = []
+        self._delta_y: list[float] = []
+        self._delta_slopes: list[float] = []
+        if delta is not None:
+            xs, ys = (delta.get("seqs"), delta.get("delta_s")) if isinstance(delta, dict) else (None, None)
+            if (not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or not xs
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs + ys)
+                    or any(b <= a for a, b in zip(xs, xs[1:])) or xs[0] < 1 or any(abs(y) >= 1 for y in ys)):
+                raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.per_seq_delta_s: {seqs: increasing sequence "
+                                                     "counts >= 1, delta_s: seconds in (-1, 1), one per count}; "
+                                                     f"got {delta!r}")
+            self._delta_x, self._delta_y = [float(v) for v in xs], [float(v) for v in ys]
+            self._delta_slopes = _slopes(self._delta_x, self._delta_y)
         self._attn_factor: float = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)
@@ -564,6 +579,11 @@ class ProfileCostModel(CostModel):
         if seqs < lo or seqs > hi:
             counts.append(("cpu_overhead", 1))
         cpu = float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
+        dx = self._delta_x
+        if dx and dx[0] <= seqs <= dx[-1]:
+            # The measured step overhead's departure from the line at this count (interpolated
+            # between measured counts; the line alone beyond them).
+            cpu += _interp1(seqs, dx, self._delta_y, self._delta_slopes)
         out = (lm, cpu, tuple(counts))
         if len(self._seq_cache) < 65536:
             self._seq_cache[seqs] = out

@@ -58,6 +58,30 @@ def test_round_trip(tmp_path, h100):
     assert a.mixed_step_time_s(batch) == b.mixed_step_time_s(batch)
 
 
+def test_per_seq_delta_departs_from_the_line_between_measured_counts(h100):
+    """``cpu_overhead``'s ``per_seq_delta_s`` adds its interpolated departure to the step at counts
+    within its measured ones, in decode (scalar, window and array paths) and mixed iterations alike,
+    and nothing beyond them; a malformed table is refused naming the field."""
+    import copy
+    plain = ProfileCostModel(h100, L8B, H100)
+    prof = copy.deepcopy(h100)
+    prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] = {"seqs": [2, 4], "delta_s": [1e-3, 3e-3]}
+    cm = ProfileCostModel(prof, L8B, H100)
+    for n, want in ((1, 0.0), (2, 1e-3), (3, 2e-3), (4, 3e-3), (5, 0.0), (40, 0.0)):
+        kv = np.array([300.0 * n, 301.0 * n])
+        assert cm.decode_times_s(n, kv) - plain.decode_times_s(n, kv) == pytest.approx([want, want], abs=1e-12)
+        long = np.arange(80, dtype=np.float64) * n + 100 * n  # the array path
+        assert np.allclose(cm.decode_times_s(n, long) - plain.decode_times_s(n, long), want, rtol=0, atol=1e-12)
+        assert cm.decode_window_times(n, 100 * n, 3)[2] - plain.decode_window_times(n, 100 * n, 3)[2] == pytest.approx(want, abs=1e-12)
+    mixed = BatchShape(prefill_chunks=[(64, 0)], decode_seqs=2, decode_kv_tokens=500)  # three sequences
+    assert cm.mixed_step_time_s(mixed) - plain.mixed_step_time_s(mixed) == pytest.approx(2e-3, abs=1e-12)
+    for bad in ({"seqs": [4, 2], "delta_s": [0.0, 0.0]}, {"seqs": [2], "delta_s": [0.0, 1.0]},
+                {"seqs": [0], "delta_s": [0.0]}, [1, 2], {"seqs": [2], "delta_s": [2.0]}):
+        prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] = bad
+        with pytest.raises(ConfigError, match="per_seq_delta_s"):
+            ProfileCostModel(prof, L8B, H100)
+
+
 def test_decode_times_match_step_time_and_are_elementwise(h100):
     cm = ProfileCostModel(h100, L8B, H100)
     kv = np.array([100.0, 5_000.0, 70_000.0, 3e6, 4e7])

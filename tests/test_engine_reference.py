@@ -256,14 +256,16 @@ def test_simulator_schedule_identical_to_engine(tmp_path, allocator, rate, num_b
 @pytest.mark.parametrize("allocator", ["paged", "static"])
 @pytest.mark.parametrize("rate,num_blocks", [(4.0, 256), (40.0, 256), (40.0, 60)])
 def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, rate, num_blocks):
-    """A profile with after_prefill_s: the simulator adds it to the first decode iterations after each
-    prefill (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the
-    same, so their schedules stay identical; and it is charged (the run is longer than without it)."""
+    """A profile with after_prefill_s (and per-count departures from its step-overhead line,
+    per_seq_delta_s): the simulator adds it to the first decode iterations after each prefill
+    (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the same,
+    so their schedules stay identical; and it is charged (the run is longer than without it)."""
     from sim.profile import load_profile
     from sim.config import scenario_from_dict
     prof = load_profile("cpu-reference")
     plain_path = prof.write(tmp_path / "plain.json")
-    prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3]}
+    prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3],
+                                                           "per_seq_delta_s": {"seqs": [1, 3, 6], "delta_s": [3e-4, -2e-4, 5e-4]}}
                                                        for k, v in prof.cpu_overhead["by_tp"].items()}}
     after_path = prof.write(tmp_path / "after.json")
     spec, rows, path = _semantics_case(tmp_path, allocator, rate, num_blocks, 40, 60)

@@ -345,6 +345,56 @@ def test_overhead_fit_steady_state_and_after_prefill():
     assert prof.cpu_overhead["by_tp"]["1"]["after_prefill_s"] == fit["after_prefill_s"]
 
 
+def test_overhead_fit_by_seqs_prices_each_measured_count():
+    """``by_seqs``: each count with enough steady-state iterations gets its departure from the line,
+    so the fit prices those counts exactly (the line alone misses them); a count with fewer gets none;
+    the per-prefill-token part is measured against the line with its departures; the profile and
+    ``step_overhead_s`` charge the same; without ``by_seqs`` nothing departs."""
+    from calibration.kernels import BY_SEQS_MIN, _fit_overhead, step_overhead_s, with_engine_overhead
+    from sim.catalog import get_model
+    from sim.profile import load_profile
+    a, b, c = 1e-3, 2e-4, 20e-6
+    bump = {1: 0.0, 2: -3e-4, 3: 2e-4, 4: 0.0, 5: 0.0, 6: 4e-4}
+    rows = []
+    for S, n in ((1, 30), (2, 30), (3, BY_SEQS_MIN), (4, 30), (6, BY_SEQS_MIN - 1)):
+        for i in range(n):
+            over = a + b * S + bump[S]
+            rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": over,
+                         "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+    for S, P in ((2, 40), (3, 90), (4, 200)):  # mixed iterations: S sequences (the chunk's included), P + S tokens
+        over = a + b * S + bump[S] + c * P
+        rows.append({"seqs": S, "tokens": S + P, "pure_decode": False, "since_prefill": 0, "residual_s": over,
+                     "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+    line = _fit_overhead(rows, "cpu_norm", by_seqs=False)
+    fit = _fit_overhead(rows, "cpu_norm")
+    assert "per_seq_delta_s" not in line and line["fit_p90_rel_err"] > 0.02
+    assert fit["per_seq_delta_s"]["seqs"] == [1, 2, 3, 4]  # 6: one iteration too few
+    assert step_overhead_s(fit, [1, 2, 3, 4]) == pytest.approx([a + b * S + bump[S] for S in (1, 2, 3, 4)], rel=1e-9)
+    assert fit["per_token_s"] == pytest.approx(c, rel=1e-6)
+    assert fit["fit_median_rel_err"] < 1e-9
+    assert step_overhead_s(fit, [6])[0] == pytest.approx(fit["intercept_s"] + 6 * fit["per_seq_s"])
+    prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
+                                                                  "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+    assert prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] == fit["per_seq_delta_s"]
+    line_prof = with_engine_overhead(load_profile("cpu-reference"), {**line, "allocator": "paged", "block_size": 16,
+                                                                       "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+    assert "per_seq_delta_s" not in line_prof.cpu_overhead["by_tp"]["1"]
+
+
+def test_scale_profile_scales_every_cpu_term():
+    """The raw clocks' host-speed scaling reaches the after-prefill excess and the per-count
+    departures too, not only the line."""
+    from calibration.validate import scale_profile
+    from sim.profile import load_profile
+    prof = load_profile("cpu-reference")
+    t = prof.cpu_overhead["by_tp"]["1"]
+    t.update(after_prefill_s=[4e-3, 1e-3], per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]})
+    scaled = scale_profile(prof, 1.5).cpu_overhead["by_tp"]["1"]
+    assert scaled["after_prefill_s"] == pytest.approx([6e-3, 1.5e-3])
+    assert scaled["per_seq_delta_s"] == {"seqs": [1, 3], "delta_s": pytest.approx([-3e-4, 7.5e-4])}
+    assert scaled["intercept_s"] == pytest.approx(1.5 * t["intercept_s"])
+
+
 def test_overhead_fit_center_prices_the_mean_iteration():
     """Right-skewed iteration times (a few slow ones): the default trimmed centre lands between the
     median and the mean, so a sum of iterations is priced closer to its measured total than with
