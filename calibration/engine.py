@@ -781,9 +781,12 @@ class Engine:
             probes.append(row)
             return f, f_pre
 
+        # whether the next iteration follows a probe (its caches hold the probe's, not the engine's, state)
+        probed = False
         if norm:
             for _ in range(hist.maxlen):
                 scale, scale_pre = take_probe()
+            probed = True
         with torch.inference_mode():
             while done < n_total:
                 drain(False)
@@ -794,6 +797,7 @@ class Engine:
                     raise TimeoutError(f"engine run exceeded {max_wall_s} s")
                 if norm and since[0] >= probe_every_s:
                     scale, scale_pre = take_probe()
+                    probed = True
                 ts = now()
                 c0 = time.thread_time()
                 ev0 = self.mem.events
@@ -868,6 +872,8 @@ class Engine:
                                   "running": len(running), "waiting": len(waiting)})
                     if norm:
                         iters[-1]["speed_scale"] = it_scale
+                        iters[-1]["after_probe"] = probed
+                        probed = False
                     if clock == "virtual":
                         iters[-1]["end_s"] = te
         if feeder is not None:

@@ -1134,6 +1134,8 @@ def engine_iteration_rows(result, cost) -> list[dict]:
                      "cpu_s": it["cpu_s"], "chunks": chunks, "alloc_events": it["alloc_events"],
                      "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"],
                                              it["alloc_events"])})
+        if "after_probe" in it:  # cpu_norm runs: the iteration right after a host-speed probe
+            rows[-1]["after_probe"] = bool(it["after_probe"])
     return rows
 
 
@@ -1309,7 +1311,7 @@ def _center(x: np.ndarray, how: str) -> float:
 
 
 def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_prefill: bool = True,
-                  center: str = "trimmed", by_seqs: bool = True) -> dict:
+                  center: str = "trimmed", by_seqs: bool = True, mixed_decode: bool = True) -> dict:
     """Fit the engine's overhead ``a + b·S + c·P`` to its calibration rows (``residual_s`` = iteration
     time minus the kernel curves' prediction), and the after-prefill excess of decode iterations.
 
@@ -1341,6 +1343,10 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       of its steady-state residuals minus the line, at counts with at least :data:`BY_SEQS_MIN` of them),
       which the simulator interpolates between those counts; ``c`` and ``after_prefill_s`` are then
       measured against the line with its departures (:func:`step_overhead_s`).
+    * ``mixed_decode``: the iterations with prefill are fitted ``c·P + g·D`` (``D`` decoding sequences in
+      them; ``mixed_per_decode_s`` = ``g``), non-negative least squares weighted by ``1/P`` (which, with
+      ``g`` = 0, is the sum ratio above), on the same rows the trim keeps: what a decoding sequence
+      costs in an iteration with prefill beyond what it costs in a pure decode iteration.
     """
     from scipy.optimize import nnls
     if center not in FIT_CENTERS:
@@ -1367,7 +1373,8 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
                                    "delta_s": [float(md[i] - a - b_ * xd[i]) for i in keep_x]}
     base = step_overhead_s(line, S)
     mixed = ~dec & (T > S)
-    c_ = 0.0
+    D = np.array([r.get("decode_seqs", 0) for r in rows], dtype=float)
+    c_, g_ = 0.0, 0.0
     if mixed.any():
         rr, pp = R[mixed] - base[mixed], T[mixed] - S[mixed]
         if center == "median":
@@ -1376,6 +1383,11 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
             trim = center == "trimmed" and len(rr) >= TRIM_MIN
             keep = _untrimmed(rr / pp) if trim else np.ones(len(rr), dtype=bool)
             c_ = float(max(0.0, rr[keep].sum() / pp[keep].sum()))
+            if mixed_decode:
+                dd = D[mixed][keep]
+                wt = 1.0 / np.sqrt(pp[keep])
+                (c_, g_), _ = nnls(np.column_stack([pp[keep], dd]) * wt[:, None], rr[keep] * wt)
+                c_, g_ = float(c_), float(g_)
     after_s: list[float] = []
     after_n: list[int] = []
     if steady and after_prefill:
@@ -1386,14 +1398,14 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
         after_s = [x if x >= 1e-7 else 0.0 for x in after_s]  # below 0.1 us: float noise, not excess
         while after_s and after_s[-1] == 0.0:
             after_s.pop()
-    pred = base + c_ * (T - S)
+    pred = base + c_ * (T - S) + g_ * np.where(mixed, D, 0.0)
     if after_s:  # the decode iterations' excess, as the simulator charges it
         pred = pred + np.array([after_s[int(k) - 1] if d and 1 <= k <= len(after_s) else 0.0 for d, k in zip(dec, since)])
     meas = meas_t
     kern = np.array([r["predicted_s"] for r in rows])
     wall = np.array([r["measured_s"] for r in rows])
     err = np.abs(kern + pred - meas) / meas
-    return {**line, "per_token_s": c_,
+    return {**line, "per_token_s": c_, "mixed_per_decode_s": g_,
             "after_prefill_s": after_s, "after_prefill_samples": after_n,
             "steady_decode_iterations": int(sel.sum()),
             "batch_range": [int(xs.min()), int(xs.max())], "tokens_range": [int(T.min()), int(T.max())],
@@ -1444,7 +1456,9 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
                         **({"after_prefill_s": [float(x) for x in overhead["after_prefill_s"]]}
                            if overhead.get("after_prefill_s") else {}),
                         **({"per_seq_delta_s": overhead["per_seq_delta_s"]}
-                           if (overhead.get("per_seq_delta_s") or {}).get("seqs") else {})}},
+                           if (overhead.get("per_seq_delta_s") or {}).get("seqs") else {}),
+                        **({"mixed_per_decode_s": float(overhead["mixed_per_decode_s"])}
+                           if overhead.get("mixed_per_decode_s") else {})}},
         "parts": ["the reference engine's whole iteration beyond the profile's kernels: scheduling, block tables, "
                   "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
         "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "

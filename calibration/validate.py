@@ -787,6 +787,8 @@ def scale_profile(profile, f: float):
         t["intercept_s"] = float(t["intercept_s"]) * f
         t["per_seq_s"] = float(t["per_seq_s"]) * f
         t["after_prefill_s"] = [float(x) * f for x in t.get("after_prefill_s", [])]
+        if "mixed_per_decode_s" in t:
+            t["mixed_per_decode_s"] = float(t["mixed_per_decode_s"]) * f
         if t.get("per_seq_delta_s"):
             t["per_seq_delta_s"] = {**t["per_seq_delta_s"], "delta_s": [float(x) * f for x in t["per_seq_delta_s"]["delta_s"]]}
     m = doc["memory"]
@@ -848,6 +850,16 @@ def iteration_diagnostics(res, cost) -> dict:
             by_k.setdefault(key, []).append((r["predicted_s"], r["measured_s"]))
     out["after_prefill"] = {key: {"iterations": len(v), "sum_predicted_over_measured":
                                   float(sum(p for p, _ in v) / sum(m for _, m in v))} for key, v in by_k.items()}
+    # cpu_norm replays: iterations right after a host-speed probe against the others (the probe leaves
+    # its own cache state behind; a large share of probed iterations where iterations are long)
+    probed = [r for r in rows if "after_probe" in r]
+    if probed:
+        out["after_probe"] = {}
+        for key, flag in (("after_probe", True), ("other", False)):
+            v = [(r["predicted_s"], r["measured_s"]) for r in probed if r["after_probe"] == flag]
+            if v:
+                out["after_probe"][key] = {"iterations": len(v),
+                                           "sum_predicted_over_measured": float(sum(p for p, _ in v) / sum(m for _, m in v))}
     busy = sum(it["end_s"] - it["start_s"] for it in res.iterations)
     lag = [r["enqueued_s"] - r["arrival_s"] for r in res.requests if r["enqueued_s"] >= 0]
     span = max((r["finish_s"] for r in res.requests), default=0.0)

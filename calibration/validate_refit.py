@@ -29,7 +29,8 @@ from sim.catalog import get_model
 #: fit variants (keyword arguments of ``kernels._fit_overhead``); the first is what validate uses
 VARIANTS = {
     "steady": {"steady": True, "after_prefill": True},
-    "steady-line": {"steady": True, "after_prefill": True, "by_seqs": False},
+    "steady-no-mixed-decode": {"steady": True, "after_prefill": True, "mixed_decode": False},
+    "steady-line": {"steady": True, "after_prefill": True, "by_seqs": False, "mixed_decode": False},  # tenth session's
     "steady-median": {"steady": True, "after_prefill": True, "center": "median"},
     "steady-mean": {"steady": True, "after_prefill": True, "center": "mean"},
     "steady-no-after": {"steady": True, "after_prefill": False},

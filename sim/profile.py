@@ -491,6 +491,13 @@ class ProfileCostModel(CostModel):
                                                      f"got {delta!r}")
             self._delta_x, self._delta_y = [float(v) for v in xs], [float(v) for v in ys]
             self._delta_slopes = _slopes(self._delta_x, self._delta_y)
+        g = self._cpu.get("mixed_per_decode_s", 0.0)
+        if not isinstance(g, (int, float)) or isinstance(g, bool) or not 0 <= g < 1:
+            raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.mixed_per_decode_s: seconds in [0, 1) per "
+                                                 f"decoding sequence in an iteration with prefill; got {g!r}")
+        #: What a decoding sequence costs in an iteration with a prefill chunk beyond its cost in a
+        #: pure decode iteration (measured on CPU engines; 0 unless the profile has it), seconds.
+        self._mixed_decode_s: float = float(g)
         self._attn_factor: float = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)
@@ -682,7 +689,7 @@ class ProfileCostModel(CostModel):
             attn += self._attn_factor * t
         if chunks:
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
-        return self._non_attention_s(tokens, d + m) + self._layers * attn
+        return self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d
 
     def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
         """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the

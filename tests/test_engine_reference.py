@@ -158,6 +158,14 @@ def test_cpu_norm_clock_scales_thread_time_by_the_probe(net, allocator):
         assert 0.5 < it["speed_scale"] < 8  # about 2 (reference = 2 x one probe)
     assert all(p["scale"] == pytest.approx(res.config["probe_ref_s"] / np.median([q["probe_s"] for q in probes[max(0, i - 2):i + 1]]))
                for i, p in enumerate(probes))
+    assert all(it["after_probe"] for it in res.iterations)  # a probe before every iteration
+    # probes only before the first iteration: only it follows one, as recorded and in the diagnostics rows
+    once = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=2 * probe.measure(), probe_every_s=1e6)
+    assert [it["after_probe"] for it in once.iterations] == [True] + [False] * (len(once.iterations) - 1)
+    from calibration.kernels import engine_iteration_rows
+    rows = engine_iteration_rows(once, RooflineCostModel(TINY, GPUS["cpu"]))
+    assert [r["after_probe"] for r in rows] == [it["after_probe"] for it in once.iterations]
+    assert "after_probe" not in engine_iteration_rows(ref, RooflineCostModel(TINY, GPUS["cpu"]))[0]
     with pytest.raises(ValueError, match="cpu_norm"):
         eng.run(trace, clock="cpu_norm")
 
@@ -257,7 +265,7 @@ def test_simulator_schedule_identical_to_engine(tmp_path, allocator, rate, num_b
 @pytest.mark.parametrize("rate,num_blocks", [(4.0, 256), (40.0, 256), (40.0, 60)])
 def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, rate, num_blocks):
     """A profile with after_prefill_s (and per-count departures from its step-overhead line,
-    per_seq_delta_s): the simulator adds it to the first decode iterations after each prefill
+    per_seq_delta_s, and a per-decode cost in mixed iterations, mixed_per_decode_s): the simulator adds it to the first decode iterations after each prefill
     (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the same,
     so their schedules stay identical; and it is charged (the run is longer than without it)."""
     from sim.profile import load_profile
@@ -265,7 +273,8 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
     prof = load_profile("cpu-reference")
     plain_path = prof.write(tmp_path / "plain.json")
     prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3],
-                                                           "per_seq_delta_s": {"seqs": [1, 3, 6], "delta_s": [3e-4, -2e-4, 5e-4]}}
+                                                           "per_seq_delta_s": {"seqs": [1, 3, 6], "delta_s": [3e-4, -2e-4, 5e-4]},
+                                                           "mixed_per_decode_s": 2e-4}
                                                        for k, v in prof.cpu_overhead["by_tp"].items()}}
     after_path = prof.write(tmp_path / "after.json")
     spec, rows, path = _semantics_case(tmp_path, allocator, rate, num_blocks, 40, 60)

@@ -381,6 +381,57 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     assert "per_seq_delta_s" not in line_prof.cpu_overhead["by_tp"]["1"]
 
 
+def test_overhead_fit_mixed_decode_cost():
+    """``mixed_decode``: iterations with prefill are fitted ``c·P + g·D``, recovering both from rows
+    built so; without a per-decode cost the fit's ``c`` is the sum ratio the fit used before; the
+    profile carries ``g`` and the simulator charges it per decoding sequence in a mixed iteration only."""
+    from calibration.kernels import _fit_overhead, with_engine_overhead
+    from sim.catalog import GPUS, get_model
+    from sim.costmodel import BatchShape
+    from sim.profile import ProfileCostModel, load_profile
+    a, b, c, g = 1e-3, 2e-4, 20e-6, 1.5e-4
+    rng = np.random.default_rng(3)
+
+    def rows_with(g):
+        rows = []
+        for S in (1, 2, 4, 8):
+            for _ in range(30):
+                over = a + b * S
+                rows.append({"seqs": S, "tokens": S, "decode_seqs": S, "pure_decode": True, "since_prefill": 10,
+                             "residual_s": over, "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+        for _ in range(60):
+            D, P = int(rng.integers(0, 8)), int(rng.integers(16, 250))
+            S = D + 1
+            over = a + b * S + c * P + g * D
+            rows.append({"seqs": S, "tokens": S + P, "decode_seqs": D, "pure_decode": False, "since_prefill": 0,
+                         "residual_s": over, "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+        return rows
+
+    fit = _fit_overhead(rows_with(g), "cpu_norm")
+    assert fit["per_token_s"] == pytest.approx(c, rel=1e-6) and fit["mixed_per_decode_s"] == pytest.approx(g, rel=1e-6)
+    assert fit["fit_p90_rel_err"] < 1e-9
+    assert _fit_overhead(rows_with(g), "cpu_norm", mixed_decode=False)["mixed_per_decode_s"] == 0.0
+    flat = rows_with(0.0)
+    both, ratio = _fit_overhead(flat, "cpu_norm"), _fit_overhead(flat, "cpu_norm", mixed_decode=False)
+    assert both["mixed_per_decode_s"] == pytest.approx(0.0, abs=1e-12)
+    assert both["per_token_s"] == pytest.approx(ratio["per_token_s"], rel=1e-9)
+    model = get_model("tiny-llama")
+    meta = {"allocator": "paged", "block_size": 16, "dtype": "fp32", "threads": 1}
+    prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, **meta}, model)
+    assert prof.cpu_overhead["by_tp"]["1"]["mixed_per_decode_s"] == pytest.approx(g)
+    plain = with_engine_overhead(load_profile("cpu-reference"), {**fit, **meta, "mixed_per_decode_s": 0.0}, model)
+    assert "mixed_per_decode_s" not in plain.cpu_overhead["by_tp"]["1"]
+    kd = prof.dtypes["weight"][0]
+    cm, cm0 = (ProfileCostModel(p, model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd) for p in (prof, plain))
+    mixed = BatchShape(prefill_chunks=[(64, 0)], decode_seqs=5, decode_kv_tokens=900)
+    assert cm.step_time_s(mixed) - cm0.step_time_s(mixed) == pytest.approx(5 * g, rel=1e-9)
+    decode = BatchShape(decode_seqs=5, decode_kv_tokens=900)
+    assert cm.step_time_s(decode) == cm0.step_time_s(decode)
+    prof.cpu_overhead["by_tp"]["1"]["mixed_per_decode_s"] = -1e-3
+    with pytest.raises(ConfigError, match="mixed_per_decode_s"):
+        ProfileCostModel(prof, model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd)
+
+
 def test_scale_profile_scales_every_cpu_term():
     """The raw clocks' host-speed scaling reaches the after-prefill excess and the per-count
     departures too, not only the line."""
@@ -388,8 +439,10 @@ def test_scale_profile_scales_every_cpu_term():
     from sim.profile import load_profile
     prof = load_profile("cpu-reference")
     t = prof.cpu_overhead["by_tp"]["1"]
-    t.update(after_prefill_s=[4e-3, 1e-3], per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]})
+    t.update(after_prefill_s=[4e-3, 1e-3], per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]},
+             mixed_per_decode_s=2e-4)
     scaled = scale_profile(prof, 1.5).cpu_overhead["by_tp"]["1"]
+    assert scaled["mixed_per_decode_s"] == pytest.approx(3e-4)
     assert scaled["after_prefill_s"] == pytest.approx([6e-3, 1.5e-3])
     assert scaled["per_seq_delta_s"] == {"seqs": [1, 3], "delta_s": pytest.approx([-3e-4, 7.5e-4])}
     assert scaled["intercept_s"] == pytest.approx(1.5 * t["intercept_s"])
