@@ -206,13 +206,55 @@ class Transformer:
 
 # --- attention over the two cache layouts (module functions: tests call them directly) -------
 
-def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None):
+#: the most sequences one paged decode SDPA call takes (``decode_groups``)
+DECODE_GROUP_SEQS = 8
+#: the most padded KV tokens (sequences x the group's longest, in whole blocks) one call takes
+DECODE_GROUP_TOKENS = 4096
+
+
+def decode_groups(seq_lens: list[int], block_size: int, device: str = "cpu") -> list[tuple[list[int], int]] | None:
+    """How :func:`paged_decode_attention` splits a decode batch: ``(sequence indices, blocks)`` per
+    call, or ``None`` for one call over the whole batch.
+
+    One gather + SDPA pads every sequence to the batch's longest. On CPU that made the kernel's
+    time follow the longest sequence, not the mean the cost model prices it by, and at 10 or more
+    sequences of ~200 tokens torch's CPU SDPA ran up to 6x slower per token than at 8 (measured on
+    the 2-vCPU AMD EPYC host: 16 x 200 tokens 2.2 ms, 8 x 400 tokens 0.36 ms; docs/validation.md).
+    So on CPU the sequences are sorted by length and cut into consecutive groups of at most
+    :data:`DECODE_GROUP_SEQS` sequences and :data:`DECODE_GROUP_TOKENS` padded tokens, each padded to
+    its own longest only, as a paged kernel that reads each sequence's own blocks would. CUDA keeps one
+    call (a launch per group would cost more than the padding).
+    """
+    if device != "cpu" or len(seq_lens) <= 1:
+        return None
+    order = sorted(range(len(seq_lens)), key=lambda i: seq_lens[i])
+    groups: list[tuple[list[int], int]] = []
+    cur: list[int] = []
+    for i in order:
+        nb = -(-seq_lens[i] // block_size)  # the longest so far in this group (sorted)
+        if cur and (len(cur) + 1 > DECODE_GROUP_SEQS or (len(cur) + 1) * nb * block_size > DECODE_GROUP_TOKENS):
+            groups.append((cur, -(-seq_lens[cur[-1]] // block_size)))
+            cur = []
+        cur.append(i)
+    groups.append((cur, -(-seq_lens[cur[-1]] // block_size)))
+    return None if len(groups) == 1 else groups  # one group is the one padded call
+
+
+def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None, groups=None):
     """One query token per sequence over a paged cache.
 
     q [D, H, d]; pools [num_blocks, B, KVH, d]; block_tables [D, max_blocks] (int64, padded);
-    seq_lens [D] (KV tokens incl. the new one). Returns [D, H, d].
+    seq_lens [D] (KV tokens incl. the new one). Returns [D, H, d]. ``groups``: from
+    :func:`decode_groups` (computed once per iteration by the engine, for all layers): one call per
+    group, each over its own sequences' blocks; ``None``: one call over the whole batch.
     """
     import torch
+    if groups is not None:
+        out = torch.empty_like(q)
+        for idx, nb in groups:
+            ix = idx if torch.is_tensor(idx) else torch.tensor(idx, dtype=torch.long, device=q.device)
+            out[ix] = paged_decode_attention(q[ix], k_pool, v_pool, block_tables[ix, :nb], seq_lens[ix], scale)
+        return out
     D, nblk = block_tables.shape
     B, KVH, d = k_pool.shape[1:]
     Lmax = nblk * B
@@ -606,6 +648,9 @@ class Engine:
                 bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
                                   dtype=torch.long, device=dev)
                 lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
+                groups = decode_groups([r.computed + 1 for r, _ in dec], mem.B, "cuda" if str(dev).startswith("cuda") else "cpu")
+                if groups is not None:  # index tensors once per iteration, for every layer
+                    groups = [(torch.tensor(ix, dtype=torch.long, device=dev), nb) for ix, nb in groups]
             else:
                 dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
         chunk_idx = []
@@ -628,13 +673,13 @@ class Engine:
         def attend(li, q):
             if not chunk_meta:  # pure decode
                 if paged:
-                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale)
+                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale, groups)
                 return torch.cat([chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
                                   for i, (s, L) in enumerate(dec_span)], 0)
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
             if D:
                 if paged:
-                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale)
+                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale, groups)
                 else:
                     for i, (s, L) in enumerate(dec_span):
                         out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
@@ -811,6 +856,9 @@ class Engine:
                           if not (n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)]
                 dseqs = sum(1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
                 dkv = sum(r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
+                # the longest decoding sequence: the paged decode kernel pads every sequence to it
+                dmax = max((r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens)
+                            and r.generated > 0), default=0)
                 events = self.mem.events - ev0
                 ptoks = sum(n for n, _ in chunks)
                 it_scale = scale
@@ -867,7 +915,7 @@ class Engine:
                 if items or preempted:
                     iters.append({"start_s": ts, "end_s": te2, "cpu_s": c1 - c0, "prefill_chunks": chunks,
                                   "prefill_tokens": ptoks, "decode_seqs": dseqs,
-                                  "decode_kv_tokens": dkv, "blocks_in_use": blocks, "reserved_tokens": reserved,
+                                  "decode_kv_tokens": dkv, "decode_kv_max": dmax, "blocks_in_use": blocks, "reserved_tokens": reserved,
                                   "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
                                   "running": len(running), "waiting": len(waiting)})
                     if norm:

@@ -366,7 +366,7 @@ class Bench:
             kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
                    for _ in range(nb)]
             return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
-        from .engine import paged_decode_attention  # the reference engine's kernel, timed as it runs there
+        from .engine import decode_groups, paged_decode_attention  # the reference engine's kernel, as it runs there
         nblk = -(-kv_len // block_size)
         total = nb * batch * nblk
         kpool = self.randn(total, block_size, kv_heads, head_dim)
@@ -375,7 +375,13 @@ class Bench:
         tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
         lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
         q3 = [q.squeeze(2) for q in qs]
-        return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens) for q, t in zip(q3, tables)], 1.0
+        # split as the engine splits a batch of these lengths (calibration.engine.decode_groups), the
+        # index tensors built once, as the engine builds them once per iteration for all layers
+        groups = decode_groups([kv_len] * batch, block_size, "cuda" if str(self.device).startswith("cuda") else "cpu")
+        if groups is not None:
+            groups = [(torch.tensor(ix, dtype=torch.long, device=self.device), nb) for ix, nb in groups]
+        return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens, None, groups)
+                for q, t in zip(q3, tables)], 1.0
 
     def decode_static_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
         """The reference engine's static-cache decode attention: one contiguous arena
@@ -1134,6 +1140,8 @@ def engine_iteration_rows(result, cost) -> list[dict]:
                      "cpu_s": it["cpu_s"], "chunks": chunks, "alloc_events": it["alloc_events"],
                      "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"],
                                              it["alloc_events"])})
+        if "decode_kv_max" in it:  # the longest decoding sequence (the paged kernel pads to it)
+            rows[-1]["decode_kv_max"] = it["decode_kv_max"]
         if "after_probe" in it:  # cpu_norm runs: the iteration right after a host-speed probe
             rows[-1]["after_probe"] = bool(it["after_probe"])
     return rows

@@ -30,6 +30,24 @@ def net():
     return Transformer(TINY, "fp32", "cpu", seed=0)
 
 
+def test_decode_groups_sorted_and_bounded():
+    """A CPU decode batch is cut, sorted by length, into groups of at most DECODE_GROUP_SEQS sequences
+    and DECODE_GROUP_TOKENS padded tokens, each with its own longest (in blocks); one group, or CUDA,
+    is one call (None)."""
+    from calibration.engine import DECODE_GROUP_SEQS, DECODE_GROUP_TOKENS, decode_groups
+    assert decode_groups([100] * DECODE_GROUP_SEQS, 16) is None and decode_groups([5], 16) is None
+    assert decode_groups([100] * 16, 16, "cuda") is None
+    lens = [int(x) for x in np.random.default_rng(0).integers(1, 480, size=16)]
+    groups = decode_groups(lens, 16)
+    assert sorted(i for ix, _ in groups for i in ix) == list(range(16))
+    flat = [lens[i] for ix, _ in groups for i in ix]
+    assert flat == sorted(flat)
+    for ix, nb in groups:
+        assert len(ix) <= DECODE_GROUP_SEQS and nb == -(-max(lens[i] for i in ix) // 16)
+        assert len(ix) == 1 or len(ix) * nb * 16 <= DECODE_GROUP_TOKENS
+    assert [len(ix) for ix, _ in decode_groups([480] * 16, 16)] == [8, 8]  # 8 x 480 tokens: within 4096
+
+
 def test_paged_attention_equals_contiguous():
     g = torch.Generator().manual_seed(0)
     B, KVH, d, H, nblocks = 16, 4, 32, 8, 64
@@ -50,6 +68,9 @@ def test_paged_attention_equals_contiguous():
     got = paged_decode_attention(q, kp, vp, bt, torch.tensor(lens))
     ref = contiguous_attention(q, ks, vs)
     assert rel(got, ref) < 1e-5
+    # split into length-sorted groups, each padded to its own longest only: the same output
+    groups = [([4, 0], 1), ([1], 2), ([3, 2], 7)]
+    assert rel(paged_decode_attention(q, kp, vp, bt, torch.tensor(lens), None, groups), ref) < 1e-5
     # and against plain math (softmax(q·k/sqrt(d))·v, GQA by repeating KV heads)
     for i, L in enumerate(lens):
         k, v = ks[i].repeat_interleave(H // KVH, 1), vs[i].repeat_interleave(H // KVH, 1)
