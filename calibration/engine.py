@@ -212,32 +212,43 @@ DECODE_GROUP_SEQS = 8
 DECODE_GROUP_TOKENS = 4096
 
 
-def decode_groups(seq_lens: list[int], block_size: int, device: str = "cpu") -> list[tuple[list[int], int]] | None:
+def decode_groups(seq_lens: list[int], block_size: int, device="cpu") -> list[tuple[list[int], int]] | None:
     """How :func:`paged_decode_attention` splits a decode batch: ``(sequence indices, blocks)`` per
     call, or ``None`` for one call over the whole batch.
 
-    One gather + SDPA pads every sequence to the batch's longest. On CPU that made the kernel's
-    time follow the longest sequence, not the mean the cost model prices it by, and at 10 or more
-    sequences of ~200 tokens torch's CPU SDPA ran up to 6x slower per token than at 8 (measured on
-    the 2-vCPU AMD EPYC host: 16 x 200 tokens 2.2 ms, 8 x 400 tokens 0.36 ms; docs/validation.md).
-    So on CPU the sequences are sorted by length and cut into consecutive groups of at most
-    :data:`DECODE_GROUP_SEQS` sequences and :data:`DECODE_GROUP_TOKENS` padded tokens, each padded to
-    its own longest only, as a paged kernel that reads each sequence's own blocks would. CUDA keeps one
-    call (a launch per group would cost more than the padding).
+    One gather + SDPA pads every sequence to the batch's longest, so the kernel's time followed the
+    longest sequence, not the mean the cost model prices it by (measured on the 2-vCPU AMD EPYC host,
+    one thread: 16 sequences of 20–480 tokens 1082 µs in one padded call, 737 µs split;
+    docs/validation.md, "Eleventh session"). So on CPU the sequences are sorted by length and cut into
+    consecutive groups of at most :data:`DECODE_GROUP_SEQS` sequences and :data:`DECODE_GROUP_TOKENS`
+    padded tokens, each padded to its own longest only, as a paged kernel that reads each sequence's
+    own blocks would. CUDA (``device`` a CUDA device or its name) keeps one call: a launch per group
+    would cost more than the padding.
     """
-    if device != "cpu" or len(seq_lens) <= 1:
+    if str(device).startswith("cuda") or len(seq_lens) <= 1:
         return None
-    order = sorted(range(len(seq_lens)), key=lambda i: seq_lens[i])
     groups: list[tuple[list[int], int]] = []
     cur: list[int] = []
-    for i in order:
-        nb = -(-seq_lens[i] // block_size)  # the longest so far in this group (sorted)
-        if cur and (len(cur) + 1 > DECODE_GROUP_SEQS or (len(cur) + 1) * nb * block_size > DECODE_GROUP_TOKENS):
-            groups.append((cur, -(-seq_lens[cur[-1]] // block_size)))
+    nb = 0  # the current group's longest, in blocks (sorted: the last one added)
+    for i in sorted(range(len(seq_lens)), key=lambda i: seq_lens[i]):
+        need = -(-seq_lens[i] // block_size)
+        if cur and (len(cur) + 1 > DECODE_GROUP_SEQS or (len(cur) + 1) * need * block_size > DECODE_GROUP_TOKENS):
+            groups.append((cur, nb))
             cur = []
         cur.append(i)
-    groups.append((cur, -(-seq_lens[cur[-1]] // block_size)))
+        nb = need
+    groups.append((cur, nb))
     return None if len(groups) == 1 else groups  # one group is the one padded call
+
+
+def decode_group_tensors(seq_lens: list[int], block_size: int, device):
+    """:func:`decode_groups` with each group's indices as a tensor on ``device``: built once per
+    iteration (the engine) or per timed setup (route 1) and reused by every layer's call."""
+    import torch
+    groups = decode_groups(seq_lens, block_size, device)
+    if groups is None:
+        return None
+    return [(torch.tensor(ix, dtype=torch.long, device=device), nb) for ix, nb in groups]
 
 
 def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None, groups=None):
@@ -648,9 +659,7 @@ class Engine:
                 bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
                                   dtype=torch.long, device=dev)
                 lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
-                groups = decode_groups([r.computed + 1 for r, _ in dec], mem.B, "cuda" if str(dev).startswith("cuda") else "cpu")
-                if groups is not None:  # index tensors once per iteration, for every layer
-                    groups = [(torch.tensor(ix, dtype=torch.long, device=dev), nb) for ix, nb in groups]
+                groups = decode_group_tensors([r.computed + 1 for r, _ in dec], mem.B, dev)
             else:
                 dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
         chunk_idx = []
@@ -854,11 +863,10 @@ class Engine:
                 reserved = self.mem.reserved_tokens()
                 chunks = [(n, r.computed) for r, n in items
                           if not (n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)]
-                dseqs = sum(1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
-                dkv = sum(r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
-                # the longest decoding sequence: the paged decode kernel pads every sequence to it
-                dmax = max((r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens)
-                            and r.generated > 0), default=0)
+                dec_lens = [r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens)
+                            and r.generated > 0]  # the decoding sequences' KV lengths
+                dseqs, dkv = len(dec_lens), sum(dec_lens)
+                dmax = max(dec_lens, default=0)  # the longest (a padded decode kernel's length)
                 events = self.mem.events - ev0
                 ptoks = sum(n for n, _ in chunks)
                 it_scale = scale

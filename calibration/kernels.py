@@ -366,7 +366,7 @@ class Bench:
             kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
                    for _ in range(nb)]
             return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
-        from .engine import decode_groups, paged_decode_attention  # the reference engine's kernel, as it runs there
+        from .engine import decode_group_tensors, paged_decode_attention  # the reference engine's kernel, as it runs there
         nblk = -(-kv_len // block_size)
         total = nb * batch * nblk
         kpool = self.randn(total, block_size, kv_heads, head_dim)
@@ -375,11 +375,8 @@ class Bench:
         tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
         lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
         q3 = [q.squeeze(2) for q in qs]
-        # split as the engine splits a batch of these lengths (calibration.engine.decode_groups), the
-        # index tensors built once, as the engine builds them once per iteration for all layers
-        groups = decode_groups([kv_len] * batch, block_size, "cuda" if str(self.device).startswith("cuda") else "cpu")
-        if groups is not None:
-            groups = [(torch.tensor(ix, dtype=torch.long, device=self.device), nb) for ix, nb in groups]
+        # split as the engine splits a batch of these lengths, its index tensors built once
+        groups = decode_group_tensors([kv_len] * batch, block_size, self.device)
         return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens, None, groups)
                 for q, t in zip(q3, tables)], 1.0
 
@@ -1390,12 +1387,12 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
         else:  # what the mixed iterations leave in all, per prefill token (trimmed: per-token outliers out)
             trim = center == "trimmed" and len(rr) >= TRIM_MIN
             keep = _untrimmed(rr / pp) if trim else np.ones(len(rr), dtype=bool)
-            c_ = float(max(0.0, rr[keep].sum() / pp[keep].sum()))
             if mixed_decode:
-                dd = D[mixed][keep]
                 wt = 1.0 / np.sqrt(pp[keep])
-                (c_, g_), _ = nnls(np.column_stack([pp[keep], dd]) * wt[:, None], rr[keep] * wt)
+                (c_, g_), _ = nnls(np.column_stack([pp[keep], D[mixed][keep]]) * wt[:, None], rr[keep] * wt)
                 c_, g_ = float(c_), float(g_)
+            else:
+                c_ = float(max(0.0, rr[keep].sum() / pp[keep].sum()))
     after_s: list[float] = []
     after_n: list[int] = []
     if steady and after_prefill:

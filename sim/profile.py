@@ -85,6 +85,11 @@ def _interp1(x: float, xp: list[float], fp: list[float], slopes: list[float]) ->
     return slopes[j] * (x - xj) + fp[j]
 
 
+def _is_number(x) -> bool:
+    """An int or float from a profile's JSON (not a bool, which Python counts as an int)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _slopes(xp: list[float], fp: list[float]) -> list[float]:
     return [(fp[i + 1] - fp[i]) / (xp[i + 1] - xp[i]) for i in range(len(xp) - 1)]
 
@@ -472,8 +477,7 @@ class ProfileCostModel(CostModel):
         tps = sorted(int(t) for t in cpu)
         self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
         after = self._cpu.get("after_prefill_s", [])
-        if not isinstance(after, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                  and 0 <= x < 1 for x in after):
+        if not isinstance(after, list) or not all(_is_number(x) and 0 <= x < 1 for x in after):
             raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
                                                  f"(added to the k-th decode iteration after a prefill); got {after!r}")
         self.after_prefill_s = [float(x) for x in after]
@@ -484,7 +488,7 @@ class ProfileCostModel(CostModel):
         if delta is not None:
             xs, ys = (delta.get("seqs"), delta.get("delta_s")) if isinstance(delta, dict) else (None, None)
             if (not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or not xs
-                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs + ys)
+                    or not all(_is_number(v) for v in xs + ys)
                     or any(b <= a for a, b in zip(xs, xs[1:])) or xs[0] < 1 or any(abs(y) >= 1 for y in ys)):
                 raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.per_seq_delta_s: {seqs: increasing sequence "
                                                      "counts >= 1, delta_s: seconds in (-1, 1), one per count}; "
@@ -492,7 +496,7 @@ class ProfileCostModel(CostModel):
             self._delta_x, self._delta_y = [float(v) for v in xs], [float(v) for v in ys]
             self._delta_slopes = _slopes(self._delta_x, self._delta_y)
         g = self._cpu.get("mixed_per_decode_s", 0.0)
-        if not isinstance(g, (int, float)) or isinstance(g, bool) or not 0 <= g < 1:
+        if not _is_number(g) or not 0 <= g < 1:
             raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.mixed_per_decode_s: seconds in [0, 1) per "
                                                  f"decoding sequence in an iteration with prefill; got {g!r}")
         #: What a decoding sequence costs in an iteration with a prefill chunk beyond its cost in a
