@@ -11,6 +11,10 @@
   batch shapes a run actually prices;
 * ``opcount``: Python bytecodes and calls per request (``sys.settrace``), per function: the same
   count on every run, so small engine changes can be compared on a host whose speed drifts.
+* ``host-modes``: how the host's speed changes move each kind of reference-engine iteration against
+  the ``cpu_norm`` probe;
+* ``decode-spread``: the reference engine's paged decode kernel per KV token at one length and at
+  spread lengths, in three layouts (does it cost what the cost model prices?).
 
 ``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
 (``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).

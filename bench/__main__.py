@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread"]
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -29,6 +29,8 @@ def _module(name: str):
         from . import opcount as m
     elif name == "host-modes":
         from . import host_modes as m
+    elif name == "decode-spread":
+        from . import decode_spread as m
     else:
         from . import costmodel as m
     return m

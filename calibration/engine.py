@@ -10,9 +10,10 @@
 
   - ``paged``: per layer a K and a V tensor ``[num_blocks, block_size, kv_heads, head_dim]``,
     a free-block list and a block table per request. New K/V are scattered into their
-    slots (``block_table[p // B] · B + p % B``); decode attention gathers each sequence's
-    blocks (``pool[block_tables]``) into a padded batch and runs SDPA with a length mask
-    (the paged kernel route 1 times); a prefill chunk gathers its own blocks.
+    slots (``block_table[p // B] · B + p % B``); decode attention (the paged kernel route 1
+    times) gathers the decoding sequences' own blocks with one ``index_select`` and, on CPU,
+    runs one SDPA per sequence over its slice (:func:`decode_plan`; on CUDA one SDPA over the
+    batch padded to its longest, with a length mask); a prefill chunk gathers its own blocks.
   - ``static``: per layer one contiguous K and V tensor ``[capacity, kv_heads, head_dim]``;
     each admitted request reserves ``reserve`` contiguous slots, first fit. Attention reads
     the reservation as a view (no gather), one SDPA per sequence.
@@ -206,65 +207,67 @@ class Transformer:
 
 # --- attention over the two cache layouts (module functions: tests call them directly) -------
 
-#: the most sequences one paged decode SDPA call takes (``decode_groups``)
-DECODE_GROUP_SEQS = 8
-#: the most padded KV tokens (sequences x the group's longest, in whole blocks) one call takes
-DECODE_GROUP_TOKENS = 4096
+@dataclass(frozen=True)
+class DecodePlan:
+    """How :func:`paged_decode_attention` reads a CPU decode batch: every decoding sequence's own
+    blocks, concatenated in table order (``blocks``, int64 on the device), and each sequence's first
+    token in that gathered run and its KV length (``spans``). Built once per iteration (the engine)
+    or per timed setup (route 1) and reused by every layer."""
+    blocks: object
+    spans: tuple[tuple[int, int], ...]
 
 
-def decode_groups(seq_lens: list[int], block_size: int, device="cpu") -> list[tuple[list[int], int]] | None:
-    """How :func:`paged_decode_attention` splits a decode batch: ``(sequence indices, blocks)`` per
-    call, or ``None`` for one call over the whole batch.
+def decode_plan(tables: list[list[int]], seq_lens: list[int], block_size: int, device="cpu") -> DecodePlan | None:
+    """The CPU decode batch's :class:`DecodePlan`, or ``None`` (CUDA, or no sequence): one SDPA call
+    over the batch padded to its longest.
 
-    One gather + SDPA pads every sequence to the batch's longest, so the kernel's time followed the
-    longest sequence, not the mean the cost model prices it by (measured on the 2-vCPU AMD EPYC host,
-    one thread: 16 sequences of 20–480 tokens 1082 µs in one padded call, 737 µs split;
-    docs/validation.md, "Eleventh session"). So on CPU the sequences are sorted by length and cut into
-    consecutive groups of at most :data:`DECODE_GROUP_SEQS` sequences and :data:`DECODE_GROUP_TOKENS`
-    padded tokens, each padded to its own longest only, as a paged kernel that reads each sequence's
-    own blocks would. CUDA (``device`` a CUDA device or its name) keeps one call: a launch per group
-    would cost more than the padding.
+    Why per sequence on CPU: one gather + SDPA pads every sequence to the batch's longest, and
+    length-sorted groups (the eleventh session's kernel) still pad each group to its own longest, so
+    the kernel's time followed the spread of lengths, not the total KV the cost model prices it by.
+    ``python -m bench decode-spread`` on the 2-vCPU AMD EPYC host (one thread): lengths drawn from
+    20-385 against the same count and total at one length cost 1.45x in one padded call, 1.21x in
+    groups of 8 and 1.05x per sequence (16 sequences; 8 sequences: 1.56x, 1.53x, 1.01x;
+    docs/validation.md, "Twelfth session"). Per sequence costs ~30 % more at one length there.
+    A paged kernel reads each sequence's own blocks, and so does this one: one ``index_select`` of
+    all the batch's blocks (padding only inside each sequence's last block), then one SDPA per
+    sequence over its slice. CUDA keeps the one padded call: a launch per sequence would cost more
+    than the padding.
     """
-    if str(device).startswith("cuda") or len(seq_lens) <= 1:
+    if str(device).startswith("cuda") or not seq_lens:
         return None
-    groups: list[tuple[list[int], int]] = []
-    cur: list[int] = []
-    nb = 0  # the current group's longest, in blocks (sorted: the last one added)
-    for i in sorted(range(len(seq_lens)), key=lambda i: seq_lens[i]):
-        need = -(-seq_lens[i] // block_size)
-        if cur and (len(cur) + 1 > DECODE_GROUP_SEQS or (len(cur) + 1) * need * block_size > DECODE_GROUP_TOKENS):
-            groups.append((cur, nb))
-            cur = []
-        cur.append(i)
-        nb = need
-    groups.append((cur, nb))
-    return None if len(groups) == 1 else groups  # one group is the one padded call
-
-
-def decode_group_tensors(seq_lens: list[int], block_size: int, device):
-    """:func:`decode_groups` with each group's indices as a tensor on ``device``: built once per
-    iteration (the engine) or per timed setup (route 1) and reused by every layer's call."""
     import torch
-    groups = decode_groups(seq_lens, block_size, device)
-    if groups is None:
-        return None
-    return [(torch.tensor(ix, dtype=torch.long, device=device), nb) for ix, nb in groups]
+    spans, at = [], 0
+    for t, L in zip(tables, seq_lens):
+        if not 0 < L <= len(t) * block_size:
+            raise ValueError(f"seq_lens: {L} KV tokens do not fit a table of {len(t)} blocks of {block_size}")
+        spans.append((at, int(L)))
+        at += len(t) * block_size
+    blocks = torch.tensor([b for t in tables for b in t], dtype=torch.long, device=device)
+    return DecodePlan(blocks, tuple(spans))
 
 
-def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None, groups=None):
+def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None, plan: DecodePlan | None = None):
     """One query token per sequence over a paged cache.
 
     q [D, H, d]; pools [num_blocks, B, KVH, d]; block_tables [D, max_blocks] (int64, padded);
-    seq_lens [D] (KV tokens incl. the new one). Returns [D, H, d]. ``groups``: from
-    :func:`decode_groups` (computed once per iteration by the engine, for all layers): one call per
-    group, each over its own sequences' blocks; ``None``: one call over the whole batch.
+    seq_lens [D] (KV tokens incl. the new one). Returns [D, H, d]. ``plan``: from
+    :func:`decode_plan` (the CPU kernel: one gather of the sequences' own blocks, one SDPA per
+    sequence over its slice; ``block_tables`` and ``seq_lens`` unused); ``None``: one call over the
+    whole batch padded to its longest (CUDA).
     """
     import torch
-    if groups is not None:
+    F = torch.nn.functional
+    if plan is not None:
+        KVH, d = k_pool.shape[2:]
+        k = k_pool.index_select(0, plan.blocks).view(-1, KVH, d)
+        v = v_pool.index_select(0, plan.blocks).view(-1, KVH, d)
         out = torch.empty_like(q)
-        for idx, nb in groups:
-            ix = idx if torch.is_tensor(idx) else torch.tensor(idx, dtype=torch.long, device=q.device)
-            out[ix] = paged_decode_attention(q[ix], k_pool, v_pool, block_tables[ix, :nb], seq_lens[ix], scale)
+        for i, (s, L) in enumerate(plan.spans):
+            # one query over all L keys: no mask needed
+            out[i] = F.scaled_dot_product_attention(q[i:i + 1].transpose(0, 1).unsqueeze(0),
+                                                    k[s:s + L].transpose(0, 1).unsqueeze(0),
+                                                    v[s:s + L].transpose(0, 1).unsqueeze(0),
+                                                    enable_gqa=True, scale=scale)[0, :, 0]
         return out
     D, nblk = block_tables.shape
     B, KVH, d = k_pool.shape[1:]
@@ -274,8 +277,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None
     k = k_pool.index_select(0, flat).view(D, Lmax, KVH, d).transpose(1, 2)
     v = v_pool.index_select(0, flat).view(D, Lmax, KVH, d).transpose(1, 2)
     mask = (torch.arange(Lmax, device=q.device)[None, :] < seq_lens[:, None]).view(D, 1, 1, Lmax)
-    o = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, enable_gqa=True,
-                                                         scale=scale)
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, enable_gqa=True, scale=scale)
     return o.squeeze(2)
 
 
@@ -655,11 +657,13 @@ class Engine:
         paged = mem.paged
         if D:
             if paged:
-                width = max(len(mem.tables[r.id]) for r, _ in dec)
-                bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
-                                  dtype=torch.long, device=dev)
-                lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
-                groups = decode_group_tensors([r.computed + 1 for r, _ in dec], mem.B, dev)
+                plan = decode_plan([mem.tables[r.id] for r, _ in dec], [r.computed + 1 for r, _ in dec], mem.B, dev)
+                bt = lens = None
+                if plan is None:  # one padded call (CUDA)
+                    width = max(len(mem.tables[r.id]) for r, _ in dec)
+                    bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
+                                      dtype=torch.long, device=dev)
+                    lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
             else:
                 dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
         chunk_idx = []
@@ -682,13 +686,13 @@ class Engine:
         def attend(li, q):
             if not chunk_meta:  # pure decode
                 if paged:
-                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale, groups)
+                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale, plan)
                 return torch.cat([chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
                                   for i, (s, L) in enumerate(dec_span)], 0)
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
             if D:
                 if paged:
-                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale, groups)
+                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale, plan)
                 else:
                     for i, (s, L) in enumerate(dec_span):
                         out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)

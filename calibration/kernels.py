@@ -354,7 +354,8 @@ class Bench:
         Otherwise a paged cache: K and V pools ``[blocks, block_size, kv_heads, head_dim]``
         whose blocks each sequence holds scattered (random block tables); the kernel is the
         reference engine's (:func:`calibration.engine.paged_decode_attention`): gather the
-        table's blocks (``index_select``) and attend with a length mask (SDPA).
+        tables' blocks (``index_select``) and attend, on CPU one SDPA per sequence over its slice
+        (:func:`calibration.engine.decode_plan`), on CUDA one SDPA with a length mask.
         """
         torch = self.torch
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -366,7 +367,7 @@ class Bench:
             kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
                    for _ in range(nb)]
             return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
-        from .engine import decode_group_tensors, paged_decode_attention  # the reference engine's kernel, as it runs there
+        from .engine import decode_plan, paged_decode_attention  # the reference engine's kernel, as it runs there
         nblk = -(-kv_len // block_size)
         total = nb * batch * nblk
         kpool = self.randn(total, block_size, kv_heads, head_dim)
@@ -375,10 +376,10 @@ class Bench:
         tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
         lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
         q3 = [q.squeeze(2) for q in qs]
-        # split as the engine splits a batch of these lengths, its index tensors built once
-        groups = decode_group_tensors([kv_len] * batch, block_size, self.device)
-        return [lambda q=q, t=t: paged_decode_attention(q, kpool, vpool, t, lens, None, groups)
-                for q, t in zip(q3, tables)], 1.0
+        # read as the engine reads a batch of these lengths, each plan's index tensor built once
+        plans = [decode_plan(t.tolist(), [kv_len] * batch, block_size, self.device) for t in tables]
+        return [lambda q=q, t=t, pl=pl: paged_decode_attention(q, kpool, vpool, t, lens, None, pl)
+                for q, t, pl in zip(q3, tables, plans)], 1.0
 
     def decode_static_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
         """The reference engine's static-cache decode attention: one contiguous arena

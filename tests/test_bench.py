@@ -53,3 +53,16 @@ def test_host_modes_bench_tabulates_every_kind(tmp_path):
     assert all(k["fast_ms"] > 0 and k["slow_ms"] > 0 for k in res["kinds"].values())
     # a 256-token prefill costs more than a one-sequence decode on any host
     assert res["kinds"]["prefill 256"]["fast_ms"] > res["kinds"]["decode 1"]["fast_ms"]
+
+
+def test_decode_spread_bench_times_the_same_work(tmp_path):
+    """``bench decode-spread``: the three layouts of the paged decode kernel compute the same attention
+    (so their times compare like for like), every batch and layout is timed, and the spread ÷ uniform
+    ratios are reported for both batch sizes."""
+    pytest.importorskip("torch")
+    from bench.decode_spread import LAYOUTS, run
+    res = run(True, tmp_path, rounds=1)
+    assert res["max_rel_diff"] < 1e-5
+    assert all(res["batches"][b][lay]["us"] > 0 for b in res["batches"] for lay in LAYOUTS)
+    assert set(res["spread_over_uniform"]) == {16, 8}
+    assert all(set(r) == set(LAYOUTS) for r in res["spread_over_uniform"].values())

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibration.engine import (Engine, EngineConfig, EngineRequest, Transformer, chunk_attention,  # noqa: E402
-                                contiguous_attention, paged_decode_attention)
+                                contiguous_attention, decode_plan, paged_decode_attention)
 from calibration.validate import load_spec, make_requests, semantics_check, sim_scenario, write_trace  # noqa: E402
 from sim.catalog import MODELS  # noqa: E402
 from sim.cluster import simulate  # noqa: E402
@@ -30,22 +30,17 @@ def net():
     return Transformer(TINY, "fp32", "cpu", seed=0)
 
 
-def test_decode_groups_sorted_and_bounded():
-    """A CPU decode batch is cut, sorted by length, into groups of at most DECODE_GROUP_SEQS sequences
-    and DECODE_GROUP_TOKENS padded tokens, each with its own longest (in blocks); one group, or CUDA,
-    is one call (None)."""
-    from calibration.engine import DECODE_GROUP_SEQS, DECODE_GROUP_TOKENS, decode_groups
-    assert decode_groups([100] * DECODE_GROUP_SEQS, 16) is None and decode_groups([5], 16) is None
-    assert decode_groups([100] * 16, 16, "cuda") is None
-    lens = [int(x) for x in np.random.default_rng(0).integers(1, 480, size=16)]
-    groups = decode_groups(lens, 16)
-    assert sorted(i for ix, _ in groups for i in ix) == list(range(16))
-    flat = [lens[i] for ix, _ in groups for i in ix]
-    assert flat == sorted(flat)
-    for ix, nb in groups:
-        assert len(ix) <= DECODE_GROUP_SEQS and nb == -(-max(lens[i] for i in ix) // 16)
-        assert len(ix) == 1 or len(ix) * nb * 16 <= DECODE_GROUP_TOKENS
-    assert [len(ix) for ix, _ in decode_groups([480] * 16, 16)] == [8, 8]  # 8 x 480 tokens: within 4096
+def test_decode_plan_reads_each_sequence_own_blocks():
+    """On CPU a decode batch is read as one run of every sequence's own blocks, in table order, each
+    sequence a span (first token, length) of it; CUDA, or no sequence, is one padded call (None); a
+    length beyond its table is refused with the numbers."""
+    from calibration.engine import decode_plan
+    assert decode_plan([[3, 1]], [20], 16, "cuda") is None and decode_plan([], [], 16) is None
+    plan = decode_plan([[7, 2, 5], [0], [4, 6]], [40, 1, 17], 16)
+    assert plan.blocks.tolist() == [7, 2, 5, 0, 4, 6]
+    assert plan.spans == ((0, 40), (48, 1), (64, 17))
+    with pytest.raises(ValueError, match="33 KV tokens do not fit a table of 2 blocks of 16"):
+        decode_plan([[1, 2]], [33], 16)
 
 
 def test_paged_attention_equals_contiguous():
@@ -68,9 +63,9 @@ def test_paged_attention_equals_contiguous():
     got = paged_decode_attention(q, kp, vp, bt, torch.tensor(lens))
     ref = contiguous_attention(q, ks, vs)
     assert rel(got, ref) < 1e-5
-    # split into length-sorted groups, each padded to its own longest only: the same output
-    groups = [([4, 0], 1), ([1], 2), ([3, 2], 7)]
-    assert rel(paged_decode_attention(q, kp, vp, bt, torch.tensor(lens), None, groups), ref) < 1e-5
+    # the CPU kernel: one gather of the sequences' own blocks, one SDPA per sequence: the same output
+    plan = decode_plan(tables, lens, B)
+    assert rel(paged_decode_attention(q, kp, vp, None, None, None, plan), ref) < 1e-5
     # and against plain math (softmax(q·k/sqrt(d))·v, GQA by repeating KV heads)
     for i, L in enumerate(lens):
         k, v = ks[i].repeat_interleave(H // KVH, 1), vs[i].repeat_interleave(H // KVH, 1)
