@@ -227,7 +227,7 @@ def decode_plan(tables: list[list[int]], seq_lens: list[int], block_size: int, d
     ``python -m bench decode-spread`` on the 2-vCPU AMD EPYC host (one thread): lengths drawn from
     20-385 against the same count and total at one length cost 1.45x in one padded call, 1.21x in
     groups of 8 and 1.05x per sequence (16 sequences; 8 sequences: 1.56x, 1.53x, 1.01x;
-    docs/validation.md, "Twelfth session"). Per sequence costs ~30 % more at one length there.
+    docs/validation.md, "Twelfth session"). Per sequence costs 34-60 % more at one length there.
     A paged kernel reads each sequence's own blocks, and so does this one: one ``index_select`` of
     all the batch's blocks (padding only inside each sequence's last block), then one SDPA per
     sequence over its slice. CUDA keeps the one padded call: a launch per sequence would cost more
@@ -870,7 +870,7 @@ class Engine:
                 dec_lens = [r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens)
                             and r.generated > 0]  # the decoding sequences' KV lengths
                 dseqs, dkv = len(dec_lens), sum(dec_lens)
-                dmax = max(dec_lens, default=0)  # the longest (a padded decode kernel's length)
+                dmax = max(dec_lens, default=0)  # the longest (what the padded CUDA decode call pads to)
                 events = self.mem.events - ev0
                 ptoks = sum(n for n, _ in chunks)
                 it_scale = scale

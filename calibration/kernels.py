@@ -1138,7 +1138,7 @@ def engine_iteration_rows(result, cost) -> list[dict]:
                      "cpu_s": it["cpu_s"], "chunks": chunks, "alloc_events": it["alloc_events"],
                      "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"],
                                              it["alloc_events"])})
-        if "decode_kv_max" in it:  # the longest decoding sequence (the paged kernel pads to it)
+        if "decode_kv_max" in it:  # the longest decoding sequence (the padded CUDA decode call pads to it)
             rows[-1]["decode_kv_max"] = it["decode_kv_max"]
         if "after_probe" in it:  # cpu_norm runs: the iteration right after a host-speed probe
             rows[-1]["after_probe"] = bool(it["after_probe"])

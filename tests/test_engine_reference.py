@@ -34,7 +34,6 @@ def test_decode_plan_reads_each_sequence_own_blocks():
     """On CPU a decode batch is read as one run of every sequence's own blocks, in table order, each
     sequence a span (first token, length) of it; CUDA, or no sequence, is one padded call (None); a
     length beyond its table is refused with the numbers."""
-    from calibration.engine import decode_plan
     assert decode_plan([[3, 1]], [20], 16, "cuda") is None and decode_plan([], [], 16) is None
     plan = decode_plan([[7, 2, 5], [0], [4, 6]], [40, 1, 17], 16)
     assert plan.blocks.tolist() == [7, 2, 5, 0, 4, 6]
