@@ -226,17 +226,28 @@ class UploadStore:
     """Files uploaded in one browser session, in a private temporary folder removed with the store.
 
     Stored names embed a hash of the content, so a new upload under an old name never hits a
-    stale cache entry or a reader's (path, mtime) cache.
+    stale cache entry or a reader's (path, mtime) cache. The folder is made on the first write:
+    most sessions never upload, and a server killed without running its exit handlers would
+    leave one empty folder per session behind.
     """
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kvsim-app-"))
+        self._dir: Path | None = None
         self.traces: dict[str, UploadedTrace] = {}
         self.profiles: dict[str, Path] = {}
-        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def dir(self) -> Path:
+        """The session's private folder (created on first use, removed by :meth:`close` or at exit)."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="kvsim-app-"))
+            self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+        return self._dir
 
     def close(self) -> None:
-        self._finalizer()
+        if self._finalizer is not None:
+            self._finalizer()
 
     def trace_paths(self) -> dict[str, Path]:
         return {k: v.path for k, v in self.traces.items()}

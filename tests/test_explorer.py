@@ -177,6 +177,8 @@ def test_trace_upload_validates_and_cleans_up(store):
 
 def test_store_close_removes_its_folder():
     s = X.UploadStore()
+    assert s._dir is None  # no folder until something is written
+    s.close()  # nothing to remove
     s.add_trace("t.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n")
     folder = s.dir
     assert folder.is_dir()
