@@ -771,6 +771,8 @@ class Run:
     replays: dict = field(default_factory=dict)
     #: and the EngineResults of the replays after the first (``engine`` holds the first)
     engine_more: dict = field(default_factory=dict)
+    #: per metric, the simulator's d ln(metric) / d ln(step time) on this cell (:func:`cell_sensitivity`)
+    sensitivity: dict = field(default_factory=dict)
 
 
 def scale_profile(profile, f: float):
@@ -801,6 +803,62 @@ def scale_profile(profile, f: float):
         c["t_s"] = [x * f for x in c["t_s"]]
     doc["provenance"]["host_speed_scale"] = f
     return Profile.from_json(doc, "scaled")
+
+
+#: step-time factors :func:`cell_sensitivity` runs the simulator at (the profile's every time × f)
+SENSITIVITY_FACTORS = (0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03)
+
+
+def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str, device: str = "cpu",
+                     factors=SENSITIVITY_FACTORS) -> dict:
+    """How strongly each metric of one cell answers a uniform error in step time: the least-squares
+    slope of ln(metric) on ln(f) over simulator runs on the profile with every time × ``f``.
+
+    1 means the metric moves with step time (TPOT, or TTFT with no queue); well above 1, the
+    metric sits on a queue near its knee, where a small calibration error (or the engine's own
+    run-to-run jitter) is multiplied: at 7, a 1 % step-time error moves the metric by ~7 %. A
+    cell's error divided by its sensitivity is the uniform step-time error that would explain it.
+    Metrics that are zero or missing at any factor get ``None``. Seconds of simulator time per cell."""
+    import tempfile
+    from sim.cluster import simulate
+    from sim.profile import load_profile
+    B = int(spec["kv"]["block_size"])
+    base = load_profile(profile_path)
+    per: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="kvsim-sens-") as tmp:
+        for f in factors:
+            path = Path(tmp) / f"profile-{f}.json"
+            scale_profile(base, f).write(path)
+            sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
+            per.append(_sim_metrics(simulate(sc), B))
+    x = np.log(np.asarray(factors, dtype=np.float64))
+    out: dict[str, float | None] = {}
+    for m in per[0]:
+        vals = [p.get(m) for p in per]
+        if any(v is None or v <= 0 for v in vals):
+            out[m] = None
+            continue
+        y = np.log(np.asarray(vals, dtype=np.float64))
+        out[m] = float(np.polyfit(x, y, 1)[0])
+    return out
+
+
+def run_sensitivity(folder: str | Path) -> dict:
+    """:func:`cell_sensitivity` for every cell of a finished run folder (for runs written before rows
+    carried it): ``{(load, allocator): {metric: sensitivity}}`` from the run's own traces and final
+    profiles. Cells whose trace or profile is missing are left out."""
+    folder = Path(folder)
+    doc = json.loads((folder / "validation.json").read_text())
+    cfg = doc.get("config") or {}
+    spec = {**cfg, "name": doc.get("name", "validate"), "model": (doc.get("shape") or {}).get("model")}
+    device = (doc.get("device") or {}).get("kind", "cpu")
+    out = {}
+    for key in doc.get("rates", {}):
+        load, alloc = key.split("/")
+        trace, prof = folder / f"trace-{load}-{alloc}.csv", folder / f"profile-{alloc}.json"
+        if trace.is_file() and prof.is_file():
+            out[(load, alloc)] = cell_sensitivity(spec, alloc, trace, str(prof), device)
+    return out
 
 
 def engine_config(spec: dict, allocator: str, device: str):
@@ -1042,7 +1100,8 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
             diags[clock]["replays"] = [replay_summary(r, m, diags[clock] if i == 0 else iteration_diagnostics(r, cost_c))
                                        for i, (r, m) in enumerate(zip(ress, per))]
     return Run(load["name"], allocator, cell.rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
-               semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net), per_replay, more)
+               semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net), per_replay, more,
+               cell_sensitivity(spec, allocator, cell.trace, profile_path, device))
 
 
 def median_metrics(per: list[dict]) -> dict:
@@ -1181,7 +1240,8 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
                 meas, sim_v, raw = r.measured[c].get(m), r.simulated[c].get(m), r.simulated_raw.get(m)
                 row = {"load": r.load, "allocator": r.allocator, "metric": m, "measured": meas,
                        "simulated": sim_v, "rel_error": rel_error(meas, sim_v), "clock": c,
-                       "simulated_unscaled": raw, "rel_error_unscaled": rel_error(meas, raw)}
+                       "simulated_unscaled": raw, "rel_error_unscaled": rel_error(meas, raw),
+                       **sensitivity_fields(rel_error(meas, sim_v), r.sensitivity.get(m))}
                 if c in r.replays:
                     vals = [x.get(m) for x in r.replays[c]]
                     row.update(measured_replays=vals, rel_error_replays=[rel_error(v, sim_v) for v in vals],
@@ -1227,6 +1287,19 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
 TARGET_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90")
 
 
+def sensitivity_fields(err: float | None, sens: float | None) -> dict:
+    """A row's ``sensitivity`` (:func:`cell_sensitivity`) and ``step_equivalent``: its relative error ÷
+    its sensitivity, the uniform step-time error that would explain it (``None`` where the metric
+    hardly answers step time, sensitivity below :data:`SENSITIVITY_MIN`)."""
+    eq = None if err is None or sens is None or sens < SENSITIVITY_MIN else float(err / sens)
+    return {"sensitivity": sens, "step_equivalent": eq}
+
+
+#: below this sensitivity a metric is set by arrivals, not step time (throughput at light load):
+#: its error says nothing about step time
+SENSITIVITY_MIN = 0.5
+
+
 def error_summary(rows: list[dict]) -> dict:
     """The table in a line: of the p50/p90 TTFT, TPOT and e2e cells, how many are within 10 % and 5 %,
     the median and the worst error, and (with replays) how many errors are below the cell's own
@@ -1242,6 +1315,14 @@ def error_summary(rows: list[dict]) -> dict:
     spread = [r for r in cells if r.get("replay_spread") is not None]
     if spread:
         out["below_replay_spread"] = sum(r["rel_error"] <= r["replay_spread"] for r in spread)
+    eq = [r for r in cells if r.get("step_equivalent") is not None]
+    if eq:
+        top = max(eq, key=lambda r: r["step_equivalent"])
+        out["max_step_equivalent"] = float(top["step_equivalent"])
+        out["max_step_equivalent_cell"] = f"{top['load']}/{top['allocator']} {top['metric']}"
+        worst_s = max(eq, key=lambda r: r["sensitivity"])
+        out["max_sensitivity"] = float(worst_s["sensitivity"])
+        out["max_sensitivity_cell"] = f"{worst_s['load']}/{worst_s['allocator']} {worst_s['metric']}"
     return out
 
 
@@ -1344,8 +1425,10 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
 
 def format_table(doc: dict) -> list[list[str]]:
     """Rows for the CLI: load, allocator, metric, measured, simulated, rel error (and, with replays,
-    the replay spread: (max − min) ÷ median of the engine's replays)."""
+    the replay spread: (max − min) ÷ median of the engine's replays; then, where the run has it, the
+    cell's sensitivity to step time, :func:`cell_sensitivity`)."""
     out = []
+    sens = any("sensitivity" in r for r in doc["rows"])
     for r in doc["rows"]:
         def f(v):
             return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
@@ -1354,5 +1437,7 @@ def format_table(doc: dict) -> list[list[str]]:
         if "replay_spread" in r:
             sp = r["replay_spread"]
             row.append("-" if sp is None else f"{sp:.1%}")
+        if sens:
+            row.append("-" if r.get("sensitivity") is None else f"{r['sensitivity']:.1f}")
         out.append(row)
     return out

@@ -46,7 +46,8 @@ def validate_command(
     t.caption = (f"measured on the engine's {doc['clock']} clock"
                  + (f" (median of {n} replays of the same trace; replay spread = (max - min) / median)" if n > 1 else "")
                  + f": {doc['clock_meaning'][doc['clock']]} (docs/validation.md)")
-    cols = ["load", "allocator", "metric", "measured", "simulated", "rel error"] + (["replay spread"] if n > 1 else [])
+    cols = (["load", "allocator", "metric", "measured", "simulated", "rel error"] + (["replay spread"] if n > 1 else [])
+            + (["sensitivity"] if any("sensitivity" in r for r in doc["rows"]) else []))
     for c in cols:
         t.add_column(c, justify="left" if c in ("load", "allocator", "metric") else "right")
     for row in format_table(doc):
@@ -59,6 +60,11 @@ def validate_command(
                   f"({sm['worst']})"
                   + (f"; {sm['below_replay_spread']} of {sm['cells']} below their replay spread (noise this run "
                      "cannot resolve)" if "below_replay_spread" in sm else ""))
+        if "max_step_equivalent" in sm:
+            con.print(f"sensitivity = d ln(metric) / d ln(step time), from the simulator: highest "
+                      f"{sm['max_sensitivity']:.1f} ({sm['max_sensitivity_cell']}); every cell's error is what a uniform "
+                      f"step-time error of at most {sm['max_step_equivalent']:.1%} would make "
+                      f"({sm['max_step_equivalent_cell']})")
     sem = doc["semantics"]
     con.print("semantics (engine on the simulator's clock): "
               + ", ".join(f"{k} {'identical' if v['identical'] else 'DIFFERENT'}" for k, v in sem.items()))

@@ -8,6 +8,9 @@ apart:
 * per run: its cells within 10 % and 5 %, median and worst error, mean signed error (its level);
 * per cell: the mean signed error over the runs (the systematic part) with its standard deviation
   (what a single run adds) and how many runs put the cell beyond 10 %;
+* per cell, its sensitivity to step time (d ln metric / d ln step time, from the simulator; the
+  rows' own, or recomputed from the run's traces and profiles for runs written before rows carried
+  it) and the mean signed error ÷ that: the uniform step-time error the cell's lean amounts to;
 * the runs' median: per cell the median of the runs' signed errors, scored as one table. Errors,
   not values: each run's times are in its own unit (the ``cpu_norm`` clock is at the host speed of
   that run's calibration, and its arrival rates follow), so medians of values would pair one run's
@@ -21,13 +24,14 @@ Signed errors are ``(simulated − measured) ÷ measured``: negative means the s
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from sim.errors import ConfigError
 
+from .validate import SENSITIVITY_MIN
 from .validate import TARGET_METRICS as JUDGED  # the cells a validation is judged on
 
 #: the bars the tables count against (fractions)
@@ -48,11 +52,15 @@ class Run:
     setup: dict
     engine: dict
     elapsed_s: float | None
+    #: ``{(load, allocator, metric): d ln metric / d ln step time}`` where known
+    sensitivity: dict = field(default_factory=dict)
 
 
-def load_run(path: str | Path) -> Run:
+def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
     """A run folder (or its ``validation.json``). Raises :class:`ConfigError` naming the path when it
-    is not a validation run or has no judged cells."""
+    is not a validation run or has no judged cells. A run whose rows carry no ``sensitivity`` gets it
+    recomputed from its traces and profiles (seconds of simulator time; none where they are missing)
+    unless ``recompute_sensitivity`` is false."""
     p = Path(path)
     f = p / "validation.json" if p.is_dir() else p
     if not f.is_file():
@@ -62,10 +70,12 @@ def load_run(path: str | Path) -> Run:
         rows = doc["rows"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with rows ({exc.__class__.__name__}: {exc})")
-    cells = {}
+    cells, sens = {}, {}
     for r in rows:
         if r.get("metric") in JUDGED and r.get("measured") and r.get("simulated") is not None:
             cells[(r["load"], r["allocator"], r["metric"])] = (float(r["measured"]), float(r["simulated"]))
+            if r.get("sensitivity") is not None:
+                sens[(r["load"], r["allocator"], r["metric"])] = float(r["sensitivity"])
     if not cells:
         raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with measured and simulated {', '.join(JUDGED)} rows")
     config = dict(doc.get("config") or {})
@@ -73,7 +83,15 @@ def load_run(path: str | Path) -> Run:
     setup = {"shape": doc.get("shape"), "config": config, "clock": doc.get("clock"),
              "device": (doc.get("device") or {}).get("kind")}
     name = p.name if p.is_dir() else p.parent.name
-    return Run(str(path), name, cells, setup, dict(engine), doc.get("elapsed_s"))
+    if not sens and recompute_sensitivity:
+        from .validate import run_sensitivity
+        try:
+            by_cell = run_sensitivity(f.parent)
+        except (ConfigError, OSError, KeyError, ValueError, TypeError):
+            by_cell = {}  # an incomplete or foreign folder: its errors are still worth reading without it
+        sens = {(lo, a, m): v for (lo, a), d in by_cell.items() for m, v in d.items()
+                if (lo, a, m) in cells and v is not None}
+    return Run(str(path), name, cells, setup, dict(engine), doc.get("elapsed_s"), sens)
 
 
 def signed_error(measured: float, simulated: float) -> float:
@@ -109,9 +127,13 @@ def combine(runs: list[Run]) -> dict:
     per_cell = []
     for j, (load, alloc, metric) in enumerate(keys):
         e = E[:, j]
+        sv = [r.sensitivity[(load, alloc, metric)] for r in runs if (load, alloc, metric) in r.sensitivity]
+        sens = float(np.mean(sv)) if sv else None
         per_cell.append({"load": load, "allocator": alloc, "metric": metric, "mean_signed_error": float(e.mean()),
                          "sd": float(e.std(ddof=1)), "runs_beyond_10pct": int((np.abs(e) > 0.10).sum()),
-                         "min": float(e.min()), "max": float(e.max())})
+                         "min": float(e.min()), "max": float(e.max()), "sensitivity": sens,
+                         "step_equivalent": (float(e.mean() / sens) if sens is not None and sens >= SENSITIVITY_MIN
+                                             else None)})
     med = np.median(E, axis=0)
     n_all = int((np.abs(E) <= 0.10).all(axis=1).sum())
     known = [r for r in runs if r.engine]  # runs written before validation.json recorded them: unknown, not different
@@ -151,6 +173,21 @@ def markdown(doc: dict) -> str:
             vals.append("" if c is None else f"{_pct(c['mean_signed_error'], True)} ± {_pct(c['sd'])}"
                         + (f" ({c['runs_beyond_10pct']})" if c["runs_beyond_10pct"] else ""))
         out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
+    if any(c.get("sensitivity") is not None for c in cells):
+        out += ["", "Sensitivity to step time per cell (d ln metric / d ln step time, simulator, mean over the runs) "
+                    "and, in brackets, the mean signed error ÷ it: the uniform step-time error, %, the cell's lean amounts to:",
+                "", "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
+                "|---|---|" + "---|" * len(metrics)]
+        for alloc, load in rows:
+            vals = []
+            for m in metrics:
+                c = by.get((alloc, load, m))
+                if c is None or c.get("sensitivity") is None:
+                    vals.append("")
+                    continue
+                eq = c.get("step_equivalent")
+                vals.append(f"{c['sensitivity']:.1f}" + (f" ({_pct(eq, True)})" if eq is not None else ""))
+            out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
     p, m = doc["pooled"], doc["median_of_runs"]
     out += ["", f"{p['runs']} runs: all {p['cells_per_run']} cells within 10 % in {p['runs_all_within_10pct']}; "
                 f"{p['cells_beyond_10pct']} of {p['cell_results']} cell results beyond 10 %; mean signed "

@@ -553,6 +553,41 @@ def test_spec_clocks():
     assert spec["engine"]["replays"] == 5 and load_spec("scenarios/validate-cpu.yaml", quick=True)["engine"]["replays"] == 3
 
 
+def test_cell_sensitivity_is_one_without_a_queue_and_above_one_on_a_queue(tmp_path):
+    """d ln(metric) / d ln(step time): with requests far apart every latency is a sum of step times
+    (exactly 1, up to the profile's stored digits); near the knee a queue multiplies it."""
+    from calibration.validate import cell_sensitivity, estimate_capacity
+    spec = load_spec("scenarios/validate-cpu.yaml")
+    spaced = write_trace(np.array([[10.0 * i, 64 + 16 * i, 16] for i in range(6)], dtype=float), tmp_path / "a.csv")
+    for alloc in ("paged", "static"):
+        s = cell_sensitivity(spec, alloc, spaced, "cpu-reference")
+        for m in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90"):
+            assert s[m] == pytest.approx(1.0, abs=2e-3), (alloc, m, s[m])
+        assert abs(s["throughput"]) < 0.01  # set by the arrivals 10 s apart
+        assert s["preemptions"] is None  # zero at every factor: no slope
+    cap = estimate_capacity(spec, "static", "cpu-reference", tmp_path)
+    knee = write_trace(make_requests(spec, 0.9 * cap), tmp_path / "b.csv")
+    s = cell_sensitivity(spec, "static", knee, "cpu-reference")
+    assert s["ttft_p90"] > 2.0 and s["e2e_p90"] > 1.2, s  # the queue multiplies a step-time error
+    with pytest.raises(ConfigError):
+        cell_sensitivity(spec, "static", knee, "no-such-profile")
+
+
+def test_step_equivalent_and_summary():
+    from calibration.validate import SENSITIVITY_MIN, error_summary, sensitivity_fields
+    assert sensitivity_fields(0.14, 7.0) == {"sensitivity": 7.0, "step_equivalent": pytest.approx(0.02)}
+    assert sensitivity_fields(0.05, SENSITIVITY_MIN / 2)["step_equivalent"] is None  # set by arrivals, not steps
+    assert sensitivity_fields(None, 2.0)["step_equivalent"] is None
+    assert sensitivity_fields(0.1, None) == {"sensitivity": None, "step_equivalent": None}
+    rows = [{"load": "medium", "allocator": "static", "metric": m, "rel_error": e, **sensitivity_fields(e, sv)}
+            for m, e, sv in (("ttft_p90", 0.14, 7.0), ("tpot_p50", 0.03, 1.0), ("e2e_p90", 0.02, 2.0),
+                             ("ttft_p99", 0.5, 1.0))]  # p99 is not a target cell
+    sm = error_summary(rows)
+    assert sm["worst"] == "medium/static ttft_p90" and sm["max_rel_error"] == 0.14
+    assert sm["max_step_equivalent"] == pytest.approx(0.03) and sm["max_step_equivalent_cell"] == "medium/static tpot_p50"
+    assert sm["max_sensitivity"] == 7.0 and sm["max_sensitivity_cell"] == "medium/static ttft_p90"
+
+
 def test_simulator_capacity_matches_engine_blocks(tmp_path):
     from sim.cluster import simulate
     from sim.deployment import Deployment
@@ -617,6 +652,10 @@ def test_quick_validation_within_bound(tmp_path):
         n = spec["engine"]["replays"]
         assert doc["replays"] == n >= 2
         assert doc["summary"]["cells"] == 12 and "below_replay_spread" in doc["summary"]
+        # each row carries the cell's sensitivity to step time (TPOT moves with it, at least ~1:1)
+        assert all("sensitivity" in r and "step_equivalent" in r for r in doc["rows"])
+        assert all(r["sensitivity"] > 0.5 for r in doc["rows"] if r["metric"] in ("tpot_p50", "e2e_p50"))
+        assert doc["summary"]["max_sensitivity"] >= 0.5 and doc["summary"]["max_step_equivalent"] >= 0
         # the overhead calibration: 3 passes up front, one before each cell, one after the last
         lv = doc["profile"]["overhead_rounds"]
         assert [x["passes"] for x in lv] == [3, 1, 1, 1] and all(x["paged"] > 0 and x["static"] > 0 for x in lv)

@@ -13,15 +13,19 @@ CELLS = [(load, alloc) for alloc in ("paged", "static") for load in ("light", "m
 METRICS = JUDGED + ("ttft_p99", "throughput", "peak_kv_blocks")  # the last three are not judged
 
 
-def _write_run(path, errors, *, measured=1.0, config=None, engine=None):
-    """A validation.json whose judged cell ``i`` has signed error ``errors[i]`` (the others 0.5)."""
+def _write_run(path, errors, *, measured=1.0, config=None, engine=None, sensitivity=None):
+    """A validation.json whose judged cell ``i`` has signed error ``errors[i]`` (the others 0.5) and,
+    given ``sensitivity``, sensitivity ``sensitivity[i]``."""
     rows, i = [], 0
     for load, alloc in CELLS:
         for m in METRICS:
             e = errors[i] if m in JUDGED else 0.5
+            row = {"load": load, "allocator": alloc, "metric": m, "measured": measured,
+                   "simulated": measured * (1 + e), "rel_error": abs(e)}
+            if sensitivity is not None and m in JUDGED:
+                row["sensitivity"] = float(sensitivity[i])
             i += m in JUDGED
-            rows.append({"load": load, "allocator": alloc, "metric": m, "measured": measured,
-                         "simulated": measured * (1 + e), "rel_error": abs(e)})
+            rows.append(row)
     cfg = {"kv": {"num_blocks": 256, "block_size": 16}, "loads": ["light", "medium", "saturating"], **(config or {})}
     if engine is not None:
         cfg["engine"] = engine
@@ -105,3 +109,50 @@ def test_validate_runs_command(tmp_path):
     assert doc["pooled"]["mean_signed_error"] == pytest.approx(-0.015)
     res = CliRunner().invoke(app, ["validate-runs", str(r1), str(tmp_path / "nope")])
     assert res.exit_code != 0
+
+
+def test_combine_reads_each_cells_sensitivity(tmp_path):
+    """The mean error ÷ the mean sensitivity: the uniform step-time error a cell's lean amounts to."""
+    n = len(CELLS) * len(JUDGED)
+    sens = np.linspace(1.0, 7.0, n)
+    sens[3] = 0.2  # hardly moves with step time: no step equivalent
+    errs = [np.full(n, -0.07), np.full(n, -0.05)]
+    runs = [load_run(_write_run(tmp_path / f"r{i}", e, sensitivity=sens * (1 + 0.1 * i))) for i, e in enumerate(errs)]
+    doc = combine(runs)
+    by_key = {(c["load"], c["allocator"], c["metric"]): c for c in doc["cells"]}
+    for j in range(n):
+        load, alloc = CELLS[j // len(JUDGED)]
+        c = by_key[(load, alloc, JUDGED[j % len(JUDGED)])]
+        assert c["sensitivity"] == pytest.approx(sens[j] * 1.05)
+        if j == 3:
+            assert c["step_equivalent"] is None
+        else:
+            assert c["step_equivalent"] == pytest.approx(-0.06 / (sens[j] * 1.05))
+    text = markdown(doc)
+    assert "Sensitivity to step time per cell" in text and "| 7.4 (-0.8) |" in text  # 7 x 1.05 = 7.35; -6 % / 7.35
+    assert "| 0.2 |" in text  # no step equivalent where the metric hardly moves with step time
+    # runs without it and without their traces: no sensitivity, nothing refused
+    bare = combine([load_run(_write_run(tmp_path / f"b{i}", e)) for i, e in enumerate(errs)])
+    assert all(c["sensitivity"] is None and c["step_equivalent"] is None for c in bare["cells"])
+    assert "Sensitivity to step time" not in markdown(bare)
+
+
+def test_load_run_recomputes_sensitivity_from_the_runs_own_files(tmp_path):
+    """A run written before rows carried it: recomputed from its traces and profiles."""
+    from calibration.validate import load_spec, make_requests, write_trace
+    e = np.zeros(len(CELLS) * len(JUDGED))
+    path = _write_run(tmp_path / "old", e)
+    spec = load_spec("scenarios/validate-cpu.yaml")
+    doc = json.loads((path / "validation.json").read_text())
+    doc["config"] = {k: spec[k] for k in ("kv", "scheduler", "static_reserve", "workload", "loads")}
+    doc["name"], doc["rates"] = "old", {"medium/static": 3.0}
+    (path / "validation.json").write_text(json.dumps(doc))
+    spec["workload"]["num_requests"] = 20
+    write_trace(make_requests(spec, 3.0), path / "trace-medium-static.csv")
+    from sim.profile import load_profile
+    load_profile("cpu-reference").write(path / "profile-static.json")
+    run = load_run(path)
+    got = {k: v for k, v in run.sensitivity.items()}
+    assert {k[:2] for k in got} == {("medium", "static")} and set(k[2] for k in got) <= set(JUDGED)
+    assert got[("medium", "static", "tpot_p50")] > 0.5
+    assert load_run(path, recompute_sensitivity=False).sensitivity == {}
