@@ -56,7 +56,7 @@ def _spread(rng: random.Random, n: int, mean: int, lo: int = 20, hi: int = 385) 
 def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
     import torch
 
-    from calibration.engine import decode_plan, paged_decode_attention
+    from calibration.engine import decode_plan, paged_decode_attention, padded_block_tables
     from sim.catalog import MODELS
     torch.set_num_threads(1)
     m = MODELS["tiny-llama"]
@@ -79,8 +79,7 @@ def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
             n = -(-L // B)
             tables.append(perm[at:at + n])
             at += n
-        width = max(len(t) for t in tables)
-        bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+        bt = padded_block_tables(tables)
         sl = torch.tensor(lens)
         q = torch.randn(len(lens), H, d, generator=g)
         gr = [(torch.tensor(ix), nb) for ix, nb in _groups(lens, B)]

@@ -246,6 +246,14 @@ def decode_plan(tables: list[list[int]], seq_lens: list[int], block_size: int, d
     return DecodePlan(blocks, tuple(spans))
 
 
+def padded_block_tables(tables: list[list[int]], device="cpu"):
+    """``[len(tables), longest]`` int64 block tables, each padded with block 0 past its own blocks (the
+    length mask keeps the padding out): the input of the one padded :func:`paged_decode_attention` call."""
+    import torch
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
+
+
 def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None, plan: DecodePlan | None = None):
     """One query token per sequence over a paged cache.
 
@@ -660,9 +668,7 @@ class Engine:
                 plan = decode_plan([mem.tables[r.id] for r, _ in dec], [r.computed + 1 for r, _ in dec], mem.B, dev)
                 bt = lens = None
                 if plan is None:  # one padded call (CUDA)
-                    width = max(len(mem.tables[r.id]) for r, _ in dec)
-                    bt = torch.tensor([mem.tables[r.id] + [0] * (width - len(mem.tables[r.id])) for r, _ in dec],
-                                      dtype=torch.long, device=dev)
+                    bt = padded_block_tables([mem.tables[r.id] for r, _ in dec], dev)
                     lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
             else:
                 dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]

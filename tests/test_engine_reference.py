@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from calibration.engine import (Engine, EngineConfig, EngineRequest, Transformer, chunk_attention,  # noqa: E402
-                                contiguous_attention, decode_plan, paged_decode_attention)
+                                contiguous_attention, decode_plan, paged_decode_attention,
+                                padded_block_tables)
 from calibration.validate import load_spec, make_requests, semantics_check, sim_scenario, write_trace  # noqa: E402
 from sim.catalog import MODELS  # noqa: E402
 from sim.cluster import simulate  # noqa: E402
@@ -56,8 +57,7 @@ def test_paged_attention_equals_contiguous():
         tables.append(t)
         ks.append(kp[t].reshape(-1, KVH, d)[:L].clone())  # the sequence's K as one contiguous tensor
         vs.append(vp[t].reshape(-1, KVH, d)[:L].clone())
-    width = max(len(t) for t in tables)
-    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    bt = padded_block_tables(tables)
     q = torch.randn(len(lens), H, d, generator=g)
     got = paged_decode_attention(q, kp, vp, bt, torch.tensor(lens))
     ref = contiguous_attention(q, ks, vs)
