@@ -810,7 +810,7 @@ SENSITIVITY_FACTORS = (0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03)
 
 
 def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str, device: str = "cpu",
-                     factors=SENSITIVITY_FACTORS) -> dict:
+                     factors=SENSITIVITY_FACTORS, at_one: dict | None = None) -> dict:
     """How strongly each metric of one cell answers a uniform error in step time: the least-squares
     slope of ln(metric) on ln(f) over simulator runs on the profile with every time × ``f``.
 
@@ -818,7 +818,9 @@ def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str,
     metric sits on a queue near its knee, where a small calibration error (or the engine's own
     run-to-run jitter) is multiplied: at 7, a 1 % step-time error moves the metric by ~7 %. A
     cell's error divided by its sensitivity is the uniform step-time error that would explain it.
-    Metrics that are zero or missing at any factor get ``None``. Seconds of simulator time per cell."""
+    Metrics that are zero or missing at any factor get ``None``. Seconds of simulator time per cell.
+    ``at_one``: the cell's simulator metrics on the profile as is, where the caller has them (the run
+    at f = 1 is then not repeated)."""
     import tempfile
     from sim.cluster import simulate
     from sim.profile import load_profile
@@ -827,6 +829,9 @@ def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str,
     per: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvsim-sens-") as tmp:
         for f in factors:
+            if f == 1.0 and at_one is not None:
+                per.append(at_one)
+                continue
             path = Path(tmp) / f"profile-{f}.json"
             scale_profile(base, f).write(path)
             sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
@@ -1066,6 +1071,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
     B = int(spec["kv"]["block_size"])
+    raw = _sim_metrics(sim_raw, B)
     cost = Deployment.from_scenario(sc).make_cost_model(sc)
     simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
     per_replay: dict[str, list[dict]] = {}
@@ -1073,7 +1079,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     for clock, ress in cell.results.items():
         res = ress[0]
         if clock == "cpu_norm":
-            simulated[clock], sims[clock], cost_c = _sim_metrics(sim_raw, B), sim_raw, cost
+            simulated[clock], sims[clock], cost_c = raw, sim_raw, cost
             diags[clock] = iteration_diagnostics(res, cost)
             diags[clock]["speed_probes"] = probe_diagnostics(res)
         else:
@@ -1099,9 +1105,9 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
             # the first replay's diagnostics are the clock's own, computed above
             diags[clock]["replays"] = [replay_summary(r, m, diags[clock] if i == 0 else iteration_diagnostics(r, cost_c))
                                        for i, (r, m) in enumerate(zip(ress, per))]
-    return Run(load["name"], allocator, cell.rate, simulated, sims, measured, results, diags, _sim_metrics(sim_raw, B),
+    return Run(load["name"], allocator, cell.rate, simulated, sims, measured, results, diags, raw,
                semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net), per_replay, more,
-               cell_sensitivity(spec, allocator, cell.trace, profile_path, device))
+               cell_sensitivity(spec, allocator, cell.trace, profile_path, device, at_one=raw))
 
 
 def median_metrics(per: list[dict]) -> dict:
