@@ -153,6 +153,32 @@ def _pct(x: float, signed: bool = False) -> str:
     return f"{x * 100:+.1f}" if signed else f"{x * 100:.1f}"
 
 
+def _cell_table(title: str, cells: list[dict], text) -> list[str]:
+    """A load × metric Markdown table of ``cells`` (one row per allocator and load), each entry
+    ``text(cell)`` (an empty entry where a cell is missing)."""
+    metrics = [m for m in JUDGED if any(c["metric"] == m for c in cells)]
+    rows = sorted({(c["allocator"], c["load"]) for c in cells}, key=lambda x: (x[0], _LOAD_ORDER.get(x[1], 9), x[1]))
+    by = {(c["allocator"], c["load"], c["metric"]): c for c in cells}
+    out = ["", title, "", "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
+           "|---|---|" + "---|" * len(metrics)]
+    for alloc, load in rows:
+        vals = [("" if (c := by.get((alloc, load, m))) is None else text(c)) for m in metrics]
+        out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
+    return out
+
+
+def _error_text(c: dict) -> str:
+    return (f"{_pct(c['mean_signed_error'], True)} ± {_pct(c['sd'])}"
+            + (f" ({c['runs_beyond_10pct']})" if c["runs_beyond_10pct"] else ""))
+
+
+def _sensitivity_text(c: dict) -> str:
+    if c.get("sensitivity") is None:
+        return ""
+    eq = c.get("step_equivalent")
+    return f"{c['sensitivity']:.1f}" + (f" ({_pct(eq, True)})" if eq is not None else "")
+
+
 def markdown(doc: dict) -> str:
     """The per-run and per-cell tables as Markdown (what the CLI prints)."""
     out = ["| run | within 10 % | within 5 % | median | worst | RMS | mean signed |", "|---|---|---|---|---|---|---|"]
@@ -160,34 +186,11 @@ def markdown(doc: dict) -> str:
         out.append(f"| {r['run']} | {r['within_10pct']} / {r['cells']} | {r['within_5pct']} | {_pct(r['median_abs_error'])} % | "
                    f"{_pct(r['max_abs_error'])} % | {_pct(r['rms_error'])} % | {_pct(r['mean_signed_error'], True)} % |")
     cells = doc["cells"]
-    metrics = [m for m in JUDGED if any(c["metric"] == m for c in cells)]
-    rows = sorted({(c["allocator"], c["load"]) for c in cells}, key=lambda x: (x[0], _LOAD_ORDER.get(x[1], 9), x[1]))
-    by = {(c["allocator"], c["load"], c["metric"]): c for c in cells}
-    out += ["", "Mean signed error per cell over the runs, % ± s.d. (runs beyond 10 %):", "",
-            "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
-            "|---|---|" + "---|" * len(metrics)]
-    for alloc, load in rows:
-        vals = []
-        for m in metrics:
-            c = by.get((alloc, load, m))
-            vals.append("" if c is None else f"{_pct(c['mean_signed_error'], True)} ± {_pct(c['sd'])}"
-                        + (f" ({c['runs_beyond_10pct']})" if c["runs_beyond_10pct"] else ""))
-        out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
+    out += _cell_table("Mean signed error per cell over the runs, % ± s.d. (runs beyond 10 %):", cells, _error_text)
     if any(c.get("sensitivity") is not None for c in cells):
-        out += ["", "Sensitivity to step time per cell (d ln metric / d ln step time, simulator, mean over the runs) "
-                    "and, in brackets, the mean signed error ÷ it: the uniform step-time error, %, the cell's lean amounts to:",
-                "", "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
-                "|---|---|" + "---|" * len(metrics)]
-        for alloc, load in rows:
-            vals = []
-            for m in metrics:
-                c = by.get((alloc, load, m))
-                if c is None or c.get("sensitivity") is None:
-                    vals.append("")
-                    continue
-                eq = c.get("step_equivalent")
-                vals.append(f"{c['sensitivity']:.1f}" + (f" ({_pct(eq, True)})" if eq is not None else ""))
-            out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
+        out += _cell_table("Sensitivity to step time per cell (d ln metric / d ln step time, simulator, mean over the "
+                           "runs) and, in brackets, the mean signed error ÷ it: the uniform step-time error, %, the "
+                           "cell's lean amounts to:", cells, _sensitivity_text)
     p, m = doc["pooled"], doc["median_of_runs"]
     out += ["", f"{p['runs']} runs: all {p['cells_per_run']} cells within 10 % in {p['runs_all_within_10pct']}; "
                 f"{p['cells_beyond_10pct']} of {p['cell_results']} cell results beyond 10 %; mean signed "
