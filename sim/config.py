@@ -10,16 +10,35 @@ allowed (:class:`sim.errors.ConfigError`).
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from .errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SCENARIO_DIR = REPO_ROOT / "scenarios"
+
+#: Marks a field whose value names a file (``json_schema_extra``). Untrusted scenarios (the
+#: explorer's uploads) have every such field vetted at any depth: see :func:`file_fields`.
+NAMES_FILE: JsonDict = {"names_file": True}
+
+#: Scenario and sweep names become directory names (``runs/<name>``, ``sweeps/<name>``): no path
+#: separators, no leading dot, no ``..``.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}$")
+NAME_ALLOWED = ("letters, digits and _ . + = @ , - (not starting with '.', no '/' or '..'), "
+                "at most 128 characters")
+
+
+def check_name(value: str) -> str:
+    """``value`` if it is a safe run/sweep name (:data:`NAME_RE`), else ``ValueError``."""
+    if not isinstance(value, str) or not NAME_RE.match(value) or ".." in value:
+        raise ValueError(f"a name of {NAME_ALLOWED}")
+    return value
 
 
 class _Section(BaseModel):
@@ -56,7 +75,7 @@ class ArrivalConfig(_Section):
     kind: Literal["poisson", "gamma", "trace", "closed_loop"] = "poisson"
     rate: float | None = Field(None, gt=0)
     cv: float = Field(1.0, gt=0)
-    path: str | None = None
+    path: str | None = Field(None, json_schema_extra=NAMES_FILE)
     format: Literal["auto", "azure", "mooncake", "csv", "parquet"] = "auto"
     time_scale: float = Field(1.0, gt=0)
     concurrency: int | None = Field(None, ge=1)
@@ -85,7 +104,7 @@ class LengthsConfig(_Section):
     prompt_sigma: float = Field(1.0, ge=0)
     output_median: float = Field(128.0, gt=0)
     output_sigma: float = Field(1.0, ge=0)
-    path: str | None = None
+    path: str | None = Field(None, json_schema_extra=NAMES_FILE)
     format: Literal["auto", "azure", "mooncake", "csv", "parquet", "length_stats"] = "auto"
     base: "LengthsConfig | None" = None
     outlier_fraction: float = Field(0.1, ge=0, le=1)
@@ -202,7 +221,7 @@ class AllocatorConfig(_Section):
 class CostModelConfig(_Section):
     #: ``auto`` (the built-in profile of the GPU when it covers the model, else the roofline
     #: prior), ``none`` (roofline prior), a built-in profile name, or a path to a profile JSON.
-    profile: str | None = "auto"
+    profile: str | None = Field("auto", json_schema_extra=NAMES_FILE)
     compute_efficiency: float = Field(0.6, gt=0, le=1)
     memory_efficiency: float = Field(0.8, gt=0, le=1)
     step_overhead_s: float = Field(2.0e-3, ge=0)
@@ -221,6 +240,7 @@ class EngineConfig(_Section):
 
 
 class Scenario(_Section):
+    #: Also the default run directory's name (``runs/<name>``).
     name: str = "unnamed"
     description: str = ""
     seed: int = 0
@@ -236,6 +256,11 @@ class Scenario(_Section):
     #: Directory that relative paths in the scenario resolve against (not a YAML key).
     base_dir: str = Field(default=str(SCENARIO_DIR), exclude=True)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        return check_name(v)
+
     def resolve_path(self, path: str, key: str) -> Path:
         """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""
         p = Path(path)
@@ -246,6 +271,26 @@ class Scenario(_Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def file_fields() -> set[str]:
+    """Names of every scenario field, at any depth, whose value names a file (:data:`NAMES_FILE`)."""
+    out: set[str] = set()
+    seen: set[type] = set()
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, f in model.model_fields.items():
+            if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("names_file"):
+                out.add(name)
+            for cand in (f.annotation, *getattr(f.annotation, "__args__", ())):
+                if isinstance(cand, type) and issubclass(cand, BaseModel):
+                    walk(cand)
+
+    walk(Scenario)
+    return out
 
 
 # --- loading --------------------------------------------------------------------------

@@ -9,9 +9,10 @@ The page only wires widgets to the functions here:
   ``kvsim run`` accepts.
 * **Untrusted uploads** (:class:`UploadStore`): size limits, ``yaml.safe_load`` after refusing
   anchors/aliases, schema validation with one readable line on failure. Nothing named in an
-  upload is ever opened: trace ``path`` keys must name a built-in trace under ``scenarios/``
-  or a trace uploaded in the same session (written to a private temporary folder), and
-  ``cost_model.profile`` a built-in profile or an uploaded one (:func:`resolve_paths`).
+  upload is ever opened: every field that names a file, at any depth, is vetted first — trace
+  ``path`` keys must name a built-in trace under ``scenarios/`` or a trace uploaded in the same
+  session (written to a private temporary folder), and ``cost_model.profile`` a built-in
+  profile or an uploaded one (:func:`resolve_paths`).
 * **Runs**: :func:`resolve_scenario` and :func:`canonical_json` (the cache key of a run),
   :func:`run_canonical` (the simulation behind the page's cache), :func:`kpis` (headline
   numbers of a run), :func:`compare_rows` (side by side, best/worst marked).
@@ -40,7 +41,7 @@ from typing import Any, Callable, Mapping
 import pyarrow as pa
 import yaml
 
-from .config import (REPO_ROOT, SCENARIO_DIR, LengthsConfig, Scenario, apply_overrides, list_scenarios,
+from .config import (REPO_ROOT, SCENARIO_DIR, LengthsConfig, Scenario, apply_overrides, file_fields, list_scenarios,
                      read_scenario_dict, scenario_from_dict)
 from .errors import ConfigError
 
@@ -148,20 +149,32 @@ def safe_filename(name: str, extensions: tuple[str, ...], what: str) -> str:
     return base
 
 
-def _walk_lengths(node: Any, key: str):
-    """(dict, dotted key) of a lengths block and its nested ``base`` blocks."""
-    depth = 0
-    while isinstance(node, dict) and depth < 16:
-        yield node, key
-        node, key, depth = node.get("base"), key + ".base", depth + 1
+#: Nesting deeper than this is refused before anything else looks at an upload (the deepest
+#: legitimate scenario, a mixture of mixtures, is a few levels).
+MAX_NESTING = 64
+
+
+def _file_refs(node: Any, key: str, names: set[str], depth: int = 0):
+    """(parent mapping, field name, dotted key) of every field in ``names`` at any depth of ``node``;
+    :class:`ConfigError` when the nesting exceeds :data:`MAX_NESTING`."""
+    if depth > MAX_NESTING:
+        raise ConfigError(key or "scenario", "…", f"nesting of at most {MAX_NESTING} levels")
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        sub = f"{key}.{k}" if key else str(k)
+        if isinstance(node, dict) and k in names:
+            yield node, k, sub
+        if isinstance(v, (dict, list)):
+            yield from _file_refs(v, sub, names, depth + 1)
 
 
 def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
                   profiles: Mapping[str, Path] | None = None) -> dict:
     """A copy of a raw scenario mapping whose file references are vetted absolute paths.
 
-    Trace ``path`` keys must be a built-in trace (``traces/…`` under ``scenarios/``) or the
-    name of a trace in ``traces`` (uploaded this session); ``cost_model.profile`` must be
+    Every field that names a file (:func:`sim.config.file_fields`), at any depth and under any
+    key, is vetted: a trace ``path`` must be a built-in trace (``traces/…`` under ``scenarios/``)
+    or the name of a trace in ``traces`` (uploaded this session); ``profile`` must be
     ``none``/``auto``, a built-in profile name or a name in ``profiles``. The strings are
     looked up in those tables, never opened, so an upload cannot reach other server files.
     """
@@ -171,39 +184,39 @@ def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
         raise ConfigError("base_dir", data["base_dir"], "not a scenario key (file paths resolve against scenarios/)")
     out = copy.deepcopy(data)
     traces = dict(traces or {})
+    uploaded = dict(profiles or {})
     builtin = builtin_traces()
-    allowed = ", ".join(list(builtin) + list(traces)) or "none"
 
-    def vet(node: dict, key: str) -> None:
-        ref = node.get("path")
+    def vet_trace(node: dict, field: str, key: str) -> None:
+        ref = node[field]
         if ref is None:
             return
         if not isinstance(ref, str):
             raise ConfigError(key, ref, "a trace name")
         if ref in traces:
-            node["path"] = str(traces[ref])
+            node[field] = str(traces[ref])
         elif ref.removeprefix("./") in builtin:
-            node["path"] = str(builtin[ref.removeprefix("./")])
+            node[field] = str(builtin[ref.removeprefix("./")])
         else:
+            allowed = ", ".join(list(builtin) + list(traces)) or "none"
             raise ConfigError(key, ref, f"a built-in trace or one uploaded in this session ({allowed})")
 
-    workload = out.get("workload")
-    if isinstance(workload, dict):
-        if isinstance(workload.get("arrival"), dict):
-            vet(workload["arrival"], "workload.arrival.path")
-        for node, key in _walk_lengths(workload.get("lengths"), "workload.lengths"):
-            vet(node, key + ".path")
-    cost = out.get("cost_model")
-    if isinstance(cost, dict) and cost.get("profile") is not None:
-        ref = cost["profile"]
-        uploaded = dict(profiles or {})
+    def vet_profile(node: dict, field: str, key: str) -> None:
+        ref = node[field]
+        if ref is None:
+            return
         if not isinstance(ref, str):
-            raise ConfigError("cost_model.profile", ref, "a profile name")
+            raise ConfigError(key, ref, "a profile name")
         if ref in uploaded:
-            cost["profile"] = str(uploaded[ref])
+            node[field] = str(uploaded[ref])
         elif ref not in ("none", "auto", *builtin_profiles()):
             names = ", ".join(["none", "auto", *builtin_profiles(), *uploaded])
-            raise ConfigError("cost_model.profile", ref, f"a built-in profile or one uploaded in this session ({names})")
+            raise ConfigError(key, ref, f"a built-in profile or one uploaded in this session ({names})")
+
+    vetters = {"profile": vet_profile}
+    names = file_fields()
+    for node, field, key in list(_file_refs(out, "", names)):
+        vetters.get(field, vet_trace)(node, field, key)
     return out
 
 

@@ -9,6 +9,7 @@ sequences free their memory, so peaks are kept).
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -96,17 +97,26 @@ class _Sink:
             return
         if self.writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.writer = pq.ParquetWriter(self.path, self.schema)
+            self.writer = pq.ParquetWriter(self._tmp_path(), self.schema)
         self.writer.write_batch(batch)
+
+    def _tmp_path(self) -> Path:
+        # Rows stream to a hidden temporary name and replace ``path`` only on close: a run killed
+        # mid-way leaves an earlier run's file intact, and a symlink at ``path`` is replaced, never
+        # written through.
+        assert self.path is not None
+        return self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
 
     def close(self) -> None:
         self.flush()
         if self.path is not None:
             if self.writer is None:
-                pq.write_table(self.schema.empty_table(), self.path)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(self.schema.empty_table(), self._tmp_path())
             else:
                 self.writer.close()
                 self.writer = None
+            os.replace(self._tmp_path(), self.path)
 
     def table(self) -> pa.Table:
         if self.path is not None:

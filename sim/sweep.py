@@ -39,6 +39,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import re
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel
 
-from .config import Scenario, apply_overrides, read_scenario_dict, scenario_from_dict
+from .config import Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
 from .errors import ConfigError
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds")
@@ -276,7 +277,15 @@ def load_sweep(path: str | Path) -> SweepSpec:
             raise ConfigError("seeds", seeds, "an integer ≥ 1 (replicates with seed = base seed + i)")
         if "seed" in keys:
             raise ConfigError("seeds", seeds, "not together with a 'seed' axis or 'set: seed'")
-    name = data.get("name") or p.stem
+    name = data.get("name")
+    if name is not None:
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise ConfigError("name", name, str(exc)) from None
+    else:
+        # The file's stem, made safe as a directory name (sweeps/<name>).
+        name = re.sub(r"[^A-Za-z0-9_.+=@,-]", "_", p.stem).lstrip(".").replace("..", "_")[:128] or "sweep"
     return SweepSpec(p, str(name), base, base_data, Path(base_dir), dict(fixed), groups, seeds)
 
 
