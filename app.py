@@ -1,7 +1,7 @@
 """kvsim what-if explorer: ``streamlit run app.py`` (or ``kvsim app``).
 
-Thin by design: widgets are wired to functions of :mod:`sim.explorer`, :mod:`sim.plots`,
-:mod:`sim.sweep`, :mod:`sim.planner` and :mod:`sim.profile`; no simulation logic lives here.
+Thin by design: widgets are wired to functions of :mod:`sim.explorer`, :mod:`sim.analysis.plots`,
+:mod:`sim.analysis.sweep`, :mod:`sim.analysis.planner` and :mod:`sim.cost.profile`; no simulation logic lives here.
 See docs/app.md.
 """
 
@@ -18,7 +18,7 @@ import plotly.graph_objects  # noqa: F401  pandas/plotly at once see a partially
 import streamlit as st
 
 from sim import explorer as X
-from sim import plots
+from sim.analysis import plots
 from sim.allocators import KINDS
 from sim.catalog import GPUS, MODELS
 from sim.config import apply_overrides
@@ -503,7 +503,7 @@ def page_compare() -> None:
 def page_sweeps() -> None:
     st.title("Sweeps & plan")
     try:
-        from sim import sweep as SW
+        from sim.analysis import sweep as SW
     except ImportError as exc:
         st.info(f"Sweeps are not available yet in this build ({exc}).")
         return
@@ -569,7 +569,7 @@ def page_sweeps() -> None:
     st.divider()
     st.subheader("Goodput plan")
     try:
-        from sim import planner as PL
+        from sim.analysis import planner as PL
     except ImportError as exc:
         st.info(f"The goodput planner is not available yet in this build ({exc}).")
         return
@@ -612,7 +612,7 @@ def page_sweeps() -> None:
 def page_calibration() -> None:
     st.title("Calibration")
     try:
-        from sim.profile import load_profile
+        from sim.cost.profile import load_profile
     except ImportError as exc:
         st.info(f"Calibrated profiles are not available yet in this build ({exc}).")
         return

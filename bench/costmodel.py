@@ -21,7 +21,7 @@ SCENARIO = "chat-api"
 def _recording(inner):
     """A copy of the calibrated model ``inner`` that keeps the arguments of the engine's pricing
     calls. A subclass, not a wrapper: the compiled engine (sim/native.py) accepts only CostModels."""
-    from sim.profile import ProfileCostModel
+    from sim.cost.profile import ProfileCostModel
 
     class _Recording(ProfileCostModel):
         # Only the engine's calls: the model's own calls between these methods (a long window
@@ -91,8 +91,8 @@ def _reference(sc, dep):
 
 
 def run(quick: bool, out: Path) -> dict:
-    import sim.deployment as dep_mod
-    from sim.cluster import simulate
+    import sim.engine.deployment as dep_mod
+    from sim.engine.cluster import simulate
     from sim.config import load_scenario
     n = 300 if quick else 2000
     sc = load_scenario(SCENARIO, {"workload.num_requests": n})

@@ -24,7 +24,7 @@ TOP = 25
 def count(scenario: str, requests: int) -> dict:
     """Bytecodes and Python calls per request of ``requests`` of ``scenario``, with the top functions."""
     from sim import native
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from sim.config import load_scenario
     if native.active():
         raise RuntimeError("opcount counts the interpreted engine's bytecodes: run it with KVSIM_NATIVE=0 "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from sim.profile import PROFILE_DIR
+from sim.cost.profile import PROFILE_DIR
 
 from .profile_builder import SYSTEM_PROFILE, build_profile, default_models
 from .tables import DEFAULT_TABLES_DIR, load_kernel_tables

@@ -1,4 +1,4 @@
-"""Command-line entry points for calibration, mounted under ``kvsim`` by ``sim.cli``.
+"""Command-line entry points for calibration, mounted under ``kvsim`` by ``sim.cli.main``.
 
 * :func:`calibrate_command` — ``kvsim calibrate``: build a profile from published kernel
   tables (``--from-tables DIR --system h200_sxm --backend trtllm --model NAME``) or by
@@ -18,7 +18,7 @@ import typer
 
 from sim.catalog import get_model
 from sim.errors import ConfigError
-from sim.profile import list_profiles, load_profile
+from sim.cost.profile import list_profiles, load_profile
 
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)

@@ -18,7 +18,7 @@
     each admitted request reserves ``reserve`` contiguous slots, first fit. Attention reads
     the reservation as a view (no gather), one SDPA per sequence.
 
-* **Scheduler**: the simulator's ``continuous`` scheduler rule for rule (``sim/scheduler.py``):
+* **Scheduler**: the simulator's ``continuous`` scheduler rule for rule (``sim/sched/continuous.py``):
   running requests first in admission order, each asking for its remaining tokens capped by
   the token budget (chunked prefill); a failed grow preempts the most recently admitted
   running request by recompute (its memory freed, back to the head of the queue) until the
@@ -563,7 +563,7 @@ class Engine:
         self.waiting: deque[EngineRequest] = deque()
         self._admissions = 0
 
-    # -- scheduling: sim/scheduler.py, rule for rule --
+    # -- scheduling: sim/sched/continuous.py, rule for rule --
     def _preempt_last(self) -> EngineRequest:
         victim = self.running.pop()
         self.mem.release(victim.id)
@@ -891,7 +891,7 @@ class Engine:
                 else:
                     toks = []
                 if clock == "virtual":
-                    from sim.costmodel import BatchShape
+                    from sim.cost.model import BatchShape
                     if items:
                         vt[0] += cost.step_time_s(BatchShape(list(chunks), dseqs, dkv)) + cost.alloc_time_s(events)
                         # the cost model's after-prefill excess, counted as the simulator's replica does

@@ -32,7 +32,7 @@ use one thread by default (``torch.set_num_threads``), restored afterwards.
 
 The measurements become ordinary :class:`calibration.tables.GemmTable` /
 ``AttentionTable`` rows and go through :mod:`calibration.fit` (parametric form + grid
-correction, 80/20 held-out score) into an ordinary :class:`sim.profile.Profile`. Raw rows
+correction, 80/20 held-out score) into an ordinary :class:`sim.cost.profile.Profile`. Raw rows
 are written beside the profile as Parquet (``<out>.measurements.parquet``) and a plotly
 fit report as HTML (``<out>.report.html``) when plotly is importable.
 """
@@ -56,7 +56,7 @@ import numpy as np
 
 from sim.catalog import ModelSpec
 from sim.errors import ConfigError
-from sim.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
+from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
 from . import fit as F
 from .tables import AttentionTable, GemmTable
@@ -1106,8 +1106,8 @@ def kernel_cost(profile: Profile, model: ModelSpec, allocator: str, block_size: 
     """The cost model of ``profile``'s kernels alone (CPU-side step overhead zeroed) for the
     reference engine's ``allocator`` layout: what the engine overhead is measured against."""
     from sim.catalog import GPUS
-    from sim.costmodel import Layout
-    from sim.profile import ProfileCostModel
+    from sim.cost.model import Layout
+    from sim.cost.profile import ProfileCostModel
     dt = profile.dtypes["weight"][0]
     return ProfileCostModel(kernels_only(profile), model, GPUS["cpu"], weight_dtype=dt, kv_dtype=dt,
                             layout=Layout(paged=allocator == "paged", block_size=block_size))
@@ -1120,7 +1120,7 @@ def row_time_s(row: dict, clock: str) -> float:
 
 
 def _predict(cost, chunks, decode_seqs: int, decode_kv: int, alloc_events: int) -> float:
-    from sim.costmodel import BatchShape
+    from sim.cost.model import BatchShape
     shape = BatchShape([tuple(c) for c in chunks], decode_seqs, decode_kv)
     return cost.step_time_s(shape) + cost.alloc_time_s(alloc_events)
 
@@ -1289,7 +1289,7 @@ BY_SEQS_MIN = 20
 def step_overhead_s(fit: dict, seqs) -> np.ndarray:
     """The overhead fit's seconds per iteration of ``seqs`` sequences before its per-prefill-token part:
     ``intercept_s + per_seq_s·S``, plus ``per_seq_delta_s`` interpolated between its measured counts
-    (nothing beyond them), as ``sim.profile.ProfileCostModel`` charges it."""
+    (nothing beyond them), as ``sim.cost.profile.ProfileCostModel`` charges it."""
     S = np.asarray(seqs, dtype=np.float64)
     out = fit["intercept_s"] + fit["per_seq_s"] * S
     delta = fit.get("per_seq_delta_s") or {}
@@ -1434,12 +1434,12 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
     computed): its bandwidth is lowered so that channel grows by exactly ``c`` per token, and
     ``cpu_overhead`` becomes ``a + (b − c)·S`` (a decode sequence is one token), so a step
     costs ``a + b·S + c·(T − S) = a + b·S + c·P`` on top of the kernels. The fit's
-    ``after_prefill_s`` goes into ``cpu_overhead`` as is (see ``sim.costmodel.CostModel``).
+    ``after_prefill_s`` goes into ``cpu_overhead`` as is (see ``sim.cost.model.CostModel``).
     """
     import copy
 
     from sim.catalog import GPUS
-    from sim.profile import ProfileCostModel
+    from sim.cost.profile import ProfileCostModel
     p = copy.deepcopy(profile)
     c = float(overhead.get("per_token_s", 0.0))
     if c > 0:

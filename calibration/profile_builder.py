@@ -1,4 +1,4 @@
-"""Turn published kernel tables into a :class:`sim.profile.Profile` for chosen model shapes.
+"""Turn published kernel tables into a :class:`sim.cost.profile.Profile` for chosen model shapes.
 
 Steps: fit every kernel family (:mod:`calibration.fit`), score each fit on a held-out
 20 % of its rows (fixed seed) for ``fit_quality``, then evaluate the fitted curves on
@@ -19,7 +19,7 @@ import numpy as np
 
 from sim.catalog import MODELS, ModelSpec
 from sim.errors import ConfigError
-from sim.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
+from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
 from . import fit as F
 from .tables import CPU_OVERHEAD_PARTS, KernelTables, read_cpu_overheads

@@ -220,7 +220,7 @@ def make_requests(spec: dict, rate: float, device: str = "cpu") -> np.ndarray:
 
     ``device`` only picks the GPU entry whose memory must hold the model (an 8B shape does not fit the
     ``cpu`` entry); the requests do not depend on it."""
-    from sim.workload import build_workload
+    from sim.workload.generator import build_workload
     sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)}, device=device)
     wl = build_workload(sc)
     t = wl.arrival_s - wl.arrival_s[0]
@@ -237,7 +237,7 @@ def write_trace(rows: np.ndarray, path: Path) -> Path:
 
 def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path, device: str = "cpu") -> float:
     """Requests/s the simulator sustains for ``allocator`` when every request arrives at once."""
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     rows = make_requests(spec, 1.0, device)
     rows[:, 0] = 0.0
     path = write_trace(rows, out / f"capacity-{allocator}.csv")
@@ -327,7 +327,7 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     so kernel curves, overhead fit and the ``cpu_norm`` replays share one reference speed.
     The static profile's decode-attention grid is the engine's static kernel (``decode_static``).
     """
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
 
     model = get_model(spec["model"])
     eng = spec["engine"]
@@ -777,7 +777,7 @@ class Run:
 
 def scale_profile(profile, f: float):
     """``profile`` with every time multiplied by ``f`` (curves, latencies, CPU terms; bandwidths divided)."""
-    from sim.profile import Profile
+    from sim.cost.profile import Profile
     doc = json.loads(json.dumps(profile.to_json()))
     for fam in ("gemm", "context_attention", "generation_attention", "allreduce"):
         for c in doc[fam].values():
@@ -822,8 +822,8 @@ def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str,
     ``at_one``: the cell's simulator metrics on the profile as is, where the caller has them (the run
     at f = 1 is then not repeated)."""
     import tempfile
-    from sim.cluster import simulate
-    from sim.profile import load_profile
+    from sim.engine.cluster import simulate
+    from sim.cost.profile import load_profile
     B = int(spec["kv"]["block_size"])
     base = load_profile(profile_path)
     per: list[dict] = []
@@ -1064,9 +1064,9 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     the geometric mean of the probes just before and just after their replay (measured ÷ predicted
     busy time: a recalibration bracketing, never taken from, the replay). ``host_speed: fixed``: the
     profile as calibrated. ``cpu_norm`` is always compared with the profile as calibrated."""
-    from sim.cluster import simulate
-    from sim.deployment import Deployment
-    from sim.profile import load_profile
+    from sim.engine.cluster import simulate
+    from sim.engine.deployment import Deployment
+    from sim.cost.profile import load_profile
     allocator, load = cell.allocator, cell.load
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
@@ -1185,7 +1185,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     say = progress or (lambda msg: None)
     t0 = time.perf_counter()
     load_before = host_load()
-    from sim.deployment import Deployment
+    from sim.engine.deployment import Deployment
 
     from .engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, Engine, SpeedProbe, Transformer
     first = engine_config(spec, spec["allocators"][0], device)

@@ -1,4 +1,4 @@
-"""``kvsim validate``: mounted by ``sim.cli`` (``app.command("validate")(validate_command)``).
+"""``kvsim validate``: mounted by ``sim.cli.main`` (``app.command("validate")(validate_command)``).
 
 Errors are :class:`sim.errors.ConfigError`; the caller prints them.
 """
@@ -109,7 +109,7 @@ def validate_runs_command(
         print(f"wrote {out}")
 
 
-def main() -> None:  # ``python -m calibration.validate_cli`` until sim.cli mounts the command
+def main() -> None:  # ``python -m calibration.validate_cli`` until sim.cli.main mounts the command
     import typer as _t
     try:
         _t.run(validate_command)

@@ -52,7 +52,7 @@ def kernel_profile(path: str | Path):
     """The kernel-route profile under a validation profile: its elementwise bandwidth as measured
     (``with_engine_overhead`` lowered it to carry the per-token overhead); the CPU term is replaced
     by whatever overhead fit comes next."""
-    from sim.profile import Profile
+    from sim.cost.profile import Profile
     doc = json.loads(Path(path).read_text())
     ew = doc["elementwise"]
     if "kernel_route_bandwidth_bytes_per_s" in ew:
@@ -67,7 +67,7 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
     mix, summary, cells}`` with ``summary`` as ``validation.json``'s (``validate.error_summary``) and
     ``cells`` the rows. A kernel set is used where the run has its files and its rows their shapes
     (``final`` always); a mix other than ``all`` where the run measured more than one."""
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
 
     from . import kernels
     from .validate import TARGET_METRICS, _sim_metrics, error_summary, load_spec, rel_error, sim_scenario

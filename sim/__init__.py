@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from . import native as _native
+from sim import native as _native
 
 #: ``compiled`` when the hot path runs from an up-to-date mypyc build (``sim/native.py``).
 NATIVE_STATE = _native.guard()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 GiB = 1 << 30
 

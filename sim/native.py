@@ -38,16 +38,16 @@ ROOT = PACKAGE_DIR.parent
 #: module outside this list subclasses is marked ``allow_interpreted_subclasses``.
 MODULES = (
     "sim.request",
-    "sim.costmodel",
-    "sim.profile",
+    "sim.cost.model",
+    "sim.cost.profile",
     "sim.allocators.base",
     "sim.allocators.cohort",
     "sim.allocators.paged",
-    "sim.scheduler",
-    "sim.metrics",
-    "sim.router",
-    "sim.replica",
-    "sim.cluster",
+    "sim.sched.continuous",
+    "sim.output.metrics",
+    "sim.engine.router",
+    "sim.engine.replica",
+    "sim.engine.cluster",
 )
 #: The shared library that holds the compiled code (the per-module extensions are shims).
 GROUP = "sim._native"
@@ -96,9 +96,12 @@ def state() -> str:
 
 def active() -> bool:
     """Whether the engine in this process runs compiled (the hot modules import as extensions)."""
-    import sim.replica
-
-    return not str(sim.replica.__file__).endswith(".py")
+    # Where the import system finds (or found) the replica module, without importing the engine
+    # from this low layer.
+    mod = sys.modules.get("sim.engine.replica")
+    origin = getattr(mod, "__file__", None) if mod is not None else getattr(
+        importlib.util.find_spec("sim.engine.replica"), "origin", None)
+    return origin is not None and not str(origin).endswith(".py")
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):

@@ -167,7 +167,7 @@ def test_sweeps_page_upload(at):
 
 
 def test_calibration_page(at):
-    from sim.profile import PROFILE_DIR, list_profiles
+    from sim.cost.profile import PROFILE_DIR, list_profiles
     at.radio(key="page").set_value("Calibration").run()
     assert not at.exception, at.exception
     if not list_profiles():
@@ -190,7 +190,7 @@ def test_calibration_page(at):
 
 
 def test_sweeps_page_runs_a_small_sweep_and_plan(at):
-    pytest.importorskip("sim.sweep")
+    pytest.importorskip("sim.analysis.sweep")
     at.number_input(key="knob.workload.num_requests").set_value(60).run()
     at.radio(key="page").set_value("Sweeps & plan").run()
     at.radio(key="sw_src").set_value("Run a small sweep").run()
@@ -209,7 +209,7 @@ def test_sweeps_page_runs_a_small_sweep_and_plan(at):
     assert "plain numbers or words" in " ".join(e.value for e in at.error)
     assert at.session_state["sweep_table"] is table
 
-    pytest.importorskip("sim.planner")
+    pytest.importorskip("sim.analysis.planner")
     at.multiselect(key="plan_cands").set_value(["paged"])
     at.number_input(key="plan_n").set_value(60)
     at.button(key="plan_run").click().run()

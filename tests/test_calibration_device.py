@@ -20,11 +20,11 @@ pytestmark = pytest.mark.timing
 
 from calibration import kernels as K  # noqa: E402
 from sim.catalog import get_gpu, get_model  # noqa: E402
-from sim.cluster import simulate  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
 from sim.config import scenario_from_dict  # noqa: E402
-from sim.costmodel import BatchShape, Layout  # noqa: E402
+from sim.cost.model import BatchShape, Layout  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
-from sim.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
+from sim.cost.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
 
 TINY = get_model("tiny-llama")
 CPU = get_gpu("cpu")

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables, read_gemm
 from sim.catalog import get_gpu, get_model, with_overrides
-from sim.costmodel import BatchShape, Layout
+from sim.cost.model import BatchShape, Layout
 from sim.errors import ConfigError
-from sim.profile import (PROFILE_DIR, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
+from sim.cost.profile import (PROFILE_DIR, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
 
 H100 = get_gpu("H100-SXM-80GB")
 L8B = get_model("llama-3.1-8b")

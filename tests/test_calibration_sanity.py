@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sim.catalog import get_gpu, get_model
-from sim.profile import build_profile_cost_model, list_profiles, load_profile
+from sim.cost.profile import build_profile_cost_model, list_profiles, load_profile
 
 GPU_OF = {"h100-sxm": "H100-SXM-80GB", "h200-sxm": "H200-SXM-141GB", "a100-sxm": "A100-SXM-80GB"}
 

@@ -1,10 +1,10 @@
 """The seed article's claims, situation by situation, against the simulation (scenario defaults, seed 1).
 
 Each test asserts the direction the simulation finds, with the compared values in the
-message, and that the guide's verdict (``sim.guide``, docs/decision-guide.md) says the same.
+message, and that the guide's verdict (``sim.analysis.guide``, docs/decision-guide.md) says the same.
 Where the simulation disagrees with the article the test asserts what the simulation finds;
 the guide reports the claim as "partly" or "did not reproduce" with the numbers. Runs are
-shared through ``sim.guide.run_variant``'s cache, and each test runs only the variants it
+shared through ``sim.analysis.guide.run_variant``'s cache, and each test runs only the variants it
 compares.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.guide import NOT_REPRODUCED, PARTLY, REPRODUCED, claim, partial_result
+from sim.analysis.guide import NOT_REPRODUCED, PARTLY, REPRODUCED, claim, partial_result
 
 
 def check(sit: str, claim_id: str, *variants: str):
@@ -205,7 +205,7 @@ def test_encoder_decoder_static_block():
 # --- 9. shared prefixes ------------------------------------------------------------------------
 
 def test_prefix_caching_hit_rate_lru_vs_lfu():
-    from sim.guide import BY_KEY, run_variant
+    from sim.analysis.guide import BY_KEY, run_variant
     sit = BY_KEY["shared-prefix"]
     probe = run_variant(sit, next(v for v in sit.variants if v.name == "lru"), 200)
     if "prefix_hit_rate" not in probe.summary:

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import load_scenario
-from sim.results import write_run
+from sim.output.results import write_run
 
 from helpers import tiny_scenario
 

@@ -15,8 +15,8 @@ from calibration.engine import (Engine, EngineConfig, EngineRequest, Transformer
                                 padded_block_tables)
 from calibration.validate import load_spec, make_requests, semantics_check, sim_scenario, write_trace  # noqa: E402
 from sim.catalog import MODELS  # noqa: E402
-from sim.cluster import simulate  # noqa: E402
-from sim.deployment import Deployment  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
+from sim.engine.deployment import Deployment  # noqa: E402
 
 TINY = MODELS["tiny-llama"]
 
@@ -121,7 +121,7 @@ def test_batched_greedy_outputs_equal_reference(net, allocator, num_blocks):
     """Mixed batches (chunks + decodes), and with 9 blocks recompute preemptions: every request's
     tokens equal a no-cache greedy decode of its prompt."""
     from sim.catalog import GPUS
-    from sim.costmodel import RooflineCostModel
+    from sim.cost.model import RooflineCostModel
     cfg = EngineConfig(TINY, num_blocks=num_blocks, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
                        allocator=allocator, reserve=160, max_model_len=160, seed=3)
     eng = Engine(cfg, model=net)
@@ -155,7 +155,7 @@ def test_cpu_norm_clock_scales_thread_time_by_the_probe(net, allocator):
     reference / median of the last probes (recorded), probes every ``probe_every_s`` of engine CPU."""
     from calibration.engine import SpeedProbe
     from sim.catalog import GPUS
-    from sim.costmodel import RooflineCostModel
+    from sim.cost.model import RooflineCostModel
     cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
                        allocator=allocator, reserve=80, max_model_len=80)
     eng = Engine(cfg, model=net)
@@ -223,7 +223,7 @@ def test_repredict_prices_stored_shapes_like_engine_iteration_rows(net):
     iterations with them gives; rows stored without a shape are left alone."""
     from calibration.kernels import engine_iteration_rows, kernel_cost, repredict
     from calibration.validate import scale_profile
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     prof = load_profile("cpu-reference")
     cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
                        allocator="paged", reserve=160, max_model_len=160)
@@ -283,7 +283,7 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
     per_seq_delta_s, and a per-decode cost in mixed iterations, mixed_per_decode_s): the simulator adds it to the first decode iterations after each prefill
     (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the same,
     so their schedules stay identical; and it is charged (the run is longer than without it)."""
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     from sim.config import scenario_from_dict
     prof = load_profile("cpu-reference")
     plain_path = prof.write(tmp_path / "plain.json")

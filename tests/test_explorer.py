@@ -67,7 +67,7 @@ def test_overrides_only_for_changed_and_relevant_knobs():
 def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
     base = X.builtin_scenario("chat-api")
     k = X.knobs_from_scenario(base)
     k.update({"allocator.kind": "static", "workload.num_requests": 120, "workload.arrival.kind": "gamma",
@@ -194,7 +194,8 @@ def test_profile_upload(store):
     names = X.builtin_profiles()
     if not names:
         pytest.skip("no built-in profiles")
-    data = (Path(X.__file__).parent / "profiles" / f"{names[0]}.json").read_bytes()
+    from sim.cost.profile import PROFILE_DIR
+    data = (PROFILE_DIR / f"{names[0]}.json").read_bytes()
     key = store.add_profile(f"{names[0]}.json", data)
     assert key == f"uploaded-{names[0]}"  # never shadows a built-in name
     out = X.resolve_paths({"cost_model": {"profile": key}}, profiles=store.profiles)
@@ -230,7 +231,7 @@ def test_run_kpis_and_downloads():
     assert X.kpis(rd.summary, rd.requests, X.slo_from_knobs({"slo.ttft_s": 0, "slo.tpot_s": 0}))["slo_attainment"] is None
     assert pq.read_table(io.BytesIO(X.table_bytes(rd.requests, "parquet"))).equals(rd.requests)
     assert X.table_bytes(rd.timeseries, "csv").decode().startswith('"t_s"')
-    from sim import plots
+    from sim.analysis import plots
     html = X.figures_html({"cdf": plots.latency_cdf(rd.requests), "kv": plots.kv_memory(rd.timeseries)})
     assert html.count("<h2>") == 2 and html.count("plotly.js v") == 1  # plotly.js inlined once: works offline
 
@@ -276,7 +277,7 @@ def test_parse_axis_values():
 
 
 def test_small_sweep_from_the_page(store):
-    pytest.importorskip("sim.sweep")
+    pytest.importorskip("sim.analysis.sweep")
     table, failures = X.run_small_sweep(SMALL, {"allocator.kind": ["paged", "static"]}, 40, store)
     assert not failures and table.num_rows == 2
     assert sorted(table.column("allocator.kind").to_pylist()) == ["paged", "static"]
@@ -295,7 +296,7 @@ def test_profile_rows_and_calibration_figure():
     rows = X.profile_rows()
     assert [r["profile"] for r in rows] == names
     assert all("%" in r["gemm median / p95 err"] for r in rows)
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     prof = load_profile("h100-sxm" if "h100-sxm" in names else names[0])
     for fam in X.CURVE_FAMILIES:
         keys = X.curve_keys(prof, fam)

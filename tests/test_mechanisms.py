@@ -6,7 +6,7 @@ The numbers behind every assertion are in the assertion message; docs/allocators
 import numpy as np
 import pytest
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import load_scenario
 
 # llama-3.1-8b on one H100 (calibrated h100-sxm profile), Azure conversation lengths.
@@ -181,7 +181,7 @@ def test_lowest_priority_preemption_spares_high_priority_requests():
     for victim in ("lifo", "lowest_priority"):
         res = simulate(load_scenario("chat-api", {**BASE, **over, "allocator.preemption.victim": victim}))
         r = res.requests.to_pydict()
-        from sim.workload import build_workload
+        from sim.workload.generator import build_workload
         wl = build_workload(res.scenario)
         high = [p for p, i in zip(r["preemptions"], r["id"]) if wl.priority[i] == 1]
         low = [p for p, i in zip(r["preemptions"], r["id"]) if wl.priority[i] == 0]

@@ -65,9 +65,9 @@ def fingerprint(res):
 _CHILD = _FINGERPRINT + """
 import sys
 import sim
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import load_scenario
-assert sim.NATIVE_STATE == "off" and sim.replica.__file__.endswith(".py"), sim.NATIVE_STATE
+assert sim.NATIVE_STATE == "off" and sim.engine.replica.__file__.endswith(".py"), sim.NATIVE_STATE
 out = [fingerprint(simulate(load_scenario(s, o))) for s, o in json.loads(sys.argv[1])]
 print(json.dumps(out))
 """
@@ -78,7 +78,7 @@ fingerprint = _ns["fingerprint"]
 
 
 def _run(scenario: str, overrides: dict) -> str:
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from sim.config import load_scenario
     return fingerprint(simulate(load_scenario(scenario, overrides)))
 
@@ -124,7 +124,7 @@ def test_state_follows_the_sources(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "MANIFEST", fake)
     fake.write_text(json.dumps(recorded))
     assert native.state() == "compiled"
-    recorded["sources"]["sim.replica"] = "0" * 64
+    recorded["sources"]["sim.engine.replica"] = "0" * 64
     fake.write_text(json.dumps(recorded))
     assert native.state() == "stale"
     fake.write_text("not json")
@@ -135,7 +135,7 @@ def test_state_follows_the_sources(tmp_path, monkeypatch):
 
 def test_sources_forced_with_env_and_when_stale():
     env = dict(os.environ, KVSIM_NATIVE="0")
-    code = "import sim, sim.replica, sim.allocators.paged as p; print(sim.NATIVE_STATE, sim.replica.__file__, p.__file__)"
+    code = "import sim, sim.engine.replica, sim.allocators.paged as p; print(sim.NATIVE_STATE, sim.engine.replica.__file__, p.__file__)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     state, *files = out.stdout.split()
     assert state == "off" and all(f.endswith(".py") for f in files), out.stdout
@@ -157,7 +157,7 @@ def test_build_refuses_clearly_without_a_compiler_and_keeps_the_build(monkeypatc
 def test_native_command():
     from typer.testing import CliRunner
 
-    from sim.cli import app
+    from sim.cli.main import app
     r = CliRunner().invoke(app, ["native", "status"])
     assert r.exit_code == 0 and r.output.strip() in ("compiled", "stale", "absent", "off"), r.output
     r = CliRunner().invoke(app, ["native", "rebuild"])
@@ -165,7 +165,7 @@ def test_native_command():
 
 
 def test_a_run_says_which_engine_ran(tmp_path):
-    from sim.cluster import simulate
+    from sim.engine.cluster import simulate
     from sim.config import load_scenario
     res = simulate(load_scenario("chat-api", {"workload.num_requests": 20}))
     assert res.run_info["hot_path"] == sim.NATIVE_STATE

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.metrics import REQUEST_SCHEMA, TIMESERIES_SCHEMA, _arrow_column
+from sim.output.metrics import REQUEST_SCHEMA, TIMESERIES_SCHEMA, _arrow_column
 
 TYPES = sorted({f.type for f in (*REQUEST_SCHEMA, *TIMESERIES_SCHEMA)}, key=str)
 
@@ -46,7 +46,7 @@ def test_a_run_does_not_import_pandas(tmp_path):
     code = (
         "import sys\n"
         "from sim.config import load_scenario\n"
-        "from sim.cluster import simulate\n"
+        "from sim.engine.cluster import simulate\n"
         "sc = load_scenario('scenarios/bench-1m.yaml', {'workload.num_requests': 300})\n"
         f"simulate(sc, out_dir={str(tmp_path)!r})\n"
         "print('pandas' in sys.modules)\n"

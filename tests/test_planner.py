@@ -7,11 +7,11 @@ import sys
 import pyarrow as pa
 import pytest
 
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.errors import ConfigError
-from sim.planner import CANDIDATES, find_goodput, fewest_replicas
-from sim.slo import SLO, attainment, parse_slos
+from sim.analysis.planner import CANDIDATES, find_goodput, fewest_replicas
+from sim.analysis.slo import SLO, attainment, parse_slos
 
 
 def test_parse_slos_meaning():
@@ -73,7 +73,7 @@ def test_fewest_replicas():
 
 def test_plan_default_scenario(tmp_path):
     out = tmp_path / "plan"
-    r = subprocess.run([sys.executable, "-m", "sim.planner_cli", "chat-api", "--slo", "ttft_p90_s=0.5",
+    r = subprocess.run([sys.executable, "-m", "sim.cli.plan", "chat-api", "--slo", "ttft_p90_s=0.5",
                         "--slo", "tpot_p90_s=0.05", "--set", "workload.num_requests=200", "--target-rate", "24",
                         "-w", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -113,7 +113,7 @@ def test_plan_default_scenario(tmp_path):
 
 
 def test_plan_bad_input_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "sim.planner_cli", "chat-api", "--slo", "ttft_p90_s=0.5",
+    r = subprocess.run([sys.executable, "-m", "sim.cli.plan", "chat-api", "--slo", "ttft_p90_s=0.5",
                         "--allocators", "paged,nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: --allocators: got 'nope'; candidate names: {', '.join(CANDIDATES)}"]

@@ -1,6 +1,6 @@
 """The fast ProfileCostModel (scalar paths, caches) prices every batch exactly as before.
 
-``_Reference`` is the evaluation code of ``sim/profile.py`` before it was made fast (numpy on
+``_Reference`` is the evaluation code of ``sim/cost/profile.py`` before it was made fast (numpy on
 1-element arrays, no per-argument caches), kept verbatim here: the curve lookups as functions of
 a curve's data, the cost-model methods as a subclass that only swaps the evaluation. Both are
 built from the same profile, model and layout, so any difference is the new code's.
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from sim.catalog import get_gpu, get_model
-from sim.costmodel import BatchShape, Layout
-from sim.profile import ACT_BYTES, Curve1D, Grid2D, ProfileCostModel, load_profile
+from sim.cost.model import BatchShape, Layout
+from sim.cost.profile import ACT_BYTES, Curve1D, Grid2D, ProfileCostModel, load_profile
 
 REL = 1e-12
 

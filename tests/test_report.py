@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("plotly")
 
-from sim import plots  # noqa: E402
-from sim.cluster import simulate  # noqa: E402
+from sim.analysis import plots  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
 from sim.config import load_scenario  # noqa: E402
-from sim.report import report  # noqa: E402
-from sim.results import write_run  # noqa: E402
-from sim.sweep import run_sweep  # noqa: E402
+from sim.analysis.report import report  # noqa: E402
+from sim.output.results import write_run  # noqa: E402
+from sim.analysis.sweep import run_sweep  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -128,7 +128,7 @@ def test_sweep_report_renders_in_chromium(sweep_dir):
 def test_png_export(run_dir, tmp_path):
     if CHROMIUM is None:
         pytest.skip("kaleido needs chromium (apt-get install chromium)")
-    r = subprocess.run([sys.executable, "-m", "sim.report_cli", str(run_dir), "--png", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(run_dir), "--png", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     for name in ("latency_cdf", "kv_memory", "fragmentation", "queue_length", "step_latency"):
@@ -137,8 +137,8 @@ def test_png_export(run_dir, tmp_path):
 
 
 def test_report_bad_inputs(tmp_path, sweep_dir):
-    r = subprocess.run([sys.executable, "-m", "sim.report_cli", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: report: ")
-    r = subprocess.run([sys.executable, "-m", "sim.report_cli", str(sweep_dir), "--x", "nope"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(sweep_dir), "--x", "nope"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: --x: got 'nope'")

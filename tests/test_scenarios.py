@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from sim.catalog import MODELS
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, read_scenario_dict, scenario_from_dict
 
 N = 24
@@ -49,7 +49,7 @@ def test_scenario_runs_at_reduced_size(path):
 
 
 def _situation_files():
-    from sim.guide import SITUATIONS
+    from sim.analysis.guide import SITUATIONS
     return sorted({SCENARIO_DIR / f"{s.scenario}.yaml" for s in SITUATIONS} | {SCENARIO_DIR / "chat-api.yaml"})
 
 
@@ -67,7 +67,7 @@ def test_scenario_has_a_header_comment(path):
 
 
 def test_guide_situations_use_existing_scenarios_and_valid_variants():
-    from sim.guide import SITUATIONS
+    from sim.analysis.guide import SITUATIONS
     seen = set()
     for sit in SITUATIONS:
         data, base = read_scenario_dict(sit.scenario)

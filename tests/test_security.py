@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from sim import explorer as X
-from sim.cluster import simulate
+from sim.engine.cluster import simulate
 from sim.config import file_fields, scenario_from_dict
 from sim.errors import ConfigError
-from sim.results import write_run
-from sim.sweep import load_sweep
+from sim.output.results import write_run
+from sim.analysis.sweep import load_sweep
 
 _OPENED: list[str] = []
 _WATCH: set[str] = set()

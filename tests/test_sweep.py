@@ -12,7 +12,7 @@ import pytest
 
 from sim.config import load_scenario
 from sim.errors import ConfigError
-from sim.sweep import load_sweep, point_id, read_dataset, run_sweep
+from sim.analysis.sweep import load_sweep, point_id, read_dataset, run_sweep
 
 AZURE = {"kind": "empirical", "path": "traces/AzureLLMInferenceTrace_conv.csv"}
 
@@ -39,7 +39,7 @@ def write(tmp_path, text, name="sweep.yaml"):
 
 
 def sweep_cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "sim.sweep_cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "sim.cli.sweep", *map(str, args)], capture_output=True, text=True,
                           timeout=120, **kw)
 
 
@@ -72,7 +72,7 @@ def test_expansion_grid_zip_seeds(tmp_path):
 def test_big_sweep_killed_then_resumed(tmp_path):
     f = write(tmp_path, BIG)
     out = tmp_path / "ds"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.sweep_cli", str(f), "--workers", "2", "--out", str(out), "-q"],
+    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.sweep", str(f), "--workers", "2", "--out", str(out), "-q"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 90

@@ -108,8 +108,8 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
     from calibration import kernels
     from calibration.validate import OverheadRounds
     from sim.catalog import MODELS
-    from sim.costmodel import BatchShape
-    from sim.profile import load_profile
+    from sim.cost.model import BatchShape
+    from sim.cost.profile import load_profile
     tiny = MODELS["tiny-llama"]
     prof = load_profile("cpu-reference")
     events = []
@@ -167,7 +167,7 @@ def test_engine_overhead_queued_mix():
     pytest.importorskip("torch")
     from calibration.kernels import kernels_only, measure_engine_overhead
     from sim.catalog import get_model
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     model = get_model("tiny-llama")
     prof = kernels_only(load_profile("cpu-reference"))
     with pytest.raises(ValueError, match="mixes: one or more of offline, queued"):
@@ -338,7 +338,7 @@ def test_overhead_fit_steady_state_and_after_prefill():
     assert noisy["intercept_s"] + noisy["per_seq_s"] == pytest.approx(a + b, rel=0.03)
     # into the profile as is
     from calibration.kernels import with_engine_overhead
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     from sim.catalog import get_model
     prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
                                                                   "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
@@ -352,7 +352,7 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     ``step_overhead_s`` charge the same; without ``by_seqs`` nothing departs."""
     from calibration.kernels import BY_SEQS_MIN, _fit_overhead, step_overhead_s, with_engine_overhead
     from sim.catalog import get_model
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     a, b, c = 1e-3, 2e-4, 20e-6
     bump = {1: 0.0, 2: -3e-4, 3: 2e-4, 4: 0.0, 5: 0.0, 6: 4e-4}
     rows = []
@@ -387,8 +387,8 @@ def test_overhead_fit_mixed_decode_cost():
     profile carries ``g`` and the simulator charges it per decoding sequence in a mixed iteration only."""
     from calibration.kernels import _fit_overhead, with_engine_overhead
     from sim.catalog import GPUS, get_model
-    from sim.costmodel import BatchShape
-    from sim.profile import ProfileCostModel, load_profile
+    from sim.cost.model import BatchShape
+    from sim.cost.profile import ProfileCostModel, load_profile
     a, b, c, g = 1e-3, 2e-4, 20e-6, 1.5e-4
     rng = np.random.default_rng(3)
 
@@ -436,7 +436,7 @@ def test_scale_profile_scales_every_cpu_term():
     """The raw clocks' host-speed scaling reaches the after-prefill excess and the per-count
     departures too, not only the line."""
     from calibration.validate import scale_profile
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     prof = load_profile("cpu-reference")
     t = prof.cpu_overhead["by_tp"]["1"]
     t.update(after_prefill_s=[4e-3, 1e-3], per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]},
@@ -516,8 +516,8 @@ def test_cuda_spec_simulates_at_the_engines_capacity(tmp_path):
     """The simulator side of the GPU validation runs here: an 8B shape needs the cuda GPU entry's
     memory (the cpu entry cannot hold its weights), at exactly the engine's KV capacity."""
     from calibration.validate import estimate_capacity
-    from sim.cluster import simulate
-    from sim.deployment import Deployment
+    from sim.engine.cluster import simulate
+    from sim.engine.deployment import Deployment
     spec = load_spec("scenarios/validate-cuda.yaml", quick=True)
     cap = estimate_capacity(spec, "paged", "none", tmp_path, "cuda")
     rows = make_requests(spec, 1.6 * cap, "cuda")
@@ -589,8 +589,8 @@ def test_step_equivalent_and_summary():
 
 
 def test_simulator_capacity_matches_engine_blocks(tmp_path):
-    from sim.cluster import simulate
-    from sim.deployment import Deployment
+    from sim.engine.cluster import simulate
+    from sim.engine.deployment import Deployment
     spec = load_spec("scenarios/validate-cpu.yaml")
     rows = make_requests(spec, 5.0)
     assert rows[0, 0] == 0.0 and np.all(np.diff(rows[:, 0]) >= 0) and len(rows) == spec["workload"]["num_requests"]

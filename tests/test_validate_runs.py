@@ -98,7 +98,7 @@ def test_combine_refuses_what_cannot_be_read_together(tmp_path):
 
 
 def test_validate_runs_command(tmp_path):
-    from sim.cli import app
+    from sim.cli.main import app
     e = np.full(len(CELLS) * len(JUDGED), -0.02)
     r1, r2 = _write_run(tmp_path / "r1", e), _write_run(tmp_path / "r2", e + 0.01)
     out = tmp_path / "sum" / "runs.json"
@@ -149,7 +149,7 @@ def test_load_run_recomputes_sensitivity_from_the_runs_own_files(tmp_path):
     (path / "validation.json").write_text(json.dumps(doc))
     spec["workload"]["num_requests"] = 20
     write_trace(make_requests(spec, 3.0), path / "trace-medium-static.csv")
-    from sim.profile import load_profile
+    from sim.cost.profile import load_profile
     load_profile("cpu-reference").write(path / "profile-static.json")
     run = load_run(path)
     got = {k: v for k, v in run.sensitivity.items()}

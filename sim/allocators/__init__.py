@@ -1,11 +1,11 @@
 """KV allocation strategies behind one interface (:class:`base.Allocator`)."""
 
-from .base import Allocator, AllocatorStats, AllocWork, DecodePlan, Grow
-from .dynamic import DynamicAllocator
-from .hybrid_reserve import HybridReserveAllocator
-from .hybrid_tail import HybridTailAllocator
-from .paged import PagedAllocator
-from .static import StaticAllocator
+from sim.allocators.base import Allocator, AllocatorStats, AllocWork, DecodePlan, Grow
+from sim.allocators.dynamic import DynamicAllocator
+from sim.allocators.hybrid_reserve import HybridReserveAllocator
+from sim.allocators.hybrid_tail import HybridTailAllocator
+from sim.allocators.paged import PagedAllocator
+from sim.allocators.static import StaticAllocator
 
 #: kind -> (knobs with defaults, one line on what it models); printed by ``kvsim list allocators``.
 KINDS: dict[str, tuple[dict, str]] = {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .placement import BestFitArena, BuddyArena, FirstFitArena, make_arena
+from sim.allocators.placement import BestFitArena, BuddyArena, FirstFitArena, make_arena
 
 Arena = FirstFitArena
 

@@ -21,8 +21,8 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from ..costmodel import CostModel
-    from .cohort import Cohort
+    from sim.cost.model import CostModel
+    from sim.allocators.cohort import Cohort
 
 
 class Grow(IntEnum):
@@ -95,7 +95,7 @@ class AllocWork:
         return bool(self.events or self.copy_ops or self.zero_ops or self.swap_ops)
 
     def time_s(self, cost: CostModel) -> float:
-        """Seconds this work costs on ``cost`` (a :class:`sim.costmodel.CostModel`).
+        """Seconds this work costs on ``cost`` (a :class:`sim.cost.model.CostModel`).
 
         Each copy, memset and transfer is its own operation: curves with a fixed
         per-call cost charge it once per operation (at the mean size).

@@ -8,7 +8,7 @@ block pool, how many of them cross a block boundary at each iteration. A
 it joined at cohort step ``G0`` holds ``a_s + G`` tokens at cohort step ``G``,
 with ``a_s = c − G0``; its per-sequence records in the allocator are rebuilt
 only when it leaves. This is what makes the engine pay per batch change and
-not per token (see ``sim/replica.py``).
+not per token (see ``sim/engine/replica.py``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Hashable
 
 if TYPE_CHECKING:
-    from .placement import AnyArena
+    from sim.allocators.placement import AnyArena
 
 #: The article's background-compaction thresholds.
 BELOW_UTILIZATION = 0.70

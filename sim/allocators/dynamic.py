@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow
-from .compaction import CompactionMixin, compact_allocator
-from .placement import make_arena
+from sim.allocators.base import EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow
+from sim.allocators.compaction import CompactionMixin, compact_allocator
+from sim.allocators.placement import make_arena
 
 GROWTHS = ("token", "chunk")
 

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from .paged import PagedAllocator
+from sim.allocators.paged import PagedAllocator
 
 RESERVE_PROTECTED = "reserve_protected"
 ABOVE_PREEMPT_THRESHOLD = "above_preempt_threshold"

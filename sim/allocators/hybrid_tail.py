@@ -14,9 +14,9 @@ from collections import Counter
 
 import numpy as np
 
-from .base import Allocator, DecodePlan, Grow
-from .paged import PagedAllocator
-from .static import StaticAllocator
+from sim.allocators.base import Allocator, DecodePlan, Grow
+from sim.allocators.paged import PagedAllocator
+from sim.allocators.static import StaticAllocator
 
 
 class HybridTailAllocator(Allocator):

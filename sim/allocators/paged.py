@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from .base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
-from .cohort import Cohort
+from sim.allocators.base import INSUFFICIENT_FREE, Allocator, DecodePlan, Grow
+from sim.allocators.cohort import Cohort
 
 if TYPE_CHECKING:
-    from ..costmodel import CostModel
+    from sim.cost.model import CostModel
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules

@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 from typing import Hashable
 
-from . import compaction
+from sim.allocators import compaction
 
 PLACEMENTS = ("first_fit", "best_fit", "buddy")
 

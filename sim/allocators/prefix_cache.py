@@ -62,9 +62,9 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from .base import INSUFFICIENT_FREE, Grow
-from .cohort import Cohort
-from .paged import PagedAllocator, PagedCohort
+from sim.allocators.base import INSUFFICIENT_FREE, Grow
+from sim.allocators.cohort import Cohort
+from sim.allocators.paged import PagedAllocator, PagedCohort
 
 EVICTIONS = ("lru", "lfu")
 

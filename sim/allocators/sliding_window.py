@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import DecodePlan, Grow
-from .paged import PagedAllocator
+from sim.allocators.base import DecodePlan, Grow
+from sim.allocators.paged import PagedAllocator
 
 
 class SlidingWindowPagedAllocator(PagedAllocator):

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .compaction import CompactionMixin, compact_allocator
-from .base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
-from .cohort import Cohort
-from .placement import make_arena
+from sim.allocators.compaction import CompactionMixin, compact_allocator
+from sim.allocators.base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
+from sim.allocators.cohort import Cohort
+from sim.allocators.placement import make_arena
 
 
 class StaticAllocator(CompactionMixin, Allocator):

@@ -1,4 +1,4 @@
-"""A run directory: requests.parquet, timeseries.parquet, summary.json, scenario.yaml."""
+"""A finished run, and its directory: requests.parquet, timeseries.parquet, summary.json, scenario.yaml."""
 
 from __future__ import annotations
 
@@ -6,9 +6,38 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .cluster import RunResult
+from sim.config import Scenario
+from sim.output.metrics import Recorder
+
+
+class RunResult:
+    """A finished run. ``requests``/``timeseries`` are read from ``out_dir`` on first use when the
+    run streamed them there, so a million-request run never holds them in memory unasked."""
+
+    def __init__(self, scenario: Scenario, summary: dict, rec: Recorder, out_dir: Path | None, run_info: dict):
+        self.scenario = scenario
+        self.summary = summary
+        self.out_dir = out_dir
+        #: Wall-clock facts about the run itself (not part of the deterministic summary).
+        self.run_info = run_info
+        self._rec = rec
+        self._requests: pa.Table | None = None
+        self._timeseries: pa.Table | None = None
+
+    @property
+    def requests(self) -> pa.Table:
+        if self._requests is None:
+            self._requests = self._rec.requests_table()
+        return self._requests
+
+    @property
+    def timeseries(self) -> pa.Table:
+        if self._timeseries is None:
+            self._timeseries = self._rec.timeseries_table()
+        return self._timeseries
 
 
 def replace_file(path: Path, write) -> None:

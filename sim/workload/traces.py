@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 #: Required columns per format: (arrival, prompt, output); arrival None = lengths only.
 FORMATS: dict[str, tuple[str | None, str, str]] = {

@@ -3,7 +3,7 @@
 For each candidate allocator configuration (:data:`CANDIDATES`) the planner finds its
 **goodput** (DistServe): the highest Poisson arrival rate (``workload.arrival.rate``, requests/s
 offered to the whole deployment) at which at least the target fraction of requests meet every
-SLO (:mod:`sim.slo`). The search doubles (or halves) the scenario's rate until the attainment
+SLO (:mod:`sim.analysis.slo`). The search doubles (or halves) the scenario's rate until the attainment
 target is bracketed, then bisects geometrically until the bracket is within a relative
 tolerance ``tol`` (default 5 %), and finally *verifies* the answer: attainment at the reported
 goodput is ≥ the target and at goodput × (1 + tol) it is not (if a noisy, non-monotone curve
@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .config import apply_overrides, read_scenario_dict, scenario_from_dict
-from .errors import ConfigError
-from .slo import SLO, attainment
+from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+from sim.errors import ConfigError
+from sim.analysis.slo import SLO, attainment
 
 #: Candidate allocator configurations: name → overrides (dotted scenario keys) and the
 #: strategy in the seed article's words. Adding a candidate is one entry; a candidate whose
@@ -193,7 +193,7 @@ def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> f
 
 def measure(result, slo: SLO) -> dict:
     """The operating-point facts of one run (see the module docstring)."""
-    from .plots import decode_only_mask, fragmentation_series
+    from sim.analysis.plots import decode_only_mask, fragmentation_series
     s = result.summary
     ts = result.timeseries
     out = {
@@ -231,7 +231,7 @@ def measure(result, slo: SLO) -> dict:
 
 
 def _kv_series(ts, max_points: int = 1500) -> dict:
-    from .plots import summed_over_replicas
+    from sim.analysis.plots import summed_over_replicas
     if ts.num_rows == 0:
         return {"t_s": [], "reserved_gib": [], "used_gib": [], "capacity_gib": []}
     t, s = summed_over_replicas(ts, ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes"])
@@ -246,7 +246,7 @@ def _kv_series(ts, max_points: int = 1500) -> dict:
 
 def plan_candidate(task: dict) -> dict:
     """Goodput search, replica search and operating point of one candidate. Never raises."""
-    from .cluster import simulate
+    from sim.engine.cluster import simulate
     name = task["name"]
     slo = SLO(**task["slo"])
     base, base_dir = task["base"], task["base_dir"]
@@ -349,7 +349,7 @@ def select_candidates(names: list[str] | None) -> list[str]:
 
 def _availability(name: str, base: dict, base_dir) -> str | None:
     """Why a candidate cannot run in this build (``None`` when it can)."""
-    from .allocators import KINDS
+    from sim.allocators import KINDS
     over = CANDIDATES[name]["overrides"]
     kind = over.get("allocator.kind")
     if kind is not None and kind not in KINDS:
@@ -365,8 +365,8 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
          target_rate: float | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
          max_replicas: int = 256) -> dict:
-    """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.planner`)."""
-    from .sweep import default_workers, process_pool
+    """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`)."""
+    from sim.analysis.sweep import default_workers, process_pool
     if not 0 < tol < 1:
         raise ConfigError("--tolerance", tol, "a relative tolerance in (0, 1), e.g. 0.05")
     if target_rate is not None and not target_rate > 0:
@@ -553,8 +553,8 @@ def write_plan(p: dict, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(p, indent=1, default=float) + "\n")
-    from . import plots
-    from .report import write_html
+    from sim.analysis import plots
+    from sim.analysis.report import write_html
     figs = [plots.attainment_vs_rate(p), plots.latency_throughput(p), plots.plan_kv_memory(p)]
     intro = [f"<p><b>{_esc(p['recommendation']['text'])}</b></p>",
              "<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendation"]["reasons"]) + "</ul>",

@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .request import COMPLETED, Request
+from sim.request import COMPLETED, Request
 
 if TYPE_CHECKING:
-    from .replica import Replica
+    from sim.engine.replica import Replica
 
 REQUEST_COLUMNS = ["id", "replica", "status", "reason", "truncated", "arrival_s", "admitted_s", "first_token_s",
                    "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "preemptions"]

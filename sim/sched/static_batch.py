@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from .allocators.base import Allocator, Grow
-from .config import SchedulerConfig
-from .costmodel import BatchShape
-from .request import PROMPT_EXCEEDS_RESERVATION, Request
-from .scheduler import StepPlan
+from sim.allocators.base import Allocator, Grow
+from sim.config import SchedulerConfig
+from sim.cost.model import BatchShape
+from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
+from sim.sched.continuous import StepPlan
 
 
 class StaticBatchScheduler:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from .catalog import GpuSpec, ModelSpec, dtype_bytes
+from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
 
 
 @dataclass(slots=True, init=False)
@@ -67,7 +67,7 @@ class CostModel(ABC):
         self.out_of_range: dict[str, int] = {}
         #: Seconds added to the k-th pure decode iteration after an iteration with prefill
         #: (``after_prefill_s[k - 1]``; empty: none). A replica state, not a batch shape: the
-        #: replica counts the decode iterations and adds these itself (``sim/replica.py``), so
+        #: replica counts the decode iterations and adds these itself (``sim/engine/replica.py``), so
         #: the pricing methods stay pure. Measured on CPU engines, where the first decode
         #: iterations after a prefill's large activations run slower (calibration/kernels.py).
         self.after_prefill_s: list[float] = []

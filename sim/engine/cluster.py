@@ -6,49 +6,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Generator
 
-import pyarrow as pa
 import simpy
 
-from . import NATIVE_STATE
-from .config import Scenario
-from .costmodel import CostModel
-from .deployment import Deployment
-from .metrics import Recorder, clean_json, summarize
-from .replica import Replica
-from .request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
-from .router import Router
-from .scheduler import ContinuousScheduler
-from .static_batch import StaticBatchScheduler
-from .workload import build_workload, total_length_percentile
+from sim import NATIVE_STATE
+from sim.config import Scenario
+from sim.cost.model import CostModel
+from sim.engine.deployment import Deployment
+from sim.output.metrics import Recorder, clean_json, summarize
+from sim.output.results import RunResult
+from sim.engine.replica import Replica
+from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
+from sim.engine.router import Router
+from sim.sched.continuous import ContinuousScheduler
+from sim.sched.static_batch import StaticBatchScheduler
+from sim.workload.generator import build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
-
-
-class RunResult:
-    """A finished run. ``requests``/``timeseries`` are read from ``out_dir`` on first use when the
-    run streamed them there, so a million-request run never holds them in memory unasked."""
-
-    def __init__(self, scenario: Scenario, summary: dict, rec: Recorder, out_dir: Path | None, run_info: dict):
-        self.scenario = scenario
-        self.summary = summary
-        self.out_dir = out_dir
-        #: Wall-clock facts about the run itself (not part of the deterministic summary).
-        self.run_info = run_info
-        self._rec = rec
-        self._requests: pa.Table | None = None
-        self._timeseries: pa.Table | None = None
-
-    @property
-    def requests(self) -> pa.Table:
-        if self._requests is None:
-            self._requests = self._rec.requests_table()
-        return self._requests
-
-    @property
-    def timeseries(self) -> pa.Table:
-        if self._timeseries is None:
-            self._timeseries = self._rec.timeseries_table()
-        return self._timeseries
 
 
 def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None) -> RunResult:

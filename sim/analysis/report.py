@@ -16,7 +16,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 #: Heatmap metrics when ``--z`` is not given.
 DEFAULT_Z = ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", "kv_token_utilization")
@@ -76,12 +76,12 @@ def is_run_dir(d: Path) -> bool:
 
 
 def is_sweep_dir(d: Path) -> bool:
-    from .sweep import META_FILE
+    from sim.analysis.sweep import META_FILE
     return (d / META_FILE).is_file() or any(d.glob("part-*.parquet"))
 
 
 def run_figures(requests: pa.Table, timeseries: pa.Table) -> dict[str, object]:
-    from . import plots
+    from sim.analysis import plots
     return {"latency_cdf": plots.latency_cdf(requests), "kv_memory": plots.kv_memory(timeseries),
             "fragmentation": plots.fragmentation(timeseries), "queue_length": plots.queue_length(timeseries),
             "step_latency": plots.step_latency(timeseries)}
@@ -138,7 +138,7 @@ def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None
 def sweep_figures(table: pa.Table, axes: list[str], x: str | None = None, y: str | None = None,
                   z: Sequence[str] | None = None) -> dict[str, object]:
     """Throughput–latency curves, metric-vs-``x`` curves and heatmaps over (``x``, ``y``)."""
-    from . import plots
+    from sim.analysis import plots
     for name, col in (("--x", x), ("--y", y)):
         if col is not None and col not in table.column_names:
             raise ConfigError(name, col, f"a column of the sweep dataset; axes: {', '.join(axes) or '-'}")
@@ -173,7 +173,7 @@ def sweep_figures(table: pa.Table, axes: list[str], x: str | None = None, y: str
 
 def report_sweep(sweep_dir: str | Path, x: str | None = None, y: str | None = None, z: Sequence[str] | None = None,
                  png: bool = False, out: str | Path | None = None) -> Path:
-    from .sweep import META_FILE, read_dataset
+    from sim.analysis.sweep import META_FILE, read_dataset
     d = Path(sweep_dir)
     meta = json.loads((d / META_FILE).read_text()) if (d / META_FILE).is_file() else {}
     table = read_dataset(d)

@@ -1,4 +1,4 @@
-"""``kvsim sweep SWEEP.yaml``: the command (registered in :mod:`sim.cli`; ``python -m sim.sweep_cli`` runs it alone).
+"""``kvsim sweep SWEEP.yaml``: the command (registered in :mod:`sim.cli.main`; ``python -m sim.cli.sweep`` runs it alone).
 
 Exit status: 0 every point ok; 1 some points failed (listed, one per line); 2 bad input.
 """
@@ -11,11 +11,11 @@ from typing import NoReturn, Optional
 
 import typer
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 
 def fail(exc: ConfigError) -> NoReturn:
-    """One plain ``error: ...`` line on stderr and exit status 2 (as ``sim.cli`` does)."""
+    """One plain ``error: ...`` line on stderr and exit status 2 (as ``sim.cli.main`` does)."""
     sys.stderr.write(f"error: {exc}\n")
     raise typer.Exit(2)
 
@@ -37,7 +37,7 @@ def sweep_command(
     """Run every point of a sweep into one resumable Parquet dataset (points already done are skipped)."""
     from rich.table import Table
 
-    from .sweep import describe_params, run_sweep
+    from sim.analysis.sweep import describe_params, run_sweep
     try:
         res = run_sweep(sweep_file, workers=workers, backend=backend, address=address, out=out, progress=not quiet)
     except ConfigError as exc:
@@ -54,7 +54,7 @@ def sweep_command(
             t.add_row(k, str(v))
         console = stdout_console()
         console.print(t)
-        console.print(f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.sweep.read_dataset)")
+        console.print(f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.analysis.sweep.read_dataset)")
     if res.failures:
         sys.stderr.write(f"{len(res.failures)} of {res.total} points failed:\n")
         for f in res.failures:

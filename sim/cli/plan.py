@@ -1,4 +1,4 @@
-"""``kvsim plan SCENARIO --slo ...``: the command (registered in :mod:`sim.cli`; ``python -m sim.planner_cli`` runs it alone).
+"""``kvsim plan SCENARIO --slo ...``: the command (registered in :mod:`sim.cli.main`; ``python -m sim.cli.plan`` runs it alone).
 
 Exit status: 0 a recommendation was made; 1 no candidate meets the SLO; 2 bad input.
 """
@@ -11,8 +11,8 @@ from typing import List, Optional
 
 import typer
 
-from .errors import ConfigError
-from .sweep_cli import fail, stdout_console
+from sim.errors import ConfigError
+from sim.cli.sweep import fail, stdout_console
 
 
 def plan_command(
@@ -33,9 +33,9 @@ def plan_command(
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
     from rich.table import Table
 
-    from .config import parse_override
-    from .planner import PLAN_COLUMNS, plan, plan_rows, write_plan
-    from .slo import parse_slos
+    from sim.config import parse_override
+    from sim.analysis.planner import PLAN_COLUMNS, plan, plan_rows, write_plan
+    from sim.analysis.slo import parse_slos
     try:
         slo_ = parse_slos(slo, attainment)
         overrides = dict(parse_override(i) for i in set_ or [])

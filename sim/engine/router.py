@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .replica import Replica
+    from sim.engine.replica import Replica
 
 
 class Router:

@@ -34,21 +34,21 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, cast
 import numpy as np
 import simpy
 
-from .allocators.base import Allocator
-from .allocators.cohort import Cohort
-from .allocators.paged import PagedAllocator
-from .costmodel import BatchShape, CostModel
-from .request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
-from .scheduler import ContinuousScheduler, StepPlan
+from sim.allocators.base import Allocator
+from sim.allocators.cohort import Cohort
+from sim.allocators.paged import PagedAllocator
+from sim.cost.model import BatchShape, CostModel
+from sim.request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
+from sim.sched.continuous import ContinuousScheduler, StepPlan
 
 if TYPE_CHECKING:
-    from .metrics import Recorder
+    from sim.output.metrics import Recorder
 
 
 DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
 
-# The clock is read as ``env._now`` (SimPy's own attribute) here, in sim/metrics.py and in
-# sim/cluster.py: ``Environment.now`` is a Python property, one interpreted call per read, about ten
+# The clock is read as ``env._now`` (SimPy's own attribute) here, in sim/output/metrics.py and in
+# sim/engine/cluster.py: ``Environment.now`` is a Python property, one interpreted call per read, about ten
 # per request. Like ``Process._target`` below, a SimPy change would fail the engine tests.
 
 #: A :class:`ContinuousScheduler` or a ``StaticBatchScheduler`` (same duck type, no common base).
@@ -100,7 +100,7 @@ class Replica:
         self.overflow = overflow
         self.on_finish = on_finish
         #: Outstanding (running + waiting) requests per replica of the cluster, this one at
-        #: ``index``; the router shares it (``sim/router.py``). Changed by submit and _end only.
+        #: ``index``; the router shares it (``sim/engine/router.py``). Changed by submit and _end only.
         self.loads: list[int] = [0] * (index + 1)
         self._idle: simpy.Event | None = None
         self._in_window = False

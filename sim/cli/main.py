@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 # Exceptions reach main() unwrapped, so a ConfigError from any subcommand is one line and exit 2.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -28,7 +28,7 @@ def _fail(exc: ConfigError) -> None:
 
 
 def _overrides(items: list[str] | None) -> dict:
-    from .config import parse_override
+    from sim.config import parse_override
     return dict(parse_override(i) for i in items or [])
 
 
@@ -87,9 +87,9 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
 ):
     """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
-    from .cluster import simulate
-    from .config import load_scenario
-    from .results import write_run
+    from sim.engine.cluster import simulate
+    from sim.config import load_scenario
+    from sim.output.results import write_run
     try:
         sc = load_scenario(scenario, _overrides(set_))
         out = out or Path("runs") / sc.name
@@ -118,7 +118,7 @@ app.add_typer(list_app, name="list")
 @list_app.command("models")
 def list_models():
     """Model catalog with KV bytes per token (bf16)."""
-    from .catalog import MODELS
+    from sim.catalog import MODELS
     t = Table(title="models")
     for c in ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "params (B)", "KV B/token bf16", "sliding window"):
         t.add_column(c)
@@ -131,7 +131,7 @@ def list_models():
 @list_app.command("gpus")
 def list_gpus():
     """GPU catalog."""
-    from .catalog import GPUS
+    from sim.catalog import GPUS
     t = Table(title="gpus")
     for c in ("name", "memory (GiB)", "HBM (TB/s)", "bf16 (TFLOP/s)", "PCIe (GB/s)", "NVLink (GB/s)"):
         t.add_column(c)
@@ -144,7 +144,7 @@ def list_gpus():
 @list_app.command("scenarios")
 def list_scenarios_cmd():
     """Built-in scenarios."""
-    from .config import SCENARIO_DIR, list_scenarios
+    from sim.config import SCENARIO_DIR, list_scenarios
     import yaml
     t = Table(title=f"scenarios ({SCENARIO_DIR})")
     t.add_column("name")
@@ -158,7 +158,7 @@ def list_scenarios_cmd():
 @list_app.command("allocators")
 def list_allocators():
     """Allocator kinds with their knobs and defaults."""
-    from .allocators import COMMON_KNOBS, KINDS
+    from sim.allocators import COMMON_KNOBS, KINDS
     t = Table(title="allocators (allocator.kind; knobs are allocator.<knob>; details in docs/allocators.md)")
     for c in ("kind", "knobs (defaults)", "what it models"):
         t.add_column(c)
@@ -172,7 +172,7 @@ def list_allocators():
 @app.command("native")
 def native_cmd(action: str = typer.Argument("status", help="build | status | clean")):
     """The compiled hot path (mypyc): build it, show whether it is in use, or remove it."""
-    from . import native
+    from sim import native
     if action == "status":
         console.print(native.state())
     elif action == "clean":
@@ -193,7 +193,7 @@ def native_cmd(action: str = typer.Argument("status", help="build | status | cle
 @app.command("app", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def app_cmd(ctx: typer.Context):
     """Open the Streamlit what-if explorer (needs the app extra); extra arguments go to streamlit."""
-    from .explorer import app_command
+    from sim.explorer import app_command
     raise typer.Exit(app_command(list(ctx.args)))
 
 
@@ -202,10 +202,10 @@ def _mount_optional() -> None:
     from calibration.cli import calibrate_command, profile_app
     from calibration.validate_cli import validate_command, validate_runs_command
 
-    from .guide import guide_command
-    from .planner_cli import plan_command
-    from .report_cli import report_command
-    from .sweep_cli import sweep_command
+    from sim.analysis.guide import guide_command
+    from sim.cli.plan import plan_command
+    from sim.cli.report import report_command
+    from sim.cli.sweep import sweep_command
     app.command("calibrate")(calibrate_command)
     app.add_typer(profile_app, name="profile")
     app.command("sweep")(sweep_command)

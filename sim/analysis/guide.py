@@ -5,7 +5,7 @@ scenario file in ``scenarios/`` (:data:`SITUATIONS` names it) and a list of allo
 variants (scenario overrides). :func:`run_situation` simulates every variant,
 :func:`check_claims` turns the article's claims about that situation into checks with
 numbers (reproduced / partly / did not reproduce), :func:`recommendation` asks the goodput
-planner's :func:`sim.planner.recommend` to pick a variant, and :func:`render` writes it all
+planner's :func:`sim.analysis.planner.recommend` to pick a variant, and :func:`render` writes it all
 as ``docs/decision-guide.md``.
 
 Definitions used in the guide (all from ``summary.json`` and the run's tables):
@@ -16,12 +16,12 @@ Definitions used in the guide (all from ``summary.json`` and the run's tables):
   capacity · makespan ÷ ``kv_token_utilization``.
 * **Mean running** = time-weighted mean of running sequences (the effective batch size).
 * **Jitter** = p99 / p50 of decode-only iteration times (timeseries ``first_step_s``,
-  weighted by the iterations a row stands for: :func:`sim.planner.measure`).
+  weighted by the iterations a row stands for: :func:`sim.analysis.planner.measure`).
 * **SLO attainment and goodput at load**: the planner's goodput search (the highest rate
   meeting the SLO) costs ~10 simulations per variant, too many for a 5-minute guide, and is
   undefined for closed-loop and trace arrivals. The guide reports instead, *at the
   scenario's own load*, attainment (requests meeting the situation's SLO ÷ all requests,
-  :func:`sim.slo.attainment`) and **goodput at load** = requests meeting the SLO ÷ makespan ÷
+  :func:`sim.analysis.slo.attainment`) and **goodput at load** = requests meeting the SLO ÷ makespan ÷
   GPUs. The planner's ``recommend`` then ranks variants on that (ties within 5 %: fewer
   refused/truncated, then goodput, then jitter, then memory waste). For a true goodput,
   ``kvsim plan SCENARIO --slo ...``.
@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
-from .slo import SLO
+from sim.analysis.slo import SLO
 
 GIB = 2.0**30
 REPRODUCED, PARTLY, NOT_REPRODUCED, SKIPPED = "reproduced", "partly", "did not reproduce", "skipped"
@@ -120,14 +120,14 @@ class Run:
         ts = self.timeseries
         if ts.num_rows == 0:
             return 0.0
-        from .plots import summed_over_replicas
+        from sim.analysis.plots import summed_over_replicas
         t, v = summed_over_replicas(ts, ["running"])
         dt = np.diff(t, append=t[-1])
         # The series holds each state until the next change: weight by the time it holds.
         return float(np.dot(v["running"], dt) / dt.sum()) if dt.sum() > 0 else 0.0
 
     def peak_running(self) -> int:
-        from .plots import summed_over_replicas
+        from sim.analysis.plots import summed_over_replicas
         if self.timeseries.num_rows == 0:
             return 0
         _, v = summed_over_replicas(self.timeseries, ["running"])
@@ -151,7 +151,7 @@ class Run:
         if not ok.any() or self.timeseries.num_rows == 0:
             return 0.0
         t_gate = float(np.nanmax(q["first"][ok]))
-        from .plots import summed_over_replicas
+        from sim.analysis.plots import summed_over_replicas
         t, v = summed_over_replicas(self.timeseries, ["kv_reserved_bytes"])
         sel = t <= t_gate + 1e-9
         return float(v["kv_reserved_bytes"][sel].max() / GIB) if sel.any() else 0.0
@@ -630,7 +630,7 @@ def _x_long(run: Run, r: "SituationResult") -> str:
 
 def _model_available(name: str) -> Callable[[], str | None]:
     def check() -> str | None:
-        from .catalog import MODELS
+        from sim.catalog import MODELS
         return None if name in MODELS else (f"model {name!r} is not in the catalog yet (kvsim list models); the scenario "
                                             f"is written for it and runs once it is added")
     return check
@@ -882,15 +882,15 @@ def run_variant(sit: Situation, variant: Variant, num_requests: int | None = Non
     key = (sit.scenario, variant.name, tuple(sorted(variant.overrides.items())), num_requests)
     if key in _CACHE:
         return _CACHE[key]
-    from .cluster import simulate
-    from .config import load_scenario
+    from sim.engine.cluster import simulate
+    from sim.config import load_scenario
     over = dict(variant.overrides)
     if num_requests is not None:
         over["workload.num_requests"] = num_requests
     sc = load_scenario(sit.scenario, over)
     t0 = time.perf_counter()
     res = simulate(sc)
-    from .planner import measure
+    from sim.analysis.planner import measure
     gpus = sc.gpu.replicas * sc.gpu.tensor_parallel
     m = measure(res, sit.slo)
     s = res.summary
@@ -950,9 +950,9 @@ def _safe_check(c: Claim, r: SituationResult) -> ClaimResult:
 
 
 def recommendation(r: SituationResult) -> dict:
-    """The goodput planner's recommendation (:func:`sim.planner.recommend`) over the non-contrast
+    """The goodput planner's recommendation (:func:`sim.analysis.planner.recommend`) over the non-contrast
     variants, with goodput = SLO-meeting requests/s per GPU at the scenario's load."""
-    from .planner import recommend
+    from sim.analysis.planner import recommend
     sit = r.situation
     cands = []
     first = None
@@ -984,7 +984,7 @@ def recommendation(r: SituationResult) -> dict:
 
 
 def _gpu_text(sit: Situation) -> str:
-    from .config import load_scenario
+    from sim.config import load_scenario
     sc = load_scenario(sit.scenario)
     return f"{sc.gpu.replicas} × {sc.gpu.name} (TP{sc.gpu.tensor_parallel})"
 
@@ -1031,7 +1031,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _scenario_facts(sit: Situation, num_requests: int | None) -> str:
-    from .config import load_scenario
+    from sim.config import load_scenario
     over = {"workload.num_requests": num_requests} if num_requests else {}
     sc = load_scenario(sit.scenario, over)
     a = sc.workload.arrival
@@ -1047,10 +1047,10 @@ def _scenario_facts(sit: Situation, num_requests: int | None) -> str:
 def render(results: list[SituationResult], num_requests: int | None = None) -> str:
     L: list[str] = []
     L += ["# Decision guide: static vs dynamic KV-cache allocation, situation by situation", "",
-          "Generated by `kvsim guide` (`sim/guide.py`) from fresh simulations of the scenarios in `scenarios/`; do not "
+          "Generated by `kvsim guide` (`sim/analysis/guide.py`) from fresh simulations of the scenarios in `scenarios/`; do not "
           "edit by hand. Each section is one situation of the seed article *When KV Cache Management Becomes the "
           "Bottleneck* (`/work/shared/seed/kv-cache-static-vs-dynamic.txt`): the scenario, a table per allocator "
-          "variant, the recommendation of the goodput planner's rules (`sim.planner.recommend`) with its reasons, and "
+          "variant, the recommendation of the goodput planner's rules (`sim.analysis.planner.recommend`) with its reasons, and "
           "the article's claims checked against the simulation, with the numbers.", ""]
     if num_requests:
         L += [f"**Reduced size:** every scenario ran with `workload.num_requests={num_requests}`.", ""]

@@ -1,4 +1,4 @@
-"""``kvsim report RUN_DIR|SWEEP_DIR``: the command (registered in :mod:`sim.cli`; ``python -m sim.report_cli`` runs it alone)."""
+"""``kvsim report RUN_DIR|SWEEP_DIR``: the command (registered in :mod:`sim.cli.main`; ``python -m sim.cli.report`` runs it alone)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from .errors import ConfigError
-from .sweep_cli import fail
+from sim.errors import ConfigError
+from sim.cli.sweep import fail
 
 
 def report_command(
@@ -22,7 +22,7 @@ def report_command(
 ):
     """Write a self-contained plotly report.html (plotly.js inlined) for a run or a sweep."""
     try:
-        from .report import report
+        from sim.analysis.report import report
     except ImportError as exc:  # plotly is an optional extra
         fail(ConfigError("report", str(path), f"plotly installed: pip install 'kvsim[report]' ({exc})"))
     try:

@@ -16,10 +16,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from .allocators.base import Allocator, Grow
-from .config import SchedulerConfig
-from .costmodel import BatchShape
-from .request import PROMPT_EXCEEDS_RESERVATION, Request
+from sim.allocators.base import Allocator, Grow
+from sim.config import SchedulerConfig
+from sim.cost.model import BatchShape
+from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
 
 
 @dataclass(slots=True, init=False)

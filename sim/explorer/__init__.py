@@ -41,9 +41,9 @@ from typing import Any, Callable, Mapping
 import pyarrow as pa
 import yaml
 
-from .config import (REPO_ROOT, SCENARIO_DIR, LengthsConfig, Scenario, apply_overrides, file_fields, list_scenarios,
+from sim.config import (REPO_ROOT, SCENARIO_DIR, LengthsConfig, Scenario, apply_overrides, file_fields, list_scenarios,
                      read_scenario_dict, scenario_from_dict)
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 APP_PATH = REPO_ROOT / "app.py"
 
@@ -81,7 +81,7 @@ def builtin_traces() -> dict[str, Path]:
 
 def builtin_profiles() -> list[str]:
     try:
-        from .profile import list_profiles
+        from sim.cost.profile import list_profiles
     except ImportError:  # pragma: no cover - profile module absent in an old tree
         return []
     return list_profiles()
@@ -274,7 +274,7 @@ class UploadStore:
 
     def add_trace(self, filename: str, data: bytes, fmt: str = "auto") -> UploadedTrace:
         """Validate an uploaded trace (size, name, columns, token counts) and keep it; bad files are deleted."""
-        from .traces import read_trace
+        from sim.workload.traces import read_trace
         what = "trace upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         if fmt not in TRACE_FORMATS:
@@ -297,7 +297,7 @@ class UploadStore:
 
     def add_profile(self, filename: str, data: bytes) -> str:
         """Validate an uploaded profile JSON (size, JSON, kvsim-profile schema); returns its name."""
-        from .profile import Profile
+        from sim.cost.profile import Profile
         what = "profile upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         name = safe_filename(filename, (".json",), what)
@@ -362,7 +362,7 @@ _ALL_ARRIVAL_FIELDS = sorted({f for v in ARRIVAL_KNOBS.values() for f in v})
 
 def allocator_fields() -> list[str]:
     """Scalar ``allocator.*`` keys (nested sections such as compaction are left to the YAML)."""
-    from .config import AllocatorConfig
+    from sim.config import AllocatorConfig
     return [f for f, info in AllocatorConfig.model_fields.items()
             if f != "kind" and not _is_model(info.annotation)]
 
@@ -376,7 +376,7 @@ def _is_model(annotation) -> bool:
 def allocator_knobs(kind: str) -> dict[str, Any]:
     """The knobs (name → default) of an allocator kind, from :data:`sim.allocators.KINDS`;
     only scalar scenario fields (the page edits those)."""
-    from .allocators import KINDS
+    from sim.allocators import KINDS
     fields = set(allocator_fields())
     return {k: v for k, v in KINDS.get(kind, ({}, ""))[0].items() if k in fields}
 
@@ -384,7 +384,7 @@ def allocator_knobs(kind: str) -> dict[str, Any]:
 def allocator_choices(name: str) -> list | None:
     """Allowed values of an ``allocator.<name>`` Literal field (``None`` for free values)."""
     import typing
-    from .config import AllocatorConfig
+    from sim.config import AllocatorConfig
     info = AllocatorConfig.model_fields.get(name)
     if info is None or typing.get_origin(info.annotation) is not typing.Literal:
         return None
@@ -529,14 +529,14 @@ class RunData:
 
 def empty_run() -> RunData:
     """A run with no rows (typed like a real one): the page draws empty chart frames from it."""
-    from .metrics import Recorder
+    from sim.output.metrics import Recorder
     rec = Recorder(1)
     return RunData("", {}, rec.requests_table(), rec.timeseries_table(), 0.0)
 
 
 def run_canonical(key: str, progress: Callable[[int, int], None] | None = None) -> RunData:
     """Simulate the scenario whose canonical JSON is ``key``."""
-    from .cluster import simulate
+    from sim.engine.cluster import simulate
     sc = scenario_from_canonical(key)
     res = simulate(sc, progress=progress)
     return RunData(key, res.summary, res.requests, res.timeseries, res.run_info.get("wall_s", 0.0), sc.name)
@@ -563,8 +563,8 @@ KPI_LABELS = {k: label for k, label, _, _ in KPI_SPEC}
 
 
 def slo_from_knobs(knobs: Mapping[str, Any]):
-    """:class:`sim.slo.SLO` from the page's SLO widgets (a bound of 0 or empty = no bound)."""
-    from .slo import SLO
+    """:class:`sim.analysis.slo.SLO` from the page's SLO widgets (a bound of 0 or empty = no bound)."""
+    from sim.analysis.slo import SLO
 
     def bound(k):
         v = knobs.get(k, DEFAULT_SLO[k])
@@ -589,7 +589,7 @@ def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str,
         "rejected": summary.get("rejected"),
     }
     if requests is not None and slo is not None and (slo.ttft_s or slo.tpot_s or slo.e2e_s):
-        from .slo import attainment
+        from sim.analysis.slo import attainment
         out["slo_attainment"] = attainment(requests, slo)
     return out
 
@@ -751,8 +751,8 @@ def _write_run_scenario(data: dict, store: "UploadStore", sub: str) -> Path:
 
 def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store: "UploadStore",
                     progress: Callable[[int, int, int], None] | None = None, workers: int = 1):
-    """Run a grid sweep of the edited scenario (``sim.sweep``); returns (dataset table, failures)."""
-    from .sweep import run_sweep
+    """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures)."""
+    from sim.analysis.sweep import run_sweep
     points = 1
     for values in grid.values():
         points *= len(values)
@@ -770,8 +770,8 @@ def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store:
 def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: "UploadStore",
                    progress: Callable[[int, int, str], None] | None = None, tol: float = 0.1,
                    max_evals: int = 10, workers: int = 1) -> dict:
-    """Goodput per candidate allocator for the edited scenario (``sim.planner.plan``)."""
-    from .planner import plan
+    """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``)."""
+    from sim.analysis.planner import plan
     base = _write_run_scenario(data, store, "plans")
     return plan(base, slo, overrides={"workload.num_requests": int(num_requests)}, allocators=candidates or None,
                 tol=tol, workers=workers, progress=progress, max_evals=max_evals)
@@ -828,7 +828,7 @@ def default_curve(profile, family: str) -> str | None:
 
 def profile_rows(names: list[str] | None = None, loader=None) -> list[dict[str, Any]]:
     """Provenance and held-out fit quality of each profile (built-ins by default)."""
-    from .profile import list_profiles, load_profile
+    from sim.cost.profile import list_profiles, load_profile
     loader = loader or load_profile
     rows = []
     for name in names if names is not None else list_profiles():
@@ -917,7 +917,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     """Measured points (markers) against the profile's fitted curve (lines), log-log."""
     import numpy as np
     import plotly.graph_objects as go
-    from .plots import _palette
+    from sim.analysis.plots import _palette
     fig = go.Figure()
     pts = measured_points(profile, family, key)
     curve = getattr(profile, family)[key]

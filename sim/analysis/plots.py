@@ -1,10 +1,10 @@
 """Plotly figures of runs, sweeps and plans (used by ``kvsim report``, ``kvsim plan`` and the app).
 
 Plotly is an optional dependency (extras ``report`` / ``app``): it is imported here only, inside
-the functions, so ``import sim.plots`` works without it and the simulator core never needs it.
+the functions, so ``import sim.analysis.plots`` works without it and the simulator core never needs it.
 
-Inputs are the Arrow tables a run writes (columns in :mod:`sim.metrics`), a sweep dataset
-(:func:`sim.sweep.read_dataset`) or a plan dict (``plan.json``, :mod:`sim.planner`). Times are
+Inputs are the Arrow tables a run writes (columns in :mod:`sim.output.metrics`), a sweep dataset
+(:func:`sim.analysis.sweep.read_dataset`) or a plan dict (``plan.json``, :mod:`sim.analysis.planner`). Times are
 seconds of simulated time; memory is plotted in GiB.
 """
 

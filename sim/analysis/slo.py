@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .errors import ConfigError
+from sim.errors import ConfigError
 
 DEFAULT_ATTAINMENT = 0.9
 _METRICS = ("ttft", "tpot", "e2e")

@@ -5,18 +5,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from .allocators.base import Allocator
-from .allocators.dynamic import DynamicAllocator
-from .allocators.hybrid_reserve import HybridReserveAllocator
-from .allocators.hybrid_tail import HybridTailAllocator
-from .allocators.paged import PagedAllocator
-from .allocators.prefix_cache import PrefixCachingPagedAllocator
-from .allocators.sliding_window import SlidingWindowPagedAllocator
-from .allocators.static import StaticAllocator
-from .catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
-from .config import Scenario
-from .costmodel import CostModel, Layout, RooflineCostModel, RooflineParams
-from .errors import ConfigError
+from sim.allocators.base import Allocator
+from sim.allocators.dynamic import DynamicAllocator
+from sim.allocators.hybrid_reserve import HybridReserveAllocator
+from sim.allocators.hybrid_tail import HybridTailAllocator
+from sim.allocators.paged import PagedAllocator
+from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
+from sim.allocators.sliding_window import SlidingWindowPagedAllocator
+from sim.allocators.static import StaticAllocator
+from sim.catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
+from sim.config import Scenario
+from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
+from sim.errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
 BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm",
@@ -150,7 +150,7 @@ class Deployment:
         else:
             auto = False
         if ref:
-            from .profile import build_profile_cost_model  # only when needed: keeps startup light
+            from sim.cost.profile import build_profile_cost_model  # only when needed: keeps startup light
             try:
                 return build_profile_cost_model(ref, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
                                                 weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype,

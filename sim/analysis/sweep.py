@@ -51,8 +51,8 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel
 
-from .config import Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
-from .errors import ConfigError
+from sim.config import Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
+from sim.errors import ConfigError
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds")
 META_FILE = "_sweep.json"
@@ -141,7 +141,7 @@ class SweepSpec:
 
 def _check_fits(sc: Scenario) -> None:
     """The deployment checks that need no workload: the model fits the GPU, max_model_len fits."""
-    from .deployment import Deployment
+    from sim.engine.deployment import Deployment
     # A pNN reservation needs the workload's lengths; it is checked when the point runs.
     Deployment.from_scenario(sc, lambda q: 1)
 
@@ -310,7 +310,7 @@ def flatten_summary(summary: dict) -> dict[str, Any]:
 
 def run_point(task: dict) -> dict:
     """Simulate one point (in a worker process). Never raises: failures come back as data."""
-    from .cluster import simulate
+    from sim.engine.cluster import simulate
 
     t0 = time.perf_counter()
     try:

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from .catalog import GpuSpec, ModelSpec
-from .costmodel import BatchShape, CostModel, Layout
-from .errors import ConfigError
+from sim.catalog import GpuSpec, ModelSpec
+from sim.cost.model import BatchShape, CostModel, Layout
+from sim.errors import ConfigError
 
 FORMAT = "kvsim-profile"
 VERSION = 1

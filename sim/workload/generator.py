@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import LengthsConfig, Scenario
-from .errors import ConfigError
-from .traces import Trace, read_trace
+from sim.config import LengthsConfig, Scenario
+from sim.errors import ConfigError
+from sim.workload.traces import Trace, read_trace
 
 #: Requests drawn at a time when the count is open-ended (duration-bounded runs).
 _CHUNK = 4096

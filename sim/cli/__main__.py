@@ -1,0 +1,5 @@
+"""``python -m sim.cli`` runs ``kvsim``."""
+
+from sim.cli.main import main
+
+main()

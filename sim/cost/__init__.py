@@ -1,0 +1,1 @@
+"""Step time: the cost-model interface, the roofline prior, calibrated profiles."""

@@ -1,0 +1,1 @@
+"""The simulated serving system: deployment arithmetic, router, replicas, the cluster run."""

@@ -1,0 +1,1 @@
+"""What a run records: per-request and per-replica rows, the summary, the run directory."""

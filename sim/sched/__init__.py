@@ -1,0 +1,1 @@
+"""Batch schedulers: continuous batching (vLLM v1-like) and static request-level batching."""

@@ -1,0 +1,1 @@
+"""Requests to simulate: arrival processes, length distributions, trace readers."""
