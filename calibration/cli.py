@@ -109,7 +109,12 @@ def profile_show(name: str = typer.Argument(..., help="Built-in profile name or 
             typer.echo(f"  {fam:22s} median {o['median_rel_err']:.1%}  p95 {o['p95_rel_err']:.1%}  n={o['n']}")
     typer.echo(f"dtypes: weights {p.dtypes.get('weight')}, kv {p.dtypes.get('kv')}")
     typer.echo(f"models ({len(p.models)}): {', '.join(sorted(p.models))}")
-    typer.echo(f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} generation, "
-               f"all-reduce GPUs {sorted(p.allreduce, key=int)}")
+    if p.kernels:
+        sets = ", ".join(f"{b}: {', '.join(sorted(f))}" for b, f in sorted(p.kernels.items()))
+        typer.echo(f"kernels: fitted families (curves of any shape derived at load) — {sets}; "
+                   f"all-reduce GPUs {sorted(p.allreduce, key=int)}")
+    else:
+        typer.echo(f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} "
+                   f"generation, all-reduce GPUs {sorted(p.allreduce, key=int)}")
     for note in prov.get("notes", []):
         typer.echo(f"note: {note}")

@@ -20,66 +20,23 @@ Every kernel family is modelled in two layers:
    For GEMMs the fill first takes out additive effects shared across the grid (one per
    (m, n) output shape, one per k) and ignores isolated spikes as interpolation sources.
 
-``predict`` returns ``exp(log parametric + r)``. Plain functions for the math; the
-dataclasses only hold fitted numbers.
+``predict`` returns ``exp(log parametric + r)``. The fitted numbers and their evaluation are
+in :mod:`sim.cost.kernel_model` (a profile prices any shape from them at load time); this
+module does the fitting.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
-from scipy.interpolate import RegularGridInterpolator
 from scipy.optimize import least_squares
 
-#: Bytes per element by canonical dtype name. ``int8_wo`` stores int8 weights, computes in bf16.
-ELEM_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8_wo": 1.0, "int8_sq": 1.0,
-              "int4_wo": 0.5, "fp32": 4.0}
-
-
-def elem_bytes(dtype: str) -> float:
-    return ELEM_BYTES.get(dtype, 2.0)
-
+# The fitted data and its evaluation live with the cost model (profiles price any shape from them);
+# this module fits them. Re-exported so calibration code reads one namespace.
+from sim.cost.kernel_model import (ELEM_BYTES, FamilyFit, GridCorrection, RooflineFit, attention_dims,  # noqa: F401
+                                   context_work, elem_bytes, gemm_work, generation_work, predict_context,
+                                   predict_gemm, predict_generation, roofline_time)
 
 # --- parametric form ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RooflineFit:
-    """``t = L + (Σ_i (w_i / r_i)^p)^(1/p)``: launch latency plus a smooth max of work terms.
-
-    ``terms`` names the work measures (``flops``, ``bytes``, ``serial_tokens``) and
-    ``rates`` their fitted throughputs (FLOP/s, bytes/s, tokens/s); seconds out.
-    """
-
-    launch_s: float
-    terms: tuple[str, ...]
-    rates: tuple[float, ...]
-    p: float
-
-    def theta(self) -> np.ndarray:
-        return np.array([np.log(self.launch_s), *np.log(self.rates), np.log(self.p - 1.0)])
-
-    def __call__(self, work: np.ndarray) -> np.ndarray:
-        return roofline_time(self.theta(), work)
-
-    def as_dict(self) -> dict:
-        return {"launch_s": self.launch_s, "p": self.p, **{f"{n}_per_s": r for n, r in zip(self.terms, self.rates)}}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RooflineFit":
-        names = tuple(k[:-len("_per_s")] for k in d if k.endswith("_per_s"))
-        return cls(float(d["launch_s"]), names, tuple(float(d[f"{n}_per_s"]) for n in names), float(d["p"]))
-
-
-def roofline_time(theta: np.ndarray, work: np.ndarray) -> np.ndarray:
-    """Seconds of the parametric form. ``theta`` = log(L), log(r_1..r_n), log(p − 1); ``work`` is (n, rows)."""
-    launch, p = np.exp(theta[0]), 1.0 + np.exp(theta[-1])
-    rates = np.exp(theta[1:-1])[:, None]
-    terms = np.asarray(work, dtype=np.float64) / rates
-    hi = np.maximum(terms.max(axis=0), 1e-30)
-    # (Σ x_i^p)^(1/p) computed relative to the largest term so it cannot overflow.
-    return launch + hi * ((terms / hi) ** p).sum(axis=0) ** (1.0 / p)
-
 
 def fit_roofline(work: np.ndarray, t: np.ndarray, terms: tuple[str, ...], peaks: tuple[float, ...]) -> RooflineFit:
     """Least-squares fit of :func:`roofline_time` to measured ``t`` in log space (relative error).
@@ -259,110 +216,37 @@ def _interpolate_fill(v, k, axes, base, priority, max_iter):
     return v
 
 
-@dataclass
-class GridCorrection:
-    """Log-ratio correction on a tensor grid of log coordinates, multilinear, clamped at the edges."""
+def grid_correction(coords_log: np.ndarray, residual: np.ndarray, base_fn=None,
+                    priority: list[list[int]] | None = None, **fill) -> GridCorrection:
+    """The :class:`GridCorrection` of residuals at measured points. ``coords_log``: (rows, dims) log
+    coordinates on a tensor grid; duplicate cells are averaged.
 
-    axes: list[np.ndarray]
-    values: np.ndarray
-    _interp: RegularGridInterpolator | None = field(default=None, repr=False)
-
-    @classmethod
-    def from_points(cls, coords_log: np.ndarray, residual: np.ndarray, base_fn=None,
-                    priority: list[list[int]] | None = None, **fill) -> "GridCorrection":
-        """``coords_log``: (rows, dims) log coordinates on a tensor grid; duplicate cells are averaged.
-
-        ``base_fn(cells_log)`` gives the parametric time at grid cells; ``priority`` and
-        ``fill`` (``effects``, ``spike_ratio``) go to :func:`fill_grid`.
-        """
-        axes, idx = [], []
-        for d in range(coords_log.shape[1]):
-            ax, inv = np.unique(np.round(coords_log[:, d], 9), return_inverse=True)
-            axes.append(ax)
-            idx.append(inv.reshape(-1))
-        shape = tuple(len(a) for a in axes)
-        flat = np.ravel_multi_index(tuple(idx), shape)
-        total = np.bincount(flat, weights=residual, minlength=int(np.prod(shape)))
-        count = np.bincount(flat, minlength=int(np.prod(shape)))
-        known = (count > 0).reshape(shape)
-        vals = np.where(count > 0, total / np.maximum(count, 1), 0.0).reshape(shape)
-        base = None
-        if base_fn is not None:
-            mesh = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
-            base = base_fn(mesh).reshape(shape)
-        return cls(axes, fill_grid(vals, known, axes, base, priority, **fill))
-
-    def __call__(self, coords_log: np.ndarray) -> np.ndarray:
-        live = [d for d, a in enumerate(self.axes) if len(a) > 1]
-        vals = self.values
-        # Singleton axes carry no variation: squeeze them out (RegularGridInterpolator needs ≥ 2 points).
-        vals = vals.reshape(tuple(len(self.axes[d]) for d in live)) if live else vals.reshape(())
-        if not live:
-            return np.full(coords_log.shape[0], float(vals))
-        if self._interp is None:
-            self._interp = RegularGridInterpolator([self.axes[d] for d in live], vals, method="linear")
-        pts = np.column_stack([np.clip(coords_log[:, d], self.axes[d][0], self.axes[d][-1]) for d in live])
-        return self._interp(pts)
-
-    def in_range(self, coords_log: np.ndarray) -> np.ndarray:
-        """True where every coordinate lies inside the measured grid (tolerance 1e-9 in log)."""
-        ok = np.ones(coords_log.shape[0], dtype=bool)
-        for d, a in enumerate(self.axes):
-            ok &= (coords_log[:, d] >= a[0] - 1e-9) & (coords_log[:, d] <= a[-1] + 1e-9)
-        return ok
+    ``base_fn(cells_log)`` gives the parametric time at grid cells; ``priority`` and
+    ``fill`` (``effects``, ``spike_ratio``) go to :func:`fill_grid`.
+    """
+    axes, idx = [], []
+    for d in range(coords_log.shape[1]):
+        ax, inv = np.unique(np.round(coords_log[:, d], 9), return_inverse=True)
+        axes.append(ax)
+        idx.append(inv.reshape(-1))
+    shape = tuple(len(a) for a in axes)
+    flat = np.ravel_multi_index(tuple(idx), shape)
+    total = np.bincount(flat, weights=residual, minlength=int(np.prod(shape)))
+    count = np.bincount(flat, minlength=int(np.prod(shape)))
+    known = (count > 0).reshape(shape)
+    vals = np.where(count > 0, total / np.maximum(count, 1), 0.0).reshape(shape)
+    base = None
+    if base_fn is not None:
+        mesh = np.stack([g.ravel() for g in np.meshgrid(*axes, indexing="ij")], axis=1)
+        base = base_fn(mesh).reshape(shape)
+    return GridCorrection(axes, fill_grid(vals, known, axes, base, priority, **fill))
 
 
 # --- kernel families ------------------------------------------------------------------------
 
-@dataclass
-class FamilyFit:
-    """One kernel family split into groups (dtype combinations), each parametric + grid."""
-
-    kind: str
-    groups: dict[tuple, tuple[RooflineFit, GridCorrection]]
-
-    def group_keys(self) -> list[tuple]:
-        return sorted(self.groups)
-
-
 GEMM_TERMS = ("flops", "bytes")
 CONTEXT_TERMS = ("flops", "bytes")
 GENERATION_TERMS = ("flops", "bytes", "serial_tokens")
-
-
-def gemm_work(m, n, k, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Work terms (FLOPs, bytes moved) and grid coordinates of an (m×k)·(k×n) GEMM of ``dtype``.
-
-    Activations are read at the compute width (bf16 for weight-only formats), weights
-    at the storage width, the output written in bf16.
-    """
-    m, n, k = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (m, n, k)))
-    wb = elem_bytes(dtype)
-    ab = 1.0 if dtype in ("fp8", "fp8_block", "int8_sq") else 2.0
-    flops = 2.0 * m * n * k
-    nbytes = m * k * ab + n * k * wb + m * n * 2.0
-    return np.stack([flops, nbytes]), np.log(np.column_stack([m, n, k]))
-
-
-def context_work(batch, length, heads, kv_heads, head_dim, attn_dtype: str, kv_dtype: str):
-    """Causal prefill of ``batch`` prompts of ``length`` tokens, one layer: work (FLOPs, bytes), grid coordinates."""
-    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
-                                            for a in (batch, length, heads, kv_heads, head_dim)))
-    flops = 2.0 * b * h * d * s * s  # QK^T and PV, 2 FLOPs each per (q, k) pair, half the pairs (causal)
-    nbytes = b * s * d * (2.0 * h * elem_bytes(attn_dtype) + 2.0 * kvh * elem_bytes(kv_dtype))
-    return np.stack([flops, nbytes]), np.log(np.column_stack([b, s, h / kvh, kvh]))
-
-
-def generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype: str):
-    """One decode token per sequence over ``kv_len`` cached tokens, one layer: work (FLOPs, bytes, serial tokens), coordinates."""
-    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
-                                            for a in (batch, kv_len, heads, kv_heads, head_dim)))
-    flops = 4.0 * b * h * d * s
-    nbytes = b * s * 2.0 * kvh * d * elem_bytes(kv_dtype) + b * 4.0 * h * d
-    # One thread block walks a sequence's KV serially when the batch is too small to fill
-    # the GPU: a per-token latency term, independent of batch, explains the knee that
-    # stays at the same KV length for batch 1 and batch 8.
-    return np.stack([flops, nbytes, s]), np.log(np.column_stack([b, s, h / kvh, kvh]))
 
 
 #: Axis groups for :func:`fill_grid` (one group: all axes vote; held-out tests showed
@@ -392,13 +276,7 @@ def _fit_group(work, coords, t, terms, peaks, priority, work_at, fill=None) -> t
     """Parametric fit, then the grid of log-ratios; ``work_at(cells_log)`` gives work terms at grid cells."""
     rf = fit_roofline(work, t, terms, peaks)
     resid = np.log(t) - np.log(rf(work))
-    return rf, GridCorrection.from_points(coords, resid, lambda cells: rf(work_at(cells)), priority, **(fill or {}))
-
-
-def _attention_dims(cells_log: np.ndarray):
-    """(batch, length, heads, kv_heads) from attention grid coordinates (log b, log s, log group, log kv_heads)."""
-    b, sl, g, kvh = np.exp(cells_log).T
-    return b, sl, g * kvh, kvh
+    return rf, grid_correction(coords, resid, lambda cells: rf(work_at(cells)), priority, **(fill or {}))
 
 
 def fit_gemm(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
@@ -420,7 +298,7 @@ def fit_context(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
         w, co = context_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, ad, kd)
         groups[(ad, kd, int(hd))] = _fit_group(
             w, co, table.latency_s[s], CONTEXT_TERMS, (peak_flops_fn(ad), peak_bw), ATTENTION_PRIORITY,
-            lambda c, ad=ad, kd=kd, hd=hd: context_work(*_attention_dims(c), hd, ad, kd)[0], ATTENTION_FILL)
+            lambda c, ad=ad, kd=kd, hd=hd: context_work(*attention_dims(c), hd, ad, kd)[0], ATTENTION_FILL)
     return FamilyFit("context_attention", groups)
 
 
@@ -432,35 +310,8 @@ def fit_generation(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
         w, co = generation_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, kd)
         groups[(kd, int(hd))] = _fit_group(
             w, co, table.latency_s[s], GENERATION_TERMS, (peak_flops_fn("bf16"), peak_bw, 0.0), ATTENTION_PRIORITY,
-            lambda c, kd=kd, hd=hd: generation_work(*_attention_dims(c), hd, kd)[0], ATTENTION_FILL)
+            lambda c, kd=kd, hd=hd: generation_work(*attention_dims(c), hd, kd)[0], ATTENTION_FILL)
     return FamilyFit("generation_attention", groups)
-
-
-def _lookup(fit: FamilyFit, key: tuple) -> tuple[RooflineFit, GridCorrection]:
-    try:
-        return fit.groups[key]
-    except KeyError:
-        from sim.errors import ConfigError
-        raise ConfigError(f"calibration.{fit.kind}", key, f"measured groups: {', '.join(map(str, fit.group_keys()))}") from None
-
-
-def predict_gemm(fit: FamilyFit, dtype: str, m, n, k) -> np.ndarray:
-    """Seconds for GEMMs of one dtype (vectorised over m, n, k)."""
-    rf, gc = _lookup(fit, (dtype,))
-    w, co = gemm_work(m, n, k, dtype)
-    return rf(w) * np.exp(gc(co))
-
-
-def predict_context(fit: FamilyFit, attn_dtype: str, kv_dtype: str, head_dim: int, batch, length, heads, kv_heads) -> np.ndarray:
-    rf, gc = _lookup(fit, (attn_dtype, kv_dtype, int(head_dim)))
-    w, co = context_work(batch, length, heads, kv_heads, head_dim, attn_dtype, kv_dtype)
-    return rf(w) * np.exp(gc(co))
-
-
-def predict_generation(fit: FamilyFit, kv_dtype: str, head_dim: int, batch, kv_len, heads, kv_heads) -> np.ndarray:
-    rf, gc = _lookup(fit, (kv_dtype, int(head_dim)))
-    w, co = generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype)
-    return rf(w) * np.exp(gc(co))
 
 
 def predict_table(fit: FamilyFit, table) -> np.ndarray:

@@ -120,57 +120,6 @@ def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple,
     return weights, kv, notes
 
 
-def _gemm_curve(fits: Fits, kt: KernelTables, n: int, k: int, table_dtype: str) -> Curve1D:
-    sel = kt.gemm.dtype == table_dtype
-    m = np.unique(kt.gemm.m[sel]).astype(np.float64)
-    t = F.predict_gemm(fits.gemm, table_dtype, m, np.full_like(m, n), np.full_like(m, k))
-    floor = 2.0 * m * n * k / kt.system.peak_flops(table_dtype)
-    clamped = int(np.sum(t < floor))
-    t = np.maximum(t, floor)
-    ns, ks = np.unique(kt.gemm.n[sel]), np.unique(kt.gemm.k[sel])
-    meta = {"table_dtype": table_dtype, "measured_shape": bool(n in ns and k in ks)}
-    outside = [f"{name}={v} outside measured {lo}..{hi}" for name, v, lo, hi in
-               (("n", n, ns.min(), ns.max()), ("k", k, ks.min(), ks.max())) if not lo <= v <= hi]
-    if outside:
-        meta["extrapolated"] = "; ".join(outside) + " (parametric form with the edge correction)"
-    if clamped:
-        meta["clamped_to_physical_floor"] = clamped
-    return Curve1D(m, t, meta)
-
-
-def _attention_grids(fits: Fits, kt: KernelTables, heads: int, kv_heads: int, head_dim: int,
-                     ctx_group: tuple, gen_group: tuple) -> tuple[Grid2D, Grid2D]:
-    spec = kt.system
-    ad, kd, _ = ctx_group
-    sel = (kt.context.attn_dtype == ad) & (kt.context.kv_dtype == kd) & (kt.context.head_dim == head_dim)
-    b, s = np.unique(kt.context.batch[sel]).astype(float), np.unique(kt.context.length[sel]).astype(float)
-    bb, ss = np.meshgrid(b, s, indexing="ij")
-    t = F.predict_context(fits.context, ad, kd, head_dim, bb.ravel(), ss.ravel(), heads, kv_heads).reshape(bb.shape)
-    work, _ = F.context_work(bb.ravel(), ss.ravel(), heads, kv_heads, head_dim, ad, kd)
-    floor = np.maximum(work[0] / spec.peak_flops(ad), work[1] / spec.mem_bw).reshape(bb.shape)
-    ctx_meta = {"group": _group_name(ctx_group), "measured_shape": _measured_heads(kt.context, heads, kv_heads, head_dim)}
-    if (t < floor).any():
-        ctx_meta["clamped_to_physical_floor"] = int((t < floor).sum())
-    ctx = Grid2D(b, s, np.maximum(t, floor), ctx_meta)
-
-    kd2, _ = gen_group
-    sel = (kt.generation.kv_dtype == kd2) & (kt.generation.head_dim == head_dim)
-    b, s = np.unique(kt.generation.batch[sel]).astype(float), np.unique(kt.generation.length[sel]).astype(float)
-    bb, ss = np.meshgrid(b, s, indexing="ij")
-    t = F.predict_generation(fits.generation, kd2, head_dim, bb.ravel(), ss.ravel(), heads, kv_heads).reshape(bb.shape)
-    work, _ = F.generation_work(bb.ravel(), ss.ravel(), heads, kv_heads, head_dim, kd2)
-    floor = np.maximum(work[0] / spec.bf16_flops, work[1] / spec.mem_bw).reshape(bb.shape)
-    gen_meta = {"group": _group_name(gen_group), "measured_shape": _measured_heads(kt.generation, heads, kv_heads, head_dim),
-                "length_is": "KV tokens per sequence"}
-    if (t < floor).any():
-        gen_meta["clamped_to_physical_floor"] = int((t < floor).sum())
-    return ctx, Grid2D(b, s, np.maximum(t, floor), gen_meta)
-
-
-def _measured_heads(table, heads, kv_heads, head_dim) -> bool:
-    return bool(np.any((table.heads == heads) & (table.kv_heads == kv_heads) & (table.head_dim == head_dim)))
-
-
 def cpu_overhead_section() -> dict:
     """Linear fit ``intercept + per_seq · batch`` of vLLM's per-step CPU overhead, per TP degree."""
     tab = read_cpu_overheads()
@@ -212,22 +161,35 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
         kvs = {k: v for k, v in kvs.items() if k == dtype} or kvs
     if not weights or not kvs:
         raise ConfigError("calibrate.dtype", spec.name, "tables with bf16 GEMMs and bf16 attention at head_dim 128")
+    gen_backend = kt.backend_of("generation_attention")
+    kernels: dict[str, dict[str, F.FamilyFit]] = {kt.backend: {"gemm": fits.gemm, "context_attention": fits.context}}
+    kernels.setdefault(gen_backend, {})["generation_attention"] = fits.generation
+    kernel_defaults = {"gemm": kt.backend, "context_attention": kt.backend, "generation_attention": gen_backend}
+    # Curves are derived from the fitted families when a cost model needs a shape; here the catalog
+    # models' shapes are derived once to check they price and to count floor-clamped cells.
+    probe = Profile(name="probe", device=_device(spec), provenance={}, memory={}, elementwise={}, layout={},
+                    cpu_overhead={}, allreduce={}, gemm={}, context_attention={}, generation_attention={}, models={},
+                    fit_quality={}, dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults)
     gemm: dict[str, Curve1D] = {}
     ctx: dict[str, Grid2D] = {}
-    gen: dict[str, Grid2D] = {}
+    gen_curves: dict[str, Grid2D] = {}
     entries: dict[str, dict] = {}
-    gen_curves = gen
     for model, tp in models:
-        h, kvh = per_gpu_heads(model, tp)
-        for wd, table_dtype in weights.items():
-            for kd, (cg, gg) in kvs.items():
+        for wd in weights:
+            for kd in kvs:
                 keys = shape_keys(model, tp, wd, kd)
                 for key in keys.gemms().values():
                     if key not in gemm:
-                        n, k = (int(x) for x in key.split(":")[0].split("x"))
-                        gemm[key] = _gemm_curve(fits, kt, n, k, table_dtype)
+                        curve = probe.gemm_curve(key)
+                        if curve is None:
+                            raise ConfigError("calibration.tables", kt.system.name, f"a GEMM table of dtype {wd}")
+                        gemm[key] = curve
                 if keys.attention not in gen_curves:
-                    ctx[keys.attention], gen_curves[keys.attention] = _attention_grids(fits, kt, h, kvh, model.head_dim, cg, gg)
+                    c, g = probe.attention_grids(keys.attention)
+                    if c is None or g is None:
+                        raise ConfigError("calibration.tables", kt.system.name,
+                                          f"attention tables for KV dtype {kd} at head_dim {model.head_dim}")
+                    ctx[keys.attention], gen_curves[keys.attention] = c, g
         bf = shape_keys(model, tp, next(iter(weights)), next(iter(kvs)))
         entries[f"{model.name}@tp{tp}"] = {
             "tensor_parallel": tp, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
@@ -257,6 +219,8 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                      "tables did not measure (large batch x length), where the correction is extrapolated")
     provenance = {
         "device": gpu_name, "system": spec.name,
+        "curves": "derived at load from the fitted kernel families (kernels) for any model shape; the catalog "
+                  "models listed under models were checked to price",
         "backend": kt.backend if not kt.backends else
         f"{kt.backend} (generation attention: {kt.backend_of('generation_attention')})",
         "backends": {"gemm": kt.backend, "context_attention": kt.backend,
@@ -270,14 +234,13 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
         "date": _dt.date.today().isoformat(),
         "method": "per dtype group: least-squares fit of t = launch + smooth-max(FLOPs/F, bytes/B[, KV tokens/S]) in log "
                   "space, times a log-ratio correction interpolated on the measured grid; curves stored on the "
-                  "measured grid at each model's per-GPU kernel shapes, raised to max(FLOPs/peak, bytes/peak_bw)",
+                  "measured grid of each family at a model's per-GPU kernel shapes when a cost model needs them, raised "
+                  "to max(FLOPs/peak, bytes/peak_bw)",
         "parametric_fits": params, "clamped_points": clamped, "library_versions": _versions(), "notes": notes,
     }
     return Profile(
         name=name or SYSTEM_PROFILE.get(spec.name, spec.name),
-        device={"name": gpu_name, "system": spec.name, "hbm_bandwidth": spec.mem_bw, "peak_bf16_flops": spec.bf16_flops,
-                "peak_fp8_flops": spec.fp8_flops, "memory_bytes": spec.mem_capacity_bytes, "pcie_bandwidth": spec.pcie_bw,
-                "nvlink_bandwidth": spec.nvlink_bw},
+        device={**_device(spec), "name": gpu_name},
         provenance=provenance,
         memory={"latency_s": spec.mem_latency_s, "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
                 "host_latency_s": spec.p2p_latency_s, "host_bandwidth_bytes_per_s": spec.pcie_bw * spec.mem_bw_efficiency,
@@ -295,10 +258,22 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                 "contiguous_model": "decode attention time / (1 + paged_overhead)",
                 "block_size_dependence": "none modelled: the tables measure one block size"},
         cpu_overhead=cpu_overhead_section(),
-        allreduce=allreduce, gemm=gemm, context_attention=ctx, generation_attention=gen_curves, models=entries,
-        fit_quality=fits.quality, dtypes={"weight": sorted(weights), "kv": sorted(kvs),
-                                          "weight_tables": dict(weights), "kv_tables": {k: [list(a), list(b)] for k, (a, b) in kvs.items()}},
+        allreduce=allreduce, gemm={}, context_attention={}, generation_attention={}, models=entries,
+        fit_quality=fits.quality, dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults,
     )
+
+
+def _device(spec) -> dict:
+    return {"name": SYSTEM_GPU.get(spec.name, spec.name), "system": spec.name, "hbm_bandwidth": spec.mem_bw,
+            "peak_bf16_flops": spec.bf16_flops, "peak_fp8_flops": spec.fp8_flops, "memory_bytes": spec.mem_capacity_bytes,
+            "pcie_bandwidth": spec.pcie_bw, "nvlink_bandwidth": spec.nvlink_bw}
+
+
+def _dtypes(weights: dict, kvs: dict) -> dict:
+    return {"weight": sorted(weights), "kv": sorted(kvs), "weight_tables": dict(weights),
+            "kv_tables": {k: [list(a), list(b)] for k, (a, b) in kvs.items()}}
+
+
 
 
 def _sig(x):

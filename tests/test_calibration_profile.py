@@ -14,7 +14,7 @@ from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables, read_gemm
 from sim.catalog import get_gpu, get_model, with_overrides
 from sim.cost.model import BatchShape, Layout
 from sim.errors import ConfigError
-from sim.cost.profile import (PROFILE_DIR, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
+from sim.cost.profile import (PROFILE_DIR, Profile, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
 
 H100 = get_gpu("H100-SXM-80GB")
 L8B = get_model("llama-3.1-8b")
@@ -157,9 +157,22 @@ def test_wrong_format_and_version(tmp_path, h100):
 
 
 def test_model_shape_absent(h100):
+    # A profile of baked curves only (as `kvsim calibrate --device` writes) prices only its shapes.
+    baked = Profile.from_json({**h100.to_json(), "kernels": {}, "kernel_defaults": {},
+                               "gemm": {}, "context_attention": {}, "generation_attention": {}})
     odd = with_overrides(L8B, name="odd", head_dim=96, hidden=3072)
-    with pytest.raises(ConfigError, match="odd.*covers: .*llama-3.1-8b@tp1"):
-        ProfileCostModel(h100, odd, H100)
+    with pytest.raises(ConfigError, match="odd.*curves for: .*llama-3.1-8b@tp1"):
+        ProfileCostModel(baked, odd, H100)
+
+
+def test_any_shape_prices_from_fitted_kernels(h100):
+    # Tables-built profiles derive any shape from their fitted families: an off-catalog width and
+    # head_dim price, and a head_dim off the measured 128 is counted as outside the measured range.
+    odd = with_overrides(L8B, name="odd", head_dim=96, hidden=3072)
+    cm = ProfileCostModel(h100, odd, H100)
+    assert cm.step_time_s(BatchShape(decode_seqs=8, decode_kv_tokens=8000)) > 0
+    assert cm.out_of_range.get("generation_attention") == 1
+    assert "head_dim 96" in cm._gen.meta["outside_measured"]
 
 
 def test_dtype_not_in_profile():

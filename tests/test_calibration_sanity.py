@@ -9,13 +9,20 @@ import pytest
 from sim.catalog import get_gpu, get_model
 from sim.cost.profile import build_profile_cost_model, list_profiles, load_profile
 
+def _curves(p, family):
+    """(key, curve) of every shape the profile lists for ``family`` (derived from fitted kernels)."""
+    return [(k, p.curve(family, k)) for k in p.curve_keys(family)]
+
+
 GPU_OF = {"h100-sxm": "H100-SXM-80GB", "h200-sxm": "H200-SXM-141GB", "a100-sxm": "A100-SXM-80GB"}
 
 
 @pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
 def test_generation_attention_within_hbm_bandwidth(name):
     p, gpu = load_profile(name), get_gpu(GPU_OF[name])
-    for key, grid in p.generation_attention.items():
+    curves = _curves(p, "generation_attention")
+    assert curves
+    for key, grid in curves:
         heads, kv_heads, rest = key.split("/")
         head_dim, kv_dtype = rest.split(":")
         kvb = 1.0 if kv_dtype == "fp8" else 2.0
@@ -27,7 +34,9 @@ def test_generation_attention_within_hbm_bandwidth(name):
 @pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "a100-sxm"])
 def test_gemm_within_peak_flops(name):
     p, gpu = load_profile(name), get_gpu(GPU_OF[name])
-    for key, curve in p.gemm.items():
+    curves = _curves(p, "gemm")
+    assert curves
+    for key, curve in curves:
         shape, dtype = key.split(":")
         n, k = (int(x) for x in shape.split("x"))
         peak = gpu.peak_bf16_flops * (2 if curve.meta["table_dtype"] == "fp8" else 1)

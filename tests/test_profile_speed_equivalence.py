@@ -3,7 +3,9 @@
 ``_Reference`` is the evaluation code of ``sim/cost/profile.py`` before it was made fast (numpy on
 1-element arrays, no per-argument caches), kept verbatim here: the curve lookups as functions of
 a curve's data, the cost-model methods as a subclass that only swaps the evaluation. Both are
-built from the same profile, model and layout, so any difference is the new code's.
+built from the same profile, model and layout, so any difference is the new code's. One rule was
+added to both since: a curve of a shape outside the measured ones (``meta["outside_measured"]``)
+counts every query as out of range.
 """
 
 import math
@@ -29,13 +31,15 @@ def _ref_curve(c: Curve1D, x):
     below = x < c.x[0] * (1 - 1e-9)
     if above.any():
         t = np.where(above, c.t_s[-1] * x / c.x[-1], t)
+    if "outside_measured" in c.meta:
+        return t, int(x.size)
     return t, int(above.sum() + below.sum())
 
 
 def _ref_row(g: Grid2D, batch):
     lb, lt = np.log(g.batch), np.log(g.t_s)
     b = max(float(batch), 1e-12)
-    scale, oor = 1.0, 0
+    scale, oor = 1.0, int("outside_measured" in g.meta)
     if b > g.batch[-1]:
         scale, oor, b = b / g.batch[-1], 1, g.batch[-1]
     elif b < g.batch[0]:
@@ -234,7 +238,7 @@ def test_decode_window_lists_equal_the_old_evaluation(case):
 
 def test_grid_at_many_matches_at_across_segments_and_edges():
     p = load_profile("h100-sxm")
-    for g in list(p.generation_attention.values())[:3]:
+    for g in [p.curve("generation_attention", k) for k in p.curve_keys("generation_attention")[:3]]:
         for b in [0.5, 1, 3, float(g.batch[-1]), float(g.batch[-1]) * 3]:
             ls = sorted(np.concatenate([g.length, g.length * 1.01, g.length * 0.999, [0.1, 1e-20, g.length[-1] * 5]]).tolist())
             many, oor = g.at_many(b, ls)
@@ -272,13 +276,13 @@ def test_memory_curves_equal_the_old_evaluation():
 def test_curve_scalar_lookup_matches_arrays():
     p = load_profile("h100-sxm")
     rng = np.random.default_rng(3)
-    for c in list(p.gemm.values())[:6] + list(p.allreduce.values()):
+    for c in [p.curve("gemm", k) for k in p.curve_keys("gemm")[:6]] + list(p.allreduce.values()):
         xs = np.concatenate([c.x, c.x * 1.0000001, c.x * 0.9999, rng.uniform(c.x[0] * 0.5, c.x[-1] * 2, 200), [1e-20, 0.0]])
         for x in xs:
             t, oor = c.at(float(x))
             rt, roor = _ref_curve(c, np.array([x]))
             assert _close(t, float(rt[0])) and oor == roor
-    for g in list(p.generation_attention.values())[:3] + list(p.context_attention.values())[:3]:
+    for g in [p.curve("generation_attention", k) for k in p.curve_keys("generation_attention")[:3]] + [p.curve("context_attention", k) for k in p.curve_keys("context_attention")[:3]]:
         for b in [0.5, 1, 3, g.batch[-1], g.batch[-1] * 3]:
             ls = np.concatenate([g.length, g.length * 1.01, [0.1, g.length[-1] * 5]])
             for x in ls:

@@ -24,9 +24,11 @@ time ∝ tokens, the compute/bandwidth-bound limit). This module must not import
 
 from __future__ import annotations
 
+import binascii
 import importlib.resources
 import json
 import math
+import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +37,15 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from sim.catalog import GpuSpec, ModelSpec
+from sim.cost.kernel_model import (FamilyFit, MissingGroup, Peaks, attention_grid, family_from_json, family_to_json,
+                                   gemm_curve)
 from sim.cost.model import BatchShape, CostModel, Layout
 from sim.errors import ConfigError
 
 FORMAT = "kvsim-profile"
-VERSION = 1
+#: 2 adds fitted kernel families (``kernels``), from which curves of any shape are derived.
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # From the package, not ``__file__``: a compiled module (sim/native.py) reports its own path differently.
 PROFILE_DIR = Path(str(importlib.resources.files("sim"))) / "profiles"
 KEY = "cost_model.profile"
@@ -123,6 +129,9 @@ class Curve1D:
         self._t_last: float = float(self.t_s[-1])
         self._hi: float = self._x_last * (1 + 1e-9)
         self._lo: float = float(self.x[0]) * (1 - 1e-9)
+        #: A curve of a shape outside the measured ones (``meta["outside_measured"]``): every query counts
+        #: as out of range.
+        self._outside: bool = "outside_measured" in self.meta
 
     def at(self, x: float) -> tuple[float, int]:
         """``__call__`` for one value, without numpy arrays: seconds and 0/1 out of the grid."""
@@ -130,7 +139,7 @@ class Curve1D:
         if x > self._hi:
             return self._t_last * x / self._x_last, 1
         t = _exp(_interp1(_log(x), self._lxl, self._ltl, self._sl))
-        return t, int(x < self._lo)
+        return t, int(x < self._lo or self._outside)
 
     def __call__(self, x) -> tuple[np.ndarray, int]:
         """Seconds at ``x`` (array) and how many points lay outside the grid."""
@@ -140,6 +149,8 @@ class Curve1D:
         below = x < self.x[0] * (1 - 1e-9)
         if above.any():
             t = np.where(above, self.t_s[-1] * x / self.x[-1], t)
+        if self._outside:
+            return t, int(x.size)
         return t, int(above.sum() + below.sum())
 
     def to_json(self) -> dict:
@@ -180,6 +191,9 @@ class Grid2D:
         self._len_hi: float = self._len_last * (1 + 1e-9)
         self._len_lo: float = float(self.length[0]) * (1 - 1e-9)
         self._srows: dict[float, _ScalarRow] = {}
+        #: A grid of a shape outside the measured ones: every query counts as out of range (through
+        #: the row's batch flag, which every lookup path honours).
+        self._outside: bool = "outside_measured" in self.meta
 
     def _srow(self, batch: float) -> _ScalarRow:
         hit = self._srows.get(batch)
@@ -237,7 +251,7 @@ class Grid2D:
         if hit is not None:
             return hit
         b = max(float(batch), 1e-12)
-        scale, oor = 1.0, 0
+        scale, oor = 1.0, int(self._outside)
         if b > self.batch[-1]:
             scale, oor, b = b / self.batch[-1], 1, self.batch[-1]
         elif b < self.batch[0]:
@@ -287,7 +301,14 @@ def attention_key(heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> st
 
 @dataclass
 class Profile:
-    """One device's calibrated curves and their provenance (see the module docstring)."""
+    """One device's calibrated curves and their provenance (see the module docstring).
+
+    ``gemm``, ``context_attention`` and ``generation_attention`` hold curves baked at fixed
+    shapes (device profiles timed by ``kvsim calibrate --device``). ``kernels`` holds fitted
+    kernel families per backend (``{backend: {family: FamilyFit}}``, tables-built profiles):
+    from them :meth:`gemm_curve` and :meth:`attention_grids` derive a curve for any shape on
+    first use; ``kernel_defaults`` names the backend each family is taken from.
+    """
 
     name: str
     device: dict
@@ -303,9 +324,15 @@ class Profile:
     models: dict[str, dict]
     fit_quality: dict
     dtypes: dict
+    kernels: dict[str, dict[str, FamilyFit]] = field(default_factory=dict)
+    kernel_defaults: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Curves derived from ``kernels``, by (backend, key): shared by every cost model on this profile.
+        self._derived: dict[tuple, object] = {}
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": FORMAT, "version": VERSION, "name": self.name, "device": self.device,
             "provenance": self.provenance, "fit_quality": self.fit_quality, "dtypes": self.dtypes,
             "models": self.models, "memory": self.memory, "elementwise": self.elementwise, "layout": self.layout,
@@ -315,6 +342,11 @@ class Profile:
             "context_attention": {k: v.to_json() for k, v in sorted(self.context_attention.items())},
             "generation_attention": {k: v.to_json() for k, v in sorted(self.generation_attention.items())},
         }
+        if self.kernels:
+            out["kernels"] = {b: {f: family_to_json(fit) for f, fit in sorted(fams.items())}
+                              for b, fams in sorted(self.kernels.items())}
+            out["kernel_defaults"] = dict(sorted(self.kernel_defaults.items()))
+        return out
 
     def write(self, path: Path | str) -> Path:
         path = Path(path)
@@ -326,8 +358,9 @@ class Profile:
     def from_json(cls, doc: dict, source: str = "<dict>") -> "Profile":
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
-        if doc.get("version") != VERSION:
-            raise ConfigError(KEY, source, f"profile format version {VERSION} (file has version {doc.get('version')!r})")
+        if doc.get("version") not in READABLE_VERSIONS:
+            raise ConfigError(KEY, source, f"profile format version {' or '.join(map(str, READABLE_VERSIONS))} "
+                                           f"(file has version {doc.get('version')!r})")
         try:
             return cls(
                 name=str(doc["name"]), device=dict(doc["device"]), provenance=dict(doc["provenance"]),
@@ -339,9 +372,115 @@ class Profile:
                 generation_attention={k: Grid2D.from_json(v) for k, v in doc["generation_attention"].items()},
                 models=dict(doc.get("models", {})), fit_quality=dict(doc.get("fit_quality", {})),
                 dtypes=dict(doc.get("dtypes", {})),
+                kernels={str(b): {str(f): family_from_json(fit) for f, fit in fams.items()}
+                         for b, fams in doc.get("kernels", {}).items()},
+                kernel_defaults={str(k): str(v) for k, v in doc.get("kernel_defaults", {}).items()},
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
             raise ConfigError(KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})") from None
+
+    # -- curves for any shape --
+    def peaks(self) -> Peaks:
+        d = self.device
+        return Peaks(float(d["peak_bf16_flops"]), float(d.get("peak_fp8_flops") or 0.0), float(d["hbm_bandwidth"]))
+
+    def _family(self, family: str, backend: str | None) -> tuple[str, FamilyFit] | None:
+        """The fitted ``family`` of ``backend`` (or of the profile's default backend for it)."""
+        for b in ([backend] if backend else []) + [self.kernel_defaults.get(family, "")]:
+            fams = self.kernels.get(b)
+            if fams is not None and family in fams:
+                return b, fams[family]
+        return None
+
+    def gemm_curve(self, key: str, backend: str | None = None) -> Curve1D | None:
+        """The GEMM curve of ``key`` (``<n>x<k>:<table dtype>``): baked, else derived from the fitted
+        family; ``None`` when neither exists."""
+        if key in self.gemm and backend is None:
+            return self.gemm[key]
+        found = self._family("gemm", backend)
+        if found is None:
+            return self.gemm.get(key)
+        b, fit = found
+        hit = self._derived.get((b, "gemm", key))
+        if hit is None:
+            nk, dtype = key.split(":")
+            n, k = (int(x) for x in nk.split("x"))
+            table_dtype = self.dtypes.get("weight_tables", {}).get(dtype, dtype)
+            try:
+                m, t, meta = gemm_curve(fit, table_dtype, n, k, self.peaks())
+            except MissingGroup:
+                return None
+            hit = self._derived[(b, "gemm", key)] = Curve1D(m, t, {**meta, "backend": b})
+        return hit  # type: ignore[return-value]
+
+    def attention_grids(self, key: str, backends: tuple[str | None, str | None] = (None, None)
+                        ) -> tuple[Grid2D | None, Grid2D | None]:
+        """(context, generation) grids of attention ``key`` (``<heads>/<kv_heads>/<head_dim>:<kv dtype>``
+        per GPU): baked, else derived from the fitted families (the table groups of the KV dtype in
+        ``dtypes.kv_tables``) at the measured head_dim nearest the model's (flagged
+        ``outside_measured`` when it is not the model's)."""
+        shape, kd = key.split(":")
+        h, kvh, d = (int(x) for x in shape.split("/"))
+        groups = self.dtypes.get("kv_tables", {}).get(kd)
+        ctx_group, gen_group = (tuple(groups[0]), tuple(groups[1])) if groups else ((), ())
+        out: list[Grid2D | None] = []
+        for family, kind, baked, group, backend in (
+                ("context_attention", "context", self.context_attention, tuple(ctx_group), backends[0]),
+                ("generation_attention", "generation", self.generation_attention, tuple(gen_group), backends[1])):
+            if key in baked and backend is None:
+                out.append(baked[key])
+                continue
+            found = self._family(family, backend)
+            if found is None:
+                out.append(baked.get(key))
+                continue
+            b, fit = found
+            hit = self._derived.get((b, family, key, group))
+            if hit is None:
+                grp = _nearest_head_dim_group(fit, group[:-1], d) if group else None
+                if grp is None:
+                    out.append(None)
+                    continue
+                bs, ls, t, meta = attention_grid(fit, kind, grp, h, kvh, d, self.peaks())
+                if grp[-1] != d:
+                    meta["outside_measured"] = "; ".join(filter(None, [meta.get("outside_measured"),
+                                                                        f"head_dim {d} priced on the head_dim {grp[-1]} fit"]))
+                hit = self._derived[(b, family, key, group)] = Grid2D(bs, ls, t, {**meta, "backend": b})
+            out.append(hit)  # type: ignore[arg-type]
+        return out[0], out[1]
+
+
+    def curve_keys(self, family: str) -> list[str]:
+        """Keys of ``family`` this profile can show: its baked curves, and for fitted families the shapes
+        of the catalog models it lists (every dtype it offers)."""
+        if family == "allreduce":
+            return sorted(self.allreduce, key=int)
+        keys = set(getattr(self, family))
+        if self._family(family, None) is not None:
+            for m in self.models.values():
+                if family == "gemm":
+                    keys.update(f"{shape}:{d}" for shape in m.get("gemm_shapes", {}).values()
+                                for d in self.dtypes.get("weight", []))
+                elif m.get("attention_shape"):
+                    keys.update(f"{m['attention_shape']}:{d}" for d in self.dtypes.get("kv", []))
+        return sorted(keys)
+
+    def curve(self, family: str, key: str):
+        """The curve (or grid) of ``family`` at ``key``: baked or derived; ``None`` when unavailable."""
+        if family == "gemm":
+            return self.gemm_curve(key)
+        if family == "allreduce":
+            return self.allreduce.get(key)
+        ctx, gen = self.attention_grids(key)
+        return ctx if family == "context_attention" else gen
+
+
+def _nearest_head_dim_group(fit: FamilyFit, prefix: tuple, head_dim: int) -> tuple | None:
+    """The group ``prefix + (head_dim,)``, else the one with the nearest head_dim (log distance)."""
+    cands = [g for g in fit.groups if tuple(g[:-1]) == tuple(prefix)]
+    if not cands:
+        return None
+    return min(cands, key=lambda g: (abs(math.log(g[-1] / head_dim)), g[-1]))
 
 
 def list_profiles() -> list[str]:
@@ -463,10 +602,11 @@ class ProfileCostModel(CostModel):
         self._layers: int = model.layers
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
         self.keys = shape_keys(model, self.tp, wd, kd)
-        self._gemm: dict[str, Curve1D] = {proj: self._curve(profile.gemm, key, f"GEMM {proj}")
+        self._gemm: dict[str, Curve1D] = {proj: self._need(profile.gemm_curve(key), key, f"GEMM {proj}")
                                           for proj, key in self.keys.gemms().items()}
-        self._gen: Grid2D = self._curve(profile.generation_attention, self.keys.attention, "generation attention")
-        self._ctx: Grid2D = self._curve(profile.context_attention, self.keys.attention, "context attention")
+        ctx, gen = profile.attention_grids(self.keys.attention)
+        self._gen: Grid2D = self._need(gen, self.keys.attention, "generation attention")
+        self._ctx: Grid2D = self._need(ctx, self.keys.attention, "context attention")
         self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
@@ -532,14 +672,14 @@ class ProfileCostModel(CostModel):
                                                              f"{', '.join(have)} (fp16 runs on the bf16 curves)")
         return canon
 
-    def _curve(self, table: dict, key: str, what: str):
-        try:
-            return table[key]
-        except KeyError:
-            covered = ", ".join(sorted(self.profile.models)) or "none"
-            raise ConfigError(KEY, self.profile.name,
-                              f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
-                              f"tensor_parallel={self.tp}; {self.profile.name} covers: {covered}") from None
+    def _need(self, curve, key: str, what: str):
+        if curve is not None:
+            return curve
+        covered = ", ".join(sorted(self.profile.models)) or "none"
+        how = ("fitted kernel families (any shape)" if self.profile.kernels else f"curves for: {covered}")
+        raise ConfigError(KEY, self.profile.name,
+                          f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
+                          f"tensor_parallel={self.tp}; {self.profile.name} has {how}")
 
     def _count(self, curve: str, n: int) -> None:
         if n:

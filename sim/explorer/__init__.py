@@ -813,11 +813,10 @@ def preferred_curve(family: str) -> str:
 
 def default_curve(profile, family: str) -> str | None:
     """The preferred curve when the profile has it measured, else its first measured one, else the first."""
-    curves = getattr(profile, family)
-    keys = sorted(curves)
+    keys = profile.curve_keys(family)
     if not keys:
         return None
-    measured = [k for k in keys if curves[k].meta.get("measured_shape", True)]
+    measured = [k for k in keys if profile.curve(family, k).meta.get("measured_shape", True)]
     pref = preferred_curve(family)
     if pref in measured:
         return pref
@@ -849,7 +848,7 @@ CURVE_FAMILIES = ("gemm", "generation_attention", "context_attention", "allreduc
 
 
 def curve_keys(profile, family: str) -> list[str]:
-    return sorted(getattr(profile, family).keys())
+    return profile.curve_keys(family)
 
 
 def _source_table(profile, needle: str) -> Path | None:
@@ -879,7 +878,7 @@ def measured_points(profile, family: str, key: str) -> dict | None:
             return None
         shape, dtype = key.split(":")
         n, k = (int(x) for x in shape.split("x"))
-        curve = profile.gemm[key]
+        curve = profile.curve("gemm", key)
         table_dtype = curve.meta.get("table_dtype", dtype)
         t = T.read_gemm(path)
         sel = (t.n == n) & (t.k == k) & (t.dtype == table_dtype)
@@ -920,7 +919,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     from sim.analysis.plots import _palette
     fig = go.Figure()
     pts = measured_points(profile, family, key)
-    curve = getattr(profile, family)[key]
+    curve = profile.curve(family, key)
     if family in ("gemm", "allreduce"):
         xlab = "tokens (m)" if family == "gemm" else "message bytes"
         fig.add_trace(go.Scatter(x=curve.x, y=curve.t_s * 1e6, mode="lines", name="profile curve"))
