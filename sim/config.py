@@ -52,7 +52,7 @@ class ModelConfig(_Section):
     name: str | None = "llama-3.1-8b"
     #: A config.json path or a shipped model's Hugging Face id (``sim/hf_config.py``); ``name`` is
     #: then only a label, and weight/KV dtypes not given here come from its quantisation config.
-    hf_config: str | None = None
+    hf_config: str | None = Field(None, json_schema_extra=NAMES_FILE)
     layers: int | None = Field(None, gt=0)
     hidden: int | None = Field(None, gt=0)
     heads: int | None = Field(None, gt=0)

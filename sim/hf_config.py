@@ -73,6 +73,13 @@ def shipped_models() -> list[str]:
     return out
 
 
+def shipped_config(ident: str) -> Path | None:
+    """The file of a shipped model's exact Hugging Face id (``Qwen/Qwen3-32B``), else ``None``; opens nothing."""
+    if ident not in shipped_models():
+        return None
+    return MODELS_DIR / (ident.replace("/", "--", 1) + _SUFFIX)
+
+
 def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
     """The ``config.json`` that ``ref`` names (see the module docstring), or a ConfigError."""
     p = Path(str(ref)).expanduser()

@@ -285,3 +285,30 @@ def test_paths_resolve_against_the_scenario_file(tmp_path):
     assert sc.model.name == "cfg" and model_spec(sc).layers == 36
     with pytest.raises(ConfigError, match="^model.hf_config: got 'cfg/missing.json'"):
         scenario_from_dict({"model": {"hf_config": "cfg/missing.json"}}, base_dir=tmp_path)
+
+
+# --- untrusted uploads (the explorer) -------------------------------------------------------
+
+def test_explorer_accepts_only_shipped_model_configs(tmp_path):
+    """``model.hf_config`` names a file: an upload may only name a shipped config, which is never a
+    path of the user's choosing (the file given here is refused before anything reads it)."""
+    from sim import explorer as X
+    from sim.config import file_fields
+    assert "hf_config" in file_fields()
+    out = X.resolve_paths({"model": {"hf_config": "Qwen/Qwen3-8B"}})
+    assert out["model"]["hf_config"] == str(_config_file("Qwen/Qwen3-8B"))
+    assert X.resolve_scenario({"model": {"hf_config": "Qwen/Qwen3-8B"}}).model.name == "Qwen/Qwen3-8B"
+    outside = tmp_path / "config.json"
+    outside.write_text("{}")
+    for ref in (str(outside), str(tmp_path), "models/Qwen--Qwen3-8B_config.json", "Qwen3-8B", ["x"]):
+        with pytest.raises(ConfigError, match="^model.hf_config: got .*the id of a shipped model config"):
+            X.resolve_paths({"model": {"hf_config": ref}})
+
+
+def test_explorer_model_pick_replaces_the_config():
+    from sim import explorer as X
+    base = {"model": {"hf_config": "Qwen/Qwen3-8B"}}
+    assert X.knobs_from_scenario(base)["model.name"] == "Qwen/Qwen3-8B"
+    edited = X.edited_scenario(base, {"model.name": "llama-3.1-8b"})
+    assert model_spec(scenario_from_dict(edited)) == MODELS["llama-3.1-8b"]
+    assert X.edited_scenario(base, {"model.name": "Qwen/Qwen3-8B"}) == base  # unchanged pick: no edit
