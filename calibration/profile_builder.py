@@ -25,11 +25,14 @@ from . import fit as F
 from .tables import CPU_OVERHEAD_PARTS, KernelTables, read_cpu_overheads
 
 #: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
-SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB"}
-SYSTEM_PROFILE = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm"}
+SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
+              "b200_sxm": "B200-SXM-180GB", "l40s": "L40S"}
+SYSTEM_PROFILE = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm", "b200_sxm": "b200-sxm",
+                  "l40s": "l40s"}
 
 #: Catalog models with a 128-wide head (what the vendored attention tables measure).
-DEFAULT_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b")
+DEFAULT_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b",
+                  "qwen3-8b", "qwen3-32b")
 DEFAULT_TPS = (1, 2, 4, 8)
 
 #: Per-block allocator bookkeeping (vLLM's Python block pool pops a free block and updates
@@ -41,8 +44,8 @@ PAGED_OVERHEAD = 0.20
 #: (TensorRT-LLM: 64-token blocks; SGLang's table does not record its page size).
 MEASURED_BLOCK_SIZE = {"trtllm": 64, "sglang": None, "vllm": None}
 MEASURED_KERNEL = {"trtllm": "TensorRT-LLM XQA/MMHA decode kernels, paged KV (64-token blocks)",
-                   "sglang": "SGLang decode attention (FlashAttention-3 on Hopper, flash_attention on A100) on SGLang's "
-                             "paged KV pool",
+                   "sglang": "SGLang decode attention (FlashAttention-3 on Hopper, flash_attention on A100; the tables "
+                             "do not name the B200 and L40S kernels) on SGLang's paged KV pool",
                    "vllm": "vLLM decode attention backend"}
 #: Memory-bound kernels per layer charged as "elementwise": 2 RMSNorms, RoPE, SiLU·mul, residual add.
 ELEMENTWISE_KERNELS = 5

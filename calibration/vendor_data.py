@@ -2,7 +2,8 @@
 
 Run once from a checkout that has the shared reference data next to it::
 
-    python -m calibration.vendor_data /path/to/shared/data
+    python -m calibration.vendor_data /path/to/shared/data              # every system
+    python -m calibration.vendor_data /path/to/shared/data b200_sxm l40s  # some (and the Vidur files)
 
 A fresh clone does not need this: the filtered copies are committed. The
 filters keep the files small and keep exactly what the fits and tests use:
@@ -32,14 +33,18 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 
-#: system -> SGLang version whose decode-attention table the built-in profiles use.
-SGLANG_GENERATION = {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10"}
+#: system -> SGLang version whose decode-attention table the built-in profiles use (b200_sxm takes
+#: TensorRT-LLM's: calibration/build_builtin.py GENERATION_BACKEND_FOR).
+SGLANG_GENERATION = {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.5.10", "l40s": "0.5.14"}
 
-#: system -> (trtllm version, nccl version, gemm dtypes kept)
+#: system -> (trtllm version, nccl version, gemm dtypes kept). The NCCL version is the one the
+#: system.yaml names; the L40S has no NVLink, so its all-reduce rows were measured over PCIe.
 SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "h100_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
     "h200_sxm": ("1.3.0rc20", "2.26.2", ("bfloat16", "fp8")),
     "a100_sxm": ("1.0.0", "2.27.3", ("bfloat16", "int8_wo")),
+    "b200_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
+    "l40s": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
 }
 
 VIDUR_FILES = [
@@ -66,11 +71,16 @@ def _head128_full(t):
     return pc.and_(mask, pc.equal(t["window_size"], 0)) if "window_size" in t.column_names else mask
 
 
-def vendor(shared: Path) -> None:
+def vendor(shared: Path, systems: list[str] | None = None) -> None:
     gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
     gk_dst.mkdir(parents=True, exist_ok=True)
     shutil.copy(gk_src / "LICENSE", gk_dst / "LICENSE")
+    unknown = sorted(set(systems or []) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
     for system, (trt, nccl, gemm_dtypes) in SYSTEMS.items():
+        if systems and system not in systems:
+            continue
         s, d = gk_src / system, gk_dst / system
         d.mkdir(parents=True, exist_ok=True)
         shutil.copy(s / "system.yaml", d / "system.yaml")
@@ -79,8 +89,9 @@ def vendor(shared: Path) -> None:
         for name in ("context_attention_perf", "generation_attention_perf"):
             rel = f"attention/trtllm/{trt}/{name}.parquet"
             _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0)))
-        rel = f"attention/sglang/{SGLANG_GENERATION[system]}/generation_attention_perf.parquet"
-        _filter_copy(s / rel, d / rel, _head128_full)
+        if system in SGLANG_GENERATION:
+            rel = f"attention/sglang/{SGLANG_GENERATION[system]}/generation_attention_perf.parquet"
+            _filter_copy(s / rel, d / rel, _head128_full)
         rel = f"comm/nccl/{nccl}/nccl_perf.parquet"
         _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["op_name"], "all_reduce"), pc.equal(t["nccl_dtype"], "half")))
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
@@ -90,4 +101,4 @@ def vendor(shared: Path) -> None:
 
 
 if __name__ == "__main__":
-    vendor(Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent.parent / "shared" / "data"))
+    vendor(Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent.parent / "shared" / "data"), sys.argv[2:] or None)

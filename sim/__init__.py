@@ -2,6 +2,11 @@
 
 __version__ = "0.1.0"
 
+import logging as _logging
+
+# Library calls (tests, sweeps, the app) stay quiet; ``kvsim run`` attaches a stderr handler.
+_logging.getLogger("kvsim").addHandler(_logging.NullHandler())
+
 from sim import native as _native
 
 #: ``compiled`` when the hot path runs from an up-to-date mypyc build (``sim/native.py``).

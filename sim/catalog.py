@@ -12,6 +12,9 @@ from sim.errors import ConfigError
 
 GiB = 1 << 30
 
+#: ``ModelSpec.layer_types`` values (the Hugging Face names).
+FULL, SLIDING = "full_attention", "sliding_attention"
+
 #: Bytes per element of each supported dtype. int4 packs two elements a byte.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
 
@@ -21,7 +24,10 @@ class ModelSpec:
     """Shape of a decoder-only transformer (encoder fields for encoder-decoder).
 
     ``params`` counts every weight; ``sliding_window`` caps the KV a sequence
-    keeps (tokens), ``None`` for full attention.
+    keeps (tokens) on the layers that slide, ``None`` for full attention.
+    ``layer_types`` names each layer's attention as Hugging Face configs do
+    (``full_attention`` or ``sliding_attention``); empty means every layer is the
+    same: sliding when ``sliding_window`` is set, full otherwise.
     """
 
     name: str
@@ -41,10 +47,26 @@ class ModelSpec:
     #: are 2 · kv_heads · head_dim values per token, so a request holds (input + output) tokens.
     encoder_layers: int = 0
     source: str = ""
+    layer_types: tuple[str, ...] = ()
 
     @property
     def encoder_decoder(self) -> bool:
         return self.encoder_layers > 0
+
+    @property
+    def sliding_layers(self) -> int:
+        """Layers whose attention (and KV) is limited to ``sliding_window`` tokens."""
+        if self.sliding_window is None:
+            return 0
+        if not self.layer_types:
+            return self.layers
+        return sum(t == SLIDING for t in self.layer_types)
+
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer slides, else ``None``. A model mixing full and sliding
+        layers is held and priced as full attention on every layer (an upper bound on its KV)."""
+        return self.sliding_window if self.sliding_layers == self.layers else None
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype."""
@@ -55,15 +77,20 @@ class ModelSpec:
         return int(self.params * dtype_bytes(weight_dtype, "model.weight_dtype"))
 
     def kv_tokens_held(self, context_tokens: int) -> int:
-        """Tokens whose K/V must stay resident for a sequence of this length."""
-        if self.sliding_window is None:
+        """Tokens whose K/V must stay resident for a sequence of this length (on every layer)."""
+        window = self.uniform_sliding_window
+        if window is None:
             return context_tokens
-        return min(context_tokens, self.sliding_window)
+        return min(context_tokens, window)
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One accelerator. Memory in bytes, bandwidths in bytes/s, compute in FLOP/s."""
+    """One accelerator. Memory in bytes, bandwidths in bytes/s, compute in FLOP/s (dense).
+
+    ``peak_fp8_flops`` is 0 on cards without FP8 tensor cores; ``nvlink_bandwidth`` is 0
+    on cards that talk over PCIe only.
+    """
 
     name: str
     memory_bytes: int
@@ -72,6 +99,13 @@ class GpuSpec:
     pcie_bandwidth: float
     nvlink_bandwidth: float = 0.0
     source: str = ""
+    peak_fp8_flops: float = 0.0
+
+    def peak_gemm_flops(self, weight_dtype: str) -> float:
+        """Tensor-core peak for GEMMs on ``weight_dtype`` weights (fp8 falls back to bf16 without FP8 units)."""
+        if weight_dtype == "fp8" and self.peak_fp8_flops > 0:
+            return self.peak_fp8_flops
+        return self.peak_bf16_flops
 
 
 def dtype_bytes(dtype: str, key: str) -> float:
@@ -92,6 +126,11 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 70.55e9, 128256, 131072, source=_HF),
         ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 7.24e9, 32000, 32768, sliding_window=4096, source=_HF + " (v0.1, sliding window 4096)"),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 7.62e9, 152064, 32768, source=_HF),
+        # Qwen3: 64 × 128-wide query heads on a 5120 hidden size (32B), so the attention and O
+        # projections are heads · head_dim wide, not hidden; params counted from the shapes
+        # (scenarios/models/Qwen--Qwen3-{8B,32B}_config.json, sim/hf_config.py).
+        ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 8.19e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-8B)"),
+        ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 32.76e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-32B)"),
         # T5-class encoder-decoder: 24 encoder + 24 decoder layers, d_model 2048, 32 heads of 64.
         ModelSpec("flan-t5-xl", 24, 2048, 32, 32, 64, 5120, 2.85e9, 32128, 4096, encoder_layers=24,
                   source=_HF + " (google/flan-t5-xl; layers = decoder layers)"),
@@ -101,20 +140,27 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 _NV = "NVIDIA datasheet"
+_AIC = "; aiconfigurator system.yaml"
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
-        GpuSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, 64e9, 450e9, _NV + "; aiconfigurator system.yaml"),
-        GpuSpec("H200-SXM-141GB", 141 * GiB, 4.8e12, 989e12, 64e9, 450e9, _NV + "; aiconfigurator system.yaml"),
-        GpuSpec("A100-SXM-80GB", 80 * GiB, 2.039e12, 312e12, 32e9, 300e9, _NV + "; aiconfigurator system.yaml"),
+        GpuSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, 64e9, 450e9, _NV + _AIC, peak_fp8_flops=1978e12),
+        GpuSpec("H200-SXM-141GB", 141 * GiB, 4.8e12, 989e12, 64e9, 450e9, _NV + _AIC, peak_fp8_flops=1978e12),
+        GpuSpec("A100-SXM-80GB", 80 * GiB, 2.039e12, 312e12, 32e9, 300e9, _NV + _AIC),
         GpuSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, 32e9, 300e9, _NV),
-        GpuSpec("L40S", 48 * GiB, 864e9, 362e12, 32e9, 0.0, _NV),
+        # Blackwell: 180 GiB HBM3e at 7.7 TB/s, NVLink 5 (900 GB/s per direction), PCIe 6.0.
+        GpuSpec("B200-SXM-180GB", 193273528320, 7.7e12, 2250e12, 128e9, 900e9, _NV + _AIC, peak_fp8_flops=4500e12),
+        # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0); 46068 MiB usable.
+        GpuSpec("L40S", 48305799168, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
         GpuSpec("A10G", 24 * GiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),
-        GpuSpec("L4", 24 * GiB, 300e9, 121e12, 32e9, 0.0, _NV),
+        GpuSpec("L4", 24 * GiB, 300e9, 121e12, 32e9, 0.0, _NV, peak_fp8_flops=242.5e12),
         # A generic host CPU, for the torch reference engine and the cpu-reference profile.
         GpuSpec("cpu", 16 * GiB, 20e9, 0.2e12, 20e9, 0.0, "rough figures for a 2-core x86 host"),
     ]
 }
+
+#: ``gpu.name`` of a card described in the scenario itself (:func:`custom_gpu`).
+CUSTOM_GPU = "custom"
 
 
 def get_model(name: str) -> ModelSpec:
@@ -128,7 +174,15 @@ def get_gpu(name: str) -> GpuSpec:
     try:
         return GPUS[name]
     except KeyError:
-        raise ConfigError("gpu.name", name, f"allowed: {', '.join(GPUS)}") from None
+        raise ConfigError("gpu.name", name, f"allowed: {', '.join(GPUS)}, or {CUSTOM_GPU} with memory_gib, hbm_tbps, "
+                                            "bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)") from None
+
+
+def custom_gpu(memory_gib: float, hbm_tbps: float, bf16_tflops: float, pcie_gbps: float,
+               fp8_tflops: float = 0.0, nvlink_gbps: float = 0.0) -> GpuSpec:
+    """A card with no catalog entry, from its datasheet figures (GiB, TB/s, dense TFLOP/s, GB/s)."""
+    return GpuSpec(CUSTOM_GPU, int(memory_gib * GiB), hbm_tbps * 1e12, bf16_tflops * 1e12, pcie_gbps * 1e9,
+                   nvlink_gbps * 1e9, "scenario gpu section (user figures)", peak_fp8_flops=fp8_tflops * 1e12)
 
 
 def activation_reserve_bytes(model: ModelSpec, tensor_parallel: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:

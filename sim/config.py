@@ -46,9 +46,13 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """A catalog model, optionally with dims overridden, or fully explicit dims."""
+    """A catalog model, a Hugging Face ``config.json`` (``hf_config``), optionally with dims
+    overridden, or fully explicit dims (``name: custom``)."""
 
     name: str | None = "llama-3.1-8b"
+    #: A config.json path or a shipped model's Hugging Face id (``sim/hf_config.py``); ``name`` is
+    #: then only a label, and weight/KV dtypes not given here come from its quantisation config.
+    hf_config: str | None = Field(None, json_schema_extra=NAMES_FILE)
     layers: int | None = Field(None, gt=0)
     hidden: int | None = Field(None, gt=0)
     heads: int | None = Field(None, gt=0)
@@ -62,6 +66,11 @@ class ModelConfig(_Section):
     kv_dtype: Literal["bf16", "fp16", "fp8", "int4"] = "bf16"
 
 
+#: ``gpu.name: custom`` needs these figures (units in the names); fp8_tflops and nvlink_gbps may be 0.
+CUSTOM_GPU_REQUIRED = ("memory_gib", "hbm_tbps", "bf16_tflops", "pcie_gbps")
+CUSTOM_GPU_FIELDS = (*CUSTOM_GPU_REQUIRED, "fp8_tflops", "nvlink_gbps")
+
+
 class GpuConfig(_Section):
     name: str = "H100-SXM-80GB"
     replicas: int = Field(1, ge=1, le=4096)
@@ -69,6 +78,26 @@ class GpuConfig(_Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     #: Bytes per replica kept for activations; ``None`` derives it like vLLM's profiling run.
     activation_reserve_bytes: int | None = Field(None, ge=0)
+    #: ``name: custom`` only: the card's figures (dense tensor-core TFLOP/s; 0 = none).
+    memory_gib: float | None = Field(None, gt=0, le=4096)
+    hbm_tbps: float | None = Field(None, gt=0, le=1000)
+    bf16_tflops: float | None = Field(None, gt=0, le=1e6)
+    fp8_tflops: float | None = Field(None, ge=0, le=1e6)
+    nvlink_gbps: float | None = Field(None, ge=0, le=1e5)
+    pcie_gbps: float | None = Field(None, gt=0, le=1e5)
+
+    def check_custom(self) -> None:
+        """The figures are given for ``name: custom`` and only for it (ConfigError naming the field)."""
+        if self.name == "custom":
+            for f in CUSTOM_GPU_REQUIRED:
+                if getattr(self, f) is None:
+                    raise ConfigError(f"gpu.{f}", None, f"gpu.name 'custom' needs {', '.join(CUSTOM_GPU_REQUIRED)} "
+                                                        "(optional: fp8_tflops, nvlink_gbps; docs/scenario.md)")
+            return
+        for f in CUSTOM_GPU_FIELDS:
+            if getattr(self, f) is not None:
+                raise ConfigError(f"gpu.{f}", getattr(self, f), f"only with gpu.name 'custom'; {self.name} has its own "
+                                                                 "figures (kvsim list gpus)")
 
 
 class ArrivalConfig(_Section):
@@ -362,6 +391,10 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
         raise _error_from_pydantic(err) from None
     if base_dir is not None:
         sc.base_dir = str(base_dir)
+    sc.gpu.check_custom()
+    if sc.model.hf_config is not None:
+        from sim.hf_config import apply_to_scenario  # reads the file: only when one is named
+        apply_to_scenario(sc)
     return sc
 
 

@@ -6,10 +6,10 @@ from functools import lru_cache
 
 from calibration.build_builtin import builtin_tables
 
-SYSTEMS = ("h100_sxm", "h200_sxm", "a100_sxm")
+SYSTEMS = ("h100_sxm", "h200_sxm", "a100_sxm", "b200_sxm", "l40s")
 
 
 @lru_cache(maxsize=None)
 def tables(system: str):
-    """The tables the built-in profile of ``system`` is fitted from (TensorRT-LLM + SGLang decode attention)."""
+    """The tables the built-in profile of ``system`` is fitted from (TensorRT-LLM; SGLang decode attention but on B200)."""
     return builtin_tables(system)

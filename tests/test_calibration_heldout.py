@@ -26,7 +26,17 @@ MEDIAN_BOUND, P95_BOUND = 0.03, 0.15
 #: p95 at 17.7 % until the GEMM grid fill shared (m, n) and k effects across shapes and stopped
 #: spreading isolated spikes (``calibration.fit.GEMM_FILL``): 13.9 % now, 13.8-15.0 % at seeds 0-5,
 #: so it is the closest case to its bound.
-KNOWN_MISSES: dict[tuple[str, str, str], float] = {}
+#: B200 and L40S (measured at seed 0 on the tables their profiles use): the B200 decode table
+#: (TensorRT-LLM; SGLang's is worse, 52 %) keeps Hopper's TensorRT-LLM spread; on the L40S a sixth
+#: of the decode rows read their whole KV from the 96 MB L2 cache (faster than the 864 GB/s GDDR6
+#: allows, which a serving step spread over all layers does not), and its GEMM and prefill tables
+#: are noisier than Hopper's. Medians meet the bound everywhere.
+KNOWN_MISSES: dict[tuple[str, str, str], float] = {
+    ("b200_sxm", "generation_attention", "p95"): 0.199,
+    ("l40s", "gemm", "p95"): 0.243,
+    ("l40s", "context_attention", "p95"): 0.193,
+    ("l40s", "generation_attention", "p95"): 0.513,
+}
 
 
 @lru_cache(maxsize=None)

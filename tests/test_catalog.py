@@ -13,6 +13,8 @@ HAND_BF16 = {
     "llama-3.1-70b": 2 * 80 * 8 * 128 * 2,    # 327,680
     "mistral-7b": 2 * 32 * 8 * 128 * 2,       # 131,072
     "qwen2.5-7b": 2 * 28 * 4 * 128 * 2,       # 57,344
+    "qwen3-8b": 2 * 36 * 8 * 128 * 2,         # 147,456
+    "qwen3-32b": 2 * 64 * 8 * 128 * 2,        # 262,144 (heads x head_dim 8192 != hidden 5120: KV uses head_dim)
     "tiny-llama": 2 * 4 * 4 * 32 * 2,         # 2,048
     "flan-t5-xl": 2 * 24 * 32 * 64 * 2,       # 196,608 per input token (cross-attn) and per output token (self-attn)
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -79,19 +80,45 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
     console.print(k)
 
 
+def _model_section(model: str) -> dict:
+    """``--model``: a catalog name, or a Hugging Face config (path or shipped id) as ``model.hf_config``."""
+    from sim.catalog import MODELS
+    if model in MODELS:
+        return {"name": model}
+    p = Path(model).expanduser()
+    # A path given on the command line is relative to the working directory, not the scenario file.
+    return {"hf_config": str(p.resolve()) if p.exists() else model}
+
+
+class _StderrWarnings(logging.Handler):
+    """``warning: …`` lines on stderr for the ``kvsim`` logger (the roofline fallback) during one command."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(f"warning: {record.getMessage()}\n")
+
+
 @app.command()
 def run(
     scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
+    model: Optional[str] = typer.Option(None, "--model", "-m",
+                                        help="Replace the scenario's model: a catalog name, a Hugging Face config.json "
+                                             "path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* "
+                                             "applies after)."),
 ):
     """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
     from sim.engine.cluster import simulate
-    from sim.config import load_scenario
+    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.output.results import write_run
+    warn = _StderrWarnings(logging.WARNING)
+    logging.getLogger("kvsim").addHandler(warn)
     try:
-        sc = load_scenario(scenario, _overrides(set_))
+        data, base = read_scenario_dict(scenario)
+        if model is not None:
+            data = {**data, "model": _model_section(model)}
+        sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         out = out or Path("runs") / sc.name
         if quiet:
             result = simulate(sc, out_dir=out)
@@ -103,6 +130,8 @@ def run(
                 result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=out)
     except ConfigError as exc:
         _fail(exc)
+    finally:
+        logging.getLogger("kvsim").removeHandler(warn)
     path = write_run(result, out)
     if quiet:
         print(path / "summary.json")
@@ -117,27 +146,49 @@ app.add_typer(list_app, name="list")
 
 @list_app.command("models")
 def list_models():
-    """Model catalog with KV bytes per token (bf16)."""
+    """Model catalog with KV bytes per token (bf16), and the Hugging Face configs shipped in scenarios/models/."""
     from sim.catalog import MODELS
-    t = Table(title="models")
-    for c in ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "params (B)", "KV B/token bf16", "sliding window"):
+    from sim.hf_config import MODELS_DIR, read_hf_config, resolve_hf_config, shipped_models
+    cols = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params (B)",
+            "KV B/token bf16", "sliding window")
+
+    def row(m) -> list[str]:
+        return [m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.head_dim), str(m.intermediate),
+                f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token('bf16'):,}", str(m.sliding_window or "-")]
+
+    t = Table(title="models (model.name)")
+    for c in cols:
         t.add_column(c)
     for m in MODELS.values():
-        t.add_row(m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.head_dim),
-                  f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token('bf16'):,}", str(m.sliding_window or "-"))
+        t.add_row(*row(m))
     console.print(t)
+    h = Table(title=f"Hugging Face configs in {MODELS_DIR} (model.hf_config: ID, or kvsim run --model ID)")
+    for c in ("ID", "layers", "hidden", "heads/kv", "head_dim", "intermediate", "params (B)", "KV B/token",
+              "weights/KV"):
+        h.add_column(c, no_wrap=c == "ID")
+    for ident in shipped_models():
+        hf = read_hf_config(resolve_hf_config(ident))
+        m = hf.spec
+        h.add_row(ident, str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", str(m.head_dim), str(m.intermediate),
+                  f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token(hf.kv_dtype):,}", f"{hf.weight_dtype}/{hf.kv_dtype}")
+    console.print(h)
 
 
 @list_app.command("gpus")
 def list_gpus():
     """GPU catalog."""
     from sim.catalog import GPUS
-    t = Table(title="gpus")
-    for c in ("name", "memory (GiB)", "HBM (TB/s)", "bf16 (TFLOP/s)", "PCIe (GB/s)", "NVLink (GB/s)"):
+    from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
+    t = Table(title="gpus (gpu.name; or name: custom with memory_gib, hbm_tbps, bf16_tflops, fp8_tflops, nvlink_gbps, "
+                    "pcie_gbps)")
+    for c in ("name", "memory (GiB)", "HBM (TB/s)", "bf16 (TFLOP/s)", "fp8 (TFLOP/s)", "PCIe (GB/s)", "NVLink (GB/s)",
+              "calibrated profile"):
         t.add_column(c)
     for g in GPUS.values():
         t.add_row(g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth / 1e12:.2f}", f"{g.peak_bf16_flops / 1e12:.0f}",
-                  f"{g.pcie_bandwidth / 1e9:.0f}", f"{g.nvlink_bandwidth / 1e9:.0f}")
+                  f"{g.peak_fp8_flops / 1e12:.0f}" if g.peak_fp8_flops else "-",
+                  f"{g.pcie_bandwidth / 1e9:.0f}", f"{g.nvlink_bandwidth / 1e9:.0f}",
+                  BUILTIN_PROFILE_FOR_GPU.get(g.name, "- (roofline prior)"))
     console.print(t)
 
 

@@ -143,10 +143,11 @@ class RooflineParams:
 class RooflineCostModel(CostModel):
     """max(FLOPs/peak, bytes/bandwidth) per kernel family, plus fixed overheads.
 
-    GEMMs read the weights once per iteration and do 2·params FLOPs per token;
+    GEMMs read the weights once per iteration and do 2·params FLOPs per token, at the
+    GPU's fp8 peak for fp8 weights where it has FP8 tensor cores, else its bf16 peak;
     attention reads every attended KV token once and does 4·heads·head_dim
-    FLOPs per (query, key) pair per layer. Tensor parallelism divides both
-    and adds two all-reduces per layer over NVLink.
+    FLOPs per (query, key) pair per layer (bf16 peak). Tensor parallelism divides both
+    and adds two all-reduces per layer over NVLink (PCIe on cards without it).
     """
 
     name = "roofline-uncalibrated"
@@ -157,6 +158,7 @@ class RooflineCostModel(CostModel):
         super().__init__()
         self.model, self.gpu, self.tp, self.layout, self.p = model, gpu, tensor_parallel, layout, params
         self._flops = gpu.peak_bf16_flops * tensor_parallel * params.compute_efficiency
+        self._gemm_flops = gpu.peak_gemm_flops(weight_dtype) * tensor_parallel * params.compute_efficiency
         self._bw = gpu.hbm_bandwidth * tensor_parallel * params.memory_efficiency
         self._weight_bytes = model.weight_bytes(weight_dtype)
         self._kv_bpt = model.kv_bytes_per_token(kv_dtype)
@@ -169,7 +171,7 @@ class RooflineCostModel(CostModel):
 
     def _linear_s(self, tokens: float, seqs: float) -> float:
         flops = tokens * self._linear_flops_per_token + seqs * self._lm_head_flops_per_seq
-        return max(flops / self._flops, self._weight_bytes / self._bw)
+        return max(flops / self._gemm_flops, self._weight_bytes / self._bw)
 
     def _allreduce_s(self, tokens: float) -> float:
         if self.tp == 1:

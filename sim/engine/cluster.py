@@ -55,7 +55,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
         sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
-        sched: Any = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
+        sched: Any = sched_cls(sc.scheduler, alloc, dep.model.uniform_sliding_window, swap_capacity_bytes=swap)
         sched.hash_block_tokens = wl.hash_block_tokens
         sched.victim_policy = sc.allocator.preemption.victim
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",

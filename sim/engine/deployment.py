@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, fields
 
@@ -13,21 +14,29 @@ from sim.allocators.paged import PagedAllocator
 from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
-from sim.catalog import GiB, GpuSpec, ModelSpec, activation_reserve_bytes, get_gpu, get_model, kv_capacity_bytes
-from sim.config import Scenario
+from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu, get_model,
+                         kv_capacity_bytes)
+from sim.config import GpuConfig, Scenario
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
 from sim.errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
 BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm",
-                           "cpu": "cpu-reference"}
+                           "B200-SXM-180GB": "b200-sxm", "L40S": "l40s", "cpu": "cpu-reference"}
+
+#: Says why ``cost_model.profile: auto`` fell back to the roofline prior. Silent in library use
+#: (``sim/__init__.py`` gives the ``kvsim`` logger a null handler); ``kvsim run`` prints it on stderr.
+log = logging.getLogger("kvsim.cost_model")
 
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
 
 
 def model_spec(sc: Scenario) -> ModelSpec:
-    """Catalog entry with any explicit dims applied, or a fully explicit shape."""
+    """Catalog entry or Hugging Face config with any explicit dims applied, or a fully explicit shape."""
     m = sc.model
+    if m.hf_config is not None:
+        from sim.hf_config import scenario_model
+        return scenario_model(sc)
     given = {f.name: getattr(m, f.name) for f in fields(ModelSpec) if f.name != "name" and getattr(m, f.name, None) is not None}
     if m.name is None or m.name == "custom":
         missing = [d for d in _DIMS if d not in given]
@@ -58,7 +67,7 @@ class Deployment:
     @classmethod
     def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
         model = model_spec(sc)
-        gpu = get_gpu(sc.gpu.name)
+        gpu = gpu_spec(sc.gpu)
         g = sc.gpu
         bpt = model.kv_bytes_per_token(sc.model.kv_dtype)
         act = g.activation_reserve_bytes
@@ -119,13 +128,14 @@ class Deployment:
             raise ConfigError("allocator.block_size", a.block_size, f"at most {cap // 2} tokens")
         if a.kind == "paged":
             if a.prefix_caching.enabled:
-                if self.model.sliding_window is not None:
+                if self.model.uniform_sliding_window is not None:
                     raise ConfigError("allocator.prefix_caching.enabled", True,
                                       "false for sliding-window models (their blocks slide out of the window)")
                 return PrefixCachingPagedAllocator(cap, bpt, a.block_size, a.page_reuse,
                                                    eviction=a.prefix_caching.eviction)
-            if self.model.sliding_window is not None:
-                return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=self.model.sliding_window)
+            if self.model.uniform_sliding_window is not None:
+                return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse,
+                                                   window=self.model.uniform_sliding_window)
             return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
         if a.kind == "hybrid_reserve":
             return HybridReserveAllocator(cap, bpt, a.block_size, a.page_reuse, reserve_fraction=a.reserve_fraction,
@@ -144,26 +154,45 @@ class Deployment:
                         block_size=sc.allocator.block_size)
         c = sc.cost_model
         ref = c.profile if c.profile not in (None, "none") else None
-        if ref == "auto":
+        auto = ref == "auto"
+        if auto:
             ref = BUILTIN_PROFILE_FOR_GPU.get(self.gpu.name)
-            auto = True
-        else:
-            auto = False
+            if ref is None:
+                log.warning("cost model: no calibrated profile for GPU %s (built-in profiles cover %s); using the "
+                            "roofline prior, reported as roofline-uncalibrated", self.gpu.name,
+                            ", ".join(g for g in BUILTIN_PROFILE_FOR_GPU if g != "cpu"))
         if ref:
             from sim.cost.profile import build_profile_cost_model  # only when needed: keeps startup light
             try:
                 return build_profile_cost_model(ref, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
                                                 weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype,
                                                 layout=layout)
-            except ConfigError:
+            except ConfigError as exc:
                 if not auto:
                     raise
                 # auto: the GPU's profile does not cover this shape or dtype; fall back to the labelled prior.
+                why = exc.allowed.split(f"; {ref} covers:")[0]  # the list of covered models is long
+                lead = "a profile that measured the "
+                if why.startswith(lead):
+                    why = "no curve for the " + why[len(lead):].split(" needed by ")[0]
+                log.warning("cost model: profile %s does not cover %s (weights %s, KV %s, TP %d): %s; using the "
+                            "roofline prior, reported as roofline-uncalibrated (kvsim profile show %s lists what it "
+                            "covers)", ref, self.model.name, sc.model.weight_dtype, sc.model.kv_dtype,
+                            sc.gpu.tensor_parallel, why, ref)
         params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
                                 step_overhead_s=c.step_overhead_s, per_seq_overhead_s=c.per_seq_overhead_s,
                                 paged_attention_overhead=c.paged_attention_overhead)
         return RooflineCostModel(self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
                                  weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout, params=params)
+
+
+def gpu_spec(g: GpuConfig) -> GpuSpec:
+    """The catalog entry of ``gpu.name``, or the figures of a ``custom`` card."""
+    if g.name == CUSTOM_GPU:
+        assert g.memory_gib and g.hbm_tbps and g.bf16_tflops and g.pcie_gbps  # the config validated them
+        return custom_gpu(g.memory_gib, g.hbm_tbps, g.bf16_tflops, g.pcie_gbps,
+                          fp8_tflops=g.fp8_tflops or 0.0, nvlink_gbps=g.nvlink_gbps or 0.0)
+    return get_gpu(g.name)
 
 
 _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")

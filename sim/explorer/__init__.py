@@ -11,8 +11,8 @@ The page only wires widgets to the functions here:
   anchors/aliases, schema validation with one readable line on failure. Nothing named in an
   upload is ever opened: every field that names a file, at any depth, is vetted first — trace
   ``path`` keys must name a built-in trace under ``scenarios/`` or a trace uploaded in the same
-  session (written to a private temporary folder), and ``cost_model.profile`` a built-in
-  profile or an uploaded one (:func:`resolve_paths`).
+  session (written to a private temporary folder), ``cost_model.profile`` a built-in
+  profile or an uploaded one, and ``model.hf_config`` a shipped model config (:func:`resolve_paths`).
 * **Runs**: :func:`resolve_scenario` and :func:`canonical_json` (the cache key of a run),
   :func:`run_canonical` (the simulation behind the page's cache), :func:`kpis` (headline
   numbers of a run), :func:`compare_rows` (side by side, best/worst marked).
@@ -175,8 +175,9 @@ def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
     Every field that names a file (:func:`sim.config.file_fields`), at any depth and under any
     key, is vetted: a trace ``path`` must be a built-in trace (``traces/…`` under ``scenarios/``)
     or the name of a trace in ``traces`` (uploaded this session); ``profile`` must be
-    ``none``/``auto``, a built-in profile name or a name in ``profiles``. The strings are
-    looked up in those tables, never opened, so an upload cannot reach other server files.
+    ``none``/``auto``, a built-in profile name or a name in ``profiles``; ``model.hf_config`` the
+    id of a config shipped in ``scenarios/models/``. The strings are looked up in those tables,
+    never opened, so an upload cannot reach other server files.
     """
     if not isinstance(data, dict):
         raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
@@ -213,7 +214,17 @@ def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
             names = ", ".join(["none", "auto", *builtin_profiles(), *uploaded])
             raise ConfigError(key, ref, f"a built-in profile or one uploaded in this session ({names})")
 
-    vetters = {"profile": vet_profile}
+    def vet_model_config(node: dict, field: str, key: str) -> None:
+        from sim.hf_config import shipped_config, shipped_models
+        ref = node[field]
+        if ref is None:
+            return
+        path = shipped_config(ref) if isinstance(ref, str) else None
+        if path is None:
+            raise ConfigError(key, ref, f"the id of a shipped model config ({', '.join(shipped_models())})")
+        node[field] = str(path)
+
+    vetters = {"profile": vet_profile, "hf_config": vet_model_config}
     names = file_fields()
     for node, field, key in list(_file_refs(out, "", names)):
         vetters.get(field, vet_trace)(node, field, key)
@@ -479,6 +490,9 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
         out[k] = v
     if lengths_kind == "trace" and base_lengths_none:
         out.pop("workload.lengths.kind", None)
+    base_hf = base.model.hf_config if isinstance(base, Scenario) else (base.get("model") or {}).get("hf_config")
+    if "model.name" in out and base_hf is not None:
+        out["model.hf_config"] = None  # a catalog model picked in the page replaces the config's model
     if isinstance(out.get("workload.num_requests"), float):
         out["workload.num_requests"] = int(out["workload.num_requests"])
     return out

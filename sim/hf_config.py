@@ -1,0 +1,442 @@
+"""Hugging Face ``config.json`` files read into a :class:`~sim.catalog.ModelSpec`.
+
+A scenario names one with ``model.hf_config`` (``kvsim run … --model PATH``): a local file
+path, resolved like trace paths (absolute, relative to the scenario file, to ``scenarios/`` or
+to the working directory), a folder holding ``config.json``, or the Hugging Face id of a
+config shipped in ``scenarios/models/`` (``Qwen/Qwen3-32B``). Nothing is downloaded.
+
+Read: ``num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads`` (default:
+the query heads), ``head_dim`` (default ``hidden_size / num_attention_heads``),
+``intermediate_size, vocab_size, tie_word_embeddings, max_position_embeddings``, the sliding
+window (``sliding_window`` with ``use_sliding_window``/``max_window_layers`` as Qwen2 reads
+them, ``layer_types``, ``sliding_window_pattern``), ``torch_dtype``/``dtype``, a nested
+``text_config`` (vision-language models: the text tower is the model served), and the
+quantisation: ``quantization_config`` in the file or a sibling ``<name>_hf_quant_config.json``
+/ ``hf_quant_config.json`` (NVIDIA ModelOpt) give the weight dtype (fp8) and the KV-cache
+dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``).
+
+``params`` is counted from the shapes: token embeddings, the LM head unless tied, per layer
+the Q/K/V/O projections (``heads × head_dim`` wide, which need not equal ``hidden_size``:
+Qwen3-32B has 64 × 128 = 8192 against a hidden size of 5120), a gated MLP (gate, up, down),
+two RMSNorms (and Qwen3's per-head Q/K norms), the final norm; plus, for Qwen-VL configs, the
+vision encoder (ViT blocks, patch and position embeddings, patch mergers), whose weights sit
+in GPU memory too.
+
+Mixture-of-experts, multi-head latent attention, linear-attention / state-space layers,
+per-layer block shapes and quantisations kvsim has no dtype for are refused with one
+:class:`~sim.errors.ConfigError` line naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from sim.catalog import FULL, SLIDING, ModelSpec
+from sim.errors import ConfigError
+
+KEY = "model.hf_config"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCENARIO_DIR = REPO_ROOT / "scenarios"
+#: Configs shipped with kvsim, named ``<org>--<model>_config.json`` (``<org>/<model>`` on the Hub).
+MODELS_DIR = SCENARIO_DIR / "models"
+
+_SUFFIX = "_config.json"
+_QUANT_SUFFIX = "_hf_quant_config.json"
+_DENSE_ONLY = "kvsim reads dense decoder-only transformers with full or sliding-window attention"
+
+
+@dataclass(frozen=True)
+class HfModel:
+    """A config read: the shape, and the dtypes the checkpoint declares."""
+
+    spec: ModelSpec
+    #: ``bf16``, ``fp16`` or ``fp8`` (from the quantisation config, else ``torch_dtype``).
+    weight_dtype: str
+    #: ``fp8`` where the checkpoint declares an FP8 KV cache, else the 16-bit weight dtype.
+    kv_dtype: str
+    path: Path
+    #: The file the quantisation came from (``None``: not quantised).
+    quant_source: Path | None = None
+
+
+# --- finding the file -----------------------------------------------------------------------
+
+def shipped_models() -> list[str]:
+    """Hugging Face ids of the configs in ``scenarios/models/``."""
+    out = []
+    for p in sorted(MODELS_DIR.glob(f"*{_SUFFIX}")):
+        if not p.name.endswith(_QUANT_SUFFIX):
+            out.append(p.name[: -len(_SUFFIX)].replace("--", "/", 1))
+    return out
+
+
+def shipped_config(ident: str) -> Path | None:
+    """The file of a shipped model's exact Hugging Face id (``Qwen/Qwen3-32B``), else ``None``; opens nothing."""
+    if ident not in shipped_models():
+        return None
+    return MODELS_DIR / (ident.replace("/", "--", 1) + _SUFFIX)
+
+
+def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
+    """The ``config.json`` that ``ref`` names (see the module docstring), or a ConfigError."""
+    p = Path(str(ref)).expanduser()
+    cands = [p] if p.is_absolute() else [Path(base_dir or SCENARIO_DIR) / p, SCENARIO_DIR / p, Path.cwd() / p]
+    for cand in cands:
+        if cand.is_file():
+            return cand
+        if cand.is_dir() and (cand / "config.json").is_file():
+            return cand / "config.json"
+    short = str(ref).strip().replace("/", "--", 1)
+    hits = [q for q in MODELS_DIR.glob(f"*{_SUFFIX}") if not q.name.endswith(_QUANT_SUFFIX)
+            and (q.name[: -len(_SUFFIX)].lower() == short.lower()
+                 or q.name[: -len(_SUFFIX)].split("--", 1)[-1].lower() == short.lower())]
+    if len(hits) == 1:
+        return hits[0]
+    raise ConfigError(KEY, ref, "a config.json path (absolute, or relative to the scenario file, scenarios/ or the "
+                                f"working directory), a folder holding config.json, or a shipped model: "
+                                f"{', '.join(shipped_models()) or 'none'}")
+
+
+def label_for(path: Path) -> str:
+    """``Qwen/Qwen3-32B`` for ``Qwen--Qwen3-32B_config.json``; the folder name for ``config.json``."""
+    name = path.name
+    if name.endswith(_SUFFIX) and name != "config.json":
+        return name[: -len(_SUFFIX)].replace("--", "/", 1)
+    return path.parent.name or path.stem
+
+
+# --- reading it -----------------------------------------------------------------------------
+
+def read_hf_config(path: str | Path) -> HfModel:
+    """Parse one config (cached per file, and per modification time of it and its quantisation siblings)."""
+    path = Path(path)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        raise ConfigError(KEY, str(path), "a readable config.json file") from None
+    siblings = tuple(q.stat().st_mtime_ns if q.is_file() else -1 for q in _quant_files(path))
+    return _read_cached(str(path), mtime, siblings)
+
+
+@lru_cache(maxsize=64)
+def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> HfModel:
+    path = Path(path_str)
+    top = _load_json(path)
+    text = top.get("text_config")
+    cfg = {**text} if isinstance(text, dict) else top
+    _refuse_unsupported(path, top, cfg)
+
+    def field(name: str, default=None):
+        v = cfg.get(name)
+        if v is None and cfg is not top:
+            v = top.get(name)
+        return default if v is None else v
+
+    def whole(name: str, minimum: int = 1) -> int:
+        v = field(name)
+        if v is None:
+            raise ConfigError(KEY, str(path), f"a decoder-only transformer config.json with '{name}' ({_DENSE_ONLY})")
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(KEY, str(path), f"'{name}' must be an integer >= {minimum}; got {v!r}")
+        return v
+
+    layers, hidden, heads = whole("num_hidden_layers"), whole("hidden_size"), whole("num_attention_heads")
+    kv_heads = whole("num_key_value_heads") if field("num_key_value_heads") is not None else heads
+    if field("head_dim") is not None:
+        head_dim = whole("head_dim")
+    elif hidden % heads:
+        raise ConfigError(KEY, str(path), f"'head_dim', or a hidden_size ({hidden}) divisible by num_attention_heads ({heads})")
+    else:
+        head_dim = hidden // heads
+    if heads % kv_heads:
+        raise ConfigError(KEY, str(path), f"num_attention_heads ({heads}) divisible by num_key_value_heads ({kv_heads})")
+    intermediate, vocab = whole("intermediate_size"), whole("vocab_size")
+    max_position = whole("max_position_embeddings") if field("max_position_embeddings") is not None else 4096
+    model_type = str(field("model_type", ""))
+    tied = bool(field("tie_word_embeddings", model_type.startswith("gemma")))
+    layer_types, window = _attention_layout(path, cfg, layers, model_type)
+
+    weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
+    wq, kq, qsrc = _quantisation(path, top)
+    params, vision = _param_count(cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type)
+    notes = [f"Hugging Face config {path.name}"]
+    if cfg is not top:
+        notes.append("text tower of a vision-language model" + (f"; vision encoder {vision / 1e9:.2f}B params counted"
+                                                                 if vision else "; vision encoder not counted"))
+    if qsrc is not None:
+        notes.append(f"quantisation from {qsrc.name}")
+        if _block_scaled(top):
+            notes.append("block-scaled fp8 weights priced as per-tensor fp8 GEMMs")
+    if field("num_nextn_predict_layers"):
+        notes.append("multi-token-prediction layers not counted (loaded only for speculative decoding)")
+    spec = ModelSpec(name=label_for(path), layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                     head_dim=head_dim, intermediate=intermediate, params=float(params), vocab=vocab,
+                     max_position=max_position, sliding_window=window, source="; ".join(notes),
+                     layer_types=layer_types)
+    weight = wq or weight16
+    return HfModel(spec, weight, kq or weight16, path, qsrc)
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(KEY, str(path), f"a readable config.json file ({type(exc).__name__})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(KEY, str(path), f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(KEY, str(path), "a JSON object (a Hugging Face config.json)")
+    return doc
+
+
+# --- what is not modelled -------------------------------------------------------------------
+
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
+_LINEAR_KEYS = {"linear_attn_config": "linear-attention layers", "attn_type_list": "linear-attention layers",
+                "layers_block_type": "state-space (mamba) layers", "hybrid_override_pattern": "state-space (mamba) layers",
+                "mamba_num_heads": "state-space (mamba) layers", "ssm_cfg": "state-space (mamba) layers"}
+
+
+def _refuse(path: Path, field: str, value, what: str):
+    shown = value if not isinstance(value, (list, dict, str)) or len(str(value)) <= 40 else str(value)[:37] + "..."
+    raise ConfigError(KEY, str(path), f"{field}={shown!r}: {what} not supported yet ({_DENSE_ONLY})")
+
+
+def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
+    """One ConfigError for the first feature kvsim does not model (in either config level)."""
+    levels = [cfg] if cfg is top else [cfg, top]
+
+    def first(key: str):
+        for level in levels:
+            v = level.get(key)
+            if v not in (None, False, 0, "", [], {}):
+                return v
+        return None
+
+    if first("block_configs") is not None:
+        blocks = first("block_configs")
+        noop = sum(1 for b in blocks if isinstance(b, dict) and (b.get("attention") or {}).get("no_op"))
+        mults = sorted(float(m) for m in {(b.get("ffn") or {}).get("ffn_mult") for b in blocks if isinstance(b, dict)}
+                       if isinstance(m, (int, float)))
+        what = (f"per-layer block shapes ({noop} of {len(blocks)} layers without attention, FFN multipliers "
+                f"{mults[0]}-{mults[-1]}; one shape per layer is modelled) are") if mults else "per-layer block shapes are"
+        raise ConfigError(KEY, str(path), f"block_configs: {what} not supported yet ({_DENSE_ONLY})")
+    for key in _MOE_KEYS:
+        if first(key) is not None:
+            _refuse(path, key, first(key), "mixture-of-experts layers are")
+    for key in _MLA_KEYS:
+        if first(key) is not None:
+            _refuse(path, key, first(key), "multi-head latent attention (MLA) is")
+    types = first("layer_types")
+    if types is not None:
+        odd = sorted({str(t) for t in types} - {FULL, SLIDING})
+        if odd:
+            kind = "linear-attention" if "linear" in odd[0] else f"'{odd[0]}'"
+            _refuse(path, "layer_types", odd[0], f"{kind} layers are")
+    for key, what in _LINEAR_KEYS.items():
+        if first(key) is not None:
+            _refuse(path, key, first(key), f"{what} are")
+    for key, base in (("global_head_dim", "head_dim"), ("num_global_key_value_heads", "num_key_value_heads")):
+        v = first(key)
+        if v is not None and v != first(base):
+            _refuse(path, key, v, f"a {base} that differs between full and sliding layers ({first(base)}) is")
+    if first("num_kv_shared_layers"):
+        _refuse(path, "num_kv_shared_layers", first("num_kv_shared_layers"), "KV caches shared across layers are")
+    if first("is_encoder_decoder"):
+        _refuse(path, "is_encoder_decoder", True, "encoder-decoder models read from config.json are")
+
+
+# --- attention layout -----------------------------------------------------------------------
+
+def _attention_layout(path: Path, cfg: dict, layers: int, model_type: str) -> tuple[tuple[str, ...], int | None]:
+    """(per-layer types, window): ``()`` when every layer is alike (sliding iff a window is returned)."""
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False or window in (None, 0):
+        window = None
+    elif isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(KEY, str(path), f"'sliding_window' must be a token count >= 1 or null; got {window!r}")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers:
+            raise ConfigError(KEY, str(path), f"'layer_types' must list one type per layer ({layers}); got "
+                                              f"{len(types) if isinstance(types, list) else type(types).__name__}")
+        t = tuple(str(x) for x in types)
+    elif window is None:
+        return (), None
+    elif cfg.get("sliding_window_pattern"):
+        # Gemma-3: every pattern-th layer attends globally, the others slide.
+        n = int(cfg["sliding_window_pattern"])
+        t = tuple(FULL if (i + 1) % n == 0 else SLIDING for i in range(layers))
+    elif cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
+        # Qwen2/3: the first max_window_layers layers attend globally, the rest slide.
+        t = tuple(FULL if i < int(cfg["max_window_layers"]) else SLIDING for i in range(layers))
+    elif model_type == "gemma2":
+        t = tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
+    else:
+        return (), window  # Mistral: a window on every layer
+    if SLIDING in t and window is None:
+        raise ConfigError(KEY, str(path), "'sliding_window' (tokens) for its sliding_attention layers")
+    if SLIDING not in t:
+        return (), None
+    if FULL not in t:
+        return (), window
+    return t, window
+
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+_DTYPE16 = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
+            # Served in 16 bits: engines cast fp32 checkpoints down (vLLM's dtype "auto").
+            "float32": "bf16", "float": "bf16"}
+
+
+def _dtype16(path: Path, name) -> str:
+    if name is None:
+        return "bf16"
+    try:
+        return _DTYPE16[str(name).removeprefix("torch.")]
+    except KeyError:
+        raise ConfigError(KEY, str(path), f"torch_dtype bfloat16, float16 or float32; got {name!r}") from None
+
+
+def _quant_files(path: Path) -> list[Path]:
+    if path.name == "config.json":
+        return [path.parent / "hf_quant_config.json"]
+    if path.name.endswith(_SUFFIX):
+        return [path.with_name(path.name[: -len(_SUFFIX)] + _QUANT_SUFFIX), path.parent / "hf_quant_config.json"]
+    return [path.parent / "hf_quant_config.json"]
+
+
+def _quantisation(path: Path, top: dict) -> tuple[str | None, str | None, Path | None]:
+    """(weight dtype, KV dtype, file) from ``quantization_config`` and/or a sibling hf_quant_config.json."""
+    found: list[tuple[str | None, str | None, Path]] = []
+    qc = top.get("quantization_config")
+    if isinstance(qc, dict) and qc:
+        found.append((*_read_quant(path, qc, "quantization_config"), path))
+    for q in _quant_files(path):
+        if q.is_file():
+            doc = _load_json(q)
+            section = doc.get("quantization", doc)
+            if isinstance(section, dict):
+                found.append((*_read_quant(q, section, "quantization"), q))
+            break
+    if not found:
+        return None, None, None
+    weight = next((w for w, _, _ in found if w), None)
+    kv = next((k for _, k, _ in found if k), None)
+    for w, k, src in found:
+        if (w and w != weight) or (k and k != kv):
+            raise ConfigError(KEY, str(src), f"the same dtypes as {found[0][2].name} (weights {weight}, KV {kv}); "
+                                             f"got weights {w}, KV {k}")
+    return weight, kv, found[0][2]
+
+
+def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | None]:
+    """(weight dtype, KV dtype) one quantisation section declares; ConfigError for the ones kvsim lacks."""
+    method = str(qc.get("quant_method") or "").lower()
+    algo = str(qc.get("quant_algo") or "").lower()
+    weight: str | None = None
+    if method in ("fp8", "fbgemm_fp8") or algo == "fp8":
+        weight = "fp8"
+    elif method == "compressed-tensors" or "config_groups" in qc:
+        for group in (qc.get("config_groups") or {}).values():
+            w = (group or {}).get("weights") or {}
+            if w.get("num_bits") == 8 and w.get("type") == "float":
+                weight = "fp8"
+            else:
+                raise ConfigError(KEY, str(path), f"{where}.config_groups weights {w.get('num_bits')}-bit "
+                                                  f"{w.get('type')}: only fp8 weights are supported yet")
+    elif method or algo:
+        raise ConfigError(KEY, str(path), f"{where}: quantisation {algo or method!r} not supported yet "
+                                          "(fp8 weights, fp8 KV cache)")
+    kv: str | None = None
+    scheme = qc.get("kv_cache_scheme", qc.get("kv_cache_quant_algo"))
+    if isinstance(scheme, dict):
+        if scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+            kv = "fp8"
+        else:
+            raise ConfigError(KEY, str(path), f"{where}.kv_cache_scheme {scheme.get('num_bits')}-bit {scheme.get('type')}: "
+                                              "only an fp8 KV cache is supported yet")
+    elif scheme:
+        if str(scheme).lower() != "fp8":
+            raise ConfigError(KEY, str(path), f"{where}: KV-cache quantisation {scheme!r} not supported yet (fp8 only)")
+        kv = "fp8"
+    return weight, kv
+
+
+def _block_scaled(top: dict) -> bool:
+    qc = top.get("quantization_config")
+    return isinstance(qc, dict) and bool(qc.get("weight_block_size"))
+
+
+# --- parameters -----------------------------------------------------------------------------
+
+def _param_count(cfg: dict, top: dict, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                 intermediate: int, vocab: int, tied: bool, model_type: str) -> tuple[int, int]:
+    """(all weights, of which vision encoder) counted from the shapes."""
+    embed = vocab * hidden * (1 if tied else 2)
+    attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    if cfg.get("attention_bias") or model_type.startswith("qwen2"):
+        attn += (heads + 2 * kv_heads) * head_dim  # Q/K/V biases (Qwen2 always has them)
+    mlp = 3 * hidden * intermediate  # gate, up, down
+    norms = 2 * hidden + (2 * head_dim if model_type.startswith(("qwen3", "gemma3")) else 0)
+    text = embed + layers * (attn + mlp + norms) + hidden
+    vision = _vision_params(top.get("vision_config")) if cfg is not top else 0
+    return text + vision, vision
+
+
+def _vision_params(vc) -> int:
+    """Qwen-VL vision encoder: patch and position embeddings, ViT blocks, patch mergers (0 when the
+    config does not give those fields)."""
+    if not isinstance(vc, dict) or not all(isinstance(vc.get(k), int) for k in ("depth", "hidden_size", "intermediate_size")):
+        return 0
+    h, i, depth = vc["hidden_size"], vc["intermediate_size"], vc["depth"]
+    block = (4 * h * h + 4 * h) + (2 * h * i + i + h) + 4 * h  # attention, MLP (with biases), two LayerNorms
+    patch = vc.get("in_channels", 3) * vc.get("temporal_patch_size", 1) * vc.get("patch_size", 14) ** 2 * h + h
+    pos = vc.get("num_position_embeddings", 0) * h
+    merged = vc.get("spatial_merge_size", 2) ** 2 * h
+    out = vc.get("out_hidden_size", h)
+    merger = merged * merged + merged + merged * out + out + 2 * h
+    mergers = 1 + len(vc.get("deepstack_visual_indexes") or [])
+    return depth * block + patch + pos + mergers * merger
+
+
+# --- scenarios ------------------------------------------------------------------------------
+
+def apply_to_scenario(sc) -> None:
+    """Resolve a validated scenario's ``model.hf_config`` in place: the file must exist and parse;
+    ``model.name`` becomes the config's label unless the scenario gave one; ``weight_dtype`` and
+    ``kv_dtype`` the scenario leaves unset come from the config (so the resolved scenario written
+    to a run directory names them and reruns identically). Explicit values always win."""
+    from sim.catalog import MODELS
+
+    m = sc.model
+    hf = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir))
+    given = m.model_fields_set
+    if "name" in given and m.name is not None and m.name != hf.spec.name:
+        if m.name in MODELS or m.name == "custom":
+            raise ConfigError("model.name", m.name, f"a label, not a catalog model, when model.hf_config is given "
+                                                    f"({m.hf_config}): the config is the model. Drop model.name "
+                                                    "(kvsim run --model replaces the whole model section)")
+    else:
+        m.name = hf.spec.name
+    if "weight_dtype" not in given:
+        m.weight_dtype = hf.weight_dtype
+    if "kv_dtype" not in given:
+        m.kv_dtype = hf.kv_dtype
+
+
+def scenario_model(sc) -> ModelSpec:
+    """The model of a scenario with ``model.hf_config``: the config's shape, explicit dims applied."""
+    from dataclasses import fields, replace
+
+    m = sc.model
+    spec = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).spec
+    dims = {f.name: getattr(m, f.name) for f in fields(ModelSpec)
+            if f.name != "name" and getattr(m, f.name, None) is not None}
+    label = m.name or spec.name
+    return replace(spec, **dims, name=label + ("*" if dims else ""))

@@ -1,0 +1,314 @@
+"""Hugging Face config.json files: every shipped config read, parameter counts against the published
+sizes, refusals of what kvsim does not model, text_config nesting, quantisation dtypes, scenarios."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sim.catalog import FULL, MODELS, SLIDING
+from sim.config import scenario_from_dict
+from sim.engine.deployment import Deployment, model_spec
+from sim.errors import ConfigError
+from sim.hf_config import MODELS_DIR, read_hf_config, resolve_hf_config, shipped_models
+from sim.cost.profile import shape_keys
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+#: Published parameter counts (model cards: Qwen3 "Number of Parameters" and "Non-Embedding";
+#: Meta: Llama 3.1 8.03B / 70.6B / 405B), in billions: (total, non-embedding or None).
+PUBLISHED = {
+    "Qwen/Qwen3-0.6B": (0.6, 0.44),
+    "Qwen/Qwen3-1.7B": (1.7, 1.4),
+    "Qwen/Qwen3-8B": (8.2, 6.95),
+    "Qwen/Qwen3-32B": (32.8, 31.2),
+    "Qwen/Qwen3-32B-FP8": (32.8, 31.2),
+    "Qwen/Qwen3-32B-FP8-Static-PerTensor": (32.8, 31.2),
+    "meta-llama/Meta-Llama-3.1-8B": (8.03, None),
+    "meta-llama/Meta-Llama-3.1-70B": (70.6, None),
+    "meta-llama/Meta-Llama-3.1-405B": (405.0, None),
+    "nvidia/Llama-3.1-70B-Instruct-FP8": (70.6, None),
+}
+
+#: Declared dtypes (weights, KV) of the quantised checkpoints; every other shipped config is bf16/bf16.
+QUANTISED = {
+    "Qwen/Qwen3-32B-FP8": ("fp8", "bf16"),  # block-scaled fp8 weights, no KV scheme
+    "Qwen/Qwen3-32B-FP8-Static-PerTensor": ("fp8", "fp8"),
+    "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),  # from its sibling hf_quant_config.json
+}
+
+
+def _config_file(ident: str) -> Path:
+    return MODELS_DIR / (ident.replace("/", "--", 1) + "_config.json")
+
+
+def test_the_shipped_set():
+    assert len(shipped_models()) == 15
+    assert {"Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-VL-8B-Instruct", "meta-llama/Meta-Llama-3.1-405B",
+            "nvidia/Llama-3.1-70B-Instruct-FP8"} <= set(shipped_models())
+    assert (MODELS_DIR / "LICENSE").is_file() and (MODELS_DIR / "SOURCE.md").is_file()
+
+
+@pytest.mark.parametrize("ident", shipped_models())
+def test_every_shipped_config_is_read(ident):
+    path = _config_file(ident)
+    raw = json.loads(path.read_text())
+    cfg = raw.get("text_config", raw)
+    hf = read_hf_config(path)
+    m = hf.spec
+    assert m.name == ident
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.intermediate, m.vocab, m.max_position) == (
+        cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+        cfg["intermediate_size"], cfg["vocab_size"], cfg["max_position_embeddings"])
+    assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) == 128
+    assert m.sliding_window is None and m.layer_types == ()
+    assert (hf.weight_dtype, hf.kv_dtype) == QUANTISED.get(ident, ("bf16", "bf16"))
+    # Resolvable by its Hugging Face id and by its model name alone.
+    assert resolve_hf_config(ident) == path
+    assert resolve_hf_config(ident.split("/")[1]) == path
+
+
+@pytest.mark.parametrize("ident", sorted(PUBLISHED))
+def test_parameter_count_matches_the_published_size(ident):
+    m = read_hf_config(_config_file(ident)).spec
+    total, non_embedding = PUBLISHED[ident]
+    assert m.params == pytest.approx(total * 1e9, rel=0.02)
+    if non_embedding is not None:
+        tied = json.loads(_config_file(ident).read_text())["tie_word_embeddings"]
+        embed = m.vocab * m.hidden * (1 if tied else 2)
+        assert m.params - embed == pytest.approx(non_embedding * 1e9, rel=0.02)
+
+
+def test_qwen3_32b_by_hand():
+    """64 layers of Q (5120x8192), K and V (5120x1024 each), O (8192x5120), gate/up/down (5120x25600),
+    two norms and the per-head Q/K norms; untied embeddings and LM head; the final norm."""
+    m = read_hf_config(_config_file("Qwen/Qwen3-32B")).spec
+    layer = 5120 * 8192 + 2 * 5120 * 1024 + 8192 * 5120 + 3 * 5120 * 25600 + 2 * 5120 + 2 * 128
+    assert m.params == 64 * layer + 2 * 151936 * 5120 + 5120 == 32_762_123_264
+
+
+def test_vision_language_configs_use_the_text_tower():
+    vl = read_hf_config(_config_file("Qwen/Qwen3-VL-8B-Instruct")).spec
+    text = read_hf_config(_config_file("Qwen/Qwen3-8B")).spec
+    assert (vl.layers, vl.hidden, vl.heads, vl.kv_heads, vl.head_dim, vl.intermediate, vl.vocab) == (
+        text.layers, text.hidden, text.heads, text.kv_heads, text.head_dim, text.intermediate, text.vocab)
+    assert vl.kv_bytes_per_token("bf16") == text.kv_bytes_per_token("bf16")
+    # The vision encoder's weights are in GPU memory too: counted on top of the text tower.
+    assert 0.3e9 < vl.params - text.params < 0.8e9
+    # Tied embeddings read from the text config (VL-2B) or the top level (VL-32B).
+    assert read_hf_config(_config_file("Qwen/Qwen3-VL-2B-Instruct")).spec.params < read_hf_config(
+        _config_file("Qwen/Qwen3-1.7B")).spec.params + 0.8e9
+
+
+def test_text_config_nesting_and_top_level_fallback(tmp_path):
+    cfg = {"model_type": "wrapper_vl", "tie_word_embeddings": True, "vision_config": {"model_type": "none"},
+           "text_config": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+                           "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "float16"}}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    hf = read_hf_config(p)
+    m = hf.spec
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim) == (2, 256, 4, 4, 64)  # MHA, head_dim = 256/4
+    assert m.params == 1000 * 256 + 2 * (256 * 12 * 64 + 4 * 64 * 256 + 3 * 256 * 512 + 2 * 256) + 256  # tied
+    assert (hf.weight_dtype, hf.kv_dtype) == ("fp16", "fp16")
+    assert m.name == tmp_path.name  # config.json: named after its folder
+    assert resolve_hf_config(str(tmp_path)) == p  # a folder holding config.json
+
+
+def test_catalog_qwen3_entries_equal_their_configs():
+    for name, ident in (("qwen3-8b", "Qwen/Qwen3-8B"), ("qwen3-32b", "Qwen/Qwen3-32B")):
+        cat, hf = MODELS[name], read_hf_config(_config_file(ident)).spec
+        assert (cat.layers, cat.hidden, cat.heads, cat.kv_heads, cat.head_dim, cat.intermediate, cat.vocab,
+                cat.max_position) == (hf.layers, hf.hidden, hf.heads, hf.kv_heads, hf.head_dim, hf.intermediate,
+                                      hf.vocab, hf.max_position)
+        assert cat.params == pytest.approx(hf.params, rel=1e-3)
+
+
+def test_projection_shapes_use_heads_times_head_dim():
+    """Qwen3-32B: 64 heads x 128 = 8192 != hidden 5120. QKV is (64 + 2*8)*128 wide, O maps 8192 -> 5120."""
+    k = shape_keys(MODELS["qwen3-32b"], 1, "bf16", "bf16")
+    assert (k.qkv, k.o) == ("10240x5120:bf16", "5120x8192:bf16")
+    k8 = shape_keys(MODELS["qwen3-32b"], 8, "bf16", "bf16")
+    assert (k8.qkv, k8.o, k8.attention) == ("1280x5120:bf16", "5120x1024:bf16", "8/1/128:bf16")
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,field", [
+    ("mistralai--Mixtral-8x7B-v0.1", "num_local_experts=8"),
+    ("deepseek-ai--DeepSeek-V3", "n_routed_experts=256"),
+    ("Qwen--Qwen3.5-27B", "layer_types='linear_attention'"),
+    ("nvidia--Nemotron-H-56B-Base-8K", "hybrid_override_pattern="),
+])
+def test_unsupported_published_configs_are_one_line(name, field):
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(DATA / f"{name}_config.json")
+    msg = str(e.value)
+    assert msg.startswith("model.hf_config: ") and "\n" not in msg
+    assert field in msg and "not supported yet" in msg
+
+
+def _write(tmp_path: Path, cfg: dict, name: str = "m_config.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+DENSE = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+         "num_key_value_heads": 2, "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank=512: multi-head latent attention (MLA)"),
+    ({"q_lora_rank": 1024}, "q_lora_rank=1024"),
+    ({"num_experts": 64}, "num_experts=64: mixture-of-experts"),
+    ({"block_configs": [{"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
+                        {"attention": {"no_op": False}, "ffn": {"ffn_mult": 5.25}}]},
+     "block_configs: per-layer block shapes (1 of 2 layers without attention"),
+    ({"layers_block_type": ["mamba", "attention"]}, "state-space (mamba) layers"),
+    ({"global_head_dim": 512, "head_dim": 64}, "global_head_dim=512"),
+    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantisation 'awq' not supported yet"),
+    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "quantisation 'nvfp4'"),
+    ({"quantization_config": {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}}, "4-bit int"),
+    ({"quantization_config": {"quant_method": "fp8", "kv_cache_scheme": "int8"}}, "KV-cache quantisation 'int8'"),
+])
+def test_unsupported_features_name_their_field(tmp_path, extra, needle):
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(_write(tmp_path, {**DENSE, **extra}))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("drop", ["num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size"])
+def test_missing_required_field(tmp_path, drop):
+    cfg = {k: v for k, v in DENSE.items() if k != drop}
+    with pytest.raises(ConfigError, match=f"'{drop}'"):
+        read_hf_config(_write(tmp_path, cfg))
+
+
+def test_bad_json_and_missing_file(tmp_path):
+    p = tmp_path / "x_config.json"
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="valid JSON"):
+        read_hf_config(p)
+    with pytest.raises(ConfigError, match="shipped model: Qwen/Qwen3-0.6B"):
+        resolve_hf_config("no/such-model")
+
+
+# --- attention layout -----------------------------------------------------------------------
+
+def test_per_layer_attention_types_are_kept():
+    m = read_hf_config(DATA / "dense-gpt-oss-layout_config.json").spec
+    assert m.sliding_window == 128 and len(m.layer_types) == 24
+    assert m.layer_types[:2] == (SLIDING, FULL) and m.sliding_layers == 12
+    # Until KV is accounted per layer group, a mixed model is held as full attention everywhere.
+    assert m.uniform_sliding_window is None and m.kv_tokens_held(10_000) == 10_000
+
+
+@pytest.mark.parametrize("extra,window,sliding", [
+    ({"sliding_window": 4096}, 4096, 4),                                      # Mistral: every layer
+    ({"sliding_window": 4096, "use_sliding_window": False}, None, 0),         # Qwen: declared but off
+    ({"sliding_window": 32768, "use_sliding_window": True, "max_window_layers": 3}, 32768, 1),  # Qwen2: last layer
+    ({"sliding_window": 1024, "sliding_window_pattern": 2}, 1024, 2),         # Gemma-3 style: every 2nd is global
+    ({"sliding_window": None}, None, 0),
+])
+def test_sliding_window_forms(tmp_path, extra, window, sliding):
+    m = read_hf_config(_write(tmp_path, {**DENSE, **extra})).spec
+    assert m.sliding_window == window and m.sliding_layers == sliding
+    assert m.uniform_sliding_window == (window if sliding == 4 else None)
+
+
+# --- quantisation ---------------------------------------------------------------------------
+
+def test_quant_from_a_sibling_file(tmp_path):
+    shutil.copy(_config_file("nvidia/Llama-3.1-70B-Instruct-FP8"), tmp_path / "config.json")
+    assert read_hf_config(tmp_path / "config.json").weight_dtype == "bf16"  # no sibling yet
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
+    hf = read_hf_config(tmp_path / "config.json")
+    assert (hf.weight_dtype, hf.kv_dtype, hf.quant_source.name) == ("fp8", "bf16", "hf_quant_config.json")
+
+
+def test_conflicting_quant_declarations(tmp_path):
+    cfg = {**DENSE, "quantization_config": {"quant_method": "fp8"}}
+    _write(tmp_path, cfg, "m_config.json")
+    (tmp_path / "m_hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8",
+                                                                                   "kv_cache_quant_algo": "FP8"}}))
+    hf = read_hf_config(tmp_path / "m_config.json")  # complementary: weights from one, KV from the other
+    assert (hf.weight_dtype, hf.kv_dtype) == ("fp8", "fp8")
+    cfg["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float"}
+    (tmp_path / "m_config.json").write_text(json.dumps(cfg))
+    assert read_hf_config(tmp_path / "m_config.json").kv_dtype == "fp8"
+
+
+# --- scenarios ------------------------------------------------------------------------------
+
+def _scenario(model: dict, **sections):
+    return scenario_from_dict({"model": model, **sections})
+
+
+def test_scenario_takes_shape_name_and_dtypes_from_the_config():
+    sc = _scenario({"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}, gpu={"name": "H200-SXM-141GB"})
+    assert sc.model.name == "nvidia/Llama-3.1-70B-Instruct-FP8"
+    assert (sc.model.weight_dtype, sc.model.kv_dtype) == ("fp8", "fp8")
+    m = model_spec(sc)
+    assert (m.layers, m.hidden, m.kv_heads) == (80, 8192, 8)
+    dep = Deployment.from_scenario(sc)
+    assert dep.kv_bytes_per_token == 2 * 80 * 8 * 128 * 1 and dep.weight_bytes == int(m.params)
+    assert dep.make_cost_model(sc).name == "h200-sxm"
+
+
+def test_explicit_values_override_the_config():
+    sc = _scenario({"hf_config": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "kv_dtype": "bf16", "layers": 32,
+                    "name": "my-qwen"})
+    assert (sc.model.weight_dtype, sc.model.kv_dtype) == ("fp8", "bf16")
+    m = model_spec(sc)
+    assert (m.layers, m.hidden, m.name) == (32, 5120, "my-qwen*")
+
+
+def test_catalog_name_and_hf_config_conflict():
+    with pytest.raises(ConfigError, match="^model.name: got 'llama-3.1-8b'; a label"):
+        _scenario({"name": "llama-3.1-8b", "hf_config": "Qwen/Qwen3-8B"})
+
+
+def test_resolved_scenario_reloads_identically():
+    sc = _scenario({"hf_config": "Qwen/Qwen3-32B-FP8"})
+    again = scenario_from_dict(sc.model_dump(mode="json", exclude_none=True))
+    assert again.model == sc.model and model_spec(again) == model_spec(sc)
+
+
+def test_paths_resolve_against_the_scenario_file(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    shutil.copy(_config_file("Qwen/Qwen3-8B"), tmp_path / "cfg" / "config.json")
+    sc = scenario_from_dict({"model": {"hf_config": "cfg/config.json"}}, base_dir=tmp_path)
+    assert sc.model.name == "cfg" and model_spec(sc).layers == 36
+    with pytest.raises(ConfigError, match="^model.hf_config: got 'cfg/missing.json'"):
+        scenario_from_dict({"model": {"hf_config": "cfg/missing.json"}}, base_dir=tmp_path)
+
+
+# --- untrusted uploads (the explorer) -------------------------------------------------------
+
+def test_explorer_accepts_only_shipped_model_configs(tmp_path):
+    """``model.hf_config`` names a file: an upload may only name a shipped config, which is never a
+    path of the user's choosing (the file given here is refused before anything reads it)."""
+    from sim import explorer as X
+    from sim.config import file_fields
+    assert "hf_config" in file_fields()
+    out = X.resolve_paths({"model": {"hf_config": "Qwen/Qwen3-8B"}})
+    assert out["model"]["hf_config"] == str(_config_file("Qwen/Qwen3-8B"))
+    assert X.resolve_scenario({"model": {"hf_config": "Qwen/Qwen3-8B"}}).model.name == "Qwen/Qwen3-8B"
+    outside = tmp_path / "config.json"
+    outside.write_text("{}")
+    for ref in (str(outside), str(tmp_path), "models/Qwen--Qwen3-8B_config.json", "Qwen3-8B", ["x"]):
+        with pytest.raises(ConfigError, match="^model.hf_config: got .*the id of a shipped model config"):
+            X.resolve_paths({"model": {"hf_config": ref}})
+
+
+def test_explorer_model_pick_replaces_the_config():
+    from sim import explorer as X
+    base = {"model": {"hf_config": "Qwen/Qwen3-8B"}}
+    assert X.knobs_from_scenario(base)["model.name"] == "Qwen/Qwen3-8B"
+    edited = X.edited_scenario(base, {"model.name": "llama-3.1-8b"})
+    assert model_spec(scenario_from_dict(edited)) == MODELS["llama-3.1-8b"]
+    assert X.edited_scenario(base, {"model.name": "Qwen/Qwen3-8B"}) == base  # unchanged pick: no edit
