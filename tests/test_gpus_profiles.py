@@ -55,7 +55,9 @@ def test_new_models_priced_by_profiles(profile, gpu, model, dtype, tp):
     decode = cm.decode_times_s(64, np.array([64 * 2048.0, 64 * 4096.0]))
     assert np.all(np.isfinite(decode)) and decode[1] > decode[0] > 0
     assert cm.mixed_step_time_s(BatchShape([(2048, 0)], 8, 8 * 1024)) > decode[0]
-    assert not cm.out_of_range
+    # Only an LM head wider than the widest measured GEMM (65536 columns per GPU) is outside the tables.
+    wide = MODELS[model].vocab // tp > 65536
+    assert set(cm.out_of_range) == ({"gemm_lm_head"} if wide else set()), cm.out_of_range
 
 
 def test_b200_prices_below_h100():
