@@ -14,7 +14,7 @@ import sys
 
 from sim.cost.profile import PROFILE_DIR
 
-from .profile_builder import SYSTEM_PROFILE, build_profile, default_models
+from .profile_builder import SYSTEM_PROFILE, build_profile, default_models, engine_kernels
 from .tables import DEFAULT_TABLES_DIR, load_kernel_tables
 
 BACKEND = "trtllm"
@@ -25,6 +25,9 @@ GENERATION_BACKEND = "sglang"
 #: regimes at 1-2 KV heads that the fitted form cannot follow (held-out median 5.8 %, p95 52 %),
 #: TensorRT-LLM's fits like the Hopper tables do (median 2.1 %, p95 20 %).
 GENERATION_BACKEND_FOR = {"b200_sxm": "trtllm"}
+#: Systems whose profiles also carry each serving engine's own kernels (vLLM, SGLang, TensorRT-LLM):
+#: the GPUs of the end-to-end serving benchmarks the engine presets are fitted on.
+ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm")
 
 
 def builtin_tables(system: str):
@@ -53,7 +56,8 @@ def build(systems: list[str] | None = None) -> list[str]:
             return written
     for system in systems or sorted(SYSTEM_PROFILE):
         kt = builtin_tables(system)
-        profile = build_profile(kt, models=default_models())
+        engines = engine_kernels(DEFAULT_TABLES_DIR, system, kt.system) if system in ENGINE_SYSTEMS else None
+        profile = build_profile(kt, models=default_models(), engines=engines)
         path = profile.write(PROFILE_DIR / f"{profile.name}.json")
         written.append(str(path))
         print(f"{profile.name}: {path} ({path.stat().st_size / 1e3:.0f} kB)")

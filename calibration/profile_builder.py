@@ -22,7 +22,8 @@ from sim.errors import ConfigError
 from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
 from . import fit as F
-from .tables import CPU_OVERHEAD_PARTS, KernelTables, read_cpu_overheads
+from .tables import (CPU_OVERHEAD_PARTS, KernelTables, find_table, read_attention, read_cpu_overheads,
+                     read_custom_allreduce, read_gemm)
 
 #: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
 SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
@@ -123,6 +124,64 @@ def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple,
     return weights, kv, notes
 
 
+#: Serving engines whose own kernel tables a profile can carry (``Profile.kernels[engine]``).
+ENGINES = ("vllm", "sglang", "trtllm")
+
+
+@dataclass
+class EngineKernels:
+    """Each engine's fitted families, their held-out quality, source tables and custom all-reduce."""
+
+    kernels: dict[str, dict[str, F.FamilyFit]]
+    quality: dict[str, dict]
+    sources: dict[str, dict[str, str]]
+    custom_allreduce: dict[str, dict[str, Curve1D]]
+
+
+def engine_kernels(root: Path | str, system: str, spec, *, engines: tuple[str, ...] = ENGINES, seed: int = 0,
+                   heldout: bool = True) -> EngineKernels:
+    """Fit the GEMM, context and decode attention tables of every engine that has them for ``system``
+    (the kernels each serving engine runs), score each on a held-out 20 %, and read each engine's
+    custom all-reduce table. Engines or families without tables are skipped."""
+    root = Path(root)
+    kernels: dict[str, dict[str, F.FamilyFit]] = {}
+    quality: dict[str, dict] = {}
+    sources: dict[str, dict[str, str]] = {}
+    custom: dict[str, dict[str, Curve1D]] = {}
+    for engine in engines:
+        tabs = {}
+        for family, folder, name in (("gemm", "gemm", "gemm_perf"), ("context_attention", "attention", "context_attention_perf"),
+                                     ("generation_attention", "attention", "generation_attention_perf")):
+            if not (root / system / folder / engine).is_dir():
+                continue
+            try:
+                path, ver = find_table(root, system, folder, engine, name)
+            except ConfigError:
+                continue
+            tabs[family] = (read_gemm(path, engine, ver) if family == "gemm"
+                            else read_attention(path, family.split("_")[0], engine, ver))
+            sources.setdefault(engine, {})[family] = f"{system}/{folder}/{engine}/{ver}/{name}.parquet"
+        for family, table in tabs.items():
+            kernels.setdefault(engine, {})[family] = F.FITTERS[family](table, spec.peak_flops, spec.mem_bw)
+            if heldout:
+                test = F.holdout_mask(len(table), 0.2, seed)
+                quality.setdefault(engine, {})[family] = _rounded(F.heldout_evaluation(
+                    family, table, spec.peak_flops, spec.mem_bw, test))
+        if (root / system / "comm" / engine).is_dir():
+            try:
+                path, ver = find_table(root, system, "comm", engine, "custom_allreduce_perf")
+            except ConfigError:
+                continue
+            t = read_custom_allreduce(path, ver)
+            sources.setdefault(engine, {})["custom_allreduce"] = f"{system}/comm/{engine}/{ver}/custom_allreduce_perf.parquet"
+            for g in sorted(set(t.num_gpus.tolist())):
+                sel = t.num_gpus == g
+                o = np.argsort(t.nbytes[sel])
+                custom.setdefault(engine, {})[str(g)] = Curve1D(t.nbytes[sel][o], t.latency_s[sel][o],
+                                                                {"x_is": "message bytes (bf16)", "version": ver})
+    return EngineKernels(kernels, quality, sources, custom)
+
+
 def cpu_overhead_section() -> dict:
     """Linear fit ``intercept + per_seq · batch`` of vLLM's per-step CPU overhead, per TP degree."""
     tab = read_cpu_overheads()
@@ -148,10 +207,13 @@ def _versions() -> dict:
 
 
 def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name: str | None = None,
-                  fits: Fits | None = None, seed: int = 0, dtype: str | None = None) -> Profile:
-    """A profile with curves for every (model, TP) in ``models`` and every dtype the tables measure.
+                  fits: Fits | None = None, seed: int = 0, dtype: str | None = None,
+                  engines: EngineKernels | None = None) -> Profile:
+    """A profile with fitted kernel families (any shape), checked to price every (model, TP) in
+    ``models`` at every dtype the tables measure.
 
-    ``dtype`` (``bf16`` or ``fp8``) keeps only that weight and KV-cache dtype.
+    ``dtype`` (``bf16`` or ``fp8``) keeps only that weight and KV-cache dtype. ``engines``
+    (:func:`engine_kernels`) adds each serving engine's own kernel families and all-reduce.
     """
     spec = kt.system
     fits = fits or fit_tables(kt, seed=seed)
@@ -168,6 +230,10 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
     kernels: dict[str, dict[str, F.FamilyFit]] = {kt.backend: {"gemm": fits.gemm, "context_attention": fits.context}}
     kernels.setdefault(gen_backend, {})["generation_attention"] = fits.generation
     kernel_defaults = {"gemm": kt.backend, "context_attention": kt.backend, "generation_attention": gen_backend}
+    if engines is not None:
+        for engine, fams in engines.kernels.items():
+            for family, fit in fams.items():
+                kernels.setdefault(engine, {})[family] = fit
     # Curves are derived from the fitted families when a cost model needs a shape; here the catalog
     # models' shapes are derived once to check they price and to count floor-clamped cells.
     probe = Profile(name="probe", device=_device(spec), provenance={}, memory={}, elementwise={}, layout={},
@@ -232,6 +298,7 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                              "generation_attention": kt.generation.version,
                              "nccl": kt.nccl.version if kt.nccl is not None else None},
         "source": "aiconfigurator-core 0.12.0 measured kernel tables (Apache-2.0); Vidur CPU overheads (MIT)",
+        "engine_tables": engines.sources if engines is not None else {},
         "source_tables": [_rel(kt, p) for p in (kt.gemm.source, kt.context.source, kt.generation.source,
                                                  kt.nccl.source if kt.nccl is not None else None) if p],
         "date": _dt.date.today().isoformat(),
@@ -262,7 +329,9 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                 "block_size_dependence": "none modelled: the tables measure one block size"},
         cpu_overhead=cpu_overhead_section(),
         allreduce=allreduce, gemm={}, context_attention={}, generation_attention={}, models=entries,
-        fit_quality=fits.quality, dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults,
+        fit_quality={**fits.quality, **({"backends": engines.quality} if engines is not None and engines.quality else {})},
+        dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults,
+        custom_allreduce=engines.custom_allreduce if engines is not None else {},
     )
 
 
@@ -302,5 +371,6 @@ def default_models(models: tuple[str, ...] = DEFAULT_MODELS, tps: tuple[int, ...
     return out
 
 
-__all__ = ["Fits", "fit_tables", "build_profile", "default_models", "dtype_maps", "cpu_overhead_section",
+__all__ = ["Fits", "fit_tables", "build_profile", "default_models", "dtype_maps", "cpu_overhead_section", "engine_kernels",
+           "EngineKernels", "ENGINES",
            "SYSTEM_GPU", "SYSTEM_PROFILE"]

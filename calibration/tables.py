@@ -163,14 +163,14 @@ def find_table(root: Path | str, system: str, family: str, backend: str, table: 
                version: str | None = None) -> tuple[Path, str]:
     """Path of ``<root>/<system>/<family>/<backend>/<version>/<table>.parquet`` and its version.
 
-    With ``version=None`` the only (or the lexically last) measured version is used.
+    With ``version=None`` the only (or the newest, by :func:`version_key`) measured version is used.
     """
     base = Path(root) / system / family / backend
     if not base.is_dir():
         have = sorted(p.name for p in (Path(root) / system / family).glob("*")) if (Path(root) / system / family).is_dir() else []
         raise ConfigError("calibrate.backend", backend,
                           f"no {family} tables for {system} under {Path(root)}; available backends: {', '.join(have) or 'none'}")
-    versions = sorted(p.parent.name for p in base.glob(f"*/{table}.parquet"))
+    versions = sorted((p.parent.name for p in base.glob(f"*/{table}.parquet")), key=version_key)
     if version is not None:
         if version not in versions:
             raise ConfigError("calibrate.version", version, f"measured versions: {', '.join(versions) or 'none'}")
@@ -178,6 +178,16 @@ def find_table(root: Path | str, system: str, family: str, backend: str, table: 
     if not versions:
         raise ConfigError(KEY, str(base), f"a folder <version>/{table}.parquet")
     return base / versions[-1] / f"{table}.parquet", versions[-1]
+
+
+def version_key(version: str) -> tuple:
+    """Sort key of an engine version string: numeric parts as numbers (``0.5.14`` after
+    ``0.5.6.post2``, ``1.3.0rc20`` after ``1.3.0rc5``), a pre-release (``rc``) before its release."""
+    import re
+    out: list[tuple[int, int | str]] = []
+    for part in re.findall(r"\d+|[A-Za-z]+", version):
+        out.append((0, int(part)) if part.isdigit() else (-1 if part in ("rc", "a", "b", "dev") else 1, part))
+    return (*out, (0, -1))  # the end sorts after a pre-release tag and before a further number
 
 
 def list_systems(root: Path | str = DEFAULT_TABLES_DIR) -> list[str]:
@@ -254,6 +264,29 @@ def read_nccl(path: Path | str, version: str = "") -> NcclTable:
         raise ConfigError(KEY, str(path), "rows with op_name 'all_reduce' and nccl_dtype 'half'")
     gpus = cols["num_gpus"][keep].astype(np.int64)
     nbytes = cols["message_size"][keep].astype(np.float64) * 2.0  # elements of 2 bytes
+    lat = cols["latency"][keep].astype(np.float64) * 1e-3
+    keys = np.stack([gpus, nbytes.astype(np.int64)], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    mean = np.bincount(inv, weights=lat) / np.bincount(inv)
+    return NcclTable(num_gpus=uniq[:, 0], nbytes=uniq[:, 1].astype(np.float64), latency_s=mean, source=str(path),
+                     version=version)
+
+
+def read_custom_allreduce(path: Path | str, version: str = "") -> NcclTable:
+    """An engine's own all-reduce kernel (``comm/<engine>/<version>/custom_allreduce_perf.parquet``):
+    bf16 rows replayed in CUDA graphs; ``message_size`` counts bf16 elements (2 bytes each), as the
+    NCCL tables do."""
+    path = Path(path)
+    cols = _read_parquet(path, ["allreduce_dtype", "num_gpus", "message_size", "latency"])
+    keep = cols["allreduce_dtype"] == "bfloat16"
+    if "kernel_source" in pq.read_schema(path).names:
+        src = pq.read_table(path, columns=["kernel_source"]).column(0).to_numpy(zero_copy_only=False)
+        keep &= np.array(["eager" not in str(x) for x in src])
+    if not keep.any():
+        raise ConfigError(KEY, str(path), "rows with allreduce_dtype 'bfloat16' replayed in graphs")
+    gpus = cols["num_gpus"][keep].astype(np.int64)
+    nbytes = cols["message_size"][keep].astype(np.float64) * 2.0
     lat = cols["latency"][keep].astype(np.float64) * 1e-3
     keys = np.stack([gpus, nbytes.astype(np.int64)], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)

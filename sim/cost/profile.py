@@ -326,6 +326,9 @@ class Profile:
     dtypes: dict
     kernels: dict[str, dict[str, FamilyFit]] = field(default_factory=dict)
     kernel_defaults: dict[str, str] = field(default_factory=dict)
+    #: Serving engines' own all-reduce kernels (``{engine: {gpus: seconds vs message bytes}}``), used
+    #: below an engine's custom all-reduce size limit instead of NCCL.
+    custom_allreduce: dict[str, dict[str, Curve1D]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Curves derived from ``kernels``, by (backend, key): shared by every cost model on this profile.
@@ -346,6 +349,9 @@ class Profile:
             out["kernels"] = {b: {f: family_to_json(fit) for f, fit in sorted(fams.items())}
                               for b, fams in sorted(self.kernels.items())}
             out["kernel_defaults"] = dict(sorted(self.kernel_defaults.items()))
+        if self.custom_allreduce:
+            out["custom_allreduce"] = {e: {g: c.to_json() for g, c in sorted(cs.items(), key=lambda kv: int(kv[0]))}
+                                       for e, cs in sorted(self.custom_allreduce.items())}
         return out
 
     def write(self, path: Path | str) -> Path:
@@ -375,6 +381,8 @@ class Profile:
                 kernels={str(b): {str(f): family_from_json(fit) for f, fit in fams.items()}
                          for b, fams in doc.get("kernels", {}).items()},
                 kernel_defaults={str(k): str(v) for k, v in doc.get("kernel_defaults", {}).items()},
+                custom_allreduce={str(e): {str(g): Curve1D.from_json(c) for g, c in cs.items()}
+                                  for e, cs in doc.get("custom_allreduce", {}).items()},
             )
         except (KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
             raise ConfigError(KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})") from None
