@@ -202,7 +202,7 @@ def _mount_optional() -> None:
     from calibration.cli import calibrate_command, profile_app
     from calibration.validate_cli import validate_command, validate_runs_command
 
-    from sim.analysis.guide import guide_command
+    from sim.cli.guide import guide_command
     from sim.cli.plan import plan_command
     from sim.cli.report import report_command
     from sim.cli.sweep import sweep_command
