@@ -219,6 +219,19 @@ def _mount_optional() -> None:
 _mount_optional()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from sim import __version__
+        print(f"kvsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                        help="Print the kvsim version and exit.")) -> None:
+    """kvsim: KV-cache capacity simulator for LLM serving."""
+
+
 def main() -> None:
     try:
         app()
