@@ -6,11 +6,11 @@ one length, and the simulator cannot see that. Three CPU layouts of the same pag
 side in one thread (interleaved rounds, each the fastest of a few calls, the median over rounds):
 
 * ``padded``: one ``index_select`` + SDPA over the batch padded to its longest (the engine's CUDA
-  path, and its CPU path before the eleventh session);
+  path, and an earlier CPU path);
 * ``groups of 8``: sorted by length, cut into groups of at most 8 sequences and 4096 padded tokens,
-  each padded to its own longest (the eleventh session's CPU kernel);
+  each padded to its own longest (the previous CPU kernel);
 * ``per sequence``: one gather of every sequence's own blocks, one SDPA per sequence over its slice
-  (:func:`calibration.engine.decode_plan`, the CPU kernel since the twelfth session).
+  (:func:`calibration.engine.decode_plan`, the CPU kernel now).
 
 Batches: 16 and 8 sequences of 204 tokens, and the same counts at lengths drawn uniformly from
 20–385 tokens (what ``validate-cpu.yaml``'s saturating load decodes) with the same total. The cost

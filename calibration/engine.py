@@ -222,12 +222,12 @@ def decode_plan(tables: list[list[int]], seq_lens: list[int], block_size: int, d
     over the batch padded to its longest.
 
     Why per sequence on CPU: one gather + SDPA pads every sequence to the batch's longest, and
-    length-sorted groups (the eleventh session's kernel) still pad each group to its own longest, so
+    length-sorted groups (the previous CPU kernel) still pad each group to its own longest, so
     the kernel's time followed the spread of lengths, not the total KV the cost model prices it by.
     ``python -m bench decode-spread`` on the 2-vCPU AMD EPYC host (one thread): lengths drawn from
     20-385 against the same count and total at one length cost 1.45x in one padded call, 1.21x in
     groups of 8 and 1.05x per sequence (16 sequences; 8 sequences: 1.56x, 1.53x, 1.01x;
-    docs/validation.md, "Twelfth session"). Per sequence costs 34-60 % more at one length there.
+    docs/validation.md, "The paged decode kernel"). Per sequence costs 34-60 % more at one length there.
     A paged kernel reads each sequence's own blocks, and so does this one: one ``index_select`` of
     all the batch's blocks (padding only inside each sequence's last block), then one SDPA per
     sequence over its slice. CUDA keeps the one padded call: a launch per sequence would cost more

@@ -1324,8 +1324,8 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     * ``center``: how a group of residuals is summarised. ``trimmed`` (default): the mean of those
       between their 5th and 95th percentiles. A replay's busy time is a *sum* of iteration times, so
       the fit must price the mean iteration, and iteration times are skewed right (a median sits
-      below the mean); the trim keeps a shared host's slow episodes out. ``median`` (the seventh
-      session's fit) left the simulator 2.2 % fast on average; refitted on the same replays of
+      below the mean); the trim keeps a shared host's slow episodes out. ``median`` (the earlier
+      fit) left the simulator 2.2 % fast on average; refitted on the same replays of
       eleven full runs, ``trimmed`` put 376 against 374 of 396 cells within 10 %, mean RMS error
       4.7 against 5.1 % (``mean``: 376, 4.8 %), and on two fresh runs 35 and 29 against 34 and 29
       of 36 (docs/validation.md, "The fit's centre").
@@ -1343,7 +1343,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       iterations (``CostModel.after_prefill_s``), the engine's virtual clock too. Without it the
       steady-state fit prices them 5–15 % low; with it, on the same replays (six full runs), 204
       against 188 of 216 cells came within 10 % (docs/validation.md).
-    * ``steady=False``: ``a + b·S`` from every pure-decode iteration (the fifth session's fit), which
+    * ``steady=False``: ``a + b·S`` from every pure-decode iteration (an earlier fit), which
       averages the after-prefill excess into ``a`` and ``b`` (so no ``after_prefill_s``).
     * ``by_seqs``: also each sequence count's departure from ``a + b·S`` (``per_seq_delta_s``: the centre
       of its steady-state residuals minus the line, at counts with at least :data:`BY_SEQS_MIN` of them),

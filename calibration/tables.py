@@ -15,6 +15,7 @@ actionable line instead of a pandas traceback.
 from __future__ import annotations
 
 import csv
+import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import yaml
 
 from sim.errors import ConfigError
 
-#: Data shipped with the repository (filtered copies; see ``data/*/SOURCE.md``).
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent / "data"
+#: Data shipped with the repository (filtered copies; see ``data/*/SOURCE.md``), installed as
+#: package data (pyproject.toml) so the defaults exist in a wheel install too.
+DEFAULT_DATA_DIR = Path(str(importlib.resources.files("calibration"))) / "data"
 DEFAULT_TABLES_DIR = DEFAULT_DATA_DIR / "gpu-kernels"
 VIDUR_DIR = DEFAULT_DATA_DIR / "vidur-profiles"
 

@@ -30,7 +30,7 @@ from sim.catalog import get_model
 VARIANTS = {
     "steady": {"steady": True, "after_prefill": True},
     "steady-no-mixed-decode": {"steady": True, "after_prefill": True, "mixed_decode": False},
-    "steady-line": {"steady": True, "after_prefill": True, "by_seqs": False, "mixed_decode": False},  # tenth session's
+    "steady-line": {"steady": True, "after_prefill": True, "by_seqs": False, "mixed_decode": False},  # no per-count departures
     "steady-median": {"steady": True, "after_prefill": True, "center": "median"},
     "steady-mean": {"steady": True, "after_prefill": True, "center": "mean"},
     "steady-no-after": {"steady": True, "after_prefill": False},

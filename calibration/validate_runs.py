@@ -1,7 +1,7 @@
 """Several ``kvsim validate`` runs of one spec, read together: what repeats and what is one run's luck.
 
 One validation run on a shared host carries a level of its own (the host's speed during its replays
-against during its calibration; docs/validation.md, "Ninth session"), so one run's table mixes the
+against during its calibration; docs/validation.md, "What limits accuracy"), so one run's table mixes the
 simulator's systematic error with that run's luck. Over several runs of the same spec the two come
 apart:
 
@@ -45,7 +45,7 @@ class Run:
     """One validation run's judged cells: ``cells[(load, allocator, metric)] = (measured, simulated)``
     in seconds; ``setup``: what must be equal for runs to be read together (model shape, KV memory,
     scheduler, workload, loads, the table's clock, device kind); ``engine``: the spec's engine options
-    (replays, calibration choices; recorded since the tenth session, else empty), which may differ."""
+    (replays, calibration choices; empty in runs written before they were recorded), which may differ."""
     path: str
     name: str
     cells: dict

@@ -205,8 +205,8 @@ def test_encoder_decoder_static_block():
 # --- 9. shared prefixes ------------------------------------------------------------------------
 
 def test_prefix_caching_hit_rate_lru_vs_lfu():
-    from sim.analysis.guide import BY_KEY, run_variant
-    sit = BY_KEY["shared-prefix"]
+    from sim.analysis.guide import by_key, run_variant
+    sit = by_key()["shared-prefix"]
     probe = run_variant(sit, next(v for v in sit.variants if v.name == "lru"), 200)
     if "prefix_hit_rate" not in probe.summary:
         pytest.skip("summary.json has no prefix_hit_rate yet: allocator.prefix_caching is not wired into the engine")

@@ -49,8 +49,8 @@ def test_scenario_runs_at_reduced_size(path):
 
 
 def _situation_files():
-    from sim.analysis.guide import SITUATIONS
-    return sorted({SCENARIO_DIR / f"{s.scenario}.yaml" for s in SITUATIONS} | {SCENARIO_DIR / "chat-api.yaml"})
+    from sim.analysis.guide import situations
+    return sorted({SCENARIO_DIR / f"{s.scenario}.yaml" for s in situations()} | {SCENARIO_DIR / "chat-api.yaml"})
 
 
 @pytest.mark.parametrize("path", _situation_files(), ids=lambda p: p.stem)
@@ -67,9 +67,9 @@ def test_scenario_has_a_header_comment(path):
 
 
 def test_guide_situations_use_existing_scenarios_and_valid_variants():
-    from sim.analysis.guide import SITUATIONS
+    from sim.analysis.guide import situations
     seen = set()
-    for sit in SITUATIONS:
+    for sit in situations():
         data, base = read_scenario_dict(sit.scenario)
         seen.add(sit.scenario)
         if _skip_reason(data):

@@ -22,7 +22,7 @@ def test_spec_defaults_and_quick():
     assert spec["allocators"] == ["paged", "static"]
     q = load_spec("scenarios/validate-cpu.yaml", quick=True)
     assert [ld["name"] for ld in q["loads"]] == ["medium"] and q["workload"]["num_requests"] < 50
-    # the full run calibrates on both batch mixes (docs/validation.md, "Tenth session"); CI's subset on one
+    # the full run calibrates on both batch mixes (docs/validation.md, "Overhead batch mix"); CI's subset on one
     assert (spec["engine"]["overhead_mix"], q["engine"]["overhead_mix"]) == ("both", "offline")
 
 

@@ -253,7 +253,7 @@ def _mount_optional() -> None:
     from calibration.cli import calibrate_command, profile_app
     from calibration.validate_cli import validate_command, validate_runs_command
 
-    from sim.analysis.guide import guide_command
+    from sim.cli.guide import guide_command
     from sim.cli.plan import plan_command
     from sim.cli.report import report_command
     from sim.cli.sweep import sweep_command
@@ -268,6 +268,19 @@ def _mount_optional() -> None:
 
 
 _mount_optional()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from sim import __version__
+        print(f"kvsim {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                        help="Print the kvsim version and exit.")) -> None:
+    """kvsim: KV-cache capacity simulator for LLM serving."""
 
 
 def main() -> None:

@@ -123,6 +123,11 @@ class CostModel(ABC):
     def describe(self) -> dict:
         return {"name": self.name, "calibrated": self.calibrated}
 
+    def profile_provenance(self) -> dict | None:
+        """The calibrated profile behind this model, ``{"name", "date", "source"}`` (for
+        ``summary.json``); None for a model with no profile (the roofline prior)."""
+        return None
+
 
 @dataclass(frozen=True)
 class RooflineParams:

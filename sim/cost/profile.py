@@ -907,6 +907,10 @@ class ProfileCostModel(CostModel):
     def alloc_time_s(self, events: int) -> float:
         return max(int(events), 0) * self._alloc_s
 
+    def profile_provenance(self) -> dict | None:
+        p = self.profile.provenance
+        return {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
+
     def describe(self) -> dict:
         return {"name": self.name, "calibrated": True, "device": self.profile.device.get("name"),
                 "tensor_parallel": self.tp, "curves": {"attention": self.keys.attention, **self.keys.gemms()},

@@ -8,7 +8,7 @@ from typing import Any, Callable, Generator
 
 import simpy
 
-from sim import NATIVE_STATE
+from sim import NATIVE_STATE, __version__
 from sim.config import Scenario
 from sim.cost.model import CostModel
 from sim.engine.deployment import Deployment
@@ -118,12 +118,14 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
     summary = summarize(rec, replicas, dep.kv_bytes_per_token)
     summary.update({
+        "kvsim_version": __version__,
         "scenario": sc.name,
         "seed": sc.seed,
         "allocator": sc.allocator.kind,
         "engine_mode": sc.engine.mode,
         "cost_model": cost.name,
         "cost_model_calibrated": cost.calibrated,
+        "cost_model_profile": cost.profile_provenance(),
         "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
         "kv_bytes_per_token": dep.kv_bytes_per_token,
         "reserve_tokens": dep.reserve_tokens,
