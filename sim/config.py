@@ -91,6 +91,9 @@ class GpuConfig(_Section):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     #: Bytes per replica kept for activations; ``None`` derives it like vLLM's profiling run.
     activation_reserve_bytes: int | None = Field(None, ge=0)
+    #: KV capacity per replica in tokens as the server reports it (vLLM's "GPU KV cache size: N
+    #: tokens", SGLang's ``max_total_num_tokens``); overrides the capacity derived from memory.
+    kv_cache_tokens: int | None = Field(None, ge=1, le=1 << 34)
     #: ``name: custom`` only: the card's figures (dense tensor-core TFLOP/s; 0 = none).
     memory_gib: float | None = Field(None, gt=0, le=4096)
     hbm_tbps: float | None = Field(None, gt=0, le=1000)
@@ -199,6 +202,12 @@ class SchedulerConfig(_Section):
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     chunked_prefill: bool = True
+    #: Prefill chunks share iterations with decodes (vLLM) or run in iterations of their own
+    #: (SGLang); ``None``: the serving engine's (``engine.kind``).
+    mixed_batches: bool | None = None
+    #: Admit a request only when KV for its prompt and whole output fits (TensorRT-LLM's
+    #: GUARANTEED_NO_EVICT); ``None``: the serving engine's.
+    reserve_output: bool | None = None
 
 
 class CompactionConfig(_Section):
@@ -279,6 +288,19 @@ class TimeseriesConfig(_Section):
 
 class EngineConfig(_Section):
     mode: Literal["fast_forward", "step"] = "fast_forward"
+    #: The serving engine whose framework terms go on top of the kernel profile
+    #: (``sim/engine_presets.py``): ``vllm``, ``sglang``, ``trtllm``, or ``reference`` (kvsim's own
+    #: torch engine: the profile's measured CPU overhead, no engine terms). ``auto``: ``reference``.
+    kind: Literal["auto", "vllm", "sglang", "trtllm", "reference"] = "auto"
+    #: Overrides of the preset's terms (``None``: the preset's, or a profile's fitted ones). Seconds.
+    host_s: float | None = Field(None, ge=0, le=1)
+    host_per_seq_s: float | None = Field(None, ge=0, le=0.01)
+    eager_per_layer_s: float | None = Field(None, ge=0, le=0.01)
+    frontend_s: float | None = Field(None, ge=0, le=600)
+    frontend_per_token_s: float | None = Field(None, ge=0, le=0.01)
+    graph_max_tokens: int | None = Field(None, ge=0, le=1 << 20)
+    elementwise_per_layer: int | None = Field(None, ge=0, le=64)
+    custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)
 
 
 class Scenario(_Section):

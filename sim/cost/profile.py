@@ -32,6 +32,7 @@ import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from mypy_extensions import mypyc_attr
@@ -40,6 +41,7 @@ from sim.catalog import GpuSpec, ModelSpec
 from sim.cost.kernel_model import (FamilyFit, MissingGroup, Peaks, attention_grid, family_from_json, family_to_json,
                                    gemm_curve)
 from sim.cost.model import BatchShape, CostModel, Layout
+from sim.engine_presets import EnginePreset
 from sim.errors import ConfigError
 
 FORMAT = "kvsim-profile"
@@ -602,17 +604,23 @@ class ProfileCostModel(CostModel):
     calibrated = True
 
     def __init__(self, profile: Profile, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
-                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", layout: Layout = Layout(paged=True)):
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", layout: Layout = Layout(paged=True),
+                 engine: EnginePreset | None = None):
         super().__init__()
         self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
         self.name = profile.name
+        #: The serving engine's framework terms (``None``: the profile's own measured overhead, as is).
+        self.engine = engine
         #: ``model.layers`` as a plain attribute: read on every priced iteration.
         self._layers: int = model.layers
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
         self.keys = shape_keys(model, self.tp, wd, kd)
-        self._gemm: dict[str, Curve1D] = {proj: self._need(profile.gemm_curve(key), key, f"GEMM {proj}")
+        #: The engine's own kernel tables when the profile carries them, else the profile's defaults.
+        self.kernels: str | None = engine.kernels if engine is not None and engine.kernels in profile.kernels else None
+        backend = self.kernels
+        self._gemm: dict[str, Curve1D] = {proj: self._need(profile.gemm_curve(key, backend), key, f"GEMM {proj}")
                                           for proj, key in self.keys.gemms().items()}
-        ctx, gen = profile.attention_grids(self.keys.attention)
+        ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
         self._gen: Grid2D = self._need(gen, self.keys.attention, "generation attention")
         self._ctx: Grid2D = self._need(ctx, self.keys.attention, "context attention")
         self._allreduce: Curve1D | None = None
@@ -621,9 +629,25 @@ class ProfileCostModel(CostModel):
                 raise ConfigError(KEY, profile.name, f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
                                                      f"(all-reduce measured for those GPU counts); got {self.tp}")
             self._allreduce = profile.allreduce[str(self.tp)]
-        cpu = profile.cpu_overhead["by_tp"]
-        tps = sorted(int(t) for t in cpu)
-        self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
+        #: The engine's own all-reduce for messages up to ``_custom_max`` bytes (the faster of it and NCCL).
+        self._custom_ar: Curve1D | None = None
+        self._custom_max: float = 0.0
+        if engine is not None and self.tp > 1 and engine.custom_allreduce_max_bytes > 0:
+            self._custom_ar = profile.custom_allreduce.get(engine.kernels or engine.name, {}).get(str(self.tp))
+            self._custom_max = float(engine.custom_allreduce_max_bytes)
+        #: Iterations above ``_graph_max`` tokens (or mixed ones, unless ``_graph_mixed``) run eagerly and
+        #: pay ``_eager_s`` of launch gaps; without an engine every iteration is priced as measured.
+        self._graph_max: float = float(engine.graph_max_tokens) if engine is not None else math.inf
+        self._graph_mixed: bool = engine.graph_mixed if engine is not None else True
+        self._eager_s: float = model.layers * engine.eager_per_layer_s if engine is not None else 0.0
+        self._cpu: dict[str, Any]
+        if engine is not None:
+            # The engine's exposed host time replaces the profile's measured CPU overhead.
+            self._cpu = {"intercept_s": engine.host_s, "per_seq_s": engine.host_per_seq_s, "batch_range": [0, 1 << 40]}
+        else:
+            cpu = profile.cpu_overhead["by_tp"]
+            tps = sorted(int(t) for t in cpu)
+            self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
         after = self._cpu.get("after_prefill_s", [])
         if not isinstance(after, list) or not all(_is_number(x) and 0 <= x < 1 for x in after):
             raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
@@ -657,7 +681,8 @@ class ProfileCostModel(CostModel):
         # SiLU·mul, 2 residual adds), bf16 activations.
         per_tok = ACT_BYTES * (2 * 2 * model.hidden + 2 * (h + kvh) * model.head_dim
                                + 3 * model.intermediate / self.tp + 2 * 3 * model.hidden)
-        self._ew_fixed: float = float(ew["kernels_per_layer"]) * float(ew["latency_s"])
+        ew_kernels = engine.elementwise_per_layer if engine is not None else ew["kernels_per_layer"]
+        self._ew_fixed: float = float(ew_kernels) * float(ew["latency_s"])
         self._ew_per_token: float = per_tok / float(ew["bandwidth_bytes_per_s"])
         self._base_cache: dict[int, float] = {}
         self._chunk_cache: dict[object, tuple[float, tuple]] = {}
@@ -716,7 +741,10 @@ class ProfileCostModel(CostModel):
         per_layer = total + self._ew_fixed + self._ew_per_token * tokens
         val = self.model.layers * per_layer
         if self._allreduce is not None:
-            t, oor = self._allreduce.at(tokens * self.model.hidden * ACT_BYTES)
+            nbytes = tokens * self.model.hidden * ACT_BYTES
+            t, oor = self._allreduce.at(nbytes)
+            if self._custom_ar is not None and nbytes <= self._custom_max:
+                t = min(t, self._custom_ar.at(nbytes)[0])
             if oor:
                 counts.append(("allreduce", oor))
             val = val + 2.0 * self.model.layers * t
@@ -761,7 +789,7 @@ class ProfileCostModel(CostModel):
         # Counted on first use of ``n`` only (the historical semantics of this cache).
         base = self._base_cache.get(n)
         if base is None:
-            base = self._non_attention_s(n, n)
+            base = self._non_attention_s(n, n) + (self._eager_s if n > self._graph_max else 0.0)
             if len(self._base_cache) < 65536:
                 self._base_cache[n] = base
         return base
@@ -841,7 +869,8 @@ class ProfileCostModel(CostModel):
             attn += self._attn_factor * t
         if chunks:
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
-        return self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d
+        eager = self._eager_s if (not self._graph_mixed or tokens > self._graph_max) else 0.0
+        return self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d + eager
 
     def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
         """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the
@@ -913,6 +942,8 @@ class ProfileCostModel(CostModel):
 
     def describe(self) -> dict:
         return {"name": self.name, "calibrated": True, "device": self.profile.device.get("name"),
+                "engine": self.engine.name if self.engine is not None else "reference",
+                "kernels": self.kernels or "profile default",
                 "tensor_parallel": self.tp, "curves": {"attention": self.keys.attention, **self.keys.gemms()},
                 "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
                 "out_of_range": dict(self.out_of_range)}
@@ -920,7 +951,7 @@ class ProfileCostModel(CostModel):
 
 def build_profile_cost_model(profile_ref: str, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
                              weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                             layout: Layout = Layout(paged=True)) -> CostModel:
+                             layout: Layout = Layout(paged=True), engine: EnginePreset | None = None) -> CostModel:
     """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path."""
     return ProfileCostModel(load_profile(profile_ref), model, gpu, tensor_parallel=tensor_parallel,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, layout=layout)
+                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, layout=layout, engine=engine)

@@ -24,6 +24,16 @@ from sim.workload.generator import build_workload, total_length_percentile
 ProgressFn = Callable[[int, int], None]
 
 
+class _ToEngine:
+    """The callback that hands a request to a replica once the front end is done with it."""
+
+    def __init__(self, router: Router, req: Request):
+        self.router, self.req = router, req
+
+    def __call__(self, _event: object) -> None:
+        self.router.pick(self.req).submit(self.req)
+
+
 def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
@@ -55,7 +65,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
         sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
-        sched: Any = sched_cls(sc.scheduler, alloc, dep.model.uniform_sliding_window, swap_capacity_bytes=swap)
+        sched: Any = sched_cls(dep.scheduler or sc.scheduler, alloc, dep.model.uniform_sliding_window,
+                               swap_capacity_bytes=swap)
         sched.hash_block_tokens = wl.hash_block_tokens
         sched.victim_policy = sc.allocator.preemption.victim
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
@@ -69,6 +80,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
 
     hashes = wl.hashes
     priority = wl.priority
+    front_s = dep.engine.frontend_s if dep.engine is not None else 0.0
+    front_tok_s = dep.engine.frontend_per_token_s if dep.engine is not None else 0.0
 
     def submit(rid: int, client: int = -1) -> None:
         req = Request(rid, prompts[rid], outputs[rid], env._now, client, hashes[rid] if hashes is not None else None,
@@ -77,6 +90,12 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env._now
             rec.request_done(req)
             on_finish(req)
+            return
+        delay = front_s + front_tok_s * req.prompt
+        if delay > 0:
+            # The server's front end (HTTP, tokenisation) holds the request before the engine sees it;
+            # its arrival stays the client's send time, so TTFT counts the front end.
+            env.timeout(delay).callbacks.append(_ToEngine(router, req))
             return
         router.pick(req).submit(req)
 

@@ -16,7 +16,8 @@ from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
 from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu, get_model,
                          kv_capacity_bytes)
-from sim.config import GpuConfig, Scenario
+from sim.engine_presets import EnginePreset, get_preset
+from sim.config import GpuConfig, Scenario, SchedulerConfig
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
 from sim.errors import ConfigError
 
@@ -63,18 +64,26 @@ class Deployment:
     reserve_tokens: int | None
     #: hybrid_tail: requests longer than this (tokens) go to the static partition.
     long_threshold_tokens: int | None = None
+    #: The serving engine's framework terms (``None``: ``engine.kind: reference``).
+    engine: EnginePreset | None = None
+    #: The scheduler as it runs: the scenario's keys, and the engine's defaults for keys it leaves unset.
+    scheduler: SchedulerConfig | None = None
 
     @classmethod
     def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
         model = model_spec(sc)
         gpu = gpu_spec(sc.gpu)
         g = sc.gpu
+        engine = engine_preset(sc)
+        sched = effective_scheduler(sc.scheduler, engine)
         bpt = model.kv_bytes_per_token(sc.model.kv_dtype)
         act = g.activation_reserve_bytes
         if act is None:
-            act = activation_reserve_bytes(model, g.tensor_parallel, sc.scheduler.max_num_batched_tokens, sc.scheduler.max_num_seqs)
+            act = activation_reserve_bytes(model, g.tensor_parallel, sched.max_num_batched_tokens, sched.max_num_seqs)
         weights = model.weight_bytes(sc.model.weight_dtype)
         cap = kv_capacity_bytes(model, gpu, g.tensor_parallel, g.gpu_memory_utilization, sc.model.weight_dtype, act)
+        if g.kv_cache_tokens is not None:
+            cap = g.kv_cache_tokens * bpt  # as the server reported it
         if cap <= 0:
             raise ConfigError("gpu", f"{g.name} x TP{g.tensor_parallel}",
                               f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
@@ -119,7 +128,7 @@ class Deployment:
                 raise ConfigError("allocator.placement", "buddy",
                                   f"a buddy arena of {region} tokens has blocks of at most {largest}; "
                                   f"{want} are needed for one request: use first_fit or best_fit")
-        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve, long_threshold)
+        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve, long_threshold, engine, sched)
 
     def make_allocator(self, sc: Scenario) -> Allocator:
         a = sc.allocator
@@ -166,7 +175,7 @@ class Deployment:
             try:
                 return build_profile_cost_model(ref, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
                                                 weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype,
-                                                layout=layout)
+                                                layout=layout, engine=self.engine)
             except ConfigError as exc:
                 if not auto:
                     raise
@@ -184,6 +193,41 @@ class Deployment:
                                 paged_attention_overhead=c.paged_attention_overhead)
         return RooflineCostModel(self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
                                  weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout, params=params)
+
+
+def engine_preset(sc: Scenario) -> EnginePreset | None:
+    """The serving engine's terms for ``sc``: the preset of ``engine.kind`` with the scenario's
+    ``engine.*`` overrides (``None`` for ``reference``)."""
+    e = sc.engine
+    kind = e.kind
+    if kind == "auto":
+        kind = AUTO_ENGINE
+    preset = get_preset(kind)
+    if preset is None:
+        return None
+    overrides = {k: getattr(e, k) for k in OVERRIDABLE if getattr(e, k) is not None}
+    return preset.with_overrides(**overrides) if overrides else preset
+
+
+#: What ``engine.kind: auto`` runs.
+AUTO_ENGINE = "reference"
+
+#: ``engine.*`` keys that override a preset's term of the same name.
+OVERRIDABLE = ("host_s", "host_per_seq_s", "eager_per_layer_s", "frontend_s", "frontend_per_token_s", "graph_max_tokens",
+               "elementwise_per_layer", "custom_allreduce_max_bytes")
+
+
+def effective_scheduler(cfg: SchedulerConfig, engine: EnginePreset | None) -> SchedulerConfig:
+    """``cfg`` with the engine's server defaults for the keys the scenario left unset."""
+    if engine is None:
+        return cfg.model_copy(update={"mixed_batches": cfg.mixed_batches if cfg.mixed_batches is not None else True,
+                                      "reserve_output": bool(cfg.reserve_output)})
+    given = cfg.model_fields_set
+    update = {k: getattr(engine, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
+              if k not in given}
+    update["mixed_batches"] = cfg.mixed_batches if cfg.mixed_batches is not None else engine.mixed_batches
+    update["reserve_output"] = cfg.reserve_output if cfg.reserve_output is not None else engine.reserve_output
+    return cfg.model_copy(update=update)
 
 
 def gpu_spec(g: GpuConfig) -> GpuSpec:

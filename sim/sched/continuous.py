@@ -59,6 +59,15 @@ class ContinuousScheduler:
                  swap_capacity_bytes: int = 0):
         self.cfg = cfg
         self.alloc = allocator
+        #: Prefill chunks share iterations with decodes (vLLM); ``False``: an iteration either prefills
+        #: (continuing chunks and admissions, decodes wait) or decodes (SGLang's default). The engine's
+        #: decode cohort assumes mixed iterations, so prefill-apart scheduling runs per iteration.
+        self.mixed = cfg.mixed_batches is not False
+        if not self.mixed:
+            self.supports_cohort = False
+        #: Admit a request only when KV for its prompt and whole output fits beside every running
+        #: request's (TensorRT-LLM's GUARANTEED_NO_EVICT): running requests then never need preempting.
+        self.reserve_output = bool(cfg.reserve_output)
         #: ``swap`` preemption: host bytes available to hold preempted sequences' KV (0 = recompute).
         self.swap_capacity_bytes = swap_capacity_bytes
         #: ``lifo`` or ``lowest_priority`` (see PreemptionConfig.victim).
@@ -159,6 +168,32 @@ class ContinuousScheduler:
         their token, whose shape is in ``batch``) are skipped: scheduling
         resumes with ``running[start]`` under the budget they left.
         """
+        if not self.mixed:
+            return self._schedule_apart()
+        return self._schedule(start, batch, "mixed")
+
+    def _prefilling(self, req: Request) -> bool:
+        """``req`` still has prompt (or, after a recompute preemption, generated) tokens to compute."""
+        return req.generated == 0 or req.computed + 1 < req.prompt + req.generated
+
+    def _schedule_apart(self) -> StepPlan:
+        """Prefill iterations apart from decode iterations: prefill when a chunk is pending or a
+        request may be admitted, else decode every running request."""
+        admissible = bool(self.waiting) and len(self.running) < self.cfg.max_num_seqs
+        if admissible or any(self._prefilling(r) for r in self.running):
+            plan = self._schedule(0, None, "prefill")
+            if plan.items or plan.preempted or plan.rejected_at_admission or plan.overflowed:
+                return plan
+        return self._schedule(0, None, "decode")
+
+    def _fits_whole_output(self, req: Request) -> bool:
+        """``reserve_output``: KV for ``req``'s prompt and whole output fits beside every running
+        request's, in the allocator's blocks."""
+        bs = max(int(getattr(self.alloc, "block_size", 1)), 1)
+        promised = sum(-(-(r.prompt + r.output) // bs) * bs for r in self.running)
+        return promised + -(-(req.prompt + req.output) // bs) * bs <= self.alloc.capacity_tokens
+
+    def _schedule(self, start: int, batch: BatchShape | None, mode: str) -> StepPlan:
         cfg = self.cfg
         alloc = self.alloc
         batch = batch if batch is not None else BatchShape()
@@ -172,6 +207,9 @@ class ContinuousScheduler:
         i = start
         while i < len(running) and budget > 0:
             req = running[i]
+            if mode != "mixed" and self._prefilling(req) != (mode == "prefill"):
+                i += 1
+                continue
             need = self._chunk(req, budget)
             if need is None:
                 i += 1
@@ -212,12 +250,14 @@ class ContinuousScheduler:
         paused = False
         if preempted == 0 and alloc.has_breaker and self.waiting and alloc.admission_paused():
             paused = True
-        elif preempted == 0:
+        elif preempted == 0 and mode != "decode":
             waiting = self.waiting
             while waiting and len(running) < cfg.max_num_seqs and budget > 0:
                 req = waiting[0]
                 need = self._chunk(req, budget)  # req.computed > 0 only when swapped in
                 if need is None:
+                    break
+                if self.reserve_output and not self._fits_whole_output(req):
                     break
                 cached = 0
                 if self._prefix and req.hashes and not req.computed:
