@@ -17,8 +17,7 @@ from sim.output.results import RunResult
 from sim.engine.replica import Replica
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
 from sim.engine.router import Router
-from sim.sched.continuous import ContinuousScheduler
-from sim.sched.static_batch import StaticBatchScheduler
+from sim.sched.registry import make_scheduler
 from sim.workload.generator import build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
@@ -54,10 +53,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if cost is None:
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
-        sched: Any = sched_cls(sc.scheduler, alloc, dep.model.sliding_window, swap_capacity_bytes=swap)
-        sched.hash_block_tokens = wl.hash_block_tokens
-        sched.victim_policy = sc.allocator.preemption.victim
+        sched = make_scheduler(sc.scheduler, alloc, kv_cap=dep.model.sliding_window, swap_capacity_bytes=swap,
+                               hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,

@@ -35,11 +35,13 @@ import numpy as np
 import simpy
 
 from sim.allocators.base import Allocator
+from sim.allocators.capabilities import AdmissionBreaker, Compactable
 from sim.allocators.cohort import Cohort
-from sim.allocators.paged import PagedAllocator
+from sim.config import CompactionConfig
 from sim.cost.model import BatchShape, CostModel
 from sim.request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from sim.sched.continuous import ContinuousScheduler, StepPlan
+from sim.sched.interface import CompletesTogether, Scheduler
 
 if TYPE_CHECKING:
     from sim.output.metrics import Recorder
@@ -50,9 +52,6 @@ DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
 # The clock is read as ``env._now`` (SimPy's own attribute) here, in sim/output/metrics.py and in
 # sim/engine/cluster.py: ``Environment.now`` is a Python property, one interpreted call per read, about ten
 # per request. Like ``Process._target`` below, a SimPy change would fail the engine tests.
-
-#: A :class:`ContinuousScheduler` or a ``StaticBatchScheduler`` (same duck type, no common base).
-Scheduler = Any
 
 
 def _seq_no(req: Request) -> int:
@@ -88,7 +87,7 @@ class _Window:
 class Replica:
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, allocator: Allocator,
                  cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
-                 on_finish: Callable[[Request], None] | None = None, compaction=None,
+                 on_finish: Callable[[Request], None] | None = None, compaction: CompactionConfig | None = None,
                  stale_after_s: float | None = None):
         self.env = env
         self.index = index
@@ -124,20 +123,27 @@ class Replica:
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
-        self._has_breaker = allocator.has_breaker
+        # The allocator's and scheduler's optional features, looked up once.
+        self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
+        completes = scheduler if isinstance(scheduler, CompletesTogether) else None
+        #: Static batching returns a batch's members together (``None``: each request alone).
+        self._completing: Callable[[list[Request]], list[Request]] | None = (
+            completes.completing if completes is not None else None)
         self.cohort: Cohort | None = (
-            allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
-            and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
+            allocator.cohort if fast_forward and scheduler.supports_cohort and scheduler.victim_policy == "lifo"
+            else None)
         if self.cohort is not None:
             #: The cohort, typed as present: only the cohort loop and its methods read it.
             self._co: Cohort = self.cohort
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []
-        # Background compaction (contiguous allocators): a SimPy process checks the thresholds
-        # every period_s while the replica is busy; the move happens at the next iteration
-        # boundary (KV cannot move under a running kernel).
-        self.compaction = compaction if compaction is not None and hasattr(allocator, "compact") else None
+        # Background compaction (allocators that can compact): a SimPy process checks the
+        # thresholds every period_s while the replica is busy; the move happens at the next
+        # iteration boundary (KV cannot move under a running kernel).
+        self._compactable: Compactable | None = (
+            allocator if compaction is not None and isinstance(allocator, Compactable) else None)
+        self.compaction = compaction if self._compactable is not None else None
         self._compact_due = False
         self.stale_after_s = stale_after_s
         self._activity: simpy.Event | None = None
@@ -151,10 +157,8 @@ class Replica:
         # iterations run since the last iteration with prefill (starts past the list: no prefill yet).
         self._after: list[float] = list(cost.after_prefill_s)
         self._since_prefill = len(self._after)
-        #: Static batching returns a batch's members together (``None``: each request alone).
-        self._completing = getattr(scheduler, "completing", None)
         #: Block pools: every free block serves any sequence, so external fragmentation is 0.
-        self._one_extent = type(allocator).largest_free_extent_tokens is PagedAllocator.largest_free_extent_tokens
+        self._one_extent = allocator.single_extent
         loop = self._loop_cohort if self.cohort is not None else self._loop
         self.proc = env.process(loop())
         if self.compaction is not None:
@@ -181,8 +185,8 @@ class Replica:
 
     # --- compaction ----------------------------------------------------------------------
     def _compactor(self) -> Generator[simpy.Event, Any, None]:
-        cfg = self.compaction
-        assert cfg is not None
+        cfg, alloc = self.compaction, self._compactable
+        assert cfg is not None and alloc is not None
         env = self.env
         while True:
             if not self.sched.running and not self.sched.waiting:
@@ -192,7 +196,7 @@ class Replica:
             yield env.timeout(cfg.period_s)
             if self._compact_due or not self.sched.running:
                 continue
-            if cast(Any, self.alloc).should_compact(cfg.below_utilization, cfg.above_fragmentation):
+            if alloc.should_compact(cfg.below_utilization, cfg.above_fragmentation):
                 self._compact_due = True
                 if self._in_window and not self._truncated:
                     self._cut_window()
@@ -202,8 +206,9 @@ class Replica:
         self._compact_due = False
         if self.cohort is not None and self.cohort.n:
             self._dissolve()  # the move needs every sequence's own token count
+        assert self._compactable is not None
         before = self.alloc.work.copy_bytes
-        cast(Any, self.alloc).compact()  # only allocators with ``compact`` get a compaction config
+        self._compactable.compact()
         moved = self.alloc.work.copy_bytes - before
         if not moved:
             return
@@ -271,10 +276,8 @@ class Replica:
         (``waiting``: requests were queued when the window began; later arrivals end it)."""
         if plan is not None and plan.paused:
             self.paused_s += float(times.sum())
-        elif waiting:
-            mask = self.alloc.paused_at(reserved)
-            if mask is not None:
-                self.paused_s += float(times[mask].sum())
+        elif waiting and self._breaker is not None:
+            self.paused_s += float(times[self._breaker.paused_at(reserved)].sum())
 
     def _ext_frag(self) -> float:
         if self._one_extent:
@@ -581,7 +584,7 @@ class Replica:
     def _loop_cohort(self) -> Generator[simpy.Event, Any, None]:
         # Flat on purpose: this loop runs once per batch change of every replica, so the phases
         # are plain methods around the yields instead of nested generators.
-        sched: ContinuousScheduler = self.sched  # the cohort needs continuous batching
+        sched = cast(ContinuousScheduler, self.sched)  # the cohort runs with continuous batching only
         co = self._co
         env = self.env
         running, waiting = sched.running, sched.waiting
@@ -614,7 +617,7 @@ class Replica:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
                 assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
-            if n and len(running) == n and not self._has_breaker and (not waiting or sched.admission_blocked(n)):
+            if n and len(running) == n and self._breaker is None and (not waiting or sched.admission_blocked(n)):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
                 plan = None
@@ -677,12 +680,12 @@ class Replica:
             self.reserved_token_s += w.reserved0 * t
             self.busy_s += t
             self.ext_frag_s += frag * t
-            return [w.reserved0] if self._has_breaker else None
+            return [w.reserved0] if self._breaker is not None else None
         # Totals only for the iterations that ran (an arrival often cuts a window short).
         co = self._co
         G1 = self.G + 1
         du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
-        reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._has_breaker else None
+        reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._breaker is not None else None
         co.advance(G1, m - 1)
         self.alloc.take_work_s(self.cost)  # into the totals; its time was charged through ``per_event_s``
         assert w.events is not None  # a window of more than one iteration has them
@@ -731,7 +734,7 @@ class Replica:
         if self._after:
             self._after_prefill_ran(m)
         reserved = self._account_window(m, w, ends[m - 1])
-        if (plan is not None and plan.paused) or (w.waiting_at_start and self._has_breaker):
+        if (plan is not None and plan.paused) or (w.waiting_at_start and self._breaker is not None):
             self._account_paused(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
         self.iterations += m
         self.windows += 1

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.allocators.capabilities import PrefixCacheReport
 from sim.request import COMPLETED, Request
 
 if TYPE_CHECKING:
@@ -325,7 +326,7 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
 
 
 def _prefix_stats(replicas) -> dict:
-    allocs = [r.alloc for r in replicas if hasattr(r.alloc, "hit_tokens")]
+    allocs = [r.alloc for r in replicas if isinstance(r.alloc, PrefixCacheReport)]
     if not allocs:
         return {}
     hit = sum(a.hit_tokens for a in allocs)
