@@ -17,6 +17,8 @@ from sim.output.results import RunResult
 from sim.engine.replica import Replica
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
 from sim.engine.router import Router
+from sim.engine.simpy_shortcuts import events_scheduled
+from sim.engine.simpy_shortcuts import now as clock
 from sim.sched.registry import make_scheduler
 from sim.workload.generator import build_workload, total_length_percentile
 
@@ -68,10 +70,11 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     priority = wl.priority
 
     def submit(rid: int, client: int = -1) -> None:
-        req = Request(rid, prompts[rid], outputs[rid], env._now, client, hashes[rid] if hashes is not None else None,
+        t = clock(env)
+        req = Request(rid, prompts[rid], outputs[rid], t, client, hashes[rid] if hashes is not None else None,
                       int(priority[rid]) if priority is not None else 0)
         if req.prompt + req.output > max_len:
-            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env._now
+            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, t
             rec.request_done(req)
             on_finish(req)
             return
@@ -84,7 +87,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if wl.think_time_s > 0:
             yield env.timeout(wl.think_time_s)
         rid = next_id[0]
-        if rid >= total or (wl.duration_s is not None and env._now > wl.duration_s):
+        if rid >= total or (wl.duration_s is not None and clock(env) > wl.duration_s):
             return
         next_id[0] += 1
         submit(rid, client)
@@ -96,7 +99,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         # A callback chain, not a process: one timeout per distinct arrival time and no generator
         # to resume (this runs once per request). Same order and times as a process would give.
         rid = next_arrival[0]
-        now = env._now
+        now = clock(env)
         while rid < len(arrivals) and arrivals[rid] <= now:
             submit(rid)
             rid += 1
@@ -124,8 +127,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
         "kv_bytes_per_token": dep.kv_bytes_per_token,
         "reserve_tokens": dep.reserve_tokens,
-        "sim_events": next(env._eid),  # SimPy's event counter: every event ever scheduled
-        "windows": int(sum(r.windows for r in replicas)),
+        "sim_events": events_scheduled(env),
+        "windows": int(sum(r.stats.windows for r in replicas)),
     })
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
     info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}
