@@ -21,7 +21,7 @@ from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.errors import ConfigError
 from sim.sched import registry as sched_registry
-from sim.sched.continuous import ContinuousScheduler
+from sim.sched.static_batch import StaticBatchScheduler
 from test_engine import _compare
 
 
@@ -217,8 +217,8 @@ def test_built_in_allocators_have_the_capabilities_they_declare(name):
     assert registry.get(kind).paged_layout == (kind in ("paged", "hybrid_tail", "hybrid_reserve"))
 
 
-class FifoNoPreemptionLog(ContinuousScheduler):
-    """A toy scheduler kind: continuous batching that also logs each batch's size."""
+class LoggedStaticBatch(StaticBatchScheduler):
+    """A toy scheduler kind: request-level static batching that logs each batch's size."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -231,22 +231,22 @@ class FifoNoPreemptionLog(ContinuousScheduler):
 
 
 def test_a_registered_scheduler_kind_is_built_with_the_engines_arguments():
-    built: list[FifoNoPreemptionLog] = []
+    built: list[LoggedStaticBatch] = []
 
     def factory(cfg, allocator, **kw):
-        s = FifoNoPreemptionLog(cfg, allocator, **kw)
+        s = LoggedStaticBatch(cfg, allocator, **kw)
         built.append(s)
         return s
 
-    sched_registry.register("logged", factory)
+    sched_registry.register("logged_static_batch", factory)
     try:
-        over = {"scheduler.kind": "logged", "allocator.preemption.victim": "lowest_priority",
-                "workload.num_requests": 40}
+        over = {"scheduler.kind": "logged_static_batch", "allocator.kind": "static",
+                "allocator.preemption.victim": "lowest_priority", "workload.num_requests": 40}
         res = simulate(tiny_scenario(**over))
-        ref = simulate(tiny_scenario(**{**over, "scheduler.kind": "continuous"}))
+        ref = simulate(tiny_scenario(**{**over, "scheduler.kind": "static_batch"}))
         assert res.summary["completed"] == 40 and len(built) == 1
-        assert built[0].victim_policy == "lowest_priority" and built[0].batch_sizes
+        assert built[0].victim_policy == "lowest_priority" and max(built[0].batch_sizes) > 1
         _compare(res, ref)
     finally:
-        sched_registry.unregister("logged")
-    assert "logged" not in SCHEDULER_KINDS
+        sched_registry.unregister("logged_static_batch")
+    assert "logged_static_batch" not in SCHEDULER_KINDS
