@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator_checks import check_after_op, release_all
 from helpers import tiny_scenario
 from sim.allocators import COMMON_KNOBS, KINDS, Allocator, DecodePlan, Grow
 from sim.allocators import registry
@@ -22,6 +21,7 @@ from sim.engine.deployment import Deployment
 from sim.errors import ConfigError
 from sim.sched import registry as sched_registry
 from sim.sched.static_batch import StaticBatchScheduler
+from test_allocators import _run, ops
 from test_engine import _compare
 
 
@@ -153,22 +153,9 @@ def test_an_unregistered_kind_is_refused_with_the_registered_ones(slot_pool_kind
 
 
 @settings(max_examples=300)
-@given(st.lists(st.tuples(st.sampled_from(["admit", "grow", "release"]), st.integers(0, 7), st.integers(1, 300)),
-                min_size=1, max_size=40), st.integers(50, 3000))
+@given(ops, st.integers(50, 3000))
 def test_toy_allocator_invariants(seq_ops, capacity):
-    a = SlotPool(capacity, 10)
-    live: set[int] = set()
-    for op, seq, tokens in seq_ops:
-        if op == "admit" and seq not in live:
-            if a.admit(seq, tokens) is Grow.OK:
-                live.add(seq)
-        elif op == "grow" and seq in live:
-            a.grow(seq, a.used[seq] + tokens % 40)
-        elif op == "release" and seq in live:
-            a.release(seq)
-            live.discard(seq)
-        check_after_op(a, live, lambda _a: None)
-    release_all(a, live)
+    _run(SlotPool(capacity, 10), seq_ops, lambda a: None)
 
 
 # --- the registries ------------------------------------------------------------------------------
