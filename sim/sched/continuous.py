@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+
 from sim.allocators.base import Allocator, Grow
 from sim.allocators.capabilities import AdmissionBreaker, LengthHints, PrefixAdmission
 from sim.config import SchedulerConfig
