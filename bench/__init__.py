@@ -16,6 +16,11 @@
 * ``decode-spread``: the reference engine's paged decode kernel per KV token at one length and at
   spread lengths, in three layouts (does it cost what the cost model prices?).
 
+Two helpers run on their own: ``python -m bench.identity`` fingerprints every built-in
+scenario's results (to show a change left them byte-identical), and ``python -m
+bench.simpy_shortcuts`` times the SimPy shortcuts of ``sim/engine/simpy_shortcuts.py`` against
+SimPy's public API.
+
 ``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
 (``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).
 

@@ -54,6 +54,20 @@ def check_name(value: str) -> str:
     return value
 
 
+#: ``allocator.kind`` values, in listing order. Each is registered with its builder in
+#: ``sim/allocators/kinds.py``, which checks on import that its registrations are exactly these;
+#: a kind registered at run time (``sim.allocators.registry.register``) is added here.
+ALLOCATOR_KINDS: list[str] = ["static", "dynamic", "paged", "hybrid_tail", "hybrid_reserve"]
+#: ``scheduler.kind`` values, likewise (``sim/sched/registry.py``).
+SCHEDULER_KINDS: list[str] = ["continuous", "static_batch"]
+
+
+def _known_kind(value: str, kinds: list[str]) -> str:
+    if value not in kinds:
+        raise ValueError(f"one of {', '.join(kinds)}")
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
@@ -198,7 +212,7 @@ class WorkloadConfig(_Section):
 class SchedulerConfig(_Section):
     #: ``continuous`` (vLLM-v1-like iteration-level batching) or ``static_batch`` (request-level,
     #: FasterTransformer-style: a batch padded to its longest member runs to completion).
-    kind: Literal["continuous", "static_batch"] = "continuous"
+    kind: str = "continuous"
     max_num_seqs: int = Field(256, ge=1)
     max_num_batched_tokens: int = Field(8192, ge=1)
     chunked_prefill: bool = True
@@ -208,6 +222,11 @@ class SchedulerConfig(_Section):
     #: Admit a request only when KV for its prompt and whole output fits (TensorRT-LLM's
     #: GUARANTEED_NO_EVICT); ``None``: the serving engine's.
     reserve_output: bool | None = None
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _known_kind(v, SCHEDULER_KINDS)
 
 
 class CompactionConfig(_Section):
@@ -241,7 +260,9 @@ class PreemptionConfig(_Section):
 
 
 class AllocatorConfig(_Section):
-    kind: Literal["paged", "static", "dynamic", "hybrid_tail", "hybrid_reserve"] = "paged"
+    #: One of :data:`ALLOCATOR_KINDS`. Every kind takes the knobs below it reads (its registration
+    #: names them; ``kvsim list allocators``) and ignores the rest; the defaults are these.
+    kind: str = "paged"
     block_size: int = Field(16, ge=1, le=4096)
     #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
     reserve: Union[int, str] = "max_model_len"
@@ -267,6 +288,11 @@ class AllocatorConfig(_Section):
     preempt_at_usage: float = Field(0.95, gt=0, le=1)
     admit_when_free_above: float = Field(0.10, ge=0, lt=1)
     stale_after_s: float | None = Field(None, gt=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _known_kind(v, ALLOCATOR_KINDS)
 
 
 class CostModelConfig(_Section):

@@ -46,6 +46,8 @@ MODULES = (
     "sim.sched.continuous",
     "sim.output.metrics",
     "sim.engine.router",
+    "sim.engine.simpy_shortcuts",
+    "sim.engine.stats",
     "sim.engine.replica",
     "sim.engine.cluster",
 )

@@ -7,6 +7,10 @@ that the slots for the tokens it computes exist, and ``release`` when a
 sequence finishes or is preempted. ``decode_plan``/``advance_decode`` let the
 fast-forward engine apply many decode iterations at once with the same result
 as calling ``grow`` once per iteration.
+
+Optional features (prefix caching, compaction, an admission breaker, length
+hints) are protocols in :mod:`.capabilities`: an allocator has one when it
+defines its methods. Kinds are chosen by name through :mod:`.registry`.
 """
 
 from __future__ import annotations
@@ -133,14 +137,21 @@ class DecodePlan:
 class Allocator(ABC):
     """Base: per-sequence used-token bookkeeping and refusal counting."""
 
-    #: ``True`` when attention reads a block table (PagedAttention), for the cost model.
-    paged_layout: bool = False
     #: Aggregate decode growth (:mod:`.cohort`); ``None`` = the engine grows sequences one by one.
     cohort: Cohort | None = None
 
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int):
+    # What a subclass declares about itself comes through the constructor, not class attributes:
+    # compiled code reads this class's own slots, which a class attribute of an interpreted
+    # subclass would not change.
+    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, *, single_extent: bool = False,
+                 composite: bool = False):
+        """``single_extent``: every free slot serves any sequence (a block pool), so the largest
+        free extent is all that is free and external fragmentation is 0 (the engine skips it).
+        ``composite``: built from allocators that keep their own pending ``work``, which this
+        class's ``take_work`` gathers."""
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
+        self.single_extent = single_extent
         self.bpt = kv_bytes_per_token
         self.capacity_tokens = capacity_tokens
         self.used: dict[int, int] = {}
@@ -152,9 +163,7 @@ class Allocator(ABC):
         self.work = AllocWork()
         self.work_total = AllocWork()
         #: Pending work is this allocator's own ``work`` (composites gather their parts' in take_work).
-        self._own_work = type(self).take_work is Allocator.take_work
-        #: The allocator has an admission circuit breaker (``admission_paused``/``paused_at``).
-        self.has_breaker = type(self).admission_paused is not Allocator.admission_paused
+        self._own_work = not composite
 
     # --- the interface -------------------------------------------------------------
     @abstractmethod
@@ -198,17 +207,6 @@ class Allocator(ABC):
         for s, t in zip(seqs, tokens_after.tolist()):
             r = self.grow(s, t)
             assert r is Grow.OK, f"decode window growth refused for seq {s}"
-
-    def admission_paused(self) -> bool:
-        """Circuit breaker: ``True`` while new requests must wait (hybrid_reserve)."""
-        return False
-
-    def paused_at(self, reserved_tokens: np.ndarray) -> np.ndarray | None:
-        """Whether the breaker is open at each of these reserved totals (``None``: it never opens)."""
-        return None
-
-    def hint(self, seq: int, total_tokens: int) -> None:
-        """The predicted total length of ``seq``, given before :meth:`admit` (hybrid_tail routes by it)."""
 
     def refusal_counts(self) -> dict[str, int]:
         return dict(self.refusals)

@@ -42,7 +42,6 @@ GROWTHS = ("token", "chunk")
 
 
 class DynamicAllocator(CompactionMixin, Allocator):
-    paged_layout = False
     cohort = None  # the engine grows sequences one by one (decode_plan / advance_decode)
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, growth: str = "token",

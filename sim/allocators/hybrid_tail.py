@@ -20,7 +20,6 @@ from sim.allocators.static import StaticAllocator
 
 
 class HybridTailAllocator(Allocator):
-    paged_layout = True
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, *, static_tokens: int, reserve_tokens: int,
                  long_threshold_tokens: int, block_size: int = 16, page_reuse: str = "generation",
@@ -30,7 +29,7 @@ class HybridTailAllocator(Allocator):
         self.static = StaticAllocator(static_tokens, kv_bytes_per_token, reserve_tokens, placement=placement) \
             if placement != "first_fit" else StaticAllocator(static_tokens, kv_bytes_per_token, reserve_tokens)
         self.pool = PagedAllocator(capacity_tokens - static_tokens, kv_bytes_per_token, block_size, page_reuse)
-        super().__init__(self.static.capacity_tokens + self.pool.capacity_tokens, kv_bytes_per_token)
+        super().__init__(self.static.capacity_tokens + self.pool.capacity_tokens, kv_bytes_per_token, composite=True)
         self.long_threshold = long_threshold_tokens
         self._long_hint: set[int] = set()
         self._where: dict[int, Allocator] = {}

@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class PagedAllocator(Allocator):
-    paged_layout = True
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16, page_reuse: str = "generation"):
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         num_blocks = capacity_tokens // block_size
-        super().__init__(num_blocks * block_size, kv_bytes_per_token)
+        super().__init__(num_blocks * block_size, kv_bytes_per_token, single_extent=True)
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.free_blocks = num_blocks

@@ -23,7 +23,6 @@ from sim.allocators.placement import make_arena
 
 
 class StaticAllocator(CompactionMixin, Allocator):
-    paged_layout = False
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int,
                  placement: str = "first_fit"):

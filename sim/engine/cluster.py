@@ -17,8 +17,9 @@ from sim.output.results import RunResult
 from sim.engine.replica import Replica
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
 from sim.engine.router import Router
-from sim.sched.continuous import ContinuousScheduler
-from sim.sched.static_batch import StaticBatchScheduler
+from sim.engine.simpy_shortcuts import events_scheduled
+from sim.engine.simpy_shortcuts import now as clock
+from sim.sched.registry import make_scheduler
 from sim.workload.generator import build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
@@ -64,11 +65,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if cost is None:
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched_cls = StaticBatchScheduler if sc.scheduler.kind == "static_batch" else ContinuousScheduler
-        sched: Any = sched_cls(dep.scheduler or sc.scheduler, alloc, dep.model.uniform_sliding_window,
-                               swap_capacity_bytes=swap)
-        sched.hash_block_tokens = wl.hash_block_tokens
-        sched.victim_policy = sc.allocator.preemption.victim
+        sched = make_scheduler(dep.scheduler or sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window, swap_capacity_bytes=swap,
+                               hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
@@ -84,10 +82,11 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     front_tok_s = dep.engine.frontend_per_token_s if dep.engine is not None else 0.0
 
     def submit(rid: int, client: int = -1) -> None:
-        req = Request(rid, prompts[rid], outputs[rid], env._now, client, hashes[rid] if hashes is not None else None,
+        t = clock(env)
+        req = Request(rid, prompts[rid], outputs[rid], t, client, hashes[rid] if hashes is not None else None,
                       int(priority[rid]) if priority is not None else 0)
         if req.prompt + req.output > max_len:
-            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, env._now
+            req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, t
             rec.request_done(req)
             on_finish(req)
             return
@@ -106,7 +105,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if wl.think_time_s > 0:
             yield env.timeout(wl.think_time_s)
         rid = next_id[0]
-        if rid >= total or (wl.duration_s is not None and env._now > wl.duration_s):
+        if rid >= total or (wl.duration_s is not None and clock(env) > wl.duration_s):
             return
         next_id[0] += 1
         submit(rid, client)
@@ -118,7 +117,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         # A callback chain, not a process: one timeout per distinct arrival time and no generator
         # to resume (this runs once per request). Same order and times as a process would give.
         rid = next_arrival[0]
-        now = env._now
+        now = clock(env)
         while rid < len(arrivals) and arrivals[rid] <= now:
             submit(rid)
             rid += 1
@@ -148,8 +147,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
         "kv_bytes_per_token": dep.kv_bytes_per_token,
         "reserve_tokens": dep.reserve_tokens,
-        "sim_events": next(env._eid),  # SimPy's event counter: every event ever scheduled
-        "windows": int(sum(r.windows for r in replicas)),
+        "sim_events": events_scheduled(env),
+        "windows": int(sum(r.stats.windows for r in replicas)),
     })
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
     info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}

@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, fields
 
+from sim.allocators import make_allocator
 from sim.allocators.base import Allocator
-from sim.allocators.dynamic import DynamicAllocator
-from sim.allocators.hybrid_reserve import HybridReserveAllocator
-from sim.allocators.hybrid_tail import HybridTailAllocator
-from sim.allocators.paged import PagedAllocator
-from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
-from sim.allocators.sliding_window import SlidingWindowPagedAllocator
-from sim.allocators.static import StaticAllocator
+from sim.allocators.registry import Budget
+from sim.allocators.registry import get as allocator_kind
 from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu, get_model,
                          kv_capacity_bytes)
 from sim.engine_presets import EnginePreset, get_preset
@@ -64,6 +59,8 @@ class Deployment:
     reserve_tokens: int | None
     #: hybrid_tail: requests longer than this (tokens) go to the static partition.
     long_threshold_tokens: int | None = None
+    #: What one replica's allocator may hold, sizes resolved by its kind (``make_allocator``).
+    budget: Budget | None = None
     #: The serving engine's framework terms (``None``: ``engine.kind: reference``).
     engine: EnginePreset | None = None
     #: The scheduler as it runs: the scenario's keys, and the engine's defaults for keys it leaves unset.
@@ -96,71 +93,20 @@ class Deployment:
             raise ConfigError("workload.max_model_len", max_len,
                               f"at most {cap_tokens} tokens fit in the KV capacity of one replica "
                               f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory")
-        a = sc.allocator
-        reserve = None
-        long_threshold = None
-        if a.kind == "static":
-            reserve = parse_reserve(a.reserve, max_len, total_length_percentile)
-            if reserve > cap_tokens:
-                raise ConfigError("allocator.reserve", a.reserve,
-                                  f"a reservation of at most {cap_tokens} tokens (one replica's KV capacity)")
-        if a.kind == "dynamic" and a.growth == "chunk" and a.chunk_tokens > max_len:
-            raise ConfigError("allocator.chunk_tokens", a.chunk_tokens, f"at most workload.max_model_len ({max_len})")
-        if a.kind == "hybrid_tail":
-            reserve = max_len
-            static_tokens = int(cap_tokens * a.static_fraction)
-            if static_tokens < max_len:
-                raise ConfigError("allocator.static_fraction", a.static_fraction,
-                                  f"a static partition of at least one max_model_len request ({max_len} tokens); "
-                                  f"{a.static_fraction} of {cap_tokens} tokens is {static_tokens}")
-            long_threshold = parse_reserve(a.long_threshold, max_len, total_length_percentile, key="allocator.long_threshold")
-        if a.kind == "hybrid_reserve":
-            usable = min(1.0 - a.reserve_fraction, a.preempt_at_usage)
-            if cap_tokens * usable < needed:
-                raise ConfigError("allocator.reserve_fraction", a.reserve_fraction,
-                                  f"room for one max_model_len request outside the reserve and below preempt_at_usage "
-                                  f"({int(cap_tokens * usable)} of {cap_tokens} tokens usable, {needed} needed)")
-        if a.placement == "buddy" and a.kind in ("static", "dynamic", "hybrid_tail"):
-            region = cap_tokens if a.kind != "hybrid_tail" else int(cap_tokens * a.static_fraction)
-            largest = 1 << (region.bit_length() - 1)
-            want = needed if a.kind == "dynamic" else 1 << (max(reserve, 1) - 1).bit_length()
-            if want > largest:
-                raise ConfigError("allocator.placement", "buddy",
-                                  f"a buddy arena of {region} tokens has blocks of at most {largest}; "
-                                  f"{want} are needed for one request: use first_fit or best_fit")
-        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, reserve, long_threshold, engine, sched)
+        # The allocator kind resolves its own sizes (a reservation, a threshold) and refuses what cannot fit.
+        budget = allocator_kind(sc.allocator.kind).size(sc.allocator, Budget(
+            cap_tokens, bpt, max_len, model.uniform_sliding_window, needed_tokens=needed,
+            percentile=total_length_percentile))
+        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, budget.reserve_tokens, budget.long_threshold_tokens,
+                   budget, engine, sched)
 
     def make_allocator(self, sc: Scenario) -> Allocator:
-        a = sc.allocator
-        cap, bpt = self.kv_capacity_tokens, self.kv_bytes_per_token
-        if a.kind in ("paged", "hybrid_reserve", "hybrid_tail") and a.block_size > cap // 2:
-            raise ConfigError("allocator.block_size", a.block_size, f"at most {cap // 2} tokens")
-        if a.kind == "paged":
-            if a.prefix_caching.enabled:
-                if self.model.uniform_sliding_window is not None:
-                    raise ConfigError("allocator.prefix_caching.enabled", True,
-                                      "false for sliding-window models (their blocks slide out of the window)")
-                return PrefixCachingPagedAllocator(cap, bpt, a.block_size, a.page_reuse,
-                                                   eviction=a.prefix_caching.eviction)
-            if self.model.uniform_sliding_window is not None:
-                return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse,
-                                                   window=self.model.uniform_sliding_window)
-            return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
-        if a.kind == "hybrid_reserve":
-            return HybridReserveAllocator(cap, bpt, a.block_size, a.page_reuse, reserve_fraction=a.reserve_fraction,
-                                          preempt_at_usage=a.preempt_at_usage,
-                                          admit_when_free_above=a.admit_when_free_above)
-        if a.kind == "hybrid_tail":
-            return HybridTailAllocator(cap, bpt, static_tokens=int(cap * a.static_fraction),
-                                       reserve_tokens=self.reserve_tokens, long_threshold_tokens=self.long_threshold_tokens,
-                                       block_size=a.block_size, page_reuse=a.page_reuse, placement=a.placement)
-        if a.kind == "dynamic":
-            return DynamicAllocator(cap, bpt, a.growth, a.chunk_tokens, a.placement)
-        return StaticAllocator(cap, bpt, self.reserve_tokens, placement=a.placement)
+        """A new allocator of ``allocator.kind`` for one replica (built by its registration)."""
+        assert self.budget is not None, "a Deployment comes from from_scenario"
+        return make_allocator(sc.allocator, self.budget)
 
     def make_cost_model(self, sc: Scenario) -> CostModel:
-        layout = Layout(paged=sc.allocator.kind in ("paged", "hybrid_reserve", "hybrid_tail"),
-                        block_size=sc.allocator.block_size)
+        layout = Layout(paged=allocator_kind(sc.allocator.kind).paged_layout, block_size=sc.allocator.block_size)
         c = sc.cost_model
         ref = c.profile if c.profile not in (None, "none") else None
         auto = ref == "auto"
@@ -237,25 +183,3 @@ def gpu_spec(g: GpuConfig) -> GpuSpec:
         return custom_gpu(g.memory_gib, g.hbm_tbps, g.bf16_tflops, g.pcie_gbps,
                           fp8_tflops=g.fp8_tflops or 0.0, nvlink_gbps=g.nvlink_gbps or 0.0)
     return get_gpu(g.name)
-
-
-_PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
-
-
-def parse_reserve(value, max_model_len: int, percentile_fn, key: str = "allocator.reserve") -> int:
-    """Tokens for ``allocator.reserve`` (or ``long_threshold``): ``max_model_len``, an int, or ``pNN``."""
-    allowed = "max_model_len, a token count in [1, max_model_len], or a percentile like p95 of total request length"
-    if value == "max_model_len":
-        return max_model_len
-    if isinstance(value, bool):
-        raise ConfigError(key, value, allowed)
-    if isinstance(value, int):
-        if not 1 <= value <= max_model_len:
-            raise ConfigError(key, value, allowed)
-        return value
-    m = _PCT.match(str(value).strip())
-    if not m or not 0 < float(m.group(1)) <= 100:
-        raise ConfigError(key, value, allowed)
-    if percentile_fn is None:
-        raise ConfigError(key, value, "a percentile needs the workload's length distribution")
-    return max(1, min(max_model_len, percentile_fn(float(m.group(1)))))

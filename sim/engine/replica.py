@@ -35,24 +35,22 @@ import numpy as np
 import simpy
 
 from sim.allocators.base import Allocator
+from sim.allocators.capabilities import AdmissionBreaker, Compactable
 from sim.allocators.cohort import Cohort
-from sim.allocators.paged import PagedAllocator
+from sim.config import CompactionConfig
 from sim.cost.model import BatchShape, CostModel
+from sim.engine.simpy_shortcuts import now as clock
+from sim.engine.simpy_shortcuts import retarget
+from sim.engine.stats import ReplicaStats
 from sim.request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from sim.sched.continuous import ContinuousScheduler, StepPlan
+from sim.sched.interface import CompletesTogether, Scheduler
 
 if TYPE_CHECKING:
     from sim.output.metrics import Recorder
 
 
 DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
-
-# The clock is read as ``env._now`` (SimPy's own attribute) here, in sim/output/metrics.py and in
-# sim/engine/cluster.py: ``Environment.now`` is a Python property, one interpreted call per read, about ten
-# per request. Like ``Process._target`` below, a SimPy change would fail the engine tests.
-
-#: A :class:`ContinuousScheduler` or a ``StaticBatchScheduler`` (same duck type, no common base).
-Scheduler = Any
 
 
 def _seq_no(req: Request) -> int:
@@ -86,9 +84,12 @@ class _Window:
 
 
 class Replica:
+    """One replica's iteration loop over its scheduler, allocator and cost model; what it
+    measures goes to :attr:`stats`."""
+
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, allocator: Allocator,
                  cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
-                 on_finish: Callable[[Request], None] | None = None, compaction=None,
+                 on_finish: Callable[[Request], None] | None = None, compaction: CompactionConfig | None = None,
                  stale_after_s: float | None = None):
         self.env = env
         self.index = index
@@ -109,52 +110,42 @@ class Replica:
         self._win_t0 = 0.0
         self._win_ends: list[float] = []
         self._win_m = 0
-        # Time integrals over busy iterations, in token·seconds.
-        self.used_token_s = 0.0
-        self.reserved_token_s = 0.0
-        self.busy_s = 0.0
-        self.iterations = 0
-        self.windows = 0
-        #: Seconds charged for allocator work (part of busy time).
-        self.alloc_work_s = 0.0
-        #: Seconds during which requests waited while the admission breaker was open.
-        self.paused_s = 0.0
-        #: ∫ external fragmentation dt over busy time (value at each iteration's start).
-        self.ext_frag_s = 0.0
+        #: Totals of the run (time integrals, iterations, allocator work, compactions…).
+        self.stats = ReplicaStats(self, recorder)
+        # The allocator's and scheduler's optional features, looked up once.
+        self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
+        completes = scheduler if isinstance(scheduler, CompletesTogether) else None
+        #: Static batching returns a batch's members together (``None``: each request alone).
+        self._completing: Callable[[list[Request]], list[Request]] | None = (
+            completes.completing if completes is not None else None)
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO).
-        self._has_breaker = allocator.has_breaker
         self.cohort: Cohort | None = (
-            allocator.cohort if fast_forward and getattr(scheduler, "supports_cohort", True)
-            and getattr(scheduler, "victim_policy", "lifo") == "lifo" else None)
+            allocator.cohort if fast_forward and scheduler.supports_cohort and scheduler.victim_policy == "lifo"
+            else None)
         if self.cohort is not None:
             #: The cohort, typed as present: only the cohort loop and its methods read it.
             self._co: Cohort = self.cohort
         self.G = 0
         self._gen_off: dict[int, int] = {}
         self._fin: list[tuple[int, int, Request]] = []
-        # Background compaction (contiguous allocators): a SimPy process checks the thresholds
-        # every period_s while the replica is busy; the move happens at the next iteration
-        # boundary (KV cannot move under a running kernel).
-        self.compaction = compaction if compaction is not None and hasattr(allocator, "compact") else None
+        # Background compaction (allocators that can compact): a SimPy process checks the
+        # thresholds every period_s while the replica is busy; the move happens at the next
+        # iteration boundary (KV cannot move under a running kernel).
+        self._compactable: Compactable | None = (
+            allocator if compaction is not None and isinstance(allocator, Compactable) else None)
+        self.compaction = compaction if self._compactable is not None else None
         self._compact_due = False
         self.stale_after_s = stale_after_s
         self._activity: simpy.Event | None = None
         self._bg_copy_left_s = 0.0
-        self.compactions = 0
-        self.compaction_bytes = 0
-        self.compaction_s = 0.0
-        #: Each compaction: (time s, bytes moved, copy seconds).
-        self.compaction_log: list[tuple[float, int, float]] = []
         # The cost model's after-prefill excess (CostModel.after_prefill_s) and the pure decode
         # iterations run since the last iteration with prefill (starts past the list: no prefill yet).
         self._after: list[float] = list(cost.after_prefill_s)
         self._since_prefill = len(self._after)
-        #: Static batching returns a batch's members together (``None``: each request alone).
-        self._completing = getattr(scheduler, "completing", None)
         #: Block pools: every free block serves any sequence, so external fragmentation is 0.
-        self._one_extent = type(allocator).largest_free_extent_tokens is PagedAllocator.largest_free_extent_tokens
+        self._one_extent = allocator.single_extent
         loop = self._loop_cohort if self.cohort is not None else self._loop
         self.proc = env.process(loop())
         if self.compaction is not None:
@@ -181,8 +172,8 @@ class Replica:
 
     # --- compaction ----------------------------------------------------------------------
     def _compactor(self) -> Generator[simpy.Event, Any, None]:
-        cfg = self.compaction
-        assert cfg is not None
+        cfg, alloc = self.compaction, self._compactable
+        assert cfg is not None and alloc is not None
         env = self.env
         while True:
             if not self.sched.running and not self.sched.waiting:
@@ -192,7 +183,7 @@ class Replica:
             yield env.timeout(cfg.period_s)
             if self._compact_due or not self.sched.running:
                 continue
-            if cast(Any, self.alloc).should_compact(cfg.below_utilization, cfg.above_fragmentation):
+            if alloc.should_compact(cfg.below_utilization, cfg.above_fragmentation):
                 self._compact_due = True
                 if self._in_window and not self._truncated:
                     self._cut_window()
@@ -202,17 +193,14 @@ class Replica:
         self._compact_due = False
         if self.cohort is not None and self.cohort.n:
             self._dissolve()  # the move needs every sequence's own token count
+        assert self._compactable is not None and self.compaction is not None
         before = self.alloc.work.copy_bytes
-        cast(Any, self.alloc).compact()  # only allocators with ``compact`` get a compaction config
+        self._compactable.compact()
         moved = self.alloc.work.copy_bytes - before
         if not moved:
             return
-        self.compactions += 1
-        self.compaction_bytes += moved
         t = self.cost.copy_time_s(moved)
-        self.compaction_s += t
-        self.compaction_log.append((self.env._now, int(moved), t))
-        assert self.compaction is not None
+        self.stats.compaction(clock(self.env), int(moved), t)
         if self.compaction.mode == "background":
             # Copies run beside iterations: take them out of the stall path, slow the next ones.
             w = self.alloc.work
@@ -261,20 +249,14 @@ class Replica:
                 req.reason = EXCEEDS_RESERVATION
                 self._end(req, REJECTED, now)
 
-    def _account(self, used: float, reserved: float, dt: float) -> None:
-        self.used_token_s += used * dt
-        self.reserved_token_s += reserved * dt
-        self.busy_s += dt
-
-    def _account_paused(self, plan: StepPlan | None, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> None:
+    def _paused_s(self, plan: StepPlan | None, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> float:
         """Breaker time in a window: it opens mid-window when free memory crosses its threshold
         (``waiting``: requests were queued when the window began; later arrivals end it)."""
         if plan is not None and plan.paused:
-            self.paused_s += float(times.sum())
-        elif waiting:
-            mask = self.alloc.paused_at(reserved)
-            if mask is not None:
-                self.paused_s += float(times[mask].sum())
+            return float(times.sum())
+        if waiting and self._breaker is not None:
+            return float(times[self._breaker.paused_at(reserved)].sum())
+        return 0.0
 
     def _ext_frag(self) -> float:
         if self._one_extent:
@@ -324,7 +306,7 @@ class Replica:
     def _work_s(self) -> float:
         """Charge the allocator's pending work (allocations, copies, zero-fill, swaps) to this iteration."""
         t = self.alloc.take_work_s(self.cost)
-        self.alloc_work_s += t
+        self.stats.alloc_work(t)
         return t
 
     def _after_prefill_step(self, batch: BatchShape) -> float:
@@ -373,22 +355,15 @@ class Replica:
 
     def _iteration_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
         dt, used, reserved, frag = it
-        self.used_token_s += used * dt
-        self.reserved_token_s += reserved * dt
-        self.busy_s += dt
-        self.ext_frag_s += frag * dt
-        if plan.paused:
-            self.paused_s += dt
-        self.iterations += 1
-        self.windows += 1
-        self.rec.step(self, 1, dt, dt, plan.batch.num_tokens)
+        self.stats.iteration(clock(self.env), dt, used, reserved, frag, plan.paused, plan.batch.num_tokens)
 
     def _single_step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         """One iteration through the per-sequence path."""
         yield from self._one_iteration(plan)
         done: list[Request] = []
-        self._advance_items(plan.items, self.env._now, done)
-        self._finish(done, self.env._now)
+        now = clock(self.env)
+        self._advance_items(plan.items, now, done)
+        self._finish(done, now)
 
     def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
@@ -406,7 +381,7 @@ class Replica:
         """A window of ``times`` starts now (arrivals may cut it); returns its iterations' end
         offsets. The caller yields a timeout to the last one, then calls :meth:`_disarm_window`."""
         ends = list(accumulate(times))
-        self._win_t0 = self.env._now
+        self._win_t0 = clock(self.env)
         self._win_ends = ends
         self._win_m = len(ends)
         self._in_window = True
@@ -423,23 +398,16 @@ class Replica:
         """End the running window at the end of the iteration in progress (where stepping would
         first see what changed): the process now waits on a timeout there instead.
 
-        Moving the process's wait is what ``Process.interrupt`` does inside SimPy, minus the
-        Interruption event and the exception thrown into the generator, which cost about twice
-        as much (measured: 7.5–9.5 µs against 3.5 µs per cut). The abandoned timeout still fires,
-        with no one waiting on it.
+        The process is moved, not interrupted: see :func:`sim.engine.simpy_shortcuts.retarget`.
         """
         self._truncated = True
         env, t0, ends = self.env, self._win_t0, self._win_ends
-        now = env._now
+        now = clock(env)
         m = min(bisect_right(ends, now - t0) + 1, len(ends))
         self._win_m = m
         if m == len(ends):
             return  # the window ends there anyway
-        proc = self.proc
-        cut = env.timeout(max(0.0, t0 + ends[m - 1] - now))
-        proc._target.callbacks.remove(proc._resume)
-        cut.callbacks.append(proc._resume)
-        proc._target = cut
+        retarget(self.proc, env.timeout(max(0.0, t0 + ends[m - 1] - now)))
 
     def _at_boundary(self) -> Generator[simpy.Event, Any, bool]:
         """Between iterations: wait while idle, compact, drop stale requests. ``True`` when there is work."""
@@ -452,7 +420,7 @@ class Replica:
     def _boundary_work(self) -> bool:
         """:meth:`_at_boundary` once there is work: compact, drop stale requests; ``True`` if work remains."""
         sched = self.sched
-        now = self.env._now
+        now = clock(self.env)
         if self._compact_due:
             self._run_compaction()
         if self.stale_after_s is not None or sched.now_hint_preempted:
@@ -477,7 +445,7 @@ class Replica:
             if not (yield from self._at_boundary()):
                 continue
             plan = sched.schedule()
-            self._settle(plan, self.env._now)
+            self._settle(plan, clock(self.env))
             if not plan.items:
                 self._stuck()
                 continue
@@ -516,21 +484,15 @@ class Replica:
         if self._after:
             self._after_prefill_ran(m)
         if dp.events is not None and m > 1:
-            self.alloc_work_s += float(extra_t[: m - 1].sum())
+            self.stats.alloc_work(float(extra_t[: m - 1].sum()))
         tm = times[:m]
-        self.used_token_s += float(np.dot(dp.used_tokens[:m], tm))
-        self.reserved_token_s += float(np.dot(dp.reserved_tokens[:m], tm))
-        wall = float(ends[m - 1])
-        self.busy_s += wall
-        self.ext_frag_s += frag * wall
-        self._account_paused(plan, dp.reserved_tokens[:m], tm, waiting_at_start)
-        self.iterations += m
-        self.windows += 1
+        paused_s = self._paused_s(plan, dp.reserved_tokens[:m], tm, waiting_at_start)
         if m > 1:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
             self.alloc.take_work()  # into the totals; its time was charged above through extra_t
-        self.rec.step(self, m, wall, float(times[0]), n)
-        now = self.env._now
+        now = clock(self.env)
+        self.stats.window(now, m, float(ends[m - 1]), float(times[0]), float(np.dot(dp.used_tokens[:m], tm)),
+                          float(np.dot(dp.reserved_tokens[:m], tm)), frag, paused_s, n)
         done = []
         for r in reqs:
             r.computed += m
@@ -581,7 +543,7 @@ class Replica:
     def _loop_cohort(self) -> Generator[simpy.Event, Any, None]:
         # Flat on purpose: this loop runs once per batch change of every replica, so the phases
         # are plain methods around the yields instead of nested generators.
-        sched: ContinuousScheduler = self.sched  # the cohort needs continuous batching
+        sched = cast(ContinuousScheduler, self.sched)  # the cohort runs with continuous batching only
         co = self._co
         env = self.env
         running, waiting = sched.running, sched.waiting
@@ -596,14 +558,14 @@ class Replica:
                 if not self._boundary_work():
                     continue
             else:
-                sched.now = env._now  # _boundary_work's only effect when nothing else is due
+                sched.now = clock(env)  # _boundary_work's only effect when nothing else is due
             n = len(co.a)
             # The cohort takes this iteration's token first (it is the front of the running list).
             if n > budget_cap or (n and not co.advance_one(self.G)):
                 # Preemption, overflow or a starved budget ahead: one exact per-sequence iteration.
                 self._dissolve()
                 plan = sched.schedule()
-                self._settle(plan, env._now)
+                self._settle(plan, clock(env))
                 if not plan.items:
                     self._stuck()
                     continue
@@ -614,7 +576,7 @@ class Replica:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
                 assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
-            if n and len(running) == n and not self._has_breaker and (not waiting or sched.admission_blocked(n)):
+            if n and len(running) == n and self._breaker is None and (not waiting or sched.admission_blocked(n)):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
                 plan = None
@@ -626,7 +588,7 @@ class Replica:
                     else:
                         batch.decode_kv_tokens = int(self._kv_attended(1)[0])
                 plan = sched.schedule(start=n, batch=batch)
-                self._settle(plan, env._now)
+                self._settle(plan, clock(env))
                 if not plan.items and not n:
                     self._stuck()
                     continue
@@ -650,7 +612,7 @@ class Replica:
         """After an iteration of the cohort's token (granted before it) plus per-sequence prefill
         items, priced as ``it``: its accounting, completions, first tokens, and new cohort members."""
         self._iteration_end(plan, it)
-        now = self.env._now
+        now = clock(self.env)
         self.G += 1
         done: list[Request] = []
         self._pop_finished(done)
@@ -667,31 +629,24 @@ class Replica:
             self._leave(req)
             done.append(req)
 
-    def _account_window(self, m: int, w: _Window, wall: float) -> list[float] | None:
-        """Time integrals and allocator growth of the first ``m`` iterations of ``w`` (``wall``
-        seconds); returns their reserved token totals where the admission breaker needs them."""
-        times, frag = w.times, w.frag
+    def _advance_window(self, m: int, w: _Window) -> tuple[float, float, list[float] | None]:
+        """Grant the allocator growth of the first ``m`` iterations of ``w`` that ran; returns their
+        used and reserved token·second integrals, and their reserved token totals where the
+        admission breaker needs them."""
+        times = w.times
         t = times[0]
         if m == 1:
-            self.used_token_s += w.used0 * t
-            self.reserved_token_s += w.reserved0 * t
-            self.busy_s += t
-            self.ext_frag_s += frag * t
-            return [w.reserved0] if self._has_breaker else None
+            return w.used0 * t, w.reserved0 * t, [w.reserved0] if self._breaker is not None else None
         # Totals only for the iterations that ran (an arrival often cuts a window short).
         co = self._co
         G1 = self.G + 1
         du, dr = co.integrals(G1, times, 1, m, w.used0 * t, w.reserved0 * t)
-        reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._has_breaker else None
+        reserved = [w.reserved0] + co.preview_totals(G1, m - 1)[0] if self._breaker is not None else None
         co.advance(G1, m - 1)
         self.alloc.take_work_s(self.cost)  # into the totals; its time was charged through ``per_event_s``
         assert w.events is not None  # a window of more than one iteration has them
-        self.alloc_work_s += sum(w.events[: m - 1]) * w.per_event_s
-        self.used_token_s += du
-        self.reserved_token_s += dr
-        self.busy_s += wall
-        self.ext_frag_s += frag * wall
-        return reserved
+        self.stats.alloc_work(sum(w.events[: m - 1]) * w.per_event_s)
+        return du, dr, reserved
 
     def _window_begin(self) -> _Window:
         """Price a window from step ``G`` (its first iteration granted, its work pending in the
@@ -730,15 +685,15 @@ class Replica:
         cohort was all that ran and the queue could not move), then end what completed."""
         if self._after:
             self._after_prefill_ran(m)
-        reserved = self._account_window(m, w, ends[m - 1])
-        if (plan is not None and plan.paused) or (w.waiting_at_start and self._has_breaker):
-            self._account_paused(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
-        self.iterations += m
-        self.windows += 1
-        self.rec.step(self, m, ends[m - 1], w.times[0], w.members)
+        used_s, reserved_s, reserved = self._advance_window(m, w)
+        paused_s = 0.0
+        if (plan is not None and plan.paused) or (w.waiting_at_start and self._breaker is not None):
+            paused_s = self._paused_s(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
+        now = clock(self.env)
+        self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
             done: list[Request] = []
             self._pop_finished(done)
-            self._finish(done, self.env._now)
+            self._finish(done, now)

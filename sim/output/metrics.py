@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.allocators.capabilities import PrefixCacheReport
 from sim.request import COMPLETED, Request
 
 if TYPE_CHECKING:
@@ -194,17 +195,19 @@ class Recorder:
                 reserved * bpt, used * bpt, free * bpt, largest * bpt, 1.0 - used / reserved if reserved else 0.0,
                 1.0 - largest / free if free else 0.0, used * bpt, reserved * bpt, waiting]
 
-    def step(self, rep: "Replica", iterations: int, window_s: float, first_step_s: float, batch_tokens: int) -> None:
+    def step(self, rep: "Replica", now: float, iterations: int, window_s: float, first_step_s: float,
+             batch_tokens: int) -> None:
+        """A batch change of replica ``rep`` ended at ``now`` (simulated seconds): ``iterations``
+        iterations in ``window_s`` seconds, the first ``first_step_s``."""
         a = rep.alloc
         reserved = a.reserved_tokens()
         used = a.used_total
         waiting = len(rep.sched.waiting)
         if self.every_s is None:
-            self.timeseries.add(tuple(self._row(rep.env._now, rep.index, len(rep.sched.running), waiting, batch_tokens,
+            self.timeseries.add(tuple(self._row(now, rep.index, len(rep.sched.running), waiting, batch_tokens,
                                                 iterations, window_s, first_step_s, a.capacity_tokens, reserved, used,
                                                 a.largest_free_extent_tokens())))
             return
-        now = rep.env._now
         b = self._bins.get(rep.index)
         idx = int(now // self.every_s)
         if b is None:
@@ -268,14 +271,15 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
     t_end = float(finish.max()) if finish.size else 0.0
     makespan = max(t_end - t_start, 1e-12)
     reasons = dict(rec.reasons)
-    used = sum(r.used_token_s for r in replicas)
-    reserved = sum(r.reserved_token_s for r in replicas)
+    stats = [r.stats for r in replicas]
+    used = sum(s.used_token_s for s in stats)
+    reserved = sum(s.reserved_token_s for s in stats)
     capacity = sum(r.alloc.capacity_tokens for r in replicas) * makespan
     refusals: dict[str, int] = {}
     for r in replicas:
         for k, v in r.alloc.refusal_counts().items():
             refusals[k] = refusals.get(k, 0) + v
-    busy = sum(r.busy_s for r in replicas)
+    busy = sum(s.busy_s for s in stats)
     out_tokens = int(gen[ok].sum())
     work = {"events": 0, "copy_bytes": 0, "zero_bytes": 0, "swap_out_bytes": 0, "swap_in_bytes": 0}
     for r in replicas:
@@ -301,31 +305,31 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "allocator_refusals": dict(sorted(refusals.items())),
         "stranded_refusals": refusals.get("no_contiguous_extent", 0),
         "kv_internal_fragmentation": 1.0 - used / reserved if reserved > 0 else None,
-        "kv_external_fragmentation": sum(r.ext_frag_s for r in replicas) / busy if busy > 0 else None,
-        "admissions_paused_s": sum(r.paused_s for r in replicas),
-        "compactions": int(sum(r.compactions for r in replicas)),
-        "compaction_bytes": int(sum(r.compaction_bytes for r in replicas)),
-        "compaction_time_s": sum(r.compaction_s for r in replicas),
+        "kv_external_fragmentation": sum(s.ext_frag_s for s in stats) / busy if busy > 0 else None,
+        "admissions_paused_s": sum(s.paused_s for s in stats),
+        "compactions": int(sum(s.compactions for s in stats)),
+        "compaction_bytes": int(sum(s.compaction_bytes for s in stats)),
+        "compaction_time_s": sum(s.compaction_s for s in stats),
         # Every compaction (first 10,000): when, on which replica, bytes moved, copy seconds.
         "compaction_log": [{"t_s": t, "replica": r.index, "bytes": b, "time_s": c}
-                           for r in replicas for (t, b, c) in r.compaction_log][:10_000],
+                           for r in replicas for (t, b, c) in r.stats.compaction_log][:10_000],
         "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),
         **_prefix_stats(replicas),
         "allocation_events": work["events"],
-        "allocation_time_s": sum(r.alloc_work_s for r in replicas),
+        "allocation_time_s": sum(s.alloc_work_s for s in stats),
         "copy_bytes": work["copy_bytes"],
         "zero_fill_bytes": work["zero_bytes"],
         "swap_out_bytes": work["swap_out_bytes"],
         "swap_in_bytes": work["swap_in_bytes"],
-        "iterations": int(sum(r.iterations for r in replicas)),
-        "busy_fraction": sum(r.busy_s for r in replicas) / (makespan * len(replicas)),
+        "iterations": int(sum(s.iterations for s in stats)),
+        "busy_fraction": sum(s.busy_s for s in stats) / (makespan * len(replicas)),
     }
 
 
 def _prefix_stats(replicas) -> dict:
-    allocs = [r.alloc for r in replicas if hasattr(r.alloc, "hit_tokens")]
+    allocs = [r.alloc for r in replicas if isinstance(r.alloc, PrefixCacheReport)]
     if not allocs:
         return {}
     hit = sum(a.hit_tokens for a in allocs)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, cast
 
 from sim.allocators.base import Allocator, Grow
+from sim.allocators.capabilities import AdmissionBreaker, LengthHints, PrefixAdmission
 from sim.config import SchedulerConfig
 from sim.cost.model import BatchShape
 from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
@@ -53,10 +53,12 @@ class StepPlan:
 
 
 class ContinuousScheduler:
+    """A :class:`sim.sched.interface.Scheduler`; the only kind the engine's decode cohort runs with."""
+
     supports_cohort = True
 
-    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None, *,
-                 swap_capacity_bytes: int = 0):
+    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
+                 hash_block_tokens: int, victim_policy: str):
         self.cfg = cfg
         self.alloc = allocator
         #: Prefill chunks share iterations with decodes (vLLM); ``False``: an iteration either prefills
@@ -71,7 +73,7 @@ class ContinuousScheduler:
         #: ``swap`` preemption: host bytes available to hold preempted sequences' KV (0 = recompute).
         self.swap_capacity_bytes = swap_capacity_bytes
         #: ``lifo`` or ``lowest_priority`` (see PreemptionConfig.victim).
-        self.victim_policy = "lifo"
+        self.victim_policy = victim_policy
         self.swap_used_bytes = 0
         self.swaps_out = 0
         self.swaps_in = 0
@@ -86,12 +88,13 @@ class ContinuousScheduler:
         # again before anything was released cannot succeed, and would count a refusal per iteration.
         self._refused: tuple[int, int, int] | None = None
         self._admissions = 0
-        #: Prefix caching: block size of request hashes, and the time of this iteration (LRU).
-        self.hash_block_tokens = 512
+        #: Prefix caching: tokens per request hash block, and the time of this iteration (LRU).
+        self.hash_block_tokens = hash_block_tokens
         self.now = 0.0
-        self._prefix = hasattr(allocator, "admit_prefix")
-        # An allocator hook that does nothing unless overridden: skipped then (it runs per admission).
-        self._hints = type(allocator).hint is not Allocator.hint
+        # The allocator's optional features (sim/allocators/capabilities.py), looked up once.
+        self._prefix: PrefixAdmission | None = allocator if isinstance(allocator, PrefixAdmission) else None
+        self._hints: LengthHints | None = allocator if isinstance(allocator, LengthHints) else None
+        self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -116,7 +119,7 @@ class ContinuousScheduler:
         waiting = self.waiting
         if not waiting:
             return True
-        if self._prefix:
+        if self._prefix is not None:
             return False
         cfg = self.cfg
         budget = cfg.max_num_batched_tokens - start
@@ -248,7 +251,8 @@ class ContinuousScheduler:
         admitted: list[Request] = []
         rejected: list[Request] = []
         paused = False
-        if preempted == 0 and alloc.has_breaker and self.waiting and alloc.admission_paused():
+        breaker, prefix, hints = self._breaker, self._prefix, self._hints
+        if preempted == 0 and breaker is not None and self.waiting and breaker.admission_paused():
             paused = True
         elif preempted == 0 and mode != "decode":
             waiting = self.waiting
@@ -260,17 +264,17 @@ class ContinuousScheduler:
                 if self.reserve_output and not self._fits_whole_output(req):
                     break
                 cached = 0
-                if self._prefix and req.hashes and not req.computed:
+                if prefix is not None and req.hashes and not req.computed:
                     # Cached prefix blocks are shared, not computed: the chunk starts after them.
-                    cached = cast(Any, alloc).cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
+                    cached = prefix.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
                     need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
-                if self._hints:
-                    alloc.hint(req.id, req.prompt + req.output)
-                if cached or (self._prefix and req.hashes and not req.computed):
-                    r, got = cast(Any, alloc).admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
-                                                prompt_tokens=req.prompt)
+                if hints is not None:
+                    hints.hint(req.id, req.prompt + req.output)
+                if prefix is not None and req.hashes and not req.computed:
+                    r, got = prefix.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
+                                                 prompt_tokens=req.prompt)
                     if r is Grow.OK:
                         assert got == cached, (got, cached)
                         req.computed = cached

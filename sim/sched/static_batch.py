@@ -21,13 +21,19 @@ from sim.sched.continuous import StepPlan
 
 
 class StaticBatchScheduler:
+    """A :class:`sim.sched.interface.Scheduler` that never preempts (members hold their padded
+    length from admission), so swap capacity, victim policy and prefix hashes do not apply."""
+
     #: The engine's decode cohort assumes continuous batching.
     supports_cohort = False
 
-    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, kv_cap: int | None = None, **_):
+    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
+                 hash_block_tokens: int, victim_policy: str):
         self.cfg = cfg
         self.alloc = allocator
         self.kv_cap = kv_cap
+        self.victim_policy = victim_policy
+        self.now = 0.0
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.preemptions = 0
