@@ -431,6 +431,18 @@ class FlexBackend(AttentionBackend):
         return out
 
 
+def _cuda_module(device_kind: str, what: str, package: str, module: str, install: str):
+    """``(module, None)``, or ``(None, why not)``: CUDA only, the package installed, the module importable."""
+    if device_kind != "cuda":
+        return None, f"{what} run on CUDA only"
+    if importlib.util.find_spec(package) is None:
+        return None, f"the {package} package is not installed ({install})"
+    try:
+        return importlib.import_module(module), None
+    except Exception as exc:  # a broken install (missing CUDA libraries, ABI mismatch) says why
+        return None, f"import {module} failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+
 # --- flashinfer -----------------------------------------------------------------------------------
 
 #: FlashInfer's float workspace (split-KV partial results); one per backend object, shared by its wrappers
@@ -454,14 +466,10 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def unavailable(cls, device_kind):
-        if device_kind != "cuda":
-            return "FlashInfer's kernels run on CUDA only"
-        if importlib.util.find_spec("flashinfer") is None:
-            return "the flashinfer package is not installed (pip install flashinfer-python)"
-        try:
-            fi = importlib.import_module("flashinfer")
-        except Exception as exc:  # a broken install (missing CUDA libraries, ABI mismatch) says why
-            return f"import flashinfer failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        fi, why = _cuda_module(device_kind, "FlashInfer's kernels", "flashinfer", "flashinfer",
+                               "pip install flashinfer-python")
+        if why:
+            return why
         if not hasattr(fi, "BatchDecodeWithPagedKVCacheWrapper") or not hasattr(fi.BatchDecodeWithPagedKVCacheWrapper, "plan"):
             return f"flashinfer {getattr(fi, '__version__', '?')} has no BatchDecodeWithPagedKVCacheWrapper.plan (0.2 or newer needed)"
         return None
@@ -548,16 +556,10 @@ class VllmBackend(AttentionBackend):
 
     @classmethod
     def unavailable(cls, device_kind):
-        if device_kind != "cuda":
-            return "vLLM's attention ops run on CUDA only"
-        if importlib.util.find_spec("vllm") is None:
-            return "the vllm package is not installed"
-        try:
-            importlib.import_module("vllm.vllm_flash_attn").flash_attn_varlen_func  # noqa: B018
-        except Exception as exc:
-            return f"vllm.vllm_flash_attn.flash_attn_varlen_func is not importable: {type(exc).__name__}: " \
-                   f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        return None
+        mod, why = _cuda_module(device_kind, "vLLM's attention ops", "vllm", "vllm.vllm_flash_attn", "pip install vllm")
+        if why:
+            return why
+        return None if hasattr(mod, "flash_attn_varlen_func") else "vllm.vllm_flash_attn has no flash_attn_varlen_func"
 
     def block_size_problem(self, block_size):
         if block_size % 16:

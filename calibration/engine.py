@@ -10,10 +10,12 @@
 
   - ``paged``: per layer a K and a V tensor ``[num_blocks, block_size, kv_heads, head_dim]``,
     a free-block list and a block table per request. New K/V are scattered into their
-    slots (``block_table[p // B] · B + p % B``); decode attention (the paged kernel route 1
-    times) gathers the decoding sequences' own blocks with one ``index_select`` and, on CPU,
-    runs one SDPA per sequence over its slice (:func:`decode_plan`; on CUDA one SDPA over the
-    batch padded to its longest, with a length mask); a prefill chunk gathers its own blocks.
+    slots (``block_table[p // B] · B + p % B``); attention over them is the configured backend's
+    (``EngineConfig.kernels``, :mod:`calibration.attention_backends`: the kernels route 1 times),
+    planned once per iteration for the decode rows and once for the prefill chunks. The default on
+    CPU, ``sdpa``, gathers the decoding sequences' own blocks with one ``index_select`` and runs one
+    SDPA per sequence over its slice (:func:`decode_plan`; on CUDA one SDPA over the batch padded
+    to its longest, with a length mask); a prefill chunk gathers its own blocks.
   - ``static``: per layer one contiguous K and V tensor ``[capacity, kv_heads, head_dim]``;
     each admitted request reserves ``reserve`` contiguous slots, first fit. Attention reads
     the reservation as a view (no gather), one SDPA per sequence.

@@ -6,13 +6,13 @@ What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
 
 * **GEMMs** ``F.linear`` for QKV, O, gate+up, down and the LM head over a grid of token
   counts ``m``;
-* **prefill attention** ``F.scaled_dot_product_attention(is_causal=True)`` (grouped-query
-  via ``enable_gqa``) over (batch, prompt length);
-* **decode attention** (one query token per sequence) over (batch, KV length) on a
-  *contiguous* cache and on a *paged* cache: a preallocated block pool plus block tables
-  whose blocks are gathered (``pool.index_select(0, block_table)``) and attended with a length mask (the reference engine's kernel). The profile's generation
-  curve is the paged one at :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the
-  measured ``layout.paged_overhead`` and other block sizes ``paged_overhead_by_block_size``;
+* **prefill attention** (causal) over (batch, prompt length) and **decode attention** (one query
+  token per sequence) over (batch, KV length) on a *contiguous* cache and on a *paged* cache (a
+  preallocated block pool plus random block tables), all by one attention backend
+  (:mod:`calibration.attention_backends`, ``--kernels``: sdpa, flex, flashinfer, vllm), the one the
+  reference engine runs. The profile's generation curve is the paged one at
+  :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the measured ``layout.paged_overhead``
+  and other block sizes ``paged_overhead_by_block_size``;
 * **memory operations** the allocators charge: ``zero_()`` and ``copy_`` bandwidth and
   latency over a size grid, host↔device transfers (pinned host memory on CUDA; on CPU a
   memcpy between two host buffers, i.e. the copy measurement, stated as such), the
@@ -25,7 +25,7 @@ What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
 
 Timing: warm-up calls, then ``repeats`` timed repeats of ``inner`` calls each (``inner``
 chosen so a repeat lasts about ``target_repeat_s``), median of the per-call means; on CUDA
-each repeat is bracketed by CUDA events and synchronised; inputs rotate over several
+each repeat is bracketed by CUDA events and synchronised (:mod:`calibration.devices`); inputs rotate over several
 distinct buffers (enough to exceed the last-level cache that can reasonably be flushed:
 32 MiB on CPU, 128 MiB on CUDA) so a cached operand is not what is measured. CPU timings
 use one thread by default (``torch.set_num_threads``), restored afterwards.
@@ -947,8 +947,10 @@ def write_report(path: Path, profile: Profile, meas: Measurements, fits: dict, m
     q = profile.fit_quality
     sub = ", ".join(f"{k} {v['overall']['median_rel_err']:.1%}/{v['overall']['p95_rel_err']:.1%}"
                     for k, v in q.items() if isinstance(v, dict) and "overall" in v)
+    att = profile.provenance.get("attention_backend") or {}
     fig.update_layout(height=1300, title=f"kvsim calibrate: {profile.name} on {profile.device['name']} "
-                                         f"(torch {profile.provenance['device_info']['torch']}); held-out median/p95: {sub}")
+                                         f"(torch {profile.provenance['device_info']['torch']}; attention "
+                                         f"{att.get('name', 'sdpa')} {att.get('version', '')}); held-out median/p95: {sub}")
     from .html_report import write_figure_html
     return write_figure_html(fig, path)
 
