@@ -17,7 +17,8 @@
   spread lengths, in three layouts (does it cost what the cost model prices?).
 * ``attention``: paged vs contiguous decode attention at several block sizes on every attention
   backend that runs on this device (sdpa, flex; flashinfer and vllm on CUDA when installed), side by side
-  (docs/calibration.md, "Attention kernel backends").
+  (docs/calibration.md, "Attention kernel backends"; not part of ``all``: compiling flex on a CPU takes
+  minutes).
 
 ``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
 (``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).

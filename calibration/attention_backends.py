@@ -91,6 +91,11 @@ def _bucket(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
+def _pow2_upto(n: int) -> list[int]:
+    """1, 2, 4, … up to the power of two ≥ n."""
+    return [1 << k for k in range(_bucket(n).bit_length())]
+
+
 class AttentionBackend:
     """One attention implementation. Construct through :func:`make` (or the class with a torch
     module and device); nothing heavy happens before the first call."""
@@ -130,6 +135,17 @@ class AttentionBackend:
         return {}
 
     # -- the engine's calls --
+    def pool_blocks(self, num_blocks: int) -> int:
+        """Blocks an engine allocates for a pool of ``num_blocks`` usable ones (flex rounds up: a compiled
+        kernel is specialised to the pool's length, and engines of many sizes then share a few)."""
+        return int(num_blocks)
+
+    def warm_up(self, k_pool, v_pool, *, heads: int, kv_heads: int, head_dim: int, max_seqs: int,
+                max_tokens: int, dtype=None) -> int:
+        """Run every batch shape an engine of ``max_seqs`` sequences and ``max_tokens`` tokens per step can
+        form once, so compiling happens before anything is timed; returns the shapes run (0: nothing to
+        compile)."""
+        return 0
 
     def plan_paged(self, batch: PagedBatch, *, heads: int, kv_heads: int, head_dim: int, num_blocks: int,
                    dtype=None, scale: float | None = None, slot: Any = None) -> Any:
@@ -336,6 +352,25 @@ class FlexBackend(AttentionBackend):
             _FLEX_COMPILED[key] = self.torch.compile(flex_attention, dynamic=key)
         return _FLEX_COMPILED[key]
 
+    def pool_blocks(self, num_blocks):
+        return _bucket(num_blocks)
+
+    def warm_up(self, k_pool, v_pool, *, heads, kv_heads, head_dim, max_seqs, max_tokens, dtype=None):
+        if not self.compile:
+            return 0
+        B, N = k_pool.shape[1], k_pool.shape[0]
+        tile = FLEX_QUERY_TILE
+        shapes = [(r, 1) for r in _pow2_upto(max_seqs)]
+        shapes += [(r, tile) for r in _pow2_upto(-(-max_tokens // tile) + max_seqs)]
+        for rows, new in shapes:
+            nblk = -(-new // B)
+            batch = PagedBatch.of([[(i * nblk + j) % N for j in range(nblk)] for i in range(rows)], [0] * rows,
+                                  [new] * rows, B)
+            plan = self.plan_paged(batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=N, dtype=dtype)
+            q = k_pool.new_zeros(rows * new, heads, head_dim)
+            self.paged(plan, q, k_pool, v_pool)
+        return len(shapes)
+
     def _pool(self, randn, needed, block_size, kv_heads, head_dim, dtype):
         # the pool's length is a compiled kernel's static shape: one pool per block size, grown by doubling
         # and reused by every point (its contents are random either way)
@@ -357,7 +392,8 @@ class FlexBackend(AttentionBackend):
                 row_seq.append(i)
                 row_ctx.append(c + j)
                 row_new.append(min(tile, n - j))
-        rows, qlen = _bucket(len(row_seq)), _bucket(max(row_new))
+        # one query per row (decode) or a full tile: two query lengths, so few compiled shapes
+        rows, qlen = _bucket(len(row_seq)), (1 if batch.decode else tile)
         for r, m in enumerate(row_new):
             q_index.extend(range(r * qlen, r * qlen + m))
         used = [batch.blocks_used(i) for i in range(len(batch.new))]
@@ -377,8 +413,9 @@ class FlexBackend(AttentionBackend):
         # query's position are full (no mask_mod), the rest partial
         kv_num = torch.where(new > 0, (ctx + new + B - 1) // B, 0)
         full = torch.where(new > 0, torch.minimum((ctx + 1) // B, kv_num), 0)
-        # the CPU kernel requires kv_indices to span the whole KV length (pool blocks)
-        wd = max(N, width)
+        # the CPU kernel requires kv_indices to span the whole KV length (pool blocks); the Triton one reads
+        # only the first kv_num_blocks entries of a row
+        wd = max(N, width) if dev.type == "cpu" else width
         full_idx = torch.zeros(rows, wd, dtype=torch.int32)
         full_idx[:, :width] = tbl
         src = (full[:, None].long() + torch.arange(wd)[None, :]).clamp(max=width - 1)

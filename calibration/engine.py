@@ -554,23 +554,36 @@ class Engine:
         m = cfg.model
         KVH, d = m.kv_heads, m.head_dim
         dt, dev = self.net.dtype, self.net.device
-        if cfg.allocator == "paged":
-            shape = (cfg.num_blocks, cfg.block_size, KVH, d)
-        else:
-            shape = (cfg.capacity_tokens, KVH, d)
-        self.k_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
-        self.v_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
         from sim.errors import ConfigError
 
         from .attention_backends import make
         #: the paged layout's attention kernels (what ``kvsim calibrate --kernels`` times)
         self.attention = attention or make(cfg.kernels, torch, dev, key="engine.kernels")
+        if cfg.allocator == "paged":  # blocks past num_blocks (flex rounds the pool up) are never handed out
+            shape = (self.attention.pool_blocks(cfg.num_blocks), cfg.block_size, KVH, d)
+        else:
+            shape = (cfg.capacity_tokens, KVH, d)
+        self.k_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
+        self.v_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
+        self._warm = False
         if cfg.allocator == "paged":
             why = self.attention.block_size_problem(cfg.block_size) or self.attention.dtype_problem(dt)
             if why:
                 raise ConfigError("engine.kernels", self.attention.name,
                                   f"a backend that runs block {cfg.block_size} in {cfg.dtype} ({why})")
         self.reset()
+
+    def warm_up(self) -> int:
+        """Run the paged layout's attention once on every batch shape this engine can form (a compiled
+        backend compiles them now, not inside a timed iteration); once per engine. Returns the shapes run."""
+        if self._warm or self.cfg.allocator != "paged" or not self.cfg.model.layers:
+            return 0
+        self._warm = True
+        m, cfg = self.cfg.model, self.cfg
+        with self.torch.inference_mode():
+            return self.attention.warm_up(self.k_cache[0], self.v_cache[0], heads=m.heads, kv_heads=m.kv_heads,
+                                          head_dim=m.head_dim, max_seqs=cfg.max_num_seqs,
+                                          max_tokens=cfg.max_num_batched_tokens, dtype=self.net.dtype)
 
     def reset(self) -> None:
         cfg = self.cfg
@@ -683,7 +696,7 @@ class Engine:
         if paged:  # each batch's metadata once, for every layer (decode rows first, then the chunks' rows)
             from .attention_backends import PagedBatch
             att = self.attention
-            shape = {"heads": H, "kv_heads": KVH, "head_dim": d, "num_blocks": self.cfg.num_blocks, "dtype": net.dtype}
+            shape = {"heads": H, "kv_heads": KVH, "head_dim": d, "num_blocks": self.k_cache[0].shape[0], "dtype": net.dtype}
             dplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for r, _ in dec], [r.computed for r, _ in dec],
                                                  [1] * D, mem.B), slot="decode", **shape) if D else None
             cplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for *_, r in chunk_meta],
@@ -777,6 +790,8 @@ class Engine:
         if dual and (not prefill_probe_ref_s or prefill_probe_ref_s <= 0):
             raise ValueError("prefill_probe needs its reference time prefill_probe_ref_s > 0")
         cpu_clock = clock in ("cpu", "cpu_norm")
+        if compute:
+            self.warm_up()
         self.reset()
         rng = random.Random(self.cfg.seed if seed is None else seed)
         vocab = self.cfg.model.vocab
