@@ -72,6 +72,7 @@ def measure(device: str, model_name: str, quick: bool = False, backends: list[st
             entry["skipped_block_sizes"] = {str(bs): why for bs in sizes if (why := be.block_size_problem(bs))}
             cells = [(b, L, bs) for b in batches for L in lengths for bs in (None, *sizes)
                      if bs is None or str(bs) not in entry["skipped_block_sizes"]]
+            bench.reserve_paged([c for c in cells if c[2]], h, kvh, d)
             setups = [lambda b=b, L=L, bs=bs: bench.decode_calls(b, L, h, kvh, d, bs) for b, L, bs in cells]
             timings = bench.measure(setups, passes)
             entry["points"] = [{"batch": b, "length": L, "block_size": bs or 0, "median_s": t.median_s,

@@ -159,6 +159,10 @@ class AttentionBackend:
         raise NotImplementedError
 
     # -- calibration's closures (inputs built here, outside the timed calls) --
+    def reserve_pool(self, randn, needed: int, block_size: int, kv_heads: int, head_dim: int, dtype=None) -> None:
+        """Calibration is about to time paged calls needing up to ``needed`` blocks of ``block_size`` (flex:
+        allocate its pool at that size now, so every point reuses one pool length; default: nothing)."""
+
     def _pool(self, randn, needed: int, block_size: int, kv_heads: int, head_dim: int, dtype):
         """K and V pools ``[blocks, block_size, kv_heads, head_dim]`` of at least ``needed`` blocks
         (default: new ones of exactly that size)."""
@@ -370,6 +374,9 @@ class FlexBackend(AttentionBackend):
             q = k_pool.new_zeros(rows * new, heads, head_dim)
             self.paged(plan, q, k_pool, v_pool)
         return len(shapes)
+
+    def reserve_pool(self, randn, needed, block_size, kv_heads, head_dim, dtype=None):
+        self._pool(randn, needed, block_size, kv_heads, head_dim, dtype)
 
     def _pool(self, randn, needed, block_size, kv_heads, head_dim, dtype):
         # the pool's length is a compiled kernel's static shape: one pool per block size, grown by doubling

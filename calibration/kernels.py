@@ -368,6 +368,16 @@ class Bench:
         return be.decode_paged_calls(self.randn, self.rng.randrange(1 << 30), nb, batch, kv_len, heads, kv_heads,
                                      head_dim, block_size, dtype=self.dtype), 1.0
 
+    def reserve_paged(self, cells, heads: int, kv_heads: int, head_dim: int) -> None:
+        """Before timing the paged points ``cells`` (``(batch, kv_len, block_size)``; prefill as block 16):
+        let the backend size its pools for the largest (:meth:`decode_calls` / :meth:`context_calls` need)."""
+        need: dict[int, int] = {}
+        for b, L, bs in cells:
+            nb = self.rotations(2 * b * L * kv_heads * head_dim * self.elem + b * heads * head_dim * self.elem)
+            need[bs] = max(need.get(bs, 0), nb * b * -(-L // bs))
+        for bs, n in need.items():
+            self.kernels.reserve_pool(self.randn, n, bs, kv_heads, head_dim, self.dtype)
+
     def decode_static_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
         """The reference engine's static-cache decode attention: one contiguous arena
         ``[slots, kv_heads, head_dim]`` with one reservation per sequence; each sequence's query
@@ -595,6 +605,9 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     for b in plan.overhead_batch:
         jobs.append((f"CPU step b={b}", lambda b=b: bench.step_cpu_calls(b, model.vocab), "cpu_overhead", "step_cpu",
                      {"batch": b}))
+    paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
+    paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
+    bench.reserve_paged(paged_cells, h, kvh, d)
     timings = _run_jobs(bench, jobs, plan.passes, progress)
     meas = Measurements()
     for (label, _, fam, kern, coords), t in zip(jobs, timings):
