@@ -317,3 +317,28 @@ def test_engine_chunks_follow_decode_rows():
     assert ("chunks", 64) in seen and ("decode", 1) in seen
     # the second iteration: the first request's decode row, then the other prompt's last 46 tokens
     assert seen.count(("chunks", 46)) == layers and seen.count(("decode", 1)) >= layers
+
+
+def test_engine_warms_its_backend_up_once_before_timing():
+    """A compiling backend runs every shape an engine can form before the engine's first timed
+    iteration, once per engine, with the engine's limits; flex's shapes: one query per row for
+    decode rows (1 … max_num_seqs) and 16-token tiles for chunk rows."""
+    calls = []
+
+    class Counting(AB.SdpaBackend):
+        def warm_up(self, k_pool, v_pool, **kw):
+            calls.append(kw)
+            return 7
+    net = Transformer(TINY, "fp32", "cpu", seed=0)
+    cfg = EngineConfig(TINY, num_blocks=40, block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
+    eng = Engine(cfg, model=net, attention=Counting(torch, torch.device("cpu")))
+    from sim.catalog import GPUS
+    from sim.costmodel import RooflineCostModel
+    for _ in range(2):
+        eng.run([(0.0, 20, 2)], clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
+    assert len(calls) == 1 and calls[0]["max_seqs"] == 4 and calls[0]["max_tokens"] == 64
+    # flex rounds an engine's pool up to a power of two (the allocator hands out num_blocks only)
+    flex = AB.FlexBackend(torch, torch.device("cpu"), compile=False)
+    assert flex.pool_blocks(40) == 64 and AB.SdpaBackend(torch, torch.device("cpu")).pool_blocks(40) == 40
+    assert Engine(cfg, model=net, attention=flex).k_cache[0].shape[0] == 64
+    assert AB._pow2_upto(4) == [1, 2, 4] and AB._pow2_upto(64 // 16 + 4) == [1, 2, 4, 8]
