@@ -172,20 +172,8 @@ class AttentionBackend:
                            head_dim: int, block_size: int, dtype=None) -> list[Callable[[], Any]]:
         """``sets`` decode batches of ``batch`` sequences of ``kv_len`` KV tokens each, scattered over one
         pool (random block tables), each with its own plan; one closure per set."""
-        torch = self.torch
-        nblk = -(-kv_len // block_size)
-        need = sets * batch * nblk
-        kpool, vpool = self._pool(randn, need, block_size, kv_heads, head_dim, dtype)
-        total = kpool.shape[0]
-        perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:need].view(sets, batch, nblk).tolist()
-        out = []
-        for i in range(sets):
-            b = PagedBatch.of(perm[i], [kv_len - 1] * batch, [1] * batch, block_size)
-            plan = self.plan_paged(b, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=total,
-                                   dtype=dtype, slot=("decode", i))
-            q = randn(batch, heads, head_dim)
-            out.append(lambda q=q, plan=plan: self.paged(plan, q, kpool, vpool))
-        return out
+        return self._paged_calls(randn, seed, sets, batch, kv_len, kv_len - 1, 1, heads, kv_heads, head_dim,
+                                 block_size, dtype, "decode")
 
     def decode_contiguous_calls(self, randn, sets: int, batch: int, kv_len: int, heads: int, kv_heads: int,
                                 head_dim: int, dtype=None) -> list[Callable[[], Any]]:
@@ -194,20 +182,26 @@ class AttentionBackend:
     def prefill_calls(self, randn, seed: int, sets: int, batch: int, length: int, heads: int, kv_heads: int,
                       head_dim: int, dtype=None) -> list[Callable[[], Any]]:
         """Causal prefill of ``batch`` fresh prompts of ``length`` tokens, as the engine runs a prompt
-        (default: the paged call with ``ctx = 0`` over the prompts' blocks in a pool)."""
+        (default: the paged call with ``ctx = 0`` over the prompts' blocks in a pool of 16-token blocks)."""
+        return self._paged_calls(randn, seed, sets, batch, length, 0, length, heads, kv_heads, head_dim, 16, dtype,
+                                 "prefill")
+
+    def _paged_calls(self, randn, seed, sets, batch, kv_len, ctx, new, heads, kv_heads, head_dim, block_size, dtype,
+                     kind) -> list[Callable[[], Any]]:
+        """``sets`` batches of ``batch`` sequences (``ctx`` cached + ``new`` query tokens, ``kv_len`` in all)
+        scattered over one pool, each with its own plan; one closure per set."""
         torch = self.torch
-        bs = 16
-        nblk = -(-length // bs)
+        nblk = -(-kv_len // block_size)
         need = sets * batch * nblk
-        kpool, vpool = self._pool(randn, need, bs, kv_heads, head_dim, dtype)
+        kpool, vpool = self._pool(randn, need, block_size, kv_heads, head_dim, dtype)
         total = kpool.shape[0]
         perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:need].view(sets, batch, nblk).tolist()
         out = []
         for i in range(sets):
-            b = PagedBatch.of(perm[i], [0] * batch, [length] * batch, bs)
+            b = PagedBatch.of(perm[i], [ctx] * batch, [new] * batch, block_size)
             plan = self.plan_paged(b, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=total,
-                                   dtype=dtype, slot=("prefill", i))
-            q = randn(batch * length, heads, head_dim)
+                                   dtype=dtype, slot=(kind, i))
+            q = randn(batch * new, heads, head_dim)
             out.append(lambda q=q, plan=plan: self.paged(plan, q, kpool, vpool))
         return out
 
