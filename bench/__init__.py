@@ -15,6 +15,10 @@
   the ``cpu_norm`` probe;
 * ``decode-spread``: the reference engine's paged decode kernel per KV token at one length and at
   spread lengths, in three layouts (does it cost what the cost model prices?).
+* ``attention``: paged vs contiguous decode attention at several block sizes on every attention
+  backend that runs on this device (sdpa, flex; flashinfer and vllm on CUDA when installed), side by side
+  (docs/calibration.md, "Attention kernel backends"; not part of ``all``: compiling flex on a CPU takes
+  minutes).
 
 Two helpers run on their own: ``python -m bench.identity`` fingerprints every built-in
 scenario's results (to show a change left them byte-identical), and ``python -m

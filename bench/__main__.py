@@ -10,7 +10,9 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention"]
+#: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md).
+NOT_IN_ALL = {"attention"}
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -31,6 +33,8 @@ def _module(name: str):
         from . import host_modes as m
     elif name == "decode-spread":
         from . import decode_spread as m
+    elif name == "attention":
+        from . import attention_backends as m
     else:
         from . import costmodel as m
     return m
@@ -38,11 +42,12 @@ def _module(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    ap.add_argument("name", choices=NAMES + ["all"], help="benchmark to run ('all': every one, in this order)")
+    ap.add_argument("name", choices=NAMES + ["all"],
+                    help="benchmark to run ('all': every one but attention, in this order)")
     ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
     args = ap.parse_args(argv)
-    names = NAMES if args.name == "all" else [args.name]
+    names = [n for n in NAMES if n not in NOT_IN_ALL] if args.name == "all" else [args.name]
     if args.name in INTERPRETED:
         os.environ["KVSIM_NATIVE"] = "0"  # before anything imports sim
     warn_debug()

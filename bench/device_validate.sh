@@ -1,35 +1,54 @@
 #!/usr/bin/env bash
-# kvsim validate on a CUDA GPU, as one prepared script (docs/validation.md, "On a GPU").
+# The GPU check as one prepared script (docs/validation.md, "On a GPU"; docs/calibration.md, "Attention
+# kernel backends"), within 10 minutes on one GPU:
+#   1. paged vs contiguous decode attention by block size and batch, every attention backend side by side
+#      (python -m bench.attention_backends);
+#   2. kvsim calibrate --quick with every available backend (summary: paged overhead by block size);
+#   3. kvsim validate with the backend `auto` picks (what calibration and the engine then share).
+# Each step has its own time limit; a backend that is missing or fails is reported and the rest go on.
 #
 # Here, once (downloads, for the GPU machine's Python 3.12, the wheels its image lacks into .whl/):
-#   bash bench/device_validate.sh fetch
+#   bash bench/device_validate.sh fetch          # EXTRA_WHEELS="pkg==v ..." adds more (e.g. flashinfer-python)
 # On the GPU machine, from the repository root (the lent-machine tool: carry [".whl"]):
-#   bash bench/device_validate.sh            # full: 3 loads x paged/static (estimated 4-5 min on an H200)
-#   bash bench/device_validate.sh quick      # the spec's quick subset
+#   bash bench/device_validate.sh                # full validation spec (estimated 4-5 min on an H200)
+#   bash bench/device_validate.sh quick          # the spec's quick subset
 # A dry run of the same steps on this CPU:
 #   DEVICE=cpu SPEC=scenarios/validate-cpu.yaml PYTHON=.venv/bin/python bash bench/device_validate.sh quick
-# PROFILE=P reuses a profile instead of calibrating; VALIDATE_ARGS adds options (e.g. --no-engine-overhead).
-# Results go to $OUT (or runs/device): validation.json, validate.log, gpu.txt, the two profiles and
-# validation.html -- at most 8 files, the limit of what a lent machine returns.
+# PROFILE=P reuses a profile instead of calibrating in the validation; VALIDATE_ARGS adds options
+# (e.g. --no-engine-overhead); KERNELS lists the backends of steps 1-2 (default: all); STEPS picks steps
+# (default "attention calibrate validate"); MODEL the calibrated model (default the spec's shape).
+# Results go to $OUT (or runs/device), at most 8 files (what a lent machine returns): gpu.txt, run.log,
+# attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-scenarios/validate-cuda.yaml}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
+KERNELS=${KERNELS:-"flashinfer vllm flex sdpa"}
+STEPS=${STEPS:-"attention calibrate validate"}
+TOTAL_S=${TOTAL_S:-570}
+ATTN_LIMIT_S=${ATTN_LIMIT_S:-150}
+CAL_LIMIT_S=${CAL_LIMIT_S:-75}
 WHEELS=(simpy==4.1.2 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
         plotly==7.1.0)
 
 if [ "${1:-}" = fetch ]; then
   mkdir -p .whl
+  # shellcheck disable=SC2206
+  extra=(${EXTRA_WHEELS:-})
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl "${WHEELS[@]}"
-  ls -1 .whl
+    -d .whl "${WHEELS[@]}" "${extra[@]}"
+  ls -1s .whl
   exit 0
 fi
 
+START=$(date +%s)
+left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
 OUT=${OUT:-runs/device}
 mkdir -p "$OUT"
+LOG="$OUT/run.log"
+: >"$LOG"
 export PYTHONPATH=$PWD
 if ! "$PY" -c "import simpy, pydantic" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -37,7 +56,7 @@ if ! "$PY" -c "import simpy, pydantic" 2>/dev/null && compgen -G ".whl/*.whl" >/
 fi
 # a compiled hot path built on another machine is for another Python: run the sources
 export PYTHONUNBUFFERED=1 KVSIM_NATIVE=0
-"$PY" - "$DEVICE" <<'PYCHECK'
+"$PY" - "$DEVICE" <<'PYCHECK' 2>&1 | tee -a "$LOG"
 import importlib.util, sys
 need = ("simpy", "pydantic", "numpy", "scipy", "pyarrow", "yaml", "typer", "rich", "torch")
 missing = [m for m in need if importlib.util.find_spec(m) is None]
@@ -48,22 +67,77 @@ import torch
 if sys.argv[1] == "cuda" and not torch.cuda.is_available():
     sys.exit("torch sees no CUDA device")
 print("torch", torch.__version__, "on", torch.cuda.get_device_name(0) if sys.argv[1] == "cuda" else "cpu")
+from calibration.attention_backends import availability
+for name, why in availability(sys.argv[1]).items():
+    print(f"attention backend {name}: {'available' if why is None else why}")
 PYCHECK
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 fi
+MODEL=${MODEL:-$("$PY" -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('model', 'tiny-llama'))" "$SPEC")}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK")
-if [ "${1:-}" = quick ]; then args+=(--quick); fi
-if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
-# shellcheck disable=SC2206
-args+=(${VALIDATE_ARGS:-})
-set +e
-timeout "${LIMIT_S:-560}" "$PY" -m sim.cli validate "${args[@]}" 2>&1 | tee "$OUT/validate.log"
-rc=${PIPESTATUS[0]}
-set -e
-for f in validation.json validation.html profile-paged.json profile-static.json; do
-  if [ -f "$WORK/$f" ]; then cp "$WORK/$f" "$OUT/"; fi
-done
+available=$("$PY" -c "
+import sys
+from calibration.attention_backends import availability
+ok = availability(sys.argv[1])
+print(' '.join(k for k in sys.argv[2].split() if ok.get(k, 'unknown') is None))" "$DEVICE" "$KERNELS")
+echo "backends to time: ${available:-none} (asked: $KERNELS)" | tee -a "$LOG"
+rc=0
+
+if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
+  echo "== 1. paged vs contiguous decode attention ($MODEL, limit ${ATTN_LIMIT_S} s)" | tee -a "$LOG"
+  q=(); if [ "${1:-}" = quick ]; then q=(--quick); fi
+  set +e
+  timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
+    --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+  set -e
+fi
+
+if [[ " $STEPS " == *" calibrate "* ]]; then
+  for k in $available; do
+    [ "$(left)" -gt $(( CAL_LIMIT_S + 200 )) ] || { echo "calibrate $k: skipped, too little time left" | tee -a "$LOG"; continue; }
+    echo "== 2. kvsim calibrate --kernels $k --quick ($MODEL, limit ${CAL_LIMIT_S} s)" | tee -a "$LOG"
+    set +e
+    timeout "$CAL_LIMIT_S" "$PY" -m sim.cli calibrate --device "$DEVICE" --kernels "$k" --quick --model "$MODEL" \
+      --no-report --out "$WORK/cal-$k.json" 2>&1 | grep -v "━" | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || echo "calibrate $k: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+    set -e
+  done
+  "$PY" - "$WORK" "$OUT/calibrations.json" <<'PYSUM' 2>&1 | tee -a "$LOG"
+import json, sys
+from pathlib import Path
+rows = {}
+for f in sorted(Path(sys.argv[1]).glob("cal-*.json")):
+    p = json.loads(f.read_text())
+    lay, prov = p["layout"], p["provenance"]
+    rows[f.stem[4:]] = {"attention_backend": prov.get("attention_backend"), "layout": lay,
+                        "fit_quality": {k: v["overall"] for k, v in p["fit_quality"].items() if isinstance(v, dict)},
+                        "elapsed_s": prov.get("elapsed_s"), "device_info": prov.get("device_info")}
+    by = lay.get("paged_overhead_by_block_size", {})
+    print(f"{f.stem[4:]:>10}: paged/contiguous - 1 = {lay.get('paged_overhead')} (block 16, median over the grid); "
+          f"by block size {by}; skipped {lay.get('skipped_block_sizes', {})}; {prov.get('elapsed_s')} s")
+Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
+PYSUM
+fi
+
+if [[ " $STEPS " == *" validate "* ]]; then
+  limit=$(( $(left) - 10 ))
+  echo "== 3. kvsim validate --kernels auto (limit ${limit} s)" | tee -a "$LOG"
+  args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK/validate" --kernels auto)
+  if [ "${1:-}" = quick ]; then args+=(--quick); fi
+  if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
+  # shellcheck disable=SC2206
+  args+=(${VALIDATE_ARGS:-})
+  set +e
+  timeout "${LIMIT_S:-$limit}" "$PY" -m sim.cli validate "${args[@]}" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  set -e
+  for f in validation.json validation.html profile-paged.json profile-static.json; do
+    if [ -f "$WORK/validate/$f" ]; then cp "$WORK/validate/$f" "$OUT/"; fi
+  done
+fi
+echo "done in $(( $(date +%s) - START )) s" | tee -a "$LOG"
 exit "$rc"

@@ -2,7 +2,7 @@
 
 * :func:`calibrate_command` — ``kvsim calibrate``: build a profile from published kernel
   tables (``--from-tables DIR --system h200_sxm --backend trtllm --model NAME``) or by
-  timing kernels on this machine (``--device cpu|cuda --model NAME [--quick]``).
+  timing kernels on this machine (``--device cpu|cuda --model NAME [--quick] [--kernels K]``).
 * :data:`profile_app` — ``kvsim profile list`` / ``kvsim profile show NAME``.
 
 Errors are :class:`sim.errors.ConfigError`; the caller prints them.
@@ -39,6 +39,9 @@ def calibrate_command(
     name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
+    kernels: str = typer.Option("auto", "--kernels",
+                                help="Attention kernels timed on the device route: auto|flex|flashinfer|vllm|sdpa "
+                                     "(auto: CUDA flashinfer > vllm > flex, CPU sdpa)."),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine."""
     if device is not None and device not in ("cpu", "cuda"):
@@ -49,15 +52,25 @@ def calibrate_command(
                           "exactly one of --from-tables DIR or --device cpu|cuda")
     if dtype is not None and dtype not in ("bf16", "fp8"):
         raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
+    from .attention_backends import KERNELS
+    if kernels not in KERNELS:
+        raise ConfigError("calibrate.kernels", kernels, f"one of {', '.join(KERNELS)}")
+    if from_tables is not None and kernels != "auto":
+        raise ConfigError("calibrate.kernels", kernels, "auto with --from-tables (the tables name their own kernels); "
+                                                        "--kernels chooses what --device times")
     if device is not None:
         from .kernels import calibrate_device, write_outputs  # torch is imported only on this route
         if threads is not None and threads < 1:
             raise ConfigError("calibrate.threads", threads, "a thread count >= 1")
-        result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads)
+        result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads,
+                                  kernels=kernels)
         files = write_outputs(result, out, spec, report=report)
         profile = result.profile
+        att = profile.provenance["attention_backend"]
         typer.echo(f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
-                   f"{profile.device['name']} in {result.elapsed_s:.1f} s; raw timings: {files['measurements']}"
+                   f"{profile.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
+                   + (f" ({att['compiled_graphs']} compiled graphs)" if att.get("compiled_graphs") else "")
+                   + f"; raw timings: {files['measurements']}"
                    + (f"; fit report: {files['report']}" if files["report"] else
                       ("; fit report skipped (plotly not installed)" if report else "")))
     else:

@@ -10,10 +10,12 @@
 
   - ``paged``: per layer a K and a V tensor ``[num_blocks, block_size, kv_heads, head_dim]``,
     a free-block list and a block table per request. New K/V are scattered into their
-    slots (``block_table[p // B] · B + p % B``); decode attention (the paged kernel route 1
-    times) gathers the decoding sequences' own blocks with one ``index_select`` and, on CPU,
-    runs one SDPA per sequence over its slice (:func:`decode_plan`; on CUDA one SDPA over the
-    batch padded to its longest, with a length mask); a prefill chunk gathers its own blocks.
+    slots (``block_table[p // B] · B + p % B``); attention over them is the configured backend's
+    (``EngineConfig.kernels``, :mod:`calibration.attention_backends`: the kernels route 1 times),
+    planned once per iteration for the decode rows and once for the prefill chunks. The default on
+    CPU, ``sdpa``, gathers the decoding sequences' own blocks with one ``index_select`` and runs one
+    SDPA per sequence over its slice (:func:`decode_plan`; on CUDA one SDPA over the batch padded
+    to its longest, with a length mask); a prefill chunk gathers its own blocks.
   - ``static``: per layer one contiguous K and V tensor ``[capacity, kv_heads, head_dim]``;
     each admitted request reserves ``reserve`` contiguous slots, first fit. Attention reads
     the reservation as a view (no gather), one SDPA per sequence.
@@ -90,6 +92,9 @@ class EngineConfig:
     threads: int = 1
     seed: int = 0
     device: str = "cpu"
+    #: attention backend of the paged layout (:data:`calibration.attention_backends.KERNELS`; ``auto``: CPU
+    #: sdpa, CUDA the first installed of flashinfer, vllm, flex). The static layout runs SDPA on every one.
+    kernels: str = "auto"
 
     def __post_init__(self):
         if self.allocator not in ALLOCATORS:
@@ -496,7 +501,7 @@ class SpeedProbe:
         self.cfg = EngineConfig(cfg.model, num_blocks=n * per // B + 1, block_size=B, max_num_seqs=max(n, 1),
                                 max_num_batched_tokens=max(cfg.max_num_batched_tokens, len(decode_kv) + sum(c[0] for c in chunks)),
                                 allocator=cfg.allocator, reserve=per, max_model_len=per, dtype=cfg.dtype,
-                                threads=cfg.threads, seed=seed, device=cfg.device)
+                                threads=cfg.threads, seed=seed, device=cfg.device, kernels=cfg.kernels)
         self.engine = Engine(self.cfg, model=net)
         rng = random.Random(seed)
         vocab = cfg.model.vocab
@@ -538,7 +543,9 @@ class SpeedProbe:
 # --- the engine ----------------------------------------------------------------------------------
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, model: Transformer | None = None):
+    def __init__(self, cfg: EngineConfig, model: Transformer | None = None, attention=None):
+        """``attention``: an :class:`~calibration.attention_backends.AttentionBackend` to use instead of
+        the one ``cfg.kernels`` names (tests: eager flex, a stand-in)."""
         torch = self.torch = _torch()
         self.cfg = cfg
         if cfg.device == "cpu":
@@ -547,13 +554,36 @@ class Engine:
         m = cfg.model
         KVH, d = m.kv_heads, m.head_dim
         dt, dev = self.net.dtype, self.net.device
-        if cfg.allocator == "paged":
-            shape = (cfg.num_blocks, cfg.block_size, KVH, d)
+        from sim.errors import ConfigError
+
+        from .attention_backends import make
+        #: the paged layout's attention kernels (what ``kvsim calibrate --kernels`` times)
+        self.attention = attention or make(cfg.kernels, torch, dev, key="engine.kernels")
+        if cfg.allocator == "paged":  # blocks past num_blocks (flex rounds the pool up) are never handed out
+            shape = (self.attention.pool_blocks(cfg.num_blocks), cfg.block_size, KVH, d)
         else:
             shape = (cfg.capacity_tokens, KVH, d)
         self.k_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
         self.v_cache = [torch.zeros(shape, dtype=dt, device=dev) for _ in range(m.layers)]
+        self._warm = False
+        if cfg.allocator == "paged":
+            why = self.attention.block_size_problem(cfg.block_size) or self.attention.dtype_problem(dt)
+            if why:
+                raise ConfigError("engine.kernels", self.attention.name,
+                                  f"a backend that runs block {cfg.block_size} in {cfg.dtype} ({why})")
         self.reset()
+
+    def warm_up(self) -> int:
+        """Run the paged layout's attention once on every batch shape this engine can form (a compiled
+        backend compiles them now, not inside a timed iteration); once per engine. Returns the shapes run."""
+        if self._warm or self.cfg.allocator != "paged" or not self.cfg.model.layers:
+            return 0
+        self._warm = True
+        m, cfg = self.cfg.model, self.cfg
+        with self.torch.inference_mode():
+            return self.attention.warm_up(self.k_cache[0], self.v_cache[0], heads=m.heads, kv_heads=m.kv_heads,
+                                          head_dim=m.head_dim, max_seqs=cfg.max_num_seqs,
+                                          max_tokens=cfg.max_num_batched_tokens, dtype=self.net.dtype)
 
     def reset(self) -> None:
         cfg = self.cfg
@@ -663,22 +693,18 @@ class Engine:
         m = self.cfg.model
         KVH, d, H = m.kv_heads, m.head_dim, m.heads
         paged = mem.paged
-        if D:
-            if paged:
-                plan = decode_plan([mem.tables[r.id] for r, _ in dec], [r.computed + 1 for r, _ in dec], mem.B, dev)
-                bt = lens = None
-                if plan is None:  # one padded call (CUDA)
-                    bt = padded_block_tables([mem.tables[r.id] for r, _ in dec], dev)
-                    lens = torch.tensor([r.computed + 1 for r, _ in dec], dtype=torch.long, device=dev)
-            else:
-                dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
-        chunk_idx = []
-        for off, n, c, r in chunk_meta:
-            if paged:
-                nb = -(-(c + n) // mem.B)
-                chunk_idx.append(torch.tensor(mem.tables[r.id][:nb], dtype=torch.long, device=dev))
-            else:
-                chunk_idx.append(mem.owner[r.id])
+        if paged:  # each batch's metadata once, for every layer (decode rows first, then the chunks' rows)
+            from .attention_backends import PagedBatch
+            att = self.attention
+            shape = {"heads": H, "kv_heads": KVH, "head_dim": d, "num_blocks": self.k_cache[0].shape[0], "dtype": net.dtype}
+            dplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for r, _ in dec], [r.computed for r, _ in dec],
+                                                 [1] * D, mem.B), slot="decode", **shape) if D else None
+            cplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for *_, r in chunk_meta],
+                                                 [c for _, _, c, _ in chunk_meta], [n for _, n, _, _ in chunk_meta],
+                                                 mem.B), slot="prefill", **shape) if chunk_meta else None
+        elif D:
+            dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
+        chunk_idx = [mem.owner[r.id] for *_, r in chunk_meta] if not paged else []
         kc, vc = self.k_cache, self.v_cache
 
         def write(li, k, v):
@@ -690,26 +716,23 @@ class Engine:
                 vc[li].index_copy_(0, slots_t, v)
 
         def attend(li, q):
+            if paged:
+                if not chunk_meta:  # pure decode
+                    return att.paged(dplan, q, kc[li], vc[li], scale)
+                out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
+                if D:
+                    out[:D] = att.paged(dplan, q[:D], kc[li], vc[li], scale)
+                out[D:] = att.paged(cplan, q[D:], kc[li], vc[li], scale)  # the chunks' rows follow the decode rows
+                return out
             if not chunk_meta:  # pure decode
-                if paged:
-                    return paged_decode_attention(q, kc[li], vc[li], bt, lens, scale, plan)
                 return torch.cat([chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
                                   for i, (s, L) in enumerate(dec_span)], 0)
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
-            if D:
-                if paged:
-                    out[:D] = paged_decode_attention(q[:D], kc[li], vc[li], bt, lens, scale, plan)
-                else:
-                    for i, (s, L) in enumerate(dec_span):
-                        out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
+            for i, (s, L) in enumerate(dec_span if D else []):
+                out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
             for (off, n, c, r), idx in zip(chunk_meta, chunk_idx):
                 L = c + n
-                if paged:
-                    k = kc[li].index_select(0, idx).view(-1, KVH, d)[:L]
-                    v = vc[li].index_select(0, idx).view(-1, KVH, d)[:L]
-                else:
-                    k, v = kc[li][idx:idx + L], vc[li][idx:idx + L]
-                out[off:off + n] = chunk_attention(q[off:off + n], k, v, c, scale)
+                out[off:off + n] = chunk_attention(q[off:off + n], kc[li][idx:idx + L], vc[li][idx:idx + L], c, scale)
             return out
 
         rows, owners = [], []
@@ -767,6 +790,8 @@ class Engine:
         if dual and (not prefill_probe_ref_s or prefill_probe_ref_s <= 0):
             raise ValueError("prefill_probe needs its reference time prefill_probe_ref_s > 0")
         cpu_clock = clock in ("cpu", "cpu_norm")
+        if compute:
+            self.warm_up()
         self.reset()
         rng = random.Random(self.cfg.seed if seed is None else seed)
         vocab = self.cfg.model.vocab
@@ -951,7 +976,8 @@ class Engine:
         c = self.cfg
         conf = {"model": c.model.name, "allocator": c.allocator, "num_blocks": c.num_blocks, "block_size": c.block_size,
                 "reserve": c.reserve, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
-                "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock}
+                "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock,
+                "kernels": self.attention.name}
         info = {"wall_s": time.perf_counter() - wall0}
         if norm:
             conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=hist.maxlen,

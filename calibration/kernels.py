@@ -6,13 +6,13 @@ What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
 
 * **GEMMs** ``F.linear`` for QKV, O, gate+up, down and the LM head over a grid of token
   counts ``m``;
-* **prefill attention** ``F.scaled_dot_product_attention(is_causal=True)`` (grouped-query
-  via ``enable_gqa``) over (batch, prompt length);
-* **decode attention** (one query token per sequence) over (batch, KV length) on a
-  *contiguous* cache and on a *paged* cache: a preallocated block pool plus block tables
-  whose blocks are gathered (``pool.index_select(0, block_table)``) and attended with a length mask (the reference engine's kernel). The profile's generation
-  curve is the paged one at :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the
-  measured ``layout.paged_overhead`` and other block sizes ``paged_overhead_by_block_size``;
+* **prefill attention** (causal) over (batch, prompt length) and **decode attention** (one query
+  token per sequence) over (batch, KV length) on a *contiguous* cache and on a *paged* cache (a
+  preallocated block pool plus random block tables), all by one attention backend
+  (:mod:`calibration.attention_backends`, ``--kernels``: sdpa, flex, flashinfer, vllm), the one the
+  reference engine runs. The profile's generation curve is the paged one at
+  :data:`REFERENCE_BLOCK_SIZE`; the contiguous grid gives the measured ``layout.paged_overhead``
+  and other block sizes ``paged_overhead_by_block_size``;
 * **memory operations** the allocators charge: ``zero_()`` and ``copy_`` bandwidth and
   latency over a size grid, host↔device transfers (pinned host memory on CUDA; on CPU a
   memcpy between two host buffers, i.e. the copy measurement, stated as such), the
@@ -25,7 +25,7 @@ What is timed, at exactly one model's kernel shapes (TP 1, ``--dtype`` bf16):
 
 Timing: warm-up calls, then ``repeats`` timed repeats of ``inner`` calls each (``inner``
 chosen so a repeat lasts about ``target_repeat_s``), median of the per-call means; on CUDA
-each repeat is bracketed by CUDA events and synchronised; inputs rotate over several
+each repeat is bracketed by CUDA events and synchronised (:mod:`calibration.devices`); inputs rotate over several
 distinct buffers (enough to exceed the last-level cache that can reasonably be flushed:
 32 MiB on CPU, 128 MiB on CUDA) so a cached operand is not what is measured. CPU timings
 use one thread by default (``torch.set_num_threads``), restored afterwards.
@@ -42,7 +42,6 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import math
-import os
 import platform
 import random
 import statistics
@@ -58,12 +57,16 @@ from sim.catalog import ModelSpec
 from sim.errors import ConfigError
 from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
+from . import attention_backends as AB
 from . import fit as F
+from .devices import Device, open_device
 from .tables import AttentionTable, GemmTable
 
 DEVICES = ("cpu", "cuda")
 #: Decode-attention curve stored in the profile: the paged kernel at this block size.
 REFERENCE_BLOCK_SIZE = 16
+#: the ``kernel`` of the static layout's prefill rows (SDPA, timed when the backend is another one)
+STATIC_PREFILL = "prefill_static"
 #: Bytes of distinct operands cycled per measurement (about the flushable cache).
 ROTATE_BYTES = {"cpu": 8 << 20, "cuda": 128 << 20}
 MAX_ROTATIONS = 8
@@ -198,13 +201,17 @@ class Bench:
     """
 
     def __init__(self, torch, device, dtype: str, *, repeats: int = 5, warmup: int = 2,
-                 target_repeat_s: float = 0.002, threads: int | None = None, seed: int = 0):
+                 target_repeat_s: float = 0.002, threads: int | None = None, seed: int = 0,
+                 ops: Device | None = None, kernels: "AB.AttentionBackend | None" = None):
         self.torch, self.device, self.dtype_name = torch, device, dtype
         self.dtype = getattr(torch, _TORCH_DTYPE[dtype])
         self.elem = torch.tensor([], dtype=self.dtype).element_size()
-        self.cuda = device.type == "cuda"
+        #: the device side of timing (:mod:`calibration.devices`; a test may stand in a fake)
+        self.ops = ops or open_device(torch, device)
+        #: the attention kernels timed (:mod:`calibration.attention_backends`)
+        self.kernels = kernels or AB.make("auto", torch, device, device_kind=self.ops.kind)
         self.repeats, self.warmup, self.target = int(repeats), int(warmup), float(target_repeat_s)
-        self.rotate_bytes = ROTATE_BYTES[device.type]
+        self.rotate_bytes = ROTATE_BYTES[self.ops.kind]
         self._threads_before = torch.get_num_threads()
         self.threads = threads
         if device.type == "cpu":
@@ -223,20 +230,29 @@ class Bench:
         self.speed = None
 
     @classmethod
-    def open(cls, device: str, dtype: str = "bf16", **kw) -> "Bench":
+    def open(cls, device: str, dtype: str = "bf16", *, ops: Device | None = None, kernels: str = "auto",
+             registry: dict | None = None, **kw) -> "Bench":
+        """A Bench on ``device`` (``ops``: a stand-in device, whose tensors live where it says and whose
+        ``kind`` replaces ``device``) timing the ``kernels`` attention backend (``auto``: see
+        :func:`calibration.attention_backends.select`; ``registry``: a stand-in set of backends)."""
         if dtype not in _TORCH_DTYPE:
             raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route "
                                                         "(fp8 kernels are not timed)")
-        dev = check_device(device)
-        return cls(import_torch(), dev, dtype, **kw)
+        torch = import_torch()
+        dev = ops.tensor_device if ops is not None else check_device(device)
+        kind = ops.kind if ops is not None else dev.type
+        backend = AB.make(kernels, torch, dev, device_kind=kind, registry=registry)
+        why = backend.dtype_problem(getattr(torch, _TORCH_DTYPE[dtype]))
+        if why:
+            raise ConfigError("calibrate.kernels", backend.name, f"a backend that computes in {dtype} ({why})")
+        return cls(torch, dev, dtype, ops=ops, kernels=backend, **kw)
 
     def close(self) -> None:
         self.torch.set_num_threads(self._threads_before)
 
     # -- helpers --
     def sync(self) -> None:
-        if self.cuda:
-            self.torch.cuda.synchronize(self.device)
+        self.ops.sync()
 
     def randn(self, *shape, dtype=None):
         """Normal random values: a clone of a random window of one pre-generated pool (fast), or fresh ones."""
@@ -272,23 +288,13 @@ class Bench:
         # Long kernels: cap one point's timed work near MAX_POINT_S per pass (at least 3 repeats).
         repeats = int(max(3, min(repeats, MAX_POINT_S // (est * inner) or 3)))
         out = []
-        torch = self.torch
         for r in range(repeats):
             base = r * inner
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+
+            def loop(base=base):
                 for j in range(inner):
                     calls[(base + j) % n]()
-                end.record()
-                end.synchronize()
-                out.append(start.elapsed_time(end) * 1e-3 / inner)
-            else:
-                clock = self.timer
-                t0 = clock()
-                for j in range(inner):
-                    calls[(base + j) % n]()
-                out.append((clock() - t0) / inner)
+            out.append(self.ops.loop_seconds(loop, self.timer) / inner)
         return out, inner
 
     def measure(self, setups: list[Callable[[], "Setup"]], passes: int = 1, on_done=None) -> list[Timing]:
@@ -334,52 +340,43 @@ class Bench:
         sets = [(self.randn(m, k), self.randn(n, k)) for _ in range(nb)]
         return [lambda x=x, w=w: lin(x, w) for x, w in sets], 1.0
 
-    def _gqa(self, heads: int, kv_heads: int) -> dict:
-        return {"enable_gqa": True} if heads != kv_heads else {}
-
-    def context_calls(self, batch: int, length: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
-        """Causal prefill attention of ``batch`` prompts of ``length`` tokens (SDPA, is_causal=True)."""
-        sdpa = self.torch.nn.functional.scaled_dot_product_attention
-        kw = self._gqa(heads, kv_heads)
+    def context_calls(self, batch: int, length: int, heads: int, kv_heads: int, head_dim: int,
+                      kernels: "AB.AttentionBackend | None" = None) -> Setup:
+        """Causal prefill attention of ``batch`` prompts of ``length`` tokens, by the attention backend
+        (``kernels``, default the Bench's: :meth:`~calibration.attention_backends.AttentionBackend.prefill_calls`)."""
+        be = kernels or self.kernels
         nb = self.rotations(batch * length * head_dim * (2 * heads + 2 * kv_heads) * self.elem)
-        sets = [(self.randn(batch, heads, length, head_dim), self.randn(batch, kv_heads, length, head_dim),
-                 self.randn(batch, kv_heads, length, head_dim)) for _ in range(nb)]
-        return [lambda q=q, k=k, v=v: sdpa(q, k, v, is_causal=True, **kw) for q, k, v in sets], 1.0
+        return be.prefill_calls(self.randn, self.rng.randrange(1 << 30), nb, batch, length, heads, kv_heads, head_dim,
+                                dtype=self.dtype), 1.0
 
     def decode_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
-               block_size: int | None = None) -> Setup:
-        """One query token per sequence over ``kv_len`` cached tokens.
+                     block_size: int | None = None) -> Setup:
+        """One query token per sequence over ``kv_len`` cached tokens, by the attention backend.
 
-        ``block_size=None``: contiguous cache ``[batch, kv_heads, kv_len, head_dim]``.
-        Otherwise a paged cache: K and V pools ``[blocks, block_size, kv_heads, head_dim]``
-        whose blocks each sequence holds scattered (random block tables); the kernel is the
-        reference engine's (:func:`calibration.engine.paged_decode_attention`): gather the
-        tables' blocks (``index_select``) and attend, on CPU one SDPA per sequence over its slice
-        (:func:`calibration.engine.decode_plan`), on CUDA one SDPA with a length mask.
+        ``block_size=None``: a contiguous cache
+        (:meth:`~calibration.attention_backends.AttentionBackend.decode_contiguous_calls`). Otherwise a
+        paged cache: K and V pools ``[blocks, block_size, kv_heads, head_dim]`` whose blocks each
+        sequence holds scattered (random block tables), one plan per operand set, as an engine plans a
+        step once and runs it per layer (:meth:`~calibration.attention_backends.AttentionBackend.decode_paged_calls`).
         """
-        torch = self.torch
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        kw = self._gqa(heads, kv_heads)
         kv_bytes = 2 * batch * kv_len * kv_heads * head_dim * self.elem
         nb = self.rotations(kv_bytes + batch * heads * head_dim * self.elem)
-        qs = [self.randn(batch, heads, 1, head_dim) for _ in range(nb)]
+        be = self.kernels
         if block_size is None:
-            kvs = [(self.randn(batch, kv_heads, kv_len, head_dim), self.randn(batch, kv_heads, kv_len, head_dim))
-                   for _ in range(nb)]
-            return [lambda q=q, k=k, v=v: sdpa(q, k, v, **kw) for q, (k, v) in zip(qs, kvs)], 1.0
-        from .engine import decode_plan, paged_decode_attention  # the reference engine's kernel, as it runs there
-        nblk = -(-kv_len // block_size)
-        total = nb * batch * nblk
-        kpool = self.randn(total, block_size, kv_heads, head_dim)
-        vpool = self.randn(total, block_size, kv_heads, head_dim)
-        perm = torch.randperm(total, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
-        tables = [perm[i * batch * nblk:(i + 1) * batch * nblk].view(batch, nblk).to(self.device) for i in range(nb)]
-        lens = torch.full((batch,), kv_len, dtype=torch.long, device=self.device)
-        q3 = [q.squeeze(2) for q in qs]
-        # read as the engine reads a batch of these lengths, each plan's index tensor built once
-        plans = [decode_plan(t.tolist(), [kv_len] * batch, block_size, self.device) for t in tables]
-        return [lambda q=q, t=t, pl=pl: paged_decode_attention(q, kpool, vpool, t, lens, None, pl)
-                for q, t, pl in zip(q3, tables, plans)], 1.0
+            return be.decode_contiguous_calls(self.randn, nb, batch, kv_len, heads, kv_heads, head_dim,
+                                              dtype=self.dtype), 1.0
+        return be.decode_paged_calls(self.randn, self.rng.randrange(1 << 30), nb, batch, kv_len, heads, kv_heads,
+                                     head_dim, block_size, dtype=self.dtype), 1.0
+
+    def reserve_paged(self, cells, heads: int, kv_heads: int, head_dim: int) -> None:
+        """Before timing the paged points ``cells`` (``(batch, kv_len, block_size)``; prefill as block 16):
+        let the backend size its pools for the largest (:meth:`decode_calls` / :meth:`context_calls` need)."""
+        need: dict[int, int] = {}
+        for b, L, bs in cells:
+            nb = self.rotations(2 * b * L * kv_heads * head_dim * self.elem + b * heads * head_dim * self.elem)
+            need[bs] = max(need.get(bs, 0), nb * b * -(-L // bs))
+        for bs, n in need.items():
+            self.kernels.reserve_pool(self.randn, n, bs, kv_heads, head_dim, self.dtype)
 
     def decode_static_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int) -> Setup:
         """The reference engine's static-cache decode attention: one contiguous arena
@@ -420,7 +417,7 @@ class Bench:
 
     def host_transfer_calls(self, nbytes: int, direction: str) -> Setup:
         """CUDA: pinned host ↔ device ``copy_`` (``h2d`` or ``d2h``). CPU: a copy between two host buffers."""
-        if not self.cuda:
+        if not self.ops.pinned_host:
             return self.copy_calls(nbytes)
         torch = self.torch
         nb = self.rotations(nbytes)
@@ -513,39 +510,9 @@ class Bench:
 
 # --- device description ---------------------------------------------------------------------
 
-def cpu_model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def describe_device(bench: Bench) -> dict:
-    torch = bench.torch
-    info = {"kind": bench.device.type, "torch": torch.__version__, "dtype": bench.dtype_name,
-            "host_cpu": cpu_model_name(), "host_cores": os.cpu_count(), "platform": platform.platform()}
-    if bench.cuda:
-        idx = bench.device.index if bench.device.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(idx)
-        info.update(name=torch.cuda.get_device_name(idx), memory_bytes=int(props.total_memory),
-                    compute_capability=f"{props.major}.{props.minor}", cuda_runtime=torch.version.cuda,
-                    cudnn=str(torch.backends.cudnn.version()))
-        try:
-            info["cuda_driver"] = int(torch._C._cuda_getDriverVersion())
-        except Exception:  # private API; absent in some builds
-            info["cuda_driver"] = None
-    else:
-        info.update(name=cpu_model_name(), threads=bench.threads)
-        try:
-            kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal"))
-            info["memory_bytes"] = kb * 1024
-        except (OSError, StopIteration, ValueError):
-            pass
-    return info
+    """The device's description for the profile's provenance (:meth:`calibration.devices.Device.describe`)."""
+    return bench.ops.describe(bench.dtype_name, bench.threads)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -581,6 +548,7 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     h, kvh = per_gpu_heads(model, 1)
     d = model.head_dim
     kv_tok_bytes = 2 * kvh * d * bench.elem
+    be = bench.kernels
     # (label, setup, family, kernel, coordinates)
     jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
     for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
@@ -591,28 +559,42 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
         for s in plan.ctx_len:
             if b * s <= plan.ctx_max_tokens:
                 jobs.append((f"prefill b={b} s={s}", lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d),
-                             "context_attention", "sdpa_causal",
-                             {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d}))
+                             "context_attention", be.prefill_kernel,
+                             {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name}))
     gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
     sub_b = {plan.gen_batch[len(plan.gen_batch) // 2], plan.gen_batch[-1]}
     sub_l = {plan.gen_len[len(plan.gen_len) // 2], plan.gen_len[-1]}
+    other_bs = [x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE and x not in skipped_block_sizes(be, plan)]
     for b, s in gen_cells:
-        sizes = [None, REFERENCE_BLOCK_SIZE] + ([x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE]
-                                                if b in sub_b and s in sub_l else [])
+        sizes = [None, REFERENCE_BLOCK_SIZE] + (other_bs if b in sub_b and s in sub_l else [])
         for bs in sizes:
             name = "decode_contiguous" if bs is None else "decode_paged"
             jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
                          lambda b=b, s=s, bs=bs: bench.decode_calls(b, s, h, kvh, d, bs), "generation_attention", name,
-                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0}))
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0,
+                          "backend": be.name}))
     if plan.static_decode:
+        # the reference engine's static (contiguous-arena) layout runs SDPA on every backend: its decode
+        # kernel, and (other backends) its prefill, timed for the static profile (with_static_decode)
         for b, s in gen_cells:
             jobs.append((f"decode_static b={b} L={s}", lambda b=b, s=s: bench.decode_static_calls(b, s, h, kvh, d),
                          "generation_attention", "decode_static",
-                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0}))
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0,
+                          "backend": "sdpa"}))
+        if be.name != "sdpa":
+            sdpa = AB.SdpaBackend(bench.torch, bench.device)
+            for b in plan.ctx_batch:
+                for s in plan.ctx_len:
+                    if b * s <= plan.ctx_max_tokens:
+                        jobs.append((f"prefill_static b={b} s={s}",
+                                     lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d, kernels=sdpa),
+                                     "context_attention", STATIC_PREFILL,
+                                     {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d,
+                                      "backend": "sdpa"}))
     for nb in plan.mem_bytes:
         jobs.append((f"zero_ {nb} B", lambda nb=nb: bench.zero_fill_calls(nb), "memory", "zero_fill", {"nbytes": nb}))
         jobs.append((f"copy_ {nb} B", lambda nb=nb: bench.copy_calls(nb), "memory", "copy", {"nbytes": nb}))
-        if bench.cuda:
+        if bench.ops.pinned_host:
             for di in ("h2d", "d2h"):
                 jobs.append((f"{di} {nb} B", lambda nb=nb, di=di: bench.host_transfer_calls(nb, di), "memory",
                              f"host_{di}", {"nbytes": nb}))
@@ -623,11 +605,25 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     for b in plan.overhead_batch:
         jobs.append((f"CPU step b={b}", lambda b=b: bench.step_cpu_calls(b, model.vocab), "cpu_overhead", "step_cpu",
                      {"batch": b}))
+    paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
+    paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
+    bench.reserve_paged(paged_cells, h, kvh, d)
     timings = _run_jobs(bench, jobs, plan.passes, progress)
     meas = Measurements()
     for (label, _, fam, kern, coords), t in zip(jobs, timings):
         meas.add(fam, kern, t, **coords)
     return meas
+
+
+def skipped_block_sizes(backend: "AB.AttentionBackend", plan: Plan) -> dict[int, str]:
+    """The plan's extra block sizes the backend's paged kernel cannot use, with the reason (the
+    reference block size is never skipped: the profile's decode curve is measured at it)."""
+    out = {}
+    for bs in plan.block_sizes:
+        why = backend.block_size_problem(bs)
+        if why and bs != REFERENCE_BLOCK_SIZE:
+            out[bs] = why
+    return out
 
 
 def _run_jobs(bench: Bench, jobs, passes: int, progress: bool) -> list[Timing]:
@@ -659,6 +655,8 @@ def _gemm_table(meas: Measurements, dtype: str, version: str) -> GemmTable:
 def _attention_table(meas: Measurements, kind: str, dtype: str, version: str, **eq) -> AttentionTable:
     fam = "context_attention" if kind == "context" else "generation_attention"
     rows = meas.select(fam, **eq)
+    if kind == "context" and "kernel" not in eq:  # the backend's prefill; the static layout's has its own curve
+        rows = [r for r in rows if r["kernel"] != STATIC_PREFILL]
     col = lambda c: np.array([r[c] for r in rows], dtype=np.int64)  # noqa: E731
     return AttentionTable(kind, col("batch"), col("length"), col("heads"), col("kv_heads"), col("head_dim"),
                           np.array([dtype] * len(rows)), np.array([dtype] * len(rows)),
@@ -717,15 +715,18 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     reference engine is filed under ``bf16`` and says so in ``provenance.compute_dtype``.
     """
     version = device_info["torch"]
+    attn = device_info.get("attention") or {"name": "sdpa", "version": version, **AB.SdpaBackend.routes}
+    device_info = {k: v for k, v in device_info.items() if k != "attention"}
+    attn_version = f"{attn['name']} {attn['version']}"
     elem = F.elem_bytes(dtype)
     peak_flops, peak_bw = _peaks(meas, elem)
     peak_fn = lambda _dt: peak_flops  # noqa: E731
     h, kvh = per_gpu_heads(model, 1)
     d = model.head_dim
     gt = _gemm_table(meas, dtype, version)
-    ct = _attention_table(meas, "context", dtype, version)
-    pt = _attention_table(meas, "generation", dtype, version, kernel="decode_paged", block_size=REFERENCE_BLOCK_SIZE)
-    cont = _attention_table(meas, "generation", dtype, version, kernel="decode_contiguous")
+    ct = _attention_table(meas, "context", dtype, attn_version)
+    pt = _attention_table(meas, "generation", dtype, attn_version, kernel="decode_paged", block_size=REFERENCE_BLOCK_SIZE)
+    cont = _attention_table(meas, "generation", dtype, attn_version, kernel="decode_contiguous")
     fits = {"gemm": F.fit_gemm(gt, peak_fn, peak_bw), "context_attention": F.fit_context(ct, peak_fn, peak_bw),
             "generation_attention": F.fit_generation(pt, peak_fn, peak_bw),
             "generation_contiguous": F.fit_generation(cont, peak_fn, peak_bw)}
@@ -745,22 +746,16 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
         gemm[key] = Curve1D(m, t, {"table_dtype": dtype, "measured_shape": True, "projection": proj})
 
     def grid(fam_fit, table, predict, meta):
-        b = np.unique(table.batch).astype(float)
-        s = np.unique(table.length).astype(float)
-        bb, ss = np.meshgrid(b, s, indexing="ij")
-        t = predict(fam_fit, dtype, dtype, d, bb.ravel(), ss.ravel(), h, kvh) if predict is F.predict_context else \
-            predict(fam_fit, dtype, d, bb.ravel(), ss.ravel(), h, kvh)
-        measured = {(int(x), int(y)) for x, y in zip(table.batch, table.length)}
-        meta = {**meta, "measured_cells": len(measured), "cells": int(bb.size)}
-        return Grid2D(b, s, t.reshape(bb.shape), meta)
+        return _fitted_grid(fam_fit, table, predict, meta, dtype, d, h, kvh)
 
     akey = keys.attention
     ctx = {akey: grid(fits["context_attention"], ct, F.predict_context,
-                      {"group": f"{dtype}/{dtype}/{d}", "measured_shape": True,
-                       "kernel": "torch.nn.functional.scaled_dot_product_attention(is_causal=True)"})}
+                      {"group": f"{dtype}/{dtype}/{d}", "measured_shape": True, "backend": attn_version,
+                       "kernel": attn.get("prefill", "")})}
     gen = {akey: grid(fits["generation_attention"], pt, F.predict_generation,
                       {"group": f"{dtype}/{d}", "measured_shape": True, "length_is": "KV tokens per sequence",
-                       "kernel": f"paged: index_select gather of block_table (block {REFERENCE_BLOCK_SIZE}) + masked SDPA (calibration.engine)"})}
+                       "backend": attn_version,
+                       "kernel": f"paged, block {REFERENCE_BLOCK_SIZE}: {attn.get('decode_paged', '')}"})}
     # Paged overhead: measured paged / contiguous at the same (batch, length).
     contig = {(r["batch"], r["length"]): r["median_s"] for r in meas.select("generation_attention", kernel="decode_contiguous")}
     # Block-size dependence, every block size on the same sub-grid cells.
@@ -785,10 +780,14 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
               "contiguous_model": "decode attention time / (1 + paged_overhead)",
               "block_size_dependence": "decode attention time x (1 + overhead(block size)) / (1 + paged_overhead), "
                                        "overhead interpolated in log block size, clamped at the measured ends",
-              "paged_kernel": "gather of the sequence's blocks from a preallocated pool, then SDPA (no FlexAttention)"}
+              "measured_kernel": f"{attn_version}: {attn.get('decode_paged', '')}",
+              "contiguous_kernel": f"{attn_version}: {attn.get('decode_contiguous', '')}"}
+    if attn.get("skipped_block_sizes"):
+        layout["skipped_block_sizes"] = attn["skipped_block_sizes"]
 
     zero, copy = _mem_fit(meas, ("zero_fill",)), _mem_fit(meas, ("copy",))
-    host = _mem_fit(meas, ("host_h2d", "host_d2h")) if device_info["kind"] == "cuda" else dict(copy)
+    pinned = bool(meas.select("memory", kernel="host_h2d"))  # host transfers timed with pinned memory (CUDA)
+    host = _mem_fit(meas, ("host_h2d", "host_d2h")) if pinned else dict(copy)
     alloc = meas.select("alloc")[0]["median_s"]
 
     def size_curve(kinds):
@@ -801,7 +800,7 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
         return Curve1D(x, t, {"x_is": "bytes", "kernels": list(kinds)}).to_json()
 
     curves = {"zero_fill": size_curve(("zero_fill",)), "copy": size_curve(("copy",)),
-              "host_transfer": size_curve(("host_h2d", "host_d2h") if device_info["kind"] == "cuda" else ("copy",))}
+              "host_transfer": size_curve(("host_h2d", "host_d2h") if pinned else ("copy",))}
     memory = {"latency_s": zero["latency_s"], "bandwidth_bytes_per_s": zero["bandwidth_bytes_per_s"],
               "zero_latency_s": zero["latency_s"], "zero_bandwidth_bytes_per_s": zero["bandwidth_bytes_per_s"],
               "copy_latency_s": copy["latency_s"], "copy_bandwidth_bytes_per_s": copy["bandwidth_bytes_per_s"],
@@ -811,7 +810,7 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
               "source": "measured: tensor.zero_() and dst.copy_(src) over a size grid; the cost model reads the "
                         "curves (seconds vs bytes, log-log, non-decreasing; caches make one latency + bandwidth line "
                         "inaccurate), the latency/bandwidth fits are summaries (copy bandwidth = bytes copied per second); "
-                        + ("host transfer: pinned host <-> device copy_, both directions" if device_info["kind"] == "cuda"
+                        + ("host transfer: pinned host <-> device copy_, both directions" if pinned
                            else "host transfer on CPU = memcpy between two host buffers (the copy measurement)")
                         + "; alloc_event_s: pop from a free list + extend a block-table row + write it into the "
                           "block-table tensor, per block"}
@@ -840,8 +839,11 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     for r in meas.rows:
         counts[r["family"]] = counts.get(r["family"], 0) + 1
     provenance = {
-        "device": dev_name, "system": device_info["kind"], "backend": f"torch {version} (eager)",
-        "backend_versions": {"gemm": version, "context_attention": version, "generation_attention": version, "nccl": None},
+        "device": dev_name, "system": device_info["kind"],
+        "backend": f"torch {version} (eager GEMMs and memory ops); attention: {attn_version}",
+        "backend_versions": {"gemm": version, "context_attention": attn_version, "generation_attention": attn_version,
+                             "nccl": None},
+        "attention_backend": attn,
         "source": "kernels timed on this machine by kvsim calibrate --device",
         "source_tables": [], "date": _dt.date.today().isoformat(), "method": METHOD,
         "method_detail": "warm-up calls, then median over repeats of the mean per-call time of a timed loop "
@@ -853,7 +855,8 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
         "elapsed_s": round(elapsed_s, 1), "parametric_fits": params, "clamped_points": {},
         "library_versions": {**_lib_versions(), "torch": version}, "notes": [
             "TP 1 only (no all-reduce measured)",
-            "the profile's decode curve is the paged kernel at block 16; contiguous = / (1 + paged_overhead)"],
+            f"the profile's decode curve is the paged kernel ({attn['name']}) at block 16; contiguous = / (1 + "
+            "paged_overhead)"],
     }
     device = {"name": dev_name, "system": device_info["kind"], "hbm_bandwidth": copy["bandwidth_bytes_per_s"] * 2.0,
               "peak_bf16_flops": peak_flops / 4.0, "peak_fp8_flops": 0.0,
@@ -902,7 +905,8 @@ def write_report(path: Path, profile: Profile, meas: Measurements, fits: dict, m
     d = model.head_dim
     fig = make_subplots(rows=3, cols=2, subplot_titles=(
         "GEMMs: time vs tokens m", "prefill attention: time vs prompt length (per batch)",
-        "decode attention (paged, block 16): time vs KV length (per batch)", "memory ops: time vs bytes",
+        f"decode attention ({profile.provenance.get('attention_backend', {}).get('name', 'sdpa')}, paged, block 16): "
+        "time vs KV length (per batch)", "memory ops: time vs bytes",
         "CPU step overhead vs batch", "decode: paged / contiguous"))
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
     for i, (key, curve) in enumerate(profile.gemm.items()):
@@ -956,10 +960,12 @@ def write_report(path: Path, profile: Profile, meas: Measurements, fits: dict, m
     q = profile.fit_quality
     sub = ", ".join(f"{k} {v['overall']['median_rel_err']:.1%}/{v['overall']['p95_rel_err']:.1%}"
                     for k, v in q.items() if isinstance(v, dict) and "overall" in v)
+    att = profile.provenance.get("attention_backend") or {}
     fig.update_layout(height=1300, title=f"kvsim calibrate: {profile.name} on {profile.device['name']} "
-                                         f"(torch {profile.provenance['device_info']['torch']}); held-out median/p95: {sub}")
-    fig.write_html(path, include_plotlyjs="cdn")
-    return path
+                                         f"(torch {profile.provenance['device_info']['torch']}; attention "
+                                         f"{att.get('name', 'sdpa')} {att.get('version', '')}); held-out median/p95: {sub}")
+    from .html_report import write_figure_html
+    return write_figure_html(fig, path)
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -975,17 +981,20 @@ class DeviceResult:
 def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name: str | None = None,
                      dtype: str = "bf16", threads: int | None = None, progress: bool = True,
                      plan: Plan | None = None, key_dtype: str | None = None, cpu_time: bool = False,
-                     speed=None) -> DeviceResult:
+                     speed=None, kernels: str = "auto", ops: Device | None = None,
+                     registry: dict | None = None) -> DeviceResult:
     """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring).
 
     ``cpu_time`` (CPU only): time repeats in the thread's CPU time (``time.thread_time``) instead of
     wall time. ``speed``: a host-speed normaliser (:attr:`Bench.speed`; ``kvsim validate``'s
     :class:`calibration.validate.HostSpeed`) that puts every sample at its reference speed.
+    ``kernels``: the attention backend (:data:`calibration.attention_backends.KERNELS`); ``ops`` and
+    ``registry``: a stand-in device and set of backends (:meth:`Bench.open`).
     """
     t0 = time.perf_counter()
     plan = plan or make_plan(device, model, quick)
     meas, info = measure_device(device, model, plan, dtype=dtype, threads=threads, progress=progress,
-                                cpu_time=cpu_time, speed=speed)
+                                cpu_time=cpu_time, speed=speed, kernels=kernels, ops=ops, registry=registry)
     elapsed = time.perf_counter() - t0
     profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed,
                                          key_dtype=key_dtype)
@@ -993,21 +1002,27 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
 
 
 def measure_device(device: str, model: ModelSpec, plan: Plan, *, dtype: str = "bf16", threads: int | None = None,
-                   progress: bool = False, cpu_time: bool = False, speed=None) -> tuple[Measurements, dict]:
-    """Time every point of ``plan`` (no fitting): the measurements and the device's description.
-    Arguments as :func:`calibrate_device`."""
+                   progress: bool = False, cpu_time: bool = False, speed=None, kernels: str = "auto",
+                   ops: Device | None = None, registry: dict | None = None) -> tuple[Measurements, dict]:
+    """Time every point of ``plan`` (no fitting): the measurements and the device's description
+    (``attention``: the backend's :meth:`~calibration.attention_backends.AttentionBackend.describe`, the
+    block sizes it skipped, its counters). Arguments as :func:`calibrate_device`."""
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
     if dtype not in _TORCH_DTYPE:
         raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route")
-    bench = Bench.open(device, dtype, threads=threads)
+    bench = Bench.open(device, dtype, threads=threads, kernels=kernels, ops=ops, registry=registry)
     try:
         bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s
         if cpu_time and device == "cpu":
             bench.timer = time.thread_time
         bench.speed = speed
         info = describe_device(bench)
+        t0 = time.perf_counter()
         meas = run_measurements(bench, model, plan, progress)
+        info["attention"] = {**bench.kernels.describe(), "prefill_kernel": bench.kernels.prefill_kernel,
+                             "skipped_block_sizes": {str(k): v for k, v in skipped_block_sizes(bench.kernels, plan).items()},
+                             "measure_s": round(time.perf_counter() - t0, 1), **bench.kernels.stats()}
     finally:
         bench.close()
     return meas, info
@@ -1070,12 +1085,25 @@ def kernels_only(profile: Profile) -> Profile:
     return p
 
 
+def _fitted_grid(fam_fit, table, predict, meta: dict, dtype: str, d: int, h: int, kvh: int) -> Grid2D:
+    """A fitted attention family on the (batch, length) grid of the table's measured coordinates."""
+    b = np.unique(table.batch).astype(float)
+    s = np.unique(table.length).astype(float)
+    bb, ss = np.meshgrid(b, s, indexing="ij")
+    t = predict(fam_fit, dtype, dtype, d, bb.ravel(), ss.ravel(), h, kvh) if predict is F.predict_context else \
+        predict(fam_fit, dtype, d, bb.ravel(), ss.ravel(), h, kvh)
+    measured = {(int(x), int(y)) for x, y in zip(table.batch, table.length)}
+    return Grid2D(b, s, t.reshape(bb.shape), {**meta, "measured_cells": len(measured), "cells": int(bb.size)})
+
+
 def with_static_decode(profile: Profile, meas: Measurements, model: ModelSpec) -> Profile:
     """``profile`` for the reference engine's *static* cache: its decode-attention grid is the
     measured ``decode_static`` kernel (one masked SDPA per sequence over its contiguous
     reservation, as ``Engine.execute`` runs it), and ``layout.paged_overhead`` 0, so the cost model's
     contiguous layout reads that grid as is (instead of the paged grid ÷ (1 + a median overhead),
-    whose ratio to the static kernel varies with batch and length). Unchanged without those rows."""
+    whose ratio to the static kernel varies with batch and length). Where the attention backend is not
+    SDPA, the static layout's prefill (SDPA, :data:`STATIC_PREFILL` rows) replaces the context grid too:
+    the static engine runs SDPA for both. Unchanged without those rows."""
     import copy
     rows = meas.select("generation_attention", kernel="decode_static")
     if not rows:
@@ -1099,6 +1127,17 @@ def with_static_decode(profile: Profile, meas: Measurements, model: ModelSpec) -
     p.layout = {**p.layout, "paged_overhead": 0.0, "paged_overhead_by_block_size": {},
                 "kernel_route_paged_overhead": p.layout.get("paged_overhead"),
                 "contiguous_model": "the generation grid is the static-cache kernel itself (decode_static)"}
+    if meas.select("context_attention", kernel=STATIC_PREFILL):
+        dtype = p.provenance.get("compute_dtype", p.dtypes["weight"][0])
+        h, kvh = per_gpu_heads(model, 1)
+        ct = _attention_table(meas, "context", dtype, f"sdpa {p.provenance['device_info']['torch']}", kernel=STATIC_PREFILL)
+        peak_flops, peak_bw = _peaks(meas, F.elem_bytes(dtype))
+        fit = F.fit_context(ct, lambda _dt: peak_flops, peak_bw)
+        old_ctx = p.context_attention[key]
+        p.context_attention = {**p.context_attention, key: _fitted_grid(
+            fit, ct, F.predict_context, {**old_ctx.meta, "backend": "sdpa", "kernel": AB.SdpaBackend.routes["prefill"],
+                                         "replaces": f"the {old_ctx.meta.get('backend', '')} prefill grid"},
+            dtype, model.head_dim, h, kvh)}
     return p
 
 
@@ -1179,7 +1218,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                             seed: int = 0, device: str = "cpu", clock: str = "wall",
                             between_runs=None, probes: dict | None = None,
                             probe_ref_s: dict | None = None, net=None, prefill_probes: dict | None = None,
-                            prefill_probe_ref_s: dict | None = None) -> dict[str, dict]:
+                            prefill_probe_ref_s: dict | None = None, kernels: str = "auto") -> dict[str, dict]:
     """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
 
     The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
@@ -1206,6 +1245,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
     replay), so the residual is at the probe's reference speed; ``prefill_probes`` and
     ``prefill_probe_ref_s`` (same keys, optional): the engine's prefill probe as in a replay. ``net``: a
     :class:`~calibration.engine.Transformer` of ``model`` to reuse (else one is drawn with ``seed``).
+    ``kernels``: the paged layout's attention backend (as the engine's ``EngineConfig.kernels``).
     Returns ``{allocator: fit}`` (each with its rows).
     """
     if clock not in ("cpu", "wall", "cpu_norm"):
@@ -1234,7 +1274,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
             cfg = EngineConfig(model, num_blocks=b * -(-longest // block_size) + 1, block_size=block_size,
                                max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
                                reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
-                               device=device)
+                               device=device, kernels=kernels)
             if clock == "cpu_norm":
                 pre = ({"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
                        if prefill_probes and prefill_probe_ref_s else {})

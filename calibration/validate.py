@@ -63,7 +63,7 @@ DEFAULT_SPEC = {
     "model": "tiny-llama",
     "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
                "overhead_rounds": "spread", "kernel_rounds": "spread", "replay_order": "interleaved",
-               "prefill_probe": True, "overhead_mix": "offline"},
+               "prefill_probe": True, "overhead_mix": "offline", "kernels": "auto"},
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
@@ -119,8 +119,9 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
-def load_spec(path: str | Path, quick: bool = False) -> dict:
-    """A validation spec (YAML) with defaults filled; ``quick`` applies its ``quick`` section."""
+def load_spec(path: str | Path, quick: bool = False, kernels: str | None = None) -> dict:
+    """A validation spec (YAML) with defaults filled; ``quick`` applies its ``quick`` section, ``kernels``
+    (``--kernels``) replaces ``engine.kernels``."""
     p = Path(path)
     if not p.is_file():
         from sim.config import SCENARIO_DIR
@@ -168,6 +169,12 @@ def load_spec(path: str | Path, quick: bool = False) -> dict:
         if spec["engine"].get(key) not in choices:
             raise ConfigError(f"{KEY}.{where.get(key, 'engine.' + key)}", spec["engine"].get(key),
                               f"one of {', '.join(choices)}: {meaning}")
+    if kernels is not None:
+        spec["engine"]["kernels"], where["kernels"] = kernels, "engine.kernels (--kernels)"
+    from .attention_backends import KERNELS
+    if spec["engine"].get("kernels") not in KERNELS:
+        raise ConfigError(f"{KEY}.engine.kernels", spec["engine"].get("kernels"),
+                          f"one of {', '.join(KERNELS)}: the paged engine's attention backend")
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
         raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
                           "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
@@ -360,7 +367,7 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     if engine_overhead:
         norm = speed is not None and cpu_clock
         kw = dict(allocators=tuple(spec["allocators"]), block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
-                  threads=int(eng["threads"]), device=device,
+                  threads=int(eng["threads"]), device=device, kernels=eng.get("kernels", "auto"),
                   clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
                   probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
                   prefill_probe_ref_s={a: speed.prefill_reference(a) for a in speed.prefill_probes}
@@ -412,7 +419,8 @@ class KernelRounds:
         self.allocators = tuple(spec["allocators"])
         self.plan = validation_plan(spec, device)
         self.name = f"{device}-{model.name}-{eng['dtype']}-validate"
-        self.kw = dict(dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time)
+        self.kw = dict(dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time,
+                       kernels=eng.get("kernels", "auto"))
         t = time.perf_counter()
         meas, self.info = measure_device(device, model, self.plan, progress=progress, speed=speed, **self.kw)
         if speed is not None:
@@ -873,7 +881,8 @@ def engine_config(spec: dict, allocator: str, device: str):
                         block_size=int(spec["kv"]["block_size"]), max_num_seqs=int(spec["scheduler"]["max_num_seqs"]),
                         max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]), allocator=allocator,
                         reserve=int(spec["static_reserve"]), max_model_len=int(spec["workload"]["max_model_len"]),
-                        dtype=e["dtype"], threads=int(e["threads"]), seed=int(e["seed"]), device=device)
+                        dtype=e["dtype"], threads=int(e["threads"]), seed=int(e["seed"]), device=device,
+                        kernels=e.get("kernels", "auto"))
 
 
 def _pcts(x) -> dict:
@@ -1177,9 +1186,13 @@ def check_clocks(spec: dict, device: str) -> None:
 def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out: Path | str = "runs/validate",
              engine_overhead: bool = True, progress=None) -> dict:
     """Run the whole validation (see the module docstring); returns the ``validation.json`` document."""
+    from .attention_backends import select
     from .kernels import check_device
     check_clocks(spec, device)
     check_device(device)
+    # one backend for calibration and every engine of the run (auto resolved here, once)
+    spec = copy.deepcopy(spec)
+    spec["engine"]["kernels"] = select(spec["engine"].get("kernels", "auto"), device, key=f"{KEY}.engine.kernels")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: None)
@@ -1258,7 +1271,8 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
     doc = {
         "format": "kvsim-validation", "version": 1, "spec": spec["source"], "name": spec["name"],
         "device": {"kind": device, "host": platform.node(), "cpu": _cpu_name(), "threads": int(spec["engine"]["threads"]),
-                   "dtype": spec["engine"]["dtype"], "torch": _torch_version()},
+                   "dtype": spec["engine"]["dtype"], "torch": _torch_version(), "kernels": spec["engine"]["kernels"],
+                   "attention": engines[spec["allocators"][0]].attention.describe()},
         "profile": {"files": paths, **pinfo},
         "shape": {"model": model.name, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
                   "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate,
@@ -1333,7 +1347,7 @@ def error_summary(rows: list[dict]) -> dict:
 
 
 def _cpu_name() -> str:
-    from .kernels import cpu_model_name
+    from .devices import cpu_model_name
     return cpu_model_name()
 
 
@@ -1425,8 +1439,8 @@ def write_html(path: Path, runs: list[Run], doc: dict) -> Path | None:
                       title=f"kvsim validate: {doc['name']} on {doc['device']['cpu'] if doc['device']['kind'] == 'cpu' else doc['device']['kind']}"
                             f" ({doc['shape']['model']}, {doc['device']['dtype']}); profile {doc['profile']['name']}; "
                             f"max |rel error| of p50 TTFT/TPOT/e2e: {max(p50) if p50 else float('nan'):.1%}")
-    fig.write_html(path, include_plotlyjs="cdn")
-    return path
+    from .html_report import write_figure_html
+    return write_figure_html(fig, path)
 
 
 def format_table(doc: dict) -> list[list[str]]:

@@ -26,6 +26,9 @@ def validate_command(
     engine_overhead: bool = typer.Option(True, "--engine-overhead/--no-engine-overhead",
                                          help="Measure the engine's per-iteration framework overhead with its own "
                                               "loop and use it as the profile's CPU-step term."),
+    kernels: Optional[str] = typer.Option(None, "--kernels",
+                                          help="Attention kernels of the paged engine and its calibration: "
+                                               "auto|flex|flashinfer|vllm|sdpa (default: the spec's engine.kernels, auto)."),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use."""
     from rich.console import Console
@@ -35,13 +38,14 @@ def validate_command(
 
     if device not in ("cpu", "cuda"):
         raise ConfigError("validate.device", device, "one of cpu, cuda")
-    spec = load_spec(scenario, quick=quick)
+    spec = load_spec(scenario, quick=quick, kernels=kernels)
     err = Console(stderr=True)
     doc = validate(spec, device=device, profile=profile, out=out, engine_overhead=engine_overhead,
                    progress=lambda msg: err.print(f"[bold]validate[/] {msg}"))
     con = Console(width=None if sys.stdout.isatty() else 160)
     t = Table(title=f"kvsim validate: {doc['name']} on {doc['device']['kind']} ({doc['shape']['model']}, "
-                    f"{doc['device']['dtype']}), profile {doc['profile']['name']}")
+                    f"{doc['device']['dtype']}, attention {doc['device'].get('kernels', 'sdpa')}), "
+                    f"profile {doc['profile']['name']}")
     n = int(doc.get("replays", 1))
     t.caption = (f"measured on the engine's {doc['clock']} clock"
                  + (f" (median of {n} replays of the same trace; replay spread = (max - min) / median)" if n > 1 else "")

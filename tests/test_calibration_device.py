@@ -65,6 +65,11 @@ def test_quick_run_writes_profile_sidecar_and_report(quick):
         assert q["n"] > 0 and np.isfinite(q["median_rel_err"])
     assert set(p.memory["curves"]) == {"zero_fill", "copy", "host_transfer"}
     assert p.layout["paged_overhead_by_block_size"]
+    # auto on a CPU: the sdpa backend, named with its version wherever the attention curves are described
+    att = prov["attention_backend"]
+    assert att["name"] == "sdpa" and att["version"] == torch.__version__
+    assert prov["backend_versions"]["generation_attention"] == f"sdpa {torch.__version__}"
+    assert p.layout["measured_kernel"].startswith(f"sdpa {torch.__version__}: gather")
     pq_path, html = K.sidecar_paths(out)
     import pyarrow.parquet as pq
     raw = pq.read_table(pq_path).to_pydict()
@@ -192,6 +197,19 @@ def test_model_not_in_catalog(tmp_path):
     r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "gpt-17", "--out", str(tmp_path / "x.json")])
     assert isinstance(r.exception, ConfigError)
     assert "model.name" in str(r.exception) and "gpt-17" in str(r.exception) and "tiny-llama" in str(r.exception)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--device", "cpu", "--kernels", "triton"], "one of auto, flex, flashinfer, vllm, sdpa"),
+    (["--device", "cpu", "--kernels", "flashinfer"], "CUDA only.*available: sdpa, flex"),
+    (["--from-tables", "calibration/data/gpu-kernels", "--kernels", "flex"], "auto with --from-tables")])
+def test_kernels_option_errors(tmp_path, args, match):
+    r = CliRunner().invoke(_app(), ["calibrate", *args, "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    assert isinstance(r.exception, ConfigError)
+    assert "calibrate.kernels" in str(r.exception)
+    import re
+    assert re.search(match, str(r.exception)), str(r.exception)
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_fp8_not_timed(tmp_path):

@@ -71,6 +71,16 @@ def test_paged_attention_equals_contiguous():
         s = torch.einsum("hd,lhd->hl", q[i], k) / d ** 0.5
         o = torch.einsum("hl,lhd->hd", s.softmax(-1), v)
         assert rel(got[i], o) < 1e-5
+    # every attention backend that runs here (calibration/attention_backends.py; flex eagerly, the
+    # compiled kernel is tests/test_attention_backends.py's): the same paged call, the same output
+    from calibration import attention_backends as AB
+    batch = AB.PagedBatch.of(tables, [L - 1 for L in lens], [1] * len(lens), B)
+    for name, why in AB.availability("cpu").items():
+        if why is not None:
+            continue
+        be = AB.FlexBackend(torch, torch.device("cpu"), compile=False) if name == "flex" else AB.make(name, torch, "cpu")
+        plan_ = be.plan_paged(batch, heads=H, kv_heads=KVH, head_dim=d, num_blocks=nblocks)
+        assert rel(be.paged(plan_, q, kp, vp), ref) < 1e-5, name
 
 
 def test_chunk_attention_with_context_equals_full_causal():

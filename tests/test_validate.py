@@ -718,14 +718,20 @@ def test_device_script_dry_run(tmp_path):
     spec.write_text("kind: validation\nname: tiny\nengine: {clocks: [wall]}\nworkload: {num_requests: 5}\n"
                     "loads: [{name: medium, utilization: 0.7}]\nallocators: [paged]\n")
     out = tmp_path / "out"
+    # the attention-table step on sdpa alone (flex would compile its kernels for minutes on this host);
+    # the calibrate step is `kvsim calibrate --quick`, tested in test_calibration_device.py
     env = dict(os.environ, DEVICE="cpu", SPEC=str(spec), PYTHON=sys.executable, OUT=str(out),
-               PROFILE="cpu-reference", VALIDATE_ARGS="--no-engine-overhead")
+               PROFILE="cpu-reference", VALIDATE_ARGS="--no-engine-overhead", KERNELS="sdpa",
+               STEPS="attention validate")
     p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
-    assert {"validation.json", "validate.log", "profile-paged.json"} <= {f.name for f in out.iterdir()}
+    assert {"validation.json", "run.log", "profile-paged.json", "attention.json"} <= {f.name for f in out.iterdir()}
     doc = json.loads((out / "validation.json").read_text())
     assert doc["clock"] == "wall" and doc["summary"]["cells"] == 6 and "torch" in p.stdout
+    assert doc["device"]["kernels"] == "sdpa" and "attention backend flex: available" in p.stdout
+    att = json.loads((out / "attention.json").read_text())
+    assert att["backends"]["sdpa"]["points"] and "×contig" in p.stdout
     env["DEVICE"] = "cuda"
     p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
                        timeout=120)
