@@ -98,7 +98,7 @@ def test_validation_html_offline(browser, tmp_path):
 
 def test_run_sweep_plan_and_explorer_pages_offline(browser, tmp_path):
     from sim import explorer as X
-    from sim import plots
+    from sim.analysis import plots
     from sim.engine.cluster import simulate
     from sim.config import load_scenario
     from sim.analysis.planner import plan, write_plan
