@@ -23,12 +23,36 @@ from sim.cost.profile import list_profiles, load_profile
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
 
+def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers) -> None:
+    from rich.console import Console
+
+    from .serving_bench import TRAINING_FILE
+    from .serving_report import calibrate_from_serving_bench
+
+    err = Console(stderr=True)
+    src = str(TRAINING_FILE) if path == "builtin" else path
+
+    def progress(eng: str, n: int, loss: float, terms: dict) -> None:
+        if n % 10 == 0:
+            err.print(f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
+                      f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
+                      f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client spread "
+                      f"{terms['client_spread_cycles']:.2f} cycles)")
+
+    terms = calibrate_from_serving_bench(src, out, profile=profile, engine=engine, gpu=gpu, tp=tp, max_evals=max_evals,
+                                         workers=workers, progress=progress)
+    typer.echo(f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "
+               f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}")
+    for e, t in sorted(terms.engines.items()):
+        typer.echo(f"  {e}: " + ", ".join(f"{k} {v:.4g}" for k, v in t.items()))
+
+
 profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_args_is_help=True)
 
 
 def calibrate_command(
-    out: Path = typer.Option(..., "--out", help="Profile JSON to write."),
-    model: str = typer.Option(..., "--model", help="Catalog model whose kernel shapes to calibrate."),
+    out: Path = typer.Option(..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Catalog model whose kernel shapes to calibrate."),
     from_tables: Optional[Path] = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
     backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
@@ -42,8 +66,26 @@ def calibrate_command(
     kernels: str = typer.Option("auto", "--kernels",
                                 help="Attention kernels timed on the device route: auto|flex|flashinfer|vllm|sdpa "
                                      "(auto: CUDA flashinfer > vllm > flex, CPU sdpa)."),
+    from_serving_bench: Optional[str] = typer.Option(
+        None, "--from-serving-bench", help="Fit serving-engine terms (host time, front end, client spread) to "
+                                           "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="--from-serving-bench: only this engine's rows "
+                                                                "(vllm|sglang|trtllm); for JSON results, their engine."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="--from-serving-bench: the kernel profile (default: "
+                                                                  "the GPU's built-in one)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
+    max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
+                                  help="--from-serving-bench: simulations of the rows per engine fit."),
+    workers: int = typer.Option(1, "--workers", min=1, max=256, help="--from-serving-bench: processes."),
 ) -> None:
-    """Fit a kvsim profile from kernel tables or from kernels timed on this machine."""
+    """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
+    terms to end-to-end benchmarks (--from-serving-bench)."""
+    if from_serving_bench is not None:
+        _serving_bench(from_serving_bench, out, engine=engine, profile=profile, gpu=gpu,
+                       tp=tensor_parallel[0] if tensor_parallel else None, max_evals=max_evals, workers=workers)
+        return
+    if model is None:
+        raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError("calibrate.device", device, "one of cpu, cuda")
     spec = get_model(model)

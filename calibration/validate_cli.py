@@ -29,10 +29,32 @@ def validate_command(
     kernels: Optional[str] = typer.Option(None, "--kernels",
                                           help="Attention kernels of the paged engine and its calibration: "
                                                "auto|flex|flashinfer|vllm|sdpa (default: the spec's engine.kernels, auto)."),
+    serving_bench: Optional[str] = typer.Option(None, "--serving-bench",
+                                                help="Instead: simulate end-to-end serving benchmarks (CSV, a vllm bench "
+                                                     "serve JSON, or a folder; 'builtin' = the shipped training file) "
+                                                     "and compare TTFT/TPOT with the measured runs."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="--serving-bench: only rows of this engine "
+                                                                "(vllm|sglang|trtllm); for JSON results, their engine."),
+    terms: Optional[str] = typer.Option(None, "--terms", help="--serving-bench: engine terms file "
+                                                              "(kvsim calibrate --from-serving-bench)."),
+    logo: bool = typer.Option(False, "--logo", help="--serving-bench: leave one (model, GPU, engine) group out: fit "
+                                                    "its engine's terms on the other groups, then predict it."),
+    requests_per_client: int = typer.Option(8, "--requests-per-client", min=1, max=1000,
+                                            help="--serving-bench: requests simulated per client after the warm-up."),
+    workers: int = typer.Option(1, "--workers", min=1, max=256, help="--serving-bench: processes."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
 ) -> None:
-    """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use."""
+    """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
+
+    With --serving-bench: simulate published or your own serving benchmark runs and compare."""
     from rich.console import Console
     from rich.table import Table
+
+    if serving_bench is not None:
+        _serving(serving_bench, profile=profile, engine=engine, terms=terms, logo=logo,
+                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp)
+        return
 
     from .validate import format_table, load_spec, validate
 
@@ -124,3 +146,29 @@ def main() -> None:  # ``python -m calibration.validate_cli`` until sim.cli.main
 
 if __name__ == "__main__":
     main()
+
+
+def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, workers, out, gpu, tp) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .serving_bench import TRAINING_FILE
+    from .serving_report import HEADER, table_rows, validate_serving_bench
+
+    err = Console(stderr=True)
+    src = str(TRAINING_FILE) if path == "builtin" else path
+    doc = validate_serving_bench(src, profile=profile, engine=engine, terms_file=terms, logo=logo,
+                                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
+                                 log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
+    con = Console(width=None if sys.stdout.isatty() else 200)
+    t = Table(title=f"kvsim against real servers: {doc['rows']} runs of {src}", caption=doc["protocol"])
+    for c in HEADER:
+        t.add_column(c, justify="left" if c.startswith("group") else "right")
+    for row in table_rows(doc["score"]):
+        t.add_row(*row)
+    con.print(t)
+    failed = [r for r in doc["results"] if r["error"]]
+    if failed:
+        con.print(f"{len(failed)} rows could not be simulated, e.g. {failed[0]['source']}: {failed[0]['error']}")
+    if out is not None:
+        con.print(f"wrote {out / 'serving_validation.json'} and {out / 'serving_validation.html'} ({doc['wall_s']} s)")

@@ -16,7 +16,7 @@ GiB = 1 << 30
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 #: Bytes per element of each supported dtype. int4 packs two elements a byte.
-DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4": 0.5}
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,9 @@ class ModelConfig(_Section):
     params: float | None = Field(None, gt=0)
     vocab: int | None = Field(None, gt=0)
     sliding_window: int | None = Field(None, gt=0)
-    weight_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    #: ``fp8_block``: fp8 weights with block-wise scales (DeepGEMM-style kernels; priced on the engine's
+    #: block-fp8 GEMM table where it has one, else on its per-tensor fp8 table).
+    weight_dtype: Literal["bf16", "fp16", "fp8", "fp8_block"] = "bf16"
     kv_dtype: Literal["bf16", "fp16", "fp8", "int4"] = "bf16"
 
 
@@ -139,6 +141,21 @@ class ArrivalConfig(_Section):
     time_scale: float = Field(1.0, gt=0)
     concurrency: int | None = Field(None, ge=1)
     think_time_s: float = Field(0.0, ge=0)
+    #: closed_loop, how benchmark clients time requests: client ``i`` sends its first request at a
+    #: uniform random offset in [0, start_spread_s); think times are gamma-distributed with mean
+    #: ``think_time_s`` and coefficient of variation ``think_time_cv``.
+    start_spread_s: float = Field(0.0, ge=0, le=86400)
+    #: The same spread in request cycles (one request's prefill plus its decode at the full
+    #: concurrency, estimated from the cost model), added to ``start_spread_s``: how far apart a
+    #: benchmark's clients have drifted once it runs steadily.
+    start_spread_cycles: float = Field(0.0, ge=0, le=100)
+    think_time_cv: float = Field(0.0, ge=0, le=10)
+    #: Any arrival kind: per request, client-side time before the server's front end (network,
+    #: client event loop), added to the engine's front end (``engine.frontend_s``); the sum is drawn
+    #: per request from a gamma distribution with coefficient of variation ``client_cv``. It
+    #: counts in TTFT.
+    client_s: float = Field(0.0, ge=0, le=600)
+    client_cv: float = Field(0.0, ge=0, le=10)
 
     @model_validator(mode="after")
     def _needs(self):
@@ -321,12 +338,19 @@ class EngineConfig(_Section):
     #: Overrides of the preset's terms (``None``: the preset's, or a profile's fitted ones). Seconds.
     host_s: float | None = Field(None, ge=0, le=1)
     host_per_seq_s: float | None = Field(None, ge=0, le=0.01)
+    host_hidden: float | None = Field(None, ge=0, le=1)
     eager_per_layer_s: float | None = Field(None, ge=0, le=0.01)
     frontend_s: float | None = Field(None, ge=0, le=600)
     frontend_per_token_s: float | None = Field(None, ge=0, le=0.01)
     graph_max_tokens: int | None = Field(None, ge=0, le=1 << 20)
     elementwise_per_layer: int | None = Field(None, ge=0, le=64)
     custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)
+    #: The engine's defaults for ``workload.arrival.start_spread_cycles`` and ``client_cv``.
+    client_spread_cycles: float | None = Field(None, ge=0, le=100)
+    client_cv: float | None = Field(None, ge=0, le=10)
+    #: A file of fitted terms (``kvsim calibrate --from-serving-bench``): its values for this engine
+    #: replace the preset's; the keys above still win.
+    terms_file: str | None = Field(None, json_schema_extra=NAMES_FILE)
 
 
 class Scenario(_Section):

@@ -5,9 +5,9 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
 
 * **kernels** — which engine's measured kernel tables price the GEMMs and attention
   (``Profile.kernels[engine]``; profiles without them use their default tables);
-* **host time** — scheduling, input preparation, sampling and output handling that is *not*
-  hidden behind the GPU, per iteration (``host_s``) and per running sequence
-  (``host_per_seq_s``);
+* **host time** — scheduling, input preparation, sampling and output handling per iteration
+  (``host_s``) and per running sequence (``host_per_seq_s``), of which ``host_hidden`` is hidden
+  behind the GPU: an iteration takes ``max(GPU + (1 − host_hidden) × host, host)``;
 * **CUDA graphs** — iterations of at most ``graph_max_tokens`` tokens replay captured graphs, as
   the kernel tables were measured; others run eagerly and pay ``eager_per_layer_s`` of launch
   gaps per layer (``graph_mixed``: mixed prefill/decode iterations replay too, vLLM's
@@ -35,7 +35,12 @@ kernels as they are, no engine terms.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from sim.errors import ConfigError
 
 ENGINE_KINDS = ("vllm", "sglang", "trtllm", "reference")
 
@@ -47,9 +52,12 @@ class EnginePreset:
     name: str
     #: Kernel tables the engine runs (a ``Profile.kernels`` key); ``None``: the profile's default tables.
     kernels: str | None
-    #: Exposed host time per iteration, and per running sequence per iteration.
+    #: Host time per iteration, and per running sequence per iteration.
     host_s: float
     host_per_seq_s: float
+    #: Share of the host time hidden behind the GPU (async scheduling, overlap schedulers): an
+    #: iteration takes max(GPU + (1 − host_hidden) × host, host).
+    host_hidden: float
     #: Iterations of at most this many tokens replay CUDA graphs (0: never).
     graph_max_tokens: int
     #: Mixed prefill/decode iterations replay graphs too (vLLM piecewise graphs); else only pure decode.
@@ -71,6 +79,11 @@ class EnginePreset:
     mixed_batches: bool
     #: Admit only when KV for the prompt and the whole requested output fits; never preempt.
     reserve_output: bool
+    #: Defaults for the clients' timing when a scenario leaves them unset (``workload.arrival``):
+    #: how far closed-loop clients drift apart, in request cycles, and the spread (coefficient of
+    #: variation) of each request's client and front-end time.
+    client_spread_cycles: float = 0.0
+    client_cv: float = 0.0
     #: Where each value comes from.
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -89,7 +102,7 @@ class EnginePreset:
 
 
 #: Terms a serving benchmark can fit (the rest are structural: taken from the engines' code).
-FITTED_TERMS = ("host_s", "host_per_seq_s", "eager_per_layer_s", "frontend_s", "frontend_per_token_s")
+FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_spread_cycles")
 
 _VLLM_SRC = "vLLM 0.12.0 (engine/arg_utils.py get_batch_defaults; config/vllm.py capture sizes; " \
             "cuda_communicator.py custom all-reduce 8 MiB)"
@@ -102,17 +115,17 @@ _TRT_SRC = "TensorRT-LLM 1.0-1.2 (trtllm-serve: max_batch_size 2048, max_num_tok
 #: training file shipped in calibration/data/serving-bench (see docs/calibration.md).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
-        name="vllm", kernels="vllm", host_s=1.0e-3, host_per_seq_s=10e-6, graph_max_tokens=512, graph_mixed=True,
+        name="vllm", kernels="vllm", host_s=1.0e-3, host_per_seq_s=10e-6, host_hidden=0.0, graph_max_tokens=512, graph_mixed=True,
         eager_per_layer_s=20e-6, elementwise_per_layer=3, custom_allreduce_max_bytes=8 << 20,
         frontend_s=5e-3, frontend_per_token_s=0.0, max_num_seqs=1024, max_num_batched_tokens=8192,
         chunked_prefill=True, mixed_batches=True, reserve_output=False, sources=(("structure", _VLLM_SRC),)),
     "sglang": EnginePreset(
-        name="sglang", kernels="sglang", host_s=0.5e-3, host_per_seq_s=10e-6, graph_max_tokens=160, graph_mixed=False,
+        name="sglang", kernels="sglang", host_s=0.5e-3, host_per_seq_s=10e-6, host_hidden=0.0, graph_max_tokens=160, graph_mixed=False,
         eager_per_layer_s=20e-6, elementwise_per_layer=4, custom_allreduce_max_bytes=8 << 20,
         frontend_s=5e-3, frontend_per_token_s=0.0, max_num_seqs=2048, max_num_batched_tokens=8192,
         chunked_prefill=True, mixed_batches=False, reserve_output=False, sources=(("structure", _SGL_SRC),)),
     "trtllm": EnginePreset(
-        name="trtllm", kernels="trtllm", host_s=1.0e-3, host_per_seq_s=10e-6, graph_max_tokens=128, graph_mixed=False,
+        name="trtllm", kernels="trtllm", host_s=1.0e-3, host_per_seq_s=10e-6, host_hidden=0.0, graph_max_tokens=128, graph_mixed=False,
         eager_per_layer_s=20e-6, elementwise_per_layer=2, custom_allreduce_max_bytes=8_000_000,
         frontend_s=5e-3, frontend_per_token_s=0.0, max_num_seqs=2048, max_num_batched_tokens=8192,
         chunked_prefill=False, mixed_batches=True, reserve_output=True, sources=(("structure", _TRT_SRC),)),
@@ -122,3 +135,35 @@ PRESETS: dict[str, EnginePreset] = {
 def get_preset(kind: str) -> EnginePreset | None:
     """The preset of ``engine.kind`` (``None`` for ``reference``: the profile's own terms)."""
     return PRESETS.get(kind)
+
+
+#: Files of fitted terms (``kvsim calibrate --from-serving-bench``), named by ``engine.terms_file``.
+TERMS_FORMAT = "kvsim-engine-terms"
+#: Allowed range of each fitted term (seconds, or a share).
+TERM_RANGES = {"host_s": (0.0, 1.0), "host_per_seq_s": (0.0, 0.01), "host_hidden": (0.0, 1.0),
+               "frontend_s": (0.0, 600.0), "frontend_per_token_s": (0.0, 0.01), "eager_per_layer_s": (0.0, 0.01),
+               "client_spread_cycles": (0.0, 100.0), "client_cv": (0.0, 10.0)}
+
+
+def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
+    """``{engine: {term: value}}`` from a terms file, validated (ConfigError naming file, key and value)."""
+    key = "engine.terms_file"
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(key, str(path), f"a readable JSON file ({type(exc).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TERMS_FORMAT or not isinstance(doc.get("engines"), dict):
+        raise ConfigError(key, str(path), f'a JSON object with "format": "{TERMS_FORMAT}" and "engines" '
+                                          "(kvsim calibrate --from-serving-bench writes one)")
+    out: dict[str, dict[str, float]] = {}
+    for engine, terms in doc["engines"].items():
+        if engine not in PRESETS or not isinstance(terms, dict):
+            raise ConfigError(f"{path}: engines.{engine}", terms, f"terms of one of {', '.join(PRESETS)}")
+        for name, v in terms.items():
+            if name not in TERM_RANGES:
+                raise ConfigError(f"{path}: engines.{engine}.{name}", v, f"one of {', '.join(TERM_RANGES)}")
+            lo, hi = TERM_RANGES[name]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+                raise ConfigError(f"{path}: engines.{engine}.{name}", v, f"a number in [{lo}, {hi}]")
+            out.setdefault(engine, {})[name] = float(v)
+    return out

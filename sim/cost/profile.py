@@ -416,6 +416,10 @@ class Profile:
             nk, dtype = key.split(":")
             n, k = (int(x) for x in nk.split("x"))
             table_dtype = self.dtypes.get("weight_tables", {}).get(dtype, dtype)
+            if dtype == "fp8_block" and ("fp8_block",) not in fit.groups:
+                # No block-scaled table for this backend: its per-tensor fp8 kernels (SGLang's DeepGEMM
+                # block-fp8 cells time within ~7 % of per-tensor fp8 ones at serving shapes).
+                table_dtype = self.dtypes.get("weight_tables", {}).get("fp8", "fp8")
             try:
                 m, t, meta = gemm_curve(fit, table_dtype, n, k, self.peaks())
             except MissingGroup:
@@ -517,7 +521,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 # --- the cost model -------------------------------------------------------------------------
 
-_DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8"}
+_DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
 
 #: Decode windows up to this many iterations are priced one scalar query at a time (faster
 #: than numpy's fixed overhead); longer ones vectorised. Both give the same floats (see ``at``).
@@ -641,8 +645,10 @@ class ProfileCostModel(CostModel):
         self._graph_mixed: bool = engine.graph_mixed if engine is not None else True
         self._eager_s: float = model.layers * engine.eager_per_layer_s if engine is not None else 0.0
         self._cpu: dict[str, Any]
+        #: Share of the host time hidden behind the GPU; an iteration is never shorter than its host time.
+        self._hidden: float = engine.host_hidden if engine is not None else 0.0
         if engine is not None:
-            # The engine's exposed host time replaces the profile's measured CPU overhead.
+            # The engine's host time replaces the profile's measured CPU overhead.
             self._cpu = {"intercept_s": engine.host_s, "per_seq_s": engine.host_per_seq_s, "batch_range": [0, 1 << 40]}
         else:
             cpu = profile.cpu_overhead["by_tp"]
@@ -700,6 +706,8 @@ class ProfileCostModel(CostModel):
     def _dtype(self, dtype: str, which: str) -> str:
         canon = _DTYPE_ALIAS.get(dtype)
         have = self.profile.dtypes.get(which, [])
+        if canon == "fp8_block" and which == "weight" and "fp8" in have and self.profile.kernels:
+            return canon  # priced on a block-fp8 table where the kernels have one, else on fp8 (gemm_curve)
         if canon is None or canon not in have:
             raise ConfigError(f"model.{which}_dtype", dtype, f"profile {self.profile.name} has {which} dtypes "
                                                              f"{', '.join(have)} (fp16 runs on the bf16 curves)")
@@ -766,6 +774,8 @@ class ProfileCostModel(CostModel):
         if seqs < lo or seqs > hi:
             counts.append(("cpu_overhead", 1))
         cpu = float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
+        if self._hidden:
+            cpu *= 1.0 - self._hidden  # the exposed part; the whole is the iteration's floor (_host_floor)
         dx = self._delta_x
         if dx and dx[0] <= seqs <= dx[-1]:
             # The measured step overhead's departure from the line at this count (interpolated
@@ -784,6 +794,11 @@ class ProfileCostModel(CostModel):
         if cs:
             self._replay(cs)
         return a + lm + cpu
+
+    def _host_floor(self, seqs: float) -> float:
+        """The whole host time of an iteration over ``seqs`` sequences (its lower bound when part of it
+        is hidden behind the GPU)."""
+        return float(self._cpu["intercept_s"]) + float(self._cpu["per_seq_s"]) * seqs
 
     def _decode_base(self, n: int) -> float:
         # Counted on first use of ``n`` only (the historical semantics of this cache).
@@ -811,9 +826,14 @@ class ProfileCostModel(CostModel):
                 oor += o
                 out.append(base + coef * t)
             self._count("generation_attention", oor)
+            if self._hidden:
+                h = self._host_floor(n)
+                out = [v if v > h else h for v in out]
             return np.array(out, dtype=np.float64)
         attn, oor = self._gen(n, kv / n)
         self._count("generation_attention", oor)
+        if self._hidden:
+            return np.maximum(base + coef * attn, self._host_floor(n))
         return base + coef * attn
 
     def decode_times_list(self, num_seqs: int, kv_tokens: list[float]) -> list[float]:
@@ -840,6 +860,9 @@ class ProfileCostModel(CostModel):
             out, oor = self._gen.at_many(n, lengths, base, coef)
         if oor:
             self._count("generation_attention", oor)
+        if self._hidden:
+            h = self._host_floor(n)
+            out = [v if v > h else h for v in out]
         return out
 
     def step_time_s(self, batch: BatchShape) -> float:
@@ -852,7 +875,11 @@ class ProfileCostModel(CostModel):
         base = self._decode_base(n)
         t, oor = self._gen.at(n, float(batch.decode_kv_tokens) / n)
         self._count("generation_attention", oor)
-        return base + self._layers * self._attn_factor * t
+        v = base + self._layers * self._attn_factor * t
+        if self._hidden:
+            h = self._host_floor(n)
+            return v if v > h else h
+        return v
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         chunks = batch.prefill_chunks
@@ -870,7 +897,11 @@ class ProfileCostModel(CostModel):
         if chunks:
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
         eager = self._eager_s if (not self._graph_mixed or tokens > self._graph_max) else 0.0
-        return self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d + eager
+        v = self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d + eager
+        if self._hidden:
+            h = self._host_floor(d + m)
+            return v if v > h else h
+        return v
 
     def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
         """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the
@@ -952,6 +983,33 @@ class ProfileCostModel(CostModel):
 def build_profile_cost_model(profile_ref: str, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
                              weight_dtype: str = "bf16", kv_dtype: str = "bf16",
                              layout: Layout = Layout(paged=True), engine: EnginePreset | None = None) -> CostModel:
-    """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path."""
-    return ProfileCostModel(load_profile(profile_ref), model, gpu, tensor_parallel=tensor_parallel,
+    """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path.
+
+    The profile is read once per process and file version (a cost model only reads it; the curves
+    it derives are shared): a sweep or a benchmark fit runs many scenarios on one profile."""
+    return ProfileCostModel(_shared_profile(_profile_path(profile_ref)), model, gpu, tensor_parallel=tensor_parallel,
                             weight_dtype=weight_dtype, kv_dtype=kv_dtype, layout=layout, engine=engine)
+
+
+def _profile_path(ref: str) -> Path:
+    path = Path(str(ref))
+    if path.is_file():
+        return path
+    builtin = PROFILE_DIR / f"{ref}.json"
+    if builtin.is_file():
+        return builtin
+    raise ConfigError(KEY, str(ref), f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
+
+
+_SHARED: dict[tuple, Profile] = {}
+
+
+def _shared_profile(path: Path) -> Profile:
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    hit = _SHARED.get(key)
+    if hit is None:
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        hit = _SHARED[key] = load_profile(path)
+    return hit

@@ -6,12 +6,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Generator
 
+import numpy as np
 import simpy
 
 from sim import NATIVE_STATE, __version__
-from sim.config import Scenario
-from sim.cost.model import CostModel
-from sim.engine.deployment import Deployment
+from sim.config import Scenario, SchedulerConfig
+from sim.cost.model import BatchShape, CostModel
+from sim.engine.deployment import Deployment, with_engine_defaults
 from sim.output.metrics import Recorder, clean_json, summarize
 from sim.output.results import RunResult
 from sim.engine.replica import Replica
@@ -20,9 +21,39 @@ from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled
 from sim.engine.simpy_shortcuts import now as clock
 from sim.sched.registry import make_scheduler
-from sim.workload.generator import build_workload, total_length_percentile
+from sim.workload.generator import Workload, build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
+
+
+def request_cycle_s(cost: CostModel, wl: Workload, sched: SchedulerConfig) -> float:
+    """One closed-loop request's cycle, estimated from the cost model: its prompt prefilled alone
+    (in chunks of the token budget), then its output decoded at the full concurrency, at the mean
+    prompt and output lengths."""
+    counted = dict(cost.out_of_range)  # an estimate, not part of the run: leave its counts out
+    p = max(1, int(round(float(np.mean(wl.prompt_tokens)))))
+    o = max(1, int(round(float(np.mean(wl.output_tokens)))))
+    budget = max(1, sched.max_num_batched_tokens)
+    prefill, done = 0.0, 0
+    while done < p:
+        chunk = min(budget, p - done)
+        prefill += cost.step_time_s(BatchShape(prefill_chunks=[(chunk, done)]))
+        done += chunk
+    n = max(1, min(wl.closed_loop_clients, sched.max_num_seqs))
+    decode = cost.step_time_s(BatchShape(decode_seqs=n, decode_kv_tokens=n * (p + o // 2)))
+    cost.out_of_range.clear()
+    cost.out_of_range.update(counted)
+    return prefill + o * decode
+
+
+class _Later:
+    """A callback that calls ``fn(arg)`` when its event fires (a client's delayed start)."""
+
+    def __init__(self, fn: Callable[[int], None], arg: int):
+        self.fn, self.arg = fn, arg
+
+    def __call__(self, _event: object) -> None:
+        self.fn(self.arg)
 
 
 class _ToEngine:
@@ -41,6 +72,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
     """
     wall0 = time.perf_counter()
+    sc = with_engine_defaults(sc)
     wl = build_workload(sc)
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     env = simpy.Environment()
@@ -65,7 +97,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if cost is None:
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched = make_scheduler(dep.scheduler or sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window, swap_capacity_bytes=swap,
+        sched = make_scheduler(sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window, swap_capacity_bytes=swap,
                                hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
@@ -78,8 +110,10 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
 
     hashes = wl.hashes
     priority = wl.priority
-    front_s = dep.engine.frontend_s if dep.engine is not None else 0.0
+    front_s = (dep.engine.frontend_s if dep.engine is not None else 0.0) + sc.workload.arrival.client_s
     front_tok_s = dep.engine.frontend_per_token_s if dep.engine is not None else 0.0
+    jitter: list[float] | None = wl.frontend_jitter.tolist() if wl.frontend_jitter is not None else None
+    think: list[float] | None = wl.think_s.tolist() if wl.think_s is not None else None
 
     def submit(rid: int, client: int = -1) -> None:
         t = clock(env)
@@ -91,6 +125,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             on_finish(req)
             return
         delay = front_s + front_tok_s * req.prompt
+        if jitter is not None:
+            delay *= jitter[rid]
         if delay > 0:
             # The server's front end (HTTP, tokenisation) holds the request before the engine sees it;
             # its arrival stays the client's send time, so TTFT counts the front end.
@@ -102,7 +138,9 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     next_id = [0]
 
     def _client_next(client: int) -> Generator[simpy.Event, Any, None]:
-        if wl.think_time_s > 0:
+        if think is not None:
+            yield env.timeout(think[min(next_id[0], len(think) - 1)])
+        elif wl.think_time_s > 0:
             yield env.timeout(wl.think_time_s)
         rid = next_id[0]
         if rid >= total or (wl.duration_s is not None and clock(env) > wl.duration_s):
@@ -125,10 +163,26 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if rid < len(arrivals):
             env.timeout(arrivals[rid] - now).callbacks.append(arrive)
 
+    def start(client: int) -> None:
+        rid = next_id[0]
+        if rid >= total:
+            return
+        next_id[0] += 1
+        submit(rid, client)
+
     if closed_loop:
+        offsets = wl.start_offsets
+        spread_s = 0.0
+        if offsets is not None:
+            arr = sc.workload.arrival
+            spread_s = arr.start_spread_s
+            if arr.start_spread_cycles > 0:
+                spread_s += arr.start_spread_cycles * request_cycle_s(cost, wl, sc.scheduler)
         for c in range(min(wl.closed_loop_clients, total)):
-            next_id[0] += 1
-            submit(c, c)
+            if offsets is not None and offsets[c] * spread_s > 0:
+                env.timeout(float(offsets[c]) * spread_s).callbacks.append(_Later(start, c))
+            else:
+                start(c)
     else:
         arrive()
     env.run()

@@ -11,7 +11,7 @@ from sim.allocators.registry import Budget
 from sim.allocators.registry import get as allocator_kind
 from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu, get_model,
                          kv_capacity_bytes)
-from sim.engine_presets import EnginePreset, get_preset
+from sim.engine_presets import EnginePreset, get_preset, read_terms_file
 from sim.config import GpuConfig, Scenario, SchedulerConfig
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
 from sim.errors import ConfigError
@@ -63,7 +63,7 @@ class Deployment:
     budget: Budget | None = None
     #: The serving engine's framework terms (``None``: ``engine.kind: reference``).
     engine: EnginePreset | None = None
-    #: The scheduler as it runs: the scenario's keys, and the engine's defaults for keys it leaves unset.
+    #: The scheduler it runs (the scenario's, after :func:`with_engine_defaults`).
     scheduler: SchedulerConfig | None = None
 
     @classmethod
@@ -72,7 +72,7 @@ class Deployment:
         gpu = gpu_spec(sc.gpu)
         g = sc.gpu
         engine = engine_preset(sc)
-        sched = effective_scheduler(sc.scheduler, engine)
+        sched = sc.scheduler
         bpt = model.kv_bytes_per_token(sc.model.kv_dtype)
         act = g.activation_reserve_bytes
         if act is None:
@@ -151,7 +151,10 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     preset = get_preset(kind)
     if preset is None:
         return None
-    overrides = {k: getattr(e, k) for k in OVERRIDABLE if getattr(e, k) is not None}
+    overrides: dict = {}
+    if e.terms_file:
+        overrides.update(read_terms_file(sc.resolve_path(e.terms_file, "engine.terms_file")).get(kind, {}))
+    overrides.update({k: getattr(e, k) for k in OVERRIDABLE if getattr(e, k) is not None})
     return preset.with_overrides(**overrides) if overrides else preset
 
 
@@ -159,21 +162,42 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
 AUTO_ENGINE = "reference"
 
 #: ``engine.*`` keys that override a preset's term of the same name.
-OVERRIDABLE = ("host_s", "host_per_seq_s", "eager_per_layer_s", "frontend_s", "frontend_per_token_s", "graph_max_tokens",
-               "elementwise_per_layer", "custom_allreduce_max_bytes")
+OVERRIDABLE = ("host_s", "host_per_seq_s", "host_hidden", "eager_per_layer_s", "frontend_s", "frontend_per_token_s",
+               "graph_max_tokens", "elementwise_per_layer", "custom_allreduce_max_bytes", "client_spread_cycles",
+               "client_cv")
 
 
-def effective_scheduler(cfg: SchedulerConfig, engine: EnginePreset | None) -> SchedulerConfig:
-    """``cfg`` with the engine's server defaults for the keys the scenario left unset."""
-    if engine is None:
-        return cfg.model_copy(update={"mixed_batches": cfg.mixed_batches if cfg.mixed_batches is not None else True,
-                                      "reserve_output": bool(cfg.reserve_output)})
+def with_engine_defaults(sc: Scenario) -> Scenario:
+    """``sc`` with the serving engine's defaults filled into the keys it leaves unset: the scheduler's
+    limits and batching (``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``,
+    ``mixed_batches``, ``reserve_output``) and the clients' timing (``workload.arrival``
+    ``start_spread_cycles`` and ``client_cv``). Keys a scenario sets win. Idempotent: the result is
+    what a run writes to ``scenario.yaml``, so rerunning it gives the same run."""
+    engine = engine_preset(sc)
+    cfg = sc.scheduler
     given = cfg.model_fields_set
-    update = {k: getattr(engine, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
-              if k not in given}
-    update["mixed_batches"] = cfg.mixed_batches if cfg.mixed_batches is not None else engine.mixed_batches
-    update["reserve_output"] = cfg.reserve_output if cfg.reserve_output is not None else engine.reserve_output
-    return cfg.model_copy(update=update)
+    sched: dict = {}
+    if engine is not None:
+        sched = {k: getattr(engine, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
+                                                   "mixed_batches", "reserve_output") if k not in given}
+    else:
+        if cfg.mixed_batches is None:
+            sched["mixed_batches"] = True
+        if cfg.reserve_output is None:
+            sched["reserve_output"] = False
+    arr = sc.workload.arrival
+    arrival: dict = {}
+    if engine is not None:
+        if arr.kind == "closed_loop" and "start_spread_cycles" not in arr.model_fields_set:
+            arrival["start_spread_cycles"] = engine.client_spread_cycles
+        if "client_cv" not in arr.model_fields_set:
+            arrival["client_cv"] = engine.client_cv
+    if not sched and not arrival:
+        return sc
+    workload = sc.workload
+    if arrival:
+        workload = workload.model_copy(update={"arrival": arr.model_copy(update=arrival)})
+    return sc.model_copy(update={"scheduler": cfg.model_copy(update=sched), "workload": workload})
 
 
 def gpu_spec(g: GpuConfig) -> GpuSpec:

@@ -37,6 +37,12 @@ class Workload:
     hash_block_tokens: int = 512
     #: Per request priority (0 or 1), or ``None`` when every request is equal.
     priority: np.ndarray | None = None
+    #: Closed loop: per-client start offsets as a fraction in [0, 1) of the start spread, and
+    #: per-request think times (s, after the previous response); ``None`` = none.
+    start_offsets: np.ndarray | None = None
+    think_s: np.ndarray | None = None
+    #: Per request, the factor (mean 1) that spreads its client and front-end time; ``None`` = 1.
+    frontend_jitter: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -99,6 +105,7 @@ def _streams(seed: int) -> list[np.random.Generator]:
 def build_workload(sc: Scenario) -> Workload:
     """Draw every request of the scenario (deterministic in ``sc.seed``)."""
     wl, sampler = _draw(sc)
+    _add_client_timing(sc, wl)
     hashes, block = sampler.hashes()
     if hashes is not None:
         wl.hashes, wl.hash_block_tokens = list(hashes), block
@@ -184,6 +191,29 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
         raise ConfigError("workload.duration_s", w.duration_s, "a duration long enough for at least one arrival")
     p, o = sampler.sample(rng_len, len(t))
     return Workload(p, o, t, duration_s=w.duration_s), sampler
+
+
+def _gamma(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
+    """``n`` gamma draws with this mean and coefficient of variation."""
+    shape = 1.0 / cv ** 2
+    return rng.gamma(shape, mean / shape, n)
+
+
+def _add_client_timing(sc: Scenario, wl: Workload) -> None:
+    """Start offsets, think times and front-end spread, from a stream of their own (lengths and
+    arrivals do not change when these keys do)."""
+    arr = sc.workload.arrival
+    spread = arr.start_spread_s > 0 or arr.start_spread_cycles > 0
+    if not spread and arr.think_time_cv <= 0 and arr.client_cv <= 0:
+        return
+    rng = np.random.default_rng(np.random.SeedSequence(sc.seed).spawn(5)[4])
+    n = len(wl)
+    if wl.arrival_s is None and spread:
+        wl.start_offsets = rng.uniform(0.0, 1.0, wl.closed_loop_clients)
+    if wl.arrival_s is None and arr.think_time_s > 0 and arr.think_time_cv > 0:
+        wl.think_s = _gamma(rng, arr.think_time_s, arr.think_time_cv, n)
+    if arr.client_cv > 0:
+        wl.frontend_jitter = _gamma(rng, 1.0, arr.client_cv, n)
 
 
 def total_length_percentile(sc: Scenario, wl: Workload, q: float) -> int:

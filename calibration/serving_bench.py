@@ -1,0 +1,358 @@
+"""End-to-end serving benchmarks: read them, simulate every run as kvsim sees it, and score it.
+
+A benchmark row is one closed-loop run on a real server: ``concurrency`` clients each send a
+request of ``isl`` prompt and ``osl`` output tokens and send the next when it finishes; the
+benchmark reports the mean time to first token and time per output token. Two formats are read:
+
+* CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
+  ``weights`` (``bf16``, ``fp8``, ``fp8_block``), ``engine_version``, ``source_id``: the
+  layout of ``calibration/data/serving-bench/silicon_dense_train.csv``;
+* the JSON ``vllm bench serve --save-result`` writes (one file, or a folder of them): the model
+  id, ``max_concurrency``, the mean TTFT/TPOT and the token totals give a row; the GPU, tensor
+  parallelism and engine come from the command line (the file does not record them).
+
+:func:`row_scenario` turns a row into a kvsim scenario (closed loop, fixed lengths, the engine
+preset of the row's engine with its server defaults, the benchmark's clients), :func:`simulate_row`
+runs it and averages TTFT and TPOT over the requests after each client's warm-up requests, as
+benchmark clients do; :func:`score` gives per-row and per-group errors. No torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from sim.catalog import GPUS, MODELS
+from sim.errors import ConfigError
+
+#: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
+TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
+
+REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
+WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block")
+ENGINES = ("vllm", "sglang", "trtllm")
+
+#: Benchmark system names (aiconfigurator's) and catalog names of GPUs.
+GPU_IDS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
+           "b200_sxm": "B200-SXM-180GB", "l40s": "L40S"}
+
+#: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same shape).
+MODEL_IDS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "nvidia/Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b",
+    "Qwen/Qwen3-32B": "qwen3-32b", "Qwen/Qwen3-32B-FP8": "qwen3-32b", "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-8B-FP8": "qwen3-8b", "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+}
+
+#: KV block size each engine's server uses by default (vLLM 16, SGLang 1 token, TensorRT-LLM 32).
+ENGINE_BLOCK_SIZE = {"vllm": 16, "sglang": 1, "trtllm": 32}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One measured closed-loop run. Times in milliseconds, as benchmarks report them."""
+
+    model: str
+    gpu: str
+    engine: str
+    tp: int
+    isl: int
+    osl: int
+    concurrency: int
+    ttft_ms: float
+    tpot_ms: float
+    weights: str = "bf16"
+    engine_version: str = ""
+    source: str = ""
+
+    @property
+    def group(self) -> str:
+        """The (model, GPU, engine) group it belongs to: the unit left out in leave-one-group-out."""
+        return f"{self.model}/{self.gpu}/{self.engine}"
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def _bad(path: Path, where: str, column: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{path}: {where}, {column}", value, allowed)
+
+
+def _int(path: Path, where: str, row: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int:
+    raw = row.get(col)
+    try:
+        v = float(str(raw).strip())
+    except (TypeError, ValueError):
+        raise _bad(path, where, col, raw, f"an integer in [{lo}, {hi}]") from None
+    if not math.isfinite(v) or v != int(v) or not lo <= v <= hi:
+        raise _bad(path, where, col, raw, f"an integer in [{lo}, {hi}]")
+    return int(v)
+
+
+def _ms(path: Path, where: str, row: dict, col: str) -> float:
+    raw = row.get(col)
+    try:
+        v = float(str(raw).strip())
+    except (TypeError, ValueError):
+        raise _bad(path, where, col, raw, "milliseconds, a finite number > 0") from None
+    if not math.isfinite(v) or not 0 < v < 1e8:
+        raise _bad(path, where, col, raw, "milliseconds, a finite number > 0")
+    return v
+
+
+def _row(path: Path, where: str, d: dict) -> BenchRow:
+    engine = str(d.get("engine", "")).strip().lower()
+    if engine not in ENGINES:
+        raise _bad(path, where, "engine", d.get("engine"), f"one of {', '.join(ENGINES)}")
+    weights = str(d.get("weights") or "bf16").strip().lower()
+    if weights not in WEIGHTS:
+        raise _bad(path, where, "weights", d.get("weights"), f"one of {', '.join(WEIGHTS)}")
+    model = str(d.get("model", "")).strip()
+    if not model:
+        raise _bad(path, where, "model", d.get("model"), "a Hugging Face id or a kvsim catalog model")
+    gpu = str(d.get("gpu", "")).strip()
+    if gpu not in GPU_IDS and gpu not in GPUS:
+        raise _bad(path, where, "gpu", gpu, f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})")
+    tp = _int(path, where, d, "tp", 1, 8)
+    if tp not in (1, 2, 4, 8):
+        raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")
+    return BenchRow(model=model, gpu=gpu, engine=engine, tp=tp, isl=_int(path, where, d, "isl"),
+                    osl=_int(path, where, d, "osl"), concurrency=_int(path, where, d, "concurrency", 1, 65536),
+                    ttft_ms=_ms(path, where, d, "ttft_ms"), tpot_ms=_ms(path, where, d, "tpot_ms"), weights=weights,
+                    engine_version=str(d.get("engine_version") or ""),
+                    source=str(d.get("source_id") or where))
+
+
+def read_csv(path: Path) -> list[BenchRow]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("serving_bench", str(path), f"a readable UTF-8 CSV file ({type(exc).__name__})") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ConfigError(f"{path}: header", ",".join(reader.fieldnames or []),
+                          f"columns {', '.join(REQUIRED)} (optional: weights, engine_version, source_id); "
+                          f"missing {', '.join(missing)}")
+    rows = [_row(path, f"row {i}", d) for i, d in enumerate(reader, start=2)]
+    if not rows:
+        raise ConfigError(str(path), "no rows", "at least one benchmark row")
+    return rows
+
+
+def read_vllm_result(path: Path, *, gpu: str | None, tp: int | None, engine: str = "vllm",
+                     weights: str | None = None, model: str | None = None) -> BenchRow:
+    """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``)."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError("serving_bench", str(path), f"a readable JSON file ({type(exc).__name__})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), type(doc).__name__, "a JSON object written by vllm bench serve --save-result")
+    where = "result"
+    conc = doc.get("max_concurrency")
+    if conc is None:
+        raise _bad(path, where, "max_concurrency", None, "a closed-loop run (vllm bench serve --max-concurrency N); "
+                                                         "open-loop results: kvsim compare")
+    completed = doc.get("completed")
+    if not isinstance(completed, (int, float)) or completed <= 0:
+        raise _bad(path, where, "completed", completed, "a positive request count")
+    for col in ("total_input_tokens", "total_output_tokens", "mean_ttft_ms", "mean_tpot_ms"):
+        if not isinstance(doc.get(col), (int, float)) or isinstance(doc.get(col), bool):
+            raise _bad(path, where, col, doc.get(col), "a number (vllm bench serve --save-result writes it)")
+    if gpu is None or tp is None:
+        raise ConfigError("--gpu/--tp", None, f"the GPU and tensor parallelism of {path.name} (the file does not record them)")
+    d = {"model": model or doc.get("model_id") or doc.get("tokenizer_id"), "gpu": gpu, "engine": engine, "tp": tp,
+         "isl": round(doc["total_input_tokens"] / completed), "osl": round(doc["total_output_tokens"] / completed),
+         "concurrency": conc, "ttft_ms": doc["mean_ttft_ms"], "tpot_ms": doc["mean_tpot_ms"],
+         "weights": weights or "bf16", "engine_version": doc.get("backend", ""), "source_id": path.name}
+    return _row(path, where, d)
+
+
+def read_bench(path: str | Path, **vllm_args) -> list[BenchRow]:
+    """Rows of a CSV file, a vLLM result JSON, or a folder of either (``vllm_args``: see
+    :func:`read_vllm_result`)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".json"))
+        if not files:
+            raise ConfigError("serving_bench", str(p), "a folder holding .csv or .json benchmark results")
+        return [r for f in files for r in read_bench(f, **vllm_args)]
+    if not p.is_file():
+        raise ConfigError("serving_bench", str(p), "a CSV file, a vllm bench serve JSON file, or a folder of them")
+    if p.suffix.lower() == ".json":
+        return [read_vllm_result(p, **vllm_args)]
+    return read_csv(p)
+
+
+# --- rows as scenarios -----------------------------------------------------------------------
+
+def resolve_model(ident: str) -> dict:
+    """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first)."""
+    from sim.hf_config import shipped_config
+    if shipped_config(ident) is not None:
+        return {"name": None, "hf_config": ident}
+    if ident in MODEL_IDS:
+        return {"name": MODEL_IDS[ident]}
+    if ident in MODELS:
+        return {"name": ident}
+    raise ConfigError("serving_bench.model", ident, "a Hugging Face id kvsim knows (a config shipped in scenarios/models, "
+                                                    f"or {', '.join(sorted(MODEL_IDS))}) or a catalog model; for another "
+                                                    "model, write its config.json path in the model column")
+
+
+@dataclass(frozen=True)
+class Clients:
+    """How the benchmark's clients run: requests per client simulated, the first ``warmup`` of
+    which are left out of the means (benchmarks warm up). Their timing (``workload.arrival``
+    ``start_spread_cycles``, ``client_cv``) is the engine preset's unless set here."""
+
+    requests_per_client: int = 8
+    warmup: int = 2
+    start_spread_cycles: float | None = None
+    client_cv: float | None = None
+
+
+def row_scenario(row: BenchRow, clients: Clients = Clients(), *, engine: dict | None = None,
+                 profile: str | None = None, seed: int = 0) -> dict:
+    """The kvsim scenario (raw mapping) of one benchmark row.
+
+    ``engine`` holds ``engine.*`` overrides (fitted terms); the scheduler keys are left unset so
+    the engine preset's server defaults apply, except the token budget, raised to fit one prompt
+    where the engine cannot chunk it.
+    """
+    model = resolve_model(row.model)
+    weights = "fp8" if row.weights == "fp16" else row.weights
+    model.update({"weight_dtype": weights if weights != "fp16" else "bf16", "kv_dtype": "bf16"})
+    n = row.concurrency * (clients.requests_per_client + clients.warmup)
+    sc: dict = {
+        "name": "serving-bench", "seed": seed, "model": model,
+        "gpu": {"name": GPU_IDS.get(row.gpu, row.gpu), "tensor_parallel": row.tp},
+        "workload": {"num_requests": n, "max_model_len": row.isl + row.osl,
+                     "arrival": {"kind": "closed_loop", "concurrency": row.concurrency,
+                                 **({"start_spread_cycles": clients.start_spread_cycles}
+                                    if clients.start_spread_cycles is not None else {}),
+                                 **({"client_cv": clients.client_cv} if clients.client_cv is not None else {})},
+                     "lengths": {"kind": "fixed", "prompt_tokens": row.isl, "output_tokens": row.osl}},
+        "allocator": {"kind": "paged", "block_size": ENGINE_BLOCK_SIZE.get(row.engine, 16)},
+        "engine": {"kind": row.engine, **(engine or {})},
+        "cost_model": {"profile": profile or "auto"},
+    }
+    if row.engine == "trtllm" and row.isl > 8192:
+        # Without chunked prefill a prompt must fit the token budget (TensorRT-LLM raises
+        # max_num_tokens to the longest input it is configured for).
+        sc["scheduler"] = {"max_num_batched_tokens": row.isl + row.concurrency}
+    return sc
+
+
+@dataclass
+class RowResult:
+    """A row's measured and simulated means (ms) and relative errors ((sim − meas) / meas)."""
+
+    row: BenchRow
+    ttft_ms: float | None
+    tpot_ms: float | None
+    error: str | None = None
+    calibrated: bool = True
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ttft_err(self) -> float | None:
+        return None if self.ttft_ms is None else self.ttft_ms / self.row.ttft_ms - 1.0
+
+    @property
+    def tpot_err(self) -> float | None:
+        return None if self.tpot_ms is None else self.tpot_ms / self.row.tpot_ms - 1.0
+
+    def to_json(self) -> dict:
+        return {**asdict(self.row), "group": self.row.group, "sim_ttft_ms": self.ttft_ms, "sim_tpot_ms": self.tpot_ms,
+                "ttft_rel_err": self.ttft_err, "tpot_rel_err": self.tpot_err, "error": self.error,
+                "cost_model_calibrated": self.calibrated, **self.extra}
+
+
+def simulate_row(row: BenchRow, clients: Clients = Clients(), *, engine: dict | None = None,
+                 profile: str | None = None, seed: int = 0) -> RowResult:
+    """Simulate one row; means over requests after each client's warm-up (request ids at or above
+    ``concurrency × warmup``: a closed loop hands out ids in send order)."""
+    from sim.config import scenario_from_dict
+    from sim.engine.cluster import simulate
+    try:
+        sc = scenario_from_dict(row_scenario(row, clients, engine=engine, profile=profile, seed=seed))
+        res = simulate(sc)
+    except ConfigError as exc:
+        return RowResult(row, None, None, error=str(exc))
+    t = res.requests.to_pydict()
+    ids = np.asarray(t["id"])
+    keep = (ids >= row.concurrency * clients.warmup) & (np.asarray(t["status"]) == "completed")
+    if not keep.any():
+        return RowResult(row, None, None, error="no request completed after the warm-up")
+    first, arr, fin = (np.asarray(t[k])[keep] for k in ("first_token_s", "arrival_s", "finish_s"))
+    gen = np.asarray(t["generated_tokens"])[keep]
+    ttft = float(np.mean(first - arr)) * 1e3
+    multi = gen > 1
+    tpot = float(np.mean((fin - first)[multi] / (gen[multi] - 1))) * 1e3 if multi.any() else None
+    return RowResult(row, ttft, tpot, calibrated=bool(res.summary.get("cost_model_calibrated")),
+                     extra={"preemptions": res.summary.get("preemptions", 0)})
+
+
+def _simulate_task(args) -> RowResult:
+    row, clients, engine, profile, seed = args
+    return simulate_row(row, clients, engine=engine, profile=profile, seed=seed)
+
+
+def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, engine_terms: Callable[[BenchRow], dict] | None = None,
+                  profile: str | None = None, seed: int = 0, workers: int = 1,
+                  progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
+    """Every row simulated (in ``workers`` processes); ``engine_terms(row)`` gives its ``engine.*`` keys."""
+    rows = list(rows)
+    tasks = [(r, clients, engine_terms(r) if engine_terms else None, profile, seed) for r in rows]
+    out: list[RowResult] = []
+    if workers <= 1:
+        for i, t in enumerate(tasks):
+            out.append(_simulate_task(t))
+            if progress:
+                progress(i + 1, len(tasks))
+        return out
+    with ProcessPoolExecutor(workers) as pool:
+        for i, r in enumerate(pool.map(_simulate_task, tasks, chunksize=4)):
+            out.append(r)
+            if progress:
+                progress(i + 1, len(tasks))
+    return out
+
+
+# --- scoring ---------------------------------------------------------------------------------
+
+def error_stats(errs: list[float]) -> dict:
+    """Median and p90 |error|, share within 10 % and 20 %, signed bias (median signed error)."""
+    e = np.asarray([x for x in errs if x is not None and math.isfinite(x)], dtype=np.float64)
+    if e.size == 0:
+        return {"n": 0}
+    a = np.abs(e)
+    return {"n": int(e.size), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
+            "within_10": float(np.mean(a <= 0.10)), "within_20": float(np.mean(a <= 0.20)),
+            "bias": float(np.median(e))}
+
+
+def score(results: list[RowResult]) -> dict:
+    """Per (model, GPU, engine) group and overall: TTFT and TPOT error statistics, failed rows."""
+    groups: dict[str, list[RowResult]] = {}
+    for r in results:
+        groups.setdefault(r.row.group, []).append(r)
+    out = {"groups": {}, "overall": {"ttft": error_stats([r.ttft_err for r in results]),
+                                     "tpot": error_stats([r.tpot_err for r in results]),
+                                     "rows": len(results), "failed": sum(r.error is not None for r in results)}}
+    for g, rs in sorted(groups.items()):
+        out["groups"][g] = {"ttft": error_stats([r.ttft_err for r in rs]), "tpot": error_stats([r.tpot_err for r in rs]),
+                            "rows": len(rs), "failed": sum(r.error is not None for r in rs)}
+    return out

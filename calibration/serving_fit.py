@@ -1,0 +1,210 @@
+"""Fit serving-engine terms to end-to-end benchmarks (``kvsim calibrate --from-serving-bench``).
+
+Per engine a handful of terms (``sim.engine_presets.FITTED_TERMS``: host time per iteration and
+per sequence, the share of it hidden behind the GPU, the per-request front end, and how far the
+benchmark's clients have drifted apart, in request cycles) are chosen to minimise, over the
+benchmark rows::
+
+    mean over (model, GPU, engine) groups of  mean |log(sim TPOT / meas TPOT)| + mean |log(sim TTFT / meas TTFT)|
+
+each row simulated by kvsim with those terms (:mod:`calibration.serving_bench`). Nelder–Mead in
+transformed coordinates (logarithms of times, logits of shares), from the built-in presets.
+Groups, not rows, are weighted equally, so a large group does not dominate.
+
+:func:`leave_one_group_out` fits without each group and predicts it: the honest accuracy of the
+procedure on a model, GPU or engine it has not seen. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from sim.engine_presets import FITTED_TERMS, PRESETS, TERMS_FORMAT
+from sim.errors import ConfigError
+
+from .serving_bench import BenchRow, Clients, RowResult, simulate_row
+
+FORMAT = TERMS_FORMAT
+
+#: Transform of each fitted quantity to the optimiser's unbounded coordinate.
+_LOG = {"host_s", "host_per_seq_s", "frontend_s"}
+_SHARE = {"host_hidden", "client_spread_cycles"}
+
+
+def _to_x(name: str, v: float) -> float:
+    if name in _SHARE:
+        p = min(max(v, 1e-3), 1 - 1e-3)
+        return math.log(p / (1 - p))
+    return math.log(max(v, 1e-9))
+
+
+def _from_x(name: str, x: float) -> float:
+    if name in _SHARE:
+        return 1.0 / (1.0 + math.exp(-x))
+    return math.exp(min(x, 50.0))
+
+
+@dataclass
+class EngineTerms:
+    """Fitted terms per engine: ``engines[engine][term]``."""
+
+    engines: dict[str, dict[str, float]]
+    loss: float = float("nan")
+    evals: int = 0
+    fitted_on: str = ""
+    groups: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": 1, **asdict(self)}
+
+    def write(self, path: Path | str) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+        return path
+
+
+def builtin_terms() -> EngineTerms:
+    """The built-in presets' fitted terms, as a starting point."""
+    return EngineTerms({e: {k: float(getattr(p, k)) for k in FITTED_TERMS} for e, p in PRESETS.items()})
+
+
+def objective(results: list[RowResult]) -> float:
+    """Mean over groups of the mean |log ratio| of TPOT plus that of TTFT (a failed row counts 3)."""
+    by: dict[str, list[float]] = {}
+    for r in results:
+        if r.error is not None or r.ttft_ms is None or r.tpot_ms is None:
+            v = 3.0
+        else:
+            v = abs(math.log(r.tpot_ms / r.row.tpot_ms)) + abs(math.log(r.ttft_ms / r.row.ttft_ms))
+        by.setdefault(r.row.group, []).append(v)
+    return float(np.mean([np.mean(v) for v in by.values()])) if by else float("nan")
+
+
+def _task(args) -> RowResult:
+    row, clients, engine, profile = args
+    return simulate_row(row, clients, engine=engine, profile=profile)
+
+
+class _Pool:
+    """Simulates rows in worker processes (or inline with one worker)."""
+
+    def __init__(self, workers: int):
+        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+
+    def run(self, tasks: list) -> list[RowResult]:
+        if self.pool is None:
+            return [_task(t) for t in tasks]
+        return list(self.pool.map(_task, tasks, chunksize=max(1, len(tasks) // 16)))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Clients(), *, profile: str | None = None,
+             pool: _Pool | None = None, workers: int = 1) -> list[RowResult]:
+    """Every row simulated with ``terms``."""
+    own = pool is None
+    pool = pool or _Pool(workers)
+    try:
+        return pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
+    finally:
+        if own:
+            pool.close()
+
+
+def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients = Clients(requests_per_client=4), *,
+        terms: tuple[str, ...] = FITTED_TERMS, max_evals: int = 100, profile: str | None = None, workers: int = 1,
+        progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+    """Terms of every engine in ``rows`` minimising :func:`objective`. Engines share no term, so each
+    is fitted on its own rows alone."""
+    if not rows:
+        raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
+    start = start or builtin_terms()
+    out = EngineTerms({}, loss=0.0, evals=0, groups=sorted({r.group for r in rows}))
+    losses = []
+    pool = _Pool(workers)
+    try:
+        for engine in sorted({r.engine for r in rows}):
+            mine = [r for r in rows if r.engine == engine]
+            terms_e, loss, n = _fit_engine(mine, engine, start, clients, terms, max_evals, profile, pool, progress)
+            out.engines[engine] = terms_e
+            out.evals += n
+            losses += [loss] * len({r.group for r in mine})
+    finally:
+        pool.close()
+    out.loss = float(np.mean(losses))
+    return out
+
+
+def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress):
+    from scipy.optimize import minimize
+    base = {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in FITTED_TERMS}
+    x0 = np.array([_to_x(t, base[t]) for t in terms])
+
+    def unpack(x) -> dict[str, float]:
+        return {**base, **{t: _from_x(t, float(xi)) for t, xi in zip(terms, x)}}
+
+    state = {"n": 0, "best": (float("inf"), x0)}
+
+    def f(x) -> float:
+        one = EngineTerms({engine: unpack(x)})
+        v = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
+        state["n"] += 1
+        if v < state["best"][0]:
+            state["best"] = (v, np.array(x))
+        if progress:
+            progress(engine, state["n"], v, unpack(x))
+        return v
+
+    # Steps of ~0.3 in log or logit space: a third of a decade for times, a visible move in shares.
+    simplex = np.vstack([x0] + [x0 + 0.3 * np.eye(len(x0))[i] for i in range(len(x0))])
+    minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals, "initial_simplex": simplex,
+                                                    "xatol": 0.02, "fatol": 1e-3})
+    return unpack(state["best"][1]), state["best"][0], state["n"]
+
+
+@dataclass
+class LogoResult:
+    """Each row predicted by the fit that left its group out, and each fold's terms."""
+
+    predictions: list[RowResult]
+    folds: dict[str, EngineTerms]
+
+
+def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = None, clients: Clients = Clients(),
+                        fit_clients: Clients = Clients(requests_per_client=4), max_evals: int = 100,
+                        profile: str | None = None, workers: int = 1, exclude_from_training: tuple[str, ...] = (),
+                        log: Callable[[str], None] | None = None) -> LogoResult:
+    """For every group: fit its engine's terms on that engine's other groups (not on
+    ``exclude_from_training``), then predict it. An engine with no other group keeps the starting
+    terms (there is nothing to learn them from)."""
+    start = start or builtin_terms()
+    groups = sorted({r.group for r in rows})
+    preds: list[RowResult] = []
+    folds: dict[str, EngineTerms] = {}
+    for g in groups:
+        t0 = time.perf_counter()
+        held = [r for r in rows if r.group == g]
+        engine = held[0].engine
+        train = [r for r in rows if r.engine == engine and r.group != g and r.group not in exclude_from_training]
+        if train:
+            terms = fit(train, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers)
+            note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
+        else:
+            terms = EngineTerms({engine: dict(start.engines.get(engine, {}))})
+            note = "no other group of this engine to fit on: starting terms"
+        folds[g] = terms
+        preds += evaluate(held, terms, clients, profile=profile, workers=workers)
+        if log:
+            log(f"fold {g}: {note}, {time.perf_counter() - t0:.0f} s")
+    return LogoResult(preds, folds)
