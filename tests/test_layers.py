@@ -10,7 +10,7 @@ SIM = Path(__file__).resolve().parent.parent / "sim"
 
 #: Lower layers first; a module may import only from its own layer or those before it.
 LAYERS = [
-    {"errors", "config", "catalog", "request", "native", "__init__"},
+    {"errors", "limits", "strict", "inputs", "config", "catalog", "request", "native", "__init__"},
     {"workload", "cost"},
     {"allocators"},
     {"sched", "output"},
