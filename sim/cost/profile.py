@@ -27,6 +27,8 @@ from __future__ import annotations
 import importlib.resources
 import json
 import math
+import os
+import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,9 @@ from mypy_extensions import mypyc_attr
 
 from sim.catalog import GpuSpec, ModelSpec
 from sim.cost.model import BatchShape, CostModel, Layout
+from sim.cost.profile_format import validate_profile
 from sim.errors import ConfigError
+from sim.inputs import is_file, load_json, read_text
 
 FORMAT = "kvsim-profile"
 VERSION = 1
@@ -324,6 +328,7 @@ class Profile:
 
     @classmethod
     def from_json(cls, doc: dict, source: str = "<dict>") -> "Profile":
+        validate_profile(doc, source)  # the whole format, naming the JSON path of a bad value
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
         if doc.get("version") != VERSION:
@@ -353,16 +358,16 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """A built-in profile by name (``h100-sxm``) or a profile JSON file by path."""
     ref = str(name_or_path)
     path = Path(ref)
-    if not path.is_file():
+    if not is_file(path):
         builtin = PROFILE_DIR / f"{ref}.json"
-        if builtin.is_file():
+        if re.fullmatch(r"[A-Za-z0-9_.+-]+", ref) and is_file(builtin):
             path = builtin
         else:
+            if ref and os.path.lexists(ref):
+                read_text(path, KEY, "profile JSON file")  # names what the path is (a directory, a FIFO)
             raise ConfigError(KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(KEY, str(path), f"valid JSON ({type(exc).__name__}: {exc})") from None
+    doc = load_json(read_text(path, KEY, "profile JSON file"), KEY, str(path))
+    validate_profile(doc, str(path))  # before from_json, whose compiled signature wants a dict
     return Profile.from_json(doc, str(path))
 
 
