@@ -41,8 +41,10 @@ def calibrate_command(
     report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine."""
+    from sim.output.staging import out_file
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError("calibrate.device", device, "one of cpu, cuda")
+    out = out_file(out)
     spec = get_model(model)
     if (from_tables is None) == (device is None):
         raise ConfigError("calibrate", {"from_tables": from_tables, "device": device},
