@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -24,7 +25,7 @@ from sim.limits import (MAX_BYTES, MAX_CV, MAX_DIM, MAX_GROUPS, MAX_HEADS, MAX_L
                         MAX_NESTING, MAX_OVERHEAD_FACTOR, MAX_PARAMS, MAX_PER_SEQ_OVERHEAD_S,
                         MAX_PREFIX_TOKENS_TOTAL, MAX_RATE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_SEQS,
                         MAX_SIGMA, MAX_STEP_OVERHEAD_S, MAX_TIME_S, MAX_TIME_SCALE, MAX_TOKENS, MAX_VOCAB, MIN_CV,
-                        MIN_PERIOD_S, MIN_RATE, MIN_TIME_SCALE)
+                        MIN_EFFICIENCY, MIN_PERIOD_S, MIN_RATE, MIN_TIME_SCALE)
 from sim.strict import strict_scalar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -245,8 +246,8 @@ class CostModelConfig(_Section):
     #: ``auto`` (the built-in profile of the GPU when it covers the model, else the roofline
     #: prior), ``none`` (roofline prior), a built-in profile name, or a path to a profile JSON.
     profile: str | None = Field("auto", min_length=1, json_schema_extra=NAMES_FILE)
-    compute_efficiency: float = Field(0.6, gt=0, le=1)
-    memory_efficiency: float = Field(0.8, gt=0, le=1)
+    compute_efficiency: float = Field(0.6, ge=MIN_EFFICIENCY, le=1)
+    memory_efficiency: float = Field(0.8, ge=MIN_EFFICIENCY, le=1)
     step_overhead_s: float = Field(2.0e-3, ge=0, le=MAX_STEP_OVERHEAD_S)
     per_seq_overhead_s: float = Field(10e-6, ge=0, le=MAX_PER_SEQ_OVERHEAD_S)
     paged_attention_overhead: float = Field(0.2, ge=0, le=MAX_OVERHEAD_FACTOR)
@@ -369,6 +370,36 @@ def range_text(info: Any) -> str | None:
     kinds = scalar_kinds(info.annotation)
     what = "an integer" if int in kinds and float not in kinds else "a finite number"
     return f"{what} in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
+
+
+def key_ranges() -> dict[str, str]:
+    """Every numeric scenario key (dotted) → its allowed range (:func:`range_text`), in schema order;
+    ``docs/scenario.md`` lists the same table."""
+    from sim.strict import scalar_kinds
+    out: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], prefix: str, seen: tuple) -> None:
+        for name, info in model.model_fields.items():
+            if name == "base_dir":
+                continue
+            ann = info.annotation
+            sub = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type)
+                        and issubclass(c, BaseModel)), None)
+            if sub is not None:
+                if sub not in seen:  # lengths.base is a lengths block again
+                    walk(sub, f"{prefix}{name}.", (*seen, sub))
+                continue
+            kinds = scalar_kinds(ann)
+            if kinds == {int, str}:  # allocator.reserve, allocator.long_threshold
+                out[prefix + name] = "max_model_len, an integer in [1, workload.max_model_len], or pNN (0 < NN <= 100)"
+            elif kinds & {int, float} and not kinds - {int, float}:
+                text = range_text(info)
+                if text is None and typing.get_origin(ann) is Literal:
+                    text = "one of " + ", ".join(str(a) for a in typing.get_args(ann))
+                out[prefix + name] = text if text is not None else "(no range)"
+
+    walk(Scenario, "", (Scenario,))
+    return out
 
 
 #: pydantic error types about a number's value or type: the message names the field's range instead.

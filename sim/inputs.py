@@ -113,6 +113,19 @@ def bracket_depth(text: str) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
+def json_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text outside strings, vectorised (a profile is ~400 kB).
+    A quote preceded by a backslash counts as escaped."""
+    b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+    if not b.size:
+        return 0
+    quote = b == ord('"')
+    quote[1:] &= b[:-1] != ord("\\")
+    outside = (np.cumsum(quote) % 2 == 0) & ~quote
+    steps = _DEPTH[b].astype(np.int32) * outside
+    return int(np.cumsum(steps).max(initial=0))
+
+
 def _block_depth(text: str) -> int:
     """Levels of indentation (and ``- `` entries) of YAML's block style, line by line."""
     stack: list[int] = []
@@ -201,11 +214,11 @@ def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> A
 
 def load_json(text: str, key: str, source: str) -> Any:
     """``json.loads(text)`` nested at most :data:`MAX_NESTING` levels; errors name line and column."""
+    if json_depth(text) > MAX_NESTING:  # on the text: no walk over a large document
+        raise _too_deep(key, source, "JSON")
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(key, source, f"valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise _too_deep(key, source, "JSON") from None
-    check_nesting(data, key, source, "JSON")
-    return data

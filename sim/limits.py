@@ -48,6 +48,9 @@ MAX_DIM = 2**20
 MAX_HEADS = 2**14
 MAX_VOCAB = 2**24
 MAX_PARAMS = 1e16
+#: Roofline efficiencies: the smallest fraction of peak FLOP/s or bandwidth a device reaches
+#: (1e-308 would price a step at infinity).
+MIN_EFFICIENCY = 1e-3
 #: Cost-model knobs: seconds per step and per sequence, and the paged-attention overhead factor.
 MAX_STEP_OVERHEAD_S = 10.0
 MAX_PER_SEQ_OVERHEAD_S = 1.0

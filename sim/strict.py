@@ -22,13 +22,17 @@ from pydantic import BaseModel
 _NUMBER = re.compile(r"^[-+]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 
 
-@lru_cache(maxsize=None)
 def scalar_kinds(annotation: Any) -> frozenset[type]:
     """The scalar types a field annotation admits (``Literal`` values by their type; models and
     ``None`` left out)."""
+    return _kinds(annotation)
+
+
+@lru_cache(maxsize=None)
+def _kinds(annotation: Any) -> frozenset[type]:
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):
-        return frozenset().union(*(scalar_kinds(a) for a in typing.get_args(annotation)))
+        return frozenset().union(*(_kinds(a) for a in typing.get_args(annotation)))
     if origin is Literal:
         return frozenset(type(a) for a in typing.get_args(annotation))
     if annotation is type(None) or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):

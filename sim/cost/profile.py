@@ -327,8 +327,10 @@ class Profile:
         return path
 
     @classmethod
-    def from_json(cls, doc: dict, source: str = "<dict>") -> "Profile":
-        validate_profile(doc, source)  # the whole format, naming the JSON path of a bad value
+    def from_json(cls, doc: dict, source: str = "<dict>", checked: bool = False) -> "Profile":
+        """A profile from its JSON document, validated as a format first unless ``checked``."""
+        if not checked:
+            validate_profile(doc, source)  # the whole format, naming the JSON path of a bad value
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
         if doc.get("version") != VERSION:
@@ -349,6 +351,10 @@ class Profile:
             raise ConfigError(KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})") from None
 
 
+#: Profile files (path, mtime, size) already validated in this process.
+_VALIDATED: set[tuple[str, int, int]] = set()
+
+
 def list_profiles() -> list[str]:
     """Names of the built-in profiles shipped in ``sim/profiles/``."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
@@ -367,8 +373,12 @@ def load_profile(name_or_path: str | Path) -> Profile:
                 read_text(path, KEY, "profile JSON file")  # names what the path is (a directory, a FIFO)
             raise ConfigError(KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
     doc = load_json(read_text(path, KEY, "profile JSON file"), KEY, str(path))
-    validate_profile(doc, str(path))  # before from_json, whose compiled signature wants a dict
-    return Profile.from_json(doc, str(path))
+    st = path.stat()
+    ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if ident not in _VALIDATED:  # once per file version per process (a plan loads it per simulation)
+        validate_profile(doc, str(path))  # before from_json, whose compiled signature wants a dict
+        _VALIDATED.add(ident)
+    return Profile.from_json(doc, str(path), checked=True)
 
 
 # --- the cost model -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ when a profile is loaded, never while a run prices a batch.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -244,7 +245,11 @@ def validate_profile(doc: Any, source: str) -> ProfileDoc:
         raise ConfigError(f"{source}: format", doc.get("format", _Nothing()), f'"{FORMAT}" (not a kvsim profile)')
     if doc.get("version") != VERSION or isinstance(doc.get("version"), bool):
         raise ConfigError(f"{source}: version", doc.get("version", _Nothing()), f"profile format version {VERSION}")
-    bad = _non_finite(doc)
+    try:
+        json.dumps(doc, allow_nan=False)  # C speed; the walk below only runs to find a bad value
+        bad = None
+    except (ValueError, TypeError):
+        bad = _non_finite(doc)
     if bad is not None:
         raise ConfigError(f"{source}: {json_path(bad[0])}", bad[1], "a finite number (no NaN or Infinity in a profile)")
     try:

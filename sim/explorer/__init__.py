@@ -308,7 +308,7 @@ class UploadStore:
         name = safe_filename(filename, (".json",), what)
         doc = load_json(decode(data, name, what, "JSON file"), what, name)
         validate_profile(doc, name)  # the whole format, naming the JSON path of a bad value
-        Profile.from_json(doc, name)
+        Profile.from_json(doc, name, checked=True)
         key = name.removesuffix(".json")
         if key in builtin_profiles() or key in ("none", "auto"):
             key = f"uploaded-{key}"
