@@ -14,7 +14,10 @@
 * ``host-modes``: how the host's speed changes move each kind of reference-engine iteration against
   the ``cpu_norm`` probe;
 * ``decode-spread``: the reference engine's paged decode kernel per KV token at one length and at
-  spread lengths, in three layouts (does it cost what the cost model prices?).
+  spread lengths, in three layouts (does it cost what the cost model prices?);
+* ``hostile``: 749 hostile and careless inputs in nine classes (bombs, hangs, non-finite numbers,
+  profiles, I/O, coercion, conservation, interrupts, security), each judged handled or not
+  (``--quick``: the fixed corpus CI runs); see ``bench/hostile.py``.
 
 ``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
 (``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "hostile"]
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -31,6 +31,8 @@ def _module(name: str):
         from . import host_modes as m
     elif name == "decode-spread":
         from . import decode_spread as m
+    elif name == "hostile":
+        from . import hostile as m
     else:
         from . import costmodel as m
     return m

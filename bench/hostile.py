@@ -1027,19 +1027,19 @@ def _class6() -> list[Case]:
 
     cases += [
         Case(6, "unreadable scenario", argv=["run", "s.yaml", "-q", "--out", "out"], setup=unreadable("s.yaml", "name: x\n"),
-             expect="reject", ci=True, unprivileged=True, verify=_mentions("Permission denied")),
+             expect="reject", ci=True, unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable CSV trace", argv=_trace_run("t.csv"), setup=unreadable("t.csv", _trace_csv(_good_rows())),
-             expect="reject", ci=True, unprivileged=True, verify=_mentions("Permission denied")),
+             expect="reject", ci=True, unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable JSONL trace", argv=_trace_run("t.jsonl"), setup=unreadable("t.jsonl", _mooncake(_mc_rows())),
-             expect="reject", unprivileged=True, verify=_mentions("Permission denied")),
+             expect="reject", unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable lengths file", argv=run_argv("workload.lengths.path=t.csv"),
-             setup=unreadable("t.csv", _trace_csv(_good_rows())), expect="reject", unprivileged=True, verify=_mentions("Permission denied")),
+             setup=unreadable("t.csv", _trace_csv(_good_rows())), expect="reject", unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable sweep file", argv=["sweep", "sw.yaml", "-q"], setup=unreadable("sw.yaml", "base: chat-api\n"),
-             expect="reject", unprivileged=True, verify=_mentions("Permission denied")),
+             expect="reject", unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable profile", argv=run_argv(*PROFILE_RUN), setup=unreadable("p.json", "{}"), expect="reject",
-             unprivileged=True, verify=_mentions("Permission denied")),
+             unprivileged=True, verify=_mentions("Permission denied", "not readable")),
         Case(6, "unreadable run folder (report)", argv=["report", "r"], setup=_with_run(None, chmod=0o000),
-             expect="reject", unprivileged=True, verify=_mentions("Permission denied")),
+             expect="reject", unprivileged=True, verify=_mentions("Permission denied", "not readable")),
     ]
     binary = bytes(range(256)) * 8
     for label, data in (("binary", binary), ("UTF-16", None), ("Latin-1", None)):
@@ -1103,9 +1103,12 @@ def _class6() -> list[Case]:
     return cases
 
 
-def _mentions(text: str):
+def _mentions(*texts: str):
+    """A check that the error line says one of ``texts`` (the case failed for the right reason)."""
     def verify(work: Path, o: Outcome) -> str | None:
-        return None if text in o.stderr else f"error does not say {text!r}: {o.stderr.strip()[:160]!r}"
+        if any(t in o.stderr for t in texts):
+            return None
+        return f"error does not say {' or '.join(map(repr, texts))}: {o.stderr.strip()[:160]!r}"
     return verify
 
 
@@ -1230,7 +1233,8 @@ def _snapshot(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc)."""
     kids: dict[int, list[int]] = {}
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
@@ -1256,7 +1260,8 @@ def _kill_pid(pid: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -1310,12 +1315,12 @@ def _killed_sweep(sig: int, command: str = "sweep"):
         deadline = time.time() + 60
         kids: set[int] = set()
         while time.time() < deadline:
-            kids = _descendants(p.pid)
+            kids = descendants(p.pid)
             if len(kids) >= 3:  # forkserver and two workers
                 break
             time.sleep(0.2)
         time.sleep(1.0)
-        kids = _descendants(p.pid)
+        kids = descendants(p.pid)
         if len(kids) < 2:
             _kill_group(p.pid)
             p.communicate()
@@ -1330,9 +1335,9 @@ def _killed_sweep(sig: int, command: str = "sweep"):
             p.communicate()
             return f"parent alive 30 s after signal {sig}"
         deadline = time.time() + 10
-        while time.time() < deadline and any(_alive(k) for k in kids):
+        while time.time() < deadline and any(alive(k) for k in kids):
             time.sleep(0.2)
-        survivors = [k for k in kids if _alive(k)]
+        survivors = [k for k in kids if alive(k)]
         for k in survivors:  # started by this case
             _kill_pid(k)
         _, err = p.communicate(timeout=30)

@@ -239,7 +239,7 @@ class AllocatorConfig(_Section):
     reserve_fraction: float = Field(0.15, ge=0, lt=1)
     preempt_at_usage: float = Field(0.95, gt=0, le=1)
     admit_when_free_above: float = Field(0.10, ge=0, lt=1)
-    stale_after_s: float | None = Field(None, gt=0, le=MAX_TIME_S)
+    stale_after_s: float | None = Field(None, ge=MIN_PERIOD_S, le=MAX_TIME_S)
 
 
 class CostModelConfig(_Section):

@@ -151,15 +151,15 @@ def _too_deep(key: str, source: str, kind: str) -> ConfigError:
 def check_nesting(value: Any, key: str, source: str, kind: str = "a document") -> None:
     """:class:`ConfigError` when ``value`` (parsed data) nests deeper than :data:`MAX_NESTING`."""
     todo = [(value, 0)]
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # a node shared through aliases is walked again only from deeper down
     while todo:
         node, depth = todo.pop()
         if isinstance(node, (dict, list)):
             if depth >= MAX_NESTING:
                 raise _too_deep(key, source, kind)
-            if id(node) in seen:
+            if seen.get(id(node), -1) >= depth:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = depth
             todo.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
 
 

@@ -23,6 +23,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "chat-api.yaml"
+sys.path.insert(0, str(ROOT))
+
+from bench.hostile import alive, descendants  # noqa: E402  (process tree from /proc)
 
 
 def _kvsim(cwd: Path, *args: str) -> subprocess.Popen:
@@ -43,33 +46,6 @@ def _wait_for(cond, timeout_s: float, what: str, proc: subprocess.Popen | None =
         if time.time() - t0 > timeout_s:
             pytest.fail(f"no {what} after {timeout_s} s")
         time.sleep(0.05)
-
-
-def _descendants(pid: int) -> set[int]:
-    kids: dict[int, list[int]] = {}
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(p.name))
-    out: set[int] = set()
-    todo = [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            if k not in out:
-                out.add(k)
-                todo.append(k)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _kill_all(pids) -> None:
@@ -122,15 +98,15 @@ def test_no_worker_outlives_a_killed_parent(tmp_path, command):
     kids: set[int] = set()
     try:
         # The forkserver and two workers (a resource tracker may come too).
-        _wait_for(lambda: len(_descendants(p.pid)) >= 3, 120, "worker processes", p)
+        _wait_for(lambda: len(descendants(p.pid)) >= 3, 120, "worker processes", p)
         time.sleep(1.0)
-        kids = _descendants(p.pid)
+        kids = descendants(p.pid)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=30)  # not communicate(): a surviving worker would hold its pipes open
         t0 = time.time()
-        while time.time() - t0 < 10 and any(_alive(k) for k in kids):
+        while time.time() - t0 < 10 and any(alive(k) for k in kids):
             time.sleep(0.1)
-        survivors = [k for k in kids if _alive(k)]
+        survivors = [k for k in kids if alive(k)]
         assert not survivors, f"{len(survivors)} of {len(kids)} children alive 10 s after kill -9 of {command}"
     finally:
         _kill_all([p.pid, *kids])
@@ -143,15 +119,15 @@ def test_an_interrupted_sweep_is_one_line_and_stops_its_workers(tmp_path, sig):
     p = _kvsim(tmp_path, "sweep", "sw.yaml", "-q", "-w", "2", "--out", "ds")
     kids: set[int] = set()
     try:
-        _wait_for(lambda: len(_descendants(p.pid)) >= 3, 120, "worker processes", p)
+        _wait_for(lambda: len(descendants(p.pid)) >= 3, 120, "worker processes", p)
         time.sleep(1.0)
-        kids = _descendants(p.pid)
+        kids = descendants(p.pid)
         p.send_signal(sig)
         p.wait(timeout=60)
         t0 = time.time()
-        while time.time() - t0 < 10 and any(_alive(k) for k in kids):
+        while time.time() - t0 < 10 and any(alive(k) for k in kids):
             time.sleep(0.1)
-        assert not [k for k in kids if _alive(k)]
+        assert not [k for k in kids if alive(k)]
     finally:
         _kill_all([p.pid, *kids])
         _, err = p.communicate(timeout=30)

@@ -49,6 +49,14 @@ class _At(ValueError):
         self.loc, self.value = loc, value
 
 
+def _count_keys(v: dict, what: str) -> dict:
+    """``v`` if its keys are counts (``"1"``, ``"16"``): GPU counts, block sizes."""
+    for k in v:
+        if not re.fullmatch(r"[1-9]\d*", k):
+            raise _At((k,), k, f"keys that are {what} (integers >= 1)")
+    return v
+
+
 def _increasing(values: list[float], what: str) -> None:
     for i in range(1, len(values)):
         if not values[i] > values[i - 1]:
@@ -111,10 +119,7 @@ class Layout(_Part):
     @field_validator("paged_overhead_by_block_size")
     @classmethod
     def _block_sizes(cls, v: dict) -> dict:
-        for k in v:
-            if not re.fullmatch(r"[1-9]\d*", k):
-                raise _At((k,), k, "keys that are block sizes (integers >= 1)")
-        return v
+        return _count_keys(v, "block sizes")
 
 
 class DeltaCurve(_Part):
@@ -151,10 +156,7 @@ class CpuOverhead(_Part):
     @field_validator("by_tp")
     @classmethod
     def _gpus(cls, v: dict) -> dict:
-        for k in v:
-            if not re.fullmatch(r"[1-9]\d*", k):
-                raise _At((k,), k, "keys that are GPU counts (integers >= 1)")
-        return v
+        return _count_keys(v, "GPU counts")
 
 
 class Dtypes(_Part):
@@ -183,10 +185,7 @@ class ProfileDoc(_Part):
     @field_validator("allreduce")
     @classmethod
     def _gpus(cls, v: dict) -> dict:
-        for k in v:
-            if not re.fullmatch(r"[1-9]\d*", k):
-                raise _At((k,), k, "keys that are GPU counts (integers >= 1)")
-        return v
+        return _count_keys(v, "GPU counts")
 
 
 def json_path(loc: tuple) -> str:
