@@ -4,8 +4,8 @@ Builds a corpus of bad inputs in nine classes (1 security, 2 decompression and e
 3 values that pass validation and then hang or exhaust memory, 4 non-finite and absurd numbers,
 5 profile files, 6 I/O errors, 7 silent coercion, 8 conservation, 9 interrupted runs) against the
 ``kvsim`` commands, the sweep runner and the explorer's upload functions, and runs every case in a
-child forked from this warm process, in its own process group, under a memory limit
-(``RLIMIT_AS``) and a wall-clock limit; cases about unreadable files and read-only folders run as
+child forked from this warm process, in its own process group, under a memory limit (3 GiB of
+address space beyond what it maps when forked: ``RLIMIT_AS``) and a wall-clock limit; cases about unreadable files and read-only folders run as
 ``nobody`` when started as root. Class 9 starts real ``kvsim`` processes and signals them by PID.
 
 A case is **handled** when it
@@ -55,9 +55,22 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 30.0
 #: The explorer stops a run after this many seconds (sim.engine.budget.EXPLORER_BUDGET).
 EXPLORER_WALL_S = 60.0
-#: Address-space limit of each case's child: far above what a 40-request run needs (~0.5 GB),
-#: far below what the bombs of the issue reached (6 GB, 74.5 GiB).
+#: Address space each case's child may add to what it maps when forked (``RLIMIT_AS``): far above
+#: what a 40-request run needs (~0.5 GB), far below what the bombs of the issue reached (6 GB,
+#: 74.5 GiB).
 MEM_BYTES = 3 * 2**30
+
+
+def _limit_memory() -> None:
+    """RLIMIT_AS = this process's current address space + :data:`MEM_BYTES` (a fork of a large
+    parent, such as a pytest worker, starts with gigabytes of mappings it never touches)."""
+    size = 0
+    try:
+        with open("/proc/self/status") as f:
+            size = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    resource.setrlimit(resource.RLIMIT_AS, (size + MEM_BYTES, size + MEM_BYTES))
 MAX_ERROR_CHARS = 2000
 
 CLASSES = {
@@ -164,7 +177,7 @@ def _child(case: Case, work: Path, out_path: Path, err_path: Path, watch: list[s
         sys.stderr = open(2, "w", closefd=False, buffering=1)
         if case.unprivileged:
             _drop_privileges()
-        resource.setrlimit(resource.RLIMIT_AS, (MEM_BYTES, MEM_BYTES))
+        _limit_memory()
         os.chdir(work)
         os.environ["HOME"] = str(work)
         os.environ["TMPDIR"] = str(work)
@@ -1223,7 +1236,7 @@ def _class8() -> list[Case]:
 def _kvsim(work: Path, *args: str, **kw) -> subprocess.Popen:
     def pre() -> None:
         os.setpgid(0, 0)
-        resource.setrlimit(resource.RLIMIT_AS, (MEM_BYTES, MEM_BYTES))
+        resource.setrlimit(resource.RLIMIT_AS, (MEM_BYTES, MEM_BYTES))  # a fresh interpreter: the whole limit
     env = dict(os.environ, HOME=str(work), TMPDIR=str(work), PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", "sim.cli", *args], cwd=work, env=env, preexec_fn=pre,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
@@ -1426,7 +1439,8 @@ def table(results: list[dict]) -> list[dict]:
     return rows
 
 
-def _warm() -> None:
+def warm() -> None:
+    """Import what cases use, before forking them (see below)."""
     # Cases run as nobody cannot import from a Python installed under /root: import ahead.
     import encodings.latin_1  # noqa: F401
     import encodings.utf_16  # noqa: F401
@@ -1444,7 +1458,7 @@ def _warm() -> None:
 
 
 def run(quick: bool, out: Path, classes: set[int] | None = None, timeout_s: float = TIMEOUT_S) -> dict:
-    _warm()
+    warm()
     cases = corpus(quick, classes)
     root = Path(tempfile.mkdtemp(prefix="kvsim-hostile-"))
     os.chmod(root, 0o777)

@@ -2,7 +2,8 @@
 files — types, non-finite and extreme numbers, deep nesting, encodings, truncation — and each case
 runs the real ``kvsim`` command in a child forked from this process (``bench.hostile.run_case``).
 
-Every case must end, within 20 s of wall time and 3 GiB of address space (``RLIMIT_AS``), in
+Every case must end, within 20 s of wall time and 3 GiB of address space beyond what the forked
+child maps at its start (``RLIMIT_AS``), in
 
 * exit 0 with finite, conserved results (every request one row, completed or rejected; completed
   ones with a first token and at least one generated token; finite latency means >= 0), or

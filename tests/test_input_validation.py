@@ -358,3 +358,14 @@ def test_docs_state_the_explorer_budget():
     assert f"| requests per run | {b.max_requests:,} |" in text
     assert f"| simulated events per run | {b.max_events:,} |" in text
     assert f"| wall time per run | {b.max_wall_s:g} s |" in text
+
+
+def test_the_explorer_refuses_a_large_run_before_drawing_it():
+    from sim import explorer as X
+    for over in ({"workload.num_requests": MAX_REQUESTS},
+                 {"workload.num_requests": None, "workload.duration_s": 1e6, "workload.arrival.rate": 1000.0}):
+        sc = _load(**over)
+        t0 = time.perf_counter()
+        with pytest.raises(BudgetExceeded, match="explorer budget: requests"):
+            X.run_canonical(X.canonical_json(sc))
+        assert time.perf_counter() - t0 < 1.0  # 10M and 1e9 requests would take seconds to draw

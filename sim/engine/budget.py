@@ -2,8 +2,9 @@
 
 ``kvsim run`` has none by default (``--max-requests``, ``--max-events`` and ``--max-wall-s`` set
 them); the explorer runs every scenario under :data:`EXPLORER_BUDGET`, so a page cannot be made to
-hang or to hold a server core for minutes. The request count is checked before the event loop
-starts (the workload is drawn first); events and wall time while it runs, by stepping the SimPy
+hang or to hold a server core for minutes. The request count is checked before anything is drawn
+(from ``num_requests``, or rate × duration) and again, exactly, before the event loop starts;
+events and wall time while it runs, by stepping the SimPy
 environment instead of ``env.run()`` — one counter and one comparison per event, and a clock read
 every :data:`CHECK_EVERY` events, only when a budget is given. Exceeding a budget raises
 :class:`BudgetExceeded` (a :class:`~sim.errors.ConfigError`: one line, exit 2 in the CLI).
@@ -13,11 +14,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import simpy
 from simpy.core import EmptySchedule
 
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sim.config import Scenario
+    from sim.workload.generator import Workload
 
 #: Events between two reads of the wall clock.
 CHECK_EVERY = 4096
@@ -42,6 +48,19 @@ class RunBudget:
             raise BudgetExceeded(f"{self.source}: requests", n,
                                  f"at most {self.max_requests} requests per run (lower workload.num_requests or "
                                  "workload.duration_s)")
+
+    def check_scenario(self, sc: "Scenario") -> None:
+        """Before anything is drawn: the request count the scenario states (or implies)."""
+        from sim.workload.generator import request_bound
+        n = request_bound(sc)
+        if n is not None:
+            self.check_requests(n)
+
+    def check_workload(self, wl: "Workload") -> None:
+        """After the draw, before the event loop: the exact count of an open-loop workload (a closed
+        loop's lengths are a pool; its requests are bounded by events and wall time)."""
+        if wl.arrival_s is not None:
+            self.check_requests(len(wl))
 
 
 def budget_from_options(max_requests: int | None, max_events: int | None, max_wall_s: float | None) -> RunBudget | None:

@@ -34,9 +34,11 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     and events and wall time while it runs.
     """
     wall0 = time.perf_counter()
+    if budget is not None:
+        budget.check_scenario(sc)
     wl = build_workload(sc)
     if budget is not None:
-        budget.check_requests(len(wl))
+        budget.check_workload(wl)
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     env = simpy.Environment()
     out = Path(out_dir) if out_dir is not None else None

@@ -146,6 +146,19 @@ def _add_shared_prefixes(sc: Scenario, wl: Workload) -> None:
     wl.hashes = [ids[g] if s else None for s, g in zip(shared.tolist(), group.tolist())]
 
 
+def request_bound(sc: Scenario) -> int | None:
+    """Requests the scenario will simulate, known before anything is drawn: ``num_requests`` where
+    it bounds the count, the mean count ``rate × duration_s`` of a duration-only Poisson or gamma
+    workload, ``None`` where only drawing tells (a trace or closed loop cut by ``duration_s``)."""
+    w = sc.workload
+    explicit_n = "num_requests" in w.model_fields_set or w.duration_s is None
+    if explicit_n and w.num_requests is not None:
+        return w.num_requests
+    if w.arrival.kind in ("poisson", "gamma") and w.duration_s is not None and w.arrival.rate is not None:
+        return int(w.arrival.rate * w.duration_s)
+    return None
+
+
 def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
     w = sc.workload
     arr = w.arrival
