@@ -15,6 +15,9 @@
   the ``cpu_norm`` probe;
 * ``decode-spread``: the reference engine's paged decode kernel per KV token at one length and at
   spread lengths, in three layouts (does it cost what the cost model prices?).
+* ``hostile``: 749 hostile and careless inputs in nine classes (bombs, hangs, non-finite numbers,
+  profiles, I/O, coercion, conservation, interrupts, security), each judged handled or not
+  (``--quick``: the fixed corpus CI runs; not part of ``all``); see ``bench/hostile.py``.
 * ``attention``: paged vs contiguous decode attention at several block sizes on every attention
   backend that runs on this device (sdpa, flex; flashinfer and vllm on CUDA when installed), side by side
   (docs/calibration.md, "Attention kernel backends"; not part of ``all``: compiling flex on a CPU takes

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention"]
-#: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md).
-NOT_IN_ALL = {"attention"}
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention", "hostile"]
+#: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md); the hostile
+#: corpus is a correctness check, not a speed measurement.
+NOT_IN_ALL = {"attention", "hostile"}
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -35,6 +36,8 @@ def _module(name: str):
         from . import decode_spread as m
     elif name == "attention":
         from . import attention_backends as m
+    elif name == "hostile":
+        from . import hostile as m
     else:
         from . import costmodel as m
     return m
@@ -43,7 +46,7 @@ def _module(name: str):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("name", choices=NAMES + ["all"],
-                    help="benchmark to run ('all': every one but attention, in this order)")
+                    help="benchmark to run ('all': every one but attention and hostile, in this order)")
     ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
     args = ap.parse_args(argv)

@@ -80,6 +80,7 @@ def calibrate_command(
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
+    from sim.output.staging import out_file
     if from_serving_bench is not None:
         _serving_bench(from_serving_bench, out, engine=engine, profile=profile, gpu=gpu,
                        tp=tensor_parallel[0] if tensor_parallel else None, max_evals=max_evals, workers=workers)
@@ -88,6 +89,7 @@ def calibrate_command(
         raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError("calibrate.device", device, "one of cpu, cuda")
+    out = out_file(out)
     spec = get_model(model)
     if (from_tables is None) == (device is None):
         raise ConfigError("calibrate", {"from_tables": from_tables, "device": device},

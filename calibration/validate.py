@@ -129,10 +129,9 @@ def load_spec(path: str | Path, quick: bool = False, kernels: str | None = None)
         if not cand.is_file():
             raise ConfigError(f"{KEY}.scenario", str(path), "a validation spec YAML file (e.g. scenarios/validate-cpu.yaml)")
         p = cand
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{KEY}.scenario", str(p), f"valid YAML ({str(exc).splitlines()[0]})") from None
+    from sim.inputs import load_yaml, read_text
+    raw = load_yaml(read_text(p, f"{KEY}.scenario", "validation spec"), f"{KEY}.scenario", str(p))
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise ConfigError(f"{KEY}.scenario", str(p), "a YAML mapping")
     bad = sorted(set(raw) - _ALLOWED)

@@ -58,9 +58,11 @@ def validate_command(
 
     from .validate import format_table, load_spec, validate
 
+    from sim.output.staging import out_dir
     if device not in ("cpu", "cuda"):
         raise ConfigError("validate.device", device, "one of cpu, cuda")
     spec = load_spec(scenario, quick=quick, kernels=kernels)
+    out = out_dir(out)
     err = Console(stderr=True)
     doc = validate(spec, device=device, profile=profile, out=out, engine_overhead=engine_overhead,
                    progress=lambda msg: err.print(f"[bold]validate[/] {msg}"))
@@ -127,10 +129,12 @@ def validate_runs_command(
 
     from .validate_runs import combine, load_run, markdown
 
+    from sim.output.staging import out_file
+    if out is not None:
+        out = out_file(out)
     doc = combine([load_run(r) for r in runs])
     print(markdown(doc))
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=1))
         print(f"wrote {out}")
 

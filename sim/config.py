@@ -12,14 +12,22 @@ from __future__ import annotations
 import copy
 import importlib.resources
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from sim.errors import ConfigError
+from sim.inputs import is_file, load_yaml, read_text
+from sim.limits import (MAX_BYTES, MAX_CV, MAX_DIM, MAX_GROUPS, MAX_HEADS, MAX_LAYERS, MAX_MULTIPLIER,
+                        MAX_NESTING, MAX_OVERHEAD_FACTOR, MAX_PARAMS, MAX_PER_SEQ_OVERHEAD_S,
+                        MAX_PREFIX_TOKENS_TOTAL, MAX_RATE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_SEQS,
+                        MAX_SIGMA, MAX_STEP_OVERHEAD_S, MAX_TIME_S, MAX_TIME_SCALE, MAX_TOKENS, MAX_VOCAB, MIN_CV,
+                        MIN_EFFICIENCY, MIN_PERIOD_S, MIN_RATE, MIN_TIME_SCALE)
+from sim.strict import strict_scalar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,7 +77,15 @@ def _known_kind(value: str, kinds: list[str]) -> str:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # Non-finite numbers are refused everywhere; every number has a finite range (sim/limits.py).
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _strict(cls, value: Any, info: ValidationInfo) -> Any:
+        # No true/false as a number, no number as true/false (sim/strict.py).
+        assert info.field_name is not None
+        return strict_scalar(cls.model_fields[info.field_name].annotation, value)
 
 
 class ModelConfig(_Section):
@@ -80,15 +96,15 @@ class ModelConfig(_Section):
     #: A config.json path or a shipped model's Hugging Face id (``sim/hf_config.py``); ``name`` is
     #: then only a label, and weight/KV dtypes not given here come from its quantisation config.
     hf_config: str | None = Field(None, json_schema_extra=NAMES_FILE)
-    layers: int | None = Field(None, gt=0)
-    hidden: int | None = Field(None, gt=0)
-    heads: int | None = Field(None, gt=0)
-    kv_heads: int | None = Field(None, gt=0)
-    head_dim: int | None = Field(None, gt=0)
-    intermediate: int | None = Field(None, gt=0)
-    params: float | None = Field(None, gt=0)
-    vocab: int | None = Field(None, gt=0)
-    sliding_window: int | None = Field(None, gt=0)
+    layers: int | None = Field(None, ge=1, le=MAX_LAYERS)
+    hidden: int | None = Field(None, ge=1, le=MAX_DIM)
+    heads: int | None = Field(None, ge=1, le=MAX_HEADS)
+    kv_heads: int | None = Field(None, ge=1, le=MAX_HEADS)
+    head_dim: int | None = Field(None, ge=1, le=MAX_DIM)
+    intermediate: int | None = Field(None, ge=1, le=MAX_DIM)
+    params: float | None = Field(None, gt=0, le=MAX_PARAMS)
+    vocab: int | None = Field(None, ge=1, le=MAX_VOCAB)
+    sliding_window: int | None = Field(None, ge=1, le=MAX_TOKENS)
     #: ``fp8_block``: fp8 weights with block-wise scales (DeepGEMM-style kernels; priced on the engine's
     #: block-fp8 GEMM table where it has one, else on its per-tensor fp8 table).
     weight_dtype: Literal["bf16", "fp16", "fp8", "fp8_block"] = "bf16"
@@ -102,11 +118,11 @@ CUSTOM_GPU_FIELDS = (*CUSTOM_GPU_REQUIRED, "fp8_tflops", "nvlink_gbps")
 
 class GpuConfig(_Section):
     name: str = "H100-SXM-80GB"
-    replicas: int = Field(1, ge=1, le=4096)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     tensor_parallel: Literal[1, 2, 4, 8] = 1
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     #: Bytes per replica kept for activations; ``None`` derives it like vLLM's profiling run.
-    activation_reserve_bytes: int | None = Field(None, ge=0)
+    activation_reserve_bytes: int | None = Field(None, ge=0, le=MAX_BYTES)
     #: KV capacity per replica in tokens as the server reports it (vLLM's "GPU KV cache size: N
     #: tokens", SGLang's ``max_total_num_tokens``); overrides the capacity derived from memory.
     kv_cache_tokens: int | None = Field(None, ge=1, le=1 << 34)
@@ -134,13 +150,13 @@ class GpuConfig(_Section):
 
 class ArrivalConfig(_Section):
     kind: Literal["poisson", "gamma", "trace", "closed_loop"] = "poisson"
-    rate: float | None = Field(None, gt=0)
-    cv: float = Field(1.0, gt=0)
-    path: str | None = Field(None, json_schema_extra=NAMES_FILE)
+    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)
+    cv: float = Field(1.0, ge=MIN_CV, le=MAX_CV)
+    path: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
     format: Literal["auto", "azure", "mooncake", "csv", "parquet"] = "auto"
-    time_scale: float = Field(1.0, gt=0)
-    concurrency: int | None = Field(None, ge=1)
-    think_time_s: float = Field(0.0, ge=0)
+    time_scale: float = Field(1.0, ge=MIN_TIME_SCALE, le=MAX_TIME_SCALE)
+    concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS)
+    think_time_s: float = Field(0.0, ge=0, le=MAX_TIME_S)
     #: closed_loop, how benchmark clients time requests: client ``i`` sends its first request at a
     #: uniform random offset in [0, start_spread_s); think times are gamma-distributed with mean
     #: ``think_time_s`` and coefficient of variation ``think_time_cv``.
@@ -170,21 +186,21 @@ class ArrivalConfig(_Section):
 
 class LengthsConfig(_Section):
     kind: Literal["fixed", "uniform", "lognormal", "empirical", "mixture", "trace"] = "fixed"
-    prompt_tokens: int = Field(512, ge=1)
-    output_tokens: int = Field(128, ge=1)
-    prompt_min: int = Field(1, ge=1)
-    prompt_max: int = Field(1024, ge=1)
-    output_min: int = Field(1, ge=1)
-    output_max: int = Field(256, ge=1)
-    prompt_median: float = Field(512.0, gt=0)
-    prompt_sigma: float = Field(1.0, ge=0)
-    output_median: float = Field(128.0, gt=0)
-    output_sigma: float = Field(1.0, ge=0)
-    path: str | None = Field(None, json_schema_extra=NAMES_FILE)
+    prompt_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
+    output_tokens: int = Field(128, ge=1, le=MAX_TOKENS)
+    prompt_min: int = Field(1, ge=1, le=MAX_TOKENS)
+    prompt_max: int = Field(1024, ge=1, le=MAX_TOKENS)
+    output_min: int = Field(1, ge=1, le=MAX_TOKENS)
+    output_max: int = Field(256, ge=1, le=MAX_TOKENS)
+    prompt_median: float = Field(512.0, ge=1, le=MAX_TOKENS)
+    prompt_sigma: float = Field(1.0, ge=0, le=MAX_SIGMA)
+    output_median: float = Field(128.0, ge=1, le=MAX_TOKENS)
+    output_sigma: float = Field(1.0, ge=0, le=MAX_SIGMA)
+    path: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
     format: Literal["auto", "azure", "mooncake", "csv", "parquet", "length_stats"] = "auto"
     base: "LengthsConfig | None" = None
     outlier_fraction: float = Field(0.1, ge=0, le=1)
-    outlier_multiplier: float = Field(4.0, gt=0)
+    outlier_multiplier: float = Field(4.0, gt=0, le=MAX_MULTIPLIER)
 
     @model_validator(mode="after")
     def _needs(self):
@@ -205,8 +221,16 @@ class PrefixConfig(_Section):
     one of ``groups`` shared prefixes of ``prefix_tokens`` tokens in front of their prompt."""
 
     fraction: float = Field(0.0, ge=0, le=1)
-    prefix_tokens: int = Field(1024, ge=1)
-    groups: int = Field(1, ge=1)
+    prefix_tokens: int = Field(1024, ge=1, le=MAX_TOKENS)
+    groups: int = Field(1, ge=1, le=MAX_GROUPS)
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        # Each shared prefix keeps one id per 16 tokens for the whole run.
+        if self.fraction > 0 and self.prefix_tokens * self.groups > MAX_PREFIX_TOKENS_TOTAL:
+            raise ValueError(f"prefix_tokens × groups (distinct shared-prefix tokens) of at most "
+                             f"{MAX_PREFIX_TOKENS_TOTAL}; got {self.prefix_tokens} × {self.groups}")
+        return self
 
 
 class PriorityConfig(_Section):
@@ -216,9 +240,9 @@ class PriorityConfig(_Section):
 
 
 class WorkloadConfig(_Section):
-    num_requests: int | None = Field(1000, ge=1)
-    duration_s: float | None = Field(None, gt=0)
-    max_model_len: int = Field(8192, ge=2)
+    num_requests: int | None = Field(1000, ge=1, le=MAX_REQUESTS)
+    duration_s: float | None = Field(None, gt=0, le=MAX_TIME_S)
+    max_model_len: int = Field(8192, ge=2, le=MAX_TOKENS)
     arrival: ArrivalConfig = ArrivalConfig(kind="poisson", rate=1.0)
     #: ``None`` takes lengths from the arrival trace.
     lengths: LengthsConfig | None = None
@@ -230,8 +254,8 @@ class SchedulerConfig(_Section):
     #: ``continuous`` (vLLM-v1-like iteration-level batching) or ``static_batch`` (request-level,
     #: FasterTransformer-style: a batch padded to its longest member runs to completion).
     kind: str = "continuous"
-    max_num_seqs: int = Field(256, ge=1)
-    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_num_seqs: int = Field(256, ge=1, le=MAX_SEQS)
+    max_num_batched_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
     chunked_prefill: bool = True
     #: Prefill chunks share iterations with decodes (vLLM) or run in iterations of their own
     #: (SGLang); ``None``: the serving engine's (``engine.kind``).
@@ -255,9 +279,9 @@ class CompactionConfig(_Section):
     #: ``stall``: the replica pauses for the copy time; ``background``: copies run beside
     #: iterations, which are slowed by ``background_slowdown`` while they last.
     mode: Literal["stall", "background"] = "stall"
-    background_slowdown: float = Field(0.25, ge=0)
+    background_slowdown: float = Field(0.25, ge=0, le=MAX_OVERHEAD_FACTOR)
     #: At most one compaction per this many seconds.
-    period_s: float = Field(0.5, gt=0)
+    period_s: float = Field(0.5, ge=MIN_PERIOD_S, le=MAX_TIME_S)
 
 
 class PrefixCachingConfig(_Section):
@@ -270,7 +294,7 @@ class PreemptionConfig(_Section):
     #: host memory over PCIe and back.
     mode: Literal["recompute", "swap"] = "recompute"
     #: Host memory for swapped KV per replica; a victim that does not fit is recomputed.
-    swap_capacity_bytes: int = Field(64 * 2**30, ge=0)
+    swap_capacity_bytes: int = Field(64 * 2**30, ge=0, le=MAX_BYTES)
     #: ``lifo``: the most recently admitted running request (vLLM); ``lowest_priority``: the
     #: request with the lowest priority (``workload.priority``; ties: most recent).
     victim: Literal["lifo", "lowest_priority"] = "lifo"
@@ -288,7 +312,7 @@ class AllocatorConfig(_Section):
     page_reuse: Literal["generation", "zero"] = "generation"
     #: dynamic: grow an extent one token at a time or in chunks of ``chunk_tokens``.
     growth: Literal["token", "chunk"] = "chunk"
-    chunk_tokens: int = Field(512, ge=1)
+    chunk_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
     #: static, dynamic, hybrid_tail's static partition: where extents go.
     placement: Literal["first_fit", "best_fit", "buddy"] = "first_fit"
     compaction: CompactionConfig = CompactionConfig()
@@ -304,7 +328,7 @@ class AllocatorConfig(_Section):
     reserve_fraction: float = Field(0.15, ge=0, lt=1)
     preempt_at_usage: float = Field(0.95, gt=0, le=1)
     admit_when_free_above: float = Field(0.10, ge=0, lt=1)
-    stale_after_s: float | None = Field(None, gt=0)
+    stale_after_s: float | None = Field(None, ge=MIN_PERIOD_S, le=MAX_TIME_S)
 
     @field_validator("kind")
     @classmethod
@@ -315,18 +339,18 @@ class AllocatorConfig(_Section):
 class CostModelConfig(_Section):
     #: ``auto`` (the built-in profile of the GPU when it covers the model, else the roofline
     #: prior), ``none`` (roofline prior), a built-in profile name, or a path to a profile JSON.
-    profile: str | None = Field("auto", json_schema_extra=NAMES_FILE)
-    compute_efficiency: float = Field(0.6, gt=0, le=1)
-    memory_efficiency: float = Field(0.8, gt=0, le=1)
-    step_overhead_s: float = Field(2.0e-3, ge=0)
-    per_seq_overhead_s: float = Field(10e-6, ge=0)
-    paged_attention_overhead: float = Field(0.2, ge=0)
+    profile: str | None = Field("auto", min_length=1, json_schema_extra=NAMES_FILE)
+    compute_efficiency: float = Field(0.6, ge=MIN_EFFICIENCY, le=1)
+    memory_efficiency: float = Field(0.8, ge=MIN_EFFICIENCY, le=1)
+    step_overhead_s: float = Field(2.0e-3, ge=0, le=MAX_STEP_OVERHEAD_S)
+    per_seq_overhead_s: float = Field(10e-6, ge=0, le=MAX_PER_SEQ_OVERHEAD_S)
+    paged_attention_overhead: float = Field(0.2, ge=0, le=MAX_OVERHEAD_FACTOR)
 
 
 class TimeseriesConfig(_Section):
     #: Sample the per-replica time series every this many simulated seconds (last values plus
     #: exact per-interval peaks); ``None`` = one row per batch change.
-    every_s: float | None = Field(None, gt=0)
+    every_s: float | None = Field(None, ge=MIN_PERIOD_S, le=MAX_TIME_S)
 
 
 class EngineConfig(_Section):
@@ -357,7 +381,7 @@ class Scenario(_Section):
     #: Also the default run directory's name (``runs/<name>``).
     name: str = "unnamed"
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
     model: ModelConfig = ModelConfig()
     gpu: GpuConfig = GpuConfig()
@@ -379,7 +403,7 @@ class Scenario(_Section):
         """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""
         p = Path(path)
         for cand in ([p] if p.is_absolute() else [Path(self.base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]):
-            if cand.is_file():
+            if is_file(cand):
                 return cand
         raise ConfigError(key, path, "a readable file (absolute, or relative to the scenario file or scenarios/)")
 
@@ -424,6 +448,79 @@ def _allowed_keys(loc: tuple) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+def _field_info(loc: tuple) -> Any:
+    """The pydantic ``FieldInfo`` at a (dotted) location of the schema, or ``None``."""
+    model: Any = Scenario
+    info = None
+    for part in loc:
+        info = getattr(model, "model_fields", {}).get(part)
+        if info is None:
+            return None
+        ann = info.annotation
+        model = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)),
+                     None)
+    return info
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def range_text(info: Any) -> str | None:
+    """The allowed range of a numeric field, e.g. ``an integer in [1, 10000000]`` (``None`` if it has none)."""
+    from sim.strict import scalar_kinds
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in getattr(info, "metadata", ()):
+        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True), ("le", False, False), ("lt", False, True)):
+            v = getattr(m, attr, None)
+            if v is not None:
+                if is_lo:
+                    lo, lo_open = v, is_open
+                else:
+                    hi, hi_open = v, is_open
+    if lo is None or hi is None:
+        return None
+    kinds = scalar_kinds(info.annotation)
+    what = "an integer" if int in kinds and float not in kinds else "a finite number"
+    return f"{what} in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
+
+
+def key_ranges() -> dict[str, str]:
+    """Every numeric scenario key (dotted) → its allowed range (:func:`range_text`), in schema order;
+    ``docs/scenario.md`` lists the same table."""
+    from sim.strict import scalar_kinds
+    out: dict[str, str] = {}
+
+    def walk(model: type[BaseModel], prefix: str, seen: tuple) -> None:
+        for name, info in model.model_fields.items():
+            if name == "base_dir":
+                continue
+            ann = info.annotation
+            sub = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type)
+                        and issubclass(c, BaseModel)), None)
+            if sub is not None:
+                if sub not in seen:  # lengths.base is a lengths block again
+                    walk(sub, f"{prefix}{name}.", (*seen, sub))
+                continue
+            kinds = scalar_kinds(ann)
+            if kinds == {int, str}:  # allocator.reserve, allocator.long_threshold
+                out[prefix + name] = "max_model_len, an integer in [1, workload.max_model_len], or pNN (0 < NN <= 100)"
+            elif kinds & {int, float} and not kinds - {int, float}:
+                text = range_text(info)
+                if text is None and typing.get_origin(ann) is Literal:
+                    text = "one of " + ", ".join(str(a) for a in typing.get_args(ann))
+                out[prefix + name] = text if text is not None else "(no range)"
+
+    walk(Scenario, "", (Scenario,))
+    return out
+
+
+#: pydantic error types about a number's value or type: the message names the field's range instead.
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number", "int_parsing",
+                 "float_parsing", "int_type", "float_type", "int_from_float", "int_parsing_size"}
+
+
 def _error_from_pydantic(err: ValidationError) -> ConfigError:
     e = err.errors()[0]
     loc = tuple(p for p in e["loc"] if not isinstance(p, int))
@@ -432,26 +529,31 @@ def _error_from_pydantic(err: ValidationError) -> ConfigError:
         keys = [k for k in _allowed_keys(loc) if k != "base_dir"]
         return ConfigError(key, e.get("input"), f"unknown key; allowed here: {', '.join(keys)}")
     msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "string_too_short":
+        msg = "a non-empty string"
+    if e["type"] in _RANGE_ERRORS:
+        rng = range_text(_field_info(loc))
+        if rng is not None:
+            msg = rng
     return ConfigError(key, e.get("input"), msg)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``a.b.c=value`` → (``a.b.c``, YAML-parsed value)."""
+    """``a.b.c=value`` → (``a.b.c``, YAML-parsed value; text that is not YAML stays text)."""
     if "=" not in item:
         raise ConfigError("--set", item, "expected KEY=VALUE with KEY a dotted path such as workload.arrival.rate")
     key, raw = item.split("=", 1)
     key = key.strip()
-    if not key or any(not part for part in key.split(".")):
+    if not key or any(not part for part in key.split(".")) or key.count(".") >= MAX_NESTING:
         raise ConfigError("--set", item, "expected KEY=VALUE with KEY a dotted path such as workload.arrival.rate")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+    value = load_yaml(raw, f"--set {key}", raw, syntax_error=raw) if raw.strip() else None
     return key, value
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     """Set dotted keys in a nested dict (copied), creating sections as needed."""
+    if not isinstance(data, dict):
+        raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
     out = copy.deepcopy(data)
     for key, value in overrides.items():
         node = out
@@ -470,6 +572,10 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
 def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
+    if "base_dir" in data:
+        # Where relative paths resolve is decided by where the file is, never by its content.
+        raise ConfigError("base_dir", data["base_dir"], "not a scenario key (relative paths resolve against the "
+                                                        "scenario file's folder and scenarios/)")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
@@ -486,16 +592,17 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
 def read_scenario_dict(path: str | Path) -> tuple[dict, Path]:
     """Raw YAML of a scenario file or a built-in scenario name."""
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         named = SCENARIO_DIR / f"{path}.yaml"
-        if named.is_file():
+        if is_file(named):
             p = named
         else:
             raise ConfigError("scenario", str(path), f"a YAML file, or a built-in name ({', '.join(list_scenarios())})")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError("scenario", str(p), f"valid YAML ({str(exc).splitlines()[0]})") from None
+    data = load_yaml(read_text(p, "scenario", "scenario file"), "scenario", str(p))
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a YAML {type(data).__name__}"
+        raise ConfigError("scenario", str(p), f"a YAML mapping of sections (model, gpu, workload, ...); this file "
+                                              f"holds {got} (write {{}} for every default)")
     return data, p.parent
 
 

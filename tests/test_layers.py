@@ -10,7 +10,8 @@ SIM = Path(__file__).resolve().parent.parent / "sim"
 
 #: Lower layers first; a module may import only from its own layer or those before it.
 LAYERS = [
-    {"errors", "config", "catalog", "hf_config", "request", "native", "__init__", "engine_presets"},
+    {"errors", "limits", "strict", "inputs", "config", "catalog", "hf_config", "request", "native", "__init__",
+     "engine_presets"},
     {"workload", "cost"},
     {"allocators"},
     {"sched", "output"},

@@ -163,7 +163,7 @@ BAD = [
     ("set: {workload.num_request: 5}\ngrid: {seed: [1, 2]}", "unknown scenario key 'num_request'"),
     ("grids: {seed: [1]}", "unknown sweep key"),
     ("grid: {seed: [1, 2]}\nseeds: 2", "not together with a 'seed' axis"),
-    ("seeds: 0", "an integer ≥ 1"),
+    ("seeds: 0", r"an integer in \[1, 10000\]"),
 ]
 
 

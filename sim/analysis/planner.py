@@ -29,7 +29,10 @@ from typing import Any, Callable
 import numpy as np
 
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
+from sim.output.results import replace_file
+from sim.output.staging import out_dir
 from sim.analysis.slo import SLO, attainment
 
 #: Candidate allocator configurations: name → overrides (dotted scenario keys) and the
@@ -267,7 +270,8 @@ def plan_candidate(task: dict) -> dict:
                 over["workload.num_requests"] = max(1, round(base_requests * replicas / base_replicas))
             sc = scenario_from_dict(apply_overrides(base, over), base_dir)
             last.clear()  # keep only the latest run: its tables are what the operating point needs
-            last[key] = simulate(sc)
+            budget = task.get("budget")
+            last[key] = simulate(sc, budget=RunBudget(**budget) if budget else None)
         return last[key]
 
     def probe(rate: float, replicas: int) -> dict:
@@ -364,8 +368,9 @@ def _availability(name: str, base: dict, base_dir) -> str | None:
 def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocators: list[str] | None = None,
          target_rate: float | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
-         max_replicas: int = 256) -> dict:
-    """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`)."""
+         max_replicas: int = 256, budget: RunBudget | None = None) -> dict:
+    """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`).
+    ``budget`` limits every simulation of the search (:mod:`sim.engine.budget`)."""
     from sim.analysis.sweep import default_workers, process_pool
     if not 0 < tol < 1:
         raise ConfigError("--tolerance", tol, "a relative tolerance in (0, 1), e.g. 0.05")
@@ -382,7 +387,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     common = {"slo": slo.as_dict(), "base": data, "base_dir": str(base_dir), "base_replicas": sc.gpu.replicas,
               "base_requests": base_requests, "tol": tol, "start_rate": sc.workload.arrival.rate,
               "tp": sc.gpu.tensor_parallel, "target_rate": target_rate, "max_evals": max_evals,
-              "max_replicas": max_replicas}
+              "max_replicas": max_replicas, "budget": None if budget is None else budget.__dict__}
     skipped, tasks = [], []
     for n in names:
         why = _availability(n, data, base_dir)
@@ -550,9 +555,9 @@ def recommend(p: dict) -> dict:
 def write_plan(p: dict, out: str | Path) -> Path:
     """``plan.json`` and ``plan.html`` (plotly; needs the ``report`` extra) into ``out``."""
     import json
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(p, indent=1, default=float) + "\n")
+    out = out_dir(out)
+    text = json.dumps(p, indent=1, default=float) + "\n"
+    replace_file(out / "plan.json", lambda path: path.write_text(text))
     from sim.analysis import plots
     from sim.analysis.report import write_html
     figs = [plots.attainment_vs_rate(p), plots.latency_throughput(p), plots.plan_kv_memory(p)]

@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sim.errors import ConfigError
+from sim.output.results import replace_file
+from sim.output.staging import out_dir
 
 #: Heatmap metrics when ``--z`` is not given.
 DEFAULT_Z = ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", "kv_token_utilization")
@@ -41,7 +43,8 @@ def write_html(path: str | Path, title: str, figs: Sequence, intro_html: str = "
         parts.append("<div class='fig'>" + fig.to_html(full_html=False, include_plotlyjs=(i == 0),
                                                         config={"displaylogo": False}) + "</div>")
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    text = "\n".join(parts)
+    replace_file(path, lambda p: p.write_text(text, encoding="utf-8"))
     return path
 
 
@@ -105,8 +108,7 @@ def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = 
                  f"<b>{html.escape(str(summary.get('allocator')))}</b>, cost model "
                  f"{html.escape(str(summary.get('cost_model')))}{cal}</p><p>"
                  + ", ".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in facts) + "</p>")
-    out = Path(out) if out else d
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(out) if out else d
     path = write_html(out / "report.html", f"kvsim run: {summary.get('scenario', d.name)}", list(figs.values()), intro,
                       (["latency", "p50", "p90", "p99", "mean"], rows) if rows else None)
     if png:
@@ -188,8 +190,7 @@ def report_sweep(sweep_dir: str | Path, x: str | None = None, y: str | None = No
     if failed:
         tab = (["point", *axes, "error"], [[r["point_id"], *(_fmt(r.get(a)) for a in axes), r.get("error") or ""]
                                             for r in failed])
-    out = Path(out) if out else d
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(out) if out else d
     path = write_html(out / "report.html", f"kvsim sweep: {meta.get('name', d.name)}", list(figs.values()), intro, tab)
     if png:
         write_pngs(list(figs.values()), [n.replace(".", "_") for n in figs], out)
@@ -202,9 +203,18 @@ def report(path: str | Path, png: bool = False, x: str | None = None, y: str | N
     d = Path(path)
     if not d.is_dir():
         raise ConfigError("report", str(path), "a run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)")
-    if is_run_dir(d):
-        return report_run(d, png, out)
-    if is_sweep_dir(d):
-        return report_sweep(d, x, y, z, png, out)
+    if out is not None:
+        out = out_dir(out)
+    try:
+        if is_run_dir(d):
+            return report_run(d, png, out)
+        if is_sweep_dir(d):
+            return report_sweep(d, x, y, z, png, out)
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
+        # A damaged or unreadable run or dataset (corrupt Parquet, a summary.json that is not JSON).
+        reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError("report", str(path), f"a readable run or sweep ({type(exc).__name__}: {reason[:160]})") from None
     raise ConfigError("report", str(path), "a run directory (requests.parquet, timeseries.parquet) or a sweep "
                                            "dataset (part-*.parquet)")

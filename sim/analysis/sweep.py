@@ -41,18 +41,25 @@ import multiprocessing
 import os
 import re
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 from pydantic import BaseModel
 
 from sim.config import Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
+from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
+from sim.inputs import is_file, load_yaml, read_text
+from sim.limits import MAX_SEED, MAX_SWEEP_POINTS, MAX_SWEEP_SEEDS, MAX_WORKERS
+from sim.output.results import replace_file
+from sim.output.staging import out_dir
+
+if TYPE_CHECKING:
+    from sim.analysis.worker_lifetime import WorkerPool
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds")
 META_FILE = "_sweep.json"
@@ -212,12 +219,9 @@ def _label(v: Any) -> Any:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Parse and structurally validate a sweep file (points are validated by :meth:`SweepSpec.points`)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("sweep", str(path), "a sweep YAML file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError("sweep", str(p), f"valid YAML ({str(exc).splitlines()[0]})") from None
+    if not is_file(p):
+        read_text(p, "sweep", "sweep YAML file")  # says what the path is instead (missing, a folder...)
+    data = load_yaml(read_text(p, "sweep", "sweep YAML file"), "sweep", str(p))
     if not isinstance(data, dict):
         raise ConfigError("sweep", str(p), "a YAML mapping with keys " + ", ".join(SWEEP_KEYS))
     unknown = [k for k in data if k not in SWEEP_KEYS]
@@ -228,7 +232,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError("base", base, "a scenario file (relative to the sweep file) or a built-in scenario name")
     rel = p.parent / base
     try:
-        base_data, base_dir = read_scenario_dict(rel if rel.is_file() else base)
+        base_data, base_dir = read_scenario_dict(rel if is_file(rel) else base)
     except ConfigError as exc:
         raise ConfigError("base", base, f"a scenario file relative to the sweep file ({p.parent}) or a built-in "
                                         f"name; {exc.allowed}") from None
@@ -273,10 +277,22 @@ def load_sweep(path: str | Path) -> SweepSpec:
 
     seeds = data.get("seeds")
     if seeds is not None:
-        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-            raise ConfigError("seeds", seeds, "an integer ≥ 1 (replicates with seed = base seed + i)")
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
+            raise ConfigError("seeds", seeds, f"an integer in [1, {MAX_SWEEP_SEEDS}] (replicates with seed = base "
+                                              "seed + i)")
         if "seed" in keys:
             raise ConfigError("seeds", seeds, "not together with a 'seed' axis or 'set: seed'")
+        base_seed = apply_overrides(base_data, dict(fixed)).get("seed", 0)
+        if isinstance(base_seed, int) and not isinstance(base_seed, bool) and base_seed + seeds - 1 > MAX_SEED:
+            raise ConfigError("seeds", seeds, f"base seed {base_seed} + seeds - 1 at most {MAX_SEED}")
+    # Count before enumerating: each point's scenario is validated, and 100⁴ of them would take hours.
+    points = seeds or 1
+    for g in groups:
+        points *= len(g[0].values)
+    if points > MAX_SWEEP_POINTS:
+        sizes = " × ".join([str(len(g[0].values)) for g in groups] + ([f"{seeds} seeds"] if seeds else []))
+        raise ConfigError("sweep", f"{points} points ({sizes})", f"at most {MAX_SWEEP_POINTS} points per sweep "
+                                                                  "(split it into several sweeps)")
     name = data.get("name")
     if name is not None:
         try:
@@ -315,18 +331,21 @@ def run_point(task: dict) -> dict:
     t0 = time.perf_counter()
     try:
         sc = scenario_from_dict(task["scenario"], base_dir=task["base_dir"])
-        summary = simulate(sc).summary
+        budget = task.get("budget")
+        summary = simulate(sc, budget=RunBudget(**budget) if budget else None).summary
         return {"status": "ok", "error": None, "metrics": flatten_summary(summary), "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # a point's failure is a result, not a crash of the sweep
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "metrics": {},
                 "wall_s": time.perf_counter() - t0}
 
 
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool whose workers start fresh (no fork of a parent that may hold threads or a bar)."""
+def process_pool(workers: int) -> "WorkerPool":
+    """A pool whose workers start fresh (no fork of a parent that may hold threads or a bar) and
+    die with this process, however it ends (:mod:`sim.analysis.worker_lifetime`)."""
+    from sim.analysis.worker_lifetime import WorkerPool, init_worker
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+    return WorkerPool(max_workers=workers, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
 
 
 def default_workers() -> int:
@@ -460,35 +479,37 @@ ProgressHook = Callable[[int, int, int], None]
 
 
 def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str = "local", address: str | None = None,
-              out: str | Path | None = None, progress: bool | ProgressHook = True) -> SweepResult:
+              out: str | Path | None = None, progress: bool | ProgressHook = True,
+              budget: RunBudget | None = None) -> SweepResult:
     """Run every point of a sweep file not already ``ok`` in the dataset at ``out``.
 
     ``workers``: parallel processes (default: the CPU cores available). ``backend``: ``local``
     (process pool) or ``ray`` (``ray.init()`` locally, or ``ray.init(address)`` for a cluster,
     whose nodes need kvsim installed and trace files at the same paths). ``out``: dataset
     directory (default ``sweeps/<sweep name>``). ``progress``: a rich bar on stderr, ``False``,
-    or a callable ``(done, total, failed)``. Bad sweep files raise :class:`ConfigError` before
-    any point runs.
+    or a callable ``(done, total, failed)``. ``budget``: limits of each point's run
+    (:mod:`sim.engine.budget`; a point past it is recorded failed). Bad sweep files raise
+    :class:`ConfigError` before any point runs.
     """
     t0 = time.perf_counter()
     if backend not in ("local", "ray"):
         raise ConfigError("--backend", backend, "local or ray")
-    if workers is not None and workers < 1:
-        raise ConfigError("--workers", workers, "an integer ≥ 1")
+    if workers is not None and not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError("--workers", workers, f"an integer in [1, {MAX_WORKERS}]")
     if address is not None and backend != "ray":
         raise ConfigError("--address", address, "only with --backend ray")
     spec = load_sweep(sweep_path)
     points = spec.points()
-    out = Path(out) if out is not None else Path("sweeps") / spec.name
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(out if out is not None else Path("sweeps") / spec.name)
     for stale in out.glob(".part-*.tmp"):  # left by a killed run; never a finished point
         stale.unlink(missing_ok=True)
     axis_types = {a.key: _arrow_type(a.labels) for a in spec.axes}
-    (out / META_FILE).write_text(json.dumps({
+    meta = json.dumps({
         "name": spec.name, "sweep_file": str(Path(sweep_path).resolve()), "base": spec.base,
         "axes": [a.key for a in spec.axes], "seeds": spec.seeds, "points": len(points),
         "point_ids": [p.point_id for p in points],
-    }, indent=1) + "\n")
+    }, indent=1) + "\n"
+    replace_file(out / META_FILE, lambda path: path.write_text(meta))
 
     done_before = existing_status(out)
     todo = [p for p in points if done_before.get(p.point_id) != "ok"]
@@ -510,19 +531,20 @@ def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str =
         bar.update(len(invalid), len(failures))
         if runnable:
             run = _run_ray if backend == "ray" else _run_local
-            run(runnable, n_workers, address, lambda p, r: (record(p, r), bar.update(1, len(failures))))
+            run(runnable, n_workers, address, lambda p, r: (record(p, r), bar.update(1, len(failures))), budget)
     return SweepResult(out, spec.name, len(points), skipped, len(runnable), len(invalid), failures,
                        time.perf_counter() - t0, [a.key for a in spec.axes])
 
 
-def _task(p: Point) -> dict:
-    return {"point_id": p.point_id, "scenario": p.scenario, "base_dir": p.base_dir}
+def _task(p: Point, budget: RunBudget | None = None) -> dict:
+    return {"point_id": p.point_id, "scenario": p.scenario, "base_dir": p.base_dir,
+            "budget": None if budget is None else budget.__dict__}
 
 
-def _run_local(points: list[Point], workers: int, address, on_result) -> None:
+def _run_local(points: list[Point], workers: int, address, on_result, budget: RunBudget | None = None) -> None:
     pool = process_pool(min(workers, len(points)))
     try:
-        futures = {pool.submit(run_point, _task(p)): p for p in points}
+        futures = {pool.submit(run_point, _task(p, budget)): p for p in points}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -534,13 +556,14 @@ def _run_local(points: list[Point], workers: int, address, on_result) -> None:
                               "metrics": {}, "wall_s": None}
                 on_result(futures[fut], result)
     except BaseException:
-        # Ctrl-C or a kill of the bar: stop queued points now; finished ones are on disk.
-        pool.shutdown(wait=False, cancel_futures=True)
+        # Ctrl-C or SIGTERM: kill the workers and drop queued points now; finished ones are on disk.
+        pool.stop()
         raise
     pool.shutdown(wait=True)
 
 
-def _run_ray(points: list[Point], workers: int, address: str | None, on_result) -> None:
+def _run_ray(points: list[Point], workers: int, address: str | None, on_result,
+             budget: RunBudget | None = None) -> None:
     try:
         import ray
     except ImportError as exc:
@@ -555,7 +578,7 @@ def _run_ray(points: list[Point], workers: int, address: str | None, on_result) 
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
-        refs = {remote.remote(_task(p)): p for p in points}
+        refs = {remote.remote(_task(p, budget)): p for p in points}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

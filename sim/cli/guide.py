@@ -28,5 +28,7 @@ def guide_command(
         out = DEFAULT_OUT
     if isinstance(num_requests, typer.models.OptionInfo):
         num_requests = None
+    from sim.output.staging import out_file
+    out = out_file(out)
     path, _ = write_guide(out, num_requests, progress)
     print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")

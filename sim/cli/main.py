@@ -101,43 +101,53 @@ class _StderrWarnings(logging.Handler):
 def run(
     scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
     model: Optional[str] = typer.Option(None, "--model", "-m",
                                         help="Replace the scenario's model: a catalog name, a Hugging Face config.json "
                                              "path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* "
                                              "applies after)."),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Refuse a run of more requests (before it starts)."),
+    max_events: Optional[int] = typer.Option(None, "--max-events", help="Stop a run past this many simulated events."),
+    max_wall_s: Optional[float] = typer.Option(None, "--max-wall-s", help="Stop a run past this many wall-clock seconds."),
 ):
     """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
+    from sim.engine.budget import budget_from_options
     from sim.engine.cluster import simulate
     from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.output.results import write_run
     warn = _StderrWarnings(logging.WARNING)
     logging.getLogger("kvsim").addHandler(warn)
+    from sim.output.staging import out_dir, staged
     try:
+        budget = budget_from_options(max_requests, max_events, max_wall_s)
         data, base = read_scenario_dict(scenario)
         if model is not None:
             data = {**data, "model": _model_section(model)}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
-        out = out or Path("runs") / sc.name
-        if quiet:
-            result = simulate(sc, out_dir=out)
-        else:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-            with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
-                          TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as bar:
-                task = bar.add_task("run", total=None)
-                result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=out)
+        dest = out_dir(out if out is not None else Path("runs") / sc.name)
+        # Every file is written into a staging folder and moved into place at the end: an
+        # interrupted or failed run leaves an earlier run in ``dest`` as it was.
+        with staged(dest) as stage:
+            if quiet:
+                result = simulate(sc, out_dir=stage, budget=budget)
+            else:
+                from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+                with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
+                              TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+                    task = bar.add_task("run", total=None)
+                    result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage,
+                                      budget=budget)
+            write_run(result, stage)
     except ConfigError as exc:
         _fail(exc)
     finally:
         logging.getLogger("kvsim").removeHandler(warn)
-    path = write_run(result, out)
     if quiet:
-        print(path / "summary.json")
+        print(dest / "summary.json")
     else:
         print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"))
-        console.print(f"wrote {path}/ (requests.parquet, timeseries.parquet, summary.json)")
+        console.print(f"wrote {dest}/ (requests.parquet, timeseries.parquet, summary.json)")
 
 
 list_app = typer.Typer(help="List catalogs: models, gpus, scenarios, allocators.", no_args_is_help=True)
@@ -284,11 +294,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 
 
 def main() -> None:
-    try:
-        app()
-    except ConfigError as exc:  # raised outside a command's own handler
-        sys.stderr.write(f"error: {exc}\n")
-        sys.exit(2)
+    # One error line and exit 2 for bad input, 130/143 for Ctrl-C/SIGTERM (sim/cli/interrupts.py).
+    from sim.cli.interrupts import run_app
+    sys.exit(run_app(app))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ def plan_command(
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
 ):
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
@@ -40,8 +40,12 @@ def plan_command(
         slo_ = parse_slos(slo, attainment)
         overrides = dict(parse_override(i) for i in set_ or [])
         names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
-        if workers is not None and workers < 1:
-            raise ConfigError("--workers", workers, "an integer ≥ 1")
+        from sim.limits import MAX_WORKERS
+        if workers is not None and not 1 <= workers <= MAX_WORKERS:
+            raise ConfigError("--workers", workers, f"an integer in [1, {MAX_WORKERS}]")
+        if out is not None:
+            from sim.output.staging import out_dir
+            out_dir(out)  # a bad --out is refused before minutes of planning
         if quiet:
             p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers)
         else:

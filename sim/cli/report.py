@@ -18,7 +18,7 @@ def report_command(
     y: Optional[str] = typer.Option(None, "--y", help="Sweep: axis for heatmap rows (default: the next varying axis)."),
     z: Optional[List[str]] = typer.Option(None, "--z", help="Sweep: heatmap metric (repeatable; default TTFT/TPOT p90, "
                                                             "throughput, KV utilization)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH itself)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH itself)."),
 ):
     """Write a self-contained plotly report.html (plotly.js inlined) for a run or a sweep."""
     try:

@@ -31,7 +31,7 @@ def sweep_command(
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Parallel points (default: CPU cores)."),
     backend: str = typer.Option("local", "--backend", help="local (process pool) or ray."),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: a local Ray)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print the dataset path only."),
 ):
     """Run every point of a sweep into one resumable Parquet dataset (points already done are skipped)."""

@@ -28,6 +28,8 @@ import binascii
 import importlib.resources
 import json
 import math
+import os
+import re
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -42,7 +44,9 @@ from sim.cost.kernel_model import (FamilyFit, MissingGroup, Peaks, attention_gri
                                    gemm_curve)
 from sim.cost.model import BatchShape, CostModel, Layout
 from sim.engine_presets import EnginePreset
+from sim.cost.profile_format import validate_profile
 from sim.errors import ConfigError
+from sim.inputs import is_file, load_json, read_text
 
 FORMAT = "kvsim-profile"
 #: 2 adds fitted kernel families (``kernels``), from which curves of any shape are derived.
@@ -339,7 +343,7 @@ class Profile:
     def to_json(self) -> dict:
         out = {
             "format": FORMAT, "version": VERSION, "name": self.name, "device": self.device,
-            "provenance": self.provenance, "fit_quality": self.fit_quality, "dtypes": self.dtypes,
+            "provenance": _json_safe(self.provenance), "fit_quality": _json_safe(self.fit_quality), "dtypes": self.dtypes,
             "models": self.models, "memory": self.memory, "elementwise": self.elementwise, "layout": self.layout,
             "cpu_overhead": self.cpu_overhead,
             "allreduce": {k: v.to_json() for k, v in sorted(self.allreduce.items())},
@@ -363,7 +367,10 @@ class Profile:
         return path
 
     @classmethod
-    def from_json(cls, doc: dict, source: str = "<dict>") -> "Profile":
+    def from_json(cls, doc: dict, source: str = "<dict>", checked: bool = False) -> "Profile":
+        """A profile from its JSON document, validated as a format first unless ``checked``."""
+        if not checked:
+            validate_profile(doc, source)  # the whole format, naming the JSON path of a bad value
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
         if doc.get("version") not in READABLE_VERSIONS:
@@ -489,12 +496,27 @@ class Profile:
         return ctx if family == "context_attention" else gen
 
 
+def _json_safe(node):
+    """``node`` with non-finite floats as ``null`` (a statistic of nothing; profiles hold no NaN)."""
+    if isinstance(node, float):
+        return node if math.isfinite(node) else None
+    if isinstance(node, dict):
+        return {k: _json_safe(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_json_safe(v) for v in node]
+    return node
+
+
 def _nearest_head_dim_group(fit: FamilyFit, prefix: tuple, head_dim: int) -> tuple | None:
     """The group ``prefix + (head_dim,)``, else the one with the nearest head_dim (log distance)."""
     cands = [g for g in fit.groups if tuple(g[:-1]) == tuple(prefix)]
     if not cands:
         return None
     return min(cands, key=lambda g: (abs(math.log(g[-1] / head_dim)), g[-1]))
+
+
+#: Profile files (path, mtime, size) already validated in this process.
+_VALIDATED: set[tuple[str, int, int]] = set()
 
 
 def list_profiles() -> list[str]:
@@ -506,17 +528,21 @@ def load_profile(name_or_path: str | Path) -> Profile:
     """A built-in profile by name (``h100-sxm``) or a profile JSON file by path."""
     ref = str(name_or_path)
     path = Path(ref)
-    if not path.is_file():
+    if not is_file(path):
         builtin = PROFILE_DIR / f"{ref}.json"
-        if builtin.is_file():
+        if re.fullmatch(r"[A-Za-z0-9_.+-]+", ref) and is_file(builtin):
             path = builtin
         else:
+            if ref and os.path.lexists(ref):
+                read_text(path, KEY, "profile JSON file")  # names what the path is (a directory, a FIFO)
             raise ConfigError(KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(KEY, str(path), f"valid JSON ({type(exc).__name__}: {exc})") from None
-    return Profile.from_json(doc, str(path))
+    doc = load_json(read_text(path, KEY, "profile JSON file"), KEY, str(path))
+    st = path.stat()
+    ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
+    if ident not in _VALIDATED:  # once per file version per process (a plan loads it per simulation)
+        validate_profile(doc, str(path))  # before from_json, whose compiled signature wants a dict
+        _VALIDATED.add(ident)
+    return Profile.from_json(doc, str(path), checked=True)
 
 
 # --- the cost model -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import simpy
 from sim import NATIVE_STATE, __version__
 from sim.config import Scenario, SchedulerConfig
 from sim.cost.model import BatchShape, CostModel
+from sim.engine.budget import RunBudget, run_within
 from sim.engine.deployment import Deployment, with_engine_defaults
 from sim.output.metrics import Recorder, clean_json, summarize
 from sim.output.results import RunResult
@@ -66,14 +67,21 @@ class _ToEngine:
         self.router.pick(self.req).submit(self.req)
 
 
-def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None) -> RunResult:
+def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None,
+             budget: RunBudget | None = None) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
     With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
+    With ``budget`` (:mod:`sim.engine.budget`), the request count is checked before the event loop
+    and events and wall time while it runs.
     """
     wall0 = time.perf_counter()
     sc = with_engine_defaults(sc)
+    if budget is not None:
+        budget.check_scenario(sc)
     wl = build_workload(sc)
+    if budget is not None:
+        budget.check_workload(wl)
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     env = simpy.Environment()
     out = Path(out_dir) if out_dir is not None else None
@@ -185,7 +193,10 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
                 start(c)
     else:
         arrive()
-    env.run()
+    if budget is None:
+        env.run()
+    else:
+        run_within(env, budget, wall0)
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
     summary = summarize(rec, replicas, dep.kv_bytes_per_token)

@@ -42,7 +42,7 @@ from sim.cost.model import BatchShape, CostModel
 from sim.engine.simpy_shortcuts import now as clock
 from sim.engine.simpy_shortcuts import retarget
 from sim.engine.stats import ReplicaStats
-from sim.request import COMPLETED, EXCEEDS_RESERVATION, REJECTED, STALE, Request
+from sim.request import COMPLETED, EXCEEDS_RESERVATION, PROMPT_EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from sim.sched.continuous import ContinuousScheduler, StepPlan
 from sim.sched.interface import CompletesTogether, Scheduler
 
@@ -242,7 +242,12 @@ class Replica:
         for req in plan.rejected_at_admission:
             self._end(req, REJECTED, now)
         for req in plan.overflowed:
-            if self.overflow == "truncate":
+            if req.generated == 0:
+                # Its prompt outgrew the reservation mid-prefill (a chunk was admitted): there is no
+                # output to truncate to, as when the whole prompt is refused at admission.
+                req.reason = PROMPT_EXCEEDS_RESERVATION
+                self._end(req, REJECTED, now)
+            elif self.overflow == "truncate":
                 req.truncated = True
                 self._end(req, COMPLETED, now)
             else:

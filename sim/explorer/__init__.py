@@ -43,7 +43,10 @@ import yaml
 
 from sim.config import (REPO_ROOT, SCENARIO_DIR, LengthsConfig, Scenario, apply_overrides, file_fields, list_scenarios,
                      read_scenario_dict, scenario_from_dict)
+from sim.engine.budget import EXPLORER_BUDGET
 from sim.errors import ConfigError
+from sim.inputs import decode, load_json, load_yaml
+from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS
 
 APP_PATH = REPO_ROOT / "app.py"
 
@@ -51,6 +54,8 @@ APP_PATH = REPO_ROOT / "app.py"
 MAX_SCENARIO_BYTES = 256 * 1024
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 MAX_SWEEP_BYTES = 20 * 1024 * 1024
+#: An uploaded sweep dataset once read (its rows are points: at most MAX_SWEEP_POINTS).
+MAX_DATASET_BYTES = 256 * 1024 * 1024
 #: A message shown in the page is cut to this many characters (a bad value may be huge).
 MAX_MESSAGE_CHARS = 600
 
@@ -119,12 +124,11 @@ def _check_size(data: bytes, limit: int, what: str) -> None:
 
 
 def safe_yaml(data: bytes, what: str = "scenario upload") -> Any:
-    """``yaml.safe_load`` of untrusted bytes, after refusing anchors and aliases (a few lines of
-    aliases can expand into gigabytes once walked: the "billion laughs")."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(what, "binary data", "a UTF-8 YAML text file") from None
+    """``yaml.safe_load`` of untrusted bytes: UTF-8, nested at most 64 levels (checked before PyYAML
+    parses: sim/inputs.py), and without anchors or aliases (a few lines of aliases can expand into
+    gigabytes once walked: the "billion laughs")."""
+    text = decode(data, "the uploaded file", what, "YAML text file")
+    load_yaml(text, what, "the uploaded file")  # nesting and syntax, before the event scan below
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
@@ -309,14 +313,13 @@ class UploadStore:
     def add_profile(self, filename: str, data: bytes) -> str:
         """Validate an uploaded profile JSON (size, JSON, kvsim-profile schema); returns its name."""
         from sim.cost.profile import Profile
+        from sim.cost.profile_format import validate_profile
         what = "profile upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         name = safe_filename(filename, (".json",), what)
-        try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(what, name, f"valid UTF-8 JSON ({type(exc).__name__}: {error_text(exc)[:120]})") from None
-        Profile.from_json(doc, name)  # raises ConfigError naming what is missing
+        doc = load_json(decode(data, name, what, "JSON file"), what, name)
+        validate_profile(doc, name)  # the whole format, naming the JSON path of a bad value
+        Profile.from_json(doc, name, checked=True)
         key = name.removesuffix(".json")
         if key in builtin_profiles() or key in ("none", "auto"):
             key = f"uploaded-{key}"
@@ -342,7 +345,16 @@ def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
     _check_size(data, MAX_SWEEP_BYTES, what)
     safe_filename(filename, (".parquet",), what)
     try:
-        table = pq.read_table(io.BytesIO(data))
+        pf = pq.ParquetFile(io.BytesIO(data))
+        # Rows and sizes from the metadata first: 20 MB of Parquet can hold gigabytes of rows.
+        meta = pf.metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if meta.num_rows > _MAX_DATASET_ROWS or size > MAX_DATASET_BYTES:
+            raise ConfigError(what, f"{meta.num_rows} rows, {size / 1e6:.0f} MB", f"a dataset of at most "
+                                    f"{_MAX_DATASET_ROWS} rows and {MAX_DATASET_BYTES / 1e6:.0f} MB once read")
+        table = pf.read()
+    except ConfigError:
+        raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes
         raise ConfigError(what, filename, f"a readable Parquet file ({type(exc).__name__})") from None
     if table.num_rows == 0:
@@ -549,10 +561,10 @@ def empty_run() -> RunData:
 
 
 def run_canonical(key: str, progress: Callable[[int, int], None] | None = None) -> RunData:
-    """Simulate the scenario whose canonical JSON is ``key``."""
+    """Simulate the scenario whose canonical JSON is ``key``, within :data:`EXPLORER_BUDGET`."""
     from sim.engine.cluster import simulate
     sc = scenario_from_canonical(key)
-    res = simulate(sc, progress=progress)
+    res = simulate(sc, progress=progress, budget=EXPLORER_BUDGET)
     return RunData(key, res.summary, res.requests, res.timeseries, res.run_info.get("wall_s", 0.0), sc.name)
 
 
@@ -772,12 +784,14 @@ def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store:
         points *= len(values)
     if points > MAX_SWEEP_POINTS:
         raise ConfigError("sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)")
+    _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "sweeps")
     spec = {"name": "explorer", "base": base.name, "set": {"workload.num_requests": int(num_requests)},
             "grid": {k: list(v) for k, v in grid.items()}}
     sweep_file = base.parent / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    res = run_sweep(sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False)
+    res = run_sweep(sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False,
+                    budget=EXPLORER_BUDGET)
     return res.table(), res.failures
 
 
@@ -786,9 +800,17 @@ def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, st
                    max_evals: int = 10, workers: int = 1) -> dict:
     """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``)."""
     from sim.analysis.planner import plan
+    _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "plans")
     return plan(base, slo, overrides={"workload.num_requests": int(num_requests)}, allocators=candidates or None,
-                tol=tol, workers=workers, progress=progress, max_evals=max_evals)
+                tol=tol, workers=workers, progress=progress, max_evals=max_evals, budget=EXPLORER_BUDGET)
+
+
+def _check_page_requests(num_requests) -> None:
+    limit = EXPLORER_BUDGET.max_requests
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or not 1 <= num_requests <= (limit or 0):
+        raise ConfigError("workload.num_requests", num_requests, f"an integer in [1, {limit}] in the page "
+                                                                 "(its budget; kvsim sweep and kvsim plan have none)")
 
 
 def numeric_columns(table: pa.Table) -> list[str]:

@@ -263,9 +263,11 @@ def _pct(values: np.ndarray) -> dict[str, float | None]:
 def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
     """Headline metrics of a run (see docs/scenario.md, "Outputs"), over every request."""
     ok, arrival, first, finish, gen, prompt = (rec.summary_column(k) for k, _, _ in _SUMMARY_COLUMNS)
-    ttft = (first - arrival)[ok]
-    e2e = (finish - arrival)[ok]
-    multi = ok & (gen > 1)
+    # Latencies only of requests that have the time in question (-1 marks "never happened"): a
+    # sentinel must never enter a percentile or a mean.
+    ttft = (first - arrival)[ok & (first >= 0)]
+    e2e = (finish - arrival)[ok & (finish >= 0)]
+    multi = ok & (gen > 1) & (first >= 0)
     tpot = ((finish - first)[multi] / (gen[multi] - 1))
     t_start = float(arrival.min()) if arrival.size else 0.0
     t_end = float(finish.max()) if finish.size else 0.0

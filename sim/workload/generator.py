@@ -15,10 +15,20 @@ import numpy as np
 
 from sim.config import LengthsConfig, Scenario
 from sim.errors import ConfigError
+from sim.limits import MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
 from sim.workload.traces import Trace, read_trace
 
 #: Requests drawn at a time when the count is open-ended (duration-bounded runs).
 _CHUNK = 4096
+#: Sampled lengths are clipped here before they become int64: a lognormal tail or an outlier
+#: multiplier can exceed int64, and anything above ``max_model_len`` (at most MAX_TOKENS) is
+#: rejected as ``exceeds_max_model_len`` whatever its exact size.
+_LENGTH_CAP = float(2 * MAX_TOKENS)
+
+
+def _tokens(x: np.ndarray) -> np.ndarray:
+    """Rounded token counts of at least 1, clipped to :data:`_LENGTH_CAP`, as int64."""
+    return np.clip(np.rint(x), 1, _LENGTH_CAP).astype(np.int64)
 
 
 @dataclass
@@ -78,8 +88,8 @@ class LengthSampler:
             return (rng.integers(c.prompt_min, c.prompt_max + 1, n, dtype=np.int64),
                     rng.integers(c.output_min, c.output_max + 1, n, dtype=np.int64))
         if c.kind == "lognormal":
-            p = np.maximum(1, np.rint(c.prompt_median * np.exp(c.prompt_sigma * rng.standard_normal(n)))).astype(np.int64)
-            o = np.maximum(1, np.rint(c.output_median * np.exp(c.output_sigma * rng.standard_normal(n)))).astype(np.int64)
+            p = _tokens(c.prompt_median * np.exp(c.prompt_sigma * rng.standard_normal(n)))
+            o = _tokens(c.output_median * np.exp(c.output_sigma * rng.standard_normal(n)))
             return p, o
         if c.kind == "empirical":
             idx = rng.integers(0, len(self.trace), n)
@@ -93,8 +103,8 @@ class LengthSampler:
         p, o = self.base.sample(rng, n, start)
         self.last_rows = self.base.last_rows
         out = rng.random(n) < c.outlier_fraction
-        p = np.where(out, np.maximum(1, np.rint(p * c.outlier_multiplier)), p).astype(np.int64)
-        o = np.where(out, np.maximum(1, np.rint(o * c.outlier_multiplier)), o).astype(np.int64)
+        p = np.where(out, _tokens(p * c.outlier_multiplier), p).astype(np.int64)
+        o = np.where(out, _tokens(o * c.outlier_multiplier), o).astype(np.int64)
         return p, o
 
 
@@ -136,8 +146,24 @@ def _add_shared_prefixes(sc: Scenario, wl: Workload) -> None:
     blocks = -(-pre.prefix_tokens // _SYNTH_BLOCK)
     wl.prompt_tokens = wl.prompt_tokens + np.where(shared, pre.prefix_tokens, 0)
     wl.hash_block_tokens = _SYNTH_BLOCK
-    wl.hashes = [tuple(_SYNTH_BASE + int(g) * blocks + j for j in range(blocks)) if s else None
-                 for s, g in zip(shared.tolist(), group.tolist())]
+    # One tuple per group, shared by its requests (equal tuples, one copy in memory).
+    ids: dict[int, tuple[int, ...]] = {}
+    for g in set(group[shared].tolist()):
+        ids[g] = tuple(range(_SYNTH_BASE + g * blocks, _SYNTH_BASE + (g + 1) * blocks))
+    wl.hashes = [ids[g] if s else None for s, g in zip(shared.tolist(), group.tolist())]
+
+
+def request_bound(sc: Scenario) -> int | None:
+    """Requests the scenario will simulate, known before anything is drawn: ``num_requests`` where
+    it bounds the count, the mean count ``rate × duration_s`` of a duration-only Poisson or gamma
+    workload, ``None`` where only drawing tells (a trace or closed loop cut by ``duration_s``)."""
+    w = sc.workload
+    explicit_n = "num_requests" in w.model_fields_set or w.duration_s is None
+    if explicit_n and w.num_requests is not None:
+        return w.num_requests
+    if w.arrival.kind in ("poisson", "gamma") and w.duration_s is not None and w.arrival.rate is not None:
+        return int(w.arrival.rate * w.duration_s)
+    return None
 
 
 def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
@@ -163,6 +189,10 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
 
     if arr.kind == "trace":
         t = trace.arrival_s * arr.time_scale
+        if len(t) and not t[-1] <= MAX_TIME_S:
+            raise ConfigError("workload.arrival.time_scale", arr.time_scale,
+                              f"a scale that keeps the trace within {MAX_TIME_S:g} s (its last arrival is at "
+                              f"{trace.arrival_s[-1]:g} s)")
         keep = len(t) if n_cap is None else min(n_cap, len(t))
         if w.duration_s is not None:
             keep = min(keep, int(np.searchsorted(t, w.duration_s, side="right")))
@@ -178,13 +208,18 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
     if w.duration_s is None:
         t = np.cumsum(gaps(n_cap))
     else:
-        parts, last = [], 0.0
+        parts, last, drawn = [], 0.0, 0
         while True:
             g = np.cumsum(gaps(_CHUNK)) + last
             parts.append(g)
             last = g[-1]
-            if last > w.duration_s or (n_cap is not None and sum(map(len, parts)) >= n_cap):
+            drawn += len(g)
+            if last > w.duration_s or (n_cap is not None and drawn >= n_cap):
                 break
+            if drawn > MAX_REQUESTS:
+                raise ConfigError("workload.duration_s", w.duration_s,
+                                  f"a duration with at most {MAX_REQUESTS} arrivals at rate {arr.rate:g}/s "
+                                  f"(or set workload.num_requests)")
         t = np.concatenate(parts)
         t = t[t <= w.duration_s][:n_cap]
     if len(t) == 0:

@@ -19,7 +19,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, quote
+from sim.inputs import check_file, decode
+from sim.limits import MAX_TIME_S, MAX_TOKENS, MAX_TRACE_BYTES, MAX_TRACE_ROWS
 
 #: Required columns per format: (arrival, prompt, output); arrival None = lengths only.
 FORMATS: dict[str, tuple[str | None, str, str]] = {
@@ -43,14 +45,28 @@ class Trace:
         return len(self.prompt_tokens)
 
 
-def detect_format(path: Path) -> str:
+def _head(path: Path, key: str, nbytes: int = 65536) -> bytes:
+    """The first bytes of a (possibly compressed) trace file."""
+    try:
+        with pa.input_stream(str(path), compression="detect") as f:
+            return f.read(nbytes)
+    except (OSError, pa.ArrowException) as exc:
+        raise ConfigError(key, str(path), f"a readable trace file ({_reason(exc)})") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return (getattr(exc, "strerror", None) or str(exc).splitlines()[0] if str(exc) else type(exc).__name__)[:160]
+
+
+def detect_format(path: Path, key: str = "workload.arrival.path") -> str:
     name = path.name.lower()
     if name.endswith(".jsonl"):
         return "mooncake"
     if name.endswith(".parquet"):
         return "parquet"
-    with path.open() as f:
-        header = f.readline()
+    head = _head(path, key)
+    cut = head.rfind(b"\n")
+    header = decode(head[:cut] if cut > 0 and len(head) == 65536 else head, str(path), key, "trace").split("\n", 1)[0]
     if "ContextTokens" in header:
         return "azure"
     if "num_prefill_tokens" in header:
@@ -58,21 +74,124 @@ def detect_format(path: Path) -> str:
     return "csv"
 
 
+def _too_many_rows(key: str, path: Path, what: str) -> ConfigError:
+    return ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_ROWS} rows ({what})")
+
+
+def _csv_table(path: Path, key: str) -> pa.Table:
+    """A CSV trace, streamed: refused as soon as it passes MAX_TRACE_ROWS rows or MAX_TRACE_BYTES
+    (a compressed file can expand a thousandfold)."""
+    head = _head(path, key)
+    decode(head[:head.rfind(b"\n") + 1] if len(head) == 65536 else head, str(path), key, "CSV trace")
+    reader = pacsv.open_csv(str(path))
+    batches, rows, nbytes = [], 0, 0
+    for batch in reader:
+        rows += batch.num_rows
+        nbytes += batch.nbytes
+        if rows > MAX_TRACE_ROWS:
+            raise _too_many_rows(key, path, f"this one has more than {MAX_TRACE_ROWS}")
+        if nbytes > MAX_TRACE_BYTES:
+            raise ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB once read")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)
+
+
+def _parquet_table(path: Path, fmt: str, key: str) -> pa.Table:
+    """The needed columns of a Parquet trace; the row count and sizes come from its metadata first."""
+    pf = pq.ParquetFile(str(path))
+    meta = pf.metadata
+    if meta.num_rows > MAX_TRACE_ROWS:
+        raise _too_many_rows(key, path, f"its metadata says {meta.num_rows}")
+    names = pf.schema_arrow.names
+    needed = [c for c in FORMATS[fmt] if c]
+    missing = [c for c in needed if c not in names]
+    if missing:
+        raise ConfigError(key, str(path), f"{fmt} trace needs columns {needed}; missing {missing} (found {names})")
+    size = sum(meta.row_group(i).column(j).total_uncompressed_size for i in range(meta.num_row_groups)
+               for j in range(meta.num_columns) if meta.row_group(i).column(j).path_in_schema in needed)
+    if size > MAX_TRACE_BYTES:
+        raise ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB uncompressed "
+                                          f"(its metadata says {size // 2**20} MiB)")
+    return pf.read(columns=needed)
+
+
+#: Mooncake columns kept (others are ignored).
+_MOONCAKE = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def _jsonl_table(path: Path, key: str) -> pa.Table:
+    """A Mooncake JSONL trace, line by line: each line one JSON object (errors name the line)."""
+    check_file(path, key, "JSONL trace")
+    cols: dict[str, list] = {c: [] for c in _MOONCAKE}
+    present: set[str] = set()
+    rows = nbytes = 0
+    try:
+        f = path.open("rb")
+    except OSError as exc:
+        raise ConfigError(key, str(path), f"a readable JSONL trace ({_reason(exc)})") from None
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            nbytes += len(raw)
+            if nbytes > MAX_TRACE_BYTES:
+                raise ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB")
+            if not raw.strip():
+                continue
+            text = decode(raw, f"{path} line {lineno}", key, "JSONL trace")
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(key, str(path), f"valid JSON on line {lineno} ({exc.msg} at column {exc.colno})") from None
+            except RecursionError:
+                raise ConfigError(key, str(path), f"a flat JSON object on line {lineno} (it is nested too deep)") from None
+            if not isinstance(row, dict):
+                raise ConfigError(key, str(path), f"a JSON object on every line; line {lineno} holds a "
+                                                  f"{type(row).__name__}")
+            rows += 1
+            if rows > MAX_TRACE_ROWS:
+                raise _too_many_rows(key, path, f"this one has more than {MAX_TRACE_ROWS}")
+            present.update(c for c in _MOONCAKE if c in row)
+            for c in _MOONCAKE:
+                cols[c].append(row.get(c))
+    if not rows:
+        raise ConfigError(key, str(path), "a non-empty JSONL trace")
+    out = {}
+    for c in _MOONCAKE:
+        if c not in present:
+            continue
+        bad = next((i for i, v in enumerate(cols[c]) if not _plain(v, c)), None)
+        if bad is not None:
+            raise ConfigError(key, str(path), f"{c!r} of the {_ordinal(bad + 1)} object: got {quote(cols[c][bad])}; "
+                              + ("a list of integer block ids" if c == "hash_ids" else "a number below 2**63")) from None
+        out[c] = pa.array(cols[c])
+    return pa.table(out)
+
+
+def _plain(v, col: str) -> bool:
+    """A value pyarrow turns into the column's type: an int64 or float, or a list of int64 block ids."""
+    if col == "hash_ids":
+        return v is None or (isinstance(v, list) and all(_int64(h) for h in v))
+    return v is None or _int64(v) or isinstance(v, float)
+
+
+def _int64(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _table(path: Path, fmt: str, key: str) -> pa.Table:
     try:
         if fmt == "mooncake":
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            if not rows:
-                raise ConfigError(key, str(path), "a non-empty JSONL trace")
-            cols = {c: [r.get(c) for r in rows] for c in rows[0]}
-            return pa.table(cols)
+            return _jsonl_table(path, key)
         if fmt == "parquet":
-            return pq.read_table(path)
-        return pacsv.read_csv(path)
+            return _parquet_table(path, fmt, key)
+        return _csv_table(path, key)
     except ConfigError:
         raise
-    except (pa.ArrowInvalid, json.JSONDecodeError, OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(key, str(path), f"a readable {fmt} trace ({str(exc).splitlines()[0][:120]})") from None
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(key, str(path), f"a readable {fmt} trace ({_reason(exc)})") from None
 
 
 def _float64(col: pa.ChunkedArray, safe: bool = True) -> np.ndarray:
@@ -90,10 +209,11 @@ def _tokens(table: pa.Table, col: str, path: Path, key: str) -> np.ndarray:
         a = _float64(arr)
     except (TypeError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise ConfigError(key, str(path), f"column {col!r} must hold integer token counts") from None
-    bad = np.flatnonzero(~(a >= 1) | (a != np.floor(a)))
+    bad = np.flatnonzero(~((a >= 1) & (a <= MAX_TOKENS) & (a == np.floor(a))))
     if bad.size:
         i = int(bad[0])
-        raise ConfigError(key, str(path), f"column {col!r} row {i} is {a[i]:g}; token counts must be integers >= 1")
+        raise ConfigError(key, str(path), f"column {col!r} row {i} is {a[i]:g}; token counts must be integers in "
+                                          f"[1, {MAX_TOKENS}]")
     return a.astype(np.int64)
 
 
@@ -124,10 +244,15 @@ def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
                 raise ConfigError(key, str(p), f"column {arr_col!r} must hold numeric times") from None
             if fmt == "mooncake":
                 t = t / 1000.0
-        if np.isnan(t).any() or (t < 0).any():
-            raise ConfigError(key, str(p), f"column {arr_col!r} must hold non-negative times")
+        bad = np.flatnonzero(~((t >= 0) & np.isfinite(t)))
+        if bad.size:
+            i = int(bad[0])
+            raise ConfigError(key, str(p), f"column {arr_col!r} row {i} is {t[i]:g}; times must be finite and >= 0")
         order = np.argsort(t, kind="stable")
         t = t[order] - t[order][0]
+        if t[-1] > MAX_TIME_S:
+            raise ConfigError(key, str(p), f"column {arr_col!r}: arrivals within {MAX_TIME_S:g} s of the first "
+                                           f"(these span {t[-1]:g} s)")
         prompt, output = prompt[order], output[order]
         arrival = t
     hashes = None
@@ -138,10 +263,9 @@ def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
 
 def read_trace(path: Path, fmt: str = "auto", key: str = "workload.arrival.path") -> Trace:
     """Read and validate a trace file (cached on path and modification time)."""
-    if not path.is_file():
-        raise ConfigError(key, str(path), "an existing trace file")
+    check_file(path, key, "trace file")
     if fmt == "auto":
-        fmt = detect_format(path)
+        fmt = detect_format(path, key)
     if fmt not in FORMATS:
         raise ConfigError(key, fmt, f"allowed formats: {', '.join(FORMATS)}")
     return _read_cached(str(path.resolve()), fmt, path.stat().st_mtime, key)

@@ -1,0 +1,224 @@
+"""Reading the files a user names (scenarios, sweeps, profiles, traces): bounded, strictly decoded,
+parsed with a nesting limit; every failure one :class:`~sim.errors.ConfigError` line.
+
+* :func:`read_bytes` / :func:`read_text`: a regular file (not a directory, FIFO or device) of at
+  most :data:`~sim.limits.MAX_TEXT_BYTES`; text must be UTF-8 (a UTF-16/32 byte-order mark or
+  NUL bytes are named as such, and a stray byte by its offset).
+* :func:`load_yaml`: YAML nested at most :data:`~sim.limits.MAX_NESTING` levels, checked on the
+  raw text before PyYAML sees it (PyYAML's scanner is quadratic in flow nesting: 20,000 levels
+  took two minutes, and its composer recurses once per level), and holding at most
+  :data:`~sim.limits.MAX_YAML_VALUES` values once its aliases are expanded (a 340-byte
+  "billion laughs" holds 387 million). Aliases themselves are fine.
+* :func:`load_json`: JSON nested at most :data:`~sim.limits.MAX_NESTING` levels; ``NaN`` and
+  ``Infinity`` parse (the format validators name where they are).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from sim.errors import ConfigError
+from sim.limits import MAX_NESTING, MAX_TEXT_BYTES, MAX_YAML_VALUES
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def is_file(path: str | Path) -> bool:
+    """``Path.is_file`` that is false, not an error, for names too long or otherwise unusable."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def check_file(path: str | Path, key: str, what: str) -> Path:
+    """``path`` if it is an existing regular file, else a :class:`ConfigError` saying what it is."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except ValueError:  # an embedded NUL byte
+        raise ConfigError(key, str(path), f"an existing {what}") from None
+    except OSError as exc:
+        raise ConfigError(key, str(path), f"an existing {what} ({exc.strerror or type(exc).__name__})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(key, str(path), f"a {what}, not a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(key, str(path), f"a regular {what} (not a FIFO, socket or device)")
+    return p
+
+
+def read_bytes(path: str | Path, key: str, what: str, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``."""
+    p = check_file(path, key, what)
+    try:
+        with p.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise ConfigError(key, str(path), f"a readable {what} ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > max_bytes:
+        raise ConfigError(key, str(path), f"a {what} of at most {_mib(max_bytes)}")
+    return data
+
+
+_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
+         (codecs.BOM_UTF16_BE, "UTF-16"))
+
+
+def decode(data: bytes, source: str, key: str, what: str) -> str:
+    """UTF-8 text (a UTF-8 byte-order mark is dropped)."""
+    for bom, name in _BOMS:
+        if data.startswith(bom):
+            raise ConfigError(key, source, f"a UTF-8 {what} (this one is {name}: save it as UTF-8)")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(key, source, f"a UTF-8 {what} (this one holds binary data: byte 0x00 at offset {nul})")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(key, source, f"a UTF-8 {what} (byte 0x{data[exc.start]:02x} on line {line} is not UTF-8)") from None
+
+
+def read_text(path: str | Path, key: str, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
+    """A UTF-8 text file of at most ``max_bytes`` (see :func:`read_bytes`, :func:`decode`)."""
+    return decode(read_bytes(path, key, what, max_bytes), str(path), key, what)
+
+
+# --- nesting ------------------------------------------------------------------------------------
+
+_DASHES = re.compile(r"(?:-\s+)*")
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"|#[^\n]*")
+_DEPTH = np.zeros(256, dtype=np.int8)
+_DEPTH[[ord("["), ord("{")]] = 1
+_DEPTH[[ord("]"), ord("}")]] = -1
+
+
+def bracket_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of ``text`` outside quoted strings and comments (an upper bound
+    on a YAML flow collection's or a JSON document's nesting)."""
+    bare = _QUOTED.sub("", text).encode("utf-8", "replace")
+    if not bare:
+        return 0
+    steps = _DEPTH[np.frombuffer(bare, dtype=np.uint8)].astype(np.int32)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def json_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of JSON text outside strings, vectorised (a profile is ~400 kB).
+    A quote preceded by a backslash counts as escaped."""
+    b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
+    if not b.size:
+        return 0
+    quote = b == ord('"')
+    quote[1:] &= b[:-1] != ord("\\")
+    outside = (np.cumsum(quote) % 2 == 0) & ~quote
+    steps = _DEPTH[b].astype(np.int32) * outside
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _block_depth(text: str) -> int:
+    """Levels of indentation (and ``- `` entries) of YAML's block style, line by line."""
+    stack: list[int] = []
+    deepest = 0
+    for line in text.splitlines():
+        body = line.lstrip(" ")
+        if not body or body.startswith("#"):
+            continue
+        indent = len(line) - len(body)
+        while stack and stack[-1] >= indent:
+            stack.pop()
+        stack.append(indent)
+        lead = _DASHES.match(body)
+        dashes = lead.group(0).count("-") if lead else 0
+        deepest = max(deepest, len(stack) + dashes)
+    return deepest
+
+
+def _too_deep(key: str, source: str, kind: str) -> ConfigError:
+    return ConfigError(key, source, f"{kind} with a nesting of at most {MAX_NESTING} levels")
+
+
+def check_nesting(value: Any, key: str, source: str, kind: str = "a document") -> None:
+    """:class:`ConfigError` when ``value`` (parsed data) nests deeper than :data:`MAX_NESTING`."""
+    todo = [(value, 0)]
+    seen: dict[int, int] = {}  # a node shared through aliases is walked again only from deeper down
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, (dict, list)):
+            if depth >= MAX_NESTING:
+                raise _too_deep(key, source, kind)
+            if seen.get(id(node), -1) >= depth:
+                continue
+            seen[id(node)] = depth
+            todo.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+
+
+def _expanded_values(node: Any, memo: dict[int, int], key: str, source: str) -> int:
+    """Values in ``node`` with every alias expanded (shared nodes counted once per use)."""
+    if not isinstance(node, (dict, list)):
+        return 1
+    hit = memo.get(id(node))
+    if hit is not None:
+        if hit < 0:
+            raise ConfigError(key, source, "YAML without recursive aliases (an alias inside the node it names)")
+        return hit
+    memo[id(node)] = -1
+    children = list(node.items()) if isinstance(node, dict) else node
+    total = 1
+    for child in children:
+        if isinstance(child, tuple):  # a mapping entry: key and value
+            total += _expanded_values(child[0], memo, key, source) + _expanded_values(child[1], memo, key, source)
+        else:
+            total += _expanded_values(child, memo, key, source)
+        if total > MAX_YAML_VALUES:
+            break
+    memo[id(node)] = total
+    return total
+
+
+_RAISE = object()
+
+
+def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> Any:
+    """``yaml.safe_load(text)`` within the nesting and expansion limits (module docstring).
+    Text that is not valid YAML raises, or returns ``syntax_error`` when one is given."""
+    if bracket_depth(text) + _block_depth(text) > MAX_NESTING:
+        raise _too_deep(key, source, "YAML")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        if syntax_error is not _RAISE:
+            return syntax_error
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(key, source, f"valid YAML ({first}{where})") from None
+    except RecursionError:
+        raise _too_deep(key, source, "YAML") from None
+    check_nesting(data, key, source, "YAML")
+    if _expanded_values(data, {}, key, source) > MAX_YAML_VALUES:
+        raise ConfigError(key, source, f"YAML of at most {MAX_YAML_VALUES:,} values once its aliases (*name) are "
+                                       "expanded")
+    return data
+
+
+def load_json(text: str, key: str, source: str) -> Any:
+    """``json.loads(text)`` nested at most :data:`MAX_NESTING` levels; errors name line and column."""
+    if json_depth(text) > MAX_NESTING:  # on the text: no walk over a large document
+        raise _too_deep(key, source, "JSON")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(key, source, f"valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise _too_deep(key, source, "JSON") from None
