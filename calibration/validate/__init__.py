@@ -42,7 +42,10 @@ The modules, in the order a run uses them:
 * :mod:`~calibration.validate.metrics`: what is compared, and the table in one line;
 * :mod:`~calibration.validate.sensitivity`: each cell's sensitivity to step time;
 * :mod:`~calibration.validate.report`: ``validation.html`` and the CLI's table;
-* :mod:`~calibration.validate.run`: :func:`validate`, the whole run (step 6).
+* :mod:`~calibration.validate.run`: :func:`validate`, the whole run (step 6);
+* :mod:`~calibration.validate.several_runs`: several runs of one spec read together (``kvsim validate-runs``);
+* :mod:`~calibration.validate.refit`: a run's overhead fit refitted offline on its own replays
+  (``python -m calibration.validate.refit``).
 
 Callers import from this package; the names below are its interface.
 """
@@ -53,7 +56,6 @@ from .host_speed import (PROBE_TRACE, HostProbeRun, HostSpeed, cpu_share, host_l
                          probe_diagnostics)
 from .metrics import (METRICS, TARGET_METRICS, error_summary, latency_metrics, median_metrics, rel_error,
                       replay_spread)
-from .metrics import _sim_metrics as _sim_metrics  # calibration.validate_refit scores its refits with it
 from .replay import (Replayed, Run, compare_cell, engine_config, iteration_diagnostics, new_cell, replay_cells,
                      replay_once, replay_summary, semantics_check)
 from .report import format_table, write_html

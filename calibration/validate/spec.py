@@ -46,7 +46,7 @@ OVERHEAD_ROUNDS = ("spread", "upfront")
 KERNEL_ROUNDS = ("spread", "upfront")
 #: ``engine.overhead_mix``: how the engine-overhead runs fill their batches
 #: (:data:`calibration.kernels.OVERHEAD_MIXES`): ``offline`` (default), ``queued``, or ``both`` (each
-#: round runs both, the fit pools them; ``calibration.validate_refit`` can then compare them on the
+#: round runs both, the fit pools them; ``calibration.validate.refit`` can then compare them on the
 #: same replays)
 OVERHEAD_MIX = {"offline": ("offline",), "queued": ("queued",), "both": ("offline", "queued")}
 #: ``engine.replay_order``: ``interleaved`` (default) replays every cell once, then every cell again, ... (the
