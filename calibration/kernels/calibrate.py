@@ -37,7 +37,7 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
                      plan: Plan | None = None, key_dtype: str | None = None, cpu_time: bool = False,
                      speed=None, kernels: str = "auto", ops: Device | None = None,
                      registry: dict | None = None) -> DeviceResult:
-    """Time ``model``'s kernels on ``device`` and fit a profile (see the module docstring).
+    """Time ``model``'s kernels on ``device`` and fit a profile (see :mod:`calibration.kernels`).
 
     ``cpu_time`` (CPU only): time repeats in the thread's CPU time (``time.thread_time``) instead of
     wall time. ``speed``: a host-speed normaliser (:attr:`Bench.speed`; ``kvsim validate``'s

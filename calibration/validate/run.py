@@ -24,7 +24,7 @@ from .spec import CLOCK_MEANING, KEY, check_clocks
 
 def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out: Path | str = "runs/validate",
              engine_overhead: bool = True, progress=None) -> dict:
-    """Run the whole validation (see the module docstring); returns the ``validation.json`` document."""
+    """Run the whole validation (see :mod:`calibration.validate`); returns the ``validation.json`` document."""
     from ..attention_backends import select
     from ..kernels import check_device
     check_clocks(spec, device)
