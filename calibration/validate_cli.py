@@ -127,7 +127,7 @@ def validate_runs_command(
     """Read several validation runs together: per run, per cell over the runs (the systematic part), and the runs' median."""
     import json
 
-    from .validate_runs import combine, load_run, markdown
+    from .validate.several_runs import combine, load_run, markdown
 
     from sim.output.staging import out_file
     if out is not None:

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from sim import explorer as X
-from sim.config import SCENARIO_DIR, load_scenario, scenario_from_dict
+from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, scenario_from_dict
+from sim.explorer import launcher
 from sim.errors import ConfigError
 
 SMALL = {"name": "small", "seed": 2, "model": {"name": "llama-3.1-8b"},
@@ -61,7 +62,7 @@ def test_overrides_only_for_changed_and_relevant_knobs():
     k["workload.arrival.kind"] = "closed_loop"
     over = X.overrides_from_knobs(k, base)
     assert over["workload.arrival.concurrency"] == 16 and over["workload.arrival.think_time_s"] == 0.0
-    X.resolve_scenario(X.apply_overrides(base, over))
+    X.resolve_scenario(apply_overrides(base, over))
 
 
 def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
@@ -248,7 +249,7 @@ def test_allocator_configs_and_compare_rows():
     base = X.resolve_scenario(SMALL).model_dump(mode="json", exclude_unset=True)
     kp = {}
     for lb, cfg in zip(labels[:2], cfgs[:2]):
-        sc = X.resolve_scenario(X.apply_overrides(base, X.allocator_overrides(cfg)))
+        sc = X.resolve_scenario(apply_overrides(base, X.allocator_overrides(cfg)))
         rd = X.run_canonical(X.canonical_json(sc))
         kp[lb] = X.kpis(rd.summary, rd.requests, X.slo_from_knobs({}))
     rows = {r["KPI"]: r for r in X.compare_rows(kp)}
@@ -318,7 +319,7 @@ def test_profile_rows_and_calibration_figure():
 def test_app_command(monkeypatch):
     pytest.importorskip("streamlit")
     seen = {}
-    monkeypatch.setattr(X.subprocess, "call", lambda cmd, cwd=None: seen.update(cmd=cmd, cwd=cwd) or 0)
+    monkeypatch.setattr(launcher.subprocess, "call", lambda cmd, cwd=None: seen.update(cmd=cmd, cwd=cwd) or 0)
     assert X.app_command(["--server.port", "9999"]) == 0
     cmd = seen["cmd"]
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(X.APP_PATH)

@@ -668,7 +668,7 @@ def test_quick_validation_within_bound(tmp_path):
         ov_rows = json.loads((out / "overhead_rows.json").read_text())
         assert {r["round"] for r in ov_rows["paged"]} == {0, 1, 2, 3} and len(ov_rows["static"]) > 100
         # refitting the kept rows with validate's own fit reproduces the table on the same replays
-        from calibration.validate_refit import ROUNDS, VARIANTS, refit
+        from calibration.validate.refit import ROUNDS, VARIANTS, refit
         again, upfront = refit(out, variants={"steady": VARIANTS["steady"]}, rounds={"pooled": ROUNDS["pooled"]})
         assert (again["kernels"], upfront["kernels"]) == ("final", "upfront")
         ours = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]}

@@ -1,4 +1,4 @@
-"""``kvsim validate-runs``: several validation runs read together (calibration/validate_runs.py)."""
+"""``kvsim validate-runs``: several validation runs read together (calibration/validate/several_runs.py)."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from calibration.validate_runs import JUDGED, combine, load_run, markdown
+from calibration.validate.several_runs import JUDGED, combine, load_run, markdown
 from sim.errors import ConfigError
 
 CELLS = [(load, alloc) for alloc in ("paged", "static") for load in ("light", "medium", "saturating")]

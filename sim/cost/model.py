@@ -69,7 +69,7 @@ class CostModel(ABC):
         #: (``after_prefill_s[k - 1]``; empty: none). A replica state, not a batch shape: the
         #: replica counts the decode iterations and adds these itself (``sim/engine/replica.py``), so
         #: the pricing methods stay pure. Measured on CPU engines, where the first decode
-        #: iterations after a prefill's large activations run slower (calibration/kernels.py).
+        #: iterations after a prefill's large activations run slower (calibration/kernels/engine_overhead.py).
         self.after_prefill_s: list[float] = []
 
     @abstractmethod

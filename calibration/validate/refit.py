@@ -11,7 +11,7 @@ up-front kernel route alone (``kernels upfront``: the rows re-priced against it)
 single-window kernel curves are compared on the same replays. With ``engine.overhead_mix: both``
 runs, each is also scored on the ``offline`` and the ``queued`` overhead runs alone (``mix``).
 
-    python -m calibration.validate_refit runs/validate-cpu [more run folders]
+    python -m calibration.validate.refit runs/validate-cpu [more run folders]
 """
 
 from __future__ import annotations
@@ -69,8 +69,10 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
     (``final`` always); a mix other than ``all`` where the run measured more than one."""
     from sim.engine.cluster import simulate
 
-    from . import kernels
-    from .validate import TARGET_METRICS, _sim_metrics, error_summary, load_spec, rel_error, sim_scenario
+    from .. import kernels
+    from .metrics import TARGET_METRICS, _sim_metrics, error_summary, rel_error
+    from .simulator import sim_scenario
+    from .spec import load_spec
     run = Path(run)
     doc = json.loads((run / "validation.json").read_text())
     rows_path = run / "overhead_rows.json"

@@ -31,8 +31,8 @@ import numpy as np
 
 from sim.errors import ConfigError
 
-from .validate import SENSITIVITY_MIN
-from .validate import TARGET_METRICS as JUDGED  # the cells a validation is judged on
+from .metrics import TARGET_METRICS as JUDGED  # the cells a validation is judged on
+from .sensitivity import SENSITIVITY_MIN
 
 #: the bars the tables count against (fractions)
 BARS = (0.10, 0.05)
@@ -84,7 +84,7 @@ def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
              "device": (doc.get("device") or {}).get("kind")}
     name = p.name if p.is_dir() else p.parent.name
     if not sens and recompute_sensitivity:
-        from .validate import run_sensitivity
+        from .sensitivity import run_sensitivity
         try:
             by_cell = run_sensitivity(f.parent)
         except (ConfigError, OSError, KeyError, ValueError, TypeError):

@@ -1,0 +1,196 @@
+"""A :class:`~calibration.kernels.plan.Plan` timed point by point: the job list at one model's
+TP-1 shapes, run in interleaved passes into :class:`Measurements` (one row per point, the
+Parquet sidecar's rows); several runs of one plan pooled into one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from sim.catalog import ModelSpec
+from sim.cost.profile import per_gpu_heads, shape_keys
+from sim.errors import ConfigError
+
+from .. import attention_backends as AB
+from ..devices import Device
+from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan
+from .timing import _TORCH_DTYPE, DEVICES, Bench, Setup, Timing, describe_device
+
+
+@dataclass
+class Measurements:
+    """Raw timings, one dict per measured point (the Parquet sidecar's rows)."""
+
+    rows: list[dict] = field(default_factory=list)
+
+    def add(self, family: str, name: str, t: Timing, **coords) -> None:
+        self.rows.append({"family": family, "kernel": name, **coords, "median_s": t.median_s, "min_s": t.min_s,
+                          "max_s": t.max_s, "repeats": t.repeats, "inner": t.inner, "buffers": t.buffers})
+
+    def select(self, family: str, **eq) -> list[dict]:
+        return [r for r in self.rows if r["family"] == family and all(r.get(k) == v for k, v in eq.items())]
+
+    def to_arrow(self):
+        import pyarrow as pa
+        keys: list[str] = []
+        for r in self.rows:
+            keys += [k for k in r if k not in keys]
+        return pa.table({k: [r.get(k) for r in self.rows] for k in keys})
+
+
+def _gemm_shapes(model: ModelSpec, dtype: str) -> dict[str, tuple[int, int]]:
+    keys = shape_keys(model, 1, dtype, dtype).gemms()
+    return {proj: tuple(int(x) for x in key.split(":")[0].split("x")) for proj, key in keys.items()}
+
+
+def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool = True) -> Measurements:
+    """Time every point of ``plan`` at ``model``'s TP-1 shapes, in ``plan.passes`` interleaved passes."""
+    h, kvh = per_gpu_heads(model, 1)
+    d = model.head_dim
+    kv_tok_bytes = 2 * kvh * d * bench.elem
+    be = bench.kernels
+    # (label, setup, family, kernel, coordinates)
+    jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
+    for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
+        for m in plan.gemm_m:
+            jobs.append((f"GEMM {proj} m={m}", lambda m=m, n=n, k=k: bench.gemm_calls(m, n, k), "gemm", proj,
+                         {"m": m, "n": n, "k": k}))
+    for b in plan.ctx_batch:
+        for s in plan.ctx_len:
+            if b * s <= plan.ctx_max_tokens:
+                jobs.append((f"prefill b={b} s={s}", lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d),
+                             "context_attention", be.prefill_kernel,
+                             {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name}))
+    gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
+    sub_b = {plan.gen_batch[len(plan.gen_batch) // 2], plan.gen_batch[-1]}
+    sub_l = {plan.gen_len[len(plan.gen_len) // 2], plan.gen_len[-1]}
+    other_bs = [x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE and x not in skipped_block_sizes(be, plan)]
+    for b, s in gen_cells:
+        sizes = [None, REFERENCE_BLOCK_SIZE] + (other_bs if b in sub_b and s in sub_l else [])
+        for bs in sizes:
+            name = "decode_contiguous" if bs is None else "decode_paged"
+            jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
+                         lambda b=b, s=s, bs=bs: bench.decode_calls(b, s, h, kvh, d, bs), "generation_attention", name,
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0,
+                          "backend": be.name}))
+    if plan.static_decode:
+        # the reference engine's static (contiguous-arena) layout runs SDPA on every backend: its decode
+        # kernel, and (other backends) its prefill, timed for the static profile (with_static_decode)
+        for b, s in gen_cells:
+            jobs.append((f"decode_static b={b} L={s}", lambda b=b, s=s: bench.decode_static_calls(b, s, h, kvh, d),
+                         "generation_attention", "decode_static",
+                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0,
+                          "backend": "sdpa"}))
+        if be.name != "sdpa":
+            sdpa = AB.SdpaBackend(bench.torch, bench.device)
+            for b in plan.ctx_batch:
+                for s in plan.ctx_len:
+                    if b * s <= plan.ctx_max_tokens:
+                        jobs.append((f"prefill_static b={b} s={s}",
+                                     lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d, kernels=sdpa),
+                                     "context_attention", STATIC_PREFILL,
+                                     {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d,
+                                      "backend": "sdpa"}))
+    for nb in plan.mem_bytes:
+        jobs.append((f"zero_ {nb} B", lambda nb=nb: bench.zero_fill_calls(nb), "memory", "zero_fill", {"nbytes": nb}))
+        jobs.append((f"copy_ {nb} B", lambda nb=nb: bench.copy_calls(nb), "memory", "copy", {"nbytes": nb}))
+        if bench.ops.pinned_host:
+            for di in ("h2d", "d2h"):
+                jobs.append((f"{di} {nb} B", lambda nb=nb, di=di: bench.host_transfer_calls(nb, di), "memory",
+                             f"host_{di}", {"nbytes": nb}))
+    for tok in plan.ew_tokens:
+        jobs.append((f"add_ {tok} tokens", lambda t=tok: bench.elementwise_calls(t, model.hidden), "elementwise", "add_",
+                     {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem}))
+    jobs.append(("block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}))
+    for b in plan.overhead_batch:
+        jobs.append((f"CPU step b={b}", lambda b=b: bench.step_cpu_calls(b, model.vocab), "cpu_overhead", "step_cpu",
+                     {"batch": b}))
+    paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
+    paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
+    bench.reserve_paged(paged_cells, h, kvh, d)
+    timings = _run_jobs(bench, jobs, plan.passes, progress)
+    meas = Measurements()
+    for (label, _, fam, kern, coords), t in zip(jobs, timings):
+        meas.add(fam, kern, t, **coords)
+    return meas
+
+
+def skipped_block_sizes(backend: "AB.AttentionBackend", plan: Plan) -> dict[int, str]:
+    """The plan's extra block sizes the backend's paged kernel cannot use, with the reason (the
+    reference block size is never skipped: the profile's decode curve is measured at it)."""
+    out = {}
+    for bs in plan.block_sizes:
+        why = backend.block_size_problem(bs)
+        if why and bs != REFERENCE_BLOCK_SIZE:
+            out[bs] = why
+    return out
+
+
+def _run_jobs(bench: Bench, jobs, passes: int, progress: bool) -> list[Timing]:
+    setups = [j[1] for j in jobs]
+    if not progress:
+        return bench.measure(setups, passes)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("[bold]calibrate[/] {task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=False) as bar:
+        task = bar.add_task("", total=len(jobs) * passes)
+        state = {"pass": 1}
+
+        def done(i):
+            if i == len(jobs) - 1:
+                state["pass"] += 1
+            bar.update(task, advance=1, description=f"pass {min(state['pass'], passes)}/{passes} "
+                                                     f"{jobs[(i + 1) % len(jobs)][0]}")
+        return bench.measure(setups, passes, on_done=done)
+
+
+def measure_device(device: str, model: ModelSpec, plan: Plan, *, dtype: str = "bf16", threads: int | None = None,
+                   progress: bool = False, cpu_time: bool = False, speed=None, kernels: str = "auto",
+                   ops: Device | None = None, registry: dict | None = None) -> tuple[Measurements, dict]:
+    """Time every point of ``plan`` (no fitting): the measurements and the device's description
+    (``attention``: the backend's :meth:`~calibration.attention_backends.AttentionBackend.describe`, the
+    block sizes it skipped, its counters). Arguments as :func:`calibrate_device`."""
+    if device not in DEVICES:
+        raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
+    if dtype not in _TORCH_DTYPE:
+        raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route")
+    bench = Bench.open(device, dtype, threads=threads, kernels=kernels, ops=ops, registry=registry)
+    try:
+        bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s
+        if cpu_time and device == "cpu":
+            bench.timer = time.thread_time
+        bench.speed = speed
+        info = describe_device(bench)
+        t0 = time.perf_counter()
+        meas = run_measurements(bench, model, plan, progress)
+        info["attention"] = {**bench.kernels.describe(), "prefill_kernel": bench.kernels.prefill_kernel,
+                             "skipped_block_sizes": {str(k): v for k, v in skipped_block_sizes(bench.kernels, plan).items()},
+                             "measure_s": round(time.perf_counter() - t0, 1), **bench.kernels.stats()}
+    finally:
+        bench.close()
+    return meas, info
+
+
+def pool_measurements(runs: list[Measurements]) -> Measurements:
+    """One point per measured coordinate from several runs of the same plan: the median of the
+    runs' medians (each run's value already robust to its slow samples; a run taken in a slow
+    or oddly-loaded window is outvoted), the extreme min and max, the repeats summed. A point
+    missing from some runs is pooled over the runs that have it."""
+    stats = ("median_s", "min_s", "max_s", "repeats", "inner", "buffers", "runs")
+    groups: dict[tuple, list[dict]] = {}  # in first-seen order
+    for m in runs:
+        for r in m.rows:
+            key = tuple(sorted((k, v) for k, v in r.items() if k not in stats))
+            groups.setdefault(key, []).append(r)
+    out = Measurements()
+    for rs in groups.values():
+        row = {k: v for k, v in rs[0].items() if k not in stats}
+        row.update(median_s=float(np.median([r["median_s"] for r in rs])), min_s=min(r["min_s"] for r in rs),
+                   max_s=max(r["max_s"] for r in rs), repeats=sum(r["repeats"] for r in rs),
+                   inner=rs[-1]["inner"], buffers=rs[-1]["buffers"], runs=sum(r.get("runs", 1) for r in rs))
+        out.rows.append(row)
+    return out

@@ -1,0 +1,176 @@
+"""The values people edit in Explore (model, GPU, traffic, lengths, allocator, scheduler, cost model).
+
+:func:`knobs_from_scenario` reads them out of a scenario; :func:`overrides_from_knobs` turns edited
+widget values back into dotted overrides (only those that changed, so keys a scenario left unset
+stay unset); :func:`edited_scenario_yaml` writes the result as YAML that ``kvsim run`` accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import yaml
+
+from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict
+
+
+#: Knobs shown in Explore, as dotted scenario keys (plus the ``slo.*`` keys, which are not).
+LENGTH_KNOBS = {
+    "fixed": ("prompt_tokens", "output_tokens"),
+    "uniform": ("prompt_min", "prompt_max", "output_min", "output_max"),
+    "lognormal": ("prompt_median", "prompt_sigma", "output_median", "output_sigma"),
+    "empirical": ("path", "format"),
+    "mixture": ("outlier_fraction", "outlier_multiplier"),
+    "trace": (),
+}
+ARRIVAL_KNOBS = {
+    "poisson": ("rate",),
+    "gamma": ("rate", "cv"),
+    "trace": ("path", "format", "time_scale"),
+    "closed_loop": ("concurrency", "think_time_s"),
+}
+_ALL_LENGTH_FIELDS = sorted({f for v in LENGTH_KNOBS.values() for f in v})
+_ALL_ARRIVAL_FIELDS = sorted({f for v in ARRIVAL_KNOBS.values() for f in v})
+
+
+def allocator_fields() -> list[str]:
+    """Scalar ``allocator.*`` keys (nested sections such as compaction are left to the YAML)."""
+    from sim.config import AllocatorConfig
+    return [f for f, info in AllocatorConfig.model_fields.items()
+            if f != "kind" and not _is_model(info.annotation)]
+
+
+def _is_model(annotation) -> bool:
+    from pydantic import BaseModel
+    cands = [annotation, *getattr(annotation, "__args__", ())]
+    return any(isinstance(c, type) and issubclass(c, BaseModel) for c in cands)
+
+
+def allocator_knobs(kind: str) -> dict[str, Any]:
+    """The knobs (name → default) of an allocator kind, from :data:`sim.allocators.KINDS`;
+    only scalar scenario fields (the page edits those)."""
+    from sim.allocators import KINDS
+    fields = set(allocator_fields())
+    return {k: v for k, v in KINDS.get(kind, ({}, ""))[0].items() if k in fields}
+
+
+def allocator_choices(name: str) -> list | None:
+    """Allowed values of an ``allocator.<name>`` Literal field (``None`` for free values)."""
+    import typing
+    from sim.config import AllocatorConfig
+    info = AllocatorConfig.model_fields.get(name)
+    if info is None or typing.get_origin(info.annotation) is not typing.Literal:
+        return None
+    return list(typing.get_args(info.annotation))
+
+
+def knobs_from_scenario(sc: Scenario | dict) -> dict[str, Any]:
+    """Widget values (dotted key → value) of the knobs the Explore page edits, defaults filled."""
+    if isinstance(sc, dict):
+        sc = scenario_from_dict(sc)  # validation only: no file is opened
+    w = sc.workload
+    out: dict[str, Any] = {
+        "model.name": sc.model.name or "custom",
+        "model.kv_dtype": sc.model.kv_dtype,
+        "gpu.name": sc.gpu.name,
+        "gpu.replicas": sc.gpu.replicas,
+        "gpu.tensor_parallel": sc.gpu.tensor_parallel,
+        "workload.num_requests": w.num_requests,
+        "workload.max_model_len": w.max_model_len,
+        "workload.arrival.kind": w.arrival.kind,
+        "workload.lengths.kind": w.lengths.kind if w.lengths is not None else "trace",
+        "scheduler.max_num_seqs": sc.scheduler.max_num_seqs,
+        "scheduler.max_num_batched_tokens": sc.scheduler.max_num_batched_tokens,
+        "scheduler.chunked_prefill": sc.scheduler.chunked_prefill,
+        "allocator.kind": sc.allocator.kind,
+        "cost_model.profile": sc.cost_model.profile or "none",
+        "seed": sc.seed,
+    }
+    for f in allocator_fields():
+        v = getattr(sc.allocator, f)
+        out[f"allocator.{f}"] = str(v) if f == "reserve" else v
+    for f in _ALL_ARRIVAL_FIELDS:
+        out[f"workload.arrival.{f}"] = getattr(w.arrival, f)
+    if out["workload.arrival.rate"] is None:
+        out["workload.arrival.rate"] = 1.0
+    if out["workload.arrival.concurrency"] is None:
+        out["workload.arrival.concurrency"] = 16
+    lc = w.lengths if w.lengths is not None else LengthsConfig()
+    for f in _ALL_LENGTH_FIELDS:
+        out[f"workload.lengths.{f}"] = getattr(lc, f)
+    return out
+
+
+def _reserve_value(v: Any) -> Any:
+    """``allocator.reserve`` from a text box: an int when it is digits, else the string (``p95``)."""
+    s = str(v).strip()
+    return int(s) if s.isdigit() else s
+
+
+def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dict[str, Any]:
+    """Dotted overrides for the knobs whose value differs from ``base``.
+
+    Only the knobs of the selected arrival/lengths kind count (a hidden ``cv`` does not leak
+    into a Poisson run). ``slo.*`` keys are not scenario keys and are ignored here.
+    """
+    ref = knobs_from_scenario(base)
+    arrival_kind = knobs.get("workload.arrival.kind", ref["workload.arrival.kind"])
+    lengths_kind = knobs.get("workload.lengths.kind", ref["workload.lengths.kind"])
+    alloc_kind = knobs.get("allocator.kind", ref["allocator.kind"])
+    relevant = [k for k in ref if not k.startswith(("workload.arrival.", "workload.lengths.", "allocator."))]
+    relevant += ["allocator.kind"] + [f"allocator.{f}" for f in allocator_knobs(alloc_kind)]
+    relevant += ["workload.arrival.kind"] + [f"workload.arrival.{f}" for f in ARRIVAL_KNOBS.get(arrival_kind, ())]
+    relevant += ["workload.lengths.kind"] + [f"workload.lengths.{f}" for f in LENGTH_KNOBS.get(lengths_kind, ())]
+    out: dict[str, Any] = {}
+    base_lengths_none = ref["workload.lengths.kind"] == "trace" and (
+        (base.workload.lengths is None) if isinstance(base, Scenario) else
+        not isinstance((base.get("workload") or {}).get("lengths"), dict))
+    # A kind other than the base's takes all its knobs (a closed loop needs its concurrency
+    # even when the widget still shows the default).
+    forced = set()
+    if arrival_kind != ref["workload.arrival.kind"]:
+        forced |= {f"workload.arrival.{f}" for f in ARRIVAL_KNOBS.get(arrival_kind, ())}
+    if lengths_kind != ref["workload.lengths.kind"]:
+        forced |= {f"workload.lengths.{f}" for f in LENGTH_KNOBS.get(lengths_kind, ())}
+    if alloc_kind != ref["allocator.kind"]:
+        forced |= {f"allocator.{f}" for f in allocator_knobs(alloc_kind)}
+    for k in relevant:
+        if k not in knobs:
+            continue
+        v = knobs[k]
+        if k in forced and v is not None:
+            out[k] = _reserve_value(v) if k == "allocator.reserve" else v
+            continue
+        if k == "allocator.reserve":
+            v = _reserve_value(v)
+            if str(v) == ref[k]:
+                continue
+        elif v == ref[k]:
+            continue
+        if k == "cost_model.profile" and v == "none":
+            v = None
+        out[k] = v
+    if lengths_kind == "trace" and base_lengths_none:
+        out.pop("workload.lengths.kind", None)
+    base_hf = base.model.hf_config if isinstance(base, Scenario) else (base.get("model") or {}).get("hf_config")
+    if "model.name" in out and base_hf is not None:
+        out["model.hf_config"] = None  # a catalog model picked in the page replaces the config's model
+    if isinstance(out.get("workload.num_requests"), float):
+        out["workload.num_requests"] = int(out["workload.num_requests"])
+    return out
+
+
+def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
+    """The raw scenario mapping after the knob edits (file references still as the user named them)."""
+    ref = scenario_from_dict(base)
+    return apply_overrides(base, overrides_from_knobs(knobs, ref))
+
+
+def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: list[str] = ()) -> str:
+    """YAML of the edited scenario, runnable by ``kvsim run`` (validated first)."""
+    data = edited_scenario(base, knobs)
+    scenario_from_dict(data)
+    head = "# Edited in the kvsim explorer; run with: kvsim run <this file>\n"
+    if uploaded_traces:
+        head += "# Uploaded traces referenced here must sit next to this file: " + ", ".join(uploaded_traces) + "\n"
+    return head + yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,132 @@
+"""Small sweeps and plans from the page: the axes it may vary and their values, a grid sweep or a
+goodput plan of the edited scenario run in the session folder, and a dataset's default plot axes."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+import yaml
+
+from sim.config import scenario_from_dict
+from sim.errors import ConfigError
+from sim.engine.budget import EXPLORER_BUDGET
+from sim.explorer.uploads import UploadStore, resolve_paths
+
+
+#: Axes a page sweep may vary, with example values (free text is parsed per value, scalars only).
+SWEEP_AXES: dict[str, str] = {
+    "allocator.kind": "static, paged",
+    "workload.arrival.rate": "5, 10, 15, 20",
+    "allocator.block_size": "16, 64, 256",
+    "scheduler.max_num_seqs": "64, 128, 256",
+    "scheduler.max_num_batched_tokens": "2048, 8192",
+    "gpu.replicas": "1, 2",
+    "workload.arrival.cv": "1, 2, 4",
+    "allocator.reserve": "max_model_len, p99, p95",
+}
+MAX_AXIS_VALUES = 12
+MAX_SWEEP_POINTS = 48
+
+
+def parse_axis_values(text: str, key: str) -> list:
+    """``"5, 10, 20"`` → ``[5, 10, 20]`` for one of :data:`SWEEP_AXES` (each value a YAML scalar)."""
+    if key not in SWEEP_AXES:
+        raise ConfigError("sweep axis", key, f"one of {', '.join(SWEEP_AXES)}")
+    values = []
+    for raw in str(text).split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            v = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            v = raw
+        if not isinstance(v, (int, float, str)) or isinstance(v, bool):
+            raise ConfigError(key, raw, "plain numbers or words separated by commas")
+        values.append(v)
+    if not values:
+        raise ConfigError(key, text, "at least one value, separated by commas")
+    if len(values) > MAX_AXIS_VALUES:
+        raise ConfigError(key, f"{len(values)} values", f"at most {MAX_AXIS_VALUES} values per axis in the page")
+    return list(dict.fromkeys(values))
+
+
+def _write_run_scenario(data: dict, store: "UploadStore", sub: str) -> Path:
+    """The scenario with vetted absolute paths, written into the session folder (for sweep/plan files)."""
+    resolved = resolve_paths(data, store.trace_paths(), store.profiles)
+    scenario_from_dict(resolved)
+    text = yaml.safe_dump(resolved, sort_keys=False)
+    folder = store.dir / sub / hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "scenario.yaml"
+    path.write_text(text)
+    return path
+
+
+def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store: "UploadStore",
+                    progress: Callable[[int, int, int], None] | None = None, workers: int = 1):
+    """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures)."""
+    from sim.analysis.sweep import run_sweep
+    points = 1
+    for values in grid.values():
+        points *= len(values)
+    if points > MAX_SWEEP_POINTS:
+        raise ConfigError("sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)")
+    _check_page_requests(num_requests)
+    base = _write_run_scenario(data, store, "sweeps")
+    spec = {"name": "explorer", "base": base.name, "set": {"workload.num_requests": int(num_requests)},
+            "grid": {k: list(v) for k, v in grid.items()}}
+    sweep_file = base.parent / "sweep.yaml"
+    sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    res = run_sweep(sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False,
+                    budget=EXPLORER_BUDGET)
+    return res.table(), res.failures
+
+
+def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: "UploadStore",
+                   progress: Callable[[int, int, str], None] | None = None, tol: float = 0.1,
+                   max_evals: int = 10, workers: int = 1) -> dict:
+    """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``)."""
+    from sim.analysis.planner import plan
+    _check_page_requests(num_requests)
+    base = _write_run_scenario(data, store, "plans")
+    return plan(base, slo, overrides={"workload.num_requests": int(num_requests)}, allocators=candidates or None,
+                tol=tol, workers=workers, progress=progress, max_evals=max_evals, budget=EXPLORER_BUDGET)
+
+
+def _check_page_requests(num_requests) -> None:
+    limit = EXPLORER_BUDGET.max_requests
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or not 1 <= num_requests <= (limit or 0):
+        raise ConfigError("workload.num_requests", num_requests, f"an integer in [1, {limit}] in the page "
+                                                                 "(its budget; kvsim sweep and kvsim plan have none)")
+
+
+def numeric_columns(table: pa.Table) -> list[str]:
+    return [f.name for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
+
+
+def sweep_param_columns(table: pa.Table) -> list[str]:
+    """The swept axes of a dataset: dotted scenario keys (``allocator.kind``) plus ``seed``."""
+    prefixes = ("model.", "gpu.", "workload.", "scheduler.", "allocator.", "cost_model.", "engine.")
+    cols = [c for c in table.column_names if c.startswith(prefixes)]
+    if "seed" in table.column_names and len(set(table.column("seed").to_pylist())) > 1:
+        cols.append("seed")
+    return cols
+
+
+def default_index(options: list, preferred: str) -> int:
+    return options.index(preferred) if preferred in options else 0
+
+
+def default_sweep_axes(table: pa.Table) -> tuple[str | None, str | None]:
+    """(x, color) to plot a dataset by: a numeric swept axis on x, a categorical one as color."""
+    params = sweep_param_columns(table)
+    numeric = set(numeric_columns(table))
+    x = next((c for c in params if c in numeric and c != "seed"), params[0] if params else None)
+    color = next((c for c in params if c != x and c not in numeric), None)
+    if color is None:
+        color = next((c for c in params if c != x and c != "seed"), None)
+    return x, color

@@ -1,0 +1,297 @@
+"""Untrusted uploads (:class:`UploadStore`): size limits, ``yaml.safe_load`` after refusing
+anchors/aliases, schema validation with one readable line on failure (:func:`error_text`).
+
+Nothing named in an upload is ever opened: every field that names a file, at any depth, is vetted
+first — trace ``path`` keys must name a built-in trace under ``scenarios/`` or a trace uploaded in
+the same session (written to a private temporary folder), ``cost_model.profile`` a built-in
+profile or an uploaded one, and ``model.hf_config`` a shipped model config (:func:`resolve_paths`).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import re
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import yaml
+
+from sim.config import SCENARIO_DIR, Scenario, file_fields, scenario_from_dict
+from sim.errors import ConfigError
+from sim.inputs import decode, load_json, load_yaml
+from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS
+from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_traces
+
+
+#: Upload limits (bytes). Scenarios are a few hundred bytes; the largest built-in trace is ~1 MB.
+MAX_SCENARIO_BYTES = 256 * 1024
+MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+MAX_SWEEP_BYTES = 20 * 1024 * 1024
+#: An uploaded sweep dataset once read (its rows are points: at most MAX_SWEEP_POINTS).
+MAX_DATASET_BYTES = 256 * 1024 * 1024
+#: A message shown in the page is cut to this many characters (a bad value may be huge).
+MAX_MESSAGE_CHARS = 600
+
+TRACE_FORMATS = ("auto", "azure", "mooncake", "csv", "parquet", "length_stats")
+
+
+def error_text(exc: BaseException) -> str:
+    """One readable line for the page, cut to :data:`MAX_MESSAGE_CHARS`."""
+    text = str(exc).strip().replace("\n", " ")
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS - 1] + "…"
+    return text
+
+
+def _check_size(data: bytes, limit: int, what: str) -> None:
+    if len(data) > limit:
+        raise ConfigError(what, f"{len(data) / 1e6:.1f} MB", f"a file of at most {limit / 1e6:.1f} MB")
+    if not data:
+        raise ConfigError(what, "empty file", "a non-empty file")
+
+
+def safe_yaml(data: bytes, what: str = "scenario upload") -> Any:
+    """``yaml.safe_load`` of untrusted bytes: UTF-8, nested at most 64 levels (checked before PyYAML
+    parses: sim/inputs.py), and without anchors or aliases (a few lines of aliases can expand into
+    gigabytes once walked: the "billion laughs")."""
+    text = decode(data, "the uploaded file", what, "YAML text file")
+    load_yaml(text, what, "the uploaded file")  # nesting and syntax, before the event scan below
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ConfigError(what, "YAML anchor/alias", "plain YAML without anchors (&) or aliases (*)")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(what, "invalid YAML", f"valid YAML ({first}{where})") from None
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def safe_filename(name: str, extensions: tuple[str, ...], what: str) -> str:
+    """The base name of an uploaded file with only ``[A-Za-z0-9._-]`` kept, and an allowed extension."""
+    base = Path(str(name).replace("\\", "/")).name
+    base = _SAFE_NAME.sub("_", base).lstrip(".")[:100] or "upload"
+    if not base.lower().endswith(extensions):
+        raise ConfigError(what, name, f"a file ending in {', '.join(extensions)}")
+    return base
+
+
+#: Nesting deeper than this is refused before anything else looks at an upload (the deepest
+#: legitimate scenario, a mixture of mixtures, is a few levels).
+MAX_NESTING = 64
+
+
+def _file_refs(node: Any, key: str, names: set[str], depth: int = 0):
+    """(parent mapping, field name, dotted key) of every field in ``names`` at any depth of ``node``;
+    :class:`ConfigError` when the nesting exceeds :data:`MAX_NESTING`."""
+    if depth > MAX_NESTING:
+        raise ConfigError(key or "scenario", "…", f"nesting of at most {MAX_NESTING} levels")
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        sub = f"{key}.{k}" if key else str(k)
+        if isinstance(node, dict) and k in names:
+            yield node, k, sub
+        if isinstance(v, (dict, list)):
+            yield from _file_refs(v, sub, names, depth + 1)
+
+
+def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
+                  profiles: Mapping[str, Path] | None = None) -> dict:
+    """A copy of a raw scenario mapping whose file references are vetted absolute paths.
+
+    Every field that names a file (:func:`sim.config.file_fields`), at any depth and under any
+    key, is vetted: a trace ``path`` must be a built-in trace (``traces/…`` under ``scenarios/``)
+    or the name of a trace in ``traces`` (uploaded this session); ``profile`` must be
+    ``none``/``auto``, a built-in profile name or a name in ``profiles``; ``model.hf_config`` the
+    id of a config shipped in ``scenarios/models/``. The strings are looked up in those tables,
+    never opened, so an upload cannot reach other server files.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
+    if "base_dir" in data:
+        raise ConfigError("base_dir", data["base_dir"], "not a scenario key (file paths resolve against scenarios/)")
+    out = copy.deepcopy(data)
+    traces = dict(traces or {})
+    uploaded = dict(profiles or {})
+    builtin = builtin_traces()
+
+    def vet_trace(node: dict, field: str, key: str) -> None:
+        ref = node[field]
+        if ref is None:
+            return
+        if not isinstance(ref, str):
+            raise ConfigError(key, ref, "a trace name")
+        if ref in traces:
+            node[field] = str(traces[ref])
+        elif ref.removeprefix("./") in builtin:
+            node[field] = str(builtin[ref.removeprefix("./")])
+        else:
+            allowed = ", ".join(list(builtin) + list(traces)) or "none"
+            raise ConfigError(key, ref, f"a built-in trace or one uploaded in this session ({allowed})")
+
+    def vet_profile(node: dict, field: str, key: str) -> None:
+        ref = node[field]
+        if ref is None:
+            return
+        if not isinstance(ref, str):
+            raise ConfigError(key, ref, "a profile name")
+        if ref in uploaded:
+            node[field] = str(uploaded[ref])
+        elif ref not in ("none", "auto", *builtin_profiles()):
+            names = ", ".join(["none", "auto", *builtin_profiles(), *uploaded])
+            raise ConfigError(key, ref, f"a built-in profile or one uploaded in this session ({names})")
+
+    def vet_model_config(node: dict, field: str, key: str) -> None:
+        from sim.hf_config import shipped_config, shipped_models
+        ref = node[field]
+        if ref is None:
+            return
+        path = shipped_config(ref) if isinstance(ref, str) else None
+        if path is None:
+            raise ConfigError(key, ref, f"the id of a shipped model config ({', '.join(shipped_models())})")
+        node[field] = str(path)
+
+    vetters = {"profile": vet_profile, "hf_config": vet_model_config}
+    names = file_fields()
+    for node, field, key in list(_file_refs(out, "", names)):
+        vetters.get(field, vet_trace)(node, field, key)
+    return out
+
+
+def resolve_scenario(data: dict, traces: Mapping[str, Path] | None = None,
+                     profiles: Mapping[str, Path] | None = None) -> Scenario:
+    """Validated :class:`Scenario` from a raw mapping whose file references are vetted first."""
+    return scenario_from_dict(resolve_paths(data, traces, profiles), base_dir=SCENARIO_DIR)
+
+
+@dataclass
+class UploadedTrace:
+    name: str
+    path: Path
+    rows: int
+    has_arrivals: bool
+    format: str
+
+
+class UploadStore:
+    """Files uploaded in one browser session, in a private temporary folder removed with the store.
+
+    Stored names embed a hash of the content, so a new upload under an old name never hits a
+    stale cache entry or a reader's (path, mtime) cache. The folder is made on the first write:
+    most sessions never upload, and a server killed without running its exit handlers would
+    leave one empty folder per session behind.
+    """
+
+    def __init__(self) -> None:
+        self._dir: Path | None = None
+        self.traces: dict[str, UploadedTrace] = {}
+        self.profiles: dict[str, Path] = {}
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def dir(self) -> Path:
+        """The session's private folder (created on first use, removed by :meth:`close` or at exit)."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="kvsim-app-"))
+            self._finalizer = weakref.finalize(self, shutil.rmtree, str(self._dir), True)
+        return self._dir
+
+    def close(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def trace_paths(self) -> dict[str, Path]:
+        return {k: v.path for k, v in self.traces.items()}
+
+    def _write(self, sub: str, name: str, data: bytes) -> Path:
+        folder = self.dir / sub / hashlib.sha256(data).hexdigest()[:16]
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        path.write_bytes(data)
+        return path
+
+    def add_trace(self, filename: str, data: bytes, fmt: str = "auto") -> UploadedTrace:
+        """Validate an uploaded trace (size, name, columns, token counts) and keep it; bad files are deleted."""
+        from sim.workload.traces import read_trace
+        what = "trace upload"
+        _check_size(data, MAX_UPLOAD_BYTES, what)
+        if fmt not in TRACE_FORMATS:
+            raise ConfigError(what, fmt, f"a format among {', '.join(TRACE_FORMATS)}")
+        name = safe_filename(filename, TRACE_EXTENSIONS, what)
+        path = self._write("traces", name, data)
+        try:
+            trace = read_trace(path, fmt, f"trace {name}")
+        except ConfigError as exc:
+            shutil.rmtree(path.parent, ignore_errors=True)
+            # The temporary path means nothing to the user: name the file they uploaded.
+            raise ConfigError(f"trace {name}", name, exc.allowed) from None
+        except Exception as exc:  # noqa: BLE001 - any reader failure on untrusted bytes is a bad file
+            shutil.rmtree(path.parent, ignore_errors=True)
+            raise ConfigError(f"trace {name}", name, f"a readable trace ({type(exc).__name__})") from None
+        info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None,
+                             fmt if fmt != "auto" else "auto")
+        self.traces[name] = info
+        return info
+
+    def add_profile(self, filename: str, data: bytes) -> str:
+        """Validate an uploaded profile JSON (size, JSON, kvsim-profile schema); returns its name."""
+        from sim.cost.profile import Profile
+        from sim.cost.profile_format import validate_profile
+        what = "profile upload"
+        _check_size(data, MAX_UPLOAD_BYTES, what)
+        name = safe_filename(filename, (".json",), what)
+        doc = load_json(decode(data, name, what, "JSON file"), what, name)
+        validate_profile(doc, name)  # the whole format, naming the JSON path of a bad value
+        Profile.from_json(doc, name, checked=True)
+        key = name.removesuffix(".json")
+        if key in builtin_profiles() or key in ("none", "auto"):
+            key = f"uploaded-{key}"
+        self.profiles[key] = self._write("profiles", name, data)
+        return key
+
+    def parse_scenario(self, filename: str, data: bytes) -> dict:
+        """An uploaded scenario YAML as a raw mapping, validated (schema and file references)."""
+        what = "scenario upload"
+        _check_size(data, MAX_SCENARIO_BYTES, what)
+        safe_filename(filename, (".yaml", ".yml"), what)
+        doc = safe_yaml(data, what)
+        if not isinstance(doc, dict):
+            raise ConfigError(what, type(doc).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
+        resolve_scenario(doc, self.trace_paths(), self.profiles)
+        return doc
+
+
+def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
+    """A sweep dataset uploaded as one Parquet file."""
+    import pyarrow.parquet as pq
+    what = "sweep upload"
+    _check_size(data, MAX_SWEEP_BYTES, what)
+    safe_filename(filename, (".parquet",), what)
+    try:
+        pf = pq.ParquetFile(io.BytesIO(data))
+        # Rows and sizes from the metadata first: 20 MB of Parquet can hold gigabytes of rows.
+        meta = pf.metadata
+        size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+        if meta.num_rows > _MAX_DATASET_ROWS or size > MAX_DATASET_BYTES:
+            raise ConfigError(what, f"{meta.num_rows} rows, {size / 1e6:.0f} MB", f"a dataset of at most "
+                                    f"{_MAX_DATASET_ROWS} rows and {MAX_DATASET_BYTES / 1e6:.0f} MB once read")
+        table = pf.read()
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes
+        raise ConfigError(what, filename, f"a readable Parquet file ({type(exc).__name__})") from None
+    if table.num_rows == 0:
+        raise ConfigError(what, filename, "a dataset with at least one row")
+    return table
