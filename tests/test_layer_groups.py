@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator_checks import check_after_op, release_all
+from allocator_checks import check_after_op, release_all, step_decode
+from test_allocators import _owned_slots_static, _run, ops
 from sim.allocators import Grow, StaticAllocator
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
-from sim.catalog import FULL, MODELS, SLIDING, KVGroups, ModelSpec, kv_groups_of
+from sim.catalog import FULL, GPUS, MODELS, SLIDING, KVGroups, ModelSpec, kv_groups_of
 from sim.config import load_scenario
 from sim.cost.model import BatchShape, RooflineCostModel
 from sim.cost.profile import build_profile_cost_model
-from sim.catalog import GPUS
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.errors import ConfigError
@@ -48,9 +48,9 @@ def _hand_bytes(tokens: int) -> int:
     return PER_LAYER * (12 * tokens + 12 * min(tokens, W))
 
 
-def _window_blocks(tokens: int, block: int) -> int:
-    """Blocks covering tokens [tokens − W, tokens) of one sliding layer group."""
-    return (tokens - 1) // block - max(0, tokens - W) // block + 1
+def _window_blocks(tokens: int, block: int, window: int = W) -> int:
+    """Blocks covering tokens [tokens − window, tokens) of one sliding layer group."""
+    return (tokens - 1) // block - max(0, tokens - window) // block + 1
 
 
 # --- grouping and bytes ---------------------------------------------------------------------
@@ -193,27 +193,7 @@ def test_prefix_caching_is_refused_for_mixed_models():
 
 # --- allocator invariants -------------------------------------------------------------------
 
-ops = st.lists(st.tuples(st.sampled_from(["admit", "grow", "release"]), st.integers(0, 7), st.integers(1, 300)),
-               min_size=1, max_size=40)
 groups = st.tuples(st.integers(0, 2), st.integers(1, 3))
-
-
-def _run(a, seq_ops, layout):
-    live: set[int] = set()
-    for op, seq, tokens in seq_ops:
-        if op == "admit" and seq not in live:
-            if a.admit(seq, tokens) is Grow.OK:
-                live.add(seq)
-        elif op == "grow" and seq in live:
-            before, length = a.used[seq], a.length[seq] if hasattr(a, "length") else None
-            if a.grow(seq, (length or a.used[seq]) + tokens % 40) is not Grow.OK:
-                assert a.used[seq] == before, "a refused grow changed state"
-        elif op == "release" and seq in live:
-            a.release(seq)
-            live.discard(seq)
-        check_after_op(a, live, layout)
-    release_all(a, live)
-    assert a.largest_free_extent_tokens() == a.capacity_tokens
 
 
 @settings(max_examples=2000)
@@ -228,14 +208,10 @@ def test_grouped_block_pool_invariants(seq_ops, block, capacity, window, fg_wg):
         assert sum(x.blocks.values()) + x.free_blocks == x.num_blocks
         for s, b in x.blocks.items():
             t = x.length[s]
-            assert b == fg * -(-t // block) + wg * _window_blocks_w(t, block, window)
+            assert b == fg * -(-t // block) + wg * _window_blocks(t, block, window)
             assert x.used[s] == g.slots_held(t) <= b * block
 
     _run(a, seq_ops, layout)
-
-
-def _window_blocks_w(tokens: int, block: int, window: int) -> int:
-    return (tokens - 1) // block - max(0, tokens - window) // block + 1
 
 
 @settings(max_examples=2000)
@@ -248,12 +224,7 @@ def test_grouped_static_invariants(seq_ops, reserve, capacity, window, fg_wg):
     lengths: dict[int, int] = {}
 
     def layout(x):
-        spans = sorted([(s, x.reserve_slots) for s in x.extent.values()] + x.arena.free_extents())
-        pos = 0
-        for start, size in spans:
-            assert start == pos, f"gap or overlap at {pos}"
-            pos += size
-        assert pos == x.capacity_tokens
+        _owned_slots_static(x)
         assert all(u <= x.reserve_slots for u in x.used.values())
 
     live: set[int] = set()
@@ -298,14 +269,7 @@ def test_grouped_decode_window_equals_stepping(lengths, block, capacity, max_ste
     b.take_work()
     tokens_now = np.array([a.length[s] for s in seqs], dtype=np.int64)
     plan = a.decode_plan(seqs, tokens_now, max_steps)
-    steps, reserved, used, events = 0, [], [], []
-    for j in range(max_steps):
-        if j > 0 and any(b.grow(s, int(t) + j) is not Grow.OK for s, t in zip(seqs, tokens_now)):
-            break
-        steps += 1
-        reserved.append(b.reserved_tokens())
-        used.append(b.used_total)
-        events.append(b.take_work().events if j > 0 else 0)
+    steps, reserved, used, events = step_decode(b, seqs, tokens_now, max_steps)
     assert plan.steps <= max(1, steps)   # a window may end early (never late): the engine steps on
     assert list(plan.reserved_tokens) == reserved[: plan.steps]
     assert list(plan.used_tokens) == used[: plan.steps]
