@@ -64,24 +64,116 @@ class ModelSpec:
 
     @property
     def uniform_sliding_window(self) -> int | None:
-        """The window when every layer slides, else ``None``. A model mixing full and sliding
-        layers is held and priced as full attention on every layer (an upper bound on its KV)."""
+        """The window when every layer slides, else ``None`` (see :attr:`mixed_window` for a model
+        that mixes full and sliding layers)."""
         return self.sliding_window if self.sliding_layers == self.layers else None
+
+    @property
+    def mixed_window(self) -> int | None:
+        """The window of the sliding layers of a model that mixes full-attention and sliding-window
+        layers (gpt-oss, Gemma-2/3), else ``None``. Its KV is held per layer group
+        (:attr:`kv_groups`) and its attention priced per layer type."""
+        return self.sliding_window if 0 < self.sliding_layers < self.layers else None
+
+    @property
+    def kv_groups(self) -> KVGroups:
+        """The layers in KV cache groups, as vLLM v1 forms them (:class:`KVGroups`)."""
+        if self.mixed_window is None:
+            window = self.uniform_sliding_window
+            return KVGroups(self.layers, full=0 if window else 1, sliding=1 if window else 0, window=window)
+        return kv_groups_of(self.layers - self.sliding_layers, self.sliding_layers, self.mixed_window)
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype."""
         return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype, "model.kv_dtype"))
+
+    def kv_group_bytes_per_token(self, kv_dtype: str) -> int:
+        """Bytes of K and V for one token in one KV cache group (:attr:`kv_groups`):
+        2 · layers per group · kv_heads · head_dim · dtype; :meth:`kv_bytes_per_token` when every
+        layer attends alike (one group of all layers)."""
+        return int(2 * self.kv_groups.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype, "model.kv_dtype"))
+
+    def kv_bytes_held(self, context_tokens: int, kv_dtype: str) -> int:
+        """Bytes of KV a sequence of ``context_tokens`` tokens keeps resident, before block rounding:
+        every full-attention group holds all its tokens, every sliding-window group the last
+        ``window`` of them (padding layers of a group count, as vLLM allocates them)."""
+        return self.kv_groups.slots_held(context_tokens) * self.kv_group_bytes_per_token(kv_dtype)
 
     def weight_bytes(self, weight_dtype: str) -> int:
         """Bytes of all weights at ``weight_dtype``."""
         return int(self.params * dtype_bytes(weight_dtype, "model.weight_dtype"))
 
     def kv_tokens_held(self, context_tokens: int) -> int:
-        """Tokens whose K/V must stay resident for a sequence of this length (on every layer)."""
+        """Tokens whose K/V a sequence of this length keeps on every layer, as an allocator that holds
+        all layers alike keeps it: the window when every layer slides, else the whole length (an
+        upper bound for a mixed model; :meth:`kv_bytes_held` counts per layer group)."""
         window = self.uniform_sliding_window
         if window is None:
             return context_tokens
         return min(context_tokens, window)
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """A model's layers in KV cache groups, as vLLM v1's hybrid KV cache manager forms them.
+
+    Every group has the same number of layers (``layers``, padding included) and one block table:
+    a group of full-attention layers holds every token of a sequence, a group of sliding-window
+    layers only the last ``window`` tokens. All groups draw blocks of the same size from one pool,
+    so a *slot* (one token in one group: ``layers`` layers' K and V) is the unit of KV memory, and
+    a sequence of ``t`` tokens holds ``full · t + sliding · min(t, window)`` slots
+    (:meth:`slots_held`, before block rounding). A model whose layers all attend alike is one
+    group of all its layers, and a slot is a token.
+    """
+
+    #: Layers per group (vLLM's group size), padding layers included.
+    layers: int
+    #: Groups of full-attention layers.
+    full: int
+    #: Groups of sliding-window layers.
+    sliding: int
+    #: Tokens a sliding-window layer attends to and keeps (``None``: no sliding layers).
+    window: int | None = None
+    #: Layers added to fill the last group of a type (memory vLLM allocates and no layer uses).
+    padding_layers: int = 0
+
+    @property
+    def count(self) -> int:
+        """Groups in all (slots one token takes while it is inside every window)."""
+        return self.full + self.sliding
+
+    def slots_held(self, tokens: int) -> int:
+        """Slots a sequence of ``tokens`` tokens holds (no block rounding)."""
+        if not self.sliding:
+            return self.full * tokens
+        assert self.window is not None
+        return self.full * tokens + self.sliding * min(tokens, self.window)
+
+    def tokens_fitting(self, slots: int) -> int | None:
+        """The longest sequence (tokens) whose :meth:`slots_held` fits in ``slots``; ``None``: any length."""
+        if not self.sliding:
+            return slots // self.full
+        assert self.window is not None
+        if slots < self.count * self.window:
+            return slots // self.count
+        return None if not self.full else (slots - self.sliding * self.window) // self.full
+
+    def describe(self) -> dict:
+        """The groups for ``summary.json`` (``kv_layer_groups``)."""
+        return {"layers_per_group": self.layers, "full_attention_groups": self.full,
+                "sliding_window_groups": self.sliding, "window_tokens": self.window,
+                "padding_layers": self.padding_layers}
+
+
+def kv_groups_of(full_layers: int, sliding_layers: int, window: int) -> KVGroups:
+    """Groups of a model with ``full_layers`` full-attention and ``sliding_layers`` sliding-window
+    layers, by vLLM v1's rule (``_get_kv_cache_groups_uniform_page_size``): the group size is the
+    smaller layer count, or the larger one when it is under 1.5 times the smaller (less padding);
+    each type fills ``ceil(layers / size)`` groups, the last one padded."""
+    lo, hi = min(full_layers, sliding_layers), max(full_layers, sliding_layers)
+    size = hi if hi < 1.5 * lo else lo
+    full, sliding = -(-full_layers // size), -(-sliding_layers // size)
+    return KVGroups(size, full, sliding, window, (full + sliding) * size - full_layers - sliding_layers)
 
 
 @dataclass(frozen=True)

@@ -35,3 +35,18 @@ def grow_one_at_a_time(b, seqs: list[int], steps: int) -> tuple[int, list[int]]:
         k += 1
         reserved.append(b.reserved_tokens())
     return k, reserved
+
+
+def step_decode(b, seqs: list[int], tokens_now, max_steps: int) -> tuple[int, list[int], list[int], list[int]]:
+    """Reference for ``decode_plan``: grow every sequence of ``b`` one token per iteration from
+    ``tokens_now`` until a refusal or ``max_steps``. Returns (iterations granted, reserved and used
+    slots during each, allocation events of each after the first)."""
+    steps, reserved, used, events = 0, [], [], []
+    for j in range(max_steps):
+        if j > 0 and any(b.grow(s, int(t) + j) is not Grow.OK for s, t in zip(seqs, tokens_now)):
+            break
+        steps += 1
+        reserved.append(b.reserved_tokens())
+        used.append(b.used_total)
+        events.append(b.take_work().events if j > 0 else 0)
+    return steps, reserved, used, events

@@ -1,7 +1,13 @@
 """Small scenarios for engine tests."""
 
+from pathlib import Path
+
 from sim.catalog import GPUS, MODELS
 from sim.config import apply_overrides, scenario_from_dict
+
+#: tiny-llama's shape with gpt-oss's layout: 2 sliding-window (64 tokens) and 2 full-attention
+#: layers; ``{"model": {"hf_config": str(TINY_MIXED)}}`` runs it in a tiny scenario.
+TINY_MIXED = Path(__file__).parent / "data" / "hf" / "tiny-mixed-layout_config.json"
 
 
 def tiny_scenario(kv_tokens: int = 4096, **over):

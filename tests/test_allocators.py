@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator_checks import check_after_op, grow_one_at_a_time, release_all
+from allocator_checks import check_after_op, grow_one_at_a_time, release_all, step_decode
 from sim.allocators import Grow, PagedAllocator, StaticAllocator
 
 N_EXAMPLES = 10_000
@@ -24,13 +24,13 @@ ops = st.lists(
 
 def _owned_slots_static(a: StaticAllocator) -> int:
     # Walk the arena: allocated extents and free extents must tile [0, capacity) exactly.
-    spans = sorted([(s, a.reserve) for s in a.extent.values()] + a.arena.free_extents())
+    spans = sorted([(s, a.reserve_slots) for s in a.extent.values()] + a.arena.free_extents())
     pos = 0
     for start, size in spans:
         assert start == pos, f"gap or overlap at {pos} (next span starts {start})"
         pos += size
     assert pos == a.capacity_tokens
-    return len(a.extent) * a.reserve
+    return len(a.extent) * a.reserve_slots
 
 
 def _run(a, seq_ops, check_layout):
@@ -94,13 +94,7 @@ def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps
     tokens_now = np.array([a.used[s] for s in seqs], dtype=np.int64)
     plan = a.decode_plan(seqs, tokens_now, max_steps)
     # Step b one iteration at a time until a refusal or max_steps.
-    steps, reserved, used = 0, [], []
-    for j in range(max_steps):
-        if j > 0 and any(b.grow(s, int(t) + j) is not Grow.OK for s, t in zip(seqs, tokens_now)):
-            break
-        steps += 1
-        reserved.append(b.reserved_tokens())
-        used.append(b.used_total)
+    steps, reserved, used, _ = step_decode(b, seqs, tokens_now, max_steps)
     assert plan.steps == max(1, steps)
     assert list(plan.reserved_tokens) == reserved[: plan.steps]
     assert list(plan.used_tokens) == used[: plan.steps]

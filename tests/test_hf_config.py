@@ -203,8 +203,9 @@ def test_per_layer_attention_types_are_kept():
     m = read_hf_config(DATA / "dense-gpt-oss-layout_config.json").spec
     assert m.sliding_window == 128 and len(m.layer_types) == 24
     assert m.layer_types[:2] == (SLIDING, FULL) and m.sliding_layers == 12
-    # Until KV is accounted per layer group, a mixed model is held as full attention everywhere.
-    assert m.uniform_sliding_window is None and m.kv_tokens_held(10_000) == 10_000
+    # Not every layer slides: KV is held per layer group (tests/test_layer_groups.py); an allocator
+    # that holds all layers alike keeps the whole length.
+    assert m.uniform_sliding_window is None and m.mixed_window == 128 and m.kv_tokens_held(10_000) == 10_000
 
 
 @pytest.mark.parametrize("extra,window,sliding", [
@@ -218,6 +219,7 @@ def test_sliding_window_forms(tmp_path, extra, window, sliding):
     m = read_hf_config(_write(tmp_path, {**DENSE, **extra})).spec
     assert m.sliding_window == window and m.sliding_layers == sliding
     assert m.uniform_sliding_window == (window if sliding == 4 else None)
+    assert m.mixed_window == (window if 0 < sliding < 4 else None)
 
 
 # --- quantisation ---------------------------------------------------------------------------

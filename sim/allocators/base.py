@@ -1,7 +1,10 @@
 """The one interface every KV allocation strategy implements.
 
-Sizes are tracked in tokens inside an allocator and reported in bytes
-(``tokens × kv_bytes_per_token``) by :meth:`Allocator.stats`. The engine calls
+Sizes are tracked in token slots inside an allocator and reported in bytes
+(``slots × kv_bytes_per_token``) by :meth:`Allocator.stats`. A slot is one token
+on every layer, or one token in one layer group for allocators that hold a
+model's KV per layer group (sliding-window layers beside full-attention ones:
+:class:`sim.catalog.KVGroups`). The engine calls
 ``admit`` when a request first gets memory, ``grow`` before each iteration so
 that the slots for the tokens it computes exist, and ``release`` when a
 sequence finishes or is preempted. ``decode_plan``/``advance_decode`` let the
@@ -152,7 +155,11 @@ class Allocator(ABC):
         if capacity_tokens <= 0:
             raise ValueError("capacity_tokens must be positive")
         self.single_extent = single_extent
+        #: Bytes of one slot: a token (of one layer group where KV is held per group).
         self.bpt = kv_bytes_per_token
+        #: Slots one token of a sequence takes at most: one per layer group (1 unless an allocator
+        #: holds KV per layer group). Whole-output promises and swaps count a token so.
+        self.token_slots = 1
         self.capacity_tokens = capacity_tokens
         self.used: dict[int, int] = {}
         self.used_total = 0

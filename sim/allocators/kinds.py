@@ -19,6 +19,7 @@ from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
 from sim.allocators.registry import REGISTRY, Budget, register
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
+from sim.catalog import KVGroups
 from sim.config import ALLOCATOR_KINDS, AllocatorConfig
 from sim.errors import ConfigError
 
@@ -62,10 +63,14 @@ def _pow2(tokens: int) -> int:
 
 def size_static(a: AllocatorConfig, b: Budget) -> Budget:
     reserve = parse_reserve(a.reserve, b.max_model_len, b.percentile)
-    if reserve > b.capacity_tokens:
+    g = _sliding_groups(b)
+    # A sliding-window group reserves only the window (StaticAllocator): the slots a reservation asks for.
+    slots = reserve if g is None else g.slots_held(reserve)
+    if slots > b.capacity_tokens:
+        fit = b.capacity_tokens if g is None else g.tokens_fitting(b.capacity_tokens)
         raise ConfigError("allocator.reserve", a.reserve,
-                          f"a reservation of at most {b.capacity_tokens} tokens (one replica's KV capacity)")
-    _check_buddy(a, b, b.capacity_tokens, _pow2(reserve))
+                          f"a reservation of at most {fit} tokens (one replica's KV capacity)")
+    _check_buddy(a, b, b.capacity_tokens, _pow2(slots))
     return replace(b, reserve_tokens=reserve)
 
 
@@ -103,13 +108,19 @@ def _check_block_size(a: AllocatorConfig, b: Budget) -> None:
         raise ConfigError("allocator.block_size", a.block_size, f"at most {b.capacity_tokens // 2} tokens")
 
 
+def _sliding_groups(b: Budget) -> KVGroups | None:
+    """The budget's layer groups when some of them slide (the kind then holds KV per group)."""
+    return b.groups if b.groups is not None and b.groups.sliding else None
+
+
 def _reserve(b: Budget) -> int:
     assert b.reserve_tokens is not None, "the deployment resolves allocator.reserve for this kind"
     return b.reserve_tokens
 
 
 def build_static(a: AllocatorConfig, b: Budget) -> Allocator:
-    return StaticAllocator(b.capacity_tokens, b.kv_bytes_per_token, _reserve(b), placement=a.placement)
+    return StaticAllocator(b.capacity_tokens, b.kv_bytes_per_token, _reserve(b), placement=a.placement,
+                           groups=_sliding_groups(b))
 
 
 def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
@@ -119,11 +130,16 @@ def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
 def build_paged(a: AllocatorConfig, b: Budget) -> Allocator:
     _check_block_size(a, b)
     cap, bpt = b.capacity_tokens, b.kv_bytes_per_token
+    g = _sliding_groups(b)
     if a.prefix_caching.enabled:
-        if b.sliding_window is not None:
+        if b.sliding_window is not None or g is not None:
             raise ConfigError("allocator.prefix_caching.enabled", True,
-                              "false for sliding-window models (their blocks slide out of the window)")
+                              "false for models with sliding-window layers (their blocks slide out of the window)")
         return PrefixCachingPagedAllocator(cap, bpt, a.block_size, a.page_reuse, eviction=a.prefix_caching.eviction)
+    if g is not None:
+        assert g.window is not None
+        return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=g.window,
+                                           full_groups=g.full, window_groups=g.sliding)
     if b.sliding_window is not None:
         return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=b.sliding_window)
     return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
@@ -145,7 +161,7 @@ def build_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Allocator:
                                   admit_when_free_above=a.admit_when_free_above)
 
 
-register("static", build_static, size=size_static, knobs=("reserve", "overflow", "placement"),
+register("static", build_static, size=size_static, knobs=("reserve", "overflow", "placement"), layer_groups=True,
          description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena")
 register("dynamic", build_dynamic, size=size_dynamic,
          knobs=("growth", "chunk_tokens", "placement", "compaction.enabled", "compaction.below_utilization",
@@ -153,7 +169,8 @@ register("dynamic", build_dynamic, size=size_dynamic,
          description="one contiguous extent per sequence grown in place or by realloc-and-copy, token by token "
                      "or in chunks")
 register("paged", build_paged, knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
-         description="PagedAttention block pool: blocks of block_size tokens from one free pool", paged_layout=True)
+         description="PagedAttention block pool: blocks of block_size tokens from one free pool", paged_layout=True,
+         layer_groups=True)
 register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail, knobs=("long_threshold", "static_fraction", "block_size", "placement"),
          description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
                      "for the rest", paged_layout=True)

@@ -10,6 +10,10 @@ A kind is registered once (:func:`register`) with
   there once; ``kvsim list allocators``, the explorer and the planner list them;
 * ``description``: one line on what it models;
 * ``paged_layout``: attention reads a block table (the cost model prices the paged kernels);
+* ``layer_groups``: it holds a model's KV per layer group (:class:`sim.catalog.KVGroups`): a
+  sliding-window layer keeps only its window. The deployment then sizes the budget in slots
+  (tokens of one group) and hands it the groups; a kind without it holds every layer at the
+  sequence's whole length (an upper bound for models with sliding-window layers);
 * ``size(cfg, budget)`` (optional): resolves the sizes the kind derives from its knobs (a
   reservation in tokens…) and rejects values that cannot fit, when the deployment is resolved —
   before anything runs, so a sweep refuses a bad point up front.
@@ -29,6 +33,7 @@ from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.allocators.base import Allocator
+    from sim.catalog import KVGroups
 
 
 @dataclass(frozen=True)
@@ -36,14 +41,15 @@ class Budget:
     """What one replica's allocator may hold, from the deployment (``sim/engine/deployment.py``);
     a kind's ``size`` hook fills in the sizes it resolves from its knobs."""
 
-    #: KV capacity of the replica, in token slots.
+    #: KV capacity of the replica, in token slots (tokens of one layer group where ``groups`` is set).
     capacity_tokens: int
+    #: Bytes of one slot.
     kv_bytes_per_token: int
     #: ``workload.max_model_len``: the longest request (prompt + output), in tokens.
     max_model_len: int
-    #: The model's attention window in tokens (``None``: full attention).
+    #: The attention window in tokens when every layer slides (``None``: some or all attend fully).
     sliding_window: int | None = None
-    #: KV tokens one ``max_model_len`` request holds (more than its length for encoder-decoders).
+    #: Slots one ``max_model_len`` request holds (more than its length for encoder-decoders).
     needed_tokens: int = 0
     #: ``q`` → the workload's ``q``-th percentile of total request length, in tokens (``None``
     #: where the workload is not known: a percentile knob is then refused).
@@ -52,6 +58,8 @@ class Budget:
     reserve_tokens: int | None = None
     #: ``allocator.long_threshold`` resolved to tokens (hybrid_tail).
     long_threshold_tokens: int | None = None
+    #: The model's KV cache groups, for a kind registered with ``layer_groups`` (``None`` otherwise).
+    groups: KVGroups | None = None
 
 
 Builder = Callable[[AllocatorConfig, Budget], "Allocator"]
@@ -74,6 +82,7 @@ class AllocatorKind:
     description: str
     paged_layout: bool = False
     size: Sizer = _as_is
+    layer_groups: bool = False
 
 
 #: kind → entry, in registration order.
@@ -91,7 +100,7 @@ def _default(key: str) -> Any:
 
 
 def register(kind: str, build: Builder, *, knobs: tuple[str, ...] | list[str], description: str,
-             paged_layout: bool = False, size: Sizer | None = None) -> AllocatorKind:
+             paged_layout: bool = False, size: Sizer | None = None, layer_groups: bool = False) -> AllocatorKind:
     """Make ``allocator.kind: <kind>`` build allocators with ``build`` (and resolve its sizes with
     ``size``). Every knob must be an ``allocator.*`` key of the config (checked here). A kind is
     registered once."""
@@ -99,7 +108,7 @@ def register(kind: str, build: Builder, *, knobs: tuple[str, ...] | list[str], d
         raise ValueError(f"allocator kind {kind!r} is already registered")
     for k in knobs:
         _default(k)
-    entry = AllocatorKind(kind, build, tuple(knobs), description, paged_layout, size or _as_is)
+    entry = AllocatorKind(kind, build, tuple(knobs), description, paged_layout, size or _as_is, layer_groups)
     REGISTRY[kind] = entry
     if kind not in ALLOCATOR_KINDS:
         ALLOCATOR_KINDS.append(kind)

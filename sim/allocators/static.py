@@ -10,6 +10,12 @@ engine turns into a rejection or a truncation (``overflow`` policy).
 power-of-two block ≥ ``reserve_tokens``: the slack counts as reserved).
 ``compact()`` slides reservations together (:mod:`.compaction`); it needs the
 per-sequence records, so the engine must dissolve the decode cohort first.
+
+For a model with sliding-window layers (``groups``, :class:`sim.catalog.KVGroups`),
+slots are tokens of one layer group: a reservation holds ``reserve_tokens`` for
+each full-attention group and only ``min(reserve_tokens, window)`` for each
+sliding-window group (a ring of the window's tokens), and a sequence's ``used``
+counts the slots it keeps. A sequence may still grow to ``reserve_tokens``.
 """
 
 from __future__ import annotations
@@ -20,52 +26,69 @@ from sim.allocators.compaction import CompactionMixin, compact_allocator
 from sim.allocators.base import (EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow)
 from sim.allocators.cohort import Cohort
 from sim.allocators.placement import make_arena
+from sim.catalog import KVGroups
 
 
 class StaticAllocator(CompactionMixin, Allocator):
 
     def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int,
-                 placement: str = "first_fit"):
+                 placement: str = "first_fit", groups: KVGroups | None = None):
+        """``groups``: the model's KV cache groups when some layers slide (slots are then tokens of
+        one group, ``capacity_tokens`` and ``kv_bytes_per_token`` counted so); ``None``: one slot
+        per token."""
         super().__init__(capacity_tokens, kv_bytes_per_token)
-        if not 0 < reserve_tokens <= capacity_tokens:
-            raise ValueError(f"reserve_tokens {reserve_tokens} must be in (0, {capacity_tokens}]")
+        #: Token length each reservation allows (a sequence past it overflows).
         self.reserve = reserve_tokens
+        self.groups = groups if groups is not None and groups.sliding else None
+        #: Slots one reservation asks for: ``reserve_tokens``, or per group for a sliding-window model.
+        self.reserve_slots = reserve_tokens if self.groups is None else self.groups.slots_held(reserve_tokens)
+        if not 0 < self.reserve_slots <= capacity_tokens:
+            slots = "" if self.groups is None else f" ({self.reserve_slots} slots)"
+            raise ValueError(f"reserve_tokens {reserve_tokens}{slots} must be in (0, {capacity_tokens}]")
         self.placement = placement
         self.arena = make_arena(placement, capacity_tokens)
-        #: Slots one reservation owns: ``reserve_tokens``, or its power-of-two block for buddy.
-        self.block = self.arena.granted(reserve_tokens)
+        #: Slots one reservation owns: ``reserve_slots``, or its power-of-two block for buddy.
+        self.block = self.arena.granted(self.reserve_slots)
         if self.block > self.arena.max_extent:
             raise ValueError(f"reserve_tokens {reserve_tokens} needs a {placement} block of {self.block} slots; "
                              f"the largest in {capacity_tokens} is {self.arena.max_extent}")
         self.extent: dict[int, int] = {}  # seq -> start slot
-        self.cohort = StaticCohort(self)
+        # A sliding group's slots stop growing at the window: the cohort's n-per-step growth does not apply.
+        self.cohort = StaticCohort(self) if self.groups is None else None
+        if self.groups is not None:
+            self.token_slots = self.groups.count
+
+    def _slots(self, tokens: int) -> int:
+        """Slots a sequence of ``tokens`` tokens keeps."""
+        return tokens if self.groups is None else self.groups.slots_held(tokens)
 
     def admit(self, seq: int, tokens: int) -> Grow:
         assert seq not in self.extent, f"seq {seq} admitted twice"
         if tokens > self.reserve:
             self.refusals[EXCEEDS_RESERVATION] += 1
             return Grow.OVERFLOW
-        start = self.arena.allocate(self.reserve)
+        start = self.arena.allocate(self.reserve_slots)
         if start is None:
             stranded = self.arena.free_total >= self.block
             self.refusals[NO_CONTIGUOUS_EXTENT if stranded else INSUFFICIENT_FREE] += 1
             return Grow.NO_SPACE
         self.work.events += 1
         self.extent[seq] = start
-        self._set_used(seq, tokens)
+        self._set_used(seq, self._slots(tokens))
         return Grow.OK
 
     def grow(self, seq: int, tokens: int) -> Grow:
         if tokens > self.reserve:
             self.refusals[EXCEEDS_RESERVATION] += 1
             return Grow.OVERFLOW
-        if tokens > self.used[seq]:
-            self._set_used(seq, tokens)
+        slots = self._slots(tokens)
+        if slots > self.used[seq]:
+            self._set_used(seq, slots)
         return Grow.OK
 
     def release(self, seq: int) -> None:
         self.releases += 1
-        self.arena.free(self.extent.pop(seq), self.reserve)
+        self.arena.free(self.extent.pop(seq), self.reserve_slots)
         self._drop_used(seq)
 
     def reserved_tokens(self) -> int:
@@ -83,13 +106,21 @@ class StaticAllocator(CompactionMixin, Allocator):
         # Iteration j needs tokens_now + j slots; the reservation caps it.
         headroom = int(self.reserve - tokens_now.max()) + 1 if len(seqs) else max_steps
         k = max(1, min(max_steps, headroom))
-        used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
+        if self.groups is None:
+            used = self.used_total + len(seqs) * np.arange(k, dtype=np.float64)
+        else:
+            g = self.groups
+            assert g.window is not None  # groups with sliding layers have a window
+            t = tokens_now[None, :] + np.arange(k, dtype=np.int64)[:, None]
+            kept = g.full * t + g.sliding * np.minimum(t, g.window)
+            now = sum(self._slots(int(x)) for x in tokens_now)
+            used = (self.used_total - now + kept.sum(axis=1)).astype(np.float64)
         return DecodePlan(k, np.full(k, float(self.reserved_tokens())), used)
 
     def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
         for s, t in zip(seqs, tokens_after.tolist()):
             assert t <= self.reserve
-            self._set_used(s, t)
+            self._set_used(s, self._slots(t))
 
 
 class StaticCohort(Cohort):

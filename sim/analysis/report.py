@@ -58,6 +58,14 @@ def write_pngs(figs: Sequence, names: Sequence[str], out: Path, width: int = 110
         else:  # pragma: no cover - older plotly
             for f, p in zip(figs, paths):
                 f.write_image(p, width=width, height=height)
+        # The batch export can return with some figures unwritten when the browser is slow to
+        # answer (seen on a loaded 2-core host): those are exported once more, one at a time.
+        for f, p in zip(figs, paths):
+            if not p.is_file():
+                f.write_image(p, width=width, height=height)
+        missing = [p.name for p in paths if not p.is_file()]
+        if missing:
+            raise RuntimeError(f"no image written for {', '.join(missing)}")
     except Exception as exc:
         raise ConfigError("--png", str(out), f"kaleido with Chromium or Chrome installed ({type(exc).__name__}: "
                                              f"{str(exc).splitlines()[0] if str(exc) else ''})") from None

@@ -26,20 +26,26 @@ class BatchShape:
     ``prefill_chunks`` holds ``(new_tokens, context_tokens)`` per sequence in
     prefill, context being the tokens already in its KV cache before the
     chunk. ``decode_kv_tokens`` is the sum over decoding sequences of the KV
-    length each attends over (its new token included).
+    length each attends over (its new token included). For a model that mixes
+    full-attention and sliding-window layers (``ModelSpec.mixed_window``),
+    ``decode_window_kv_tokens`` is the same sum on its sliding-window layers
+    (each sequence's length capped at the window); 0 when not given, and the cost
+    model then prices those layers at the full lengths (an upper bound).
     """
 
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     decode_seqs: int = 0
     decode_kv_tokens: int = 0
+    decode_window_kv_tokens: int = 0
 
     # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
     # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
     def __init__(self, prefill_chunks: list[tuple[int, int]] | None = None, decode_seqs: int = 0,
-                 decode_kv_tokens: int = 0):
+                 decode_kv_tokens: int = 0, decode_window_kv_tokens: int = 0):
         self.prefill_chunks = [] if prefill_chunks is None else prefill_chunks
         self.decode_seqs = decode_seqs
         self.decode_kv_tokens = decode_kv_tokens
+        self.decode_window_kv_tokens = decode_window_kv_tokens
 
     @property
     def num_tokens(self) -> int:
@@ -73,10 +79,13 @@ class CostModel(ABC):
         self.after_prefill_s: list[float] = []
 
     @abstractmethod
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
+                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
         """Per-iteration seconds of pure decode steps of ``num_seqs`` sequences.
 
-        ``kv_tokens[j]`` is the total KV length attended in iteration ``j``.
+        ``kv_tokens[j]`` is the total KV length attended in iteration ``j``;
+        ``window_kv_tokens[j]`` the same on a mixed model's sliding-window layers
+        (``BatchShape.decode_window_kv_tokens``; ``None``: priced at ``kv_tokens``).
         Must equal :meth:`step_time_s` on the same single-iteration shape.
         """
 
@@ -101,7 +110,11 @@ class CostModel(ABC):
     def step_time_s(self, batch: BatchShape) -> float:
         """Seconds for one iteration of ``batch``."""
         if not batch.prefill_chunks:
-            return float(self.decode_times_s(batch.decode_seqs, np.array([batch.decode_kv_tokens], dtype=np.float64))[0])
+            kv = np.array([batch.decode_kv_tokens], dtype=np.float64)
+            if batch.decode_window_kv_tokens:
+                return float(self.decode_times_s(batch.decode_seqs, kv,
+                                                 np.array([batch.decode_window_kv_tokens], dtype=np.float64))[0])
+            return float(self.decode_times_s(batch.decode_seqs, kv)[0])
         return self.mixed_step_time_s(batch)
 
     @abstractmethod
@@ -151,7 +164,8 @@ class RooflineCostModel(CostModel):
     GEMMs read the weights once per iteration and do 2·params FLOPs per token, at the
     GPU's fp8 peak for fp8 weights where it has FP8 tensor cores, else its bf16 peak;
     attention reads every attended KV token once and does 4·heads·head_dim
-    FLOPs per (query, key) pair per layer (bf16 peak). Tensor parallelism divides both
+    FLOPs per (query, key) pair per layer (bf16 peak); the sliding-window layers of a
+    mixed model attend at most their window. Tensor parallelism divides both
     and adds two all-reduces per layer over NVLink (PCIe on cards without it).
     """
 
@@ -171,6 +185,18 @@ class RooflineCostModel(CostModel):
         self._linear_flops_per_token = 2.0 * max(model.params - 2 * embed, model.params * 0.5)
         self._lm_head_flops_per_seq = 2.0 * embed
         self._attn_flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
+        # A mixed model: its full-attention layers take the terms above, its sliding-window layers
+        # these, at lengths capped at the window.
+        self._window = model.mixed_window
+        self._w_kv_bpt = 0.0
+        self._w_flops_per_pair = 0.0
+        if self._window is not None:
+            per_layer = model.kv_bytes_per_token(kv_dtype) / model.layers
+            full = model.layers - model.sliding_layers
+            self._kv_bpt = int(per_layer * full)
+            self._attn_flops_per_pair = 4.0 * full * model.heads * model.head_dim
+            self._w_kv_bpt = per_layer * model.sliding_layers
+            self._w_flops_per_pair = 4.0 * model.sliding_layers * model.heads * model.head_dim
         self._act_bytes_per_token = model.hidden * dtype_bytes(weight_dtype, "model.weight_dtype")
         self._paged_factor = 1.0 + (params.paged_attention_overhead if layout.paged else 0.0)
 
@@ -188,10 +214,15 @@ class RooflineCostModel(CostModel):
     def _fixed_s(self, seqs: float) -> float:
         return self.p.step_overhead_s + self.p.per_seq_overhead_s * seqs
 
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
+                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
         kv = np.asarray(kv_tokens, dtype=np.float64)
         base = self._linear_s(num_seqs, num_seqs) + self._allreduce_s(num_seqs) + self._fixed_s(num_seqs)
         attn = np.maximum(kv * self._attn_flops_per_pair / self._flops, kv * self._kv_bpt / self._bw) * self._paged_factor
+        if self._window is not None:
+            kvw = kv if window_kv_tokens is None else np.asarray(window_kv_tokens, dtype=np.float64)
+            attn = attn + np.maximum(kvw * self._w_flops_per_pair / self._flops,
+                                     kvw * self._w_kv_bpt / self._bw) * self._paged_factor
         return base + attn
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
@@ -203,6 +234,15 @@ class RooflineCostModel(CostModel):
             pairs += new * ctx + new * (new + 1) / 2
             kv_read += ctx + new
         attn = max(pairs * self._attn_flops_per_pair / self._flops, kv_read * self._kv_bpt / self._bw)
+        if self._window is not None:
+            w = self._window
+            pairs = float(batch.decode_window_kv_tokens or batch.decode_kv_tokens)
+            kv_read = pairs
+            for new, ctx in batch.prefill_chunks:
+                ctx = min(ctx, w)
+                pairs += new * ctx + new * (new + 1) / 2
+                kv_read += ctx + new
+            attn += max(pairs * self._w_flops_per_pair / self._flops, kv_read * self._w_kv_bpt / self._bw)
         return self._linear_s(tokens, seqs) + self._allreduce_s(tokens) + self._fixed_s(seqs) + attn * self._paged_factor
 
     def copy_time_s(self, nbytes: float) -> float:

@@ -625,10 +625,12 @@ class ProfileCostModel(CostModel):
         + lm_head GEMM(sequences) + CPU overhead(sequences)
 
     with T the tokens computed this iteration. Decode attention is the generation
-    curve at (sequences, mean KV length); a contiguous layout divides it by
+    curve at (sequences, mean KV length) — on a mixed model's sliding-window layers at
+    the mean of each sequence's length capped at the window; a contiguous layout divides it by
     ``1 + layout.paged_overhead`` (the tables were measured paged). Prefill chunks use
     the context curve at the FLOP-equivalent length ``sqrt(new² + 2·new·context)``
-    (root-mean-square over chunks), and never less than reading their KV once.
+    (root-mean-square over chunks), and never less than reading their KV once (a mixed
+    model's sliding-window layers with each chunk's context capped at the window).
     """
 
     calibrated = True
@@ -641,8 +643,12 @@ class ProfileCostModel(CostModel):
         self.name = profile.name
         #: The serving engine's framework terms (``None``: the profile's own measured overhead, as is).
         self.engine = engine
-        #: ``model.layers`` as a plain attribute: read on every priced iteration.
-        self._layers: int = model.layers
+        #: Layers whose attention spans each sequence's whole KV, as a plain attribute (read on every
+        #: priced iteration): every layer, less the sliding-window layers of a model that mixes both.
+        self._layers: int = model.layers - (model.sliding_layers if model.mixed_window is not None else 0)
+        #: Those sliding-window layers, and their window (0: none); see ``_window_attention_s``.
+        self._window_layers: int = model.layers - self._layers
+        self._window: int = model.mixed_window or 0
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
         self.keys = shape_keys(model, self.tp, wd, kd)
         #: The engine's own kernel tables when the profile carries them, else the profile's defaults.
@@ -836,7 +842,8 @@ class ProfileCostModel(CostModel):
         return base
 
     # -- CostModel API --
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray) -> np.ndarray:
+    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
+                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
         kv = np.asarray(kv_tokens, dtype=np.float64)
         n = int(num_seqs)
         if n <= 0:
@@ -852,25 +859,34 @@ class ProfileCostModel(CostModel):
                 oor += o
                 out.append(base + coef * t)
             self._count("generation_attention", oor)
-            if self._hidden:
-                h = self._host_floor(n)
-                out = [v if v > h else h for v in out]
-            return np.array(out, dtype=np.float64)
-        attn, oor = self._gen(n, kv / n)
-        self._count("generation_attention", oor)
+            times = np.array(out, dtype=np.float64)
+        else:
+            attn, oor = self._gen(n, kv / n)
+            self._count("generation_attention", oor)
+            times = base + coef * attn
+        if self._window_layers:
+            times = times + self._window_attention_s(n, kv if window_kv_tokens is None else window_kv_tokens)
         if self._hidden:
-            return np.maximum(base + coef * attn, self._host_floor(n))
-        return base + coef * attn
+            return np.maximum(times, self._host_floor(n))
+        return times
+
+    def _window_attention_s(self, n: int, window_kv_tokens: np.ndarray) -> np.ndarray:
+        """Decode attention seconds of a mixed model's sliding-window layers, ``n`` sequences
+        attending ``window_kv_tokens[j]`` tokens in all (each capped at the window) in iteration ``j``."""
+        kvw = np.asarray(window_kv_tokens, dtype=np.float64)
+        attn, oor = self._gen(n, kvw / n)
+        self._count("generation_attention", oor)
+        return self._window_layers * self._attn_factor * attn
 
     def decode_times_list(self, num_seqs: int, kv_tokens: list[float]) -> list[float]:
         n = int(num_seqs)
-        if n <= 0 or len(kv_tokens) > _SHORT:
+        if n <= 0 or len(kv_tokens) > _SHORT or self._window_layers:
             return self.decode_times_s(n, np.array(kv_tokens, dtype=np.float64)).tolist()
         return self._decode_at_lengths(n, [v / n for v in kv_tokens])
 
     def decode_window_times(self, num_seqs: int, kv_first: int, k: int) -> list[float]:
         n = int(num_seqs)
-        if n <= 0 or k > _SHORT:
+        if n <= 0 or k > _SHORT or self._window_layers:
             return super().decode_window_times(n, kv_first, k)
         return self._decode_at_lengths(n, [(kv_first + n * j) / n for j in range(k)])
 
@@ -902,6 +918,8 @@ class ProfileCostModel(CostModel):
         t, oor = self._gen.at(n, float(batch.decode_kv_tokens) / n)
         self._count("generation_attention", oor)
         v = base + self._layers * self._attn_factor * t
+        if self._window_layers:
+            v += self._window_step_s(batch)
         if self._hidden:
             h = self._host_floor(n)
             return v if v > h else h
@@ -924,10 +942,31 @@ class ProfileCostModel(CostModel):
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
         eager = self._eager_s if (not self._graph_mixed or tokens > self._graph_max) else 0.0
         v = self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d + eager
+        if self._window_layers:
+            v += self._window_step_s(batch)
         if self._hidden:
             h = self._host_floor(d + m)
             return v if v > h else h
         return v
+
+    def _window_step_s(self, batch: BatchShape) -> float:
+        """Attention seconds of a mixed model's sliding-window layers in one iteration: decodes at
+        ``batch.decode_window_kv_tokens`` (the full lengths when not given), prefill chunks with their
+        contexts capped at the window."""
+        attn = 0.0
+        d = batch.decode_seqs
+        if d > 0:
+            kvw = batch.decode_window_kv_tokens or batch.decode_kv_tokens
+            t, oor = self._gen.at(d, kvw / d)
+            if oor:
+                self._count("generation_attention", oor)
+            attn += self._attn_factor * t
+        chunks = batch.prefill_chunks
+        if chunks:
+            w = self._window
+            capped = [(c, x if x < w else w) for c, x in chunks]
+            attn += self._chunks_attention(capped[0] if len(capped) == 1 else tuple(capped), capped)
+        return self._window_layers * attn
 
     def _chunks_attention(self, key, chunks: list[tuple[int, int]]) -> float:
         """Per-layer attention seconds of prefill chunks ``(new, context)``; a pure function of the

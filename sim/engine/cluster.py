@@ -85,7 +85,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     env = simpy.Environment()
     out = Path(out_dir) if out_dir is not None else None
-    rec = Recorder(dep.kv_bytes_per_token, out, sc.timeseries.every_s)
+    rec = Recorder(dep.kv_slot_bytes, out, sc.timeseries.every_s)
     total = len(wl)
     max_len = sc.workload.max_model_len
     done_count = [0]
@@ -105,7 +105,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if cost is None:
             cost = dep.make_cost_model(sc)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched = make_scheduler(sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window, swap_capacity_bytes=swap,
+        sched = make_scheduler(sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window,
+                               window_kv_cap=dep.model.mixed_window, swap_capacity_bytes=swap,
                                hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
@@ -199,7 +200,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         run_within(env, budget, wall0)
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
-    summary = summarize(rec, replicas, dep.kv_bytes_per_token)
+    summary = summarize(rec, replicas, dep.kv_slot_bytes)
     summary.update({
         "kvsim_version": __version__,
         "scenario": sc.name,
@@ -215,6 +216,9 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "sim_events": events_scheduled(env),
         "windows": int(sum(r.stats.windows for r in replicas)),
     })
+    groups = dep.kv_layer_groups()
+    if groups is not None:
+        summary["kv_layer_groups"] = groups
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
     info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}
     if progress is not None:

@@ -9,8 +9,8 @@ from sim.allocators import make_allocator
 from sim.allocators.base import Allocator
 from sim.allocators.registry import Budget
 from sim.allocators.registry import get as allocator_kind
-from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu, get_model,
-                         kv_capacity_bytes)
+from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, KVGroups, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu,
+                         get_model, kv_capacity_bytes)
 from sim.engine_presets import EnginePreset, get_preset, read_terms_file
 from sim.config import GpuConfig, Scenario, SchedulerConfig
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
@@ -23,6 +23,9 @@ BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-
 #: Says why ``cost_model.profile: auto`` fell back to the roofline prior. Silent in library use
 #: (``sim/__init__.py`` gives the ``kvsim`` logger a null handler); ``kvsim run`` prints it on stderr.
 log = logging.getLogger("kvsim.cost_model")
+#: Says when an allocator kind holds a model's sliding-window layers at full length (silent in library
+#: use, on stderr from ``kvsim run``, like ``log``).
+kv_log = logging.getLogger("kvsim.kv_cache")
 
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
 
@@ -51,10 +54,13 @@ class Deployment:
 
     model: ModelSpec
     gpu: GpuSpec
+    #: Bytes of one token's K and V on every layer.
     kv_bytes_per_token: int
     weight_bytes: int
     activation_reserve_bytes: int
     kv_capacity_bytes: int
+    #: KV capacity in the allocator's slots: tokens, or tokens of one layer group where the allocator
+    #: holds a model with sliding-window layers per group (``kv_groups``).
     kv_capacity_tokens: int
     reserve_tokens: int | None
     #: hybrid_tail: requests longer than this (tokens) go to the static partition.
@@ -65,6 +71,9 @@ class Deployment:
     engine: EnginePreset | None = None
     #: The scheduler it runs (the scenario's, after :func:`with_engine_defaults`).
     scheduler: SchedulerConfig | None = None
+    #: The model's KV cache groups when the allocator holds KV per group and some layers slide
+    #: (``None``: one slot per token on every layer).
+    kv_groups: KVGroups | None = None
 
     @classmethod
     def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
@@ -80,25 +89,55 @@ class Deployment:
         weights = model.weight_bytes(sc.model.weight_dtype)
         cap = kv_capacity_bytes(model, gpu, g.tensor_parallel, g.gpu_memory_utilization, sc.model.weight_dtype, act)
         if g.kv_cache_tokens is not None:
-            cap = g.kv_cache_tokens * bpt  # as the server reported it
+            # As the server reported it: vLLM counts a token in every layer group, padding layers too
+            # (the same as ``bpt`` unless a mixed model's last group is padded).
+            groups_n = model.kv_groups.count
+            per_token = bpt if groups_n == 1 else groups_n * model.kv_group_bytes_per_token(sc.model.kv_dtype)
+            cap = g.kv_cache_tokens * per_token
         if cap <= 0:
             raise ConfigError("gpu", f"{g.name} x TP{g.tensor_parallel}",
                               f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
                               f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.0f} GiB minus weights {weights / GiB:.1f} GiB "
                               f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU")
-        cap_tokens = cap // bpt
         max_len = sc.workload.max_model_len
-        needed = model.kv_tokens_held(max_len)
+        kind = allocator_kind(sc.allocator.kind)
+        groups = model.kv_groups if kind.layer_groups and model.sliding_layers else None
+        if groups is None:
+            if model.sliding_layers:
+                kv_log.warning("allocator.kind %s holds every layer's KV at the whole sequence length, so %s's "
+                               "sliding-window layers are counted in full (an upper bound; paged and static hold "
+                               "KV per layer group)", sc.allocator.kind, model.name)
+            slot_bytes, cap_tokens, needed = bpt, cap // bpt, model.kv_tokens_held(max_len)
+        else:
+            # Slots are tokens of one layer group: every group draws same-sized blocks from one pool.
+            slot_bytes = model.kv_group_bytes_per_token(sc.model.kv_dtype)
+            cap_tokens, needed = cap // slot_bytes, groups.slots_held(max_len)
         if cap_tokens < needed:
+            fit = cap_tokens if groups is None else groups.tokens_fitting(cap_tokens)
             raise ConfigError("workload.max_model_len", max_len,
-                              f"at most {cap_tokens} tokens fit in the KV capacity of one replica "
+                              f"at most {fit} tokens fit in the KV capacity of one replica "
                               f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory")
         # The allocator kind resolves its own sizes (a reservation, a threshold) and refuses what cannot fit.
-        budget = allocator_kind(sc.allocator.kind).size(sc.allocator, Budget(
-            cap_tokens, bpt, max_len, model.uniform_sliding_window, needed_tokens=needed,
-            percentile=total_length_percentile))
+        budget = kind.size(sc.allocator, Budget(
+            cap_tokens, slot_bytes, max_len, model.uniform_sliding_window, needed_tokens=needed,
+            percentile=total_length_percentile, groups=groups))
         return cls(model, gpu, bpt, weights, act, cap, cap_tokens, budget.reserve_tokens, budget.long_threshold_tokens,
-                   budget, engine, sched)
+                   budget, engine, sched, groups)
+
+    @property
+    def kv_slot_bytes(self) -> int:
+        """Bytes of one allocator slot (what ``kv_capacity_tokens`` counts)."""
+        return self.budget.kv_bytes_per_token if self.budget is not None else self.kv_bytes_per_token
+
+    def kv_layer_groups(self) -> dict | None:
+        """``summary.json``'s ``kv_layer_groups`` for a model that mixes full-attention and
+        sliding-window layers (``None`` otherwise): its groups, the bytes of one token in one group,
+        and whether the allocator holds KV per group (else every layer at full length)."""
+        if self.model.mixed_window is None:
+            return None
+        held = self.kv_groups is not None
+        return {**self.model.kv_groups.describe(), "bytes_per_group_token": self.kv_slot_bytes if held else None,
+                "held_per_group": held}
 
     def make_allocator(self, sc: Scenario) -> Allocator:
         """A new allocator of ``allocator.kind`` for one replica (built by its registration)."""

@@ -120,10 +120,12 @@ class Replica:
             completes.completing if completes is not None else None)
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
-        # The cohort assumes victims come from the tail of the running list (LIFO).
+        # The cohort assumes victims come from the tail of the running list (LIFO), and prices its
+        # members' attention from their summed length (a mixed model's sliding-window layers need
+        # each member's length capped at the window: those run per sequence).
         self.cohort: Cohort | None = (
             allocator.cohort if fast_forward and scheduler.supports_cohort and scheduler.victim_policy == "lifo"
-            else None)
+            and scheduler.window_kv_cap is None else None)
         if self.cohort is not None:
             #: The cohort, typed as present: only the cohort loop and its methods read it.
             self._co: Cohort = self.cohort
@@ -475,7 +477,12 @@ class Replica:
             kv = float(tokens_now.sum()) + n * j.astype(np.float64)
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
-        times = self.cost.decode_times_s(n, kv)
+        wcap = self.sched.window_kv_cap
+        if wcap is None:
+            times = self.cost.decode_times_s(n, kv)
+        else:
+            kvw = np.minimum(tokens_now[None, :] + j[:, None], wcap).sum(axis=1).astype(np.float64)
+            times = self.cost.decode_times_s(n, kv, kvw)
         if self._after:
             self._after_prefill_window(times)
         times[0] += self._work_s()
@@ -496,8 +503,11 @@ class Replica:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
             self.alloc.take_work()  # into the totals; its time was charged above through extra_t
         now = clock(self.env)
+        # The window's peak reservation for the time series: a sliding window's blocks slide out
+        # within it, so the state at its end can be below an earlier iteration's.
         self.stats.window(now, m, float(ends[m - 1]), float(times[0]), float(np.dot(dp.used_tokens[:m], tm)),
-                          float(np.dot(dp.reserved_tokens[:m], tm)), frag, paused_s, n)
+                          float(np.dot(dp.reserved_tokens[:m], tm)), frag, paused_s, n,
+                          int(dp.reserved_tokens[:m].max()))
         done = []
         for r in reqs:
             r.computed += m

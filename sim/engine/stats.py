@@ -63,11 +63,11 @@ class ReplicaStats:
         self.rec.step(self.rep, now, 1, dt, dt, batch_tokens)
 
     def window(self, now: float, m: int, wall: float, first_s: float, used_s: float, reserved_s: float, frag: float,
-               paused_s: float, members: int) -> None:
+               paused_s: float, members: int, reserved_peak: int = 0) -> None:
         """``m`` pure-decode iterations of ``members`` sequences ran as one window of ``wall``
         seconds (the first ``first_s``), ended at ``now``: ``used_s``/``reserved_s`` are their
         token·second integrals, ``frag`` the external fragmentation at its start, ``paused_s`` the
-        seconds the breaker was open."""
+        seconds the breaker was open, ``reserved_peak`` the most slots reserved in any of them."""
         self.used_token_s += used_s
         self.reserved_token_s += reserved_s
         self.busy_s += wall
@@ -76,7 +76,7 @@ class ReplicaStats:
             self.paused_s += paused_s
         self.iterations += m
         self.windows += 1
-        self.rec.step(self.rep, now, m, wall, first_s, members)
+        self.rec.step(self.rep, now, m, wall, first_s, members, reserved_peak)
 
     def compaction(self, now: float, moved_bytes: int, seconds: float) -> None:
         """A compaction at ``now`` moved ``moved_bytes`` in ``seconds`` of copies."""

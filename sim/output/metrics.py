@@ -196,17 +196,21 @@ class Recorder:
                 1.0 - largest / free if free else 0.0, used * bpt, reserved * bpt, waiting]
 
     def step(self, rep: "Replica", now: float, iterations: int, window_s: float, first_step_s: float,
-             batch_tokens: int) -> None:
+             batch_tokens: int, reserved_peak: int = 0) -> None:
         """A batch change of replica ``rep`` ended at ``now`` (simulated seconds): ``iterations``
-        iterations in ``window_s`` seconds, the first ``first_step_s``."""
+        iterations in ``window_s`` seconds, the first ``first_step_s``. ``reserved_peak``: the most
+        slots reserved during those iterations where it exceeds the state now (a sliding window's
+        blocks slide out within a decode window)."""
         a = rep.alloc
         reserved = a.reserved_tokens()
         used = a.used_total
         waiting = len(rep.sched.waiting)
         if self.every_s is None:
-            self.timeseries.add(tuple(self._row(now, rep.index, len(rep.sched.running), waiting, batch_tokens,
-                                                iterations, window_s, first_step_s, a.capacity_tokens, reserved, used,
-                                                a.largest_free_extent_tokens())))
+            row = self._row(now, rep.index, len(rep.sched.running), waiting, batch_tokens, iterations, window_s,
+                            first_step_s, a.capacity_tokens, reserved, used, a.largest_free_extent_tokens())
+            if reserved_peak > reserved:
+                row[16] = reserved_peak * self.bpt
+            self.timeseries.add(tuple(row))
             return
         b = self._bins.get(rep.index)
         idx = int(now // self.every_s)
@@ -222,6 +226,8 @@ class Recorder:
             b.used_max = used
         if reserved > b.reserved_max:
             b.reserved_max = reserved
+        if reserved_peak > b.reserved_max:
+            b.reserved_max = reserved_peak
         if waiting > b.waiting_max:
             b.waiting_max = waiting
         b.iterations += iterations

@@ -58,7 +58,7 @@ class ContinuousScheduler:
     supports_cohort = True
 
     def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str):
+                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None):
         self.cfg = cfg
         self.alloc = allocator
         #: Prefill chunks share iterations with decodes (vLLM); ``False``: an iteration either prefills
@@ -83,6 +83,8 @@ class ContinuousScheduler:
         self.waiting: deque[Request] = deque()
         #: KV length attended per token is capped by a sliding window (``None`` = full).
         self.kv_cap = kv_cap
+        #: The window of a mixed model's sliding-window layers (``None``: no such layers).
+        self.window_kv_cap = window_kv_cap
         self.preemptions = 0
         # (request id, tokens asked, allocator releases) of the last refused admission: asking
         # again before anything was released cannot succeed, and would count a refusal per iteration.
@@ -139,7 +141,7 @@ class ContinuousScheduler:
     def _preempt_last(self, index: int | None = None) -> Request:
         victim = self.running.pop(len(self.running) - 1 if index is None else index)
         alloc = self.alloc
-        nbytes = victim.computed * alloc.bpt
+        nbytes = victim.computed * alloc.token_slots * alloc.bpt
         if victim.computed and self.swap_used_bytes + nbytes <= self.swap_capacity_bytes:
             # Swap: the KV goes to host memory over PCIe and comes back on re-admission.
             self.swap_used_bytes += nbytes
@@ -194,7 +196,9 @@ class ContinuousScheduler:
         request's, in the allocator's blocks."""
         bs = max(int(getattr(self.alloc, "block_size", 1)), 1)
         promised = sum(-(-(r.prompt + r.output) // bs) * bs for r in self.running)
-        return promised + -(-(req.prompt + req.output) // bs) * bs <= self.alloc.capacity_tokens
+        # Every token counted in every layer group (an upper bound where some layers slide).
+        slots = self.alloc.token_slots
+        return (promised + -(-(req.prompt + req.output) // bs) * bs) * slots <= self.alloc.capacity_tokens
 
     def _schedule(self, start: int, batch: BatchShape | None, mode: str) -> StepPlan:
         cfg = self.cfg
@@ -289,7 +293,7 @@ class ContinuousScheduler:
                     rejected.append(req)
                     continue
                 if req.swapped:
-                    nbytes = req.computed * alloc.bpt
+                    nbytes = req.computed * alloc.token_slots * alloc.bpt
                     self.swap_used_bytes -= nbytes
                     alloc.work.swap_ops += 1
                     alloc.work.swap_in_bytes += nbytes
@@ -312,5 +316,12 @@ class ContinuousScheduler:
             else:
                 ctx = req.computed if cap is None else min(req.computed, cap)
                 batch.prefill_chunks.append((n, ctx))
+        wcap = self.window_kv_cap
+        if wcap is not None:
+            # A mixed model's sliding-window layers attend at most their window (the cost model caps
+            # the prefill chunks' contexts itself).
+            for req, n in items:
+                if n == 1 and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
+                    batch.decode_window_kv_tokens += min(req.computed + 1, wcap)
         return StepPlan(items, batch, pure_decode and bool(items or batch.decode_seqs), preempted, overflowed, rejected,
                         admitted, paused)

@@ -30,6 +30,10 @@ class Scheduler(Protocol):
     waiting: deque[Request]
     #: KV length attended per token is capped at this many tokens (``None``: full attention).
     kv_cap: int | None
+    #: The window of the sliding-window layers of a model that mixes them with full-attention
+    #: layers (``None``: none): batch shapes then carry those layers' attended KV
+    #: (``BatchShape.decode_window_kv_tokens``) beside the full layers'.
+    window_kv_cap: int | None
     #: Simulated seconds of the iteration being formed (set by the engine before ``schedule``).
     now: float
     #: Requests preempted since the engine last looked (it stamps their last progress, clears it).
@@ -71,6 +75,6 @@ class CompletesTogether(Protocol):
 class SchedulerFactory(Protocol):
     """How the registry builds a scheduler: a scheduler class's constructor."""
 
-    def __call__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str) -> Scheduler:
+    def __call__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, window_kv_cap: int | None,
+                 swap_capacity_bytes: int, hash_block_tokens: int, victim_policy: str) -> Scheduler:
         ...

@@ -28,10 +28,11 @@ class StaticBatchScheduler:
     supports_cohort = False
 
     def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str):
+                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None):
         self.cfg = cfg
         self.alloc = allocator
         self.kv_cap = kv_cap
+        self.window_kv_cap = window_kv_cap
         self.victim_policy = victim_policy
         self.now = 0.0
         self.running: list[Request] = []
@@ -114,6 +115,8 @@ class StaticBatchScheduler:
         kv = self._prompt + self._step + 1
         shape.decode_seqs = n
         shape.decode_kv_tokens = n * (kv if self.kv_cap is None else min(kv, self.kv_cap))
+        if self.window_kv_cap is not None:
+            shape.decode_window_kv_tokens = n * min(kv, self.window_kv_cap)
         self._step += 1
         items = [(r, 1) for r in self.running if r.generated < r.output]
         return StepPlan(items, shape, False, 0, [], [])
