@@ -203,8 +203,8 @@ def test_open_loop_replays_send_times_as_a_trace(tmp_path):
     assert np.allclose(np.sort(rq["arrival_s"].to_numpy()), np.sort(res.start_s))
 
 
-def test_simulated_itl_has_one_gap_per_token_and_matches_step_mode(tmp_path):
-    """Fast-forward windows are spread evenly: the ITLs agree with per-iteration stepping."""
+def test_simulated_itl_has_one_gap_per_token_in_both_engine_modes(tmp_path):
+    """Step mode (the replay's default) records every iteration; fast-forward windows are spread evenly."""
     res = read_bench_result(POISSON)
     gaps = {}
     for mode in ("fast_forward", "step"):
@@ -218,6 +218,8 @@ def test_simulated_itl_has_one_gap_per_token_and_matches_step_mode(tmp_path):
         assert itl.sum() == pytest.approx(float((fin - first).sum()), rel=1e-9)
         gaps[mode] = np.sort(itl)
     assert np.allclose(gaps["fast_forward"], gaps["step"], rtol=5e-3)
+    assert compare_result(res, tmp_path / "default")["rows"] == compare_result(
+        res, tmp_path / "explicit", overrides={"engine.mode": "step"})["rows"]
 
 
 def test_compare_cli_end_to_end(tmp_path):
@@ -276,3 +278,59 @@ def test_checked_in_files_are_what_the_generator_writes(tmp_path, monkeypatch):
     for name in made:
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
         assert "SYNTHETIC" in json.loads((DATA / name).read_text())["synthetic"]
+
+
+def test_lengths_trace_with_a_path_replays_its_rows_in_order(tmp_path):
+    from sim.config import scenario_from_dict
+    from sim.workload.generator import build_workload
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,1\n0,20,2\n0,30,3\n")
+    for arrival in ({"kind": "closed_loop", "concurrency": 2}, {"kind": "poisson", "rate": 5}):
+        sc = scenario_from_dict({"workload": {"num_requests": 7, "arrival": arrival,
+                                              "lengths": {"kind": "trace", "path": "t.csv"}}}, base_dir=tmp_path)
+        wl = build_workload(sc)
+        assert wl.prompt_tokens.tolist() == [10, 20, 30, 10, 20, 30, 10]
+        assert wl.output_tokens.tolist() == [1, 2, 3, 1, 2, 3, 1]
+    with pytest.raises(ConfigError) as e:
+        build_workload(scenario_from_dict({"workload": {"lengths": {"kind": "trace"}}}))
+    assert e.value.key == "workload.lengths.kind" and "workload.lengths.path" in e.value.allowed
+
+
+def _result(prompts, outputs, concurrency, rate) -> BenchResult:
+    n = len(prompts)
+    return BenchResult(path=Path("prop.json"), header={"model_id": "qwen3-8b"}, request_rate=rate, burstiness=1.0,
+                       max_concurrency=concurrency, num_requests=n, failed=0, prompt_tokens=np.array(prompts, np.int64),
+                       output_tokens=np.array(outputs, np.int64), ttft_s=np.full(n, 0.01),
+                       itl_s=tuple(np.full(o - 1, 0.01) for o in outputs), decode_s=np.array([0.01 * (o - 1) for o in outputs]),
+                       start_s=None, duration_s=None)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=20)
+@given(lens=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=24),
+       concurrency=st.one_of(st.none(), st.integers(1, 12)), rate=st.sampled_from([math.inf, 2.0, 40.0]),
+       kv_tokens=st.sampled_from([None, 3400]), engine=st.sampled_from(["vllm", "sglang"]))
+def test_simulated_itl_invariants(tmp_path_factory, lens, concurrency, rate, kv_tokens, engine):
+    """Whatever the load, engine and preemptions: one gap per token plus the iterations a request sat
+    out, gaps adding up to each request's first-to-last-token time; fast-forward's evenly spread
+    windows within 2 % of stepping on these lengths (a window's decode steps grow with the context)."""
+    res = _result([p for p, _ in lens], [o for _, o in lens], concurrency, rate)
+    # 3,400 KV tokens hold any one request (at most 3,300 tokens) but preempt under load.
+    over = {"gpu.kv_cache_tokens": kv_tokens} if kv_tokens else {}
+    sorted_gaps = []
+    for mode in ("fast_forward", "step"):
+        d = tmp_path_factory.mktemp(mode)
+        doc = compare_result(res, d, engine=engine, overrides=over | {"engine.mode": mode})
+        rq = pq.read_table(d / "requests.parquet")
+        itl, extra = simulated_itl_s(rq, pq.read_table(d / "timeseries.parquet"))
+        ok = np.asarray(rq["status"].to_pylist()) == "completed"
+        gen = rq["generated_tokens"].to_numpy()[ok]
+        span = (rq["finish_s"].to_numpy() - rq["first_token_s"].to_numpy())[ok]
+        assert len(itl) == int((gen[gen > 1] - 1).sum()) + extra
+        assert itl.sum() == pytest.approx(float(span[gen > 1].sum()), rel=1e-9, abs=1e-12)
+        if engine == "vllm" and doc["simulation"]["preemptions"] == 0:
+            assert extra == 0
+        sorted_gaps.append(np.sort(itl))
+    assert len(sorted_gaps[0]) == len(sorted_gaps[1])
+    assert np.allclose(sorted_gaps[0], sorted_gaps[1], rtol=0.02, atol=1e-9)

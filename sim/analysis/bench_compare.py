@@ -23,10 +23,12 @@ file's header are checked against them and a difference of more than 1 % is repo
 Simulated ITL: the benchmark's ITLs are the gaps between a request's streamed chunks. The
 simulator streams one token per iteration to every decoding request, so a request's gaps are the
 gaps between the ends of the iterations of its replica after its first token, up to its last
-(:func:`simulated_itl_s`). Iteration ends come from the time series: a single iteration is one
-row; a fast-forwarded window of ``m`` pure-decode iterations is one row with its first
-iteration's duration, and its others are spread evenly over the rest of the window (their
-batch is fixed, so their step times differ only by the growth of the attended context).
+(:func:`simulated_itl_s`). Iteration ends come from the time series, which has one row per
+iteration because the replay runs in ``engine.mode: step`` (the same results as fast-forward,
+property-tested). With ``engine.mode: fast_forward`` set, a window of ``m`` pure-decode
+iterations is one row with its first iteration's duration, and its others are spread evenly over
+the rest of the window: their batch is fixed, but their step times grow with the attended
+context, which the even spread flattens.
 """
 
 from __future__ import annotations
@@ -127,12 +129,14 @@ def scenario_dict(res: BenchResult, *, engine: str = "vllm", model: str | None =
         arrival = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
         lengths = None
     longest = int((res.prompt_tokens + res.output_tokens).max())
-    workload: dict = {"num_requests": n, "max_model_len": max(8192, longest), "arrival": arrival}
+    workload: dict = {"num_requests": n, "max_model_len": max(2, longest), "arrival": arrival}
     if lengths is not None:
         workload["lengths"] = lengths
     data: dict = {"name": run_name(res), "seed": seed,
                   "description": f"replay of {res.name} ({arrival_text(res)}), written by kvsim compare",
-                  "model": _model_section(res, model), "workload": workload, "engine": {"kind": engine}}
+                  "model": _model_section(res, model), "workload": workload,
+                  # Step mode records every iteration (same results as fast-forward): exact simulated ITLs.
+                  "engine": {"kind": engine, "mode": "step"}}
     if gpu is not None or tp is not None:
         data["gpu"] = {**({"name": gpu} if gpu is not None else {}), **({"tensor_parallel": tp} if tp is not None else {})}
     if profile is not None:
