@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.analysis.bench_compare import (METRICS, STATS, THROUGHPUTS, compare_result, header_check, measured_metrics,
                                         send_times, simulated_itl_s)
@@ -54,9 +56,9 @@ def test_lists_reproduce_the_files_own_aggregates(path):
         assert m[f"{metric}_ms"]["mean"] == pytest.approx(h[f"mean_{metric}_ms"], rel=1e-4)
         assert m[f"{metric}_ms"]["p50"] == pytest.approx(h[f"median_{metric}_ms"], rel=1e-4)
         assert m[f"{metric}_ms"]["p99"] == pytest.approx(h[f"p99_{metric}_ms"], rel=1e-4)
-    assert header_check(res, m) == []
+    assert header_check(res) == []
     doctored = BenchResult(**{**res.__dict__, "header": {**h, "mean_ttft_ms": h["mean_ttft_ms"] * 1.5}})
-    assert [w.split()[0] for w in header_check(doctored, m)] == ["mean_ttft_ms"]
+    assert [w.split()[0] for w in header_check(doctored)] == ["mean_ttft_ms"]
 
 
 def test_folder_reads_every_result_and_skips_pytorch_companions(tmp_path):
@@ -302,9 +304,6 @@ def _result(prompts, outputs, concurrency, rate) -> BenchResult:
                        output_tokens=np.array(outputs, np.int64), ttft_s=np.full(n, 0.01),
                        itl_s=tuple(np.full(o - 1, 0.01) for o in outputs), decode_s=np.array([0.01 * (o - 1) for o in outputs]),
                        start_s=None, duration_s=None)
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=20)

@@ -34,6 +34,7 @@ context, which the even spread flattens.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,8 @@ THROUGHPUTS = (("request_throughput", "requests/s"), ("output_throughput", "outp
 #: Header aggregates that differ from the per-request lists by more than this are reported.
 HEADER_TOLERANCE = 0.01
 TRACE_NAME = "bench_requests.csv"
+#: The header's aggregate fields (``mean_ttft_ms``, ``median_itl_ms``, ``p99_tpot_ms``, ...).
+_AGGREGATE = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
@@ -238,10 +241,9 @@ def measured_throughput(res: BenchResult) -> dict[str, float | None]:
     return out
 
 
-def header_check(res: BenchResult, measured: dict[str, dict]) -> list[str]:
+def header_check(res: BenchResult) -> list[str]:
     """The header's ``mean_/median_/pNN_*_ms`` aggregates that differ from the lists by > 1 %."""
-    import re
-    pat = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+    pat = _AGGREGATE
     lists = {"ttft": res.ttft_s, "tpot": res.tpot_s(), "itl": res.itl_flat_s(), "e2el": res.e2el_s()}
     out = []
     for key, v in res.header.items():
@@ -303,7 +305,7 @@ def compare_result(res: BenchResult, run_dir: Path, *, engine: str = "vllm", mod
             for k, _ in METRICS for s in STATS]
     rows += [{"metric": k, "stat": "-", "measured": meas_tp[k], "simulated": sim_tp[k],
               "rel_error": _rel(sim_tp[k], meas_tp[k])} for k, _ in THROUGHPUTS]
-    warnings = header_check(res, meas)
+    warnings = header_check(res)
     rejected = int((~ok).sum())
     if rejected:
         warnings.append(f"{rejected} of {len(ok)} simulated requests were rejected ({result.summary['rejected_by_reason']})")
