@@ -100,6 +100,17 @@ def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
                                 f"{', '.join(shipped_models()) or 'none'}")
 
 
+def model_section(model: str) -> dict:
+    """A command line's ``--model``: a catalog name as ``model.name``, else a Hugging Face config
+    (path or shipped id) as ``model.hf_config``."""
+    from sim.catalog import MODELS
+    if model in MODELS:
+        return {"name": model}
+    p = Path(model).expanduser()
+    # A path given on the command line is relative to the working directory, not the scenario file.
+    return {"hf_config": str(p.resolve()) if p.exists() else model}
+
+
 def label_for(path: Path) -> str:
     """``Qwen/Qwen3-32B`` for ``Qwen--Qwen3-32B_config.json``; the folder name for ``config.json``."""
     name = path.name

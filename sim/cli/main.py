@@ -82,12 +82,8 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
 
 def _model_section(model: str) -> dict:
     """``--model``: a catalog name, or a Hugging Face config (path or shipped id) as ``model.hf_config``."""
-    from sim.catalog import MODELS
-    if model in MODELS:
-        return {"name": model}
-    p = Path(model).expanduser()
-    # A path given on the command line is relative to the working directory, not the scenario file.
-    return {"hf_config": str(p.resolve()) if p.exists() else model}
+    from sim.hf_config import model_section
+    return model_section(model)
 
 
 class _StderrWarnings(logging.Handler):
@@ -263,6 +259,7 @@ def _mount_optional() -> None:
     from calibration.cli import calibrate_command, profile_app
     from calibration.validate_cli import validate_command, validate_runs_command
 
+    from sim.cli.compare import compare_command
     from sim.cli.guide import guide_command
     from sim.cli.plan import plan_command
     from sim.cli.report import report_command
@@ -273,6 +270,7 @@ def _mount_optional() -> None:
     app.command("plan")(plan_command)
     app.command("report")(report_command)
     app.command("guide")(guide_command)
+    app.command("compare")(compare_command)
     app.command("validate")(validate_command)
     app.command("validate-runs")(validate_runs_command)
 

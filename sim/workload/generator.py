@@ -70,8 +70,12 @@ class LengthSampler:
         self.last_rows: np.ndarray | None = None
         if cfg.kind == "empirical":
             self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
-        if cfg.kind == "trace" and trace is None:
-            raise ConfigError(key + ".kind", "trace", "lengths from the trace need workload.arrival.kind: trace")
+        if cfg.kind == "trace" and cfg.path:
+            # A file's rows in order, whatever the arrivals: a closed loop replays a benchmark's requests.
+            self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
+        elif cfg.kind == "trace" and trace is None:
+            raise ConfigError(key + ".kind", "trace", "lengths from the trace need workload.arrival.kind: trace, "
+                                                      "or workload.lengths.path (a file whose rows are used in order)")
 
     def hashes(self) -> tuple[tuple[tuple[int, ...], ...] | None, int]:
         """Prefix block ids of the trace rows behind the last sample, and their block size."""

@@ -1,0 +1,242 @@
+"""Result files of ``vllm bench serve --save-result --save-detailed``, read and checked.
+
+A file is one JSON object: a header (``backend, model_id, date, num_prompts, request_rate`` — a
+number or the string ``"inf"`` —, ``burstiness, max_concurrency, duration``, aggregate
+``mean_/median_/std_/pNN_{ttft,tpot,itl,e2el}_ms``) and, with ``--save-detailed``, one entry
+per request in ``input_lens, output_lens, ttfts, itls, errors`` (and ``generated_texts``). vLLM
+0.12 saves no send times; later versions add ``start_times`` (``time.perf_counter()`` of each
+request's send, any origin) and ``latencies``, which are used when present. Times in the
+per-request lists are seconds; the aggregates are milliseconds.
+
+Semantics (vLLM ``benchmarks/serve.py``): a request succeeded when its ``errors`` entry is
+empty; TTFT runs from the client's send (after the ``--max-concurrency`` semaphore) to the
+first streamed chunk; ``itls[i]`` are the gaps between successive chunks; TPOT is
+``(latency − ttft) / (output_len − 1)`` for ``output_len > 1``, and ``latency − ttft`` is the sum
+of the request's ITLs when ``latencies`` is absent.
+
+Every problem is a :class:`ConfigError` whose key names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.errors import ConfigError
+
+#: The per-request lists ``kvsim compare`` needs.
+REQUIRED_LISTS = ("input_lens", "output_lens", "ttfts", "itls")
+_DETAILED = "a result saved with vllm bench serve --save-result --save-detailed"
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One benchmark run: its arrival process and the successful requests, in the file's order.
+
+    Seconds throughout; ``None`` where the file does not say."""
+
+    path: Path
+    header: dict
+    #: ``inf`` when every request was sent at once (``"inf"`` in the file).
+    request_rate: float
+    burstiness: float
+    max_concurrency: int | None
+    #: Requests in the file, and those that failed (left out of everything below).
+    num_requests: int
+    failed: int
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    ttft_s: np.ndarray
+    #: Per request, the gaps between its streamed chunks.
+    itl_s: tuple[np.ndarray, ...]
+    #: First chunk to last chunk, per request (``latencies − ttfts``, or the sum of its ITLs).
+    decode_s: np.ndarray
+    #: Send times from the first send, when the file has ``start_times``.
+    start_s: np.ndarray | None
+    duration_s: float | None
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def tpot_s(self) -> np.ndarray:
+        """Per request with more than one output token: ``(latency − ttft) / (output_len − 1)``."""
+        multi = self.output_tokens > 1
+        return self.decode_s[multi] / (self.output_tokens[multi] - 1)
+
+    def itl_flat_s(self) -> np.ndarray:
+        return np.concatenate(self.itl_s) if self.itl_s else np.zeros(0)
+
+    def e2el_s(self) -> np.ndarray:
+        return self.ttft_s + self.decode_s
+
+
+def result_files(paths: list[Path]) -> list[Path]:
+    """The result files among ``paths``: files as given, and the ``*.json`` of folders (sorted;
+    the ``*.pytorch.json`` companions vLLM writes beside them are skipped)."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.json") if not q.name.endswith(".pytorch.json") and q.is_file())
+            if not found:
+                raise ConfigError(str(p), "a folder without *.json files",
+                                  "a result file or a folder of them (vllm bench serve --save-result --save-detailed)")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ConfigError(str(p), "no such file or folder",
+                              "a result file or a folder of them (vllm bench serve --save-result --save-detailed)")
+    return out
+
+
+def _number(x) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    return float(x)
+
+
+def _rate(path: Path, doc: dict, field: str, default: float | None) -> float | None:
+    """A positive number or ``"inf"`` (as vLLM writes an infinite rate)."""
+    if field not in doc or doc[field] is None:
+        return default
+    v = doc[field]
+    if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    f = _number(v)
+    if f is None or not f > 0 or math.isnan(f):
+        raise ConfigError(f"{path}: {field}", v, 'a number > 0 or "inf"')
+    return f
+
+
+def _list(path: Path, doc: dict, field: str, n: int | None) -> list:
+    if field not in doc:
+        raise ConfigError(f"{path}: {field}", "missing", f"a list with one entry per request ({_DETAILED})")
+    v = doc[field]
+    if not isinstance(v, list):
+        raise ConfigError(f"{path}: {field}", type(v).__name__, "a list with one entry per request")
+    if n is not None and len(v) != n:
+        raise ConfigError(f"{path}: {field}", f"{len(v)} entries", f"one per request, like input_lens ({n})")
+    return v
+
+
+def _tokens(path: Path, field: str, values: list, rows: list[int], minimum: int) -> np.ndarray:
+    out = np.empty(len(rows), dtype=np.int64)
+    for j, i in enumerate(rows):
+        v = values[i]
+        f = _number(v)
+        if f is None or f != math.floor(f) or f < minimum:
+            raise ConfigError(f"{path}: {field}[{i}]", v, f"an integer token count >= {minimum}")
+        out[j] = int(f)
+    return out
+
+
+def _seconds(path: Path, field: str, v, i, positive: bool) -> float:
+    f = _number(v)
+    if f is None or not math.isfinite(f) or f < 0 or (positive and f == 0):
+        raise ConfigError(f"{path}: {field}[{i}]", v, f"a finite time in seconds {'> 0' if positive else '>= 0'}")
+    return f
+
+
+def _gaps(path: Path, i: int, row: list) -> np.ndarray:
+    """``itls[i]`` as float64 seconds; a value that is not a finite number >= 0 is named."""
+    try:
+        arr = np.asarray(row) if row else np.zeros(0)
+    except (ValueError, TypeError):  # ragged nesting
+        arr = np.zeros((0, 0))
+    if arr.ndim == 1 and arr.dtype.kind in "iuf":
+        arr = arr.astype(np.float64)
+        if np.isfinite(arr).all() and (arr >= 0).all():
+            return arr
+    for j, g in enumerate(row):  # find the first bad one for the message
+        _seconds(path, f"itls[{i}]", g, j, False)
+    raise ConfigError(f"{path}: itls[{i}]", row[:3], "a list of gaps in seconds")  # not reached: a bad value is named above
+
+
+def read_bench_result(path: Path) -> BenchResult:
+    """Read and check one result file (see the module docstring)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), type(exc).__name__, "a readable JSON result file") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}",
+                          f"a JSON result file ({_DETAILED})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), type(doc).__name__, f"a JSON object ({_DETAILED})")
+    inputs = _list(path, doc, "input_lens", None)
+    n = len(inputs)
+    if n == 0:
+        raise ConfigError(f"{path}: input_lens", "[]", "at least one request")
+    lists = {f: _list(path, doc, f, n) for f in REQUIRED_LISTS[1:]}
+    errors = _list(path, doc, "errors", n) if "errors" in doc else [""] * n
+    ok_rows = []
+    for i, e in enumerate(errors):
+        if e is not None and not isinstance(e, str):
+            raise ConfigError(f"{path}: errors[{i}]", e, 'a string ("" for a successful request)')
+        if not e:
+            ok_rows.append(i)
+    if not ok_rows:
+        raise ConfigError(f"{path}: errors", f"all {n} requests failed", "at least one successful request")
+    num_prompts = doc.get("num_prompts")
+    if num_prompts is not None and num_prompts != n:
+        raise ConfigError(f"{path}: num_prompts", num_prompts, f"the number of entries in input_lens ({n})")
+
+    prompt = _tokens(path, "input_lens", inputs, ok_rows, 1)
+    output = _tokens(path, "output_lens", lists["output_lens"], ok_rows, 1)
+    ttft = np.array([_seconds(path, "ttfts", lists["ttfts"][i], i, True) for i in ok_rows])
+    itls = []
+    for i in ok_rows:
+        row = lists["itls"][i]
+        if not isinstance(row, list):
+            raise ConfigError(f"{path}: itls[{i}]", type(row).__name__, "a list of gaps in seconds (one per streamed chunk after the first)")
+        itls.append(_gaps(path, i, row))
+    if "latencies" in doc:
+        lat = _list(path, doc, "latencies", n)
+        decode = np.array([_seconds(path, "latencies", lat[i], i, True) for i in ok_rows]) - ttft
+        bad = np.flatnonzero(decode < -1e-9)
+        if bad.size:
+            i = ok_rows[int(bad[0])]
+            raise ConfigError(f"{path}: latencies[{i}]", lat[i], f"a latency >= its ttft ({lists['ttfts'][i]})")
+        decode = np.maximum(decode, 0.0)
+    else:
+        decode = np.array([float(r.sum()) for r in itls])
+    start = None
+    if "start_times" in doc and doc["start_times"] is not None:
+        st = _list(path, doc, "start_times", n)
+        raw = []
+        for i in ok_rows:
+            f = _number(st[i])
+            if f is None or not math.isfinite(f):
+                raise ConfigError(f"{path}: start_times[{i}]", st[i], "a finite send time in seconds")
+            raw.append(f)
+        start = np.array(raw) - min(raw)
+
+    rate = _rate(path, doc, "request_rate", None)
+    burst = _rate(path, doc, "burstiness", 1.0)
+    mc = doc.get("max_concurrency")
+    if mc is not None and (_number(mc) is None or mc != math.floor(mc) or mc < 1):
+        raise ConfigError(f"{path}: max_concurrency", mc, "null or an integer >= 1")
+    if start is None:
+        if doc.get("ramp_up_strategy"):
+            raise ConfigError(f"{path}: ramp_up_strategy", doc["ramp_up_strategy"],
+                              "null (kvsim replays a ramp-up run only from its start_times)")
+        if rate is None and mc is None:
+            raise ConfigError(f"{path}: request_rate", "missing", 'a number > 0 or "inf", or max_concurrency, '
+                                                                 "or start_times: the arrival process to replay")
+    duration = doc.get("duration")
+    if duration is not None and (_number(duration) is None or not duration > 0):
+        raise ConfigError(f"{path}: duration", duration, "a positive number of seconds")
+    header = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))}
+    return BenchResult(path=Path(path), header=header, request_rate=rate if rate is not None else math.inf,
+                       burstiness=burst if burst is not None else 1.0, max_concurrency=int(mc) if mc is not None else None,
+                       num_requests=n, failed=n - len(ok_rows), prompt_tokens=prompt, output_tokens=output, ttft_s=ttft,
+                       itl_s=tuple(itls), decode_s=decode, start_s=start,
+                       duration_s=float(duration) if duration is not None else None)
