@@ -19,6 +19,7 @@ from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
 from sim.allocators.registry import REGISTRY, Budget, register
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
+from sim.allocators.tiered import StaticFallbackAllocator
 from sim.config import ALLOCATOR_KINDS, AllocatorConfig
 from sim.errors import ConfigError
 
@@ -60,12 +61,27 @@ def _pow2(tokens: int) -> int:
     return 1 << (max(tokens, 1) - 1).bit_length()
 
 
+def _fallback_tokens(a: AllocatorConfig, b: Budget) -> int:
+    """Tokens of the paged fallback region of ``static`` with ``overflow: fallback`` (0 without)."""
+    return int(b.capacity_tokens * a.fallback_fraction) if a.overflow == "fallback" else 0
+
+
 def size_static(a: AllocatorConfig, b: Budget) -> Budget:
     reserve = parse_reserve(a.reserve, b.max_model_len, b.percentile)
-    if reserve > b.capacity_tokens:
+    fallback = _fallback_tokens(a, b)
+    arena = b.capacity_tokens - fallback
+    if reserve > arena:
+        if arena < b.capacity_tokens:
+            raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
+                              f"a static arena that holds one reservation of {reserve} tokens: at most "
+                              f"{1 - reserve / b.capacity_tokens:.3g} of {b.capacity_tokens} tokens")
         raise ConfigError("allocator.reserve", a.reserve,
                           f"a reservation of at most {b.capacity_tokens} tokens (one replica's KV capacity)")
-    _check_buddy(a, b, b.capacity_tokens, _pow2(reserve))
+    if a.overflow == "fallback" and fallback < 2 * a.block_size:
+        raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
+                          f"a fallback region of at least two blocks of {a.block_size} tokens "
+                          f"({a.fallback_fraction} of {b.capacity_tokens} tokens is {fallback})")
+    _check_buddy(a, b, arena, _pow2(reserve))
     return replace(b, reserve_tokens=reserve)
 
 
@@ -109,7 +125,12 @@ def _reserve(b: Budget) -> int:
 
 
 def build_static(a: AllocatorConfig, b: Budget) -> Allocator:
-    return StaticAllocator(b.capacity_tokens, b.kv_bytes_per_token, _reserve(b), placement=a.placement)
+    fallback = _fallback_tokens(a, b)
+    arena = StaticAllocator(b.capacity_tokens - fallback, b.kv_bytes_per_token, _reserve(b), placement=a.placement)
+    if not fallback:
+        return arena
+    return StaticFallbackAllocator(arena, PagedAllocator(fallback, b.kv_bytes_per_token, a.block_size, a.page_reuse),
+                                   b.kv_bytes_per_token)
 
 
 def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
@@ -145,8 +166,10 @@ def build_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Allocator:
                                   admit_when_free_above=a.admit_when_free_above)
 
 
-register("static", build_static, size=size_static, knobs=("reserve", "overflow", "placement"),
-         description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena")
+register("static", build_static, size=size_static,
+         knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size"),
+         description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena; "
+                     "overflow: fallback moves a sequence that outgrows it to a paged fallback region")
 register("dynamic", build_dynamic, size=size_dynamic,
          knobs=("growth", "chunk_tokens", "placement", "compaction.enabled", "compaction.below_utilization",
                 "compaction.above_fragmentation", "compaction.mode", "compaction.period_s"),
@@ -154,9 +177,10 @@ register("dynamic", build_dynamic, size=size_dynamic,
                      "or in chunks")
 register("paged", build_paged, knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
          description="PagedAttention block pool: blocks of block_size tokens from one free pool", paged_layout=True)
-register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail, knobs=("long_threshold", "static_fraction", "block_size", "placement"),
+register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail,
+         knobs=("long_threshold", "static_fraction", "length_predictor", "predictor_quantile", "block_size", "placement"),
          description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
-                     "for the rest", paged_layout=True)
+                     "for the rest (a request outgrowing the threshold moves to a slot)", paged_layout=True)
 register("hybrid_reserve", build_hybrid_reserve, size=size_hybrid_reserve,
          knobs=("reserve_fraction", "preempt_at_usage", "admit_when_free_above", "stale_after_s", "block_size"),
          description="paged pool with an emergency reserve for running sequences, a preemption threshold and an "
