@@ -288,8 +288,9 @@ class AllocatorConfig(_Section):
     #: ``prompt`` (what is known: the prompt and any tokens already generated), ``quantile`` (the
     #: prompt plus the ``predictor_quantile`` quantile of the output length given the prompt, fitted on
     #: the lengths the workload is drawn from) or ``oracle`` (the true length: an upper bound no server
-    #: reaches, labelled so in every output).
-    length_predictor: Literal["prompt", "quantile", "oracle"] = "quantile"
+    #: reaches, labelled so in every output). ``prompt`` is the default: a request predicted long
+    #: wrongly holds a max_model_len slot, one predicted short wrongly costs one copy when it moves.
+    length_predictor: Literal["prompt", "quantile", "oracle"] = "prompt"
     predictor_quantile: float = Field(0.9, gt=0, lt=1)
     #: hybrid_reserve: a reserve only running sequences may grow into; preempt above
     #: ``preempt_at_usage``; pause admissions while free < ``admit_when_free_above``; drop

@@ -172,7 +172,7 @@ def test_knob_defaults_are_the_configs():
     assert KINDS["dynamic"][0]["compaction.period_s"] == defaults.compaction.period_s
     assert KINDS["static"][0] == {"reserve": "max_model_len", "overflow": "reject", "placement": "first_fit",
                                   "fallback_fraction": 0.1, "block_size": 16}
-    assert KINDS["hybrid_tail"][0]["length_predictor"] == defaults.length_predictor == "quantile"
+    assert KINDS["hybrid_tail"][0]["length_predictor"] == defaults.length_predictor == "prompt"
     assert COMMON_KNOBS == {"preemption.mode": "recompute", "preemption.swap_capacity_bytes": 64 * 2**30,
                             "preemption.victim": "lifo"}
 

@@ -5,8 +5,8 @@ generated so far; it never knows how long the answer will be. Allocators that ro
 length (``hybrid_tail``: static slots for predicted-long requests, a block pool for the rest) ask a
 :class:`LengthPredictor` (``allocator.length_predictor``):
 
-* ``prompt``: the known length (prompt + tokens generated so far) is the prediction: a request is
-  long only once what is known of it is long.
+* ``prompt`` (the default): the known length (prompt + tokens generated so far) is the prediction:
+  a request is long only once what is known of it is long.
 * ``quantile``: the prompt plus the ``q``-quantile of the output length among reference requests
   with a similar prompt (``allocator.predictor_quantile``, the stated coverage: on the reference
   lengths, a fraction ``q`` of requests are no longer than predicted). The reference is the length
