@@ -217,3 +217,22 @@ def test_every_request_ends_with_a_reason_and_invariants_hold(checked_kinds, kin
             assert lp["long_predicted_short"] == lp["short_predicted_long"] == lp["migrations"] == lp["evictions"] == 0
     else:
         assert s["fallback_entries"] >= s["fallback_moves"]
+
+
+def test_preemption_stays_in_the_growing_requests_region():
+    """A pool request that cannot grow preempts the most recent request in the pool, here itself;
+    the requests after it in the batch (in the static region) still run this iteration."""
+    alloc = HybridTailAllocator(800, 10, static_tokens=600, reserve_tokens=300, long_threshold_tokens=250, block_size=1)
+    sched = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=100_000), alloc, kv_cap=None,
+                                swap_capacity_bytes=0, hash_block_tokens=16, victim_policy="lifo",
+                                length_predictor=PromptPredictor())
+    a, b = Request(0, 200, 50, 0.0), Request(1, 280, 50, 0.0)
+    sched.waiting.extend([a, b])
+    assert len(sched.schedule().admitted) == 2
+    assert alloc._where[0] is alloc.pool and alloc._where[1] is alloc.static
+    for r in (a, b):  # their prefill ran: each decodes next
+        r.computed, r.generated = r.prompt, 1
+    plan = sched.schedule()
+    assert plan.preempted == 1 and list(sched.waiting) == [a]  # the pool (200 tokens) was a's alone
+    assert [r for r, _ in plan.items] == [b]
+    alloc.check_invariants()

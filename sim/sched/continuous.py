@@ -252,9 +252,9 @@ class ContinuousScheduler:
                     i -= 1
                 r = alloc.grow(req.id, req.computed + need)
             if r is Grow.NO_SPACE:  # req itself was preempted
-                if self.victim_policy == "lifo":
+                if self.victim_policy == "lifo" and self._regions is None:
                     break  # it was last, so the loop ends
-                continue
+                continue  # the next request moved into its place
             if r is Grow.EVICT:
                 # req outgrew its region and the one it must move to is full: it waits for room there.
                 self._preempt_last(i)
