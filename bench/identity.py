@@ -6,7 +6,7 @@
 For every scenario of ``kvsim list scenarios`` (at most ``--requests`` requests each, default
 300), in both engine modes, plus variants of ``chat-api`` that switch on each allocator kind and
 optional engine path (compaction, prefix caching, swap, priority victims, static batching, the
-admission breaker, hybrid_tail's hints, several replicas with prefix-affinity routing), it records
+admission breaker, hybrid_tail's length predictors, static's fallback region, several replicas with prefix-affinity routing), it records
 the SHA-256 of ``summary.json`` as ``kvsim run`` writes it and of the request and time-series
 tables. Run it in the tree before a change and after, then compare: equal fingerprints mean
 byte-identical results.
@@ -34,6 +34,13 @@ VARIANTS: dict[str, dict] = {
                                       "allocator.compaction.above_fragmentation": 0.0, "workload.arrival.rate": 40},
     "static-buddy": {"allocator.kind": "static", "allocator.placement": "buddy", "allocator.reserve": "p95"},
     "hybrid-tail": {"allocator.kind": "hybrid_tail", "allocator.long_threshold": "p80"},
+    "hybrid-tail-oracle": {"allocator.kind": "hybrid_tail", "allocator.long_threshold": "p80",
+                           "allocator.length_predictor": "oracle"},
+    "hybrid-tail-quantile": {"allocator.kind": "hybrid_tail", "allocator.long_threshold": "p80",
+                             "allocator.length_predictor": "quantile", "gpu.gpu_memory_utilization": 0.3,
+                             "workload.arrival.rate": 40},
+    "static-fallback": {"allocator.kind": "static", "allocator.reserve": "p80", "allocator.overflow": "fallback",
+                        "workload.arrival.rate": 40},
     "hybrid-reserve-stale": {"allocator.kind": "hybrid_reserve", "allocator.stale_after_s": 2.0,
                              "allocator.admit_when_free_above": 0.5, "workload.arrival.rate": 60,
                              "gpu.gpu_memory_utilization": 0.3},

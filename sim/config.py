@@ -307,7 +307,10 @@ class AllocatorConfig(_Section):
     block_size: int = Field(16, ge=1, le=4096)
     #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
     reserve: Union[int, str] = "max_model_len"
-    overflow: Literal["reject", "truncate"] = "reject"
+    #: static: a sequence that outgrows its reservation is rejected, truncated (completed early), or
+    #: moved to a paged fallback region of ``fallback_fraction`` of KV memory (one copy of its KV).
+    overflow: Literal["reject", "truncate", "fallback"] = "reject"
+    fallback_fraction: float = Field(0.1, gt=0, lt=1)
     #: paged: ``zero`` memsets a block before reuse; ``generation`` marks it stale with a counter (free).
     page_reuse: Literal["generation", "zero"] = "generation"
     #: dynamic: grow an extent one token at a time or in chunks of ``chunk_tokens``.
@@ -322,6 +325,14 @@ class AllocatorConfig(_Section):
     #: static reservation of ``max_model_len`` from a partition of ``static_fraction`` of KV memory.
     long_threshold: Union[int, str] = "p90"
     static_fraction: float = Field(0.3, gt=0, lt=1)
+    #: hybrid_tail: how a request's total length is predicted at admission (``sim/workload/predictor.py``):
+    #: ``prompt`` (what is known: the prompt and any tokens already generated), ``quantile`` (the
+    #: prompt plus the ``predictor_quantile`` quantile of the output length given the prompt, fitted on
+    #: the lengths the workload is drawn from) or ``oracle`` (the true length: an upper bound no server
+    #: reaches, labelled so in every output). ``prompt`` is the default: a request predicted long
+    #: wrongly holds a max_model_len slot, one predicted short wrongly costs one copy when it moves.
+    length_predictor: Literal["prompt", "quantile", "oracle"] = "prompt"
+    predictor_quantile: float = Field(0.9, gt=0, lt=1)
     #: hybrid_reserve: a reserve only running sequences may grow into; preempt above
     #: ``preempt_at_usage``; pause admissions while free < ``admit_when_free_above``; drop
     #: sequences that have not advanced for ``stale_after_s`` (none = never).

@@ -180,36 +180,92 @@ def test_hybrid_reserve_invariants(seq_ops, block, capacity, reserve, preempt):
     assert held <= a.preempt_blocks or held == 0
 
 
-@settings(max_examples=N_EXAMPLES)
-@given(ops, st.integers(1, 32), st.integers(900, 3000), st.integers(1, 400))
-def test_hybrid_tail_invariants(seq_ops, block, capacity, threshold):
-    from sim.allocators import HybridTailAllocator
+def _tiered_layout(a):
+    _paged_layout(a.pool)
+    _owned_slots_static(a.static)
+    assert set(a._where) == set(a.used)
+    assert a.used_total == a.static.used_total + a.pool.used_total
 
-    def layout(a):
-        _paged_layout(a.pool)
-        _owned_slots_static(a.static)
-        assert set(a._where) == set(a.used)
-        assert a.used_total == a.static.used_total + a.pool.used_total
 
-    a = HybridTailAllocator(capacity, 100, static_tokens=capacity // 2, reserve_tokens=300,
-                            long_threshold_tokens=threshold, block_size=block)
-    live = set()
-    # Hints decide the partition: the op's token count stands for the request's predicted total.
+def _run_tiered(a, seq_ops, hints: bool):
+    """Random admits (with a random predicted total when the allocator takes hints), grows and
+    releases; a grow answered EVICT is followed by the release the scheduler's preemption does."""
+    live: set[int] = set()
+    outcomes: set[Grow] = set()
     for op, seq, tokens in seq_ops:
         if op == "admit" and seq not in live:
-            a.hint(seq, tokens)
-            if a.admit(seq, min(tokens, 300)) is Grow.OK:
+            if hints:
+                a.hint(seq, tokens)  # the op's token count stands for the request's predicted total
+            r = a.admit(seq, min(tokens, 300))
+            if r is Grow.OK:
                 live.add(seq)
         elif op == "grow" and seq in live:
-            a.grow(seq, a.used[seq] + tokens % 40)
+            before, where = a.used[seq], a._where[seq]
+            r = a.grow(seq, before + tokens % 90)
+            outcomes.add(r)
+            if r is not Grow.OK:
+                assert a.used[seq] == before and a._where[seq] is where, "a refused grow changed state"
+            if r is Grow.EVICT:
+                a.release(seq)  # the scheduler preempts the sequence itself
+                live.discard(seq)
         elif op == "release" and seq in live:
             a.release(seq)
             live.discard(seq)
-        a.check_invariants()
-        layout(a)
-    for seq in list(live):
-        a.release(seq)
-    assert a.reserved_tokens() == 0 and a.used_total == 0
+        check_after_op(a, live, _tiered_layout)
+    release_all(a, live)
+    return outcomes
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 32), st.integers(900, 3000), st.integers(1, 400))
+def test_hybrid_tail_invariants(seq_ops, block, capacity, threshold):
+    """Every slot is owned once, whatever the hints: a short-hinted sequence that outgrows the
+    threshold moves to a static slot (or is evicted when none is free)."""
+    from sim.allocators import HybridTailAllocator
+    a = HybridTailAllocator(capacity, 100, static_tokens=capacity // 2, reserve_tokens=300,
+                            long_threshold_tokens=threshold, block_size=block)
+    _run_tiered(a, seq_ops, hints=True)
+
+
+@settings(max_examples=N_EXAMPLES)
+@given(ops, st.integers(1, 32), st.integers(400, 3000), st.integers(1, 300), st.floats(0.05, 0.6))
+def test_static_fallback_invariants(seq_ops, block, capacity, reserve, fraction):
+    from sim.allocators.tiered import StaticFallbackAllocator
+    fallback = max(2 * block, int(capacity * fraction))
+    a = StaticFallbackAllocator(StaticAllocator(capacity, 100, reserve), PagedAllocator(fallback, 100, block), 100)
+    _run_tiered(a, seq_ops, hints=False)
+
+
+def test_tiered_moves_copy_and_evict():
+    """The three answers to outgrowing a region, with the copy charged: a move (the KV held is
+    copied once, the old place freed), an eviction (no room where it must go), an overflow (it
+    could never fit there)."""
+    from sim.allocators import HybridTailAllocator
+    from sim.allocators.tiered import StaticFallbackAllocator
+    a = HybridTailAllocator(2000, 100, static_tokens=600, reserve_tokens=300, long_threshold_tokens=100, block_size=16)
+    for s in (1, 2, 3):
+        a.hint(s, 50)
+        assert a.admit(s, 50) is Grow.OK and a._where[s] is a.pool
+    assert a.grow(1, 101) is Grow.OK and a._where[1] is a.static  # moved: 50 tokens copied
+    assert a.take_work().copy_bytes == 50 * 100 and a.pool.used.get(1) is None
+    assert a.grow(2, 150) is Grow.OK and a._where[2] is a.static  # the second (and last) slot
+    assert a.grow(3, 101) is Grow.EVICT and a._where[3] is a.pool and a.used[3] == 50
+    a.release(3)
+    a.hint(3, 50)  # predicted short, but it was evicted for a slot: it comes back into one
+    a.release(2)
+    assert a.admit(3, 120) is Grow.OK and a._where[3] is a.static
+    a.check_invariants()
+    assert a.move_report() == {"migrations": 2, "migration_copy_bytes": 100 * 100, "evictions": 1}
+
+    f = StaticFallbackAllocator(StaticAllocator(1000, 100, 200), PagedAllocator(400, 100, 16), 100)
+    assert f.admit(7, 150) is Grow.OK and f._where[7] is f.static
+    assert f.grow(7, 201) is Grow.OK and f._where[7] is f.pool and f.static.reserved_tokens() == 0
+    assert f.grow(7, 401) is Grow.OVERFLOW  # longer than the whole fallback region
+    f.release(7)
+    assert f.admit(8, 250) is Grow.OK and f._where[8] is f.pool  # already past a reservation
+    assert f.move_report() == {"fallback_entries": 2, "fallback_moves": 1, "fallback_copy_bytes": 150 * 100,
+                               "fallback_evictions": 0}
+    f.check_invariants()
 
 
 @settings(max_examples=2000)

@@ -71,6 +71,12 @@ BAD = [
     (["--set", "allocator.kind=hybrid_reserve", "--set", "allocator.reserve_fraction=1.5"], "allocator.reserve_fraction", "1.5"),
     (["--set", "allocator.kind=dynamic", "--set", "allocator.chunk_tokens=20000"], "allocator.chunk_tokens", "20000"),
     (["--set", "allocator.kind=hybrid_tail", "--set", "allocator.static_fraction=0.01"], "allocator.static_fraction", "0.01"),
+    (["--set", "allocator.kind=hybrid_tail", "--set", "allocator.length_predictor=psychic"], "allocator.length_predictor",
+     "psychic"),
+    (["--set", "allocator.kind=static", "--set", "allocator.overflow=fallback", "--set", "allocator.fallback_fraction=0.99"],
+     "allocator.fallback_fraction", "0.99"),
+    (["--set", "allocator.kind=static", "--set", "allocator.overflow=fallback", "--set", "allocator.fallback_fraction=1e-7"],
+     "allocator.fallback_fraction", "two blocks"),
 ]
 
 

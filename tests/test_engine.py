@@ -130,6 +130,9 @@ def _compare(a, b):
         assert a.summary[key] == b.summary[key], key
     for key in ("kv_token_utilization", "kv_memory_utilization", "allocation_time_s", "admissions_paused_s"):
         assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9)
+    # Moves between regions (hybrid_tail, static with a fallback) and the length predictor's confusion.
+    for key in ("length_predictor", "fallback_entries", "fallback_moves", "fallback_copy_bytes", "fallback_evictions"):
+        assert a.summary.get(key) == b.summary.get(key), key
     assert max(a.timeseries["kv_used_bytes"].to_pylist()) == max(b.timeseries["kv_used_bytes"].to_pylist())
     # The peak reservation: a sliding window's blocks slide out inside a fast-forward window, so its
     # end state can be below the peak that stepping records (the _max column keeps it).
@@ -144,11 +147,18 @@ def _compare(a, b):
        replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
        closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]),
        swap=st.booleans(), growth=st.sampled_from(["token", "chunk"]), placement=st.sampled_from(["first_fit", "best_fit"]),
-       victim=st.sampled_from(["lifo", "lowest_priority"]), mixed=st.booleans())
+       victim=st.sampled_from(["lifo", "lowest_priority"]), mixed=st.booleans(),
+       predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
+       overflow=st.sampled_from(["reject", "truncate", "fallback"]))
 def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse,
-                                      swap, growth, placement, victim, mixed):
+                                      swap, growth, placement, victim, mixed, predictor, overflow):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
+    if mixed and overflow == "fallback":
+        overflow = "truncate"  # the fallback region holds one KV layout: refused with layer groups (test_layer_groups)
+    if overflow == "fallback":
+        reserve = "p80"  # a max_model_len reservation never overflows (and leaves no room for the region)
     over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
+            "allocator.length_predictor": predictor, "allocator.overflow": overflow, "allocator.fallback_fraction": 0.3,
             "allocator.page_reuse": reuse, "allocator.preemption.mode": "swap" if swap else "recompute",
             "allocator.preemption.swap_capacity_bytes": 3000 * 2048, "allocator.growth": growth,
             "allocator.chunk_tokens": 64, "allocator.placement": placement, "allocator.static_fraction": 0.5,

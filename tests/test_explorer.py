@@ -50,7 +50,7 @@ def test_overrides_only_for_changed_and_relevant_knobs():
     static_knobs = {f"allocator.{n}" for n in X.allocator_knobs("static")}
     assert set(over) == {"allocator.kind", "gpu.replicas"} | static_knobs
     assert (over["allocator.kind"], over["allocator.reserve"], over["gpu.replicas"]) == ("static", "p95", 2)
-    assert "allocator.block_size" not in over
+    assert "allocator.growth" not in over and "allocator.long_threshold" not in over  # other kinds' knobs
     k["allocator.kind"] = "paged"
     assert X.overrides_from_knobs(k, base) == {"gpu.replicas": 2}  # static knobs do not apply to paged
     k["allocator.kind"] = "static"
@@ -244,7 +244,7 @@ def test_allocator_configs_and_compare_rows():
     assert labels == ["paged b=16", "static max_model_len (reject)", "paged b=16 #2"]
     over = X.allocator_overrides(cfgs[1])
     assert {"allocator.kind": "static", "allocator.reserve": "max_model_len", "allocator.overflow": "reject"}.items() \
-        <= over.items() and "allocator.block_size" not in over
+        <= over.items() and "allocator.growth" not in over
     assert X.allocator_overrides({"kind": "static", "reserve": "2048"})["allocator.reserve"] == 2048
     base = X.resolve_scenario(SMALL).model_dump(mode="json", exclude_unset=True)
     kp = {}

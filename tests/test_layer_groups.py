@@ -191,6 +191,14 @@ def test_prefix_caching_is_refused_for_mixed_models():
         simulate(sc)
 
 
+def test_static_fallback_region_is_refused_for_mixed_models():
+    sc = _scenario(**{"allocator.kind": "static", "allocator.reserve": "p95", "allocator.overflow": "fallback"})
+    with pytest.raises(ConfigError, match="allocator.overflow.*fallback.*reject or truncate for models with sliding"):
+        simulate(sc)
+    # the same scenario without the fallback region runs
+    assert simulate(sc.model_copy(update={"allocator": sc.allocator.model_copy(update={"overflow": "truncate"})}))
+
+
 # --- allocator invariants -------------------------------------------------------------------
 
 groups = st.tuples(st.integers(0, 2), st.integers(1, 3))

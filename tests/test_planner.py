@@ -82,7 +82,7 @@ def test_plan_default_scenario(tmp_path):
     assert (out / "plan.html").is_file() and "js-plotly-plot" in (out / "plan.html").read_text()
     by = {c["name"]: c for c in p["candidates"]}
     # Every candidate is either planned or skipped with a reason (kinds this build lacks).
-    assert set(by) | {s["name"] for s in p["skipped"]} == set(CANDIDATES)
+    assert set(by) | {s["name"] for s in p["skipped"]} == {n for n, c in CANDIDATES.items() if c.get("default", True)}
     assert all(s["reason"] for s in p["skipped"])
     assert {"static", "paged"} <= set(by)
     for c in by.values():
@@ -117,3 +117,25 @@ def test_plan_bad_input_is_one_line():
                         "--allocators", "paged,nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: --allocators: got 'nope'; candidate names: {', '.join(CANDIDATES)}"]
+
+
+def _cand(name: str, goodput: float, upper_bound: bool = False) -> dict:
+    op = {"rejected": 0, "truncated": 0, "requests": 100, "memory_waste": 0.1, "external_frag_mean": 0.0,
+          "external_frag_max": 0.0, "decode_jitter": 1.05, "preemptions": 0, "rejected_by_reason": {},
+          "attainment": 0.95, "allocation_time_s": 0.0}
+    return {"name": name, "strategy": name, "overrides": {"allocator.kind": name.split("-")[0]}, "status": "ok",
+            "goodput_rps": goodput, "goodput_per_gpu_rps": goodput, "gpus": 1, "operating_point": op,
+            "upper_bound": upper_bound}
+
+
+def test_an_upper_bound_is_reported_but_never_recommended():
+    from sim.analysis.planner import recommend
+    p = {"tolerance": 0.05, "target_rate": None, "slo_text": "-", "gpu": "H100", "tensor_parallel": 1,
+         "candidates": [_cand("paged", 5.0), _cand("hybrid_tail", 4.0), _cand("hybrid_tail-oracle", 9.0, True)]}
+    rec = recommend(p)
+    assert rec["candidate"] == "paged"
+    bound = [r for r in rec["reasons"] if r.startswith("hybrid_tail-oracle is an upper bound")]
+    assert len(bound) == 1 and "goodput 9 req/s vs hybrid_tail 4 req/s" in bound[0], rec["reasons"]
+    assert not any("vs hybrid_tail-oracle" in r for r in rec["reasons"])
+    assert CANDIDATES["hybrid_tail-oracle"]["upper_bound"] and not CANDIDATES["hybrid_tail"].get("upper_bound")
+    assert CANDIDATES["hybrid_tail"]["overrides"]["allocator.length_predictor"] != "oracle"

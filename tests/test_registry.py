@@ -170,7 +170,9 @@ def test_knob_defaults_are_the_configs():
     defaults = AllocatorConfig()
     assert KINDS["dynamic"][0]["chunk_tokens"] == defaults.chunk_tokens == 512
     assert KINDS["dynamic"][0]["compaction.period_s"] == defaults.compaction.period_s
-    assert KINDS["static"][0] == {"reserve": "max_model_len", "overflow": "reject", "placement": "first_fit"}
+    assert KINDS["static"][0] == {"reserve": "max_model_len", "overflow": "reject", "placement": "first_fit",
+                                  "fallback_fraction": 0.1, "block_size": 16}
+    assert KINDS["hybrid_tail"][0]["length_predictor"] == defaults.length_predictor == "prompt"
     assert COMMON_KNOBS == {"preemption.mode": "recompute", "preemption.swap_capacity_bytes": 64 * 2**30,
                             "preemption.victim": "lifo"}
 
@@ -186,10 +188,11 @@ def test_register_refuses_a_second_registration_and_unknown_knobs():
 #: What each built-in kind can do beyond the interface (the table in sim/allocators/capabilities.py).
 CAPABILITIES = {
     "static": ["Compactable"],
+    "static+fallback": ["MoveReport", "Regions"],
     "dynamic": ["Compactable"],
     "paged": [],
     "paged+prefix_caching": ["PrefixLookup", "PrefixAdmission", "PrefixCacheReport"],
-    "hybrid_tail": ["LengthHints"],
+    "hybrid_tail": ["LengthHints", "MoveReport", "Regions"],
     "hybrid_reserve": ["AdmissionBreaker"],
 }
 
@@ -198,6 +201,8 @@ CAPABILITIES = {
 def test_built_in_allocators_have_the_capabilities_they_declare(name):
     kind = name.split("+")[0]
     over = {"allocator.kind": kind, "allocator.prefix_caching.enabled": name.endswith("prefix_caching")}
+    if name.endswith("fallback"):
+        over.update({"allocator.reserve": "p90", "allocator.overflow": "fallback"})
     sc = load_scenario("chat-api", over)
     alloc = Deployment.from_scenario(sc, lambda q: 2000).make_allocator(sc)
     assert capabilities_of(alloc) == CAPABILITIES[name]

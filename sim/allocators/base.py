@@ -40,6 +40,10 @@ class Grow(IntEnum):
     NO_SPACE = 1
     #: The sequence outgrew what this allocator will ever give it (static reservation).
     OVERFLOW = 2
+    #: (``grow`` only) The sequence outgrew its region and the region it must move to has no room
+    #: now: preempt this sequence itself (preempting others would not help); it is admitted where it
+    #: belongs when room frees up (:mod:`.tiered`). Only allocators without a decode cohort answer it.
+    EVICT = 3
 
 
 #: Refusal reasons counted in stats.

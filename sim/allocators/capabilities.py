@@ -17,7 +17,9 @@ PrefixAdmission     ``cached_prefix_tokens``, ``admit_prefix``  scheduler (admis
 PrefixCacheReport   ``hit_tokens``, ``queried_tokens``          summary (prefix_hit_rate)  paged + prefix_caching
 Compactable         ``should_compact``, ``compact``             replica (compaction)       static, dynamic
 AdmissionBreaker    ``admission_paused``, ``paused_at``         scheduler, replica         hybrid_reserve
-LengthHints         ``hint``                                    scheduler (admission)      hybrid_tail
+LengthHints         ``hint``, ``long_threshold``                scheduler (admission)      hybrid_tail
+MoveReport          ``move_report``                             summary                    hybrid_tail, static+fallback
+Regions             ``region_of``                               scheduler (preemption)     hybrid_tail, static+fallback
 ==================  ==========================================  =========================  ============================
 
 What each one means to the engine is in the class docstrings. A scenario that asks for a
@@ -107,16 +109,43 @@ class AdmissionBreaker(Protocol):
 
 @runtime_checkable
 class LengthHints(Protocol):
-    """Wants each request's predicted total length before it is admitted."""
+    """Wants each request's predicted total length before it is admitted. The scheduler predicts
+    it with the scenario's ``allocator.length_predictor`` (``sim/workload/predictor.py``) and counts
+    how often the long/short call was wrong (summary ``length_predictor``)."""
+
+    #: A request predicted longer than this many tokens in total is routed as long.
+    long_threshold: int
 
     def hint(self, seq: int, total_tokens: int) -> None:
-        """``seq`` will hold ``total_tokens`` tokens (prompt + output) when it finishes."""
+        """``seq`` is predicted to hold ``total_tokens`` tokens (prompt + output) when it finishes;
+        called before each admission attempt."""
+        ...
+
+
+@runtime_checkable
+class MoveReport(Protocol):
+    """Moves sequences between regions of its memory (``sim/allocators/tiered.py``) and counts
+    them for the summary."""
+
+    def move_report(self) -> dict[str, int]:
+        """Summary key → count or bytes over the run (summed over replicas)."""
+        ...
+
+
+@runtime_checkable
+class Regions(Protocol):
+    """Keeps sequences in separate regions of memory (``sim/allocators/tiered.py``): when a sequence
+    cannot grow, the scheduler preempts a victim from its region (freeing another region's memory
+    would not help), by its usual policy among those."""
+
+    def region_of(self, seq: int) -> int:
+        """The region a live sequence occupies (equal numbers: the same memory)."""
         ...
 
 
 #: Every capability, for listings and tests.
 CAPABILITIES: tuple[type, ...] = (PrefixLookup, PrefixAdmission, PrefixCacheReport, Compactable, AdmissionBreaker,
-                                  LengthHints)
+                                  LengthHints, MoveReport, Regions)
 
 
 def capabilities_of(obj: object) -> list[str]:

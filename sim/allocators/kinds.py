@@ -20,6 +20,7 @@ from sim.allocators.registry import REGISTRY, Budget, register
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
 from sim.catalog import KVGroups
+from sim.allocators.tiered import StaticFallbackAllocator
 from sim.config import ALLOCATOR_KINDS, AllocatorConfig
 from sim.errors import ConfigError
 
@@ -61,16 +62,34 @@ def _pow2(tokens: int) -> int:
     return 1 << (max(tokens, 1) - 1).bit_length()
 
 
+def _fallback_tokens(a: AllocatorConfig, b: Budget) -> int:
+    """Tokens of the paged fallback region of ``static`` with ``overflow: fallback`` (0 without)."""
+    return int(b.capacity_tokens * a.fallback_fraction) if a.overflow == "fallback" else 0
+
+
 def size_static(a: AllocatorConfig, b: Budget) -> Budget:
     reserve = parse_reserve(a.reserve, b.max_model_len, b.percentile)
+    fallback = _fallback_tokens(a, b)
+    arena = b.capacity_tokens - fallback
     g = _sliding_groups(b)
+    if fallback and g is not None:
+        raise ConfigError("allocator.overflow", a.overflow, "reject or truncate for models with sliding-window layer "
+                                                           "groups (the paged fallback region holds one KV layout)")
     # A sliding-window group reserves only the window (StaticAllocator): the slots a reservation asks for.
     slots = reserve if g is None else g.slots_held(reserve)
-    if slots > b.capacity_tokens:
+    if slots > arena:
+        if arena < b.capacity_tokens:
+            raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
+                              f"a static arena that holds one reservation of {slots} tokens: at most "
+                              f"{1 - slots / b.capacity_tokens:.3g} of {b.capacity_tokens} tokens")
         fit = b.capacity_tokens if g is None else g.tokens_fitting(b.capacity_tokens)
         raise ConfigError("allocator.reserve", a.reserve,
                           f"a reservation of at most {fit} tokens (one replica's KV capacity)")
-    _check_buddy(a, b, b.capacity_tokens, _pow2(slots))
+    if a.overflow == "fallback" and fallback < 2 * a.block_size:
+        raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
+                          f"a fallback region of at least two blocks of {a.block_size} tokens "
+                          f"({a.fallback_fraction} of {b.capacity_tokens} tokens is {fallback})")
+    _check_buddy(a, b, arena, _pow2(slots))
     return replace(b, reserve_tokens=reserve)
 
 
@@ -119,8 +138,13 @@ def _reserve(b: Budget) -> int:
 
 
 def build_static(a: AllocatorConfig, b: Budget) -> Allocator:
-    return StaticAllocator(b.capacity_tokens, b.kv_bytes_per_token, _reserve(b), placement=a.placement,
-                           groups=_sliding_groups(b))
+    fallback = _fallback_tokens(a, b)
+    arena = StaticAllocator(b.capacity_tokens - fallback, b.kv_bytes_per_token, _reserve(b), placement=a.placement,
+                            groups=_sliding_groups(b))
+    if not fallback:
+        return arena
+    return StaticFallbackAllocator(arena, PagedAllocator(fallback, b.kv_bytes_per_token, a.block_size, a.page_reuse),
+                                   b.kv_bytes_per_token)
 
 
 def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
@@ -161,8 +185,10 @@ def build_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Allocator:
                                   admit_when_free_above=a.admit_when_free_above)
 
 
-register("static", build_static, size=size_static, knobs=("reserve", "overflow", "placement"), layer_groups=True,
-         description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena")
+register("static", build_static, size=size_static,
+         knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size"), layer_groups=True,
+         description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena; "
+                     "overflow: fallback moves a sequence that outgrows it to a paged fallback region")
 register("dynamic", build_dynamic, size=size_dynamic,
          knobs=("growth", "chunk_tokens", "placement", "compaction.enabled", "compaction.below_utilization",
                 "compaction.above_fragmentation", "compaction.mode", "compaction.period_s"),
@@ -171,9 +197,10 @@ register("dynamic", build_dynamic, size=size_dynamic,
 register("paged", build_paged, knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
          description="PagedAttention block pool: blocks of block_size tokens from one free pool", paged_layout=True,
          layer_groups=True)
-register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail, knobs=("long_threshold", "static_fraction", "block_size", "placement"),
+register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail,
+         knobs=("long_threshold", "static_fraction", "length_predictor", "predictor_quantile", "block_size", "placement"),
          description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
-                     "for the rest", paged_layout=True)
+                     "for the rest (a request outgrowing the threshold moves to a slot)", paged_layout=True)
 register("hybrid_reserve", build_hybrid_reserve, size=size_hybrid_reserve,
          knobs=("reserve_fraction", "preempt_at_usage", "admit_when_free_above", "stale_after_s", "block_size"),
          description="paged pool with an emergency reserve for running sequences, a preemption threshold and an "

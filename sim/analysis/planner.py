@@ -37,7 +37,9 @@ from sim.analysis.slo import SLO, attainment
 
 #: Candidate allocator configurations: name → overrides (dotted scenario keys) and the
 #: strategy in the seed article's words. Adding a candidate is one entry; a candidate whose
-#: allocator kind this build lacks is skipped with a message.
+#: allocator kind this build lacks is skipped with a message. ``upper_bound``: the candidate reads
+#: what no server knows (hybrid_tail's oracle length predictor): planned and shown for reference,
+#: never recommended. ``default: False``: planned only when named (``--allocators``).
 CANDIDATES: dict[str, dict[str, Any]] = {
     "static": {
         "overrides": {"allocator.kind": "static", "allocator.reserve": "max_model_len", "allocator.overflow": "reject"},
@@ -46,6 +48,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "static-p95": {
         "overrides": {"allocator.kind": "static", "allocator.reserve": "p95", "allocator.overflow": "truncate"},
         "strategy": "static at the p95 length ceiling, longer requests truncated",
+    },
+    "static-p95-fallback": {
+        "overrides": {"allocator.kind": "static", "allocator.reserve": "p95", "allocator.overflow": "fallback"},
+        "strategy": "static at the p95 length ceiling, longer requests moved to a paged fallback region (10 % of KV)",
     },
     "paged": {
         "overrides": {"allocator.kind": "paged", "allocator.block_size": 16},
@@ -60,8 +66,21 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "strategy": "dynamic contiguous growth (realloc-and-copy)",
     },
     "hybrid_tail": {
-        "overrides": {"allocator.kind": "hybrid_tail"},
-        "strategy": "hybrid: static floor for the long tail + paged rest",
+        "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "prompt"},
+        "strategy": "hybrid: static floor for the long tail + paged rest; long once the prompt alone is (a request "
+                    "that outgrows the threshold moves to a slot)",
+    },
+    "hybrid_tail-quantile": {
+        "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "quantile"},
+        "strategy": "hybrid: static floor for the long tail + paged rest; long predicted from the prompt (prompt + "
+                    "p90 of the output given the prompt)",
+        "default": False,
+    },
+    "hybrid_tail-oracle": {
+        "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "oracle"},
+        "strategy": "hybrid_tail routed by each request's true length (oracle): an upper bound, not a strategy a "
+                    "server can run",
+        "upper_bound": True,
     },
     "hybrid_reserve": {
         "overrides": {"allocator.kind": "hybrid_reserve"},
@@ -257,6 +276,7 @@ def plan_candidate(task: dict) -> dict:
     base_requests = task["base_requests"]
     tol = task["tol"]
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
+                           "upper_bound": task.get("upper_bound", False),
                            "status": "ok", "message": "", "probes": [], "replica_probes": []}
     last: dict[tuple, Any] = {}
 
@@ -343,8 +363,9 @@ def plan_candidate(task: dict) -> dict:
 # --- the plan -------------------------------------------------------------------------
 
 def select_candidates(names: list[str] | None) -> list[str]:
+    """The named candidates, or every default one."""
     if not names:
-        return list(CANDIDATES)
+        return [n for n, c in CANDIDATES.items() if c.get("default", True)]
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         raise ConfigError("--allocators", unknown[0], f"candidate names: {', '.join(CANDIDATES)}")
@@ -395,7 +416,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
             skipped.append({"name": n, "reason": why})
         else:
             tasks.append({**common, "name": n, "overrides": CANDIDATES[n]["overrides"],
-                          "strategy": CANDIDATES[n]["strategy"]})
+                          "strategy": CANDIDATES[n]["strategy"], "upper_bound": CANDIDATES[n].get("upper_bound", False)})
     t0 = time.perf_counter()
     results: dict[str, dict] = {}
     if tasks:
@@ -442,9 +463,27 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _upper_bound_reasons(p: dict) -> list[str]:
+    """One line per upper-bound candidate: what it reached, beside the real candidates of its kind."""
+    out = []
+    for u in p["candidates"]:
+        if not u.get("upper_bound"):
+            continue
+        kind = u["overrides"].get("allocator.kind")
+        peers = [c for c in p["candidates"] if not c.get("upper_bound") and c["overrides"].get("allocator.kind") == kind
+                 and c["status"] == "ok"]
+        got = f"{u['goodput_rps']:.3g} req/s" if u["status"] == "ok" else u["status"]
+        vs = ", ".join(f"{c['name']} {c['goodput_rps']:.3g} req/s" for c in peers)
+        out.append(f"{u['name']} is an upper bound, not a candidate (it routes by each request's true output length, "
+                   f"which no server knows): goodput {got}" + (f" vs {vs}" if vs else ""))
+    return out
+
+
 def recommend(p: dict) -> dict:
-    """Pick a candidate and say why, in the seed article's terms, from the measured numbers."""
-    feasible = [c for c in p["candidates"] if c["status"] == "ok" and c.get("goodput_rps", 0) > 0]
+    """Pick a candidate and say why, in the seed article's terms, from the measured numbers.
+    Upper-bound candidates (``upper_bound``) are reported, never picked."""
+    feasible = [c for c in p["candidates"] if c["status"] == "ok" and c.get("goodput_rps", 0) > 0
+                and not c.get("upper_bound")]
     if not feasible:
         return {"candidate": None, "text": "No candidate meets the SLO at any rate tried: relax the SLO, add memory "
                                            "(tensor parallelism) or shorten max_model_len.", "reasons": []}
@@ -488,8 +527,9 @@ def recommend(p: dict) -> dict:
         reasons.append(f"goodput {best['goodput_rps']:.3g} req/s vs {c['name']} {c['goodput_rps']:.3g} req/s "
                        f"({more}{extra})")
     for c in p["candidates"]:
-        if c["status"] == "infeasible":
+        if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
+    reasons += _upper_bound_reasons(p)
     waste = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
     reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {waste}")
     statics = [c for c in [best, *others] if c["overrides"].get("allocator.kind") == "static"]
@@ -592,7 +632,8 @@ def plan_rows(p: dict) -> list[list[str]]:
         op, v = c["operating_point"], c["verify"]
         gpus = c.get("gpus_needed") if target else c["gpus"]
         rows.append([
-            c["name"] + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
+            c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
+            + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
             f"{c['goodput_rps']:.3g}", str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
             f"{c['goodput_per_gpu_rps']:.3g}",
             "-" if v["attainment"] is None else f"{v['attainment']:.3f}",

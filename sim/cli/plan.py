@@ -21,8 +21,9 @@ def plan_command(
                                                      "(repeatable; see docs/sweeps.md for what pNN means)."),
     attainment: Optional[float] = typer.Option(None, "--attainment", help="Fraction of requests that must meet every "
                                                                           "bound (default: the pNN of the SLO names, or 0.9)."),
-    allocators: Optional[str] = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all): "
-                                                                        "static, static-p95, paged, paged-b32, ..."),
+    allocators: Optional[str] = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all but "
+                                                                        "hybrid_tail-quantile): static, static-p95, "
+                                                                        "static-p95-fallback, paged, ..."),
     target_rate: Optional[float] = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),

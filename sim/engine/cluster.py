@@ -22,7 +22,9 @@ from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled
 from sim.engine.simpy_shortcuts import now as clock
 from sim.sched.registry import make_scheduler
+from sim.allocators.capabilities import LengthHints
 from sim.workload.generator import Workload, build_workload, total_length_percentile
+from sim.workload.predictor import LengthPredictor, make_predictor
 
 ProgressFn = Callable[[int, int], None]
 
@@ -67,6 +69,14 @@ class _ToEngine:
         self.router.pick(self.req).submit(self.req)
 
 
+def length_predictor(sc: Scenario, wl: Workload) -> LengthPredictor:
+    """``allocator.length_predictor`` for ``sc``; ``quantile`` is fitted on the lengths ``wl`` is drawn
+    from (:meth:`Workload.reference_lengths`), never on its own requests."""
+    a = sc.allocator
+    reference = wl.reference_lengths() if a.length_predictor == "quantile" else None
+    return make_predictor(a.length_predictor, a.predictor_quantile, reference)
+
+
 def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None,
              budget: RunBudget | None = None) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
@@ -99,15 +109,19 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             env.process(_client_next(req.client))
 
     cost: CostModel | None = None
+    predictor: LengthPredictor | None = None
     replicas: list[Replica] = []
     for i in range(sc.gpu.replicas):
         alloc = dep.make_allocator(sc)
         if cost is None:
             cost = dep.make_cost_model(sc)
+        if predictor is None and isinstance(alloc, LengthHints):
+            predictor = length_predictor(sc, wl)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched = make_scheduler(sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window,
+        sched = make_scheduler(dep.scheduler or sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window,
                                window_kv_cap=dep.model.mixed_window, swap_capacity_bytes=swap,
-                               hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim)
+                               hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim,
+                               length_predictor=predictor)
         replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
                                 overflow=sc.allocator.overflow, on_finish=on_finish,
                                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
@@ -201,6 +215,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
     summary = summarize(rec, replicas, dep.kv_slot_bytes)
+    if predictor is not None and "length_predictor" in summary:
+        summary["length_predictor"] = {**predictor.describe(), **summary["length_predictor"]}
     summary.update({
         "kvsim_version": __version__,
         "scenario": sc.name,

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sim.allocators.capabilities import PrefixCacheReport
+from sim.allocators.capabilities import MoveReport, PrefixCacheReport
 from sim.request import COMPLETED, Request
+from sim.workload.predictor import PredictionTally
 
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
@@ -325,6 +326,7 @@ def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),
         **_prefix_stats(replicas),
+        **_move_stats(replicas),
         "allocation_events": work["events"],
         "allocation_time_s": sum(s.alloc_work_s for s in stats),
         "copy_bytes": work["copy_bytes"],
@@ -344,6 +346,26 @@ def _prefix_stats(replicas) -> dict:
     queried = sum(a.queried_tokens for a in allocs)
     return {"prefix_hit_tokens": int(hit), "prefix_queried_tokens": int(queried),
             "prefix_hit_rate": hit / queried if queried else 0.0}
+
+
+def _move_stats(replicas) -> dict:
+    """Moves between an allocator's regions (``MoveReport``), and the length predictor's confusion."""
+    out: dict = {}
+    moves: dict[str, int] = {}
+    for r in replicas:
+        if isinstance(r.alloc, MoveReport):
+            for k, v in r.alloc.move_report().items():
+                moves[k] = moves.get(k, 0) + v
+    tallies = [r.sched.predictions for r in replicas if r.sched.predictions is not None]
+    if tallies:
+        total = PredictionTally(tallies[0].threshold_tokens)
+        for t in tallies:
+            total.add(t)
+        # The predictor's own description is added by the run (sim/engine/cluster.py).
+        out["length_predictor"] = {**total.as_dict(), **moves}
+    else:
+        out.update(moves)
+    return out
 
 
 def clean_json(obj):

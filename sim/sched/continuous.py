@@ -16,10 +16,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from sim.allocators.base import Allocator, Grow
-from sim.allocators.capabilities import AdmissionBreaker, LengthHints, PrefixAdmission
+from sim.allocators.capabilities import AdmissionBreaker, LengthHints, PrefixAdmission, Regions
 from sim.config import SchedulerConfig
 from sim.cost.model import BatchShape
 from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
+from sim.workload.predictor import LengthPredictor, PredictionTally, PromptPredictor
 
 
 @dataclass(slots=True, init=False)
@@ -58,7 +59,8 @@ class ContinuousScheduler:
     supports_cohort = True
 
     def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None):
+                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
+                 length_predictor: LengthPredictor | None = None):
         self.cfg = cfg
         self.alloc = allocator
         #: Prefill chunks share iterations with decodes (vLLM); ``False``: an iteration either prefills
@@ -96,7 +98,15 @@ class ContinuousScheduler:
         # The allocator's optional features (sim/allocators/capabilities.py), looked up once.
         self._prefix: PrefixAdmission | None = allocator if isinstance(allocator, PrefixAdmission) else None
         self._hints: LengthHints | None = allocator if isinstance(allocator, LengthHints) else None
+        #: Predicts each request's total length for an allocator that routes by it (``None``: none does).
+        self.predictor: LengthPredictor | None = None
+        #: The predictor's long/short calls against the truth, at each request's first admission.
+        self.predictions: PredictionTally | None = None
+        if self._hints is not None:
+            self.predictor = length_predictor if length_predictor is not None else PromptPredictor()
+            self.predictions = PredictionTally(self._hints.long_threshold)
         self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
+        self._regions: Regions | None = allocator if isinstance(allocator, Regions) else None
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -131,12 +141,21 @@ class ContinuousScheduler:
         need = self._chunk(req, budget)
         return need is None or self._refused == (req.id, need, self.alloc.releases)
 
-    def _pick_victim(self) -> int:
-        """Index in ``running`` of the request to preempt."""
+    def _pick_victim(self, req: Request) -> int:
+        """Index in ``running`` of the request to preempt so that ``req`` can grow."""
+        running = self.running
+        regions = self._regions
+        if regions is not None:
+            # Only a sequence in req's region frees memory req can use (req itself always qualifies).
+            where = regions.region_of(req.id)
+            cands = [k for k in range(len(running)) if regions.region_of(running[k].id) == where]
+            if self.victim_policy == "lifo":
+                return cands[-1]
+            return max(cands, key=lambda k: (-running[k].priority, running[k].seq_no))
         if self.victim_policy == "lifo":
-            return len(self.running) - 1
+            return len(running) - 1
         # Lowest priority first; among equals the most recently admitted (vLLM's priority policy).
-        return max(range(len(self.running)), key=lambda k: (-self.running[k].priority, self.running[k].seq_no))
+        return max(range(len(running)), key=lambda k: (-running[k].priority, running[k].seq_no))
 
     def _preempt_last(self, index: int | None = None) -> Request:
         victim = self.running.pop(len(self.running) - 1 if index is None else index)
@@ -223,7 +242,7 @@ class ContinuousScheduler:
                 continue
             r = alloc.grow(req.id, req.computed + need)
             while r is Grow.NO_SPACE:
-                k = self._pick_victim()
+                k = self._pick_victim(req)
                 victim = self._preempt_last(k)
                 preempted += 1
                 if victim is req:
@@ -238,8 +257,13 @@ class ContinuousScheduler:
                     i -= 1
                 r = alloc.grow(req.id, req.computed + need)
             if r is Grow.NO_SPACE:  # req itself was preempted
-                if self.victim_policy == "lifo":
+                if self.victim_policy == "lifo" and self._regions is None:
                     break  # it was last, so the loop ends
+                continue  # the next request moved into its place
+            if r is Grow.EVICT:
+                # req outgrew its region and the one it must move to is full: it waits for room there.
+                self._preempt_last(i)
+                preempted += 1
                 continue
             if r is Grow.OVERFLOW:
                 running.pop(i)
@@ -274,8 +298,11 @@ class ContinuousScheduler:
                     need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
+                predicted = 0
                 if hints is not None:
-                    hints.hint(req.id, req.prompt + req.output)
+                    assert self.predictor is not None
+                    predicted = self.predictor.predict_total(req)
+                    hints.hint(req.id, predicted)
                 if prefix is not None and req.hashes and not req.computed:
                     r, got = prefix.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
                                                  prompt_tokens=req.prompt)
@@ -292,6 +319,9 @@ class ContinuousScheduler:
                     req.reason = PROMPT_EXCEEDS_RESERVATION
                     rejected.append(req)
                     continue
+                if self.predictions is not None and req.preemptions == 0:
+                    # Scoring only: the true length is read here, after the prediction was used.
+                    self.predictions.record(predicted, req.prompt + req.output)
                 if req.swapped:
                     nbytes = req.computed * alloc.token_slots * alloc.bpt
                     self.swap_used_bytes -= nbytes

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from sim.cost.model import BatchShape
     from sim.request import Request
     from sim.sched.continuous import StepPlan
+    from sim.workload.predictor import LengthPredictor, PredictionTally
 
 
 class Scheduler(Protocol):
@@ -49,6 +50,9 @@ class Scheduler(Protocol):
     supports_cohort: bool
     #: ``lifo`` or ``lowest_priority`` (``allocator.preemption.victim``); the cohort needs ``lifo``.
     victim_policy: str
+    #: How the length predictor's long/short calls compared with the truth (``None``: the allocator
+    #: does not route by length, or the scheduler does not predict).
+    predictions: PredictionTally | None
 
     def schedule(self, start: int = 0, batch: BatchShape | None = None) -> StepPlan:
         """Form the next iteration's batch."""
@@ -76,5 +80,6 @@ class SchedulerFactory(Protocol):
     """How the registry builds a scheduler: a scheduler class's constructor."""
 
     def __call__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, window_kv_cap: int | None,
-                 swap_capacity_bytes: int, hash_block_tokens: int, victim_policy: str) -> Scheduler:
+                 swap_capacity_bytes: int, hash_block_tokens: int, victim_policy: str,
+                 length_predictor: LengthPredictor | None = None) -> Scheduler:
         ...

@@ -19,6 +19,7 @@ from sim.sched.static_batch import StaticBatchScheduler
 if TYPE_CHECKING:
     from sim.allocators.base import Allocator
     from sim.sched.interface import Scheduler, SchedulerFactory
+    from sim.workload.predictor import LengthPredictor
 
 #: kind → constructor, in registration order.
 REGISTRY: dict[str, SchedulerFactory] = {}
@@ -40,13 +41,15 @@ def unregister(kind: str) -> None:
 
 
 def make_scheduler(cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                   hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None) -> Scheduler:
-    """A new scheduler of kind ``cfg.kind`` for one replica, over ``allocator``."""
+                   hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
+                   length_predictor: LengthPredictor | None = None) -> Scheduler:
+    """A new scheduler of kind ``cfg.kind`` for one replica, over ``allocator`` (``length_predictor``:
+    for allocators that route by predicted length)."""
     factory = REGISTRY.get(cfg.kind)
     if factory is None:
         raise ConfigError("scheduler.kind", cfg.kind, f"one of {', '.join(REGISTRY)}")
     return factory(cfg, allocator, kv_cap=kv_cap, window_kv_cap=window_kv_cap, swap_capacity_bytes=swap_capacity_bytes,
-                   hash_block_tokens=hash_block_tokens, victim_policy=victim_policy)
+                   hash_block_tokens=hash_block_tokens, victim_policy=victim_policy, length_predictor=length_predictor)
 
 
 _BUILTIN = tuple(SCHEDULER_KINDS)

@@ -18,17 +18,20 @@ from sim.config import SchedulerConfig
 from sim.cost.model import BatchShape
 from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
 from sim.sched.continuous import StepPlan
+from sim.workload.predictor import LengthPredictor, PredictionTally
 
 
 class StaticBatchScheduler:
     """A :class:`sim.sched.interface.Scheduler` that never preempts (members hold their padded
-    length from admission), so swap capacity, victim policy and prefix hashes do not apply."""
+    length from admission), so swap capacity, victim policy, prefix hashes and length predictors
+    do not apply."""
 
     #: The engine's decode cohort assumes continuous batching.
     supports_cohort = False
 
     def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None):
+                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
+                 length_predictor: LengthPredictor | None = None):
         self.cfg = cfg
         self.alloc = allocator
         self.kv_cap = kv_cap
@@ -45,6 +48,8 @@ class StaticBatchScheduler:
         self._step = 0     # decode steps done
         self._admissions = 0
         self.now_hint_preempted: list[Request] = []
+        #: A batch takes every member's padded final length at admission, so nothing is predicted.
+        self.predictions: PredictionTally | None = None
 
     def can_admit_more(self) -> bool:
         return False  # nobody joins a running batch

@@ -31,6 +31,12 @@ def _tokens(x: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(x), 1, _LENGTH_CAP).astype(np.int64)
 
 
+#: Draws of a length distribution that stand for it as a length predictor's reference.
+REFERENCE_SAMPLE = 20_000
+#: The seed's child stream for those draws (0–2: arrivals, lengths, prefixes; 3: priorities).
+_REFERENCE_STREAM = 5
+
+
 @dataclass
 class Workload:
     """``arrival_s`` is ``None`` for closed loop; lengths are per request id."""
@@ -53,9 +59,26 @@ class Workload:
     think_s: np.ndarray | None = None
     #: Per request, the factor (mean 1) that spreads its client and front-end time; ``None`` = 1.
     frontend_jitter: np.ndarray | None = None
+    #: What the lengths were drawn from, and the scenario (for :meth:`reference_lengths`).
+    sampler: "LengthSampler | None" = None
+    scenario: Scenario | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
+
+    def reference_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt and output token counts of the lengths this workload is drawn from, not of its own
+        requests: every row of a trace or length-stats file, or :data:`REFERENCE_SAMPLE` draws of a
+        distribution from a stream of its own (shared prefixes added as the workload adds them).
+        What a length predictor may be fitted on (``sim/workload/predictor.py``)."""
+        assert self.sampler is not None and self.scenario is not None, "a Workload from build_workload"
+        sc = self.scenario
+        rng = np.random.default_rng(np.random.SeedSequence(sc.seed).spawn(_REFERENCE_STREAM + 1)[_REFERENCE_STREAM])
+        p, o = self.sampler.reference(rng)
+        pre = sc.workload.prefix
+        if pre.fraction > 0:
+            p = p + np.where(rng.random(len(p)) < pre.fraction, pre.prefix_tokens, 0)
+        return p, o
 
 
 class LengthSampler:
@@ -106,10 +129,25 @@ class LengthSampler:
         # mixture: a fraction of requests scaled by a multiplier (both prompt and output).
         p, o = self.base.sample(rng, n, start)
         self.last_rows = self.base.last_rows
-        out = rng.random(n) < c.outlier_fraction
+        return self._outliers(rng, p, o)
+
+    def _outliers(self, rng: np.random.Generator, p: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        c = self.cfg
+        out = rng.random(len(p)) < c.outlier_fraction
         p = np.where(out, _tokens(p * c.outlier_multiplier), p).astype(np.int64)
         o = np.where(out, _tokens(o * c.outlier_multiplier), o).astype(np.int64)
         return p, o
+
+    def reference(self, rng: np.random.Generator, n: int = REFERENCE_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
+        """The lengths this block draws from: a trace's every row, else ``n`` fresh draws from ``rng``."""
+        c = self.cfg
+        if c.kind in ("empirical", "trace"):
+            assert self.trace is not None
+            return self.trace.prompt_tokens, self.trace.output_tokens
+        if c.kind == "mixture":
+            assert self.base is not None
+            return self._outliers(rng, *self.base.reference(rng, n))
+        return self.sample(rng, n)
 
 
 def _streams(seed: int) -> list[np.random.Generator]:
@@ -120,6 +158,7 @@ def build_workload(sc: Scenario) -> Workload:
     """Draw every request of the scenario (deterministic in ``sc.seed``)."""
     wl, sampler = _draw(sc)
     _add_client_timing(sc, wl)
+    wl.sampler, wl.scenario = sampler, sc
     hashes, block = sampler.hashes()
     if hashes is not None:
         wl.hashes, wl.hash_block_tokens = list(hashes), block

@@ -105,7 +105,8 @@ def _safe_check(c: Claim, r: SituationResult) -> ClaimResult:
 
 def recommendation(r: SituationResult) -> dict:
     """The goodput planner's recommendation (:func:`sim.analysis.planner.recommend`) over the non-contrast
-    variants, with goodput = SLO-meeting requests/s per GPU at the scenario's load."""
+    variants, with goodput = SLO-meeting requests/s per GPU at the scenario's load (upper-bound variants
+    are reported beside, never picked)."""
     sit = r.situation
     cands: list[dict[str, Any]] = []
     for v in sit.variants:
@@ -115,7 +116,8 @@ def recommendation(r: SituationResult) -> dict:
         g = run.goodput_per_gpu * run.gpus
         op = {"rate": None, "replicas": None, **run.measure}
         c: dict[str, Any] = {
-            "name": v.name, "strategy": v.strategy, "overrides": v.overrides, "status": "ok" if g > 0 else "infeasible",
+            "name": v.name, "strategy": v.strategy, "overrides": v.overrides, "upper_bound": run.upper_bound,
+            "status": "ok" if g > 0 else "infeasible",
             "goodput_rps": g, "goodput_per_gpu_rps": run.goodput_per_gpu, "gpus": run.gpus, "operating_point": op,
             "message": "" if g > 0 else (f"at the scenario's load only {run.attainment:.0%} of requests meet the SLO "
                                          f"({op['rejected']} rejected, {op['truncated']} truncated)")}

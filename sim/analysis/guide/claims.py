@@ -412,25 +412,45 @@ def worst_jitter(outliers: Run, baseline: Run) -> ClaimResult:
     return ClaimResult(REPRODUCED if worse else PARTLY if v["with_tpot_p99"] > v["without_tpot_p99"] else NOT_REPRODUCED, f, v)
 
 
+def _predictor_text(run: Run) -> str:
+    """How a hybrid_tail run predicted lengths, and how often its long/short call was wrong."""
+    lp = run.s.get("length_predictor") or {}
+    if lp.get("kind") == "oracle":
+        return "oracle (true lengths)"
+    longs = lp.get("long_predicted_long", 0) + lp.get("long_predicted_short", 0)
+    return (f"{lp.get('kind')} predictor: {lp.get('long_predicted_short', 0)} of {longs} long requests predicted short, "
+            f"{lp.get('short_predicted_long', 0)} short ones predicted long; {lp.get('migrations', 0)} moved to a slot "
+            f"when they outgrew the threshold, {lp.get('evictions', 0)} preempted to wait for one")
+
+
 @check
-def hybrid_tail(static: Run, paged: Run, hybrid: Run) -> ClaimResult:
-    st, pg, hy = static, paged, hybrid
+def hybrid_tail(static: Run, paged: Run, hybrid: Run, oracle: Run) -> ClaimResult:
+    st, pg, hy, orc = static, paged, hybrid, oracle
     thr = long_threshold(pg)
-    lp, hp = pg.long_request_p99(thr), hy.long_request_p99(thr)
+    lp, hp, op = pg.long_request_p99(thr), hy.long_request_p99(thr), orc.long_request_p99(thr)
     v: dict[str, Any] = {"static_waste": st.waste(), "hybrid_waste": hy.waste(), "paged_waste": pg.waste(),
+                         "oracle_waste": orc.waste(),
                          "static_reserved_gib_s": st.reserved_gib_s(), "hybrid_reserved_gib_s": hy.reserved_gib_s(),
                          "threshold_tokens": thr, "paged_long_e2e_p99": lp[1], "hybrid_long_e2e_p99": hp[1],
-                         "paged_long_ttft_p99": lp[0], "hybrid_long_ttft_p99": hp[0], "long_requests": lp[2]}
+                         "paged_long_ttft_p99": lp[0], "hybrid_long_ttft_p99": hp[0], "long_requests": lp[2],
+                         "oracle_long_e2e_p99": op[1], "oracle_long_ttft_p99": op[0],
+                         "predictor": (hy.s.get("length_predictor") or {}).get("kind")}
     v["hybrid_ttft_p99_all"], v["paged_ttft_p99_all"] = hy.s["ttft_s"]["p99"], pg.s["ttft_s"]["p99"]
+    v["oracle_ttft_p99_all"] = orc.s["ttft_s"]["p99"]
     mem = v["hybrid_waste"] < v["static_waste"]
     # Better long-request latency: e2e p99 at least 5 % lower without a TTFT p99 more than twice paged's.
     lat = (hp[1] or math.inf) < 0.95 * (lp[1] or math.inf) and (hp[0] or math.inf) <= 2 * (lp[0] or math.inf)
-    f = (f"hybrid_tail vs static: KV waste {v['hybrid_waste']:.0%} vs {v['static_waste']:.0%}; vs paged on the "
-         f"{lp[2]} requests longer than {thr} tokens (p90 of paged's run): e2e p99 {fmt_g(hp[1])} vs {fmt_g(lp[1])} s "
-         f"({_rel(hp[1] or 0, lp[1] or 1):+.0%}), TTFT p99 {fmt_g(hp[0])} vs {fmt_g(lp[0])} s; all requests' TTFT p99 "
-         f"{fmt_g(v['hybrid_ttft_p99_all'])} vs {fmt_g(v['paged_ttft_p99_all'])} s. The static partition (30 % of KV) holds "
-         f"only a few max_model_len slots, and FCFS admission makes every request wait behind a long one waiting "
-         f"for a slot (the predictor is an oracle of the true length: the best case for hybrid_tail)")
+    f = (f"hybrid_tail ({_predictor_text(hy)}) vs static: KV waste {v['hybrid_waste']:.0%} vs {v['static_waste']:.0%}; "
+         f"vs paged on the {lp[2]} requests longer than {thr} tokens (p90 of paged's run): e2e p99 {fmt_g(hp[1])} vs "
+         f"{fmt_g(lp[1])} s ({_rel(hp[1] or 0, lp[1] or 1):+.0%}), TTFT p99 {fmt_g(hp[0])} vs {fmt_g(lp[0])} s; all "
+         f"requests' TTFT p99 {fmt_g(v['hybrid_ttft_p99_all'])} vs {fmt_g(v['paged_ttft_p99_all'])} s. Routed by the "
+         f"true length instead (oracle, the upper bound of prediction): long e2e p99 {fmt_g(op[1])} s, TTFT p99 "
+         f"{fmt_g(op[0])} s, all requests' TTFT p99 {fmt_g(v['oracle_ttft_p99_all'])} s, waste {v['oracle_waste']:.0%}"
+         + ("; knowing the length does not help: it sends every long request to wait for a slot at admission, where "
+            "a prediction from the prompt lets most start in the pool" if v["oracle_ttft_p99_all"] > v["hybrid_ttft_p99_all"]
+            else "") +
+         ". The static partition (30 % of KV) holds only a few max_model_len slots, and FCFS admission makes every "
+         "request wait behind a long one waiting for a slot")
     return ClaimResult(REPRODUCED if mem and lat else PARTLY if mem or lat else NOT_REPRODUCED, f, v)
 
 
@@ -462,3 +482,31 @@ def p95_misses(at_p95: Run) -> ClaimResult:
     f = (f"static p95: {s['rejected']} prompts longer than the reservation refused, {s['truncated']} answers truncated: "
          f"{frac:.1%} of requests (a p95 ceiling misses ~5 % by construction)")
     return ClaimResult(REPRODUCED if frac <= 0.02 else PARTLY if frac <= 0.06 else NOT_REPRODUCED, f, v)
+
+
+@check
+def p95_fallback(truncate: Run, fallback: Run) -> ClaimResult:
+    t, fb = truncate, fallback
+    s = fb.s
+    n = s["requests"]
+    unserved = {run.variant.name: run.s["rejected"] + run.s["truncated"] for run in (t, fb)}
+    v = {"fallback_entries": s.get("fallback_entries", 0), "fallback_moves": s.get("fallback_moves", 0),
+         "fallback_evictions": s.get("fallback_evictions", 0), "fallback_copy_gib": s.get("fallback_copy_bytes", 0) / GIB,
+         "entries_fraction": s.get("fallback_entries", 0) / n if n else 0.0, "unserved": unserved,
+         "truncate_ttft_p99": t.s["ttft_s"]["p99"], "fallback_ttft_p99": s["ttft_s"]["p99"],
+         "truncate_tpot_p99": t.s["tpot_s"]["p99"], "fallback_tpot_p99": s["tpot_s"]["p99"],
+         "truncate_waste": t.waste(), "fallback_waste": fb.waste(),
+         "truncate_goodput": t.goodput_per_gpu, "fallback_goodput": fb.goodput_per_gpu}
+    f = (f"static p95 with a paged fallback region: {v['fallback_entries']} of {n} requests entered it "
+         f"({v['entries_fraction']:.1%}; {v['fallback_moves']} moved when they outgrew the reservation, "
+         f"{v['fallback_copy_gib']:.1f} GiB copied, {v['fallback_evictions']} preempted to wait for room); refused or "
+         f"truncated {unserved[fb.variant.name]} vs {unserved[t.variant.name]} with truncation; TTFT p99 "
+         f"{fmt_g(v['fallback_ttft_p99'])} vs {fmt_g(v['truncate_ttft_p99'])} s, TPOT p99 "
+         f"{fmt_g((v['fallback_tpot_p99'] or 0) * 1e3)} vs {fmt_g((v['truncate_tpot_p99'] or 0) * 1e3)} ms, KV waste "
+         f"{v['fallback_waste']:.0%} vs {v['truncate_waste']:.0%}, goodput at load {fmt_g(v['fallback_goodput'])} vs "
+         f"{fmt_g(v['truncate_goodput'])} req/s/GPU")
+    served = unserved[fb.variant.name] == 0
+    rare = v["entries_fraction"] <= 0.06
+    handled = v["fallback_goodput"] >= 0.95 * v["truncate_goodput"]
+    verdict = REPRODUCED if served and rare and handled else PARTLY if served else NOT_REPRODUCED
+    return ClaimResult(verdict, f, v)

@@ -101,7 +101,8 @@ def _row(run: Run) -> list[str]:
     s = run.summary
     rej = s["rejected"]
     return [
-        f"`{run.variant.name}`" + (" (contrast)" if run.variant.contrast else ""),
+        f"`{run.variant.name}`" + (" (contrast)" if run.variant.contrast else "")
+        + (" (upper bound: oracle lengths)" if run.upper_bound else ""),
         f"{fmt_g(s['ttft_s']['p50'])} / {fmt_g(s['ttft_s']['p99'])}",
         f"{fmt_g((s['tpot_s']['p50'] or 0) * 1e3)} / {fmt_g((s['tpot_s']['p99'] or 0) * 1e3)}",
         f"{s['throughput_tokens_per_s'] / run.gpus:.0f}",
@@ -154,7 +155,10 @@ def render(results: list[SituationResult], num_requests: int | None = None) -> s
           "'goodput' means this at-load figure. *KV waste*: 1 − used ÷ reserved KV, time-weighted (reserved memory that "
           "holds no token). *KV mem util*: used ÷ capacity over the makespan. *Ext. frag*: 1 − largest free extent ÷ "
           "free, time-weighted (free memory no single new sequence can take). *Jitter*: p99 ÷ p50 of decode-only step "
-          "times (timeseries `first_step_s`). Contrast rows are context (another load or workload), not candidates.", "",
+          "times (timeseries `first_step_s`). Contrast rows are context (another load or workload), not candidates. "
+          "*Upper bound* rows route requests by their true output length (`allocator.length_predictor: oracle`), which "
+          "no server knows: they bound what a length-routed strategy could reach and are never recommended; the "
+          "other hybrid_tail rows predict from the prompt (`quantile`, the default, or `prompt`).", "",
           "**Verdicts.** *reproduced*: the simulation finds the article's direction and magnitude; *partly*: the "
           "direction but not the magnitude, or only for some of the strategies; *did not reproduce*: no effect or the "
           "opposite; *skipped*: the feature is not in this build yet. The simulator was not tuned to agree: scenario "

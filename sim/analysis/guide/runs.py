@@ -50,6 +50,11 @@ class Run:
     def s(self) -> dict:
         return self.summary
 
+    @property
+    def upper_bound(self) -> bool:
+        """The run read what no server knows (hybrid_tail's ``oracle`` length predictor)."""
+        return bool((self.summary.get("length_predictor") or {}).get("upper_bound"))
+
     def waste(self) -> float:
         u = self.summary["kv_token_utilization"]
         return 1.0 if u is None else 1.0 - u
