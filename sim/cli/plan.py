@@ -25,6 +25,15 @@ def plan_command(
                                                                         "static, static-p95, paged, paged-b32, ..."),
     target_rate: Optional[float] = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
+    seeds: int = typer.Option(1, "--seeds", help="Workload seeds per candidate: goodput with a confidence interval "
+                                                 "over seeds, and which candidates are within noise."),
+    break_even: bool = typer.Option(False, "--break-even/--no-break-even",
+                                    help="Find the value of each unmeasured cost-model constant at which the "
+                                         "recommendation would flip (bisection; more simulations)."),
+    search: str = typer.Option("guided", "--search", help="guided (saturation estimate, runs stopped when decided) "
+                                                          "or exhaustive (every probe a full run)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the early-stopping test and of the "
+                                                                "intervals over seeds."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
@@ -34,7 +43,7 @@ def plan_command(
     from rich.table import Table
 
     from sim.config import parse_override
-    from sim.analysis.planner import PLAN_COLUMNS, plan, plan_rows, write_plan
+    from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, write_plan
     from sim.analysis.slo import parse_slos
     try:
         slo_ = parse_slos(slo, attainment)
@@ -42,8 +51,9 @@ def plan_command(
         names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
         if workers is not None and workers < 1:
             raise ConfigError("--workers", workers, "an integer ≥ 1")
+        kw = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
         if quiet:
-            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers)
+            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,7 +61,7 @@ def plan_command(
                           TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
                           transient=True) as bar:
                 task = bar.add_task("plan", total=None, last="searching goodput")
-                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers,
+                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw,
                          progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"))
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
@@ -63,7 +73,7 @@ def plan_command(
         cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
         t = Table(title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
                         f"SLO: {p['slo_text']}{cal}")
-        for c in PLAN_COLUMNS:
+        for c in plan_columns(p):
             t.add_column(c, justify="left" if c == "candidate" else "right")
         for r in plan_rows(p):
             t.add_row(*r)
@@ -74,7 +84,14 @@ def plan_command(
         console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
         for r in rec["reasons"]:
             console.print(f"  • {r}", highlight=False)
-        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations in {p['wall_s']:.1f} s")
+        lines = assumption_lines(p)
+        if lines:
+            console.print("\n[bold]Assumptions[/bold] (unmeasured constants of the cost model):", highlight=False)
+            for line in lines:
+                console.print(f"  • {line}", highlight=False)
+        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
+                      f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
+                      f"in {p['wall_s']:.1f} s", highlight=False)
     if p["recommendation"]["candidate"] is None:
         raise typer.Exit(1)
 

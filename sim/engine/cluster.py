@@ -23,6 +23,8 @@ from sim.sched.registry import make_scheduler
 from sim.workload.generator import build_workload, total_length_percentile
 
 ProgressFn = Callable[[int, int], None]
+#: Called with each request as it ends (completed or rejected); returning True ends the run there.
+StopFn = Callable[[Request], bool]
 
 
 class _ToEngine:
@@ -35,10 +37,14 @@ class _ToEngine:
         self.router.pick(self.req).submit(self.req)
 
 
-def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None) -> RunResult:
+def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None,
+             stop: StopFn | None = None) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
     With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
+    With ``stop``, the run ends at the first request end for which ``stop`` returns True (the
+    planner's sequential test); the result then covers the requests ended so far and
+    ``info["halted"]`` is True.
     """
     wall0 = time.perf_counter()
     wl = build_workload(sc)
@@ -50,9 +56,12 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     max_len = sc.workload.max_model_len
     done_count = [0]
     step = max(1, total // 100)
+    halt = env.event() if stop is not None else None
 
     def on_finish(req: Request) -> None:
         done_count[0] += 1
+        if halt is not None and stop is not None and not halt.triggered and stop(req):
+            halt.succeed()
         if progress is not None and done_count[0] % step == 0:
             progress(done_count[0], total)
         if closed_loop and req.client >= 0:
@@ -131,7 +140,15 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
             submit(c, c)
     else:
         arrive()
-    env.run()
+    if halt is None:
+        env.run()
+    else:
+        try:
+            env.run(until=halt)
+        except RuntimeError:
+            # SimPy's "no scheduled events left": every request ended without ``stop`` saying so.
+            if halt.triggered or env.peek() != float("inf"):
+                raise
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
     summary = summarize(rec, replicas, dep.kv_bytes_per_token)
@@ -151,7 +168,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "windows": int(sum(r.stats.windows for r in replicas)),
     })
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
-    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}
+    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE,
+            "halted": halt is not None and halt.triggered}
     if progress is not None:
         progress(total, total)
     return RunResult(sc, clean_json(summary), rec, out, info)
