@@ -10,9 +10,11 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention"]
-#: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md).
-NOT_IN_ALL = {"attention"}
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention",
+         "planner"]
+#: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md); the
+#: planner comparison plans every scenario twice (docs/sweeps.md).
+NOT_IN_ALL = {"attention", "planner"}
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -35,6 +37,8 @@ def _module(name: str):
         from . import decode_spread as m
     elif name == "attention":
         from . import attention_backends as m
+    elif name == "planner":
+        from . import planner as m
     else:
         from . import costmodel as m
     return m
