@@ -13,12 +13,16 @@ are not measured by its tables and come from the literature or a guess:
 
 Profiles that measured a figure (``kvsim calibrate --device``: the source starts with
 ``measured``) are not listed. For each listed constant the plan gives its value and source, and
-the **break-even**: the value at which the recommendation would change, found by bisection on the
-constant in each direction up to the end of a plausible range (:data:`RANGES`). At each value
-tried, the candidates whose runs depend on the constant are re-planned (goodput and, with a
-target rate, replicas; a guided search started from their goodput at the nominal value) and the
-same rules pick a recommendation (:func:`sim.analysis.planner.recommend`; operating-point facts,
-which only break ties, are kept from the nominal plan).
+the **break-even**: the value at which the recommendation would change, in each direction up to
+the end of a plausible range (:data:`RANGES`): if the recommendation changes at the range's end,
+steps of doubling size away from the nominal value find the first value where it does, and
+bisection between that value and the step before locates the flip. At each value
+tried, the candidates whose runs depend on the constant are re-planned exactly as the plan
+searched them (the guided search from the saturation estimate of the changed cost model, so a
+full plan with the constant at that value finds the same goodputs; with a target rate, the
+replica search starts from the nominal count) and the same rules pick a recommendation
+(:func:`sim.analysis.planner.recommend`; operating-point facts, which only break ties, are kept
+from the nominal plan).
 
 Pruning, from monotonicity (a faster kernel or a cheaper allocator event never lowers a
 candidate's goodput): a direction that only slows candidates the recommended one does not share
@@ -38,8 +42,9 @@ from typing import Any
 
 from sim.config import apply_overrides, scenario_from_dict
 
-#: Bisection steps per direction: the flip is located to 1/2^steps of the searched span.
-STEPS = 5
+#: Bisection steps per direction, after stepping out from the nominal value to the first flip:
+#: the flip is located to 1/2^steps of the last step.
+STEPS = 4
 #: Searched span per constant: (lowest, highest) value, and whether to bisect in log space above zero.
 RANGES = {"paged_overhead": (0.0, 1.0, False), "alloc_event_s": (0.0, 1e-4, True)}
 MEASURE_HINT = {
@@ -68,7 +73,7 @@ class Constant:
 
     def describe(self, v: float) -> str:
         if self.kind == "paged_overhead":
-            return f"{v:.0%}"
+            return f"{v * 100:.2g} %"
         return f"{v * 1e6:.3g} µs"
 
 
@@ -157,6 +162,12 @@ def _helps(c: Constant, up: bool) -> bool:
     return up if c.profile_path is not None else not up
 
 
+def _short(c: "Constant") -> str:
+    """The constant with its value and where its source is (the full source is in plan.json)."""
+    first = c.source.split(";")[0].split(":")[0]
+    return f"{c.key} = {c.describe(c.value)} ({first})"
+
+
 def listed(sc, p: dict) -> list[dict]:
     """The constants with their values and sources, break-evens not searched (``kvsim plan --break-even``)."""
     best = (p.get("recommendation") or {}).get("candidate")
@@ -164,7 +175,7 @@ def listed(sc, p: dict) -> list[dict]:
     out = []
     for c in constants(sc):
         affected = sorted(x["name"] for x in cands if _affected(c, x))
-        text = (f"{c.key} = {c.describe(c.value)} ({c.source}); it changes {', '.join(affected) or 'no candidate'}"
+        text = (f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}"
                 + (f" — whether {best} stays the recommendation if it differs: kvsim plan --break-even"
                    if best and affected else ""))
         out.append({"kind": c.kind, "key": c.key, "value": c.value, "source": c.source, "affects": affected,
@@ -191,7 +202,7 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
     lo_end, hi_end, log_scale = RANGES[c.kind]
     out: dict[str, Any] = {"kind": c.kind, "key": c.key, "value": c.value, "source": c.source,
                            "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": [],
-                           "runs": {"simulations": 0, "quick_simulations": 0, "simulated_requests": 0}}
+                           "runs": {"simulations": 0, "quick_simulations": 0, "simulated_requests": 0, "cpu_s": 0.0}}
     for up in (False, True):
         end = hi_end if up else lo_end
         if (up and end <= c.value) or (not up and end >= c.value):
@@ -229,7 +240,14 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
             {**p, "candidates": [_patched(cands[best], fresh.get(best)), _patched(cands[n], fresh.get(n))]}
         )["candidate"] == n]
         moving = keep or moving
+        # The nearest flip: step away from the nominal value (doubling steps), then bisect.
         a, b, b_winner = c.value, end, winner
+        for v in _steps(c, up, end):
+            w, _f = decide(v, moving)
+            if w != best:
+                b, b_winner = v, w
+                break
+            a = v
         for _ in range(STEPS):
             mid = math.sqrt(a * b) if log_scale and a > 0 and b > 0 else (a + b) / 2
             w, _f = decide(mid, moving)
@@ -237,19 +255,34 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
                 a = mid
             else:
                 b, b_winner = mid, w
-        d.update(flip=(a + b) / 2 if not (log_scale and a > 0) else math.sqrt(a * b), bracket=[a, b],
+        d.update(flip=math.sqrt(a * b) if log_scale and a > 0 and b > 0 else (a + b) / 2, bracket=sorted([a, b]),
                  winner=b_winner)
     out["text"] = _sentence(c, best, out)
     return out
+
+
+def _steps(c: Constant, up: bool, end: float) -> list[float]:
+    """Values tried from the nominal one towards ``end`` (excluded): steps doubling from 1 point
+    (overhead) or a factor 2 (event cost)."""
+    out, k = [], 0
+    while True:
+        if c.kind == "paged_overhead":
+            v = c.value + (0.01 if up else -0.01) * 2**k
+        else:
+            v = c.value * 2.0 ** ((k + 1) if up else -(k + 1))
+            if not up and v < c.value / 64:
+                v = end
+        if (up and v >= end) or (not up and v <= end):
+            return out
+        out.append(v)
+        k += 1
 
 
 def _task(cand: dict, common: dict, extra: dict) -> dict:
     from sim.analysis.planner import CANDIDATES
     return {**common, "name": cand["name"], "overrides": cand["overrides"],
             "strategy": CANDIDATES.get(cand["name"], {}).get("strategy", ""), "extra_overrides": extra,
-            "hint_goodput": cand.get("goodput_est_rps") or cand.get("goodput_rps"),
-            "hint_replicas": cand.get("replicas_needed"), "saturation": cand.get("saturation_estimate_rps"),
-            "seeds": 1, "operating_point": False, "search": "guided"}
+            "hint_replicas": cand.get("replicas_needed"), "seeds": 1, "operating_point": False, "search": "guided"}
 
 
 def _light(task: dict) -> dict:
@@ -279,7 +312,7 @@ def _sentence(c: Constant, best: str, out: dict) -> str:
         other = "≤" if d["direction"] == "up" else "≥"
         parts.append(f"{best} stays the recommendation only while {label} {other} {c.describe(d['flip'])}; "
                      f"at {rel} {c.describe(d['flip'])} {d['winner']} takes over")
-    where = f"{c.key} = {c.describe(c.value)} ({c.source})"
+    where = _short(c)
     if not parts:
         return (f"{where}: no flip of the recommendation between {c.describe(RANGES[c.kind][0])} and "
                 f"{c.describe(RANGES[c.kind][1])}.")

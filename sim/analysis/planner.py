@@ -74,6 +74,12 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 
 #: The seed article's jitter rule: a decode-step spike above 10 % of p50 calls for static.
 JITTER_RULE = 1.10
+#: Differences the recommendation's tie-breaks do not act on: goodput edges within 2 % (the
+#: interpolated edges of two searches of the same candidate differ by up to 0.5 %, bench/planner.py),
+#: decode jitter within 0.05 (p99/p50), memory waste within one point.
+GOODPUT_RESOLUTION = 0.02
+JITTER_RESOLUTION = 0.05
+WASTE_RESOLUTION = 0.01
 #: Goodput searches: ``guided`` (default: saturation estimate, quick runs that stop when decided,
 #: full runs only to settle the answer) and ``exhaustive`` (every probe a full run).
 SEARCHES = ("guided", "exhaustive")
@@ -171,11 +177,12 @@ class _Runner:
         #: The cost model's saturation estimate at the base replica count (requests/s), once known.
         self.saturation: float | None = task.get("saturation")
 
-    def scenario(self, rate: float, replicas: int, seed: int = 0):
+    def scenario(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True):
+        """The candidate at ``rate`` on ``replicas``; ``scaled``: requests × replicas ÷ base replicas."""
         over = dict(self.overrides)
         over["workload.arrival.rate"] = rate
         over["gpu.replicas"] = replicas
-        if self.base_requests is not None and replicas != self.base_replicas:
+        if scaled and self.base_requests is not None and replicas != self.base_replicas:
             over["workload.num_requests"] = max(1, round(self.base_requests * replicas / self.base_replicas))
         if seed:
             over["seed"] = self.task["base_seed"] + seed
@@ -191,22 +198,22 @@ class _Runner:
                 "completed": s["completed"], "rejected": s["rejected"], "truncated": s["truncated"],
                 "preemptions": s["preemptions"]}
 
-    def full(self, rate: float, replicas: int, seed: int = 0) -> tuple[dict, Any]:
+    def full(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True) -> tuple[dict, Any]:
         """A complete run: its probe record and result (the latest two are kept for the operating point)."""
         from sim.engine.cluster import simulate
-        key = (rate, replicas, seed)
+        key = (rate, replicas, seed) if scaled else (rate, replicas, seed, "unscaled")
         if key not in self._results:
-            res = simulate(self.scenario(rate, replicas, seed))
+            res = simulate(self.scenario(rate, replicas, seed, scaled))
             self.sims += 1
             self.requests += res.requests.num_rows
             att = attainment(res.requests, self.slo)
             self._keep(key, self._record(rate, replicas, seed, res, att, True, res.requests.num_rows), res)
         return self._results[key]
 
-    def quick(self, rate: float, replicas: int, seed: int = 0, exact: bool = False) -> dict:
+    def quick(self, rate: float, replicas: int, seed: int = 0) -> dict:
         """A run stopped as soon as its answer is decided (:mod:`sim.analysis.sequential`): on a
-        statistical decision only well below saturation (:data:`TESTED_MAX_LOAD`) and never
-        with ``exact``. A run that completes is kept like a full one."""
+        statistical decision only well below saturation (:data:`TESTED_MAX_LOAD`). A run that
+        completes is kept like a full one."""
         from sim.analysis.sequential import AttainmentTest
         from sim.engine.cluster import simulate
         from sim.workload.generator import build_workload
@@ -216,7 +223,7 @@ class _Runner:
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        statistical = (not exact and bool(sat) and math.isfinite(sat)
+        statistical = (bool(sat) and math.isfinite(sat)
                        and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
         test = AttainmentTest(self.slo, n, self.task["confidence"], statistical=statistical)
         res = simulate(sc, stop=test)
@@ -250,8 +257,11 @@ def _search_seed(runner: _Runner, task: dict, seed: int, start: float) -> tuple[
         records[rate] = runner.full(rate, reps, seed)[0]
         return records[rate]["attainment"]
 
-    def evaluate(rate: float, exact: bool) -> Evaluation:
-        rec = records[rate] = runner.quick(rate, reps, seed, exact)
+    def evaluate(rate: float, complete: bool) -> Evaluation:
+        if complete:
+            rec = records[rate] = runner.full(rate, reps, seed)[0]
+            return Evaluation(rec["attainment"] >= target, rec["attainment"], True, True)
+        rec = records[rate] = runner.quick(rate, reps, seed)
         return Evaluation(rec["decision"] == "pass", rec["attainment"], rec["how"] != "tested", rec["exact"])
 
     if task["search"] == "exhaustive":
@@ -282,7 +292,7 @@ def plan_candidate(task: dict) -> dict:
     guided = task["search"] == "guided"
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
                            "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         start = _guided_start(runner, task) if guided else task["start_rate"]
         out["saturation_estimate_rps"] = runner.saturation
@@ -325,7 +335,11 @@ def plan_candidate(task: dict) -> dict:
             if n is not None:
                 op_rate, op_replicas = target_rate, n
         if task.get("operating_point", True):
-            rec, res = runner.full(op_rate, op_replicas)
+            # Guided, at a target rate: the replica search's runs stop early, so the operating point
+            # gets its own complete run, over the base scenario's request count (spread over the
+            # replicas: the facts measured there are per-replica averages and percentiles).
+            scaled = not (guided and target_rate and (target_rate, op_replicas, 0) not in runner._results)
+            rec, res = runner.full(op_rate, op_replicas, scaled=scaled)
             out["operating_point"] = {"rate": op_rate, "replicas": op_replicas, **measure(res, slo)}
             out["kv_series"] = _kv_series(res.timeseries)
     except ConfigError as exc:
@@ -334,41 +348,31 @@ def plan_candidate(task: dict) -> dict:
         out.update(status="failed", message=f"{type(exc).__name__}: {exc}")
     finally:
         out["wall_s"] = time.perf_counter() - t0
+        out["cpu_s"] = time.process_time() - cpu0
         out["simulations"], out["quick_simulations"], out["simulated_requests"] = (runner.sims, runner.quick_sims,
                                                                                   runner.requests)
     return out
 
 
 def _replica_search(runner: _Runner, task: dict, out: dict, goodput: float) -> int | None:
-    """Fewest replicas sustaining the target rate (n passes, n − 1 does not). Guided: quick runs,
-    and the answer settled by a full run (the operating point), searching on when it misses."""
+    """Fewest replicas sustaining the target rate (n passes, n − 1 does not), from ⌈target ÷ goodput
+    per replica⌉. Guided: quick runs, whose decisions are exact (complete runs, certain misses)
+    except tested passes at loads up to :data:`TESTED_MAX_LOAD` of saturation."""
     target_rate, target = task["target_rate"], runner.slo.attainment
     base_replicas = runner.base_replicas
     per_replica = goodput / base_replicas
     start = task.get("hint_replicas") or (max(1, math.ceil(target_rate / per_replica)) if per_replica > 0
                                           else base_replicas)
     rprobes: dict[int, dict] = {}
-    settled: dict[int, bool] = {}
 
     def sustains(n: int) -> bool:
-        if n in settled:
-            return settled[n]
         if task["search"] == "exhaustive":
             rprobes[n] = runner.full(target_rate, n)[0]
             return rprobes[n]["attainment"] >= target
         rprobes[n] = runner.quick(target_rate, n)
         return rprobes[n]["decision"] == "pass"
 
-    n = start
-    while True:
-        n, _ = fewest_replicas(sustains, n, task["max_replicas"])
-        if n is None or task["search"] == "exhaustive" or rprobes[n]["exact"]:
-            break
-        rprobes[n] = runner.full(target_rate, n)[0]
-        settled[n] = rprobes[n]["attainment"] >= target
-        if settled[n]:
-            break
-        n += 1  # the quick pass was wrong: search on above it
+    n, _ = fewest_replicas(sustains, start, task["max_replicas"])
     out["replica_probes"] = [rprobes[k] for k in sorted(rprobes)]
     return n
 
@@ -403,12 +407,17 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
          progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
          max_replicas: int = 256, search: str = "guided", seeds: int = DEFAULT_SEEDS,
          confidence: float = DEFAULT_CONFIDENCE, break_even: bool = False,
-         on_candidate: Callable[[dict], None] | None = None) -> dict:
+         on_candidate: Callable[[dict], None] | None = None, start_method: str | None = None,
+         on_start: Callable[[], None] | None = None) -> dict:
     """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`).
 
     ``progress(done, total, name)`` and ``on_candidate(candidate)`` are called as candidates
-    finish (in the calling process); ``break_even`` adds the assumptions and the values at which
-    the recommendation would flip (:mod:`sim.analysis.assumptions`).
+    finish (in the calling process); ``break_even`` adds the values of the unmeasured constants
+    at which the recommendation would flip (:mod:`sim.analysis.assumptions`). ``start_method``
+    ``"fork"`` starts the workers from this process after it has loaded the simulator (saves
+    each worker its imports and first-run warm-up; only for a caller without threads, such as
+    the CLI before its progress bar: ``on_start`` is called once the workers exist); the
+    default starts them fresh (forkserver).
     """
     from sim.analysis.sweep import default_workers
     if not 0 < tol < 1:
@@ -441,14 +450,20 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
         else:
             tasks.append({**common, "name": n, "overrides": CANDIDATES[n]["overrides"],
                           "strategy": CANDIDATES[n]["strategy"]})
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
-    pool = _Pool(min(workers or default_workers(), max(len(tasks), 1)))
+    pool = _Pool(min(workers or default_workers(), max(len(tasks), 1)), start_method)
     try:
+        if start_method == "fork" and tasks:
+            _prewarm(sc)
+            pool.start()
+        if on_start:
+            on_start()
         # Slowest first (contiguous allocators run the most allocator work), so no long task starts last.
         order = sorted(tasks, key=lambda t: _SLOW_KINDS.get(t["overrides"].get("allocator.kind"), 0), reverse=True)
         for t, r in pool.map_unordered(plan_candidate, order):
             results[t["name"]] = r
+            _seed_intervals([r], confidence)
             if on_candidate:
                 on_candidate(r)
             if progress:
@@ -458,7 +473,6 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
             if c["status"] == "skipped":
                 skipped.append({"name": c["name"], "reason": c["message"]})
         cands = [c for c in cands if c["status"] != "skipped"]
-        _seed_intervals(cands, confidence)
         out = {
             "scenario": sc.name,
             "scenario_file": str(scenario),
@@ -494,6 +508,8 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     out["quick_simulations"] = sum(c.get("quick_simulations", 0) for c in everyone)
     out["simulated_requests"] = sum(c.get("simulated_requests", 0) for c in everyone)
     out["wall_s"] = time.perf_counter() - t0
+    # CPU seconds of the plan itself and of its workers' candidate tasks (not their start-up).
+    out["cpu_s"] = time.process_time() - cpu0 + sum(c.get("cpu_s", 0.0) for c in everyone)
     return out
 
 
@@ -501,18 +517,40 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
 _SLOW_KINDS = {"dynamic": 2, "static": 1}
 
 
-class _Pool:
-    """Worker processes for candidate tasks, started once per plan (forkserver, or spawn)."""
+def _prewarm(sc) -> None:
+    """Load what every simulation needs (modules, the trace, the cost model) before forking workers."""
+    from sim.analysis.saturation import saturation_rate
+    import sim.analysis.sequential  # noqa: F401
+    import sim.engine.cluster  # noqa: F401
+    saturation_rate(sc)
 
-    def __init__(self, workers: int):
+
+def _noop() -> None:
+    return None
+
+
+class _Pool:
+    """Worker processes for candidate tasks, started once per plan (forkserver or spawn by default)."""
+
+    def __init__(self, workers: int, start_method: str | None = None):
         self.workers = max(1, workers)
+        self.start_method = start_method
         self._pool = None
 
     def _get(self):
         if self._pool is None:
-            from sim.analysis.sweep import process_pool
-            self._pool = process_pool(self.workers)
+            if self.start_method is None:
+                from sim.analysis.sweep import process_pool
+                self._pool = process_pool(self.workers)
+            else:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context(self.start_method))
         return self._pool
+
+    def start(self) -> None:
+        """Start the workers now (with fork, every worker is forked at the first task)."""
+        self._get().submit(_noop).result()
 
     def map_unordered(self, fn: Callable[[dict], dict], tasks: list[dict]):
         """(task, fn(task)) as each finishes."""
@@ -555,6 +593,17 @@ def _seed_intervals(cands: list[dict], confidence: float) -> None:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
+
+
+def _top_cluster(cands: list[dict], key: Callable[[dict], float], resolution: float) -> list[dict]:
+    """The best candidates by ``key`` and every one within ``resolution`` (relative) of a kept one."""
+    ranked = sorted(cands, key=key, reverse=True)
+    kept = [ranked[0]]
+    for c in ranked[1:]:
+        if key(c) < key(kept[-1]) * (1 - resolution):
+            break
+        kept.append(c)
+    return [c for c in cands if any(c is k for k in kept)]
 
 
 def _ranked_goodput(c: dict) -> float:
@@ -604,11 +653,23 @@ def recommend(p: dict) -> dict:
         o = c["operating_point"]
         return (o["rejected"] + (o.get("truncated") or 0)) / max(o["requests"], 1)
 
-    # Among ties: fewer requests refused or cut short, then goodput (interpolated inside each
-    # final bracket: the brackets themselves are only known to the tolerance), then the article's
-    # preference for steady decode steps, then less reserved-but-unused memory.
-    best = min(tied, key=lambda c: (round(unserved(c), 3), -_ranked_goodput(c), jitter(c),
-                                    c["operating_point"].get("memory_waste") or 0.0))
+    def waste(c):
+        return c["operating_point"].get("memory_waste") or 0.0
+
+    # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
+    # edges, since the brackets are only known to the tolerance); the article's preference for
+    # steady decode steps; less reserved-but-unused memory; the simpler strategy (CANDIDATES
+    # order). Each step keeps every candidate within its resolution of the best (goodput: of a
+    # kept one, so that two candidates that measure the same are kept or dropped together), so
+    # differences smaller than the measurement can resolve do not decide.
+    least = min(round(unserved(c), 3) for c in tied)
+    keep = [c for c in tied if round(unserved(c), 3) == least]
+    keep = _top_cluster(keep, _ranked_goodput, GOODPUT_RESOLUTION)
+    steady = min(jitter(c) for c in keep)
+    keep = [c for c in keep if jitter(c) <= steady + JITTER_RESOLUTION]
+    lean = min(waste(c) for c in keep)
+    keep = [c for c in keep if waste(c) <= lean + WASTE_RESOLUTION]
+    best = keep[0]
     op = best["operating_point"]
     others = [c for c in feasible if c is not best]
     reasons = []

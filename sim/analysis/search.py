@@ -11,10 +11,8 @@ simulation at ``goodput`` met the target and one at ``goodput × (1 + tol)`` did
   estimates (the cost model's saturation rate, or another seed's goodput) and step by (1 + tol),
   so that a good start settles in two runs; widen the step while the target is not bracketed;
   narrow a wide bracket at the crossing interpolated from the attainments seen. Runs stop as
-  soon as their answer is decided (:mod:`sim.analysis.sequential`); the verification pair is
-  always decided exactly (a complete run, or one stopped when the remaining requests could not
-  change the answer), and a run whose pass was only tested statistically is re-run before it
-  is reported.
+  soon as their answer is decided (:mod:`sim.analysis.sequential`) while they only steer; the
+  verification pair is always two complete runs (one re-run to the end if it was stopped).
 
 :func:`interpolated_goodput` places the crossing inside the final bracket (linear in attainment
 against log rate); the recommendation ranks candidates whose goodputs lie within the tolerance
@@ -138,16 +136,17 @@ class Evaluation:
 
 def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: float, target: float,
                         tol: float = DEFAULT_TOL, max_evals: int = MAX_EVALS) -> GoodputSearch:
-    """The guided search (module docstring). ``evaluate(rate, exact)`` runs the scenario at
-    ``rate``; with ``exact`` its decision must be exact. The first steps from ``start`` are
+    """The guided search (module docstring). ``evaluate(rate, complete)`` runs the scenario at
+    ``rate``; with ``complete`` to the end (the verification pair: exact attainments on both sides
+    of the target, which the interpolated edge is computed from). The first steps from ``start`` are
     ×(1 + tol), so a good start settles in two runs; each further step in the same direction
     squares the factor; a bracket wider than (1 + tol) is narrowed at the interpolated crossing."""
     s = GoodputSearch(0.0, "budget")
     seen: dict[float, Evaluation] = {}
 
-    def ev(r: float, exact: bool = False) -> Evaluation:
-        if r not in seen or (exact and not seen[r].exact):
-            e = seen[r] = evaluate(r, exact)
+    def ev(r: float, complete: bool = False) -> Evaluation:
+        if r not in seen or (complete and not seen[r].complete):
+            e = seen[r] = evaluate(r, complete)
             if e.complete:
                 s.probes[r] = e.attainment
                 s.quick.pop(r, None)
@@ -188,7 +187,7 @@ def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: fl
                 lo, step, last_dir = None, grow, 0
             continue
         if hi <= lo * grow * (1 + 1e-9):
-            if not seen[lo].exact and not ev(lo, True).passes:
+            if not seen[lo].complete and not ev(lo, True).passes:
                 hi, lo, step, last_dir = lo, None, grow, 0
                 continue
             v = lo * grow

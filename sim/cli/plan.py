@@ -52,17 +52,24 @@ def plan_command(
         if workers is not None and workers < 1:
             raise ConfigError("--workers", workers, "an integer ≥ 1")
         kw = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
+        # Workers forked from this process once it has loaded the simulator (before the progress
+        # bar's thread exists); forkserver where fork is not available.
+        import multiprocessing
+        kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         if quiet:
             p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            with Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
-                          transient=True) as bar:
-                task = bar.add_task("plan", total=None, last="searching goodput")
-                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw,
+            bar = Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
+                           transient=True)
+            task = bar.add_task("plan", total=None, last="searching goodput")
+            try:
+                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw, on_start=bar.start,
                          progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"))
+            finally:
+                bar.stop()
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
         fail(exc)
