@@ -170,26 +170,28 @@ def _short(c: "Constant") -> str:
 
 def listed(sc, p: dict) -> list[dict]:
     """The constants with their values and sources, break-evens not searched (``kvsim plan --break-even``)."""
+    return [_listed_one(c, p) for c in constants(sc)]
+
+
+def _listed_one(c: "Constant", p: dict) -> dict:
     best = (p.get("recommendation") or {}).get("candidate")
-    cands = [x for x in p.get("candidates", []) if x.get("status") == "ok"]
-    out = []
-    for c in constants(sc):
-        affected = sorted(x["name"] for x in cands if _affected(c, x))
-        text = (f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}"
-                + (f" — whether {best} stays the recommendation if it differs: kvsim plan --break-even"
-                   if best and affected else ""))
-        out.append({"kind": c.kind, "key": c.key, "value": c.value, "source": c.source, "affects": affected,
-                    "measure": MEASURE_HINT[c.kind], "directions": None, "text": text})
-    return out
+    affected = sorted(x["name"] for x in p.get("candidates", []) if x.get("status") == "ok" and _affected(c, x))
+    text = (f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}"
+            + (f" — whether {best} stays the recommendation if it differs: kvsim plan --break-even"
+               if best and affected else ""))
+    return {"kind": c.kind, "key": c.key, "value": c.value, "source": c.source, "profile": c.profile_path,
+            "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": None, "text": text}
 
 
-def break_evens(p: dict, common: dict, pool) -> list[dict]:
-    """For each unmeasured constant of the plan's cost model: its value, source and break-even
-    in each direction (module docstring). ``common`` is the plan's task fields, ``pool`` its workers."""
+def break_evens(p: dict, common: dict, pool, kinds: list[str] | None = None) -> list[dict]:
+    """For each unmeasured constant of the plan's cost model (of ``kinds`` only, when given): its
+    value, source and break-even in each direction (module docstring). ``common`` is the plan's
+    task fields, ``pool`` its workers."""
     base = scenario_from_dict(common["base"], common["base_dir"])
     variants = _Variants()
     try:
-        return [_one(c, p, common, pool, variants) for c in constants(base)]
+        return [_one(c, p, common, pool, variants) if kinds is None or c.kind in kinds else _listed_one(c, p)
+                for c in constants(base)]
     finally:
         variants.close()
 
@@ -201,7 +203,7 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
     affected = sorted(n for n, x in cands.items() if _affected(c, x))
     lo_end, hi_end, log_scale = RANGES[c.kind]
     out: dict[str, Any] = {"kind": c.kind, "key": c.key, "value": c.value, "source": c.source,
-                           "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": [],
+                           "profile": c.profile_path, "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": [],
                            "runs": {"simulations": 0, "quick_simulations": 0, "simulated_requests": 0, "cpu_s": 0.0}}
     for up in (False, True):
         end = hi_end if up else lo_end

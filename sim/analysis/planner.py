@@ -406,14 +406,15 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
          target_rate: float | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
          max_replicas: int = 256, search: str = "guided", seeds: int = DEFAULT_SEEDS,
-         confidence: float = DEFAULT_CONFIDENCE, break_even: bool = False,
+         confidence: float = DEFAULT_CONFIDENCE, break_even: bool | list[str] = False,
          on_candidate: Callable[[dict], None] | None = None, start_method: str | None = None,
          on_start: Callable[[], None] | None = None) -> dict:
     """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`).
 
     ``progress(done, total, name)`` and ``on_candidate(candidate)`` are called as candidates
     finish (in the calling process); ``break_even`` adds the values of the unmeasured constants
-    at which the recommendation would flip (:mod:`sim.analysis.assumptions`). ``start_method``
+    at which the recommendation would flip (:mod:`sim.analysis.assumptions`; a list of constant
+    kinds, ``paged_overhead`` or ``alloc_event_s``, limits it to those). ``start_method``
     ``"fork"`` starts the workers from this process after it has loaded the simulator (saves
     each worker its imports and first-run warm-up; only for a caller without threads, such as
     the CLI before its progress bar: ``on_start`` is called once the workers exist); the
@@ -498,7 +499,8 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
         out["recommendation"] = recommend(out)
         from sim.analysis.assumptions import break_evens, listed
         if break_even and out["recommendation"]["candidate"] is not None:
-            out["assumptions"] = break_evens(out, common, pool)
+            kinds = None if break_even is True else list(break_even)
+            out["assumptions"] = break_evens(out, common, pool, kinds)
         else:
             out["assumptions"] = listed(sc, out)
     finally:
@@ -595,12 +597,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _top_cluster(cands: list[dict], key: Callable[[dict], float], resolution: float) -> list[dict]:
-    """The best candidates by ``key`` and every one within ``resolution`` (relative) of a kept one."""
-    ranked = sorted(cands, key=key, reverse=True)
+def _top_cluster(cands: list[dict], key: Callable[[dict], float], resolution: float, relative: bool = False,
+                 higher: bool = True) -> list[dict]:
+    """The best candidates by ``key`` and every one within ``resolution`` (relative, or absolute)
+    of a kept one: candidates that measure the same are kept or dropped together."""
+    ranked = sorted(cands, key=key, reverse=higher)
     kept = [ranked[0]]
     for c in ranked[1:]:
-        if key(c) < key(kept[-1]) * (1 - resolution):
+        a, b = key(kept[-1]), key(c)
+        gap = abs(a - b) / max(abs(a), 1e-300) if relative else abs(a - b)
+        if not gap <= resolution:
             break
         kept.append(c)
     return [c for c in cands if any(c is k for k in kept)]
@@ -659,16 +665,14 @@ def recommend(p: dict) -> dict:
     # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
     # edges, since the brackets are only known to the tolerance); the article's preference for
     # steady decode steps; less reserved-but-unused memory; the simpler strategy (CANDIDATES
-    # order). Each step keeps every candidate within its resolution of the best (goodput: of a
-    # kept one, so that two candidates that measure the same are kept or dropped together), so
-    # differences smaller than the measurement can resolve do not decide.
+    # order). Each step keeps the best and every candidate within its resolution of a kept one, so
+    # that differences smaller than the measurement can resolve do not decide and two candidates
+    # that measure the same are kept or dropped together.
     least = min(round(unserved(c), 3) for c in tied)
     keep = [c for c in tied if round(unserved(c), 3) == least]
-    keep = _top_cluster(keep, _ranked_goodput, GOODPUT_RESOLUTION)
-    steady = min(jitter(c) for c in keep)
-    keep = [c for c in keep if jitter(c) <= steady + JITTER_RESOLUTION]
-    lean = min(waste(c) for c in keep)
-    keep = [c for c in keep if waste(c) <= lean + WASTE_RESOLUTION]
+    keep = _top_cluster(keep, _ranked_goodput, GOODPUT_RESOLUTION, relative=True)
+    keep = _top_cluster(keep, jitter, JITTER_RESOLUTION, higher=False)
+    keep = _top_cluster(keep, waste, WASTE_RESOLUTION, higher=False)
     best = keep[0]
     op = best["operating_point"]
     others = [c for c in feasible if c is not best]

@@ -63,6 +63,11 @@ def interpolated_goodput(lo: float, a_lo: float, hi: float, a_hi: float, target:
     return math.exp(math.log(lo) + f * (math.log(hi) - math.log(lo))) if f < 1.0 else lo
 
 
+def _logit(a: float) -> float:
+    a = min(max(a, 1e-3), 1 - 1e-3)
+    return math.log(a / (1 - a))
+
+
 def find_goodput(evaluate: Callable[[float], float], start: float, target: float, tol: float = DEFAULT_TOL,
                  max_evals: int = MAX_EVALS) -> GoodputSearch:
     """Bracket by doubling/halving from ``start``, then bisect (geometric mean) until
@@ -179,6 +184,8 @@ def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: fl
                 lo = r
             else:
                 hi = r
+            if not 0.0 < e.attainment < 1.0:
+                step *= step  # all or nothing met: the edge is far, stride faster
             continue
         if hi <= lo:  # an exact re-run contradicted a quick decision: bracket again around it
             if seen[lo].passes:
@@ -205,8 +212,13 @@ def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: fl
         # creeps when the curve is curved (the same end keeps moving): then bisect instead.
         a_lo, a_hi = seen[lo].attainment, seen[hi].attainment
         span = math.log(hi / lo)
-        if a_lo > a_hi and moved < 2:
-            guess = interpolated_goodput(lo, a_lo, hi, a_hi, target)
+        # Interpolate only between informative ends: an attainment of 1 or 0 says little about where
+        # the curve crosses the target.
+        if last_side_moved == 1 and moved == 1 and lo * grow < hi:
+            c = lo * grow  # the run above the last pass: it completes the verification pair if it misses
+        elif a_lo > a_hi and moved < 2 and a_lo < 1.0 and a_hi > 0.0:
+            # In logit(attainment): curves flatten towards 1 below the edge and fall steeply above it.
+            guess = interpolated_goodput(lo, _logit(a_lo), hi, _logit(a_hi), _logit(target))
             c = min(max(guess / math.sqrt(grow), lo * math.exp(0.1 * span)), max(hi / grow, lo * math.exp(0.5 * span)))
         else:
             c = math.sqrt(lo * hi)

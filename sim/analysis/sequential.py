@@ -87,7 +87,9 @@ def request_outcome(req: Request, slo: SLO) -> tuple[bool, float]:
 
 
 def mser_truncation(y: np.ndarray) -> int:
-    """Index d minimising the MSER statistic ``Σ(y[d:] − mean)² / (n − d)²`` over d < n − 1."""
+    """Index d ≤ n/2 minimising the MSER statistic ``Σ(y[d:] − mean)² / (n − d)²`` (the search is
+    kept to the first half, as MSER's authors advise: near the end the statistic favours the few
+    last values whatever they are)."""
     n = len(y)
     if n < 3:
         return 0
@@ -97,7 +99,8 @@ def mser_truncation(y: np.ndarray) -> int:
     s2 = np.cumsum(rev * rev)[::-1]
     cnt = np.arange(n, 0, -1, dtype=np.float64)
     sse = s2 - s1 * s1 / cnt
-    stat = sse[: n - 1] / cnt[: n - 1] ** 2
+    half = n // 2 + 1
+    stat = sse[:half] / cnt[:half] ** 2
     return int(np.argmin(stat))
 
 
@@ -192,7 +195,7 @@ class AttainmentTest:
 
     def _look(self, k: int) -> bool:
         y = batch_means(self.slack[:k], WARMUP_BATCH)
-        w = mser_truncation(y[: len(y) // 2 + 1]) * WARMUP_BATCH
+        w = mser_truncation(y) * WARMUP_BATCH
         self.warmup = w
         x = self.met[w:k]
         m = len(x)
