@@ -89,8 +89,8 @@ DEFAULT_SEEDS = 1
 DEFAULT_CONFIDENCE = 0.95
 #: The guided search's first rate, as a fraction of the cost model's saturation estimate.
 START_FRACTION = 0.9
-#: Quick runs may stop on the sequential test's statistical decision only at loads up to this
-#: fraction of the saturation estimate (per replica); above it only certain decisions stop them.
+#: Quick runs may stop on the sequential test's statistical pass only at loads up to this fraction
+#: of the saturation estimate (per replica); above it only misses (certain or tested) stop them.
 #: Near saturation the queue makes long excursions that a run's first requests cannot foresee:
 #: at 0.97 of saturation on chat-api the test passed runs whose full attainment was 0.78.
 TESTED_MAX_LOAD = 0.8
@@ -212,7 +212,7 @@ class _Runner:
 
     def quick(self, rate: float, replicas: int, seed: int = 0) -> dict:
         """A run stopped as soon as its answer is decided (:mod:`sim.analysis.sequential`): on a
-        statistical decision only well below saturation (:data:`TESTED_MAX_LOAD`). A run that
+        statistical pass only well below saturation (:data:`TESTED_MAX_LOAD`). A run that
         completes is kept like a full one."""
         from sim.analysis.sequential import AttainmentTest
         from sim.engine.cluster import simulate
@@ -223,9 +223,9 @@ class _Runner:
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        statistical = (bool(sat) and math.isfinite(sat)
+        tested_pass = (bool(sat) and math.isfinite(sat)
                        and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
-        test = AttainmentTest(self.slo, n, self.task["confidence"], statistical=statistical)
+        test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
         res = simulate(sc, stop=test)
         test.finish()
         self.sims += 1

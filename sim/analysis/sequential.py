@@ -131,13 +131,17 @@ class AttainmentTest:
     After the run and :meth:`finish`: :attr:`decision` is ``"pass"`` or ``"fail"``, :attr:`how` ``"certain"``, ``"tested"`` or ``"complete"``,
     :attr:`estimate` the attainment (exact when every request ended, projected otherwise),
     :attr:`ended` the requests that had ended. With ``statistical=False`` only certain decisions
-    stop the run (exact; the planner's choice near saturation, where a prefix of the run cannot
-    see the long queue excursions that decide it).
+    stop the run (exact); with ``tested_pass=False`` the statistical test may only fail a run (the
+    planner's choice near saturation, where a prefix of the run cannot see the long queue
+    excursions that make a run that looks fine miss later; the reverse error needs the queue to
+    shrink, which the trend check forbids).
     """
 
-    def __init__(self, slo: SLO, n_requests: int, confidence: float = DEFAULT_CONFIDENCE, statistical: bool = True):
+    def __init__(self, slo: SLO, n_requests: int, confidence: float = DEFAULT_CONFIDENCE, statistical: bool = True,
+                 tested_pass: bool = True):
         self.slo, self.n, self.target = slo, int(n_requests), slo.attainment
         self.statistical = statistical
+        self.tested_pass = tested_pass
         self.met = np.zeros(self.n, dtype=np.float64)
         self.slack = np.zeros(self.n, dtype=np.float64)
         self.ttft = np.zeros(self.n, dtype=np.float64)
@@ -212,7 +216,7 @@ class AttainmentTest:
         sd = math.sqrt(rest * rest * s2 / m + rest * s2) / self.n
         t_slack = trend_t(batch_means(self.slack[w:k], size))
         t_ttft = trend_t(batch_means(self.ttft[w:k], size))
-        if max(t_slack, t_ttft) <= TREND_T and proj - self.z * sd >= self.target:
+        if self.tested_pass and max(t_slack, t_ttft) <= TREND_T and proj - self.z * sd >= self.target:
             return self._decide("pass", "tested", proj)
         if min(t_slack, t_ttft) >= -TREND_T and proj + self.z * sd < self.target:
             return self._decide("fail", "tested", proj)
