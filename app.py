@@ -575,29 +575,49 @@ def page_sweeps() -> None:
         return
     slo = X.slo_from_knobs(S.knobs)
     st.caption(f"Highest arrival rate per allocator at which {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'the SLO'}"
-               " holds (SLO in the sidebar). Each candidate costs ~10 runs.")
-    c1, c2 = st.columns([3, 1])
+               " holds (SLO in the sidebar). Candidates appear in the table as they finish.")
+    c1, c2, c3, c4 = st.columns([3, 1, 1, 1])
     cands = c1.multiselect("Candidates", list(PL.CANDIDATES), default=[c for c in ("static", "paged") if c in PL.CANDIDATES],
                            key="plan_cands")
     n_req = c2.number_input("Requests per run", 50, 5000, 200, 50, key="plan_n")
+    seeds = c3.number_input("Seeds", 1, 10, 1, 1, key="plan_seeds",
+                            help="Workload seeds per candidate: goodput with a confidence interval over seeds.")
+    break_even = c4.checkbox("Break-even", value=False, key="plan_break_even",
+                             help="Find the value of each unmeasured cost-model constant at which the recommendation "
+                                  "would flip (more simulations).")
     if st.button("▶ Plan", type="primary", key="plan_run"):
         bar = st.progress(0.0, text="planning…")
+        live = st.empty()
+        streamed: list[dict] = []
+
+        def show(cand: dict) -> None:
+            streamed.append(cand)
+            live.dataframe(X.plan_stream_rows(streamed, int(seeds)), hide_index=True)
+
         try:
             data, _ = current_scenario()
-            S.plan = X.run_small_plan(data, slo, cands, int(n_req), store(),
+            S.plan = X.run_small_plan(data, slo, cands, int(n_req), store(), seeds=int(seeds), break_even=break_even,
+                                      on_candidate=show,
                                       progress=lambda d, n, name: bar.progress(min(1.0, d / max(n, 1)),
                                                                                text=f"planning… {name} done ({d}/{n})"))
             S.plan_error = None
         except ConfigError as exc:
             S.plan_error = X.error_text(exc)
         bar.empty()
+        live.empty()
     show_error(st, S.get("plan_error"))
     p = S.get("plan")
     if p:
         st.success(p["recommendation"]["text"])
         for r in p["recommendation"].get("reasons", []):
             st.markdown(f"- {r}")
-        st.dataframe([dict(zip(PL.PLAN_COLUMNS, r)) for r in PL.plan_rows(p)], key="plan_table", hide_index=True)
+        st.dataframe([dict(zip(PL.plan_columns(p), r)) for r in PL.plan_rows(p)], key="plan_table", hide_index=True)
+        lines = PL.assumption_lines(p)
+        if lines:
+            st.markdown("**Assumptions** (unmeasured constants of the cost model)")
+            for a in lines:
+                st.markdown(f"- {a}")
+        st.caption(PL.search_summary(p))
         for s_ in p.get("skipped", []):
             st.caption(f"skipped {s_['name']}: {s_['reason']}")
         a, b = st.columns(2)

@@ -22,6 +22,9 @@
   backend that runs on this device (sdpa, flex; flashinfer and vllm on CUDA when installed), side by side
   (docs/calibration.md, "Attention kernel backends"; not part of ``all``: compiling flex on a CPU takes
   minutes).
+* ``planner``: the planner's guided goodput search against the exhaustive one on every plannable
+  built-in scenario (same recommendation, goodputs within the tolerance; wall and CPU seconds,
+  simulations; not part of ``all``: it plans every scenario twice).
 
 Two helpers run on their own: ``python -m bench.identity`` fingerprints every built-in
 scenario's results (to show a change left them byte-identical), and ``python -m

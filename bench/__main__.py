@@ -10,10 +10,12 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention", "hostile"]
+NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention", "hostile",
+         "planner"]
 #: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md); the hostile
-#: corpus is a correctness check, not a speed measurement.
-NOT_IN_ALL = {"attention", "hostile"}
+#: corpus is a correctness check, not a speed measurement; the planner comparison plans every scenario
+#: twice (docs/sweeps.md).
+NOT_IN_ALL = {"attention", "hostile", "planner"}
 #: These look inside the engine's Python (bytecodes, cProfile), which compiled code hides: they
 #: measure the interpreted engine (``KVSIM_NATIVE=0``, see sim/native.py), in a child if need be.
 INTERPRETED = {"profile", "opcount"}
@@ -38,6 +40,8 @@ def _module(name: str):
         from . import attention_backends as m
     elif name == "hostile":
         from . import hostile as m
+    elif name == "planner":
+        from . import planner as m
     else:
         from . import costmodel as m
     return m

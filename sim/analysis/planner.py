@@ -33,7 +33,13 @@ from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
+from sim.analysis.search import (DEFAULT_TOL, MAX_EVALS, GoodputSearch, fewest_replicas, find_goodput,
+                                 find_goodput_guided, interpolated_goodput)
 from sim.analysis.slo import SLO, attainment
+
+__all__ = ["CANDIDATES", "DEFAULT_TOL", "MAX_EVALS", "GoodputSearch", "PLAN_COLUMNS", "assumption_lines", "candidate_row", "fewest_replicas", "find_goodput",
+           "find_goodput_guided", "interpolated_goodput", "measure", "plan", "plan_candidate", "plan_columns", "plan_rows", "recommend",
+           "write_plan"]
 
 #: Candidate allocator configurations: name → overrides (dotted scenario keys) and the
 #: strategy in the seed article's words. Adding a candidate is one entry; a candidate whose
@@ -88,120 +94,28 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     },
 }
 
-DEFAULT_TOL = 0.05
 #: The seed article's jitter rule: a decode-step spike above 10 % of p50 calls for static.
 JITTER_RULE = 1.10
-MAX_EVALS = 24
-_BRACKET_STEPS = 12
-
-
-# --- the search (pure: evaluate is any rate → attainment function) --------------------
-
-@dataclass
-class GoodputSearch:
-    #: Highest rate found with attainment ≥ target (0 when none was found).
-    goodput: float
-    #: ``ok`` (bracketed and verified), ``infeasible`` (no rate down to start/2^12 passes),
-    #: ``unbounded`` (start·2^12 still passes), ``budget`` (evaluations ran out; goodput is a lower bound).
-    status: str
-    #: rate → attainment of every evaluation.
-    probes: dict[float, float] = field(default_factory=dict)
-    #: The verification pair: goodput × (1 + tol), and its attainment (< target when status is ok).
-    next_rate: float | None = None
-    next_attainment: float | None = None
-
-
-def find_goodput(evaluate: Callable[[float], float], start: float, target: float, tol: float = DEFAULT_TOL,
-                 max_evals: int = MAX_EVALS) -> GoodputSearch:
-    """Bracket by doubling/halving from ``start``, then bisect (geometric mean) until
-    hi ≤ lo·(1 + tol), then verify that lo·(1 + tol) misses the target."""
-    probes: dict[float, float] = {}
-
-    def passes(r: float) -> bool:
-        if r not in probes:
-            probes[r] = evaluate(r)
-        return probes[r] >= target
-
-    def budget() -> bool:
-        return len(probes) >= max_evals
-
-    lo: float | None = None
-    hi: float | None = None
-    if passes(start):
-        lo = start
-    else:
-        hi = start
-        r = start
-        for _ in range(_BRACKET_STEPS):
-            r /= 2
-            if passes(r):
-                lo = r
-                break
-            hi = r
-        if lo is None:
-            return GoodputSearch(0.0, "infeasible", probes)
-    while not budget():
-        if hi is None or hi <= lo:
-            # Look for a failing rate above lo.
-            r, hi = lo, None
-            for _ in range(_BRACKET_STEPS):
-                r *= 2
-                if passes(r):
-                    lo = r
-                else:
-                    hi = r
-                    break
-                if budget():
-                    break
-            if hi is None:
-                return GoodputSearch(lo, "unbounded" if not budget() else "budget", probes)
-            continue
-        if hi <= lo * (1 + tol):
-            check = lo * (1 + tol)
-            if passes(check):
-                lo = check  # non-monotone: a higher rate passes; keep searching above it
-                continue
-            return GoodputSearch(lo, "ok", probes, check, probes[check])
-        mid = math.sqrt(lo * hi)
-        if passes(mid):
-            lo = mid
-        else:
-            hi = mid
-    return GoodputSearch(lo, "budget", probes)
-
-
-def fewest_replicas(passes: Callable[[int], bool], start: int, limit: int = 4096) -> tuple[int | None, dict[int, bool]]:
-    """Smallest n ≥ 1 with ``passes(n)``, searching from ``start`` (down by one, or up by
-    doubling then bisection); ``None`` when even ``limit`` fails."""
-    seen: dict[int, bool] = {}
-
-    def ok(n: int) -> bool:
-        if n not in seen:
-            seen[n] = passes(n)
-        return seen[n]
-
-    n = max(1, min(start, limit))
-    if ok(n):
-        while n > 1 and ok(n - 1):
-            n -= 1
-        return n, seen
-    bad = n
-    good = None
-    while good is None:
-        if bad >= limit:
-            return None, seen
-        cand = min(bad * 2, limit)
-        if ok(cand):
-            good = cand
-        else:
-            bad = cand
-    while good - bad > 1:
-        mid = (good + bad) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good, seen
+#: Differences the recommendation's tie-breaks do not act on: goodput edges within 2 % (the
+#: interpolated edges of two searches of the same candidate differ by up to 0.5 %, bench/planner.py),
+#: decode jitter within 0.05 (p99/p50), memory waste within one point.
+GOODPUT_RESOLUTION = 0.02
+JITTER_RESOLUTION = 0.05
+WASTE_RESOLUTION = 0.01
+#: Goodput searches: ``guided`` (default: saturation estimate, quick runs that stop when decided,
+#: full runs only to settle the answer) and ``exhaustive`` (every probe a full run).
+SEARCHES = ("guided", "exhaustive")
+#: Workload seeds per candidate by default (one: the plan stays fast; ``--seeds`` adds intervals).
+DEFAULT_SEEDS = 1
+#: Confidence of the early-stopping test and of the goodput intervals over seeds.
+DEFAULT_CONFIDENCE = 0.95
+#: The guided search's first rate, as a fraction of the cost model's saturation estimate.
+START_FRACTION = 0.9
+#: Quick runs may stop on the sequential test's statistical pass only at loads up to this fraction
+#: of the saturation estimate (per replica); above it only misses (certain or tested) stop them.
+#: Near saturation the queue makes long excursions that a run's first requests cannot foresee:
+#: at 0.97 of saturation on chat-api the test passed runs whose full attainment was 0.78.
+TESTED_MAX_LOAD = 0.8
 
 
 # --- measurements at a point ----------------------------------------------------------
@@ -266,67 +180,173 @@ def _kv_series(ts, max_points: int = 1500) -> dict:
 
 # --- one candidate (runs in a worker process) -----------------------------------------
 
-def plan_candidate(task: dict) -> dict:
-    """Goodput search, replica search and operating point of one candidate. Never raises."""
-    from sim.engine.cluster import simulate
-    name = task["name"]
-    slo = SLO(**task["slo"])
-    base, base_dir = task["base"], task["base_dir"]
-    base_replicas = task["base_replicas"]
-    base_requests = task["base_requests"]
-    tol = task["tol"]
-    out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
-                           "upper_bound": task.get("upper_bound", False),
-                           "status": "ok", "message": "", "probes": [], "replica_probes": []}
-    last: dict[tuple, Any] = {}
+class _Runner:
+    """Simulations of one candidate: scenarios by (rate, replicas, seed offset), quick and full runs.
 
-    def run(rate: float, replicas: int):
-        key = (rate, replicas)
-        if key not in last:
-            over = dict(task["overrides"])
-            over["workload.arrival.rate"] = rate
-            over["gpu.replicas"] = replicas
-            if base_requests is not None and replicas != base_replicas:
-                over["workload.num_requests"] = max(1, round(base_requests * replicas / base_replicas))
-            sc = scenario_from_dict(apply_overrides(base, over), base_dir)
-            last.clear()  # keep only the latest run: its tables are what the operating point needs
-            budget = task.get("budget")
-            last[key] = simulate(sc, budget=RunBudget(**budget) if budget else None)
-        return last[key]
+    Every run of a seed draws the same arrivals (scaled by the rate) and lengths, whatever the
+    candidate: the workload depends only on the workload keys and the seed, which candidates
+    do not touch (common random numbers: differences between candidates are not sampling noise).
+    """
 
-    def probe(rate: float, replicas: int) -> dict:
-        res = run(rate, replicas)
+    def __init__(self, task: dict):
+        self.task = task
+        self.slo = SLO(**task["slo"])
+        self.base, self.base_dir = task["base"], task["base_dir"]
+        self.base_replicas, self.base_requests = task["base_replicas"], task["base_requests"]
+        self.overrides = {**task["overrides"], **task.get("extra_overrides", {})}
+        self.sims = self.quick_sims = self.requests = 0
+        self._results: dict[tuple, Any] = {}
+        #: The cost model's saturation estimate at the base replica count (requests/s), once known.
+        self.saturation: float | None = task.get("saturation")
+        budget = task.get("budget")
+        #: Limits on every simulation (the explorer's; none from the CLI).
+        self.budget: RunBudget | None = RunBudget(**budget) if budget else None
+
+    def scenario(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True):
+        """The candidate at ``rate`` on ``replicas``; ``scaled``: requests × replicas ÷ base replicas."""
+        over = dict(self.overrides)
+        over["workload.arrival.rate"] = rate
+        over["gpu.replicas"] = replicas
+        if scaled and self.base_requests is not None and replicas != self.base_replicas:
+            over["workload.num_requests"] = max(1, round(self.base_requests * replicas / self.base_replicas))
+        if seed:
+            over["seed"] = self.task["base_seed"] + seed
+        return scenario_from_dict(apply_overrides(self.base, over), self.base_dir)
+
+    def _record(self, rate: float, replicas: int, seed: int, res, att: float, exact: bool, ended: int) -> dict:
         s = res.summary
-        p = {"rate": rate, "replicas": replicas, "attainment": attainment(res.requests, slo),
-             "ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_s": s["tpot_s"]["p90"],
-             "throughput_requests_per_s": s["throughput_requests_per_s"],
-             "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-             "completed": s["completed"], "rejected": s["rejected"], "truncated": s["truncated"],
-             "preemptions": s["preemptions"]}
-        return p
+        return {"rate": rate, "replicas": replicas, "seed": self.task["base_seed"] + seed, "attainment": att,
+                "exact": exact, "ended": ended, "requests": len(res.requests) if exact else None,
+                "ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_s": s["tpot_s"]["p90"],
+                "throughput_requests_per_s": s["throughput_requests_per_s"],
+                "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+                "completed": s["completed"], "rejected": s["rejected"], "truncated": s["truncated"],
+                "preemptions": s["preemptions"]}
 
-    t0 = time.perf_counter()
+    def full(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True) -> tuple[dict, Any]:
+        """A complete run: its probe record and result (the latest two are kept for the operating point)."""
+        from sim.engine.cluster import simulate
+        key = (rate, replicas, seed) if scaled else (rate, replicas, seed, "unscaled")
+        if key not in self._results:
+            res = simulate(self.scenario(rate, replicas, seed, scaled), budget=self.budget)
+            self.sims += 1
+            self.requests += res.requests.num_rows
+            att = attainment(res.requests, self.slo)
+            self._keep(key, self._record(rate, replicas, seed, res, att, True, res.requests.num_rows), res)
+        return self._results[key]
+
+    def quick(self, rate: float, replicas: int, seed: int = 0) -> dict:
+        """A run stopped as soon as its answer is decided (:mod:`sim.analysis.sequential`): on a
+        statistical pass only well below saturation (:data:`TESTED_MAX_LOAD`). A run that
+        completes is kept like a full one."""
+        from sim.analysis.sequential import AttainmentTest
+        from sim.engine.cluster import simulate
+        from sim.workload.generator import build_workload
+        key = (rate, replicas, seed)
+        if key in self._results:
+            return self._results[key][0]
+        sc = self.scenario(rate, replicas, seed)
+        n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
+        sat = self.saturation
+        tested_pass = (bool(sat) and math.isfinite(sat)
+                       and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
+        test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
+        res = simulate(sc, budget=self.budget, stop=test)
+        test.finish()
+        self.sims += 1
+        self.requests += test.ended
+        complete = not res.run_info.get("halted")
+        att = attainment(res.requests, self.slo) if complete else test.estimate
+        rec = self._record(rate, replicas, seed, res, att, complete, test.ended)
+        rec.update(decision=test.decision, how=test.how)
+        if complete:
+            self._keep(key, rec, res)
+        else:
+            self.quick_sims += 1
+        return rec
+
+    def _keep(self, key: tuple, rec: dict, res) -> None:
+        if len(self._results) >= 2:
+            self._results.pop(next(iter(self._results)))
+        self._results[key] = (rec, res)
+
+
+def _search_seed(runner: _Runner, task: dict, seed: int, start: float) -> tuple[GoodputSearch, list[dict], list[dict]]:
+    """Goodput search on one seed at the base replica count: the search, its complete and stopped probe records."""
+    from sim.analysis.search import Evaluation
+    target = runner.slo.attainment
+    reps = runner.base_replicas
+    records: dict[float, dict] = {}
+
+    def full(rate: float) -> float:
+        records[rate] = runner.full(rate, reps, seed)[0]
+        return records[rate]["attainment"]
+
+    def evaluate(rate: float, complete: bool) -> Evaluation:
+        if complete:
+            rec = records[rate] = runner.full(rate, reps, seed)[0]
+            return Evaluation(rec["attainment"] >= target, rec["attainment"], True, True)
+        rec = records[rate] = runner.quick(rate, reps, seed)
+        return Evaluation(rec["decision"] == "pass", rec["attainment"], rec["how"] != "tested", rec["exact"])
+
+    if task["search"] == "exhaustive":
+        search = find_goodput(full, start, target, task["tol"], task["max_evals"])
+    else:
+        search = find_goodput_guided(evaluate, start, target, task["tol"], task["max_evals"])
+    done = [records[r] for r in sorted(records)]
+    return search, [r for r in done if r["exact"]], [r for r in done if not r["exact"]]
+
+
+def _guided_start(runner: _Runner, task: dict) -> float:
+    from sim.analysis.saturation import saturation_rate
+    if runner.saturation is None:
+        runner.saturation = saturation_rate(runner.scenario(task["start_rate"], runner.base_replicas))
+    if task.get("hint_goodput"):
+        return float(task["hint_goodput"])
+    sat = runner.saturation
+    return START_FRACTION * sat if math.isfinite(sat) and sat > 0 else task["start_rate"]
+
+
+def plan_candidate(task: dict) -> dict:
+    """Goodput search (per seed), replica search and operating point of one candidate. Never raises."""
+    name = task["name"]
+    runner = _Runner(task)
+    slo = runner.slo
+    base_replicas = runner.base_replicas
+    tol = task["tol"]
+    guided = task["search"] == "guided"
+    out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
+                           "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
-        probes: dict[float, dict] = {}
-
-        def evaluate(rate: float) -> float:
-            probes[rate] = probe(rate, base_replicas)
-            return probes[rate]["attainment"]
-
-        search = find_goodput(evaluate, task["start_rate"], slo.attainment, tol, task["max_evals"])
-        out["probes"] = [probes[r] for r in sorted(probes)]
+        start = _guided_start(runner, task) if guided else task["start_rate"]
+        out["saturation_estimate_rps"] = runner.saturation
+        search, probes, quick = _search_seed(runner, task, 0, start)
+        out["probes"], out["quick_probes"] = probes, quick
         out["search_status"] = search.status
         out["goodput_rps"] = search.goodput
+        out["goodput_est_rps"] = search.estimate(slo.attainment)
         out["goodput_per_gpu_rps"] = search.goodput / (base_replicas * task["tp"])
         out["replicas"] = base_replicas
         out["gpus"] = base_replicas * task["tp"]
         out["verify"] = {"rate": search.goodput, "attainment": search.probes.get(search.goodput),
-                         "next_rate": search.next_rate, "next_attainment": search.next_attainment}
+                         "next_rate": search.next_rate, "next_attainment": search.next_attainment,
+                         "next_exact": search.next_rate in search.probes}
+        seeds = [{"seed": task["base_seed"], "goodput_rps": search.goodput, "goodput_est_rps": out["goodput_est_rps"],
+                  "status": search.status}]
+        for k in range(1, task["seeds"]):
+            hint = out["goodput_est_rps"] if search.status == "ok" else start
+            s_k, p_k, q_k = _search_seed(runner, task, k, hint if guided else task["start_rate"])
+            seeds.append({"seed": task["base_seed"] + k, "goodput_rps": s_k.goodput,
+                          "goodput_est_rps": s_k.estimate(slo.attainment), "status": s_k.status,
+                          "probes": p_k, "quick_probes": q_k})
+        out["seed_goodputs"] = seeds
         if search.status == "infeasible":
-            worst = probes[min(probes)]
+            lowest = min([*probes, *quick], key=lambda p: p["rate"])
             out["status"] = "infeasible"
-            out["message"] = (f"even at {min(probes):.3g} req/s only {worst['attainment']:.0%} of requests meet the SLO "
-                              f"({worst['rejected']} rejected, {worst['truncated']} truncated)")
+            out["message"] = (f"even at {lowest['rate']:.3g} req/s only {lowest['attainment']:.0%} of requests meet the "
+                              f"SLO ({lowest['rejected']} rejected, {lowest['truncated']} truncated"
+                              + ("" if lowest["exact"] else f", of the first {lowest['ended']} to end") + ")")
             return out
         if search.status != "ok":
             out["message"] = {"unbounded": "attainment met at every rate tried: goodput is a lower bound",
@@ -334,30 +354,52 @@ def plan_candidate(task: dict) -> dict:
         op_rate, op_replicas = search.goodput, base_replicas
         target_rate = task.get("target_rate")
         if target_rate:
-            per_replica = search.goodput / base_replicas
-            start = max(1, math.ceil(target_rate / per_replica)) if per_replica > 0 else base_replicas
-            rprobes: dict[int, dict] = {}
-
-            def sustains(n: int) -> bool:
-                rprobes[n] = probe(target_rate, n)
-                return rprobes[n]["attainment"] >= slo.attainment
-
-            n, _ = fewest_replicas(sustains, start, task["max_replicas"])
-            out["replica_probes"] = [rprobes[k] for k in sorted(rprobes)]
+            n = _replica_search(runner, task, out, search.goodput)
             out["replicas_needed"] = n
             out["gpus_needed"] = None if n is None else n * task["tp"]
             if n is not None:
                 op_rate, op_replicas = target_rate, n
-        res = run(op_rate, op_replicas)
-        out["operating_point"] = {"rate": op_rate, "replicas": op_replicas, **measure(res, slo)}
-        out["kv_series"] = _kv_series(res.timeseries)
+        if task.get("operating_point", True):
+            # Guided, at a target rate: the replica search's runs stop early, so the operating point
+            # gets its own complete run, over the base scenario's request count (spread over the
+            # replicas: the facts measured there are per-replica averages and percentiles).
+            scaled = not (guided and target_rate and (target_rate, op_replicas, 0) not in runner._results)
+            rec, res = runner.full(op_rate, op_replicas, scaled=scaled)
+            out["operating_point"] = {"rate": op_rate, "replicas": op_replicas, **measure(res, slo)}
+            out["kv_series"] = _kv_series(res.timeseries)
     except ConfigError as exc:
         out.update(status="skipped", message=str(exc))
     except Exception as exc:  # one candidate's crash must not take the plan down
         out.update(status="failed", message=f"{type(exc).__name__}: {exc}")
     finally:
         out["wall_s"] = time.perf_counter() - t0
+        out["cpu_s"] = time.process_time() - cpu0
+        out["simulations"], out["quick_simulations"], out["simulated_requests"] = (runner.sims, runner.quick_sims,
+                                                                                  runner.requests)
     return out
+
+
+def _replica_search(runner: _Runner, task: dict, out: dict, goodput: float) -> int | None:
+    """Fewest replicas sustaining the target rate (n passes, n − 1 does not), from ⌈target ÷ goodput
+    per replica⌉. Guided: quick runs, whose decisions are exact (complete runs, certain misses)
+    except tested passes at loads up to :data:`TESTED_MAX_LOAD` of saturation."""
+    target_rate, target = task["target_rate"], runner.slo.attainment
+    base_replicas = runner.base_replicas
+    per_replica = goodput / base_replicas
+    start = task.get("hint_replicas") or (max(1, math.ceil(target_rate / per_replica)) if per_replica > 0
+                                          else base_replicas)
+    rprobes: dict[int, dict] = {}
+
+    def sustains(n: int) -> bool:
+        if task["search"] == "exhaustive":
+            rprobes[n] = runner.full(target_rate, n)[0]
+            return rprobes[n]["attainment"] >= target
+        rprobes[n] = runner.quick(target_rate, n)
+        return rprobes[n]["decision"] == "pass"
+
+    n, _ = fewest_replicas(sustains, start, task["max_replicas"])
+    out["replica_probes"] = [rprobes[k] for k in sorted(rprobes)]
+    return n
 
 
 # --- the plan -------------------------------------------------------------------------
@@ -389,14 +431,33 @@ def _availability(name: str, base: dict, base_dir) -> str | None:
 def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocators: list[str] | None = None,
          target_rate: float | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
          progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
-         max_replicas: int = 256, budget: RunBudget | None = None) -> dict:
+         max_replicas: int = 256, search: str = "guided", seeds: int = DEFAULT_SEEDS,
+         confidence: float = DEFAULT_CONFIDENCE, break_even: bool | list[str] = False,
+         on_candidate: Callable[[dict], None] | None = None, start_method: str | None = None,
+         on_start: Callable[[], None] | None = None, budget: RunBudget | None = None) -> dict:
     """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`).
-    ``budget`` limits every simulation of the search (:mod:`sim.engine.budget`)."""
-    from sim.analysis.sweep import default_workers, process_pool
+
+    ``progress(done, total, name)`` and ``on_candidate(candidate)`` are called as candidates
+    finish (in the calling process); ``break_even`` adds the values of the unmeasured constants
+    at which the recommendation would flip (:mod:`sim.analysis.assumptions`; a list of constant
+    kinds, ``paged_overhead`` or ``alloc_event_s``, limits it to those). ``start_method``
+    ``"fork"`` starts the workers from this process after it has loaded the simulator (saves
+    each worker its imports and first-run warm-up; only for a caller without threads, such as
+    the CLI before its progress bar: ``on_start`` is called once the workers exist); the
+    default starts them fresh (forkserver). ``budget`` limits every simulation of the search
+    (:mod:`sim.engine.budget`).
+    """
+    from sim.analysis.sweep import default_workers
     if not 0 < tol < 1:
         raise ConfigError("--tolerance", tol, "a relative tolerance in (0, 1), e.g. 0.05")
     if target_rate is not None and not target_rate > 0:
         raise ConfigError("--target-rate", target_rate, "requests/s > 0")
+    if search not in SEARCHES:
+        raise ConfigError("--search", search, f"one of {', '.join(SEARCHES)}")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= 100:
+        raise ConfigError("--seeds", seeds, "an integer from 1 to 100")
+    if not 0.5 <= confidence < 1:
+        raise ConfigError("--confidence", confidence, "a probability in [0.5, 1), e.g. 0.95")
     data, base_dir = read_scenario_dict(scenario)
     data = apply_overrides(data, overrides or {})
     sc = scenario_from_dict(data, base_dir)
@@ -406,9 +467,10 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     names = select_candidates(allocators)
     base_requests = sc.workload.num_requests if sc.workload.duration_s is None else None
     common = {"slo": slo.as_dict(), "base": data, "base_dir": str(base_dir), "base_replicas": sc.gpu.replicas,
-              "base_requests": base_requests, "tol": tol, "start_rate": sc.workload.arrival.rate,
+              "base_requests": base_requests, "base_seed": sc.seed, "tol": tol, "start_rate": sc.workload.arrival.rate,
               "tp": sc.gpu.tensor_parallel, "target_rate": target_rate, "max_evals": max_evals,
-              "max_replicas": max_replicas, "budget": None if budget is None else budget.__dict__}
+              "max_replicas": max_replicas, "search": search, "seeds": seeds, "confidence": confidence,
+              "budget": None if budget is None else budget.__dict__}
     skipped, tasks = [], []
     for n in names:
         why = _availability(n, data, base_dir)
@@ -417,44 +479,139 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
         else:
             tasks.append({**common, "name": n, "overrides": CANDIDATES[n]["overrides"],
                           "strategy": CANDIDATES[n]["strategy"], "upper_bound": CANDIDATES[n].get("upper_bound", False)})
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
-    if tasks:
-        from concurrent.futures import as_completed
-        with process_pool(min(workers or default_workers(), len(tasks))) as pool:
-            futs = {pool.submit(plan_candidate, t): t["name"] for t in tasks}
-            for f in as_completed(futs):
-                results[futs[f]] = f.result()
-                if progress:
-                    progress(len(results), len(tasks), futs[f])
-    cands = [results[t["name"]] for t in tasks]
-    for c in cands:
-        if c["status"] == "skipped":
-            skipped.append({"name": c["name"], "reason": c["message"]})
-    cands = [c for c in cands if c["status"] != "skipped"]
-    out = {
-        "scenario": sc.name,
-        "scenario_file": str(scenario),
-        "overrides": overrides or {},
-        "slo": slo.as_dict(),
-        "slo_text": slo.describe(),
-        "attainment_target": slo.attainment,
-        "tolerance": tol,
-        "target_rate": target_rate,
-        "start_rate": sc.workload.arrival.rate,
-        "num_requests": sc.workload.num_requests,
-        "replicas": sc.gpu.replicas,
-        "tensor_parallel": sc.gpu.tensor_parallel,
-        "gpu": sc.gpu.name,
-        "model": sc.model.name,
-        "cost_model_calibrated": sc.cost_model.profile not in (None, "none"),
-        "candidates": cands,
-        "skipped": skipped,
-        "simulations": sum(len(c["probes"]) + len(c["replica_probes"]) + 1 for c in cands),
-        "wall_s": time.perf_counter() - t0,
-    }
-    out["recommendation"] = recommend(out)
+    pool = _Pool(min(workers or default_workers(), max(len(tasks), 1)), start_method)
+    try:
+        if start_method == "fork" and tasks:
+            _prewarm(sc)
+            pool.start()
+        if on_start:
+            on_start()
+        # Slowest first (contiguous allocators run the most allocator work), so no long task starts last.
+        order = sorted(tasks, key=lambda t: _SLOW_KINDS.get(t["overrides"].get("allocator.kind"), 0), reverse=True)
+        for t, r in pool.map_unordered(plan_candidate, order):
+            results[t["name"]] = r
+            _seed_intervals([r], confidence)
+            if on_candidate:
+                on_candidate(r)
+            if progress:
+                progress(len(results), len(tasks), t["name"])
+        cands = [results[t["name"]] for t in tasks]
+        for c in cands:
+            if c["status"] == "skipped":
+                skipped.append({"name": c["name"], "reason": c["message"]})
+        cands = [c for c in cands if c["status"] != "skipped"]
+        out = {
+            "scenario": sc.name,
+            "scenario_file": str(scenario),
+            "overrides": overrides or {},
+            "slo": slo.as_dict(),
+            "slo_text": slo.describe(),
+            "attainment_target": slo.attainment,
+            "tolerance": tol,
+            "search": search,
+            "seeds": seeds,
+            "confidence": confidence,
+            "target_rate": target_rate,
+            "start_rate": sc.workload.arrival.rate,
+            "num_requests": sc.workload.num_requests,
+            "replicas": sc.gpu.replicas,
+            "tensor_parallel": sc.gpu.tensor_parallel,
+            "gpu": sc.gpu.name,
+            "model": sc.model.name,
+            "cost_model_calibrated": sc.cost_model.profile not in (None, "none"),
+            "candidates": cands,
+            "skipped": skipped,
+        }
+        out["recommendation"] = recommend(out)
+        from sim.analysis.assumptions import break_evens, listed
+        if break_even and out["recommendation"]["candidate"] is not None:
+            kinds = None if break_even is True else list(break_even)
+            out["assumptions"] = break_evens(out, common, pool, kinds)
+        else:
+            out["assumptions"] = listed(sc, out)
+    finally:
+        pool.close()
+    everyone = [*cands, *(a.get("runs", {}) for a in out.get("assumptions", []))]
+    out["simulations"] = sum(c.get("simulations", 0) for c in everyone)
+    out["quick_simulations"] = sum(c.get("quick_simulations", 0) for c in everyone)
+    out["simulated_requests"] = sum(c.get("simulated_requests", 0) for c in everyone)
+    out["wall_s"] = time.perf_counter() - t0
+    # CPU seconds of the plan itself and of its workers' candidate tasks (not their start-up).
+    out["cpu_s"] = time.process_time() - cpu0 + sum(c.get("cpu_s", 0.0) for c in everyone)
     return out
+
+
+#: Relative cost of a candidate's simulations by allocator kind (only orders the work).
+_SLOW_KINDS = {"dynamic": 2, "static": 1}
+
+
+def _prewarm(sc) -> None:
+    """Load what every simulation needs (modules, the trace, the cost model) before forking workers."""
+    from sim.analysis.saturation import saturation_rate
+    import sim.analysis.sequential  # noqa: F401
+    import sim.engine.cluster  # noqa: F401
+    saturation_rate(sc)
+
+
+def _noop() -> None:
+    return None
+
+
+class _Pool:
+    """Worker processes for candidate tasks, started once per plan (forkserver or spawn by default)."""
+
+    def __init__(self, workers: int, start_method: str | None = None):
+        self.workers = max(1, workers)
+        self.start_method = start_method
+        self._pool = None
+
+    def _get(self):
+        if self._pool is None:
+            from sim.analysis.sweep import process_pool
+            self._pool = process_pool(self.workers, self.start_method)
+        return self._pool
+
+    def start(self) -> None:
+        """Start the workers now (with fork, every worker is forked at the first task)."""
+        self._get().submit(_noop).result()
+
+    def map_unordered(self, fn: Callable[[dict], dict], tasks: list[dict]):
+        """(task, fn(task)) as each finishes."""
+        from concurrent.futures import as_completed
+        if not tasks:
+            return
+        pool = self._get()
+        futs = {pool.submit(fn, t): t for t in tasks}
+        for f in as_completed(futs):
+            yield futs[f], f.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def mean_interval(values: list[float], confidence: float) -> tuple[float, float, float]:
+    """Mean and the two-sided Student-t confidence interval of the mean of ``values``."""
+    x = np.asarray(values, dtype=np.float64)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, m, m
+    from scipy.stats import t as student_t
+    h = float(student_t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - h, m + h
+
+
+def _seed_intervals(cands: list[dict], confidence: float) -> None:
+    """Each candidate's goodput over seeds: mean and confidence interval (of the interpolated goodputs)."""
+    for c in cands:
+        seeds = c.get("seed_goodputs") or []
+        if len(seeds) < 2 or any(s["status"] != "ok" for s in seeds):
+            continue
+        m, lo, hi = mean_interval([s["goodput_est_rps"] for s in seeds], confidence)
+        c["goodput_mean_rps"], c["goodput_ci_rps"] = m, [lo, hi]
 
 
 # --- the recommendation ---------------------------------------------------------------
@@ -479,6 +636,41 @@ def _upper_bound_reasons(p: dict) -> list[str]:
     return out
 
 
+def _top_cluster(cands: list[dict], key: Callable[[dict], float], resolution: float, relative: bool = False,
+                 higher: bool = True) -> list[dict]:
+    """The best candidates by ``key`` and every one within ``resolution`` (relative, or absolute)
+    of a kept one: candidates that measure the same are kept or dropped together."""
+    ranked = sorted(cands, key=key, reverse=higher)
+    kept = [ranked[0]]
+    for c in ranked[1:]:
+        a, b = key(kept[-1]), key(c)
+        gap = abs(a - b) / max(abs(a), 1e-300) if relative else abs(a - b)
+        if not gap <= resolution:
+            break
+        kept.append(c)
+    return [c for c in cands if any(c is k for k in kept)]
+
+
+def _ranked_goodput(c: dict) -> float:
+    """Goodput per GPU the recommendation ranks by: the mean over seeds, else the interpolated
+    estimate, else the verified goodput."""
+    g = c["goodput_per_gpu_rps"]
+    ref = c.get("goodput_mean_rps") or c.get("goodput_est_rps")
+    return g * ref / c["goodput_rps"] if ref and c.get("goodput_rps") else g
+
+
+def noise_comparison(a: dict, b: dict, confidence: float) -> dict | None:
+    """Paired goodput difference a − b over the seeds both searched (common random numbers:
+    the same workload draws per seed), with its confidence interval; None without seeds."""
+    sa = {s["seed"]: s for s in a.get("seed_goodputs") or [] if s["status"] == "ok"}
+    sb = {s["seed"]: s for s in b.get("seed_goodputs") or [] if s["status"] == "ok"}
+    common = sorted(set(sa) & set(sb))
+    if len(common) < 2:
+        return None
+    m, lo, hi = mean_interval([sa[k]["goodput_est_rps"] - sb[k]["goodput_est_rps"] for k in common], confidence)
+    return {"other": b["name"], "diff_rps": m, "ci_rps": [lo, hi], "seeds": len(common), "within_noise": lo <= 0 <= hi}
+
+
 def recommend(p: dict) -> dict:
     """Pick a candidate and say why, in the seed article's terms, from the measured numbers.
     Upper-bound candidates (``upper_bound``) are reported, never picked."""
@@ -496,9 +688,9 @@ def recommend(p: dict) -> dict:
         pool = [c for c in pool if (c.get("gpus_needed") or math.inf) == fewest]
     else:
         pool = feasible
-    best_g = max(c["goodput_per_gpu_rps"] for c in pool)
+    best_g = max(_ranked_goodput(c) for c in pool)
     # Goodputs within the search tolerance are a tie: the search cannot tell them apart.
-    tied = [c for c in pool if c["goodput_per_gpu_rps"] >= best_g / (1 + tol)]
+    tied = [c for c in pool if _ranked_goodput(c) >= best_g / (1 + tol)]
 
     def jitter(c):
         j = c["operating_point"].get("decode_jitter")
@@ -508,10 +700,21 @@ def recommend(p: dict) -> dict:
         o = c["operating_point"]
         return (o["rejected"] + (o.get("truncated") or 0)) / max(o["requests"], 1)
 
-    # Among ties: fewer requests refused or cut short, then goodput, then the article's
-    # preference for steady decode steps, then less reserved-but-unused memory.
-    best = min(tied, key=lambda c: (round(unserved(c), 3), -c["goodput_per_gpu_rps"], jitter(c),
-                                    c["operating_point"].get("memory_waste") or 0.0))
+    def waste(c):
+        return c["operating_point"].get("memory_waste") or 0.0
+
+    # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
+    # edges, since the brackets are only known to the tolerance); the article's preference for
+    # steady decode steps; less reserved-but-unused memory; the simpler strategy (CANDIDATES
+    # order). Each step keeps the best and every candidate within its resolution of a kept one, so
+    # that differences smaller than the measurement can resolve do not decide and two candidates
+    # that measure the same are kept or dropped together.
+    least = min(round(unserved(c), 3) for c in tied)
+    keep = [c for c in tied if round(unserved(c), 3) == least]
+    keep = _top_cluster(keep, _ranked_goodput, GOODPUT_RESOLUTION, relative=True)
+    keep = _top_cluster(keep, jitter, JITTER_RESOLUTION, higher=False)
+    keep = _top_cluster(keep, waste, WASTE_RESOLUTION, higher=False)
+    best = keep[0]
     op = best["operating_point"]
     others = [c for c in feasible if c is not best]
     reasons = []
@@ -587,7 +790,19 @@ def recommend(p: dict) -> dict:
         how_many = (f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO; "
                     f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)")
     text = f"Use {best['name']} — {best['strategy']} (set {knobs}) on {p['gpu']}: {how_many}."
-    return {"candidate": best["name"], "text": text, "reasons": reasons}
+    conf = p.get("confidence", 0.95)
+    noise = [n for n in (noise_comparison(best, c, conf) for c in pool if c is not best) if n is not None]
+    close = [n for n in noise if n["within_noise"]]
+    if close:
+        text += (" Within noise of " + ", ".join(
+            f"{n['other']} (goodput difference {n['diff_rps']:+.2g} req/s, {conf:.0%} interval "
+            f"{n['ci_rps'][0]:+.2g} … {n['ci_rps'][1]:+.2g} over {n['seeds']} seeds)" for n in close)
+                 + ": the seeds do not separate them.")
+    for n in noise:
+        reasons.insert(0, f"{best['name']} − {n['other']} goodput: {n['diff_rps']:+.3g} req/s, {conf:.0%} interval "
+                          f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
+                          f"seed) — " + ("within noise" if n["within_noise"] else "a real difference"))
+    return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise}
 
 
 # --- outputs --------------------------------------------------------------------------
@@ -602,13 +817,28 @@ def write_plan(p: dict, out: str | Path) -> Path:
     from sim.analysis.report import write_html
     figs = [plots.attainment_vs_rate(p), plots.latency_throughput(p), plots.plan_kv_memory(p)]
     intro = [f"<p><b>{_esc(p['recommendation']['text'])}</b></p>",
-             "<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendation"]["reasons"]) + "</ul>",
-             f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; "
-             f"{p['simulations']} simulations.</p>"]
+             "<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendation"]["reasons"]) + "</ul>"]
+    lines = assumption_lines(p)
+    if lines:
+        intro.append("<p>Assumptions (unmeasured constants of the cost model):</p><ul>"
+                     + "".join(f"<li>{_esc(a)}</li>" for a in lines) + "</ul>")
+    intro.append(f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; {_esc(search_summary(p))}.</p>")
     if p["skipped"]:
         intro.append("<p>Skipped: " + "; ".join(_esc(f"{s['name']}: {s['reason']}") for s in p["skipped"]) + "</p>")
-    write_html(out / "plan.html", f"kvsim plan: {p['scenario']}", figs, "".join(intro), (PLAN_COLUMNS, plan_rows(p)))
+    write_html(out / "plan.html", f"kvsim plan: {p['scenario']}", figs, "".join(intro), (plan_columns(p), plan_rows(p)))
     return out
+
+
+def search_summary(p: dict) -> str:
+    """How much simulation the plan took, in one line."""
+    return (f"{p.get('search', 'guided')} search, {p.get('seeds', 1)} seed(s): {p['simulations']} simulations "
+            f"({p.get('quick_simulations', 0)} stopped early when decided, {p.get('simulated_requests', 0)} requests) "
+            f"in {p.get('wall_s', 0):.1f} s")
+
+
+def assumption_lines(p: dict) -> list[str]:
+    """One line per unmeasured constant of the plan's cost model (:mod:`sim.analysis.assumptions`)."""
+    return [a["text"] for a in p.get("assumptions") or []]
 
 
 def _esc(s: str) -> str:
@@ -616,32 +846,48 @@ def _esc(s: str) -> str:
     return html.escape(str(s))
 
 
-PLAN_COLUMNS = ["candidate", "goodput req/s", "GPUs", "goodput/GPU", "attain@goodput", "attain@+tol", "TTFT p90 s",
-                "TPOT p90 s", "waste", "ext frag", "jitter p99/p50", "preempt", "rejected"]
+#: The plan table's columns (``plan_columns`` adds the interval column when the plan has seeds).
+PLAN_COLUMNS = ["candidate", "goodput req/s", "edge req/s", "GPUs", "goodput/GPU", "attain@goodput", "attain@+tol",
+                "TTFT p90 s", "TPOT p90 s", "waste", "ext frag", "jitter p99/p50", "preempt", "rejected"]
+
+
+def plan_columns(p: dict) -> list[str]:
+    cols = list(PLAN_COLUMNS)
+    if (p.get("seeds") or 1) > 1:
+        cols.insert(3, f"edge over {p['seeds']} seeds ({p.get('confidence', DEFAULT_CONFIDENCE):.0%})")
+    return cols
+
+
+def candidate_row(p: dict, c: dict) -> list[str]:
+    """One candidate's row of the plan table, as strings (a candidate dict as it streams in)."""
+    seeds = (p.get("seeds") or 1) > 1
+    if c["status"] != "ok":
+        row = [c["name"], "0 (infeasible)" if c["status"] == "infeasible" else c["status"]] + ["-"] * 12
+        return row[:3] + ["-"] + row[3:] if seeds else row
+    op, v = c.get("operating_point") or {}, c["verify"]
+    gpus = c.get("gpus_needed") if p.get("target_rate") else c["gpus"]
+    nxt = v.get("next_attainment")
+    row = [
+        c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
+        + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
+        f"{c['goodput_rps']:.3g}", _num(c.get("goodput_est_rps")),
+        str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"), f"{c['goodput_per_gpu_rps']:.3g}",
+        "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
+        "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
+        _num(op.get("ttft_p90_s")), _num(op.get("tpot_p90_s")), _pct(op.get("memory_waste")),
+        _pct(op.get("external_frag_mean")),
+        "-" if op.get("decode_jitter") is None else f"{op['decode_jitter']:.2f}", str(op.get("preemptions", "-")),
+        str(op.get("rejected", "-")),
+    ]
+    if seeds:
+        ci = c.get("goodput_ci_rps")
+        row.insert(3, "-" if not ci else f"{c['goodput_mean_rps']:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]")
+    return row
 
 
 def plan_rows(p: dict) -> list[list[str]]:
     """The plan table (one row per candidate), as strings."""
-    rows = []
-    target = p.get("target_rate")
-    for c in p["candidates"]:
-        if c["status"] != "ok":
-            rows.append([c["name"], "0 (infeasible)" if c["status"] == "infeasible" else c["status"], "-", "-", "-", "-",
-                         "-", "-", "-", "-", "-", "-", "-"])
-            continue
-        op, v = c["operating_point"], c["verify"]
-        gpus = c.get("gpus_needed") if target else c["gpus"]
-        rows.append([
-            c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
-            + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
-            f"{c['goodput_rps']:.3g}", str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
-            f"{c['goodput_per_gpu_rps']:.3g}",
-            "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
-            "-" if v["next_attainment"] is None else f"{v['next_attainment']:.3f}",
-            _num(op["ttft_p90_s"]), _num(op["tpot_p90_s"]), _pct(op["memory_waste"]), _pct(op["external_frag_mean"]),
-            "-" if op["decode_jitter"] is None else f"{op['decode_jitter']:.2f}", str(op["preemptions"]), str(op["rejected"]),
-        ])
-    return rows
+    return [candidate_row(p, c) for c in p["candidates"]]
 
 
 def _num(x) -> str:

@@ -339,12 +339,16 @@ def run_point(task: dict) -> dict:
                 "wall_s": time.perf_counter() - t0}
 
 
-def process_pool(workers: int) -> "WorkerPool":
-    """A pool whose workers start fresh (no fork of a parent that may hold threads or a bar) and
-    die with this process, however it ends (:mod:`sim.analysis.worker_lifetime`)."""
+def process_pool(workers: int, start_method: str | None = None) -> "WorkerPool":
+    """A pool whose workers die with this process, however it ends
+    (:mod:`sim.analysis.worker_lifetime`). By default they start fresh (forkserver, else spawn: no
+    fork of a parent that may hold threads or a bar); ``start_method="fork"`` is for a caller
+    that knows it holds no threads yet and wants workers with its imports already loaded."""
     from sim.analysis.worker_lifetime import WorkerPool, init_worker
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if start_method is None:
+        start_method = "forkserver" if "forkserver" in methods else "spawn"
+    ctx = multiprocessing.get_context(start_method)
     return WorkerPool(max_workers=workers, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
 
 

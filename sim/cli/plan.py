@@ -26,6 +26,15 @@ def plan_command(
                                                                         "static-p95-fallback, paged, ..."),
     target_rate: Optional[float] = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
+    seeds: int = typer.Option(1, "--seeds", help="Workload seeds per candidate: goodput with a confidence interval "
+                                                 "over seeds, and which candidates are within noise."),
+    break_even: bool = typer.Option(False, "--break-even/--no-break-even",
+                                    help="Find the value of each unmeasured cost-model constant at which the "
+                                         "recommendation would flip (bisection; more simulations)."),
+    search: str = typer.Option("guided", "--search", help="guided (saturation estimate, runs stopped when decided) "
+                                                          "or exhaustive (every probe a full run)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the early-stopping test and of the "
+                                                                "intervals over seeds."),
     set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
@@ -35,7 +44,7 @@ def plan_command(
     from rich.table import Table
 
     from sim.config import parse_override
-    from sim.analysis.planner import PLAN_COLUMNS, plan, plan_rows, write_plan
+    from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, write_plan
     from sim.analysis.slo import parse_slos
     try:
         slo_ = parse_slos(slo, attainment)
@@ -47,17 +56,25 @@ def plan_command(
         if out is not None:
             from sim.output.staging import out_dir
             out_dir(out)  # a bad --out is refused before minutes of planning
+        kw = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
+        # Workers forked from this process once it has loaded the simulator (before the progress
+        # bar's thread exists); forkserver where fork is not available.
+        import multiprocessing
+        kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         if quiet:
-            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers)
+            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            with Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
-                          transient=True) as bar:
-                task = bar.add_task("plan", total=None, last="searching goodput")
-                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers,
+            bar = Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
+                           TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
+                           transient=True)
+            task = bar.add_task("plan", total=None, last="searching goodput")
+            try:
+                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw, on_start=bar.start,
                          progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"))
+            finally:
+                bar.stop()
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
         fail(exc)
@@ -68,7 +85,7 @@ def plan_command(
         cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
         t = Table(title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
                         f"SLO: {p['slo_text']}{cal}")
-        for c in PLAN_COLUMNS:
+        for c in plan_columns(p):
             t.add_column(c, justify="left" if c == "candidate" else "right")
         for r in plan_rows(p):
             t.add_row(*r)
@@ -79,7 +96,14 @@ def plan_command(
         console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
         for r in rec["reasons"]:
             console.print(f"  • {r}", highlight=False)
-        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations in {p['wall_s']:.1f} s")
+        lines = assumption_lines(p)
+        if lines:
+            console.print("\n[bold]Assumptions[/bold] (unmeasured constants of the cost model):", highlight=False)
+            for line in lines:
+                console.print(f"  • {line}", highlight=False)
+        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
+                      f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
+                      f"in {p['wall_s']:.1f} s", highlight=False)
     if p["recommendation"]["candidate"] is None:
         raise typer.Exit(1)
 

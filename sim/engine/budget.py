@@ -80,9 +80,10 @@ def budget_from_options(max_requests: int | None, max_events: int | None, max_wa
 EXPLORER_BUDGET = RunBudget(max_requests=200_000, max_events=2_000_000, max_wall_s=60.0, source="explorer budget")
 
 
-def run_within(env: simpy.Environment, budget: RunBudget, started: float) -> None:
-    """``env.run()`` until the schedule is empty, or :class:`BudgetExceeded` when ``budget``'s event
-    count or wall time (from ``started``, a ``time.perf_counter()``) runs out."""
+def run_within(env: simpy.Environment, budget: RunBudget, started: float, until: simpy.Event | None = None) -> None:
+    """``env.run()`` until the schedule is empty (or ``until`` has been triggered), or
+    :class:`BudgetExceeded` when ``budget``'s event count or wall time (from ``started``, a
+    ``time.perf_counter()``) runs out."""
     step = env.step
     max_events = budget.max_events
     limit = max_events if max_events is not None else float("inf")
@@ -93,6 +94,8 @@ def run_within(env: simpy.Environment, budget: RunBudget, started: float) -> Non
         while True:
             step()
             events += 1
+            if until is not None and until.triggered:
+                return
             if events > limit:
                 raise BudgetExceeded(f"{budget.source}: simulated events", f"more than {max_events}",
                                      f"at most {max_events} events per run (fewer requests, or the fast_forward "

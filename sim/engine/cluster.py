@@ -27,6 +27,8 @@ from sim.workload.generator import Workload, build_workload, total_length_percen
 from sim.workload.predictor import LengthPredictor, make_predictor
 
 ProgressFn = Callable[[int, int], None]
+#: Called with each request as it ends (completed or rejected); returning True ends the run there.
+StopFn = Callable[[Request], bool]
 
 
 def request_cycle_s(cost: CostModel, wl: Workload, sched: SchedulerConfig) -> float:
@@ -78,12 +80,15 @@ def length_predictor(sc: Scenario, wl: Workload) -> LengthPredictor:
 
 
 def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None,
-             budget: RunBudget | None = None) -> RunResult:
+             budget: RunBudget | None = None, stop: StopFn | None = None) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
     With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
     With ``budget`` (:mod:`sim.engine.budget`), the request count is checked before the event loop
     and events and wall time while it runs.
+    With ``stop``, the run ends at the first request end for which ``stop`` returns True (the
+    planner's sequential test); the result then covers the requests ended so far and
+    ``info["halted"]`` is True.
     """
     wall0 = time.perf_counter()
     sc = with_engine_defaults(sc)
@@ -100,9 +105,12 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     max_len = sc.workload.max_model_len
     done_count = [0]
     step = max(1, total // 100)
+    halt = env.event() if stop is not None else None
 
     def on_finish(req: Request) -> None:
         done_count[0] += 1
+        if halt is not None and stop is not None and not halt.triggered and stop(req):
+            halt.succeed()
         if progress is not None and done_count[0] % step == 0:
             progress(done_count[0], total)
         if closed_loop and req.client >= 0:
@@ -208,10 +216,17 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
                 start(c)
     else:
         arrive()
-    if budget is None:
+    if budget is not None:
+        run_within(env, budget, wall0, until=halt)
+    elif halt is None:
         env.run()
     else:
-        run_within(env, budget, wall0)
+        try:
+            env.run(until=halt)
+        except RuntimeError:
+            # SimPy's "no scheduled events left": every request ended without ``stop`` saying so.
+            if halt.triggered or env.peek() != float("inf"):
+                raise
     rec.close()
     # Closed loop bounded by duration stops sending: only requests that were sent exist.
     summary = summarize(rec, replicas, dep.kv_slot_bytes)
@@ -236,7 +251,8 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     if groups is not None:
         summary["kv_layer_groups"] = groups
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
-    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE}
+    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE,
+            "halted": halt is not None and halt.triggered}
     if progress is not None:
         progress(total, total)
     return RunResult(sc, clean_json(summary), rec, out, info)

@@ -88,13 +88,24 @@ def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store:
 
 def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: "UploadStore",
                    progress: Callable[[int, int, str], None] | None = None, tol: float = 0.1,
-                   max_evals: int = 10, workers: int = 1) -> dict:
-    """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``)."""
+                   max_evals: int = 10, workers: int = 1, seeds: int = 1, break_even: bool = False,
+                   on_candidate: Callable[[dict], None] | None = None) -> dict:
+    """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``);
+    ``on_candidate`` receives each candidate as it finishes (the page streams them into its table)."""
     from sim.analysis.planner import plan
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "plans")
     return plan(base, slo, overrides={"workload.num_requests": int(num_requests)}, allocators=candidates or None,
-                tol=tol, workers=workers, progress=progress, max_evals=max_evals, budget=EXPLORER_BUDGET)
+                tol=tol, workers=workers, progress=progress, max_evals=max_evals, seeds=seeds, break_even=break_even,
+                on_candidate=on_candidate, budget=EXPLORER_BUDGET)
+
+
+def plan_stream_rows(cands: list[dict], seeds: int = 1) -> list[dict]:
+    """The plan table's rows for the candidates finished so far (before the recommendation exists)."""
+    from sim.analysis.planner import candidate_row, plan_columns
+    partial = {"seeds": seeds, "target_rate": None}
+    cols = plan_columns(partial)
+    return [dict(zip(cols, candidate_row(partial, c))) for c in cands]
 
 
 def _check_page_requests(num_requests) -> None:

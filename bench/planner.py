@@ -1,0 +1,105 @@
+"""planner: the guided goodput search against the exhaustive one, on every plannable built-in scenario.
+
+For each scenario (Poisson or gamma arrivals; ``bench-1m`` left out: a million requests per run)
+both searches plan every candidate under the scenario's SLO from its guide situation
+(``scenarios/guide/``), interleaved so both see the same machine load. Reported: wall and CPU
+seconds, simulations and simulated requests of each, whether the recommendations are the same,
+and the largest ratio between a candidate's goodputs (within the tolerance: below 1 + tol).
+
+    python -m bench planner            # every scenario at its own size (tens of minutes on 2 cores)
+    python -m bench planner --quick    # four scenarios at 600 requests
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from .common import load_avg, table, write_json
+
+#: Scenario → (SLO as ``--slo`` items, target rate or None). SLOs from the guide situations.
+SCENARIOS: dict[str, tuple[list[str], float | None]] = {
+    "chat-api": (["ttft_p90_s=0.5", "tpot_p90_s=0.05"], 40.0),
+    "batch-offline": (["e2e_s=300"], None),
+    "encoder-decoder": (["ttft_s=2", "tpot_s=0.1"], None),
+    "high-throughput-burst": (["ttft_s=0.5", "tpot_s=0.05"], None),
+    "peak-vs-average": (["ttft_s=0.5", "tpot_s=0.03"], None),
+    "small-batch": (["ttft_s=1", "tpot_s=0.02"], None),
+    "streaming-chatbot": (["ttft_s=0.2", "tpot_s=0.015"], None),
+    "variable-length-batch": (["ttft_s=2", "tpot_s=0.1"], None),
+    "worst-case-outliers": (["ttft_s=1", "tpot_s=0.05"], None),
+    "bench-saturated": (["ttft_s=10", "tpot_s=0.2"], None),
+}
+QUICK = ("chat-api", "peak-vs-average", "small-batch", "streaming-chatbot")
+QUICK_REQUESTS = 600
+
+
+def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, target_rate: float | None = None,
+            workers: int | None = None, allocators: list[str] | None = None, repeats: int = 1) -> dict:
+    """Plan ``scenario`` with both searches (exhaustive first, then guided, ``repeats`` times
+    interleaved) and compare their answers."""
+    from sim.analysis.planner import plan
+    from sim.analysis.slo import parse_slos
+    slo = parse_slos(slo_items)
+    runs: dict[str, list[dict]] = {"exhaustive": [], "guided": []}
+    plans: dict[str, dict] = {}
+    for _ in range(repeats):
+        for search in ("exhaustive", "guided"):
+            load = load_avg()[0]
+            t0 = time.perf_counter()
+            p = plan(scenario, slo, overrides=overrides, allocators=allocators, target_rate=target_rate,
+                     workers=workers, search=search)
+            runs[search].append({"wall_s": time.perf_counter() - t0, "cpu_s": p["cpu_s"], "load": load,
+                                 "simulations": p["simulations"], "simulated_requests": p["simulated_requests"]})
+            plans[search] = p
+    ex, gu = plans["exhaustive"], plans["guided"]
+    tol = ex["tolerance"]
+    by_ex = {c["name"]: c for c in ex["candidates"]}
+    cands = []
+    for c in gu["candidates"]:
+        e = by_ex.get(c["name"])
+        if e is None:
+            continue
+        ge, gg = e.get("goodput_rps", 0.0), c.get("goodput_rps", 0.0)
+        ratio = gg / ge if ge > 0 else (1.0 if gg == 0 else float("inf"))
+        cands.append({"name": c["name"], "exhaustive_rps": ge, "guided_rps": gg, "ratio": ratio,
+                      "exhaustive_edge_rps": e.get("goodput_est_rps"), "guided_edge_rps": c.get("goodput_est_rps"),
+                      "status": [e["status"], c["status"]], "search_status": [e.get("search_status"),
+                                                                             c.get("search_status")],
+                      "gpus": [e.get("gpus_needed"), c.get("gpus_needed")],
+                      "within_tolerance": 1 / (1 + tol) < ratio < 1 + tol if ge > 0 and gg > 0 else ge == gg})
+    return {"scenario": scenario, "slo": slo_items, "overrides": overrides or {}, "target_rate": target_rate,
+            "tolerance": tol, "runs": runs, "candidates": cands,
+            "recommendation": [ex["recommendation"]["candidate"], gu["recommendation"]["candidate"]],
+            "same_recommendation": ex["recommendation"]["candidate"] == gu["recommendation"]["candidate"],
+            "same_gpus": all(c["gpus"][0] == c["gpus"][1] for c in cands),
+            "all_within_tolerance": all(c["within_tolerance"] for c in cands),
+            "max_ratio_dev": max((abs(c["ratio"] - 1) for c in cands if c["ratio"] not in (0, float("inf"))),
+                                 default=0.0)}
+
+
+def run(quick: bool, out: Path) -> dict:
+    names = QUICK if quick else tuple(SCENARIOS)
+    workers = min(2, os.cpu_count() or 1)
+    results = []
+    for name in names:
+        slo, target = SCENARIOS[name]
+        over = {"workload.num_requests": QUICK_REQUESTS} if quick else None
+        results.append(compare(name, slo, over, None if quick else target, workers))
+    rows = []
+    for r in results:
+        ex, gu = r["runs"]["exhaustive"][0], r["runs"]["guided"][0]
+        rows.append([r["scenario"] + (f" @ {r['target_rate']:g} req/s" if r["target_rate"] else ""),
+                     f"{ex['wall_s']:.1f} / {gu['wall_s']:.1f}", f"{ex['cpu_s']:.1f} / {gu['cpu_s']:.1f}",
+                     f"{ex['simulations']} / {gu['simulations']}",
+                     f"{ex['simulated_requests']} / {gu['simulated_requests']}",
+                     " / ".join(str(x) for x in r["recommendation"]), f"{r['max_ratio_dev']:.1%}",
+                     "yes" if r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] else "NO",
+                     f"{ex['load']:.1f}"])
+    table("planner: exhaustive / guided search", ["scenario", "wall s", "cpu s", "simulations", "requests",
+                                                  "recommendation", "max goodput diff", "same answer", "load"], rows)
+    data = {"bench": "planner", "quick": quick, "scenarios": results,
+            "all_same": all(r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] for r in results)}
+    write_json(out, "planner", data)
+    return data

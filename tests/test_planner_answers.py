@@ -1,0 +1,82 @@
+"""The planner's answers: the guided search against the exhaustive one, intervals over seeds, break-evens.
+
+Scenario sizes are cut down so the file runs in about a minute on two shared cores; the full-size
+comparison on every plannable built-in scenario is ``python -m bench planner`` (docs/sweeps.md).
+"""
+
+import json
+
+import pytest
+
+from bench.planner import compare
+from sim.analysis.planner import plan
+from sim.analysis.slo import parse_slos
+
+CHAT_SLO = ["ttft_p90_s=0.5", "tpot_p90_s=0.05"]
+
+
+@pytest.mark.parametrize("scenario,slo,requests", [
+    ("chat-api", CHAT_SLO, 400),
+    ("peak-vs-average", ["ttft_s=0.5", "tpot_s=0.03"], 400),
+    ("small-batch", ["ttft_s=1", "tpot_s=0.02"], 300),
+    ("streaming-chatbot", ["ttft_s=0.2", "tpot_s=0.015"], 400),
+])
+def test_guided_search_gives_the_exhaustive_answer(scenario, slo, requests):
+    r = compare(scenario, slo, {"workload.num_requests": requests}, workers=2)
+    assert r["same_recommendation"], r["recommendation"]
+    for c in r["candidates"]:
+        assert c["status"][0] == c["status"][1], c
+        assert c["within_tolerance"], c
+    # Fewer simulated requests for the same answer.
+    assert r["runs"]["guided"][0]["simulated_requests"] < r["runs"]["exhaustive"][0]["simulated_requests"]
+
+
+def test_guided_search_gives_the_exhaustive_answer_with_a_target_rate():
+    r = compare("chat-api", CHAT_SLO, {"workload.num_requests": 400}, target_rate=40, workers=2,
+                allocators=["static", "paged", "dynamic"])
+    assert r["same_recommendation"] and r["same_gpus"], r
+    assert all(c["within_tolerance"] for c in r["candidates"]), r["candidates"]
+
+
+def test_seed_interval_covers_the_many_seed_answer():
+    """--seeds 5: each candidate's goodput interval covers the mean goodput of an exhaustive
+    search on 20 seeds (the same seeds first: common random numbers)."""
+    slo = parse_slos(CHAT_SLO)
+    over = {"workload.num_requests": 300}
+    five = plan("chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=5, workers=2)
+    many = plan("chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=20, workers=2,
+                search="exhaustive")
+    for c5 in five["candidates"]:
+        c20 = next(c for c in many["candidates"] if c["name"] == c5["name"])
+        lo, hi = c5["goodput_ci_rps"]
+        assert lo < c5["goodput_mean_rps"] < hi
+        assert lo <= c20["goodput_mean_rps"] <= hi, (c5["name"], c5["goodput_ci_rps"], c20["goodput_mean_rps"])
+        # 20 seeds pin the mean down better than 5.
+        assert c20["goodput_ci_rps"][1] - c20["goodput_ci_rps"][0] < hi - lo
+    noise = five["recommendation"]["noise"]
+    assert noise and all({"other", "diff_rps", "ci_rps", "within_noise"} <= set(n) for n in noise)
+
+
+def test_break_even_flips_the_recommendation_on_either_side(tmp_path):
+    """The paged-overhead break-even printed for the default scenario, checked by re-planning with
+    the constant moved to either side of it."""
+    slo = parse_slos(CHAT_SLO)
+    kw = dict(allocators=["paged", "dynamic"], target_rate=40, workers=2)
+    p = plan("chat-api", slo, break_even=["paged_overhead"], **kw)
+    a = next(a for a in p["assumptions"] if a["kind"] == "paged_overhead")
+    assert a["key"] == "layout.paged_overhead" and "FlashInfer" in a["source"]
+    flips = [d for d in a["directions"] if d["flip"] is not None]
+    assert len(flips) == 1, a["directions"]
+    d = flips[0]
+    best, other = p["recommendation"]["candidate"], d["winner"]
+    assert {best, other} == {"paged", "dynamic"} and f"{d['flip'] * 100:.2g} %" in a["text"]
+    lo, hi = d["bracket"]
+    step = max(hi - lo, 0.005)
+    doc = json.loads(open(a["profile"]).read())
+    got = {}
+    for v in (lo - step, hi + step):
+        path = tmp_path / f"profile-{v:.4f}.json"
+        path.write_text(json.dumps({**doc, "layout": {**doc["layout"], "paged_overhead": v}}))
+        got[v] = plan("chat-api", slo, overrides={"cost_model.profile": str(path)}, **kw)["recommendation"]["candidate"]
+    below, above = (best, other) if d["direction"] == "up" else (other, best)
+    assert got[lo - step] == below and got[hi + step] == above, (d, got)
