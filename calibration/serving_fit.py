@@ -46,6 +46,19 @@ def _to_x(name: str, v: float) -> float:
     return math.log(max(v, 1e-9))
 
 
+def _step(name: str, v: float) -> float:
+    """The initial simplex's step of one term in the optimiser's coordinate: 0.3 in log space for
+    times (a third of a decade), and for shares a move of 0.1 in value towards the middle: a step
+    of 0.3 in logit space from a share at its bound (0, as the presets start the clients' spread
+    and the hidden host share) moves it by a thousandth, too little to change any simulated time,
+    and the fit would never leave the bound."""
+    if name not in _SHARE:
+        return 0.3
+    p = min(max(v, 1e-3), 1 - 1e-3)
+    q = p + 0.1 if p < 0.5 else p - 0.1
+    return _to_x(name, q) - _to_x(name, p)
+
+
 def _from_x(name: str, x: float) -> float:
     if name in _SHARE:
         return 1.0 / (1.0 + math.exp(-x))
@@ -166,8 +179,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             progress(engine, state["n"], v, unpack(x))
         return v
 
-    # Steps of ~0.3 in log or logit space: a third of a decade for times, a visible move in shares.
-    simplex = np.vstack([x0] + [x0 + 0.3 * np.eye(len(x0))[i] for i in range(len(x0))])
+    simplex = np.vstack([x0] + [x0 + _step(t, base[t]) * np.eye(len(x0))[i] for i, t in enumerate(terms)])
     minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals, "initial_simplex": simplex,
                                                     "xatol": 0.02, "fatol": 1e-3})
     return unpack(state["best"][1]), state["best"][0], state["n"]
