@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -338,7 +337,8 @@ def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, eng
             if progress:
                 progress(i + 1, len(tasks))
         return out
-    with ProcessPoolExecutor(workers) as pool:
+    from sim.analysis.sweep import process_pool
+    with process_pool(workers) as pool:  # workers that die with this process (sim.analysis.worker_lifetime)
         for i, r in enumerate(pool.map(_simulate_task, tasks, chunksize=4)):
             out.append(r)
             if progress:

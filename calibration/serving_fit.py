@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -108,19 +107,25 @@ def _task(args) -> RowResult:
 
 
 class _Pool:
-    """Simulates rows in worker processes (or inline with one worker)."""
+    """Simulates rows in worker processes (or inline with one worker). The workers are the sweeps'
+    (:func:`sim.analysis.sweep.process_pool`): they die with this process, and a fit left by an
+    exception (Ctrl-C) kills them instead of waiting for their rows."""
 
     def __init__(self, workers: int):
-        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+        from sim.analysis.sweep import process_pool
+        self.pool = process_pool(workers) if workers > 1 else None
 
     def run(self, tasks: list) -> list[RowResult]:
         if self.pool is None:
             return [_task(t) for t in tasks]
         return list(self.pool.map(_task, tasks, chunksize=max(1, len(tasks) // 16)))
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            if failed:
+                self.pool.stop()
+            else:
+                self.pool.shutdown()
 
 
 def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Clients(), *, profile: str | None = None,
@@ -129,10 +134,14 @@ def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Client
     own = pool is None
     pool = pool or _Pool(workers)
     try:
-        return pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
-    finally:
+        out = pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
+    except BaseException:
         if own:
-            pool.close()
+            pool.close(failed=True)
+        raise
+    if own:
+        pool.close()
+    return out
 
 
 def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients = Clients(requests_per_client=4), *,
@@ -153,8 +162,10 @@ def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients
             out.engines[engine] = terms_e
             out.evals += n
             losses += [loss] * len({r.group for r in mine})
-    finally:
-        pool.close()
+    except BaseException:
+        pool.close(failed=True)
+        raise
+    pool.close()
     out.loss = float(np.mean(losses))
     return out
 
