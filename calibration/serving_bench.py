@@ -5,8 +5,10 @@ request of ``isl`` prompt and ``osl`` output tokens and send the next when it fi
 benchmark reports the mean time to first token and time per output token. Two formats are read:
 
 * CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
-  ``weights`` (``bf16``, ``fp8``, ``fp8_block``), ``engine_version``, ``source_id``: the
-  layout of ``calibration/data/serving-bench/silicon_dense_train.csv``;
+  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``), ``engine_version``, ``source_id``: the
+  layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
+  Face id kvsim knows, a catalog model, or a ``config.json`` path (relative: to the CSV's folder);
+  it is checked when the file is read;
 * the JSON ``vllm bench serve --save-result`` writes (one file, or a folder of them): the model
   id, ``max_concurrency``, the mean TTFT/TPOT and the token totals give a row; the GPU, tensor
   parallelism and engine come from the command line (the file does not record them).
@@ -22,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -120,6 +121,12 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     model = str(d.get("model", "")).strip()
     if not model:
         raise _bad(path, where, "model", d.get("model"), "a Hugging Face id or a kvsim catalog model")
+    try:
+        section = resolve_model(model, base_dir=path.parent)
+    except ConfigError as exc:
+        raise _bad(path, where, "model", model, exc.allowed) from None
+    if section.get("hf_config") and section["hf_config"] != model:
+        model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
     gpu = str(d.get("gpu", "")).strip()
     if gpu not in GPU_IDS and gpu not in GPUS:
         raise _bad(path, where, "gpu", gpu, f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})")
@@ -150,7 +157,7 @@ def read_csv(path: Path) -> list[BenchRow]:
     return rows
 
 
-def read_vllm_result(path: Path, *, gpu: str | None, tp: int | None, engine: str = "vllm",
+def read_vllm_result(path: Path, *, gpu: str | None = None, tp: int | None = None, engine: str = "vllm",
                      weights: str | None = None, model: str | None = None) -> BenchRow:
     """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``)."""
     try:
@@ -197,18 +204,25 @@ def read_bench(path: str | Path, **vllm_args) -> list[BenchRow]:
 
 # --- rows as scenarios -----------------------------------------------------------------------
 
-def resolve_model(ident: str) -> dict:
-    """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first)."""
-    from sim.hf_config import shipped_config
+def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
+    """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first),
+    or a ``config.json`` path (or a folder holding one; relative: to ``base_dir``, ``scenarios/``
+    or the working directory), given as an absolute path."""
+    from sim.hf_config import resolve_hf_config, shipped_config
     if shipped_config(ident) is not None:
         return {"name": None, "hf_config": ident}
     if ident in MODEL_IDS:
         return {"name": MODEL_IDS[ident]}
     if ident in MODELS:
         return {"name": ident}
+    try:
+        return {"name": None, "hf_config": str(resolve_hf_config(ident, base_dir).resolve())}
+    except ConfigError:
+        pass
     raise ConfigError("serving_bench.model", ident, "a Hugging Face id kvsim knows (a config shipped in scenarios/models, "
                                                     f"or {', '.join(sorted(MODEL_IDS))}) or a catalog model; for another "
-                                                    "model, write its config.json path in the model column")
+                                                    "model, write its config.json path (absolute, or relative to the "
+                                                    "benchmark file) in the model column")
 
 
 @dataclass(frozen=True)
@@ -232,8 +246,8 @@ def row_scenario(row: BenchRow, clients: Clients = Clients(), *, engine: dict | 
     where the engine cannot chunk it.
     """
     model = resolve_model(row.model)
-    weights = "fp8" if row.weights == "fp16" else row.weights
-    model.update({"weight_dtype": weights if weights != "fp16" else "bf16", "kv_dtype": "bf16"})
+    # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
+    model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": "bf16"})
     n = row.concurrency * (clients.requests_per_client + clients.warmup)
     sc: dict = {
         "name": "serving-bench", "seed": seed, "model": model,
@@ -323,7 +337,8 @@ def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, eng
             if progress:
                 progress(i + 1, len(tasks))
         return out
-    with ProcessPoolExecutor(workers) as pool:
+    from sim.analysis.sweep import process_pool
+    with process_pool(workers) as pool:  # workers that die with this process (sim.analysis.worker_lifetime)
         for i, r in enumerate(pool.map(_simulate_task, tasks, chunksize=4)):
             out.append(r)
             if progress:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -44,6 +43,19 @@ def _to_x(name: str, v: float) -> float:
         p = min(max(v, 1e-3), 1 - 1e-3)
         return math.log(p / (1 - p))
     return math.log(max(v, 1e-9))
+
+
+def _step(name: str, v: float) -> float:
+    """The initial simplex's step of one term in the optimiser's coordinate: 0.3 in log space for
+    times (a third of a decade), and for shares a move of 0.1 in value towards the middle: a step
+    of 0.3 in logit space from a share at its bound (0, as the presets start the clients' spread
+    and the hidden host share) moves it by a thousandth, too little to change any simulated time,
+    and the fit would never leave the bound."""
+    if name not in _SHARE:
+        return 0.3
+    p = min(max(v, 1e-3), 1 - 1e-3)
+    q = p + 0.1 if p < 0.5 else p - 0.1
+    return _to_x(name, q) - _to_x(name, p)
 
 
 def _from_x(name: str, x: float) -> float:
@@ -95,19 +107,25 @@ def _task(args) -> RowResult:
 
 
 class _Pool:
-    """Simulates rows in worker processes (or inline with one worker)."""
+    """Simulates rows in worker processes (or inline with one worker). The workers are the sweeps'
+    (:func:`sim.analysis.sweep.process_pool`): they die with this process, and a fit left by an
+    exception (Ctrl-C) kills them instead of waiting for their rows."""
 
     def __init__(self, workers: int):
-        self.pool = ProcessPoolExecutor(workers) if workers > 1 else None
+        from sim.analysis.sweep import process_pool
+        self.pool = process_pool(workers) if workers > 1 else None
 
     def run(self, tasks: list) -> list[RowResult]:
         if self.pool is None:
             return [_task(t) for t in tasks]
         return list(self.pool.map(_task, tasks, chunksize=max(1, len(tasks) // 16)))
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.pool is not None:
-            self.pool.shutdown()
+            if failed:
+                self.pool.stop()
+            else:
+                self.pool.shutdown()
 
 
 def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Clients(), *, profile: str | None = None,
@@ -116,10 +134,14 @@ def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Client
     own = pool is None
     pool = pool or _Pool(workers)
     try:
-        return pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
-    finally:
+        out = pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
+    except BaseException:
         if own:
-            pool.close()
+            pool.close(failed=True)
+        raise
+    if own:
+        pool.close()
+    return out
 
 
 def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients = Clients(requests_per_client=4), *,
@@ -140,8 +162,10 @@ def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients
             out.engines[engine] = terms_e
             out.evals += n
             losses += [loss] * len({r.group for r in mine})
-    finally:
-        pool.close()
+    except BaseException:
+        pool.close(failed=True)
+        raise
+    pool.close()
     out.loss = float(np.mean(losses))
     return out
 
@@ -166,8 +190,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             progress(engine, state["n"], v, unpack(x))
         return v
 
-    # Steps of ~0.3 in log or logit space: a third of a decade for times, a visible move in shares.
-    simplex = np.vstack([x0] + [x0 + 0.3 * np.eye(len(x0))[i] for i in range(len(x0))])
+    simplex = np.vstack([x0] + [x0 + _step(t, base[t]) * np.eye(len(x0))[i] for i, t in enumerate(terms)])
     minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals, "initial_simplex": simplex,
                                                     "xatol": 0.02, "fatol": 1e-3})
     return unpack(state["best"][1]), state["best"][0], state["n"]

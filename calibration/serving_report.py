@@ -14,6 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from sim.errors import ConfigError
+from sim.output.staging import out_dir, out_file
+
 from .serving_bench import BenchRow, Clients, RowResult, read_bench, score
 from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out
 
@@ -26,6 +29,17 @@ def _terms_from(path: str | None) -> EngineTerms:
     for e, t in read_terms_file(Path(path)).items():
         base.engines.setdefault(e, {}).update(t)
     return base
+
+
+def _rows(path: str, engine: str | None, gpu: str | None, tp: int | None) -> list[BenchRow]:
+    """The file's rows (``engine``: only that engine's), or a ConfigError when none is left."""
+    rows = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm")
+    if engine:
+        have = sorted({r.engine for r in rows})
+        rows = [r for r in rows if r.engine == engine]
+        if not rows:
+            raise ConfigError("--engine", engine, f"an engine with rows in {path}: {', '.join(have)}")
+    return rows
 
 
 def _pct(x) -> str:
@@ -59,11 +73,11 @@ def validate_serving_bench(path: str, *, profile: str | None = None, engine: str
                            log: Callable[[str], None] | None = None) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
-    rows = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm")
-    if engine:
-        rows = [r for r in rows if r.engine == engine]
+    rows = _rows(path, engine, gpu, tp)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     start = _terms_from(terms_file)
+    if out is not None:
+        out = out_dir(out)  # a bad --out is said before the simulations, not after them
     folds = {}
     if logo:
         res = leave_one_group_out(rows, start=start, clients=clients, max_evals=max_evals, profile=profile,
@@ -125,9 +139,8 @@ def calibrate_from_serving_bench(path: str, out: Path, *, profile: str | None = 
                                  progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
     """Fit every engine's terms on the file's rows and write them as a terms file
     (``engine.terms_file`` in a scenario uses them)."""
-    rows: list[BenchRow] = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm")
-    if engine:
-        rows = [r for r in rows if r.engine == engine]
+    rows = _rows(path, engine, gpu, tp)
+    out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     terms = fit(rows, _terms_from(terms_file), Clients(requests_per_client=requests_per_client, warmup=warmup),
                 max_evals=max_evals, profile=profile, workers=workers, progress=progress)
     terms.fitted_on = str(path)

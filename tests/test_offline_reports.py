@@ -3,8 +3,9 @@ request that is not a ``file:`` URL aborted, and finds each page's plotly charts
 with no error and no request refused. GPU calibration hosts are often offline: a page that loads
 plotly.js from a CDN renders blank there.
 
-Kinds: the calibration fit report (``<out>.report.html``), ``validation.html``, a run's and a sweep's
-``report.html``, ``plan.html`` and the explorer's charts download (``figures_html``).
+Kinds: the calibration fit report (``<out>.report.html``), ``validation.html``,
+``serving_validation.html``, a run's and a sweep's ``report.html``, ``plan.html`` and the explorer's
+charts download (``figures_html``).
 Needs plotly, playwright (pip) and Chromium (Debian package ``chromium``); skipped without them.
 """
 
@@ -94,6 +95,16 @@ def test_validation_html_offline(browser, tmp_path):
     spec["allocators"] = ["paged"]
     validate(spec, device="cpu", profile="cpu-reference", out=tmp_path, engine_overhead=False)
     assert_offline(browser, tmp_path / "validation.html")
+
+
+def test_serving_validation_html_offline(browser, tmp_path):
+    from calibration.serving_report import validate_serving_bench
+    f = tmp_path / "bench.csv"
+    f.write_text("model,gpu,engine,tp,isl,osl,concurrency,ttft_ms,tpot_ms\n"
+                 "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,vllm,1,128,16,2,16,7.5\n"
+                 "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,sglang,1,128,16,2,18,7\n")
+    validate_serving_bench(str(f), requests_per_client=2, out=tmp_path / "out")
+    assert_offline(browser, tmp_path / "out" / "serving_validation.html")
 
 
 def test_run_sweep_plan_and_explorer_pages_offline(browser, tmp_path):

@@ -1,0 +1,438 @@
+"""Serving benchmarks: reading them, rows as closed-loop scenarios, fitting engine terms back,
+leave-one-group-out, and ``kvsim calibrate --from-serving-bench`` / ``kvsim validate --serving-bench``.
+
+Rows are tiny (a few clients, short prompts, a few requests per client) so the whole file runs in
+seconds; the accuracy on the shipped training file is measured by ``kvsim validate --serving-bench
+builtin --logo``, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calibration.serving_bench import (ENGINE_BLOCK_SIZE, GPU_IDS, BenchRow, Clients, RowResult, read_bench,
+                                       read_csv, row_scenario, score, simulate_row)
+from calibration.serving_fit import (EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective)
+from sim.config import scenario_from_dict
+from sim.engine.cluster import simulate
+from sim.engine.deployment import engine_preset, with_engine_defaults
+from sim.engine_presets import FITTED_TERMS, PRESETS, read_terms_file
+from sim.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+HEADER = "model,gpu,engine,tp,isl,osl,concurrency,ttft_ms,tpot_ms"
+GOOD = f"{LLAMA},h100_sxm,vllm,1,128,16,2,20.5,7.25"
+#: Few requests per client after one warm-up request: enough for stable means on fixed lengths.
+TINY = Clients(requests_per_client=3, warmup=1)
+#: The fitting tests' clients: no per-request spread (whatever a preset's default), so the terms alone decide.
+FIXED = Clients(requests_per_client=3, warmup=1, client_cv=0.0)
+#: Where the fitting tests start, whatever the presets' fitted values are (these were theirs before any fit).
+START = {"host_s": 1e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0}
+
+
+def row(**kw) -> BenchRow:
+    d = dict(model=LLAMA, gpu="h100_sxm", engine="vllm", tp=1, isl=128, osl=16, concurrency=2, ttft_ms=20.0,
+             tpot_ms=7.0)
+    d.update(kw)
+    return BenchRow(**d)
+
+
+def measured(rows: list[BenchRow], terms: EngineTerms, clients: Clients = FIXED) -> list[BenchRow]:
+    """``rows`` with kvsim's own TTFT and TPOT under ``terms`` as their "measurements"."""
+    sims = evaluate(rows, terms, clients)
+    assert all(s.error is None for s in sims), [s.error for s in sims]
+    return [replace(r, ttft_ms=s.ttft_ms, tpot_ms=s.tpot_ms) for r, s in zip(rows, sims)]
+
+
+def with_terms(**engines: dict) -> EngineTerms:
+    """:data:`START` for every engine, with ``engines``' terms changed."""
+    assert set(START) == set(FITTED_TERMS)
+    t = EngineTerms({e: dict(START) for e in PRESETS})
+    for e, v in engines.items():
+        t.engines[e].update(v)
+    return t
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+def test_csv_rows_read_with_optional_columns(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},weights,engine_version,source_id\n{GOOD},fp8,0.12.0,run-a\n"
+                 "Qwen/Qwen3-32B,h200_sxm,SGLang,2,1024,128,16,840.8,16.5,,,\n")
+    a, b = read_csv(p)
+    assert a == BenchRow(model=LLAMA, gpu="h100_sxm", engine="vllm", tp=1, isl=128, osl=16, concurrency=2,
+                         ttft_ms=20.5, tpot_ms=7.25, weights="fp8", engine_version="0.12.0", source="run-a")
+    # Engine names are case-insensitive; a blank weights cell is bf16; a row without an id is named by its line.
+    assert (b.engine, b.weights, b.tp, b.source) == ("sglang", "bf16", 2, "row 3")
+    assert b.group == "Qwen/Qwen3-32B/h200_sxm/sglang"
+
+
+BAD_ROWS = [  # (the second data row's cells that replace the good ones, the column named, the value quoted)
+    ({"isl": "abc"}, "isl", "'abc'"),
+    ({"osl": "-16"}, "osl", "'-16'"),
+    ({"isl": "1.5"}, "isl", "'1.5'"),
+    ({"concurrency": "0"}, "concurrency", "'0'"),
+    ({"tp": "3"}, "tp", "'3'"),
+    ({"ttft_ms": "-20"}, "ttft_ms", "'-20'"),
+    ({"tpot_ms": "nan"}, "tpot_ms", "'nan'"),
+    ({"tpot_ms": "fast"}, "tpot_ms", "'fast'"),
+    ({"engine": "tgi"}, "engine", "'tgi'"),
+    ({"gpu": "a999"}, "gpu", "'a999'"),
+    ({"model": "acme/NoSuchModel-7B"}, "model", "'acme/NoSuchModel-7B'"),
+]
+
+
+@pytest.mark.parametrize("cells,column,quoted", BAD_ROWS, ids=[c for _, c, _ in BAD_ROWS])
+def test_bad_csv_value_names_file_row_column_and_value(tmp_path, cells, column, quoted):
+    cols = HEADER.split(",")
+    values = dict(zip(cols, GOOD.split(",")))
+    values.update(cells)
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER}\n{GOOD}\n" + ",".join(values[c] for c in cols) + "\n")
+    with pytest.raises(ConfigError) as ei:
+        read_bench(p)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{p}: row 3, {column}: got {quoted};"), msg
+
+
+def test_csv_missing_column_and_empty_file(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(HEADER.replace(",tpot_ms", "") + "\n" + GOOD.rsplit(",", 1)[0] + "\n")
+    with pytest.raises(ConfigError, match=r"bench\.csv: header: .*missing tpot_ms"):
+        read_bench(p)
+    p.write_text(HEADER + "\n")
+    with pytest.raises(ConfigError, match="at least one benchmark row"):
+        read_bench(p)
+    p.write_bytes(b"\xff\xfe\x00" + HEADER.encode())
+    with pytest.raises(ConfigError, match="readable UTF-8 CSV"):
+        read_bench(p)
+    with pytest.raises(ConfigError, match="a CSV file, a vllm bench serve JSON file, or a folder"):
+        read_bench(tmp_path / "missing.csv")
+
+
+def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
+    shutil.copy(REPO / "scenarios/models/meta-llama--Meta-Llama-3.1-8B_config.json", tmp_path / "config.json")
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER}\n" + GOOD.replace(LLAMA, "config.json") + "\n")
+    (r,) = read_bench(p)
+    assert r.model == str((tmp_path / "config.json").resolve())
+    res = simulate_row(r, TINY)
+    assert res.error is None and res.ttft_ms > 0
+
+
+def vllm_result(**kw) -> dict:
+    """The fields of a ``vllm bench serve --save-result`` file the reader uses (and a few it ignores)."""
+    doc = {"date": "20250101-000000", "backend": "vllm", "model_id": LLAMA, "tokenizer_id": LLAMA,
+           "num_prompts": 40, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 4, "duration": 12.5,
+           "completed": 40, "total_input_tokens": 40 * 512 + 7, "total_output_tokens": 40 * 64 - 3,
+           "request_throughput": 3.2, "mean_ttft_ms": 61.5, "median_ttft_ms": 60.0, "mean_tpot_ms": 8.25,
+           "median_tpot_ms": 8.2, "mean_itl_ms": 8.3}
+    doc.update(kw)
+    return doc
+
+
+def test_vllm_result_json_is_a_closed_loop_row(tmp_path):
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(vllm_result()))
+    (r,) = read_bench(p, gpu="h200_sxm", tp=2, weights="fp8")
+    assert r == BenchRow(model=LLAMA, gpu="h200_sxm", engine="vllm", tp=2, isl=512, osl=64, concurrency=4,
+                         ttft_ms=61.5, tpot_ms=8.25, weights="fp8", engine_version="vllm", source="run.json")
+    with pytest.raises(ConfigError, match="--gpu/--tp"):
+        read_bench(p)
+    p.write_text(json.dumps(vllm_result(max_concurrency=None)))
+    with pytest.raises(ConfigError, match=r"run\.json: result, max_concurrency: got None; a closed-loop run"):
+        read_bench(p, gpu="h100_sxm", tp=1)
+    p.write_text(json.dumps({k: v for k, v in vllm_result().items() if k != "mean_tpot_ms"}))
+    with pytest.raises(ConfigError, match=r"run\.json: result, mean_tpot_ms: got None"):
+        read_bench(p, gpu="h100_sxm", tp=1)
+    p.write_text(json.dumps(vllm_result(model_id="acme/NoSuchModel-7B")))
+    with pytest.raises(ConfigError, match=r"run\.json: result, model: got 'acme/NoSuchModel-7B'"):
+        read_bench(p, gpu="h100_sxm", tp=1)
+    p.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="a JSON object"):
+        read_bench(p, gpu="h100_sxm", tp=1)
+
+
+def test_folder_of_results_reads_every_json_and_csv_in_name_order(tmp_path):
+    (tmp_path / "b.json").write_text(json.dumps(vllm_result(max_concurrency=8)))
+    (tmp_path / "a.json").write_text(json.dumps(vllm_result(max_concurrency=2)))
+    (tmp_path / "c.csv").write_text(f"{HEADER}\n{GOOD}\n")
+    (tmp_path / "notes.txt").write_text("not a result")
+    rows = read_bench(tmp_path, gpu="h100_sxm", tp=1)
+    assert [(r.source, r.concurrency) for r in rows] == [("a.json", 2), ("b.json", 8), ("row 2", 2)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match="a folder holding .csv or .json"):
+        read_bench(empty)
+
+
+# --- rows as scenarios -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_row_is_a_closed_loop_on_its_engine_preset(engine):
+    r = row(engine=engine, gpu="h200_sxm", tp=2, isl=300, osl=20, concurrency=5, weights="fp8")
+    sc = with_engine_defaults(scenario_from_dict(row_scenario(r, TINY)))
+    arr, lengths = sc.workload.arrival, sc.workload.lengths
+    assert (arr.kind, arr.concurrency) == ("closed_loop", 5)
+    assert (lengths.kind, lengths.prompt_tokens, lengths.output_tokens) == ("fixed", 300, 20)
+    assert sc.workload.num_requests == 5 * (TINY.requests_per_client + TINY.warmup)
+    assert (sc.gpu.name, sc.gpu.tensor_parallel) == (GPU_IDS["h200_sxm"], 2)
+    assert (sc.model.name, sc.model.weight_dtype, sc.model.kv_dtype) == ("llama-3.1-8b", "fp8", "bf16")
+    assert (sc.allocator.kind, sc.allocator.block_size) == ("paged", ENGINE_BLOCK_SIZE[engine])
+    preset = PRESETS[engine]
+    assert sc.engine.kind == engine
+    assert engine_preset(sc) == preset
+    s = sc.scheduler
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill, s.mixed_batches, s.reserve_output) == (
+        preset.max_num_seqs, preset.max_num_batched_tokens, preset.chunked_prefill, preset.mixed_batches,
+        preset.reserve_output)
+    assert (arr.start_spread_cycles, arr.client_cv) == (preset.client_spread_cycles, preset.client_cv)
+    # Terms given for the row replace the preset's.
+    sc2 = scenario_from_dict(row_scenario(r, TINY, engine={"host_s": 4e-3, "frontend_s": 0.03}))
+    assert (engine_preset(sc2).host_s, engine_preset(sc2).frontend_s) == (4e-3, 0.03)
+
+
+def test_row_scenario_details():
+    # TensorRT-LLM does not chunk prompts: the token budget is raised to hold one.
+    sc = scenario_from_dict(row_scenario(row(engine="trtllm", isl=10000, osl=4), TINY))
+    assert sc.scheduler.max_num_batched_tokens >= 10000
+    # fp16 weights are priced as the 16-bit weights they are, not as fp8.
+    assert scenario_from_dict(row_scenario(row(weights="fp16"), TINY)).model.weight_dtype == "bf16"
+    # A shipped Hugging Face config is used as such.
+    sc = scenario_from_dict(row_scenario(row(model="Qwen/Qwen3-32B", gpu="h100_sxm", tp=2), TINY))
+    assert sc.model.hf_config == "Qwen/Qwen3-32B"
+    # The client timing given for the run replaces the preset's.
+    sc = scenario_from_dict(row_scenario(row(), Clients(start_spread_cycles=0.4, client_cv=0.2)))
+    assert (sc.workload.arrival.start_spread_cycles, sc.workload.arrival.client_cv) == (0.4, 0.2)
+
+
+def test_simulate_row_means_after_the_warm_up_and_is_deterministic():
+    r = row(concurrency=3, isl=256, osl=24)
+    clients = Clients(requests_per_client=3, warmup=1, start_spread_cycles=0.5, client_cv=0.3)
+    a, b = simulate_row(r, clients), simulate_row(r, clients)
+    assert a.error is None and a.calibrated
+    assert (a.ttft_ms, a.tpot_ms) == (b.ttft_ms, b.tpot_ms)
+    # The means are those of the requests after each client's warm-up, from the run's own table.
+    res = simulate(scenario_from_dict(row_scenario(r, clients)))
+    t = res.requests.to_pydict()
+    keep = [i for i, rid in enumerate(t["id"]) if rid >= 3 * clients.warmup]
+    assert len(keep) == 3 * clients.requests_per_client
+    ttft = sum(t["first_token_s"][i] - t["arrival_s"][i] for i in keep) / len(keep) * 1e3
+    tpot = sum((t["finish_s"][i] - t["first_token_s"][i]) / (t["generated_tokens"][i] - 1) for i in keep) \
+        / len(keep) * 1e3
+    assert a.ttft_ms == pytest.approx(ttft, rel=1e-12) and a.tpot_ms == pytest.approx(tpot, rel=1e-12)
+    # Engine terms reach the simulation: more host time per iteration, slower tokens.
+    slow = simulate_row(r, clients, engine={"host_s": 5e-3})
+    assert slow.tpot_ms > a.tpot_ms + 3.0
+    # A front-end cost is paid before the first token.
+    fe = simulate_row(r, clients, engine={"frontend_s": 0.05})
+    assert fe.ttft_ms > a.ttft_ms + 40.0
+
+
+def test_a_row_that_cannot_be_simulated_is_a_result_not_a_crash():
+    res = simulate_row(row(model="acme/NoSuchModel-7B"), TINY)
+    assert res.ttft_ms is None and "acme/NoSuchModel-7B" in res.error
+    sc = score([res, simulate_row(row(), TINY)])
+    assert sc["overall"]["failed"] == 1 and sc["overall"]["ttft"]["n"] == 1
+
+
+def test_score_statistics():
+    rows = [row(ttft_ms=10.0, tpot_ms=10.0), row(ttft_ms=10.0, tpot_ms=10.0, engine="sglang")]
+    sc = score([RowResult(rows[0], 10.5, 8.0), RowResult(rows[1], 15.0, 10.0)])
+    o = sc["overall"]
+    assert o["ttft"]["median_abs"] == pytest.approx(0.275) and o["ttft"]["within_10"] == 0.5
+    assert o["tpot"]["bias"] == pytest.approx(-0.1) and o["tpot"]["within_20"] == 1.0
+    assert set(sc["groups"]) == {rows[0].group, rows[1].group}
+
+
+# --- fitting ---------------------------------------------------------------------------------
+
+#: Rows of two engines (each fitted on its own rows): concurrency and lengths vary so host time per
+#: iteration (TPOT) and the front end (TTFT) are told apart.
+FIT_ROWS = [row(engine=e, tp=tp, isl=isl, osl=osl, concurrency=c)
+            for e in ("vllm", "trtllm") for tp, isl, osl, c in [(1, 256, 32, 2), (1, 512, 16, 8), (2, 128, 32, 4),
+                                                                (1, 1024, 16, 16)]]
+KNOWN = {"vllm": {"host_s": 3e-3, "frontend_s": 20e-3}, "trtllm": {"host_s": 0.4e-3, "frontend_s": 12e-3}}
+
+
+def test_fit_recovers_known_terms():
+    rows = measured(FIT_ROWS, with_terms(**KNOWN))
+    start = with_terms()
+    start_loss = objective(evaluate(rows, start, FIXED))
+    assert start_loss > 0.2  # the start is far from the terms the rows were made with
+    got = fit(rows, start, FIXED, terms=("host_s", "frontend_s"), max_evals=60)
+    assert got.loss < 0.01 and got.loss == pytest.approx(objective(evaluate(rows, got, FIXED)))
+    assert got.groups == sorted({r.group for r in rows})
+    for e, known in KNOWN.items():
+        for k, v in known.items():
+            assert got.engines[e][k] == pytest.approx(v, rel=0.02), (e, k)
+        # Terms not fitted stay where they started.
+        assert got.engines[e]["host_per_seq_s"] == start.engines[e]["host_per_seq_s"]
+    for res in evaluate(rows, got, FIXED):
+        assert abs(res.ttft_err) < 0.02 and abs(res.tpot_err) < 0.02, res.row
+
+
+def test_fit_leaves_a_share_term_that_starts_at_zero():
+    """A share that starts at its bound (the clients' spread at 0, as the presets had it before any fit)
+    must be able to leave it: a step of 0.3 in logit space from there changes nothing simulated."""
+    rows = [row(tp=tp, isl=isl, osl=32, concurrency=c) for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8),
+                                                                           (1, 1024, 32)]]
+    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0)
+    rows = measured(rows, with_terms(vllm={"client_spread_cycles": 0.5}), clients)
+    start_loss = objective(evaluate(rows, with_terms(), clients))
+    got = fit(rows, with_terms(), clients, terms=("client_spread_cycles",), max_evals=30)
+    assert start_loss > 0.3 and got.loss < 0.05
+    assert got.engines["vllm"]["client_spread_cycles"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_fit_rejects_no_rows():
+    with pytest.raises(ConfigError, match="at least one benchmark row"):
+        fit([])
+
+
+def test_leave_one_group_out():
+    # The clients' start spread is pinned at 0 here: a fitted spread is never exactly 0 (a share in
+    # (0, 1)), and the smallest spread already breaks the lock-step the rows were made with.
+    clients = Clients(requests_per_client=3, warmup=1, start_spread_cycles=0.0, client_cv=0.0)
+    known = with_terms(vllm={"host_s": 4e-3, "frontend_s": 25e-3})
+    qwen = measured([row(model="Qwen/Qwen3-32B", tp=2, isl=isl, osl=16, concurrency=c)
+                     for isl, c in [(256, 2), (512, 8)]], known, clients)
+    llama = measured([row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 4), (128, 8)]], known, clients)
+    sgl = [row(engine="sglang", isl=256, osl=16, concurrency=4)]
+    rows = qwen + llama + sgl
+    start = with_terms()
+    res = leave_one_group_out(rows, start=start, clients=clients, fit_clients=clients, max_evals=60)
+    groups = sorted({r.group for r in rows})
+    assert sorted(res.folds) == groups
+    assert sorted(map(repr, (p.row for p in res.predictions))) == sorted(map(repr, rows))  # each row once
+    assert all(p.error is None for p in res.predictions)
+    # SGLang has one group: nothing to learn its terms from, so they stay the starting ones.
+    assert res.folds[sgl[0].group].engines == {"sglang": start.engines["sglang"]}
+    # Each vLLM group is predicted by terms fitted on the other one alone (all five terms), which come
+    # back to the ones the rows were made with.
+    for held in (qwen, llama):
+        other = llama if held is qwen else qwen
+        fold = res.folds[held[0].group]
+        assert set(fold.engines) == {"vllm"} and fold.groups == [other[0].group]
+        assert fold.loss < 0.05 < 0.4 < objective(evaluate(other, start, clients))
+        assert fold.engines["vllm"]["host_s"] == pytest.approx(4e-3, rel=0.1)
+        assert fold.engines["vllm"]["frontend_s"] == pytest.approx(25e-3, rel=0.1)
+        again = evaluate(held, fold, clients)
+        mine = [p for p in res.predictions if p.row.group == held[0].group]
+        assert [(p.ttft_ms, p.tpot_ms) for p in mine] == [(a.ttft_ms, a.tpot_ms) for a in again]
+    # A group excluded from training leaves the other vLLM group nothing to fit on.
+    res2 = leave_one_group_out(rows, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,))
+    assert res2.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
+
+
+def test_parallel_evaluation_matches_serial():
+    rows = FIT_ROWS[:4]
+    a = evaluate(rows, builtin_terms(), TINY)
+    b = evaluate(rows, builtin_terms(), TINY, workers=2)
+    assert all(r.error is None for r in a)
+    assert [(r.ttft_ms, r.tpot_ms) for r in a] == [(r.ttft_ms, r.tpot_ms) for r in b]
+
+
+# --- terms files -----------------------------------------------------------------------------
+
+def test_terms_file_round_trip_and_errors(tmp_path):
+    t = with_terms(vllm={"host_s": 2.5e-3})
+    p = t.write(tmp_path / "t.json")
+    terms = read_terms_file(p)
+    assert set(terms) == set(PRESETS) and terms["vllm"]["host_s"] == 2.5e-3
+    assert set(terms["vllm"]) == set(FITTED_TERMS)
+    sc = scenario_from_dict({"engine": {"kind": "vllm", "terms_file": str(p)}})
+    assert engine_preset(sc).host_s == 2.5e-3
+    # engine.* keys win over the file.
+    sc = scenario_from_dict({"engine": {"kind": "vllm", "terms_file": str(p), "host_s": 1e-4}})
+    assert engine_preset(sc).host_s == 1e-4
+    bad = tmp_path / "bad.json"
+    for doc, where in [({"format": "other", "engines": {}}, "engine.terms_file"),
+                       ({"format": "kvsim-engine-terms", "engines": {"tgi": {}}}, "engines.tgi"),
+                       ({"format": "kvsim-engine-terms", "engines": {"vllm": {"host_s": -1}}}, "engines.vllm.host_s"),
+                       ({"format": "kvsim-engine-terms", "engines": {"vllm": {"warp": 1}}}, "engines.vllm.warp")]:
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            read_terms_file(bad)
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def kvsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=180)
+
+
+TINY_CSV = (f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,16.0,7.5\n{LLAMA},h100_sxm,vllm,1,256,16,4,25.0,8.0\n"
+            f"Qwen/Qwen3-32B,h100_sxm,vllm,2,128,16,2,30.0,12.0\n{LLAMA},h100_sxm,sglang,1,128,16,2,18.0,7.0\n")
+
+
+def test_cli_calibrate_writes_terms_a_scenario_runs_with(tmp_path):
+    (tmp_path / "tiny.csv").write_text(TINY_CSV)
+    r = kvsim("calibrate", "--from-serving-bench", "tiny.csv", "--out", "t.json", "--max-evals", "8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "wrote t.json" in r.stdout
+    terms = read_terms_file(tmp_path / "t.json")
+    assert set(terms) == {"sglang", "vllm"} and all(set(v) == set(FITTED_TERMS) for v in terms.values())
+    doc = json.loads((tmp_path / "t.json").read_text())
+    # Each engine's fit evaluates at least its first simplex (six points for five terms).
+    assert doc["evals"] >= 12 and doc["fitted_on"] == "tiny.csv" and len(doc["groups"]) == 3
+    (tmp_path / "sc.yaml").write_text(
+        "name: fitted\nmodel: {name: llama-3.1-8b}\ngpu: {name: H100-SXM-80GB}\n"
+        "workload: {num_requests: 12, max_model_len: 512, arrival: {kind: closed_loop, concurrency: 3},\n"
+        "           lengths: {kind: fixed, prompt_tokens: 128, output_tokens: 8}}\n"
+        "engine: {kind: vllm, terms_file: t.json}\n")
+    r = kvsim("run", "sc.yaml", "-q", "--out", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["completed"] == 12
+    # The run used the file's vLLM terms: the same scenario with them written as engine.* keys runs the same.
+    import yaml
+    data = yaml.safe_load((tmp_path / "sc.yaml").read_text())
+    data["engine"] = {"kind": "vllm", **terms["vllm"]}
+    assert terms["vllm"] != {k: getattr(PRESETS["vllm"], k) for k in FITTED_TERMS}  # the fit moved them
+    same = simulate(scenario_from_dict(data)).summary
+    assert same["makespan_s"] == summary["makespan_s"]
+
+
+def test_cli_validate_writes_json_and_offline_html(tmp_path):
+    (tmp_path / "tiny.csv").write_text(TINY_CSV)
+    r = kvsim("validate", "--serving-bench", "tiny.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    assert doc["rows"] == 4 and len(doc["results"]) == 4 and doc["requests_per_client"] == 2
+    assert all(x["error"] is None and x["sim_ttft_ms"] > 0 and x["sim_tpot_ms"] > 0 for x in doc["results"])
+    assert len(doc["score"]["groups"]) == 3 and doc["score"]["overall"]["tpot"]["n"] == 4
+    html = (tmp_path / "val" / "serving_validation.html").read_text()
+    # plotly.js inline, no script from the network (tests/test_offline_reports.py opens it with the network cut).
+    assert "Plotly.newPlot" in html and len(html) > 1_000_000 and not re.search(r"<script[^>]*src=[\"']?https?:", html)
+    assert "ALL" in r.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["validate", "--serving-bench", "bad.csv", "--out", "v"], "bad.csv: row 2, ttft_ms: got '-3'"),
+    (["calibrate", "--from-serving-bench", "bad.csv", "--out", "t.json"], "bad.csv: row 2, ttft_ms: got '-3'"),
+    (["validate", "--serving-bench", "good.csv", "--engine", "trtllm", "--out", "v"], "--engine: got 'trtllm'"),
+    (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
+    (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
+    (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
+    (tmp_path / "bad.csv").write_text(f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,-3,7\n")
+    (tmp_path / "good.csv").write_text(f"{HEADER}\n{GOOD}\n")
+    (tmp_path / "run.json").write_text(json.dumps(vllm_result()))
+    r = kvsim(*args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: ") and match in r.stderr, r.stderr
+    assert not (tmp_path / "t.json").exists() and not (tmp_path / "v").exists()
