@@ -84,6 +84,21 @@ class EngineTerms:
         return path
 
 
+#: Where leave-one-group-out starts each fold when given no terms: the presets' values before any
+#: fit (round numbers from the engines' documentation), so that no fold starts from terms the
+#: held-out group helped fit (the built-in presets were fitted on every row of the shipped file).
+UNFITTED_START: dict[str, dict[str, float]] = {
+    "vllm": {"host_s": 1.0e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
+    "sglang": {"host_s": 0.5e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
+    "trtllm": {"host_s": 1.0e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
+}
+
+
+def unfitted_terms() -> EngineTerms:
+    """:data:`UNFITTED_START` as terms."""
+    return EngineTerms({e: dict(t) for e, t in UNFITTED_START.items()})
+
+
 def builtin_terms() -> EngineTerms:
     """The built-in presets' fitted terms, as a starting point."""
     return EngineTerms({e: {k: float(getattr(p, k)) for k in FITTED_TERMS} for e, p in PRESETS.items()})
@@ -210,8 +225,8 @@ def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = Non
                         log: Callable[[str], None] | None = None) -> LogoResult:
     """For every group: fit its engine's terms on that engine's other groups (not on
     ``exclude_from_training``), then predict it. An engine with no other group keeps the starting
-    terms (there is nothing to learn them from)."""
-    start = start or builtin_terms()
+    terms (there is nothing to learn them from). Without ``start``: :func:`unfitted_terms`."""
+    start = start or unfitted_terms()
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}

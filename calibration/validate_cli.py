@@ -42,6 +42,8 @@ def validate_command(
     requests_per_client: int = typer.Option(8, "--requests-per-client", min=1, max=1000,
                                             help="--serving-bench: requests simulated per client after the warm-up."),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--serving-bench: processes."),
+    max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
+                                  help="--serving-bench --logo: simulations of the rows per engine fit."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
     tp: Optional[int] = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
 ) -> None:
@@ -53,7 +55,8 @@ def validate_command(
 
     if serving_bench is not None:
         _serving(serving_bench, profile=profile, engine=engine, terms=terms, logo=logo,
-                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp)
+                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
+                 max_evals=max_evals)
         return
 
     from .validate import format_table, load_spec, validate
@@ -152,7 +155,8 @@ if __name__ == "__main__":
     main()
 
 
-def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, workers, out, gpu, tp) -> None:
+def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, workers, out, gpu, tp,
+             max_evals: int = 100) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -163,7 +167,7 @@ def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, wo
     src = str(TRAINING_FILE) if path == "builtin" else path
     doc = validate_serving_bench(src, profile=profile, engine=engine, terms_file=terms, logo=logo,
                                  requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
-                                 log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
+                                 max_evals=max_evals, log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
     con = Console(width=None if sys.stdout.isatty() else 200)
     t = Table(title=f"kvsim against real servers: {doc['rows']} runs of {src}", caption=doc["protocol"])
     for c in HEADER:

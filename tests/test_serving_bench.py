@@ -232,8 +232,9 @@ def test_simulate_row_means_after_the_warm_up_and_is_deterministic():
         / len(keep) * 1e3
     assert a.ttft_ms == pytest.approx(ttft, rel=1e-12) and a.tpot_ms == pytest.approx(tpot, rel=1e-12)
     # Engine terms reach the simulation: more host time per iteration, slower tokens.
-    slow = simulate_row(r, clients, engine={"host_s": 5e-3})
-    assert slow.tpot_ms > a.tpot_ms + 3.0
+    base = simulate_row(r, clients, engine={"host_s": 1e-3, "host_hidden": 0.0})
+    slow = simulate_row(r, clients, engine={"host_s": 5e-3, "host_hidden": 0.0})
+    assert slow.tpot_ms > base.tpot_ms + 3.0
     # A front-end cost is paid before the first token.
     fe = simulate_row(r, clients, engine={"frontend_s": 0.05})
     assert fe.ttft_ms > a.ttft_ms + 40.0

@@ -126,7 +126,9 @@ def scenario_dict(res: BenchResult, *, engine: str = "vllm", model: str | None =
     n = len(res)
     times = send_times(res, seed)
     if times is None:
-        arrival = {"kind": "closed_loop", "concurrency": int(res.max_concurrency or 1)}
+        # vllm bench serve's clients all send at once (its semaphore admits the first max_concurrency
+        # requests together), so the replay starts them together, whatever the preset's spread.
+        arrival = {"kind": "closed_loop", "concurrency": int(res.max_concurrency or 1), "start_spread_cycles": 0.0}
         lengths: dict | None = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
     else:
         arrival = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
