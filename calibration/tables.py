@@ -264,8 +264,14 @@ def read_nccl(path: Path | str, version: str = "") -> NcclTable:
     keep = (cols["op_name"] == "all_reduce") & (cols["nccl_dtype"] == "half")
     if not keep.any():
         raise ConfigError(KEY, str(path), "rows with op_name 'all_reduce' and nccl_dtype 'half'")
+    return _mean_latency_table(cols, keep, path, version)
+
+
+def _mean_latency_table(cols: dict, keep: np.ndarray, path: Path, version: str) -> NcclTable:
+    """The kept rows' mean latency per (GPU count, message bytes): ``message_size`` counts 2-byte
+    elements (half or bf16), ``latency`` is in milliseconds."""
     gpus = cols["num_gpus"][keep].astype(np.int64)
-    nbytes = cols["message_size"][keep].astype(np.float64) * 2.0  # elements of 2 bytes
+    nbytes = cols["message_size"][keep].astype(np.float64) * 2.0
     lat = cols["latency"][keep].astype(np.float64) * 1e-3
     keys = np.stack([gpus, nbytes.astype(np.int64)], axis=1)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
@@ -287,15 +293,7 @@ def read_custom_allreduce(path: Path | str, version: str = "") -> NcclTable:
         keep &= np.array(["eager" not in str(x) for x in src])
     if not keep.any():
         raise ConfigError(KEY, str(path), "rows with allreduce_dtype 'bfloat16' replayed in graphs")
-    gpus = cols["num_gpus"][keep].astype(np.int64)
-    nbytes = cols["message_size"][keep].astype(np.float64) * 2.0
-    lat = cols["latency"][keep].astype(np.float64) * 1e-3
-    keys = np.stack([gpus, nbytes.astype(np.int64)], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    mean = np.bincount(inv, weights=lat) / np.bincount(inv)
-    return NcclTable(num_gpus=uniq[:, 0], nbytes=uniq[:, 1].astype(np.float64), latency_s=mean, source=str(path),
-                     version=version)
+    return _mean_latency_table(cols, keep, path, version)
 
 
 @dataclass
