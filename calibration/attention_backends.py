@@ -36,9 +36,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
-from itertools import accumulate
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from itertools import accumulate
+from typing import Any, ClassVar
 
 from sim.errors import ConfigError
 
@@ -63,7 +64,7 @@ class PagedBatch:
     block_size: int
 
     @classmethod
-    def of(cls, tables, ctx, new, block_size: int) -> "PagedBatch":
+    def of(cls, tables, ctx, new, block_size: int) -> PagedBatch:
         b = cls(tuple(tuple(int(x) for x in t) for t in tables), tuple(int(c) for c in ctx),
                 tuple(int(n) for n in new), int(block_size))
         if not (len(b.tables) == len(b.ctx) == len(b.new)) or not b.new:

@@ -48,7 +48,6 @@ float32 on CPU by default, ``torch.inference_mode()``, ``torch.set_num_threads(t
 from __future__ import annotations
 
 import bisect
-import math
 import queue
 import random
 import statistics
@@ -492,7 +491,7 @@ class SpeedProbe:
     time too) and timer noise.
     """
 
-    def __init__(self, cfg: EngineConfig, net: "Transformer", decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
+    def __init__(self, cfg: EngineConfig, net: Transformer, decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
                  seed: int = 1234, warmup: int = 3):
         longest = max([kv for kv in decode_kv] + [n + c for n, c in chunks] + [1])
         B = cfg.block_size
@@ -730,7 +729,7 @@ class Engine:
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
             for i, (s, L) in enumerate(dec_span if D else []):
                 out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
-            for (off, n, c, r), idx in zip(chunk_meta, chunk_idx):
+            for (off, n, c, _), idx in zip(chunk_meta, chunk_idx):
                 L = c + n
                 out[off:off + n] = chunk_attention(q[off:off + n], kc[li][idx:idx + L], vc[li][idx:idx + L], c, scale)
             return out

@@ -32,9 +32,21 @@ from scipy.optimize import least_squares
 
 # The fitted data and its evaluation live with the cost model (profiles price any shape from them);
 # this module fits them. Re-exported so calibration code reads one namespace.
-from sim.cost.kernel_model import (ELEM_BYTES, FamilyFit, GridCorrection, RooflineFit, attention_dims,  # noqa: F401
-                                   context_work, elem_bytes, gemm_work, generation_work, predict_context,
-                                   predict_gemm, predict_generation, roofline_time)
+from sim.cost.kernel_model import (  # noqa: F401
+    ELEM_BYTES,
+    FamilyFit,
+    GridCorrection,
+    RooflineFit,
+    attention_dims,
+    context_work,
+    elem_bytes,
+    gemm_work,
+    generation_work,
+    predict_context,
+    predict_gemm,
+    predict_generation,
+    roofline_time,
+)
 
 # --- parametric form ------------------------------------------------------------------------
 

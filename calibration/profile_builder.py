@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from sim.catalog import MODELS, ModelSpec
+from sim.cost.profile import Curve1D, Grid2D, Profile, shape_keys
 from sim.errors import ConfigError
-from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
 from . import fit as F
-from .tables import (CPU_OVERHEAD_PARTS, KernelTables, find_table, read_attention, read_cpu_overheads,
-                     read_custom_allreduce, read_gemm)
+from .tables import (
+    CPU_OVERHEAD_PARTS,
+    KernelTables,
+    find_table,
+    read_attention,
+    read_cpu_overheads,
+    read_custom_allreduce,
+    read_gemm,
+)
 
 #: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
 SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",

@@ -24,9 +24,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 

@@ -20,11 +20,11 @@ pytestmark = pytest.mark.timing
 
 from calibration import kernels as K  # noqa: E402
 from sim.catalog import get_gpu, get_model  # noqa: E402
-from sim.engine.cluster import simulate  # noqa: E402
 from sim.config import scenario_from_dict  # noqa: E402
 from sim.cost.model import BatchShape, Layout  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
 from sim.cost.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
 
 TINY = get_model("tiny-llama")
 CPU = get_gpu("cpu")
@@ -34,6 +34,7 @@ QUICK_BUDGET_S = 60.0
 
 def _app():
     import typer
+
     from calibration.cli import calibrate_command
     app = typer.Typer()
     app.command("calibrate")(calibrate_command)
@@ -131,12 +132,21 @@ def test_heldout_points_remeasured(quick):
     keys = ProfileCostModel(p, TINY, CPU).keys
     gate_n, gate_k = (int(x) for x in keys.gate_up.split(":")[0].split("x"))
     plan = K.make_plan("cpu", TINY, quick=True)
-    gemm_gu = lambda m: (lambda b: b.gemm_calls(m, gate_n, gate_k), lambda: p.gemm[keys.gate_up](np.array([float(m)]))[0][0])
-    gemm_qkv = lambda m: (lambda b: b.gemm_calls(m, 512, 256), lambda: p.gemm[keys.qkv](np.array([float(m)]))[0][0])
-    dec = lambda bt, L: (lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
-                         lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0])
-    pre = lambda bt, L: (lambda b: b.context_calls(bt, L, h, kvh, d),
-                         lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
+    def gemm_gu(m):
+        return (lambda b: b.gemm_calls(m, gate_n, gate_k), lambda: p.gemm[keys.gate_up](np.array([float(m)]))[0][0])
+
+    def gemm_qkv(m):
+        return (lambda b: b.gemm_calls(m, 512, 256), lambda: p.gemm[keys.qkv](np.array([float(m)]))[0][0])
+
+    def dec(bt, L):
+        return (lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
+                lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
+    def pre(bt, L):
+        return (lambda b: b.context_calls(bt, L, h, kvh, d),
+                lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
     # held-out point -> (its measurement, neighbouring grid points that set the host-speed factor)
     cases = {"gemm gate_up m=96": (gemm_gu(96), [gemm_gu(64), gemm_gu(128)]),
              "gemm qkv m=384": (gemm_qkv(384), [gemm_qkv(256), gemm_qkv(512)]),
@@ -156,7 +166,7 @@ def test_heldout_points_remeasured(quick):
     for _ in range(2):  # a miss is measured once more: one noisy spell on a shared host is not a verdict
         bench = K.Bench.open("cpu", repeats=plan.repeats, warmup=plan.warmup, target_repeat_s=plan.target_repeat_s)
         try:
-            timings = bench.measure([lambda f=f: f(bench) for f, _ in flat], passes=5)
+            timings = bench.measure([lambda f=f, bench=bench: f(bench) for f, _ in flat], passes=5)
         finally:
             bench.close()
         errs = {}

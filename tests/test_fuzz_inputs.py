@@ -30,14 +30,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.hostile import Case, run_case  # noqa: E402
-
 from sim.config import SCENARIO_DIR  # noqa: E402
 from sim.cost.profile import PROFILE_DIR  # noqa: E402
 

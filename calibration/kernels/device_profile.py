@@ -16,12 +16,10 @@ import numpy as np
 from sim.catalog import ModelSpec
 from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
-from .. import attention_backends as AB
-from .. import fit as F
+from .. import attention_backends as AB, fit as F
 from ..tables import AttentionTable, GemmTable
 from .measure import Measurements
 from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan
-
 
 #: Memory-bound per-layer kernels charged as elementwise (same count as the tables route).
 ELEMENTWISE_KERNELS = 5

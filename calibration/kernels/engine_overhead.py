@@ -18,7 +18,6 @@ import numpy as np
 from sim.catalog import ModelSpec
 from sim.cost.profile import Profile
 
-
 #: Batch sizes (max_num_seqs) of the offline engine runs that measure its per-iteration overhead.
 ENGINE_OVERHEAD_BATCHES = (1, 2, 4, 8, 16)
 #: how the engine-overhead runs fill a batch of ``b`` (``measure_engine_overhead``'s ``mix``):
@@ -110,7 +109,7 @@ def decode_since_prefill(rows: list[dict]) -> list[int]:
     return out
 
 
-def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
+def measure_engine_overhead(profile: Profile | dict[str, Profile], model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
                             mixes=("offline",), output_range=(8, 48),

@@ -6,8 +6,8 @@ Parquet sidecar's rows); several runs of one plan pooled into one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -114,12 +114,12 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     bench.reserve_paged(paged_cells, h, kvh, d)
     timings = _run_jobs(bench, jobs, plan.passes, progress)
     meas = Measurements()
-    for (label, _, fam, kern, coords), t in zip(jobs, timings):
+    for (_, _, fam, kern, coords), t in zip(jobs, timings):
         meas.add(fam, kern, t, **coords)
     return meas
 
 
-def skipped_block_sizes(backend: "AB.AttentionBackend", plan: Plan) -> dict[int, str]:
+def skipped_block_sizes(backend: AB.AttentionBackend, plan: Plan) -> dict[int, str]:
     """The plan's extra block sizes the backend's paged kernel cannot use, with the reason (the
     reference block size is never skipped: the profile's decode curve is measured at it)."""
     out = {}

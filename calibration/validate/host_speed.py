@@ -19,7 +19,7 @@ class _LoggedProbe:
     """A :class:`SpeedProbe` whose every measurement is also recorded in a :class:`HostSpeed` series
     (``prefill``: the allocator's prefill probe and its series)."""
 
-    def __init__(self, host: "HostSpeed", allocator: str, phase: str, prefill: bool = False):
+    def __init__(self, host: HostSpeed, allocator: str, phase: str, prefill: bool = False):
         self.host, self.allocator, self.phase, self.prefill = host, allocator, phase, prefill
         self.probe = (host.prefill_probes if prefill else host.probes)[allocator]
         self.shape = self.probe.shape

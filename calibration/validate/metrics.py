@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "e2e_p50", "e2e_p90", "e2e_p99",
            "throughput", "peak_kv_blocks", "preemptions")
 

@@ -35,8 +35,8 @@ def validation_plan(spec: dict, device: str):
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False, speed: "HostSpeed | None" = None,
-                     net=None) -> tuple[dict[str, str], dict, "OverheadRounds | None"]:
+                     progress: bool = False, speed: HostSpeed | None = None,
+                     net=None) -> tuple[dict[str, str], dict, OverheadRounds | None]:
     """Profile file per allocator (kernel curves + the engine's measured overhead for that layout),
     the calibration's description, and the overhead's :class:`OverheadRounds` (to add rounds to
     and refit; ``None`` without ``engine_overhead``).
@@ -127,7 +127,7 @@ class KernelRounds:
     put at the frozen reference by the probes around its own points (:meth:`HostSpeed.kernel_round`).
     """
 
-    def __init__(self, spec: dict, device: str, model, *, speed: "HostSpeed | None", cpu_time: bool,
+    def __init__(self, spec: dict, device: str, model, *, speed: HostSpeed | None, cpu_time: bool,
                  progress: bool = False):
         from ..kernels import measure_device
         eng = spec["engine"]
@@ -197,8 +197,8 @@ class OverheadRounds:
     #: passes of the offline batches before the first replay
     upfront_passes = 3
 
-    def __init__(self, bases: dict, model, kw: dict, speed: "HostSpeed | None" = None, between_runs=None,
-                 kernels: "KernelRounds | None" = None):
+    def __init__(self, bases: dict, model, kw: dict, speed: HostSpeed | None = None, between_runs=None,
+                 kernels: KernelRounds | None = None):
         self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
         self.kernels = kernels
         self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}

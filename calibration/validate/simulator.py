@@ -11,7 +11,6 @@ import numpy as np
 from sim.catalog import GPUS, get_model
 from sim.config import scenario_from_dict
 
-
 #: GPU catalog entry whose memory arithmetic the simulator uses (capacity is forced to the engine's anyway).
 SIM_GPU = {"cpu": "cpu", "cuda": "H200-SXM-141GB"}
 

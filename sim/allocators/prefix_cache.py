@@ -57,8 +57,8 @@ policy order, parked in a spare list that members draw from when they leave).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Hashable, Sequence
 from itertools import chain
-from typing import Hashable, Sequence
 
 import numpy as np
 

@@ -22,20 +22,27 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from sim.analysis.search import (
+    DEFAULT_TOL,
+    MAX_EVALS,
+    GoodputSearch,
+    fewest_replicas,
+    find_goodput,
+    find_goodput_guided,
+    interpolated_goodput,
+)
+from sim.analysis.slo import SLO, attainment
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
-from sim.analysis.search import (DEFAULT_TOL, MAX_EVALS, GoodputSearch, fewest_replicas, find_goodput,
-                                 find_goodput_guided, interpolated_goodput)
-from sim.analysis.slo import SLO, attainment
 
 __all__ = ["CANDIDATES", "DEFAULT_TOL", "MAX_EVALS", "GoodputSearch", "PLAN_COLUMNS", "assumption_lines", "candidate_row", "fewest_replicas", "find_goodput",
            "find_goodput_guided", "interpolated_goodput", "measure", "plan", "plan_candidate", "plan_columns", "plan_rows", "recommend",
@@ -313,7 +320,6 @@ def plan_candidate(task: dict) -> dict:
     runner = _Runner(task)
     slo = runner.slo
     base_replicas = runner.base_replicas
-    tol = task["tol"]
     guided = task["search"] == "guided"
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
                            "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
@@ -549,9 +555,9 @@ _SLOW_KINDS = {"dynamic": 2, "static": 1}
 
 def _prewarm(sc) -> None:
     """Load what every simulation needs (modules, the trace, the cost model) before forking workers."""
-    from sim.analysis.saturation import saturation_rate
     import sim.analysis.sequential  # noqa: F401
     import sim.engine.cluster  # noqa: F401
+    from sim.analysis.saturation import saturation_rate
     saturation_rate(sc)
 
 

@@ -22,8 +22,8 @@ of each other by it, since the bracket ends themselves are only known to the tol
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 DEFAULT_TOL = 0.05
 MAX_EVALS = 24

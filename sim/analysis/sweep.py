@@ -41,10 +41,11 @@ import multiprocessing
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -256,7 +257,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         zips = [zips]
     if not isinstance(zips, list):
         raise ConfigError("zip", zips, "a mapping of dotted keys to equal-length lists, or a list of such mappings")
-    for gi, z in enumerate(zips):
+    for z in zips:
         if not isinstance(z, dict) or not z:
             raise ConfigError("zip", z, "a non-empty mapping of dotted keys to equal-length lists")
         axes = [_axis(key, spec, "zip") for key, spec in z.items()]
@@ -339,7 +340,7 @@ def run_point(task: dict) -> dict:
                 "wall_s": time.perf_counter() - t0}
 
 
-def process_pool(workers: int, start_method: str | None = None) -> "WorkerPool":
+def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
     """A pool whose workers die with this process, however it ends
     (:mod:`sim.analysis.worker_lifetime`). By default they start fresh (forkserver, else spawn: no
     fork of a parent that may hold threads or a bar); ``start_method="fork"`` is for a caller
@@ -608,8 +609,14 @@ class _Progress:
         self.bar = None
         if progress is True:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             self.bar = Progress(TextColumn(f"sweep {name}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("points, {task.fields[failed]} failed"), TimeElapsedColumn(),
                                 TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))

@@ -66,7 +66,7 @@ class RooflineFit:
         return {"launch_s": self.launch_s, "p": self.p, **{f"{n}_per_s": r for n, r in zip(self.terms, self.rates)}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RooflineFit":
+    def from_dict(cls, d: dict) -> RooflineFit:
         names = tuple(k[:-len("_per_s")] for k in d if k.endswith("_per_s"))
         return cls(float(d["launch_s"]), names, tuple(float(d[f"{n}_per_s"]) for n in names), float(d["p"]))
 

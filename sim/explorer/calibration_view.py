@@ -116,6 +116,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     """Measured points (markers) against the profile's fitted curve (lines), log-log."""
     import numpy as np
     import plotly.graph_objects as go
+
     from sim.analysis.plots import _palette
     fig = go.Figure()
     pts = measured_points(profile, family, key)

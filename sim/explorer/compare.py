@@ -3,7 +3,8 @@ by side, best and worst marked."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sim.explorer.knobs import _reserve_value, allocator_knobs
 from sim.explorer.kpi import KPI_SPEC, format_kpi

@@ -60,7 +60,7 @@ class Workload:
     #: Per request, the factor (mean 1) that spreads its client and front-end time; ``None`` = 1.
     frontend_jitter: np.ndarray | None = None
     #: What the lengths were drawn from, and the scenario (for :meth:`reference_lengths`).
-    sampler: "LengthSampler | None" = None
+    sampler: LengthSampler | None = None
     scenario: Scenario | None = None
 
     def __len__(self) -> int:
@@ -209,7 +209,7 @@ def request_bound(sc: Scenario) -> int | None:
     return None
 
 
-def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
+def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
     w = sc.workload
     arr = w.arrival
     rng_arrival, rng_len, _ = _streams(sc.seed)
