@@ -237,3 +237,28 @@ def test_cpu_reference_builtin():
     cm = ProfileCostModel(p, TINY, CPU)
     t = cm.decode_times_s(8, np.array([8 * 256.0, 8 * 1024.0]))
     assert np.all(t > 0) and t[1] > t[0]
+
+
+def test_host_speed_applies_per_sample_when_passes_differ_in_length():
+    """``samples`` picks each pass's repeat count from that pass's own estimate, so one point's
+    passes can hold different numbers of samples; every sample takes the host-speed factor of the
+    moment its pass ended (this once raised IndexError, or paired samples with another pass's time)."""
+    bench = K.Bench.open("cpu", repeats=3, warmup=0, target_repeat_s=1e-5)
+    try:
+        counts = iter([2, 5, 3])
+        bench.samples = lambda calls, repeats=None: ([1.0] * next(counts), 1)
+        ends: list[float] = []
+
+        class Speed:
+            def tick(self, force=False):
+                pass
+
+            def factor_at(self, t):  # pass p's samples carry the factor p + 1
+                return 1.0 + sum(t > e for e in ends)
+
+        bench.speed = Speed()
+        timing = bench.measure([lambda: ([lambda: None], 1.0)], passes=3, on_done=lambda i: ends.append(time.perf_counter()))[0]
+    finally:
+        bench.close()
+    assert timing.repeats == 10
+    assert (timing.min_s, timing.median_s, timing.max_s) == (1.0, 2.0, 3.0)

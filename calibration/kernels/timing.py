@@ -197,7 +197,9 @@ class Bench:
                 calls, scale = setup()
                 got, inner = self.samples(calls)
                 acc[i] += [x * scale for x in got]
-                stamps[i].append(time.perf_counter())
+                # One stamp per sample: a pass's sample count follows its own estimate (``samples``
+                # caps long kernels), so passes of one point need not be equally long.
+                stamps[i] += [time.perf_counter()] * len(got)
                 info[i] = (inner, len(calls), scale)
                 del calls
                 if on_done is not None:
@@ -205,8 +207,7 @@ class Bench:
         if speed is not None:  # every sample at the reference speed: x reference / the host's speed then
             speed.tick(force=True)
             for i, a in enumerate(acc):
-                k = len(a) // max(len(stamps[i]), 1)
-                acc[i] = [x * speed.factor_at(stamps[i][j // k]) for j, x in enumerate(a)]
+                acc[i] = [x * speed.factor_at(t) for x, t in zip(a, stamps[i])]
         return [Timing(statistics.median(a), min(a), max(a), len(a), inf[0], inf[1]) for a, inf in zip(acc, info)]
 
     def time_one(self, kind: str, *args, passes: int = 1, **kw) -> Timing:
