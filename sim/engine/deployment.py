@@ -193,7 +193,7 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     """The serving engine's terms for ``sc``: the preset of ``engine.kind`` with the scenario's
     ``engine.*`` overrides (``None`` for ``reference``)."""
     e = sc.engine
-    kind = e.kind
+    kind: str = e.kind
     if kind == "auto":
         kind = AUTO_ENGINE
     preset = get_preset(kind)
