@@ -266,7 +266,8 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
 def _steps(c: Constant, up: bool, end: float) -> list[float]:
     """Values tried from the nominal one towards ``end`` (excluded): steps doubling from 1 point
     (overhead) or a factor 2 (event cost)."""
-    out, k = [], 0
+    out: list[float] = []
+    k = 0
     while True:
         if c.kind == "paged_overhead":
             v = c.value + (0.01 if up else -0.01) * 2**k

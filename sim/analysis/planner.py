@@ -220,7 +220,7 @@ class _Runner:
             over["seed"] = self.task["base_seed"] + seed
         return scenario_from_dict(apply_overrides(self.base, over), self.base_dir)
 
-    def _record(self, rate: float, replicas: int, seed: int, res, att: float, exact: bool, ended: int) -> dict:
+    def _record(self, rate: float, replicas: int, seed: int, res, att: float | None, exact: bool, ended: int) -> dict:
         s = res.summary
         return {"rate": rate, "replicas": replicas, "seed": self.task["base_seed"] + seed, "attainment": att,
                 "exact": exact, "ended": ended, "requests": len(res.requests) if exact else None,
@@ -255,8 +255,8 @@ class _Runner:
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        tested_pass = (bool(sat) and math.isfinite(sat)
-                       and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
+        tested_pass = bool(sat and math.isfinite(sat)
+                           and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
         test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
         res = simulate(sc, budget=self.budget, stop=test)
         test.finish()
@@ -508,7 +508,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
             if c["status"] == "skipped":
                 skipped.append({"name": c["name"], "reason": c["message"]})
         cands = [c for c in cands if c["status"] != "skipped"]
-        out = {
+        out: dict[str, Any] = {
             "scenario": sc.name,
             "scenario_file": str(scenario),
             "overrides": overrides or {},
@@ -739,8 +739,8 @@ def recommend(p: dict) -> dict:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
     reasons += _upper_bound_reasons(p)
-    waste = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
-    reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {waste}")
+    wastes = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
+    reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {wastes}")
     statics = [c for c in [best, *others] if c["overrides"].get("allocator.kind") == "static"]
     if statics:
         s = statics[0]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -536,7 +537,11 @@ def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str =
         bar.update(len(invalid), len(failures))
         if runnable:
             run = _run_ray if backend == "ray" else _run_local
-            run(runnable, n_workers, address, lambda p, r: (record(p, r), bar.update(1, len(failures))), budget)
+
+            def on_result(p: Point, r: dict) -> None:
+                record(p, r)
+                bar.update(1, len(failures))
+            run(runnable, n_workers, address, on_result, budget)
     return SweepResult(out, spec.name, len(points), skipped, len(runnable), len(invalid), failures,
                        time.perf_counter() - t0, [a.key for a in spec.axes])
 
@@ -577,9 +582,9 @@ def _run_ray(points: list[Point], workers: int, address: str | None, on_result,
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if address:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)

@@ -6,6 +6,7 @@ Exit status: 0 a recommendation was made; 1 no candidate meets the SLO; 2 bad in
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -54,7 +55,7 @@ def plan_command(
         if out is not None:
             from sim.output.staging import out_dir
             out_dir(out)  # a bad --out is refused before minutes of planning
-        kw = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
+        kw: dict[str, Any] = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
         # Workers forked from this process once it has loaded the simulator (before the progress
         # bar's thread exists); forkserver where fork is not available.
         import multiprocessing

@@ -56,7 +56,8 @@ def allocator_overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def unique_labels(cfgs: list[Mapping[str, Any]]) -> list[str]:
-    labels, seen = [], {}
+    labels: list[str] = []
+    seen: dict[str, int] = {}
     for cfg in cfgs:
         lb = allocator_label(cfg)
         seen[lb] = seen.get(lb, 0) + 1

@@ -7,7 +7,7 @@ stay unset); :func:`edited_scenario_yaml` writes the result as YAML that ``kvsim
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -167,7 +167,7 @@ def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
     return apply_overrides(base, overrides_from_knobs(knobs, ref))
 
 
-def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: list[str] = ()) -> str:
+def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: Sequence[str] = ()) -> str:
     """YAML of the edited scenario, runnable by ``kvsim run`` (validated first)."""
     data = edited_scenario(base, knobs)
     scenario_from_dict(data)
