@@ -108,10 +108,10 @@ def calibrate_command(
         result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads,
                                   kernels=kernels)
         files = write_outputs(result, out, spec, report=report)
-        profile = result.profile
-        att = profile.provenance["attention_backend"]
+        built = result.profile
+        att = built.provenance["attention_backend"]
         typer.echo(f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
-                   f"{profile.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
+                   f"{built.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
                    + (f" ({att['compiled_graphs']} compiled graphs)" if att.get("compiled_graphs") else "")
                    + f"; raw timings: {files['measurements']}"
                    + (f"; fit report: {files['report']}" if files["report"] else
@@ -123,11 +123,12 @@ def calibrate_command(
         pairs = default_models((spec.name,), tps)
         if not pairs:
             raise ConfigError("calibrate.tp", list(tps), f"TP degrees dividing {spec.name}'s heads ({spec.heads})")
+        assert from_tables is not None  # exactly one of --from-tables and --device, checked above
         kt = load_kernel_tables(from_tables, system, backend)
-        profile = build_profile(kt, models=pairs, name=name, dtype=dtype)
-    path = profile.write(out)
-    q = profile.fit_quality
-    typer.echo(f"wrote {path} ({profile.name}; models {', '.join(profile.models)})")
+        built = build_profile(kt, models=pairs, name=name, dtype=dtype)
+    path = built.write(out)
+    q = built.fit_quality
+    typer.echo(f"wrote {path} ({built.name}; models {', '.join(built.models)})")
     for fam, v in q.items():
         if isinstance(v, dict) and "overall" in v:
             o = v["overall"]

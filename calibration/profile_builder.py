@@ -14,6 +14,7 @@ import datetime as _dt
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ def _group_name(key: tuple) -> str:
 def fit_tables(kt: KernelTables, *, seed: int = 0, heldout: bool = True) -> Fits:
     """Fit GEMM, context and generation attention; with ``heldout`` also score an 80/20 split."""
     spec = kt.system
-    fams = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}
+    fams: dict[str, Any] = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}
     fitted = {k: F.FITTERS[k](t, spec.peak_flops, spec.mem_bw) for k, t in fams.items()}
     quality: dict = {}
     if heldout:

@@ -67,7 +67,7 @@ def median_metrics(per: list[dict]) -> dict:
     The simulator is deterministic; the engine is not (a shared host's speed moves within a replay),
     so one replay's percentiles carry that noise, which queueing amplifies at medium load. The
     median over replays keeps one disturbed replay from setting the measurement."""
-    out = {}
+    out: dict[str, float | None] = {}
     for k in per[0]:
         vals = [m[k] for m in per]
         if any(v is None for v in vals):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def iteration_diagnostics(res, cost) -> dict:
     """Per-iteration time measured vs predicted by the cost model for the same batch shapes."""
     from ..kernels import engine_iteration_rows
     rows = engine_iteration_rows(res, cost)
-    out = {}
+    out: dict[str, Any] = {}
     for name, sel in (("all", lambda r: True), ("pure_decode", lambda r: r["pure_decode"]),
                       ("mixed", lambda r: not r["pure_decode"])):
         rs = [r for r in rows if sel(r)]
