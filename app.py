@@ -18,8 +18,8 @@ import plotly.graph_objects  # noqa: F401  pandas/plotly at once see a partially
 import streamlit as st
 
 from sim import explorer as X
-from sim.analysis import plots
 from sim.allocators import KINDS
+from sim.analysis import plots
 from sim.catalog import GPUS, MODELS
 from sim.config import apply_overrides
 from sim.errors import ConfigError
@@ -502,11 +502,6 @@ def page_compare() -> None:
 
 def page_sweeps() -> None:
     st.title("Sweeps & plan")
-    try:
-        from sim.analysis import sweep as SW
-    except ImportError as exc:
-        st.info(f"Sweeps are not available yet in this build ({exc}).")
-        return
     src = st.radio("Dataset", ["Upload a Parquet dataset", "Run a small sweep"], horizontal=True, key="sw_src")
     if src.startswith("Upload"):
         up = st.file_uploader("Sweep dataset (one Parquet file, ≤ 20 MB)", type=["parquet"], key="sweep_upload")

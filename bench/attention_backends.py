@@ -34,8 +34,7 @@ DEFAULT_MODEL = {"cuda": "llama-3.1-8b", "cpu": "tiny-llama"}
 def measure(device: str, model_name: str, quick: bool = False, backends: list[str] | None = None,
             passes: int = 2, budget_s: float | None = None, progress=print) -> dict:
     """Every point on every available backend; ``budget_s``: stop starting new backends past it."""
-    from calibration import attention_backends as AB
-    from calibration import kernels as K
+    from calibration import attention_backends as AB, kernels as K
     from sim.catalog import get_model
     from sim.cost.profile import per_gpu_heads
     model = get_model(model_name)
@@ -73,7 +72,7 @@ def measure(device: str, model_name: str, quick: bool = False, backends: list[st
             cells = [(b, L, bs) for b in batches for L in lengths for bs in (None, *sizes)
                      if bs is None or str(bs) not in entry["skipped_block_sizes"]]
             bench.reserve_paged([c for c in cells if c[2]], h, kvh, d)
-            setups = [lambda b=b, L=L, bs=bs: bench.decode_calls(b, L, h, kvh, d, bs) for b, L, bs in cells]
+            setups = [lambda b=b, L=L, bs=bs, bench=bench: bench.decode_calls(b, L, h, kvh, d, bs) for b, L, bs in cells]
             timings = bench.measure(setups, passes)
             entry["points"] = [{"batch": b, "length": L, "block_size": bs or 0, "median_s": t.median_s,
                                 "min_s": t.min_s, "repeats": t.repeats}

@@ -18,8 +18,8 @@ from .common import load_avg
 def main() -> None:
     scenario, overrides = sys.argv[1], json.loads(sys.argv[2])
     from sim import NATIVE_STATE
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     from sim.output.results import write_run
     sc = load_scenario(scenario, overrides)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -43,8 +43,8 @@ def warn_debug() -> None:
 
 def timed_run(scenario: str, overrides: dict | None = None, out_dir: Path | None = None) -> dict:
     """Simulate a scenario in this process: its summary, wall and CPU seconds, load average around it."""
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     sc = load_scenario(scenario, dict(overrides or {}))
     load0 = load_avg()
     w0, c0 = time.perf_counter(), time.process_time()

@@ -78,6 +78,7 @@ def _replay(cm, calls, repeats: int, lists: bool = True) -> float:
 def _reference(sc, dep):
     """The ProfileCostModel evaluation before it was made fast, kept in the equivalence test."""
     import sys
+
     from .common import ROOT
     tests = str(ROOT / "tests")
     if tests not in sys.path:
@@ -92,8 +93,8 @@ def _reference(sc, dep):
 
 def run(quick: bool, out: Path) -> dict:
     import sim.engine.deployment as dep_mod
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     n = 300 if quick else 2000
     sc = load_scenario(SCENARIO, {"workload.num_requests": n})
     recorders: list = []

@@ -56,7 +56,7 @@ def _spread(rng: random.Random, n: int, mean: int, lo: int = 20, hi: int = 385) 
 def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
     import torch
 
-    from calibration.engine import decode_plan, paged_decode_attention, padded_block_tables
+    from calibration.engine import decode_plan, padded_block_tables, paged_decode_attention
     from sim.catalog import MODELS
     torch.set_num_threads(1)
     m = MODELS["tiny-llama"]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import load_avg, table
-
 from calibration.engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, PROBE_CHUNKS, PROBE_DECODE_KV
+
+from .common import load_avg, table
 
 KINDS = {  # name: (decode KV tokens per sequence, prefill chunks (new, context))
     "probe": (PROBE_DECODE_KV, PROBE_CHUNKS),  # the cpu_norm clock's mixed probe

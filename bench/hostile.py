@@ -47,9 +47,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 30.0
@@ -102,7 +102,7 @@ class Case:
     #: Run in the parent (as root) before the child starts, with the case folder.
     setup: Callable[[Path], None] | None = None
     #: Extra check after the child: the case folder and the outcome → a problem, or None.
-    verify: Callable[[Path, "Outcome"], str | None] | None = None
+    verify: Callable[[Path, Outcome], str | None] | None = None
     #: Class 9: a function of the case folder that runs real processes and returns a problem or None.
     live: Callable[[Path], str | None] | None = None
     #: Part of the fixed corpus that CI runs (the issue's concrete cases).
@@ -423,6 +423,7 @@ def _yaml(doc) -> str:
 def _chat(**over) -> dict:
     """chat-api with 40 requests, as a mapping (the trace path made absolute)."""
     import yaml
+
     from sim.config import SCENARIO_DIR, apply_overrides
     doc = yaml.safe_load((SCENARIO_DIR / "chat-api.yaml").read_text())
     doc["workload"]["num_requests"] = 40
@@ -1443,14 +1444,14 @@ def warm() -> None:
     """Import what cases use, before forking them (see below)."""
     # Cases run as nobody cannot import from a Python installed under /root: import ahead.
     import encodings.latin_1  # noqa: F401
-    import encodings.utf_16  # noqa: F401
     import encodings.utf_8_sig  # noqa: F401
+    import encodings.utf_16  # noqa: F401
     import html  # noqa: F401
+
     import pyarrow.parquet  # noqa: F401
 
     import sim.analysis.planner  # noqa: F401
     import sim.analysis.report  # noqa: F401
-
     import sim.analysis.sweep  # noqa: F401
     import sim.cli.main  # noqa: F401
     import sim.engine.cluster  # noqa: F401

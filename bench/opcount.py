@@ -24,8 +24,8 @@ TOP = 25
 def count(scenario: str, requests: int) -> dict:
     """Bytecodes and Python calls per request of ``requests`` of ``scenario``, with the top functions."""
     from sim import native
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     if native.active():
         raise RuntimeError("opcount counts the interpreted engine's bytecodes: run it with KVSIM_NATIVE=0 "
                            "(python -m bench opcount does)")

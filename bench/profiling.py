@@ -36,8 +36,8 @@ def run(quick: bool, out: Path, scenario: str = SCENARIO, requests: int | None =
     over = {"workload.num_requests": n}
     plain = timed_run(scenario, over)
     console.print(f"[dim]profile: {n:,} requests of {scenario}, unprofiled wall {plain['wall_s']:.2f} s; profiling…[/]")
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     sc = load_scenario(scenario, over)
     load0 = load_avg()
     prof = cProfile.Profile()

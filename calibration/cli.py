@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from sim.catalog import get_model
-from sim.errors import ConfigError
 from sim.cost.profile import list_profiles, load_profile
+from sim.errors import ConfigError
 
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
@@ -52,28 +51,28 @@ profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_arg
 
 def calibrate_command(
     out: Path = typer.Option(..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Catalog model whose kernel shapes to calibrate."),
-    from_tables: Optional[Path] = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
+    model: str | None = typer.Option(None, "--model", help="Catalog model whose kernel shapes to calibrate."),
+    from_tables: Path | None = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
     backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Keep only this weight/KV dtype (bf16|fp8)."),
-    tensor_parallel: Optional[list[int]] = typer.Option(None, "--tp", help="TP degrees (default: 1,2,4,8 that divide)."),
-    device: Optional[str] = typer.Option(None, "--device", help="Time real torch kernels on cpu|cuda instead."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Keep only this weight/KV dtype (bf16|fp8)."),
+    tensor_parallel: list[int] | None = typer.Option(None, "--tp", help="TP degrees (default: 1,2,4,8 that divide)."),
+    device: str | None = typer.Option(None, "--device", help="Time real torch kernels on cpu|cuda instead."),
     quick: bool = typer.Option(False, "--quick", help="Small grids (device route)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
+    name: str | None = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
     kernels: str = typer.Option("auto", "--kernels",
                                 help="Attention kernels timed on the device route: auto|flex|flashinfer|vllm|sdpa "
                                      "(auto: CUDA flashinfer > vllm > flex, CPU sdpa)."),
-    from_serving_bench: Optional[str] = typer.Option(
+    from_serving_bench: str | None = typer.Option(
         None, "--from-serving-bench", help="Fit serving-engine terms (host time, front end, client spread) to "
                                            "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="--from-serving-bench: only this engine's rows "
+    engine: str | None = typer.Option(None, "--engine", help="--from-serving-bench: only this engine's rows "
                                                                 "(vllm|sglang|trtllm); for JSON results, their engine."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="--from-serving-bench: the kernel profile (default: "
+    profile: str | None = typer.Option(None, "--profile", help="--from-serving-bench: the kernel profile (default: "
                                                                   "the GPU's built-in one)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
+    gpu: str | None = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
     max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
                                   help="--from-serving-bench: simulations of the rows per engine fit."),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--from-serving-bench: processes."),
@@ -109,10 +108,10 @@ def calibrate_command(
         result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads,
                                   kernels=kernels)
         files = write_outputs(result, out, spec, report=report)
-        profile = result.profile
-        att = profile.provenance["attention_backend"]
+        built = result.profile
+        att = built.provenance["attention_backend"]
         typer.echo(f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
-                   f"{profile.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
+                   f"{built.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
                    + (f" ({att['compiled_graphs']} compiled graphs)" if att.get("compiled_graphs") else "")
                    + f"; raw timings: {files['measurements']}"
                    + (f"; fit report: {files['report']}" if files["report"] else
@@ -124,11 +123,12 @@ def calibrate_command(
         pairs = default_models((spec.name,), tps)
         if not pairs:
             raise ConfigError("calibrate.tp", list(tps), f"TP degrees dividing {spec.name}'s heads ({spec.heads})")
+        assert from_tables is not None  # exactly one of --from-tables and --device, checked above
         kt = load_kernel_tables(from_tables, system, backend)
-        profile = build_profile(kt, models=pairs, name=name, dtype=dtype)
-    path = profile.write(out)
-    q = profile.fit_quality
-    typer.echo(f"wrote {path} ({profile.name}; models {', '.join(profile.models)})")
+        built = build_profile(kt, models=pairs, name=name, dtype=dtype)
+    path = built.write(out)
+    q = built.fit_quality
+    typer.echo(f"wrote {path} ({built.name}; models {', '.join(built.models)})")
     for fam, v in q.items():
         if isinstance(v, dict) and "overall" in v:
             o = v["overall"]

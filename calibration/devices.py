@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def cpu_model_name() -> str:

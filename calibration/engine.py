@@ -48,7 +48,6 @@ float32 on CPU by default, ``torch.inference_mode()``, ``torch.set_num_threads(t
 from __future__ import annotations
 
 import bisect
-import math
 import queue
 import random
 import statistics
@@ -56,6 +55,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.catalog import ModelSpec
 
@@ -492,7 +492,7 @@ class SpeedProbe:
     time too) and timer noise.
     """
 
-    def __init__(self, cfg: EngineConfig, net: "Transformer", decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
+    def __init__(self, cfg: EngineConfig, net: Transformer, decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
                  seed: int = 1234, warmup: int = 3):
         longest = max([kv for kv in decode_kv] + [n + c for n, c in chunks] + [1])
         B = cfg.block_size
@@ -559,6 +559,7 @@ class Engine:
         from .attention_backends import make
         #: the paged layout's attention kernels (what ``kvsim calibrate --kernels`` times)
         self.attention = attention or make(cfg.kernels, torch, dev, key="engine.kernels")
+        shape: tuple[int, ...]
         if cfg.allocator == "paged":  # blocks past num_blocks (flex rounds the pool up) are never handed out
             shape = (self.attention.pool_blocks(cfg.num_blocks), cfg.block_size, KVH, d)
         else:
@@ -587,8 +588,12 @@ class Engine:
 
     def reset(self) -> None:
         cfg = self.cfg
-        self.mem = (BlockPool(cfg.num_blocks, cfg.block_size) if cfg.allocator == "paged"
-                    else StaticArena(cfg.capacity_tokens, int(cfg.reserve), cfg.block_size))
+        self.mem: BlockPool | StaticArena
+        if cfg.allocator == "paged":
+            self.mem = BlockPool(cfg.num_blocks, cfg.block_size)
+        else:
+            assert cfg.reserve is not None  # EngineConfig sets it for static
+            self.mem = StaticArena(cfg.capacity_tokens, int(cfg.reserve), cfg.block_size)
         self.running: list[EngineRequest] = []
         self.waiting: deque[EngineRequest] = deque()
         self._admissions = 0
@@ -693,7 +698,9 @@ class Engine:
         m = self.cfg.model
         KVH, d, H = m.kv_heads, m.head_dim, m.heads
         paged = mem.paged
+        chunk_idx: list[int] = []
         if paged:  # each batch's metadata once, for every layer (decode rows first, then the chunks' rows)
+            assert isinstance(mem, BlockPool)
             from .attention_backends import PagedBatch
             att = self.attention
             shape = {"heads": H, "kv_heads": KVH, "head_dim": d, "num_blocks": self.k_cache[0].shape[0], "dtype": net.dtype}
@@ -702,9 +709,11 @@ class Engine:
             cplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for *_, r in chunk_meta],
                                                  [c for _, _, c, _ in chunk_meta], [n for _, n, _, _ in chunk_meta],
                                                  mem.B), slot="prefill", **shape) if chunk_meta else None
-        elif D:
-            dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
-        chunk_idx = [mem.owner[r.id] for *_, r in chunk_meta] if not paged else []
+        else:
+            assert isinstance(mem, StaticArena)
+            if D:
+                dec_span = [(mem.owner[r.id], r.computed + 1) for r, _ in dec]
+            chunk_idx = [mem.owner[r.id] for *_, r in chunk_meta]
         kc, vc = self.k_cache, self.v_cache
 
         def write(li, k, v):
@@ -730,7 +739,7 @@ class Engine:
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
             for i, (s, L) in enumerate(dec_span if D else []):
                 out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
-            for (off, n, c, r), idx in zip(chunk_meta, chunk_idx):
+            for (off, n, c, _), idx in zip(chunk_meta, chunk_idx):
                 L = c + n
                 out[off:off + n] = chunk_attention(q[off:off + n], kc[li][idx:idx + L], vc[li][idx:idx + L], c, scale)
             return out
@@ -846,13 +855,16 @@ class Engine:
         wall0 = time.perf_counter()
         scale = scale_pre = 1.0
         probes: list[dict] = []
-        hist: deque[float] = deque(maxlen=max(int(probe_window), 1))
-        hist_pre: deque[float] = deque(maxlen=hist.maxlen)
+        window = max(int(probe_window), 1)
+        hist: deque[float] = deque(maxlen=window)
+        hist_pre: deque[float] = deque(maxlen=window)
         since = [0.0]  # engine thread CPU seconds since the last probe
 
         def take_probe() -> tuple[float, float]:
+            assert probe is not None and probe_ref_s is not None  # checked above for cpu_norm
             q = 0.0
             if dual:
+                assert prefill_probe is not None and prefill_probe_ref_s is not None
                 # before the probe, so the engine's next iteration still follows the probe alone (right
                 # after a prefill probe a decode iteration runs ~18 % slower); the prefill probe itself
                 # hardly depends on what ran before it (within 4 %: docs/validation.md)
@@ -865,6 +877,7 @@ class Engine:
             row = {"engine_s": now(), "wall_s": time.perf_counter() - wall0, "probe_s": p, "scale": f}
             f_pre = f
             if dual:
+                assert prefill_probe_ref_s is not None
                 f_pre = float(prefill_probe_ref_s) / statistics.median(hist_pre)
                 row.update(prefill_probe_s=q, prefill_scale=f_pre)
             probes.append(row)
@@ -873,7 +886,7 @@ class Engine:
         # whether the next iteration follows a probe (its caches hold the probe's, not the engine's, state)
         probed = False
         if norm:
-            for _ in range(hist.maxlen):
+            for _ in range(window):
                 scale, scale_pre = take_probe()
             probed = True
         with torch.inference_mode():
@@ -906,6 +919,7 @@ class Engine:
                 ptoks = sum(n for n, _ in chunks)
                 it_scale = scale
                 if dual and scale_pre != scale:
+                    assert probe is not None and prefill_probe is not None
                     w = prefill_weight(ptoks, probe.prefill_tokens, prefill_probe.prefill_tokens)
                     it_scale = scale ** (1.0 - w) * scale_pre ** w
                 if items:
@@ -978,11 +992,13 @@ class Engine:
                 "reserve": c.reserve, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
                 "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock,
                 "kernels": self.attention.name}
-        info = {"wall_s": time.perf_counter() - wall0}
+        info: dict[str, Any] = {"wall_s": time.perf_counter() - wall0}
         if norm:
-            conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=hist.maxlen,
+            assert probe is not None and probe_ref_s is not None
+            conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=window,
                         probe_shape=probe.shape)
             if dual:
+                assert prefill_probe is not None and prefill_probe_ref_s is not None
                 conf.update(prefill_probe_ref_s=float(prefill_probe_ref_s), prefill_probe_shape=prefill_probe.shape)
             info["speed_probes"] = probes
         return EngineResult(rows, iters, conf, info)

@@ -27,14 +27,28 @@ module does the fitting.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from scipy.optimize import least_squares
 
 # The fitted data and its evaluation live with the cost model (profiles price any shape from them);
 # this module fits them. Re-exported so calibration code reads one namespace.
-from sim.cost.kernel_model import (ELEM_BYTES, FamilyFit, GridCorrection, RooflineFit, attention_dims,  # noqa: F401
-                                   context_work, elem_bytes, gemm_work, generation_work, predict_context,
-                                   predict_gemm, predict_generation, roofline_time)
+from sim.cost.kernel_model import (  # noqa: F401
+    ELEM_BYTES,
+    FamilyFit,
+    GridCorrection,
+    RooflineFit,
+    attention_dims,
+    context_work,
+    elem_bytes,
+    gemm_work,
+    generation_work,
+    predict_context,
+    predict_gemm,
+    predict_generation,
+    roofline_time,
+)
 
 # --- parametric form ------------------------------------------------------------------------
 
@@ -286,8 +300,14 @@ def fit_gemm(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
         s = table.dtype == dt
         w, co = gemm_work(table.m[s], table.n[s], table.k[s], dt)
         groups[(dt,)] = _fit_group(w, co, table.latency_s[s], GEMM_TERMS, (peak_flops_fn(dt), peak_bw), GEMM_PRIORITY,
-                                   lambda c, dt=dt: gemm_work(*np.exp(c).T, dt)[0], GEMM_FILL)
+                                   partial(_gemm_flops_bytes, dtype=dt), GEMM_FILL)
     return FamilyFit("gemm", groups)
+
+
+def _gemm_flops_bytes(cells_log: np.ndarray, dtype: str) -> np.ndarray:
+    """Work terms of GEMMs at grid coordinates (log m, log n, log k)."""
+    m, n, k = np.exp(cells_log).T
+    return gemm_work(m, n, k, dtype)[0]
 
 
 def fit_context(table, peak_flops_fn, peak_bw: float) -> FamilyFit:

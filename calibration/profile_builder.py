@@ -12,18 +12,26 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from sim.catalog import MODELS, ModelSpec
+from sim.cost.profile import Curve1D, Grid2D, Profile, shape_keys
 from sim.errors import ConfigError
-from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
 from . import fit as F
-from .tables import (CPU_OVERHEAD_PARTS, KernelTables, find_table, read_attention, read_cpu_overheads,
-                     read_custom_allreduce, read_gemm)
+from .tables import (
+    CPU_OVERHEAD_PARTS,
+    KernelTables,
+    find_table,
+    read_attention,
+    read_cpu_overheads,
+    read_custom_allreduce,
+    read_gemm,
+)
 
 #: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
 SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
@@ -80,7 +88,7 @@ def _group_name(key: tuple) -> str:
 def fit_tables(kt: KernelTables, *, seed: int = 0, heldout: bool = True) -> Fits:
     """Fit GEMM, context and generation attention; with ``heldout`` also score an 80/20 split."""
     spec = kt.system
-    fams = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}
+    fams: dict[str, Any] = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}
     fitted = {k: F.FITTERS[k](t, spec.peak_flops, spec.mem_bw) for k, t in fams.items()}
     quality: dict = {}
     if heldout:

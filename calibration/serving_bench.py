@@ -24,9 +24,10 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -348,8 +349,8 @@ def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, eng
 
 # --- scoring ---------------------------------------------------------------------------------
 
-def error_stats(errs: list[float]) -> dict:
-    """Median and p90 |error|, share within 10 % and 20 %, signed bias (median signed error)."""
+def error_stats(errs: list[float | None]) -> dict:
+    """Median and p90 |error| (rows without one are left out), share within 10 % and 20 %, signed bias (median signed error)."""
     e = np.asarray([x for x in errs if x is not None and math.isfinite(x)], dtype=np.float64)
     if e.size == 0:
         return {"n": 0}
@@ -364,7 +365,7 @@ def score(results: list[RowResult]) -> dict:
     groups: dict[str, list[RowResult]] = {}
     for r in results:
         groups.setdefault(r.row.group, []).append(r)
-    out = {"groups": {}, "overall": {"ttft": error_stats([r.ttft_err for r in results]),
+    out: dict[str, Any] = {"groups": {}, "overall": {"ttft": error_stats([r.ttft_err for r in results]),
                                      "tpot": error_stats([r.tpot_err for r in results]),
                                      "rows": len(results), "failed": sum(r.error is not None for r in results)}}
     for g, rs in sorted(groups.items()):

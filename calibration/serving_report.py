@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
@@ -112,7 +112,7 @@ def write_html(doc: dict, path: Path) -> Path:
     from plotly.subplots import make_subplots
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)"))
     groups = sorted({r["group"] for r in doc["results"]})
-    for i, g in enumerate(groups):
+    for g in groups:
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
         text = [f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}" for r in rs]
         for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):

@@ -82,7 +82,7 @@ class GemmTable:
     backend: str
     version: str
 
-    def subset(self, mask: np.ndarray) -> "GemmTable":
+    def subset(self, mask: np.ndarray) -> GemmTable:
         return GemmTable(self.dtype[mask], self.m[mask], self.n[mask], self.k[mask], self.latency_s[mask],
                          self.source, self.backend, self.version)
 
@@ -112,7 +112,7 @@ class AttentionTable:
     backend: str
     version: str
 
-    def subset(self, mask: np.ndarray) -> "AttentionTable":
+    def subset(self, mask: np.ndarray) -> AttentionTable:
         return AttentionTable(self.kind, self.batch[mask], self.length[mask], self.heads[mask], self.kv_heads[mask],
                               self.head_dim[mask], self.attn_dtype[mask], self.kv_dtype[mask], self.latency_s[mask],
                               self.source, self.backend, self.version)

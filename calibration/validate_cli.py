@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -18,7 +17,7 @@ def validate_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda: where the reference engine and calibration run."),
     scenario: str = typer.Option("scenarios/validate-cpu.yaml", "--scenario",
                                  help="Validation spec (YAML; see docs/validation.md)."),
-    profile: Optional[str] = typer.Option(None, "--profile",
+    profile: str | None = typer.Option(None, "--profile",
                                           help="Use this profile (name or JSON) instead of calibrating the engine's "
                                                "shape on the device first."),
     out: Path = typer.Option(Path("runs/validate"), "--out", help="Output folder (validation.json, validation.html)."),
@@ -26,16 +25,16 @@ def validate_command(
     engine_overhead: bool = typer.Option(True, "--engine-overhead/--no-engine-overhead",
                                          help="Measure the engine's per-iteration framework overhead with its own "
                                               "loop and use it as the profile's CPU-step term."),
-    kernels: Optional[str] = typer.Option(None, "--kernels",
+    kernels: str | None = typer.Option(None, "--kernels",
                                           help="Attention kernels of the paged engine and its calibration: "
                                                "auto|flex|flashinfer|vllm|sdpa (default: the spec's engine.kernels, auto)."),
-    serving_bench: Optional[str] = typer.Option(None, "--serving-bench",
+    serving_bench: str | None = typer.Option(None, "--serving-bench",
                                                 help="Instead: simulate end-to-end serving benchmarks (CSV, a vllm bench "
                                                      "serve JSON, or a folder; 'builtin' = the shipped training file) "
                                                      "and compare TTFT/TPOT with the measured runs."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="--serving-bench: only rows of this engine "
+    engine: str | None = typer.Option(None, "--engine", help="--serving-bench: only rows of this engine "
                                                                 "(vllm|sglang|trtllm); for JSON results, their engine."),
-    terms: Optional[str] = typer.Option(None, "--terms", help="--serving-bench: engine terms file "
+    terms: str | None = typer.Option(None, "--terms", help="--serving-bench: engine terms file "
                                                               "(kvsim calibrate --from-serving-bench)."),
     logo: bool = typer.Option(False, "--logo", help="--serving-bench: leave one (model, GPU, engine) group out: fit "
                                                     "its engine's terms on the other groups, then predict it."),
@@ -44,8 +43,8 @@ def validate_command(
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--serving-bench: processes."),
     max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
                                   help="--serving-bench --logo: simulations of the rows per engine fit."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
+    gpu: str | None = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
+    tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -59,9 +58,9 @@ def validate_command(
                  max_evals=max_evals)
         return
 
-    from .validate import format_table, load_spec, validate
-
     from sim.output.staging import out_dir
+
+    from .validate import format_table, load_spec, validate
     if device not in ("cpu", "cuda"):
         raise ConfigError("validate.device", device, "one of cpu, cuda")
     spec = load_spec(scenario, quick=quick, kernels=kernels)
@@ -125,14 +124,14 @@ def validate_command(
 
 def validate_runs_command(
     runs: list[Path] = typer.Argument(..., help="Two or more kvsim validate output folders of one spec."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Also write the tables as JSON here."),
+    out: Path | None = typer.Option(None, "--out", help="Also write the tables as JSON here."),
 ) -> None:
     """Read several validation runs together: per run, per cell over the runs (the systematic part), and the runs' median."""
     import json
 
-    from .validate.several_runs import combine, load_run, markdown
-
     from sim.output.staging import out_file
+
+    from .validate.several_runs import combine, load_run, markdown
     if out is not None:
         out = out_file(out)
     doc = combine([load_run(r) for r in runs])

@@ -97,7 +97,7 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
         d.mkdir(parents=True, exist_ok=True)
         shutil.copy(s / "system.yaml", d / "system.yaml")
         rel = f"gemm/trtllm/{trt}/gemm_perf.parquet"
-        _filter_copy(s / rel, d / rel, lambda t: pc.is_in(t["gemm_dtype"], value_set=pa.array(gemm_dtypes)))
+        _filter_copy(s / rel, d / rel, lambda t, dt=gemm_dtypes: pc.is_in(t["gemm_dtype"], value_set=pa.array(dt)))
         for name in ("context_attention_perf", "generation_attention_perf"):
             rel = f"attention/trtllm/{trt}/{name}.parquet"
             _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0)))

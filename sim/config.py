@@ -14,7 +14,7 @@ import importlib.resources
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -22,11 +22,36 @@ from pydantic.config import JsonDict
 
 from sim.errors import ConfigError
 from sim.inputs import is_file, load_yaml, read_text
-from sim.limits import (MAX_BYTES, MAX_CV, MAX_DIM, MAX_GROUPS, MAX_HEADS, MAX_LAYERS, MAX_MULTIPLIER,
-                        MAX_NESTING, MAX_OVERHEAD_FACTOR, MAX_PARAMS, MAX_PER_SEQ_OVERHEAD_S,
-                        MAX_PREFIX_TOKENS_TOTAL, MAX_RATE, MAX_REPLICAS, MAX_REQUESTS, MAX_SEED, MAX_SEQS,
-                        MAX_SIGMA, MAX_STEP_OVERHEAD_S, MAX_TIME_S, MAX_TIME_SCALE, MAX_TOKENS, MAX_VOCAB, MIN_CV,
-                        MIN_EFFICIENCY, MIN_PERIOD_S, MIN_RATE, MIN_TIME_SCALE)
+from sim.limits import (
+    MAX_BYTES,
+    MAX_CV,
+    MAX_DIM,
+    MAX_GROUPS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_MULTIPLIER,
+    MAX_NESTING,
+    MAX_OVERHEAD_FACTOR,
+    MAX_PARAMS,
+    MAX_PER_SEQ_OVERHEAD_S,
+    MAX_PREFIX_TOKENS_TOTAL,
+    MAX_RATE,
+    MAX_REPLICAS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SEQS,
+    MAX_SIGMA,
+    MAX_STEP_OVERHEAD_S,
+    MAX_TIME_S,
+    MAX_TIME_SCALE,
+    MAX_TOKENS,
+    MAX_VOCAB,
+    MIN_CV,
+    MIN_EFFICIENCY,
+    MIN_PERIOD_S,
+    MIN_RATE,
+    MIN_TIME_SCALE,
+)
 from sim.strict import strict_scalar
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -198,7 +223,7 @@ class LengthsConfig(_Section):
     output_sigma: float = Field(1.0, ge=0, le=MAX_SIGMA)
     path: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
     format: Literal["auto", "azure", "mooncake", "csv", "parquet", "length_stats"] = "auto"
-    base: "LengthsConfig | None" = None
+    base: LengthsConfig | None = None
     outlier_fraction: float = Field(0.1, ge=0, le=1)
     outlier_multiplier: float = Field(4.0, gt=0, le=MAX_MULTIPLIER)
 
@@ -306,7 +331,7 @@ class AllocatorConfig(_Section):
     kind: str = "paged"
     block_size: int = Field(16, ge=1, le=4096)
     #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
-    reserve: Union[int, str] = "max_model_len"
+    reserve: int | str = "max_model_len"
     #: static: a sequence that outgrows its reservation is rejected, truncated (completed early), or
     #: moved to a paged fallback region of ``fallback_fraction`` of KV memory (one copy of its KV).
     overflow: Literal["reject", "truncate", "fallback"] = "reject"
@@ -323,7 +348,7 @@ class AllocatorConfig(_Section):
     preemption: PreemptionConfig = PreemptionConfig()
     #: hybrid_tail: requests predicted longer than this (``pNN`` of total length, or tokens) get a
     #: static reservation of ``max_model_len`` from a partition of ``static_fraction`` of KV memory.
-    long_threshold: Union[int, str] = "p90"
+    long_threshold: int | str = "p90"
     static_fraction: float = Field(0.3, gt=0, lt=1)
     #: hybrid_tail: how a request's total length is predicted at admission (``sim/workload/predictor.py``):
     #: ``prompt`` (what is known: the prompt and any tokens already generated), ``quantile`` (the

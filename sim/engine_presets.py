@@ -87,7 +87,7 @@ class EnginePreset:
     #: Where each value comes from.
     sources: tuple[tuple[str, str], ...] = ()
 
-    def with_overrides(self, **terms) -> "EnginePreset":
+    def with_overrides(self, **terms) -> EnginePreset:
         unknown = set(terms) - {f.name for f in fields(self)} - {"name", "sources"}
         if unknown:
             raise KeyError(", ".join(sorted(unknown)))

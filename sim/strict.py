@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel
@@ -28,7 +28,7 @@ def scalar_kinds(annotation: Any) -> frozenset[type]:
     return _kinds(annotation)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _kinds(annotation: Any) -> frozenset[type]:
     origin = typing.get_origin(annotation)
     if origin in (Union, types.UnionType):

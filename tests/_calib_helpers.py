@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from calibration.build_builtin import builtin_tables
 
 SYSTEMS = ("h100_sxm", "h200_sxm", "a100_sxm", "b200_sxm", "l40s")
 
 
-@lru_cache(maxsize=None)
+@cache
 def tables(system: str):
     """The tables the built-in profile of ``system`` is fitted from (TensorRT-LLM; SGLang decode attention but on B200)."""
     return builtin_tables(system)

@@ -8,8 +8,7 @@ iteration at a time.
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from allocator_checks import check_after_op, grow_one_at_a_time, release_all, step_decode
 from sim.allocators import Grow, PagedAllocator, StaticAllocator

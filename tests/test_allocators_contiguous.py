@@ -13,8 +13,7 @@ sequence would take minutes on a loaded machine.
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from allocator_checks import check_after_op, release_all
 from sim.allocators import Grow

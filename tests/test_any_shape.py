@@ -16,7 +16,7 @@ import pytest
 
 from _calib_helpers import tables
 from calibration import fit as F
-from sim.catalog import get_gpu, with_overrides, get_model
+from sim.catalog import get_gpu, get_model, with_overrides
 from sim.cost.kernel_model import Peaks, attention_grid, gemm_curve
 from sim.cost.model import BatchShape
 from sim.cost.profile import Curve1D, Grid2D, ProfileCostModel, load_profile

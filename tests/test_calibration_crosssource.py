@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from _calib_helpers import tables
 from calibration import fit as F
 from calibration.tables import VIDUR_DIR, read_vidur_mlp
-from _calib_helpers import tables
 
 BOUND = 0.15
 

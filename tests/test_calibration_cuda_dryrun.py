@@ -11,8 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibration import attention_backends as AB  # noqa: E402
-from calibration import kernels as K  # noqa: E402
+from calibration import attention_backends as AB, kernels as K  # noqa: E402
 from calibration.devices import CpuDevice  # noqa: E402
 from sim.catalog import get_model  # noqa: E402
 from sim.cost.profile import load_profile  # noqa: E402

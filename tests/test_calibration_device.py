@@ -20,11 +20,11 @@ pytestmark = pytest.mark.timing
 
 from calibration import kernels as K  # noqa: E402
 from sim.catalog import get_gpu, get_model  # noqa: E402
-from sim.engine.cluster import simulate  # noqa: E402
 from sim.config import scenario_from_dict  # noqa: E402
 from sim.cost.model import BatchShape, Layout  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
 from sim.cost.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
 
 TINY = get_model("tiny-llama")
 CPU = get_gpu("cpu")
@@ -34,6 +34,7 @@ QUICK_BUDGET_S = 60.0
 
 def _app():
     import typer
+
     from calibration.cli import calibrate_command
     app = typer.Typer()
     app.command("calibrate")(calibrate_command)
@@ -131,12 +132,21 @@ def test_heldout_points_remeasured(quick):
     keys = ProfileCostModel(p, TINY, CPU).keys
     gate_n, gate_k = (int(x) for x in keys.gate_up.split(":")[0].split("x"))
     plan = K.make_plan("cpu", TINY, quick=True)
-    gemm_gu = lambda m: (lambda b: b.gemm_calls(m, gate_n, gate_k), lambda: p.gemm[keys.gate_up](np.array([float(m)]))[0][0])
-    gemm_qkv = lambda m: (lambda b: b.gemm_calls(m, 512, 256), lambda: p.gemm[keys.qkv](np.array([float(m)]))[0][0])
-    dec = lambda bt, L: (lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
-                         lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0])
-    pre = lambda bt, L: (lambda b: b.context_calls(bt, L, h, kvh, d),
-                         lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
+    def gemm_gu(m):
+        return (lambda b: b.gemm_calls(m, gate_n, gate_k), lambda: p.gemm[keys.gate_up](np.array([float(m)]))[0][0])
+
+    def gemm_qkv(m):
+        return (lambda b: b.gemm_calls(m, 512, 256), lambda: p.gemm[keys.qkv](np.array([float(m)]))[0][0])
+
+    def dec(bt, L):
+        return (lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
+                lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
+    def pre(bt, L):
+        return (lambda b: b.context_calls(bt, L, h, kvh, d),
+                lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+
     # held-out point -> (its measurement, neighbouring grid points that set the host-speed factor)
     cases = {"gemm gate_up m=96": (gemm_gu(96), [gemm_gu(64), gemm_gu(128)]),
              "gemm qkv m=384": (gemm_qkv(384), [gemm_qkv(256), gemm_qkv(512)]),
@@ -156,7 +166,7 @@ def test_heldout_points_remeasured(quick):
     for _ in range(2):  # a miss is measured once more: one noisy spell on a shared host is not a verdict
         bench = K.Bench.open("cpu", repeats=plan.repeats, warmup=plan.warmup, target_repeat_s=plan.target_repeat_s)
         try:
-            timings = bench.measure([lambda f=f: f(bench) for f, _ in flat], passes=5)
+            timings = bench.measure([lambda f=f, bench=bench: f(bench) for f, _ in flat], passes=5)
         finally:
             bench.close()
         errs = {}
@@ -227,3 +237,28 @@ def test_cpu_reference_builtin():
     cm = ProfileCostModel(p, TINY, CPU)
     t = cm.decode_times_s(8, np.array([8 * 256.0, 8 * 1024.0]))
     assert np.all(t > 0) and t[1] > t[0]
+
+
+def test_host_speed_applies_per_sample_when_passes_differ_in_length():
+    """``samples`` picks each pass's repeat count from that pass's own estimate, so one point's
+    passes can hold different numbers of samples; every sample takes the host-speed factor of the
+    moment its pass ended (this once raised IndexError, or paired samples with another pass's time)."""
+    bench = K.Bench.open("cpu", repeats=3, warmup=0, target_repeat_s=1e-5)
+    try:
+        counts = iter([2, 5, 3])
+        bench.samples = lambda calls, repeats=None: ([1.0] * next(counts), 1)
+        ends: list[float] = []
+
+        class Speed:
+            def tick(self, force=False):
+                pass
+
+            def factor_at(self, t):  # pass p's samples carry the factor p + 1
+                return 1.0 + sum(t > e for e in ends)
+
+        bench.speed = Speed()
+        timing = bench.measure([lambda: ([lambda: None], 1.0)], passes=3, on_done=lambda i: ends.append(time.perf_counter()))[0]
+    finally:
+        bench.close()
+    assert timing.repeats == 10
+    assert (timing.min_s, timing.median_s, timing.max_s) == (1.0, 2.0, 3.0)

@@ -10,12 +10,12 @@ bound stays as specified and a future improvement turns them into failures to up
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
-from calibration import fit as F
 from _calib_helpers import SYSTEMS, tables
+from calibration import fit as F
 
 FAMILIES = ("gemm", "context_attention", "generation_attention")
 MEDIAN_BOUND, P95_BOUND = 0.03, 0.15
@@ -39,7 +39,7 @@ KNOWN_MISSES: dict[tuple[str, str, str], float] = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def heldout(system: str, family: str) -> dict:
     kt = tables(system)
     table = {"gemm": kt.gemm, "context_attention": kt.context, "generation_attention": kt.generation}[family]

@@ -13,8 +13,15 @@ from typer.testing import CliRunner
 from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables, read_gemm
 from sim.catalog import get_gpu, get_model, with_overrides
 from sim.cost.model import BatchShape, Layout
+from sim.cost.profile import (
+    PROFILE_DIR,
+    Profile,
+    ProfileCostModel,
+    build_profile_cost_model,
+    list_profiles,
+    load_profile,
+)
 from sim.errors import ConfigError
-from sim.cost.profile import (PROFILE_DIR, Profile, ProfileCostModel, build_profile_cost_model, list_profiles, load_profile)
 
 H100 = get_gpu("H100-SXM-80GB")
 L8B = get_model("llama-3.1-8b")
@@ -200,6 +207,7 @@ def test_bad_tables(tmp_path):
 
 def _app():
     import typer
+
     from calibration.cli import calibrate_command, profile_app
     app = typer.Typer()
     app.command("calibrate")(calibrate_command)

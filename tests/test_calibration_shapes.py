@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration import fit as F
 from _calib_helpers import SYSTEMS, tables
+from calibration import fit as F
 
 BOUND = 0.10
 

@@ -12,11 +12,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from sim.analysis.bench_compare import (METRICS, STATS, THROUGHPUTS, compare_result, header_check, measured_metrics,
-                                        send_times, simulated_itl_s)
+from sim.analysis.bench_compare import (
+    METRICS,
+    STATS,
+    THROUGHPUTS,
+    compare_result,
+    header_check,
+    measured_metrics,
+    send_times,
+    simulated_itl_s,
+)
 from sim.analysis.bench_results import BenchResult, read_bench_result, result_files
 from sim.errors import ConfigError
 

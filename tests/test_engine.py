@@ -1,17 +1,14 @@
 """End-to-end behaviour of the simulator."""
 
-import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from sim.engine.cluster import simulate
-from sim.config import load_scenario
-from sim.output.results import write_run
+from hypothesis import given, settings, strategies as st
 
 from helpers import TINY_MIXED, tiny_scenario
+from sim.config import load_scenario
+from sim.engine.cluster import simulate
+from sim.output.results import write_run
 
 
 def _check_accounting(res, n):

@@ -10,9 +10,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from calibration.engine import (Engine, EngineConfig, EngineRequest, Transformer, chunk_attention,  # noqa: E402
-                                contiguous_attention, decode_plan, paged_decode_attention,
-                                padded_block_tables)
+from calibration.engine import (  # noqa: E402
+    Engine,
+    EngineConfig,
+    EngineRequest,
+    Transformer,
+    chunk_attention,
+    contiguous_attention,
+    decode_plan,
+    padded_block_tables,
+    paged_decode_attention,
+)
 from calibration.validate import load_spec, make_requests, semantics_check, sim_scenario, write_trace  # noqa: E402
 from sim.catalog import MODELS  # noqa: E402
 from sim.engine.cluster import simulate  # noqa: E402
@@ -66,7 +74,7 @@ def test_paged_attention_equals_contiguous():
     plan = decode_plan(tables, lens, B)
     assert rel(paged_decode_attention(q, kp, vp, None, None, None, plan), ref) < 1e-5
     # and against plain math (softmax(q·k/sqrt(d))·v, GQA by repeating KV heads)
-    for i, L in enumerate(lens):
+    for i in range(len(lens)):
         k, v = ks[i].repeat_interleave(H // KVH, 1), vs[i].repeat_interleave(H // KVH, 1)
         s = torch.einsum("hd,lhd->hl", q[i], k) / d ** 0.5
         o = torch.einsum("hl,lhd->hd", s.softmax(-1), v)
@@ -293,8 +301,8 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
     per_seq_delta_s, and a per-decode cost in mixed iterations, mixed_per_decode_s): the simulator adds it to the first decode iterations after each prefill
     (fast-forward windows, cohort and stepping alike) and the engine's virtual clock does the same,
     so their schedules stay identical; and it is charged (the run is longer than without it)."""
-    from sim.cost.profile import load_profile
     from sim.config import scenario_from_dict
+    from sim.cost.profile import load_profile
     prof = load_profile("cpu-reference")
     plain_path = prof.write(tmp_path / "plain.json")
     prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3],

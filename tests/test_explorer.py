@@ -13,8 +13,8 @@ import pytest
 
 from sim import explorer as X
 from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, scenario_from_dict
-from sim.explorer import launcher
 from sim.errors import ConfigError
+from sim.explorer import launcher
 
 SMALL = {"name": "small", "seed": 2, "model": {"name": "llama-3.1-8b"},
          "workload": {"num_requests": 150, "max_model_len": 4096, "arrival": {"kind": "poisson", "rate": 20.0},

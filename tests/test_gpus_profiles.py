@@ -13,12 +13,12 @@ import pytest
 
 from calibration.tables import DEFAULT_TABLES_DIR, read_system
 from sim.catalog import GPUS, MODELS
-from sim.engine.cluster import simulate
 from sim.config import scenario_from_dict
 from sim.cost.model import BatchShape
+from sim.cost.profile import build_profile_cost_model, load_profile
+from sim.engine.cluster import simulate
 from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU, Deployment
 from sim.errors import ConfigError
-from sim.cost.profile import build_profile_cost_model, load_profile
 
 
 @pytest.mark.parametrize("system,gpu", [("b200_sxm", "B200-SXM-180GB"), ("l40s", "L40S"), ("h100_sxm", "H100-SXM-80GB")])

@@ -11,10 +11,10 @@ import pytest
 
 from sim.catalog import FULL, MODELS, SLIDING
 from sim.config import scenario_from_dict
+from sim.cost.profile import shape_keys
 from sim.engine.deployment import Deployment, model_spec
 from sim.errors import ConfigError
 from sim.hf_config import MODELS_DIR, read_hf_config, resolve_hf_config, shipped_models
-from sim.cost.profile import shape_keys
 
 DATA = Path(__file__).parent / "data" / "hf"
 

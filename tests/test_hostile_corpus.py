@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.hostile import EXPLORER_WALL_S, TIMEOUT_S, corpus, prepared, run_case, warm  # noqa: E402
-
 from sim.engine.budget import EXPLORER_BUDGET  # noqa: E402
 
 CASES = corpus(quick=True)

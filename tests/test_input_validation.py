@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from sim.config import (Scenario, key_ranges, load_scenario, parse_override, read_scenario_dict, scenario_from_dict)
+from sim.config import Scenario, key_ranges, load_scenario, parse_override, read_scenario_dict
 from sim.cost.profile import PROFILE_DIR, Profile, load_profile
 from sim.engine.budget import EXPLORER_BUDGET, BudgetExceeded, RunBudget
 from sim.engine.cluster import simulate

@@ -13,11 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from allocator_checks import check_after_op, release_all, step_decode
-from test_allocators import _owned_slots_static, _run, ops
 from sim.allocators import Grow, StaticAllocator
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.catalog import FULL, GPUS, MODELS, SLIDING, KVGroups, ModelSpec, kv_groups_of
@@ -28,6 +26,7 @@ from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.errors import ConfigError
 from sim.hf_config import read_hf_config
+from test_allocators import _owned_slots_static, _run, ops
 
 DATA = Path(__file__).parent / "data" / "hf"
 GPT_OSS = DATA / "dense-gpt-oss-layout_config.json"

@@ -4,10 +4,9 @@ The numbers behind every assertion are in the assertion message; docs/allocators
 """
 
 import numpy as np
-import pytest
 
-from sim.engine.cluster import simulate
 from sim.config import load_scenario
+from sim.engine.cluster import simulate
 
 # llama-3.1-8b on one H100 (calibrated h100-sxm profile), Azure conversation lengths.
 BASE = {"workload.num_requests": 400, "workload.arrival.rate": 12.0}

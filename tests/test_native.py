@@ -78,8 +78,8 @@ fingerprint = _ns["fingerprint"]
 
 
 def _run(scenario: str, overrides: dict) -> str:
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     return fingerprint(simulate(load_scenario(scenario, overrides)))
 
 
@@ -165,8 +165,8 @@ def test_native_command():
 
 
 def test_a_run_says_which_engine_ran(tmp_path):
-    from sim.engine.cluster import simulate
     from sim.config import load_scenario
+    from sim.engine.cluster import simulate
     res = simulate(load_scenario("chat-api", {"workload.num_requests": 20}))
     assert res.run_info["hot_path"] == sim.NATIVE_STATE
     assert (res.run_info["hot_path"] == "compiled") == native.active()

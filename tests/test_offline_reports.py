@@ -110,13 +110,13 @@ def test_serving_validation_html_offline(browser, tmp_path):
 def test_run_sweep_plan_and_explorer_pages_offline(browser, tmp_path):
     from sim import explorer as X
     from sim.analysis import plots
-    from sim.engine.cluster import simulate
-    from sim.config import load_scenario
     from sim.analysis.planner import plan, write_plan
     from sim.analysis.report import report
-    from sim.output.results import write_run
     from sim.analysis.slo import parse_slos
     from sim.analysis.sweep import run_sweep
+    from sim.config import load_scenario
+    from sim.engine.cluster import simulate
+    from sim.output.results import write_run
     run = tmp_path / "run"
     write_run(simulate(load_scenario("chat-api", {"workload.num_requests": 60})), run)
     assert_offline(browser, report(run), at_least=5)

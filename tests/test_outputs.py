@@ -8,8 +8,7 @@ import sys
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 from sim.output.metrics import REQUEST_SCHEMA, TIMESERIES_SCHEMA, _arrow_column
 

@@ -18,10 +18,10 @@ import subprocess
 import sys
 import sysconfig
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import sim
 

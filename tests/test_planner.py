@@ -7,11 +7,11 @@ import sys
 import pyarrow as pa
 import pytest
 
-from sim.engine.cluster import simulate
-from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
-from sim.errors import ConfigError
-from sim.analysis.planner import CANDIDATES, find_goodput, fewest_replicas
+from sim.analysis.planner import CANDIDATES, fewest_replicas, find_goodput
 from sim.analysis.slo import SLO, attainment, parse_slos
+from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+from sim.engine.cluster import simulate
+from sim.errors import ConfigError
 
 
 def test_parse_slos_meaning():

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from helpers import tiny_scenario
-from sim.allocators import HybridTailAllocator
-from sim.allocators import kinds as builtin_kinds
-from sim.allocators import registry
+from sim.allocators import HybridTailAllocator, kinds as builtin_kinds, registry
 from sim.allocators.tiered import StaticFallbackAllocator
 from sim.config import SchedulerConfig, load_scenario
 from sim.engine.cluster import length_predictor, simulate

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from helpers import tiny_scenario
-from sim.allocators import COMMON_KNOBS, KINDS, Allocator, DecodePlan, Grow
-from sim.allocators import registry
+from sim.allocators import COMMON_KNOBS, KINDS, Allocator, DecodePlan, Grow, registry
 from sim.allocators.base import INSUFFICIENT_FREE
 from sim.allocators.capabilities import capabilities_of
 from sim.config import ALLOCATOR_KINDS, SCHEDULER_KINDS, AllocatorConfig, load_scenario
@@ -23,7 +21,6 @@ from sim.sched import registry as sched_registry
 from sim.sched.static_batch import StaticBatchScheduler
 from test_allocators import _run, ops
 from test_engine import _compare
-
 
 # --- the recipe: one class, one registration --------------------------------------------------
 

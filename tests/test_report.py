@@ -6,18 +6,17 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
 
 pytest.importorskip("plotly")
 
 from sim.analysis import plots  # noqa: E402
-from sim.engine.cluster import simulate  # noqa: E402
-from sim.config import load_scenario  # noqa: E402
 from sim.analysis.report import report  # noqa: E402
-from sim.output.results import write_run  # noqa: E402
 from sim.analysis.sweep import run_sweep  # noqa: E402
+from sim.config import load_scenario  # noqa: E402
+from sim.engine.cluster import simulate  # noqa: E402
+from sim.output.results import write_run  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from sim.catalog import MODELS
-from sim.engine.cluster import simulate
 from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, read_scenario_dict, scenario_from_dict
+from sim.engine.cluster import simulate
 
 N = 24
 FILES = sorted(SCENARIO_DIR.glob("*.yaml"))

@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from sim import explorer as X
-from sim.engine.cluster import simulate
+from sim.analysis.sweep import load_sweep
 from sim.config import file_fields, scenario_from_dict
+from sim.engine.cluster import simulate
 from sim.errors import ConfigError
 from sim.output.results import write_run
-from sim.analysis.sweep import load_sweep
 
 _OPENED: list[str] = []
 _WATCH: set[str] = set()

@@ -18,9 +18,19 @@ from pathlib import Path
 
 import pytest
 
-from calibration.serving_bench import (ENGINE_BLOCK_SIZE, GPU_IDS, BenchRow, Clients, RowResult, read_bench,
-                                       read_csv, row_scenario, score, simulate_row)
-from calibration.serving_fit import (EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective)
+from calibration.serving_bench import (
+    ENGINE_BLOCK_SIZE,
+    GPU_IDS,
+    BenchRow,
+    Clients,
+    RowResult,
+    read_bench,
+    read_csv,
+    row_scenario,
+    score,
+    simulate_row,
+)
+from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults

@@ -10,9 +10,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from sim.analysis.sweep import load_sweep, point_id, read_dataset, run_sweep
 from sim.config import load_scenario
 from sim.errors import ConfigError
-from sim.analysis.sweep import load_sweep, point_id, read_dataset, run_sweep
 
 AZURE = {"kind": "empirical", "path": "traces/AzureLLMInferenceTrace_conv.csv"}
 

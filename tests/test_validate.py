@@ -11,8 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibration.validate import (METRICS, capacity_tokens, latency_metrics, load_spec, make_requests, median_metrics,
-                                  rel_error, replay_spread, sim_scenario, write_trace)
+from calibration.validate import (
+    METRICS,
+    capacity_tokens,
+    latency_metrics,
+    load_spec,
+    make_requests,
+    median_metrics,
+    rel_error,
+    replay_spread,
+    sim_scenario,
+    write_trace,
+)
 from sim.errors import ConfigError
 
 
@@ -118,7 +128,7 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
         events.append(("overhead", seed))
         rows = []
         for S in (1, 2, 4):
-            for i in range(passes * 6):
+            for _ in range(passes * 6):
                 meas = 1e-3 * (3 + S)
                 rows.append({"seqs": S, "decode_seqs": S, "tokens": S, "pure_decode": True, "chunks": [],
                              "decode_kv_tokens": 100 * S, "alloc_events": 0, "predicted_s": 0.0, "measured_s": meas,
@@ -272,7 +282,7 @@ def test_replay_order_interleaved_and_blocked():
         rows = np.zeros((3, 3))
         cells = [Replayed({"name": ld}, a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
                  for a, ld in (("paged", "light"), ("paged", "medium"), ("static", "light"))]
-        replay_cells(spec, cells, engines, FakeSpeed(), before=lambda k, c: seen.append((k, c.allocator[0] + c.load["name"][0])))
+        replay_cells(spec, cells, engines, FakeSpeed(), before=lambda k, c, seen=seen: seen.append((k, c.allocator[0] + c.load["name"][0])))
         assert [x[1] for x in seen] == want and [x[0] for x in seen] == list(range(6))
         norm = [(name[0], clock) for name, n, clock, kind in log if n == 3]
         assert [n for n, c in norm if c == "cpu_norm"] == [w[0] for w in want]
@@ -338,8 +348,8 @@ def test_overhead_fit_steady_state_and_after_prefill():
     assert noisy["intercept_s"] + noisy["per_seq_s"] == pytest.approx(a + b, rel=0.03)
     # into the profile as is
     from calibration.kernels import with_engine_overhead
-    from sim.cost.profile import load_profile
     from sim.catalog import get_model
+    from sim.cost.profile import load_profile
     prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
                                                                   "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
     assert prof.cpu_overhead["by_tp"]["1"]["after_prefill_s"] == fit["after_prefill_s"]
@@ -357,7 +367,7 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     bump = {1: 0.0, 2: -3e-4, 3: 2e-4, 4: 0.0, 5: 0.0, 6: 4e-4}
     rows = []
     for S, n in ((1, 30), (2, 30), (3, BY_SEQS_MIN), (4, 30), (6, BY_SEQS_MIN - 1)):
-        for i in range(n):
+        for _ in range(n):
             over = a + b * S + bump[S]
             rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": over,
                          "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
@@ -459,7 +469,7 @@ def test_overhead_fit_center_prices_the_mean_iteration():
         base = 1e-3 + 2e-4 * S
         extra = rng.exponential(0.1 * base, size=400)  # skewed: mean above median
         extra[0] = 100 * base  # one host stall
-        for i, x in enumerate(extra):
+        for x in extra:
             rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": base + x,
                          "measured_s": 2 * base + x, "cpu_s": 2 * base + x, "predicted_s": base})
     fits = {c: _fit_overhead(rows, "cpu_norm", center=c) for c in ("median", "trimmed", "mean")}

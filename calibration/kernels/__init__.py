@@ -48,16 +48,46 @@ from __future__ import annotations
 
 from .calibrate import DeviceResult, calibrate_device, sidecar_paths, write_outputs
 from .device_profile import ELEMENTWISE_KERNELS, METHOD, build_device_profile, with_static_decode
-from .engine_overhead import (AFTER_PREFILL, BY_SEQS_MIN, ENGINE_OVERHEAD_BATCHES, FIT_CENTERS, OVERHEAD_MIXES,
-                              TRIM_MIN, decode_since_prefill, engine_iteration_rows, kernel_cost, kernels_only,
-                              measure_engine_overhead, repredict, row_time_s, step_overhead_s, with_engine_overhead)
-from .engine_overhead import _fit_overhead as _fit_overhead  # refitted by calibration.validate and its tests
+from .engine_overhead import (
+                              AFTER_PREFILL,
+                              BY_SEQS_MIN,
+                              ENGINE_OVERHEAD_BATCHES,
+                              FIT_CENTERS,
+                              OVERHEAD_MIXES,
+                              TRIM_MIN,
+                              _fit_overhead as _fit_overhead,  # refitted by calibration.validate and its tests
+                              decode_since_prefill,
+                              engine_iteration_rows,
+                              kernel_cost,
+                              kernels_only,
+                              measure_engine_overhead,
+                              repredict,
+                              row_time_s,
+                              step_overhead_s,
+                              with_engine_overhead,
+)
 from .measure import Measurements, measure_device, pool_measurements, run_measurements, skipped_block_sizes
-from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan, make_plan
-from .plan import _pow2 as _pow2  # calibration.validate builds its grid with it
+from .plan import (
+                              REFERENCE_BLOCK_SIZE,
+                              STATIC_PREFILL,
+                              Plan,
+                              _pow2 as _pow2,  # calibration.validate builds its grid with it
+                              make_plan,
+)
 from .report import write_report
-from .timing import (DEVICES, MAX_POINT_S, MAX_ROTATIONS, POOL_ELEMS, ROTATE_BYTES, Bench, Setup, Timing,
-                     check_device, describe_device, import_torch)
+from .timing import (
+                              DEVICES,
+                              MAX_POINT_S,
+                              MAX_ROTATIONS,
+                              POOL_ELEMS,
+                              ROTATE_BYTES,
+                              Bench,
+                              Setup,
+                              Timing,
+                              check_device,
+                              describe_device,
+                              import_torch,
+)
 
 __all__ = [
     "AFTER_PREFILL", "BY_SEQS_MIN", "DEVICES", "ELEMENTWISE_KERNELS", "ENGINE_OVERHEAD_BATCHES", "FIT_CENTERS",

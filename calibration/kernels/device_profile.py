@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import platform
+from typing import Any
 
 import numpy as np
 
 from sim.catalog import ModelSpec
 from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
 
-from .. import attention_backends as AB
-from .. import fit as F
+from .. import attention_backends as AB, fit as F
 from ..tables import AttentionTable, GemmTable
 from .measure import Measurements
 from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan
-
 
 #: Memory-bound per-layer kernels charged as elementwise (same count as the tables route).
 ELEMENTWISE_KERNELS = 5
@@ -30,8 +29,9 @@ METHOD = "torch kernel timing"
 
 def _gemm_table(meas: Measurements, dtype: str, version: str) -> GemmTable:
     rows = meas.select("gemm")
-    return GemmTable(np.array([dtype] * len(rows)), *(np.array([r[c] for r in rows], dtype=np.int64) for c in "mnk"),
-                     np.array([r["median_s"] for r in rows]), "device", "torch", version)
+    m, n, k = (np.array([r[c] for r in rows], dtype=np.int64) for c in "mnk")
+    return GemmTable(np.array([dtype] * len(rows)), m, n, k, np.array([r["median_s"] for r in rows]), "device", "torch",
+                     version)
 
 
 def _attention_table(meas: Measurements, kind: str, dtype: str, version: str, **eq) -> AttentionTable:
@@ -112,7 +112,7 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     fits = {"gemm": F.fit_gemm(gt, peak_fn, peak_bw), "context_attention": F.fit_context(ct, peak_fn, peak_bw),
             "generation_attention": F.fit_generation(pt, peak_fn, peak_bw),
             "generation_contiguous": F.fit_generation(cont, peak_fn, peak_bw)}
-    quality = {}
+    quality: dict[str, Any] = {}
     for kind, table in (("gemm", gt), ("context_attention", ct), ("generation_attention", pt)):
         quality[kind] = {"overall": _heldout(kind, table, peak_fn, peak_bw, seed), "groups": {}}
     quality["method"] = (f"random 20% of measured points held out (numpy seed {seed}), fit on the other 80%, "
@@ -217,7 +217,7 @@ def build_device_profile(meas: Measurements, model: ModelSpec, device_info: dict
     params = {fam: {"/".join(map(str, k)): {a_: float(f"{v:.5g}") for a_, v in rf.as_dict().items()}
                     for k, (rf, _) in fits[fam].groups.items()}
               for fam in ("gemm", "context_attention", "generation_attention")}
-    counts = {}
+    counts: dict[str, int] = {}
     for r in meas.rows:
         counts[r["family"]] = counts.get(r["family"], 0) + 1
     provenance = {

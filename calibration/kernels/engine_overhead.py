@@ -12,12 +12,12 @@ import itertools
 import math
 import random
 import time
+from typing import Any
 
 import numpy as np
 
 from sim.catalog import ModelSpec
 from sim.cost.profile import Profile
-
 
 #: Batch sizes (max_num_seqs) of the offline engine runs that measure its per-iteration overhead.
 ENGINE_OVERHEAD_BATCHES = (1, 2, 4, 8, 16)
@@ -110,7 +110,7 @@ def decode_since_prefill(rows: list[dict]) -> list[int]:
     return out
 
 
-def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
+def measure_engine_overhead(profile: Profile | dict[str, Profile], model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
                             dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
                             prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
                             mixes=("offline",), output_range=(8, 48),
@@ -175,6 +175,7 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
                                reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
                                device=device, kernels=kernels)
             if clock == "cpu_norm":
+                assert probes is not None and probe_ref_s is not None  # checked above
                 pre = ({"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
                        if prefill_probes and prefill_probe_ref_s else {})
                 res = Engine(cfg, model=net).run(trace, clock="cpu_norm", probe=probes[a],
@@ -198,7 +199,8 @@ def measure_engine_overhead(profile: "Profile | dict[str, Profile]", model: Mode
             **({"output_range": list(output_range)} if "queued" in mixes else {})}
     out = {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
     for a in allocators:
-        if probe_log[a]:
+        if probe_log[a]:  # cpu_norm only
+            assert probe_ref_s is not None
             out[a]["speed_probes"] = probe_log[a]
             out[a]["probe_ref_s"] = float(probe_ref_s[a])
     return out
@@ -311,7 +313,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     md = np.array([_center(R[sel & (S == x)], center) for x in xd])
     w = np.array([math.sqrt(np.sum(sel & (S == x))) / np.median(meas_t[sel & (S == x)]) for x in xd])
     (a, b_), _ = nnls(np.column_stack([np.ones_like(xd), xd]) * w[:, None], md * w)
-    line = {"intercept_s": float(a), "per_seq_s": float(b_)}
+    line: dict[str, Any] = {"intercept_s": float(a), "per_seq_s": float(b_)}
     if by_seqs:
         keep_x = [i for i, x in enumerate(xd) if np.sum(sel & (S == x)) >= BY_SEQS_MIN]
         line["per_seq_delta_s"] = {"seqs": [int(xd[i]) for i in keep_x],
@@ -408,7 +410,7 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
                   "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
         "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "
                   f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
-                  f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock'), 'wall')} time "
+                  f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock') or 'wall', 'wall')} time "
                   "minus the kernel curves' prediction for the same batch shape, per sequence count, fitted a + b x "
                   "sequences plus each well-measured count's departure from that line (per_seq_delta_s; "
                   "kvsim.calibration.kernels.measure_engine_overhead)",

@@ -6,8 +6,9 @@ Parquet sidecar's rows); several runs of one plan pooled into one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from functools import partial
 
 import numpy as np
 
@@ -43,8 +44,12 @@ class Measurements:
 
 
 def _gemm_shapes(model: ModelSpec, dtype: str) -> dict[str, tuple[int, int]]:
-    keys = shape_keys(model, 1, dtype, dtype).gemms()
-    return {proj: tuple(int(x) for x in key.split(":")[0].split("x")) for proj, key in keys.items()}
+    """(n, k) of each projection, from its curve key ``"NxK:dtype"``."""
+    out = {}
+    for proj, key in shape_keys(model, 1, dtype, dtype).gemms().items():
+        n, k = (int(x) for x in key.split(":")[0].split("x"))
+        out[proj] = (n, k)
+    return out
 
 
 def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool = True) -> Measurements:
@@ -57,12 +62,12 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
     for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
         for m in plan.gemm_m:
-            jobs.append((f"GEMM {proj} m={m}", lambda m=m, n=n, k=k: bench.gemm_calls(m, n, k), "gemm", proj,
+            jobs.append((f"GEMM {proj} m={m}", partial(bench.gemm_calls, m, n, k), "gemm", proj,
                          {"m": m, "n": n, "k": k}))
     for b in plan.ctx_batch:
         for s in plan.ctx_len:
             if b * s <= plan.ctx_max_tokens:
-                jobs.append((f"prefill b={b} s={s}", lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d),
+                jobs.append((f"prefill b={b} s={s}", partial(bench.context_calls, b, s, h, kvh, d),
                              "context_attention", be.prefill_kernel,
                              {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name}))
     gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
@@ -74,14 +79,14 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
         for bs in sizes:
             name = "decode_contiguous" if bs is None else "decode_paged"
             jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
-                         lambda b=b, s=s, bs=bs: bench.decode_calls(b, s, h, kvh, d, bs), "generation_attention", name,
+                         partial(bench.decode_calls, b, s, h, kvh, d, bs), "generation_attention", name,
                          {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0,
                           "backend": be.name}))
     if plan.static_decode:
         # the reference engine's static (contiguous-arena) layout runs SDPA on every backend: its decode
         # kernel, and (other backends) its prefill, timed for the static profile (with_static_decode)
         for b, s in gen_cells:
-            jobs.append((f"decode_static b={b} L={s}", lambda b=b, s=s: bench.decode_static_calls(b, s, h, kvh, d),
+            jobs.append((f"decode_static b={b} L={s}", partial(bench.decode_static_calls, b, s, h, kvh, d),
                          "generation_attention", "decode_static",
                          {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0,
                           "backend": "sdpa"}))
@@ -91,35 +96,35 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
                 for s in plan.ctx_len:
                     if b * s <= plan.ctx_max_tokens:
                         jobs.append((f"prefill_static b={b} s={s}",
-                                     lambda b=b, s=s: bench.context_calls(b, s, h, kvh, d, kernels=sdpa),
+                                     partial(bench.context_calls, b, s, h, kvh, d, kernels=sdpa),
                                      "context_attention", STATIC_PREFILL,
                                      {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d,
                                       "backend": "sdpa"}))
     for nb in plan.mem_bytes:
-        jobs.append((f"zero_ {nb} B", lambda nb=nb: bench.zero_fill_calls(nb), "memory", "zero_fill", {"nbytes": nb}))
-        jobs.append((f"copy_ {nb} B", lambda nb=nb: bench.copy_calls(nb), "memory", "copy", {"nbytes": nb}))
+        jobs.append((f"zero_ {nb} B", partial(bench.zero_fill_calls, nb), "memory", "zero_fill", {"nbytes": nb}))
+        jobs.append((f"copy_ {nb} B", partial(bench.copy_calls, nb), "memory", "copy", {"nbytes": nb}))
         if bench.ops.pinned_host:
             for di in ("h2d", "d2h"):
-                jobs.append((f"{di} {nb} B", lambda nb=nb, di=di: bench.host_transfer_calls(nb, di), "memory",
+                jobs.append((f"{di} {nb} B", partial(bench.host_transfer_calls, nb, di), "memory",
                              f"host_{di}", {"nbytes": nb}))
     for tok in plan.ew_tokens:
-        jobs.append((f"add_ {tok} tokens", lambda t=tok: bench.elementwise_calls(t, model.hidden), "elementwise", "add_",
+        jobs.append((f"add_ {tok} tokens", partial(bench.elementwise_calls, tok, model.hidden), "elementwise", "add_",
                      {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem}))
     jobs.append(("block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}))
     for b in plan.overhead_batch:
-        jobs.append((f"CPU step b={b}", lambda b=b: bench.step_cpu_calls(b, model.vocab), "cpu_overhead", "step_cpu",
+        jobs.append((f"CPU step b={b}", partial(bench.step_cpu_calls, b, model.vocab), "cpu_overhead", "step_cpu",
                      {"batch": b}))
     paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
     paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
     bench.reserve_paged(paged_cells, h, kvh, d)
     timings = _run_jobs(bench, jobs, plan.passes, progress)
     meas = Measurements()
-    for (label, _, fam, kern, coords), t in zip(jobs, timings):
+    for (_, _, fam, kern, coords), t in zip(jobs, timings):
         meas.add(fam, kern, t, **coords)
     return meas
 
 
-def skipped_block_sizes(backend: "AB.AttentionBackend", plan: Plan) -> dict[int, str]:
+def skipped_block_sizes(backend: AB.AttentionBackend, plan: Plan) -> dict[int, str]:
     """The plan's extra block sizes the backend's paged kernel cannot use, with the reason (the
     reference block size is never skipped: the profile's decode curve is measured at it)."""
     out = {}

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from sim.catalog import ModelSpec
 
-
 #: Decode-attention curve stored in the profile: the paged kernel at this block size.
 REFERENCE_BLOCK_SIZE = 16
 #: the ``kernel`` of the static layout's prefill rows (SDPA, timed when the backend is another one)

@@ -18,15 +18,14 @@ import random
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from sim.errors import ConfigError
 
 from .. import attention_backends as AB
 from ..devices import Device, open_device
 from .plan import REFERENCE_BLOCK_SIZE
-
 
 DEVICES = ("cpu", "cuda")
 #: Bytes of distinct operands cycled per measurement (about the flushable cache).
@@ -85,7 +84,7 @@ class Bench:
 
     def __init__(self, torch, device, dtype: str, *, repeats: int = 5, warmup: int = 2,
                  target_repeat_s: float = 0.002, threads: int | None = None, seed: int = 0,
-                 ops: Device | None = None, kernels: "AB.AttentionBackend | None" = None):
+                 ops: Device | None = None, kernels: AB.AttentionBackend | None = None):
         self.torch, self.device, self.dtype_name = torch, device, dtype
         self.dtype = getattr(torch, _TORCH_DTYPE[dtype])
         self.elem = torch.tensor([], dtype=self.dtype).element_size()
@@ -114,7 +113,7 @@ class Bench:
 
     @classmethod
     def open(cls, device: str, dtype: str = "bf16", *, ops: Device | None = None, kernels: str = "auto",
-             registry: dict | None = None, **kw) -> "Bench":
+             registry: dict | None = None, **kw) -> Bench:
         """A Bench on ``device`` (``ops``: a stand-in device, whose tensors live where it says and whose
         ``kind`` replaces ``device``) timing the ``kernels`` attention backend (``auto``: see
         :func:`calibration.attention_backends.select`; ``registry``: a stand-in set of backends)."""
@@ -180,7 +179,7 @@ class Bench:
             out.append(self.ops.loop_seconds(loop, self.timer) / inner)
         return out, inner
 
-    def measure(self, setups: list[Callable[[], "Setup"]], passes: int = 1, on_done=None) -> list[Timing]:
+    def measure(self, setups: list[Callable[[], Setup]], passes: int = 1, on_done=None) -> list[Timing]:
         """Time several points in ``passes`` interleaved passes; each point's value is the median
         of all its samples, so a slow episode of a shared machine touches one pass only.
 
@@ -198,7 +197,9 @@ class Bench:
                 calls, scale = setup()
                 got, inner = self.samples(calls)
                 acc[i] += [x * scale for x in got]
-                stamps[i].append(time.perf_counter())
+                # One stamp per sample: a pass's sample count follows its own estimate (``samples``
+                # caps long kernels), so passes of one point need not be equally long.
+                stamps[i] += [time.perf_counter()] * len(got)
                 info[i] = (inner, len(calls), scale)
                 del calls
                 if on_done is not None:
@@ -206,8 +207,7 @@ class Bench:
         if speed is not None:  # every sample at the reference speed: x reference / the host's speed then
             speed.tick(force=True)
             for i, a in enumerate(acc):
-                k = len(a) // max(len(stamps[i]), 1)
-                acc[i] = [x * speed.factor_at(stamps[i][j // k]) for j, x in enumerate(a)]
+                acc[i] = [x * speed.factor_at(t) for x, t in zip(a, stamps[i])]
         return [Timing(statistics.median(a), min(a), max(a), len(a), inf[0], inf[1]) for a, inf in zip(acc, info)]
 
     def time_one(self, kind: str, *args, passes: int = 1, **kw) -> Timing:
@@ -224,7 +224,7 @@ class Bench:
         return [lambda x=x, w=w: lin(x, w) for x, w in sets], 1.0
 
     def context_calls(self, batch: int, length: int, heads: int, kv_heads: int, head_dim: int,
-                      kernels: "AB.AttentionBackend | None" = None) -> Setup:
+                      kernels: AB.AttentionBackend | None = None) -> Setup:
         """Causal prefill attention of ``batch`` prompts of ``length`` tokens, by the attention backend
         (``kernels``, default the Bench's: :meth:`~calibration.attention_backends.AttentionBackend.prefill_calls`)."""
         be = kernels or self.kernels
@@ -352,7 +352,7 @@ class Bench:
         torch = self.torch
         rng = random.Random(batch)
         seqs = []
-        for i in range(batch):
+        for _ in range(batch):
             length = rng.randrange(1, block_size * (max_blocks - 1))
             seqs.append({"tokens": [rng.randrange(vocab) for _ in range(4)], "len": length,
                          "blocks": [rng.randrange(1 << 20) for _ in range(length // block_size + 1)]})

@@ -52,20 +52,55 @@ Callers import from this package; the names below are its interface.
 
 from __future__ import annotations
 
-from .host_speed import (PROBE_TRACE, HostProbeRun, HostSpeed, cpu_share, host_load, host_probe, host_probe_run,
-                         probe_diagnostics)
-from .metrics import (METRICS, TARGET_METRICS, error_summary, latency_metrics, median_metrics, rel_error,
-                      replay_spread)
-from .replay import (Replayed, Run, compare_cell, engine_config, iteration_diagnostics, new_cell, replay_cells,
-                     replay_once, replay_summary, semantics_check)
+from .host_speed import (
+                         PROBE_TRACE,
+                         HostProbeRun,
+                         HostSpeed,
+                         cpu_share,
+                         host_load,
+                         host_probe,
+                         host_probe_run,
+                         probe_diagnostics,
+)
+from .metrics import METRICS, TARGET_METRICS, error_summary, latency_metrics, median_metrics, rel_error, replay_spread
+from .replay import (
+                         Replayed,
+                         Run,
+                         compare_cell,
+                         engine_config,
+                         iteration_diagnostics,
+                         new_cell,
+                         replay_cells,
+                         replay_once,
+                         replay_summary,
+                         semantics_check,
+)
 from .report import format_table, write_html
 from .rounds import KernelRounds, OverheadRounds, prepare_profiles, validation_plan
 from .run import validate
-from .sensitivity import (SENSITIVITY_FACTORS, SENSITIVITY_MIN, cell_sensitivity, run_sensitivity, scale_profile,
-                          sensitivity_fields)
+from .sensitivity import (
+                         SENSITIVITY_FACTORS,
+                         SENSITIVITY_MIN,
+                         cell_sensitivity,
+                         run_sensitivity,
+                         scale_profile,
+                         sensitivity_fields,
+)
 from .simulator import SIM_GPU, capacity_tokens, estimate_capacity, make_requests, sim_scenario, write_trace
-from .spec import (CLOCK_MEANING, DEFAULT_SPEC, KERNEL_ROUNDS, KEY, OVERHEAD_MIX, OVERHEAD_ROUNDS, QUICK_ENGINE_KEYS,
-                   QUICK_KEYS, REPLAY_CLOCKS, REPLAY_ORDERS, check_clocks, load_spec)
+from .spec import (
+                         CLOCK_MEANING,
+                         DEFAULT_SPEC,
+                         KERNEL_ROUNDS,
+                         KEY,
+                         OVERHEAD_MIX,
+                         OVERHEAD_ROUNDS,
+                         QUICK_ENGINE_KEYS,
+                         QUICK_KEYS,
+                         REPLAY_CLOCKS,
+                         REPLAY_ORDERS,
+                         check_clocks,
+                         load_spec,
+)
 
 __all__ = [
     "CLOCK_MEANING", "DEFAULT_SPEC", "KERNEL_ROUNDS", "KEY", "METRICS", "OVERHEAD_MIX", "OVERHEAD_ROUNDS", "PROBE_TRACE",

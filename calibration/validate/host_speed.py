@@ -19,7 +19,7 @@ class _LoggedProbe:
     """A :class:`SpeedProbe` whose every measurement is also recorded in a :class:`HostSpeed` series
     (``prefill``: the allocator's prefill probe and its series)."""
 
-    def __init__(self, host: "HostSpeed", allocator: str, phase: str, prefill: bool = False):
+    def __init__(self, host: HostSpeed, allocator: str, phase: str, prefill: bool = False):
         self.host, self.allocator, self.phase, self.prefill = host, allocator, phase, prefill
         self.probe = (host.prefill_probes if prefill else host.probes)[allocator]
         self.shape = self.probe.shape
@@ -91,13 +91,15 @@ class HostSpeed:
             self.sample(self._phase, 1)
             self._last = time.perf_counter()
 
-    def freeze(self) -> None:
-        """Fix the reference: the median of every probe so far (before and during the kernel route)."""
+    def freeze(self) -> dict[str, float]:
+        """Fix the reference: the median of every probe so far (before and during the kernel route).
+        Returns it (seconds per allocator)."""
         if self._ref is not None:
-            return
+            return self._ref
         self._ref = {a: float(np.median([x[2] for x in ser])) for a, ser in self.series.items()}
         self._ref_pre = {a: float(np.median([x[2] for x in ser])) for a, ser in self.prefill_series.items()}
         self._phase = None
+        return self._ref
 
     @contextlib.contextmanager
     def kernel_round(self):
@@ -114,16 +116,17 @@ class HostSpeed:
         """reference ÷ host speed at ``perf_counter`` time ``t``: per allocator the median of the probe
         before ``t`` and its two neighbours, the geometric mean over allocators (freezes the reference)."""
         import bisect
-        self.freeze()
+        ref = self.freeze()
         n = sum(len(ser) for ser in self.series.values())
-        if n != self._win_len:  # probes logged since (overhead runs, kernel rounds)
-            self._win = {a: ([self.t0 + x[1] for x in ser], [x[2] for x in ser]) for a, ser in self.series.items()}
+        win = self._win
+        if win is None or n != self._win_len:  # probes logged since (overhead runs, kernel rounds)
+            win = self._win = {a: ([self.t0 + x[1] for x in ser], [x[2] for x in ser]) for a, ser in self.series.items()}
             self._win_len = n
         logs = []
-        for a, (ts, xs) in self._win.items():
+        for a, (ts, xs) in win.items():
             i = max(bisect.bisect_right(ts, t) - 1, 0)
             w = xs[max(i - 1, 0):i + 2]
-            logs.append(math.log(self._ref[a] / float(np.median(w))))
+            logs.append(math.log(ref[a] / float(np.median(w))))
         return math.exp(sum(logs) / len(logs))
 
     def logged(self, phase: str, prefill: bool = False) -> dict:
@@ -136,8 +139,7 @@ class HostSpeed:
         return "before_calibration+kernels" if "kernels" in phases else "before_calibration"
 
     def reference(self, allocator: str) -> float:
-        self.freeze()
-        return self._ref[allocator]
+        return self.freeze()[allocator]
 
     def prefill_reference(self, allocator: str) -> float | None:
         """The prefill probe's reference (taken like :meth:`reference`), ``None`` without one."""
@@ -236,6 +238,7 @@ def cpu_share(seconds: float = 0.3) -> float:
 
 
 def host_load() -> dict:
+    la: tuple[float, float, float] | tuple[None, None, None]
     try:
         la = os.getloadavg()
     except OSError:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "e2e_p50", "e2e_p90", "e2e_p99",
            "throughput", "peak_kv_blocks", "preemptions")
 
@@ -68,7 +67,7 @@ def median_metrics(per: list[dict]) -> dict:
     The simulator is deterministic; the engine is not (a shared host's speed moves within a replay),
     so one replay's percentiles carry that noise, which queueing amplifies at medium load. The
     median over replays keeps one disturbed replay from setting the measurement."""
-    out = {}
+    out: dict[str, float | None] = {}
     for k in per[0]:
         vals = [m[k] for m in per]
         if any(v is None for v in vals):

@@ -22,8 +22,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from sim.catalog import get_model
 
 #: fit variants (keyword arguments of ``kernels._fit_overhead``); the first is what validate uses

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def iteration_diagnostics(res, cost) -> dict:
     """Per-iteration time measured vs predicted by the cost model for the same batch shapes."""
     from ..kernels import engine_iteration_rows
     rows = engine_iteration_rows(res, cost)
-    out = {}
+    out: dict[str, Any] = {}
     for name, sel in (("all", lambda r: True), ("pure_decode", lambda r: r["pure_decode"]),
                       ("mixed", lambda r: not r["pure_decode"])):
         rs = [r for r in rows if sel(r)]
@@ -153,7 +153,7 @@ def new_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, dev
     return Replayed(load, allocator, rate, rows, trace, {c: [] for c in spec["engine"]["clocks"]}, {})
 
 
-def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: "HostSpeed | None" = None) -> None:
+def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: HostSpeed | None = None) -> None:
     """The engine replays ``cell``'s trace once more on ``clock``; the result is appended to ``cell.results``.
 
     ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe);
@@ -172,7 +172,7 @@ def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: "HostSpee
         cell.probes[clock] = (before, host_probe_run(engine, clock))
 
 
-def replay_cells(spec: dict, cells: list[Replayed], engines: dict, speed: "HostSpeed | None" = None,
+def replay_cells(spec: dict, cells: list[Replayed], engines: dict, speed: HostSpeed | None = None,
                  before=None, say=None) -> None:
     """Every cell's replays: the table's clock (the first) ``engine.replays`` times, each other clock once.
 
@@ -209,9 +209,9 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     the geometric mean of the probes just before and just after their replay (measured ÷ predicted
     busy time: a recalibration bracketing, never taken from, the replay). ``host_speed: fixed``: the
     profile as calibrated. ``cpu_norm`` is always compared with the profile as calibrated."""
+    from sim.cost.profile import load_profile
     from sim.engine.cluster import simulate
     from sim.engine.deployment import Deployment
-    from sim.cost.profile import load_profile
     allocator, load = cell.allocator, cell.load
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)

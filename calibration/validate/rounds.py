@@ -35,8 +35,8 @@ def validation_plan(spec: dict, device: str):
 
 
 def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False, speed: "HostSpeed | None" = None,
-                     net=None) -> tuple[dict[str, str], dict, "OverheadRounds | None"]:
+                     progress: bool = False, speed: HostSpeed | None = None,
+                     net=None) -> tuple[dict[str, str], dict, OverheadRounds | None]:
     """Profile file per allocator (kernel curves + the engine's measured overhead for that layout),
     the calibration's description, and the overhead's :class:`OverheadRounds` (to add rounds to
     and refit; ``None`` without ``engine_overhead``).
@@ -81,18 +81,19 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         speed.freeze()
     rounds = None
     if engine_overhead:
-        norm = speed is not None and cpu_clock
+        norm_speed = speed if cpu_clock else None  # the host-speed normaliser: cpu clocks only
+        norm = norm_speed is not None
         kw = dict(allocators=tuple(spec["allocators"]), block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
                   threads=int(eng["threads"]), device=device, kernels=eng.get("kernels", "auto"),
                   clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
-                  probe_ref_s={a: speed.reference(a) for a in spec["allocators"]} if norm else None,
-                  prefill_probe_ref_s={a: speed.prefill_reference(a) for a in speed.prefill_probes}
-                  if norm and speed.prefill_probes else None,
+                  probe_ref_s={a: norm_speed.reference(a) for a in spec["allocators"]} if norm_speed is not None else None,
+                  prefill_probe_ref_s={a: norm_speed.prefill_reference(a) for a in norm_speed.prefill_probes}
+                  if norm_speed is not None and norm_speed.prefill_probes else None,
                   max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
                   batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
                   mixes=OVERHEAD_MIX[eng.get("overhead_mix", "offline")],
                   net=net)
-        rounds = OverheadRounds(bases, model, kw, speed if norm else None,
+        rounds = OverheadRounds(bases, model, kw, norm_speed,
                                 between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
                                 kernels=kernels if eng.get("kernel_rounds", "spread") == "spread" else None)
         rounds.upfront()
@@ -127,7 +128,7 @@ class KernelRounds:
     put at the frozen reference by the probes around its own points (:meth:`HostSpeed.kernel_round`).
     """
 
-    def __init__(self, spec: dict, device: str, model, *, speed: "HostSpeed | None", cpu_time: bool,
+    def __init__(self, spec: dict, device: str, model, *, speed: HostSpeed | None, cpu_time: bool,
                  progress: bool = False):
         from ..kernels import measure_device
         eng = spec["engine"]
@@ -197,8 +198,8 @@ class OverheadRounds:
     #: passes of the offline batches before the first replay
     upfront_passes = 3
 
-    def __init__(self, bases: dict, model, kw: dict, speed: "HostSpeed | None" = None, between_runs=None,
-                 kernels: "KernelRounds | None" = None):
+    def __init__(self, bases: dict, model, kw: dict, speed: HostSpeed | None = None, between_runs=None,
+                 kernels: KernelRounds | None = None):
         self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
         self.kernels = kernels
         self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}

@@ -52,7 +52,8 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
                           if spec["engine"].get("prefill_probe", True) else None)
     say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
     paths, pinfo, rounds = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
-    spread = rounds is not None and spec["engine"].get("overhead_rounds", "spread") == "spread"
+    # the overhead rounds spread between replays (None: all of them up front, or none)
+    spread = rounds if rounds is not None and spec["engine"].get("overhead_rounds", "spread") == "spread" else None
     probe_runs = {a: host_probe_run(engines[a], "cpu" if device == "cpu" else "wall")  # thread CPU time does not
                   for a in spec["allocators"]}                                       # time GPU work
     caps = {}
@@ -66,23 +67,23 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
 
     def before(k: int, cell: Replayed) -> None:
         # as many rounds as cells, evenly among the table clock's replays
-        if spread and k % n_rep == 0:
-            rounds.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
+        if spread is not None and k % n_rep == 0:
+            spread.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
 
     replay_cells(spec, cells, engines, speed, before=before, say=say)
-    if spread:
-        rounds.round("after the last replay")
+    if spread is not None:
+        spread.round("after the last replay")
         upfront = {a: str(Path(pth).with_name(f"profile-{a}-upfront.json")) for a, pth in paths.items()}
         for a, pth in paths.items():
             os.replace(pth, upfront[a])
-        paths = rounds.write(out)
+        paths = spread.write(out)
         pinfo["engine_overhead_upfront"] = {"files": upfront, "fit": pinfo["engine_overhead"]}
-        pinfo["engine_overhead"] = rounds.summary()
-        pinfo["overhead_rounds"] = rounds.level_by_round()
-        if rounds.kernels is not None:
-            pinfo["kernel_rounds"] = rounds.kernels.log
-        say(f"engine overhead refitted on {len(rounds.log)} rounds ({sum(x['passes'] for x in rounds.log)} passes)"
-            + (f", kernel curves on {rounds.kernels.passes()} passes" if rounds.kernels is not None else ""))
+        pinfo["engine_overhead"] = spread.summary()
+        pinfo["overhead_rounds"] = spread.level_by_round()
+        if spread.kernels is not None:
+            pinfo["kernel_rounds"] = spread.kernels.log
+        say(f"engine overhead refitted on {len(spread.log)} rounds ({sum(x['passes'] for x in spread.log)} passes)"
+            + (f", kernel curves on {spread.kernels.passes()} passes" if spread.kernels is not None else ""))
     if rounds is not None:  # every overhead-run iteration (full precision: a refit reproduces the fit)
         (out / "overhead_rows.json").write_text(json.dumps(rounds.rows))
     probes = {}
@@ -91,7 +92,7 @@ def validate(spec: dict, *, device: str = "cpu", profile: str | None = None, out
         probes[alloc] = host_probe(probe_runs[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
     runs = [compare_cell(spec, c, paths[c.allocator], out, device, net=net) for c in cells]
     clocks = list(spec["engine"]["clocks"])
-    rows, by_clock = [], {c: [] for c in clocks}
+    by_clock: dict[str, list[dict]] = {c: [] for c in clocks}
     for r in runs:
         for c in clocks:
             for m in METRICS:

@@ -59,8 +59,9 @@ def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str,
     ``at_one``: the cell's simulator metrics on the profile as is, where the caller has them (the run
     at f = 1 is then not repeated)."""
     import tempfile
-    from sim.engine.cluster import simulate
+
     from sim.cost.profile import load_profile
+    from sim.engine.cluster import simulate
     B = int(spec["kv"]["block_size"])
     base = load_profile(profile_path)
     per: list[dict] = []

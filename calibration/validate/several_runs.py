@@ -69,7 +69,7 @@ def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
         doc = json.loads(f.read_text())
         rows = doc["rows"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with rows ({exc.__class__.__name__}: {exc})")
+        raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with rows ({exc.__class__.__name__}: {exc})") from None
     cells, sens = {}, {}
     for r in rows:
         if r.get("metric") in JUDGED and r.get("measured") and r.get("simulated") is not None:

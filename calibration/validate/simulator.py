@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from sim.catalog import GPUS, get_model
 from sim.config import scenario_from_dict
-
 
 #: GPU catalog entry whose memory arithmetic the simulator uses (capacity is forced to the engine's anyway).
 SIM_GPU = {"cpu": "cpu", "cuda": "H200-SXM-141GB"}
@@ -30,7 +30,7 @@ def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, p
     w = spec["workload"]
     if arrival is None:
         arrival = {"kind": "trace", "path": str(trace_path), "format": "csv"}
-    d = {
+    d: dict[str, Any] = {
         "name": f"{spec['name']}-{allocator}", "seed": int(w.get("seed", 0)),
         "model": {"name": spec["model"]},
         "gpu": {"name": gpu.name, "gpu_memory_utilization": 0.9, "activation_reserve_bytes": act},
@@ -55,6 +55,7 @@ def make_requests(spec: dict, rate: float, device: str = "cpu") -> np.ndarray:
     from sim.workload.generator import build_workload
     sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)}, device=device)
     wl = build_workload(sc)
+    assert wl.arrival_s is not None  # open-loop (Poisson) arrivals
     t = wl.arrival_s - wl.arrival_s[0]
     return np.column_stack([t, wl.prompt_tokens, wl.output_tokens]).astype(np.float64)
 

@@ -6,11 +6,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import yaml
-
 from sim.catalog import get_model
 from sim.errors import ConfigError
-
 
 KEY = "validate"
 

@@ -2,14 +2,14 @@
 ``allocator.kind`` from a registry (:mod:`.registry`, built-ins in :mod:`.kinds`), with optional
 features declared as protocols (:mod:`.capabilities`)."""
 
+from sim.allocators import kinds as _kinds  # noqa: F401  (registers the built-in kinds)
 from sim.allocators.base import Allocator, AllocatorStats, AllocWork, DecodePlan, Grow
 from sim.allocators.dynamic import DynamicAllocator
 from sim.allocators.hybrid_reserve import HybridReserveAllocator
 from sim.allocators.hybrid_tail import HybridTailAllocator
 from sim.allocators.paged import PagedAllocator
-from sim.allocators.static import StaticAllocator
-from sim.allocators import kinds as _kinds  # noqa: F401  (registers the built-in kinds)
 from sim.allocators.registry import KindsView, common_knob_defaults, make_allocator
+from sim.allocators.static import StaticAllocator
 
 #: kind -> (knobs with their config defaults, one line on what it models), from the registry;
 #: printed by ``kvsim list allocators``.

@@ -28,8 +28,8 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 if TYPE_CHECKING:
-    from sim.cost.model import CostModel
     from sim.allocators.cohort import Cohort
+    from sim.cost.model import CostModel
 
 
 class Grow(IntEnum):
@@ -88,7 +88,7 @@ class AllocWork:
     swap_out_bytes: int = 0
     swap_in_bytes: int = 0
 
-    def add(self, other: "AllocWork") -> None:
+    def add(self, other: AllocWork) -> None:
         self.events += other.events
         # Most pending work is allocation events alone (paged decode growth): skip empty kinds.
         if other.copy_ops or other.copy_bytes:

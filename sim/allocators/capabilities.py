@@ -29,7 +29,8 @@ routing sees no cached prefix), as before.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable, Protocol, Sequence, runtime_checkable
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np

@@ -26,7 +26,8 @@ fragmentation (1 − largest free extent ÷ free) above 0.50.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sim.allocators.placement import AnyArena
@@ -50,7 +51,7 @@ def slide_down(extents: dict[Hashable, tuple[int, int]]) -> dict[Hashable, int]:
 def repack(extents: dict[Hashable, tuple[int, int]], allocate: Callable[[int], int | None]) -> dict[Hashable, int]:
     """New starts from ``allocate`` (an empty arena's) called largest first, ties by old address."""
     new: dict[Hashable, int] = {}
-    for key, (start, size) in sorted(extents.items(), key=lambda kv: (-kv[1][1], kv[1][0])):
+    for key, (_, size) in sorted(extents.items(), key=lambda kv: (-kv[1][1], kv[1][0])):
         s = allocate(size)
         assert s is not None, "repacking lost a block"
         new[key] = s

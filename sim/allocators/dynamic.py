@@ -34,7 +34,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.allocators.base import EXCEEDS_RESERVATION, INSUFFICIENT_FREE, NO_CONTIGUOUS_EXTENT, Allocator, DecodePlan, Grow
+from sim.allocators.base import (
+    EXCEEDS_RESERVATION,
+    INSUFFICIENT_FREE,
+    NO_CONTIGUOUS_EXTENT,
+    Allocator,
+    DecodePlan,
+    Grow,
+)
 from sim.allocators.compaction import CompactionMixin, compact_allocator
 from sim.allocators.placement import make_arena
 

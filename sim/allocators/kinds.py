@@ -19,8 +19,8 @@ from sim.allocators.prefix_cache import PrefixCachingPagedAllocator
 from sim.allocators.registry import REGISTRY, Budget, register
 from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.allocators.static import StaticAllocator
-from sim.catalog import KVGroups
 from sim.allocators.tiered import StaticFallbackAllocator
+from sim.catalog import KVGroups
 from sim.config import ALLOCATOR_KINDS, AllocatorConfig
 from sim.errors import ConfigError
 

@@ -41,7 +41,7 @@ extents) at worst, never O(capacity).
 from __future__ import annotations
 
 import bisect
-from typing import Hashable
+from collections.abc import Hashable
 
 from sim.allocators import compaction
 

@@ -57,8 +57,8 @@ policy order, parked in a spare list that members draw from when they leave).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Hashable, Sequence
 from itertools import chain
-from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -222,7 +222,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
                 key, nhits, cache = self._key, self._nhits, self._cache
                 for _ in range(r):
                     b = self._victim()
-                    del cache[key[b]]
+                    old = key[b]
+                    assert old is not None  # a victim is a cached-free block, which has a key
+                    del cache[old]
                     key[b] = None
                     nhits[b] = 0
                     ref[b] = 1
@@ -240,9 +242,10 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         trie, cache = self._trie, self._cache
         node, j, m = 0, 0, 0
         while j < cap:
-            node = trie.get((node, hashes[m]))
-            if node is None:
+            child = trie.get((node, hashes[m]))
+            if child is None:
                 break
+            node = child
             base = node * _K
             hi = min(cap, ((m + 1) * hbt) // B)  # blocks ending inside hash block m
             while j < hi:
@@ -261,10 +264,11 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         node = 0
         for m in range(-(-(blocks * self.block_size) // hbt)):
             k = (node, hashes[m])
-            node = trie.get(k)
-            if node is None:
-                node = trie[k] = self._nodes
+            child = trie.get(k)
+            if child is None:
+                child = trie[k] = self._nodes
                 self._nodes += 1
+            node = child
             out.append(node * _K)
         return out
 
@@ -428,7 +432,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         used = self.used
         assert all(len(self.tables[s]) == -(-t // B) for s, t in used.items()), "blocks held ≠ blocks needed"
         owners = Counter(chain.from_iterable(tables))
-        owners.update(self.cohort.spare)
+        cohort = self.cohort
+        assert isinstance(cohort, PrefixCachingCohort)
+        owners.update(cohort.spare)
         n = self._fresh
         ref, key = self._ref, self._key
         assert len(ref) == len(key) == len(self._nhits) == n <= self.num_blocks
@@ -453,7 +459,7 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         assert self.free_blocks == len(plain) + len(parked) + (self.num_blocks - n)
         assert reserved == (n - len(plain) - len(parked)) * B
         assert dup == self._dup
-        if self.cohort.n == 0:
+        if cohort.n == 0:
             assert self.used_total == sum(self.used.values()) - dup
         assert set(self._pending) <= set(self.tables)
         assert self.largest_free_extent_tokens() <= self.capacity_tokens - reserved

@@ -25,8 +25,9 @@ that list so scenarios naming it validate; :func:`unregister` removes it again.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sim.config import ALLOCATOR_KINDS, AllocatorConfig
 from sim.errors import ConfigError

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.config import apply_overrides, scenario_from_dict
+from sim.config import scenario_from_dict
 
 #: Bisection steps per direction, after stepping out from the nominal value to the first flip:
 #: the flip is located to 1/2^steps of the last step.
@@ -162,7 +162,7 @@ def _helps(c: Constant, up: bool) -> bool:
     return up if c.profile_path is not None else not up
 
 
-def _short(c: "Constant") -> str:
+def _short(c: Constant) -> str:
     """The constant with its value and where its source is (the full source is in plan.json)."""
     first = c.source.split(";")[0].split(":")[0]
     return f"{c.key} = {c.describe(c.value)} ({first})"
@@ -173,7 +173,7 @@ def listed(sc, p: dict) -> list[dict]:
     return [_listed_one(c, p) for c in constants(sc)]
 
 
-def _listed_one(c: "Constant", p: dict) -> dict:
+def _listed_one(c: Constant, p: dict) -> dict:
     best = (p.get("recommendation") or {}).get("candidate")
     affected = sorted(x["name"] for x in p.get("candidates", []) if x.get("status") == "ok" and _affected(c, x))
     text = (f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}"
@@ -266,7 +266,8 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
 def _steps(c: Constant, up: bool, end: float) -> list[float]:
     """Values tried from the nominal one towards ``end`` (excluded): steps doubling from 1 point
     (overhead) or a factor 2 (event cost)."""
-    out, k = [], 0
+    out: list[float] = []
+    k = 0
     while True:
         if c.kind == "paged_overhead":
             v = c.value + (0.01 if up else -0.01) * 2**k

@@ -22,20 +22,27 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from sim.analysis.search import (
+    DEFAULT_TOL,
+    MAX_EVALS,
+    GoodputSearch,
+    fewest_replicas,
+    find_goodput,
+    find_goodput_guided,
+    interpolated_goodput,
+)
+from sim.analysis.slo import SLO, attainment
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
-from sim.analysis.search import (DEFAULT_TOL, MAX_EVALS, GoodputSearch, fewest_replicas, find_goodput,
-                                 find_goodput_guided, interpolated_goodput)
-from sim.analysis.slo import SLO, attainment
 
 __all__ = ["CANDIDATES", "DEFAULT_TOL", "MAX_EVALS", "GoodputSearch", "PLAN_COLUMNS", "assumption_lines", "candidate_row", "fewest_replicas", "find_goodput",
            "find_goodput_guided", "interpolated_goodput", "measure", "plan", "plan_candidate", "plan_columns", "plan_rows", "recommend",
@@ -213,7 +220,7 @@ class _Runner:
             over["seed"] = self.task["base_seed"] + seed
         return scenario_from_dict(apply_overrides(self.base, over), self.base_dir)
 
-    def _record(self, rate: float, replicas: int, seed: int, res, att: float, exact: bool, ended: int) -> dict:
+    def _record(self, rate: float, replicas: int, seed: int, res, att: float | None, exact: bool, ended: int) -> dict:
         s = res.summary
         return {"rate": rate, "replicas": replicas, "seed": self.task["base_seed"] + seed, "attainment": att,
                 "exact": exact, "ended": ended, "requests": len(res.requests) if exact else None,
@@ -248,8 +255,8 @@ class _Runner:
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        tested_pass = (bool(sat) and math.isfinite(sat)
-                       and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
+        tested_pass = bool(sat and math.isfinite(sat)
+                           and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
         test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
         res = simulate(sc, budget=self.budget, stop=test)
         test.finish()
@@ -313,7 +320,6 @@ def plan_candidate(task: dict) -> dict:
     runner = _Runner(task)
     slo = runner.slo
     base_replicas = runner.base_replicas
-    tol = task["tol"]
     guided = task["search"] == "guided"
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
                            "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
@@ -502,7 +508,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
             if c["status"] == "skipped":
                 skipped.append({"name": c["name"], "reason": c["message"]})
         cands = [c for c in cands if c["status"] != "skipped"]
-        out = {
+        out: dict[str, Any] = {
             "scenario": sc.name,
             "scenario_file": str(scenario),
             "overrides": overrides or {},
@@ -549,9 +555,9 @@ _SLOW_KINDS = {"dynamic": 2, "static": 1}
 
 def _prewarm(sc) -> None:
     """Load what every simulation needs (modules, the trace, the cost model) before forking workers."""
-    from sim.analysis.saturation import saturation_rate
     import sim.analysis.sequential  # noqa: F401
     import sim.engine.cluster  # noqa: F401
+    from sim.analysis.saturation import saturation_rate
     saturation_rate(sc)
 
 
@@ -733,8 +739,8 @@ def recommend(p: dict) -> dict:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
     reasons += _upper_bound_reasons(p)
-    waste = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
-    reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {waste}")
+    wastes = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
+    reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {wastes}")
     statics = [c for c in [best, *others] if c["overrides"].get("allocator.kind") == "static"]
     if statics:
         s = statics[0]

@@ -10,7 +10,8 @@ seconds of simulated time; memory is plotted in GiB.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +69,7 @@ def request_latencies(requests: pa.Table) -> dict[str, np.ndarray]:
     }
 
 
-def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> "Figure":
+def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> Figure:
     """Empirical CDFs of TTFT, TPOT and e2e latency; a dict compares label → requests table."""
     go = _go()
     runs = {"run": requests} if isinstance(requests, pa.Table) else dict(requests)
@@ -117,7 +118,7 @@ def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dic
 
 
 def _step_lines(title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, dict]], yaxis_title: str,
-                **layout) -> "Figure":
+                **layout) -> Figure:
     """Time-series lines held between samples (``shape="hv"``): ``(name, values, line style)`` each."""
     go = _go()
     fig = go.Figure()
@@ -128,7 +129,7 @@ def _step_lines(title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, di
     return fig
 
 
-def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> "Figure":
+def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> Figure:
     """Reserved, used and free KV bytes over time (GiB), summed over replicas; capacity dashed."""
     if timeseries.num_rows == 0:
         return _empty(_go().Figure(), title)
@@ -159,7 +160,7 @@ def fragmentation_series(timeseries: pa.Table) -> tuple[np.ndarray, np.ndarray, 
     return t, internal, np.clip(external, 0.0, 1.0)
 
 
-def fragmentation(timeseries: pa.Table) -> "Figure":
+def fragmentation(timeseries: pa.Table) -> Figure:
     """Internal and external KV fragmentation over time (see :func:`fragmentation_series`)."""
     title = "KV fragmentation: internal = (reserved − used)/reserved, external = 1 − largest free/free"
     if timeseries.num_rows == 0:
@@ -169,7 +170,7 @@ def fragmentation(timeseries: pa.Table) -> "Figure":
                                   ("external", external, dict(color="#9467bd"))], "fraction", yaxis_range=[0, 1.02])
 
 
-def queue_length(timeseries: pa.Table) -> "Figure":
+def queue_length(timeseries: pa.Table) -> Figure:
     """Running and waiting requests over time, summed over replicas."""
     title = "Requests running and waiting (all replicas)"
     if timeseries.num_rows == 0:
@@ -179,7 +180,7 @@ def queue_length(timeseries: pa.Table) -> "Figure":
     return _step_lines(title, t, [("running", running, {}), ("waiting", waiting, {})], "requests")
 
 
-def step_latency(timeseries: pa.Table) -> "Figure":
+def step_latency(timeseries: pa.Table) -> Figure:
     """Per-iteration latency (``first_step_s``, ms) over time, one marker series per replica,
     decode-only iterations apart from those with prefill work (the seed article's sawtooth)."""
     go = _go()
@@ -230,7 +231,7 @@ def _sort_key(v):
     return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
 
 
-def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> "Figure":
+def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> Figure:
     """``y`` against ``x`` over the ok points of a sweep, one line per value of ``color``.
 
     Points sharing (color, x) — seeds, or axes not shown — are averaged, and the line is
@@ -257,7 +258,7 @@ def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> "
     return fig
 
 
-def heatmap(table: pa.Table, x: str, y: str, z: str) -> "Figure":
+def heatmap(table: pa.Table, x: str, y: str, z: str) -> Figure:
     """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid."""
     go = _go()
     t = _ok_rows(table)
@@ -280,7 +281,7 @@ def heatmap(table: pa.Table, x: str, y: str, z: str) -> "Figure":
 
 # --- plans ----------------------------------------------------------------------------
 
-def attainment_vs_rate(plan: dict) -> "Figure":
+def attainment_vs_rate(plan: dict) -> Figure:
     """SLO attainment against arrival rate for each candidate of a plan, with the target and
     each candidate's goodput marked."""
     go = _go()
@@ -305,7 +306,7 @@ def attainment_vs_rate(plan: dict) -> "Figure":
     return fig
 
 
-def latency_throughput(plan: dict) -> "Figure":
+def latency_throughput(plan: dict) -> Figure:
     """TTFT and TPOT p90 against achieved throughput (requests/s) for each candidate of a plan."""
     go = _go()
     fig = _subplots(rows=1, cols=2, subplot_titles=("TTFT p90 (s)", "TPOT p90 (s)"))
@@ -337,7 +338,7 @@ def _empty(fig, title: str):
     return fig
 
 
-def plan_kv_memory(plan: dict) -> "Figure":
+def plan_kv_memory(plan: dict) -> Figure:
     """KV memory over time at each candidate's operating point (reserved solid, used dotted, GiB)."""
     go = _go()
     fig = go.Figure()

@@ -22,8 +22,8 @@ of each other by it, since the bracket ends themselves are only known to the tol
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 DEFAULT_TOL = 0.05
 MAX_EVALS = 24
@@ -172,7 +172,14 @@ def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: fl
             if direction and direction == last_dir:
                 step *= step  # still not bracketed: widen
             last_dir = direction or last_dir
-            r = start if not direction else (lo * step if direction > 0 else hi / step)
+            if not direction:
+                r = start
+            elif direction > 0:
+                assert lo is not None  # only the upper end is missing
+                r = lo * step
+            else:
+                assert hi is not None  # only the lower end is missing
+                r = hi / step
             if r < lowest:
                 s.goodput, s.status = 0.0, "infeasible"
                 return s

@@ -37,14 +37,16 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import re
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -256,7 +258,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         zips = [zips]
     if not isinstance(zips, list):
         raise ConfigError("zip", zips, "a mapping of dotted keys to equal-length lists, or a list of such mappings")
-    for gi, z in enumerate(zips):
+    for z in zips:
         if not isinstance(z, dict) or not z:
             raise ConfigError("zip", z, "a non-empty mapping of dotted keys to equal-length lists")
         axes = [_axis(key, spec, "zip") for key, spec in z.items()]
@@ -339,7 +341,7 @@ def run_point(task: dict) -> dict:
                 "wall_s": time.perf_counter() - t0}
 
 
-def process_pool(workers: int, start_method: str | None = None) -> "WorkerPool":
+def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
     """A pool whose workers die with this process, however it ends
     (:mod:`sim.analysis.worker_lifetime`). By default they start fresh (forkserver, else spawn: no
     fork of a parent that may hold threads or a bar); ``start_method="fork"`` is for a caller
@@ -535,7 +537,11 @@ def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str =
         bar.update(len(invalid), len(failures))
         if runnable:
             run = _run_ray if backend == "ray" else _run_local
-            run(runnable, n_workers, address, lambda p, r: (record(p, r), bar.update(1, len(failures))), budget)
+
+            def on_result(p: Point, r: dict) -> None:
+                record(p, r)
+                bar.update(1, len(failures))
+            run(runnable, n_workers, address, on_result, budget)
     return SweepResult(out, spec.name, len(points), skipped, len(runnable), len(invalid), failures,
                        time.perf_counter() - t0, [a.key for a in spec.axes])
 
@@ -576,9 +582,9 @@ def _run_ray(points: list[Point], workers: int, address: str | None, on_result,
     if not ray.is_initialized():
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         if address:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
@@ -608,8 +614,14 @@ class _Progress:
         self.bar = None
         if progress is True:
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                                       TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             self.bar = Progress(TextColumn(f"sweep {name}"), BarColumn(), MofNCompleteColumn(),
                                 TextColumn("points, {task.fields[failed]} failed"), TimeElapsedColumn(),
                                 TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))

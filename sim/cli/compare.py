@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -48,21 +47,21 @@ def print_comparison(doc: dict) -> None:
 
 
 def compare_command(
-    results: List[Path] = typer.Argument(..., help="Result JSON files of vllm bench serve --save-result --save-detailed, "
+    results: list[Path] = typer.Argument(..., help="Result JSON files of vllm bench serve --save-result --save-detailed, "
                                                    "or folders of them."),
     engine: str = typer.Option("vllm", "--engine", help="Serving engine preset: vllm, sglang, trtllm, reference."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog model or Hugging Face config.json (path or "
+    model: str | None = typer.Option(None, "--model", "-m", help="Catalog model or Hugging Face config.json (path or "
                                                                     "shipped id); default: the file's model_id."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name (kvsim list gpus); default H100-SXM-80GB."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel degree (1, 2, 4, 8)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Cost-model profile (name or JSON); default: the GPU's."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU name (kvsim list gpus); default H100-SXM-80GB."),
+    tp: int | None = typer.Option(None, "--tp", help="Tensor-parallel degree (1, 2, 4, 8)."),
+    profile: str | None = typer.Option(None, "--profile", help="Cost-model profile (name or JSON); default: the GPU's."),
+    set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulation (and of Poisson/gamma send times)."),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Each file's simulation goes to RUNS/compare-<file name>/."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write every comparison into this JSON file."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write every comparison into this JSON file."),
 ):
     """Simulate the requests of serving-benchmark results with the same arrivals; measured vs simulated latencies."""
-    from sim.analysis.bench_compare import run_name, compare_result
+    from sim.analysis.bench_compare import compare_result, run_name
     from sim.analysis.bench_results import read_bench_result, result_files
     from sim.config import parse_override
     from sim.engine_presets import ENGINE_KINDS

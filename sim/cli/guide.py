@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,7 +13,7 @@ from sim.analysis.guide import DEFAULT_OUT, SituationResult, write_guide
 
 def guide_command(
     out: Path = typer.Option(DEFAULT_OUT, "--out", "-o", help="Markdown file to write."),
-    num_requests: Optional[int] = typer.Option(None, "--num-requests", "-n", min=1,
+    num_requests: int | None = typer.Option(None, "--num-requests", "-n", min=1,
                                                help="Override workload.num_requests of every scenario (quicker, noisier)."),
 ):
     """Simulate every situation of the seed article and write the decision guide (docs/decision-guide.md)."""

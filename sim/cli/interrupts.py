@@ -87,7 +87,8 @@ def run_app(app: Any, args: list[str] | None = None) -> int:
     except _CLICK as exc:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "kvsim"
-        _line(f"{where}: {getattr(exc, 'format_message', lambda: str(exc))()} (see {where} --help)")
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        _line(f"{where}: {message} (see {where} --help)")
         return int(getattr(exc, "exit_code", 2))
     except _ABORT + (KeyboardInterrupt,):
         return _interrupted()

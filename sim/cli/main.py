@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -96,21 +94,21 @@ class _StderrWarnings(logging.Handler):
 @app.command()
 def run(
     scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
+    set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
-    model: Optional[str] = typer.Option(None, "--model", "-m",
+    model: str | None = typer.Option(None, "--model", "-m",
                                         help="Replace the scenario's model: a catalog name, a Hugging Face config.json "
                                              "path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* "
                                              "applies after)."),
-    max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Refuse a run of more requests (before it starts)."),
-    max_events: Optional[int] = typer.Option(None, "--max-events", help="Stop a run past this many simulated events."),
-    max_wall_s: Optional[float] = typer.Option(None, "--max-wall-s", help="Stop a run past this many wall-clock seconds."),
+    max_requests: int | None = typer.Option(None, "--max-requests", help="Refuse a run of more requests (before it starts)."),
+    max_events: int | None = typer.Option(None, "--max-events", help="Stop a run past this many simulated events."),
+    max_wall_s: float | None = typer.Option(None, "--max-wall-s", help="Stop a run past this many wall-clock seconds."),
 ):
     """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
+    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.engine.budget import budget_from_options
     from sim.engine.cluster import simulate
-    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.output.results import write_run
     warn = _StderrWarnings(logging.WARNING)
     logging.getLogger("kvsim").addHandler(warn)
@@ -201,8 +199,9 @@ def list_gpus():
 @list_app.command("scenarios")
 def list_scenarios_cmd():
     """Built-in scenarios."""
-    from sim.config import SCENARIO_DIR, list_scenarios
     import yaml
+
+    from sim.config import SCENARIO_DIR, list_scenarios
     t = Table(title=f"scenarios ({SCENARIO_DIR})")
     t.add_column("name")
     t.add_column("description")
@@ -240,7 +239,7 @@ def native_cmd(action: str = typer.Argument("status", help="build | status | cle
             files = native.build()
         except native.NativeBuildError as exc:
             sys.stderr.write(f"error: {exc}\n")
-            raise typer.Exit(1)
+            raise typer.Exit(1) from None
         console.print(f"built {len(files)} extensions; state: {native.state()}")
     else:
         sys.stderr.write(f"error: native action {action!r}: expected build, status or clean\n")
@@ -258,7 +257,6 @@ def _mount_optional() -> None:
     """Subcommands whose modules live outside the core simulator (calibration, sweeps, app)."""
     from calibration.cli import calibrate_command, profile_app
     from calibration.validate_cli import validate_command, validate_runs_command
-
     from sim.cli.compare import compare_command
     from sim.cli.guide import guide_command
     from sim.cli.plan import plan_command

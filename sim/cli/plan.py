@@ -5,26 +5,25 @@ Exit status: 0 a recommendation was made; 1 no candidate meets the SLO; 2 bad in
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any
 
 import typer
 
-from sim.errors import ConfigError
 from sim.cli.sweep import fail, stdout_console
+from sim.errors import ConfigError
 
 
 def plan_command(
     scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
-    slo: List[str] = typer.Option(..., "--slo", help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
+    slo: list[str] = typer.Option(..., "--slo", help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
                                                      "(repeatable; see docs/sweeps.md for what pNN means)."),
-    attainment: Optional[float] = typer.Option(None, "--attainment", help="Fraction of requests that must meet every "
+    attainment: float | None = typer.Option(None, "--attainment", help="Fraction of requests that must meet every "
                                                                           "bound (default: the pNN of the SLO names, or 0.9)."),
-    allocators: Optional[str] = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all but "
+    allocators: str | None = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all but "
                                                                         "hybrid_tail-quantile): static, static-p95, "
                                                                         "static-p95-fallback, paged, ..."),
-    target_rate: Optional[float] = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
+    target_rate: float | None = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
     seeds: int = typer.Option(1, "--seeds", help="Workload seeds per candidate: goodput with a confidence interval "
                                                  "over seeds, and which candidates are within noise."),
@@ -35,17 +34,17 @@ def plan_command(
                                                           "or exhaustive (every probe a full run)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the early-stopping test and of the "
                                                                 "intervals over seeds."),
-    set_: Optional[List[str]] = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
+    set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
 ):
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
     from rich.table import Table
 
-    from sim.config import parse_override
     from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, write_plan
     from sim.analysis.slo import parse_slos
+    from sim.config import parse_override
     try:
         slo_ = parse_slos(slo, attainment)
         overrides = dict(parse_override(i) for i in set_ or [])
@@ -56,7 +55,7 @@ def plan_command(
         if out is not None:
             from sim.output.staging import out_dir
             out_dir(out)  # a bad --out is refused before minutes of planning
-        kw = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
+        kw: dict[str, Any] = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
         # Workers forked from this process once it has loaded the simulator (before the progress
         # bar's thread exists); forkserver where fork is not available.
         import multiprocessing

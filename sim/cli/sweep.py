@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 import typer
 
@@ -28,10 +28,10 @@ def stdout_console():
 
 def sweep_command(
     sweep_file: Path = typer.Argument(..., help="Sweep YAML: base scenario, axes (grid/zip), seeds."),
-    workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Parallel points (default: CPU cores)."),
+    workers: int | None = typer.Option(None, "--workers", "-w", help="Parallel points (default: CPU cores)."),
     backend: str = typer.Option("local", "--backend", help="local (process pool) or ray."),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: a local Ray)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: a local Ray)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print the dataset path only."),
 ):
     """Run every point of a sweep into one resumable Parquet dataset (points already done are skipped)."""

@@ -66,7 +66,7 @@ class RooflineFit:
         return {"launch_s": self.launch_s, "p": self.p, **{f"{n}_per_s": r for n, r in zip(self.terms, self.rates)}}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RooflineFit":
+    def from_dict(cls, d: dict) -> RooflineFit:
         names = tuple(k[:-len("_per_s")] for k in d if k.endswith("_per_s"))
         return cls(float(d["launch_s"]), names, tuple(float(d[f"{n}_per_s"]) for n in names), float(d["p"]))
 
@@ -159,7 +159,7 @@ def generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype: str):
     return np.stack([flops, nbytes, s]), np.log(np.column_stack([b, s, h / kvh, kvh]))
 
 
-def attention_dims(cells_log: np.ndarray):
+def attention_dims(cells_log: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(batch, length, heads, kv_heads) from attention grid coordinates (log b, log s, log group, log kv_heads)."""
     b, sl, g, kvh = np.exp(cells_log).T
     return b, sl, g * kvh, kvh

@@ -40,11 +40,18 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from sim.catalog import GpuSpec, ModelSpec
-from sim.cost.kernel_model import (FamilyFit, MissingGroup, Peaks, attention_grid, family_from_json, family_to_json,
-                                   gemm_curve)
+from sim.cost.kernel_model import (
+    FamilyFit,
+    MissingGroup,
+    Peaks,
+    attention_grid,
+    family_from_json,
+    family_to_json,
+    gemm_curve,
+)
 from sim.cost.model import BatchShape, CostModel, Layout
-from sim.engine_presets import EnginePreset
 from sim.cost.profile_format import validate_profile
+from sim.engine_presets import EnginePreset
 from sim.errors import ConfigError
 from sim.inputs import is_file, load_json, read_text
 
@@ -163,7 +170,7 @@ class Curve1D:
         return {"x": _round_list(self.x), "t_s": _round_list(self.t_s), **self.meta}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Curve1D":
+    def from_json(cls, d: dict) -> Curve1D:
         return cls(np.array(d["x"]), np.array(d["t_s"]), {k: v for k, v in d.items() if k not in ("x", "t_s")})
 
 
@@ -290,7 +297,7 @@ class Grid2D:
                 **self.meta}
 
     @classmethod
-    def from_json(cls, d: dict) -> "Grid2D":
+    def from_json(cls, d: dict) -> Grid2D:
         return cls(np.array(d["batch"]), np.array(d["length"]), np.array(d["t_s"]),
                    {k: v for k, v in d.items() if k not in ("batch", "length", "t_s")})
 
@@ -367,7 +374,7 @@ class Profile:
         return path
 
     @classmethod
-    def from_json(cls, doc: dict, source: str = "<dict>", checked: bool = False) -> "Profile":
+    def from_json(cls, doc: dict, source: str = "<dict>", checked: bool = False) -> Profile:
         """A profile from its JSON document, validated as a format first unless ``checked``."""
         if not checked:
             validate_profile(doc, source)  # the whole format, naming the JSON path of a bad value

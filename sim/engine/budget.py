@@ -49,14 +49,14 @@ class RunBudget:
                                  f"at most {self.max_requests} requests per run (lower workload.num_requests or "
                                  "workload.duration_s)")
 
-    def check_scenario(self, sc: "Scenario") -> None:
+    def check_scenario(self, sc: Scenario) -> None:
         """Before anything is drawn: the request count the scenario states (or implies)."""
         from sim.workload.generator import request_bound
         n = request_bound(sc)
         if n is not None:
             self.check_requests(n)
 
-    def check_workload(self, wl: "Workload") -> None:
+    def check_workload(self, wl: Workload) -> None:
         """After the draw, before the event loop: the exact count of an open-loop workload (a closed
         loop's lengths are a pool; its requests are bounded by events and wall time)."""
         if wl.arrival_s is not None:

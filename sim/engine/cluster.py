@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any
 
 import numpy as np
 import simpy
 
 from sim import NATIVE_STATE, __version__
+from sim.allocators.capabilities import LengthHints
 from sim.config import Scenario, SchedulerConfig
 from sim.cost.model import BatchShape, CostModel
 from sim.engine.budget import RunBudget, run_within
 from sim.engine.deployment import Deployment, with_engine_defaults
+from sim.engine.replica import Replica
+from sim.engine.router import Router
+from sim.engine.simpy_shortcuts import events_scheduled, now as clock
 from sim.output.metrics import Recorder, clean_json, summarize
 from sim.output.results import RunResult
-from sim.engine.replica import Replica
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
-from sim.engine.router import Router
-from sim.engine.simpy_shortcuts import events_scheduled
-from sim.engine.simpy_shortcuts import now as clock
 from sim.sched.registry import make_scheduler
-from sim.allocators.capabilities import LengthHints
 from sim.workload.generator import Workload, build_workload, total_length_percentile
 from sim.workload.predictor import LengthPredictor, make_predictor
 

@@ -7,13 +7,22 @@ from dataclasses import dataclass, fields
 
 from sim.allocators import make_allocator
 from sim.allocators.base import Allocator
-from sim.allocators.registry import Budget
-from sim.allocators.registry import get as allocator_kind
-from sim.catalog import (CUSTOM_GPU, GiB, GpuSpec, KVGroups, ModelSpec, activation_reserve_bytes, custom_gpu, get_gpu,
-                         get_model, kv_capacity_bytes)
-from sim.engine_presets import EnginePreset, get_preset, read_terms_file
+from sim.allocators.registry import Budget, get as allocator_kind
+from sim.catalog import (
+    CUSTOM_GPU,
+    GiB,
+    GpuSpec,
+    KVGroups,
+    ModelSpec,
+    activation_reserve_bytes,
+    custom_gpu,
+    get_gpu,
+    get_model,
+    kv_capacity_bytes,
+)
 from sim.config import GpuConfig, Scenario, SchedulerConfig
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
+from sim.engine_presets import EnginePreset, get_preset, read_terms_file
 from sim.errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
@@ -76,7 +85,7 @@ class Deployment:
     kv_groups: KVGroups | None = None
 
     @classmethod
-    def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> "Deployment":
+    def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> Deployment:
         model = model_spec(sc)
         gpu = gpu_spec(sc.gpu)
         g = sc.gpu
@@ -184,7 +193,7 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     """The serving engine's terms for ``sc``: the preset of ``engine.kind`` with the scenario's
     ``engine.*`` overrides (``None`` for ``reference``)."""
     e = sc.engine
-    kind = e.kind
+    kind: str = e.kind
     if kind == "auto":
         kind = AUTO_ENGINE
     preset = get_preset(kind)

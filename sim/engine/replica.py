@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass
 from bisect import bisect_right
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Callable, Generator, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import simpy
@@ -39,8 +40,7 @@ from sim.allocators.capabilities import AdmissionBreaker, Compactable
 from sim.allocators.cohort import Cohort
 from sim.config import CompactionConfig
 from sim.cost.model import BatchShape, CostModel
-from sim.engine.simpy_shortcuts import now as clock
-from sim.engine.simpy_shortcuts import retarget
+from sim.engine.simpy_shortcuts import now as clock, retarget
 from sim.engine.stats import ReplicaStats
 from sim.request import COMPLETED, EXCEEDS_RESERVATION, PROMPT_EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from sim.sched.continuous import ContinuousScheduler, StepPlan
@@ -88,7 +88,7 @@ class Replica:
     measures goes to :attr:`stats`."""
 
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, allocator: Allocator,
-                 cost: CostModel, recorder: "Recorder", *, fast_forward: bool, overflow: str,
+                 cost: CostModel, recorder: Recorder, *, fast_forward: bool, overflow: str,
                  on_finish: Callable[[Request], None] | None = None, compaction: CompactionConfig | None = None,
                  stale_after_s: float | None = None):
         self.env = env

@@ -15,7 +15,7 @@ class Router:
     on ties); ``prefix_affinity`` (KV-cache-aware routing) picks the replica holding most of the
     request's prefix in its cache, falling back to least outstanding."""
 
-    def __init__(self, policy: str, replicas: list["Replica"], hash_block_tokens: int = 512):
+    def __init__(self, policy: str, replicas: list[Replica], hash_block_tokens: int = 512):
         self.policy = policy
         self.replicas = replicas
         self.hash_block_tokens = hash_block_tokens
@@ -29,7 +29,7 @@ class Router:
         self._lookups: list[PrefixLookup | None] = [r.alloc if isinstance(r.alloc, PrefixLookup) else None
                                                     for r in replicas]
 
-    def pick(self, req=None) -> "Replica":
+    def pick(self, req=None) -> Replica:
         reps = self.replicas
         if len(reps) == 1:
             return reps[0]

@@ -31,27 +31,67 @@ The page only wires widgets to the functions here, one module per part of the pa
 
 from __future__ import annotations
 
-from sim.explorer.calibration_view import (CURVE_FAMILIES, calibration_figure, curve_keys, default_curve,
-                                           measured_points, preferred_curve, profile_rows)
+from sim.explorer.calibration_view import (
+                                           CURVE_FAMILIES,
+                                           calibration_figure,
+                                           curve_keys,
+                                           default_curve,
+                                           measured_points,
+                                           preferred_curve,
+                                           profile_rows,
+)
 from sim.explorer.compare import ALLOCATOR_KNOBS, allocator_label, allocator_overrides, compare_rows, unique_labels
 from sim.explorer.downloads import figures_html, table_bytes
-from sim.explorer.knobs import (ARRIVAL_KNOBS, LENGTH_KNOBS, allocator_choices, allocator_fields, allocator_knobs,
-                                edited_scenario, edited_scenario_yaml, knobs_from_scenario, overrides_from_knobs)
+from sim.explorer.knobs import (
+                                           ARRIVAL_KNOBS,
+                                           LENGTH_KNOBS,
+                                           allocator_choices,
+                                           allocator_fields,
+                                           allocator_knobs,
+                                           edited_scenario,
+                                           edited_scenario_yaml,
+                                           knobs_from_scenario,
+                                           overrides_from_knobs,
+)
 from sim.explorer.kpi import DEFAULT_SLO, KPI_LABELS, KPI_SPEC, format_kpi, kpi_delta, kpis, slo_from_knobs
 from sim.explorer.launcher import APP_PATH, app_command
 from sim.explorer.runs import RunData, canonical_json, empty_run, run_canonical, scenario_from_canonical
 from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_scenario, builtin_scenarios, builtin_traces
-from sim.explorer.sweeps import (MAX_AXIS_VALUES, MAX_SWEEP_POINTS, SWEEP_AXES, default_index, default_sweep_axes,
-                                 numeric_columns, parse_axis_values, plan_stream_rows, run_small_plan, run_small_sweep,
-                                 sweep_param_columns)
-from sim.explorer.uploads import (MAX_MESSAGE_CHARS, MAX_NESTING, MAX_SCENARIO_BYTES, MAX_SWEEP_BYTES, MAX_DATASET_BYTES, MAX_UPLOAD_BYTES,
-                                  TRACE_FORMATS, UploadedTrace, UploadStore, error_text, read_sweep_upload,
-                                  resolve_paths, resolve_scenario, safe_filename, safe_yaml)
+from sim.explorer.sweeps import (
+                                           MAX_AXIS_VALUES,
+                                           MAX_SWEEP_POINTS,
+                                           SWEEP_AXES,
+                                           default_index,
+                                           default_sweep_axes,
+                                           numeric_columns,
+                                           parse_axis_values,
+                                           plan_stream_rows,
+                                           run_small_plan,
+                                           run_small_sweep,
+                                           sweep_param_columns,
+)
+from sim.explorer.uploads import (
+                                           MAX_DATASET_BYTES,
+                                           MAX_MESSAGE_CHARS,
+                                           MAX_NESTING,
+                                           MAX_SCENARIO_BYTES,
+                                           MAX_SWEEP_BYTES,
+                                           MAX_UPLOAD_BYTES,
+                                           TRACE_FORMATS,
+                                           UploadedTrace,
+                                           UploadStore,
+                                           error_text,
+                                           read_sweep_upload,
+                                           resolve_paths,
+                                           resolve_scenario,
+                                           safe_filename,
+                                           safe_yaml,
+)
 
 __all__ = [
     "ALLOCATOR_KNOBS", "APP_PATH", "ARRIVAL_KNOBS", "CURVE_FAMILIES", "DEFAULT_SLO", "KPI_LABELS", "KPI_SPEC",
     "LENGTH_KNOBS", "MAX_AXIS_VALUES", "MAX_MESSAGE_CHARS", "MAX_NESTING", "MAX_SCENARIO_BYTES", "MAX_SWEEP_BYTES",
-    "MAX_SWEEP_POINTS", "MAX_UPLOAD_BYTES", "plan_stream_rows", "SWEEP_AXES", "TRACE_EXTENSIONS", "TRACE_FORMATS", "RunData",
+    "MAX_SWEEP_POINTS", "MAX_DATASET_BYTES", "MAX_UPLOAD_BYTES", "plan_stream_rows", "SWEEP_AXES", "TRACE_EXTENSIONS", "TRACE_FORMATS", "RunData",
     "UploadStore", "UploadedTrace", "allocator_choices", "allocator_fields", "allocator_knobs", "allocator_label",
     "allocator_overrides", "app_command", "builtin_profiles", "builtin_scenario", "builtin_scenarios",
     "builtin_traces", "calibration_figure", "canonical_json", "compare_rows", "curve_keys", "default_curve",

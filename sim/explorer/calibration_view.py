@@ -93,22 +93,22 @@ def measured_points(profile, family: str, key: str) -> dict | None:
             return None
         shape, kv_dtype = key.split(":")
         h, kvh, d = (int(x) for x in shape.split("/"))
-        t = T.read_attention(path, kind)
-        sel = (t.heads == h) & (t.kv_heads == kvh) & (t.head_dim == d) & (t.kv_dtype == kv_dtype)
+        at = T.read_attention(path, kind)
+        sel = (at.heads == h) & (at.kv_heads == kvh) & (at.head_dim == d) & (at.kv_dtype == kv_dtype)
         if kind == "context":
-            sel &= t.attn_dtype == kv_dtype if (t.attn_dtype == kv_dtype).any() else sel
+            sel &= at.attn_dtype == kv_dtype if (at.attn_dtype == kv_dtype).any() else sel
         if not sel.any():
             return None
-        return {"batch": t.batch[sel], "length": t.length[sel], "t_s": t.latency_s[sel]}
+        return {"batch": at.batch[sel], "length": at.length[sel], "t_s": at.latency_s[sel]}
     if family == "allreduce":
         path = _source_table(profile, "nccl_perf")
         if path is None:
             return None
-        t = T.read_nccl(path)
-        sel = t.num_gpus == int(key)
+        nt = T.read_nccl(path)
+        sel = nt.num_gpus == int(key)
         if not sel.any():
             return None
-        return {"x": t.nbytes[sel], "t_s": t.latency_s[sel]}
+        return {"x": nt.nbytes[sel], "t_s": nt.latency_s[sel]}
     return None
 
 
@@ -116,6 +116,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     """Measured points (markers) against the profile's fitted curve (lines), log-log."""
     import numpy as np
     import plotly.graph_objects as go
+
     from sim.analysis.plots import _palette
     fig = go.Figure()
     pts = measured_points(profile, family, key)

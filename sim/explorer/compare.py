@@ -3,7 +3,8 @@ by side, best and worst marked."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from sim.explorer.knobs import _reserve_value, allocator_knobs
 from sim.explorer.kpi import KPI_SPEC, format_kpi
@@ -55,7 +56,8 @@ def allocator_overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def unique_labels(cfgs: list[Mapping[str, Any]]) -> list[str]:
-    labels, seen = [], {}
+    labels: list[str] = []
+    seen: dict[str, int] = {}
     for cfg in cfgs:
         lb = allocator_label(cfg)
         seen[lb] = seen.get(lb, 0) + 1

@@ -7,12 +7,12 @@ stay unset); :func:`edited_scenario_yaml` writes the result as YAML that ``kvsim
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 
 from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict
-
 
 #: Knobs shown in Explore, as dotted scenario keys (plus the ``slo.*`` keys, which are not).
 LENGTH_KNOBS = {
@@ -57,6 +57,7 @@ def allocator_knobs(kind: str) -> dict[str, Any]:
 def allocator_choices(name: str) -> list | None:
     """Allowed values of an ``allocator.<name>`` Literal field (``None`` for free values)."""
     import typing
+
     from sim.config import AllocatorConfig
     info = AllocatorConfig.model_fields.get(name)
     if info is None or typing.get_origin(info.annotation) is not typing.Literal:
@@ -166,7 +167,7 @@ def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
     return apply_overrides(base, overrides_from_knobs(knobs, ref))
 
 
-def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: list[str] = ()) -> str:
+def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: Sequence[str] = ()) -> str:
     """YAML of the edited scenario, runnable by ``kvsim run`` (validated first)."""
     data = edited_scenario(base, knobs)
     scenario_from_dict(data)

@@ -3,10 +3,10 @@ are judged against, read from the page's SLO widgets."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
-
 
 #: Widget defaults for the SLO (not a scenario key: the SLO judges a run, it does not change it).
 DEFAULT_SLO = {"slo.ttft_s": 0.5, "slo.tpot_s": 0.05, "slo.attainment": 0.9}

@@ -8,7 +8,6 @@ import sys
 from sim.config import REPO_ROOT
 from sim.explorer.uploads import MAX_SWEEP_BYTES
 
-
 APP_PATH = REPO_ROOT / "app.py"
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from sim.config import SCENARIO_DIR, list_scenarios, read_scenario_dict, scenario_from_dict
 from sim.errors import ConfigError
 
-
 TRACE_EXTENSIONS = (".csv", ".jsonl", ".parquet")
 
 

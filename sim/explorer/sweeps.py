@@ -4,17 +4,16 @@ goodput plan of the edited scenario run in the session folder, and a dataset's d
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pyarrow as pa
 import yaml
 
 from sim.config import scenario_from_dict
-from sim.errors import ConfigError
 from sim.engine.budget import EXPLORER_BUDGET
+from sim.errors import ConfigError
 from sim.explorer.uploads import UploadStore, resolve_paths
-
 
 #: Axes a page sweep may vary, with example values (free text is parsed per value, scalars only).
 SWEEP_AXES: dict[str, str] = {
@@ -54,7 +53,7 @@ def parse_axis_values(text: str, key: str) -> list:
     return list(dict.fromkeys(values))
 
 
-def _write_run_scenario(data: dict, store: "UploadStore", sub: str) -> Path:
+def _write_run_scenario(data: dict, store: UploadStore, sub: str) -> Path:
     """The scenario with vetted absolute paths, written into the session folder (for sweep/plan files)."""
     resolved = resolve_paths(data, store.trace_paths(), store.profiles)
     scenario_from_dict(resolved)
@@ -66,7 +65,7 @@ def _write_run_scenario(data: dict, store: "UploadStore", sub: str) -> Path:
     return path
 
 
-def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store: "UploadStore",
+def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store: UploadStore,
                     progress: Callable[[int, int, int], None] | None = None, workers: int = 1):
     """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures)."""
     from sim.analysis.sweep import run_sweep
@@ -86,7 +85,7 @@ def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store:
     return res.table(), res.failures
 
 
-def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: "UploadStore",
+def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: UploadStore,
                    progress: Callable[[int, int, str], None] | None = None, tol: float = 0.1,
                    max_evals: int = 10, workers: int = 1, seeds: int = 1, break_even: bool = False,
                    on_candidate: Callable[[dict], None] | None = None) -> dict:

@@ -12,24 +12,23 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
-import json
 import re
 import shutil
 import tempfile
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
 import yaml
 
 from sim.config import SCENARIO_DIR, Scenario, file_fields, scenario_from_dict
 from sim.errors import ConfigError
+from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_traces
 from sim.inputs import decode, load_json, load_yaml
 from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS
-from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_traces
-
 
 #: Upload limits (bytes). Scenarios are a few hundred bytes; the largest built-in trace is ~1 MB.
 MAX_SCENARIO_BYTES = 256 * 1024

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -196,7 +197,7 @@ class Recorder:
                 reserved * bpt, used * bpt, free * bpt, largest * bpt, 1.0 - used / reserved if reserved else 0.0,
                 1.0 - largest / free if free else 0.0, used * bpt, reserved * bpt, waiting]
 
-    def step(self, rep: "Replica", now: float, iterations: int, window_s: float, first_step_s: float,
+    def step(self, rep: Replica, now: float, iterations: int, window_s: float, first_step_s: float,
              batch_tokens: int, reserved_peak: int = 0) -> None:
         """A batch change of replica ``rep`` ended at ``now`` (simulated seconds): ``iterations``
         iterations in ``window_s`` seconds, the first ``first_step_s``. ``reserved_peak``: the most
@@ -267,7 +268,7 @@ def _pct(values: np.ndarray) -> dict[str, float | None]:
     return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(values.mean())}
 
 
-def summarize(rec: Recorder, replicas: list["Replica"], bpt: int) -> dict:
+def summarize(rec: Recorder, replicas: list[Replica], bpt: int) -> dict:
     """Headline metrics of a run (see docs/scenario.md, "Outputs"), over every request."""
     ok, arrival, first, finish, gen, prompt = (rec.summary_column(k) for k, _, _ in _SUMMARY_COLUMNS)
     # Latencies only of requests that have the time in question (-1 marks "never happened"): a

@@ -16,9 +16,9 @@ import errno
 import os
 import shutil
 import signal
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sim.errors import ConfigError
 

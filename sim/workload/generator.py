@@ -60,7 +60,7 @@ class Workload:
     #: Per request, the factor (mean 1) that spreads its client and front-end time; ``None`` = 1.
     frontend_jitter: np.ndarray | None = None
     #: What the lengths were drawn from, and the scenario (for :meth:`reference_lengths`).
-    sampler: "LengthSampler | None" = None
+    sampler: LengthSampler | None = None
     scenario: Scenario | None = None
 
     def __len__(self) -> int:
@@ -88,10 +88,14 @@ class LengthSampler:
         self.cfg = cfg
         self.key = key
         self.trace = trace
-        self.base = LengthSampler(cfg.base, scenario, key + ".base", trace) if cfg.kind == "mixture" else None
+        self.base: LengthSampler | None = None
+        if cfg.kind == "mixture":
+            assert cfg.base is not None  # the config requires base for a mixture
+            self.base = LengthSampler(cfg.base, scenario, key + ".base", trace)
         #: Trace rows behind the last sample (for prefix hashes), when lengths came from a trace.
         self.last_rows: np.ndarray | None = None
         if cfg.kind == "empirical":
+            assert cfg.path is not None  # the config requires a path for empirical lengths
             self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
         if cfg.kind == "trace" and cfg.path:
             # A file's rows in order, whatever the arrivals: a closed loop replays a benchmark's requests.
@@ -118,15 +122,14 @@ class LengthSampler:
             p = _tokens(c.prompt_median * np.exp(c.prompt_sigma * rng.standard_normal(n)))
             o = _tokens(c.output_median * np.exp(c.output_sigma * rng.standard_normal(n)))
             return p, o
-        if c.kind == "empirical":
-            idx = rng.integers(0, len(self.trace), n)
+        if c.kind in ("empirical", "trace"):
+            tr = self.trace
+            assert tr is not None  # read in __init__, or the arrivals' trace
+            idx = rng.integers(0, len(tr), n) if c.kind == "empirical" else np.arange(start, start + n) % len(tr)
             self.last_rows = idx
-            return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
-        if c.kind == "trace":
-            idx = np.arange(start, start + n) % len(self.trace)
-            self.last_rows = idx
-            return self.trace.prompt_tokens[idx], self.trace.output_tokens[idx]
+            return tr.prompt_tokens[idx], tr.output_tokens[idx]
         # mixture: a fraction of requests scaled by a multiplier (both prompt and output).
+        assert self.base is not None
         p, o = self.base.sample(rng, n, start)
         self.last_rows = self.base.last_rows
         return self._outliers(rng, p, o)
@@ -209,7 +212,7 @@ def request_bound(sc: Scenario) -> int | None:
     return None
 
 
-def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
+def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
     w = sc.workload
     arr = w.arrival
     rng_arrival, rng_len, _ = _streams(sc.seed)
@@ -217,6 +220,7 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
     n_cap = w.num_requests if explicit_n else None
     trace = None
     if arr.kind == "trace":
+        assert arr.path is not None  # the config requires a path for trace arrivals
         trace = read_trace(sc.resolve_path(arr.path, "workload.arrival.path"), arr.format, "workload.arrival.path")
         if trace.arrival_s is None:
             raise ConfigError("workload.arrival.path", arr.path, "a trace with arrival times (length-stats files have none; use lengths.kind: empirical)")
@@ -228,9 +232,12 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
     if arr.kind == "closed_loop":
         n = n_cap if n_cap is not None else _CHUNK * 64
         p, o = sampler.sample(rng_len, n)
+        assert arr.concurrency is not None  # the config requires it for closed_loop
         return Workload(p, o, None, arr.concurrency, arr.think_time_s, w.duration_s), sampler
 
+    t: np.ndarray
     if arr.kind == "trace":
+        assert trace is not None and trace.arrival_s is not None  # read and checked above
         t = trace.arrival_s * arr.time_scale
         if len(t) and not t[-1] <= MAX_TIME_S:
             raise ConfigError("workload.arrival.time_scale", arr.time_scale,
@@ -242,13 +249,17 @@ def _draw(sc: Scenario) -> tuple[Workload, "LengthSampler"]:
         p, o = sampler.sample(rng_len, keep)
         return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s), sampler
 
+    rate = arr.rate
+    assert rate is not None  # the config requires it for poisson and gamma arrivals
+
     def gaps(m: int) -> np.ndarray:
         if arr.kind == "poisson":
-            return rng_arrival.exponential(1.0 / arr.rate, m)
+            return rng_arrival.exponential(1.0 / rate, m)
         shape = 1.0 / arr.cv ** 2  # gamma with mean 1/rate and coefficient of variation cv
-        return rng_arrival.gamma(shape, 1.0 / (arr.rate * shape), m)
+        return rng_arrival.gamma(shape, 1.0 / (rate * shape), m)
 
     if w.duration_s is None:
+        assert n_cap is not None  # no duration: the request count is explicit
         t = np.cumsum(gaps(n_cap))
     else:
         parts, last, drawn = [], 0.0, 0

@@ -168,7 +168,7 @@ class PredictionTally:
         else:
             self.short_predicted_short += 1
 
-    def add(self, other: "PredictionTally") -> None:
+    def add(self, other: PredictionTally) -> None:
         self.long_predicted_long += other.long_predicted_long
         self.long_predicted_short += other.long_predicted_short
         self.short_predicted_long += other.short_predicted_long

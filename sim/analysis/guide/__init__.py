@@ -21,8 +21,9 @@ goodput, then jitter, then memory waste). For a true goodput, ``kvsim plan SCENA
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from sim.analysis.guide.claims import NOT_REPRODUCED, PARTLY, REPRODUCED, SKIPPED, ClaimResult
 from sim.analysis.guide.render import render

@@ -8,7 +8,7 @@ recommendation with its reasons, and the article's claims with verdicts and find
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sim.analysis.guide.claims import SKIPPED, long_threshold
 from sim.analysis.guide.runs import GIB, Run, SituationResult, fmt_g, fmt_pct
