@@ -186,7 +186,8 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     e = sc.engine
     kind = e.kind
     if kind == "auto":
-        kind = AUTO_ENGINE
+        # On the ``cpu`` device the only engine is kvsim's own torch engine, which its profiles measured.
+        kind = "reference" if sc.gpu.name == "cpu" else AUTO_ENGINE
     preset = get_preset(kind)
     if preset is None:
         return None
@@ -197,8 +198,9 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     return preset.with_overrides(**overrides) if overrides else preset
 
 
-#: What ``engine.kind: auto`` runs.
-AUTO_ENGINE = "reference"
+#: What ``engine.kind: auto`` runs on a GPU (``reference`` on ``gpu.name: cpu``): vLLM's preset, fitted to
+#: published serving benchmarks, so every answer (run, sweep, plan, guide) prices a real server.
+AUTO_ENGINE = "vllm"
 
 #: ``engine.*`` keys that override a preset's term of the same name.
 OVERRIDABLE = ("host_s", "host_per_seq_s", "host_hidden", "eager_per_layer_s", "frontend_s", "frontend_per_token_s",
