@@ -393,7 +393,8 @@ class EngineConfig(_Section):
     mode: Literal["fast_forward", "step"] = "fast_forward"
     #: The serving engine whose framework terms go on top of the kernel profile
     #: (``sim/engine_presets.py``): ``vllm``, ``sglang``, ``trtllm``, or ``reference`` (kvsim's own
-    #: torch engine: the profile's measured CPU overhead, no engine terms). ``auto``: ``reference``.
+    #: torch engine: the profile's measured CPU overhead, no engine terms). ``auto``: ``vllm``
+    #: (``reference`` on ``gpu.name: cpu``, where kvsim's own engine is the only one).
     kind: Literal["auto", "vllm", "sglang", "trtllm", "reference"] = "auto"
     #: Overrides of the preset's terms (``None``: the preset's, or a profile's fitted ones). Seconds.
     host_s: float | None = Field(None, ge=0, le=1)

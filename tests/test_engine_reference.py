@@ -320,7 +320,7 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
         sem = semantics_check(spec, allocator, "cpu", rows, sim, cost)
         assert sem["identical"], (name, sem)
         # stepping every iteration prices the same excess as the fast-forward windows
-        step = simulate(scenario_from_dict({**sc.model_dump(), "engine": {"mode": "step"}}))
+        step = simulate(scenario_from_dict({**sc.model_dump(), "engine": {**sc.engine.model_dump(), "mode": "step"}}))
         ff_req = sorted((r["id"], r["finish_s"]) for r in sim.requests.to_pylist())
         st_req = sorted((r["id"], r["finish_s"]) for r in step.requests.to_pylist())
         assert [r[0] for r in ff_req] == [r[0] for r in st_req]

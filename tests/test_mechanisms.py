@@ -153,7 +153,10 @@ def test_static_batching_pads_and_holds_the_batch():
 
 
 def test_stale_sequences_are_dropped():
-    over = {"gpu.gpu_memory_utilization": 0.33, "workload.arrival.rate": 16.0, "workload.num_requests": 500,
+    # Overloaded (a third of the memory, 20 req/s against the ~21 req/s the full GPU sustains) so the
+    # queue holds requests for more than 5 s: 56 go stale (at 16 req/s the vLLM preset's faster steps
+    # keep every wait under 5 s).
+    over = {"gpu.gpu_memory_utilization": 0.33, "workload.arrival.rate": 20.0, "workload.num_requests": 500,
             "allocator.kind": "hybrid_reserve", "allocator.stale_after_s": 5.0}
     res = simulate(load_scenario("chat-api", over))
     r = res.requests.to_pydict()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench.planner import compare
-from sim.analysis.planner import plan
+from sim.analysis.planner import mean_interval, plan
 from sim.analysis.slo import parse_slos
 
 CHAT_SLO = ["ttft_p90_s=0.5", "tpot_p90_s=0.05"]
@@ -39,8 +39,11 @@ def test_guided_search_gives_the_exhaustive_answer_with_a_target_rate():
 
 
 def test_seed_interval_covers_the_many_seed_answer():
-    """--seeds 5: each candidate's goodput interval covers the mean goodput of an exhaustive
-    search on 20 seeds (the same seeds first: common random numbers)."""
+    """--seeds 5: the goodput intervals cover the mean goodput of an exhaustive search on 20 seeds
+    (the same seeds first: common random numbers). A 95 % interval misses one time in twenty, so one
+    5-seed interval is not a test: the 20 seeds make four disjoint 5-seed intervals (the planner's
+    own ``mean_interval``), and at least three must cover the 20-seed mean (two or more misses of
+    four has probability 1.4 % at 95 % coverage). The same holds for the widths."""
     slo = parse_slos(CHAT_SLO)
     over = {"workload.num_requests": 300}
     five = plan("chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=5, workers=2)
@@ -50,9 +53,18 @@ def test_seed_interval_covers_the_many_seed_answer():
         c20 = next(c for c in many["candidates"] if c["name"] == c5["name"])
         lo, hi = c5["goodput_ci_rps"]
         assert lo < c5["goodput_mean_rps"] < hi
-        assert lo <= c20["goodput_mean_rps"] <= hi, (c5["name"], c5["goodput_ci_rps"], c20["goodput_mean_rps"])
-        # 20 seeds pin the mean down better than 5.
-        assert c20["goodput_ci_rps"][1] - c20["goodput_ci_rps"][0] < hi - lo
+        # The guided search's five seeds are the exhaustive search's first five (within its tolerance).
+        g5 = [s["goodput_est_rps"] for s in c5["seed_goodputs"]]
+        g20 = [s["goodput_est_rps"] for s in sorted(c20["seed_goodputs"], key=lambda s: s["seed"])]
+        assert g5 == pytest.approx(g20[:5], rel=0.05), (c5["name"], g5, g20[:5])
+        m20 = c20["goodput_mean_rps"]
+        blocks = [mean_interval(g20[i:i + 5], 0.95) for i in range(0, 20, 5)]
+        covered = [b_lo <= m20 <= b_hi for _, b_lo, b_hi in blocks]
+        assert sum(covered) >= 3, (c5["name"], m20, blocks)
+        # 20 seeds pin the mean down better than 5 (than the typical 5-seed interval: expected width
+        # ratio t(19)/√20 ÷ t(4)/√5 ≈ 0.38; one block of close seeds can be narrower by chance).
+        widths = sorted(b_hi - b_lo for _, b_lo, b_hi in blocks)
+        assert c20["goodput_ci_rps"][1] - c20["goodput_ci_rps"][0] < (widths[1] + widths[2]) / 2, (c5["name"], blocks)
     noise = five["recommendation"]["noise"]
     assert noise and all({"other", "diff_rps", "ci_rps", "within_noise"} <= set(n) for n in noise)
 

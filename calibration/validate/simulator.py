@@ -41,6 +41,10 @@ def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, p
         "allocator": {"kind": allocator, "block_size": int(spec["kv"]["block_size"]),
                       "reserve": int(spec["static_reserve"])},
         "cost_model": {"profile": profile or "none"},
+        # The subject is kvsim's own torch engine: the profile's measured CPU overhead and kernels as
+        # they are, no serving-engine preset (whose host time, front end and scheduler defaults model
+        # a vLLM/SGLang/TensorRT-LLM server, not the engine this validation replays).
+        "engine": {"kind": "reference"},
     }
     if arrival.get("kind") != "trace":
         d["workload"]["lengths"] = copy.deepcopy(w["lengths"])

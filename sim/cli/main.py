@@ -45,7 +45,8 @@ _HOT_PATH = {"compiled": "compiled (mypyc)", "off": "interpreted (KVSIM_NATIVE=0
 
 
 def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | None = None) -> None:
-    t = Table(title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, cost model {summary['cost_model']}"
+    engine = f"{summary['engine']} engine, " if summary.get("engine") else ""  # older summaries lack it
+    t = Table(title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, {engine}cost model {summary['cost_model']}"
               + ("" if summary.get("cost_model_calibrated") else " (UNCALIBRATED prior)"))
     t.add_column("metric")
     for c in ("p50", "p90", "p99", "mean"):

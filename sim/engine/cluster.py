@@ -238,6 +238,7 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         "seed": sc.seed,
         "allocator": sc.allocator.kind,
         "engine_mode": sc.engine.mode,
+        "engine": sc.engine.kind,  # resolved by with_engine_defaults: the serving engine's preset, or reference
         "cost_model": cost.name,
         "cost_model_calibrated": cost.calibrated,
         "cost_model_profile": cost.profile_provenance(),

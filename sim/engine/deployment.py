@@ -189,13 +189,19 @@ class Deployment:
                                  weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout, params=params)
 
 
+def engine_kind(sc: Scenario) -> str:
+    """The serving engine ``sc`` runs: ``engine.kind``, with ``auto`` resolved."""
+    if sc.engine.kind != "auto":
+        return sc.engine.kind
+    # On the ``cpu`` device the only engine is kvsim's own torch engine, which its profiles measured.
+    return "reference" if sc.gpu.name == "cpu" else AUTO_ENGINE
+
+
 def engine_preset(sc: Scenario) -> EnginePreset | None:
     """The serving engine's terms for ``sc``: the preset of ``engine.kind`` with the scenario's
     ``engine.*`` overrides (``None`` for ``reference``)."""
     e = sc.engine
-    kind: str = e.kind
-    if kind == "auto":
-        kind = AUTO_ENGINE
+    kind = engine_kind(sc)
     preset = get_preset(kind)
     if preset is None:
         return None
@@ -206,8 +212,9 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     return preset.with_overrides(**overrides) if overrides else preset
 
 
-#: What ``engine.kind: auto`` runs.
-AUTO_ENGINE = "reference"
+#: What ``engine.kind: auto`` runs on a GPU (``reference`` on ``gpu.name: cpu``): vLLM's preset, fitted to
+#: published serving benchmarks, so every answer (run, sweep, plan, guide) prices a real server.
+AUTO_ENGINE = "vllm"
 
 #: ``engine.*`` keys that override a preset's term of the same name.
 OVERRIDABLE = ("host_s", "host_per_seq_s", "host_hidden", "eager_per_layer_s", "frontend_s", "frontend_per_token_s",
@@ -216,11 +223,12 @@ OVERRIDABLE = ("host_s", "host_per_seq_s", "host_hidden", "eager_per_layer_s", "
 
 
 def with_engine_defaults(sc: Scenario) -> Scenario:
-    """``sc`` with the serving engine's defaults filled into the keys it leaves unset: the scheduler's
-    limits and batching (``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``,
-    ``mixed_batches``, ``reserve_output``) and the clients' timing (``workload.arrival``
-    ``start_spread_cycles`` and ``client_cv``). Keys a scenario sets win. Idempotent: the result is
-    what a run writes to ``scenario.yaml``, so rerunning it gives the same run."""
+    """``sc`` with ``engine.kind: auto`` resolved and the serving engine's defaults filled into the keys
+    it leaves unset: the scheduler's limits and batching (``max_num_seqs``, ``max_num_batched_tokens``,
+    ``chunked_prefill``, ``mixed_batches``, ``reserve_output``) and the clients' timing
+    (``workload.arrival`` ``start_spread_cycles`` and ``client_cv``). Keys a scenario sets win.
+    Idempotent: the result is what a run writes to ``scenario.yaml``, so rerunning it gives the same
+    run, whatever ``auto`` means in a later version."""
     engine = engine_preset(sc)
     cfg = sc.scheduler
     given = cfg.model_fields_set
@@ -240,12 +248,14 @@ def with_engine_defaults(sc: Scenario) -> Scenario:
             arrival["start_spread_cycles"] = engine.client_spread_cycles
         if "client_cv" not in arr.model_fields_set:
             arrival["client_cv"] = engine.client_cv
-    if not sched and not arrival:
+    kind = engine_kind(sc)
+    if not sched and not arrival and kind == sc.engine.kind:
         return sc
     workload = sc.workload
     if arrival:
         workload = workload.model_copy(update={"arrival": arr.model_copy(update=arrival)})
-    return sc.model_copy(update={"scheduler": cfg.model_copy(update=sched), "workload": workload})
+    return sc.model_copy(update={"scheduler": cfg.model_copy(update=sched), "workload": workload,
+                                 "engine": sc.engine.model_copy(update={"kind": kind})})
 
 
 def gpu_spec(g: GpuConfig) -> GpuSpec:

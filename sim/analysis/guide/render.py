@@ -145,6 +145,11 @@ def render(results: list[SituationResult], num_requests: int | None = None) -> s
           "`scenarios/guide/`): the scenario, a table per allocator "
           "variant, the recommendation of the goodput planner's rules (`sim.analysis.planner.recommend`) with its reasons, and "
           "the article's claims checked against the simulation, with the numbers.", ""]
+    engines = sorted({str(run.s.get("engine")) for r in results for run in r.runs.values()})
+    if engines:
+        L += [f"**Engine.** Every run prices the serving engine its scenario names ({', '.join(engines)}; "
+              "`engine.kind: auto` is vLLM's preset: its kernels, host time, front end and, for scheduler keys a "
+              "scenario leaves unset, its server defaults; docs/calibration.md, \"Serving engines\").", ""]
     if num_requests:
         L += [f"**Reduced size:** every scenario ran with `workload.num_requests={num_requests}`.", ""]
     L += ["**Columns.** TTFT/TPOT percentiles over completed requests. *tok/s per GPU*: prompt + output tokens per "
