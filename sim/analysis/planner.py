@@ -317,7 +317,7 @@ def plan_candidate(task: dict) -> dict:
     tol = task["tol"]
     guided = task["search"] == "guided"
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
-                           "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
+                           "upper_bound": bool(task.get("upper_bound")), "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         start = _guided_start(runner, task) if guided else task["start_rate"]
@@ -352,6 +352,10 @@ def plan_candidate(task: dict) -> dict:
         if search.status != "ok":
             out["message"] = {"unbounded": "attainment met at every rate tried: goodput is a lower bound",
                               "budget": "evaluation budget spent: goodput is a lower bound"}[search.status]
+        if task.get("upper_bound"):
+            # Never recommended, and its reason line reads only its goodput: no replica search and
+            # no operating point (they were half of its simulated requests).
+            return out
         op_rate, op_replicas = search.goodput, base_replicas
         target_rate = task.get("target_rate")
         if target_rate:
@@ -876,12 +880,14 @@ def candidate_row(p: dict, c: dict) -> list[str]:
         return row[:3] + ["-"] + row[3:] if seeds else row
     op, v = c.get("operating_point") or {}, c["verify"]
     gpus = c.get("gpus_needed") if p.get("target_rate") else c["gpus"]
+    sized = not p.get("target_rate") or "replicas_needed" in c  # an upper bound is not sized
     nxt = v.get("next_attainment")
     row = [
         c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
         + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
         f"{c['goodput_rps']:.3g}", _num(c.get("goodput_est_rps")),
-        str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"), f"{c['goodput_per_gpu_rps']:.3g}",
+        "-" if not sized else str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
+        f"{c['goodput_per_gpu_rps']:.3g}",
         "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
         "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
         _num(op.get("ttft_p90_s")), _num(op.get("tpot_p90_s")), _pct(op.get("memory_waste")),
