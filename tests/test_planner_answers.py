@@ -51,10 +51,28 @@ def test_seed_interval_covers_the_many_seed_answer():
         lo, hi = c5["goodput_ci_rps"]
         assert lo < c5["goodput_mean_rps"] < hi
         assert lo <= c20["goodput_mean_rps"] <= hi, (c5["name"], c5["goodput_ci_rps"], c20["goodput_mean_rps"])
+        # Informative, not covering by width: narrower than ±15 % of the mean, so a goodput 15 %
+        # off the many-seed answer falls outside it.
+        assert (hi - lo) / 2 < 0.15 * c20["goodput_mean_rps"], (c5["name"], lo, hi)
+        assert not lo <= 1.15 * c20["goodput_mean_rps"] <= hi and not lo <= c20["goodput_mean_rps"] / 1.15 <= hi
         # 20 seeds pin the mean down better than 5.
         assert c20["goodput_ci_rps"][1] - c20["goodput_ci_rps"][0] < hi - lo
     noise = five["recommendation"]["noise"]
     assert noise and all({"other", "diff_rps", "ci_rps", "within_noise"} <= set(n) for n in noise)
+
+
+def test_mean_interval_covers_at_its_confidence():
+    """The interval over seeds is a Student-t interval: over many samples of five it covers the
+    true mean about 95 % of the time (a normal-quantile or n-instead-of-√n interval would not)."""
+    import numpy as np
+
+    from sim.analysis.planner import mean_interval
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(2000):
+        _m, lo, hi = mean_interval(list(10.0 + rng.standard_normal(5)), 0.95)
+        hits += lo <= 10.0 <= hi
+    assert 0.93 < hits / 2000 < 0.97, hits
 
 
 def test_break_even_flips_the_recommendation_on_either_side(tmp_path):
