@@ -24,7 +24,8 @@
   minutes).
 * ``planner``: the planner's guided goodput search against the exhaustive one on every plannable
   built-in scenario (same recommendation, goodputs within the tolerance; wall and CPU seconds,
-  simulations; not part of ``all``: it plans every scenario twice).
+  simulations; ``--quick``: four scenarios, medians of three, the table in docs/sweeps.md; not
+  part of ``all``: it plans every scenario twice).
 
 Two helpers run on their own: ``python -m bench.identity`` fingerprints every built-in
 scenario's results (to show a change left them byte-identical), and ``python -m

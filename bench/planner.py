@@ -1,13 +1,16 @@
-"""planner: the guided goodput search against the exhaustive one, on every plannable built-in scenario.
+"""planner: the guided goodput search against the exhaustive one, on the plannable built-in scenarios.
 
 For each scenario (Poisson or gamma arrivals; ``bench-1m`` left out: a million requests per run)
 both searches plan every candidate under the scenario's SLO from its guide situation
-(``scenarios/guide/``), interleaved so both see the same machine load. Reported: wall and CPU
-seconds, simulations and simulated requests of each, whether the recommendations are the same,
-and the largest ratio between a candidate's goodputs (within the tolerance: below 1 + tol).
+(``scenarios/guide/``), interleaved so both see the same machine load. Reported: median wall and
+CPU seconds of each search over the repeats (with the load average before each), simulations and
+simulated requests, whether the recommendations and GPU counts are the same, and the largest
+relative difference between a candidate's goodputs (same answer: below the search tolerance).
 
-    python -m bench planner            # every scenario at its own size (tens of minutes on 2 cores)
-    python -m bench planner --quick    # four scenarios at 600 requests
+    python -m bench planner --quick    # chat-api at 40 req/s and three more scenarios at their own size, 3 repeats
+    python -m bench planner            # every scenario at its own size, once (tens of minutes on 2 cores)
+
+The ``--quick`` table is the one in docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ SCENARIOS: dict[str, tuple[list[str], float | None]] = {
     "bench-saturated": (["ttft_s=10", "tpot_s=0.2"], None),
 }
 QUICK = ("chat-api", "peak-vs-average", "small-batch", "streaming-chatbot")
-QUICK_REQUESTS = 600
+QUICK_REPEATS = 3
 
 
 def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, target_rate: float | None = None,
-            workers: int | None = None, allocators: list[str] | None = None, repeats: int = 1) -> dict:
+            workers: int | None = None, allocators: list[str] | None = None, repeats: int = 1,
+            start_method: str | None = None) -> dict:
     """Plan ``scenario`` with both searches (exhaustive first, then guided, ``repeats`` times
-    interleaved) and compare their answers."""
+    interleaved) and compare their answers. ``start_method="fork"``: workers forked from this
+    process, as ``kvsim plan`` starts them (only for a caller that holds no threads)."""
     from sim.analysis.planner import plan
     from sim.analysis.slo import parse_slos
     slo = parse_slos(slo_items)
@@ -49,7 +54,7 @@ def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, 
             load = load_avg()[0]
             t0 = time.perf_counter()
             p = plan(scenario, slo, overrides=overrides, allocators=allocators, target_rate=target_rate,
-                     workers=workers, search=search)
+                     workers=workers, search=search, start_method=start_method)
             runs[search].append({"wall_s": time.perf_counter() - t0, "cpu_s": p["cpu_s"], "load": load,
                                  "simulations": p["simulations"], "simulated_requests": p["simulated_requests"]})
             plans[search] = p
@@ -79,27 +84,47 @@ def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, 
                                  default=0.0)}
 
 
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def rows(results: list[dict]) -> list[list]:
+    """The comparison table: one row per scenario, exhaustive / guided in each cell."""
+    out = []
+    for r in results:
+        ex, gu = r["runs"]["exhaustive"], r["runs"]["guided"]
+
+        def med(key, runs):
+            return _median([x[key] for x in runs])
+        out.append([r["scenario"] + (f" @ {r['target_rate']:g} req/s" if r["target_rate"] else ""),
+                    f"{med('wall_s', ex):.1f} / {med('wall_s', gu):.1f}", f"{med('cpu_s', ex):.1f} / {med('cpu_s', gu):.1f}",
+                    f"{ex[0]['simulations']} / {gu[0]['simulations']}",
+                    f"{ex[0]['simulated_requests']} / {gu[0]['simulated_requests']}",
+                    " / ".join(str(x) for x in r["recommendation"]), f"{r['max_ratio_dev']:.1%}",
+                    "yes" if r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] else "NO",
+                    "–".join(f"{x:.1f}" for x in (min(x["load"] for x in ex + gu), max(x["load"] for x in ex + gu)))])
+    return out
+
+
+COLUMNS = ["scenario", "wall s", "cpu s", "simulations", "requests", "recommendation", "max goodput diff",
+           "same answer", "load"]
+
+
 def run(quick: bool, out: Path) -> dict:
+    import multiprocessing
+    fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     names = QUICK if quick else tuple(SCENARIOS)
     workers = min(2, os.cpu_count() or 1)
+    repeats = QUICK_REPEATS if quick else 1
     results = []
     for name in names:
         slo, target = SCENARIOS[name]
-        over = {"workload.num_requests": QUICK_REQUESTS} if quick else None
-        results.append(compare(name, slo, over, None if quick else target, workers))
-    rows = []
-    for r in results:
-        ex, gu = r["runs"]["exhaustive"][0], r["runs"]["guided"][0]
-        rows.append([r["scenario"] + (f" @ {r['target_rate']:g} req/s" if r["target_rate"] else ""),
-                     f"{ex['wall_s']:.1f} / {gu['wall_s']:.1f}", f"{ex['cpu_s']:.1f} / {gu['cpu_s']:.1f}",
-                     f"{ex['simulations']} / {gu['simulations']}",
-                     f"{ex['simulated_requests']} / {gu['simulated_requests']}",
-                     " / ".join(str(x) for x in r["recommendation"]), f"{r['max_ratio_dev']:.1%}",
-                     "yes" if r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] else "NO",
-                     f"{ex['load']:.1f}"])
-    table("planner: exhaustive / guided search", ["scenario", "wall s", "cpu s", "simulations", "requests",
-                                                  "recommendation", "max goodput diff", "same answer", "load"], rows)
-    data = {"bench": "planner", "quick": quick, "scenarios": results,
+        results.append(compare(name, slo, None, target, workers, repeats=repeats, start_method=fork))
+    title = f"planner: exhaustive / guided search ({'median of ' + str(repeats) if repeats > 1 else 'one run'} each)"
+    table(title, COLUMNS, rows(results))
+    data = {"bench": "planner", "quick": quick, "repeats": repeats, "scenarios": results,
             "all_same": all(r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] for r in results)}
     write_json(out, "planner", data)
     return data

@@ -90,6 +90,9 @@ def test_plan_default_scenario(tmp_path):
     # Reserving max_model_len (16384 tokens) per request caps concurrency: paged serves more.
     assert by["paged"]["goodput_rps"] > by["static"]["goodput_rps"]
     assert p["recommendation"]["candidate"] in by and p["recommendation"]["reasons"]
+    # The plan carries each candidate's upper-bound flag, which keeps the oracle from being picked.
+    assert {n for n, c in by.items() if c["upper_bound"]} == {n for n in by if CANDIDATES[n].get("upper_bound")}
+    assert not by[p["recommendation"]["candidate"]]["upper_bound"]
 
     # The bisection property, re-simulated here: attainment ≥ target at the goodput, < target at goodput·(1+tol).
     data, base_dir = read_scenario_dict("chat-api")
@@ -104,7 +107,10 @@ def test_plan_default_scenario(tmp_path):
     for c in by.values():
         g = c["goodput_rps"]
         assert att(c, g) >= slo.attainment > att(c, g * (1 + tol)), c["name"]
-        # Fewest replicas for 24 req/s: n sustains it, n − 1 does not.
+        # Fewest replicas for 24 req/s: n sustains it, n − 1 does not (an upper bound is not sized).
+        if c["upper_bound"]:
+            assert "replicas_needed" not in c and "operating_point" not in c
+            continue
         n = c["replicas_needed"]
         assert n is not None
         assert att(c, 24, n) >= slo.attainment

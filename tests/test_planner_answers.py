@@ -65,8 +65,26 @@ def test_seed_interval_covers_the_many_seed_answer():
         # ratio t(19)/√20 ÷ t(4)/√5 ≈ 0.38; one block of close seeds can be narrower by chance).
         widths = sorted(b_hi - b_lo for _, b_lo, b_hi in blocks)
         assert c20["goodput_ci_rps"][1] - c20["goodput_ci_rps"][0] < (widths[1] + widths[2]) / 2, (c5["name"], blocks)
+        # Informative, not covering by width: narrower than ±15 % of the mean, so a goodput 15 %
+        # off the many-seed answer falls outside it.
+        assert (hi - lo) / 2 < 0.15 * m20, (c5["name"], lo, hi)
+        assert not lo <= 1.15 * m20 <= hi and not lo <= m20 / 1.15 <= hi
     noise = five["recommendation"]["noise"]
     assert noise and all({"other", "diff_rps", "ci_rps", "within_noise"} <= set(n) for n in noise)
+
+
+def test_mean_interval_covers_at_its_confidence():
+    """The interval over seeds is a Student-t interval: over many samples of five it covers the
+    true mean about 95 % of the time (a normal-quantile or n-instead-of-√n interval would not)."""
+    import numpy as np
+
+    from sim.analysis.planner import mean_interval
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(2000):
+        _m, lo, hi = mean_interval(list(10.0 + rng.standard_normal(5)), 0.95)
+        hits += lo <= 10.0 <= hi
+    assert 0.93 < hits / 2000 < 0.97, hits
 
 
 def test_break_even_flips_the_recommendation_on_either_side(tmp_path):

@@ -219,8 +219,8 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
             d["note"] = "no candidate depends on it"
             continue
         # Re-planned at each value: the recommended candidate if it depends on the constant, and the
-        # affected candidates that could overtake it.
-        moving = [n for n in affected if n != best]
+        # affected candidates that could overtake it (an upper bound never can).
+        moving = [n for n in affected if n != best and not cands[n].get("upper_bound")]
         if best in affected:
             moving.append(best)
 
@@ -285,7 +285,8 @@ def _task(cand: dict, common: dict, extra: dict) -> dict:
     from sim.analysis.planner import CANDIDATES
     return {**common, "name": cand["name"], "overrides": cand["overrides"],
             "strategy": CANDIDATES.get(cand["name"], {}).get("strategy", ""), "extra_overrides": extra,
-            "hint_replicas": cand.get("replicas_needed"), "seeds": 1, "operating_point": False, "search": "guided"}
+            "hint_replicas": cand.get("replicas_needed"), "seeds": 1, "operating_point": False, "search": "guided",
+            "upper_bound": bool(cand.get("upper_bound"))}
 
 
 def _light(task: dict) -> dict:

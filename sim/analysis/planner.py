@@ -136,6 +136,7 @@ def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> f
 
 def measure(result, slo: SLO) -> dict:
     """The operating-point facts of one run (see the module docstring)."""
+    from sim.analysis.columns import column
     from sim.analysis.plots import decode_only_mask, fragmentation_series
     s = result.summary
     ts = result.timeseries
@@ -161,11 +162,11 @@ def measure(result, slo: SLO) -> dict:
         out["external_frag_max"] = float(external.max())
         dec = decode_only_mask(ts)
         if dec.any():
-            step = ts.column("first_step_s").to_numpy()[dec]
+            step = column(ts, "first_step_s")[dec]
             # A fast-forwarded row stands for `iterations` decode steps.
-            w = ts.column("iterations").to_numpy()[dec].astype(np.float64)
+            w = column(ts, "iterations")[dec].astype(np.float64)
             p50, p99 = _weighted_percentile(step, w, 50), _weighted_percentile(step, w, 99)
-            batch = ts.column("running").to_numpy()[dec].astype(np.float64)
+            batch = column(ts, "running")[dec].astype(np.float64)
             out.update(decode_step_p50_ms=p50 * 1e3, decode_step_p99_ms=p99 * 1e3,
                        decode_jitter=p99 / p50 if p50 > 0 else None,
                        decode_batch_p50=_weighted_percentile(batch, w, 50),
@@ -322,7 +323,7 @@ def plan_candidate(task: dict) -> dict:
     base_replicas = runner.base_replicas
     guided = task["search"] == "guided"
     out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
-                           "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
+                           "upper_bound": bool(task.get("upper_bound")), "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         start = _guided_start(runner, task) if guided else task["start_rate"]
@@ -357,6 +358,10 @@ def plan_candidate(task: dict) -> dict:
         if search.status != "ok":
             out["message"] = {"unbounded": "attainment met at every rate tried: goodput is a lower bound",
                               "budget": "evaluation budget spent: goodput is a lower bound"}[search.status]
+        if task.get("upper_bound"):
+            # Never recommended, and its reason line reads only its goodput: no replica search and
+            # no operating point (they were half of its simulated requests).
+            return out
         op_rate, op_replicas = search.goodput, base_replicas
         target_rate = task.get("target_rate")
         if target_rate:
@@ -494,8 +499,8 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
             pool.start()
         if on_start:
             on_start()
-        # Slowest first (contiguous allocators run the most allocator work), so no long task starts last.
-        order = sorted(tasks, key=lambda t: _SLOW_KINDS.get(t["overrides"].get("allocator.kind"), 0), reverse=True)
+        # Most expensive first, so that no long task starts last (longest-processing-time order).
+        order = sorted(tasks, key=_task_cost, reverse=True)
         for t, r in pool.map_unordered(plan_candidate, order):
             results[t["name"]] = r
             _seed_intervals([r], confidence)
@@ -549,8 +554,17 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     return out
 
 
-#: Relative cost of a candidate's simulations by allocator kind (only orders the work).
-_SLOW_KINDS = {"dynamic": 2, "static": 1}
+#: CPU seconds of each candidate's task in the default plan (``cpu_s`` in plan.json of ``kvsim plan
+#: chat-api --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05 --target-rate 40``). Only orders the work:
+#: allocators without a decode cohort (tiered regions, contiguous growth) grow every sequence one
+#: by one at every mixed iteration and cost ten times what the paged pool does.
+_TASK_CPU_S = {"static-p95-fallback": 1.4, "hybrid_tail": 1.5, "hybrid_tail-quantile": 1.5, "hybrid_tail-oracle": 1.5,
+               "dynamic": 0.9, "static": 0.9, "static-p95": 0.3, "hybrid_reserve": 0.3, "paged": 0.15,
+               "paged-b32": 0.15}
+
+
+def _task_cost(task: dict) -> float:
+    return _TASK_CPU_S.get(task["name"], 1.0)
 
 
 def _prewarm(sc) -> None:
@@ -872,12 +886,14 @@ def candidate_row(p: dict, c: dict) -> list[str]:
         return row[:3] + ["-"] + row[3:] if seeds else row
     op, v = c.get("operating_point") or {}, c["verify"]
     gpus = c.get("gpus_needed") if p.get("target_rate") else c["gpus"]
+    sized = not p.get("target_rate") or "replicas_needed" in c  # an upper bound is not sized
     nxt = v.get("next_attainment")
     row = [
         c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
         + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
         f"{c['goodput_rps']:.3g}", _num(c.get("goodput_est_rps")),
-        str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"), f"{c['goodput_per_gpu_rps']:.3g}",
+        "-" if not sized else str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
+        f"{c['goodput_per_gpu_rps']:.3g}",
         "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
         "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
         _num(op.get("ttft_p90_s")), _num(op.get("tpot_p90_s")), _pct(op.get("memory_waste")),
@@ -887,7 +903,8 @@ def candidate_row(p: dict, c: dict) -> list[str]:
     ]
     if seeds:
         ci = c.get("goodput_ci_rps")
-        row.insert(3, "-" if not ci else f"{c['goodput_mean_rps']:.3g} [{ci[0]:.3g}, {ci[1]:.3g}]")
+        m = c.get("goodput_mean_rps")
+        row.insert(3, "-" if not ci else f"{m:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ±{(ci[1] - ci[0]) / 2 / m:.1%}")
     return row
 
 

@@ -49,7 +49,8 @@ def _thin(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def _col(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False)
+    from sim.analysis.columns import column
+    return column(table, name)
 
 
 # --- per-request latencies -----------------------------------------------------------
@@ -288,6 +289,7 @@ def attainment_vs_rate(plan: dict) -> Figure:
     fig = go.Figure()
     cands = plan.get("candidates", [])
     palette = _palette(len(cands))
+    lines = []
     for i, c in enumerate(cands):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         if not probes:
@@ -296,7 +298,10 @@ def attainment_vs_rate(plan: dict) -> Figure:
                                  mode="lines+markers", name=c["name"], legendgroup=c["name"], line=dict(color=palette[i])))
         g = c.get("goodput_rps")
         if g:
-            fig.add_vline(x=g, line=dict(color=palette[i], dash="dot", width=1))
+            # What add_vline adds, all at once (add_vline re-checks every shape so far: quadratic).
+            lines.append(dict(type="line", xref="x", yref="y domain", x0=g, x1=g, y0=0, y1=1,
+                              line=dict(color=palette[i], dash="dot", width=1)))
+    fig.update_layout(shapes=lines)
     target = plan.get("attainment_target")
     if target is not None:
         fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"target {target:g}")
@@ -345,7 +350,8 @@ def plan_kv_memory(plan: dict) -> Figure:
     cands = [c for c in plan.get("candidates", []) if c.get("kv_series")]
     palette = _palette(len(cands))
     for i, c in enumerate(cands):
-        s = c["kv_series"]
+        # Arrays, not lists: plotly checks a list element by element (most of a plan page's CPU).
+        s = {k: np.asarray(v, dtype=np.float64) for k, v in c["kv_series"].items()}
         op = c.get("operating_point", {})
         label = f"{c['name']} @ {op.get('rate', 0):.3g} req/s"
         fig.add_trace(go.Scatter(x=s["t_s"], y=s["reserved_gib"], mode="lines", name=f"{label} reserved",

@@ -86,10 +86,11 @@ def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
     status = np.asarray(requests.column("status").to_pylist())
     truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
     ok = (status == "completed") & ~truncated
-    arrival = requests.column("arrival_s").to_numpy()
-    first = requests.column("first_token_s").to_numpy()
-    finish = requests.column("finish_s").to_numpy()
-    gen = requests.column("generated_tokens").to_numpy()
+    from sim.analysis.columns import column
+    arrival = column(requests, "arrival_s")
+    first = column(requests, "first_token_s")
+    finish = column(requests, "finish_s")
+    gen = column(requests, "generated_tokens")
     if slo.ttft_s is not None:
         ok &= (first - arrival) <= slo.ttft_s
     if slo.tpot_s is not None:
