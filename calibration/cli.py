@@ -22,7 +22,8 @@ from sim.errors import ConfigError
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
 
-def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers) -> None:
+def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers,
+                   exclude: tuple[str, ...] = ()) -> None:
     from rich.console import Console
 
     from .serving_bench import TRAINING_FILE
@@ -39,7 +40,7 @@ def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals,
                       f"{terms['client_spread_cycles']:.2f} cycles)")
 
     terms = calibrate_from_serving_bench(src, out, profile=profile, engine=engine, gpu=gpu, tp=tp, max_evals=max_evals,
-                                         workers=workers, progress=progress)
+                                         workers=workers, exclude=exclude, progress=progress)
     typer.echo(f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "
                f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}")
     for e, t in sorted(terms.engines.items()):
@@ -76,13 +77,17 @@ def calibrate_command(
     max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
                                   help="--from-serving-bench: simulations of the rows per engine fit."),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--from-serving-bench: processes."),
+    exclude_group: list[str] | None = typer.Option(None, "--exclude-group",
+                                                      help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
+                                                           "'suspect' = the shipped file's groups that look mis-measured."),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
     from sim.output.staging import out_file
     if from_serving_bench is not None:
         _serving_bench(from_serving_bench, out, engine=engine, profile=profile, gpu=gpu,
-                       tp=tensor_parallel[0] if tensor_parallel else None, max_evals=max_evals, workers=workers)
+                       tp=tensor_parallel[0] if tensor_parallel else None, max_evals=max_evals, workers=workers,
+                       exclude=tuple(exclude_group or ()))
         return
     if model is None:
         raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")

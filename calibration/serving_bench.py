@@ -41,6 +41,15 @@ REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_m
 WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block")
 ENGINES = ("vllm", "sglang", "trtllm")
 
+#: Groups of the shipped training file whose measurements the kernel tables cannot reproduce, so
+#: that fitting engine terms to them would bend the terms of every other group of their engine.
+#: They are predicted and reported, not trained on (``--exclude-group``; evidence in
+#: docs/calibration.md, "Groups that look mis-measured"): Llama-3.1-8B-FP8/H200/vLLM implies
+#: prefills at up to 86 % of the GPU's fp8 peak while it also decodes (cached prefixes or shorter
+#: prompts than stated); Llama-3.1-70B/H200/TensorRT-LLM decodes at 0.66-0.80 of the GPU-only step
+#: summed from any engine's kernel tables, and its TTFT falls as the output grows.
+SUSPECT_GROUPS = ("nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm", "meta-llama/Llama-3.1-70B/h200_sxm/trtllm")
+
 #: Benchmark system names (aiconfigurator's) and catalog names of GPUs.
 GPU_IDS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
            "b200_sxm": "B200-SXM-180GB", "l40s": "L40S"}

@@ -161,18 +161,23 @@ def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Client
 
 def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients = Clients(requests_per_client=4), *,
         terms: tuple[str, ...] = FITTED_TERMS, max_evals: int = 100, profile: str | None = None, workers: int = 1,
-        progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
-    """Terms of every engine in ``rows`` minimising :func:`objective`. Engines share no term, so each
-    is fitted on its own rows alone."""
+        exclude: tuple[str, ...] = (), progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+    """Terms of every engine in ``rows`` minimising :func:`objective`, not trained on the groups in
+    ``exclude``. Engines share no term, so each is fitted on its own rows alone; an engine whose
+    rows are all excluded keeps its starting terms."""
     if not rows:
         raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
     start = start or builtin_terms()
-    out = EngineTerms({}, loss=0.0, evals=0, groups=sorted({r.group for r in rows}))
+    train_rows = [r for r in rows if r.group not in exclude]
+    out = EngineTerms({}, loss=0.0, evals=0, groups=sorted({r.group for r in train_rows}))
     losses = []
     pool = _Pool(workers)
     try:
         for engine in sorted({r.engine for r in rows}):
-            mine = [r for r in rows if r.engine == engine]
+            mine = [r for r in train_rows if r.engine == engine]
+            if not mine:
+                out.engines[engine] = _start_of(start, engine)
+                continue
             terms_e, loss, n = _fit_engine(mine, engine, start, clients, terms, max_evals, profile, pool, progress)
             out.engines[engine] = terms_e
             out.evals += n
@@ -181,13 +186,43 @@ def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients
         pool.close(failed=True)
         raise
     pool.close()
-    out.loss = float(np.mean(losses))
+    out.loss = float(np.mean(losses)) if losses else float("nan")
     return out
 
 
-def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress):
+def fit_shared(rows: list[BenchRow], engine: str, start: EngineTerms | None = None,
+               clients: Clients = Clients(requests_per_client=4), *, terms: tuple[str, ...] = FITTED_TERMS,
+               max_evals: int = 100, profile: str | None = None, workers: int = 1,
+               progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+    """One set of terms for ``engine`` fitted on rows of any engine, each row simulated with its own
+    engine's scheduler and kernels but these terms: the estimate for an engine the data hold no
+    run of (the terms of the engines that were measured, pooled)."""
+    if not rows:
+        raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
+    start = start or builtin_terms()
+    pool = _Pool(workers)
+    try:
+        t, loss, n = _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress,
+                                 shared=tuple(sorted({r.engine for r in rows})))
+    except BaseException:
+        pool.close(failed=True)
+        raise
+    pool.close()
+    return EngineTerms({engine: t}, loss=loss, evals=n, groups=sorted({r.group for r in rows}))
+
+
+#: The clients' spreads (request cycles) tried before the simplex starts: lock-step, a little
+#: drift, a third and all of a cycle.
+SPREAD_STARTS = (0.0, 0.1, 0.3, 0.95)
+
+
+def _start_of(start: EngineTerms, engine: str) -> dict[str, float]:
+    return {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in FITTED_TERMS}
+
+
+def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=()):
     from scipy.optimize import minimize
-    base = {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in FITTED_TERMS}
+    base = _start_of(start, engine)
     x0 = np.array([_to_x(t, base[t]) for t in terms])
 
     def unpack(x) -> dict[str, float]:
@@ -196,7 +231,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
     state = {"n": 0, "best": (float("inf"), x0)}
 
     def f(x) -> float:
-        one = EngineTerms({engine: unpack(x)})
+        one = EngineTerms({e: unpack(x) for e in (shared or (engine,))})
         v = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
         state["n"] += 1
         if v < state["best"][0]:
@@ -205,8 +240,18 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             progress(engine, state["n"], v, unpack(x))
         return v
 
-    simplex = np.vstack([x0] + [x0 + _step(t, base[t]) * np.eye(len(x0))[i] for i, t in enumerate(terms)])
-    minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals, "initial_simplex": simplex,
+    # The clients' spread moves TTFT in steps (clients merge into or leave a shared batch), and
+    # Nelder-Mead from one spread stays in that spread's basin: try a few across the range first
+    # and start the simplex from the best of them.
+    if "client_spread_cycles" in terms and max_evals > 2 * len(SPREAD_STARTS):
+        i = terms.index("client_spread_cycles")
+        for s in SPREAD_STARTS:
+            x = np.array(x0)
+            x[i] = _to_x("client_spread_cycles", s)
+            f(x)
+        x0 = np.array(state["best"][1])
+    simplex = np.vstack([x0] + [x0 + _step(t, _from_x(t, float(x0[i]))) * np.eye(len(x0))[i] for i, t in enumerate(terms)])
+    minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals - state["n"], "initial_simplex": simplex,
                                                     "xatol": 0.02, "fatol": 1e-3})
     return unpack(state["best"][1]), state["best"][0], state["n"]
 
@@ -224,8 +269,9 @@ def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = Non
                         profile: str | None = None, workers: int = 1, exclude_from_training: tuple[str, ...] = (),
                         log: Callable[[str], None] | None = None) -> LogoResult:
     """For every group: fit its engine's terms on that engine's other groups (not on
-    ``exclude_from_training``), then predict it. An engine with no other group keeps the starting
-    terms (there is nothing to learn them from). Without ``start``: :func:`unfitted_terms`."""
+    ``exclude_from_training``), then predict it. Where no other group of its engine is left, one set
+    of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
+    gets for an engine the data hold no run of. Without ``start``: :func:`unfitted_terms`."""
     start = start or unfitted_terms()
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
@@ -239,8 +285,15 @@ def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = Non
             terms = fit(train, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers)
             note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
         else:
-            terms = EngineTerms({engine: dict(start.engines.get(engine, {}))})
-            note = "no other group of this engine to fit on: starting terms"
+            pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
+            if not pooled:
+                terms = EngineTerms({engine: _start_of(start, engine)})
+                note = "no other group to fit on: starting terms"
+            else:
+                terms = fit_shared(pooled, engine, start, fit_clients, max_evals=max_evals, profile=profile,
+                                   workers=workers)
+                note = (f"no other group of {engine}: terms shared by the other engines, {len(pooled)} training rows, "
+                        f"loss {terms.loss:.3f}, {terms.evals} evaluations")
         folds[g] = terms
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:

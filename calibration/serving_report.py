@@ -42,6 +42,23 @@ def _rows(path: str, engine: str | None, gpu: str | None, tp: int | None) -> lis
     return rows
 
 
+def resolve_exclusions(names: tuple[str, ...] | list[str], rows: list[BenchRow]) -> tuple[str, ...]:
+    """``--exclude-group`` values as group names: ``suspect`` stands for the shipped file's groups
+    that look mis-measured (:data:`calibration.serving_bench.SUSPECT_GROUPS`, those present in
+    ``rows``); any other value must be a (model/GPU/engine) group of ``rows``."""
+    from .serving_bench import SUSPECT_GROUPS
+    have = sorted({r.group for r in rows})
+    out: list[str] = []
+    for n in names:
+        if n == "suspect":
+            out += [g for g in SUSPECT_GROUPS if g in have]
+        elif n in have:
+            out.append(n)
+        else:
+            raise ConfigError("--exclude-group", n, "'suspect' or a group of the file (model/gpu/engine): " + ", ".join(have))
+    return tuple(dict.fromkeys(out))
+
+
 def _pct(x) -> str:
     return "–" if x is None else f"{x:+.0%}" if abs(x) < 10 else f"{x:+.1f}x"
 
@@ -74,6 +91,7 @@ def validate_serving_bench(path: str, *, profile: str | None = None, engine: str
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp)
+    exclude = resolve_exclusions(exclude, rows)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
     # were fitted on the shipped file, held-out groups included.
@@ -138,16 +156,20 @@ def write_html(doc: dict, path: Path) -> Path:
 def calibrate_from_serving_bench(path: str, out: Path, *, profile: str | None = None, engine: str | None = None,
                                  terms_file: str | None = None, requests_per_client: int = 4, warmup: int = 2,
                                  max_evals: int = 100, workers: int = 1, gpu: str | None = None, tp: int | None = None,
+                                 exclude: tuple[str, ...] = (),
                                  progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
-    """Fit every engine's terms on the file's rows and write them as a terms file
-    (``engine.terms_file`` in a scenario uses them)."""
+    """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
+    :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
+    scenario uses them)."""
     rows = _rows(path, engine, gpu, tp)
+    exclude = resolve_exclusions(exclude, rows)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     terms = fit(rows, _terms_from(terms_file), Clients(requests_per_client=requests_per_client, warmup=warmup),
-                max_evals=max_evals, profile=profile, workers=workers, progress=progress)
+                max_evals=max_evals, profile=profile, workers=workers, exclude=exclude, progress=progress)
     terms.fitted_on = str(path)
     terms.write(out)
     return terms
 
 
-__all__ = ["validate_serving_bench", "calibrate_from_serving_bench", "table_rows", "HEADER", "RowResult"]
+__all__ = ["validate_serving_bench", "calibrate_from_serving_bench", "resolve_exclusions", "table_rows", "HEADER",
+           "RowResult"]

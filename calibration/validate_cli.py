@@ -45,6 +45,9 @@ def validate_command(
                                   help="--serving-bench --logo: simulations of the rows per engine fit."),
     gpu: str | None = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
     tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
+    exclude_group: list[str] | None = typer.Option(
+        None, "--exclude-group", help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
+                                      "(repeatable); 'suspect' = the shipped file's groups that look mis-measured."),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -55,7 +58,7 @@ def validate_command(
     if serving_bench is not None:
         _serving(serving_bench, profile=profile, engine=engine, terms=terms, logo=logo,
                  requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
-                 max_evals=max_evals)
+                 max_evals=max_evals, exclude=tuple(exclude_group or ()))
         return
 
     from sim.output.staging import out_dir
@@ -155,7 +158,7 @@ if __name__ == "__main__":
 
 
 def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, workers, out, gpu, tp,
-             max_evals: int = 100) -> None:
+             max_evals: int = 100, exclude: tuple[str, ...] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -166,7 +169,8 @@ def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, wo
     src = str(TRAINING_FILE) if path == "builtin" else path
     doc = validate_serving_bench(src, profile=profile, engine=engine, terms_file=terms, logo=logo,
                                  requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
-                                 max_evals=max_evals, log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
+                                 max_evals=max_evals, exclude=exclude,
+                                 log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
     con = Console(width=None if sys.stdout.isatty() else 200)
     t = Table(title=f"kvsim against real servers: {doc['rows']} runs of {src}", caption=doc["protocol"])
     for c in HEADER:

@@ -327,8 +327,12 @@ def test_leave_one_group_out():
     assert sorted(res.folds) == groups
     assert sorted(map(repr, (p.row for p in res.predictions))) == sorted(map(repr, rows))  # each row once
     assert all(p.error is None for p in res.predictions)
-    # SGLang has one group: nothing to learn its terms from, so they stay the starting ones.
-    assert res.folds[sgl[0].group].engines == {"sglang": start.engines["sglang"]}
+    # SGLang has one group: its terms are the ones shared by the other engines' groups, fitted on
+    # them (here every other row was made with the known vLLM terms, so those come back).
+    sgl_fold = res.folds[sgl[0].group]
+    assert set(sgl_fold.engines) == {"sglang"} and sgl_fold.groups == sorted({r.group for r in qwen + llama})
+    assert sgl_fold.engines["sglang"]["host_s"] == pytest.approx(4e-3, rel=0.1)
+    assert sgl_fold.engines["sglang"]["frontend_s"] == pytest.approx(25e-3, rel=0.1)
     # Each vLLM group is predicted by terms fitted on the other one alone (all five terms), which come
     # back to the ones the rows were made with.
     for held in (qwen, llama):
@@ -341,9 +345,27 @@ def test_leave_one_group_out():
         again = evaluate(held, fold, clients)
         mine = [p for p in res.predictions if p.row.group == held[0].group]
         assert [(p.ttft_ms, p.tpot_ms) for p in mine] == [(a.ttft_ms, a.tpot_ms) for a in again]
-    # A group excluded from training leaves the other vLLM group nothing to fit on.
+    # A group excluded from training leaves the other vLLM group only the other engines' groups to fit on ...
     res2 = leave_one_group_out(rows, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,))
-    assert res2.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
+    assert res2.folds[llama[0].group].groups == [sgl[0].group]
+    # ... and nothing at all without them: the starting terms.
+    res3 = leave_one_group_out(qwen + llama, start=start, clients=clients, max_evals=5,
+                               exclude_from_training=(qwen[0].group,))
+    assert res3.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
+
+
+def test_fit_does_not_train_on_excluded_groups():
+    known = with_terms(vllm={"host_s": 3e-3})
+    good = measured([row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 2), (512, 8)]], known)
+    # A group of the same engine whose "measurements" are 3x slow: trained on, it would pull host_s up.
+    bad = [replace(r, model="Qwen/Qwen3-32B", tp=2, tpot_ms=r.tpot_ms * 3) for r in good]
+    got = fit(good + bad, with_terms(), FIXED, terms=("host_s",), max_evals=40, exclude=(bad[0].group,))
+    assert got.groups == [good[0].group]
+    assert got.engines["vllm"]["host_s"] == pytest.approx(3e-3, rel=0.05)
+    # An engine whose every group is excluded keeps its starting terms.
+    sgl = [row(engine="sglang")]
+    got2 = fit(good + sgl, with_terms(), FIXED, terms=("host_s",), max_evals=5, exclude=(sgl[0].group,))
+    assert got2.engines["sglang"] == with_terms().engines["sglang"]
 
 
 def test_parallel_evaluation_matches_serial():
@@ -437,6 +459,9 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
     (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
     (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
+    (["validate", "--serving-bench", "good.csv", "--logo", "--exclude-group", "llama/h100", "--out", "v"],
+     f"--exclude-group: got 'llama/h100'; 'suspect' or a group of the file (model/gpu/engine): {LLAMA}/h100_sxm/vllm"),
+    (["calibrate", "--from-serving-bench", "good.csv", "--exclude-group", "x", "--out", "t.json"], "--exclude-group: got 'x'"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
     (tmp_path / "bad.csv").write_text(f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,-3,7\n")
