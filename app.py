@@ -32,6 +32,7 @@ S = st.session_state
 
 # --- state ----------------------------------------------------------------------------------
 
+
 def store() -> X.UploadStore:
     if "store" not in S:
         S.store = X.UploadStore()
@@ -88,6 +89,7 @@ def accept_upload(up, seen_key: str, error_key: str, parse, rejected: str, seen=
 
 # --- runs -----------------------------------------------------------------------------------
 
+
 @st.cache_data(max_entries=64, show_spinner=False)
 def cached_run(key: str, _progress=None) -> X.RunData:
     """One simulation per resolved scenario (its canonical JSON): repeated runs are free."""
@@ -131,7 +133,9 @@ def run_with_progress(key: str, where, label: str = "simulating") -> X.RunData:
                 if bar is None and time.perf_counter() - t0 > 1.0:
                     bar = where.progress(0.0, text=f"{label}…")
                 if bar is not None and done:
-                    bar.progress(min(1.0, done["d"] / max(done["n"], 1)), text=f"{label}… {done['d']}/{done['n']} requests")
+                    bar.progress(
+                        min(1.0, done["d"] / max(done["n"], 1)), text=f"{label}… {done['d']}/{done['n']} requests"
+                    )
     where.empty()
     return result
 
@@ -143,6 +147,7 @@ def current_scenario():
 
 
 # --- sidebar: page and scenario knobs -------------------------------------------------------
+
 
 def trace_options(need_arrivals: bool = False) -> list[str]:
     names = list(X.builtin_traces())
@@ -159,14 +164,20 @@ def scenario_source() -> None:
     src = sb.radio("Scenario", ["Built-in", "Upload"], horizontal=True, key="src")
     if src == "Built-in":
         names = X.builtin_scenarios()
-        name = sb.selectbox("Built-in scenario", names, key="builtin",
-                            index=names.index("chat-api") if "chat-api" in names else 0)
+        name = sb.selectbox(
+            "Built-in scenario", names, key="builtin", index=names.index("chat-api") if "chat-api" in names else 0
+        )
         if S.get("base_id") != ("builtin", name):
             set_base(X.builtin_scenario(name), ("builtin", name), name)
     else:
         up = sb.file_uploader("Scenario YAML (≤ 256 kB)", type=["yaml", "yml"], key="scenario_upload")
-        data = accept_upload(up, "scenario_upload_seen", "upload_error", store().parse_scenario,
-                             "Upload rejected, previous scenario kept")
+        data = accept_upload(
+            up,
+            "scenario_upload_seen",
+            "upload_error",
+            store().parse_scenario,
+            "Upload rejected, previous scenario kept",
+        )
         if data is not None:
             set_base(data, ("upload", up.file_id), up.name)
         show_error(sb, S.get("upload_error"))
@@ -176,11 +187,18 @@ def scenario_source() -> None:
 
 
 def trace_upload(where) -> None:
-    up = where.file_uploader("Upload a trace (CSV / JSONL / Parquet, ≤ 5 MB)", type=["csv", "jsonl", "parquet"],
-                             key="trace_upload")
+    up = where.file_uploader(
+        "Upload a trace (CSV / JSONL / Parquet, ≤ 5 MB)", type=["csv", "jsonl", "parquet"], key="trace_upload"
+    )
     fmt = where.selectbox("Trace format", X.TRACE_FORMATS, key="trace_format")
-    info = accept_upload(up, "trace_upload_seen", "trace_error", lambda n, d: store().add_trace(n, d, fmt),
-                         "Trace rejected", seen=None if up is None else (up.file_id, fmt))
+    info = accept_upload(
+        up,
+        "trace_upload_seen",
+        "trace_error",
+        lambda n, d: store().add_trace(n, d, fmt),
+        "Trace rejected",
+        seen=None if up is None else (up.file_id, fmt),
+    )
     if info is not None:
         set_knob("workload.lengths.path", info.name)
         if S.knobs["workload.lengths.kind"] != "empirical":
@@ -189,8 +207,11 @@ def trace_upload(where) -> None:
     show_error(where, S.get("trace_error"))
 
 
-ALLOCATOR_LABELS = {"block_size": "Block size (tokens)", "reserve": "Reserve (max_model_len | tokens | pNN)",
-                    "overflow": "Overflow"}
+ALLOCATOR_LABELS = {
+    "block_size": "Block size (tokens)",
+    "reserve": "Reserve (max_model_len | tokens | pNN)",
+    "overflow": "Overflow",
+}
 
 
 def allocator_widget_args(name: str, default) -> tuple[str, dict]:
@@ -223,26 +244,52 @@ def knob_widgets(allocator: bool = True) -> None:
         knob("selectbox", "Tensor parallel", "gpu.tensor_parallel", c2, options=[1, 2, 4, 8])
         knob("selectbox", "KV dtype", "model.kv_dtype", st, options=["bf16", "fp16", "fp8", "int4"])
         profiles = ["auto", "none", *X.builtin_profiles(), *store().profiles]
-        knob("selectbox", "Cost model profile", "cost_model.profile", st,
-             options=options_with(profiles, K["cost_model.profile"]),
-             help="auto: the GPU's calibrated profile when it covers the model; none: roofline prior")
+        knob(
+            "selectbox",
+            "Cost model profile",
+            "cost_model.profile",
+            st,
+            options=options_with(profiles, K["cost_model.profile"]),
+            help="auto: the GPU's calibrated profile when it covers the model; none: roofline prior",
+        )
     with sb.expander("Traffic", expanded=True):
         knob("number_input", "Requests", "workload.num_requests", st, min_value=1, max_value=1_000_000, step=100)
-        kind = knob("selectbox", "Arrivals", "workload.arrival.kind", st,
-                    options=["poisson", "gamma", "trace", "closed_loop"],
-                    help="gamma: bursty arrivals with coefficient of variation cv")
+        kind = knob(
+            "selectbox",
+            "Arrivals",
+            "workload.arrival.kind",
+            st,
+            options=["poisson", "gamma", "trace", "closed_loop"],
+            help="gamma: bursty arrivals with coefficient of variation cv",
+        )
         if kind in ("poisson", "gamma"):
-            knob("number_input", "Rate (requests/s)", "workload.arrival.rate", st, min_value=0.01, step=1.0, format="%.2f")
+            knob(
+                "number_input",
+                "Rate (requests/s)",
+                "workload.arrival.rate",
+                st,
+                min_value=0.01,
+                step=1.0,
+                format="%.2f",
+            )
         if kind == "gamma":
-            knob("number_input", "Burstiness (gamma cv)", "workload.arrival.cv", st, min_value=0.05, step=0.5,
-                 format="%.2f")
+            knob(
+                "number_input",
+                "Burstiness (gamma cv)",
+                "workload.arrival.cv",
+                st,
+                min_value=0.05,
+                step=0.5,
+                format="%.2f",
+            )
         if kind == "trace":
             opts = trace_options(need_arrivals=True)
             if K["workload.arrival.path"] not in opts:
                 set_knob("workload.arrival.path", next((o for o in opts if "Azure" in o), opts[0]))
             knob("selectbox", "Arrival trace", "workload.arrival.path", st, options=opts)
-            knob("number_input", "Time scale", "workload.arrival.time_scale", st, min_value=0.01, step=0.1,
-                 format="%.2f")
+            knob(
+                "number_input", "Time scale", "workload.arrival.time_scale", st, min_value=0.01, step=0.1, format="%.2f"
+            )
         if kind == "closed_loop":
             knob("number_input", "Clients", "workload.arrival.concurrency", st, min_value=1, step=1)
             knob("number_input", "Think time (s)", "workload.arrival.think_time_s", st, min_value=0.0, step=0.5)
@@ -277,15 +324,29 @@ def knob_widgets(allocator: bool = True) -> None:
                 set_knob("workload.lengths.path", next((o for o in opts if "conv" in o), opts[0]))
             knob("selectbox", "Length trace", "workload.lengths.path", st, options=opts)
         elif lk == "mixture":
-            knob("number_input", "Outlier fraction", "workload.lengths.outlier_fraction", c1, min_value=0.0,
-                 max_value=1.0, step=0.05)
-            knob("number_input", "Outlier multiplier", "workload.lengths.outlier_multiplier", c2, min_value=0.1,
-                 step=0.5)
+            knob(
+                "number_input",
+                "Outlier fraction",
+                "workload.lengths.outlier_fraction",
+                c1,
+                min_value=0.0,
+                max_value=1.0,
+                step=0.05,
+            )
+            knob(
+                "number_input", "Outlier multiplier", "workload.lengths.outlier_multiplier", c2, min_value=0.1, step=0.5
+            )
         knob("number_input", "max_model_len", "workload.max_model_len", st, min_value=2, step=1024)
     if allocator:
         with sb.expander("Allocator", expanded=True):
-            ak = knob("selectbox", "Allocator", "allocator.kind", st, options=list(KINDS),
-                      help="; ".join(f"{k}: {v[1]}" for k, v in KINDS.items()))
+            ak = knob(
+                "selectbox",
+                "Allocator",
+                "allocator.kind",
+                st,
+                options=list(KINDS),
+                help="; ".join(f"{k}: {v[1]}" for k, v in KINDS.items()),
+            )
             for name, default in X.allocator_knobs(ak).items():
                 allocator_knob_widget(name, default)
     with sb.expander("Scheduler", expanded=False):
@@ -300,6 +361,7 @@ def knob_widgets(allocator: bool = True) -> None:
 
 
 # --- Explore --------------------------------------------------------------------------------
+
 
 def run_figures(rd: X.RunData) -> dict:
     return {
@@ -342,20 +404,38 @@ def downloads(rd: X.RunData, figs: dict) -> None:
     for i, (tname, table) in enumerate((("requests", rd.requests), ("timeseries", rd.timeseries))):
         for j, fmt in enumerate(("parquet", "csv")):
             cols[1 + 2 * i + j].download_button(
-                f"{tname}.{fmt}", (lambda t=table, f=fmt: X.table_bytes(t, f)), f"{tname}.{fmt}",
-                "application/octet-stream" if fmt == "parquet" else "text/csv", on_click="ignore", key=f"dl_{tname}_{fmt}")
-    cols[5].download_button("summary.json", json.dumps(rd.summary, indent=2, sort_keys=True), "summary.json",
-                            "application/json", on_click="ignore", key="dl_summary")
-    cols[6].download_button("charts.html", lambda f=figs: X.figures_html(f, f"kvsim: {name}"), f"{name}-charts.html",
-                            "text/html", on_click="ignore", key="dl_html")
+                f"{tname}.{fmt}",
+                (lambda t=table, f=fmt: X.table_bytes(t, f)),
+                f"{tname}.{fmt}",
+                "application/octet-stream" if fmt == "parquet" else "text/csv",
+                on_click="ignore",
+                key=f"dl_{tname}_{fmt}",
+            )
+    cols[5].download_button(
+        "summary.json",
+        json.dumps(rd.summary, indent=2, sort_keys=True),
+        "summary.json",
+        "application/json",
+        on_click="ignore",
+        key="dl_summary",
+    )
+    cols[6].download_button(
+        "charts.html",
+        lambda f=figs: X.figures_html(f, f"kvsim: {name}"),
+        f"{name}-charts.html",
+        "text/html",
+        on_click="ignore",
+        key="dl_html",
+    )
 
 
 def page_explore() -> None:
     # The element layout is the same before and after a run (placeholders, KPI grid, chart
     # slots), so a run updates the charts in place instead of rebuilding the page.
     st.title("Explore")
-    st.caption(f"Scenario **{S.base_label}** — {S.base.get('description', '')}  ·  edit the knobs in the sidebar, "
-               "then run.")
+    st.caption(
+        f"Scenario **{S.base_label}** — {S.base.get('description', '')}  ·  edit the knobs in the sidebar, then run."
+    )
     c1, c2 = st.columns([1, 5])
     pressed = c1.button("▶ Run", type="primary", key="run")
     status = c2.empty()
@@ -390,14 +470,18 @@ def page_explore() -> None:
         kpi_grid({}, None)
     else:
         s = rd.summary
-        status.caption(("⚠️ knobs changed since this run — press Run.  " if key_now != rd.key else "")
-                       + f"{s['completed']:,} completed / {s['requests']:,} requests · cost model `{s['cost_model']}`"
-                       + ("" if s.get("cost_model_calibrated") else " (uncalibrated prior)")
-                       + f" · simulated {s['makespan_s']:.0f} s in {rd.wall_s:.2f} s wall · run #{S.get('run_count', 0)}")
+        status.caption(
+            ("⚠️ knobs changed since this run — press Run.  " if key_now != rd.key else "")
+            + f"{s['completed']:,} completed / {s['requests']:,} requests · cost model `{s['cost_model']}`"
+            + ("" if s.get("cost_model_calibrated") else " (uncalibrated prior)")
+            + f" · simulated {s['makespan_s']:.0f} s in {rd.wall_s:.2f} s wall · run #{S.get('run_count', 0)}"
+        )
         prev = S.get("explore_prev")
         kpi_grid(X.kpis(s, rd.requests, slo), X.kpis(prev.summary, prev.requests, slo) if prev else None)
-    st.caption(f"SLO: {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'none'} · KV waste = 1 − used/reserved "
-               "KV token-seconds · deltas against the previous run")
+    st.caption(
+        f"SLO: {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'none'} · KV waste = 1 − used/reserved "
+        "KV token-seconds · deltas against the previous run"
+    )
     figs = run_figures(rd if rd is not None else X.empty_run())
     render_charts(figs)
     if rd is not None:
@@ -416,6 +500,7 @@ DEFAULT_CONFIGS = [
 
 def highlight_kpis(rows: list[dict], labels: list[str]):
     import pandas as pd
+
     df = pd.DataFrame([{k: r[k] for k in ["KPI", *labels]} for r in rows]).set_index("KPI")
 
     def style(frame):
@@ -434,8 +519,10 @@ def highlight_kpis(rows: list[dict], labels: list[str]):
 
 def page_compare() -> None:
     st.title("Compare allocators")
-    st.caption(f"Same workload for every column: scenario **{S.base_label}** with the sidebar knobs. "
-               "Best value per KPI in green, worst in red; rows that differ in bold.")
+    st.caption(
+        f"Same workload for every column: scenario **{S.base_label}** with the sidebar knobs. "
+        "Best value per KPI in green, worst in red; rows that differ in bold."
+    )
     n = st.radio("Configurations", [2, 3, 4], horizontal=True, key="cmp_n", index=1)
     cfgs = []
     cols = st.columns(n)
@@ -443,8 +530,12 @@ def page_compare() -> None:
         d = DEFAULT_CONFIGS[i]
         with col:
             kinds = list(KINDS)
-            kind = st.selectbox(f"#{i + 1} allocator", kinds, index=kinds.index(d["kind"]) if d["kind"] in kinds else 0,
-                                key=f"cmp_kind_{i}")
+            kind = st.selectbox(
+                f"#{i + 1} allocator",
+                kinds,
+                index=kinds.index(d["kind"]) if d["kind"] in kinds else 0,
+                key=f"cmp_kind_{i}",
+            )
             cfg = {"kind": kind}
             for name, default in X.allocator_knobs(kind).items():
                 widget, kw = allocator_widget_args(name, default)
@@ -463,8 +554,9 @@ def page_compare() -> None:
             data, _ = current_scenario()
             results = {}
             for lb, cfg in zip(labels, cfgs):
-                sc = X.resolve_scenario(apply_overrides(data, X.allocator_overrides(cfg)), store().trace_paths(),
-                                        store().profiles)
+                sc = X.resolve_scenario(
+                    apply_overrides(data, X.allocator_overrides(cfg)), store().trace_paths(), store().profiles
+                )
                 results[lb] = run_with_progress(X.canonical_json(sc), bar, f"simulating {lb}")
         except ConfigError as exc:
             S.compare_error = X.error_text(exc)
@@ -490,35 +582,49 @@ def page_compare() -> None:
         f = plots.kv_memory(rd.timeseries, title=f"KV memory — {lb}")
         figs[f"KV memory — {lb}"] = f
         col.plotly_chart(f, key=f"cmp_kv_{lb}", theme=None)
-    csv = "KPI," + ",".join(results) + "\n" + "\n".join(
-        ",".join([r["KPI"], *(str(r[lb]).replace(",", "") for lb in results)]) for r in rows) + "\n"
+    csv = (
+        "KPI,"
+        + ",".join(results)
+        + "\n"
+        + "\n".join(",".join([r["KPI"], *(str(r[lb]).replace(",", "") for lb in results)]) for r in rows)
+        + "\n"
+    )
     c1, c2 = st.columns(2)
     c1.download_button("comparison.csv", csv, "comparison.csv", "text/csv", on_click="ignore", key="dl_cmp_csv")
-    c2.download_button("comparison-charts.html", lambda f=figs: X.figures_html(f, "kvsim allocator comparison"),
-                       "comparison-charts.html", "text/html", on_click="ignore", key="dl_cmp_html")
+    c2.download_button(
+        "comparison-charts.html",
+        lambda f=figs: X.figures_html(f, "kvsim allocator comparison"),
+        "comparison-charts.html",
+        "text/html",
+        on_click="ignore",
+        key="dl_cmp_html",
+    )
 
 
 # --- Sweeps & plan --------------------------------------------------------------------------
+
 
 def page_sweeps() -> None:
     st.title("Sweeps & plan")
     src = st.radio("Dataset", ["Upload a Parquet dataset", "Run a small sweep"], horizontal=True, key="sw_src")
     if src.startswith("Upload"):
         up = st.file_uploader("Sweep dataset (one Parquet file, ≤ 20 MB)", type=["parquet"], key="sweep_upload")
-        table = accept_upload(up, "sweep_upload_seen", "sweep_error", X.read_sweep_upload,
-                              "Upload rejected, previous dataset kept")
+        table = accept_upload(
+            up, "sweep_upload_seen", "sweep_error", X.read_sweep_upload, "Upload rejected, previous dataset kept"
+        )
         if table is not None:
             S.sweep_table = table
     else:
-        st.caption(f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
-                   "keep it small: every point is a full run.")
+        st.caption(
+            f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
+            "keep it small: every point is a full run."
+        )
         axes = X.SWEEP_AXES
         c1, c2 = st.columns(2)
         a1 = c1.selectbox("Axis 1", list(axes), key="sw_a1")
         v1 = c1.text_input("values (comma-separated)", axes[a1], key=f"sw_v1_{a1}")
         a2 = c2.selectbox("Axis 2", ["(none)", *axes], index=2, key="sw_a2")
-        v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}",
-                           disabled=a2 == "(none)")
+        v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}", disabled=a2 == "(none)")
         n_req = st.number_input("Requests per point", 50, 5000, 300, 50, key="sw_n")
         if st.button("▶ Run sweep", type="primary", key="sweep_run"):
             bar = st.progress(0.0, text="sweeping…")
@@ -528,11 +634,21 @@ def page_sweeps() -> None:
                 if a2 != "(none)":
                     grid[a2] = X.parse_axis_values(v2, a2)
                 table, failures = X.run_small_sweep(
-                    data, grid, int(n_req), store(),
-                    progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"))
+                    data,
+                    grid,
+                    int(n_req),
+                    store(),
+                    progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"),
+                )
                 S.sweep_table = table
-                S.sweep_error = (f"{len(failures)} point(s) failed: " + "; ".join(
-                    X.error_text(f["error"])[:200] for f in failures[:3])) if failures else None
+                S.sweep_error = (
+                    (
+                        f"{len(failures)} point(s) failed: "
+                        + "; ".join(X.error_text(f["error"])[:200] for f in failures[:3])
+                    )
+                    if failures
+                    else None
+                )
             except ConfigError as exc:
                 S.sweep_error = X.error_text(exc)
             bar.empty()
@@ -556,11 +672,17 @@ def page_sweeps() -> None:
             c1, c2, c3 = st.columns(3)
             hx = c1.selectbox("heatmap x", params, key="sw_hx")
             hy = c2.selectbox("heatmap y", [p for p in params if p != hx], key="sw_hy")
-            hz = c3.selectbox("heatmap value", numeric, index=X.default_index(numeric, "throughput_tokens_per_s"),
-                              key="sw_hz")
+            hz = c3.selectbox(
+                "heatmap value", numeric, index=X.default_index(numeric, "throughput_tokens_per_s"), key="sw_hz"
+            )
             st.plotly_chart(plots.heatmap(table, hx, hy, hz), key="sw_heat", theme=None)
-        st.download_button("sweep.parquet", lambda t=table: X.table_bytes(t, "parquet"), "sweep.parquet",
-                           on_click="ignore", key="dl_sweep")
+        st.download_button(
+            "sweep.parquet",
+            lambda t=table: X.table_bytes(t, "parquet"),
+            "sweep.parquet",
+            on_click="ignore",
+            key="dl_sweep",
+        )
     st.divider()
     st.subheader("Goodput plan")
     try:
@@ -569,17 +691,34 @@ def page_sweeps() -> None:
         st.info(f"The goodput planner is not available yet in this build ({exc}).")
         return
     slo = X.slo_from_knobs(S.knobs)
-    st.caption(f"Highest arrival rate per allocator at which {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'the SLO'}"
-               " holds (SLO in the sidebar). Candidates appear in the table as they finish.")
+    st.caption(
+        f"Highest arrival rate per allocator at which {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'the SLO'}"
+        " holds (SLO in the sidebar). Candidates appear in the table as they finish."
+    )
     c1, c2, c3, c4 = st.columns([3, 1, 1, 1])
-    cands = c1.multiselect("Candidates", list(PL.CANDIDATES), default=[c for c in ("static", "paged") if c in PL.CANDIDATES],
-                           key="plan_cands")
+    cands = c1.multiselect(
+        "Candidates",
+        list(PL.CANDIDATES),
+        default=[c for c in ("static", "paged") if c in PL.CANDIDATES],
+        key="plan_cands",
+    )
     n_req = c2.number_input("Requests per run", 50, 5000, 200, 50, key="plan_n")
-    seeds = c3.number_input("Seeds", 1, 10, 1, 1, key="plan_seeds",
-                            help="Workload seeds per candidate: goodput with a confidence interval over seeds.")
-    break_even = c4.checkbox("Break-even", value=False, key="plan_break_even",
-                             help="Find the value of each unmeasured cost-model constant at which the recommendation "
-                                  "would flip (more simulations).")
+    seeds = c3.number_input(
+        "Seeds",
+        1,
+        10,
+        1,
+        1,
+        key="plan_seeds",
+        help="Workload seeds per candidate: goodput with a confidence interval over seeds.",
+    )
+    break_even = c4.checkbox(
+        "Break-even",
+        value=False,
+        key="plan_break_even",
+        help="Find the value of each unmeasured cost-model constant at which the recommendation "
+        "would flip (more simulations).",
+    )
     if st.button("▶ Plan", type="primary", key="plan_run"):
         bar = st.progress(0.0, text="planning…")
         live = st.empty()
@@ -591,10 +730,19 @@ def page_sweeps() -> None:
 
         try:
             data, _ = current_scenario()
-            S.plan = X.run_small_plan(data, slo, cands, int(n_req), store(), seeds=int(seeds), break_even=break_even,
-                                      on_candidate=show,
-                                      progress=lambda d, n, name: bar.progress(min(1.0, d / max(n, 1)),
-                                                                               text=f"planning… {name} done ({d}/{n})"))
+            S.plan = X.run_small_plan(
+                data,
+                slo,
+                cands,
+                int(n_req),
+                store(),
+                seeds=int(seeds),
+                break_even=break_even,
+                on_candidate=show,
+                progress=lambda d, n, name: bar.progress(
+                    min(1.0, d / max(n, 1)), text=f"planning… {name} done ({d}/{n})"
+                ),
+            )
             S.plan_error = None
         except ConfigError as exc:
             S.plan_error = X.error_text(exc)
@@ -618,11 +766,18 @@ def page_sweeps() -> None:
         a, b = st.columns(2)
         a.plotly_chart(plots.attainment_vs_rate(p), key="plan_attain", theme=None)
         b.plotly_chart(plots.latency_throughput(p), key="plan_lat", theme=None)
-        st.download_button("plan.json", json.dumps(p, indent=1, default=float), "plan.json", "application/json",
-                           on_click="ignore", key="dl_plan")
+        st.download_button(
+            "plan.json",
+            json.dumps(p, indent=1, default=float),
+            "plan.json",
+            "application/json",
+            on_click="ignore",
+            key="dl_plan",
+        )
 
 
 # --- Calibration ----------------------------------------------------------------------------
+
 
 def page_calibration() -> None:
     st.title("Calibration")
@@ -640,8 +795,9 @@ def page_calibration() -> None:
         rows = []
         show_error(st, X.error_text(exc))
     st.dataframe(rows, key="prof_table", hide_index=True)
-    up = st.file_uploader("Upload a profile JSON (≤ 5 MB; made with `kvsim calibrate`)", type=["json"],
-                          key="profile_upload")
+    up = st.file_uploader(
+        "Upload a profile JSON (≤ 5 MB; made with `kvsim calibrate`)", type=["json"], key="profile_upload"
+    )
     name = accept_upload(up, "profile_upload_seen", "profile_error", store().add_profile, "Profile rejected")
     if name is not None:
         st.success(f"Profile **{name}** added: pick it below, or use it in Explore.")
@@ -679,5 +835,6 @@ page = st.sidebar.radio("Page", PAGES, key="page")
 scenario_source()
 if page in ("Explore", "Compare", "Sweeps & plan"):
     knob_widgets(allocator=page != "Compare")
-{"Explore": page_explore, "Compare": page_compare, "Sweeps & plan": page_sweeps,
- "Calibration": page_calibration}[page]()
+{"Explore": page_explore, "Compare": page_compare, "Sweeps & plan": page_sweeps, "Calibration": page_calibration}[
+    page
+]()

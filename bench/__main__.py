@@ -10,8 +10,19 @@ from pathlib import Path
 
 from .common import console, machine, warn_debug, write_json
 
-NAMES = ["ff-vs-step", "scale", "saturated", "profile", "costmodel", "opcount", "host-modes", "decode-spread", "attention", "hostile",
-         "planner"]
+NAMES = [
+    "ff-vs-step",
+    "scale",
+    "saturated",
+    "profile",
+    "costmodel",
+    "opcount",
+    "host-modes",
+    "decode-spread",
+    "attention",
+    "hostile",
+    "planner",
+]
 #: Not run by ``all``: compiling the flex kernels on a CPU takes minutes (docs/calibration.md); the hostile
 #: corpus is a correctness check, not a speed measurement; the planner comparison plans every scenario
 #: twice (docs/sweeps.md).
@@ -49,8 +60,11 @@ def _module(name: str):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    ap.add_argument("name", choices=NAMES + ["all"],
-                    help="benchmark to run ('all': every one but attention and hostile, in this order)")
+    ap.add_argument(
+        "name",
+        choices=NAMES + ["all"],
+        help="benchmark to run ('all': every one but attention and hostile, in this order)",
+    )
     ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")
     args = ap.parse_args(argv)
@@ -59,13 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["KVSIM_NATIVE"] = "0"  # before anything imports sim
     warn_debug()
     info = machine()
-    console.print(f"[dim]load average {info['load_avg_start']} on {info['cpus']} CPUs; python {info['python']}, "
-                  f"numpy {info['numpy']}, simpy {info['simpy']}; compiled hot path: {info['native']}[/]")
+    console.print(
+        f"[dim]load average {info['load_avg_start']} on {info['cpus']} CPUs; python {info['python']}, "
+        f"numpy {info['numpy']}, simpy {info['simpy']}; compiled hot path: {info['native']}[/]"
+    )
     for name in names:
         if name in INTERPRETED and info["native"] != "off":
             flags = ["--quick"] if args.quick else []
-            subprocess.run([sys.executable, "-m", "bench", name, *flags, "--out", str(args.out)],
-                           env=dict(os.environ, KVSIM_NATIVE="0"), check=True)
+            subprocess.run(
+                [sys.executable, "-m", "bench", name, *flags, "--out", str(args.out)],
+                env=dict(os.environ, KVSIM_NATIVE="0"),
+                check=True,
+            )
             continue
         data = _module(name).run(args.quick, args.out)
         data["machine"] = info

@@ -31,20 +31,35 @@ QUICK = {"cuda": ((1, 32, 128), (1024, 8192), (16, 32, 128)), "cpu": ((1, 8), (2
 DEFAULT_MODEL = {"cuda": "llama-3.1-8b", "cpu": "tiny-llama"}
 
 
-def measure(device: str, model_name: str, quick: bool = False, backends: list[str] | None = None,
-            passes: int = 2, budget_s: float | None = None, progress=print) -> dict:
+def measure(
+    device: str,
+    model_name: str,
+    quick: bool = False,
+    backends: list[str] | None = None,
+    passes: int = 2,
+    budget_s: float | None = None,
+    progress=print,
+) -> dict:
     """Every point on every available backend; ``budget_s``: stop starting new backends past it."""
     from calibration import attention_backends as AB, kernels as K
     from sim.catalog import get_model
     from sim.cost.profile import per_gpu_heads
+
     model = get_model(model_name)
     h, kvh = per_gpu_heads(model, 1)
     d = model.head_dim
     batches, lengths, sizes = (QUICK if quick else GRIDS)[device]
     names = backends or list(AB.BACKENDS)
     avail = AB.availability(device)
-    out: dict = {"device": device, "model": model.name, "shape": {"heads": h, "kv_heads": kvh, "head_dim": d},
-                 "batches": list(batches), "lengths": list(lengths), "block_sizes": list(sizes), "backends": {}}
+    out: dict = {
+        "device": device,
+        "model": model.name,
+        "shape": {"heads": h, "kv_heads": kvh, "head_dim": d},
+        "batches": list(batches),
+        "lengths": list(lengths),
+        "block_sizes": list(sizes),
+        "backends": {},
+    }
     t_start = time.perf_counter()
     for name in names:
         entry: dict = {}
@@ -59,8 +74,9 @@ def measure(device: str, model_name: str, quick: bool = False, backends: list[st
             continue
         t0 = time.perf_counter()
         try:
-            bench = K.Bench.open(device, "bf16", kernels=name, repeats=7, warmup=2,
-                                 target_repeat_s=0.002 if device == "cuda" else 0.0005)
+            bench = K.Bench.open(
+                device, "bf16", kernels=name, repeats=7, warmup=2, target_repeat_s=0.002 if device == "cuda" else 0.0005
+            )
         except Exception as exc:  # a ConfigError (dtype) or an import failure: say why, go on
             entry["unavailable"] = f"{type(exc).__name__}: {exc}"
             progress(f"{name}: {entry['unavailable']}")
@@ -69,14 +85,29 @@ def measure(device: str, model_name: str, quick: bool = False, backends: list[st
             be = bench.kernels
             entry["describe"] = be.describe()
             entry["skipped_block_sizes"] = {str(bs): why for bs in sizes if (why := be.block_size_problem(bs))}
-            cells = [(b, L, bs) for b in batches for L in lengths for bs in (None, *sizes)
-                     if bs is None or str(bs) not in entry["skipped_block_sizes"]]
+            cells = [
+                (b, L, bs)
+                for b in batches
+                for L in lengths
+                for bs in (None, *sizes)
+                if bs is None or str(bs) not in entry["skipped_block_sizes"]
+            ]
             bench.reserve_paged([c for c in cells if c[2]], h, kvh, d)
-            setups = [lambda b=b, L=L, bs=bs, bench=bench: bench.decode_calls(b, L, h, kvh, d, bs) for b, L, bs in cells]
+            setups = [
+                lambda b=b, L=L, bs=bs, bench=bench: bench.decode_calls(b, L, h, kvh, d, bs) for b, L, bs in cells
+            ]
             timings = bench.measure(setups, passes)
-            entry["points"] = [{"batch": b, "length": L, "block_size": bs or 0, "median_s": t.median_s,
-                                "min_s": t.min_s, "repeats": t.repeats}
-                               for (b, L, bs), t in zip(cells, timings)]
+            entry["points"] = [
+                {
+                    "batch": b,
+                    "length": L,
+                    "block_size": bs or 0,
+                    "median_s": t.median_s,
+                    "min_s": t.min_s,
+                    "repeats": t.repeats,
+                }
+                for (b, L, bs), t in zip(cells, timings)
+            ]
             entry.update(be.stats())
         except Exception as exc:
             entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
@@ -99,10 +130,14 @@ def ratio_rows(data: dict) -> tuple[list[str], list[list]]:
             for bs in data["block_sizes"]:
                 row: list = [b, L, bs]
                 for n in ran:
-                    pts = {(p["batch"], p["length"], p["block_size"]): p["median_s"] for p in data["backends"][n]["points"]}
+                    pts = {
+                        (p["batch"], p["length"], p["block_size"]): p["median_s"] for p in data["backends"][n]["points"]
+                    }
                     paged, contig = pts.get((b, L, bs)), pts.get((b, L, 0))
-                    row += ["-" if paged is None else paged * 1e6,
-                            "-" if paged is None or not contig else round(paged / contig, 3)]
+                    row += [
+                        "-" if paged is None else paged * 1e6,
+                        "-" if paged is None or not contig else round(paged / contig, 3),
+                    ]
                 rows.append(row)
     return cols, rows
 
@@ -121,6 +156,7 @@ def report(data: dict) -> None:
 def _device() -> str:
     try:
         import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"
     except ImportError:
         return "cpu"
@@ -135,8 +171,11 @@ def run(quick: bool, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.attention_backends", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.attention_backends",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--device", choices=("cpu", "cuda"), default=None)
     ap.add_argument("--model", default=None)
     ap.add_argument("--quick", action="store_true")
@@ -145,8 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/bench/attention.json"))
     a = ap.parse_args(argv)
     dev = a.device or _device()
-    data = measure(dev, a.model or DEFAULT_MODEL[dev], a.quick, a.backends.split(",") if a.backends else None,
-                   budget_s=a.budget_s, progress=lambda m: console.print(f"[dim]{m}[/]"))
+    data = measure(
+        dev,
+        a.model or DEFAULT_MODEL[dev],
+        a.quick,
+        a.backends.split(",") if a.backends else None,
+        budget_s=a.budget_s,
+        progress=lambda m: console.print(f"[dim]{m}[/]"),
+    )
     report(data)
     path = write_json(a.out.parent, a.out.stem, data)
     console.print(f"[dim]wrote {path}[/]")

@@ -21,6 +21,7 @@ def main() -> None:
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
     from sim.output.results import write_run
+
     sc = load_scenario(scenario, overrides)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     load0 = load_avg()
@@ -31,16 +32,34 @@ def main() -> None:
         write_run(res, tmp)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     s = res.summary
-    print(json.dumps({
-        "scenario": scenario, "native": NATIVE_STATE, "overrides": overrides, "wall_s": wall, "cpu_s": cpu,
-        "simulate_wall_s": sim_s,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_import_mb": rss0,
-        "load_avg_before": load0, "load_avg_after": load_avg(),
-        "requests": s["requests"], "completed": s["completed"], "rejected": s["rejected"],
-        "preemptions": s["preemptions"], "sim_events": s["sim_events"], "windows": s["windows"],
-        "iterations": s["iterations"], "makespan_s": s["makespan_s"], "cost_model": s["cost_model"],
-        "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "busy_fraction": s["busy_fraction"],
-    }))
+    print(
+        json.dumps(
+            {
+                "scenario": scenario,
+                "native": NATIVE_STATE,
+                "overrides": overrides,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "simulate_wall_s": sim_s,
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "rss_after_import_mb": rss0,
+                "load_avg_before": load0,
+                "load_avg_after": load_avg(),
+                "requests": s["requests"],
+                "completed": s["completed"],
+                "rejected": s["rejected"],
+                "preemptions": s["preemptions"],
+                "sim_events": s["sim_events"],
+                "windows": s["windows"],
+                "iterations": s["iterations"],
+                "makespan_s": s["makespan_s"],
+                "cost_model": s["cost_model"],
+                "ttft_s": s["ttft_s"],
+                "tpot_s": s["tpot_s"],
+                "busy_fraction": s["busy_fraction"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,9 +31,17 @@ def machine() -> dict:
     import simpy
 
     import sim
-    return {"native": sim.NATIVE_STATE, "python": platform.python_version(), "numpy": numpy.__version__, "simpy": simpy.__version__,
-            "cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": load_avg(),
-            "kvsim_debug": bool(os.environ.get("KVSIM_DEBUG"))}
+
+    return {
+        "native": sim.NATIVE_STATE,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "simpy": simpy.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_avg_start": load_avg(),
+        "kvsim_debug": bool(os.environ.get("KVSIM_DEBUG")),
+    }
 
 
 def warn_debug() -> None:
@@ -45,13 +53,22 @@ def timed_run(scenario: str, overrides: dict | None = None, out_dir: Path | None
     """Simulate a scenario in this process: its summary, wall and CPU seconds, load average around it."""
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
+
     sc = load_scenario(scenario, dict(overrides or {}))
     load0 = load_avg()
     w0, c0 = time.perf_counter(), time.process_time()
     res = simulate(sc, out_dir=out_dir)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    return {"scenario": scenario, "overrides": dict(overrides or {}), "wall_s": wall, "cpu_s": cpu,
-            "load_avg_before": load0, "load_avg_after": load_avg(), "summary": res.summary, "result": res}
+    return {
+        "scenario": scenario,
+        "overrides": dict(overrides or {}),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "load_avg_before": load0,
+        "load_avg_after": load_avg(),
+        "summary": res.summary,
+        "result": res,
+    }
 
 
 def child_run(scenario: str, overrides: dict, timeout_s: float | None = None, interpreted: bool = False) -> dict:

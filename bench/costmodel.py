@@ -43,8 +43,9 @@ def _recording(inner):
 
         def decode_times_list(self, n, kv):
             # The engine's cohort windows (lists; every CostModel has the method).
-            return self._keep(("decode_list", n, np.array(kv, dtype=np.float64), list(kv)),
-                              super().decode_times_list, n, kv)
+            return self._keep(
+                ("decode_list", n, np.array(kv, dtype=np.float64), list(kv)), super().decode_times_list, n, kv
+            )
 
         def decode_window_times(self, n, kv_first, k):
             # The engine's cohort windows without a sliding-window cap: KV from kv_first, n more each.
@@ -80,6 +81,7 @@ def _reference(sc, dep):
     import sys
 
     from .common import ROOT
+
     tests = str(ROOT / "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
@@ -95,6 +97,7 @@ def run(quick: bool, out: Path) -> dict:
     import sim.engine.deployment as dep_mod
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
+
     n = 300 if quick else 2000
     sc = load_scenario(SCENARIO, {"workload.num_requests": n})
     recorders: list = []
@@ -124,23 +127,43 @@ def run(quick: bool, out: Path) -> dict:
     mixed = sum(1 for c in calls if c[0] == "step" and c[1].prefill_chunks)
     decode_calls = [c for c in calls if c[0] in ("decode", "decode_list", "window")]
     k = [len(c[2]) for c in decode_calls]
-    per_call = {"profile_us": 1e6 * t_prof / len(calls), "profile_first_pass_us": 1e6 * t_first / len(calls),
-                "roofline_us": 1e6 * t_roof / len(calls)}
-    table(f"cost model per engine call ({len(calls):,} calls of a {n:,}-request {SCENARIO} run; load {load0[:1]})",
-          ["model", "total s", "µs per call", "vs roofline"],
-          [[profile_cm.name + " (warm caches)", t_prof, per_call["profile_us"], t_prof / t_roof],
-           [profile_cm.name + " (first pass)", t_first, per_call["profile_first_pass_us"], t_first / t_roof],
-           ["roofline-uncalibrated", t_roof, per_call["roofline_us"], 1.0]]
-          + ([[profile_cm.name + " (pre-speed-up reference)", t_ref, 1e6 * t_ref / len(calls), t_ref / t_roof]]
-             if t_ref is not None else []))
-    data = {"bench": "costmodel", "quick": quick, "scenario": SCENARIO, "requests": n, "calls": len(calls),
-            "engine_batch_changes": priced,
-            "mixed_step_calls": mixed, "pure_decode_step_calls": sum(1 for c in calls if c[0] == "step") - mixed,
-            "decode_window_calls": len(decode_calls), "decode_window_len_mean": float(np.mean(k)) if k else 0.0,
-            "decode_window_len_max": int(max(k)) if k else 0, "seconds": {"profile_warm": t_prof,
-                                                                            "profile_first_pass": t_first,
-                                                                            "roofline": t_roof},
-            "per_call": per_call, "profile_over_roofline": t_prof / t_roof, "load_avg": load0,
-            "reference_s": t_ref, "speedup_over_reference": (t_ref / t_prof) if t_ref else None}
+    per_call = {
+        "profile_us": 1e6 * t_prof / len(calls),
+        "profile_first_pass_us": 1e6 * t_first / len(calls),
+        "roofline_us": 1e6 * t_roof / len(calls),
+    }
+    table(
+        f"cost model per engine call ({len(calls):,} calls of a {n:,}-request {SCENARIO} run; load {load0[:1]})",
+        ["model", "total s", "µs per call", "vs roofline"],
+        [
+            [profile_cm.name + " (warm caches)", t_prof, per_call["profile_us"], t_prof / t_roof],
+            [profile_cm.name + " (first pass)", t_first, per_call["profile_first_pass_us"], t_first / t_roof],
+            ["roofline-uncalibrated", t_roof, per_call["roofline_us"], 1.0],
+        ]
+        + (
+            [[profile_cm.name + " (pre-speed-up reference)", t_ref, 1e6 * t_ref / len(calls), t_ref / t_roof]]
+            if t_ref is not None
+            else []
+        ),
+    )
+    data = {
+        "bench": "costmodel",
+        "quick": quick,
+        "scenario": SCENARIO,
+        "requests": n,
+        "calls": len(calls),
+        "engine_batch_changes": priced,
+        "mixed_step_calls": mixed,
+        "pure_decode_step_calls": sum(1 for c in calls if c[0] == "step") - mixed,
+        "decode_window_calls": len(decode_calls),
+        "decode_window_len_mean": float(np.mean(k)) if k else 0.0,
+        "decode_window_len_max": int(max(k)) if k else 0,
+        "seconds": {"profile_warm": t_prof, "profile_first_pass": t_first, "roofline": t_roof},
+        "per_call": per_call,
+        "profile_over_roofline": t_prof / t_roof,
+        "load_avg": load0,
+        "reference_s": t_ref,
+        "speedup_over_reference": (t_ref / t_prof) if t_ref else None,
+    }
     write_json(out, "costmodel", data)
     return data

@@ -58,6 +58,7 @@ def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
 
     from calibration.engine import decode_plan, padded_block_tables, paged_decode_attention
     from sim.catalog import MODELS
+
     torch.set_num_threads(1)
     m = MODELS["tiny-llama"]
     B, KVH, H, d = 16, m.kv_heads, m.heads, m.head_dim
@@ -77,7 +78,7 @@ def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
         tables, at = [], 0
         for L in lens:
             n = -(-L // B)
-            tables.append(perm[at:at + n])
+            tables.append(perm[at : at + n])
             at += n
         bt = padded_block_tables(tables)
         sl = torch.tensor(lens)
@@ -90,9 +91,12 @@ def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
             for ix, nb in gr:
                 o[ix] = paged_decode_attention(q[ix], kp, vp, bt[ix, :nb], sl[ix])
             return o
-        return {"padded": lambda: paged_decode_attention(q, kp, vp, bt, sl),
-                "groups of 8": grouped,
-                "per sequence": lambda: paged_decode_attention(q, kp, vp, None, None, None, plan)}
+
+        return {
+            "padded": lambda: paged_decode_attention(q, kp, vp, bt, sl),
+            "groups of 8": grouped,
+            "per sequence": lambda: paged_decode_attention(q, kp, vp, None, None, None, plan),
+        }
 
     la0 = load_avg()
     times = {(b, lay): [] for b in batches for lay in LAYOUTS}
@@ -125,7 +129,16 @@ def run(quick: bool, out: Path, rounds: int | None = None) -> dict:
         spread = [k for k in batches if k.startswith(f"{n} spread")]
         ratios[n] = {lay: statistics.mean(res[k][lay]["us"] for k in spread) / uni[lay]["us"] for lay in LAYOUTS}
         rows.append([f"{n} seqs: spread / uniform", "", ""] + [ratios[n][lay] for lay in LAYOUTS])
-    table(f"paged decode attention, one layer, µs per call at equal sequences and KV tokens ({rounds} rounds; "
-          f"load average {la0} -> {load_avg()})", ["batch", "KV tokens", "longest"] + list(LAYOUTS), rows)
-    return {"rounds": rounds, "batches": res, "spread_over_uniform": ratios, "max_rel_diff": agree,
-            "load_avg": [la0, load_avg()]}
+    table(
+        f"paged decode attention, one layer, µs per call at equal sequences and KV tokens ({rounds} rounds; "
+        f"load average {la0} -> {load_avg()})",
+        ["batch", "KV tokens", "longest"] + list(LAYOUTS),
+        rows,
+    )
+    return {
+        "rounds": rounds,
+        "batches": res,
+        "spread_over_uniform": ratios,
+        "max_rel_diff": agree,
+        "load_avg": [la0, load_avg()],
+    }

@@ -16,9 +16,12 @@ from .common import rel_diff, table, timed_run, write_json
 CASES = [
     ("chat-api", "chat-api", {"workload.num_requests": 2000}, {"workload.num_requests": 300}),
     ("bench-saturated", "bench-saturated", {}, {"workload.num_requests": 300}),
-    ("chat-api static", "chat-api", {"workload.num_requests": 2000, "allocator.kind": "static",
-                                     "allocator.reserve": "max_model_len"},
-     {"workload.num_requests": 300, "allocator.kind": "static", "allocator.reserve": "max_model_len"}),
+    (
+        "chat-api static",
+        "chat-api",
+        {"workload.num_requests": 2000, "allocator.kind": "static", "allocator.reserve": "max_model_len"},
+        {"workload.num_requests": 300, "allocator.kind": "static", "allocator.reserve": "max_model_len"},
+    ),
 ]
 
 METRICS = [(k, p) for k in ("ttft_s", "tpot_s", "e2e_s") for p in ("p50", "p90", "p99", "mean")]
@@ -57,7 +60,10 @@ def run(quick: bool, out: Path) -> dict:
         worst, where = compare(sf, ss)
         n = sf["requests"]
         r = {
-            "case": label, "scenario": scenario, "overrides": o, "requests": n,
+            "case": label,
+            "scenario": scenario,
+            "overrides": o,
+            "requests": n,
             "ff": {k: ff[k] for k in ("wall_s", "cpu_s", "load_avg_before", "load_avg_after")}
             | {k: sf[k] for k in ("sim_events", "windows", "iterations", "preemptions")},
             "step": {k: st[k] for k in ("wall_s", "cpu_s", "load_avg_before", "load_avg_after")}
@@ -67,15 +73,50 @@ def run(quick: bool, out: Path) -> dict:
             "ff_events_per_request": sf["sim_events"] / n,
             "iterations_per_request": sf["iterations"] / n,
             "iterations_per_window_ff": sf["iterations"] / max(sf["windows"], 1),
-            "max_rel_metric_diff": worst, "max_rel_metric_diff_at": where,
+            "max_rel_metric_diff": worst,
+            "max_rel_metric_diff_at": where,
         }
         results.append(r)
-        rows.append([label, n, ff["wall_s"], st["wall_s"], ff["cpu_s"], st["cpu_s"], sf["sim_events"], ss["sim_events"],
-                     r["events_ratio_step_over_ff"], sf["windows"], sf["iterations"], r["ff_events_per_request"],
-                     r["iterations_per_request"], f"{worst:.1e}", str(ff["load_avg_before"][:1])])
-    table("fast-forward vs step (best of the repeats by CPU time)",
-          ["case", "requests", "ff wall", "step wall", "ff cpu", "step cpu", "ff events", "step events", "step/ff",
-           "ff windows", "iterations", "ff ev/req", "iters/req", "max rel diff", "load"], rows)
+        rows.append(
+            [
+                label,
+                n,
+                ff["wall_s"],
+                st["wall_s"],
+                ff["cpu_s"],
+                st["cpu_s"],
+                sf["sim_events"],
+                ss["sim_events"],
+                r["events_ratio_step_over_ff"],
+                sf["windows"],
+                sf["iterations"],
+                r["ff_events_per_request"],
+                r["iterations_per_request"],
+                f"{worst:.1e}",
+                str(ff["load_avg_before"][:1]),
+            ]
+        )
+    table(
+        "fast-forward vs step (best of the repeats by CPU time)",
+        [
+            "case",
+            "requests",
+            "ff wall",
+            "step wall",
+            "ff cpu",
+            "step cpu",
+            "ff events",
+            "step events",
+            "step/ff",
+            "ff windows",
+            "iterations",
+            "ff ev/req",
+            "iters/req",
+            "max rel diff",
+            "load",
+        ],
+        rows,
+    )
     data = {"bench": "ff-vs-step", "quick": quick, "cases": results}
     write_json(out, "ff-vs-step", data)
     return data

@@ -36,6 +36,7 @@ def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
     """Rotate the iteration kinds for ``seconds`` (default 150, ``quick``: 20) and tabulate them."""
     from calibration.engine import Engine, SpeedProbe
     from calibration.validate import engine_config, load_spec
+
     spec = load_spec("scenarios/validate-cpu.yaml")
     eng = Engine(engine_config(spec, "paged", "cpu"))
     probes = {name: SpeedProbe(eng.cfg, eng.net, decode_kv=kv, chunks=chunks) for name, (kv, chunks) in KINDS.items()}
@@ -52,11 +53,26 @@ def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
         X = np.array([r[name] for r in rounds])
         ratio = float(np.median(X[slow]) / np.median(X[fast]))
         q = X / P
-        res[name] = {"fast_ms": float(np.median(X[fast]) * 1e3), "slow_ms": float(np.median(X[slow]) * 1e3),
-                     "slow_over_fast": ratio, "over_probe_fast": float(np.median(q[fast])),
-                     "over_probe_slow": float(np.median(q[slow]))}
-        rows.append([name, res[name]["fast_ms"], res[name]["slow_ms"], ratio, res[name]["over_probe_fast"],
-                     res[name]["over_probe_slow"]])
-    table(f"host modes: {len(rounds)} rounds in {seconds:.0f} s (load average {la0} -> {load_avg()})",
-          ["iteration", "fast ms", "slow ms", "slow / fast", "/probe fast", "/probe slow"], rows)
+        res[name] = {
+            "fast_ms": float(np.median(X[fast]) * 1e3),
+            "slow_ms": float(np.median(X[slow]) * 1e3),
+            "slow_over_fast": ratio,
+            "over_probe_fast": float(np.median(q[fast])),
+            "over_probe_slow": float(np.median(q[slow])),
+        }
+        rows.append(
+            [
+                name,
+                res[name]["fast_ms"],
+                res[name]["slow_ms"],
+                ratio,
+                res[name]["over_probe_fast"],
+                res[name]["over_probe_slow"],
+            ]
+        )
+    table(
+        f"host modes: {len(rounds)} rounds in {seconds:.0f} s (load average {la0} -> {load_avg()})",
+        ["iteration", "fast ms", "slow ms", "slow / fast", "/probe fast", "/probe slow"],
+        rows,
+    )
     return {"rounds": len(rounds), "seconds": seconds, "kinds": res, "load_avg": [la0, load_avg()]}

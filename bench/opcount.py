@@ -26,9 +26,12 @@ def count(scenario: str, requests: int) -> dict:
     from sim import native
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
+
     if native.active():
-        raise RuntimeError("opcount counts the interpreted engine's bytecodes: run it with KVSIM_NATIVE=0 "
-                           "(python -m bench opcount does)")
+        raise RuntimeError(
+            "opcount counts the interpreted engine's bytecodes: run it with KVSIM_NATIVE=0 "
+            "(python -m bench opcount does)"
+        )
     sc = load_scenario(scenario, {"workload.num_requests": requests})
     # Untraced first: lazy imports and the process-wide caches (profiles, curve rows) fill here, so
     # the count is of the engine's steady state and the same on every call.
@@ -47,6 +50,7 @@ def count(scenario: str, requests: int) -> dict:
             if event == "opcode":
                 ops[key] += 1
             return local
+
         return local
 
     # Collections run finalizers at moments that vary from run to run: none while counting.
@@ -59,11 +63,23 @@ def count(scenario: str, requests: int) -> dict:
         sys.settrace(None)
         gc.enable()
     total = sum(ops.values())
-    top = [{"function": k, "bytecodes_per_request": v / requests, "share": v / total,
-            "calls_per_request": calls[k] / requests} for k, v in ops.most_common(TOP)]
-    return {"scenario": scenario, "requests": requests, "bytecodes_per_request": total / requests,
-            "calls_per_request": sum(calls.values()) / requests,
-            "sim_events_per_request": res.summary["sim_events"] / requests, "top": top}
+    top = [
+        {
+            "function": k,
+            "bytecodes_per_request": v / requests,
+            "share": v / total,
+            "calls_per_request": calls[k] / requests,
+        }
+        for k, v in ops.most_common(TOP)
+    ]
+    return {
+        "scenario": scenario,
+        "requests": requests,
+        "bytecodes_per_request": total / requests,
+        "calls_per_request": sum(calls.values()) / requests,
+        "sim_events_per_request": res.summary["sim_events"] / requests,
+        "top": top,
+    }
 
 
 def run(quick: bool, out: Path) -> dict:
@@ -73,11 +89,15 @@ def run(quick: bool, out: Path) -> dict:
         console.print(f"[dim]opcount: {n:,} requests of {scenario} under sys.settrace…[/]")
         r = count(scenario, n)
         results.append(r)
-        table(f"{scenario}: {r['bytecodes_per_request']:,.0f} bytecodes, {r['calls_per_request']:.1f} calls, "
-              f"{r['sim_events_per_request']:.2f} SimPy events per request",
-              ["function", "bytecodes/req", "share", "calls/req"],
-              [[t["function"], t["bytecodes_per_request"], f"{100 * t['share']:.1f}%", t["calls_per_request"]]
-               for t in r["top"]])
+        table(
+            f"{scenario}: {r['bytecodes_per_request']:,.0f} bytecodes, {r['calls_per_request']:.1f} calls, "
+            f"{r['sim_events_per_request']:.2f} SimPy events per request",
+            ["function", "bytecodes/req", "share", "calls/req"],
+            [
+                [t["function"], t["bytecodes_per_request"], f"{100 * t['share']:.1f}%", t["calls_per_request"]]
+                for t in r["top"]
+            ],
+        )
     data = {"bench": "opcount", "quick": quick, "runs": results}
     write_json(out, "opcount", data)
     return data

@@ -38,14 +38,22 @@ QUICK = ("chat-api", "peak-vs-average", "small-batch", "streaming-chatbot")
 QUICK_REPEATS = 3
 
 
-def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, target_rate: float | None = None,
-            workers: int | None = None, allocators: list[str] | None = None, repeats: int = 1,
-            start_method: str | None = None) -> dict:
+def compare(
+    scenario: str,
+    slo_items: list[str],
+    overrides: dict | None = None,
+    target_rate: float | None = None,
+    workers: int | None = None,
+    allocators: list[str] | None = None,
+    repeats: int = 1,
+    start_method: str | None = None,
+) -> dict:
     """Plan ``scenario`` with both searches (exhaustive first, then guided, ``repeats`` times
     interleaved) and compare their answers. ``start_method="fork"``: workers forked from this
     process, as ``kvsim plan`` starts them (only for a caller that holds no threads)."""
     from sim.analysis.planner import plan
     from sim.analysis.slo import parse_slos
+
     slo = parse_slos(slo_items)
     runs: dict[str, list[dict]] = {"exhaustive": [], "guided": []}
     plans: dict[str, dict] = {}
@@ -53,10 +61,25 @@ def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, 
         for search in ("exhaustive", "guided"):
             load = load_avg()[0]
             t0 = time.perf_counter()
-            p = plan(scenario, slo, overrides=overrides, allocators=allocators, target_rate=target_rate,
-                     workers=workers, search=search, start_method=start_method)
-            runs[search].append({"wall_s": time.perf_counter() - t0, "cpu_s": p["cpu_s"], "load": load,
-                                 "simulations": p["simulations"], "simulated_requests": p["simulated_requests"]})
+            p = plan(
+                scenario,
+                slo,
+                overrides=overrides,
+                allocators=allocators,
+                target_rate=target_rate,
+                workers=workers,
+                search=search,
+                start_method=start_method,
+            )
+            runs[search].append(
+                {
+                    "wall_s": time.perf_counter() - t0,
+                    "cpu_s": p["cpu_s"],
+                    "load": load,
+                    "simulations": p["simulations"],
+                    "simulated_requests": p["simulated_requests"],
+                }
+            )
             plans[search] = p
     ex, gu = plans["exhaustive"], plans["guided"]
     tol = ex["tolerance"]
@@ -68,20 +91,34 @@ def compare(scenario: str, slo_items: list[str], overrides: dict | None = None, 
             continue
         ge, gg = e.get("goodput_rps", 0.0), c.get("goodput_rps", 0.0)
         ratio = gg / ge if ge > 0 else (1.0 if gg == 0 else float("inf"))
-        cands.append({"name": c["name"], "exhaustive_rps": ge, "guided_rps": gg, "ratio": ratio,
-                      "exhaustive_edge_rps": e.get("goodput_est_rps"), "guided_edge_rps": c.get("goodput_est_rps"),
-                      "status": [e["status"], c["status"]], "search_status": [e.get("search_status"),
-                                                                             c.get("search_status")],
-                      "gpus": [e.get("gpus_needed"), c.get("gpus_needed")],
-                      "within_tolerance": 1 / (1 + tol) < ratio < 1 + tol if ge > 0 and gg > 0 else ge == gg})
-    return {"scenario": scenario, "slo": slo_items, "overrides": overrides or {}, "target_rate": target_rate,
-            "tolerance": tol, "runs": runs, "candidates": cands,
-            "recommendation": [ex["recommendation"]["candidate"], gu["recommendation"]["candidate"]],
-            "same_recommendation": ex["recommendation"]["candidate"] == gu["recommendation"]["candidate"],
-            "same_gpus": all(c["gpus"][0] == c["gpus"][1] for c in cands),
-            "all_within_tolerance": all(c["within_tolerance"] for c in cands),
-            "max_ratio_dev": max((abs(c["ratio"] - 1) for c in cands if c["ratio"] not in (0, float("inf"))),
-                                 default=0.0)}
+        cands.append(
+            {
+                "name": c["name"],
+                "exhaustive_rps": ge,
+                "guided_rps": gg,
+                "ratio": ratio,
+                "exhaustive_edge_rps": e.get("goodput_est_rps"),
+                "guided_edge_rps": c.get("goodput_est_rps"),
+                "status": [e["status"], c["status"]],
+                "search_status": [e.get("search_status"), c.get("search_status")],
+                "gpus": [e.get("gpus_needed"), c.get("gpus_needed")],
+                "within_tolerance": 1 / (1 + tol) < ratio < 1 + tol if ge > 0 and gg > 0 else ge == gg,
+            }
+        )
+    return {
+        "scenario": scenario,
+        "slo": slo_items,
+        "overrides": overrides or {},
+        "target_rate": target_rate,
+        "tolerance": tol,
+        "runs": runs,
+        "candidates": cands,
+        "recommendation": [ex["recommendation"]["candidate"], gu["recommendation"]["candidate"]],
+        "same_recommendation": ex["recommendation"]["candidate"] == gu["recommendation"]["candidate"],
+        "same_gpus": all(c["gpus"][0] == c["gpus"][1] for c in cands),
+        "all_within_tolerance": all(c["within_tolerance"] for c in cands),
+        "max_ratio_dev": max((abs(c["ratio"] - 1) for c in cands if c["ratio"] not in (0, float("inf"))), default=0.0),
+    }
 
 
 def _median(xs: list[float]) -> float:
@@ -98,22 +135,39 @@ def rows(results: list[dict]) -> list[list]:
 
         def med(key, runs):
             return _median([x[key] for x in runs])
-        out.append([r["scenario"] + (f" @ {r['target_rate']:g} req/s" if r["target_rate"] else ""),
-                    f"{med('wall_s', ex):.1f} / {med('wall_s', gu):.1f}", f"{med('cpu_s', ex):.1f} / {med('cpu_s', gu):.1f}",
-                    f"{ex[0]['simulations']} / {gu[0]['simulations']}",
-                    f"{ex[0]['simulated_requests']} / {gu[0]['simulated_requests']}",
-                    " / ".join(str(x) for x in r["recommendation"]), f"{r['max_ratio_dev']:.1%}",
-                    "yes" if r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] else "NO",
-                    "–".join(f"{x:.1f}" for x in (min(x["load"] for x in ex + gu), max(x["load"] for x in ex + gu)))])
+
+        out.append(
+            [
+                r["scenario"] + (f" @ {r['target_rate']:g} req/s" if r["target_rate"] else ""),
+                f"{med('wall_s', ex):.1f} / {med('wall_s', gu):.1f}",
+                f"{med('cpu_s', ex):.1f} / {med('cpu_s', gu):.1f}",
+                f"{ex[0]['simulations']} / {gu[0]['simulations']}",
+                f"{ex[0]['simulated_requests']} / {gu[0]['simulated_requests']}",
+                " / ".join(str(x) for x in r["recommendation"]),
+                f"{r['max_ratio_dev']:.1%}",
+                "yes" if r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] else "NO",
+                "–".join(f"{x:.1f}" for x in (min(x["load"] for x in ex + gu), max(x["load"] for x in ex + gu))),
+            ]
+        )
     return out
 
 
-COLUMNS = ["scenario", "wall s", "cpu s", "simulations", "requests", "recommendation", "max goodput diff",
-           "same answer", "load"]
+COLUMNS = [
+    "scenario",
+    "wall s",
+    "cpu s",
+    "simulations",
+    "requests",
+    "recommendation",
+    "max goodput diff",
+    "same answer",
+    "load",
+]
 
 
 def run(quick: bool, out: Path) -> dict:
     import multiprocessing
+
     fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     names = QUICK if quick else tuple(SCENARIOS)
     workers = min(2, os.cpu_count() or 1)
@@ -124,7 +178,12 @@ def run(quick: bool, out: Path) -> dict:
         results.append(compare(name, slo, None, target, workers, repeats=repeats, start_method=fork))
     title = f"planner: exhaustive / guided search ({'median of ' + str(repeats) if repeats > 1 else 'one run'} each)"
     table(title, COLUMNS, rows(results))
-    data = {"bench": "planner", "quick": quick, "repeats": repeats, "scenarios": results,
-            "all_same": all(r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] for r in results)}
+    data = {
+        "bench": "planner",
+        "quick": quick,
+        "repeats": repeats,
+        "scenarios": results,
+        "all_same": all(r["same_recommendation"] and r["all_within_tolerance"] and r["same_gpus"] for r in results),
+    }
     write_json(out, "planner", data)
     return data

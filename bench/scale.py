@@ -24,11 +24,14 @@ def _side_by_side(n: int) -> dict:
         assert (c["native"], p["native"]) == ("compiled", "off"), (c["native"], p["native"])
         if (c["completed"], c["sim_events"], c["makespan_s"]) != (p["completed"], p["sim_events"], p["makespan_s"]):
             raise RuntimeError(f"compiled and interpreted runs differ: {c} vs {p}")
-        pairs.append({"compiled_cpu_s": c["cpu_s"], "interpreted_cpu_s": p["cpu_s"],
-                      "speedup": p["cpu_s"] / c["cpu_s"]})
-    table(f"compiled vs interpreted hot path ({n:,} requests of {SCENARIO}, CPU s, interleaved)",
-          ["pair", "compiled", "interpreted", "speed-up"],
-          [[i + 1, r["compiled_cpu_s"], r["interpreted_cpu_s"], f"{r['speedup']:.2f}×"] for i, r in enumerate(pairs)])
+        pairs.append(
+            {"compiled_cpu_s": c["cpu_s"], "interpreted_cpu_s": p["cpu_s"], "speedup": p["cpu_s"] / c["cpu_s"]}
+        )
+    table(
+        f"compiled vs interpreted hot path ({n:,} requests of {SCENARIO}, CPU s, interleaved)",
+        ["pair", "compiled", "interpreted", "speed-up"],
+        [[i + 1, r["compiled_cpu_s"], r["interpreted_cpu_s"], f"{r['speedup']:.2f}×"] for i, r in enumerate(pairs)],
+    )
     return {"requests": n, "pairs": pairs}
 
 
@@ -43,17 +46,50 @@ def run(quick: bool, out: Path, sizes: list[int] | None = None) -> dict:
         r["events_per_request"] = r["sim_events"] / n
         r["iterations_per_request"] = r["iterations"] / n
         results.append(r)
-        rows.append([f"{n:,}", r["wall_s"], r["cpu_s"], r["requests_per_s"], r["us_per_request_cpu"], r["peak_rss_mb"],
-                     r["sim_events"], r["events_per_request"], r["iterations_per_request"],
-                     f"{r['load_avg_before'][:1]}→{r['load_avg_after'][:1]}"])
-    table(f"scale ({SCENARIO}; hot path: {results[0]['native']})", ["requests", "wall s", "cpu s", "req/s (wall)",
-          "µs/req (cpu)", "peak RSS MB", "sim events", "events/req", "iters/req", "load"], rows)
-    data = {"bench": "scale", "quick": quick, "scenario": SCENARIO, "runs": results,
-            "targets": {"1M wall_s <= 60": None, "1M peak_rss_mb <= 2048": None}}
+        rows.append(
+            [
+                f"{n:,}",
+                r["wall_s"],
+                r["cpu_s"],
+                r["requests_per_s"],
+                r["us_per_request_cpu"],
+                r["peak_rss_mb"],
+                r["sim_events"],
+                r["events_per_request"],
+                r["iterations_per_request"],
+                f"{r['load_avg_before'][:1]}→{r['load_avg_after'][:1]}",
+            ]
+        )
+    table(
+        f"scale ({SCENARIO}; hot path: {results[0]['native']})",
+        [
+            "requests",
+            "wall s",
+            "cpu s",
+            "req/s (wall)",
+            "µs/req (cpu)",
+            "peak RSS MB",
+            "sim events",
+            "events/req",
+            "iters/req",
+            "load",
+        ],
+        rows,
+    )
+    data = {
+        "bench": "scale",
+        "quick": quick,
+        "scenario": SCENARIO,
+        "runs": results,
+        "targets": {"1M wall_s <= 60": None, "1M peak_rss_mb <= 2048": None},
+    }
     if results[0]["native"] == "compiled":
         data["compiled_vs_interpreted"] = _side_by_side(SIDE_QUICK if quick else SIDE)
     big = [r for r in results if r["requests"] >= 1_000_000]
     if big:
-        data["targets"] = {"1M wall_s <= 60": big[0]["wall_s"] <= 60, "1M peak_rss_mb <= 2048": big[0]["peak_rss_mb"] <= 2048}
+        data["targets"] = {
+            "1M wall_s <= 60": big[0]["wall_s"] <= 60,
+            "1M peak_rss_mb <= 2048": big[0]["peak_rss_mb"] <= 2048,
+        }
     write_json(out, "scale", data)
     return data

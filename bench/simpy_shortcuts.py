@@ -38,8 +38,11 @@ def clock_ns(repeat: int) -> dict[str, float]:
     env = simpy.Environment()
     env.run(until=1.5)
     out = {}
-    for label, stmt in (("env.now (property)", "env.now"), ("env._now (attribute)", "env._now"),
-                        ("now(env) (the helper)", "now(env)")):
+    for label, stmt in (
+        ("env.now (property)", "env.now"),
+        ("env._now (attribute)", "env._now"),
+        ("now(env) (the helper)", "now(env)"),
+    ):
         t = min(timeit.repeat(stmt, globals={"env": env, "now": now}, number=READS, repeat=repeat))
         out[label] = 1e9 * t / READS
     return out
@@ -76,13 +79,15 @@ def _cuts(n: int, mode: str) -> float:
 
 def cut_us(repeat: int) -> dict[str, float]:
     base = min(_cuts(CUTS, "none") for _ in range(repeat))
-    out = {label: 1e6 * (min(_cuts(CUTS, mode) for _ in range(repeat)) - base) / CUTS
-           for label, mode in (("Process.interrupt", "interrupt"), ("retarget", "retarget"))}
+    out = {
+        label: 1e6 * (min(_cuts(CUTS, mode) for _ in range(repeat)) - base) / CUTS
+        for label, mode in (("Process.interrupt", "interrupt"), ("retarget", "retarget"))
+    }
     out["(scheduling the cut, subtracted)"] = 1e6 * base / CUTS
     return out
 
 
-_COMPILED = textwrap.dedent('''
+_COMPILED = textwrap.dedent("""
     import simpy
 
     def read_property(env: simpy.Environment, n: int) -> float:
@@ -111,7 +116,7 @@ _COMPILED = textwrap.dedent('''
         for _ in range(n):
             s += 1.5
         return s
-''')
+""")
 
 
 def compiled_clock_ns(repeat: int) -> dict[str, float]:
@@ -134,14 +139,19 @@ def compiled_clock_ns(repeat: int) -> dict[str, float]:
             return min(timeit.repeat(lambda: fn(env, n), number=1, repeat=repeat))
 
         loop = best(cb.empty)
-        return {"env.now (property)": 1e9 * (best(cb.read_property) - loop) / n,
-                "env._now (attribute)": 1e9 * (best(cb.read_attribute) - loop) / n,
-                "clock(env) (compiled helper)": 1e9 * (best(cb.read_helper) - loop) / n}
+        return {
+            "env.now (property)": 1e9 * (best(cb.read_property) - loop) / n,
+            "env._now (attribute)": 1e9 * (best(cb.read_attribute) - loop) / n,
+            "clock(env) (compiled helper)": 1e9 * (best(cb.read_helper) - loop) / n,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.simpy_shortcuts", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.simpy_shortcuts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--compiled", action="store_true", help="also time the clock reads from mypyc-compiled code")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)

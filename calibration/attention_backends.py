@@ -58,6 +58,7 @@ class PagedBatch:
     ``ctx[i] … ctx[i] + new[i] − 1`` and reads KV positions ``0 … ctx[i] + new[i] − 1`` (causal)
     through its block table ``tables[i]`` (physical block ids in logical order). A decode step is
     ``new = 1`` with ``ctx`` = the tokens cached before it."""
+
     tables: tuple[tuple[int, ...], ...]
     ctx: tuple[int, ...]
     new: tuple[int, ...]
@@ -65,13 +66,19 @@ class PagedBatch:
 
     @classmethod
     def of(cls, tables, ctx, new, block_size: int) -> PagedBatch:
-        b = cls(tuple(tuple(int(x) for x in t) for t in tables), tuple(int(c) for c in ctx),
-                tuple(int(n) for n in new), int(block_size))
+        b = cls(
+            tuple(tuple(int(x) for x in t) for t in tables),
+            tuple(int(c) for c in ctx),
+            tuple(int(n) for n in new),
+            int(block_size),
+        )
         if not (len(b.tables) == len(b.ctx) == len(b.new)) or not b.new:
             raise ValueError("PagedBatch: tables, ctx and new must have one entry per sequence (at least one)")
         for t, c, n in zip(b.tables, b.ctx, b.new):
             if n < 1 or c < 0 or c + n > len(t) * b.block_size:
-                raise ValueError(f"PagedBatch: {c} + {n} KV tokens do not fit a table of {len(t)} blocks of {b.block_size}")
+                raise ValueError(
+                    f"PagedBatch: {c} + {n} KV tokens do not fit a table of {len(t)} blocks of {b.block_size}"
+                )
         return b
 
     @property
@@ -141,15 +148,26 @@ class AttentionBackend:
         kernel is specialised to the pool's length, and engines of many sizes then share a few)."""
         return int(num_blocks)
 
-    def warm_up(self, k_pool, v_pool, *, heads: int, kv_heads: int, head_dim: int, max_seqs: int,
-                max_tokens: int, dtype=None) -> int:
+    def warm_up(
+        self, k_pool, v_pool, *, heads: int, kv_heads: int, head_dim: int, max_seqs: int, max_tokens: int, dtype=None
+    ) -> int:
         """Run every batch shape an engine of ``max_seqs`` sequences and ``max_tokens`` tokens per step can
         form once, so compiling happens before anything is timed; returns the shapes run (0: nothing to
         compile)."""
         return 0
 
-    def plan_paged(self, batch: PagedBatch, *, heads: int, kv_heads: int, head_dim: int, num_blocks: int,
-                   dtype=None, scale: float | None = None, slot: Any = None) -> Any:
+    def plan_paged(
+        self,
+        batch: PagedBatch,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        num_blocks: int,
+        dtype=None,
+        scale: float | None = None,
+        slot: Any = None,
+    ) -> Any:
         """The metadata of one paged call (built once, reused by every layer). ``slot``: plans kept
         alive at the same time need distinct slots (backends whose plan lives in a wrapper object)."""
         raise NotImplementedError
@@ -169,26 +187,42 @@ class AttentionBackend:
         (default: new ones of exactly that size)."""
         return randn(needed, block_size, kv_heads, head_dim), randn(needed, block_size, kv_heads, head_dim)
 
-    def decode_paged_calls(self, randn, seed: int, sets: int, batch: int, kv_len: int, heads: int, kv_heads: int,
-                           head_dim: int, block_size: int, dtype=None) -> list[Callable[[], Any]]:
+    def decode_paged_calls(
+        self,
+        randn,
+        seed: int,
+        sets: int,
+        batch: int,
+        kv_len: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        block_size: int,
+        dtype=None,
+    ) -> list[Callable[[], Any]]:
         """``sets`` decode batches of ``batch`` sequences of ``kv_len`` KV tokens each, scattered over one
         pool (random block tables), each with its own plan; one closure per set."""
-        return self._paged_calls(randn, seed, sets, batch, kv_len, kv_len - 1, 1, heads, kv_heads, head_dim,
-                                 block_size, dtype, "decode")
+        return self._paged_calls(
+            randn, seed, sets, batch, kv_len, kv_len - 1, 1, heads, kv_heads, head_dim, block_size, dtype, "decode"
+        )
 
-    def decode_contiguous_calls(self, randn, sets: int, batch: int, kv_len: int, heads: int, kv_heads: int,
-                                head_dim: int, dtype=None) -> list[Callable[[], Any]]:
+    def decode_contiguous_calls(
+        self, randn, sets: int, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, dtype=None
+    ) -> list[Callable[[], Any]]:
         raise NotImplementedError
 
-    def prefill_calls(self, randn, seed: int, sets: int, batch: int, length: int, heads: int, kv_heads: int,
-                      head_dim: int, dtype=None) -> list[Callable[[], Any]]:
+    def prefill_calls(
+        self, randn, seed: int, sets: int, batch: int, length: int, heads: int, kv_heads: int, head_dim: int, dtype=None
+    ) -> list[Callable[[], Any]]:
         """Causal prefill of ``batch`` fresh prompts of ``length`` tokens, as the engine runs a prompt
         (default: the paged call with ``ctx = 0`` over the prompts' blocks in a pool of 16-token blocks)."""
-        return self._paged_calls(randn, seed, sets, batch, length, 0, length, heads, kv_heads, head_dim, 16, dtype,
-                                 "prefill")
+        return self._paged_calls(
+            randn, seed, sets, batch, length, 0, length, heads, kv_heads, head_dim, 16, dtype, "prefill"
+        )
 
-    def _paged_calls(self, randn, seed, sets, batch, kv_len, ctx, new, heads, kv_heads, head_dim, block_size, dtype,
-                     kind) -> list[Callable[[], Any]]:
+    def _paged_calls(
+        self, randn, seed, sets, batch, kv_len, ctx, new, heads, kv_heads, head_dim, block_size, dtype, kind
+    ) -> list[Callable[[], Any]]:
         """``sets`` batches of ``batch`` sequences (``ctx`` cached + ``new`` query tokens, ``kv_len`` in all)
         scattered over one pool, each with its own plan; one closure per set."""
         torch = self.torch
@@ -196,28 +230,33 @@ class AttentionBackend:
         need = sets * batch * nblk
         kpool, vpool = self._pool(randn, need, block_size, kv_heads, head_dim, dtype)
         total = kpool.shape[0]
-        perm = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:need].view(sets, batch, nblk).tolist()
+        perm = (
+            torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:need].view(sets, batch, nblk).tolist()
+        )
         out: list[Callable[[], Any]] = []
         for i in range(sets):
             b = PagedBatch.of(perm[i], [ctx] * batch, [new] * batch, block_size)
-            plan = self.plan_paged(b, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=total,
-                                   dtype=dtype, slot=(kind, i))
+            plan = self.plan_paged(
+                b, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=total, dtype=dtype, slot=(kind, i)
+            )
             q = randn(batch * new, heads, head_dim)
 
             def call(q=q, plan=plan):  # timed per call: the same closure overhead the tables were measured with
                 return self.paged(plan, q, kpool, vpool)
+
             out.append(call)
         return out
 
 
 # --- sdpa: gather + torch SDPA (the CPU default, and the reference) -------------------------------
 
+
 @dataclass
 class _SdpaPlan:
-    decode: Any = None              # calibration.engine.DecodePlan (CPU) or None
-    tables: Any = None              # padded block tables (CUDA decode)
+    decode: Any = None  # calibration.engine.DecodePlan (CPU) or None
+    tables: Any = None  # padded block tables (CUDA decode)
     lens: Any = None
-    chunks: tuple = ()              # (block index tensor, ctx, new) per sequence (chunks)
+    chunks: tuple = ()  # (block index tensor, ctx, new) per sequence (chunks)
 
 
 class SdpaBackend(AttentionBackend):
@@ -225,27 +264,35 @@ class SdpaBackend(AttentionBackend):
     prefill_kernel = "sdpa_causal"
     routes = {
         "decode_paged": "gather of the sequences' blocks (index_select) + torch SDPA: on CPU one call per sequence "
-                        "over its own blocks, on CUDA one call over the batch padded to its longest with a length "
-                        "mask (calibration.engine.paged_decode_attention)",
+        "over its own blocks, on CUDA one call over the batch padded to its longest with a length "
+        "mask (calibration.engine.paged_decode_attention)",
         "decode_contiguous": "torch SDPA over a contiguous [batch, kv_heads, length, head_dim] cache",
         "prefill": "torch SDPA is_causal over [batch, heads, length, head_dim]; the engine's prefill chunks: a "
-                   "gather of the chunk's blocks + SDPA with a causal offset mask (calibration.engine.chunk_attention)"}
+        "gather of the chunk's blocks + SDPA with a causal offset mask (calibration.engine.chunk_attention)",
+    }
 
     def plan_paged(self, batch, *, heads, kv_heads, head_dim, num_blocks, dtype=None, scale=None, slot=None):
         from .engine import decode_plan, padded_block_tables
+
         torch, dev = self.torch, self.device
         if batch.decode:
             tables = [list(batch.blocks_used(i)) for i in range(len(batch.new))]
             dp = decode_plan(tables, list(batch.kv_lens), batch.block_size, dev)
             if dp is not None:
                 return _SdpaPlan(decode=dp)
-            return _SdpaPlan(tables=padded_block_tables(tables, dev),
-                             lens=torch.tensor(batch.kv_lens, dtype=torch.long, device=dev))
-        return _SdpaPlan(chunks=tuple((torch.tensor(batch.blocks_used(i), dtype=torch.long, device=dev), c, n)
-                                      for i, (c, n) in enumerate(zip(batch.ctx, batch.new))))
+            return _SdpaPlan(
+                tables=padded_block_tables(tables, dev), lens=torch.tensor(batch.kv_lens, dtype=torch.long, device=dev)
+            )
+        return _SdpaPlan(
+            chunks=tuple(
+                (torch.tensor(batch.blocks_used(i), dtype=torch.long, device=dev), c, n)
+                for i, (c, n) in enumerate(zip(batch.ctx, batch.new))
+            )
+        )
 
     def paged(self, plan, q, k_pool, v_pool, scale=None):
         from .engine import chunk_attention, paged_decode_attention
+
         if not plan.chunks:
             return paged_decode_attention(q, k_pool, v_pool, plan.tables, plan.lens, scale, plan.decode)
         KVH, d = k_pool.shape[2:]
@@ -255,7 +302,7 @@ class SdpaBackend(AttentionBackend):
             L = c + n
             k = k_pool.index_select(0, idx).view(-1, KVH, d)[:L]
             v = v_pool.index_select(0, idx).view(-1, KVH, d)[:L]
-            out[off:off + n] = chunk_attention(q[off:off + n], k, v, c, scale)
+            out[off : off + n] = chunk_attention(q[off : off + n], k, v, c, scale)
             off += n
         return out
 
@@ -293,9 +340,9 @@ FLEX_QUERY_TILE = 16
 @dataclass
 class _FlexPlan:
     block_mask: Any
-    rows: int          # batch rows of the call (query tiles, rounded up to a power of two)
-    qlen: int          # query rows per batch row (the longest tile, rounded up to a power of two)
-    q_index: Any       # each packed query token's place in [rows × qlen] (None: one token per row, rows = tokens)
+    rows: int  # batch rows of the call (query tiles, rounded up to a power of two)
+    qlen: int  # query rows per batch row (the longest tile, rounded up to a power of two)
+    q_index: Any  # each packed query token's place in [rows × qlen] (None: one token per row, rows = tokens)
 
 
 class FlexBackend(AttentionBackend):
@@ -303,13 +350,14 @@ class FlexBackend(AttentionBackend):
     prefill_kernel = "flex_paged_prefill"
     routes = {
         "decode_paged": "torch.nn.attention.flex_attention (torch.compile) over the whole KV pool as one sequence; "
-                        "each query tile (up to 16 tokens of one sequence) a batch row whose BlockMask kv_indices are "
-                        "its sequence's block-table entries (KV tile = the cache's block size), full blocks unmasked, "
-                        "a mask_mod mapping pool positions to (owner, logical position) in the partial ones",
+        "each query tile (up to 16 tokens of one sequence) a batch row whose BlockMask kv_indices are "
+        "its sequence's block-table entries (KV tile = the cache's block size), full blocks unmasked, "
+        "a mask_mod mapping pool positions to (owner, logical position) in the partial ones",
         "decode_contiguous": "flex_attention (torch.compile), no mask, over a contiguous [batch, kv_heads, length, "
-                             "head_dim] cache",
+        "head_dim] cache",
         "prefill": "the paged flex call with causal mask over the prompts' blocks, 16-token query tiles (what the "
-                   "engine runs for prefill chunks)"}
+        "engine runs for prefill chunks)",
+    }
 
     def __init__(self, torch, device, compile: bool = True):
         super().__init__(torch, device)
@@ -317,8 +365,12 @@ class FlexBackend(AttentionBackend):
         self._pools: dict = {}
         if self.compile:
             cfg = torch._dynamo.config
-            for key in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                        "accumulated_cache_size_limit"):
+            for key in (
+                "recompile_limit",
+                "cache_size_limit",
+                "accumulated_recompile_limit",
+                "accumulated_cache_size_limit",
+            ):
                 if hasattr(cfg, key) and getattr(cfg, key) < FLEX_RECOMPILE_LIMIT:
                     setattr(cfg, key, FLEX_RECOMPILE_LIMIT)
 
@@ -341,12 +393,14 @@ class FlexBackend(AttentionBackend):
     def stats(self):
         try:
             from torch._dynamo.utils import counters
+
             return {"compiled_graphs": int(counters["stats"]["unique_graphs"])}
         except Exception:  # counters are private API
             return {}
 
     def _flex(self, dynamic: bool):
         from torch.nn.attention.flex_attention import flex_attention
+
         if not self.compile:
             return flex_attention
         key = bool(dynamic)
@@ -366,8 +420,9 @@ class FlexBackend(AttentionBackend):
         shapes += [(r, tile) for r in _pow2_upto(-(-max_tokens // tile) + max_seqs)]
         for rows, new in shapes:
             nblk = -(-new // B)
-            batch = PagedBatch.of([[(i * nblk + j) % N for j in range(nblk)] for i in range(rows)], [0] * rows,
-                                  [new] * rows, B)
+            batch = PagedBatch.of(
+                [[(i * nblk + j) % N for j in range(nblk)] for i in range(rows)], [0] * rows, [new] * rows, B
+            )
             plan = self.plan_paged(batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, num_blocks=N, dtype=dtype)
             q = k_pool.new_zeros(rows * new, heads, head_dim)
             self.paged(plan, q, k_pool, v_pool)
@@ -383,11 +438,15 @@ class FlexBackend(AttentionBackend):
         have = self._pools.get(key)
         if have is None or have[0].shape[0] < needed:
             n = _bucket(max(needed, have[0].shape[0] if have else 1))
-            self._pools[key] = have = (randn(n, block_size, kv_heads, head_dim), randn(n, block_size, kv_heads, head_dim))
+            self._pools[key] = have = (
+                randn(n, block_size, kv_heads, head_dim),
+                randn(n, block_size, kv_heads, head_dim),
+            )
         return have
 
     def plan_paged(self, batch, *, heads, kv_heads, head_dim, num_blocks, dtype=None, scale=None, slot=None):
         from torch.nn.attention.flex_attention import BlockMask
+
         torch, dev = self.torch, self.device
         B, N, tile = batch.block_size, int(num_blocks), FLEX_QUERY_TILE
         # batch rows: (sequence, tokens cached before the row's first query, the row's queries)
@@ -405,15 +464,15 @@ class FlexBackend(AttentionBackend):
         width = max(len(u) for u in used)
         seq_tbl = torch.zeros(len(used), width, dtype=torch.int32)
         for i, u in enumerate(used):
-            seq_tbl[i, :len(u)] = torch.tensor(u, dtype=torch.int32)
+            seq_tbl[i, : len(u)] = torch.tensor(u, dtype=torch.int32)
         tbl = torch.zeros(rows, width, dtype=torch.int32)
-        tbl[:len(row_seq)] = seq_tbl[torch.tensor(row_seq, dtype=torch.long)]
+        tbl[: len(row_seq)] = seq_tbl[torch.tensor(row_seq, dtype=torch.long)]
         ctx = torch.zeros(rows, dtype=torch.int32)
-        ctx[:len(row_seq)] = torch.tensor(row_ctx, dtype=torch.int32)
+        ctx[: len(row_seq)] = torch.tensor(row_ctx, dtype=torch.int32)
         new = torch.zeros(rows, dtype=torch.int32)
-        new[:len(row_seq)] = torch.tensor(row_new, dtype=torch.int32)
+        new[: len(row_seq)] = torch.tensor(row_new, dtype=torch.int32)
         seq = torch.full((rows,), -2, dtype=torch.int32)
-        seq[:len(row_seq)] = torch.tensor(row_seq, dtype=torch.int32)
+        seq[: len(row_seq)] = torch.tensor(row_seq, dtype=torch.int32)
         # blocks a row reads: up to its last query's causal horizon; those wholly at or before its first
         # query's position are full (no mask_mod), the rest partial
         kv_num = torch.where(new > 0, (ctx + new + B - 1) // B, 0)
@@ -436,12 +495,23 @@ class FlexBackend(AttentionBackend):
             blk = kv_idx // B
             return (owner[blk] == seq_d[b]) & (logical[blk] * B + kv_idx % B <= ctx_d[b] + q_idx)
 
-        kw = {"compute_q_blocks": False} if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {}
+        kw = (
+            {"compute_q_blocks": False}
+            if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters
+            else {}
+        )
         i32 = torch.int32
         shape = (rows, 1, 1)
-        bm = BlockMask.from_kv_blocks((kv_num - full).view(shape).to(dev, i32), part_idx.view(*shape, wd).to(dev, i32),
-                                      full.view(shape).to(dev, i32), full_idx.view(*shape, wd).to(dev, i32),
-                                      BLOCK_SIZE=(max(qlen, 16), B), mask_mod=mask_mod, seq_lengths=(qlen, N * B), **kw)
+        bm = BlockMask.from_kv_blocks(
+            (kv_num - full).view(shape).to(dev, i32),
+            part_idx.view(*shape, wd).to(dev, i32),
+            full.view(shape).to(dev, i32),
+            full_idx.view(*shape, wd).to(dev, i32),
+            BLOCK_SIZE=(max(qlen, 16), B),
+            mask_mod=mask_mod,
+            seq_lengths=(qlen, N * B),
+            **kw,
+        )
         fast = qlen == 1 and rows == len(q_index)
         return _FlexPlan(bm, rows, qlen, None if fast else torch.tensor(q_index, dtype=torch.long, device=dev))
 
@@ -497,8 +567,9 @@ class FlashInferBackend(AttentionBackend):
     routes = {
         "decode_paged": "flashinfer.BatchDecodeWithPagedKVCacheWrapper (NHD pages, plan once per batch, run per layer)",
         "decode_contiguous": "flashinfer.BatchPrefillWithRaggedKVCacheWrapper, one query per sequence over its "
-                             "contiguous KV (FlashInfer has no batch decode over a non-paged cache)",
-        "prefill": "flashinfer.BatchPrefillWithPagedKVCacheWrapper, causal, over the prompts' pages"}
+        "contiguous KV (FlashInfer has no batch decode over a non-paged cache)",
+        "prefill": "flashinfer.BatchPrefillWithPagedKVCacheWrapper, causal, over the prompts' pages",
+    }
 
     def __init__(self, torch, device):
         super().__init__(torch, device)
@@ -508,11 +579,14 @@ class FlashInferBackend(AttentionBackend):
 
     @classmethod
     def unavailable(cls, device_kind):
-        fi, why = _cuda_module(device_kind, "FlashInfer's kernels", "flashinfer", "flashinfer",
-                               "pip install flashinfer-python")
+        fi, why = _cuda_module(
+            device_kind, "FlashInfer's kernels", "flashinfer", "flashinfer", "pip install flashinfer-python"
+        )
         if why:
             return why
-        if not hasattr(fi, "BatchDecodeWithPagedKVCacheWrapper") or not hasattr(fi.BatchDecodeWithPagedKVCacheWrapper, "plan"):
+        if not hasattr(fi, "BatchDecodeWithPagedKVCacheWrapper") or not hasattr(
+            fi.BatchDecodeWithPagedKVCacheWrapper, "plan"
+        ):
             return f"flashinfer {getattr(fi, '__version__', '?')} has no BatchDecodeWithPagedKVCacheWrapper.plan (0.2 or newer needed)"
         return None
 
@@ -535,9 +609,14 @@ class FlashInferBackend(AttentionBackend):
         if w is None:
             if self._ws is None:
                 self._ws = self.torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=self.torch.uint8, device=self.device)
-            cls = getattr(self.fi, {"decode": "BatchDecodeWithPagedKVCacheWrapper",
-                                    "prefill": "BatchPrefillWithPagedKVCacheWrapper",
-                                    "ragged": "BatchPrefillWithRaggedKVCacheWrapper"}[kind])
+            cls = getattr(
+                self.fi,
+                {
+                    "decode": "BatchDecodeWithPagedKVCacheWrapper",
+                    "prefill": "BatchPrefillWithPagedKVCacheWrapper",
+                    "ragged": "BatchPrefillWithRaggedKVCacheWrapper",
+                }[kind],
+            )
             w = self._wrappers[key] = cls(self._ws, "NHD")
         return w
 
@@ -553,15 +632,37 @@ class FlashInferBackend(AttentionBackend):
         indices = t.tensor([b for u in used for b in u], dtype=t.int32, device=self.device)
         last = t.tensor([L - (len(u) - 1) * B for L, u in zip(batch.kv_lens, used)], dtype=t.int32, device=self.device)
         dtype = dtype or t.bfloat16
-        scale = scale if scale is not None else head_dim ** -0.5
+        scale = scale if scale is not None else head_dim**-0.5
         if batch.decode:
             w = self._wrapper("decode", slot)
-            w.plan(indptr, indices, last, heads, kv_heads, head_dim, B, q_data_type=dtype, kv_data_type=dtype,
-                   sm_scale=scale)
+            w.plan(
+                indptr,
+                indices,
+                last,
+                heads,
+                kv_heads,
+                head_dim,
+                B,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+                sm_scale=scale,
+            )
         else:
             w = self._wrapper("prefill", slot)
-            w.plan(self._indptr(batch.new), indptr, indices, last, heads, kv_heads, head_dim, B, causal=True,
-                   sm_scale=scale, q_data_type=dtype, kv_data_type=dtype)
+            w.plan(
+                self._indptr(batch.new),
+                indptr,
+                indices,
+                last,
+                heads,
+                kv_heads,
+                head_dim,
+                B,
+                causal=True,
+                sm_scale=scale,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+            )
         return w
 
     def paged(self, plan, q, k_pool, v_pool, scale=None):
@@ -572,8 +673,17 @@ class FlashInferBackend(AttentionBackend):
         out = []
         for i in range(sets):
             w = self._wrapper("ragged", ("contiguous", i))
-            w.plan(self._indptr([1] * batch), self._indptr([kv_len] * batch), heads, kv_heads, head_dim, causal=False,
-                   sm_scale=head_dim ** -0.5, q_data_type=dtype, kv_data_type=dtype)
+            w.plan(
+                self._indptr([1] * batch),
+                self._indptr([kv_len] * batch),
+                heads,
+                kv_heads,
+                head_dim,
+                causal=False,
+                sm_scale=head_dim**-0.5,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+            )
             q = randn(batch, heads, head_dim)
             k, v = randn(batch * kv_len, kv_heads, head_dim), randn(batch * kv_len, kv_heads, head_dim)
             out.append(lambda w=w, q=q, k=k, v=v: w.run(q, k, v))
@@ -582,14 +692,16 @@ class FlashInferBackend(AttentionBackend):
 
 # --- vllm: FlashAttention's varlen call with a block table -----------------------------------------
 
+
 class VllmBackend(AttentionBackend):
     name = "vllm"
     prefill_kernel = "vllm_flash_attn_paged_prefill"
     routes = {
         "decode_paged": "vllm.vllm_flash_attn.flash_attn_varlen_func with block_table and seqused_k (vLLM v1's "
-                        "FLASH_ATTN backend call; decode and prefill in one varlen call)",
+        "FLASH_ATTN backend call; decode and prefill in one varlen call)",
         "decode_contiguous": "flash_attn_varlen_func without a block table, cu_seqlens_k over contiguous KV",
-        "prefill": "flash_attn_varlen_func, causal, with a block table over the prompts' blocks"}
+        "prefill": "flash_attn_varlen_func, causal, with a block table over the prompts' blocks",
+    }
 
     def __init__(self, torch, device):
         super().__init__(torch, device)
@@ -621,6 +733,7 @@ class VllmBackend(AttentionBackend):
             self._fn = importlib.import_module("vllm.vllm_flash_attn").flash_attn_varlen_func
             try:  # the FlashAttention version vLLM would pick on this GPU (2 or 3)
                 from vllm.attention.utils.fa_utils import get_flash_attn_version
+
                 v = get_flash_attn_version()
                 if v is not None and "fa_version" in inspect.signature(self._fn).parameters:
                     self._extra = {"fa_version": v}
@@ -641,11 +754,16 @@ class VllmBackend(AttentionBackend):
         width = max(len(u) for u in used)
         bt = t.zeros(len(used), width, dtype=t.int32)
         for i, u in enumerate(used):
-            bt[i, :len(u)] = t.tensor(u, dtype=t.int32)
+            bt[i, : len(u)] = t.tensor(u, dtype=t.int32)
         cu_q = t.tensor([0] + list(accumulate(batch.new)), dtype=t.int32, device=dev)
-        return {"cu_seqlens_q": cu_q, "max_seqlen_q": max(batch.new),
-                "seqused_k": t.tensor(batch.kv_lens, dtype=t.int32, device=dev), "max_seqlen_k": max(batch.kv_lens),
-                "block_table": bt.to(dev), "softmax_scale": scale if scale is not None else head_dim ** -0.5}
+        return {
+            "cu_seqlens_q": cu_q,
+            "max_seqlen_q": max(batch.new),
+            "seqused_k": t.tensor(batch.kv_lens, dtype=t.int32, device=dev),
+            "max_seqlen_k": max(batch.kv_lens),
+            "block_table": bt.to(dev),
+            "softmax_scale": scale if scale is not None else head_dim**-0.5,
+        }
 
     def paged(self, plan, q, k_pool, v_pool, scale=None):
         kw = dict(plan)
@@ -662,16 +780,31 @@ class VllmBackend(AttentionBackend):
         for _ in range(sets):
             q = randn(batch, heads, head_dim)
             k, v = randn(batch * kv_len, kv_heads, head_dim), randn(batch * kv_len, kv_heads, head_dim)
-            out.append(lambda q=q, k=k, v=v: fn(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1,
-                                                max_seqlen_k=kv_len, softmax_scale=head_dim ** -0.5, causal=True,
-                                                **self._extra))
+            out.append(
+                lambda q=q, k=k, v=v: fn(
+                    q=q,
+                    k=k,
+                    v=v,
+                    cu_seqlens_q=cu_q,
+                    cu_seqlens_k=cu_k,
+                    max_seqlen_q=1,
+                    max_seqlen_k=kv_len,
+                    softmax_scale=head_dim**-0.5,
+                    causal=True,
+                    **self._extra,
+                )
+            )
         return out
 
 
 # --- selection ------------------------------------------------------------------------------------
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"sdpa": SdpaBackend, "flex": FlexBackend,
-                                               "flashinfer": FlashInferBackend, "vllm": VllmBackend}
+BACKENDS: dict[str, type[AttentionBackend]] = {
+    "sdpa": SdpaBackend,
+    "flex": FlexBackend,
+    "flashinfer": FlashInferBackend,
+    "vllm": VllmBackend,
+}
 
 
 def availability(device_kind: str, registry: dict | None = None) -> dict[str, str | None]:
@@ -690,8 +823,11 @@ def select(kernels: str, device_kind: str, registry: dict | None = None, key: st
         why = reg[kernels].unavailable(device_kind)
         if why is not None:
             ok = [n for n, w in availability(device_kind, reg).items() if w is None]
-            raise ConfigError(key, kernels, f"a backend that runs on {device_kind} here ({kernels}: {why}); "
-                                            f"available: {', '.join(ok) or 'none'}")
+            raise ConfigError(
+                key,
+                kernels,
+                f"a backend that runs on {device_kind} here ({kernels}: {why}); available: {', '.join(ok) or 'none'}",
+            )
         return kernels
     for name in AUTO_ORDER.get(device_kind, ()):
         if name in reg and reg[name].unavailable(device_kind) is None:
@@ -703,8 +839,16 @@ def select(kernels: str, device_kind: str, registry: dict | None = None, key: st
 _SHARED: dict = {}
 
 
-def make(kernels: str, torch, device, *, device_kind: str | None = None, registry: dict | None = None,
-         key: str = "calibrate.kernels", **options) -> AttentionBackend:
+def make(
+    kernels: str,
+    torch,
+    device,
+    *,
+    device_kind: str | None = None,
+    registry: dict | None = None,
+    key: str = "calibrate.kernels",
+    **options,
+) -> AttentionBackend:
     """The backend object for ``kernels`` on ``device`` (``device_kind`` defaults to the device's type;
     a stand-in device may claim another). One object per (backend, device, options), shared: engines of
     one validation reuse a compiled kernel or a FlashInfer workspace instead of building their own."""

@@ -32,7 +32,9 @@ ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm")
 
 def builtin_tables(system: str):
     """The tables a built-in profile is fitted from (the held-out tests score exactly these)."""
-    return load_kernel_tables(DEFAULT_TABLES_DIR, system, BACKEND, GENERATION_BACKEND_FOR.get(system, GENERATION_BACKEND))
+    return load_kernel_tables(
+        DEFAULT_TABLES_DIR, system, BACKEND, GENERATION_BACKEND_FOR.get(system, GENERATION_BACKEND)
+    )
 
 
 def build_cpu_reference() -> str:
@@ -40,6 +42,7 @@ def build_cpu_reference() -> str:
     from sim.catalog import get_model
 
     from .kernels import calibrate_device, write_outputs
+
     model = get_model("tiny-llama")
     result = calibrate_device("cpu", model, quick=False, name="cpu-reference")
     files = write_outputs(result, PROFILE_DIR / "cpu-reference.json", model, report=False)

@@ -22,8 +22,10 @@ from sim.errors import ConfigError
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
 
-def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers,
-                   exclude: tuple[str, ...] = ()) -> None:
+
+def _serving_bench(
+    path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers, exclude: tuple[str, ...] = ()
+) -> None:
     from rich.console import Console
 
     from .serving_bench import TRAINING_FILE
@@ -34,15 +36,29 @@ def _serving_bench(path: str, out: Path, *, engine, profile, gpu, tp, max_evals,
 
     def progress(eng: str, n: int, loss: float, terms: dict) -> None:
         if n % 10 == 0:
-            err.print(f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
-                      f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
-                      f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client spread "
-                      f"{terms['client_spread_cycles']:.2f} cycles)")
+            err.print(
+                f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
+                f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
+                f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client spread "
+                f"{terms['client_spread_cycles']:.2f} cycles)"
+            )
 
-    terms = calibrate_from_serving_bench(src, out, profile=profile, engine=engine, gpu=gpu, tp=tp, max_evals=max_evals,
-                                         workers=workers, exclude=exclude, progress=progress)
-    typer.echo(f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "
-               f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}")
+    terms = calibrate_from_serving_bench(
+        src,
+        out,
+        profile=profile,
+        engine=engine,
+        gpu=gpu,
+        tp=tp,
+        max_evals=max_evals,
+        workers=workers,
+        exclude=exclude,
+        progress=progress,
+    )
+    typer.echo(
+        f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "
+        f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}"
+    )
     for e, t in sorted(terms.engines.items()):
         typer.echo(f"  {e}: " + ", ".join(f"{k} {v:.4g}" for k, v in t.items()))
 
@@ -51,7 +67,9 @@ profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_arg
 
 
 def calibrate_command(
-    out: Path = typer.Option(..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."),
+    out: Path = typer.Option(
+        ..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."
+    ),
     model: str | None = typer.Option(None, "--model", help="Catalog model whose kernel shapes to calibrate."),
     from_tables: Path | None = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
@@ -63,31 +81,54 @@ def calibrate_command(
     name: str | None = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
-    kernels: str = typer.Option("auto", "--kernels",
-                                help="Attention kernels timed on the device route: auto|flex|flashinfer|vllm|sdpa "
-                                     "(auto: CUDA flashinfer > vllm > flex, CPU sdpa)."),
+    kernels: str = typer.Option(
+        "auto",
+        "--kernels",
+        help="Attention kernels timed on the device route: auto|flex|flashinfer|vllm|sdpa "
+        "(auto: CUDA flashinfer > vllm > flex, CPU sdpa).",
+    ),
     from_serving_bench: str | None = typer.Option(
-        None, "--from-serving-bench", help="Fit serving-engine terms (host time, front end, client spread) to "
-                                           "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder."),
-    engine: str | None = typer.Option(None, "--engine", help="--from-serving-bench: only this engine's rows "
-                                                                "(vllm|sglang|trtllm); for JSON results, their engine."),
-    profile: str | None = typer.Option(None, "--profile", help="--from-serving-bench: the kernel profile (default: "
-                                                                  "the GPU's built-in one)."),
+        None,
+        "--from-serving-bench",
+        help="Fit serving-engine terms (host time, front end, client spread) to "
+        "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder.",
+    ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="--from-serving-bench: only this engine's rows (vllm|sglang|trtllm); for JSON results, their engine.",
+    ),
+    profile: str | None = typer.Option(
+        None, "--profile", help="--from-serving-bench: the kernel profile (default: the GPU's built-in one)."
+    ),
     gpu: str | None = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
-    max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
-                                  help="--from-serving-bench: simulations of the rows per engine fit."),
+    max_evals: int = typer.Option(
+        100, "--max-evals", min=1, max=100000, help="--from-serving-bench: simulations of the rows per engine fit."
+    ),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--from-serving-bench: processes."),
-    exclude_group: list[str] | None = typer.Option(None, "--exclude-group",
-                                                      help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
-                                                           "'suspect' = the shipped file's groups that look mis-measured."),
+    exclude_group: list[str] | None = typer.Option(
+        None,
+        "--exclude-group",
+        help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
+        "'suspect' = the shipped file's groups that look mis-measured.",
+    ),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
     from sim.output.staging import out_file
+
     if from_serving_bench is not None:
-        _serving_bench(from_serving_bench, out, engine=engine, profile=profile, gpu=gpu,
-                       tp=tensor_parallel[0] if tensor_parallel else None, max_evals=max_evals, workers=workers,
-                       exclude=tuple(exclude_group or ()))
+        _serving_bench(
+            from_serving_bench,
+            out,
+            engine=engine,
+            profile=profile,
+            gpu=gpu,
+            tp=tensor_parallel[0] if tensor_parallel else None,
+            max_evals=max_evals,
+            workers=workers,
+            exclude=tuple(exclude_group or ()),
+        )
         return
     if model is None:
         raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")
@@ -96,34 +137,49 @@ def calibrate_command(
     out = out_file(out)
     spec = get_model(model)
     if (from_tables is None) == (device is None):
-        raise ConfigError("calibrate", {"from_tables": from_tables, "device": device},
-                          "exactly one of --from-tables DIR or --device cpu|cuda")
+        raise ConfigError(
+            "calibrate",
+            {"from_tables": from_tables, "device": device},
+            "exactly one of --from-tables DIR or --device cpu|cuda",
+        )
     if dtype is not None and dtype not in ("bf16", "fp8"):
         raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
     from .attention_backends import KERNELS
+
     if kernels not in KERNELS:
         raise ConfigError("calibrate.kernels", kernels, f"one of {', '.join(KERNELS)}")
     if from_tables is not None and kernels != "auto":
-        raise ConfigError("calibrate.kernels", kernels, "auto with --from-tables (the tables name their own kernels); "
-                                                        "--kernels chooses what --device times")
+        raise ConfigError(
+            "calibrate.kernels",
+            kernels,
+            "auto with --from-tables (the tables name their own kernels); --kernels chooses what --device times",
+        )
     if device is not None:
         from .kernels import calibrate_device, write_outputs  # torch is imported only on this route
+
         if threads is not None and threads < 1:
             raise ConfigError("calibrate.threads", threads, "a thread count >= 1")
-        result = calibrate_device(device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads,
-                                  kernels=kernels)
+        result = calibrate_device(
+            device, spec, quick=quick, name=name, dtype=dtype or "bf16", threads=threads, kernels=kernels
+        )
         files = write_outputs(result, out, spec, report=report)
         built = result.profile
         att = built.provenance["attention_backend"]
-        typer.echo(f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
-                   f"{built.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
-                   + (f" ({att['compiled_graphs']} compiled graphs)" if att.get("compiled_graphs") else "")
-                   + f"; raw timings: {files['measurements']}"
-                   + (f"; fit report: {files['report']}" if files["report"] else
-                      ("; fit report skipped (plotly not installed)" if report else "")))
+        typer.echo(
+            f"timed {sum(result.profile.provenance['measured_points'].values())} points on "
+            f"{built.device['name']} in {result.elapsed_s:.1f} s with attention {att['name']} {att['version']}"
+            + (f" ({att['compiled_graphs']} compiled graphs)" if att.get("compiled_graphs") else "")
+            + f"; raw timings: {files['measurements']}"
+            + (
+                f"; fit report: {files['report']}"
+                if files["report"]
+                else ("; fit report skipped (plotly not installed)" if report else "")
+            )
+        )
     else:
         from .profile_builder import build_profile, default_models
         from .tables import load_kernel_tables
+
         tps = tuple(tensor_parallel or DEFAULT_TPS)
         pairs = default_models((spec.name,), tps)
         if not pairs:
@@ -146,23 +202,40 @@ def profile_list() -> None:
     for name in list_profiles():
         p = load_profile(name)
         prov = p.provenance
-        typer.echo(f"{name:12s} {p.device.get('name', '?'):16s} {prov.get('backend', '?')} "
-                   f"{prov.get('backend_versions', {}).get('gemm', '')}  models: {len(p.models)}  dtypes: "
-                   f"weights {','.join(p.dtypes.get('weight', []))} / kv {','.join(p.dtypes.get('kv', []))}")
+        typer.echo(
+            f"{name:12s} {p.device.get('name', '?'):16s} {prov.get('backend', '?')} "
+            f"{prov.get('backend_versions', {}).get('gemm', '')}  models: {len(p.models)}  dtypes: "
+            f"weights {','.join(p.dtypes.get('weight', []))} / kv {','.join(p.dtypes.get('kv', []))}"
+        )
 
 
 @profile_app.command("show")
-def profile_show(name: str = typer.Argument(..., help="Built-in profile name or JSON path."),
-                 as_json: bool = typer.Option(False, "--json", help="Print provenance and fit quality as JSON.")) -> None:
+def profile_show(
+    name: str = typer.Argument(..., help="Built-in profile name or JSON path."),
+    as_json: bool = typer.Option(False, "--json", help="Print provenance and fit quality as JSON."),
+) -> None:
     """Provenance, fit quality and covered model shapes of one profile."""
     p = load_profile(name)
     if as_json:
-        typer.echo(json.dumps({"name": p.name, "device": p.device, "provenance": p.provenance,
-                               "fit_quality": p.fit_quality, "models": sorted(p.models), "dtypes": p.dtypes}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "name": p.name,
+                    "device": p.device,
+                    "provenance": p.provenance,
+                    "fit_quality": p.fit_quality,
+                    "models": sorted(p.models),
+                    "dtypes": p.dtypes,
+                },
+                indent=2,
+            )
+        )
         return
     prov = p.provenance
-    typer.echo(f"profile {p.name}: {p.device.get('name')} ({prov.get('system', '')}), backend {prov.get('backend')} "
-               f"{prov.get('backend_versions')}, built {prov.get('date')}")
+    typer.echo(
+        f"profile {p.name}: {p.device.get('name')} ({prov.get('system', '')}), backend {prov.get('backend')} "
+        f"{prov.get('backend_versions')}, built {prov.get('date')}"
+    )
     typer.echo(f"method: {prov.get('method')}")
     typer.echo("held-out fit quality:")
     for fam, v in p.fit_quality.items():
@@ -173,10 +246,14 @@ def profile_show(name: str = typer.Argument(..., help="Built-in profile name or 
     typer.echo(f"models ({len(p.models)}): {', '.join(sorted(p.models))}")
     if p.kernels:
         sets = ", ".join(f"{b}: {', '.join(sorted(f))}" for b, f in sorted(p.kernels.items()))
-        typer.echo(f"kernels: fitted families (curves of any shape derived at load) — {sets}; "
-                   f"all-reduce GPUs {sorted(p.allreduce, key=int)}")
+        typer.echo(
+            f"kernels: fitted families (curves of any shape derived at load) — {sets}; "
+            f"all-reduce GPUs {sorted(p.allreduce, key=int)}"
+        )
     else:
-        typer.echo(f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} "
-                   f"generation, all-reduce GPUs {sorted(p.allreduce, key=int)}")
+        typer.echo(
+            f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} "
+            f"generation, all-reduce GPUs {sorted(p.allreduce, key=int)}"
+        )
     for note in prov.get("notes", []):
         typer.echo(f"note: {note}")

@@ -26,8 +26,12 @@ def cpu_model_name() -> str:
 
 
 def _host(torch) -> dict:
-    return {"torch": torch.__version__, "host_cpu": cpu_model_name(), "host_cores": os.cpu_count(),
-            "platform": platform.platform()}
+    return {
+        "torch": torch.__version__,
+        "host_cpu": cpu_model_name(),
+        "host_cores": os.cpu_count(),
+        "platform": platform.platform(),
+    }
 
 
 class Device:
@@ -53,8 +57,11 @@ class Device:
     def describe(self, dtype: str, threads: int | None) -> dict:
         info = {"kind": self.kind, **_host(self.torch), "dtype": dtype, "name": cpu_model_name(), "threads": threads}
         try:
-            kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal"))
+            kb = next(
+                int(line.split()[1])
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")
+            )
             info["memory_bytes"] = kb * 1024
         except (OSError, StopIteration, ValueError):
             pass
@@ -88,9 +95,16 @@ class CudaDevice(Device):
         dev = self.tensor_device
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         props = torch.cuda.get_device_properties(idx)
-        info = {"kind": "cuda", **_host(torch), "dtype": dtype, "name": torch.cuda.get_device_name(idx),
-                "memory_bytes": int(props.total_memory), "compute_capability": f"{props.major}.{props.minor}",
-                "cuda_runtime": torch.version.cuda, "cudnn": str(torch.backends.cudnn.version())}
+        info = {
+            "kind": "cuda",
+            **_host(torch),
+            "dtype": dtype,
+            "name": torch.cuda.get_device_name(idx),
+            "memory_bytes": int(props.total_memory),
+            "compute_capability": f"{props.major}.{props.minor}",
+            "cuda_runtime": torch.version.cuda,
+            "cudnn": str(torch.backends.cudnn.version()),
+        }
         try:
             info["cuda_driver"] = int(torch._C._cuda_getDriverVersion())
         except Exception:  # private API; absent in some builds

@@ -73,6 +73,7 @@ NO_SPACE, OVERFLOW, OK = "no_space", "overflow", "ok"
 
 def _torch():
     from .kernels import import_torch
+
     return import_torch()
 
 
@@ -111,10 +112,13 @@ class EngineConfig:
 
 # --- the model ------------------------------------------------------------------------------
 
+
 class Transformer:
     """Random weights of ``model``'s shape; :meth:`forward` runs one batch through the KV cache."""
 
-    def __init__(self, model: ModelSpec, dtype: str = "fp32", device: str = "cpu", seed: int = 0, rope_base: float = 10000.0):
+    def __init__(
+        self, model: ModelSpec, dtype: str = "fp32", device: str = "cpu", seed: int = 0, rope_base: float = 10000.0
+    ):
         torch = self.torch = _torch()
         self.m = model
         self.dtype = getattr(torch, DTYPES[dtype])
@@ -136,21 +140,23 @@ class Transformer:
         self.embed = w(model.vocab, hid, std=1.0)
         self.layers = []
         for _ in range(model.layers):
-            self.layers.append({
-                "norm1": norm(),
-                "wqkv": w((H + 2 * KVH) * d, hid, std=hid ** -0.5),
-                "wo": w(hid, H * d, std=(H * d) ** -0.5),
-                "norm2": norm(),
-                "wgu": w(2 * inter, hid, std=hid ** -0.5),
-                "wdown": w(hid, inter, std=inter ** -0.5),
-            })
+            self.layers.append(
+                {
+                    "norm1": norm(),
+                    "wqkv": w((H + 2 * KVH) * d, hid, std=hid**-0.5),
+                    "wo": w(hid, H * d, std=(H * d) ** -0.5),
+                    "norm2": norm(),
+                    "wgu": w(2 * inter, hid, std=hid**-0.5),
+                    "wdown": w(hid, inter, std=inter**-0.5),
+                }
+            )
         self.norm_f = norm()
-        self.lm_head = w(model.vocab, hid, std=hid ** -0.5)
+        self.lm_head = w(model.vocab, hid, std=hid**-0.5)
         inv = 1.0 / (rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         ang = torch.arange(model.max_position, dtype=torch.float64)[:, None] * inv[None, :]
         self.cos = torch.cat([ang.cos(), ang.cos()], -1).to(self.device, self.dtype)  # [pos, d]
         self.sin = torch.cat([ang.sin(), ang.sin()], -1).to(self.device, self.dtype)
-        self.scale = d ** -0.5
+        self.scale = d**-0.5
 
     def rms(self, x, w, eps: float = 1e-6):
         return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
@@ -174,9 +180,9 @@ class Transformer:
         for li, L in enumerate(self.layers):
             h = self.rms(x, L["norm1"])
             qkv = F.linear(h, L["wqkv"])
-            q = qkv[:, :H * d].view(T, H, d)
-            k = qkv[:, H * d:(H + KVH) * d].view(T, KVH, d)
-            v = qkv[:, (H + KVH) * d:].view(T, KVH, d)
+            q = qkv[:, : H * d].view(T, H, d)
+            k = qkv[:, H * d : (H + KVH) * d].view(T, KVH, d)
+            v = qkv[:, (H + KVH) * d :].view(T, KVH, d)
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             write(li, k, v)
             o = attend(li, q)
@@ -201,9 +207,14 @@ class Transformer:
 
         def attend(li, q):
             k, v = store[li]
-            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                               v.transpose(0, 1).unsqueeze(0), is_causal=True, enable_gqa=True,
-                                               scale=self.scale)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0),
+                k.transpose(0, 1).unsqueeze(0),
+                v.transpose(0, 1).unsqueeze(0),
+                is_causal=True,
+                enable_gqa=True,
+                scale=self.scale,
+            )
             return o[0].transpose(0, 1)
 
         with torch.inference_mode():
@@ -212,12 +223,14 @@ class Transformer:
 
 # --- attention over the two cache layouts (module functions: tests call them directly) -------
 
+
 @dataclass(frozen=True)
 class DecodePlan:
     """How :func:`paged_decode_attention` reads a CPU decode batch: every decoding sequence's own
     blocks, concatenated in table order (``blocks``, int64 on the device), and each sequence's first
     token in that gathered run and its KV length (``spans``). Built once per iteration (the engine)
     or per timed setup (route 1) and reused by every layer."""
+
     blocks: object
     spans: tuple[tuple[int, int], ...]
 
@@ -241,6 +254,7 @@ def decode_plan(tables: list[list[int]], seq_lens: list[int], block_size: int, d
     if str(device).startswith("cuda") or not seq_lens:
         return None
     import torch
+
     spans, at = [], 0
     for t, L in zip(tables, seq_lens):
         if not 0 < L <= len(t) * block_size:
@@ -255,6 +269,7 @@ def padded_block_tables(tables: list[list[int]], device="cpu"):
     """``[len(tables), longest]`` int64 block tables, each padded with block 0 past its own blocks (the
     length mask keeps the padding out): the input of the one padded :func:`paged_decode_attention` call."""
     import torch
+
     width = max(len(t) for t in tables)
     return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long, device=device)
 
@@ -269,6 +284,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None
     whole batch padded to its longest (CUDA).
     """
     import torch
+
     F = torch.nn.functional
     if plan is not None:
         KVH, d = k_pool.shape[2:]
@@ -277,10 +293,13 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None
         out = torch.empty_like(q)
         for i, (s, L) in enumerate(plan.spans):
             # one query over all L keys: no mask needed
-            out[i] = F.scaled_dot_product_attention(q[i:i + 1].transpose(0, 1).unsqueeze(0),
-                                                    k[s:s + L].transpose(0, 1).unsqueeze(0),
-                                                    v[s:s + L].transpose(0, 1).unsqueeze(0),
-                                                    enable_gqa=True, scale=scale)[0, :, 0]
+            out[i] = F.scaled_dot_product_attention(
+                q[i : i + 1].transpose(0, 1).unsqueeze(0),
+                k[s : s + L].transpose(0, 1).unsqueeze(0),
+                v[s : s + L].transpose(0, 1).unsqueeze(0),
+                enable_gqa=True,
+                scale=scale,
+            )[0, :, 0]
         return out
     D, nblk = block_tables.shape
     B, KVH, d = k_pool.shape[1:]
@@ -297,6 +316,7 @@ def paged_decode_attention(q, k_pool, v_pool, block_tables, seq_lens, scale=None
 def chunk_attention(q, k, v, ctx: int, scale=None):
     """``n`` new tokens after ``ctx`` cached ones: q [n, H, d]; k, v [ctx + n, KVH, d] (views). Returns [n, H, d]."""
     import torch
+
     n = q.shape[0]
     qq, kk, vv = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
     F = torch.nn.functional
@@ -312,11 +332,15 @@ def chunk_attention(q, k, v, ctx: int, scale=None):
 def contiguous_attention(q, k_list, v_list, scale=None):
     """Reference: one query token per sequence over its own contiguous K/V ([L_i, KVH, d]); [D, H, d]."""
     import torch
-    outs = [chunk_attention(q[i:i + 1], k_list[i], v_list[i], k_list[i].shape[0] - 1, scale) for i in range(q.shape[0])]
+
+    outs = [
+        chunk_attention(q[i : i + 1], k_list[i], v_list[i], k_list[i].shape[0] - 1, scale) for i in range(q.shape[0])
+    ]
     return torch.cat(outs, 0)
 
 
 # --- KV memory managers -----------------------------------------------------------------------
+
 
 class BlockPool:
     """Free-block list + block tables (``paged``)."""
@@ -424,9 +448,24 @@ class StaticArena:
 
 # --- requests and records -----------------------------------------------------------------------
 
+
 class EngineRequest:
-    __slots__ = ("id", "prompt", "output", "arrival", "tokens", "computed", "generated", "admitted", "first_token",
-                 "finish", "preemptions", "enqueued", "status", "seq_no")
+    __slots__ = (
+        "id",
+        "prompt",
+        "output",
+        "arrival",
+        "tokens",
+        "computed",
+        "generated",
+        "admitted",
+        "first_token",
+        "finish",
+        "preemptions",
+        "enqueued",
+        "status",
+        "seq_no",
+    )
 
     def __init__(self, rid: int, arrival: float, prompt_ids: list[int], output: int):
         self.id, self.arrival, self.output = rid, float(arrival), int(output)
@@ -492,16 +531,34 @@ class SpeedProbe:
     time too) and timer noise.
     """
 
-    def __init__(self, cfg: EngineConfig, net: Transformer, decode_kv=PROBE_DECODE_KV, chunks=PROBE_CHUNKS,
-                 seed: int = 1234, warmup: int = 3):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        net: Transformer,
+        decode_kv=PROBE_DECODE_KV,
+        chunks=PROBE_CHUNKS,
+        seed: int = 1234,
+        warmup: int = 3,
+    ):
         longest = max([kv for kv in decode_kv] + [n + c for n, c in chunks] + [1])
         B = cfg.block_size
         per = -(-longest // B) * B
         n = len(decode_kv) + len(chunks)
-        self.cfg = EngineConfig(cfg.model, num_blocks=n * per // B + 1, block_size=B, max_num_seqs=max(n, 1),
-                                max_num_batched_tokens=max(cfg.max_num_batched_tokens, len(decode_kv) + sum(c[0] for c in chunks)),
-                                allocator=cfg.allocator, reserve=per, max_model_len=per, dtype=cfg.dtype,
-                                threads=cfg.threads, seed=seed, device=cfg.device, kernels=cfg.kernels)
+        self.cfg = EngineConfig(
+            cfg.model,
+            num_blocks=n * per // B + 1,
+            block_size=B,
+            max_num_seqs=max(n, 1),
+            max_num_batched_tokens=max(cfg.max_num_batched_tokens, len(decode_kv) + sum(c[0] for c in chunks)),
+            allocator=cfg.allocator,
+            reserve=per,
+            max_model_len=per,
+            dtype=cfg.dtype,
+            threads=cfg.threads,
+            seed=seed,
+            device=cfg.device,
+            kernels=cfg.kernels,
+        )
         self.engine = Engine(self.cfg, model=net)
         rng = random.Random(seed)
         vocab = cfg.model.vocab
@@ -517,8 +574,11 @@ class SpeedProbe:
             r.computed = ctx
             assert mem.admit(r.id, ctx + new) == OK
             self.items.append((r, new))
-        self.shape = {"decode_kv": list(decode_kv), "prefill_chunks": [list(c) for c in chunks],
-                      "allocator": cfg.allocator}
+        self.shape = {
+            "decode_kv": list(decode_kv),
+            "prefill_chunks": [list(c) for c in chunks],
+            "allocator": cfg.allocator,
+        }
         #: prefill tokens of the fixed iteration (for :func:`prefill_weight`)
         self.prefill_tokens = sum(n for n, _ in chunks)
         for _ in range(warmup):
@@ -542,6 +602,7 @@ class SpeedProbe:
 
 # --- the engine ----------------------------------------------------------------------------------
 
+
 class Engine:
     def __init__(self, cfg: EngineConfig, model: Transformer | None = None, attention=None):
         """``attention``: an :class:`~calibration.attention_backends.AttentionBackend` to use instead of
@@ -557,6 +618,7 @@ class Engine:
         from sim.errors import ConfigError
 
         from .attention_backends import make
+
         #: the paged layout's attention kernels (what ``kvsim calibrate --kernels`` times)
         self.attention = attention or make(cfg.kernels, torch, dev, key="engine.kernels")
         shape: tuple[int, ...]
@@ -570,8 +632,11 @@ class Engine:
         if cfg.allocator == "paged":
             why = self.attention.block_size_problem(cfg.block_size) or self.attention.dtype_problem(dt)
             if why:
-                raise ConfigError("engine.kernels", self.attention.name,
-                                  f"a backend that runs block {cfg.block_size} in {cfg.dtype} ({why})")
+                raise ConfigError(
+                    "engine.kernels",
+                    self.attention.name,
+                    f"a backend that runs block {cfg.block_size} in {cfg.dtype} ({why})",
+                )
         self.reset()
 
     def warm_up(self) -> int:
@@ -582,9 +647,16 @@ class Engine:
         self._warm = True
         m, cfg = self.cfg.model, self.cfg
         with self.torch.inference_mode():
-            return self.attention.warm_up(self.k_cache[0], self.v_cache[0], heads=m.heads, kv_heads=m.kv_heads,
-                                          head_dim=m.head_dim, max_seqs=cfg.max_num_seqs,
-                                          max_tokens=cfg.max_num_batched_tokens, dtype=self.net.dtype)
+            return self.attention.warm_up(
+                self.k_cache[0],
+                self.v_cache[0],
+                heads=m.heads,
+                kv_heads=m.kv_heads,
+                head_dim=m.head_dim,
+                max_seqs=cfg.max_num_seqs,
+                max_tokens=cfg.max_num_batched_tokens,
+                dtype=self.net.dtype,
+            )
 
     def reset(self) -> None:
         cfg = self.cfg
@@ -686,7 +758,7 @@ class Engine:
         for r, n in pre:
             c = r.computed
             chunk_meta.append((len(ids), n, c, r))
-            ids.extend(r.tokens[c:c + n])
+            ids.extend(r.tokens[c : c + n])
             pos.extend(range(c, c + n))
             slots.extend(mem.slot(r.id, p) for p in range(c, c + n))
         T = len(ids)
@@ -702,13 +774,38 @@ class Engine:
         if paged:  # each batch's metadata once, for every layer (decode rows first, then the chunks' rows)
             assert isinstance(mem, BlockPool)
             from .attention_backends import PagedBatch
+
             att = self.attention
-            shape = {"heads": H, "kv_heads": KVH, "head_dim": d, "num_blocks": self.k_cache[0].shape[0], "dtype": net.dtype}
-            dplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for r, _ in dec], [r.computed for r, _ in dec],
-                                                 [1] * D, mem.B), slot="decode", **shape) if D else None
-            cplan = att.plan_paged(PagedBatch.of([mem.tables[r.id] for *_, r in chunk_meta],
-                                                 [c for _, _, c, _ in chunk_meta], [n for _, n, _, _ in chunk_meta],
-                                                 mem.B), slot="prefill", **shape) if chunk_meta else None
+            shape = {
+                "heads": H,
+                "kv_heads": KVH,
+                "head_dim": d,
+                "num_blocks": self.k_cache[0].shape[0],
+                "dtype": net.dtype,
+            }
+            dplan = (
+                att.plan_paged(
+                    PagedBatch.of([mem.tables[r.id] for r, _ in dec], [r.computed for r, _ in dec], [1] * D, mem.B),
+                    slot="decode",
+                    **shape,
+                )
+                if D
+                else None
+            )
+            cplan = (
+                att.plan_paged(
+                    PagedBatch.of(
+                        [mem.tables[r.id] for *_, r in chunk_meta],
+                        [c for _, _, c, _ in chunk_meta],
+                        [n for _, n, _, _ in chunk_meta],
+                        mem.B,
+                    ),
+                    slot="prefill",
+                    **shape,
+                )
+                if chunk_meta
+                else None
+            )
         else:
             assert isinstance(mem, StaticArena)
             if D:
@@ -734,14 +831,21 @@ class Engine:
                 out[D:] = att.paged(cplan, q[D:], kc[li], vc[li], scale)  # the chunks' rows follow the decode rows
                 return out
             if not chunk_meta:  # pure decode
-                return torch.cat([chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
-                                  for i, (s, L) in enumerate(dec_span)], 0)
+                return torch.cat(
+                    [
+                        chunk_attention(q[i : i + 1], kc[li][s : s + L], vc[li][s : s + L], L - 1, scale)
+                        for i, (s, L) in enumerate(dec_span)
+                    ],
+                    0,
+                )
             out = torch.empty(T, H, d, dtype=q.dtype, device=dev)
             for i, (s, L) in enumerate(dec_span if D else []):
-                out[i:i + 1] = chunk_attention(q[i:i + 1], kc[li][s:s + L], vc[li][s:s + L], L - 1, scale)
+                out[i : i + 1] = chunk_attention(q[i : i + 1], kc[li][s : s + L], vc[li][s : s + L], L - 1, scale)
             for (off, n, c, _), idx in zip(chunk_meta, chunk_idx):
                 L = c + n
-                out[off:off + n] = chunk_attention(q[off:off + n], kc[li][idx:idx + L], vc[li][idx:idx + L], c, scale)
+                out[off : off + n] = chunk_attention(
+                    q[off : off + n], kc[li][idx : idx + L], vc[li][idx : idx + L], c, scale
+                )
             return out
 
         rows, owners = [], []
@@ -759,11 +863,23 @@ class Engine:
         return [by_req.get(id(r), -1) for r, _ in items]
 
     # -- the loop --
-    def run(self, trace, *, clock: str = "wall", cost=None, compute: bool = True, lead_s: float = 0.05,
-            seed: int | None = None, max_wall_s: float | None = None, probe: SpeedProbe | None = None,
-            probe_ref_s: float | None = None, probe_every_s: float = PROBE_EVERY_S,
-            probe_window: int = PROBE_WINDOW, prefill_probe: SpeedProbe | None = None,
-            prefill_probe_ref_s: float | None = None) -> EngineResult:
+    def run(
+        self,
+        trace,
+        *,
+        clock: str = "wall",
+        cost=None,
+        compute: bool = True,
+        lead_s: float = 0.05,
+        seed: int | None = None,
+        max_wall_s: float | None = None,
+        probe: SpeedProbe | None = None,
+        probe_ref_s: float | None = None,
+        probe_every_s: float = PROBE_EVERY_S,
+        probe_window: int = PROBE_WINDOW,
+        prefill_probe: SpeedProbe | None = None,
+        prefill_probe_ref_s: float | None = None,
+    ) -> EngineResult:
         """Replay ``trace`` (rows ``(arrival_s, prompt_tokens, output_tokens)``).
 
         ``clock="wall"``: real time, arrivals fed by a thread at their times. ``clock="cpu"``: the
@@ -804,8 +920,10 @@ class Engine:
         self.reset()
         rng = random.Random(self.cfg.seed if seed is None else seed)
         vocab = self.cfg.model.vocab
-        reqs = [EngineRequest(i, a, [rng.randrange(vocab) for _ in range(int(p))], int(o))
-                for i, (a, p, o) in enumerate(trace)]
+        reqs = [
+            EngineRequest(i, a, [rng.randrange(vocab) for _ in range(int(p))], int(o))
+            for i, (a, p, o) in enumerate(trace)
+        ]
         order = sorted(reqs, key=lambda r: (r.arrival, r.id))
         n_total = len(reqs)
         iters: list[dict] = []
@@ -909,10 +1027,14 @@ class Engine:
                         r.admitted = ts
                 blocks = self.mem.blocks_in_use()
                 reserved = self.mem.reserved_tokens()
-                chunks = [(n, r.computed) for r, n in items
-                          if not (n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)]
-                dec_lens = [r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens)
-                            and r.generated > 0]  # the decoding sequences' KV lengths
+                chunks = [
+                    (n, r.computed)
+                    for r, n in items
+                    if not (n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0)
+                ]
+                dec_lens = [
+                    r.computed + 1 for r, n in items if n == 1 and r.computed + 1 == len(r.tokens) and r.generated > 0
+                ]  # the decoding sequences' KV lengths
                 dseqs, dkv = len(dec_lens), sum(dec_lens)
                 dmax = max(dec_lens, default=0)  # the longest (what the padded CUDA decode call pads to)
                 events = self.mem.events - ev0
@@ -921,7 +1043,7 @@ class Engine:
                 if dual and scale_pre != scale:
                     assert probe is not None and prefill_probe is not None
                     w = prefill_weight(ptoks, probe.prefill_tokens, prefill_probe.prefill_tokens)
-                    it_scale = scale ** (1.0 - w) * scale_pre ** w
+                    it_scale = scale ** (1.0 - w) * scale_pre**w
                 if items:
                     if compute:
                         toks = self.execute(items)
@@ -931,6 +1053,7 @@ class Engine:
                     toks = []
                 if clock == "virtual":
                     from sim.cost.model import BatchShape
+
                     if items:
                         vt[0] += cost.step_time_s(BatchShape(list(chunks), dseqs, dkv)) + cost.alloc_time_s(events)
                         # the cost model's after-prefill excess, counted as the simulator's replica does
@@ -970,11 +1093,25 @@ class Engine:
                     since[0] += c1 - c0
                 te2 = now()
                 if items or preempted:
-                    iters.append({"start_s": ts, "end_s": te2, "cpu_s": c1 - c0, "prefill_chunks": chunks,
-                                  "prefill_tokens": ptoks, "decode_seqs": dseqs,
-                                  "decode_kv_tokens": dkv, "decode_kv_max": dmax, "blocks_in_use": blocks, "reserved_tokens": reserved,
-                                  "alloc_events": events, "preempted": preempted, "admitted": len(admitted),
-                                  "running": len(running), "waiting": len(waiting)})
+                    iters.append(
+                        {
+                            "start_s": ts,
+                            "end_s": te2,
+                            "cpu_s": c1 - c0,
+                            "prefill_chunks": chunks,
+                            "prefill_tokens": ptoks,
+                            "decode_seqs": dseqs,
+                            "decode_kv_tokens": dkv,
+                            "decode_kv_max": dmax,
+                            "blocks_in_use": blocks,
+                            "reserved_tokens": reserved,
+                            "alloc_events": events,
+                            "preempted": preempted,
+                            "admitted": len(admitted),
+                            "running": len(running),
+                            "waiting": len(waiting),
+                        }
+                    )
                     if norm:
                         iters[-1]["speed_scale"] = it_scale
                         iters[-1]["after_probe"] = probed
@@ -983,20 +1120,47 @@ class Engine:
                         iters[-1]["end_s"] = te
         if feeder is not None:
             feeder.join(timeout=1.0)
-        rows = [{"id": r.id, "status": r.status or "incomplete", "arrival_s": r.arrival, "enqueued_s": r.enqueued,
-                 "admitted_s": r.admitted, "first_token_s": r.first_token, "finish_s": r.finish,
-                 "prompt_tokens": r.prompt, "output_tokens": r.output, "generated_tokens": r.generated,
-                 "preemptions": r.preemptions, "output_ids": r.tokens[r.prompt:]} for r in reqs]
+        rows = [
+            {
+                "id": r.id,
+                "status": r.status or "incomplete",
+                "arrival_s": r.arrival,
+                "enqueued_s": r.enqueued,
+                "admitted_s": r.admitted,
+                "first_token_s": r.first_token,
+                "finish_s": r.finish,
+                "prompt_tokens": r.prompt,
+                "output_tokens": r.output,
+                "generated_tokens": r.generated,
+                "preemptions": r.preemptions,
+                "output_ids": r.tokens[r.prompt :],
+            }
+            for r in reqs
+        ]
         c = self.cfg
-        conf = {"model": c.model.name, "allocator": c.allocator, "num_blocks": c.num_blocks, "block_size": c.block_size,
-                "reserve": c.reserve, "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
-                "dtype": c.dtype, "threads": torch.get_num_threads(), "device": c.device, "clock": clock,
-                "kernels": self.attention.name}
+        conf = {
+            "model": c.model.name,
+            "allocator": c.allocator,
+            "num_blocks": c.num_blocks,
+            "block_size": c.block_size,
+            "reserve": c.reserve,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "dtype": c.dtype,
+            "threads": torch.get_num_threads(),
+            "device": c.device,
+            "clock": clock,
+            "kernels": self.attention.name,
+        }
         info: dict[str, Any] = {"wall_s": time.perf_counter() - wall0}
         if norm:
             assert probe is not None and probe_ref_s is not None
-            conf.update(probe_ref_s=float(probe_ref_s), probe_every_s=float(probe_every_s), probe_window=window,
-                        probe_shape=probe.shape)
+            conf.update(
+                probe_ref_s=float(probe_ref_s),
+                probe_every_s=float(probe_every_s),
+                probe_window=window,
+                probe_shape=probe.shape,
+            )
             if dual:
                 assert prefill_probe is not None and prefill_probe_ref_s is not None
                 conf.update(prefill_probe_ref_s=float(prefill_probe_ref_s), prefill_probe_shape=prefill_probe.shape)

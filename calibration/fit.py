@@ -52,6 +52,7 @@ from sim.cost.kernel_model import (  # noqa: F401
 
 # --- parametric form ------------------------------------------------------------------------
 
+
 def fit_roofline(work: np.ndarray, t: np.ndarray, terms: tuple[str, ...], peaks: tuple[float, ...]) -> RooflineFit:
     """Least-squares fit of :func:`roofline_time` to measured ``t`` in log space (relative error).
 
@@ -63,17 +64,29 @@ def fit_roofline(work: np.ndarray, t: np.ndarray, terms: tuple[str, ...], peaks:
     # Start each rate where its term alone would explain the median row.
     start = [np.median(w / t) for w in work]
     theta0 = np.array([np.log(max(np.min(t), 1e-7)), *np.log(start), np.log(3.0)])
-    lo = np.array([np.log(1e-8), *[np.log(pk * 1e-4) if pk else np.log(s) - 20 for pk, s in zip(peaks, start)], np.log(0.05)])
-    hi = np.array([np.log(1e-2), *[np.log(pk * 1.05) if pk else np.log(s) + 20 for pk, s in zip(peaks, start)], np.log(20.0)])
+    lo = np.array(
+        [np.log(1e-8), *[np.log(pk * 1e-4) if pk else np.log(s) - 20 for pk, s in zip(peaks, start)], np.log(0.05)]
+    )
+    hi = np.array(
+        [np.log(1e-2), *[np.log(pk * 1.05) if pk else np.log(s) + 20 for pk, s in zip(peaks, start)], np.log(20.0)]
+    )
     theta0 = np.clip(theta0, lo + 1e-6, hi - 1e-6)
-    res = least_squares(lambda th: np.log(roofline_time(th, work)) - logt, theta0, bounds=(lo, hi),
-                        loss="soft_l1", f_scale=0.1, x_scale="jac")
+    res = least_squares(
+        lambda th: np.log(roofline_time(th, work)) - logt,
+        theta0,
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.1,
+        x_scale="jac",
+    )
     th = res.x
-    return RooflineFit(float(np.exp(th[0])), tuple(terms), tuple(float(x) for x in np.exp(th[1:-1])),
-                       float(1.0 + np.exp(th[-1])))
+    return RooflineFit(
+        float(np.exp(th[0])), tuple(terms), tuple(float(x) for x in np.exp(th[1:-1])), float(1.0 + np.exp(th[-1]))
+    )
 
 
 # --- grid correction ------------------------------------------------------------------------
+
 
 def _axis_estimates(v, k, x, ax, extrapolate):
     """Estimates of unknown cells by 1-d linear interpolation along axis ``ax`` at coordinates ``x``.
@@ -126,8 +139,9 @@ def _spikes(v, k, axes, base, ratio):
     return judged & (np.abs(v - med) > np.log(ratio))
 
 
-def additive_effects(values: np.ndarray, known: np.ndarray, effects: list[tuple[int, ...]],
-                     min_cells: int = 3, n_iter: int = 10) -> np.ndarray:
+def additive_effects(
+    values: np.ndarray, known: np.ndarray, effects: list[tuple[int, ...]], min_cells: int = 3, n_iter: int = 10
+) -> np.ndarray:
     """``Σ_e f_e(x_e)`` fitted to the known cells by backfitting medians; one term per axis tuple in ``effects``.
 
     Medians, so a spike does not move the effect it sits in; an effect value needs
@@ -148,15 +162,27 @@ def additive_effects(values: np.ndarray, known: np.ndarray, effects: list[tuple[
         for i, o in enumerate(others):
             rest = v - sum(t for j, t in enumerate(terms) if j != i)
             med = np.zeros(terms[i].shape)
-            med[seen[i]] = np.nanmedian(np.moveaxis(rest, o, tuple(range(len(o)))).reshape(
-                int(np.prod([v.shape[d] for d in o])), -1)[:, seen[i].ravel()], axis=0)
+            med[seen[i]] = np.nanmedian(
+                np.moveaxis(rest, o, tuple(range(len(o)))).reshape(int(np.prod([v.shape[d] for d in o])), -1)[
+                    :, seen[i].ravel()
+                ],
+                axis=0,
+            )
             terms[i] = med
     return np.where(informed, sum(terms), np.nan)
 
 
-def fill_grid(values: np.ndarray, known: np.ndarray, axes: list[np.ndarray], base: np.ndarray | None = None,
-              priority: list[list[int]] | None = None, max_iter: int = 200, *,
-              effects: list[tuple[int, ...]] | None = None, spike_ratio: float | None = None) -> np.ndarray:
+def fill_grid(
+    values: np.ndarray,
+    known: np.ndarray,
+    axes: list[np.ndarray],
+    base: np.ndarray | None = None,
+    priority: list[list[int]] | None = None,
+    max_iter: int = 200,
+    *,
+    effects: list[tuple[int, ...]] | None = None,
+    spike_ratio: float | None = None,
+) -> np.ndarray:
     """Fill unknown cells of an n-d grid of log-ratios from known ones by 1-d interpolation along axes.
 
     ``axes`` are log coordinates. Along each axis a cell gets up to two estimates: the
@@ -230,8 +256,9 @@ def _interpolate_fill(v, k, axes, base, priority, max_iter):
     return v
 
 
-def grid_correction(coords_log: np.ndarray, residual: np.ndarray, base_fn=None,
-                    priority: list[list[int]] | None = None, **fill) -> GridCorrection:
+def grid_correction(
+    coords_log: np.ndarray, residual: np.ndarray, base_fn=None, priority: list[list[int]] | None = None, **fill
+) -> GridCorrection:
     """The :class:`GridCorrection` of residuals at measured points. ``coords_log``: (rows, dims) log
     coordinates on a tensor grid; duplicate cells are averaged.
 
@@ -299,8 +326,16 @@ def fit_gemm(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
     for dt in sorted(set(table.dtype)):
         s = table.dtype == dt
         w, co = gemm_work(table.m[s], table.n[s], table.k[s], dt)
-        groups[(dt,)] = _fit_group(w, co, table.latency_s[s], GEMM_TERMS, (peak_flops_fn(dt), peak_bw), GEMM_PRIORITY,
-                                   partial(_gemm_flops_bytes, dtype=dt), GEMM_FILL)
+        groups[(dt,)] = _fit_group(
+            w,
+            co,
+            table.latency_s[s],
+            GEMM_TERMS,
+            (peak_flops_fn(dt), peak_bw),
+            GEMM_PRIORITY,
+            partial(_gemm_flops_bytes, dtype=dt),
+            GEMM_FILL,
+        )
     return FamilyFit("gemm", groups)
 
 
@@ -317,8 +352,15 @@ def fit_context(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
         s = (table.attn_dtype == ad) & (table.kv_dtype == kd) & (table.head_dim == hd)
         w, co = context_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, ad, kd)
         groups[(ad, kd, int(hd))] = _fit_group(
-            w, co, table.latency_s[s], CONTEXT_TERMS, (peak_flops_fn(ad), peak_bw), ATTENTION_PRIORITY,
-            lambda c, ad=ad, kd=kd, hd=hd: context_work(*attention_dims(c), hd, ad, kd)[0], ATTENTION_FILL)
+            w,
+            co,
+            table.latency_s[s],
+            CONTEXT_TERMS,
+            (peak_flops_fn(ad), peak_bw),
+            ATTENTION_PRIORITY,
+            lambda c, ad=ad, kd=kd, hd=hd: context_work(*attention_dims(c), hd, ad, kd)[0],
+            ATTENTION_FILL,
+        )
     return FamilyFit("context_attention", groups)
 
 
@@ -329,8 +371,15 @@ def fit_generation(table, peak_flops_fn, peak_bw: float) -> FamilyFit:
         s = (table.kv_dtype == kd) & (table.head_dim == hd)
         w, co = generation_work(table.batch[s], table.length[s], table.heads[s], table.kv_heads[s], hd, kd)
         groups[(kd, int(hd))] = _fit_group(
-            w, co, table.latency_s[s], GENERATION_TERMS, (peak_flops_fn("bf16"), peak_bw, 0.0), ATTENTION_PRIORITY,
-            lambda c, kd=kd, hd=hd: generation_work(*attention_dims(c), hd, kd)[0], ATTENTION_FILL)
+            w,
+            co,
+            table.latency_s[s],
+            GENERATION_TERMS,
+            (peak_flops_fn("bf16"), peak_bw, 0.0),
+            ATTENTION_PRIORITY,
+            lambda c, kd=kd, hd=hd: generation_work(*attention_dims(c), hd, kd)[0],
+            ATTENTION_FILL,
+        )
     return FamilyFit("generation_attention", groups)
 
 
@@ -346,16 +395,21 @@ def predict_table(fit: FamilyFit, table) -> np.ndarray:
         for ad, kd, hd in fit.groups:
             s = (table.attn_dtype == ad) & (table.kv_dtype == kd) & (table.head_dim == hd)
             if s.any():
-                out[s] = predict_context(fit, ad, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s])
+                out[s] = predict_context(
+                    fit, ad, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s]
+                )
     else:
         for kd, hd in fit.groups:
             s = (table.kv_dtype == kd) & (table.head_dim == hd)
             if s.any():
-                out[s] = predict_generation(fit, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s])
+                out[s] = predict_generation(
+                    fit, kd, hd, table.batch[s], table.length[s], table.heads[s], table.kv_heads[s]
+                )
     return out
 
 
 # --- evaluation -----------------------------------------------------------------------------
+
 
 def relative_errors(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """``|pred − measured| / measured`` elementwise."""

@@ -34,14 +34,33 @@ from .tables import (
 )
 
 #: aiconfigurator system name → kvsim catalog GPU and built-in profile name.
-SYSTEM_GPU = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
-              "b200_sxm": "B200-SXM-180GB", "l40s": "L40S"}
-SYSTEM_PROFILE = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "a100_sxm": "a100-sxm", "b200_sxm": "b200-sxm",
-                  "l40s": "l40s"}
+SYSTEM_GPU = {
+    "h100_sxm": "H100-SXM-80GB",
+    "h200_sxm": "H200-SXM-141GB",
+    "a100_sxm": "A100-SXM-80GB",
+    "b200_sxm": "B200-SXM-180GB",
+    "l40s": "L40S",
+}
+SYSTEM_PROFILE = {
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200-sxm",
+    "a100_sxm": "a100-sxm",
+    "b200_sxm": "b200-sxm",
+    "l40s": "l40s",
+}
 
 #: Catalog models with a 128-wide head (what the vendored attention tables measure).
-DEFAULT_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "qwen2.5-7b",
-                  "qwen3-8b", "qwen3-32b")
+DEFAULT_MODELS = (
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "mistral-7b",
+    "qwen2.5-7b",
+    "qwen3-8b",
+    "qwen3-32b",
+)
 DEFAULT_TPS = (1, 2, 4, 8)
 
 #: Per-block allocator bookkeeping (vLLM's Python block pool pops a free block and updates
@@ -59,14 +78,17 @@ PAGED_OVERHEAD_SOURCE = (
     "vLLM's FlashAttention-3 build: page size 1 and 16 equally fast (vllm-project/flash-attention PR #63). Taken: "
     "3 %. The vLLM paper's 20-26 % (SOSP 2023, section 7.1) measured its 2023 PagedAttention kernel. The "
     "planner's break-even (kvsim plan --break-even) shows whether a recommendation depends on it; measure it with "
-    "kvsim calibrate --device cuda")
+    "kvsim calibrate --device cuda"
+)
 #: Block size of the paged KV cache the decode tables were measured on, by backend
 #: (TensorRT-LLM: 64-token blocks; SGLang's table does not record its page size).
 MEASURED_BLOCK_SIZE = {"trtllm": 64, "sglang": None, "vllm": None}
-MEASURED_KERNEL = {"trtllm": "TensorRT-LLM XQA/MMHA decode kernels, paged KV (64-token blocks)",
-                   "sglang": "SGLang decode attention (FlashAttention-3 on Hopper, flash_attention on A100; the tables "
-                             "do not name the B200 and L40S kernels) on SGLang's paged KV pool",
-                   "vllm": "vLLM decode attention backend"}
+MEASURED_KERNEL = {
+    "trtllm": "TensorRT-LLM XQA/MMHA decode kernels, paged KV (64-token blocks)",
+    "sglang": "SGLang decode attention (FlashAttention-3 on Hopper, flash_attention on A100; the tables "
+    "do not name the B200 and L40S kernels) on SGLang's paged KV pool",
+    "vllm": "vLLM decode attention backend",
+}
 #: Memory-bound kernels per layer charged as "elementwise": 2 RMSNorms, RoPE, SiLU·mul, residual add.
 ELEMENTWISE_KERNELS = 5
 
@@ -103,7 +125,9 @@ def fit_tables(kt: KernelTables, *, seed: int = 0, heldout: bool = True) -> Fits
                 if sel.any():
                     groups[_group_name(key)] = _rounded(F.error_summary(pred[sel], held.latency_s[sel]))
             quality[kind] = {"overall": _rounded(F.error_summary(pred, held.latency_s)), "groups": groups}
-        quality["method"] = f"random 20% of rows held out (numpy seed {seed}), fit on the other 80%, relative error |pred-meas|/meas"
+        quality["method"] = (
+            f"random 20% of rows held out (numpy seed {seed}), fit on the other 80%, relative error |pred-meas|/meas"
+        )
     return Fits(fitted["gemm"], fitted["context_attention"], fitted["generation_attention"], quality)
 
 
@@ -130,8 +154,10 @@ def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple,
         weights["fp8"] = "fp8"
     elif "int8_wo" in gemm_have:
         weights["fp8"] = "int8_wo"
-        notes.append(f"{kt.system.name} has no FP8 tensor cores: fp8 weights use the int8 weight-only GEMM table "
-                     "(8-bit weights, bf16 compute), as vLLM runs FP8 checkpoints on Ampere with weight-only kernels")
+        notes.append(
+            f"{kt.system.name} has no FP8 tensor cores: fp8 weights use the int8 weight-only GEMM table "
+            "(8-bit weights, bf16 compute), as vLLM runs FP8 checkpoints on Ampere with weight-only kernels"
+        )
     ctx_have = set(zip(kt.context.attn_dtype, kt.context.kv_dtype, kt.context.head_dim.tolist()))
     gen_have = set(zip(kt.generation.kv_dtype, kt.generation.head_dim.tolist()))
     kv = {}
@@ -157,8 +183,9 @@ class EngineKernels:
     custom_allreduce: dict[str, dict[str, Curve1D]]
 
 
-def engine_kernels(root: Path | str, system: str, spec, *, engines: tuple[str, ...] = ENGINES, seed: int = 0,
-                   heldout: bool = True) -> EngineKernels:
+def engine_kernels(
+    root: Path | str, system: str, spec, *, engines: tuple[str, ...] = ENGINES, seed: int = 0, heldout: bool = True
+) -> EngineKernels:
     """Fit the GEMM, context and decode attention tables of every engine that has them for ``system``
     (the kernels each serving engine runs), score each on a held-out 20 %, and read each engine's
     custom all-reduce table. Engines or families without tables are skipped."""
@@ -169,35 +196,45 @@ def engine_kernels(root: Path | str, system: str, spec, *, engines: tuple[str, .
     custom: dict[str, dict[str, Curve1D]] = {}
     for engine in engines:
         tabs = {}
-        for family, folder, name in (("gemm", "gemm", "gemm_perf"), ("context_attention", "attention", "context_attention_perf"),
-                                     ("generation_attention", "attention", "generation_attention_perf")):
+        for family, folder, name in (
+            ("gemm", "gemm", "gemm_perf"),
+            ("context_attention", "attention", "context_attention_perf"),
+            ("generation_attention", "attention", "generation_attention_perf"),
+        ):
             if not (root / system / folder / engine).is_dir():
                 continue
             try:
                 path, ver = find_table(root, system, folder, engine, name)
             except ConfigError:
                 continue
-            tabs[family] = (read_gemm(path, engine, ver) if family == "gemm"
-                            else read_attention(path, family.split("_")[0], engine, ver))
+            tabs[family] = (
+                read_gemm(path, engine, ver)
+                if family == "gemm"
+                else read_attention(path, family.split("_")[0], engine, ver)
+            )
             sources.setdefault(engine, {})[family] = f"{system}/{folder}/{engine}/{ver}/{name}.parquet"
         for family, table in tabs.items():
             kernels.setdefault(engine, {})[family] = F.FITTERS[family](table, spec.peak_flops, spec.mem_bw)
             if heldout:
                 test = F.holdout_mask(len(table), 0.2, seed)
-                quality.setdefault(engine, {})[family] = _rounded(F.heldout_evaluation(
-                    family, table, spec.peak_flops, spec.mem_bw, test))
+                quality.setdefault(engine, {})[family] = _rounded(
+                    F.heldout_evaluation(family, table, spec.peak_flops, spec.mem_bw, test)
+                )
         if (root / system / "comm" / engine).is_dir():
             try:
                 path, ver = find_table(root, system, "comm", engine, "custom_allreduce_perf")
             except ConfigError:
                 continue
             t = read_custom_allreduce(path, ver)
-            sources.setdefault(engine, {})["custom_allreduce"] = f"{system}/comm/{engine}/{ver}/custom_allreduce_perf.parquet"
+            sources.setdefault(engine, {})["custom_allreduce"] = (
+                f"{system}/comm/{engine}/{ver}/custom_allreduce_perf.parquet"
+            )
             for g in sorted(set(t.num_gpus.tolist())):
                 sel = t.num_gpus == g
                 o = np.argsort(t.nbytes[sel])
-                custom.setdefault(engine, {})[str(g)] = Curve1D(t.nbytes[sel][o], t.latency_s[sel][o],
-                                                                {"x_is": "message bytes (bf16)", "version": ver})
+                custom.setdefault(engine, {})[str(g)] = Curve1D(
+                    t.nbytes[sel][o], t.latency_s[sel][o], {"x_is": "message bytes (bf16)", "version": ver}
+                )
     return EngineKernels(kernels, quality, sources, custom)
 
 
@@ -210,24 +247,43 @@ def cpu_overhead_section() -> dict:
         A = np.column_stack([np.ones(s.sum()), tab.batch[s]])
         coef, *_ = np.linalg.lstsq(A, tab.overhead_s[s], rcond=None)
         err = F.error_summary(A @ coef, tab.overhead_s[s])
-        by_tp[str(tp)] = {"intercept_s": float(coef[0]), "per_seq_s": float(coef[1]),
-                          "batch_range": [int(tab.batch[s].min()), int(tab.batch[s].max())],
-                          "models": sorted(set(tab.model[s].tolist())), "fit_median_rel_err": round(err["median_rel_err"], 4)}
-    return {"by_tp": by_tp, "parts": list(CPU_OVERHEAD_PARTS),
-            "source": "Vidur profiles historical/a100/cpu_overheads.csv (vLLM on an A100 DGX host, MIT)",
-            "note": "host-side work per step, not overlapped with GPU work; TP degrees without data use the nearest lower one"}
+        by_tp[str(tp)] = {
+            "intercept_s": float(coef[0]),
+            "per_seq_s": float(coef[1]),
+            "batch_range": [int(tab.batch[s].min()), int(tab.batch[s].max())],
+            "models": sorted(set(tab.model[s].tolist())),
+            "fit_median_rel_err": round(err["median_rel_err"], 4),
+        }
+    return {
+        "by_tp": by_tp,
+        "parts": list(CPU_OVERHEAD_PARTS),
+        "source": "Vidur profiles historical/a100/cpu_overheads.csv (vLLM on an A100 DGX host, MIT)",
+        "note": "host-side work per step, not overlapped with GPU work; TP degrees without data use the nearest lower one",
+    }
 
 
 def _versions() -> dict:
     import pyarrow
     import scipy
-    return {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
-            "pyarrow": pyarrow.__version__}
+
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "pyarrow": pyarrow.__version__,
+    }
 
 
-def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name: str | None = None,
-                  fits: Fits | None = None, seed: int = 0, dtype: str | None = None,
-                  engines: EngineKernels | None = None) -> Profile:
+def build_profile(
+    kt: KernelTables,
+    *,
+    models: list[tuple[ModelSpec, int]],
+    name: str | None = None,
+    fits: Fits | None = None,
+    seed: int = 0,
+    dtype: str | None = None,
+    engines: EngineKernels | None = None,
+) -> Profile:
     """A profile with fitted kernel families (any shape), checked to price every (model, TP) in
     ``models`` at every dtype the tables measure.
 
@@ -239,8 +295,11 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
     weights, kvs, notes = dtype_maps(kt)
     if dtype is not None:
         if dtype not in weights and dtype not in kvs:
-            raise ConfigError("calibrate.dtype", dtype, f"dtypes measured for {spec.name}: "
-                                                        f"{', '.join(sorted(set(weights) | set(kvs)))}")
+            raise ConfigError(
+                "calibrate.dtype",
+                dtype,
+                f"dtypes measured for {spec.name}: {', '.join(sorted(set(weights) | set(kvs)))}",
+            )
         weights = {k: v for k, v in weights.items() if k == dtype} or weights
         kvs = {k: v for k, v in kvs.items() if k == dtype} or kvs
     if not weights or not kvs:
@@ -255,9 +314,24 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                 kernels.setdefault(engine, {})[family] = fit
     # Curves are derived from the fitted families when a cost model needs a shape; here the catalog
     # models' shapes are derived once to check they price and to count floor-clamped cells.
-    probe = Profile(name="probe", device=_device(spec), provenance={}, memory={}, elementwise={}, layout={},
-                    cpu_overhead={}, allreduce={}, gemm={}, context_attention={}, generation_attention={}, models={},
-                    fit_quality={}, dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults)
+    probe = Profile(
+        name="probe",
+        device=_device(spec),
+        provenance={},
+        memory={},
+        elementwise={},
+        layout={},
+        cpu_overhead={},
+        allreduce={},
+        gemm={},
+        context_attention={},
+        generation_attention={},
+        models={},
+        fit_quality={},
+        dtypes=_dtypes(weights, kvs),
+        kernels=kernels,
+        kernel_defaults=kernel_defaults,
+    )
     gemm: dict[str, Curve1D] = {}
     ctx: dict[str, Grid2D] = {}
     gen_curves: dict[str, Grid2D] = {}
@@ -275,95 +349,175 @@ def build_profile(kt: KernelTables, *, models: list[tuple[ModelSpec, int]], name
                 if keys.attention not in gen_curves:
                     c, g = probe.attention_grids(keys.attention)
                     if c is None or g is None:
-                        raise ConfigError("calibration.tables", kt.system.name,
-                                          f"attention tables for KV dtype {kd} at head_dim {model.head_dim}")
+                        raise ConfigError(
+                            "calibration.tables",
+                            kt.system.name,
+                            f"attention tables for KV dtype {kd} at head_dim {model.head_dim}",
+                        )
                     ctx[keys.attention], gen_curves[keys.attention] = c, g
         bf = shape_keys(model, tp, next(iter(weights)), next(iter(kvs)))
         entries[f"{model.name}@tp{tp}"] = {
-            "tensor_parallel": tp, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
-            "kv_heads": model.kv_heads, "head_dim": model.head_dim, "intermediate": model.intermediate, "vocab": model.vocab,
-            "gemm_shapes": {p: k.split(":")[0] for p, k in bf.gemms().items()}, "attention_shape": bf.attention.split(":")[0]}
+            "tensor_parallel": tp,
+            "layers": model.layers,
+            "hidden": model.hidden,
+            "heads": model.heads,
+            "kv_heads": model.kv_heads,
+            "head_dim": model.head_dim,
+            "intermediate": model.intermediate,
+            "vocab": model.vocab,
+            "gemm_shapes": {p: k.split(":")[0] for p, k in bf.gemms().items()},
+            "attention_shape": bf.attention.split(":")[0],
+        }
     allreduce = {}
     if kt.nccl is not None:
         for g in sorted(set(kt.nccl.num_gpus.tolist())):
             s = kt.nccl.num_gpus == g
             o = np.argsort(kt.nccl.nbytes[s])
-            allreduce[str(g)] = Curve1D(kt.nccl.nbytes[s][o], kt.nccl.latency_s[s][o],
-                                        {"x_is": "message bytes (fp16)", "nccl_version": kt.nccl.version})
-    params = {fam.kind: {_group_name(k): {**{a: _sig(b) for a, b in rf.as_dict().items()}} for k, (rf, _) in fam.groups.items()}
-              for fam in (fits.gemm, fits.context, fits.generation)}
+            allreduce[str(g)] = Curve1D(
+                kt.nccl.nbytes[s][o],
+                kt.nccl.latency_s[s][o],
+                {"x_is": "message bytes (fp16)", "nccl_version": kt.nccl.version},
+            )
+    params = {
+        fam.kind: {
+            _group_name(k): {**{a: _sig(b) for a, b in rf.as_dict().items()}} for k, (rf, _) in fam.groups.items()
+        }
+        for fam in (fits.gemm, fits.context, fits.generation)
+    }
     gpu_name = SYSTEM_GPU.get(spec.name, spec.name)
-    clamped = {fam: sum(int(c.meta.get("clamped_to_physical_floor", 0)) for c in curves.values())
-               for fam, curves in (("gemm", gemm), ("context_attention", ctx), ("generation_attention", gen_curves))}
+    clamped = {
+        fam: sum(int(c.meta.get("clamped_to_physical_floor", 0)) for c in curves.values())
+        for fam, curves in (("gemm", gemm), ("context_attention", ctx), ("generation_attention", gen_curves))
+    }
     gen = kt.generation
-    implied = gen.batch * gen.length * 2.0 * gen.kv_heads * gen.head_dim * np.where(gen.kv_dtype == "fp8", 1.0, 2.0) / gen.latency_s
+    implied = (
+        gen.batch
+        * gen.length
+        * 2.0
+        * gen.kv_heads
+        * gen.head_dim
+        * np.where(gen.kv_dtype == "fp8", 1.0, 2.0)
+        / gen.latency_s
+    )
     over = int(np.sum(implied > spec.mem_bw))
     if over:
-        notes.append(f"{over} of {len(gen)} measured generation-attention rows imply more than the {spec.mem_bw / 1e12:.3g} TB/s "
-                     f"HBM peak (up to {implied.max() / spec.mem_bw:.2f}x); profile curves are raised to the "
-                     f"KV-bytes/peak floor there")
+        notes.append(
+            f"{over} of {len(gen)} measured generation-attention rows imply more than the {spec.mem_bw / 1e12:.3g} TB/s "
+            f"HBM peak (up to {implied.max() / spec.mem_bw:.2f}x); profile curves are raised to the "
+            f"KV-bytes/peak floor there"
+        )
     if any(clamped.values()):
-        notes.append("clamped_points counts grid cells raised to max(FLOPs/peak, bytes/peak_bw); most are cells the "
-                     "tables did not measure (large batch x length), where the correction is extrapolated")
+        notes.append(
+            "clamped_points counts grid cells raised to max(FLOPs/peak, bytes/peak_bw); most are cells the "
+            "tables did not measure (large batch x length), where the correction is extrapolated"
+        )
     provenance = {
-        "device": gpu_name, "system": spec.name,
+        "device": gpu_name,
+        "system": spec.name,
         "curves": "derived at load from the fitted kernel families (kernels) for any model shape; the catalog "
-                  "models listed under models were checked to price",
-        "backend": kt.backend if not kt.backends else
-        f"{kt.backend} (generation attention: {kt.backend_of('generation_attention')})",
-        "backends": {"gemm": kt.backend, "context_attention": kt.backend,
-                     "generation_attention": kt.backend_of("generation_attention"), "nccl": "nccl"},
-        "backend_versions": {"gemm": kt.gemm.version, "context_attention": kt.context.version,
-                             "generation_attention": kt.generation.version,
-                             "nccl": kt.nccl.version if kt.nccl is not None else None},
+        "models listed under models were checked to price",
+        "backend": kt.backend
+        if not kt.backends
+        else f"{kt.backend} (generation attention: {kt.backend_of('generation_attention')})",
+        "backends": {
+            "gemm": kt.backend,
+            "context_attention": kt.backend,
+            "generation_attention": kt.backend_of("generation_attention"),
+            "nccl": "nccl",
+        },
+        "backend_versions": {
+            "gemm": kt.gemm.version,
+            "context_attention": kt.context.version,
+            "generation_attention": kt.generation.version,
+            "nccl": kt.nccl.version if kt.nccl is not None else None,
+        },
         "source": "aiconfigurator-core 0.12.0 measured kernel tables (Apache-2.0); Vidur CPU overheads (MIT)",
         "engine_tables": engines.sources if engines is not None else {},
-        "source_tables": [_rel(kt, p) for p in (kt.gemm.source, kt.context.source, kt.generation.source,
-                                                 kt.nccl.source if kt.nccl is not None else None) if p],
+        "source_tables": [
+            _rel(kt, p)
+            for p in (
+                kt.gemm.source,
+                kt.context.source,
+                kt.generation.source,
+                kt.nccl.source if kt.nccl is not None else None,
+            )
+            if p
+        ],
         "date": _dt.date.today().isoformat(),
         "method": "per dtype group: least-squares fit of t = launch + smooth-max(FLOPs/F, bytes/B[, KV tokens/S]) in log "
-                  "space, times a log-ratio correction interpolated on the measured grid; curves stored on the "
-                  "measured grid of each family at a model's per-GPU kernel shapes when a cost model needs them, raised "
-                  "to max(FLOPs/peak, bytes/peak_bw)",
-        "parametric_fits": params, "clamped_points": clamped, "library_versions": _versions(), "notes": notes,
+        "space, times a log-ratio correction interpolated on the measured grid; curves stored on the "
+        "measured grid of each family at a model's per-GPU kernel shapes when a cost model needs them, raised "
+        "to max(FLOPs/peak, bytes/peak_bw)",
+        "parametric_fits": params,
+        "clamped_points": clamped,
+        "library_versions": _versions(),
+        "notes": notes,
     }
     return Profile(
         name=name or SYSTEM_PROFILE.get(spec.name, spec.name),
         device={**_device(spec), "name": gpu_name},
         provenance=provenance,
-        memory={"latency_s": spec.mem_latency_s, "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
-                "host_latency_s": spec.p2p_latency_s, "host_bandwidth_bytes_per_s": spec.pcie_bw * spec.mem_bw_efficiency,
-                "alloc_event_s": ASSUMED_ALLOC_EVENT_S,
-                "source": "system.yaml: mem_bw x mem_bw_empirical_scaling_factor, mem_empirical_constant_latency; "
-                          "pcie_bw x the same factor, p2p_latency; alloc_event_s is an assumption (no measurement)"},
-        elementwise={"kernels_per_layer": ELEMENTWISE_KERNELS, "latency_s": spec.mem_latency_s,
-                     "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
-                     "source": "memory-bound kernels priced like memory ops (not in the kernel tables)"},
-        layout={"measured_paged": True, "measured_block_size": MEASURED_BLOCK_SIZE.get(kt.backend_of("generation_attention")),
-                "measured_kernel": MEASURED_KERNEL.get(kt.backend_of("generation_attention"), ""),
-                "paged_overhead": PAGED_OVERHEAD,
-                "paged_overhead_source": PAGED_OVERHEAD_SOURCE,
-                "contiguous_model": "decode attention time / (1 + paged_overhead)",
-                "block_size_dependence": "none modelled: the tables measure one block size"},
+        memory={
+            "latency_s": spec.mem_latency_s,
+            "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
+            "host_latency_s": spec.p2p_latency_s,
+            "host_bandwidth_bytes_per_s": spec.pcie_bw * spec.mem_bw_efficiency,
+            "alloc_event_s": ASSUMED_ALLOC_EVENT_S,
+            "source": "system.yaml: mem_bw x mem_bw_empirical_scaling_factor, mem_empirical_constant_latency; "
+            "pcie_bw x the same factor, p2p_latency; alloc_event_s is an assumption (no measurement)",
+        },
+        elementwise={
+            "kernels_per_layer": ELEMENTWISE_KERNELS,
+            "latency_s": spec.mem_latency_s,
+            "bandwidth_bytes_per_s": spec.mem_bw * spec.mem_bw_efficiency,
+            "source": "memory-bound kernels priced like memory ops (not in the kernel tables)",
+        },
+        layout={
+            "measured_paged": True,
+            "measured_block_size": MEASURED_BLOCK_SIZE.get(kt.backend_of("generation_attention")),
+            "measured_kernel": MEASURED_KERNEL.get(kt.backend_of("generation_attention"), ""),
+            "paged_overhead": PAGED_OVERHEAD,
+            "paged_overhead_source": PAGED_OVERHEAD_SOURCE,
+            "contiguous_model": "decode attention time / (1 + paged_overhead)",
+            "block_size_dependence": "none modelled: the tables measure one block size",
+        },
         cpu_overhead=cpu_overhead_section(),
-        allreduce=allreduce, gemm={}, context_attention={}, generation_attention={}, models=entries,
-        fit_quality={**fits.quality, **({"backends": engines.quality} if engines is not None and engines.quality else {})},
-        dtypes=_dtypes(weights, kvs), kernels=kernels, kernel_defaults=kernel_defaults,
+        allreduce=allreduce,
+        gemm={},
+        context_attention={},
+        generation_attention={},
+        models=entries,
+        fit_quality={
+            **fits.quality,
+            **({"backends": engines.quality} if engines is not None and engines.quality else {}),
+        },
+        dtypes=_dtypes(weights, kvs),
+        kernels=kernels,
+        kernel_defaults=kernel_defaults,
         custom_allreduce=engines.custom_allreduce if engines is not None else {},
     )
 
 
 def _device(spec) -> dict:
-    return {"name": SYSTEM_GPU.get(spec.name, spec.name), "system": spec.name, "hbm_bandwidth": spec.mem_bw,
-            "peak_bf16_flops": spec.bf16_flops, "peak_fp8_flops": spec.fp8_flops, "memory_bytes": spec.mem_capacity_bytes,
-            "pcie_bandwidth": spec.pcie_bw, "nvlink_bandwidth": spec.nvlink_bw}
+    return {
+        "name": SYSTEM_GPU.get(spec.name, spec.name),
+        "system": spec.name,
+        "hbm_bandwidth": spec.mem_bw,
+        "peak_bf16_flops": spec.bf16_flops,
+        "peak_fp8_flops": spec.fp8_flops,
+        "memory_bytes": spec.mem_capacity_bytes,
+        "pcie_bandwidth": spec.pcie_bw,
+        "nvlink_bandwidth": spec.nvlink_bw,
+    }
 
 
 def _dtypes(weights: dict, kvs: dict) -> dict:
-    return {"weight": sorted(weights), "kv": sorted(kvs), "weight_tables": dict(weights),
-            "kv_tables": {k: [list(a), list(b)] for k, (a, b) in kvs.items()}}
-
-
+    return {
+        "weight": sorted(weights),
+        "kv": sorted(kvs),
+        "weight_tables": dict(weights),
+        "kv_tables": {k: [list(a), list(b)] for k, (a, b) in kvs.items()},
+    }
 
 
 def _sig(x):
@@ -378,17 +532,34 @@ def _rel(kt: KernelTables, path: str) -> str:
         return str(path)
 
 
-def default_models(models: tuple[str, ...] = DEFAULT_MODELS, tps: tuple[int, ...] = DEFAULT_TPS) -> list[tuple[ModelSpec, int]]:
+def default_models(
+    models: tuple[str, ...] = DEFAULT_MODELS, tps: tuple[int, ...] = DEFAULT_TPS
+) -> list[tuple[ModelSpec, int]]:
     """(model, TP) pairs whose heads and KV heads split evenly across TP GPUs."""
     out = []
     for name in models:
         m = MODELS[name]
         for tp in tps:
-            if m.heads % tp == 0 and (m.kv_heads % tp == 0 or m.kv_heads < tp) and m.intermediate % tp == 0 and m.vocab % tp == 0:
+            if (
+                m.heads % tp == 0
+                and (m.kv_heads % tp == 0 or m.kv_heads < tp)
+                and m.intermediate % tp == 0
+                and m.vocab % tp == 0
+            ):
                 out.append((m, tp))
     return out
 
 
-__all__ = ["Fits", "fit_tables", "build_profile", "default_models", "dtype_maps", "cpu_overhead_section", "engine_kernels",
-           "EngineKernels", "ENGINES",
-           "SYSTEM_GPU", "SYSTEM_PROFILE"]
+__all__ = [
+    "Fits",
+    "fit_tables",
+    "build_profile",
+    "default_models",
+    "dtype_maps",
+    "cpu_overhead_section",
+    "engine_kernels",
+    "EngineKernels",
+    "ENGINES",
+    "SYSTEM_GPU",
+    "SYSTEM_PROFILE",
+]

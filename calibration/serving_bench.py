@@ -51,19 +51,31 @@ ENGINES = ("vllm", "sglang", "trtllm")
 SUSPECT_GROUPS = ("nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm", "meta-llama/Llama-3.1-70B/h200_sxm/trtllm")
 
 #: Benchmark system names (aiconfigurator's) and catalog names of GPUs.
-GPU_IDS = {"h100_sxm": "H100-SXM-80GB", "h200_sxm": "H200-SXM-141GB", "a100_sxm": "A100-SXM-80GB",
-           "b200_sxm": "B200-SXM-180GB", "l40s": "L40S"}
+GPU_IDS = {
+    "h100_sxm": "H100-SXM-80GB",
+    "h200_sxm": "H200-SXM-141GB",
+    "a100_sxm": "A100-SXM-80GB",
+    "b200_sxm": "B200-SXM-180GB",
+    "l40s": "L40S",
+}
 
 #: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same shape).
 MODEL_IDS = {
-    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
-    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
-    "meta-llama/Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
-    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
     "nvidia/Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b",
-    "Qwen/Qwen3-32B": "qwen3-32b", "Qwen/Qwen3-32B-FP8": "qwen3-32b", "Qwen/Qwen3-8B": "qwen3-8b",
-    "Qwen/Qwen3-8B-FP8": "qwen3-8b", "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-32B-FP8": "qwen3-32b",
+    "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-8B-FP8": "qwen3-8b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
 }
 
 #: KV block size each engine's server uses by default (vLLM 16, SGLang 1 token, TensorRT-LLM 32).
@@ -94,6 +106,7 @@ class BenchRow:
 
 
 # --- reading ---------------------------------------------------------------------------------
+
 
 def _bad(path: Path, where: str, column: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{path}: {where}, {column}", value, allowed)
@@ -143,11 +156,20 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     tp = _int(path, where, d, "tp", 1, 8)
     if tp not in (1, 2, 4, 8):
         raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")
-    return BenchRow(model=model, gpu=gpu, engine=engine, tp=tp, isl=_int(path, where, d, "isl"),
-                    osl=_int(path, where, d, "osl"), concurrency=_int(path, where, d, "concurrency", 1, 65536),
-                    ttft_ms=_ms(path, where, d, "ttft_ms"), tpot_ms=_ms(path, where, d, "tpot_ms"), weights=weights,
-                    engine_version=str(d.get("engine_version") or ""),
-                    source=str(d.get("source_id") or where))
+    return BenchRow(
+        model=model,
+        gpu=gpu,
+        engine=engine,
+        tp=tp,
+        isl=_int(path, where, d, "isl"),
+        osl=_int(path, where, d, "osl"),
+        concurrency=_int(path, where, d, "concurrency", 1, 65536),
+        ttft_ms=_ms(path, where, d, "ttft_ms"),
+        tpot_ms=_ms(path, where, d, "tpot_ms"),
+        weights=weights,
+        engine_version=str(d.get("engine_version") or ""),
+        source=str(d.get("source_id") or where),
+    )
 
 
 def read_csv(path: Path) -> list[BenchRow]:
@@ -158,17 +180,27 @@ def read_csv(path: Path) -> list[BenchRow]:
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
     if missing:
-        raise ConfigError(f"{path}: header", ",".join(reader.fieldnames or []),
-                          f"columns {', '.join(REQUIRED)} (optional: weights, engine_version, source_id); "
-                          f"missing {', '.join(missing)}")
+        raise ConfigError(
+            f"{path}: header",
+            ",".join(reader.fieldnames or []),
+            f"columns {', '.join(REQUIRED)} (optional: weights, engine_version, source_id); "
+            f"missing {', '.join(missing)}",
+        )
     rows = [_row(path, f"row {i}", d) for i, d in enumerate(reader, start=2)]
     if not rows:
         raise ConfigError(str(path), "no rows", "at least one benchmark row")
     return rows
 
 
-def read_vllm_result(path: Path, *, gpu: str | None = None, tp: int | None = None, engine: str = "vllm",
-                     weights: str | None = None, model: str | None = None) -> BenchRow:
+def read_vllm_result(
+    path: Path,
+    *,
+    gpu: str | None = None,
+    tp: int | None = None,
+    engine: str = "vllm",
+    weights: str | None = None,
+    model: str | None = None,
+) -> BenchRow:
     """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -179,8 +211,13 @@ def read_vllm_result(path: Path, *, gpu: str | None = None, tp: int | None = Non
     where = "result"
     conc = doc.get("max_concurrency")
     if conc is None:
-        raise _bad(path, where, "max_concurrency", None, "a closed-loop run (vllm bench serve --max-concurrency N); "
-                                                         "open-loop results: kvsim compare")
+        raise _bad(
+            path,
+            where,
+            "max_concurrency",
+            None,
+            "a closed-loop run (vllm bench serve --max-concurrency N); open-loop results: kvsim compare",
+        )
     completed = doc.get("completed")
     if not isinstance(completed, (int, float)) or completed <= 0:
         raise _bad(path, where, "completed", completed, "a positive request count")
@@ -188,11 +225,23 @@ def read_vllm_result(path: Path, *, gpu: str | None = None, tp: int | None = Non
         if not isinstance(doc.get(col), (int, float)) or isinstance(doc.get(col), bool):
             raise _bad(path, where, col, doc.get(col), "a number (vllm bench serve --save-result writes it)")
     if gpu is None or tp is None:
-        raise ConfigError("--gpu/--tp", None, f"the GPU and tensor parallelism of {path.name} (the file does not record them)")
-    d = {"model": model or doc.get("model_id") or doc.get("tokenizer_id"), "gpu": gpu, "engine": engine, "tp": tp,
-         "isl": round(doc["total_input_tokens"] / completed), "osl": round(doc["total_output_tokens"] / completed),
-         "concurrency": conc, "ttft_ms": doc["mean_ttft_ms"], "tpot_ms": doc["mean_tpot_ms"],
-         "weights": weights or "bf16", "engine_version": doc.get("backend", ""), "source_id": path.name}
+        raise ConfigError(
+            "--gpu/--tp", None, f"the GPU and tensor parallelism of {path.name} (the file does not record them)"
+        )
+    d = {
+        "model": model or doc.get("model_id") or doc.get("tokenizer_id"),
+        "gpu": gpu,
+        "engine": engine,
+        "tp": tp,
+        "isl": round(doc["total_input_tokens"] / completed),
+        "osl": round(doc["total_output_tokens"] / completed),
+        "concurrency": conc,
+        "ttft_ms": doc["mean_ttft_ms"],
+        "tpot_ms": doc["mean_tpot_ms"],
+        "weights": weights or "bf16",
+        "engine_version": doc.get("backend", ""),
+        "source_id": path.name,
+    }
     return _row(path, where, d)
 
 
@@ -214,11 +263,13 @@ def read_bench(path: str | Path, **vllm_args) -> list[BenchRow]:
 
 # --- rows as scenarios -----------------------------------------------------------------------
 
+
 def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
     """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first),
     or a ``config.json`` path (or a folder holding one; relative: to ``base_dir``, ``scenarios/``
     or the working directory), given as an absolute path."""
     from sim.hf_config import resolve_hf_config, shipped_config
+
     if shipped_config(ident) is not None:
         return {"name": None, "hf_config": ident}
     if ident in MODEL_IDS:
@@ -229,10 +280,14 @@ def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
         return {"name": None, "hf_config": str(resolve_hf_config(ident, base_dir).resolve())}
     except ConfigError:
         pass
-    raise ConfigError("serving_bench.model", ident, "a Hugging Face id kvsim knows (a config shipped in scenarios/models, "
-                                                    f"or {', '.join(sorted(MODEL_IDS))}) or a catalog model; for another "
-                                                    "model, write its config.json path (absolute, or relative to the "
-                                                    "benchmark file) in the model column")
+    raise ConfigError(
+        "serving_bench.model",
+        ident,
+        "a Hugging Face id kvsim knows (a config shipped in scenarios/models, "
+        f"or {', '.join(sorted(MODEL_IDS))}) or a catalog model; for another "
+        "model, write its config.json path (absolute, or relative to the "
+        "benchmark file) in the model column",
+    )
 
 
 @dataclass(frozen=True)
@@ -247,8 +302,14 @@ class Clients:
     client_cv: float | None = None
 
 
-def row_scenario(row: BenchRow, clients: Clients = Clients(), *, engine: dict | None = None,
-                 profile: str | None = None, seed: int = 0) -> dict:
+def row_scenario(
+    row: BenchRow,
+    clients: Clients = Clients(),
+    *,
+    engine: dict | None = None,
+    profile: str | None = None,
+    seed: int = 0,
+) -> dict:
     """The kvsim scenario (raw mapping) of one benchmark row.
 
     ``engine`` holds ``engine.*`` overrides (fitted terms); the scheduler keys are left unset so
@@ -260,14 +321,25 @@ def row_scenario(row: BenchRow, clients: Clients = Clients(), *, engine: dict | 
     model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": "bf16"})
     n = row.concurrency * (clients.requests_per_client + clients.warmup)
     sc: dict = {
-        "name": "serving-bench", "seed": seed, "model": model,
+        "name": "serving-bench",
+        "seed": seed,
+        "model": model,
         "gpu": {"name": GPU_IDS.get(row.gpu, row.gpu), "tensor_parallel": row.tp},
-        "workload": {"num_requests": n, "max_model_len": row.isl + row.osl,
-                     "arrival": {"kind": "closed_loop", "concurrency": row.concurrency,
-                                 **({"start_spread_cycles": clients.start_spread_cycles}
-                                    if clients.start_spread_cycles is not None else {}),
-                                 **({"client_cv": clients.client_cv} if clients.client_cv is not None else {})},
-                     "lengths": {"kind": "fixed", "prompt_tokens": row.isl, "output_tokens": row.osl}},
+        "workload": {
+            "num_requests": n,
+            "max_model_len": row.isl + row.osl,
+            "arrival": {
+                "kind": "closed_loop",
+                "concurrency": row.concurrency,
+                **(
+                    {"start_spread_cycles": clients.start_spread_cycles}
+                    if clients.start_spread_cycles is not None
+                    else {}
+                ),
+                **({"client_cv": clients.client_cv} if clients.client_cv is not None else {}),
+            },
+            "lengths": {"kind": "fixed", "prompt_tokens": row.isl, "output_tokens": row.osl},
+        },
         "allocator": {"kind": "paged", "block_size": ENGINE_BLOCK_SIZE.get(row.engine, 16)},
         "engine": {"kind": row.engine, **(engine or {})},
         "cost_model": {"profile": profile or "auto"},
@@ -299,17 +371,32 @@ class RowResult:
         return None if self.tpot_ms is None else self.tpot_ms / self.row.tpot_ms - 1.0
 
     def to_json(self) -> dict:
-        return {**asdict(self.row), "group": self.row.group, "sim_ttft_ms": self.ttft_ms, "sim_tpot_ms": self.tpot_ms,
-                "ttft_rel_err": self.ttft_err, "tpot_rel_err": self.tpot_err, "error": self.error,
-                "cost_model_calibrated": self.calibrated, **self.extra}
+        return {
+            **asdict(self.row),
+            "group": self.row.group,
+            "sim_ttft_ms": self.ttft_ms,
+            "sim_tpot_ms": self.tpot_ms,
+            "ttft_rel_err": self.ttft_err,
+            "tpot_rel_err": self.tpot_err,
+            "error": self.error,
+            "cost_model_calibrated": self.calibrated,
+            **self.extra,
+        }
 
 
-def simulate_row(row: BenchRow, clients: Clients = Clients(), *, engine: dict | None = None,
-                 profile: str | None = None, seed: int = 0) -> RowResult:
+def simulate_row(
+    row: BenchRow,
+    clients: Clients = Clients(),
+    *,
+    engine: dict | None = None,
+    profile: str | None = None,
+    seed: int = 0,
+) -> RowResult:
     """Simulate one row; means over requests after each client's warm-up (request ids at or above
     ``concurrency × warmup``: a closed loop hands out ids in send order)."""
     from sim.config import scenario_from_dict
     from sim.engine.cluster import simulate
+
     try:
         sc = scenario_from_dict(row_scenario(row, clients, engine=engine, profile=profile, seed=seed))
         res = simulate(sc)
@@ -325,8 +412,13 @@ def simulate_row(row: BenchRow, clients: Clients = Clients(), *, engine: dict | 
     ttft = float(np.mean(first - arr)) * 1e3
     multi = gen > 1
     tpot = float(np.mean((fin - first)[multi] / (gen[multi] - 1))) * 1e3 if multi.any() else None
-    return RowResult(row, ttft, tpot, calibrated=bool(res.summary.get("cost_model_calibrated")),
-                     extra={"preemptions": res.summary.get("preemptions", 0)})
+    return RowResult(
+        row,
+        ttft,
+        tpot,
+        calibrated=bool(res.summary.get("cost_model_calibrated")),
+        extra={"preemptions": res.summary.get("preemptions", 0)},
+    )
 
 
 def _simulate_task(args) -> RowResult:
@@ -334,9 +426,16 @@ def _simulate_task(args) -> RowResult:
     return simulate_row(row, clients, engine=engine, profile=profile, seed=seed)
 
 
-def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, engine_terms: Callable[[BenchRow], dict] | None = None,
-                  profile: str | None = None, seed: int = 0, workers: int = 1,
-                  progress: Callable[[int, int], None] | None = None) -> list[RowResult]:
+def simulate_rows(
+    rows: Iterable[BenchRow],
+    clients: Clients = Clients(),
+    *,
+    engine_terms: Callable[[BenchRow], dict] | None = None,
+    profile: str | None = None,
+    seed: int = 0,
+    workers: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[RowResult]:
     """Every row simulated (in ``workers`` processes); ``engine_terms(row)`` gives its ``engine.*`` keys."""
     rows = list(rows)
     tasks = [(r, clients, engine_terms(r) if engine_terms else None, profile, seed) for r in rows]
@@ -348,6 +447,7 @@ def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, eng
                 progress(i + 1, len(tasks))
         return out
     from sim.analysis.sweep import process_pool
+
     with process_pool(workers) as pool:  # workers that die with this process (sim.analysis.worker_lifetime)
         for i, r in enumerate(pool.map(_simulate_task, tasks, chunksize=4)):
             out.append(r)
@@ -358,15 +458,21 @@ def simulate_rows(rows: Iterable[BenchRow], clients: Clients = Clients(), *, eng
 
 # --- scoring ---------------------------------------------------------------------------------
 
+
 def error_stats(errs: list[float | None]) -> dict:
     """Median and p90 |error| (rows without one are left out), share within 10 % and 20 %, signed bias (median signed error)."""
     e = np.asarray([x for x in errs if x is not None and math.isfinite(x)], dtype=np.float64)
     if e.size == 0:
         return {"n": 0}
     a = np.abs(e)
-    return {"n": int(e.size), "median_abs": float(np.median(a)), "p90_abs": float(np.percentile(a, 90)),
-            "within_10": float(np.mean(a <= 0.10)), "within_20": float(np.mean(a <= 0.20)),
-            "bias": float(np.median(e))}
+    return {
+        "n": int(e.size),
+        "median_abs": float(np.median(a)),
+        "p90_abs": float(np.percentile(a, 90)),
+        "within_10": float(np.mean(a <= 0.10)),
+        "within_20": float(np.mean(a <= 0.20)),
+        "bias": float(np.median(e)),
+    }
 
 
 def score(results: list[RowResult]) -> dict:
@@ -374,10 +480,20 @@ def score(results: list[RowResult]) -> dict:
     groups: dict[str, list[RowResult]] = {}
     for r in results:
         groups.setdefault(r.row.group, []).append(r)
-    out: dict[str, Any] = {"groups": {}, "overall": {"ttft": error_stats([r.ttft_err for r in results]),
-                                     "tpot": error_stats([r.tpot_err for r in results]),
-                                     "rows": len(results), "failed": sum(r.error is not None for r in results)}}
+    out: dict[str, Any] = {
+        "groups": {},
+        "overall": {
+            "ttft": error_stats([r.ttft_err for r in results]),
+            "tpot": error_stats([r.tpot_err for r in results]),
+            "rows": len(results),
+            "failed": sum(r.error is not None for r in results),
+        },
+    }
     for g, rs in sorted(groups.items()):
-        out["groups"][g] = {"ttft": error_stats([r.ttft_err for r in rs]), "tpot": error_stats([r.tpot_err for r in rs]),
-                            "rows": len(rs), "failed": sum(r.error is not None for r in rs)}
+        out["groups"][g] = {
+            "ttft": error_stats([r.ttft_err for r in rs]),
+            "tpot": error_stats([r.tpot_err for r in rs]),
+            "rows": len(rs),
+            "failed": sum(r.error is not None for r in rs),
+        }
     return out

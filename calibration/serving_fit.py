@@ -88,9 +88,27 @@ class EngineTerms:
 #: fit (round numbers from the engines' documentation), so that no fold starts from terms the
 #: held-out group helped fit (the built-in presets were fitted on every row of the shipped file).
 UNFITTED_START: dict[str, dict[str, float]] = {
-    "vllm": {"host_s": 1.0e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
-    "sglang": {"host_s": 0.5e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
-    "trtllm": {"host_s": 1.0e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0},
+    "vllm": {
+        "host_s": 1.0e-3,
+        "host_per_seq_s": 10e-6,
+        "host_hidden": 0.0,
+        "frontend_s": 5e-3,
+        "client_spread_cycles": 0.0,
+    },
+    "sglang": {
+        "host_s": 0.5e-3,
+        "host_per_seq_s": 10e-6,
+        "host_hidden": 0.0,
+        "frontend_s": 5e-3,
+        "client_spread_cycles": 0.0,
+    },
+    "trtllm": {
+        "host_s": 1.0e-3,
+        "host_per_seq_s": 10e-6,
+        "host_hidden": 0.0,
+        "frontend_s": 5e-3,
+        "client_spread_cycles": 0.0,
+    },
 }
 
 
@@ -128,6 +146,7 @@ class _Pool:
 
     def __init__(self, workers: int):
         from sim.analysis.sweep import process_pool
+
         self.pool = process_pool(workers) if workers > 1 else None
 
     def run(self, tasks: list) -> list[RowResult]:
@@ -143,8 +162,15 @@ class _Pool:
                 self.pool.shutdown()
 
 
-def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Clients(), *, profile: str | None = None,
-             pool: _Pool | None = None, workers: int = 1) -> list[RowResult]:
+def evaluate(
+    rows: list[BenchRow],
+    terms: EngineTerms,
+    clients: Clients = Clients(),
+    *,
+    profile: str | None = None,
+    pool: _Pool | None = None,
+    workers: int = 1,
+) -> list[RowResult]:
     """Every row simulated with ``terms``."""
     own = pool is None
     pool = pool or _Pool(workers)
@@ -159,9 +185,18 @@ def evaluate(rows: list[BenchRow], terms: EngineTerms, clients: Clients = Client
     return out
 
 
-def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients = Clients(requests_per_client=4), *,
-        terms: tuple[str, ...] = FITTED_TERMS, max_evals: int = 100, profile: str | None = None, workers: int = 1,
-        exclude: tuple[str, ...] = (), progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+def fit(
+    rows: list[BenchRow],
+    start: EngineTerms | None = None,
+    clients: Clients = Clients(requests_per_client=4),
+    *,
+    terms: tuple[str, ...] = FITTED_TERMS,
+    max_evals: int = 100,
+    profile: str | None = None,
+    workers: int = 1,
+    exclude: tuple[str, ...] = (),
+    progress: Callable[[str, int, float, dict], None] | None = None,
+) -> EngineTerms:
     """Terms of every engine in ``rows`` minimising :func:`objective`, not trained on the groups in
     ``exclude``. Engines share no term, so each is fitted on its own rows alone; an engine whose
     rows are all excluded keeps its starting terms."""
@@ -190,10 +225,18 @@ def fit(rows: list[BenchRow], start: EngineTerms | None = None, clients: Clients
     return out
 
 
-def fit_shared(rows: list[BenchRow], engine: str, start: EngineTerms | None = None,
-               clients: Clients = Clients(requests_per_client=4), *, terms: tuple[str, ...] = FITTED_TERMS,
-               max_evals: int = 100, profile: str | None = None, workers: int = 1,
-               progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+def fit_shared(
+    rows: list[BenchRow],
+    engine: str,
+    start: EngineTerms | None = None,
+    clients: Clients = Clients(requests_per_client=4),
+    *,
+    terms: tuple[str, ...] = FITTED_TERMS,
+    max_evals: int = 100,
+    profile: str | None = None,
+    workers: int = 1,
+    progress: Callable[[str, int, float, dict], None] | None = None,
+) -> EngineTerms:
     """One set of terms for ``engine`` fitted on rows of any engine, each row simulated with its own
     engine's scheduler and kernels but these terms: the estimate for an engine the data hold no
     run of (the terms of the engines that were measured, pooled)."""
@@ -202,8 +245,18 @@ def fit_shared(rows: list[BenchRow], engine: str, start: EngineTerms | None = No
     start = start or builtin_terms()
     pool = _Pool(workers)
     try:
-        t, loss, n = _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress,
-                                 shared=tuple(sorted({r.engine for r in rows})))
+        t, loss, n = _fit_engine(
+            rows,
+            engine,
+            start,
+            clients,
+            terms,
+            max_evals,
+            profile,
+            pool,
+            progress,
+            shared=tuple(sorted({r.engine for r in rows})),
+        )
     except BaseException:
         pool.close(failed=True)
         raise
@@ -222,6 +275,7 @@ def _start_of(start: EngineTerms, engine: str) -> dict[str, float]:
 
 def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=()):
     from scipy.optimize import minimize
+
     base = _start_of(start, engine)
     x0 = np.array([_to_x(t, base[t]) for t in terms])
 
@@ -250,9 +304,15 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             x[i] = _to_x("client_spread_cycles", s)
             f(x)
         x0 = np.array(state["best"][1])
-    simplex = np.vstack([x0] + [x0 + _step(t, _from_x(t, float(x0[i]))) * np.eye(len(x0))[i] for i, t in enumerate(terms)])
-    minimize(f, x0, method="Nelder-Mead", options={"maxfev": max_evals - state["n"], "initial_simplex": simplex,
-                                                    "xatol": 0.02, "fatol": 1e-3})
+    simplex = np.vstack(
+        [x0] + [x0 + _step(t, _from_x(t, float(x0[i]))) * np.eye(len(x0))[i] for i, t in enumerate(terms)]
+    )
+    minimize(
+        f,
+        x0,
+        method="Nelder-Mead",
+        options={"maxfev": max_evals - state["n"], "initial_simplex": simplex, "xatol": 0.02, "fatol": 1e-3},
+    )
     return unpack(state["best"][1]), state["best"][0], state["n"]
 
 
@@ -264,10 +324,18 @@ class LogoResult:
     folds: dict[str, EngineTerms]
 
 
-def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = None, clients: Clients = Clients(),
-                        fit_clients: Clients = Clients(requests_per_client=4), max_evals: int = 100,
-                        profile: str | None = None, workers: int = 1, exclude_from_training: tuple[str, ...] = (),
-                        log: Callable[[str], None] | None = None) -> LogoResult:
+def leave_one_group_out(
+    rows: list[BenchRow],
+    *,
+    start: EngineTerms | None = None,
+    clients: Clients = Clients(),
+    fit_clients: Clients = Clients(requests_per_client=4),
+    max_evals: int = 100,
+    profile: str | None = None,
+    workers: int = 1,
+    exclude_from_training: tuple[str, ...] = (),
+    log: Callable[[str], None] | None = None,
+) -> LogoResult:
     """For every group: fit its engine's terms on that engine's other groups (not on
     ``exclude_from_training``), then predict it. Where no other group of its engine is left, one set
     of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
@@ -290,10 +358,13 @@ def leave_one_group_out(rows: list[BenchRow], *, start: EngineTerms | None = Non
                 terms = EngineTerms({engine: _start_of(start, engine)})
                 note = "no other group to fit on: starting terms"
             else:
-                terms = fit_shared(pooled, engine, start, fit_clients, max_evals=max_evals, profile=profile,
-                                   workers=workers)
-                note = (f"no other group of {engine}: terms shared by the other engines, {len(pooled)} training rows, "
-                        f"loss {terms.loss:.3f}, {terms.evals} evaluations")
+                terms = fit_shared(
+                    pooled, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+                )
+                note = (
+                    f"no other group of {engine}: terms shared by the other engines, {len(pooled)} training rows, "
+                    f"loss {terms.loss:.3f}, {terms.evals} evaluations"
+                )
         folds[g] = terms
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:

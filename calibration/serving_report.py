@@ -25,6 +25,7 @@ def _terms_from(path: str | None) -> EngineTerms:
     if path is None:
         return builtin_terms()
     from sim.engine_presets import read_terms_file
+
     base = builtin_terms()
     for e, t in read_terms_file(Path(path)).items():
         base.engines.setdefault(e, {}).update(t)
@@ -47,6 +48,7 @@ def resolve_exclusions(names: tuple[str, ...] | list[str], rows: list[BenchRow])
     that look mis-measured (:data:`calibration.serving_bench.SUSPECT_GROUPS`, those present in
     ``rows``); any other value must be a (model/GPU/engine) group of ``rows``."""
     from .serving_bench import SUSPECT_GROUPS
+
     have = sorted({r.group for r in rows})
     out: list[str] = []
     for n in names:
@@ -55,7 +57,9 @@ def resolve_exclusions(names: tuple[str, ...] | list[str], rows: list[BenchRow])
         elif n in have:
             out.append(n)
         else:
-            raise ConfigError("--exclude-group", n, "'suspect' or a group of the file (model/gpu/engine): " + ", ".join(have))
+            raise ConfigError(
+                "--exclude-group", n, "'suspect' or a group of the file (model/gpu/engine): " + ", ".join(have)
+            )
     return tuple(dict.fromkeys(out))
 
 
@@ -73,21 +77,47 @@ def table_rows(sc: dict) -> list[list[str]]:
             if not s.get("n"):
                 row += ["–"] * 4
                 continue
-            row += [f"{s['median_abs']:.1%}", f"{s['p90_abs']:.1%}", f"{s['within_10']:.0%} / {s['within_20']:.0%}",
-                    f"{s['bias']:+.1%}"]
+            row += [
+                f"{s['median_abs']:.1%}",
+                f"{s['p90_abs']:.1%}",
+                f"{s['within_10']:.0%} / {s['within_20']:.0%}",
+                f"{s['bias']:+.1%}",
+            ]
         out.append(row)
     return out
 
 
-HEADER = ["group (model/GPU/engine)", "rows", "TTFT median |err|", "TTFT p90 |err|", "TTFT within 10/20 %", "TTFT bias",
-          "TPOT median |err|", "TPOT p90 |err|", "TPOT within 10/20 %", "TPOT bias"]
+HEADER = [
+    "group (model/GPU/engine)",
+    "rows",
+    "TTFT median |err|",
+    "TTFT p90 |err|",
+    "TTFT within 10/20 %",
+    "TTFT bias",
+    "TPOT median |err|",
+    "TPOT p90 |err|",
+    "TPOT within 10/20 %",
+    "TPOT bias",
+]
 
 
-def validate_serving_bench(path: str, *, profile: str | None = None, engine: str | None = None,
-                           terms_file: str | None = None, logo: bool = False, requests_per_client: int = 8,
-                           warmup: int = 2, max_evals: int = 100, workers: int = 1, out: Path | None = None,
-                           exclude: tuple[str, ...] = (), gpu: str | None = None, tp: int | None = None,
-                           log: Callable[[str], None] | None = None) -> dict:
+def validate_serving_bench(
+    path: str,
+    *,
+    profile: str | None = None,
+    engine: str | None = None,
+    terms_file: str | None = None,
+    logo: bool = False,
+    requests_per_client: int = 8,
+    warmup: int = 2,
+    max_evals: int = 100,
+    workers: int = 1,
+    out: Path | None = None,
+    exclude: tuple[str, ...] = (),
+    gpu: str | None = None,
+    tp: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp)
@@ -100,22 +130,42 @@ def validate_serving_bench(path: str, *, profile: str | None = None, engine: str
         out = out_dir(out)  # a bad --out is said before the simulations, not after them
     folds = {}
     if logo:
-        res = leave_one_group_out(rows, start=start, clients=clients, max_evals=max_evals, profile=profile,
-                                  workers=workers, exclude_from_training=exclude, log=log)
+        res = leave_one_group_out(
+            rows,
+            start=start,
+            clients=clients,
+            max_evals=max_evals,
+            profile=profile,
+            workers=workers,
+            exclude_from_training=exclude,
+            log=log,
+        )
         preds, folds = res.predictions, res.folds
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
     doc = {
-        "format": "kvsim-serving-validation", "version": 1, "file": str(path), "rows": len(rows),
-        "protocol": ("leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
-                     "other groups of its engine" if logo else "engine terms as given (presets or terms file)"),
-        "excluded_from_training": list(exclude), "profile": profile or "auto",
-        "requests_per_client": requests_per_client, "warmup_per_client": warmup,
+        "format": "kvsim-serving-validation",
+        "version": 1,
+        "file": str(path),
+        "rows": len(rows),
+        "protocol": (
+            "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
+            "other groups of its engine"
+            if logo
+            else "engine terms as given (presets or terms file)"
+        ),
+        "excluded_from_training": list(exclude),
+        "profile": profile or "auto",
+        "requests_per_client": requests_per_client,
+        "warmup_per_client": warmup,
         "metric": "mean TTFT and mean TPOT over each run's requests after the warm-up, relative error "
-                  "(simulated - measured) / measured",
-        "terms": start.engines, "folds": {g: t.engines for g, t in folds.items()},
-        "score": sc, "results": [r.to_json() for r in preds], "wall_s": round(time.perf_counter() - t0, 1),
+        "(simulated - measured) / measured",
+        "terms": start.engines,
+        "folds": {g: t.engines for g, t in folds.items()},
+        "score": sc,
+        "results": [r.to_json() for r in preds],
+        "wall_s": round(time.perf_counter() - t0, 1),
     }
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -128,48 +178,98 @@ def write_html(doc: dict, path: Path) -> Path:
     """Predicted against measured TTFT and TPOT per group (log-log, the diagonal and ±20 % bands)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
+
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)"))
     groups = sorted({r["group"] for r in doc["results"]})
     for g in groups:
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
         text = [f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}" for r in rs]
         for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
-            fig.add_trace(go.Scatter(x=[r[m] for r in rs], y=[r["sim_" + m] for r in rs], mode="markers", name=g,
-                                     legendgroup=g, showlegend=col == 1, text=text, marker={"size": 6}), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[r[m] for r in rs],
+                    y=[r["sim_" + m] for r in rs],
+                    mode="markers",
+                    name=g,
+                    legendgroup=g,
+                    showlegend=col == 1,
+                    text=text,
+                    marker={"size": 6},
+                ),
+                row=1,
+                col=col,
+            )
     for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
         vals = [r[m] for r in doc["results"]] + [r["sim_" + m] for r in doc["results"] if r["sim_" + m]]
         lo, hi = min(vals) * 0.8, max(vals) * 1.25
         for f, dash in ((1.0, "solid"), (1.2, "dot"), (1 / 1.2, "dot")):
-            fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * f, hi * f], mode="lines", showlegend=False,
-                                     line={"color": "grey", "dash": dash, "width": 1}), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=[lo, hi],
+                    y=[lo * f, hi * f],
+                    mode="lines",
+                    showlegend=False,
+                    line={"color": "grey", "dash": dash, "width": 1},
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(type="log", title_text="measured", row=1, col=col)
         fig.update_yaxes(type="log", title_text="simulated", row=1, col=col)
     o = doc["score"]["overall"]
-    fig.update_layout(title=f"kvsim against real servers: {doc['rows']} runs, {doc['protocol']}<br>"
-                            f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
-                            f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
-                      height=600, width=1300)
+    fig.update_layout(
+        title=f"kvsim against real servers: {doc['rows']} runs, {doc['protocol']}<br>"
+        f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
+        f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
+        height=600,
+        width=1300,
+    )
     path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
     return path
 
 
-def calibrate_from_serving_bench(path: str, out: Path, *, profile: str | None = None, engine: str | None = None,
-                                 terms_file: str | None = None, requests_per_client: int = 4, warmup: int = 2,
-                                 max_evals: int = 100, workers: int = 1, gpu: str | None = None, tp: int | None = None,
-                                 exclude: tuple[str, ...] = (),
-                                 progress: Callable[[str, int, float, dict], None] | None = None) -> EngineTerms:
+def calibrate_from_serving_bench(
+    path: str,
+    out: Path,
+    *,
+    profile: str | None = None,
+    engine: str | None = None,
+    terms_file: str | None = None,
+    requests_per_client: int = 4,
+    warmup: int = 2,
+    max_evals: int = 100,
+    workers: int = 1,
+    gpu: str | None = None,
+    tp: int | None = None,
+    exclude: tuple[str, ...] = (),
+    progress: Callable[[str, int, float, dict], None] | None = None,
+) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them)."""
     rows = _rows(path, engine, gpu, tp)
     exclude = resolve_exclusions(exclude, rows)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
-    terms = fit(rows, _terms_from(terms_file), Clients(requests_per_client=requests_per_client, warmup=warmup),
-                max_evals=max_evals, profile=profile, workers=workers, exclude=exclude, progress=progress)
+    terms = fit(
+        rows,
+        _terms_from(terms_file),
+        Clients(requests_per_client=requests_per_client, warmup=warmup),
+        max_evals=max_evals,
+        profile=profile,
+        workers=workers,
+        exclude=exclude,
+        progress=progress,
+    )
     terms.fitted_on = str(path)
     terms.write(out)
     return terms
 
 
-__all__ = ["validate_serving_bench", "calibrate_from_serving_bench", "resolve_exclusions", "table_rows", "HEADER",
-           "RowResult"]
+__all__ = [
+    "validate_serving_bench",
+    "calibrate_from_serving_bench",
+    "resolve_exclusions",
+    "table_rows",
+    "HEADER",
+    "RowResult",
+]

@@ -31,9 +31,19 @@ DEFAULT_DATA_DIR = Path(str(importlib.resources.files("calibration"))) / "data"
 DEFAULT_TABLES_DIR = DEFAULT_DATA_DIR / "gpu-kernels"
 VIDUR_DIR = DEFAULT_DATA_DIR / "vidur-profiles"
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
-                "fp8": "fp8", "float8": "fp8", "int8_wo": "int8_wo", "int4_wo": "int4_wo", "sq": "int8_sq",
-                "fp8_block": "fp8_block"}
+_DTYPE_NAMES = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "float8": "fp8",
+    "int8_wo": "int8_wo",
+    "int4_wo": "int4_wo",
+    "sq": "int8_sq",
+    "fp8_block": "fp8_block",
+}
 
 KEY = "calibration.tables"
 
@@ -83,8 +93,16 @@ class GemmTable:
     version: str
 
     def subset(self, mask: np.ndarray) -> GemmTable:
-        return GemmTable(self.dtype[mask], self.m[mask], self.n[mask], self.k[mask], self.latency_s[mask],
-                         self.source, self.backend, self.version)
+        return GemmTable(
+            self.dtype[mask],
+            self.m[mask],
+            self.n[mask],
+            self.k[mask],
+            self.latency_s[mask],
+            self.source,
+            self.backend,
+            self.version,
+        )
 
     def __len__(self) -> int:
         return len(self.latency_s)
@@ -113,9 +131,20 @@ class AttentionTable:
     version: str
 
     def subset(self, mask: np.ndarray) -> AttentionTable:
-        return AttentionTable(self.kind, self.batch[mask], self.length[mask], self.heads[mask], self.kv_heads[mask],
-                              self.head_dim[mask], self.attn_dtype[mask], self.kv_dtype[mask], self.latency_s[mask],
-                              self.source, self.backend, self.version)
+        return AttentionTable(
+            self.kind,
+            self.batch[mask],
+            self.length[mask],
+            self.heads[mask],
+            self.kv_heads[mask],
+            self.head_dim[mask],
+            self.attn_dtype[mask],
+            self.kv_dtype[mask],
+            self.latency_s[mask],
+            self.source,
+            self.backend,
+            self.version,
+        )
 
     def __len__(self) -> int:
         return len(self.latency_s)
@@ -161,17 +190,25 @@ def _ints(cols: dict[str, np.ndarray], name: str, path: Path) -> np.ndarray:
     return v
 
 
-def find_table(root: Path | str, system: str, family: str, backend: str, table: str,
-               version: str | None = None) -> tuple[Path, str]:
+def find_table(
+    root: Path | str, system: str, family: str, backend: str, table: str, version: str | None = None
+) -> tuple[Path, str]:
     """Path of ``<root>/<system>/<family>/<backend>/<version>/<table>.parquet`` and its version.
 
     With ``version=None`` the only (or the newest, by :func:`version_key`) measured version is used.
     """
     base = Path(root) / system / family / backend
     if not base.is_dir():
-        have = sorted(p.name for p in (Path(root) / system / family).glob("*")) if (Path(root) / system / family).is_dir() else []
-        raise ConfigError("calibrate.backend", backend,
-                          f"no {family} tables for {system} under {Path(root)}; available backends: {', '.join(have) or 'none'}")
+        have = (
+            sorted(p.name for p in (Path(root) / system / family).glob("*"))
+            if (Path(root) / system / family).is_dir()
+            else []
+        )
+        raise ConfigError(
+            "calibrate.backend",
+            backend,
+            f"no {family} tables for {system} under {Path(root)}; available backends: {', '.join(have) or 'none'}",
+        )
     versions = sorted((p.parent.name for p in base.glob(f"*/{table}.parquet")), key=version_key)
     if version is not None:
         if version not in versions:
@@ -186,6 +223,7 @@ def version_key(version: str) -> tuple:
     """Sort key of an engine version string: numeric parts as numbers (``0.5.14`` after
     ``0.5.6.post2``, ``1.3.0rc20`` after ``1.3.0rc5``), a pre-release (``rc``) before its release."""
     import re
+
     out: list[tuple[int, int | str]] = []
     for part in re.findall(r"\d+|[A-Za-z]+", version):
         out.append((0, int(part)) if part.isdigit() else (-1 if part in ("rc", "a", "b", "dev") else 1, part))
@@ -199,7 +237,9 @@ def list_systems(root: Path | str = DEFAULT_TABLES_DIR) -> list[str]:
 def read_system(root: Path | str, system: str) -> SystemSpec:
     path = Path(root) / system / "system.yaml"
     if not path.is_file():
-        raise ConfigError("calibrate.system", system, f"systems under {root}: {', '.join(list_systems(root)) or 'none'}")
+        raise ConfigError(
+            "calibrate.system", system, f"systems under {root}: {', '.join(list_systems(root)) or 'none'}"
+        )
     try:
         doc = yaml.safe_load(path.read_text())
         gpu, node, misc = doc["gpu"], doc["node"], doc.get("misc", {})
@@ -218,8 +258,12 @@ def read_system(root: Path | str, system: str) -> SystemSpec:
             nccl_version=str(misc.get("nccl_version", "")),
         )
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(KEY, str(path), f"aiconfigurator system.yaml with gpu.mem_bw, gpu.bfloat16_tc_flops, "
-                                          f"gpu.mem_capacity, node.pcie_bw ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            KEY,
+            str(path),
+            f"aiconfigurator system.yaml with gpu.mem_bw, gpu.bfloat16_tc_flops, "
+            f"gpu.mem_capacity, node.pcie_bw ({type(exc).__name__}: {exc})",
+        ) from None
 
 
 def read_gemm(path: Path | str, backend: str = "", version: str = "") -> GemmTable:
@@ -227,9 +271,13 @@ def read_gemm(path: Path | str, backend: str = "", version: str = "") -> GemmTab
     cols = _read_parquet(path, ["gemm_dtype", "m", "n", "k", "latency"])
     return GemmTable(
         dtype=np.array([norm_dtype(x) for x in cols["gemm_dtype"]]),
-        m=_ints(cols, "m", path), n=_ints(cols, "n", path), k=_ints(cols, "k", path),
+        m=_ints(cols, "m", path),
+        n=_ints(cols, "n", path),
+        k=_ints(cols, "k", path),
         latency_s=cols["latency"].astype(np.float64) * 1e-3,
-        source=str(path), backend=backend, version=version,
+        source=str(path),
+        backend=backend,
+        version=version,
     )
 
 
@@ -238,21 +286,38 @@ def read_attention(path: Path | str, kind: str, backend: str = "", version: str 
     path = Path(path)
     if kind not in ("context", "generation"):
         raise ValueError(kind)
-    cols = _read_parquet(path, ["batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
-                                "attn_dtype", "kv_cache_dtype", "step", "latency"])
+    cols = _read_parquet(
+        path,
+        [
+            "batch_size",
+            "isl",
+            "num_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "attn_dtype",
+            "kv_cache_dtype",
+            "step",
+            "latency",
+        ],
+    )
     keep = np.ones(len(cols["latency"]), dtype=bool)
     if "window_size" in pq.read_schema(path).names:
         keep = pq.read_table(path, columns=["window_size"]).column(0).to_numpy(zero_copy_only=False) == 0
     isl, step = _ints(cols, "isl", path), cols["step"].astype(np.int64)
     length = isl + step if kind == "generation" else isl
     out = AttentionTable(
-        kind=kind, batch=_ints(cols, "batch_size", path), length=length,
-        heads=_ints(cols, "num_heads", path), kv_heads=_ints(cols, "num_key_value_heads", path),
+        kind=kind,
+        batch=_ints(cols, "batch_size", path),
+        length=length,
+        heads=_ints(cols, "num_heads", path),
+        kv_heads=_ints(cols, "num_key_value_heads", path),
         head_dim=_ints(cols, "head_dim", path),
         attn_dtype=np.array([norm_dtype(x) for x in cols["attn_dtype"]]),
         kv_dtype=np.array([norm_dtype(x) for x in cols["kv_cache_dtype"]]),
         latency_s=cols["latency"].astype(np.float64) * 1e-3,
-        source=str(path), backend=backend, version=version,
+        source=str(path),
+        backend=backend,
+        version=version,
     )
     return out.subset(keep)
 
@@ -277,8 +342,9 @@ def _mean_latency_table(cols: dict, keep: np.ndarray, path: Path, version: str) 
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     mean = np.bincount(inv, weights=lat) / np.bincount(inv)
-    return NcclTable(num_gpus=uniq[:, 0], nbytes=uniq[:, 1].astype(np.float64), latency_s=mean, source=str(path),
-                     version=version)
+    return NcclTable(
+        num_gpus=uniq[:, 0], nbytes=uniq[:, 1].astype(np.float64), latency_s=mean, source=str(path), version=version
+    )
 
 
 def read_custom_allreduce(path: Path | str, version: str = "") -> NcclTable:
@@ -314,8 +380,9 @@ class KernelTables:
         return (self.backends or {}).get(family, self.backend)
 
 
-def load_kernel_tables(root: Path | str, system: str, backend: str,
-                       generation_backend: str | None = None) -> KernelTables:
+def load_kernel_tables(
+    root: Path | str, system: str, backend: str, generation_backend: str | None = None
+) -> KernelTables:
     """Read system.yaml, GEMM, context/generation attention and (if present) NCCL tables.
 
     ``generation_backend`` takes the decode-attention table from another backend (the
@@ -324,7 +391,9 @@ def load_kernel_tables(root: Path | str, system: str, backend: str,
     """
     root = Path(root)
     if not root.is_dir():
-        raise ConfigError("calibrate.from_tables", str(root), "an existing folder laid out as <system>/<family>/<backend>/<version>/")
+        raise ConfigError(
+            "calibrate.from_tables", str(root), "an existing folder laid out as <system>/<family>/<backend>/<version>/"
+        )
     spec = read_system(root, system)
     gpath, gver = find_table(root, system, "gemm", backend, "gemm_perf")
     cpath, cver = find_table(root, system, "attention", backend, "context_attention_perf")
@@ -336,12 +405,20 @@ def load_kernel_tables(root: Path | str, system: str, backend: str,
         want = spec.nccl_version if (nccl_dir / spec.nccl_version / "nccl_perf.parquet").is_file() else None
         npath, nver = find_table(root, system, "comm", "nccl", "nccl_perf", want)
         nccl = read_nccl(npath, nver)
-    return KernelTables(spec, read_gemm(gpath, backend, gver), read_attention(cpath, "context", backend, cver),
-                        read_attention(apath, "generation", gen_backend, aver), nccl, backend, root,
-                        {"generation_attention": gen_backend} if gen_backend != backend else None)
+    return KernelTables(
+        spec,
+        read_gemm(gpath, backend, gver),
+        read_attention(cpath, "context", backend, cver),
+        read_attention(apath, "generation", gen_backend, aver),
+        nccl,
+        backend,
+        root,
+        {"generation_attention": gen_backend} if gen_backend != backend else None,
+    )
 
 
 # --- Vidur CSVs -------------------------------------------------------------------------------
+
 
 def _read_csv(path: Path, required: list[str]) -> list[dict[str, str]]:
     if not path.is_file():
@@ -355,8 +432,13 @@ def _read_csv(path: Path, required: list[str]) -> list[dict[str, str]]:
 
 
 #: vLLM CPU work per step that is not hidden behind GPU work (Vidur's CPU-overhead model).
-CPU_OVERHEAD_PARTS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e2e_median",
-                      "process_model_outputs_median", "ray_comm_time_mean")
+CPU_OVERHEAD_PARTS = (
+    "schedule_median",
+    "sampler_e2e_median",
+    "prepare_inputs_e2e_median",
+    "process_model_outputs_median",
+    "ray_comm_time_mean",
+)
 
 
 @dataclass
@@ -402,15 +484,28 @@ class VidurMlpTable:
 
 def read_vidur_mlp(path: Path | str) -> VidurMlpTable:
     path = Path(path)
-    need = ["num_tokens", "num_tensor_parallel_workers", "n_head", "n_kv_head", "n_embd", "n_expanded_embd",
-            "use_gated_mlp"] + [f"time_stats.{op}.median" for op in VIDUR_PROJECTIONS]
+    need = [
+        "num_tokens",
+        "num_tensor_parallel_workers",
+        "n_head",
+        "n_kv_head",
+        "n_embd",
+        "n_expanded_embd",
+        "use_gated_mlp",
+    ] + [f"time_stats.{op}.median" for op in VIDUR_PROJECTIONS]
     rows = _read_csv(path, need)
     r0 = rows[0]
-    dims = {"heads": int(r0["n_head"]), "kv_heads": int(r0["n_kv_head"]), "hidden": int(r0["n_embd"]),
-            "intermediate": int(r0["n_expanded_embd"]), "gated": r0["use_gated_mlp"] == "True"}
+    dims = {
+        "heads": int(r0["n_head"]),
+        "kv_heads": int(r0["n_kv_head"]),
+        "hidden": int(r0["n_embd"]),
+        "intermediate": int(r0["n_expanded_embd"]),
+        "gated": r0["use_gated_mlp"] == "True",
+    }
     return VidurMlpTable(
         num_tokens=np.array([int(r["num_tokens"]) for r in rows]),
         tp=np.array([int(r["num_tensor_parallel_workers"]) for r in rows]),
         times_s={op: np.array([float(r[f"time_stats.{op}.median"]) for r in rows]) * 1e-3 for op in VIDUR_PROJECTIONS},
-        dims=dims, source=str(path),
+        dims=dims,
+        source=str(path),
     )

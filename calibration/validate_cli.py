@@ -15,39 +15,68 @@ from sim.errors import ConfigError
 
 def validate_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda: where the reference engine and calibration run."),
-    scenario: str = typer.Option("scenarios/validate-cpu.yaml", "--scenario",
-                                 help="Validation spec (YAML; see docs/validation.md)."),
-    profile: str | None = typer.Option(None, "--profile",
-                                          help="Use this profile (name or JSON) instead of calibrating the engine's "
-                                               "shape on the device first."),
+    scenario: str = typer.Option(
+        "scenarios/validate-cpu.yaml", "--scenario", help="Validation spec (YAML; see docs/validation.md)."
+    ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="Use this profile (name or JSON) instead of calibrating the engine's shape on the device first.",
+    ),
     out: Path = typer.Option(Path("runs/validate"), "--out", help="Output folder (validation.json, validation.html)."),
     quick: bool = typer.Option(False, "--quick", help="The spec's quick subset (CI: seconds)."),
-    engine_overhead: bool = typer.Option(True, "--engine-overhead/--no-engine-overhead",
-                                         help="Measure the engine's per-iteration framework overhead with its own "
-                                              "loop and use it as the profile's CPU-step term."),
-    kernels: str | None = typer.Option(None, "--kernels",
-                                          help="Attention kernels of the paged engine and its calibration: "
-                                               "auto|flex|flashinfer|vllm|sdpa (default: the spec's engine.kernels, auto)."),
-    serving_bench: str | None = typer.Option(None, "--serving-bench",
-                                                help="Instead: simulate end-to-end serving benchmarks (CSV, a vllm bench "
-                                                     "serve JSON, or a folder; 'builtin' = the shipped training file) "
-                                                     "and compare TTFT/TPOT with the measured runs."),
-    engine: str | None = typer.Option(None, "--engine", help="--serving-bench: only rows of this engine "
-                                                                "(vllm|sglang|trtllm); for JSON results, their engine."),
-    terms: str | None = typer.Option(None, "--terms", help="--serving-bench: engine terms file "
-                                                              "(kvsim calibrate --from-serving-bench)."),
-    logo: bool = typer.Option(False, "--logo", help="--serving-bench: leave one (model, GPU, engine) group out: fit "
-                                                    "its engine's terms on the other groups, then predict it."),
-    requests_per_client: int = typer.Option(8, "--requests-per-client", min=1, max=1000,
-                                            help="--serving-bench: requests simulated per client after the warm-up."),
+    engine_overhead: bool = typer.Option(
+        True,
+        "--engine-overhead/--no-engine-overhead",
+        help="Measure the engine's per-iteration framework overhead with its own "
+        "loop and use it as the profile's CPU-step term.",
+    ),
+    kernels: str | None = typer.Option(
+        None,
+        "--kernels",
+        help="Attention kernels of the paged engine and its calibration: "
+        "auto|flex|flashinfer|vllm|sdpa (default: the spec's engine.kernels, auto).",
+    ),
+    serving_bench: str | None = typer.Option(
+        None,
+        "--serving-bench",
+        help="Instead: simulate end-to-end serving benchmarks (CSV, a vllm bench "
+        "serve JSON, or a folder; 'builtin' = the shipped training file) "
+        "and compare TTFT/TPOT with the measured runs.",
+    ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="--serving-bench: only rows of this engine (vllm|sglang|trtllm); for JSON results, their engine.",
+    ),
+    terms: str | None = typer.Option(
+        None, "--terms", help="--serving-bench: engine terms file (kvsim calibrate --from-serving-bench)."
+    ),
+    logo: bool = typer.Option(
+        False,
+        "--logo",
+        help="--serving-bench: leave one (model, GPU, engine) group out: fit "
+        "its engine's terms on the other groups, then predict it.",
+    ),
+    requests_per_client: int = typer.Option(
+        8,
+        "--requests-per-client",
+        min=1,
+        max=1000,
+        help="--serving-bench: requests simulated per client after the warm-up.",
+    ),
     workers: int = typer.Option(1, "--workers", min=1, max=256, help="--serving-bench: processes."),
-    max_evals: int = typer.Option(100, "--max-evals", min=1, max=100000,
-                                  help="--serving-bench --logo: simulations of the rows per engine fit."),
+    max_evals: int = typer.Option(
+        100, "--max-evals", min=1, max=100000, help="--serving-bench --logo: simulations of the rows per engine fit."
+    ),
     gpu: str | None = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
     tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
     exclude_group: list[str] | None = typer.Option(
-        None, "--exclude-group", help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
-                                      "(repeatable); 'suspect' = the shipped file's groups that look mis-measured."),
+        None,
+        "--exclude-group",
+        help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
+        "(repeatable); 'suspect' = the shipped file's groups that look mis-measured.",
+    ),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -56,31 +85,56 @@ def validate_command(
     from rich.table import Table
 
     if serving_bench is not None:
-        _serving(serving_bench, profile=profile, engine=engine, terms=terms, logo=logo,
-                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
-                 max_evals=max_evals, exclude=tuple(exclude_group or ()))
+        _serving(
+            serving_bench,
+            profile=profile,
+            engine=engine,
+            terms=terms,
+            logo=logo,
+            requests_per_client=requests_per_client,
+            workers=workers,
+            out=out,
+            gpu=gpu,
+            tp=tp,
+            max_evals=max_evals,
+            exclude=tuple(exclude_group or ()),
+        )
         return
 
     from sim.output.staging import out_dir
 
     from .validate import format_table, load_spec, validate
+
     if device not in ("cpu", "cuda"):
         raise ConfigError("validate.device", device, "one of cpu, cuda")
     spec = load_spec(scenario, quick=quick, kernels=kernels)
     out = out_dir(out)
     err = Console(stderr=True)
-    doc = validate(spec, device=device, profile=profile, out=out, engine_overhead=engine_overhead,
-                   progress=lambda msg: err.print(f"[bold]validate[/] {msg}"))
+    doc = validate(
+        spec,
+        device=device,
+        profile=profile,
+        out=out,
+        engine_overhead=engine_overhead,
+        progress=lambda msg: err.print(f"[bold]validate[/] {msg}"),
+    )
     con = Console(width=None if sys.stdout.isatty() else 160)
-    t = Table(title=f"kvsim validate: {doc['name']} on {doc['device']['kind']} ({doc['shape']['model']}, "
-                    f"{doc['device']['dtype']}, attention {doc['device'].get('kernels', 'sdpa')}), "
-                    f"profile {doc['profile']['name']}")
+    t = Table(
+        title=f"kvsim validate: {doc['name']} on {doc['device']['kind']} ({doc['shape']['model']}, "
+        f"{doc['device']['dtype']}, attention {doc['device'].get('kernels', 'sdpa')}), "
+        f"profile {doc['profile']['name']}"
+    )
     n = int(doc.get("replays", 1))
-    t.caption = (f"measured on the engine's {doc['clock']} clock"
-                 + (f" (median of {n} replays of the same trace; replay spread = (max - min) / median)" if n > 1 else "")
-                 + f": {doc['clock_meaning'][doc['clock']]} (docs/validation.md)")
-    cols = (["load", "allocator", "metric", "measured", "simulated", "rel error"] + (["replay spread"] if n > 1 else [])
-            + (["sensitivity"] if any("sensitivity" in r for r in doc["rows"]) else []))
+    t.caption = (
+        f"measured on the engine's {doc['clock']} clock"
+        + (f" (median of {n} replays of the same trace; replay spread = (max - min) / median)" if n > 1 else "")
+        + f": {doc['clock_meaning'][doc['clock']]} (docs/validation.md)"
+    )
+    cols = (
+        ["load", "allocator", "metric", "measured", "simulated", "rel error"]
+        + (["replay spread"] if n > 1 else [])
+        + (["sensitivity"] if any("sensitivity" in r for r in doc["rows"]) else [])
+    )
     for c in cols:
         t.add_column(c, justify="left" if c in ("load", "allocator", "metric") else "right")
     for row in format_table(doc):
@@ -88,40 +142,62 @@ def validate_command(
     con.print(t)
     sm = doc.get("summary") or {}
     if sm.get("cells"):
-        con.print(f"p50/p90 TTFT, TPOT, e2e: {sm['within_10pct']} of {sm['cells']} cells within 10 %, "
-                  f"{sm['within_5pct']} within 5 %; median {sm['median_rel_error']:.1%}, worst {sm['max_rel_error']:.1%} "
-                  f"({sm['worst']})"
-                  + (f"; {sm['below_replay_spread']} of {sm['cells']} below their replay spread (noise this run "
-                     "cannot resolve)" if "below_replay_spread" in sm else ""))
+        con.print(
+            f"p50/p90 TTFT, TPOT, e2e: {sm['within_10pct']} of {sm['cells']} cells within 10 %, "
+            f"{sm['within_5pct']} within 5 %; median {sm['median_rel_error']:.1%}, worst {sm['max_rel_error']:.1%} "
+            f"({sm['worst']})"
+            + (
+                f"; {sm['below_replay_spread']} of {sm['cells']} below their replay spread (noise this run "
+                "cannot resolve)"
+                if "below_replay_spread" in sm
+                else ""
+            )
+        )
         if "max_step_equivalent" in sm:
-            con.print(f"sensitivity = d ln(metric) / d ln(step time), from the simulator: highest "
-                      f"{sm['max_sensitivity']:.1f} ({sm['max_sensitivity_cell']}); every cell's error is what a uniform "
-                      f"step-time error of at most {sm['max_step_equivalent']:.1%} would make "
-                      f"({sm['max_step_equivalent_cell']})")
+            con.print(
+                f"sensitivity = d ln(metric) / d ln(step time), from the simulator: highest "
+                f"{sm['max_sensitivity']:.1f} ({sm['max_sensitivity_cell']}); every cell's error is what a uniform "
+                f"step-time error of at most {sm['max_step_equivalent']:.1%} would make "
+                f"({sm['max_step_equivalent_cell']})"
+            )
     sem = doc["semantics"]
-    con.print("semantics (engine on the simulator's clock): "
-              + ", ".join(f"{k} {'identical' if v['identical'] else 'DIFFERENT'}" for k, v in sem.items()))
+    con.print(
+        "semantics (engine on the simulator's clock): "
+        + ", ".join(f"{k} {'identical' if v['identical'] else 'DIFFERENT'}" for k, v in sem.items())
+    )
     for k, dd in doc["diagnostics"].items():
         for clock, d in dd.items():
             a = d.get("all", {})
             lag = d.get("feeder_lag_s", {}).get("p99")
             sp = d.get("speed_probes") or {}
-            con.print(f"{k} ({clock} clock): per-iteration predicted/measured median "
-                      f"{1 + a.get('signed_rel_error', {}).get('p50', 0):.3f}, "
-                      f"busy-time ratio {a.get('sum_predicted_over_measured', float('nan')):.3f}, "
-                      + (f"thread CPU / wall {a.get('sum_cpu_over_wall', float('nan')):.3f}" if clock != "cpu_norm" else
-                         f"host-speed probe {sp.get('probes', 0)}x, {sp.get('probe_s', {}).get('p10', 0) * 1e3:.2f}/"
-                         f"{sp.get('probe_s', {}).get('p50', 0) * 1e3:.2f}/{sp.get('probe_s', {}).get('p90', 0) * 1e3:.2f} ms"
-                         f" p10/p50/p90 (reference {sp.get('reference_s', 0) * 1e3:.2f} ms)")
-                      + (f", feeder lag p99 {lag * 1e3:.2f} ms" if clock == "wall" and lag is not None else ""))
+            con.print(
+                f"{k} ({clock} clock): per-iteration predicted/measured median "
+                f"{1 + a.get('signed_rel_error', {}).get('p50', 0):.3f}, "
+                f"busy-time ratio {a.get('sum_predicted_over_measured', float('nan')):.3f}, "
+                + (
+                    f"thread CPU / wall {a.get('sum_cpu_over_wall', float('nan')):.3f}"
+                    if clock != "cpu_norm"
+                    else f"host-speed probe {sp.get('probes', 0)}x, {sp.get('probe_s', {}).get('p10', 0) * 1e3:.2f}/"
+                    f"{sp.get('probe_s', {}).get('p50', 0) * 1e3:.2f}/{sp.get('probe_s', {}).get('p90', 0) * 1e3:.2f} ms"
+                    f" p10/p50/p90 (reference {sp.get('reference_s', 0) * 1e3:.2f} ms)"
+                )
+                + (f", feeder lag p99 {lag * 1e3:.2f} ms" if clock == "wall" and lag is not None else "")
+            )
     if len(doc.get("rows_by_clock", {})) > 1:
         other = [c for c in doc["rows_by_clock"] if c != doc["clock"]]
         for c in other:
             e = {(r["load"], r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows_by_clock"][c]}
-            con.print(f"{c}-clock replay, p50 rel error TTFT/TPOT/e2e: " + "; ".join(
-                f"{ld}/{al} " + "/".join("-" if e.get((ld, al, m)) is None else f"{e[(ld, al, m)]:.0%}"
-                                        for m in ("ttft_p50", "tpot_p50", "e2e_p50"))
-                for ld, al in dict.fromkeys((r["load"], r["allocator"]) for r in doc["rows_by_clock"][c])))
+            con.print(
+                f"{c}-clock replay, p50 rel error TTFT/TPOT/e2e: "
+                + "; ".join(
+                    f"{ld}/{al} "
+                    + "/".join(
+                        "-" if e.get((ld, al, m)) is None else f"{e[(ld, al, m)]:.0%}"
+                        for m in ("ttft_p50", "tpot_p50", "e2e_p50")
+                    )
+                    for ld, al in dict.fromkeys((r["load"], r["allocator"]) for r in doc["rows_by_clock"][c])
+                )
+            )
     con.print(f"wrote {Path(out) / 'validation.json'} and {Path(out) / 'validation.html'} in {doc['elapsed_s']} s")
 
 
@@ -135,6 +211,7 @@ def validate_runs_command(
     from sim.output.staging import out_file
 
     from .validate.several_runs import combine, load_run, markdown
+
     if out is not None:
         out = out_file(out)
     doc = combine([load_run(r) for r in runs])
@@ -146,6 +223,7 @@ def validate_runs_command(
 
 def main() -> None:  # ``python -m calibration.validate_cli`` until sim.cli.main mounts the command
     import typer as _t
+
     try:
         _t.run(validate_command)
     except ConfigError as exc:
@@ -157,8 +235,21 @@ if __name__ == "__main__":
     main()
 
 
-def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, workers, out, gpu, tp,
-             max_evals: int = 100, exclude: tuple[str, ...] = ()) -> None:
+def _serving(
+    path: str,
+    *,
+    profile,
+    engine,
+    terms,
+    logo,
+    requests_per_client,
+    workers,
+    out,
+    gpu,
+    tp,
+    max_evals: int = 100,
+    exclude: tuple[str, ...] = (),
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -167,10 +258,21 @@ def _serving(path: str, *, profile, engine, terms, logo, requests_per_client, wo
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
-    doc = validate_serving_bench(src, profile=profile, engine=engine, terms_file=terms, logo=logo,
-                                 requests_per_client=requests_per_client, workers=workers, out=out, gpu=gpu, tp=tp,
-                                 max_evals=max_evals, exclude=exclude,
-                                 log=lambda msg: err.print(f"[bold]validate[/] {msg}"))
+    doc = validate_serving_bench(
+        src,
+        profile=profile,
+        engine=engine,
+        terms_file=terms,
+        logo=logo,
+        requests_per_client=requests_per_client,
+        workers=workers,
+        out=out,
+        gpu=gpu,
+        tp=tp,
+        max_evals=max_evals,
+        exclude=exclude,
+        log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
+    )
     con = Console(width=None if sys.stdout.isatty() else 200)
     t = Table(title=f"kvsim against real servers: {doc['rows']} runs of {src}", caption=doc["protocol"])
     for c in HEADER:

@@ -56,7 +56,8 @@ ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str]]] = {
         "vllm": ("0.24.0", ("bfloat16", "fp8"), "0.19.0"),
         "sglang": ("0.5.14", ("bfloat16", "fp8", "fp8_block"), "0.5.9"),
         "trtllm": ("1.3.0rc20", ("bfloat16", "fp8"), "1.2.0rc5"),
-    } for system in ("h100_sxm", "h200_sxm")
+    }
+    for system in ("h100_sxm", "h200_sxm")
 }
 
 VIDUR_FILES = [
@@ -100,12 +101,16 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
         _filter_copy(s / rel, d / rel, lambda t, dt=gemm_dtypes: pc.is_in(t["gemm_dtype"], value_set=pa.array(dt)))
         for name in ("context_attention_perf", "generation_attention_perf"):
             rel = f"attention/trtllm/{trt}/{name}.parquet"
-            _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0)))
+            _filter_copy(
+                s / rel, d / rel, lambda t: pc.and_(pc.equal(t["head_dim"], 128), pc.equal(t["window_size"], 0))
+            )
         if system in SGLANG_GENERATION:
             rel = f"attention/sglang/{SGLANG_GENERATION[system]}/generation_attention_perf.parquet"
             _filter_copy(s / rel, d / rel, _head128_full)
         rel = f"comm/nccl/{nccl}/nccl_perf.parquet"
-        _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["op_name"], "all_reduce"), pc.equal(t["nccl_dtype"], "half")))
+        _filter_copy(
+            s / rel, d / rel, lambda t: pc.and_(pc.equal(t["op_name"], "all_reduce"), pc.equal(t["nccl_dtype"], "half"))
+        )
     for system, engines in ENGINE_TABLES.items():
         if systems and system not in systems:
             continue
@@ -113,15 +118,23 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
         for engine, (ver, gemm_dtypes, ar_ver) in engines.items():
             rel = f"gemm/{engine}/{ver}/gemm_perf.parquet"
             if not (d / rel).exists() or engine != "trtllm":
-                _filter_copy(s / rel, d / rel, lambda t, g=gemm_dtypes: pc.is_in(t["gemm_dtype"], value_set=pa.array(g)))
+                _filter_copy(
+                    s / rel, d / rel, lambda t, g=gemm_dtypes: pc.is_in(t["gemm_dtype"], value_set=pa.array(g))
+                )
             for name in ("context_attention_perf", "generation_attention_perf"):
                 rel = f"attention/{engine}/{ver}/{name}.parquet"
                 if (s / rel).exists():
                     _filter_copy(s / rel, d / rel, _head128_full)
             rel = f"comm/{engine}/{ar_ver}/custom_allreduce_perf.parquet"
             # Graph-replayed rows only (the engines replay their all-reduce inside CUDA graphs).
-            _filter_copy(s / rel, d / rel, lambda t: pc.and_(pc.equal(t["allreduce_dtype"], "bfloat16"),
-                                                             pc.invert(pc.match_substring(t["kernel_source"], "eager"))))
+            _filter_copy(
+                s / rel,
+                d / rel,
+                lambda t: pc.and_(
+                    pc.equal(t["allreduce_dtype"], "bfloat16"),
+                    pc.invert(pc.match_substring(t["kernel_source"], "eager")),
+                ),
+            )
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
     for rel in VIDUR_FILES:
         (v_dst / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -160,9 +160,13 @@ class KVGroups:
 
     def describe(self) -> dict:
         """The groups for ``summary.json`` (``kv_layer_groups``)."""
-        return {"layers_per_group": self.layers, "full_attention_groups": self.full,
-                "sliding_window_groups": self.sliding, "window_tokens": self.window,
-                "padding_layers": self.padding_layers}
+        return {
+            "layers_per_group": self.layers,
+            "full_attention_groups": self.full,
+            "sliding_window_groups": self.sliding,
+            "window_tokens": self.window,
+            "padding_layers": self.padding_layers,
+        }
 
 
 def kv_groups_of(full_layers: int, sliding_layers: int, window: int) -> KVGroups:
@@ -216,7 +220,20 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 68.98e9, 32000, 4096, source=_HF),
         ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 8.03e9, 128256, 131072, source=_HF),
         ModelSpec("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 70.55e9, 128256, 131072, source=_HF),
-        ModelSpec("mistral-7b", 32, 4096, 32, 8, 128, 14336, 7.24e9, 32000, 32768, sliding_window=4096, source=_HF + " (v0.1, sliding window 4096)"),
+        ModelSpec(
+            "mistral-7b",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            14336,
+            7.24e9,
+            32000,
+            32768,
+            sliding_window=4096,
+            source=_HF + " (v0.1, sliding window 4096)",
+        ),
         ModelSpec("qwen2.5-7b", 28, 3584, 28, 4, 128, 18944, 7.62e9, 152064, 32768, source=_HF),
         # Qwen3: 64 × 128-wide query heads on a 5120 hidden size (32B), so the attention and O
         # projections are heads · head_dim wide, not hidden; params counted from the shapes
@@ -224,8 +241,20 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 8.19e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-8B)"),
         ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 32.76e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-32B)"),
         # T5-class encoder-decoder: 24 encoder + 24 decoder layers, d_model 2048, 32 heads of 64.
-        ModelSpec("flan-t5-xl", 24, 2048, 32, 32, 64, 5120, 2.85e9, 32128, 4096, encoder_layers=24,
-                  source=_HF + " (google/flan-t5-xl; layers = decoder layers)"),
+        ModelSpec(
+            "flan-t5-xl",
+            24,
+            2048,
+            32,
+            32,
+            64,
+            5120,
+            2.85e9,
+            32128,
+            4096,
+            encoder_layers=24,
+            source=_HF + " (google/flan-t5-xl; layers = decoder layers)",
+        ),
         # Small shapes a CPU can run for the reference engine and CI.
         ModelSpec("tiny-llama", 4, 256, 8, 4, 32, 688, 4.2e6, 1024, 2048, source="synthetic test shape"),
     ]
@@ -266,18 +295,38 @@ def get_gpu(name: str) -> GpuSpec:
     try:
         return GPUS[name]
     except KeyError:
-        raise ConfigError("gpu.name", name, f"allowed: {', '.join(GPUS)}, or {CUSTOM_GPU} with memory_gib, hbm_tbps, "
-                                            "bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)") from None
+        raise ConfigError(
+            "gpu.name",
+            name,
+            f"allowed: {', '.join(GPUS)}, or {CUSTOM_GPU} with memory_gib, hbm_tbps, "
+            "bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)",
+        ) from None
 
 
-def custom_gpu(memory_gib: float, hbm_tbps: float, bf16_tflops: float, pcie_gbps: float,
-               fp8_tflops: float = 0.0, nvlink_gbps: float = 0.0) -> GpuSpec:
+def custom_gpu(
+    memory_gib: float,
+    hbm_tbps: float,
+    bf16_tflops: float,
+    pcie_gbps: float,
+    fp8_tflops: float = 0.0,
+    nvlink_gbps: float = 0.0,
+) -> GpuSpec:
     """A card with no catalog entry, from its datasheet figures (GiB, TB/s, dense TFLOP/s, GB/s)."""
-    return GpuSpec(CUSTOM_GPU, int(memory_gib * GiB), hbm_tbps * 1e12, bf16_tflops * 1e12, pcie_gbps * 1e9,
-                   nvlink_gbps * 1e9, "scenario gpu section (user figures)", peak_fp8_flops=fp8_tflops * 1e12)
+    return GpuSpec(
+        CUSTOM_GPU,
+        int(memory_gib * GiB),
+        hbm_tbps * 1e12,
+        bf16_tflops * 1e12,
+        pcie_gbps * 1e9,
+        nvlink_gbps * 1e9,
+        "scenario gpu section (user figures)",
+        peak_fp8_flops=fp8_tflops * 1e12,
+    )
 
 
-def activation_reserve_bytes(model: ModelSpec, tensor_parallel: int, max_num_batched_tokens: int, max_num_seqs: int) -> int:
+def activation_reserve_bytes(
+    model: ModelSpec, tensor_parallel: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> int:
     """Memory vLLM's profiling run would keep back for activations, per replica.
 
     A forward pass over ``max_num_batched_tokens`` holds a few hidden-sized and
@@ -290,10 +339,20 @@ def activation_reserve_bytes(model: ModelSpec, tensor_parallel: int, max_num_bat
     return int(tensor_parallel * GiB + max_num_batched_tokens * per_token + logits)
 
 
-def kv_capacity_bytes(model: ModelSpec, gpu: GpuSpec, tensor_parallel: int, gpu_memory_utilization: float,
-                      weight_dtype: str, activation_reserve: int) -> int:
+def kv_capacity_bytes(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    tensor_parallel: int,
+    gpu_memory_utilization: float,
+    weight_dtype: str,
+    activation_reserve: int,
+) -> int:
     """KV bytes available per replica: TP · memory · utilization − weights − activation reserve."""
-    return int(tensor_parallel * gpu.memory_bytes * gpu_memory_utilization) - model.weight_bytes(weight_dtype) - activation_reserve
+    return (
+        int(tensor_parallel * gpu.memory_bytes * gpu_memory_utilization)
+        - model.weight_bytes(weight_dtype)
+        - activation_reserve
+    )
 
 
 def with_overrides(model: ModelSpec, **dims) -> ModelSpec:

@@ -76,8 +76,7 @@ NAMES_FILE: JsonDict = {"names_file": True}
 #: Scenario and sweep names become directory names (``runs/<name>``, ``sweeps/<name>``): no path
 #: separators, no leading dot, no ``..``.
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,127}$")
-NAME_ALLOWED = ("letters, digits and _ . + = @ , - (not starting with '.', no '/' or '..'), "
-                "at most 128 characters")
+NAME_ALLOWED = "letters, digits and _ . + = @ , - (not starting with '.', no '/' or '..'), at most 128 characters"
 
 
 def check_name(value: str) -> str:
@@ -164,13 +163,20 @@ class GpuConfig(_Section):
         if self.name == "custom":
             for f in CUSTOM_GPU_REQUIRED:
                 if getattr(self, f) is None:
-                    raise ConfigError(f"gpu.{f}", None, f"gpu.name 'custom' needs {', '.join(CUSTOM_GPU_REQUIRED)} "
-                                                        "(optional: fp8_tflops, nvlink_gbps; docs/scenario.md)")
+                    raise ConfigError(
+                        f"gpu.{f}",
+                        None,
+                        f"gpu.name 'custom' needs {', '.join(CUSTOM_GPU_REQUIRED)} "
+                        "(optional: fp8_tflops, nvlink_gbps; docs/scenario.md)",
+                    )
             return
         for f in CUSTOM_GPU_FIELDS:
             if getattr(self, f) is not None:
-                raise ConfigError(f"gpu.{f}", getattr(self, f), f"only with gpu.name 'custom'; {self.name} has its own "
-                                                                 "figures (kvsim list gpus)")
+                raise ConfigError(
+                    f"gpu.{f}",
+                    getattr(self, f),
+                    f"only with gpu.name 'custom'; {self.name} has its own figures (kvsim list gpus)",
+                )
 
 
 class ArrivalConfig(_Section):
@@ -253,8 +259,10 @@ class PrefixConfig(_Section):
     def _bounded(self):
         # Each shared prefix keeps one id per 16 tokens for the whole run.
         if self.fraction > 0 and self.prefix_tokens * self.groups > MAX_PREFIX_TOKENS_TOTAL:
-            raise ValueError(f"prefix_tokens × groups (distinct shared-prefix tokens) of at most "
-                             f"{MAX_PREFIX_TOKENS_TOTAL}; got {self.prefix_tokens} × {self.groups}")
+            raise ValueError(
+                f"prefix_tokens × groups (distinct shared-prefix tokens) of at most "
+                f"{MAX_PREFIX_TOKENS_TOTAL}; got {self.prefix_tokens} × {self.groups}"
+            )
         return self
 
 
@@ -439,7 +447,7 @@ class Scenario(_Section):
     def resolve_path(self, path: str, key: str) -> Path:
         """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""
         p = Path(path)
-        for cand in ([p] if p.is_absolute() else [Path(self.base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]):
+        for cand in [p] if p.is_absolute() else [Path(self.base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]:
             if is_file(cand):
                 return cand
         raise ConfigError(key, path, "a readable file (absolute, or relative to the scenario file or scenarios/)")
@@ -470,6 +478,7 @@ def file_fields() -> set[str]:
 
 # --- loading --------------------------------------------------------------------------
 
+
 def _allowed_keys(loc: tuple) -> list[str]:
     model: Any = Scenario
     for part in loc[:-1]:
@@ -494,8 +503,9 @@ def _field_info(loc: tuple) -> Any:
         if info is None:
             return None
         ann = info.annotation
-        model = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)),
-                     None)
+        model = next(
+            (c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
     return info
 
 
@@ -506,10 +516,16 @@ def _num(x: float) -> str:
 def range_text(info: Any) -> str | None:
     """The allowed range of a numeric field, e.g. ``an integer in [1, 10000000]`` (``None`` if it has none)."""
     from sim.strict import scalar_kinds
+
     lo = hi = None
     lo_open = hi_open = False
     for m in getattr(info, "metadata", ()):
-        for attr, is_lo, is_open in (("ge", True, False), ("gt", True, True), ("le", False, False), ("lt", False, True)):
+        for attr, is_lo, is_open in (
+            ("ge", True, False),
+            ("gt", True, True),
+            ("le", False, False),
+            ("lt", False, True),
+        ):
             v = getattr(m, attr, None)
             if v is not None:
                 if is_lo:
@@ -527,6 +543,7 @@ def key_ranges() -> dict[str, str]:
     """Every numeric scenario key (dotted) → its allowed range (:func:`range_text`), in schema order;
     ``docs/scenario.md`` lists the same table."""
     from sim.strict import scalar_kinds
+
     out: dict[str, str] = {}
 
     def walk(model: type[BaseModel], prefix: str, seen: tuple) -> None:
@@ -534,8 +551,10 @@ def key_ranges() -> dict[str, str]:
             if name == "base_dir":
                 continue
             ann = info.annotation
-            sub = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type)
-                        and issubclass(c, BaseModel)), None)
+            sub = next(
+                (c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)),
+                None,
+            )
             if sub is not None:
                 if sub not in seen:  # lengths.base is a lengths block again
                     walk(sub, f"{prefix}{name}.", (*seen, sub))
@@ -554,8 +573,19 @@ def key_ranges() -> dict[str, str]:
 
 
 #: pydantic error types about a number's value or type: the message names the field's range instead.
-_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number", "int_parsing",
-                 "float_parsing", "int_type", "float_type", "int_from_float", "int_parsing_size"}
+_RANGE_ERRORS = {
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "finite_number",
+    "int_parsing",
+    "float_parsing",
+    "int_type",
+    "float_type",
+    "int_from_float",
+    "int_parsing_size",
+}
 
 
 def _error_from_pydantic(err: ValidationError) -> ConfigError:
@@ -611,8 +641,11 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
         raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
     if "base_dir" in data:
         # Where relative paths resolve is decided by where the file is, never by its content.
-        raise ConfigError("base_dir", data["base_dir"], "not a scenario key (relative paths resolve against the "
-                                                        "scenario file's folder and scenarios/)")
+        raise ConfigError(
+            "base_dir",
+            data["base_dir"],
+            "not a scenario key (relative paths resolve against the scenario file's folder and scenarios/)",
+        )
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
@@ -622,6 +655,7 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
     sc.gpu.check_custom()
     if sc.model.hf_config is not None:
         from sim.hf_config import apply_to_scenario  # reads the file: only when one is named
+
         apply_to_scenario(sc)
     return sc
 
@@ -638,8 +672,12 @@ def read_scenario_dict(path: str | Path) -> tuple[dict, Path]:
     data = load_yaml(read_text(p, "scenario", "scenario file"), "scenario", str(p))
     if not isinstance(data, dict):
         got = "an empty file" if data is None else f"a YAML {type(data).__name__}"
-        raise ConfigError("scenario", str(p), f"a YAML mapping of sections (model, gpu, workload, ...); this file "
-                                              f"holds {got} (write {{}} for every default)")
+        raise ConfigError(
+            "scenario",
+            str(p),
+            f"a YAML mapping of sections (model, gpu, workload, ...); this file "
+            f"holds {got} (write {{}} for every default)",
+        )
     return data, p.parent
 
 

@@ -104,37 +104,90 @@ class EnginePreset:
 #: Terms a serving benchmark can fit (the rest are structural: taken from the engines' code).
 FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_spread_cycles")
 
-_VLLM_SRC = "vLLM 0.12.0 (engine/arg_utils.py get_batch_defaults; config/vllm.py capture sizes; " \
-            "cuda_communicator.py custom all-reduce 8 MiB)"
-_SGL_SRC = "SGLang 0.5.x (server_args.py: chunked_prefill_size 8192, enable_mixed_chunk False, " \
-           "cuda_graph_max_bs 160-256; custom all-reduce 8 MiB; overlap scheduler on)"
-_TRT_SRC = "TensorRT-LLM 1.0-1.2 (trtllm-serve: max_batch_size 2048, max_num_tokens 8192, chunked prefill off, " \
-           "GUARANTEED_NO_EVICT; decode-only CUDA graphs up to 128; AllReduce+RMSNorm fusion)"
+_VLLM_SRC = (
+    "vLLM 0.12.0 (engine/arg_utils.py get_batch_defaults; config/vllm.py capture sizes; "
+    "cuda_communicator.py custom all-reduce 8 MiB)"
+)
+_SGL_SRC = (
+    "SGLang 0.5.x (server_args.py: chunked_prefill_size 8192, enable_mixed_chunk False, "
+    "cuda_graph_max_bs 160-256; custom all-reduce 8 MiB; overlap scheduler on)"
+)
+_TRT_SRC = (
+    "TensorRT-LLM 1.0-1.2 (trtllm-serve: max_batch_size 2048, max_num_tokens 8192, chunked prefill off, "
+    "GUARANTEED_NO_EVICT; decode-only CUDA graphs up to 128; AllReduce+RMSNorm fusion)"
+)
 
-_FIT_SRC = "kvsim calibrate --from-serving-bench builtin (673 closed-loop runs, aiconfigurator-core 0.12.0 " \
-            "silicon_dense_train.csv; Nelder-Mead, 60 evaluations per engine)"
+_FIT_SRC = (
+    "kvsim calibrate --from-serving-bench builtin (673 closed-loop runs, aiconfigurator-core 0.12.0 "
+    "silicon_dense_train.csv; Nelder-Mead, 60 evaluations per engine)"
+)
 
 #: Built-in presets. Fitted terms hold the values of ``kvsim calibrate --from-serving-bench`` on the
 #: training file shipped in calibration/data/serving-bench (see docs/calibration.md).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
-        name="vllm", kernels="vllm", host_s=2.87e-3, host_per_seq_s=35.9e-6, host_hidden=0.442, graph_max_tokens=512, graph_mixed=True,
-        eager_per_layer_s=20e-6, elementwise_per_layer=3, custom_allreduce_max_bytes=8 << 20,
-        frontend_s=7.21e-3, frontend_per_token_s=0.0, max_num_seqs=1024, max_num_batched_tokens=8192,
-        chunked_prefill=True, mixed_batches=True, reserve_output=False, client_spread_cycles=0.0995,
-        sources=(("structure", _VLLM_SRC), ("fitted", _FIT_SRC))),
+        name="vllm",
+        kernels="vllm",
+        host_s=2.87e-3,
+        host_per_seq_s=35.9e-6,
+        host_hidden=0.442,
+        graph_max_tokens=512,
+        graph_mixed=True,
+        eager_per_layer_s=20e-6,
+        elementwise_per_layer=3,
+        custom_allreduce_max_bytes=8 << 20,
+        frontend_s=7.21e-3,
+        frontend_per_token_s=0.0,
+        max_num_seqs=1024,
+        max_num_batched_tokens=8192,
+        chunked_prefill=True,
+        mixed_batches=True,
+        reserve_output=False,
+        client_spread_cycles=0.0995,
+        sources=(("structure", _VLLM_SRC), ("fitted", _FIT_SRC)),
+    ),
     "sglang": EnginePreset(
-        name="sglang", kernels="sglang", host_s=0.861e-3, host_per_seq_s=37.3e-6, host_hidden=0.527, graph_max_tokens=160, graph_mixed=False,
-        eager_per_layer_s=20e-6, elementwise_per_layer=4, custom_allreduce_max_bytes=8 << 20,
-        frontend_s=11.5e-3, frontend_per_token_s=0.0, max_num_seqs=2048, max_num_batched_tokens=8192,
-        chunked_prefill=True, mixed_batches=False, reserve_output=False, client_spread_cycles=0.0202,
-        sources=(("structure", _SGL_SRC), ("fitted", _FIT_SRC))),
+        name="sglang",
+        kernels="sglang",
+        host_s=0.861e-3,
+        host_per_seq_s=37.3e-6,
+        host_hidden=0.527,
+        graph_max_tokens=160,
+        graph_mixed=False,
+        eager_per_layer_s=20e-6,
+        elementwise_per_layer=4,
+        custom_allreduce_max_bytes=8 << 20,
+        frontend_s=11.5e-3,
+        frontend_per_token_s=0.0,
+        max_num_seqs=2048,
+        max_num_batched_tokens=8192,
+        chunked_prefill=True,
+        mixed_batches=False,
+        reserve_output=False,
+        client_spread_cycles=0.0202,
+        sources=(("structure", _SGL_SRC), ("fitted", _FIT_SRC)),
+    ),
     "trtllm": EnginePreset(
-        name="trtllm", kernels="trtllm", host_s=0.848e-3, host_per_seq_s=32.2e-6, host_hidden=0.469, graph_max_tokens=128, graph_mixed=False,
-        eager_per_layer_s=20e-6, elementwise_per_layer=2, custom_allreduce_max_bytes=8_000_000,
-        frontend_s=101e-3, frontend_per_token_s=0.0, max_num_seqs=2048, max_num_batched_tokens=8192,
-        chunked_prefill=False, mixed_batches=True, reserve_output=True, client_spread_cycles=0.971,
-        sources=(("structure", _TRT_SRC), ("fitted", _FIT_SRC))),
+        name="trtllm",
+        kernels="trtllm",
+        host_s=0.848e-3,
+        host_per_seq_s=32.2e-6,
+        host_hidden=0.469,
+        graph_max_tokens=128,
+        graph_mixed=False,
+        eager_per_layer_s=20e-6,
+        elementwise_per_layer=2,
+        custom_allreduce_max_bytes=8_000_000,
+        frontend_s=101e-3,
+        frontend_per_token_s=0.0,
+        max_num_seqs=2048,
+        max_num_batched_tokens=8192,
+        chunked_prefill=False,
+        mixed_batches=True,
+        reserve_output=True,
+        client_spread_cycles=0.971,
+        sources=(("structure", _TRT_SRC), ("fitted", _FIT_SRC)),
+    ),
 }
 
 
@@ -146,9 +199,16 @@ def get_preset(kind: str) -> EnginePreset | None:
 #: Files of fitted terms (``kvsim calibrate --from-serving-bench``), named by ``engine.terms_file``.
 TERMS_FORMAT = "kvsim-engine-terms"
 #: Allowed range of each fitted term (seconds, or a share).
-TERM_RANGES = {"host_s": (0.0, 1.0), "host_per_seq_s": (0.0, 0.01), "host_hidden": (0.0, 1.0),
-               "frontend_s": (0.0, 600.0), "frontend_per_token_s": (0.0, 0.01), "eager_per_layer_s": (0.0, 0.01),
-               "client_spread_cycles": (0.0, 100.0), "client_cv": (0.0, 10.0)}
+TERM_RANGES = {
+    "host_s": (0.0, 1.0),
+    "host_per_seq_s": (0.0, 0.01),
+    "host_hidden": (0.0, 1.0),
+    "frontend_s": (0.0, 600.0),
+    "frontend_per_token_s": (0.0, 0.01),
+    "eager_per_layer_s": (0.0, 0.01),
+    "client_spread_cycles": (0.0, 100.0),
+    "client_cv": (0.0, 10.0),
+}
 
 
 def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
@@ -159,8 +219,12 @@ def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(key, str(path), f"a readable JSON file ({type(exc).__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != TERMS_FORMAT or not isinstance(doc.get("engines"), dict):
-        raise ConfigError(key, str(path), f'a JSON object with "format": "{TERMS_FORMAT}" and "engines" '
-                                          "(kvsim calibrate --from-serving-bench writes one)")
+        raise ConfigError(
+            key,
+            str(path),
+            f'a JSON object with "format": "{TERMS_FORMAT}" and "engines" '
+            "(kvsim calibrate --from-serving-bench writes one)",
+        )
     out: dict[str, dict[str, float]] = {}
     for engine, terms in doc["engines"].items():
         if engine not in PRESETS or not isinstance(terms, dict):

@@ -39,12 +39,12 @@ def quote(value: object) -> str:
     except Exception:  # noqa: BLE001 - a value whose repr fails is still named
         text = f"<{type(value).__name__}>"
     text = text.replace("\n", " ")
-    return text if len(text) <= MAX_QUOTED_CHARS else text[:MAX_QUOTED_CHARS - 1] + "…"
+    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 1] + "…"
 
 
 def _one_line(text: str, limit: int = 1000) -> str:
     text = " ".join(str(text).split("\n"))
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class ConfigError(ValueError):

@@ -64,6 +64,7 @@ class HfModel:
 
 # --- finding the file -----------------------------------------------------------------------
 
+
 def shipped_models() -> list[str]:
     """Hugging Face ids of the configs in ``scenarios/models/``."""
     out = []
@@ -90,20 +91,31 @@ def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
         if cand.is_dir() and (cand / "config.json").is_file():
             return cand / "config.json"
     short = str(ref).strip().replace("/", "--", 1)
-    hits = [q for q in MODELS_DIR.glob(f"*{_SUFFIX}") if not q.name.endswith(_QUANT_SUFFIX)
-            and (q.name[: -len(_SUFFIX)].lower() == short.lower()
-                 or q.name[: -len(_SUFFIX)].split("--", 1)[-1].lower() == short.lower())]
+    hits = [
+        q
+        for q in MODELS_DIR.glob(f"*{_SUFFIX}")
+        if not q.name.endswith(_QUANT_SUFFIX)
+        and (
+            q.name[: -len(_SUFFIX)].lower() == short.lower()
+            or q.name[: -len(_SUFFIX)].split("--", 1)[-1].lower() == short.lower()
+        )
+    ]
     if len(hits) == 1:
         return hits[0]
-    raise ConfigError(KEY, ref, "a config.json path (absolute, or relative to the scenario file, scenarios/ or the "
-                                f"working directory), a folder holding config.json, or a shipped model: "
-                                f"{', '.join(shipped_models()) or 'none'}")
+    raise ConfigError(
+        KEY,
+        ref,
+        "a config.json path (absolute, or relative to the scenario file, scenarios/ or the "
+        f"working directory), a folder holding config.json, or a shipped model: "
+        f"{', '.join(shipped_models()) or 'none'}",
+    )
 
 
 def model_section(model: str) -> dict:
     """A command line's ``--model``: a catalog name as ``model.name``, else a Hugging Face config
     (path or shipped id) as ``model.hf_config``."""
     from sim.catalog import MODELS
+
     if model in MODELS:
         return {"name": model}
     p = Path(model).expanduser()
@@ -120,6 +132,7 @@ def label_for(path: Path) -> str:
 
 
 # --- reading it -----------------------------------------------------------------------------
+
 
 def read_hf_config(path: str | Path) -> HfModel:
     """Parse one config (cached per file, and per modification time of it and its quantisation siblings)."""
@@ -159,11 +172,15 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if field("head_dim") is not None:
         head_dim = whole("head_dim")
     elif hidden % heads:
-        raise ConfigError(KEY, str(path), f"'head_dim', or a hidden_size ({hidden}) divisible by num_attention_heads ({heads})")
+        raise ConfigError(
+            KEY, str(path), f"'head_dim', or a hidden_size ({hidden}) divisible by num_attention_heads ({heads})"
+        )
     else:
         head_dim = hidden // heads
     if heads % kv_heads:
-        raise ConfigError(KEY, str(path), f"num_attention_heads ({heads}) divisible by num_key_value_heads ({kv_heads})")
+        raise ConfigError(
+            KEY, str(path), f"num_attention_heads ({heads}) divisible by num_key_value_heads ({kv_heads})"
+        )
     intermediate, vocab = whole("intermediate_size"), whole("vocab_size")
     max_position = whole("max_position_embeddings") if field("max_position_embeddings") is not None else 4096
     model_type = str(field("model_type", ""))
@@ -172,21 +189,36 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
 
     weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
     wq, kq, qsrc = _quantisation(path, top)
-    params, vision = _param_count(cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type)
+    params, vision = _param_count(
+        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type
+    )
     notes = [f"Hugging Face config {path.name}"]
     if cfg is not top:
-        notes.append("text tower of a vision-language model" + (f"; vision encoder {vision / 1e9:.2f}B params counted"
-                                                                 if vision else "; vision encoder not counted"))
+        notes.append(
+            "text tower of a vision-language model"
+            + (f"; vision encoder {vision / 1e9:.2f}B params counted" if vision else "; vision encoder not counted")
+        )
     if qsrc is not None:
         notes.append(f"quantisation from {qsrc.name}")
         if _block_scaled(top):
             notes.append("block-scaled fp8 weights priced as per-tensor fp8 GEMMs")
     if field("num_nextn_predict_layers"):
         notes.append("multi-token-prediction layers not counted (loaded only for speculative decoding)")
-    spec = ModelSpec(name=label_for(path), layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim, intermediate=intermediate, params=float(params), vocab=vocab,
-                     max_position=max_position, sliding_window=window, source="; ".join(notes),
-                     layer_types=layer_types)
+    spec = ModelSpec(
+        name=label_for(path),
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=intermediate,
+        params=float(params),
+        vocab=vocab,
+        max_position=max_position,
+        sliding_window=window,
+        source="; ".join(notes),
+        layer_types=layer_types,
+    )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)
 
@@ -207,9 +239,14 @@ def _load_json(path: Path) -> dict:
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
-_LINEAR_KEYS = {"linear_attn_config": "linear-attention layers", "attn_type_list": "linear-attention layers",
-                "layers_block_type": "state-space (mamba) layers", "hybrid_override_pattern": "state-space (mamba) layers",
-                "mamba_num_heads": "state-space (mamba) layers", "ssm_cfg": "state-space (mamba) layers"}
+_LINEAR_KEYS = {
+    "linear_attn_config": "linear-attention layers",
+    "attn_type_list": "linear-attention layers",
+    "layers_block_type": "state-space (mamba) layers",
+    "hybrid_override_pattern": "state-space (mamba) layers",
+    "mamba_num_heads": "state-space (mamba) layers",
+    "ssm_cfg": "state-space (mamba) layers",
+}
 
 
 def _refuse(path: Path, field: str, value, what: str):
@@ -231,10 +268,19 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
     if first("block_configs") is not None:
         blocks = first("block_configs")
         noop = sum(1 for b in blocks if isinstance(b, dict) and (b.get("attention") or {}).get("no_op"))
-        mults = sorted(float(m) for m in {(b.get("ffn") or {}).get("ffn_mult") for b in blocks if isinstance(b, dict)}
-                       if isinstance(m, (int, float)))
-        what = (f"per-layer block shapes ({noop} of {len(blocks)} layers without attention, FFN multipliers "
-                f"{mults[0]}-{mults[-1]}; one shape per layer is modelled) are") if mults else "per-layer block shapes are"
+        mults = sorted(
+            float(m)
+            for m in {(b.get("ffn") or {}).get("ffn_mult") for b in blocks if isinstance(b, dict)}
+            if isinstance(m, (int, float))
+        )
+        what = (
+            (
+                f"per-layer block shapes ({noop} of {len(blocks)} layers without attention, FFN multipliers "
+                f"{mults[0]}-{mults[-1]}; one shape per layer is modelled) are"
+            )
+            if mults
+            else "per-layer block shapes are"
+        )
         raise ConfigError(KEY, str(path), f"block_configs: {what} not supported yet ({_DENSE_ONLY})")
     for key in _MOE_KEYS:
         if first(key) is not None:
@@ -263,6 +309,7 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
 
 # --- attention layout -----------------------------------------------------------------------
 
+
 def _attention_layout(path: Path, cfg: dict, layers: int, model_type: str) -> tuple[tuple[str, ...], int | None]:
     """(per-layer types, window): ``()`` when every layer is alike (sliding iff a window is returned)."""
     window = cfg.get("sliding_window")
@@ -273,8 +320,12 @@ def _attention_layout(path: Path, cfg: dict, layers: int, model_type: str) -> tu
     types = cfg.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) != layers:
-            raise ConfigError(KEY, str(path), f"'layer_types' must list one type per layer ({layers}); got "
-                                              f"{len(types) if isinstance(types, list) else type(types).__name__}")
+            raise ConfigError(
+                KEY,
+                str(path),
+                f"'layer_types' must list one type per layer ({layers}); got "
+                f"{len(types) if isinstance(types, list) else type(types).__name__}",
+            )
         t = tuple(str(x) for x in types)
     elif window is None:
         return (), None
@@ -300,9 +351,16 @@ def _attention_layout(path: Path, cfg: dict, layers: int, model_type: str) -> tu
 
 # --- dtypes ---------------------------------------------------------------------------------
 
-_DTYPE16 = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
-            # Served in 16 bits: engines cast fp32 checkpoints down (vLLM's dtype "auto").
-            "float32": "bf16", "float": "bf16"}
+_DTYPE16 = {
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "half": "fp16",
+    # Served in 16 bits: engines cast fp32 checkpoints down (vLLM's dtype "auto").
+    "float32": "bf16",
+    "float": "bf16",
+}
 
 
 def _dtype16(path: Path, name) -> str:
@@ -341,8 +399,11 @@ def _quantisation(path: Path, top: dict) -> tuple[str | None, str | None, Path |
     kv = next((k for _, k, _ in found if k), None)
     for w, k, src in found:
         if (w and w != weight) or (k and k != kv):
-            raise ConfigError(KEY, str(src), f"the same dtypes as {found[0][2].name} (weights {weight}, KV {kv}); "
-                                             f"got weights {w}, KV {k}")
+            raise ConfigError(
+                KEY,
+                str(src),
+                f"the same dtypes as {found[0][2].name} (weights {weight}, KV {kv}); got weights {w}, KV {k}",
+            )
     return weight, kv, found[0][2]
 
 
@@ -359,19 +420,28 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
             if w.get("num_bits") == 8 and w.get("type") == "float":
                 weight = "fp8"
             else:
-                raise ConfigError(KEY, str(path), f"{where}.config_groups weights {w.get('num_bits')}-bit "
-                                                  f"{w.get('type')}: only fp8 weights are supported yet")
+                raise ConfigError(
+                    KEY,
+                    str(path),
+                    f"{where}.config_groups weights {w.get('num_bits')}-bit "
+                    f"{w.get('type')}: only fp8 weights are supported yet",
+                )
     elif method or algo:
-        raise ConfigError(KEY, str(path), f"{where}: quantisation {algo or method!r} not supported yet "
-                                          "(fp8 weights, fp8 KV cache)")
+        raise ConfigError(
+            KEY, str(path), f"{where}: quantisation {algo or method!r} not supported yet (fp8 weights, fp8 KV cache)"
+        )
     kv: str | None = None
     scheme = qc.get("kv_cache_scheme", qc.get("kv_cache_quant_algo"))
     if isinstance(scheme, dict):
         if scheme.get("num_bits") == 8 and scheme.get("type") == "float":
             kv = "fp8"
         else:
-            raise ConfigError(KEY, str(path), f"{where}.kv_cache_scheme {scheme.get('num_bits')}-bit {scheme.get('type')}: "
-                                              "only an fp8 KV cache is supported yet")
+            raise ConfigError(
+                KEY,
+                str(path),
+                f"{where}.kv_cache_scheme {scheme.get('num_bits')}-bit {scheme.get('type')}: "
+                "only an fp8 KV cache is supported yet",
+            )
     elif scheme:
         if str(scheme).lower() != "fp8":
             raise ConfigError(KEY, str(path), f"{where}: KV-cache quantisation {scheme!r} not supported yet (fp8 only)")
@@ -386,8 +456,20 @@ def _block_scaled(top: dict) -> bool:
 
 # --- parameters -----------------------------------------------------------------------------
 
-def _param_count(cfg: dict, top: dict, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                 intermediate: int, vocab: int, tied: bool, model_type: str) -> tuple[int, int]:
+
+def _param_count(
+    cfg: dict,
+    top: dict,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool,
+    model_type: str,
+) -> tuple[int, int]:
     """(all weights, of which vision encoder) counted from the shapes."""
     embed = vocab * hidden * (1 if tied else 2)
     attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
@@ -403,7 +485,9 @@ def _param_count(cfg: dict, top: dict, layers: int, hidden: int, heads: int, kv_
 def _vision_params(vc) -> int:
     """Qwen-VL vision encoder: patch and position embeddings, ViT blocks, patch mergers (0 when the
     config does not give those fields)."""
-    if not isinstance(vc, dict) or not all(isinstance(vc.get(k), int) for k in ("depth", "hidden_size", "intermediate_size")):
+    if not isinstance(vc, dict) or not all(
+        isinstance(vc.get(k), int) for k in ("depth", "hidden_size", "intermediate_size")
+    ):
         return 0
     h, i, depth = vc["hidden_size"], vc["intermediate_size"], vc["depth"]
     block = (4 * h * h + 4 * h) + (2 * h * i + i + h) + 4 * h  # attention, MLP (with biases), two LayerNorms
@@ -418,6 +502,7 @@ def _vision_params(vc) -> int:
 
 # --- scenarios ------------------------------------------------------------------------------
 
+
 def apply_to_scenario(sc) -> None:
     """Resolve a validated scenario's ``model.hf_config`` in place: the file must exist and parse;
     ``model.name`` becomes the config's label unless the scenario gave one; ``weight_dtype`` and
@@ -430,9 +515,13 @@ def apply_to_scenario(sc) -> None:
     given = m.model_fields_set
     if "name" in given and m.name is not None and m.name != hf.spec.name:
         if m.name in MODELS or m.name == "custom":
-            raise ConfigError("model.name", m.name, f"a label, not a catalog model, when model.hf_config is given "
-                                                    f"({m.hf_config}): the config is the model. Drop model.name "
-                                                    "(kvsim run --model replaces the whole model section)")
+            raise ConfigError(
+                "model.name",
+                m.name,
+                f"a label, not a catalog model, when model.hf_config is given "
+                f"({m.hf_config}): the config is the model. Drop model.name "
+                "(kvsim run --model replaces the whole model section)",
+            )
     else:
         m.name = hf.spec.name
     if "weight_dtype" not in given:
@@ -447,7 +536,10 @@ def scenario_model(sc) -> ModelSpec:
 
     m = sc.model
     spec = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).spec
-    dims = {f.name: getattr(m, f.name) for f in fields(ModelSpec)
-            if f.name != "name" and getattr(m, f.name, None) is not None}
+    dims = {
+        f.name: getattr(m, f.name)
+        for f in fields(ModelSpec)
+        if f.name != "name" and getattr(m, f.name, None) is not None
+    }
     label = m.name or spec.name
     return replace(spec, **dims, name=label + ("*" if dims else ""))

@@ -70,8 +70,12 @@ def read_bytes(path: str | Path, key: str, what: str, max_bytes: int = MAX_TEXT_
     return data
 
 
-_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"), (codecs.BOM_UTF16_LE, "UTF-16"),
-         (codecs.BOM_UTF16_BE, "UTF-16"))
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "UTF-32"),
+    (codecs.BOM_UTF32_BE, "UTF-32"),
+    (codecs.BOM_UTF16_LE, "UTF-16"),
+    (codecs.BOM_UTF16_BE, "UTF-16"),
+)
 
 
 def decode(data: bytes, source: str, key: str, what: str) -> str:
@@ -86,7 +90,9 @@ def decode(data: bytes, source: str, key: str, what: str) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ConfigError(key, source, f"a UTF-8 {what} (byte 0x{data[exc.start]:02x} on line {line} is not UTF-8)") from None
+        raise ConfigError(
+            key, source, f"a UTF-8 {what} (byte 0x{data[exc.start]:02x} on line {line} is not UTF-8)"
+        ) from None
 
 
 def read_text(path: str | Path, key: str, what: str, max_bytes: int = MAX_TEXT_BYTES) -> str:
@@ -207,8 +213,9 @@ def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> A
         raise _too_deep(key, source, "YAML") from None
     check_nesting(data, key, source, "YAML")
     if _expanded_values(data, {}, key, source) > MAX_YAML_VALUES:
-        raise ConfigError(key, source, f"YAML of at most {MAX_YAML_VALUES:,} values once its aliases (*name) are "
-                                       "expanded")
+        raise ConfigError(
+            key, source, f"YAML of at most {MAX_YAML_VALUES:,} values once its aliases (*name) are expanded"
+        )
     return data
 
 

@@ -101,8 +101,11 @@ def active() -> bool:
     # Where the import system finds (or found) the replica module, without importing the engine
     # from this low layer.
     mod = sys.modules.get("sim.engine.replica")
-    origin = getattr(mod, "__file__", None) if mod is not None else getattr(
-        importlib.util.find_spec("sim.engine.replica"), "origin", None)
+    origin = (
+        getattr(mod, "__file__", None)
+        if mod is not None
+        else getattr(importlib.util.find_spec("sim.engine.replica"), "origin", None)
+    )
     return origin is not None and not str(origin).endswith(".py")
 
 
@@ -121,9 +124,12 @@ def guard() -> str:
     st = state()
     if st in ("off", "stale"):
         if st == "stale":
-            warnings.warn("kvsim: the compiled hot path is older than its sources; running the sources "
-                          "(rebuild with `kvsim native build`, or `./dev setup`)", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "kvsim: the compiled hot path is older than its sources; running the sources "
+                "(rebuild with `kvsim native build`, or `./dev setup`)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _SourceFinder())
     return st
@@ -164,8 +170,12 @@ def build(opt_level: str = "3", log=None) -> list[Path]:
     paths = [str(_source(m).relative_to(ROOT)) for m in MODULES]
     with tempfile.TemporaryDirectory(prefix="kvsim-native-") as tmp:
         # In the tree's root: mypy names modules from their paths, and pyproject.toml holds its options.
-        proc = subprocess.run([sys.executable, "-c", _SETUP, ",".join(paths), opt_level, tmp, GROUP],
-                              cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _SETUP, ",".join(paths), opt_level, tmp, GROUP],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     if log is not None:
         log(proc.stdout + proc.stderr)
     built = extensions()
@@ -173,6 +183,15 @@ def build(opt_level: str = "3", log=None) -> list[Path]:
         clean()
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise NativeBuildError(f"mypyc build failed (exit {proc.returncode}):\n{tail}")
-    MANIFEST.write_text(json.dumps({"sources": {m: _hash(_source(m)) for m in MODULES},
-                                    "python": sys.version.split()[0], "opt_level": opt_level}, indent=1) + "\n")
+    MANIFEST.write_text(
+        json.dumps(
+            {
+                "sources": {m: _hash(_source(m)) for m in MODULES},
+                "python": sys.version.split()[0],
+                "opt_level": opt_level,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     return built

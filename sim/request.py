@@ -20,11 +20,32 @@ class Request:
     tokens are still to compute (1 while decoding, more in (re)prefill).
     """
 
-    __slots__ = ("id", "prompt", "output", "arrival", "admitted", "first_token", "finish", "computed",
-                 "generated", "preemptions", "replica", "status", "reason", "truncated", "client", "seq_no", "swapped", "last_progress", "hashes", "priority")
+    __slots__ = (
+        "id",
+        "prompt",
+        "output",
+        "arrival",
+        "admitted",
+        "first_token",
+        "finish",
+        "computed",
+        "generated",
+        "preemptions",
+        "replica",
+        "status",
+        "reason",
+        "truncated",
+        "client",
+        "seq_no",
+        "swapped",
+        "last_progress",
+        "hashes",
+        "priority",
+    )
 
-    def __init__(self, rid: int, prompt: int, output: int, arrival: float, client: int = -1, hashes=None,
-                 priority: int = 0):
+    def __init__(
+        self, rid: int, prompt: int, output: int, arrival: float, client: int = -1, hashes=None, priority: int = 0
+    ):
         self.id = rid
         self.prompt = prompt
         self.output = output

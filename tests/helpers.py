@@ -20,9 +20,12 @@ def tiny_scenario(kv_tokens: int = 4096, **over):
         "seed": 3,
         "model": {"name": "tiny-llama"},
         "gpu": {"name": "cpu", "activation_reserve_bytes": act},
-        "workload": {"num_requests": 60, "max_model_len": 1024,
-                     "arrival": {"kind": "poisson", "rate": 20.0},
-                     "lengths": {"kind": "uniform", "prompt_min": 8, "prompt_max": 400, "output_min": 1, "output_max": 120}},
+        "workload": {
+            "num_requests": 60,
+            "max_model_len": 1024,
+            "arrival": {"kind": "poisson", "rate": 20.0},
+            "lengths": {"kind": "uniform", "prompt_min": 8, "prompt_max": 400, "output_min": 1, "output_max": 120},
+        },
         "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
         "allocator": {"kind": "paged", "block_size": 16},
     }

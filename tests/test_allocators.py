@@ -17,7 +17,8 @@ N_EXAMPLES = 10_000
 
 ops = st.lists(
     st.tuples(st.sampled_from(["admit", "grow", "release"]), st.integers(0, 7), st.integers(1, 300)),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 
@@ -84,8 +85,12 @@ def _twin_pools(lengths: list[int], block: int, capacity: int):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
-       st.integers(1, 80))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.integers(1, 32),
+    st.integers(100, 4000),
+    st.integers(1, 80),
+)
 def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps):
     a, b, seqs = _twin_pools(lengths, block, capacity)
     if not seqs:
@@ -107,15 +112,15 @@ def test_paged_decode_window_equals_stepping(lengths, block, capacity, max_steps
 def test_static_reservations_tile_the_arena_first_fit():
     a = StaticAllocator(100, 1, 30)
     for i in range(3):
-        assert a.admit(i, 1) is Grow.OK       # [0,30) [30,60) [60,90); tail [90,100)
+        assert a.admit(i, 1) is Grow.OK  # [0,30) [30,60) [60,90); tail [90,100)
     assert a.admit(3, 1) is Grow.NO_SPACE
     assert a.refusals["insufficient_free"] == 1
     a.release(1)
     assert a.arena.free_extents() == [(30, 30), (90, 10)]
-    assert a.admit(4, 1) is Grow.OK and a.extent[4] == 30   # first fit reuses the hole
+    assert a.admit(4, 1) is Grow.OK and a.extent[4] == 30  # first fit reuses the hole
     a.release(0)
     a.release(4)
-    assert a.arena.free_extents() == [(0, 60), (90, 10)]    # neighbours merged
+    assert a.arena.free_extents() == [(0, 60), (90, 10)]  # neighbours merged
 
 
 def test_static_overflow():
@@ -129,8 +134,13 @@ def test_static_overflow():
 
 
 @settings(max_examples=500)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
-       st.integers(0, 40), st.integers(1, 120))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.integers(1, 32),
+    st.integers(100, 4000),
+    st.integers(0, 40),
+    st.integers(1, 120),
+)
 def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, steps):
     """Granting k cohort iterations = growing each member by one token k times."""
     a, b, seqs = _twin_pools(lengths, block, capacity)
@@ -151,12 +161,18 @@ def test_paged_cohort_equals_per_sequence_growth(lengths, block, capacity, G, st
 
 
 @settings(max_examples=300)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(0, 40),
-       st.integers(1, 80), st.data())
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.integers(1, 32),
+    st.integers(0, 40),
+    st.integers(1, 80),
+    st.data(),
+)
 def test_paged_cohort_fast_paths_equal_their_references(lengths, block, G, steps, data):
     """The cohort's block events and time integrals (the engine's per-window hot path) equal the
     one-iteration-at-a-time definitions they replace."""
     from sim.allocators.cohort import Cohort
+
     a, _, seqs = _twin_pools(lengths, block, 100_000)
     for s in seqs:
         a.cohort.join(s, a.used[s], G)
@@ -173,6 +189,7 @@ def test_paged_cohort_fast_paths_equal_their_references(lengths, block, G, steps
 @given(ops, st.integers(1, 32), st.integers(400, 3000), st.floats(0.0, 0.4), st.floats(0.6, 1.0))
 def test_hybrid_reserve_invariants(seq_ops, block, capacity, reserve, preempt):
     from sim.allocators import HybridReserveAllocator
+
     a = HybridReserveAllocator(capacity, 100, block, reserve_fraction=reserve, preempt_at_usage=preempt)
     _run(a, seq_ops, _paged_layout)
     held = a.num_blocks - a.free_blocks
@@ -221,8 +238,15 @@ def test_hybrid_tail_invariants(seq_ops, block, capacity, threshold):
     """Every slot is owned once, whatever the hints: a short-hinted sequence that outgrows the
     threshold moves to a static slot (or is evicted when none is free)."""
     from sim.allocators import HybridTailAllocator
-    a = HybridTailAllocator(capacity, 100, static_tokens=capacity // 2, reserve_tokens=300,
-                            long_threshold_tokens=threshold, block_size=block)
+
+    a = HybridTailAllocator(
+        capacity,
+        100,
+        static_tokens=capacity // 2,
+        reserve_tokens=300,
+        long_threshold_tokens=threshold,
+        block_size=block,
+    )
     _run_tiered(a, seq_ops, hints=True)
 
 
@@ -230,6 +254,7 @@ def test_hybrid_tail_invariants(seq_ops, block, capacity, threshold):
 @given(ops, st.integers(1, 32), st.integers(400, 3000), st.integers(1, 300), st.floats(0.05, 0.6))
 def test_static_fallback_invariants(seq_ops, block, capacity, reserve, fraction):
     from sim.allocators.tiered import StaticFallbackAllocator
+
     fallback = max(2 * block, int(capacity * fraction))
     a = StaticFallbackAllocator(StaticAllocator(capacity, 100, reserve), PagedAllocator(fallback, 100, block), 100)
     _run_tiered(a, seq_ops, hints=False)
@@ -241,6 +266,7 @@ def test_tiered_moves_copy_and_evict():
     could never fit there)."""
     from sim.allocators import HybridTailAllocator
     from sim.allocators.tiered import StaticFallbackAllocator
+
     a = HybridTailAllocator(2000, 100, static_tokens=600, reserve_tokens=300, long_threshold_tokens=100, block_size=16)
     for s in (1, 2, 3):
         a.hint(s, 50)
@@ -262,8 +288,12 @@ def test_tiered_moves_copy_and_evict():
     assert f.grow(7, 401) is Grow.OVERFLOW  # longer than the whole fallback region
     f.release(7)
     assert f.admit(8, 250) is Grow.OK and f._where[8] is f.pool  # already past a reservation
-    assert f.move_report() == {"fallback_entries": 2, "fallback_moves": 1, "fallback_copy_bytes": 150 * 100,
-                               "fallback_evictions": 0}
+    assert f.move_report() == {
+        "fallback_entries": 2,
+        "fallback_moves": 1,
+        "fallback_copy_bytes": 150 * 100,
+        "fallback_evictions": 0,
+    }
     f.check_invariants()
 
 
@@ -271,6 +301,7 @@ def test_tiered_moves_copy_and_evict():
 @given(ops, st.integers(1, 32), st.integers(200, 3000), st.integers(16, 600))
 def test_sliding_window_invariants(seq_ops, block, capacity, window):
     from sim.allocators.sliding_window import SlidingWindowPagedAllocator
+
     a = SlidingWindowPagedAllocator(max(capacity, 4 * block), 100, block, window=window)
 
     def layout(x):

@@ -121,11 +121,11 @@ def _run(a, seq_ops) -> None:
                 assert _snapshot(a) == snap, "a refused grow changed state"
             elif isinstance(a, DynamicAllocator):
                 events, copied = snap[4]
-                if a.size[seq] == snap[1][seq]:        # within its extent: no work
+                if a.size[seq] == snap[1][seq]:  # within its extent: no work
                     assert (a.work.events, a.work.copy_bytes) == (events, copied)
-                elif a.extent[seq] == snap[0][seq]:    # grown in place: one event
+                elif a.extent[seq] == snap[0][seq]:  # grown in place: one event
                     assert (a.work.events, a.work.copy_bytes) == (events + 1, copied)
-                else:                                  # relocated: one event, the used tokens copied
+                else:  # relocated: one event, the used tokens copied
                     assert (a.work.events, a.work.copy_bytes) == (events + 1, copied + before * a.bpt)
         elif op == "release" and seq in live:
             a.release(seq)
@@ -144,8 +144,14 @@ def _run(a, seq_ops) -> None:
 
 
 @settings(FAST, max_examples=N_EXAMPLES)
-@given(ops, st.sampled_from(DYNAMIC), st.sampled_from(PLACEMENTS), st.integers(50, 3000), st.integers(1, 64),
-       st.integers(1, 400))
+@given(
+    ops,
+    st.sampled_from(DYNAMIC),
+    st.sampled_from(PLACEMENTS),
+    st.integers(50, 3000),
+    st.integers(1, 64),
+    st.integers(1, 400),
+)
 def test_contiguous_invariants(seq_ops, dynamic, static_placement, capacity, chunk, reserve):
     """One dynamic and one static allocator (configurations drawn) on the same random operations."""
     growth, placement = dynamic
@@ -156,6 +162,7 @@ def test_contiguous_invariants(seq_ops, dynamic, static_placement, capacity, chu
 
 # --- placement policies ------------------------------------------------------------------
 
+
 def test_first_fit_vs_best_fit():
     for placement, small in (("first_fit", 0), ("best_fit", 40)):
         a = make_arena(placement, 100)
@@ -164,7 +171,7 @@ def test_first_fit_vs_best_fit():
         a.free(40, 10)
         a.free(60, 40)
         assert a.free_extents() == [(0, 30), (40, 10), (60, 40)]
-        assert a.allocate(8) == small            # first fit: the lowest hole; best fit: the 10-hole
+        assert a.allocate(8) == small  # first fit: the lowest hole; best fit: the 10-hole
         assert a.allocate(35) == 60
         assert a.allocate(101) is None
 
@@ -174,9 +181,9 @@ def test_best_fit_picks_smallest_lowest_on_ties():
     starts = [a.allocate(10) for _ in range(10)]
     assert starts == list(range(0, 100, 10))
     for s in (10, 30, 60, 70):
-        a.free(s, 10)                   # holes: 10@10, 10@30, 20@60
-    assert a.allocate(15) == 60          # the 20-hole, not a 10-hole
-    assert a.allocate(10) == 10          # tie between 10@10 and 10@30: lowest address
+        a.free(s, 10)  # holes: 10@10, 10@30, 20@60
+    assert a.allocate(15) == 60  # the 20-hole, not a 10-hole
+    assert a.allocate(10) == 10  # tie between 10@10 and 10@30: lowest address
     f = make_arena("first_fit", 100)
     for _ in range(10):
         f.allocate(10)
@@ -190,36 +197,36 @@ def test_try_extend():
         a = make_arena(placement, 100)
         x = a.allocate(10)
         y = a.allocate(10)
-        assert not a.try_extend(x, 10, 11)          # y is in the way
+        assert not a.try_extend(x, 10, 11)  # y is in the way
         assert a.try_extend(y, 10, 90) and a.free_total == 0
         assert not a.try_extend(y, 90, 91)
         a.free(x, 10)
         a.free(y, 90)
         assert a.free_extents() == [(0, 100)]
     b = make_arena("buddy", 64)
-    x = b.allocate(3)                             # block 4 at 0
-    y = b.allocate(4)                             # block 4 at 4
+    x = b.allocate(3)  # block 4 at 0
+    y = b.allocate(4)  # block 4 at 4
     assert (x, y) == (0, 4)
-    assert not b.try_extend(x, 3, 5)              # buddy 4@4 is taken
-    assert not b.try_extend(y, 4, 8)              # 4 is not aligned to 8
+    assert not b.try_extend(x, 3, 5)  # buddy 4@4 is taken
+    assert not b.try_extend(y, 4, 8)  # 4 is not aligned to 8
     assert b.try_extend(y, 4, 4)
     b.free(y, 4)
-    assert b.try_extend(x, 3, 20)                 # 4 -> 32: buddies 4@4, 8@8, 16@16 all free
+    assert b.try_extend(x, 3, 20)  # 4 -> 32: buddies 4@4, 8@8, 16@16 all free
     assert b.free_extents() == [(32, 32)]
     b.free(x, 20)
     assert b.free_extents() == [(0, 64)]
 
 
 def test_buddy_blocks_split_merge_and_report_internal_fragmentation():
-    b = BuddyArena(1000)                          # 512 + 256 + 128 + 64 + 32 + 8
+    b = BuddyArena(1000)  # 512 + 256 + 128 + 64 + 32 + 8
     assert b.initial_blocks() == [(0, 512), (512, 256), (768, 128), (896, 64), (960, 32), (992, 8)]
     assert b.max_extent == 512 and b.free_total == 1000
     assert b.allocate(513) is None
-    x = b.allocate(100)                           # 128: the 128 top-level block, no split needed
+    x = b.allocate(100)  # 128: the 128 top-level block, no split needed
     assert x == 768 and b.granted(100) == 128
-    y = b.allocate(5)                             # 8: the 8 top-level block
+    y = b.allocate(5)  # 8: the 8 top-level block
     assert y == 992
-    z = b.allocate(9)                             # 16: splits 32@960
+    z = b.allocate(9)  # 16: splits 32@960
     assert z == 960 and b.free_extents()[-1] == (976, 16)
     for s, n in ((x, 100), (y, 5), (z, 9)):
         b.free(s, n)
@@ -228,25 +235,26 @@ def test_buddy_blocks_split_merge_and_report_internal_fragmentation():
     # Through a dynamic allocator: reserved counts whole blocks.
     d = DynamicAllocator(1024, 1, "token", placement="buddy")
     assert d.admit(0, 300) is Grow.OK and d.reserved_tokens() == 512 and d.used_total == 300
-    assert d.grow(0, 512) is Grow.OK and d.work.events == 1       # inside its block: no event
+    assert d.grow(0, 512) is Grow.OK and d.work.events == 1  # inside its block: no event
     assert d.grow(0, 513) is Grow.OK and d.size[0] == 1024 and d.work.events == 2  # extended in place
     s = StaticAllocator(1024, 1, 300, placement="buddy")
     assert s.admit(0, 10) is Grow.OK and s.admit(1, 10) is Grow.OK
     assert s.reserved_tokens() == 1024 and s.admit(2, 1) is Grow.NO_SPACE
     with pytest.raises(ValueError):
-        StaticAllocator(1000, 1, 600, placement="buddy")           # needs a 1024 block, largest is 512
+        StaticAllocator(1000, 1, 600, placement="buddy")  # needs a 1024 block, largest is 512
     with pytest.raises(ValueError):
         make_arena("worst_fit", 10)
 
 
 # --- dynamic growth ------------------------------------------------------------------------
 
+
 def test_grow_in_place_relocate_refuse():
     a = DynamicAllocator(100, 2)
-    assert a.admit(0, 10) is Grow.OK and a.admit(1, 10) is Grow.OK      # [0,10) [10,20)
-    assert a.grow(1, 30) is Grow.OK and a.extent[1] == 10                # in place
+    assert a.admit(0, 10) is Grow.OK and a.admit(1, 10) is Grow.OK  # [0,10) [10,20)
+    assert a.grow(1, 30) is Grow.OK and a.extent[1] == 10  # in place
     assert a.work.events == 3 and a.work.copy_bytes == 0
-    assert a.grow(0, 40) is Grow.OK and a.extent[0] == 40                # relocated past seq 1
+    assert a.grow(0, 40) is Grow.OK and a.extent[0] == 40  # relocated past seq 1
     assert a.work.events == 4 and a.work.copy_bytes == 10 * 2 and a.relocations == 1
     assert a.arena.free_extents() == [(0, 10), (80, 20)]
     # seq 1 [10,40) wants 55: neither in place (seq 0 at 40) nor elsewhere (largest 20);
@@ -255,14 +263,14 @@ def test_grow_in_place_relocate_refuse():
     assert a.grow(1, 55) is Grow.NO_SPACE
     assert a.refusals[NO_CONTIGUOUS_EXTENT] == 1
     assert (dict(a.extent), dict(a.size), a.arena.free_extents()) == snap and a.used[1] == 30
-    assert a.grow(1, 61) is Grow.NO_SPACE                                # 30 + 30 < 61
+    assert a.grow(1, 61) is Grow.NO_SPACE  # 30 + 30 < 61
     assert a.refusals[INSUFFICIENT_FREE] == 1
     assert a.admit(2, 101) is Grow.OVERFLOW and a.refusals[EXCEEDS_RESERVATION] == 1
     assert a.admit(2, 25) is Grow.NO_SPACE and a.refusals[NO_CONTIGUOUS_EXTENT] == 2
-    assert a.compact() == 30 + 40                                        # both move down
+    assert a.compact() == 30 + 40  # both move down
     assert a.extent == {1: 0, 0: 30} and a.arena.free_extents() == [(70, 30)]
     assert a.work.copy_bytes == (10 + 70) * 2
-    assert a.grow(0, 70) is Grow.OK and a.extent[0] == 30                # now in place
+    assert a.grow(0, 70) is Grow.OK and a.extent[0] == 30  # now in place
 
 
 def test_chunked_growth_takes_chunk_times_fewer_events():
@@ -278,11 +286,12 @@ def test_chunked_growth_takes_chunk_times_fewer_events():
         events[growth] = a.take_work().events
         assert a.reserved_tokens() == 4 * (2000 if growth == "token" else 2048)
     assert events["token"] == 4 * 2000
-    assert events["chunk"] == 4 * 4                                      # 512, 1024, 1536, 2048
+    assert events["chunk"] == 4 * 4  # 512, 1024, 1536, 2048
     assert events["token"] / events["chunk"] >= 100
 
 
 # --- stranded memory: the article's mix -------------------------------------------------------
+
 
 def test_first_fit_strands_memory_on_the_article_mix():
     """128 / 2 048 / 14 000-token sequences in a first-fit arena: after the short ones finish,
@@ -312,9 +321,9 @@ def test_first_fit_strands_memory_on_the_article_mix():
     assert a.admit(1000, 14_000) is Grow.NO_SPACE
     assert a.refusals[NO_CONTIGUOUS_EXTENT] == 1 and a.refusals[INSUFFICIENT_FREE] == 0
     assert a.stats().external_fragmentation > 0.5 and a.utilization() < 0.7 and a.should_compact()
-    assert p.admit(1000, 14_000) is Grow.OK                              # no contiguity needed
+    assert p.admit(1000, 14_000) is Grow.OK  # no contiguity needed
     moved = a.compact()
-    assert moved == sum(n for n in kinds.values() if n == 128)          # every survivor slides down
+    assert moved == sum(n for n in kinds.values() if n == 128)  # every survivor slides down
     assert a.arena.free_extents() == [(a.reserved_tokens(), cap - a.reserved_tokens())]
     assert a.admit(1000, 14_000) is Grow.OK
 
@@ -340,9 +349,16 @@ def test_churn_on_the_article_mix_counts_stranded_refusals(placement):
 
 # --- decode windows -------------------------------------------------------------------------------
 
+
 @settings(FAST, max_examples=300)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.sampled_from(DYNAMIC), st.integers(1, 64),
-       st.integers(100, 4000), st.integers(1, 80), st.lists(st.integers(0, 11), max_size=4))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.sampled_from(DYNAMIC),
+    st.integers(1, 64),
+    st.integers(100, 4000),
+    st.integers(1, 80),
+    st.lists(st.integers(0, 11), max_size=4),
+)
 def test_dynamic_decode_window_equals_stepping(lengths, gp, chunk, capacity, max_steps, releases):
     growth, placement = gp
 

@@ -46,8 +46,10 @@ def _peaks(kt) -> Peaks:
     return Peaks(kt.system.bf16_flops, kt.system.fp8_flops, kt.system.mem_bw)
 
 
-@pytest.mark.parametrize("system,n,k", [("h100_sxm", 4096, 4096), ("h100_sxm", 5120, 8192), ("h200_sxm", 12288, 3072),
-                                        ("a100_sxm", 2048, 7168)])
+@pytest.mark.parametrize(
+    "system,n,k",
+    [("h100_sxm", 4096, 4096), ("h100_sxm", 5120, 8192), ("h200_sxm", 12288, 3072), ("a100_sxm", 2048, 7168)],
+)
 def test_heldout_gemm_shape(system, n, k):
     kt = tables(system)
     g = kt.gemm
@@ -61,8 +63,15 @@ def test_heldout_gemm_shape(system, n, k):
     assert np.median(err) <= 0.05, (np.median(err), np.percentile(err, 95))
 
 
-@pytest.mark.parametrize("system,kind,heads,kv_heads", [("h100_sxm", "generation", 40, 8), ("h200_sxm", "generation", 24, 4),
-                                                        ("h100_sxm", "context", 32, 8), ("h200_sxm", "context", 64, 8)])
+@pytest.mark.parametrize(
+    "system,kind,heads,kv_heads",
+    [
+        ("h100_sxm", "generation", 40, 8),
+        ("h200_sxm", "generation", 24, 4),
+        ("h100_sxm", "context", 32, 8),
+        ("h200_sxm", "context", 64, 8),
+    ],
+)
 def test_heldout_attention_shape(system, kind, heads, kv_heads):
     kt = tables(system)
     table = kt.generation if kind == "generation" else kt.context
@@ -84,8 +93,18 @@ def test_heldout_attention_shape(system, kind, heads, kv_heads):
 def test_off_catalog_model_prices_and_counts_outside_shapes():
     # Qwen3-32B's per-GPU shapes at TP2 are not catalog shapes of the profile; its LM head
     # (151936 / 2 = 75968 columns) is wider than any measured GEMM (65536): counted out of range.
-    qwen = with_overrides(get_model("llama-3.1-8b"), name="q32", layers=64, hidden=5120, heads=64, kv_heads=8,
-                          head_dim=128, intermediate=25600, vocab=151936, params=32.8e9)
+    qwen = with_overrides(
+        get_model("llama-3.1-8b"),
+        name="q32",
+        layers=64,
+        hidden=5120,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=25600,
+        vocab=151936,
+        params=32.8e9,
+    )
     cm = ProfileCostModel(load_profile("h100-sxm"), qwen, get_gpu("H100-SXM-80GB"), tensor_parallel=2)
     t = cm.step_time_s(BatchShape(decode_seqs=16, decode_kv_tokens=16 * 1500))
     assert 0.005 < t < 0.1

@@ -99,9 +99,11 @@ def test_bad_scenario_upload_shows_error_and_keeps_state(at, content, needle):
 def test_good_scenario_upload_replaces_knobs(at):
     small_run(at)
     at.radio(key="src").set_value("Upload").run()
-    yaml_text = (b"name: up\nworkload:\n  num_requests: 120\n  arrival: {kind: gamma, rate: 4, cv: 3}\n"
-                 b"  lengths: {kind: uniform, prompt_min: 10, prompt_max: 300, output_min: 5, output_max: 60}\n"
-                 b"allocator: {kind: static, reserve: p99, overflow: truncate}\n")
+    yaml_text = (
+        b"name: up\nworkload:\n  num_requests: 120\n  arrival: {kind: gamma, rate: 4, cv: 3}\n"
+        b"  lengths: {kind: uniform, prompt_min: 10, prompt_max: 300, output_min: 5, output_max: 60}\n"
+        b"allocator: {kind: static, reserve: p99, overflow: truncate}\n"
+    )
     at.file_uploader(key="scenario_upload").upload("mine.yaml", yaml_text, "text/yaml")
     at.run()
     assert not at.error, [e.value for e in at.error]
@@ -124,7 +126,9 @@ def test_bad_trace_upload_shows_error_and_keeps_lengths(at):
 
 
 def test_trace_upload_drives_lengths(at):
-    rows = "arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{i * 0.1},{100 + i},{20 + i % 7}\n" for i in range(300))
+    rows = "arrival_s,prompt_tokens,output_tokens\n" + "".join(
+        f"{i * 0.1},{100 + i},{20 + i % 7}\n" for i in range(300)
+    )
     at.file_uploader(key="trace_upload").upload("my trace.csv", rows.encode(), "text/csv")
     at.run()
     assert not at.error, [e.value for e in at.error]
@@ -149,15 +153,22 @@ def test_compare_page(at):
 def test_sweeps_page_upload(at):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     at.radio(key="page").set_value("Sweeps & plan").run()
     assert not at.exception, at.exception
     at.file_uploader(key="sweep_upload").upload("x.parquet", b"not parquet", "application/octet-stream")
     at.run()
     assert "readable Parquet" in " ".join(e.value for e in at.error)
-    t = pa.table({"point": [0, 1, 2, 3], "status": ["ok"] * 4,
-                  "allocator.kind": ["paged", "paged", "static", "static"],
-                  "workload.arrival.rate": [5.0, 10.0, 5.0, 10.0],
-                  "ttft_s.p99": [0.1, 0.3, 2.0, 9.0], "throughput_tokens_per_s": [1e3, 2e3, 9e2, 1.1e3]})
+    t = pa.table(
+        {
+            "point": [0, 1, 2, 3],
+            "status": ["ok"] * 4,
+            "allocator.kind": ["paged", "paged", "static", "static"],
+            "workload.arrival.rate": [5.0, 10.0, 5.0, 10.0],
+            "ttft_s.p99": [0.1, 0.3, 2.0, 9.0],
+            "throughput_tokens_per_s": [1e3, 2e3, 9e2, 1.1e3],
+        }
+    )
     buf = io.BytesIO()
     pq.write_table(t, buf)
     at.file_uploader(key="sweep_upload").upload("sweep.parquet", buf.getvalue(), "application/octet-stream")
@@ -168,6 +179,7 @@ def test_sweeps_page_upload(at):
 
 def test_calibration_page(at):
     from sim.cost.profile import PROFILE_DIR, list_profiles
+
     at.radio(key="page").set_value("Calibration").run()
     assert not at.exception, at.exception
     if not list_profiles():

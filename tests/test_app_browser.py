@@ -29,8 +29,15 @@ pytestmark = pytest.mark.timing
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("KVSIM_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 #: Loose bound for a loaded 2-core CI machine; the measured number is printed (target: < 2 s).
 CHARTS_BOUND_S = 10.0
 
@@ -80,10 +87,29 @@ def server(tmp_path):
     log = open(tmp_path / "streamlit.log", "w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(REPO / "app.py"),
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -148,8 +174,9 @@ def test_explore_in_browser(server, tmp_path):
             run = page.get_by_role("button", name="▶ Run")
             run.wait_for(timeout=60_000)
             # The page is ready when the empty chart frames are drawn (plotly.js loaded).
-            page.wait_for_function("n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n",
-                                   arg=5, timeout=60_000)
+            page.wait_for_function(
+                "n => document.querySelectorAll('.js-plotly-plot .main-svg').length >= n", arg=5, timeout=60_000
+            )
             page.wait_for_load_state("networkidle")
             time.sleep(1.0)
 

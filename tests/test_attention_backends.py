@@ -36,8 +36,7 @@ def cpu_backends() -> list[str]:
 
 def backend(name: str):
     # flex eagerly: the same mask_mod and block mask, no compile (the compiled kernel has its own test)
-    return AB.FlexBackend(torch, torch.device("cpu"), compile=False) if name == "flex" else \
-        AB.make(name, torch, "cpu")
+    return AB.FlexBackend(torch, torch.device("cpu"), compile=False) if name == "flex" else AB.make(name, torch, "cpu")
 
 
 def random_batch(g, block_size, num_blocks, ctx, new, kv_heads=4, head_dim=32, heads=8, spare=1, dtype=torch.float32):
@@ -48,14 +47,14 @@ def random_batch(g, block_size, num_blocks, ctx, new, kv_heads=4, head_dim=32, h
     tables, at = [], 0
     for c, n in zip(ctx, new):
         m = -(-(c + n) // block_size) + spare  # tables may hold more blocks than the KV needs
-        tables.append(perm[at:at + m])
+        tables.append(perm[at : at + m])
         at += m
     q = torch.randn(sum(new), heads, head_dim, generator=g).to(dtype)
     refs, off = [], 0
     for t, c, n in zip(tables, ctx, new):
-        k = kp[t].reshape(-1, kv_heads, head_dim)[:c + n].float()
-        v = vp[t].reshape(-1, kv_heads, head_dim)[:c + n].float()
-        refs.append(chunk_attention(q[off:off + n].float(), k, v, c))
+        k = kp[t].reshape(-1, kv_heads, head_dim)[: c + n].float()
+        v = vp[t].reshape(-1, kv_heads, head_dim)[: c + n].float()
+        refs.append(chunk_attention(q[off : off + n].float(), k, v, c))
         off += n
     return kp, vp, q, AB.PagedBatch.of(tables, ctx, new, block_size), torch.cat(refs)
 
@@ -108,9 +107,12 @@ def test_calibration_closures_compute_attention(name):
 
     def randn(*shape):
         return torch.randn(*shape, generator=g)
-    for calls in (be.decode_contiguous_calls(randn, 2, 3, 40, 8, 4, 32),
-                  be.decode_paged_calls(randn, 0, 2, 3, 40, 8, 4, 32, 16),
-                  be.prefill_calls(randn, 0, 2, 2, 24, 8, 4, 32)):
+
+    for calls in (
+        be.decode_contiguous_calls(randn, 2, 3, 40, 8, 4, 32),
+        be.decode_paged_calls(randn, 0, 2, 3, 40, 8, 4, 32, 16),
+        be.prefill_calls(randn, 0, 2, 2, 24, 8, 4, 32),
+    ):
         assert len(calls) == 2
         for c in calls:
             o = c()
@@ -123,10 +125,19 @@ def test_engine_tokens_same_on_every_backend(name):
     preemption give every request the tokens the sdpa engine gives (the same greedy decode)."""
     from sim.catalog import GPUS
     from sim.cost.model import RooflineCostModel
+
     torch.set_num_threads(1)
     net = Transformer(TINY, "fp32", "cpu", seed=0)
-    cfg = EngineConfig(TINY, num_blocks=11, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
-                       allocator="paged", max_model_len=160, seed=3)
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=11,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=48,
+        allocator="paged",
+        max_model_len=160,
+        seed=3,
+    )
     trace = [(0.0, 70, 9), (0.001, 33, 12), (0.002, 90, 6), (0.02, 5, 10), (0.03, 60, 8)]
     cost = RooflineCostModel(TINY, GPUS["cpu"])
     ref = Engine(cfg, model=net, attention=backend("sdpa")).run(trace, clock="virtual", cost=cost)
@@ -136,6 +147,7 @@ def test_engine_tokens_same_on_every_backend(name):
 
 
 # --- selection and errors ---------------------------------------------------------------------------
+
 
 def test_auto_on_cpu_is_sdpa_and_flex_runs_here():
     assert AB.select("auto", "cpu") == "sdpa"
@@ -150,9 +162,17 @@ def _fake(name, *, available=True, version="0.0-fake", bad_block=None):
 
     def block_size_problem(self, bs):
         return "too small" if bad_block and bs == bad_block else None
-    return type(f"Fake{name}", (AB.SdpaBackend,), {"name": name, "unavailable": classmethod(unavailable),
-                                                  "version": lambda self: version,
-                                                  "block_size_problem": block_size_problem})
+
+    return type(
+        f"Fake{name}",
+        (AB.SdpaBackend,),
+        {
+            "name": name,
+            "unavailable": classmethod(unavailable),
+            "version": lambda self: version,
+            "block_size_problem": block_size_problem,
+        },
+    )
 
 
 def test_auto_order_on_cuda():
@@ -180,7 +200,9 @@ def test_block_size_limits():
     assert AB.FlexBackend(torch, cuda, compile=False).block_size_problem(8)
     assert AB.FlexBackend(torch, cuda, compile=False).block_size_problem(16) is None
     assert AB.FlexBackend(torch, torch.device("cpu"), compile=False).block_size_problem(8) is None
-    assert AB.VllmBackend(torch, cuda).block_size_problem(8) and AB.VllmBackend(torch, cuda).block_size_problem(32) is None
+    assert (
+        AB.VllmBackend(torch, cuda).block_size_problem(8) and AB.VllmBackend(torch, cuda).block_size_problem(32) is None
+    )
     assert AB.FlashInferBackend(torch, cuda).dtype_problem(torch.float32)
 
 
@@ -199,6 +221,7 @@ def test_engine_rejects_a_block_size_its_backend_cannot_use():
 
 
 # --- FlashInfer and vLLM argument building, against stand-ins of their documented calls ------------
+
 
 def _reference_pages(q, k_cache, v_cache, pages, kv_len, causal_queries: int, scale):
     """Attention of ``q`` [n, H, d] over the first ``kv_len`` tokens of ``pages`` (NHD pages)."""
@@ -223,9 +246,10 @@ class _FakeFlashInferDecode:
         indptr, indices, last, ps, kw = self.p
         out = []
         for b in range(len(indptr) - 1):
-            pages = indices[indptr[b]:indptr[b + 1]]
-            out.append(_reference_pages(q[b:b + 1], kv[0], kv[1], pages, (len(pages) - 1) * ps + last[b], 1,
-                                        kw["sm_scale"]))
+            pages = indices[indptr[b] : indptr[b + 1]]
+            out.append(
+                _reference_pages(q[b : b + 1], kv[0], kv[1], pages, (len(pages) - 1) * ps + last[b], 1, kw["sm_scale"])
+            )
         return torch.cat(out)
 
 
@@ -242,15 +266,35 @@ class _FakeFlashInferPrefill(_FakeFlashInferDecode):
         indptr, indices, last, ps, kw = self.p
         out = []
         for b in range(len(indptr) - 1):
-            pages = indices[indptr[b]:indptr[b + 1]]
+            pages = indices[indptr[b] : indptr[b + 1]]
             n = self.qo[b + 1] - self.qo[b]
-            out.append(_reference_pages(q[self.qo[b]:self.qo[b + 1]], kv[0], kv[1], pages,
-                                        (len(pages) - 1) * ps + last[b], n, kw["sm_scale"]))
+            out.append(
+                _reference_pages(
+                    q[self.qo[b] : self.qo[b + 1]],
+                    kv[0],
+                    kv[1],
+                    pages,
+                    (len(pages) - 1) * ps + last[b],
+                    n,
+                    kw["sm_scale"],
+                )
+            )
         return torch.cat(out)
 
 
-def _fake_flash_attn_varlen(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                            seqused_k=None, cu_seqlens_k=None, block_table=None):
+def _fake_flash_attn_varlen(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    max_seqlen_q,
+    max_seqlen_k,
+    softmax_scale,
+    causal,
+    seqused_k=None,
+    cu_seqlens_k=None,
+    block_table=None,
+):
     """FlashAttention's varlen call as vLLM documents it: request b's queries ``q[cu_q[b]:cu_q[b+1]]``;
     with a block table its KV is ``seqused_k[b]`` tokens through ``block_table[b]`` in the
     ``[blocks, block_size, kv_heads, d]`` caches, else ``k[cu_k[b]:cu_k[b+1]]``; causal bottom-right."""
@@ -263,11 +307,18 @@ def _fake_flash_attn_varlen(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, s
             L = int(seqused_k[b])
             assert L <= max_seqlen_k
             pages = block_table[b, : -(-L // k.shape[1])].tolist()
-            out.append(_reference_pages(q[cq[b]:cq[b + 1]], k, v, pages, L, n, softmax_scale))
+            out.append(_reference_pages(q[cq[b] : cq[b + 1]], k, v, pages, L, n, softmax_scale))
         else:
             ck = cu_seqlens_k.tolist()
-            out.append(chunk_attention(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]],
-                                       ck[b + 1] - ck[b] - n, softmax_scale))
+            out.append(
+                chunk_attention(
+                    q[cq[b] : cq[b + 1]],
+                    k[ck[b] : ck[b + 1]],
+                    v[ck[b] : ck[b + 1]],
+                    ck[b + 1] - ck[b] - n,
+                    softmax_scale,
+                )
+            )
     return torch.cat(out)
 
 
@@ -275,8 +326,11 @@ def _fake_flash_attn_varlen(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, s
 def test_flashinfer_arguments(case):
     """FlashInfer's plan gets page indptr, indices and last-page lengths that read each sequence's own KV."""
     be = AB.FlashInferBackend(torch, torch.device("cpu"))
-    be._fi = types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_FakeFlashInferDecode,
-                                   BatchPrefillWithPagedKVCacheWrapper=_FakeFlashInferPrefill, __version__="fake")
+    be._fi = types.SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=_FakeFlashInferDecode,
+        BatchPrefillWithPagedKVCacheWrapper=_FakeFlashInferPrefill,
+        __version__="fake",
+    )
     bs, nblocks, ctx, new = CASES[case]
     kp, vp, q, batch, ref = random_batch(torch.Generator().manual_seed(5), bs, nblocks, ctx, new)
     plan = be.plan_paged(batch, heads=8, kv_heads=4, head_dim=32, num_blocks=nblocks, dtype=torch.float32)
@@ -307,11 +361,13 @@ def test_engine_chunks_follow_decode_rows():
         def paged(self, plan, q, k_pool, v_pool, scale=None):
             seen.append(("chunks" if plan.chunks else "decode", q.shape[0]))
             return super().paged(plan, q, k_pool, v_pool, scale)
+
     net = Transformer(TINY, "fp32", "cpu", seed=0)
     cfg = EngineConfig(TINY, num_blocks=40, block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
     eng = Engine(cfg, model=net, attention=Recording(torch, torch.device("cpu")))
     from sim.catalog import GPUS
     from sim.cost.model import RooflineCostModel
+
     eng.run([(0.0, 20, 3), (0.0, 90, 2)], clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
     layers = TINY.layers
     assert ("chunks", 64) in seen and ("decode", 1) in seen
@@ -329,11 +385,13 @@ def test_engine_warms_its_backend_up_once_before_timing():
         def warm_up(self, k_pool, v_pool, **kw):
             calls.append(kw)
             return 7
+
     net = Transformer(TINY, "fp32", "cpu", seed=0)
     cfg = EngineConfig(TINY, num_blocks=40, block_size=16, max_num_seqs=4, max_num_batched_tokens=64)
     eng = Engine(cfg, model=net, attention=Counting(torch, torch.device("cpu")))
     from sim.catalog import GPUS
     from sim.cost.model import RooflineCostModel
+
     for _ in range(2):
         eng.run([(0.0, 20, 2)], clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
     assert len(calls) == 1 and calls[0]["max_seqs"] == 4 and calls[0]["max_tokens"] == 64

@@ -19,8 +19,14 @@ print(json.dumps([count("bench-1m", 60), count("bench-1m", 60)]))
 
 def test_opcount_is_deterministic_and_names_the_engine():
     # The interpreted engine (bytecodes are what it counts), whether or not a compiled build exists.
-    p = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, env=dict(os.environ, KVSIM_NATIVE="0"),
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        cwd=ROOT,
+        env=dict(os.environ, KVSIM_NATIVE="0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     a, b = json.loads(p.stdout.strip().splitlines()[-1])
     assert a["bytecodes_per_request"] == b["bytecodes_per_request"] > 100
@@ -35,6 +41,7 @@ def test_costmodel_bench_records_the_engines_calls(tmp_path):
     # not recorded a second time.
     sys.path.insert(0, str(ROOT))
     from bench.costmodel import run
+
     data = run(True, tmp_path)
     assert data["mixed_step_calls"] > 0 and data["decode_window_calls"] > 0
     assert data["calls"] == data["engine_batch_changes"]  # one pricing call per batch change, none twice
@@ -46,6 +53,7 @@ def test_host_modes_bench_tabulates_every_kind(tmp_path):
     the probe over itself is 1 by construction."""
     pytest.importorskip("torch")
     from bench.host_modes import KINDS, run
+
     res = run(True, tmp_path, seconds=1.0)
     assert res["rounds"] >= 3 and set(res["kinds"]) == set(KINDS)
     probe = res["kinds"]["probe"]
@@ -61,6 +69,7 @@ def test_decode_spread_bench_times_the_same_work(tmp_path):
     ratios are reported for both batch sizes."""
     pytest.importorskip("torch")
     from bench.decode_spread import LAYOUTS, run
+
     res = run(True, tmp_path, rounds=1)
     assert res["max_rel_diff"] < 1e-5
     assert all(res["batches"][b][lay]["us"] > 0 for b in res["batches"] for lay in LAYOUTS)

@@ -17,10 +17,12 @@ def projection_shapes(dims: dict) -> dict[str, tuple[int, int]]:
     """(n, k) of each Vidur operator for a Llama layer at TP1."""
     d = dims["hidden"] // dims["heads"]
     up = dims["intermediate"] * (2 if dims["gated"] else 1)
-    return {"attn_pre_proj": ((dims["heads"] + 2 * dims["kv_heads"]) * d, dims["hidden"]),
-            "attn_post_proj": (dims["hidden"], dims["hidden"]),
-            "mlp_up_proj": (up, dims["hidden"]),
-            "mlp_down_proj": (dims["hidden"], dims["intermediate"])}
+    return {
+        "attn_pre_proj": ((dims["heads"] + 2 * dims["kv_heads"]) * d, dims["hidden"]),
+        "attn_post_proj": (dims["hidden"], dims["hidden"]),
+        "mlp_up_proj": (up, dims["hidden"]),
+        "mlp_down_proj": (dims["hidden"], dims["intermediate"]),
+    }
 
 
 @pytest.mark.parametrize("gpu,system", [("a100", "a100_sxm"), ("h100", "h100_sxm")])

@@ -36,6 +36,7 @@ def _app():
     import typer
 
     from calibration.cli import calibrate_command
+
     app = typer.Typer()
     app.command("calibrate")(calibrate_command)
     app.command("noop")(lambda: None)
@@ -46,8 +47,9 @@ def _app():
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "cpu.json"
     t0 = time.perf_counter()
-    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick",
-                                    "--out", str(out)])
+    r = CliRunner().invoke(
+        _app(), ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick", "--out", str(out)]
+    )
     wall = time.perf_counter() - t0
     assert r.exit_code == 0, (r.output, r.exception)
     return out, wall, r.output
@@ -73,12 +75,22 @@ def test_quick_run_writes_profile_sidecar_and_report(quick):
     assert p.layout["measured_kernel"].startswith(f"sdpa {torch.__version__}: gather")
     pq_path, html = K.sidecar_paths(out)
     import pyarrow.parquet as pq
+
     raw = pq.read_table(pq_path).to_pydict()
     fams = set(raw["family"])
-    assert {"gemm", "context_attention", "generation_attention", "memory", "elementwise", "alloc", "cpu_overhead"} <= fams
+    assert {
+        "gemm",
+        "context_attention",
+        "generation_attention",
+        "memory",
+        "elementwise",
+        "alloc",
+        "cpu_overhead",
+    } <= fams
     assert all(t > 0 for t in raw["median_s"])
     try:
         import plotly  # noqa: F401
+
         assert html.is_file() and "plotly" in html.read_text()[:200_000].lower()
     except ImportError:
         assert not html.exists()
@@ -86,15 +98,22 @@ def test_quick_run_writes_profile_sidecar_and_report(quick):
 
 def test_profile_drives_a_simulation(quick):
     out, _, _ = quick
-    sc = scenario_from_dict({
-        "name": "cpu-profile", "seed": 1,
-        "model": {"name": "tiny-llama"}, "gpu": {"name": "cpu"},
-        "workload": {"num_requests": 40, "max_model_len": 1024, "arrival": {"kind": "poisson", "rate": 20.0},
-                     "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 400, "output_min": 4,
-                                 "output_max": 64}},
-        "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024},
-        "cost_model": {"profile": str(out)},
-    })
+    sc = scenario_from_dict(
+        {
+            "name": "cpu-profile",
+            "seed": 1,
+            "model": {"name": "tiny-llama"},
+            "gpu": {"name": "cpu"},
+            "workload": {
+                "num_requests": 40,
+                "max_model_len": 1024,
+                "arrival": {"kind": "poisson", "rate": 20.0},
+                "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 400, "output_min": 4, "output_max": 64},
+            },
+            "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024},
+            "cost_model": {"profile": str(out)},
+        }
+    )
     res = simulate(sc)
     s = res.summary
     assert json.dumps(s)
@@ -140,18 +159,24 @@ def test_heldout_points_remeasured(quick):
         return (lambda b: b.gemm_calls(m, 512, 256), lambda: p.gemm[keys.qkv](np.array([float(m)]))[0][0])
 
     def dec(bt, L):
-        return (lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
-                lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+        return (
+            lambda b: b.decode_calls(bt, L, h, kvh, d, K.REFERENCE_BLOCK_SIZE),
+            lambda: p.generation_attention[keys.attention](bt, np.array([float(L)]))[0][0],
+        )
 
     def pre(bt, L):
-        return (lambda b: b.context_calls(bt, L, h, kvh, d),
-                lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0])
+        return (
+            lambda b: b.context_calls(bt, L, h, kvh, d),
+            lambda: p.context_attention[keys.attention](bt, np.array([float(L)]))[0][0],
+        )
 
     # held-out point -> (its measurement, neighbouring grid points that set the host-speed factor)
-    cases = {"gemm gate_up m=96": (gemm_gu(96), [gemm_gu(64), gemm_gu(128)]),
-             "gemm qkv m=384": (gemm_qkv(384), [gemm_qkv(256), gemm_qkv(512)]),
-             "decode paged b=6 L=384": (dec(6, 384), [dec(4, 256), dec(8, 512)]),
-             "prefill b=3 s=96": (pre(3, 96), [pre(2, 64), pre(4, 128)])}
+    cases = {
+        "gemm gate_up m=96": (gemm_gu(96), [gemm_gu(64), gemm_gu(128)]),
+        "gemm qkv m=384": (gemm_qkv(384), [gemm_qkv(256), gemm_qkv(512)]),
+        "decode paged b=6 L=384": (dec(6, 384), [dec(4, 256), dec(8, 512)]),
+        "prefill b=3 s=96": (pre(3, 96), [pre(2, 64), pre(4, 128)]),
+    }
     for m in (96, 384):
         assert m not in plan.gemm_m
     for m in (64, 128, 256, 512):
@@ -171,12 +196,16 @@ def test_heldout_points_remeasured(quick):
             bench.close()
         errs = {}
         for i, label in enumerate(cases):
-            (_, pred), grid = flat[3 * i], flat[3 * i + 1: 3 * i + 3]
+            (_, pred), grid = flat[3 * i], flat[3 * i + 1 : 3 * i + 3]
             t_held = timings[3 * i].median_s
-            speed = float(np.sqrt(np.prod([timings[3 * i + 1 + j].median_s / float(g[1]()) for j, g in enumerate(grid)])))
+            speed = float(
+                np.sqrt(np.prod([timings[3 * i + 1 + j].median_s / float(g[1]()) for j, g in enumerate(grid)]))
+            )
             errs[label] = abs(float(pred()) * speed - t_held) / t_held
-            print(f"{label}: predicted {float(pred()) * 1e6:.1f} us x host speed {speed:.2f} vs re-measured "
-                  f"{t_held * 1e6:.1f} us")
+            print(
+                f"{label}: predicted {float(pred()) * 1e6:.1f} us x host speed {speed:.2f} vs re-measured "
+                f"{t_held * 1e6:.1f} us"
+            )
         attempts.append({k: f"{v:.1%}" for k, v in errs.items()})
         median = float(np.median(list(errs.values())))
         if median <= HELDOUT_BOUND and max(errs.values()) <= 0.5:
@@ -189,46 +218,61 @@ def test_heldout_points_remeasured(quick):
 
 # --- errors --------------------------------------------------------------------------------
 
+
 def test_unknown_device(tmp_path):
-    r = CliRunner().invoke(_app(), ["calibrate", "--device", "tpu", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    r = CliRunner().invoke(
+        _app(), ["calibrate", "--device", "tpu", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")]
+    )
     assert isinstance(r.exception, ConfigError)
     assert "calibrate.device" in str(r.exception) and "tpu" in str(r.exception) and "cpu, cuda" in str(r.exception)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_cuda(tmp_path):
-    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cuda", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
+    r = CliRunner().invoke(
+        _app(), ["calibrate", "--device", "cuda", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")]
+    )
     assert isinstance(r.exception, ConfigError)
     assert "calibrate.device" in str(r.exception) and "CUDA" in str(r.exception)
     assert not (tmp_path / "x.json").exists()
 
 
 def test_model_not_in_catalog(tmp_path):
-    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "gpt-17", "--out", str(tmp_path / "x.json")])
+    r = CliRunner().invoke(
+        _app(), ["calibrate", "--device", "cpu", "--model", "gpt-17", "--out", str(tmp_path / "x.json")]
+    )
     assert isinstance(r.exception, ConfigError)
     assert "model.name" in str(r.exception) and "gpt-17" in str(r.exception) and "tiny-llama" in str(r.exception)
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--device", "cpu", "--kernels", "triton"], "one of auto, flex, flashinfer, vllm, sdpa"),
-    (["--device", "cpu", "--kernels", "flashinfer"], "CUDA only.*available: sdpa, flex"),
-    (["--from-tables", "calibration/data/gpu-kernels", "--kernels", "flex"], "auto with --from-tables")])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--device", "cpu", "--kernels", "triton"], "one of auto, flex, flashinfer, vllm, sdpa"),
+        (["--device", "cpu", "--kernels", "flashinfer"], "CUDA only.*available: sdpa, flex"),
+        (["--from-tables", "calibration/data/gpu-kernels", "--kernels", "flex"], "auto with --from-tables"),
+    ],
+)
 def test_kernels_option_errors(tmp_path, args, match):
     r = CliRunner().invoke(_app(), ["calibrate", *args, "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
     assert isinstance(r.exception, ConfigError)
     assert "calibrate.kernels" in str(r.exception)
     import re
+
     assert re.search(match, str(r.exception)), str(r.exception)
     assert not (tmp_path / "x.json").exists()
 
 
 def test_fp8_not_timed(tmp_path):
-    r = CliRunner().invoke(_app(), ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--dtype", "fp8",
-                                    "--out", str(tmp_path / "x.json")])
+    r = CliRunner().invoke(
+        _app(),
+        ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--dtype", "fp8", "--out", str(tmp_path / "x.json")],
+    )
     assert isinstance(r.exception, ConfigError) and "calibrate.dtype" in str(r.exception)
 
 
 # --- the shipped cpu-reference profile ------------------------------------------------------
+
 
 def test_cpu_reference_builtin():
     assert "cpu-reference" in list_profiles()
@@ -257,7 +301,9 @@ def test_host_speed_applies_per_sample_when_passes_differ_in_length():
                 return 1.0 + sum(t > e for e in ends)
 
         bench.speed = Speed()
-        timing = bench.measure([lambda: ([lambda: None], 1.0)], passes=3, on_done=lambda i: ends.append(time.perf_counter()))[0]
+        timing = bench.measure(
+            [lambda: ([lambda: None], 1.0)], passes=3, on_done=lambda i: ends.append(time.perf_counter())
+        )[0]
     finally:
         bench.close()
     assert timing.repeats == 10

@@ -52,8 +52,11 @@ def _cases(stat):
         for f in FAMILIES:
             marks = []
             if (s, f, stat) in KNOWN_MISSES:
-                marks = [pytest.mark.xfail(strict=True, reason=f"measured {stat} {KNOWN_MISSES[(s, f, stat)]:.3f}, "
-                                                               "see docs/calibration.md")]
+                marks = [
+                    pytest.mark.xfail(
+                        strict=True, reason=f"measured {stat} {KNOWN_MISSES[(s, f, stat)]:.3f}, see docs/calibration.md"
+                    )
+                ]
             yield pytest.param(s, f, marks=marks, id=f"{s}-{f}")
 
 

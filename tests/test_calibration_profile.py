@@ -70,6 +70,7 @@ def test_per_seq_delta_departs_from_the_line_between_measured_counts(h100):
     within its measured ones, in decode (scalar, window and array paths) and mixed iterations alike,
     and nothing beyond them; a malformed table is refused naming the field."""
     import copy
+
     plain = ProfileCostModel(h100, L8B, H100)
     prof = copy.deepcopy(h100)
     prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] = {"seqs": [2, 4], "delta_s": [1e-3, 3e-3]}
@@ -79,11 +80,18 @@ def test_per_seq_delta_departs_from_the_line_between_measured_counts(h100):
         assert cm.decode_times_s(n, kv) - plain.decode_times_s(n, kv) == pytest.approx([want, want], abs=1e-12)
         long = np.arange(80, dtype=np.float64) * n + 100 * n  # the array path
         assert np.allclose(cm.decode_times_s(n, long) - plain.decode_times_s(n, long), want, rtol=0, atol=1e-12)
-        assert cm.decode_window_times(n, 100 * n, 3)[2] - plain.decode_window_times(n, 100 * n, 3)[2] == pytest.approx(want, abs=1e-12)
+        assert cm.decode_window_times(n, 100 * n, 3)[2] - plain.decode_window_times(n, 100 * n, 3)[2] == pytest.approx(
+            want, abs=1e-12
+        )
     mixed = BatchShape(prefill_chunks=[(64, 0)], decode_seqs=2, decode_kv_tokens=500)  # three sequences
     assert cm.mixed_step_time_s(mixed) - plain.mixed_step_time_s(mixed) == pytest.approx(2e-3, abs=1e-12)
-    for bad in ({"seqs": [4, 2], "delta_s": [0.0, 0.0]}, {"seqs": [2], "delta_s": [0.0, 1.0]},
-                {"seqs": [0], "delta_s": [0.0]}, [1, 2], {"seqs": [2], "delta_s": [2.0]}):
+    for bad in (
+        {"seqs": [4, 2], "delta_s": [0.0, 0.0]},
+        {"seqs": [2], "delta_s": [0.0, 1.0]},
+        {"seqs": [0], "delta_s": [0.0]},
+        [1, 2],
+        {"seqs": [2], "delta_s": [2.0]},
+    ):
         prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] = bad
         with pytest.raises(ConfigError, match="per_seq_delta_s"):
             ProfileCostModel(prof, L8B, H100)
@@ -96,7 +104,7 @@ def test_decode_times_match_step_time_and_are_elementwise(h100):
     for i, s in enumerate(kv):
         single = cm.step_time_s(BatchShape(decode_seqs=37, decode_kv_tokens=int(s)))
         assert single == pytest.approx(many[i], rel=1e-12)
-        assert cm.decode_times_s(37, kv[i:i + 1])[0] == many[i]
+        assert cm.decode_times_s(37, kv[i : i + 1])[0] == many[i]
         assert cm.decode_times_s(37, kv[::-1])[len(kv) - 1 - i] == many[i]
     assert np.all(np.diff(many) > 0)  # more KV never costs less
 
@@ -135,6 +143,7 @@ def test_tp_adds_allreduce(h100):
 
 # --- errors --------------------------------------------------------------------------------
 
+
 def test_unknown_name():
     with pytest.raises(ConfigError, match="cost_model.profile.*h100-sxm"):
         load_profile("no-such-gpu")
@@ -165,8 +174,16 @@ def test_wrong_format_and_version(tmp_path, h100):
 
 def test_model_shape_absent(h100):
     # A profile of baked curves only (as `kvsim calibrate --device` writes) prices only its shapes.
-    baked = Profile.from_json({**h100.to_json(), "kernels": {}, "kernel_defaults": {},
-                               "gemm": {}, "context_attention": {}, "generation_attention": {}})
+    baked = Profile.from_json(
+        {
+            **h100.to_json(),
+            "kernels": {},
+            "kernel_defaults": {},
+            "gemm": {},
+            "context_attention": {},
+            "generation_attention": {},
+        }
+    )
     odd = with_overrides(L8B, name="odd", head_dim=96, hidden=3072)
     with pytest.raises(ConfigError, match="odd.*curves for: .*llama-3.1-8b@tp1"):
         ProfileCostModel(baked, odd, H100)
@@ -205,10 +222,12 @@ def test_bad_tables(tmp_path):
 
 # --- CLI -----------------------------------------------------------------------------------
 
+
 def _app():
     import typer
 
     from calibration.cli import calibrate_command, profile_app
+
     app = typer.Typer()
     app.command("calibrate")(calibrate_command)
     app.add_typer(profile_app, name="profile")
@@ -224,8 +243,22 @@ def test_cli_profile_list_and_show():
 
 def test_cli_calibrate_from_tables(tmp_path):
     out = tmp_path / "a100.json"
-    r = CliRunner().invoke(_app(), ["calibrate", "--from-tables", str(DEFAULT_TABLES_DIR), "--system", "a100_sxm",
-                                    "--model", "llama-2-7b", "--tp", "1", "--out", str(out)])
+    r = CliRunner().invoke(
+        _app(),
+        [
+            "calibrate",
+            "--from-tables",
+            str(DEFAULT_TABLES_DIR),
+            "--system",
+            "a100_sxm",
+            "--model",
+            "llama-2-7b",
+            "--tp",
+            "1",
+            "--out",
+            str(out),
+        ],
+    )
     assert r.exit_code == 0, r.output
     cm = build_profile_cost_model(str(out), get_model("llama-2-7b"), H100)
     assert cm.decode_times_s(4, np.array([4000.0]))[0] > 0

@@ -15,8 +15,13 @@ def _curves(p, family):
     return [(k, p.curve(family, k)) for k in p.curve_keys(family)]
 
 
-GPU_OF = {"h100-sxm": "H100-SXM-80GB", "h200-sxm": "H200-SXM-141GB", "a100-sxm": "A100-SXM-80GB",
-          "b200-sxm": "B200-SXM-180GB", "l40s": "L40S"}
+GPU_OF = {
+    "h100-sxm": "H100-SXM-80GB",
+    "h200-sxm": "H200-SXM-141GB",
+    "a100-sxm": "A100-SXM-80GB",
+    "b200-sxm": "B200-SXM-180GB",
+    "l40s": "L40S",
+}
 
 
 @pytest.mark.parametrize("name", sorted(GPU_OF))

@@ -27,6 +27,7 @@ def verdict(res, expected: str):
 
 # --- 1. high-throughput API, bursty short prompts ---------------------------------------------
 
+
 def test_burst_static_slots_shrink_effective_batch_and_blow_up_p99_ttft():
     r, res = check("high-throughput-burst", "burst-batch", "static-4k", "paged")
     st, pg = r["static-4k"], r["paged"]
@@ -47,6 +48,7 @@ def test_burst_throughput_drops_only_a_little():
 
 
 # --- 2. long context ----------------------------------------------------------------------------
+
 
 def test_long_context_footprint_at_the_gate_and_waste_cut():
     r, res = check("long-context", "long-gate", "static", "dynamic-chunk")
@@ -85,6 +87,7 @@ def test_generation_counter_cuts_paged_allocation_time_more_than_the_article_say
 
 # --- 3. variable-length batch -----------------------------------------------------------------
 
+
 def test_variable_lengths_static_waste_paged_waste_and_utilization():
     r, res = check("variable-length-batch", "var-static-waste", "static", "paged")
     w = res.values["static_waste"]
@@ -108,6 +111,7 @@ def test_stranded_memory_comes_from_uneven_contiguous_extents_not_equal_static_s
 
 # --- 4. small batches ----------------------------------------------------------------------------
 
+
 def test_small_batch_paged_indirection_costs_more_than_fragmentation_saves():
     _, res = check("small-batch", "small-overhead", "static", "paged")
     v = res.values
@@ -123,6 +127,7 @@ def test_large_batch_amortizes_the_indirection():
 
 
 # --- 5. streaming chatbot ----------------------------------------------------------------------
+
 
 def test_streaming_token_growth_jitter_and_tail():
     _, res = check("streaming-chatbot", "stream-jitter", "dynamic-token", "dynamic-chunk", "static", "paged")
@@ -142,6 +147,7 @@ def test_streaming_token_growth_jitter_and_tail():
 
 
 # --- 6. batch offline ----------------------------------------------------------------------------
+
 
 def test_offline_dynamic_packs_more_but_does_not_win_throughput():
     names = ("static", "dynamic", "dynamic+compaction", "dynamic+aggressive-compaction", "paged")
@@ -165,6 +171,7 @@ def test_offline_compaction_pauses():
 
 
 # --- 7. hard memory budget ---------------------------------------------------------------------
+
 
 def test_budget_static_arithmetic():
     _, res = check("hard-memory-budget", "budget-arith", "static", "paged")
@@ -190,8 +197,10 @@ def test_swap_to_host_memory_does_not_spike_latency():
 
 # --- 8. encoder-decoder --------------------------------------------------------------------------
 
+
 def test_encoder_decoder_static_block():
     from sim.catalog import MODELS
+
     if "flan-t5-xl" not in MODELS:
         pytest.skip("model 'flan-t5-xl' is not in the catalog yet: the encoder-decoder scenario waits for it")
     _, res = check("encoder-decoder", "encdec-static", "static", "static-p95", "paged")
@@ -204,8 +213,10 @@ def test_encoder_decoder_static_block():
 
 # --- 9. shared prefixes ------------------------------------------------------------------------
 
+
 def test_prefix_caching_hit_rate_lru_vs_lfu():
     from sim.analysis.guide import by_key, run_variant
+
     sit = by_key()["shared-prefix"]
     probe = run_variant(sit, next(v for v in sit.variants if v.name == "lru"), 200)
     if "prefix_hit_rate" not in probe.summary:
@@ -218,6 +229,7 @@ def test_prefix_caching_hit_rate_lru_vs_lfu():
 
 
 # --- 10. worst case --------------------------------------------------------------------------
+
 
 def test_outliers_hurt_the_tail():
     _, res = check("worst-case-outliers", "worst-jitter", "paged", "paged-no-outliers")
@@ -241,6 +253,7 @@ def test_hybrid_tail_saves_memory_vs_static_but_not_latency_vs_paged():
 
 
 # --- 11. peak vs average -------------------------------------------------------------------------
+
 
 def test_p95_reservation_cuts_waste_about_30_percent():
     _, res = check("peak-vs-average", "p95-waste", "static-max", "static-p95")
@@ -267,6 +280,7 @@ def test_p95_with_a_fallback_serves_every_request_and_still_cuts_waste_about_30_
 
 
 # --- 12. Azure replays ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["conv", "code"])
 def test_replay_static_waste_above_the_article_range_and_paged_below_5_percent(kind):

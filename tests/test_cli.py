@@ -8,7 +8,9 @@ import pytest
 
 
 def kvsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 def test_run_writes_outputs(tmp_path):
@@ -19,8 +21,16 @@ def test_run_writes_outputs(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         assert set(s[key]) == {"p50", "p90", "p99", "mean"}
-    for key in ("throughput_tokens_per_s", "throughput_requests_per_s", "completed", "rejected", "preemptions",
-                "kv_token_utilization", "kv_memory_utilization", "cost_model"):
+    for key in (
+        "throughput_tokens_per_s",
+        "throughput_requests_per_s",
+        "completed",
+        "rejected",
+        "preemptions",
+        "kv_token_utilization",
+        "kv_memory_utilization",
+        "cost_model",
+    ):
         assert key in s
     assert s["cost_model"] == "h100-sxm" and s["cost_model_calibrated"] is True
     assert "TTFT" in r.stdout and "h100-sxm" in r.stdout
@@ -31,16 +41,35 @@ def test_run_writes_outputs(tmp_path):
 
 
 def test_roofline_prior_is_labelled_uncalibrated(tmp_path):
-    r = kvsim("run", "chat-api", "--set", "workload.num_requests=50", "--set", "cost_model.profile=none",
-              "--out", str(tmp_path))
+    r = kvsim(
+        "run",
+        "chat-api",
+        "--set",
+        "workload.num_requests=50",
+        "--set",
+        "cost_model.profile=none",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     assert "UNCALIBRATED" in r.stdout
     assert json.loads((tmp_path / "summary.json").read_text())["cost_model"] == "roofline-uncalibrated"
 
 
 def test_static_baseline_by_override(tmp_path):
-    r = kvsim("run", "chat-api", "-q", "--set", "workload.num_requests=100", "--set", "allocator.kind=static",
-              "--set", "allocator.reserve=max_model_len", "--out", str(tmp_path))
+    r = kvsim(
+        "run",
+        "chat-api",
+        "-q",
+        "--set",
+        "workload.num_requests=100",
+        "--set",
+        "allocator.kind=static",
+        "--set",
+        "allocator.reserve=max_model_len",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["allocator"] == "static" and s["reserve_tokens"] == 16384
@@ -50,7 +79,9 @@ def test_static_baseline_by_override(tmp_path):
 def test_list(name):
     r = kvsim("list", name)
     assert r.returncode == 0, r.stderr
-    assert {"models": "llama-3.1-8b", "gpus": "H100-SXM-80GB", "scenarios": "chat-api", "allocators": "paged"}[name] in r.stdout
+    assert {"models": "llama-3.1-8b", "gpus": "H100-SXM-80GB", "scenarios": "chat-api", "allocators": "paged"}[
+        name
+    ] in r.stdout
 
 
 def _bad_trace(tmp_path, text):
@@ -68,15 +99,46 @@ BAD = [
     (["--set", "gpu.name=L4", "--set", "model.name=llama-3.1-70b"], "gpu", "KV capacity"),
     (["--set", "allocator.kind=static", "--set", "allocator.reserve=p0"], "allocator.reserve", "p0"),
     (["--set", "scheduler.max_num_seqs=0"], "scheduler.max_num_seqs", "0"),
-    (["--set", "allocator.kind=hybrid_reserve", "--set", "allocator.reserve_fraction=1.5"], "allocator.reserve_fraction", "1.5"),
+    (
+        ["--set", "allocator.kind=hybrid_reserve", "--set", "allocator.reserve_fraction=1.5"],
+        "allocator.reserve_fraction",
+        "1.5",
+    ),
     (["--set", "allocator.kind=dynamic", "--set", "allocator.chunk_tokens=20000"], "allocator.chunk_tokens", "20000"),
-    (["--set", "allocator.kind=hybrid_tail", "--set", "allocator.static_fraction=0.01"], "allocator.static_fraction", "0.01"),
-    (["--set", "allocator.kind=hybrid_tail", "--set", "allocator.length_predictor=psychic"], "allocator.length_predictor",
-     "psychic"),
-    (["--set", "allocator.kind=static", "--set", "allocator.overflow=fallback", "--set", "allocator.fallback_fraction=0.99"],
-     "allocator.fallback_fraction", "0.99"),
-    (["--set", "allocator.kind=static", "--set", "allocator.overflow=fallback", "--set", "allocator.fallback_fraction=1e-7"],
-     "allocator.fallback_fraction", "two blocks"),
+    (
+        ["--set", "allocator.kind=hybrid_tail", "--set", "allocator.static_fraction=0.01"],
+        "allocator.static_fraction",
+        "0.01",
+    ),
+    (
+        ["--set", "allocator.kind=hybrid_tail", "--set", "allocator.length_predictor=psychic"],
+        "allocator.length_predictor",
+        "psychic",
+    ),
+    (
+        [
+            "--set",
+            "allocator.kind=static",
+            "--set",
+            "allocator.overflow=fallback",
+            "--set",
+            "allocator.fallback_fraction=0.99",
+        ],
+        "allocator.fallback_fraction",
+        "0.99",
+    ),
+    (
+        [
+            "--set",
+            "allocator.kind=static",
+            "--set",
+            "allocator.overflow=fallback",
+            "--set",
+            "allocator.fallback_fraction=1e-7",
+        ],
+        "allocator.fallback_fraction",
+        "two blocks",
+    ),
 ]
 
 
@@ -90,10 +152,13 @@ def test_bad_input_is_one_line_exit_2(args, key, value):
     assert lines[0].startswith(f"error: {key}") and value in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("arrival_s,prompt_tokens\n0,5\n", "missing ['output_tokens']"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,5,3\n1,-5,3\n", "row 1 is -5"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("arrival_s,prompt_tokens\n0,5\n", "missing ['output_tokens']"),
+        ("arrival_s,prompt_tokens,output_tokens\n0,5,3\n1,-5,3\n", "row 1 is -5"),
+    ],
+)
 def test_bad_trace_is_one_line_exit_2(tmp_path, text, needle):
     path = _bad_trace(tmp_path, text)
     r = kvsim("run", "chat-api", "-q", "--set", f"workload.lengths.path={path}")

@@ -34,10 +34,13 @@ STARTS = DATA / "vllm-3.0qps-Qwen3-8B-start-times-synthetic.json"
 
 
 def kvsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 # --- the parser ----------------------------------------------------------------------------
+
 
 def test_synthetic_files_parse_with_their_arrival_process():
     c = read_bench_result(CLOSED)
@@ -93,6 +96,7 @@ def _set(key, value):
 def _item(key, i, value):
     def f(d):
         d[key][i] = value
+
     return f
 
 
@@ -132,8 +136,9 @@ def test_malformed_files_name_file_field_and_what_is_allowed(tmp_path, change, f
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("text,what", [("{\"a\": ", "invalid JSON at line 1"), ("[1, 2]", "list"),
-                                       ("\xff\xfe", "invalid JSON")])
+@pytest.mark.parametrize(
+    "text,what", [('{"a": ', "invalid JSON at line 1"), ("[1, 2]", "list"), ("\xff\xfe", "invalid JSON")]
+)
 def test_unreadable_files(tmp_path, text, what):
     p = tmp_path / "r.json"
     p.write_text(text)
@@ -150,15 +155,22 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args,key", [
-    (["missing.json"], "missing.json"), ([str(POISSON), "--engine", "tgi"], "--engine"),
-    ([str(POISSON), "--model", "acme/unknown"], "model.hf_config"), ([str(POISSON), "--tp", "3"], "gpu.tensor_parallel"),
-    ([str(POISSON), "--set", "timeseries.every_s=1"], "timeseries.every_s"),
-    ([str(POISSON), "--set", "workload.nope=1"], "workload.nope")])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["missing.json"], "missing.json"),
+        ([str(POISSON), "--engine", "tgi"], "--engine"),
+        ([str(POISSON), "--model", "acme/unknown"], "model.hf_config"),
+        ([str(POISSON), "--tp", "3"], "gpu.tensor_parallel"),
+        ([str(POISSON), "--set", "timeseries.every_s=1"], "timeseries.every_s"),
+        ([str(POISSON), "--set", "workload.nope=1"], "workload.nope"),
+    ],
+)
 def test_cli_option_errors_exit_2(tmp_path, args, key):
     from typer.testing import CliRunner
 
     from sim.cli.main import app
+
     r = CliRunner().invoke(app, ["compare", *args, "--runs", str(tmp_path / "runs")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
@@ -173,6 +185,7 @@ def test_unknown_model_id_asks_for_model(tmp_path):
 
 # --- the replay -----------------------------------------------------------------------------
 
+
 def test_send_times_follow_the_benchmarks_generator():
     base = read_bench_result(POISSON)
     t = send_times(base, seed=3)
@@ -181,8 +194,9 @@ def test_send_times_follow_the_benchmarks_generator():
     assert not np.array_equal(t, send_times(base, seed=4)) and np.array_equal(t, send_times(base, seed=3))
     even = BenchResult(**{**base.__dict__, "burstiness": math.inf})
     assert np.allclose(np.diff(send_times(even, 0)), 0.25)
-    burst = BenchResult(**{**base.__dict__, "burstiness": 0.25, "num_requests": 4000,
-                           "prompt_tokens": np.ones(4000, np.int64)})
+    burst = BenchResult(
+        **{**base.__dict__, "burstiness": 0.25, "num_requests": 4000, "prompt_tokens": np.ones(4000, np.int64)}
+    )
     gaps = np.diff(send_times(burst, 0))
     assert gaps.std() / gaps.mean() == pytest.approx(2.0, rel=0.1)  # gamma shape b: cv = 1 / sqrt(b)
     assert np.array_equal(send_times(BenchResult(**{**base.__dict__, "request_rate": math.inf}), 0), np.zeros(n))
@@ -227,15 +241,25 @@ def test_simulated_itl_has_one_gap_per_token_in_both_engine_modes(tmp_path):
         assert itl.sum() == pytest.approx(float((fin - first).sum()), rel=1e-9)
         gaps[mode] = np.sort(itl)
     assert np.allclose(gaps["fast_forward"], gaps["step"], rtol=5e-3)
-    assert compare_result(res, tmp_path / "default")["rows"] == compare_result(
-        res, tmp_path / "explicit", overrides={"engine.mode": "step"})["rows"]
+    assert (
+        compare_result(res, tmp_path / "default")["rows"]
+        == compare_result(res, tmp_path / "explicit", overrides={"engine.mode": "step"})["rows"]
+    )
 
 
 def test_compare_cli_end_to_end(tmp_path):
     out = tmp_path / "cmp.json"
     r = kvsim("compare", str(CLOSED), "--runs", str(tmp_path / "runs"), "--out", str(out))
     assert r.returncode == 0, r.stderr
-    for label in ("TTFT (ms)", "TPOT (ms)", "ITL (ms)", "requests/s", "rel error", "closed loop, 8 clients", "h100-sxm"):
+    for label in (
+        "TTFT (ms)",
+        "TPOT (ms)",
+        "ITL (ms)",
+        "requests/s",
+        "rel error",
+        "closed loop, 8 clients",
+        "h100-sxm",
+    ):
         assert label in r.stdout
     doc = json.loads(out.read_text())["comparisons"][0]
     rows = {(x["metric"], x["stat"]): x for x in doc["rows"]}
@@ -257,14 +281,33 @@ def test_compare_cli_end_to_end(tmp_path):
 
 
 def test_folder_and_engine_options(tmp_path):
-    r = kvsim("compare", str(DATA), "--engine", "sglang", "--model", "qwen3-8b", "--gpu", "H200-SXM-141GB", "--tp", "2",
-              "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "all.json"))
+    r = kvsim(
+        "compare",
+        str(DATA),
+        "--engine",
+        "sglang",
+        "--model",
+        "qwen3-8b",
+        "--gpu",
+        "H200-SXM-141GB",
+        "--tp",
+        "2",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--out",
+        str(tmp_path / "all.json"),
+    )
     assert r.returncode == 0, r.stderr
     docs = json.loads((tmp_path / "all.json").read_text())["comparisons"]
     assert [Path(d["file"]).name for d in docs] == sorted(p.name for p in DATA.glob("*.json"))
     for d in docs:
         sim = d["simulation"]
-        assert (sim["engine"], sim["gpu"], sim["tensor_parallel"], sim["model"]) == ("sglang", "H200-SXM-141GB", 2, "qwen3-8b")
+        assert (sim["engine"], sim["gpu"], sim["tensor_parallel"], sim["model"]) == (
+            "sglang",
+            "H200-SXM-141GB",
+            2,
+            "qwen3-8b",
+        )
 
 
 def test_same_file_and_seed_give_identical_results(tmp_path):
@@ -277,7 +320,9 @@ def test_same_file_and_seed_give_identical_results(tmp_path):
 
 
 def test_checked_in_files_are_what_the_generator_writes(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("make_bench_results", Path(__file__).parent / "data" / "make_bench_results.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_bench_results", Path(__file__).parent / "data" / "make_bench_results.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr(mod, "OUT", tmp_path)
@@ -292,10 +337,13 @@ def test_checked_in_files_are_what_the_generator_writes(tmp_path, monkeypatch):
 def test_lengths_trace_with_a_path_replays_its_rows_in_order(tmp_path):
     from sim.config import scenario_from_dict
     from sim.workload.generator import build_workload
+
     (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,1\n0,20,2\n0,30,3\n")
     for arrival in ({"kind": "closed_loop", "concurrency": 2}, {"kind": "poisson", "rate": 5}):
-        sc = scenario_from_dict({"workload": {"num_requests": 7, "arrival": arrival,
-                                              "lengths": {"kind": "trace", "path": "t.csv"}}}, base_dir=tmp_path)
+        sc = scenario_from_dict(
+            {"workload": {"num_requests": 7, "arrival": arrival, "lengths": {"kind": "trace", "path": "t.csv"}}},
+            base_dir=tmp_path,
+        )
         wl = build_workload(sc)
         assert wl.prompt_tokens.tolist() == [10, 20, 30, 10, 20, 30, 10]
         assert wl.output_tokens.tolist() == [1, 2, 3, 1, 2, 3, 1]
@@ -306,17 +354,32 @@ def test_lengths_trace_with_a_path_replays_its_rows_in_order(tmp_path):
 
 def _result(prompts, outputs, concurrency, rate) -> BenchResult:
     n = len(prompts)
-    return BenchResult(path=Path("prop.json"), header={"model_id": "qwen3-8b"}, request_rate=rate, burstiness=1.0,
-                       max_concurrency=concurrency, num_requests=n, failed=0, prompt_tokens=np.array(prompts, np.int64),
-                       output_tokens=np.array(outputs, np.int64), ttft_s=np.full(n, 0.01),
-                       itl_s=tuple(np.full(o - 1, 0.01) for o in outputs), decode_s=np.array([0.01 * (o - 1) for o in outputs]),
-                       start_s=None, duration_s=None)
+    return BenchResult(
+        path=Path("prop.json"),
+        header={"model_id": "qwen3-8b"},
+        request_rate=rate,
+        burstiness=1.0,
+        max_concurrency=concurrency,
+        num_requests=n,
+        failed=0,
+        prompt_tokens=np.array(prompts, np.int64),
+        output_tokens=np.array(outputs, np.int64),
+        ttft_s=np.full(n, 0.01),
+        itl_s=tuple(np.full(o - 1, 0.01) for o in outputs),
+        decode_s=np.array([0.01 * (o - 1) for o in outputs]),
+        start_s=None,
+        duration_s=None,
+    )
 
 
 @settings(max_examples=20)
-@given(lens=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=24),
-       concurrency=st.one_of(st.none(), st.integers(1, 12)), rate=st.sampled_from([math.inf, 2.0, 40.0]),
-       kv_tokens=st.sampled_from([None, 3400]), engine=st.sampled_from(["vllm", "sglang"]))
+@given(
+    lens=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=24),
+    concurrency=st.one_of(st.none(), st.integers(1, 12)),
+    rate=st.sampled_from([math.inf, 2.0, 40.0]),
+    kv_tokens=st.sampled_from([None, 3400]),
+    engine=st.sampled_from(["vllm", "sglang"]),
+)
 def test_simulated_itl_invariants(tmp_path_factory, lens, concurrency, rate, kv_tokens, engine):
     """Whatever the load, engine and preemptions: one gap per token plus the iterations a request sat
     out, gaps adding up to each request's first-to-last-token time; fast-forward's evenly spread

@@ -1,6 +1,5 @@
 """End-to-end behaviour of the simulator."""
 
-
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -31,15 +30,21 @@ def _check_accounting(res, n):
 
 @pytest.mark.parametrize("kind", ["paged", "static"])
 def test_every_request_ends_completed_or_rejected(kind):
-    sc = tiny_scenario(**{"allocator.kind": kind, "allocator.reserve": "p60",
-                          "workload.lengths.output_max": 700, "workload.num_requests": 120})
+    sc = tiny_scenario(
+        **{
+            "allocator.kind": kind,
+            "allocator.reserve": "p60",
+            "workload.lengths.output_max": 700,
+            "workload.num_requests": 120,
+        }
+    )
     res = simulate(sc)
     _check_accounting(res, 120)
     s = res.summary
     assert s["completed"] + s["rejected"] == 120
     if kind == "static":
         assert s["rejected_by_reason"].get("exceeds_reservation", 0) > 0
-    assert s["rejected_by_reason"].get("exceeds_max_model_len", 0) > 0   # 400 + 700 > 1024 for some
+    assert s["rejected_by_reason"].get("exceeds_max_model_len", 0) > 0  # 400 + 700 > 1024 for some
 
 
 def test_truncate_policy_completes_overflowing_requests():
@@ -64,17 +69,27 @@ def test_same_seed_gives_byte_identical_summary(tmp_path):
 
 
 def test_request_longer_than_max_model_len_is_rejected_with_reason():
-    sc = tiny_scenario(**{"workload.lengths": {"kind": "fixed", "prompt_tokens": 1000, "output_tokens": 100},
-                          "workload.num_requests": 5})
+    sc = tiny_scenario(
+        **{
+            "workload.lengths": {"kind": "fixed", "prompt_tokens": 1000, "output_tokens": 100},
+            "workload.num_requests": 5,
+        }
+    )
     res = simulate(sc)
     assert res.summary["rejected_by_reason"] == {"exceeds_max_model_len": 5}
 
 
 def test_paged_attention_finding_reproduces():
     """ShareGPT lengths, reservation at max_model_len: static holds 20–40% real tokens, paged ≥ 95%."""
-    over = {"workload.num_requests": 600, "workload.max_model_len": 8192, "workload.arrival.rate": 4.0,
-            "workload.lengths.path": "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv"}
-    static = simulate(load_scenario("chat-api", {**over, "allocator.kind": "static", "allocator.reserve": "max_model_len"}))
+    over = {
+        "workload.num_requests": 600,
+        "workload.max_model_len": 8192,
+        "workload.arrival.rate": 4.0,
+        "workload.lengths.path": "traces/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+    }
+    static = simulate(
+        load_scenario("chat-api", {**over, "allocator.kind": "static", "allocator.reserve": "max_model_len"})
+    )
     paged = simulate(load_scenario("chat-api", {**over, "allocator.kind": "paged", "allocator.block_size": 16}))
     u_static = static.summary["kv_token_utilization"]
     u_paged = paged.summary["kv_token_utilization"]
@@ -83,8 +98,12 @@ def test_paged_attention_finding_reproduces():
 
 
 def test_closed_loop_keeps_concurrency():
-    sc = tiny_scenario(**{"workload.arrival": {"kind": "closed_loop", "concurrency": 4, "think_time_s": 0.0},
-                          "workload.num_requests": 40})
+    sc = tiny_scenario(
+        **{
+            "workload.arrival": {"kind": "closed_loop", "concurrency": 4, "think_time_s": 0.0},
+            "workload.num_requests": 40,
+        }
+    )
     res = simulate(sc)
     _check_accounting(res, 40)
     running = np.asarray(res.timeseries["running"]) + np.asarray(res.timeseries["waiting"])
@@ -94,9 +113,14 @@ def test_closed_loop_keeps_concurrency():
 def test_gamma_and_trace_arrivals_run():
     g = simulate(tiny_scenario(**{"workload.arrival": {"kind": "gamma", "rate": 20.0, "cv": 3.0}}))
     _check_accounting(g, 60)
-    sc = load_scenario("chat-api", {"workload.arrival": {"kind": "trace", "path": "traces/AzureLLMInferenceTrace_code.csv",
-                                                         "time_scale": 0.5},
-                                    "workload.lengths": None, "workload.num_requests": 200})
+    sc = load_scenario(
+        "chat-api",
+        {
+            "workload.arrival": {"kind": "trace", "path": "traces/AzureLLMInferenceTrace_code.csv", "time_scale": 0.5},
+            "workload.lengths": None,
+            "workload.num_requests": 200,
+        },
+    )
     res = simulate(sc)
     _check_accounting(res, 200)
     arr = np.asarray(res.requests["arrival_s"])
@@ -104,8 +128,15 @@ def test_gamma_and_trace_arrivals_run():
 
 
 def test_preemption_happens_under_memory_pressure_and_everything_finishes():
-    sc = tiny_scenario(kv_tokens=1200, **{"workload.num_requests": 80, "workload.arrival.rate": 50.0,
-                                          "workload.lengths.output_max": 500, "workload.lengths.prompt_max": 500})
+    sc = tiny_scenario(
+        kv_tokens=1200,
+        **{
+            "workload.num_requests": 80,
+            "workload.arrival.rate": 50.0,
+            "workload.lengths.output_max": 500,
+            "workload.lengths.prompt_max": 500,
+        },
+    )
     res = simulate(sc)
     assert res.summary["preemptions"] > 0
     _check_accounting(res, 80)
@@ -113,6 +144,7 @@ def test_preemption_happens_under_memory_pressure_and_everything_finishes():
 
 
 # --- fast-forward equals per-iteration stepping ------------------------------------------
+
 
 def _compare(a, b):
     ra, rb = a.requests.to_pydict(), b.requests.to_pydict()
@@ -122,8 +154,20 @@ def _compare(a, b):
             assert np.allclose(x, y, rtol=1e-9, atol=1e-12), f"{col} differs: max {np.max(np.abs(x - y))}"
         else:
             assert ra[col] == rb[col], f"{col} differs"
-    for key in ("completed", "rejected", "preemptions", "iterations", "rejected_by_reason", "allocator_refusals",
-                "allocation_events", "zero_fill_bytes", "copy_bytes", "swaps_out", "swaps_in", "stranded_refusals"):
+    for key in (
+        "completed",
+        "rejected",
+        "preemptions",
+        "iterations",
+        "rejected_by_reason",
+        "allocator_refusals",
+        "allocation_events",
+        "zero_fill_bytes",
+        "copy_bytes",
+        "swaps_out",
+        "swaps_in",
+        "stranded_refusals",
+    ):
         assert a.summary[key] == b.summary[key], key
     for key in ("kv_token_utilization", "kv_memory_utilization", "allocation_time_s", "admissions_paused_s"):
         assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-9)
@@ -133,36 +177,83 @@ def _compare(a, b):
     assert max(a.timeseries["kv_used_bytes"].to_pylist()) == max(b.timeseries["kv_used_bytes"].to_pylist())
     # The peak reservation: a sliding window's blocks slide out inside a fast-forward window, so its
     # end state can be below the peak that stepping records (the _max column keeps it).
-    assert max(a.timeseries["kv_reserved_bytes_max"].to_pylist()) == max(b.timeseries["kv_reserved_bytes_max"].to_pylist())
+    assert max(a.timeseries["kv_reserved_bytes_max"].to_pylist()) == max(
+        b.timeseries["kv_reserved_bytes_max"].to_pylist()
+    )
     if a.scenario.model.sliding_window is None and a.scenario.model.hf_config is None:
         assert max(a.timeseries["kv_reserved_bytes"].to_pylist()) == max(b.timeseries["kv_reserved_bytes"].to_pylist())
 
 
 @settings(max_examples=150)
-@given(kind=st.sampled_from(["paged", "static", "dynamic", "hybrid_tail", "hybrid_reserve"]), kv=st.integers(1100, 6000), rate=st.floats(2.0, 80.0),
-       seed=st.integers(0, 10_000), chunked=st.booleans(), block=st.sampled_from([1, 8, 16, 32]),
-       replicas=st.integers(1, 2), reserve=st.sampled_from(["max_model_len", "p80"]),
-       closed=st.booleans(), budget=st.sampled_from([8, 256, 512]), reuse=st.sampled_from(["generation", "zero"]),
-       swap=st.booleans(), growth=st.sampled_from(["token", "chunk"]), placement=st.sampled_from(["first_fit", "best_fit"]),
-       victim=st.sampled_from(["lifo", "lowest_priority"]), mixed=st.booleans(),
-       predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
-       overflow=st.sampled_from(["reject", "truncate", "fallback"]))
-def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, replicas, reserve, closed, budget, reuse,
-                                      swap, growth, placement, victim, mixed, predictor, overflow):
+@given(
+    kind=st.sampled_from(["paged", "static", "dynamic", "hybrid_tail", "hybrid_reserve"]),
+    kv=st.integers(1100, 6000),
+    rate=st.floats(2.0, 80.0),
+    seed=st.integers(0, 10_000),
+    chunked=st.booleans(),
+    block=st.sampled_from([1, 8, 16, 32]),
+    replicas=st.integers(1, 2),
+    reserve=st.sampled_from(["max_model_len", "p80"]),
+    closed=st.booleans(),
+    budget=st.sampled_from([8, 256, 512]),
+    reuse=st.sampled_from(["generation", "zero"]),
+    swap=st.booleans(),
+    growth=st.sampled_from(["token", "chunk"]),
+    placement=st.sampled_from(["first_fit", "best_fit"]),
+    victim=st.sampled_from(["lifo", "lowest_priority"]),
+    mixed=st.booleans(),
+    predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
+    overflow=st.sampled_from(["reject", "truncate", "fallback"]),
+)
+def test_fast_forward_equals_stepping(
+    kind,
+    kv,
+    rate,
+    seed,
+    chunked,
+    block,
+    replicas,
+    reserve,
+    closed,
+    budget,
+    reuse,
+    swap,
+    growth,
+    placement,
+    victim,
+    mixed,
+    predictor,
+    overflow,
+):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     if mixed and overflow == "fallback":
         overflow = "truncate"  # the fallback region holds one KV layout: refused with layer groups (test_layer_groups)
     if overflow == "fallback":
         reserve = "p80"  # a max_model_len reservation never overflows (and leaves no room for the region)
-    over = {"allocator.kind": kind, "allocator.block_size": block, "allocator.reserve": reserve, "seed": seed,
-            "allocator.length_predictor": predictor, "allocator.overflow": overflow, "allocator.fallback_fraction": 0.3,
-            "allocator.page_reuse": reuse, "allocator.preemption.mode": "swap" if swap else "recompute",
-            "allocator.preemption.swap_capacity_bytes": 3000 * 2048, "allocator.growth": growth,
-            "allocator.chunk_tokens": 64, "allocator.placement": placement, "allocator.static_fraction": 0.5,
-            "allocator.long_threshold": "p80", "allocator.preemption.victim": victim,
-            "workload.priority.high_fraction": 0.5,
-            "workload.arrival.rate": rate, "scheduler.chunked_prefill": chunked, "gpu.replicas": replicas,
-            "workload.num_requests": 40, "scheduler.max_num_batched_tokens": 512 if not chunked else budget}
+    over = {
+        "allocator.kind": kind,
+        "allocator.block_size": block,
+        "allocator.reserve": reserve,
+        "seed": seed,
+        "allocator.length_predictor": predictor,
+        "allocator.overflow": overflow,
+        "allocator.fallback_fraction": 0.3,
+        "allocator.page_reuse": reuse,
+        "allocator.preemption.mode": "swap" if swap else "recompute",
+        "allocator.preemption.swap_capacity_bytes": 3000 * 2048,
+        "allocator.growth": growth,
+        "allocator.chunk_tokens": 64,
+        "allocator.placement": placement,
+        "allocator.static_fraction": 0.5,
+        "allocator.long_threshold": "p80",
+        "allocator.preemption.victim": victim,
+        "workload.priority.high_fraction": 0.5,
+        "workload.arrival.rate": rate,
+        "scheduler.chunked_prefill": chunked,
+        "gpu.replicas": replicas,
+        "workload.num_requests": 40,
+        "scheduler.max_num_batched_tokens": 512 if not chunked else budget,
+    }
     if closed:
         over["workload.arrival"] = {"kind": "closed_loop", "concurrency": 6, "think_time_s": rate / 100}
     if mixed:  # sliding-window layers (window 64) beside full-attention ones: KV and attention per layer group
@@ -173,8 +264,12 @@ def test_fast_forward_equals_stepping(kind, kv, rate, seed, chunked, block, repl
 
 
 def test_fast_forward_exercises_preemption_and_chunking():
-    over = {"workload.num_requests": 80, "workload.arrival.rate": 50.0, "workload.lengths.output_max": 500,
-            "workload.lengths.prompt_max": 500}
+    over = {
+        "workload.num_requests": 80,
+        "workload.arrival.rate": 50.0,
+        "workload.lengths.output_max": 500,
+        "workload.lengths.prompt_max": 500,
+    }
     ff = simulate(tiny_scenario(kv_tokens=1200, **over))
     step = simulate(tiny_scenario(kv_tokens=1200, **over, **{"engine.mode": "step"}))
     assert ff.summary["preemptions"] > 0
@@ -185,9 +280,14 @@ def test_fast_forward_exercises_preemption_and_chunking():
 @pytest.mark.parametrize("mode", ["fast_forward", "step"])
 def test_sliding_window_caps_paged_memory(mode):
     """mistral-7b (window 4096): a long sequence's blocks stop growing at the window."""
-    over = {"model.name": "mistral-7b", "workload.max_model_len": 16384, "workload.num_requests": 6,
-            "workload.lengths": {"kind": "fixed", "prompt_tokens": 6000, "output_tokens": 300},
-            "workload.arrival.rate": 100.0, "engine.mode": mode}
+    over = {
+        "model.name": "mistral-7b",
+        "workload.max_model_len": 16384,
+        "workload.num_requests": 6,
+        "workload.lengths": {"kind": "fixed", "prompt_tokens": 6000, "output_tokens": 300},
+        "workload.arrival.rate": 100.0,
+        "engine.mode": mode,
+    }
     res = simulate(load_scenario("chat-api", over))
     _check_accounting(res, 6)
     bpt = res.summary["kv_bytes_per_token"]
@@ -200,10 +300,20 @@ def test_sliding_window_caps_paged_memory(mode):
 
 
 def test_sliding_window_fast_forward_equals_stepping():
-    over = {"model.name": "mistral-7b", "workload.max_model_len": 9000, "workload.num_requests": 30,
-            "workload.lengths": {"kind": "uniform", "prompt_min": 100, "prompt_max": 6000, "output_min": 1,
-                                 "output_max": 300},
-            "workload.arrival.rate": 50.0, "gpu.gpu_memory_utilization": 0.27}
+    over = {
+        "model.name": "mistral-7b",
+        "workload.max_model_len": 9000,
+        "workload.num_requests": 30,
+        "workload.lengths": {
+            "kind": "uniform",
+            "prompt_min": 100,
+            "prompt_max": 6000,
+            "output_min": 1,
+            "output_max": 300,
+        },
+        "workload.arrival.rate": 50.0,
+        "gpu.gpu_memory_utilization": 0.27,
+    }
     ff = simulate(load_scenario("chat-api", over))
     step = simulate(load_scenario("chat-api", {**over, "engine.mode": "step"}))
     _compare(ff, step)
@@ -211,11 +321,20 @@ def test_sliding_window_fast_forward_equals_stepping():
 
 def test_mixed_layers_fast_forward_equals_stepping():
     """gpt-oss's layout (window 128 on half the layers) under memory pressure: preemptions, long prompts."""
-    over = {"model": {"hf_config": str(TINY_MIXED.parent / "dense-gpt-oss-layout_config.json")},
-            "workload.max_model_len": 9000, "workload.num_requests": 30, "gpu.kv_cache_tokens": 12_000,
-            "workload.lengths": {"kind": "uniform", "prompt_min": 100, "prompt_max": 6000, "output_min": 1,
-                                 "output_max": 300},
-            "workload.arrival.rate": 50.0}
+    over = {
+        "model": {"hf_config": str(TINY_MIXED.parent / "dense-gpt-oss-layout_config.json")},
+        "workload.max_model_len": 9000,
+        "workload.num_requests": 30,
+        "gpu.kv_cache_tokens": 12_000,
+        "workload.lengths": {
+            "kind": "uniform",
+            "prompt_min": 100,
+            "prompt_max": 6000,
+            "output_min": 1,
+            "output_max": 300,
+        },
+        "workload.arrival.rate": 50.0,
+    }
     ff = simulate(load_scenario("chat-api", over))
     step = simulate(load_scenario("chat-api", {**over, "engine.mode": "step"}))
     assert ff.summary["preemptions"] > 0
@@ -225,8 +344,9 @@ def test_mixed_layers_fast_forward_equals_stepping():
 def test_sampled_timeseries_keeps_peaks_and_streams_to_parquet(tmp_path):
     sc = load_scenario("chat-api", {"workload.num_requests": 400})
     full = simulate(sc)
-    sampled = simulate(load_scenario("chat-api", {"workload.num_requests": 400, "timeseries.every_s": 2.0}),
-                       out_dir=tmp_path)
+    sampled = simulate(
+        load_scenario("chat-api", {"workload.num_requests": 400, "timeseries.every_s": 2.0}), out_dir=tmp_path
+    )
     assert (tmp_path / "requests.parquet").is_file() and (tmp_path / "timeseries.parquet").is_file()
     ts_full, ts = full.timeseries, sampled.timeseries
     assert ts.num_rows < ts_full.num_rows / 5

@@ -60,7 +60,7 @@ def test_paged_attention_equals_contiguous():
     tables, ks, vs, at = [], [], [], 0
     for L in lens:
         n = -(-L // B)
-        t = perm[at:at + n]
+        t = perm[at : at + n]
         at += n
         tables.append(t)
         ks.append(kp[t].reshape(-1, KVH, d)[:L].clone())  # the sequence's K as one contiguous tensor
@@ -76,17 +76,20 @@ def test_paged_attention_equals_contiguous():
     # and against plain math (softmax(q·k/sqrt(d))·v, GQA by repeating KV heads)
     for i in range(len(lens)):
         k, v = ks[i].repeat_interleave(H // KVH, 1), vs[i].repeat_interleave(H // KVH, 1)
-        s = torch.einsum("hd,lhd->hl", q[i], k) / d ** 0.5
+        s = torch.einsum("hd,lhd->hl", q[i], k) / d**0.5
         o = torch.einsum("hl,lhd->hd", s.softmax(-1), v)
         assert rel(got[i], o) < 1e-5
     # every attention backend that runs here (calibration/attention_backends.py; flex eagerly, the
     # compiled kernel is tests/test_attention_backends.py's): the same paged call, the same output
     from calibration import attention_backends as AB
+
     batch = AB.PagedBatch.of(tables, [L - 1 for L in lens], [1] * len(lens), B)
     for name, why in AB.availability("cpu").items():
         if why is not None:
             continue
-        be = AB.FlexBackend(torch, torch.device("cpu"), compile=False) if name == "flex" else AB.make(name, torch, "cpu")
+        be = (
+            AB.FlexBackend(torch, torch.device("cpu"), compile=False) if name == "flex" else AB.make(name, torch, "cpu")
+        )
         plan_ = be.plan_paged(batch, heads=H, kv_heads=KVH, head_dim=d, num_blocks=nblocks)
         assert rel(be.paged(plan_, q, kp, vp), ref) < 1e-5, name
 
@@ -94,7 +97,11 @@ def test_paged_attention_equals_contiguous():
 def test_chunk_attention_with_context_equals_full_causal():
     g = torch.Generator().manual_seed(1)
     L, ctx, H, KVH, d = 70, 50, 8, 4, 32
-    q, k, v = torch.randn(L, H, d, generator=g), torch.randn(L, KVH, d, generator=g), torch.randn(L, KVH, d, generator=g)
+    q, k, v = (
+        torch.randn(L, H, d, generator=g),
+        torch.randn(L, KVH, d, generator=g),
+        torch.randn(L, KVH, d, generator=g),
+    )
     full = chunk_attention(q, k, v, 0)
     part = chunk_attention(q[ctx:], k, v, ctx)
     assert rel(part, full[ctx:]) < 1e-5
@@ -116,8 +123,16 @@ def _prefill_logits(eng: Engine, prompt: list[int]):
 @pytest.mark.parametrize("allocator", ["paged", "static"])
 def test_cached_forward_equals_no_cache_forward(net, allocator):
     # 150-token prompt in chunks of 64 (three iterations through the cache), block size 16
-    cfg = EngineConfig(TINY, num_blocks=32, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-                       allocator=allocator, reserve=300, max_model_len=300)
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=32,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        allocator=allocator,
+        reserve=300,
+        max_model_len=300,
+    )
     eng = Engine(cfg, model=net)
     prompt = [random.Random(5).randrange(TINY.vocab) for _ in range(150)]
     got = _prefill_logits(eng, prompt)
@@ -140,8 +155,18 @@ def test_batched_greedy_outputs_equal_reference(net, allocator, num_blocks):
     tokens equal a no-cache greedy decode of its prompt."""
     from sim.catalog import GPUS
     from sim.cost.model import RooflineCostModel
-    cfg = EngineConfig(TINY, num_blocks=num_blocks, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
-                       allocator=allocator, reserve=160, max_model_len=160, seed=3)
+
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=num_blocks,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=48,
+        allocator=allocator,
+        reserve=160,
+        max_model_len=160,
+        seed=3,
+    )
     eng = Engine(cfg, model=net)
     trace = [(0.0, 70, 9), (0.001, 33, 12), (0.002, 90, 6), (0.02, 5, 10), (0.03, 60, 8)]
     res = eng.run(trace, clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
@@ -174,28 +199,42 @@ def test_cpu_norm_clock_scales_thread_time_by_the_probe(net, allocator):
     from calibration.engine import SpeedProbe
     from sim.catalog import GPUS
     from sim.cost.model import RooflineCostModel
-    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-                       allocator=allocator, reserve=80, max_model_len=80)
+
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        allocator=allocator,
+        reserve=80,
+        max_model_len=80,
+    )
     eng = Engine(cfg, model=net)
     probe = SpeedProbe(cfg, net)
     assert probe.engine.mem is not eng.mem and probe.engine.k_cache[0] is not eng.k_cache[0]
     trace = [(0.0, 40, 6), (0.001, 20, 4), (0.002, 33, 5)]
     ref = eng.run(trace, clock="virtual", cost=RooflineCostModel(TINY, GPUS["cpu"]))
-    res = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=2 * probe.measure(), probe_every_s=0.0,
-                  probe_window=3)
+    res = eng.run(
+        trace, clock="cpu_norm", probe=probe, probe_ref_s=2 * probe.measure(), probe_every_s=0.0, probe_window=3
+    )
     assert [r["output_ids"] for r in res.requests] == [r["output_ids"] for r in ref.requests]
     probes = res.info["speed_probes"]
     assert len(probes) == 3 + len(res.iterations)  # 3 before the first iteration, then one per iteration
     for it in res.iterations:
         assert it["end_s"] - it["start_s"] == pytest.approx(it["cpu_s"] * it["speed_scale"], rel=1e-9, abs=1e-12)
         assert 0.5 < it["speed_scale"] < 8  # about 2 (reference = 2 x one probe)
-    assert all(p["scale"] == pytest.approx(res.config["probe_ref_s"] / np.median([q["probe_s"] for q in probes[max(0, i - 2):i + 1]]))
-               for i, p in enumerate(probes))
+    assert all(
+        p["scale"]
+        == pytest.approx(res.config["probe_ref_s"] / np.median([q["probe_s"] for q in probes[max(0, i - 2) : i + 1]]))
+        for i, p in enumerate(probes)
+    )
     assert all(it["after_probe"] for it in res.iterations)  # a probe before every iteration
     # probes only before the first iteration: only it follows one, as recorded and in the diagnostics rows
     once = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=2 * probe.measure(), probe_every_s=1e6)
     assert [it["after_probe"] for it in once.iterations] == [True] + [False] * (len(once.iterations) - 1)
     from calibration.kernels import engine_iteration_rows
+
     rows = engine_iteration_rows(once, RooflineCostModel(TINY, GPUS["cpu"]))
     assert [r["after_probe"] for r in rows] == [it["after_probe"] for it in once.iterations]
     assert "after_probe" not in engine_iteration_rows(ref, RooflineCostModel(TINY, GPUS["cpu"]))[0]
@@ -208,19 +247,35 @@ def test_cpu_norm_prefill_probe(net):
     prefill probe's in proportion to its prefill tokens (prefill_weight); a decode iteration keeps
     the probe's. Each prefill probe runs right after a probe, with its own reference."""
     from calibration.engine import SpeedProbe, prefill_weight
+
     assert prefill_weight(0, 32, 128) == 0.0 and prefill_weight(32, 32, 128) == 0.0
     assert prefill_weight(80, 32, 128) == pytest.approx(0.5) and prefill_weight(256, 32, 128) == 1.0
     assert prefill_weight(40, 32, 32) == 1.0
-    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-                       allocator="paged", reserve=80, max_model_len=80)
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        allocator="paged",
+        reserve=80,
+        max_model_len=80,
+    )
     eng = Engine(cfg, model=net)
     probe = SpeedProbe(cfg, net, chunks=((8, 16),))
     pre = SpeedProbe(cfg, net, decode_kv=(), chunks=((40, 0),))
     assert (probe.prefill_tokens, pre.prefill_tokens) == (8, 40)
     trace = [(0.0, 40, 6), (0.001, 20, 4), (0.002, 33, 5)]
     # references far apart so the two factors differ by ~4x whatever the host does
-    res = eng.run(trace, clock="cpu_norm", probe=probe, probe_ref_s=probe.measure(), probe_every_s=0.0,
-                  prefill_probe=pre, prefill_probe_ref_s=4 * pre.measure(warm=False))
+    res = eng.run(
+        trace,
+        clock="cpu_norm",
+        probe=probe,
+        probe_ref_s=probe.measure(),
+        probe_every_s=0.0,
+        prefill_probe=pre,
+        prefill_probe_ref_s=4 * pre.measure(warm=False),
+    )
     probes = res.info["speed_probes"]
     assert len(probes) == 3 + len(res.iterations) and all("prefill_scale" in p for p in probes)
     assert res.config["prefill_probe_shape"]["prefill_chunks"] == [[40, 0]]
@@ -242,9 +297,18 @@ def test_repredict_prices_stored_shapes_like_engine_iteration_rows(net):
     from calibration.kernels import engine_iteration_rows, kernel_cost, repredict
     from calibration.validate import scale_profile
     from sim.cost.profile import load_profile
+
     prof = load_profile("cpu-reference")
-    cfg = EngineConfig(TINY, num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=48,
-                       allocator="paged", reserve=160, max_model_len=160)
+    cfg = EngineConfig(
+        TINY,
+        num_blocks=64,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=48,
+        allocator="paged",
+        reserve=160,
+        max_model_len=160,
+    )
     res = Engine(cfg, model=net).run([(0.0, 70, 5), (0.0, 30, 8), (0.0, 100, 3)], clock="cpu", lead_s=0.0)
     a, b = kernel_cost(prof, TINY, "paged", 16), kernel_cost(scale_profile(prof, 1.7), TINY, "paged", 16)
     rows = engine_iteration_rows(res, a)
@@ -261,6 +325,7 @@ def test_repredict_prices_stored_shapes_like_engine_iteration_rows(net):
 
 # --- the simulator reproduces the engine's schedule exactly (same clock) ------------------------------
 
+
 def _spec(**over):
     spec = load_spec("scenarios/validate-cpu.yaml")
     for k, v in over.items():
@@ -270,11 +335,20 @@ def _spec(**over):
 
 def _semantics_case(tmp_path, allocator, rate, num_blocks, num_requests, output_max):
     """A spec (prompts 8-300, outputs 1-output_max, static reserve 400), its requests and their trace."""
-    spec = _spec(kv={"num_blocks": num_blocks}, workload={"num_requests": num_requests}, static_reserve=400,
-                 allocators=[allocator])
+    spec = _spec(
+        kv={"num_blocks": num_blocks},
+        workload={"num_requests": num_requests},
+        static_reserve=400,
+        allocators=[allocator],
+    )
     spec["workload"]["max_model_len"] = 400
-    spec["workload"]["lengths"] = {"kind": "uniform", "prompt_min": 8, "prompt_max": 300, "output_min": 1,
-                                   "output_max": output_max}
+    spec["workload"]["lengths"] = {
+        "kind": "uniform",
+        "prompt_min": 8,
+        "prompt_max": 300,
+        "output_min": 1,
+        "output_max": output_max,
+    }
     rows = make_requests(spec, rate)
     return spec, rows, write_trace(rows, tmp_path / "t.csv")
 
@@ -303,12 +377,21 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
     so their schedules stay identical; and it is charged (the run is longer than without it)."""
     from sim.config import scenario_from_dict
     from sim.cost.profile import load_profile
+
     prof = load_profile("cpu-reference")
     plain_path = prof.write(tmp_path / "plain.json")
-    prof.cpu_overhead = {**prof.cpu_overhead, "by_tp": {k: {**v, "after_prefill_s": [4e-3, 2e-3, 1e-3],
-                                                           "per_seq_delta_s": {"seqs": [1, 3, 6], "delta_s": [3e-4, -2e-4, 5e-4]},
-                                                           "mixed_per_decode_s": 2e-4}
-                                                       for k, v in prof.cpu_overhead["by_tp"].items()}}
+    prof.cpu_overhead = {
+        **prof.cpu_overhead,
+        "by_tp": {
+            k: {
+                **v,
+                "after_prefill_s": [4e-3, 2e-3, 1e-3],
+                "per_seq_delta_s": {"seqs": [1, 3, 6], "delta_s": [3e-4, -2e-4, 5e-4]},
+                "mixed_per_decode_s": 2e-4,
+            }
+            for k, v in prof.cpu_overhead["by_tp"].items()
+        },
+    }
     after_path = prof.write(tmp_path / "after.json")
     spec, rows, path = _semantics_case(tmp_path, allocator, rate, num_blocks, 40, 60)
     runs = {}
@@ -331,6 +414,7 @@ def test_after_prefill_excess_same_in_engine_and_simulator(tmp_path, allocator, 
 
 def test_static_mode_is_contiguous_first_fit():
     from calibration.engine import StaticArena
+
     a = StaticArena(100, 30, 16)
     assert [a.admit(i, 10) for i in range(4)] == ["ok", "ok", "ok", "no_space"]
     assert [a.owner[i] for i in range(3)] == [0, 30, 60]

@@ -16,11 +16,18 @@ from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, scenario_fr
 from sim.errors import ConfigError
 from sim.explorer import launcher
 
-SMALL = {"name": "small", "seed": 2, "model": {"name": "llama-3.1-8b"},
-         "workload": {"num_requests": 150, "max_model_len": 4096, "arrival": {"kind": "poisson", "rate": 20.0},
-                      "lengths": {"kind": "uniform", "prompt_min": 50, "prompt_max": 1500, "output_min": 10,
-                                  "output_max": 400}},
-         "allocator": {"kind": "paged", "block_size": 16}}
+SMALL = {
+    "name": "small",
+    "seed": 2,
+    "model": {"name": "llama-3.1-8b"},
+    "workload": {
+        "num_requests": 150,
+        "max_model_len": 4096,
+        "arrival": {"kind": "poisson", "rate": 20.0},
+        "lengths": {"kind": "uniform", "prompt_min": 50, "prompt_max": 1500, "output_min": 10, "output_max": 400},
+    },
+    "allocator": {"kind": "paged", "block_size": 16},
+}
 
 
 @pytest.fixture()
@@ -32,6 +39,7 @@ def store():
 
 # --- knobs -------------------------------------------------------------------------------
 
+
 def test_unchanged_knobs_make_no_overrides():
     assert "chat-api" in X.builtin_scenarios()
     for name in X.builtin_scenarios():
@@ -42,8 +50,15 @@ def test_unchanged_knobs_make_no_overrides():
 def test_overrides_only_for_changed_and_relevant_knobs():
     base = X.builtin_scenario("chat-api")
     k = X.knobs_from_scenario(base)
-    k.update({"allocator.kind": "static", "allocator.reserve": "p95", "workload.arrival.cv": 4.0,
-              "gpu.replicas": 2, "slo.ttft_s": 0.1})
+    k.update(
+        {
+            "allocator.kind": "static",
+            "allocator.reserve": "p95",
+            "workload.arrival.cv": 4.0,
+            "gpu.replicas": 2,
+            "slo.ttft_s": 0.1,
+        }
+    )
     over = X.overrides_from_knobs(k, base)
     # A new allocator kind takes all its knobs (KINDS); cv belongs to gamma arrivals: hidden
     # under poisson, it must not leak into the run; the SLO is not a scenario key.
@@ -69,16 +84,27 @@ def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
     from typer.testing import CliRunner
 
     from sim.cli.main import app
+
     base = X.builtin_scenario("chat-api")
     k = X.knobs_from_scenario(base)
-    k.update({"allocator.kind": "static", "workload.num_requests": 120, "workload.arrival.kind": "gamma",
-              "workload.arrival.cv": 2.0})
+    k.update(
+        {
+            "allocator.kind": "static",
+            "workload.num_requests": 120,
+            "workload.arrival.kind": "gamma",
+            "workload.arrival.cv": 2.0,
+        }
+    )
     text = X.edited_scenario_yaml(base, k)
     path = tmp_path / "edited.yaml"
     path.write_text(text)
     sc = load_scenario(path)
-    assert (sc.allocator.kind, sc.workload.num_requests, sc.workload.arrival.kind, sc.workload.arrival.cv) == \
-        ("static", 120, "gamma", 2.0)
+    assert (sc.allocator.kind, sc.workload.num_requests, sc.workload.arrival.kind, sc.workload.arrival.cv) == (
+        "static",
+        120,
+        "gamma",
+        2.0,
+    )
     res = CliRunner().invoke(app, ["run", str(path), "--quiet", "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -86,8 +112,9 @@ def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
 
 
 def test_canonical_json_round_trips_semantics():
-    sc = X.resolve_scenario({"workload": {"duration_s": 5.0, "arrival": {"kind": "poisson", "rate": 2.0},
-                                          "lengths": {"kind": "fixed"}}})
+    sc = X.resolve_scenario(
+        {"workload": {"duration_s": 5.0, "arrival": {"kind": "poisson", "rate": 2.0}, "lengths": {"kind": "fixed"}}}
+    )
     back = X.scenario_from_canonical(X.canonical_json(sc))
     # duration_s without num_requests: num_requests must stay "not given" (it is not a cap then).
     assert "num_requests" not in back.workload.model_fields_set
@@ -98,12 +125,24 @@ def test_canonical_json_round_trips_semantics():
 
 # --- untrusted input ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", ["/etc/passwd", "../../README.md", "traces/../../README.md", "scenarios/chat-api.yaml",
-                                  str(SCENARIO_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"), 42])
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/passwd",
+        "../../README.md",
+        "traces/../../README.md",
+        "scenarios/chat-api.yaml",
+        str(SCENARIO_DIR / "traces" / "AzureLLMInferenceTrace_conv.csv"),
+        42,
+    ],
+)
 def test_trace_paths_must_be_builtin_or_uploaded(path):
-    for data in ({"workload": {"lengths": {"kind": "empirical", "path": path}}},
-                 {"workload": {"arrival": {"kind": "trace", "path": path}}},
-                 {"workload": {"lengths": {"kind": "mixture", "base": {"kind": "empirical", "path": path}}}}):
+    for data in (
+        {"workload": {"lengths": {"kind": "empirical", "path": path}}},
+        {"workload": {"arrival": {"kind": "trace", "path": path}}},
+        {"workload": {"lengths": {"kind": "mixture", "base": {"kind": "empirical", "path": path}}}},
+    ):
         with pytest.raises(ConfigError) as e:
             X.resolve_paths(data)
         assert "path" in e.value.key
@@ -196,6 +235,7 @@ def test_profile_upload(store):
     if not names:
         pytest.skip("no built-in profiles")
     from sim.cost.profile import PROFILE_DIR
+
     data = (PROFILE_DIR / f"{names[0]}.json").read_bytes()
     key = store.add_profile(f"{names[0]}.json", data)
     assert key == f"uploaded-{names[0]}"  # never shadows a built-in name
@@ -204,8 +244,14 @@ def test_profile_upload(store):
 
 
 def test_default_sweep_axes():
-    t = pa.table({"allocator.kind": ["paged", "static"], "workload.arrival.rate": [5.0, 5.0], "seed": [1, 1],
-                  "ttft_s.p99": [0.1, 0.2]})
+    t = pa.table(
+        {
+            "allocator.kind": ["paged", "static"],
+            "workload.arrival.rate": [5.0, 5.0],
+            "seed": [1, 1],
+            "ttft_s.p99": [0.1, 0.2],
+        }
+    )
     assert X.default_sweep_axes(t) == ("workload.arrival.rate", "allocator.kind")
 
 
@@ -220,6 +266,7 @@ def test_sweep_upload():
 
 # --- runs, KPIs, downloads -------------------------------------------------------------------
 
+
 def test_run_kpis_and_downloads():
     key = X.canonical_json(X.resolve_scenario(SMALL))
     rd = X.run_canonical(key)
@@ -229,22 +276,31 @@ def test_run_kpis_and_downloads():
     assert set(k) == {key for key, *_ in X.KPI_SPEC}
     assert k["kv_waste"] == pytest.approx(1 - rd.summary["kv_token_utilization"])
     assert 0 <= k["slo_attainment"] <= 1
-    assert X.kpis(rd.summary, rd.requests, X.slo_from_knobs({"slo.ttft_s": 0, "slo.tpot_s": 0}))["slo_attainment"] is None
+    assert (
+        X.kpis(rd.summary, rd.requests, X.slo_from_knobs({"slo.ttft_s": 0, "slo.tpot_s": 0}))["slo_attainment"] is None
+    )
     assert pq.read_table(io.BytesIO(X.table_bytes(rd.requests, "parquet"))).equals(rd.requests)
     assert X.table_bytes(rd.timeseries, "csv").decode().startswith('"t_s"')
     from sim.analysis import plots
+
     html = X.figures_html({"cdf": plots.latency_cdf(rd.requests), "kv": plots.kv_memory(rd.timeseries)})
     assert html.count("<h2>") == 2 and html.count("plotly.js v") == 1  # plotly.js inlined once: works offline
 
 
 def test_allocator_configs_and_compare_rows():
-    cfgs = [{"kind": "paged", "block_size": 16}, {"kind": "static", "reserve": "max_model_len", "overflow": "reject"},
-            {"kind": "paged", "block_size": 16}]
+    cfgs = [
+        {"kind": "paged", "block_size": 16},
+        {"kind": "static", "reserve": "max_model_len", "overflow": "reject"},
+        {"kind": "paged", "block_size": 16},
+    ]
     labels = X.unique_labels(cfgs)
     assert labels == ["paged b=16", "static max_model_len (reject)", "paged b=16 #2"]
     over = X.allocator_overrides(cfgs[1])
-    assert {"allocator.kind": "static", "allocator.reserve": "max_model_len", "allocator.overflow": "reject"}.items() \
-        <= over.items() and "allocator.growth" not in over
+    assert {
+        "allocator.kind": "static",
+        "allocator.reserve": "max_model_len",
+        "allocator.overflow": "reject",
+    }.items() <= over.items() and "allocator.growth" not in over
     assert X.allocator_overrides({"kind": "static", "reserve": "2048"})["allocator.reserve"] == 2048
     base = X.resolve_scenario(SMALL).model_dump(mode="json", exclude_unset=True)
     kp = {}
@@ -284,11 +340,13 @@ def test_small_sweep_from_the_page(store):
     assert sorted(table.column("allocator.kind").to_pylist()) == ["paged", "static"]
     assert list((store.dir / "sweeps").rglob("part-*.parquet"))  # written in the session folder only
     with pytest.raises(ConfigError, match="points"):
-        X.run_small_sweep(SMALL, {"workload.arrival.rate": list(range(1, 13)), "gpu.replicas": [1, 2, 3, 4, 5]}, 10,
-                          store)
+        X.run_small_sweep(
+            SMALL, {"workload.arrival.rate": list(range(1, 13)), "gpu.replicas": [1, 2, 3, 4, 5]}, 10, store
+        )
 
 
 # --- calibration --------------------------------------------------------------------------------
+
 
 def test_profile_rows_and_calibration_figure():
     names = X.builtin_profiles()
@@ -298,6 +356,7 @@ def test_profile_rows_and_calibration_figure():
     assert [r["profile"] for r in rows] == names
     assert all("%" in r["gemm median / p95 err"] for r in rows)
     from sim.cost.profile import load_profile
+
     prof = load_profile("h100-sxm" if "h100-sxm" in names else names[0])
     for fam in X.CURVE_FAMILIES:
         keys = X.curve_keys(prof, fam)
@@ -315,6 +374,7 @@ def test_profile_rows_and_calibration_figure():
 
 
 # --- launcher -----------------------------------------------------------------------------------
+
 
 def test_app_command(monkeypatch):
     pytest.importorskip("streamlit")

@@ -45,11 +45,51 @@ BUDGET = ["--max-requests", "20000", "--max-events", "2000000", "--max-wall-s", 
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
-EXTREMES = [0, -1, 1, 2, 7, 2**31, 2**53 + 1, 2**63, 2**64, -2**63, 10**30, 0.0, -0.0, 0.5, 1e-308, 5e-324, 1e308,
-            math.inf, -math.inf, math.nan, True, False, None, "", "x", "1e9", "1e-9", "p50", "p101", "max_model_len",
-            "auto", "none", "static", [], [1, 2], {}, {"kind": "fixed"}]
-values = st.one_of(st.sampled_from(EXTREMES), st.integers(-2**70, 2**70),
-                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12))
+EXTREMES = [
+    0,
+    -1,
+    1,
+    2,
+    7,
+    2**31,
+    2**53 + 1,
+    2**63,
+    2**64,
+    -(2**63),
+    10**30,
+    0.0,
+    -0.0,
+    0.5,
+    1e-308,
+    5e-324,
+    1e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+    True,
+    False,
+    None,
+    "",
+    "x",
+    "1e9",
+    "1e-9",
+    "p50",
+    "p101",
+    "max_model_len",
+    "auto",
+    "none",
+    "static",
+    [],
+    [1, 2],
+    {},
+    {"kind": "fixed"},
+]
+values = st.one_of(
+    st.sampled_from(EXTREMES),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+)
 
 
 def _deep(depth: int):
@@ -60,26 +100,76 @@ def _deep(depth: int):
 
 
 #: Scenario keys worth mutating (leaves and sections), plus a few that do not exist.
-KEYS = ["name", "seed", "router", "model.name", "model.layers", "model.kv_heads", "model.kv_dtype", "gpu.name",
-        "gpu.replicas", "gpu.tensor_parallel", "gpu.gpu_memory_utilization", "gpu.activation_reserve_bytes",
-        "workload.num_requests", "workload.duration_s", "workload.max_model_len", "workload.arrival",
-        "workload.arrival.kind", "workload.arrival.rate", "workload.arrival.cv", "workload.arrival.concurrency",
-        "workload.arrival.think_time_s", "workload.lengths", "workload.lengths.kind", "workload.lengths.prompt_tokens",
-        "workload.lengths.output_tokens", "workload.lengths.prompt_sigma", "workload.lengths.prompt_median",
-        "workload.lengths.path", "workload.lengths.base", "workload.lengths.outlier_multiplier",
-        "workload.prefix.fraction", "workload.prefix.prefix_tokens", "workload.prefix.groups",
-        "workload.priority.high_fraction", "scheduler.max_num_seqs", "scheduler.max_num_batched_tokens",
-        "scheduler.chunked_prefill", "scheduler.kind", "allocator.kind", "allocator.block_size", "allocator.reserve",
-        "allocator.overflow", "allocator.chunk_tokens", "allocator.compaction.enabled", "allocator.compaction.period_s",
-        "allocator.preemption.mode", "allocator.preemption.swap_capacity_bytes", "allocator.long_threshold",
-        "allocator.reserve_fraction", "allocator.stale_after_s", "cost_model.profile", "cost_model.step_overhead_s",
-        "cost_model.paged_attention_overhead", "engine.mode", "timeseries.every_s", "base_dir", "workload.nope",
-        "nope"]
+KEYS = [
+    "name",
+    "seed",
+    "router",
+    "model.name",
+    "model.layers",
+    "model.kv_heads",
+    "model.kv_dtype",
+    "gpu.name",
+    "gpu.replicas",
+    "gpu.tensor_parallel",
+    "gpu.gpu_memory_utilization",
+    "gpu.activation_reserve_bytes",
+    "workload.num_requests",
+    "workload.duration_s",
+    "workload.max_model_len",
+    "workload.arrival",
+    "workload.arrival.kind",
+    "workload.arrival.rate",
+    "workload.arrival.cv",
+    "workload.arrival.concurrency",
+    "workload.arrival.think_time_s",
+    "workload.lengths",
+    "workload.lengths.kind",
+    "workload.lengths.prompt_tokens",
+    "workload.lengths.output_tokens",
+    "workload.lengths.prompt_sigma",
+    "workload.lengths.prompt_median",
+    "workload.lengths.path",
+    "workload.lengths.base",
+    "workload.lengths.outlier_multiplier",
+    "workload.prefix.fraction",
+    "workload.prefix.prefix_tokens",
+    "workload.prefix.groups",
+    "workload.priority.high_fraction",
+    "scheduler.max_num_seqs",
+    "scheduler.max_num_batched_tokens",
+    "scheduler.chunked_prefill",
+    "scheduler.kind",
+    "allocator.kind",
+    "allocator.block_size",
+    "allocator.reserve",
+    "allocator.overflow",
+    "allocator.chunk_tokens",
+    "allocator.compaction.enabled",
+    "allocator.compaction.period_s",
+    "allocator.preemption.mode",
+    "allocator.preemption.swap_capacity_bytes",
+    "allocator.long_threshold",
+    "allocator.reserve_fraction",
+    "allocator.stale_after_s",
+    "cost_model.profile",
+    "cost_model.step_overhead_s",
+    "cost_model.paged_attention_overhead",
+    "engine.mode",
+    "timeseries.every_s",
+    "base_dir",
+    "workload.nope",
+    "nope",
+]
 
 BASE_SCENARIO = {
-    "name": "fuzz", "seed": 1,
-    "workload": {"num_requests": 30, "max_model_len": 16384, "arrival": {"kind": "poisson", "rate": 14.0},
-                 "lengths": {"kind": "fixed", "prompt_tokens": 700, "output_tokens": 60}},
+    "name": "fuzz",
+    "seed": 1,
+    "workload": {
+        "num_requests": 30,
+        "max_model_len": 16384,
+        "arrival": {"kind": "poisson", "rate": 14.0},
+        "lengths": {"kind": "fixed", "prompt_tokens": 700, "output_tokens": 60},
+    },
 }
 
 
@@ -137,8 +227,12 @@ def scenario_cases(draw) -> Case:
         else:
             _set(doc, key, draw(values) if draw(st.integers(0, 12)) else _deep(70))
     data = draw(encodings(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)))
-    return Case(0, f"scenario {doc!r:.300} as {data[:40]!r}", argv=["run", "s.yaml", "-q", "--out", "out", *BUDGET],
-                files={"s.yaml": data})
+    return Case(
+        0,
+        f"scenario {doc!r:.300} as {data[:40]!r}",
+        argv=["run", "s.yaml", "-q", "--out", "out", *BUDGET],
+        files={"s.yaml": data},
+    )
 
 
 TRACE_COLS = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -158,8 +252,16 @@ def trace_cases(draw) -> Case:
         text = ",".join(cols) + "\n" + "".join(",".join(str(v) for v in r[: len(cols)]) + "\n" for r in rows)
         data = draw(encodings(text))
     elif fmt == "jsonl":
-        lines = [json.dumps({"timestamp": r[0] * 1000 if isinstance(r[0], (int, float)) and not isinstance(r[0], bool)
-                             else r[0], "input_length": r[1], "output_length": r[2]}) for r in rows]
+        lines = [
+            json.dumps(
+                {
+                    "timestamp": r[0] * 1000 if isinstance(r[0], (int, float)) and not isinstance(r[0], bool) else r[0],
+                    "input_length": r[1],
+                    "output_length": r[2],
+                }
+            )
+            for r in rows
+        ]
         if draw(st.integers(0, 5)) == 0:
             lines[draw(st.integers(0, n - 1))] = json.dumps(draw(values))
         data = draw(encodings("\n".join(lines) + "\n"))
@@ -177,10 +279,27 @@ def trace_cases(draw) -> Case:
         if draw(st.integers(0, 5)) == 0:
             data = data[: draw(st.integers(0, len(data)))]
     name = f"t.{fmt}"
-    return Case(0, f"{fmt} trace {rows[:8]!r:.300}", files={name: data},
-                argv=["run", "chat-api", "-q", "--out", "out", "--set", "workload.num_requests=30",
-                      "--set", "workload.arrival.kind=trace", "--set", f"workload.arrival.path={name}",
-                      "--set", "workload.lengths=null", *BUDGET])
+    return Case(
+        0,
+        f"{fmt} trace {rows[:8]!r:.300}",
+        files={name: data},
+        argv=[
+            "run",
+            "chat-api",
+            "-q",
+            "--out",
+            "out",
+            "--set",
+            "workload.num_requests=30",
+            "--set",
+            "workload.arrival.kind=trace",
+            "--set",
+            f"workload.arrival.path={name}",
+            "--set",
+            "workload.lengths=null",
+            *BUDGET,
+        ],
+    )
 
 
 PROFILE = json.loads((PROFILE_DIR / "cpu-reference.json").read_text())
@@ -221,14 +340,41 @@ def profile_cases(draw) -> Case:
     if draw(st.integers(0, 9)) == 0:
         text = json.dumps([doc]) if draw(st.booleans()) else "[" * 5000 + "]" * 5000
     data = draw(encodings(text)) if draw(st.integers(0, 3)) == 0 else text.encode()
-    return Case(0, f"profile {text[:200]!r}", files={"p.json": data},
-                argv=["run", "chat-api", "-q", "--out", "out", "--set", "workload.num_requests=30",
-                      "--set", "model.name=tiny-llama", "--set", "gpu.name=cpu", "--set", "cost_model.profile=p.json",
-                      *BUDGET])
+    return Case(
+        0,
+        f"profile {text[:200]!r}",
+        files={"p.json": data},
+        argv=[
+            "run",
+            "chat-api",
+            "-q",
+            "--out",
+            "out",
+            "--set",
+            "workload.num_requests=30",
+            "--set",
+            "model.name=tiny-llama",
+            "--set",
+            "gpu.name=cpu",
+            "--set",
+            "cost_model.profile=p.json",
+            *BUDGET,
+        ],
+    )
 
 
-SWEEP_KEYS = ["workload.arrival.rate", "allocator.block_size", "allocator.kind", "scheduler.max_num_seqs", "seed",
-              "workload.num_requests", "workload.lengths", "nope.key", "allocator", "base_dir"]
+SWEEP_KEYS = [
+    "workload.arrival.rate",
+    "allocator.block_size",
+    "allocator.kind",
+    "scheduler.max_num_seqs",
+    "seed",
+    "workload.num_requests",
+    "workload.lengths",
+    "nope.key",
+    "allocator",
+    "base_dir",
+]
 
 
 @st.composite
@@ -238,11 +384,14 @@ def sweep_cases(draw) -> Case:
     if kind == "seeds":
         doc["seeds"] = draw(st.one_of(st.integers(-2, 3), st.sampled_from([10**9, 2**63, 2.5, True, "3", None, []])))
     elif kind == "grid":
-        doc["grid"] = {draw(st.sampled_from(SWEEP_KEYS)): draw(st.one_of(st.lists(values, min_size=0, max_size=2),
-                                                                          values))}
+        doc["grid"] = {
+            draw(st.sampled_from(SWEEP_KEYS)): draw(st.one_of(st.lists(values, min_size=0, max_size=2), values))
+        }
     elif kind == "zip":
-        doc["zip"] = {draw(st.sampled_from(SWEEP_KEYS)): draw(st.lists(values, max_size=2)),
-                      draw(st.sampled_from(SWEEP_KEYS)): draw(st.lists(values, max_size=2))}
+        doc["zip"] = {
+            draw(st.sampled_from(SWEEP_KEYS)): draw(st.lists(values, max_size=2)),
+            draw(st.sampled_from(SWEEP_KEYS)): draw(st.lists(values, max_size=2)),
+        }
     elif kind == "set":
         doc["set"][draw(st.sampled_from(SWEEP_KEYS))] = draw(values)
         doc["seeds"] = 1
@@ -253,8 +402,9 @@ def sweep_cases(draw) -> Case:
         doc[draw(st.sampled_from(["base", "description", "grids", "set"]))] = draw(values)
         doc.setdefault("seeds", 1)
     data = draw(encodings(yaml.safe_dump(doc, sort_keys=False)))
-    return Case(0, f"sweep {doc!r:.300}", files={"sw.yaml": data},
-                argv=["sweep", "sw.yaml", "-q", "-w", "1", "--out", "ds"])
+    return Case(
+        0, f"sweep {doc!r:.300}", files={"sw.yaml": data}, argv=["sweep", "sw.yaml", "-q", "-w", "1", "--out", "ds"]
+    )
 
 
 def _fuzz(strategy, examples: int, tmp_path_factory) -> Counter:

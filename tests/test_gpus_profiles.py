@@ -21,7 +21,9 @@ from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU, Deployment
 from sim.errors import ConfigError
 
 
-@pytest.mark.parametrize("system,gpu", [("b200_sxm", "B200-SXM-180GB"), ("l40s", "L40S"), ("h100_sxm", "H100-SXM-80GB")])
+@pytest.mark.parametrize(
+    "system,gpu", [("b200_sxm", "B200-SXM-180GB"), ("l40s", "L40S"), ("h100_sxm", "H100-SXM-80GB")]
+)
 def test_catalog_entries_match_system_yaml(system, gpu):
     spec, g = read_system(DEFAULT_TABLES_DIR, system), GPUS[gpu]
     assert g.memory_bytes == spec.mem_capacity_bytes and g.hbm_bandwidth == spec.mem_bw
@@ -42,15 +44,19 @@ def test_new_profiles_are_the_auto_choice_and_report_fit_quality(profile, gpu):
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-@pytest.mark.parametrize("profile,gpu,model,dtype", [
-    ("b200-sxm", "B200-SXM-180GB", "llama-3.1-70b", "fp8"),
-    ("l40s", "L40S", "qwen3-8b", "bf16"),
-    ("h100-sxm", "H100-SXM-80GB", "qwen3-32b", "bf16"),
-    ("h200-sxm", "H200-SXM-141GB", "qwen3-8b", "fp8"),
-])
+@pytest.mark.parametrize(
+    "profile,gpu,model,dtype",
+    [
+        ("b200-sxm", "B200-SXM-180GB", "llama-3.1-70b", "fp8"),
+        ("l40s", "L40S", "qwen3-8b", "bf16"),
+        ("h100-sxm", "H100-SXM-80GB", "qwen3-32b", "bf16"),
+        ("h200-sxm", "H200-SXM-141GB", "qwen3-8b", "fp8"),
+    ],
+)
 def test_new_models_priced_by_profiles(profile, gpu, model, dtype, tp):
-    cm = build_profile_cost_model(profile, MODELS[model], GPUS[gpu], tensor_parallel=tp, weight_dtype=dtype,
-                                  kv_dtype=dtype)
+    cm = build_profile_cost_model(
+        profile, MODELS[model], GPUS[gpu], tensor_parallel=tp, weight_dtype=dtype, kv_dtype=dtype
+    )
     assert cm.calibrated and cm.name == profile
     decode = cm.decode_times_s(64, np.array([64 * 2048.0, 64 * 4096.0]))
     assert np.all(np.isfinite(decode)) and decode[1] > decode[0] > 0
@@ -69,51 +75,78 @@ def test_b200_prices_below_h100():
 
 
 def _sc(**over):
-    base = {"model": {"name": "llama-3.1-8b"}, "workload": {"num_requests": 30, "max_model_len": 4096,
-                                                            "arrival": {"kind": "poisson", "rate": 5.0},
-                                                            "lengths": {"kind": "fixed", "prompt_tokens": 1024,
-                                                                        "output_tokens": 64}}}
+    base = {
+        "model": {"name": "llama-3.1-8b"},
+        "workload": {
+            "num_requests": 30,
+            "max_model_len": 4096,
+            "arrival": {"kind": "poisson", "rate": 5.0},
+            "lengths": {"kind": "fixed", "prompt_tokens": 1024, "output_tokens": 64},
+        },
+    }
     for section, values in over.items():
         base[section] = values if "hf_config" in values else {**base.get(section, {}), **values}
     return scenario_from_dict(base)
 
 
-@pytest.mark.parametrize("gpu,model", [({"name": "B200-SXM-180GB", "tensor_parallel": 2},
-                                        {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
-                                       ({"name": "L40S"}, {"hf_config": "Qwen/Qwen3-8B"})])
+@pytest.mark.parametrize(
+    "gpu,model",
+    [
+        ({"name": "B200-SXM-180GB", "tensor_parallel": 2}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
+        ({"name": "L40S"}, {"hf_config": "Qwen/Qwen3-8B"}),
+    ],
+)
 def test_runs_on_the_new_gpus_are_calibrated(gpu, model):
     s = simulate(_sc(gpu=gpu, model=model)).summary
     assert s["cost_model_calibrated"] is True and s["cost_model"] == BUILTIN_PROFILE_FOR_GPU[gpu["name"]]
     assert s["completed"] == 30
 
 
-CUSTOM = {"name": "custom", "memory_gib": 96, "hbm_tbps": 4.0, "bf16_tflops": 800, "fp8_tflops": 1600,
-          "nvlink_gbps": 400, "pcie_gbps": 64}
+CUSTOM = {
+    "name": "custom",
+    "memory_gib": 96,
+    "hbm_tbps": 4.0,
+    "bf16_tflops": 800,
+    "fp8_tflops": 1600,
+    "nvlink_gbps": 400,
+    "pcie_gbps": 64,
+}
 
 
 def test_custom_gpu_is_priced_by_the_labelled_roofline():
     sc = _sc(gpu=CUSTOM)
     dep = Deployment.from_scenario(sc)
     g = dep.gpu
-    assert (g.name, g.memory_bytes, g.hbm_bandwidth, g.peak_bf16_flops, g.peak_fp8_flops, g.nvlink_bandwidth,
-            g.pcie_bandwidth) == ("custom", 96 * 2**30, 4e12, 800e12, 1600e12, 400e9, 64e9)
+    assert (
+        g.name,
+        g.memory_bytes,
+        g.hbm_bandwidth,
+        g.peak_bf16_flops,
+        g.peak_fp8_flops,
+        g.nvlink_bandwidth,
+        g.pcie_bandwidth,
+    ) == ("custom", 96 * 2**30, 4e12, 800e12, 1600e12, 400e9, 64e9)
     cm = dep.make_cost_model(sc)
     assert cm.name == "roofline-uncalibrated" and not cm.calibrated
     # fp8 weights use the card's fp8 peak for GEMMs: a compute-bound prefill gets faster.
     prefill = BatchShape([(8192, 0)], 0, 0)
     fp8 = Deployment.from_scenario(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"}))
-    assert fp8.make_cost_model(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"})).mixed_step_time_s(prefill) < \
-        cm.mixed_step_time_s(prefill)
+    assert fp8.make_cost_model(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"})).mixed_step_time_s(
+        prefill
+    ) < cm.mixed_step_time_s(prefill)
 
 
-@pytest.mark.parametrize("gpu,key,needle", [
-    ({"name": "custom", "memory_gib": 96}, "gpu.hbm_tbps", "needs memory_gib, hbm_tbps, bf16_tflops, pcie_gbps"),
-    ({**CUSTOM, "pcie_gbps": None}, "gpu.pcie_gbps", "needs memory_gib"),
-    ({**CUSTOM, "memory_gib": -1}, "gpu.memory_gib", "a finite number in (0, 4096]"),
-    ({**CUSTOM, "fp8_tflops": -5}, "gpu.fp8_tflops", "a finite number in [0, 1e+06]"),
-    ({"name": "H100-SXM-80GB", "hbm_tbps": 4}, "gpu.hbm_tbps", "only with gpu.name 'custom'"),
-    ({"name": "custom-gpu"}, "gpu.name", "or custom with memory_gib"),
-])
+@pytest.mark.parametrize(
+    "gpu,key,needle",
+    [
+        ({"name": "custom", "memory_gib": 96}, "gpu.hbm_tbps", "needs memory_gib, hbm_tbps, bf16_tflops, pcie_gbps"),
+        ({**CUSTOM, "pcie_gbps": None}, "gpu.pcie_gbps", "needs memory_gib"),
+        ({**CUSTOM, "memory_gib": -1}, "gpu.memory_gib", "a finite number in (0, 4096]"),
+        ({**CUSTOM, "fp8_tflops": -5}, "gpu.fp8_tflops", "a finite number in [0, 1e+06]"),
+        ({"name": "H100-SXM-80GB", "hbm_tbps": 4}, "gpu.hbm_tbps", "only with gpu.name 'custom'"),
+        ({"name": "custom-gpu"}, "gpu.name", "or custom with memory_gib"),
+    ],
+)
 def test_custom_gpu_validation(gpu, key, needle):
     with pytest.raises(ConfigError) as e:
         Deployment.from_scenario(_sc(gpu=gpu))
@@ -131,8 +164,10 @@ def test_fallback_is_logged_not_printed(caplog, capfd):
     sc2 = _sc(gpu={"name": "A100-SXM-80GB"}, model={"kv_dtype": "fp8"})
     with caplog.at_level(logging.WARNING, logger="kvsim"):
         Deployment.from_scenario(sc2).make_cost_model(sc2)
-    assert any("profile a100-sxm does not cover llama-3.1-8b" in r.getMessage() and "kv dtypes bf16" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "profile a100-sxm does not cover llama-3.1-8b" in r.getMessage() and "kv dtypes bf16" in r.getMessage()
+        for r in caplog.records
+    )
     out, err = capfd.readouterr()
     assert out == "" and err == ""
     # An explicit choice is no fallback.
@@ -147,8 +182,17 @@ def kvsim(*args):
 
 
 def test_cli_model_option_with_a_config_path(tmp_path):
-    r = kvsim("run", "chat-api", "-q", "--model", "scenarios/models/Qwen--Qwen3-32B_config.json",
-              "--set", "workload.num_requests=60", "--out", str(tmp_path))
+    r = kvsim(
+        "run",
+        "chat-api",
+        "-q",
+        "--model",
+        "scenarios/models/Qwen--Qwen3-32B_config.json",
+        "--set",
+        "workload.num_requests=60",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     assert not [x for x in r.stderr.splitlines() if x.startswith("warning:")], r.stderr
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -157,8 +201,19 @@ def test_cli_model_option_with_a_config_path(tmp_path):
 
 
 def test_cli_warns_once_on_stderr_when_auto_falls_back(tmp_path):
-    r = kvsim("run", "chat-api", "-q", "--set", "gpu.name=A10G", "--set", "workload.max_model_len=4096",
-              "--set", "workload.num_requests=30", "--out", str(tmp_path))
+    r = kvsim(
+        "run",
+        "chat-api",
+        "-q",
+        "--set",
+        "gpu.name=A10G",
+        "--set",
+        "workload.max_model_len=4096",
+        "--set",
+        "workload.num_requests=30",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     # (A stale compiled hot path adds Python's own RuntimeWarning lines: not ours to count.)
     lines = [x for x in r.stderr.splitlines() if x.startswith("warning:")]

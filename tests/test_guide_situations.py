@@ -32,19 +32,30 @@ def _broken(tmp_path, old: str, new: str, name: str = "long-context.yaml"):
     return d / name
 
 
-@pytest.mark.parametrize("old, new, key, allowed", [
-    ("check: long_gate", "check: long_gat", "claims.0.check", "one of"),
-    ("{static: static, dynamic: dynamic-chunk}", "{static: static, dynamic: dynamic-chunks}",
-     "claims.0.variants.dynamic", "a variant of this situation"),
-    ("{static: static, dynamic: dynamic-chunk}", "{static: static}", "claims.0.variants", "exactly the arguments"),
-    ("others: [dynamic-token, dynamic-chunk, paged]", "others: paged", "claims.1.variants.others",
-     "a list of variant names"),
-    ("value: kv_at_gate_gib", "value: kv_at_gate", "columns.0.value", "one of"),
-    ("- name: paged-zero", "- name: paged", "variants.4.name", "no other variant"),
-    ("slo: {ttft_s: 15.0", "slo: {ttft_s: -1", "slo.ttft_s", "greater than 0"),
-    ("scenario: long-context", "scenario: long-contex", "scenario", "scenarios/"),
-    ("title:", "titel:", "titel", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "old, new, key, allowed",
+    [
+        ("check: long_gate", "check: long_gat", "claims.0.check", "one of"),
+        (
+            "{static: static, dynamic: dynamic-chunk}",
+            "{static: static, dynamic: dynamic-chunks}",
+            "claims.0.variants.dynamic",
+            "a variant of this situation",
+        ),
+        ("{static: static, dynamic: dynamic-chunk}", "{static: static}", "claims.0.variants", "exactly the arguments"),
+        (
+            "others: [dynamic-token, dynamic-chunk, paged]",
+            "others: paged",
+            "claims.1.variants.others",
+            "a list of variant names",
+        ),
+        ("value: kv_at_gate_gib", "value: kv_at_gate", "columns.0.value", "one of"),
+        ("- name: paged-zero", "- name: paged", "variants.4.name", "no other variant"),
+        ("slo: {ttft_s: 15.0", "slo: {ttft_s: -1", "slo.ttft_s", "greater than 0"),
+        ("scenario: long-context", "scenario: long-contex", "scenario", "scenarios/"),
+        ("title:", "titel:", "titel", "unknown key"),
+    ],
+)
 def test_a_mistake_names_file_key_value_and_what_is_allowed(tmp_path, old, new, key, allowed):
     path = _broken(tmp_path, old, new)
     with pytest.raises(ConfigError) as e:
@@ -54,8 +65,12 @@ def test_a_mistake_names_file_key_value_and_what_is_allowed(tmp_path, old, new, 
 
 
 def test_a_column_argument_is_checked(tmp_path):
-    path = _broken(tmp_path, "value: long_request_e2e_p99, reference: paged}", "value: long_request_e2e_p99, referenc: paged}",
-                   "worst-case-outliers.yaml")
+    path = _broken(
+        tmp_path,
+        "value: long_request_e2e_p99, reference: paged}",
+        "value: long_request_e2e_p99, referenc: paged}",
+        "worst-case-outliers.yaml",
+    )
     with pytest.raises(ConfigError, match="worst-case-outliers.yaml: columns.0.referenc"):
         read_situation(path)
 

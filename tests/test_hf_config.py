@@ -47,8 +47,13 @@ def _config_file(ident: str) -> Path:
 
 def test_the_shipped_set():
     assert len(shipped_models()) == 15
-    assert {"Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-VL-8B-Instruct", "meta-llama/Meta-Llama-3.1-405B",
-            "nvidia/Llama-3.1-70B-Instruct-FP8"} <= set(shipped_models())
+    assert {
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-32B",
+        "Qwen/Qwen3-VL-8B-Instruct",
+        "meta-llama/Meta-Llama-3.1-405B",
+        "nvidia/Llama-3.1-70B-Instruct-FP8",
+    } <= set(shipped_models())
     assert (MODELS_DIR / "LICENSE").is_file() and (MODELS_DIR / "SOURCE.md").is_file()
 
 
@@ -61,8 +66,14 @@ def test_every_shipped_config_is_read(ident):
     m = hf.spec
     assert m.name == ident
     assert (m.layers, m.hidden, m.heads, m.kv_heads, m.intermediate, m.vocab, m.max_position) == (
-        cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
-        cfg["intermediate_size"], cfg["vocab_size"], cfg["max_position_embeddings"])
+        cfg["num_hidden_layers"],
+        cfg["hidden_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["intermediate_size"],
+        cfg["vocab_size"],
+        cfg["max_position_embeddings"],
+    )
     assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) == 128
     assert m.sliding_window is None and m.layer_types == ()
     assert (hf.weight_dtype, hf.kv_dtype) == QUANTISED.get(ident, ("bf16", "bf16"))
@@ -94,19 +105,39 @@ def test_vision_language_configs_use_the_text_tower():
     vl = read_hf_config(_config_file("Qwen/Qwen3-VL-8B-Instruct")).spec
     text = read_hf_config(_config_file("Qwen/Qwen3-8B")).spec
     assert (vl.layers, vl.hidden, vl.heads, vl.kv_heads, vl.head_dim, vl.intermediate, vl.vocab) == (
-        text.layers, text.hidden, text.heads, text.kv_heads, text.head_dim, text.intermediate, text.vocab)
+        text.layers,
+        text.hidden,
+        text.heads,
+        text.kv_heads,
+        text.head_dim,
+        text.intermediate,
+        text.vocab,
+    )
     assert vl.kv_bytes_per_token("bf16") == text.kv_bytes_per_token("bf16")
     # The vision encoder's weights are in GPU memory too: counted on top of the text tower.
     assert 0.3e9 < vl.params - text.params < 0.8e9
     # Tied embeddings read from the text config (VL-2B) or the top level (VL-32B).
-    assert read_hf_config(_config_file("Qwen/Qwen3-VL-2B-Instruct")).spec.params < read_hf_config(
-        _config_file("Qwen/Qwen3-1.7B")).spec.params + 0.8e9
+    assert (
+        read_hf_config(_config_file("Qwen/Qwen3-VL-2B-Instruct")).spec.params
+        < read_hf_config(_config_file("Qwen/Qwen3-1.7B")).spec.params + 0.8e9
+    )
 
 
 def test_text_config_nesting_and_top_level_fallback(tmp_path):
-    cfg = {"model_type": "wrapper_vl", "tie_word_embeddings": True, "vision_config": {"model_type": "none"},
-           "text_config": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
-                           "intermediate_size": 512, "vocab_size": 1000, "torch_dtype": "float16"}}
+    cfg = {
+        "model_type": "wrapper_vl",
+        "tie_word_embeddings": True,
+        "vision_config": {"model_type": "none"},
+        "text_config": {
+            "model_type": "llama",
+            "num_hidden_layers": 2,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "intermediate_size": 512,
+            "vocab_size": 1000,
+            "torch_dtype": "float16",
+        },
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     hf = read_hf_config(p)
@@ -121,9 +152,16 @@ def test_text_config_nesting_and_top_level_fallback(tmp_path):
 def test_catalog_qwen3_entries_equal_their_configs():
     for name, ident in (("qwen3-8b", "Qwen/Qwen3-8B"), ("qwen3-32b", "Qwen/Qwen3-32B")):
         cat, hf = MODELS[name], read_hf_config(_config_file(ident)).spec
-        assert (cat.layers, cat.hidden, cat.heads, cat.kv_heads, cat.head_dim, cat.intermediate, cat.vocab,
-                cat.max_position) == (hf.layers, hf.hidden, hf.heads, hf.kv_heads, hf.head_dim, hf.intermediate,
-                                      hf.vocab, hf.max_position)
+        assert (
+            cat.layers,
+            cat.hidden,
+            cat.heads,
+            cat.kv_heads,
+            cat.head_dim,
+            cat.intermediate,
+            cat.vocab,
+            cat.max_position,
+        ) == (hf.layers, hf.hidden, hf.heads, hf.kv_heads, hf.head_dim, hf.intermediate, hf.vocab, hf.max_position)
         assert cat.params == pytest.approx(hf.params, rel=1e-3)
 
 
@@ -137,12 +175,16 @@ def test_projection_shapes_use_heads_times_head_dim():
 
 # --- refusals -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name,field", [
-    ("mistralai--Mixtral-8x7B-v0.1", "num_local_experts=8"),
-    ("deepseek-ai--DeepSeek-V3", "n_routed_experts=256"),
-    ("Qwen--Qwen3.5-27B", "layer_types='linear_attention'"),
-    ("nvidia--Nemotron-H-56B-Base-8K", "hybrid_override_pattern="),
-])
+
+@pytest.mark.parametrize(
+    "name,field",
+    [
+        ("mistralai--Mixtral-8x7B-v0.1", "num_local_experts=8"),
+        ("deepseek-ai--DeepSeek-V3", "n_routed_experts=256"),
+        ("Qwen--Qwen3.5-27B", "layer_types='linear_attention'"),
+        ("nvidia--Nemotron-H-56B-Base-8K", "hybrid_override_pattern="),
+    ],
+)
 def test_unsupported_published_configs_are_one_line(name, field):
     with pytest.raises(ConfigError) as e:
         read_hf_config(DATA / f"{name}_config.json")
@@ -157,24 +199,41 @@ def _write(tmp_path: Path, cfg: dict, name: str = "m_config.json") -> Path:
     return p
 
 
-DENSE = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
-         "num_key_value_heads": 2, "intermediate_size": 1024, "vocab_size": 1000, "max_position_embeddings": 4096}
+DENSE = {
+    "model_type": "llama",
+    "num_hidden_layers": 4,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 1024,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
 
 
-@pytest.mark.parametrize("extra,needle", [
-    ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank=512: multi-head latent attention (MLA)"),
-    ({"q_lora_rank": 1024}, "q_lora_rank=1024"),
-    ({"num_experts": 64}, "num_experts=64: mixture-of-experts"),
-    ({"block_configs": [{"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
-                        {"attention": {"no_op": False}, "ffn": {"ffn_mult": 5.25}}]},
-     "block_configs: per-layer block shapes (1 of 2 layers without attention"),
-    ({"layers_block_type": ["mamba", "attention"]}, "state-space (mamba) layers"),
-    ({"global_head_dim": 512, "head_dim": 64}, "global_head_dim=512"),
-    ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantisation 'awq' not supported yet"),
-    ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "quantisation 'nvfp4'"),
-    ({"quantization_config": {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}}, "4-bit int"),
-    ({"quantization_config": {"quant_method": "fp8", "kv_cache_scheme": "int8"}}, "KV-cache quantisation 'int8'"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank=512: multi-head latent attention (MLA)"),
+        ({"q_lora_rank": 1024}, "q_lora_rank=1024"),
+        ({"num_experts": 64}, "num_experts=64: mixture-of-experts"),
+        (
+            {
+                "block_configs": [
+                    {"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}},
+                    {"attention": {"no_op": False}, "ffn": {"ffn_mult": 5.25}},
+                ]
+            },
+            "block_configs: per-layer block shapes (1 of 2 layers without attention",
+        ),
+        ({"layers_block_type": ["mamba", "attention"]}, "state-space (mamba) layers"),
+        ({"global_head_dim": 512, "head_dim": 64}, "global_head_dim=512"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantisation 'awq' not supported yet"),
+        ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "quantisation 'nvfp4'"),
+        ({"quantization_config": {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}}, "4-bit int"),
+        ({"quantization_config": {"quant_method": "fp8", "kv_cache_scheme": "int8"}}, "KV-cache quantisation 'int8'"),
+    ],
+)
 def test_unsupported_features_name_their_field(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
         read_hf_config(_write(tmp_path, {**DENSE, **extra}))
@@ -199,6 +258,7 @@ def test_bad_json_and_missing_file(tmp_path):
 
 # --- attention layout -----------------------------------------------------------------------
 
+
 def test_per_layer_attention_types_are_kept():
     m = read_hf_config(DATA / "dense-gpt-oss-layout_config.json").spec
     assert m.sliding_window == 128 and len(m.layer_types) == 24
@@ -208,13 +268,16 @@ def test_per_layer_attention_types_are_kept():
     assert m.uniform_sliding_window is None and m.mixed_window == 128 and m.kv_tokens_held(10_000) == 10_000
 
 
-@pytest.mark.parametrize("extra,window,sliding", [
-    ({"sliding_window": 4096}, 4096, 4),                                      # Mistral: every layer
-    ({"sliding_window": 4096, "use_sliding_window": False}, None, 0),         # Qwen: declared but off
-    ({"sliding_window": 32768, "use_sliding_window": True, "max_window_layers": 3}, 32768, 1),  # Qwen2: last layer
-    ({"sliding_window": 1024, "sliding_window_pattern": 2}, 1024, 2),         # Gemma-3 style: every 2nd is global
-    ({"sliding_window": None}, None, 0),
-])
+@pytest.mark.parametrize(
+    "extra,window,sliding",
+    [
+        ({"sliding_window": 4096}, 4096, 4),  # Mistral: every layer
+        ({"sliding_window": 4096, "use_sliding_window": False}, None, 0),  # Qwen: declared but off
+        ({"sliding_window": 32768, "use_sliding_window": True, "max_window_layers": 3}, 32768, 1),  # Qwen2: last layer
+        ({"sliding_window": 1024, "sliding_window_pattern": 2}, 1024, 2),  # Gemma-3 style: every 2nd is global
+        ({"sliding_window": None}, None, 0),
+    ],
+)
 def test_sliding_window_forms(tmp_path, extra, window, sliding):
     m = read_hf_config(_write(tmp_path, {**DENSE, **extra})).spec
     assert m.sliding_window == window and m.sliding_layers == sliding
@@ -223,6 +286,7 @@ def test_sliding_window_forms(tmp_path, extra, window, sliding):
 
 
 # --- quantisation ---------------------------------------------------------------------------
+
 
 def test_quant_from_a_sibling_file(tmp_path):
     shutil.copy(_config_file("nvidia/Llama-3.1-70B-Instruct-FP8"), tmp_path / "config.json")
@@ -235,8 +299,9 @@ def test_quant_from_a_sibling_file(tmp_path):
 def test_conflicting_quant_declarations(tmp_path):
     cfg = {**DENSE, "quantization_config": {"quant_method": "fp8"}}
     _write(tmp_path, cfg, "m_config.json")
-    (tmp_path / "m_hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8",
-                                                                                   "kv_cache_quant_algo": "FP8"}}))
+    (tmp_path / "m_hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
+    )
     hf = read_hf_config(tmp_path / "m_config.json")  # complementary: weights from one, KV from the other
     assert (hf.weight_dtype, hf.kv_dtype) == ("fp8", "fp8")
     cfg["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float"}
@@ -245,6 +310,7 @@ def test_conflicting_quant_declarations(tmp_path):
 
 
 # --- scenarios ------------------------------------------------------------------------------
+
 
 def _scenario(model: dict, **sections):
     return scenario_from_dict({"model": model, **sections})
@@ -262,8 +328,9 @@ def test_scenario_takes_shape_name_and_dtypes_from_the_config():
 
 
 def test_explicit_values_override_the_config():
-    sc = _scenario({"hf_config": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "kv_dtype": "bf16", "layers": 32,
-                    "name": "my-qwen"})
+    sc = _scenario(
+        {"hf_config": "Qwen/Qwen3-32B-FP8-Static-PerTensor", "kv_dtype": "bf16", "layers": 32, "name": "my-qwen"}
+    )
     assert (sc.model.weight_dtype, sc.model.kv_dtype) == ("fp8", "bf16")
     m = model_spec(sc)
     assert (m.layers, m.hidden, m.name) == (32, 5120, "my-qwen*")
@@ -291,11 +358,13 @@ def test_paths_resolve_against_the_scenario_file(tmp_path):
 
 # --- untrusted uploads (the explorer) -------------------------------------------------------
 
+
 def test_explorer_accepts_only_shipped_model_configs(tmp_path):
     """``model.hf_config`` names a file: an upload may only name a shipped config, which is never a
     path of the user's choosing (the file given here is refused before anything reads it)."""
     from sim import explorer as X
     from sim.config import file_fields
+
     assert "hf_config" in file_fields()
     out = X.resolve_paths({"model": {"hf_config": "Qwen/Qwen3-8B"}})
     assert out["model"]["hf_config"] == str(_config_file("Qwen/Qwen3-8B"))
@@ -309,6 +378,7 @@ def test_explorer_accepts_only_shipped_model_configs(tmp_path):
 
 def test_explorer_model_pick_replaces_the_config():
     from sim import explorer as X
+
     base = {"model": {"hf_config": "Qwen/Qwen3-8B"}}
     assert X.knobs_from_scenario(base)["model.name"] == "Qwen/Qwen3-8B"
     edited = X.edited_scenario(base, {"model.name": "llama-3.1-8b"})

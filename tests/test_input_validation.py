@@ -28,8 +28,11 @@ from sim.workload.traces import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 #: A 324-byte YAML value holding 9**9 strings once its aliases are expanded.
-LOL = ('[&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"], '
-       + ", ".join(f"&{c} [{','.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")) + "]")
+LOL = (
+    '[&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"], '
+    + ", ".join(f"&{c} [{','.join(['*' + p] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi"))
+    + "]"
+)
 
 
 def _load(**over) -> Scenario:
@@ -45,12 +48,14 @@ def _error(**over) -> str:
 def _numeric_fields(model=Scenario, prefix=""):
     """(dotted key, kinds) of every numeric scalar field (lengths.base is not walked twice)."""
     from pydantic import BaseModel
+
     for name, info in model.model_fields.items():
         if name == "base_dir":
             continue
         ann = info.annotation
-        sub = next((c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)),
-                   None)
+        sub = next(
+            (c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
         if sub is not None:
             if name != "base":
                 yield from _numeric_fields(sub, f"{prefix}{name}.")
@@ -66,24 +71,33 @@ FLOATS = [k for k, kinds in NUMERIC if float in kinds]
 
 # --- ranges ------------------------------------------------------------------------------------
 
+
 def test_every_numeric_knob_has_a_finite_range():
     ranges = key_ranges()
     assert {k for k, _ in NUMERIC} == set(ranges)
     assert all(r != "(no range)" for r in ranges.values()), ranges
 
 
-@pytest.mark.parametrize("over,needle", [
-    ({"workload.num_requests": 10_000_000_000}, "workload.num_requests: got 10000000000; an integer in [1, 10000000]"),
-    ({"workload.arrival.rate": 1e-308}, "workload.arrival.rate: got 1e-308; a finite number in [1e-06, 1e+06]"),
-    ({"allocator.compaction.period_s": 1e-9}, "a finite number in [0.001, 1e+09]"),
-    ({"workload.prefix.prefix_tokens": 100_000_000}, "an integer in [1, 16777216]"),
-    ({"seed": -1}, "seed: got -1; an integer in [0, 9223372036854775807]"),
-    ({"workload.lengths.prompt_sigma": 50}, "a finite number in [0, 10]"),
-    ({"workload.arrival.time_scale": math.inf}, "workload.arrival.time_scale: got inf; a finite number"),
-    ({"cost_model.step_overhead_s": math.inf}, "cost_model.step_overhead_s: got inf"),
-    ({"workload.prefix.fraction": 1, "workload.prefix.prefix_tokens": 65536, "workload.prefix.groups": 65536},
-     "prefix_tokens × groups"),
-])
+@pytest.mark.parametrize(
+    "over,needle",
+    [
+        (
+            {"workload.num_requests": 10_000_000_000},
+            "workload.num_requests: got 10000000000; an integer in [1, 10000000]",
+        ),
+        ({"workload.arrival.rate": 1e-308}, "workload.arrival.rate: got 1e-308; a finite number in [1e-06, 1e+06]"),
+        ({"allocator.compaction.period_s": 1e-9}, "a finite number in [0.001, 1e+09]"),
+        ({"workload.prefix.prefix_tokens": 100_000_000}, "an integer in [1, 16777216]"),
+        ({"seed": -1}, "seed: got -1; an integer in [0, 9223372036854775807]"),
+        ({"workload.lengths.prompt_sigma": 50}, "a finite number in [0, 10]"),
+        ({"workload.arrival.time_scale": math.inf}, "workload.arrival.time_scale: got inf; a finite number"),
+        ({"cost_model.step_overhead_s": math.inf}, "cost_model.step_overhead_s: got inf"),
+        (
+            {"workload.prefix.fraction": 1, "workload.prefix.prefix_tokens": 65536, "workload.prefix.groups": 65536},
+            "prefix_tokens × groups",
+        ),
+    ],
+)
 def test_out_of_range_values_name_the_range(over, needle):
     assert needle in _error(**over)
 
@@ -96,20 +110,28 @@ def test_non_finite_numbers_are_refused_everywhere(key, value):
 
 
 def test_numbers_in_range_still_load():
-    sc = _load(**{"workload.arrival.rate": 1e-6, "workload.num_requests": MAX_REQUESTS, "seed": 2**63 - 1,
-                  "allocator.compaction.period_s": 1e-3})
+    sc = _load(
+        **{
+            "workload.arrival.rate": 1e-6,
+            "workload.num_requests": MAX_REQUESTS,
+            "seed": 2**63 - 1,
+            "allocator.compaction.period_s": 1e-3,
+        }
+    )
     assert sc.workload.num_requests == MAX_REQUESTS
 
 
 # --- strict types --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("key", [k for k, _ in NUMERIC])
 def test_true_is_not_a_number(key):
     assert "not true/false" in _error(**{key: True})
 
 
-@pytest.mark.parametrize("key", ["scheduler.chunked_prefill", "allocator.compaction.enabled",
-                                 "allocator.prefix_caching.enabled"])
+@pytest.mark.parametrize(
+    "key", ["scheduler.chunked_prefill", "allocator.compaction.enabled", "allocator.prefix_caching.enabled"]
+)
 @pytest.mark.parametrize("value", [1, 0.0, "yes", "false"])
 def test_numbers_and_words_are_not_booleans(key, value):
     assert "true or false" in _error(**{key: value})
@@ -122,8 +144,14 @@ def test_yaml_1_1_exponent_strings_are_numbers():
     assert _load(**{"workload.num_requests": "1e3"}).workload.num_requests == 1000
 
 
-@pytest.mark.parametrize("over", [{"cost_model.profile": ""}, {"workload.lengths.path": ""},
-                                  {"allocator.kind": "static", "allocator.reserve": True}])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"cost_model.profile": ""},
+        {"workload.lengths.path": ""},
+        {"allocator.kind": "static", "allocator.reserve": True},
+    ],
+)
 def test_empty_paths_and_bool_reserve_are_refused(over):
     _error(**over)
 
@@ -136,8 +164,9 @@ def test_base_dir_is_not_settable(tmp_path):
         load_scenario(f)
 
 
-@pytest.mark.parametrize("text,what", [("false\n", "bool"), ("0\n", "int"), ("- a\n", "list"), ("", "empty"),
-                                       ("null\n", "empty")])
+@pytest.mark.parametrize(
+    "text,what", [("false\n", "bool"), ("0\n", "int"), ("- a\n", "list"), ("", "empty"), ("null\n", "empty")]
+)
 def test_a_scenario_file_must_hold_a_mapping(tmp_path, text, what):
     f = tmp_path / "s.yaml"
     f.write_text(text)
@@ -147,6 +176,7 @@ def test_a_scenario_file_must_hold_a_mapping(tmp_path, text, what):
 
 
 # --- bounded reading -------------------------------------------------------------------------
+
 
 def test_billion_laughs_is_refused_quickly_and_never_expanded(tmp_path):
     for doc in (f"lol: {LOL}\n", f"description: {LOL}\n", f"workload: {{num_requests: {LOL}}}\n"):
@@ -180,8 +210,11 @@ def test_deep_yaml_and_json_are_refused_fast(depth):
 
 def test_scenario_files_that_are_not_utf8_are_named(tmp_path):
     f = tmp_path / "s.yaml"
-    for data, needle in ((("name: x\n").encode("utf-16"), "UTF-16"), (b"name: x\x00\x01", "binary"),
-                         (b"name: caf\xe9\n", "line 1 is not UTF-8")):
+    for data, needle in (
+        (("name: x\n").encode("utf-16"), "UTF-16"),
+        (b"name: x\x00\x01", "binary"),
+        (b"name: caf\xe9\n", "line 1 is not UTF-8"),
+    ):
         f.write_bytes(data)
         with pytest.raises(ConfigError, match=needle):
             load_scenario(f)
@@ -189,12 +222,21 @@ def test_scenario_files_that_are_not_utf8_are_named(tmp_path):
 
 def test_parquet_trace_rows_come_from_metadata(tmp_path, monkeypatch):
     from sim.workload import traces
+
     assert traces.MAX_TRACE_ROWS == MAX_TRACE_ROWS
     monkeypatch.setattr(traces, "MAX_TRACE_ROWS", 1000)  # the real limit, 10M rows, at a test's size
     n = 1001
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"arrival_s": pa.array(np.zeros(n)), "prompt_tokens": pa.array(np.full(n, 10)),
-                             "output_tokens": pa.array(np.full(n, 5))}), path)
+    pq.write_table(
+        pa.table(
+            {
+                "arrival_s": pa.array(np.zeros(n)),
+                "prompt_tokens": pa.array(np.full(n, 10)),
+                "output_tokens": pa.array(np.full(n, 5)),
+            }
+        ),
+        path,
+    )
     monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("read before the row count"))
     with pytest.raises(ConfigError, match="at most 1000 rows"):
         read_trace(path)
@@ -202,8 +244,12 @@ def test_parquet_trace_rows_come_from_metadata(tmp_path, monkeypatch):
 
 def test_jsonl_errors_name_the_line(tmp_path):
     rows = [json.dumps({"timestamp": i, "input_length": 10, "output_length": 5}) for i in range(20)]
-    for bad, needle in (("5", "line 11 holds a int"), ("[1, 2]", "line 11 holds a list"),
-                        ('{"timestamp": 1,', "valid JSON on line 11"), ("[" * 5000 + "]" * 5000, "line 11")):
+    for bad, needle in (
+        ("5", "line 11 holds a int"),
+        ("[1, 2]", "line 11 holds a list"),
+        ('{"timestamp": 1,', "valid JSON on line 11"),
+        ("[" * 5000 + "]" * 5000, "line 11"),
+    ):
         lines = list(rows)
         lines[10] = bad
         p = tmp_path / "t.jsonl"
@@ -212,8 +258,15 @@ def test_jsonl_errors_name_the_line(tmp_path):
             read_trace(p)
 
 
-@pytest.mark.parametrize("value,needle", [("1e30", "integers in [1, 16777216]"), ("inf", "integers in"),
-                                          ("9223372036854775808", "token counts"), ("nan", "token counts must")])
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("1e30", "integers in [1, 16777216]"),
+        ("inf", "integers in"),
+        ("9223372036854775808", "token counts"),
+        ("nan", "token counts must"),
+    ],
+)
 def test_trace_token_counts_have_a_range(tmp_path, value, needle):
     p = tmp_path / "t.csv"
     p.write_text(f"arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,{value},5\n")
@@ -221,9 +274,15 @@ def test_trace_token_counts_have_a_range(tmp_path, value, needle):
         read_trace(p)
 
 
-@pytest.mark.parametrize("value,needle", [("inf", "row 1 is inf; times must be finite and >= 0"),
-                                          ("-1", "row 1 is -1; times must be finite and >= 0"),
-                                          ("nan", "empty values"), ("1e300", "arrivals within 1e+09 s")])
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("inf", "row 1 is inf; times must be finite and >= 0"),
+        ("-1", "row 1 is -1; times must be finite and >= 0"),
+        ("nan", "empty values"),
+        ("1e300", "arrivals within 1e+09 s"),
+    ],
+)
 def test_trace_times_are_finite(tmp_path, value, needle):
     p = tmp_path / "t.csv"
     p.write_text(f"arrival_s,prompt_tokens,output_tokens\n0,10,5\n{value},10,5\n")
@@ -233,6 +292,7 @@ def test_trace_times_are_finite(tmp_path, value, needle):
 
 # --- profiles ----------------------------------------------------------------------------------
 
+
 def _profile(tmp_path, edit) -> str:
     doc = json.loads((PROFILE_DIR / "cpu-reference.json").read_text())
     edit(doc)
@@ -241,18 +301,21 @@ def _profile(tmp_path, edit) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("edit,needle", [
-    (lambda d: d["cpu_overhead"].pop("by_tp"), "cpu_overhead.by_tp: got nothing; a required key"),
-    (lambda d: d["memory"].pop("latency_s"), "memory.latency_s: got nothing"),
-    (lambda d: d["elementwise"].pop("kernels_per_layer"), "elementwise.kernels_per_layer: got nothing"),
-    (lambda d: d["memory"].__setitem__("bandwidth_bytes_per_s", 0), "memory.bandwidth_bytes_per_s: got 0"),
-    (lambda d: d["memory"].__setitem__("latency_s", -1e-6), "memory.latency_s: got -1e-06"),
-    (lambda d: d["memory"].__setitem__("latency_s", "fast"), "memory.latency_s: got 'fast'; a number"),
-    (lambda d: d["gemm"]["256x256:bf16"]["t_s"].__setitem__(3, math.nan), 'gemm["256x256:bf16"].t_s[3]: got nan'),
-    (lambda d: d["gemm"]["256x256:bf16"]["x"].reverse(), 'gemm["256x256:bf16"].x[1]'),
-    (lambda d: d["generation_attention"]["8/4/32:bf16"]["t_s"][0].__setitem__(0, None), "t_s[0][0]: got None"),
-    (lambda d: d["layout"].__setitem__("paged_overhead", True), "layout.paged_overhead: got True; a number"),
-])
+@pytest.mark.parametrize(
+    "edit,needle",
+    [
+        (lambda d: d["cpu_overhead"].pop("by_tp"), "cpu_overhead.by_tp: got nothing; a required key"),
+        (lambda d: d["memory"].pop("latency_s"), "memory.latency_s: got nothing"),
+        (lambda d: d["elementwise"].pop("kernels_per_layer"), "elementwise.kernels_per_layer: got nothing"),
+        (lambda d: d["memory"].__setitem__("bandwidth_bytes_per_s", 0), "memory.bandwidth_bytes_per_s: got 0"),
+        (lambda d: d["memory"].__setitem__("latency_s", -1e-6), "memory.latency_s: got -1e-06"),
+        (lambda d: d["memory"].__setitem__("latency_s", "fast"), "memory.latency_s: got 'fast'; a number"),
+        (lambda d: d["gemm"]["256x256:bf16"]["t_s"].__setitem__(3, math.nan), 'gemm["256x256:bf16"].t_s[3]: got nan'),
+        (lambda d: d["gemm"]["256x256:bf16"]["x"].reverse(), 'gemm["256x256:bf16"].x[1]'),
+        (lambda d: d["generation_attention"]["8/4/32:bf16"]["t_s"][0].__setitem__(0, None), "t_s[0][0]: got None"),
+        (lambda d: d["layout"].__setitem__("paged_overhead", True), "layout.paged_overhead: got True; a number"),
+    ],
+)
 def test_profile_errors_name_the_file_and_json_path(tmp_path, edit, needle):
     path = _profile(tmp_path, edit)
     with pytest.raises(ConfigError) as e:
@@ -273,11 +336,13 @@ def test_profile_that_is_a_list_or_truncated(tmp_path):
 
 def test_builtin_profiles_pass_the_format():
     from sim.cost.profile import list_profiles
+
     for name in list_profiles():
         assert isinstance(load_profile(name), Profile)
 
 
 # --- budgets -----------------------------------------------------------------------------------
+
 
 def test_budgets_stop_a_run_with_one_line():
     sc = _load(**{"workload.num_requests": 300})
@@ -297,6 +362,7 @@ def test_a_budget_does_not_change_results():
 
 def test_the_explorer_runs_within_its_budget():
     from sim import explorer as X
+
     sc = _load(**{"workload.num_requests": EXPLORER_BUDGET.max_requests + 1, "workload.arrival.rate": 1000.0})
     with pytest.raises(BudgetExceeded, match="explorer budget: requests"):
         X.run_canonical(X.canonical_json(sc))
@@ -304,11 +370,17 @@ def test_the_explorer_runs_within_its_budget():
 
 # --- output paths ------------------------------------------------------------------------------
 
+
 def test_out_dir_refuses_what_cannot_be_a_folder(tmp_path):
     (tmp_path / "f").write_text("x")
-    for raw, needle in (("", "empty given"), (str(tmp_path / "f"), "is a file"),
-                        (str(tmp_path / "f" / "x"), "which is a file"), ("/dev/null", "not a folder"),
-                        ("/proc/kvsim-x", "can write"), (str(tmp_path / ("x" * 300)), "at most 255 bytes")):
+    for raw, needle in (
+        ("", "empty given"),
+        (str(tmp_path / "f"), "is a file"),
+        (str(tmp_path / "f" / "x"), "which is a file"),
+        ("/dev/null", "not a folder"),
+        ("/proc/kvsim-x", "can write"),
+        (str(tmp_path / ("x" * 300)), "at most 255 bytes"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             out_dir(raw)
 
@@ -328,11 +400,19 @@ def test_staged_outputs_replace_all_or_nothing(tmp_path):
 
 # --- conservation (class 8) --------------------------------------------------------------------
 
+
 def test_a_prompt_beyond_its_reservation_is_rejected_not_truncated():
     # The issue's case: static p50 reservation, truncate, memory pressure (many prefills share
     # the token budget, so a long prompt is admitted one chunk at a time).
-    sc = _load(**{"allocator.kind": "static", "allocator.reserve": "p50", "allocator.overflow": "truncate",
-                  "workload.num_requests": 1000, "workload.arrival.rate": 100.0})
+    sc = _load(
+        **{
+            "allocator.kind": "static",
+            "allocator.reserve": "p50",
+            "allocator.overflow": "truncate",
+            "workload.num_requests": 1000,
+            "workload.arrival.rate": 100.0,
+        }
+    )
     res = simulate(sc)
     t = res.requests.to_pydict()
     ok = np.array(t["status"]) == "completed"
@@ -341,8 +421,17 @@ def test_a_prompt_beyond_its_reservation_is_rejected_not_truncated():
     reasons = res.summary["rejected_by_reason"]
     assert reasons.get("prompt_exceeds_reservation", 0) > 0 and res.summary["ttft_s"]["mean"] >= 0
     # The same prompts are refused whatever the load: the reason no longer depends on chunking.
-    calm = simulate(_load(**{"allocator.kind": "static", "allocator.reserve": "p50", "allocator.overflow": "truncate",
-                             "workload.num_requests": 1000, "workload.arrival.rate": 1.0}))
+    calm = simulate(
+        _load(
+            **{
+                "allocator.kind": "static",
+                "allocator.reserve": "p50",
+                "allocator.overflow": "truncate",
+                "workload.num_requests": 1000,
+                "workload.arrival.rate": 1.0,
+            }
+        )
+    )
     assert calm.summary["rejected_by_reason"] == reasons
 
 
@@ -362,8 +451,11 @@ def test_docs_state_the_explorer_budget():
 
 def test_the_explorer_refuses_a_large_run_before_drawing_it():
     from sim import explorer as X
-    for over in ({"workload.num_requests": MAX_REQUESTS},
-                 {"workload.num_requests": None, "workload.duration_s": 1e6, "workload.arrival.rate": 1000.0}):
+
+    for over in (
+        {"workload.num_requests": MAX_REQUESTS},
+        {"workload.num_requests": None, "workload.duration_s": 1e6, "workload.arrival.rate": 1000.0},
+    ):
         sc = _load(**over)
         t0 = time.perf_counter()
         with pytest.raises(BudgetExceeded, match="explorer budget: requests"):

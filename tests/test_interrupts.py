@@ -30,8 +30,14 @@ from bench.hostile import alive, descendants  # noqa: E402  (process tree from /
 
 def _kvsim(cwd: Path, *args: str) -> subprocess.Popen:
     # Its own session: the signals of this test reach only the command (and its children).
-    return subprocess.Popen([sys.executable, "-m", "sim.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sim.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -58,15 +64,30 @@ def _kill_all(pids) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_run_leaves_the_earlier_run_intact(tmp_path, sig):
-    first = subprocess.run([sys.executable, "-m", "sim.cli", "run", "chat-api", "-q", "--out", "out", "--set",
-                            "workload.num_requests=60"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "run", "chat-api", "-q", "--out", "out", "--set", "workload.num_requests=60"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr
     out = tmp_path / "out"
     before = _files(out)
     assert {"summary.json", "requests.parquet", "timeseries.parquet", "scenario.yaml"} <= set(before)
 
-    p = _kvsim(tmp_path, "run", "chat-api", "-q", "--out", "out", "--set", "workload.num_requests=300000",
-               "--set", "workload.arrival.rate=16")
+    p = _kvsim(
+        tmp_path,
+        "run",
+        "chat-api",
+        "-q",
+        "--out",
+        "out",
+        "--set",
+        "workload.num_requests=300000",
+        "--set",
+        "workload.arrival.rate=16",
+    )
     try:
         # Signal once the run is writing (its staging folder exists), not during interpreter start-up.
         _wait_for(lambda: any(out.glob(".staging-*")), 120, "staging folder", p)
@@ -84,16 +105,31 @@ def test_an_interrupted_run_leaves_the_earlier_run_intact(tmp_path, sig):
 
 
 def _sweep_file(tmp_path: Path) -> None:
-    (tmp_path / "sw.yaml").write_text(f"base: {SCENARIO}\nset: {{workload.num_requests: 60000, "
-                                      "workload.arrival.rate: 16}\nseeds: 4\n")
+    (tmp_path / "sw.yaml").write_text(
+        f"base: {SCENARIO}\nset: {{workload.num_requests: 60000, workload.arrival.rate: 16}}\nseeds: 4\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["sweep", "plan"])
 def test_no_worker_outlives_a_killed_parent(tmp_path, command):
     _sweep_file(tmp_path)
-    args = (["sweep", "sw.yaml", "-q", "-w", "2", "--out", "ds"] if command == "sweep" else
-            ["plan", "chat-api", "--slo", "ttft_p90_s=0.5", "-q", "-w", "2", "--out", "pl", "--set",
-             "workload.num_requests=60000"])
+    args = (
+        ["sweep", "sw.yaml", "-q", "-w", "2", "--out", "ds"]
+        if command == "sweep"
+        else [
+            "plan",
+            "chat-api",
+            "--slo",
+            "ttft_p90_s=0.5",
+            "-q",
+            "-w",
+            "2",
+            "--out",
+            "pl",
+            "--set",
+            "workload.num_requests=60000",
+        ]
+    )
     p = _kvsim(tmp_path, *args)
     kids: set[int] = set()
     try:

@@ -30,7 +30,7 @@ from test_allocators import _owned_slots_static, _run, ops
 
 DATA = Path(__file__).parent / "data" / "hf"
 GPT_OSS = DATA / "dense-gpt-oss-layout_config.json"
-PER_LAYER = 2 * 8 * 64 * 2   # bytes of one token's K and V on one layer
+PER_LAYER = 2 * 8 * 64 * 2  # bytes of one token's K and V on one layer
 W = 128
 
 
@@ -54,12 +54,23 @@ def _window_blocks(tokens: int, block: int, window: int = W) -> int:
 
 # --- grouping and bytes ---------------------------------------------------------------------
 
+
 def test_groups_follow_vllms_rule():
     assert _gpt_oss().kv_groups == KVGroups(12, 1, 1, W, 0)
     # Gemma-3 27B: 62 layers, every 6th global: 10 full and 52 sliding -> groups of 10, the last
     # sliding group padded with 8 layers.
-    gemma = ModelSpec("g", 62, 5376, 32, 16, 128, 21504, 27e9, sliding_window=1024,
-                      layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(62)))
+    gemma = ModelSpec(
+        "g",
+        62,
+        5376,
+        32,
+        16,
+        128,
+        21504,
+        27e9,
+        sliding_window=1024,
+        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(62)),
+    )
     assert gemma.kv_groups == KVGroups(10, 1, 6, 1024, 8)
     # 13 full and 12 sliding: under 1.5x apart, so groups of 13 (one padding layer), not of 12.
     assert kv_groups_of(13, 12, 64) == KVGroups(13, 1, 1, 64, 1)
@@ -70,8 +81,8 @@ def test_groups_follow_vllms_rule():
 @pytest.mark.parametrize("tokens", [1, 100, 128, 129, 1000, 32_001, 131_072])
 def test_mixed_kv_bytes_equal_the_hand_computation(tokens):
     m = _gpt_oss()
-    assert m.kv_bytes_per_token("bf16") == 24 * PER_LAYER          # a token inside the window, every layer
-    assert m.kv_group_bytes_per_token("bf16") == 12 * PER_LAYER    # one token in one group of 12 layers
+    assert m.kv_bytes_per_token("bf16") == 24 * PER_LAYER  # a token inside the window, every layer
+    assert m.kv_group_bytes_per_token("bf16") == 12 * PER_LAYER  # one token in one group of 12 layers
     assert m.kv_bytes_held(tokens, "bf16") == _hand_bytes(tokens)
     assert m.kv_bytes_held(tokens, "fp8") == _hand_bytes(tokens) // 2
 
@@ -91,7 +102,7 @@ def test_mixed_kv_capacity_equals_the_hand_computation():
     for length in (1000, 8192, 32_001):
         per_seq = -(-length // 16) + _window_blocks(length, 16)
         assert alloc._need(length) == per_seq
-        assert per_seq * 16 * 12 * PER_LAYER >= _hand_bytes(length)    # block rounding only adds
+        assert per_seq * 16 * 12 * PER_LAYER >= _hand_bytes(length)  # block rounding only adds
         assert per_seq * 16 * 12 * PER_LAYER - _hand_bytes(length) < 3 * 16 * 12 * PER_LAYER
 
 
@@ -103,8 +114,9 @@ def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
     cfg.update(num_hidden_layers=62, sliding_window=1024, sliding_window_pattern=6)
     path = tmp_path / "gemma-like_config.json"
     path.write_text(json.dumps(cfg))
-    dep = Deployment.from_scenario(load_scenario("chat-api", {"model": {"hf_config": str(path)},
-                                                              "gpu.kv_cache_tokens": 100_000}))
+    dep = Deployment.from_scenario(
+        load_scenario("chat-api", {"model": {"hf_config": str(path)}, "gpu.kv_cache_tokens": 100_000})
+    )
     assert dep.kv_groups == KVGroups(10, 1, 6, 1024, 8)
     assert dep.kv_capacity_bytes == 100_000 * 70 * PER_LAYER
     assert dep.kv_capacity_tokens == 100_000 * 7 and dep.kv_slot_bytes == 10 * PER_LAYER
@@ -112,16 +124,25 @@ def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
 
 # --- runs -----------------------------------------------------------------------------------
 
+
 def _long_context(kind: str, **extra):
     # 32,001-token prompts (ceil(32001 / 16) = 2001 full-group blocks, 9 window blocks) and 8 output
     # tokens: no decode step takes a new block, so admissions are all that fills the pool. Everything
     # arrives at once and one iteration may prefill every prompt.
-    return _scenario(**{
-        "allocator.kind": kind, "gpu.kv_cache_tokens": 160_840, "workload.max_model_len": 32_768,
-        "workload.num_requests": 24, "workload.arrival.rate": 1e6,
-        "workload.lengths": {"kind": "fixed", "prompt_tokens": 32_001, "output_tokens": 8},
-        "scheduler.max_num_seqs": 64, "scheduler.max_num_batched_tokens": 24 * 32_768,
-        "scheduler.chunked_prefill": False, **extra})
+    return _scenario(
+        **{
+            "allocator.kind": kind,
+            "gpu.kv_cache_tokens": 160_840,
+            "workload.max_model_len": 32_768,
+            "workload.num_requests": 24,
+            "workload.arrival.rate": 1e6,
+            "workload.lengths": {"kind": "fixed", "prompt_tokens": 32_001, "output_tokens": 8},
+            "scheduler.max_num_seqs": 64,
+            "scheduler.max_num_batched_tokens": 24 * 32_768,
+            "scheduler.chunked_prefill": False,
+            **extra,
+        }
+    )
 
 
 @pytest.mark.parametrize("mode", ["fast_forward", "step"])
@@ -148,8 +169,9 @@ def test_paged_long_context_admits_what_the_arithmetic_predicts(mode):
 
 
 def test_static_reserves_the_window_on_window_layers():
-    sc = _scenario(**{"allocator.kind": "static", "allocator.reserve": "max_model_len",
-                      "workload.max_model_len": 16_384})
+    sc = _scenario(
+        **{"allocator.kind": "static", "allocator.reserve": "max_model_len", "workload.max_model_len": 16_384}
+    )
     dep = Deployment.from_scenario(sc)
     a = dep.make_allocator(sc)
     assert isinstance(a, StaticAllocator)
@@ -161,15 +183,30 @@ def test_static_reserves_the_window_on_window_layers():
     assert a.grow(0, 16_384) is Grow.OK and a.used_total * a.bpt == _hand_bytes(16_384)
     assert a.grow(0, 16_385) is Grow.OVERFLOW
     # A run holds the same per sequence: the peak reservation is a whole number of them.
-    res = simulate(_scenario(**{"allocator.kind": "static", "allocator.reserve": "max_model_len",
-                                "workload.max_model_len": 16_384, "workload.num_requests": 100}))
+    res = simulate(
+        _scenario(
+            **{
+                "allocator.kind": "static",
+                "allocator.reserve": "max_model_len",
+                "workload.max_model_len": 16_384,
+                "workload.num_requests": 100,
+            }
+        )
+    )
     peak = max(res.timeseries["kv_reserved_bytes"].to_pylist())
     assert peak % _hand_bytes(16_384) == 0 and peak > 0
 
 
 def test_static_with_a_uniform_window_reserves_only_the_window():
-    sc = load_scenario("chat-api", {"model.name": "mistral-7b", "allocator.kind": "static",
-                                    "allocator.reserve": "max_model_len", "workload.max_model_len": 16_384})
+    sc = load_scenario(
+        "chat-api",
+        {
+            "model.name": "mistral-7b",
+            "allocator.kind": "static",
+            "allocator.reserve": "max_model_len",
+            "workload.max_model_len": 16_384,
+        },
+    )
     a = Deployment.from_scenario(sc).make_allocator(sc)
     assert a.admit(0, 5000) is Grow.OK
     assert a.reserved_tokens() == 4096 and a.used_total == 4096
@@ -207,8 +244,9 @@ groups = st.tuples(st.integers(0, 2), st.integers(1, 3))
 @given(ops, st.integers(1, 32), st.integers(200, 6000), st.integers(16, 600), groups)
 def test_grouped_block_pool_invariants(seq_ops, block, capacity, window, fg_wg):
     fg, wg = fg_wg
-    a = SlidingWindowPagedAllocator(max(capacity, 4 * block), 100, block, window=window, full_groups=fg,
-                                    window_groups=wg)
+    a = SlidingWindowPagedAllocator(
+        max(capacity, 4 * block), 100, block, window=window, full_groups=fg, window_groups=wg
+    )
     g = KVGroups(1, fg, wg, window)
 
     def layout(x):
@@ -256,8 +294,14 @@ def test_grouped_static_invariants(seq_ops, reserve, capacity, window, fg_wg):
 
 
 @settings(max_examples=400)
-@given(st.lists(st.integers(1, 300), min_size=1, max_size=10), st.integers(1, 32), st.integers(300, 6000),
-       st.integers(1, 80), st.integers(16, 200), groups)
+@given(
+    st.lists(st.integers(1, 300), min_size=1, max_size=10),
+    st.integers(1, 32),
+    st.integers(300, 6000),
+    st.integers(1, 80),
+    st.integers(16, 200),
+    groups,
+)
 def test_grouped_decode_window_equals_stepping(lengths, block, capacity, max_steps, window, fg_wg):
     fg, wg = fg_wg
 
@@ -277,19 +321,20 @@ def test_grouped_decode_window_equals_stepping(lengths, block, capacity, max_ste
     tokens_now = np.array([a.length[s] for s in seqs], dtype=np.int64)
     plan = a.decode_plan(seqs, tokens_now, max_steps)
     steps, reserved, used, events = step_decode(b, seqs, tokens_now, max_steps)
-    assert plan.steps <= max(1, steps)   # a window may end early (never late): the engine steps on
+    assert plan.steps <= max(1, steps)  # a window may end early (never late): the engine steps on
     assert list(plan.reserved_tokens) == reserved[: plan.steps]
     assert list(plan.used_tokens) == used[: plan.steps]
-    assert plan.events is not None and list(plan.events[1:]) == events[1: plan.steps]
+    assert plan.events is not None and list(plan.events[1:]) == events[1 : plan.steps]
     a.advance_decode(seqs, tokens_now + plan.steps - 1)
     c = pool()
     for s in seqs:
         c.admit(s, int(tokens_now[seqs.index(s)]) + plan.steps - 1)
     assert a.free_blocks == c.free_blocks and a.used_total == c.used_total
-    assert a.take_work().events == sum(events[1: plan.steps])
+    assert a.take_work().events == sum(events[1 : plan.steps])
 
 
 # --- attention cost -------------------------------------------------------------------------
+
 
 def _cost_models(profile: str | None):
     mixed = _gpt_oss()

@@ -10,8 +10,19 @@ SIM = Path(__file__).resolve().parent.parent / "sim"
 
 #: Lower layers first; a module may import only from its own layer or those before it.
 LAYERS = [
-    {"errors", "limits", "strict", "inputs", "config", "catalog", "hf_config", "request", "native", "__init__",
-     "engine_presets"},
+    {
+        "errors",
+        "limits",
+        "strict",
+        "inputs",
+        "config",
+        "catalog",
+        "hf_config",
+        "request",
+        "native",
+        "__init__",
+        "engine_presets",
+    },
     {"workload", "cost"},
     {"allocators"},
     {"sched", "output"},
@@ -45,7 +56,11 @@ def _imports(path: Path) -> set[str]:
             names = [a.name for a in node.names]
         for n in names:
             parts = n.split(".")
-            if parts[0] == "sim" and len(parts) > 1 and ((SIM / parts[1]).is_dir() or (SIM / f"{parts[1]}.py").exists()):
+            if (
+                parts[0] == "sim"
+                and len(parts) > 1
+                and ((SIM / parts[1]).is_dir() or (SIM / f"{parts[1]}.py").exists())
+            ):
                 out.add(parts[1])
     return out
 
@@ -59,8 +74,12 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_no_relative_imports_in_sim():
-    bad = [str(f) for f in SIM.rglob("*.py") for n in ast.walk(ast.parse(f.read_text()))
-           if isinstance(n, ast.ImportFrom) and n.level > 0]
+    bad = [
+        str(f)
+        for f in SIM.rglob("*.py")
+        for n in ast.walk(ast.parse(f.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.level > 0
+    ]
     assert not bad, bad
 
 
@@ -93,5 +112,11 @@ def test_no_cycles_between_packages():
 def test_sim_never_imports_torch():
     for f in SIM.rglob("*.py"):
         for n in ast.walk(ast.parse(f.read_text())):
-            mods = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""] if isinstance(n, ast.ImportFrom) else []
+            mods = (
+                [a.name for a in n.names]
+                if isinstance(n, ast.Import)
+                else [n.module or ""]
+                if isinstance(n, ast.ImportFrom)
+                else []
+            )
             assert not any(m.split(".")[0] == "torch" for m in mods), f"{f} imports torch"

@@ -62,7 +62,9 @@ def fingerprint(res):
     return json.dumps(out, sort_keys=True)
 """
 
-_CHILD = _FINGERPRINT + """
+_CHILD = (
+    _FINGERPRINT
+    + """
 import sys
 import sim
 from sim.engine.cluster import simulate
@@ -71,6 +73,7 @@ assert sim.NATIVE_STATE == "off" and sim.engine.replica.__file__.endswith(".py")
 out = [fingerprint(simulate(load_scenario(s, o))) for s, o in json.loads(sys.argv[1])]
 print(json.dumps(out))
 """
+)
 
 _ns: dict = {}
 exec(_FINGERPRINT, _ns)
@@ -80,30 +83,46 @@ fingerprint = _ns["fingerprint"]
 def _run(scenario: str, overrides: dict) -> str:
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
+
     return fingerprint(simulate(load_scenario(scenario, overrides)))
 
 
 def _interpreted(cases) -> list[str]:
     env = dict(os.environ, KVSIM_NATIVE="0")
-    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(cases)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not native.active(), reason="no compiled build in use (kvsim native status: "
-                    f"{sim.NATIVE_STATE}); ./dev setup builds it")
+@pytest.mark.skipif(
+    not native.active(),
+    reason=f"no compiled build in use (kvsim native status: {sim.NATIVE_STATE}); ./dev setup builds it",
+)
 def test_compiled_runs_equal_the_sources_byte_for_byte():
     compiled = [_run(s, o) for s, o in CASES]
     interpreted = _interpreted(CASES)
     for (s, o), c, i in zip(CASES, compiled, interpreted):
         if c != i:
             a, b = json.loads(c), json.loads(i)
-            a = {**a["summary"], **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in a[t]["columns"].items()}}
-            b = {**b["summary"], **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in b[t]["columns"].items()}}
+            a = {
+                **a["summary"],
+                **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in a[t]["columns"].items()},
+            }
+            b = {
+                **b["summary"],
+                **{f"{t}.{k}": v for t in ("requests", "timeseries") for k, v in b[t]["columns"].items()},
+            }
             diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-            pytest.fail(f"{s} {o}: compiled and interpreted runs differ in {list(diff)[:8]}: "
-                        f"{dict(list(diff.items())[:3])}")
+            pytest.fail(
+                f"{s} {o}: compiled and interpreted runs differ in {list(diff)[:8]}: {dict(list(diff.items())[:3])}"
+            )
 
 
 def test_ci_runs_the_compiled_build():
@@ -158,6 +177,7 @@ def test_native_command():
     from typer.testing import CliRunner
 
     from sim.cli.main import app
+
     r = CliRunner().invoke(app, ["native", "status"])
     assert r.exit_code == 0 and r.output.strip() in ("compiled", "stale", "absent", "off"), r.output
     r = CliRunner().invoke(app, ["native", "rebuild"])
@@ -167,11 +187,27 @@ def test_native_command():
 def test_a_run_says_which_engine_ran(tmp_path):
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
+
     res = simulate(load_scenario("chat-api", {"workload.num_requests": 20}))
     assert res.run_info["hot_path"] == sim.NATIVE_STATE
     assert (res.run_info["hot_path"] == "compiled") == native.active()
     env = dict(os.environ, KVSIM_NATIVE="0")
-    out = subprocess.run([sys.executable, "-m", "sim.cli", "run", "chat-api", "--set", "workload.num_requests=20",
-                          "--out", str(tmp_path / "r")], cwd=ROOT, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.cli",
+            "run",
+            "chat-api",
+            "--set",
+            "workload.num_requests=20",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "simulator hot path" in out.stdout and "interpreted (KVSIM_NATIVE=0)" in out.stdout, out.stdout[-1500:]

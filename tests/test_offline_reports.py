@@ -21,8 +21,15 @@ pytest.importorskip("plotly")
 sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run"]
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +50,14 @@ def open_offline(browser, path: Path) -> dict:
     errors: list[str] = []
     page = browser.new_page()
     try:
+
         def route(r):
             if r.request.url.startswith("file:"):
                 r.continue_()
             else:
                 refused.append(r.request.url)
                 r.abort()
+
         page.route("**/*", route)
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
@@ -66,7 +75,9 @@ def open_offline(browser, path: Path) -> dict:
 
 def assert_offline(browser, path: Path, at_least: int = 1) -> None:
     text = path.read_text(encoding="utf-8")
-    assert "<script src=\"http" not in text and "<script src='http" not in text, f"{path.name} loads a script from the network"
+    assert '<script src="http' not in text and "<script src='http" not in text, (
+        f"{path.name} loads a script from the network"
+    )
     r = open_offline(browser, path)
     assert r["refused"] == [], f"{path.name} asked for {r['refused'][:3]}"
     assert r["errors"] == [], r["errors"][:3]
@@ -77,9 +88,24 @@ def test_calibration_fit_report_offline(browser, tmp_path):
     torch = pytest.importorskip("torch")  # noqa: F841
     from calibration import kernels as K
     from sim.catalog import get_model
-    plan = K.Plan(gemm_m=(1, 16, 64), ctx_batch=(1, 2), ctx_len=(16, 64), ctx_max_tokens=128, gen_batch=(1, 2),
-                  gen_len=(16, 64), gen_max_kv_bytes=1 << 20, block_sizes=(8,), overhead_batch=(1, 4),
-                  mem_bytes=(1 << 12, 1 << 16), ew_tokens=(1, 16), repeats=3, warmup=1, target_repeat_s=0.0002, passes=1)
+
+    plan = K.Plan(
+        gemm_m=(1, 16, 64),
+        ctx_batch=(1, 2),
+        ctx_len=(16, 64),
+        ctx_max_tokens=128,
+        gen_batch=(1, 2),
+        gen_len=(16, 64),
+        gen_max_kv_bytes=1 << 20,
+        block_sizes=(8,),
+        overhead_batch=(1, 4),
+        mem_bytes=(1 << 12, 1 << 16),
+        ew_tokens=(1, 16),
+        repeats=3,
+        warmup=1,
+        target_repeat_s=0.0002,
+        passes=1,
+    )
     model = get_model("tiny-llama")
     res = K.calibrate_device("cpu", model, plan=plan, progress=False)
     files = K.write_outputs(res, tmp_path / "cpu.json", model)
@@ -89,6 +115,7 @@ def test_calibration_fit_report_offline(browser, tmp_path):
 def test_validation_html_offline(browser, tmp_path):
     pytest.importorskip("torch")
     from calibration.validate import load_spec, validate
+
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
     spec["engine"].update(clocks=["wall"], replays=1)
     spec["workload"]["num_requests"] = 5
@@ -99,10 +126,13 @@ def test_validation_html_offline(browser, tmp_path):
 
 def test_serving_validation_html_offline(browser, tmp_path):
     from calibration.serving_report import validate_serving_bench
+
     f = tmp_path / "bench.csv"
-    f.write_text("model,gpu,engine,tp,isl,osl,concurrency,ttft_ms,tpot_ms\n"
-                 "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,vllm,1,128,16,2,16,7.5\n"
-                 "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,sglang,1,128,16,2,18,7\n")
+    f.write_text(
+        "model,gpu,engine,tp,isl,osl,concurrency,ttft_ms,tpot_ms\n"
+        "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,vllm,1,128,16,2,16,7.5\n"
+        "meta-llama/Llama-3.1-8B-Instruct,h100_sxm,sglang,1,128,16,2,18,7\n"
+    )
     validate_serving_bench(str(f), requests_per_client=2, out=tmp_path / "out")
     assert_offline(browser, tmp_path / "out" / "serving_validation.html")
 
@@ -117,24 +147,42 @@ def test_run_sweep_plan_and_explorer_pages_offline(browser, tmp_path):
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
     from sim.output.results import write_run
+
     run = tmp_path / "run"
     write_run(simulate(load_scenario("chat-api", {"workload.num_requests": 60})), run)
     assert_offline(browser, report(run), at_least=5)
     f = tmp_path / "s.yaml"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         base: chat-api
         set: {workload.num_requests: 30}
         grid:
           allocator.kind: [static, paged]
           workload.arrival.rate: [5, 20]
-    """))
+    """)
+    )
     assert run_sweep(f, workers=1, out=tmp_path / "sweep", progress=False).ok
     assert_offline(browser, report(tmp_path / "sweep"))
-    p = plan("chat-api", parse_slos(["ttft_p90_s=0.5", "tpot_p90_s=0.05"]), overrides={"workload.num_requests": 40},
-             allocators=["paged"], workers=1, max_evals=4, target_rate=10.0)
+    p = plan(
+        "chat-api",
+        parse_slos(["ttft_p90_s=0.5", "tpot_p90_s=0.05"]),
+        overrides={"workload.num_requests": 40},
+        allocators=["paged"],
+        workers=1,
+        max_evals=4,
+        target_rate=10.0,
+    )
     assert_offline(browser, write_plan(p, tmp_path / "plan") / "plan.html")
     import pyarrow.parquet as pq
+
     page = tmp_path / "charts.html"
-    page.write_text(X.figures_html({"cdf": plots.latency_cdf(pq.read_table(run / "requests.parquet")),
-                                    "kv": plots.kv_memory(pq.read_table(run / "timeseries.parquet"))}), encoding="utf-8")
+    page.write_text(
+        X.figures_html(
+            {
+                "cdf": plots.latency_cdf(pq.read_table(run / "requests.parquet")),
+                "kv": plots.kv_memory(pq.read_table(run / "timeseries.parquet")),
+            }
+        ),
+        encoding="utf-8",
+    )
     assert_offline(browser, page, at_least=2)

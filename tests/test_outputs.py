@@ -23,7 +23,7 @@ def _values(typ):
     if typ == pa.float64():
         return st.floats(allow_nan=False)
     bits = 31 if typ == pa.int32() else 63
-    return st.integers(-(2 ** bits), 2 ** bits - 1)
+    return st.integers(-(2**bits), 2**bits - 1)
 
 
 @pytest.mark.parametrize("typ", TYPES, ids=str)
@@ -50,6 +50,7 @@ def test_a_run_does_not_import_pandas(tmp_path):
         f"simulate(sc, out_dir={str(tmp_path)!r})\n"
         "print('pandas' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=__file__.rsplit("/tests/", 1)[0])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=__file__.rsplit("/tests/", 1)[0]
+    )
     assert out.stdout.strip().splitlines()[-1] == "False"

@@ -28,14 +28,16 @@ def test_parse_slos_meaning():
 
 
 def test_attainment_counts_rejected_and_truncated_as_misses():
-    req = pa.table({
-        "status": ["completed", "completed", "completed", "completed", "rejected"],
-        "truncated": [False, False, True, False, False],
-        "arrival_s": [0.0, 0.0, 0.0, 0.0, 0.0],
-        "first_token_s": [0.4, 0.6, 0.1, 0.2, -1.0],
-        "finish_s": [1.4, 1.6, 0.5, 10.2, -1.0],
-        "generated_tokens": [11, 11, 5, 11, 0],
-    })
+    req = pa.table(
+        {
+            "status": ["completed", "completed", "completed", "completed", "rejected"],
+            "truncated": [False, False, True, False, False],
+            "arrival_s": [0.0, 0.0, 0.0, 0.0, 0.0],
+            "first_token_s": [0.4, 0.6, 0.1, 0.2, -1.0],
+            "finish_s": [1.4, 1.6, 0.5, 10.2, -1.0],
+            "generated_tokens": [11, 11, 5, 11, 0],
+        }
+    )
     # row 0 meets both; row 1 TTFT 0.6 > 0.5; row 2 truncated; row 3 TPOT 1.0 > 0.5; row 4 rejected.
     assert attainment(req, SLO(ttft_s=0.5, tpot_s=0.5)) == pytest.approx(1 / 5)
     assert attainment(req, SLO(ttft_s=0.5)) == pytest.approx(2 / 5)
@@ -49,6 +51,7 @@ def test_goodput_search_brackets_bisects_and_verifies():
         def f(r):
             calls.append(r)
             return 1.0 if r <= edge else 0.5
+
         return f
 
     for start, edge in ((15.0, 7.3), (1.0, 40.0), (7.3, 7.3)):
@@ -73,9 +76,29 @@ def test_fewest_replicas():
 
 def test_plan_default_scenario(tmp_path):
     out = tmp_path / "plan"
-    r = subprocess.run([sys.executable, "-m", "sim.cli.plan", "chat-api", "--slo", "ttft_p90_s=0.5",
-                        "--slo", "tpot_p90_s=0.05", "--set", "workload.num_requests=200", "--target-rate", "24",
-                        "-w", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.cli.plan",
+            "chat-api",
+            "--slo",
+            "ttft_p90_s=0.5",
+            "--slo",
+            "tpot_p90_s=0.05",
+            "--set",
+            "workload.num_requests=200",
+            "--target-rate",
+            "24",
+            "-w",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "goodput" in r.stdout and "Use " in r.stdout
     p = json.loads((out / "plan.json").read_text())
@@ -100,8 +123,12 @@ def test_plan_default_scenario(tmp_path):
     tol = p["tolerance"]
 
     def att(c, rate, replicas=1):
-        over = {**c["overrides"], "workload.num_requests": 200 * replicas, "workload.arrival.rate": rate,
-                "gpu.replicas": replicas}
+        over = {
+            **c["overrides"],
+            "workload.num_requests": 200 * replicas,
+            "workload.arrival.rate": rate,
+            "gpu.replicas": replicas,
+        }
         return attainment(simulate(scenario_from_dict(apply_overrides(data, over), base_dir)).requests, slo)
 
     for c in by.values():
@@ -119,25 +146,56 @@ def test_plan_default_scenario(tmp_path):
 
 
 def test_plan_bad_input_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "sim.cli.plan", "chat-api", "--slo", "ttft_p90_s=0.5",
-                        "--allocators", "paged,nope"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli.plan", "chat-api", "--slo", "ttft_p90_s=0.5", "--allocators", "paged,nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"error: --allocators: got 'nope'; candidate names: {', '.join(CANDIDATES)}"]
+    assert r.stderr.strip().splitlines() == [
+        f"error: --allocators: got 'nope'; candidate names: {', '.join(CANDIDATES)}"
+    ]
 
 
 def _cand(name: str, goodput: float, upper_bound: bool = False) -> dict:
-    op = {"rejected": 0, "truncated": 0, "requests": 100, "memory_waste": 0.1, "external_frag_mean": 0.0,
-          "external_frag_max": 0.0, "decode_jitter": 1.05, "preemptions": 0, "rejected_by_reason": {},
-          "attainment": 0.95, "allocation_time_s": 0.0}
-    return {"name": name, "strategy": name, "overrides": {"allocator.kind": name.split("-")[0]}, "status": "ok",
-            "goodput_rps": goodput, "goodput_per_gpu_rps": goodput, "gpus": 1, "operating_point": op,
-            "upper_bound": upper_bound}
+    op = {
+        "rejected": 0,
+        "truncated": 0,
+        "requests": 100,
+        "memory_waste": 0.1,
+        "external_frag_mean": 0.0,
+        "external_frag_max": 0.0,
+        "decode_jitter": 1.05,
+        "preemptions": 0,
+        "rejected_by_reason": {},
+        "attainment": 0.95,
+        "allocation_time_s": 0.0,
+    }
+    return {
+        "name": name,
+        "strategy": name,
+        "overrides": {"allocator.kind": name.split("-")[0]},
+        "status": "ok",
+        "goodput_rps": goodput,
+        "goodput_per_gpu_rps": goodput,
+        "gpus": 1,
+        "operating_point": op,
+        "upper_bound": upper_bound,
+    }
 
 
 def test_an_upper_bound_is_reported_but_never_recommended():
     from sim.analysis.planner import recommend
-    p = {"tolerance": 0.05, "target_rate": None, "slo_text": "-", "gpu": "H100", "tensor_parallel": 1,
-         "candidates": [_cand("paged", 5.0), _cand("hybrid_tail", 4.0), _cand("hybrid_tail-oracle", 9.0, True)]}
+
+    p = {
+        "tolerance": 0.05,
+        "target_rate": None,
+        "slo_text": "-",
+        "gpu": "H100",
+        "tensor_parallel": 1,
+        "candidates": [_cand("paged", 5.0), _cand("hybrid_tail", 4.0), _cand("hybrid_tail-oracle", 9.0, True)],
+    }
     rec = recommend(p)
     assert rec["candidate"] == "paged"
     bound = [r for r in rec["reasons"] if r.startswith("hybrid_tail-oracle is an upper bound")]

@@ -15,12 +15,15 @@ from sim.analysis.slo import parse_slos
 CHAT_SLO = ["ttft_p90_s=0.5", "tpot_p90_s=0.05"]
 
 
-@pytest.mark.parametrize("scenario,slo,requests", [
-    ("chat-api", CHAT_SLO, 400),
-    ("peak-vs-average", ["ttft_s=0.5", "tpot_s=0.03"], 400),
-    ("small-batch", ["ttft_s=1", "tpot_s=0.02"], 300),
-    ("streaming-chatbot", ["ttft_s=0.2", "tpot_s=0.015"], 400),
-])
+@pytest.mark.parametrize(
+    "scenario,slo,requests",
+    [
+        ("chat-api", CHAT_SLO, 400),
+        ("peak-vs-average", ["ttft_s=0.5", "tpot_s=0.03"], 400),
+        ("small-batch", ["ttft_s=1", "tpot_s=0.02"], 300),
+        ("streaming-chatbot", ["ttft_s=0.2", "tpot_s=0.015"], 400),
+    ],
+)
 def test_guided_search_gives_the_exhaustive_answer(scenario, slo, requests):
     r = compare(scenario, slo, {"workload.num_requests": requests}, workers=2)
     assert r["same_recommendation"], r["recommendation"]
@@ -32,8 +35,14 @@ def test_guided_search_gives_the_exhaustive_answer(scenario, slo, requests):
 
 
 def test_guided_search_gives_the_exhaustive_answer_with_a_target_rate():
-    r = compare("chat-api", CHAT_SLO, {"workload.num_requests": 400}, target_rate=40, workers=2,
-                allocators=["static", "paged", "dynamic"])
+    r = compare(
+        "chat-api",
+        CHAT_SLO,
+        {"workload.num_requests": 400},
+        target_rate=40,
+        workers=2,
+        allocators=["static", "paged", "dynamic"],
+    )
     assert r["same_recommendation"] and r["same_gpus"], r
     assert all(c["within_tolerance"] for c in r["candidates"]), r["candidates"]
 
@@ -47,8 +56,9 @@ def test_seed_interval_covers_the_many_seed_answer():
     slo = parse_slos(CHAT_SLO)
     over = {"workload.num_requests": 300}
     five = plan("chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=5, workers=2)
-    many = plan("chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=20, workers=2,
-                search="exhaustive")
+    many = plan(
+        "chat-api", slo, overrides=over, allocators=["paged", "static"], seeds=20, workers=2, search="exhaustive"
+    )
     for c5 in five["candidates"]:
         c20 = next(c for c in many["candidates"] if c["name"] == c5["name"])
         lo, hi = c5["goodput_ci_rps"]
@@ -58,7 +68,7 @@ def test_seed_interval_covers_the_many_seed_answer():
         g20 = [s["goodput_est_rps"] for s in sorted(c20["seed_goodputs"], key=lambda s: s["seed"])]
         assert g5 == pytest.approx(g20[:5], rel=0.05), (c5["name"], g5, g20[:5])
         m20 = c20["goodput_mean_rps"]
-        blocks = [mean_interval(g20[i:i + 5], 0.95) for i in range(0, 20, 5)]
+        blocks = [mean_interval(g20[i : i + 5], 0.95) for i in range(0, 20, 5)]
         covered = [b_lo <= m20 <= b_hi for _, b_lo, b_hi in blocks]
         assert sum(covered) >= 3, (c5["name"], m20, blocks)
         # 20 seeds pin the mean down better than 5 (than the typical 5-seed interval: expected width
@@ -79,6 +89,7 @@ def test_mean_interval_covers_at_its_confidence():
     import numpy as np
 
     from sim.analysis.planner import mean_interval
+
     rng = np.random.default_rng(7)
     hits = 0
     for _ in range(2000):

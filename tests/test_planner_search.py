@@ -19,9 +19,11 @@ from tests.helpers import tiny_scenario
 def _curve(edge: float):
     """Attainment falling through 0.9 at ``edge``: 0.1 per 5 % of rate near it (as chat-api's does),
     curving towards 1 below and 0 above."""
+
     def a(r: float) -> float:
         x = 2.0 * math.log(r / edge)
         return 1.0 - 0.1 * math.exp(x * 5) if x < 0 else max(0.0, 0.9 - x - 2 * x * x)
+
     return a
 
 
@@ -30,6 +32,7 @@ def _evaluator(curve, calls):
         calls.append((r, complete))
         a = curve(r)
         return Evaluation(a >= 0.9, a, True, True)
+
     return ev
 
 
@@ -58,6 +61,7 @@ def test_guided_search_contract_and_economy(start_factor):
 def test_guided_search_statuses_and_noisy_curves():
     def ev_of(f):
         return lambda r, complete: Evaluation(f(r) >= 0.9, f(r), True, True)
+
     assert find_goodput_guided(ev_of(lambda r: 0.0), 10.0, 0.9).status == "infeasible"
     assert find_goodput_guided(ev_of(lambda r: 1.0), 10.0, 0.9).status == "unbounded"
     assert find_goodput_guided(ev_of(lambda r: 1.0 if r < 7 else 0.0), 10.0, 0.9, max_evals=3).status == "budget"
@@ -115,8 +119,13 @@ def test_request_outcome_is_the_slo_rule():
 
 
 @settings(max_examples=25, deadline=None)
-@given(rate=st.floats(5.0, 200.0), ttft=st.floats(0.01, 2.0), tpot=st.floats(0.002, 0.1),
-       target=st.sampled_from([0.5, 0.8, 0.9, 0.99]), seed=st.integers(0, 50))
+@given(
+    rate=st.floats(5.0, 200.0),
+    ttft=st.floats(0.01, 2.0),
+    tpot=st.floats(0.002, 0.1),
+    target=st.sampled_from([0.5, 0.8, 0.9, 0.99]),
+    seed=st.integers(0, 50),
+)
 def test_certain_decisions_are_exact(rate, ttft, tpot, target, seed):
     """Without the statistical test a run stops only when the rest cannot change the answer:
     the decision always equals the complete run's."""
@@ -156,12 +165,14 @@ def test_candidates_and_rates_share_their_random_draws():
     """Common random numbers: every candidate of a seed gets the same lengths and the same
     arrival sequence, scaled by the rate."""
     from sim.analysis.planner import CANDIDATES
+
     data, base_dir = read_scenario_dict("chat-api")
     base = build_workload(scenario_from_dict(data, base_dir))
     for c in CANDIDATES.values():
         for rate in (7.0, 21.0):
-            wl = build_workload(scenario_from_dict(apply_overrides(data, {**c["overrides"],
-                                                                           "workload.arrival.rate": rate}), base_dir))
+            wl = build_workload(
+                scenario_from_dict(apply_overrides(data, {**c["overrides"], "workload.arrival.rate": rate}), base_dir)
+            )
             assert np.array_equal(wl.prompt_tokens, base.prompt_tokens)
             assert np.array_equal(wl.output_tokens, base.output_tokens)
             np.testing.assert_allclose(wl.arrival_s * rate, base.arrival_s * 14.0, rtol=1e-12)

@@ -44,8 +44,13 @@ def _quantile(seed: int = 0, q: float = 0.9):
 
 
 @settings(max_examples=300)
-@given(prompt=st.integers(1, 20_000), generated=st.integers(0, 5000), out_a=st.integers(1, 20_000),
-       out_b=st.integers(1, 20_000), kind=st.sampled_from(["prompt", "quantile"]))
+@given(
+    prompt=st.integers(1, 20_000),
+    generated=st.integers(0, 5000),
+    out_a=st.integers(1, 20_000),
+    out_b=st.integers(1, 20_000),
+    kind=st.sampled_from(["prompt", "quantile"]),
+)
 def test_a_predictor_never_reads_the_output_length(prompt, generated, out_a, out_b, kind):
     pred = PromptPredictor() if kind == "prompt" else _quantile()
     a = Request(1, prompt, max(out_a, generated + 1), 0.0)
@@ -68,8 +73,15 @@ def _first_placements(kind: str, outputs: list[int]) -> list[bool]:
     """Whether each request (prompts fixed, ``outputs`` varied) got a static slot at admission."""
     alloc = HybridTailAllocator(40_000, 10, static_tokens=20_000, reserve_tokens=4000, long_threshold_tokens=1000)
     pred = _quantile() if kind == "quantile" else make_predictor(kind)
-    sched = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=100_000), alloc, kv_cap=None,
-                                swap_capacity_bytes=0, hash_block_tokens=16, victim_policy="lifo", length_predictor=pred)
+    sched = ContinuousScheduler(
+        SchedulerConfig(max_num_batched_tokens=100_000),
+        alloc,
+        kv_cap=None,
+        swap_capacity_bytes=0,
+        hash_block_tokens=16,
+        victim_policy="lifo",
+        length_predictor=pred,
+    )
     prompts = [200, 900, 1200, 300, 800]
     for i, (p, o) in enumerate(zip(prompts, outputs)):
         sched.waiting.append(Request(i, p, o, 0.0))
@@ -118,6 +130,7 @@ def test_quantile_is_fitted_on_the_distribution_not_on_the_run():
 
 
 # --- whole simulations: invariants after every operation, every request accounted for -------------
+
 
 def _checked(cls):
     class Checked(cls):
@@ -169,32 +182,66 @@ def _build_checked_static(a, b):
 
 @pytest.fixture(scope="module")
 def checked_kinds():
-    registry.register("checked_hybrid_tail", _build_checked_hybrid, size=builtin_kinds.size_hybrid_tail,
-                      knobs=("long_threshold", "static_fraction", "length_predictor"), description="test", paged_layout=True)
-    registry.register("checked_static_fallback", _build_checked_static, size=builtin_kinds.size_static,
-                      knobs=("reserve", "overflow", "fallback_fraction"), description="test")
+    registry.register(
+        "checked_hybrid_tail",
+        _build_checked_hybrid,
+        size=builtin_kinds.size_hybrid_tail,
+        knobs=("long_threshold", "static_fraction", "length_predictor"),
+        description="test",
+        paged_layout=True,
+    )
+    registry.register(
+        "checked_static_fallback",
+        _build_checked_static,
+        size=builtin_kinds.size_static,
+        knobs=("reserve", "overflow", "fallback_fraction"),
+        description="test",
+    )
     yield
     registry.unregister("checked_hybrid_tail")
     registry.unregister("checked_static_fallback")
 
 
 @settings(max_examples=60, deadline=None)
-@given(kind=st.sampled_from(["checked_hybrid_tail", "checked_static_fallback"]),
-       predictor=st.sampled_from(["oracle", "prompt", "quantile"]), kv=st.integers(1600, 5000),
-       rate=st.floats(5.0, 100.0), seed=st.integers(0, 10_000), swap=st.booleans(), chunked=st.booleans(),
-       fraction=st.floats(0.15, 0.5), mode=st.sampled_from(["fast_forward", "step"]))
-def test_every_request_ends_with_a_reason_and_invariants_hold(checked_kinds, kind, predictor, kv, rate, seed, swap,
-                                                              chunked, fraction, mode):
+@given(
+    kind=st.sampled_from(["checked_hybrid_tail", "checked_static_fallback"]),
+    predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
+    kv=st.integers(1600, 5000),
+    rate=st.floats(5.0, 100.0),
+    seed=st.integers(0, 10_000),
+    swap=st.booleans(),
+    chunked=st.booleans(),
+    fraction=st.floats(0.15, 0.5),
+    mode=st.sampled_from(["fast_forward", "step"]),
+)
+def test_every_request_ends_with_a_reason_and_invariants_hold(
+    checked_kinds, kind, predictor, kv, rate, seed, swap, chunked, fraction, mode
+):
     BUILT.clear()
-    over = {"allocator.kind": kind, "allocator.length_predictor": predictor, "allocator.long_threshold": "p70",
-            "allocator.static_fraction": 0.7, "allocator.reserve": "p75", "allocator.overflow": "fallback",
-            "allocator.fallback_fraction": fraction, "seed": seed, "workload.num_requests": 50,
-            "workload.arrival.rate": rate, "engine.mode": mode, "scheduler.chunked_prefill": chunked,
-            "scheduler.max_num_batched_tokens": 256 if chunked else 1024,
-            "allocator.preemption.mode": "swap" if swap else "recompute",
-            "allocator.preemption.swap_capacity_bytes": 2000 * 2048,
-            "workload.lengths": {"kind": "lognormal", "prompt_median": 120, "prompt_sigma": 0.9,
-                                 "output_median": 60, "output_sigma": 1.0}}
+    over = {
+        "allocator.kind": kind,
+        "allocator.length_predictor": predictor,
+        "allocator.long_threshold": "p70",
+        "allocator.static_fraction": 0.7,
+        "allocator.reserve": "p75",
+        "allocator.overflow": "fallback",
+        "allocator.fallback_fraction": fraction,
+        "seed": seed,
+        "workload.num_requests": 50,
+        "workload.arrival.rate": rate,
+        "engine.mode": mode,
+        "scheduler.chunked_prefill": chunked,
+        "scheduler.max_num_batched_tokens": 256 if chunked else 1024,
+        "allocator.preemption.mode": "swap" if swap else "recompute",
+        "allocator.preemption.swap_capacity_bytes": 2000 * 2048,
+        "workload.lengths": {
+            "kind": "lognormal",
+            "prompt_median": 120,
+            "prompt_sigma": 0.9,
+            "output_median": 60,
+            "output_sigma": 1.0,
+        },
+    }
     res = simulate(tiny_scenario(kv_tokens=kv, **over))
     r = res.requests.to_pydict()
     assert len(r["id"]) == 50 and sorted(r["id"]) == list(range(50))
@@ -208,8 +255,18 @@ def test_every_request_ends_with_a_reason_and_invariants_hold(checked_kinds, kin
     if kind == "checked_hybrid_tail":
         lp = s["length_predictor"]
         assert lp["kind"] == predictor and lp["upper_bound"] == (predictor == "oracle")
-        assert sum(lp[k] for k in ("long_predicted_long", "long_predicted_short", "short_predicted_long",
-                                   "short_predicted_short")) <= s["requests"]
+        assert (
+            sum(
+                lp[k]
+                for k in (
+                    "long_predicted_long",
+                    "long_predicted_short",
+                    "short_predicted_long",
+                    "short_predicted_short",
+                )
+            )
+            <= s["requests"]
+        )
         if predictor == "oracle":  # the true length: no request outgrows its placement
             assert lp["long_predicted_short"] == lp["short_predicted_long"] == lp["migrations"] == lp["evictions"] == 0
     else:
@@ -220,9 +277,15 @@ def test_preemption_stays_in_the_growing_requests_region():
     """A pool request that cannot grow preempts the most recent request in the pool, here itself;
     the requests after it in the batch (in the static region) still run this iteration."""
     alloc = HybridTailAllocator(800, 10, static_tokens=600, reserve_tokens=300, long_threshold_tokens=250, block_size=1)
-    sched = ContinuousScheduler(SchedulerConfig(max_num_batched_tokens=100_000), alloc, kv_cap=None,
-                                swap_capacity_bytes=0, hash_block_tokens=16, victim_policy="lifo",
-                                length_predictor=PromptPredictor())
+    sched = ContinuousScheduler(
+        SchedulerConfig(max_num_batched_tokens=100_000),
+        alloc,
+        kv_cap=None,
+        swap_capacity_bytes=0,
+        hash_block_tokens=16,
+        victim_policy="lifo",
+        length_predictor=PromptPredictor(),
+    )
     a, b = Request(0, 200, 50, 0.0), Request(1, 280, 50, 0.0)
     sched.waiting.extend([a, b])
     assert len(sched.schedule().admitted) == 2

@@ -19,9 +19,22 @@ TRACE = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "moonc
 
 
 def _snapshot(a: PC):
-    return (a.free_blocks, list(a._plain), dict(a._cache), list(a._ref), list(a._key), list(a._nhits), a._parked(),
-            {s: list(t) for s, t in a.tables.items()}, dict(a.used), a.used_total, a.hit_blocks, a.queried_blocks,
-            a.evictions, a._fresh)
+    return (
+        a.free_blocks,
+        list(a._plain),
+        dict(a._cache),
+        list(a._ref),
+        list(a._key),
+        list(a._nhits),
+        a._parked(),
+        {s: list(t) for s, t in a.tables.items()},
+        dict(a.used),
+        a.used_total,
+        a.hit_blocks,
+        a.queried_blocks,
+        a.evictions,
+        a._fresh,
+    )
 
 
 def _ceil(x: int, y: int) -> int:
@@ -40,20 +53,26 @@ ops = st.binary(min_size=6 * 6, max_size=6 * 30)
 
 def _decode(data: bytes):
     for i in range(0, len(data) - 5, 6):
-        op, sf, t0, t1, h0, h1 = data[i: i + 6]
+        op, sf, t0, t1, h0, h1 = data[i : i + 6]
         v = h0 << 8 | h1
         ids = tuple(int((v >> 2 * k) & 3 == 3) for k in range(N_IDS))
         yield OPS[op % len(OPS)], sf & 7, 1 + (t0 << 8 | t1) % 120, ids, (sf >> 3) & 3
 
 
 @settings(max_examples=N_EXAMPLES, deadline=None)
-@given(ops, st.integers(1, 16), st.sampled_from([1, 4, 8, 16, 24, 50]), st.integers(50, 500),
-       st.sampled_from(["lru", "lfu"]), st.sampled_from(["generation", "zero"]))
+@given(
+    ops,
+    st.integers(1, 16),
+    st.sampled_from([1, 4, 8, 16, 24, 50]),
+    st.integers(50, 500),
+    st.sampled_from(["lru", "lfu"]),
+    st.sampled_from(["generation", "zero"]),
+)
 def test_invariants(seq_ops, block, hbt, capacity, eviction, page_reuse):
     a = PC(max(capacity, block), 100, block, page_reuse, eviction)
     B = a.block_size
     live: dict[int, tuple] = {}  # seq -> (hashes, prompt) for the oracle
-    registered: set = set()      # (hash chain, j) keys registered so far (exact while nothing was evicted)
+    registered: set = set()  # (hash chain, j) keys registered so far (exact while nothing was evicted)
     now = 0.0
 
     def keys(hashes, prompt, upto):
@@ -119,15 +138,16 @@ def test_invariants(seq_ops, block, hbt, capacity, eviction, page_reuse):
 
 # --- hand-built cases ----------------------------------------------------------------
 
+
 def test_two_requests_share_their_prefix():
-    a = PC(1024, 1, 16)                                    # 64 blocks
-    h = (1, 2, 3, 4)                                       # 4 × 64 tokens
+    a = PC(1024, 1, 16)  # 64 blocks
+    h = (1, 2, 3, 4)  # 4 × 64 tokens
     assert a.admit_prefix(0, 200, h, 64, 0.0) == (Grow.OK, 0)
     assert a.reserved_tokens() == 13 * 16 and a.take_work().events == 13
     assert a.cached_prefix_tokens(h, 64, 200) == 192
-    assert a.admit_prefix(1, 200, h, 64, 1.0) == (Grow.OK, 192)   # 12 full blocks shared
-    assert a.reserved_tokens() == 14 * 16                  # only the unshared tail block is new
-    assert a.take_work().events == 1                       # hits take nothing from the free pool
+    assert a.admit_prefix(1, 200, h, 64, 1.0) == (Grow.OK, 192)  # 12 full blocks shared
+    assert a.reserved_tokens() == 14 * 16  # only the unshared tail block is new
+    assert a.take_work().events == 1  # hits take nothing from the free pool
     assert a.tables[0][:12] == a.tables[1][:12] and a.tables[0][12] != a.tables[1][12]
     assert a.used_total == 200 + 8 and a.stats().used_bytes <= a.stats().reserved_bytes  # shared tokens once
     assert (a.hit_blocks, a.queried_blocks, a.hit_tokens, a.queried_tokens) == (12, 24, 192, 384)
@@ -143,12 +163,12 @@ def test_two_requests_share_their_prefix():
 
 def test_hit_leaves_one_token_to_compute():
     a = PC(1024, 1, 16)
-    h = (7, 8, 9)                                          # 192 tokens = 12 full blocks, all cacheable
+    h = (7, 8, 9)  # 192 tokens = 12 full blocks, all cacheable
     assert a.admit_prefix(0, 192, h, 64, 0.0) == (Grow.OK, 0)
     a.release(0)
     a.take_work()
     assert a.cached_prefix_tokens(h, 64, 192) == 176
-    assert a.admit_prefix(1, 192, h, 64, 1.0) == (Grow.OK, 176)   # 11 blocks: the last one is recomputed
+    assert a.admit_prefix(1, 192, h, 64, 1.0) == (Grow.OK, 176)  # 11 blocks: the last one is recomputed
     assert a.take_work().events == 1
     a.release(1)
     # A longer request with the same 192-token prefix gets all 12 blocks.
@@ -162,7 +182,7 @@ def test_cached_block_survives_release_and_hits_later():
     a.admit_prefix(0, 200, h, 64, 0.0)
     a.release(0)
     assert a.reserved_tokens() == 0 and a.free_tokens() == a.capacity_tokens
-    assert a.cached_free_blocks == 12                     # the 13th (partial) block has no key
+    assert a.cached_free_blocks == 12  # the 13th (partial) block has no key
     a.take_work()
     assert a.admit_prefix(1, 200, h, 64, 5.0) == (Grow.OK, 192)
     assert a.cached_free_blocks == 0 and a.take_work().events == 1
@@ -184,18 +204,18 @@ def test_plain_admit_is_paged():
 
 
 def test_eviction_only_after_fresh_blocks_run_out():
-    a = PC(32, 1, 4)                                        # 8 blocks of 4 tokens
-    assert a.admit_prefix(0, 8, (1, 2), 4, 0.0) == (Grow.OK, 0)   # 2 blocks, both cacheable
+    a = PC(32, 1, 4)  # 8 blocks of 4 tokens
+    assert a.admit_prefix(0, 8, (1, 2), 4, 0.0) == (Grow.OK, 0)  # 2 blocks, both cacheable
     a.release(0)
     assert a.cached_free_blocks == 2
-    assert a.admit(1, 24) is Grow.OK                        # the 6 never-used blocks
+    assert a.admit(1, 24) is Grow.OK  # the 6 never-used blocks
     assert a.evictions == 0 and a.cached_free_blocks == 2
-    assert a.admit(2, 4) is Grow.OK                         # nothing plain left: evict one
+    assert a.admit(2, 4) is Grow.OK  # nothing plain left: evict one
     assert a.evictions == 1 and a.cached_free_blocks == 1
     # Released tail first, so the tail block (j = 1) was the least recently used: block 0 remains.
     assert a.cached_prefix_tokens((1, 2, 3), 4, 12) == 4
-    a.release(1)                                             # 6 plain blocks back
-    assert a.admit(3, 24) is Grow.OK and a.evictions == 1   # plain blocks are reused before evicting
+    a.release(1)  # 6 plain blocks back
+    assert a.admit(3, 24) is Grow.OK and a.evictions == 1  # plain blocks are reused before evicting
     assert a.free_blocks == a.cached_free_blocks == 1
     assert a.admit(4, 8) is Grow.NO_SPACE and a.refusals["insufficient_free"] == 1
     assert a.admit(4, 4) is Grow.OK and a.evictions == 2 and a.cached_free_blocks == 0
@@ -206,8 +226,8 @@ def test_eviction_only_after_fresh_blocks_run_out():
 def test_lru_and_lfu_evict_different_blocks(eviction, survivor):
     """X's block is hit twice, then Y's block is used once, later. Under pressure LRU evicts X
     (older), LFU evicts Y (fewer hits)."""
-    a = PC(16, 1, 4, eviction=eviction)                     # 4 blocks
-    X, Y = (1, 100), (2, 100)                               # 5-token prompts: one cacheable block each
+    a = PC(16, 1, 4, eviction=eviction)  # 4 blocks
+    X, Y = (1, 100), (2, 100)  # 5-token prompts: one cacheable block each
     t = 0.0
     for s, h in enumerate([X, X, X, Y]):
         r, cached = a.admit_prefix(s, 5, h, 4, t)
@@ -217,7 +237,7 @@ def test_lru_and_lfu_evict_different_blocks(eviction, survivor):
     assert a.cached_free_blocks == 2 and a.free_blocks == 4
     x_block, y_block = a._cache[a._trie[(0, 1)] << 40], a._cache[a._trie[(0, 2)] << 40]
     assert a._nhits[x_block] == 2 and a._nhits[y_block] == 0
-    assert a.admit(9, 12) is Grow.OK and a.evictions == 1   # 1 plain + 1 never used + 1 evicted
+    assert a.admit(9, 12) is Grow.OK and a.evictions == 1  # 1 plain + 1 never used + 1 evicted
     kept = {"X": a.cached_prefix_tokens(X, 4, 5), "Y": a.cached_prefix_tokens(Y, 4, 5)}
     assert kept == {survivor: 4, ({"X", "Y"} - {survivor}).pop(): 0}
     assert (y_block if survivor == "X" else x_block) in a.tables[9]
@@ -235,14 +255,14 @@ def test_time_must_not_go_backwards():
 
 def test_chunked_prefill_registers_blocks_as_they_are_allocated():
     a = PC(4096, 1, 16)
-    h = tuple(range(8))                                     # 8 × 64 = 512 tokens
+    h = tuple(range(8))  # 8 × 64 = 512 tokens
     assert a.admit_prefix(0, 100, h, 64, 0.0, prompt_tokens=500) == (Grow.OK, 0)
-    assert a.cached_prefix_tokens(h, 64, 500) == 96         # 6 full blocks so far
+    assert a.cached_prefix_tokens(h, 64, 500) == 96  # 6 full blocks so far
     assert a.grow(0, 300) is Grow.OK
     assert a.cached_prefix_tokens(h, 64, 500) == 288
-    assert a.grow(0, 500) is Grow.OK and a.grow(0, 600) is Grow.OK   # prompt done, then decode blocks
-    assert a.cached_prefix_tokens(h, 64, 500) == 496        # 31 full prompt blocks; decode blocks never cached
-    assert a.cached_prefix_tokens(h, 64) == 496             # default prompt: all 512 hashed tokens
+    assert a.grow(0, 500) is Grow.OK and a.grow(0, 600) is Grow.OK  # prompt done, then decode blocks
+    assert a.cached_prefix_tokens(h, 64, 500) == 496  # 31 full prompt blocks; decode blocks never cached
+    assert a.cached_prefix_tokens(h, 64) == 496  # default prompt: all 512 hashed tokens
     # A chunked admission of the same prompt: cached tokens + first chunk.
     c = a.cached_prefix_tokens(h, 64, 500)
     assert a.admit_prefix(1, c + 4, h, 64, 1.0, prompt_tokens=500) == (Grow.OK, c)
@@ -251,10 +271,17 @@ def test_chunked_prefill_registers_blocks_as_they_are_allocated():
 
 # --- decode cohort -------------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 120), st.integers(0, 1)), min_size=1, max_size=10), st.integers(1, 16),
-       st.integers(100, 1500), st.integers(0, 40), st.integers(1, 100), st.sampled_from(["lru", "lfu"]),
-       st.integers(0, 4))
+@given(
+    st.lists(st.tuples(st.integers(1, 120), st.integers(0, 1)), min_size=1, max_size=10),
+    st.integers(1, 16),
+    st.integers(100, 1500),
+    st.integers(0, 40),
+    st.integers(1, 100),
+    st.sampled_from(["lru", "lfu"]),
+    st.integers(0, 4),
+)
 def test_cohort_equals_per_sequence_growth(reqs, block, capacity, G, steps, eviction, n_released):
     """Granting k cohort iterations = growing each member by one token k times, evictions included."""
     a, b = PC(capacity, 10, block, eviction=eviction), PC(capacity, 10, block, eviction=eviction)
@@ -266,7 +293,7 @@ def test_cohort_equals_per_sequence_growth(reqs, block, capacity, G, steps, evic
         assert (ra, ca) == (rb, cb)
         if ra is Grow.OK:
             seqs.append(i)
-    for s in seqs[:n_released]:                             # leave cached-free blocks to evict
+    for s in seqs[:n_released]:  # leave cached-free blocks to evict
         a.release(s)
         b.release(s)
     seqs = seqs[n_released:]
@@ -296,8 +323,12 @@ def test_cohort_equals_per_sequence_growth(reqs, block, capacity, G, steps, evic
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.integers(1, 32), st.integers(100, 4000),
-       st.integers(1, 80))
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.integers(1, 32),
+    st.integers(100, 4000),
+    st.integers(1, 80),
+)
 def test_decode_window_matches_paged(lengths, block, capacity, max_steps):
     a, p = PC(capacity, 10, block), PagedAllocator(capacity, 10, block)
     seqs = [i for i, n in enumerate(lengths) if a.admit(i, n) is Grow.OK and p.admit(i, n) is Grow.OK]
@@ -314,6 +345,7 @@ def test_decode_window_matches_paged(lengths, block, capacity, max_steps):
 
 
 # --- the Mooncake conversation trace -----------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def mooncake():
@@ -363,7 +395,7 @@ BLOCK = 128
 def test_mooncake_unbounded_cache_reaches_the_ceiling(mooncake):
     a = _replay(mooncake, 10**9, BLOCK, "lru")
     hit, queried = _ceiling(mooncake, BLOCK)
-    assert (a.hit_blocks, a.queried_blocks) == (hit, queried)   # every possible hit, nothing more
+    assert (a.hit_blocks, a.queried_blocks) == (hit, queried)  # every possible hit, nothing more
     assert a.evictions == 0
     # In whole blocks the rate is a little above the 36.6% of hash ids: the never-repeated
     # last hash block of a prompt is usually partial, so it weighs less in tokens.

@@ -24,6 +24,7 @@ REL = 1e-12
 
 # --- the old evaluation, verbatim ---------------------------------------------------------
 
+
 def _ref_curve(c: Curve1D, x):
     x = np.maximum(np.asarray(x, dtype=np.float64), 1e-12)
     t = np.exp(np.interp(np.log(x), np.log(c.x), np.log(c.t_s)))
@@ -95,7 +96,7 @@ class _Reference(ProfileCostModel):
 
     def _non_attention_s(self, tokens, seqs):
         per_layer = self._gemms_s(tokens) + self._ew_fixed + self._ew_per_token * tokens
-        return (self.model.layers * per_layer + self._allreduce_s(tokens) + self._lm_head_s(seqs) + self._cpu_s(seqs))
+        return self.model.layers * per_layer + self._allreduce_s(tokens) + self._lm_head_s(seqs) + self._cpu_s(seqs)
 
     def decode_times_s(self, num_seqs, kv_tokens):
         kv = np.asarray(kv_tokens, dtype=np.float64)
@@ -113,7 +114,9 @@ class _Reference(ProfileCostModel):
 
     def step_time_s(self, batch):
         if not batch.prefill_chunks:
-            return float(self.decode_times_s(batch.decode_seqs, np.array([batch.decode_kv_tokens], dtype=np.float64))[0])
+            return float(
+                self.decode_times_s(batch.decode_seqs, np.array([batch.decode_kv_tokens], dtype=np.float64))[0]
+            )
         return self.mixed_step_time_s(batch)
 
     def mixed_step_time_s(self, batch):
@@ -178,8 +181,13 @@ def _batch(rng: random.Random) -> BatchShape:
     per = rng.choice([1, rng.randint(1, 300), rng.randint(1, 20_000), rng.randint(10_000, 400_000) if big else 9])
     kv = d * per + (rng.randint(0, d) if d else 0)
     m = rng.choice([0, 0, 1, 1, 2, 3, rng.randint(1, 7), rng.randint(8, 24)])
-    chunks = [(rng.choice([1, rng.randint(1, 512), rng.randint(1, 8192), rng.randint(8192, 70_000) if big else 17]),
-               rng.choice([0, 0, rng.randint(0, 4096), rng.randint(0, 200_000) if big else 5])) for _ in range(m)]
+    chunks = [
+        (
+            rng.choice([1, rng.randint(1, 512), rng.randint(1, 8192), rng.randint(8192, 70_000) if big else 17]),
+            rng.choice([0, 0, rng.randint(0, 4096), rng.randint(0, 200_000) if big else 5]),
+        )
+        for _ in range(m)
+    ]
     return BatchShape(prefill_chunks=chunks, decode_seqs=d, decode_kv_tokens=kv)
 
 
@@ -240,7 +248,9 @@ def test_grid_at_many_matches_at_across_segments_and_edges():
     p = load_profile("h100-sxm")
     for g in [p.curve("generation_attention", k) for k in p.curve_keys("generation_attention")[:3]]:
         for b in [0.5, 1, 3, float(g.batch[-1]), float(g.batch[-1]) * 3]:
-            ls = sorted(np.concatenate([g.length, g.length * 1.01, g.length * 0.999, [0.1, 1e-20, g.length[-1] * 5]]).tolist())
+            ls = sorted(
+                np.concatenate([g.length, g.length * 1.01, g.length * 0.999, [0.1, 1e-20, g.length[-1] * 5]]).tolist()
+            )
             many, oor = g.at_many(b, ls)
             one = [g.at(b, x) for x in ls]
             assert all(_close(t, u) for t, (u, _) in zip(many, one))
@@ -277,12 +287,16 @@ def test_curve_scalar_lookup_matches_arrays():
     p = load_profile("h100-sxm")
     rng = np.random.default_rng(3)
     for c in [p.curve("gemm", k) for k in p.curve_keys("gemm")[:6]] + list(p.allreduce.values()):
-        xs = np.concatenate([c.x, c.x * 1.0000001, c.x * 0.9999, rng.uniform(c.x[0] * 0.5, c.x[-1] * 2, 200), [1e-20, 0.0]])
+        xs = np.concatenate(
+            [c.x, c.x * 1.0000001, c.x * 0.9999, rng.uniform(c.x[0] * 0.5, c.x[-1] * 2, 200), [1e-20, 0.0]]
+        )
         for x in xs:
             t, oor = c.at(float(x))
             rt, roor = _ref_curve(c, np.array([x]))
             assert _close(t, float(rt[0])) and oor == roor
-    for g in [p.curve("generation_attention", k) for k in p.curve_keys("generation_attention")[:3]] + [p.curve("context_attention", k) for k in p.curve_keys("context_attention")[:3]]:
+    for g in [p.curve("generation_attention", k) for k in p.curve_keys("generation_attention")[:3]] + [
+        p.curve("context_attention", k) for k in p.curve_keys("context_attention")[:3]
+    ]:
         for b in [0.5, 1, 3, g.batch[-1], g.batch[-1] * 3]:
             ls = np.concatenate([g.length, g.length * 1.01, [0.1, g.length[-1] * 5]])
             for x in ls:

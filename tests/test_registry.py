@@ -24,6 +24,7 @@ from test_engine import _compare
 
 # --- the recipe: one class, one registration --------------------------------------------------
 
+
 class SlotPool(Allocator):
     """A pool of single token slots: a sequence holds exactly the tokens it has (a block pool with
     one-token blocks), so nothing is ever fragmented. One allocation event per slot taken."""
@@ -107,8 +108,13 @@ def build_slot_pool(cfg: AllocatorConfig, budget: registry.Budget) -> Allocator:
 
 @pytest.fixture
 def slot_pool_kind():
-    registry.register("slot_pool", build_slot_pool, knobs=(), paged_layout=True,
-                      description="single token slots from one pool (a test's toy)")
+    registry.register(
+        "slot_pool",
+        build_slot_pool,
+        knobs=(),
+        paged_layout=True,
+        description="single token slots from one pool (a test's toy)",
+    )
     try:
         yield "slot_pool"
     finally:
@@ -116,13 +122,22 @@ def slot_pool_kind():
 
 
 def test_a_registered_toy_allocator_runs_scenarios_end_to_end(slot_pool_kind):
-    assert "slot_pool" in ALLOCATOR_KINDS and KINDS["slot_pool"] == ({}, "single token slots from one pool (a test's toy)")
+    assert "slot_pool" in ALLOCATOR_KINDS and KINDS["slot_pool"] == (
+        {},
+        "single token slots from one pool (a test's toy)",
+    )
     # Memory pressure, preemption, chunked prefill, two replicas: the engine's per-sequence path
     # and its decode windows, against stepping one iteration at a time.
     # (block_size 1: the cost model prices the paged layout of a kind at allocator.block_size.)
-    over = {"allocator.kind": slot_pool_kind, "allocator.block_size": 1, "workload.num_requests": 80,
-            "workload.arrival.rate": 50.0, "workload.lengths.output_max": 500, "workload.lengths.prompt_max": 500,
-            "gpu.replicas": 2}
+    over = {
+        "allocator.kind": slot_pool_kind,
+        "allocator.block_size": 1,
+        "workload.num_requests": 80,
+        "workload.arrival.rate": 50.0,
+        "workload.lengths.output_max": 500,
+        "workload.lengths.prompt_max": 500,
+        "gpu.replicas": 2,
+    }
     ff = simulate(tiny_scenario(kv_tokens=1200, **over))
     step = simulate(tiny_scenario(kv_tokens=1200, **over, **{"engine.mode": "step"}))
     assert ff.summary["allocator"] == slot_pool_kind
@@ -157,6 +172,7 @@ def test_toy_allocator_invariants(seq_ops, capacity):
 
 # --- the registries ------------------------------------------------------------------------------
 
+
 def test_built_in_kinds_are_the_configs_in_its_order():
     assert list(registry.REGISTRY)[:5] == ["static", "dynamic", "paged", "hybrid_tail", "hybrid_reserve"]
     assert list(registry.REGISTRY) == ALLOCATOR_KINDS
@@ -167,11 +183,19 @@ def test_knob_defaults_are_the_configs():
     defaults = AllocatorConfig()
     assert KINDS["dynamic"][0]["chunk_tokens"] == defaults.chunk_tokens == 512
     assert KINDS["dynamic"][0]["compaction.period_s"] == defaults.compaction.period_s
-    assert KINDS["static"][0] == {"reserve": "max_model_len", "overflow": "reject", "placement": "first_fit",
-                                  "fallback_fraction": 0.1, "block_size": 16}
+    assert KINDS["static"][0] == {
+        "reserve": "max_model_len",
+        "overflow": "reject",
+        "placement": "first_fit",
+        "fallback_fraction": 0.1,
+        "block_size": 16,
+    }
     assert KINDS["hybrid_tail"][0]["length_predictor"] == defaults.length_predictor == "prompt"
-    assert COMMON_KNOBS == {"preemption.mode": "recompute", "preemption.swap_capacity_bytes": 64 * 2**30,
-                            "preemption.victim": "lifo"}
+    assert COMMON_KNOBS == {
+        "preemption.mode": "recompute",
+        "preemption.swap_capacity_bytes": 64 * 2**30,
+        "preemption.victim": "lifo",
+    }
 
 
 def test_register_refuses_a_second_registration_and_unknown_knobs():
@@ -229,8 +253,12 @@ def test_a_registered_scheduler_kind_is_built_with_the_engines_arguments():
 
     sched_registry.register("logged_static_batch", factory)
     try:
-        over = {"scheduler.kind": "logged_static_batch", "allocator.kind": "static",
-                "allocator.preemption.victim": "lowest_priority", "workload.num_requests": 40}
+        over = {
+            "scheduler.kind": "logged_static_batch",
+            "allocator.kind": "static",
+            "allocator.preemption.victim": "lowest_priority",
+            "workload.num_requests": 40,
+        }
         res = simulate(tiny_scenario(**over))
         ref = simulate(tiny_scenario(**{**over, "scheduler.kind": "static_batch"}))
         assert res.summary["completed"] == 40 and len(built) == 1

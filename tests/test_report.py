@@ -19,21 +19,42 @@ from sim.engine.cluster import simulate  # noqa: E402
 from sim.output.results import write_run  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", "--no-first-run"]
+LAUNCH_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _ts(rows):
-    cols = ["t_s", "replica", "running", "waiting", "batch_tokens", "iterations", "window_s", "first_step_s",
-            "kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes", "kv_largest_free_extent_bytes"]
+    cols = [
+        "t_s",
+        "replica",
+        "running",
+        "waiting",
+        "batch_tokens",
+        "iterations",
+        "window_s",
+        "first_step_s",
+        "kv_capacity_bytes",
+        "kv_reserved_bytes",
+        "kv_used_bytes",
+        "kv_free_bytes",
+        "kv_largest_free_extent_bytes",
+    ]
     return pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
 
 
 def test_fragmentation_and_replica_sums():
     # Two replicas of capacity 100. Replica 0 at t=1: reserved 60, used 30, free 40, largest 10.
     # Replica 1 at t=2: reserved 20, used 20, free 80, largest 80.
-    ts = _ts([(1.0, 0, 2, 0, 2, 1, 0.01, 0.01, 100, 60, 30, 40, 10),
-              (2.0, 1, 1, 0, 1, 1, 0.01, 0.01, 100, 20, 20, 80, 80)])
+    ts = _ts(
+        [(1.0, 0, 2, 0, 2, 1, 0.01, 0.01, 100, 60, 30, 40, 10), (2.0, 1, 1, 0, 1, 1, 0.01, 0.01, 100, 20, 20, 80, 80)]
+    )
     t, internal, external = plots.fragmentation_series(ts)
     assert t.tolist() == [1.0, 2.0]
     # t=1: only replica 0 has reserved memory; replica 1 is all free (its first capacity/free values).
@@ -48,9 +69,15 @@ def test_fragmentation_and_replica_sums():
 
 
 def test_latency_cdf_reaches_completed_fraction():
-    req = pa.table({"status": ["completed", "completed", "rejected", "completed"],
-                    "arrival_s": [0.0, 1.0, 2.0, 3.0], "first_token_s": [0.5, 1.2, -1.0, 3.1],
-                    "finish_s": [1.5, 2.2, -1.0, 3.1], "generated_tokens": [3, 6, 0, 1]})
+    req = pa.table(
+        {
+            "status": ["completed", "completed", "rejected", "completed"],
+            "arrival_s": [0.0, 1.0, 2.0, 3.0],
+            "first_token_s": [0.5, 1.2, -1.0, 3.1],
+            "finish_s": [1.5, 2.2, -1.0, 3.1],
+            "generated_tokens": [3, 6, 0, 1],
+        }
+    )
     fig = plots.latency_cdf({"a": req})
     ttft = fig.data[0]
     assert list(ttft.x) == pytest.approx([0.1, 0.2, 0.5])
@@ -70,14 +97,16 @@ def run_dir(tmp_path_factory):
 def sweep_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("sweep")
     f = d / "s.yaml"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         base: chat-api
         set: {workload.num_requests: 40}
         grid:
           allocator.kind: [static, paged]
           workload.arrival.rate: [5, 20]
           scheduler.max_num_seqs: [64, 256]
-    """))
+    """)
+    )
     res = run_sweep(f, workers=2, out=d / "ds", progress=False)
     assert res.ok
     return d / "ds"
@@ -108,7 +137,7 @@ def test_run_report_renders_in_chromium(run_dir):
     path = report(run_dir)
     assert path == run_dir / "report.html"
     text = path.read_text()
-    assert "<script src=\"http" not in text and "Plotly.newPlot" in text  # plotly.js is inlined
+    assert '<script src="http' not in text and "Plotly.newPlot" in text  # plotly.js is inlined
     n, with_svg, errors = _open_in_chromium(path)
     assert n == 5 and with_svg == 5
     assert errors == []
@@ -127,8 +156,12 @@ def test_sweep_report_renders_in_chromium(sweep_dir):
 def test_png_export(run_dir, tmp_path):
     if CHROMIUM is None:
         pytest.skip("kaleido needs chromium (apt-get install chromium)")
-    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(run_dir), "--png", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli.report", str(run_dir), "--png", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     for name in ("latency_cdf", "kv_memory", "fragmentation", "queue_length", "step_latency"):
         png = (tmp_path / f"{name}.png").read_bytes()
@@ -136,8 +169,14 @@ def test_png_export(run_dir, tmp_path):
 
 
 def test_report_bad_inputs(tmp_path, sweep_dir):
-    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli.report", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: report: ")
-    r = subprocess.run([sys.executable, "-m", "sim.cli.report", str(sweep_dir), "--x", "nope"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli.report", str(sweep_dir), "--x", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: --x: got 'nope'")

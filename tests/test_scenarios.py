@@ -50,6 +50,7 @@ def test_scenario_runs_at_reduced_size(path):
 
 def _situation_files():
     from sim.analysis.guide import situations
+
     return sorted({SCENARIO_DIR / f"{s.scenario}.yaml" for s in situations()} | {SCENARIO_DIR / "chat-api.yaml"})
 
 
@@ -68,6 +69,7 @@ def test_scenario_has_a_header_comment(path):
 
 def test_guide_situations_use_existing_scenarios_and_valid_variants():
     from sim.analysis.guide import situations
+
     seen = set()
     for sit in situations():
         data, base = read_scenario_dict(sit.scenario)
@@ -84,9 +86,25 @@ def test_guide_situations_use_existing_scenarios_and_valid_variants():
 
 
 def test_cli_accepts_num_requests_override(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sim.cli", "run", "small-batch", "--set", "workload.num_requests=12",
-                          "--quiet", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.cli",
+            "run",
+            "small-batch",
+            "--set",
+            "workload.num_requests=12",
+            "--quiet",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     import json
+
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["requests"] == 12

@@ -130,9 +130,16 @@ def test_outputs_replace_symlinks_instead_of_writing_through(tmp_path):
     out.mkdir()
     for f in ("summary.json", "scenario.yaml", "requests.parquet", "timeseries.parquet"):
         (out / f).symlink_to(target)
-    sc = scenario_from_dict({"name": "t", "workload": {"num_requests": 20, "arrival": {"kind": "poisson", "rate": 5.0},
-                                                      "lengths": {"kind": "fixed", "prompt_tokens": 64,
-                                                                  "output_tokens": 8}}})
+    sc = scenario_from_dict(
+        {
+            "name": "t",
+            "workload": {
+                "num_requests": 20,
+                "arrival": {"kind": "poisson", "rate": 5.0},
+                "lengths": {"kind": "fixed", "prompt_tokens": 64, "output_tokens": 8},
+            },
+        }
+    )
     write_run(simulate(sc, out_dir=out), out)
     assert target.read_text() == "keep me"
     assert not (out / "summary.json").is_symlink() and json.loads((out / "summary.json").read_text())["completed"] == 20

@@ -50,8 +50,9 @@ START = {"host_s": 1e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_
 
 
 def row(**kw) -> BenchRow:
-    d = dict(model=LLAMA, gpu="h100_sxm", engine="vllm", tp=1, isl=128, osl=16, concurrency=2, ttft_ms=20.0,
-             tpot_ms=7.0)
+    d = dict(
+        model=LLAMA, gpu="h100_sxm", engine="vllm", tp=1, isl=128, osl=16, concurrency=2, ttft_ms=20.0, tpot_ms=7.0
+    )
     d.update(kw)
     return BenchRow(**d)
 
@@ -74,13 +75,28 @@ def with_terms(**engines: dict) -> EngineTerms:
 
 # --- reading ---------------------------------------------------------------------------------
 
+
 def test_csv_rows_read_with_optional_columns(tmp_path):
     p = tmp_path / "bench.csv"
-    p.write_text(f"{HEADER},weights,engine_version,source_id\n{GOOD},fp8,0.12.0,run-a\n"
-                 "Qwen/Qwen3-32B,h200_sxm,SGLang,2,1024,128,16,840.8,16.5,,,\n")
+    p.write_text(
+        f"{HEADER},weights,engine_version,source_id\n{GOOD},fp8,0.12.0,run-a\n"
+        "Qwen/Qwen3-32B,h200_sxm,SGLang,2,1024,128,16,840.8,16.5,,,\n"
+    )
     a, b = read_csv(p)
-    assert a == BenchRow(model=LLAMA, gpu="h100_sxm", engine="vllm", tp=1, isl=128, osl=16, concurrency=2,
-                         ttft_ms=20.5, tpot_ms=7.25, weights="fp8", engine_version="0.12.0", source="run-a")
+    assert a == BenchRow(
+        model=LLAMA,
+        gpu="h100_sxm",
+        engine="vllm",
+        tp=1,
+        isl=128,
+        osl=16,
+        concurrency=2,
+        ttft_ms=20.5,
+        tpot_ms=7.25,
+        weights="fp8",
+        engine_version="0.12.0",
+        source="run-a",
+    )
     # Engine names are case-insensitive; a blank weights cell is bf16; a row without an id is named by its line.
     assert (b.engine, b.weights, b.tp, b.source) == ("sglang", "bf16", 2, "row 3")
     assert b.group == "Qwen/Qwen3-32B/h200_sxm/sglang"
@@ -142,11 +158,26 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
 
 def vllm_result(**kw) -> dict:
     """The fields of a ``vllm bench serve --save-result`` file the reader uses (and a few it ignores)."""
-    doc = {"date": "20250101-000000", "backend": "vllm", "model_id": LLAMA, "tokenizer_id": LLAMA,
-           "num_prompts": 40, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 4, "duration": 12.5,
-           "completed": 40, "total_input_tokens": 40 * 512 + 7, "total_output_tokens": 40 * 64 - 3,
-           "request_throughput": 3.2, "mean_ttft_ms": 61.5, "median_ttft_ms": 60.0, "mean_tpot_ms": 8.25,
-           "median_tpot_ms": 8.2, "mean_itl_ms": 8.3}
+    doc = {
+        "date": "20250101-000000",
+        "backend": "vllm",
+        "model_id": LLAMA,
+        "tokenizer_id": LLAMA,
+        "num_prompts": 40,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": 4,
+        "duration": 12.5,
+        "completed": 40,
+        "total_input_tokens": 40 * 512 + 7,
+        "total_output_tokens": 40 * 64 - 3,
+        "request_throughput": 3.2,
+        "mean_ttft_ms": 61.5,
+        "median_ttft_ms": 60.0,
+        "mean_tpot_ms": 8.25,
+        "median_tpot_ms": 8.2,
+        "mean_itl_ms": 8.3,
+    }
     doc.update(kw)
     return doc
 
@@ -155,8 +186,20 @@ def test_vllm_result_json_is_a_closed_loop_row(tmp_path):
     p = tmp_path / "run.json"
     p.write_text(json.dumps(vllm_result()))
     (r,) = read_bench(p, gpu="h200_sxm", tp=2, weights="fp8")
-    assert r == BenchRow(model=LLAMA, gpu="h200_sxm", engine="vllm", tp=2, isl=512, osl=64, concurrency=4,
-                         ttft_ms=61.5, tpot_ms=8.25, weights="fp8", engine_version="vllm", source="run.json")
+    assert r == BenchRow(
+        model=LLAMA,
+        gpu="h200_sxm",
+        engine="vllm",
+        tp=2,
+        isl=512,
+        osl=64,
+        concurrency=4,
+        ttft_ms=61.5,
+        tpot_ms=8.25,
+        weights="fp8",
+        engine_version="vllm",
+        source="run.json",
+    )
     with pytest.raises(ConfigError, match="--gpu/--tp"):
         read_bench(p)
     p.write_text(json.dumps(vllm_result(max_concurrency=None)))
@@ -188,6 +231,7 @@ def test_folder_of_results_reads_every_json_and_csv_in_name_order(tmp_path):
 
 # --- rows as scenarios -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_row_is_a_closed_loop_on_its_engine_preset(engine):
     r = row(engine=engine, gpu="h200_sxm", tp=2, isl=300, osl=20, concurrency=5, weights="fp8")
@@ -204,8 +248,12 @@ def test_row_is_a_closed_loop_on_its_engine_preset(engine):
     assert engine_preset(sc) == preset
     s = sc.scheduler
     assert (s.max_num_seqs, s.max_num_batched_tokens, s.chunked_prefill, s.mixed_batches, s.reserve_output) == (
-        preset.max_num_seqs, preset.max_num_batched_tokens, preset.chunked_prefill, preset.mixed_batches,
-        preset.reserve_output)
+        preset.max_num_seqs,
+        preset.max_num_batched_tokens,
+        preset.chunked_prefill,
+        preset.mixed_batches,
+        preset.reserve_output,
+    )
     assert (arr.start_spread_cycles, arr.client_cv) == (preset.client_spread_cycles, preset.client_cv)
     # Terms given for the row replace the preset's.
     sc2 = scenario_from_dict(row_scenario(r, TINY, engine={"host_s": 4e-3, "frontend_s": 0.03}))
@@ -238,8 +286,9 @@ def test_simulate_row_means_after_the_warm_up_and_is_deterministic():
     keep = [i for i, rid in enumerate(t["id"]) if rid >= 3 * clients.warmup]
     assert len(keep) == 3 * clients.requests_per_client
     ttft = sum(t["first_token_s"][i] - t["arrival_s"][i] for i in keep) / len(keep) * 1e3
-    tpot = sum((t["finish_s"][i] - t["first_token_s"][i]) / (t["generated_tokens"][i] - 1) for i in keep) \
-        / len(keep) * 1e3
+    tpot = (
+        sum((t["finish_s"][i] - t["first_token_s"][i]) / (t["generated_tokens"][i] - 1) for i in keep) / len(keep) * 1e3
+    )
     assert a.ttft_ms == pytest.approx(ttft, rel=1e-12) and a.tpot_ms == pytest.approx(tpot, rel=1e-12)
     # Engine terms reach the simulation: more host time per iteration, slower tokens.
     base = simulate_row(r, clients, engine={"host_s": 1e-3, "host_hidden": 0.0})
@@ -270,9 +319,11 @@ def test_score_statistics():
 
 #: Rows of two engines (each fitted on its own rows): concurrency and lengths vary so host time per
 #: iteration (TPOT) and the front end (TTFT) are told apart.
-FIT_ROWS = [row(engine=e, tp=tp, isl=isl, osl=osl, concurrency=c)
-            for e in ("vllm", "trtllm") for tp, isl, osl, c in [(1, 256, 32, 2), (1, 512, 16, 8), (2, 128, 32, 4),
-                                                                (1, 1024, 16, 16)]]
+FIT_ROWS = [
+    row(engine=e, tp=tp, isl=isl, osl=osl, concurrency=c)
+    for e in ("vllm", "trtllm")
+    for tp, isl, osl, c in [(1, 256, 32, 2), (1, 512, 16, 8), (2, 128, 32, 4), (1, 1024, 16, 16)]
+]
 KNOWN = {"vllm": {"host_s": 3e-3, "frontend_s": 20e-3}, "trtllm": {"host_s": 0.4e-3, "frontend_s": 12e-3}}
 
 
@@ -296,8 +347,10 @@ def test_fit_recovers_known_terms():
 def test_fit_leaves_a_share_term_that_starts_at_zero():
     """A share that starts at its bound (the clients' spread at 0, as the presets had it before any fit)
     must be able to leave it: a step of 0.3 in logit space from there changes nothing simulated."""
-    rows = [row(tp=tp, isl=isl, osl=32, concurrency=c) for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8),
-                                                                           (1, 1024, 32)]]
+    rows = [
+        row(tp=tp, isl=isl, osl=32, concurrency=c)
+        for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8), (1, 1024, 32)]
+    ]
     clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0)
     rows = measured(rows, with_terms(vllm={"client_spread_cycles": 0.5}), clients)
     start_loss = objective(evaluate(rows, with_terms(), clients))
@@ -316,8 +369,11 @@ def test_leave_one_group_out():
     # (0, 1)), and the smallest spread already breaks the lock-step the rows were made with.
     clients = Clients(requests_per_client=3, warmup=1, start_spread_cycles=0.0, client_cv=0.0)
     known = with_terms(vllm={"host_s": 4e-3, "frontend_s": 25e-3})
-    qwen = measured([row(model="Qwen/Qwen3-32B", tp=2, isl=isl, osl=16, concurrency=c)
-                     for isl, c in [(256, 2), (512, 8)]], known, clients)
+    qwen = measured(
+        [row(model="Qwen/Qwen3-32B", tp=2, isl=isl, osl=16, concurrency=c) for isl, c in [(256, 2), (512, 8)]],
+        known,
+        clients,
+    )
     llama = measured([row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 4), (128, 8)]], known, clients)
     sgl = [row(engine="sglang", isl=256, osl=16, concurrency=4)]
     rows = qwen + llama + sgl
@@ -349,8 +405,9 @@ def test_leave_one_group_out():
     res2 = leave_one_group_out(rows, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,))
     assert res2.folds[llama[0].group].groups == [sgl[0].group]
     # ... and nothing at all without them: the starting terms.
-    res3 = leave_one_group_out(qwen + llama, start=start, clients=clients, max_evals=5,
-                               exclude_from_training=(qwen[0].group,))
+    res3 = leave_one_group_out(
+        qwen + llama, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,)
+    )
     assert res3.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
 
 
@@ -378,6 +435,7 @@ def test_parallel_evaluation_matches_serial():
 
 # --- terms files -----------------------------------------------------------------------------
 
+
 def test_terms_file_round_trip_and_errors(tmp_path):
     t = with_terms(vllm={"host_s": 2.5e-3})
     p = t.write(tmp_path / "t.json")
@@ -390,10 +448,12 @@ def test_terms_file_round_trip_and_errors(tmp_path):
     sc = scenario_from_dict({"engine": {"kind": "vllm", "terms_file": str(p), "host_s": 1e-4}})
     assert engine_preset(sc).host_s == 1e-4
     bad = tmp_path / "bad.json"
-    for doc, where in [({"format": "other", "engines": {}}, "engine.terms_file"),
-                       ({"format": "kvsim-engine-terms", "engines": {"tgi": {}}}, "engines.tgi"),
-                       ({"format": "kvsim-engine-terms", "engines": {"vllm": {"host_s": -1}}}, "engines.vllm.host_s"),
-                       ({"format": "kvsim-engine-terms", "engines": {"vllm": {"warp": 1}}}, "engines.vllm.warp")]:
+    for doc, where in [
+        ({"format": "other", "engines": {}}, "engine.terms_file"),
+        ({"format": "kvsim-engine-terms", "engines": {"tgi": {}}}, "engines.tgi"),
+        ({"format": "kvsim-engine-terms", "engines": {"vllm": {"host_s": -1}}}, "engines.vllm.host_s"),
+        ({"format": "kvsim-engine-terms", "engines": {"vllm": {"warp": 1}}}, "engines.vllm.warp"),
+    ]:
         bad.write_text(json.dumps(doc))
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
             read_terms_file(bad)
@@ -401,13 +461,17 @@ def test_terms_file_round_trip_and_errors(tmp_path):
 
 # --- command line ----------------------------------------------------------------------------
 
+
 def kvsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=180
+    )
 
 
-TINY_CSV = (f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,16.0,7.5\n{LLAMA},h100_sxm,vllm,1,256,16,4,25.0,8.0\n"
-            f"Qwen/Qwen3-32B,h100_sxm,vllm,2,128,16,2,30.0,12.0\n{LLAMA},h100_sxm,sglang,1,128,16,2,18.0,7.0\n")
+TINY_CSV = (
+    f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,16.0,7.5\n{LLAMA},h100_sxm,vllm,1,256,16,4,25.0,8.0\n"
+    f"Qwen/Qwen3-32B,h100_sxm,vllm,2,128,16,2,30.0,12.0\n{LLAMA},h100_sxm,sglang,1,128,16,2,18.0,7.0\n"
+)
 
 
 def test_cli_calibrate_writes_terms_a_scenario_runs_with(tmp_path):
@@ -424,13 +488,15 @@ def test_cli_calibrate_writes_terms_a_scenario_runs_with(tmp_path):
         "name: fitted\nmodel: {name: llama-3.1-8b}\ngpu: {name: H100-SXM-80GB}\n"
         "workload: {num_requests: 12, max_model_len: 512, arrival: {kind: closed_loop, concurrency: 3},\n"
         "           lengths: {kind: fixed, prompt_tokens: 128, output_tokens: 8}}\n"
-        "engine: {kind: vllm, terms_file: t.json}\n")
+        "engine: {kind: vllm, terms_file: t.json}\n"
+    )
     r = kvsim("run", "sc.yaml", "-q", "--out", "out", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["completed"] == 12
     # The run used the file's vLLM terms: the same scenario with them written as engine.* keys runs the same.
     import yaml
+
     data = yaml.safe_load((tmp_path / "sc.yaml").read_text())
     data["engine"] = {"kind": "vllm", **terms["vllm"]}
     assert terms["vllm"] != {k: getattr(PRESETS["vllm"], k) for k in FITTED_TERMS}  # the fit moved them
@@ -452,17 +518,25 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert "ALL" in r.stdout
 
 
-@pytest.mark.parametrize("args,match", [
-    (["validate", "--serving-bench", "bad.csv", "--out", "v"], "bad.csv: row 2, ttft_ms: got '-3'"),
-    (["calibrate", "--from-serving-bench", "bad.csv", "--out", "t.json"], "bad.csv: row 2, ttft_ms: got '-3'"),
-    (["validate", "--serving-bench", "good.csv", "--engine", "trtllm", "--out", "v"], "--engine: got 'trtllm'"),
-    (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
-    (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
-    (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
-    (["validate", "--serving-bench", "good.csv", "--logo", "--exclude-group", "llama/h100", "--out", "v"],
-     f"--exclude-group: got 'llama/h100'; 'suspect' or a group of the file (model/gpu/engine): {LLAMA}/h100_sxm/vllm"),
-    (["calibrate", "--from-serving-bench", "good.csv", "--exclude-group", "x", "--out", "t.json"], "--exclude-group: got 'x'"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["validate", "--serving-bench", "bad.csv", "--out", "v"], "bad.csv: row 2, ttft_ms: got '-3'"),
+        (["calibrate", "--from-serving-bench", "bad.csv", "--out", "t.json"], "bad.csv: row 2, ttft_ms: got '-3'"),
+        (["validate", "--serving-bench", "good.csv", "--engine", "trtllm", "--out", "v"], "--engine: got 'trtllm'"),
+        (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
+        (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
+        (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
+        (
+            ["validate", "--serving-bench", "good.csv", "--logo", "--exclude-group", "llama/h100", "--out", "v"],
+            f"--exclude-group: got 'llama/h100'; 'suspect' or a group of the file (model/gpu/engine): {LLAMA}/h100_sxm/vllm",
+        ),
+        (
+            ["calibrate", "--from-serving-bench", "good.csv", "--exclude-group", "x", "--out", "t.json"],
+            "--exclude-group: got 'x'",
+        ),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
     (tmp_path / "bad.csv").write_text(f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,2,-3,7\n")
     (tmp_path / "good.csv").write_text(f"{HEADER}\n{GOOD}\n")

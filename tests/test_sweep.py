@@ -39,12 +39,15 @@ def write(tmp_path, text, name="sweep.yaml"):
 
 
 def sweep_cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "sim.cli.sweep", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli.sweep", *map(str, args)], capture_output=True, text=True, timeout=120, **kw
+    )
 
 
 def test_expansion_grid_zip_seeds(tmp_path):
-    f = write(tmp_path, """
+    f = write(
+        tmp_path,
+        """
         base: chat-api
         set: {workload.num_requests: 50}
         grid:
@@ -53,7 +56,8 @@ def test_expansion_grid_zip_seeds(tmp_path):
           workload.arrival.rate: [5, 10, 20]
           scheduler.max_num_seqs: [64, 128, 256]
         seeds: 2
-    """)
+    """,
+    )
     pts = load_sweep(f).points()
     assert len(pts) == 2 * 3 * 2
     # zip pairs values: rate 10 always goes with 128 sequences.
@@ -62,18 +66,34 @@ def test_expansion_grid_zip_seeds(tmp_path):
     assert sorted({p.seed for p in pts}) == [1, 2]  # chat-api's seed is 1: seeds are 1 + i
     assert len({p.point_id for p in pts}) == len(pts)
     # The id is the hash of the resolved scenario, however the sweep spelled it.
-    p = next(p for p in pts if p.params == {"allocator.kind": "paged", "workload.arrival.rate": 10,
-                                            "scheduler.max_num_seqs": 128} and p.seed == 2)
-    sc = load_scenario("chat-api", {"workload.num_requests": 50, "allocator.kind": "paged",
-                                    "workload.arrival.rate": 10, "scheduler.max_num_seqs": 128, "seed": 2})
+    p = next(
+        p
+        for p in pts
+        if p.params == {"allocator.kind": "paged", "workload.arrival.rate": 10, "scheduler.max_num_seqs": 128}
+        and p.seed == 2
+    )
+    sc = load_scenario(
+        "chat-api",
+        {
+            "workload.num_requests": 50,
+            "allocator.kind": "paged",
+            "workload.arrival.rate": 10,
+            "scheduler.max_num_seqs": 128,
+            "seed": 2,
+        },
+    )
     assert p.point_id == point_id(sc)
 
 
 def test_big_sweep_killed_then_resumed(tmp_path):
     f = write(tmp_path, BIG)
     out = tmp_path / "ds"
-    proc = subprocess.Popen([sys.executable, "-m", "sim.cli.sweep", str(f), "--workers", "2", "--out", str(out), "-q"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.cli.sweep", str(f), "--workers", "2", "--out", str(out), "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 90
         while time.time() < deadline and len(list(out.glob("part-*.parquet"))) < 6:
@@ -95,8 +115,19 @@ def test_big_sweep_killed_then_resumed(tmp_path):
     assert table.num_rows == 48
     assert set(table.column("status").to_pylist()) == {"ok"}
     assert len(set(table.column("point_id").to_pylist())) == 48
-    for col in ("allocator.kind", "allocator.block_size", "workload.arrival.rate", "workload.lengths", "seed",
-                "ttft_s.p90", "tpot_s.p99", "e2e_s.mean", "throughput_tokens_per_s", "kv_token_utilization", "error"):
+    for col in (
+        "allocator.kind",
+        "allocator.block_size",
+        "workload.arrival.rate",
+        "workload.lengths",
+        "seed",
+        "ttft_s.p90",
+        "tpot_s.p99",
+        "e2e_s.mean",
+        "throughput_tokens_per_s",
+        "kv_token_utilization",
+        "error",
+    ):
         assert col in table.column_names, col
     assert set(table.column("workload.lengths").to_pylist()) == {"azure", "fixed"}
     assert all(v is not None and v > 0 for v in table.column("ttft_s.p90").to_pylist())
@@ -106,7 +137,9 @@ def test_big_sweep_killed_then_resumed(tmp_path):
 
 
 def test_failed_points_are_recorded_and_exit_nonzero(tmp_path):
-    f = write(tmp_path, """
+    f = write(
+        tmp_path,
+        """
         base: chat-api
         set: {workload.num_requests: 40}
         grid:
@@ -114,7 +147,8 @@ def test_failed_points_are_recorded_and_exit_nonzero(tmp_path):
           workload.lengths:
             azure: {kind: empirical, path: traces/AzureLLMInferenceTrace_conv.csv}
             missing: {kind: empirical, path: no-such-trace.csv}   # fails when the point runs
-    """)
+    """,
+    )
     out = tmp_path / "ds"
     r = sweep_cli(f, "-w", "2", "--out", out, "-q")
     assert r.returncode == 1, r.stderr
@@ -135,13 +169,16 @@ def test_failed_points_are_recorded_and_exit_nonzero(tmp_path):
 def test_ray_backend_matches_local(tmp_path, monkeypatch):
     pytest.importorskip("ray")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    f = write(tmp_path, """
+    f = write(
+        tmp_path,
+        """
         base: chat-api
         set: {workload.num_requests: 50}
         grid:
           allocator.kind: [static, paged]
           workload.arrival.rate: [5, 30]
-    """)
+    """,
+    )
     local = run_sweep(f, workers=2, out=tmp_path / "local", progress=False)
     ray_ = run_sweep(f, workers=2, backend="ray", out=tmp_path / "ray", progress=False)
     assert local.ok and ray_.ok and ray_.ran == 4

@@ -56,14 +56,15 @@ def test_spec_errors(tmp_path):
     bad.write_text("quick: {replays: x}\n")
     load_spec(bad)  # the quick section only matters with --quick
     for text, quick, match in (
-            ("engine: {overhead_rounds: sometimes}", False, r"validate\.engine\.overhead_rounds.*spread, upfront"),
-            ("engine: {kernel_rounds: often}", False, r"validate\.engine\.kernel_rounds.*spread, upfront"),
-            ("engine: {overhead_mix: mixed}", False, r"validate\.engine\.overhead_mix.*offline, queued, both"),
-            ("engine: {replay_order: random}", False, r"validate\.engine\.replay_order.*interleaved, blocked"),
-            ("quick: {replays: x}", True, r"validate\.quick\.replays"),
-            ("quick: {overhead_mix: some}", True, r"validate\.quick\.overhead_mix.*offline, queued, both"),
-            ("quick: 5", False, r"validate\.quick.*a mapping"),
-            ("quick: {clocks: [cpu]}", False, r"validate\.quick\.clocks.*unknown key")):
+        ("engine: {overhead_rounds: sometimes}", False, r"validate\.engine\.overhead_rounds.*spread, upfront"),
+        ("engine: {kernel_rounds: often}", False, r"validate\.engine\.kernel_rounds.*spread, upfront"),
+        ("engine: {overhead_mix: mixed}", False, r"validate\.engine\.overhead_mix.*offline, queued, both"),
+        ("engine: {replay_order: random}", False, r"validate\.engine\.replay_order.*interleaved, blocked"),
+        ("quick: {replays: x}", True, r"validate\.quick\.replays"),
+        ("quick: {overhead_mix: some}", True, r"validate\.quick\.overhead_mix.*offline, queued, both"),
+        ("quick: 5", False, r"validate\.quick.*a mapping"),
+        ("quick: {clocks: [cpu]}", False, r"validate\.quick\.clocks.*unknown key"),
+    ):
         bad.write_text(text + "\n")
         with pytest.raises(ConfigError, match=match):
             load_spec(bad, quick=quick)
@@ -78,6 +79,7 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
     pooled, and the per-round level is measured against that pooled fit."""
     from calibration import kernels
     from calibration.validate import OverheadRounds
+
     calls = []
 
     def fake(bases, model, *, passes, seed, **kw):
@@ -88,11 +90,33 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
             for _ in range(passes * 5):
                 kern = 1e-3 * S
                 meas = level * (kern + 1e-3 + 2e-4 * S)
-                rows.append({"seqs": S, "tokens": S, "pure_decode": True, "predicted_s": kern, "measured_s": meas,
-                             "cpu_s": meas, "residual_s": meas - kern})
-        return {a: {**kernels._fit_overhead(rows, "cpu_norm"), "allocator": a, "block_size": 16, "dtype": "fp32",
-                    "threads": 1, "clock": "cpu_norm", "elapsed_s": 0.5, "passes": passes, "batches": [1, 2, 4],
-                    "prompt_range": [16, 384], "output_tokens": 24} for a in kw["allocators"]}
+                rows.append(
+                    {
+                        "seqs": S,
+                        "tokens": S,
+                        "pure_decode": True,
+                        "predicted_s": kern,
+                        "measured_s": meas,
+                        "cpu_s": meas,
+                        "residual_s": meas - kern,
+                    }
+                )
+        return {
+            a: {
+                **kernels._fit_overhead(rows, "cpu_norm"),
+                "allocator": a,
+                "block_size": 16,
+                "dtype": "fp32",
+                "threads": 1,
+                "clock": "cpu_norm",
+                "elapsed_s": 0.5,
+                "passes": passes,
+                "batches": [1, 2, 4],
+                "prompt_range": [16, 384],
+                "output_tokens": 24,
+            }
+            for a in kw["allocators"]
+        }
 
     monkeypatch.setattr(kernels, "measure_engine_overhead", fake)
     r = OverheadRounds({"paged": None, "static": None}, None, {"allocators": ("paged", "static")})
@@ -120,6 +144,7 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
     from sim.catalog import MODELS
     from sim.cost.model import BatchShape
     from sim.cost.profile import load_profile
+
     tiny = MODELS["tiny-llama"]
     prof = load_profile("cpu-reference")
     events = []
@@ -130,12 +155,36 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
         for S in (1, 2, 4):
             for _ in range(passes * 6):
                 meas = 1e-3 * (3 + S)
-                rows.append({"seqs": S, "decode_seqs": S, "tokens": S, "pure_decode": True, "chunks": [],
-                             "decode_kv_tokens": 100 * S, "alloc_events": 0, "predicted_s": 0.0, "measured_s": meas,
-                             "cpu_s": meas, "residual_s": meas, "since_prefill": 10})
-        return {a: {"rows": rows, "elapsed_s": 0.1, "block_size": 16, "dtype": "fp32", "threads": 1,
-                    "clock": "cpu_norm", "batches": [1, 2, 4], "prompt_range": [16, 384], "output_tokens": 24}
-                for a in kw["allocators"]}
+                rows.append(
+                    {
+                        "seqs": S,
+                        "decode_seqs": S,
+                        "tokens": S,
+                        "pure_decode": True,
+                        "chunks": [],
+                        "decode_kv_tokens": 100 * S,
+                        "alloc_events": 0,
+                        "predicted_s": 0.0,
+                        "measured_s": meas,
+                        "cpu_s": meas,
+                        "residual_s": meas,
+                        "since_prefill": 10,
+                    }
+                )
+        return {
+            a: {
+                "rows": rows,
+                "elapsed_s": 0.1,
+                "block_size": 16,
+                "dtype": "fp32",
+                "threads": 1,
+                "clock": "cpu_norm",
+                "batches": [1, 2, 4],
+                "prompt_range": [16, 384],
+                "output_tokens": 24,
+            }
+            for a in kw["allocators"]
+        }
 
     class FakeKernels:
         runs = ["upfront"]
@@ -151,13 +200,22 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
             return {"paged": prof, "static": prof}
 
     monkeypatch.setattr(kernels, "measure_engine_overhead", fake)
-    r = OverheadRounds({"paged": None, "static": None}, tiny, {"allocators": ("paged", "static"), "block_size": 16},
-                       kernels=FakeKernels())
+    r = OverheadRounds(
+        {"paged": None, "static": None},
+        tiny,
+        {"allocators": ("paged", "static"), "block_size": 16},
+        kernels=FakeKernels(),
+    )
     r.upfront()
     r.round("before light/paged")
     r.round("after the last replay")
-    assert events == [("overhead", 0), ("kernels", "before light/paged"), ("overhead", 1),
-                      ("kernels", "after the last replay"), ("overhead", 2)]
+    assert events == [
+        ("overhead", 0),
+        ("kernels", "before light/paged"),
+        ("overhead", 1),
+        ("kernels", "after the last replay"),
+        ("overhead", 2),
+    ]
     fit = r.fits()["paged"]
     assert r.bases["paged"] is prof and fit["kernel_passes"] == 4
     cost = kernels.kernel_cost(prof, tiny, "paged", 16)
@@ -178,12 +236,22 @@ def test_engine_overhead_queued_mix():
     from calibration.kernels import kernels_only, measure_engine_overhead
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
+
     model = get_model("tiny-llama")
     prof = kernels_only(load_profile("cpu-reference"))
     with pytest.raises(ValueError, match="mixes: one or more of offline, queued"):
         measure_engine_overhead(prof, model, mixes=("online",))
-    out = measure_engine_overhead(prof, model, batches=(2, 4), passes=1, clock="cpu", prompt_range=(16, 64),
-                                  output_tokens=8, output_range=(4, 24), mixes=("offline", "queued"))
+    out = measure_engine_overhead(
+        prof,
+        model,
+        batches=(2, 4),
+        passes=1,
+        clock="cpu",
+        prompt_range=(16, 64),
+        output_tokens=8,
+        output_range=(4, 24),
+        mixes=("offline", "queued"),
+    )
     fit = out["paged"]
     assert fit["mixes"] == ["offline", "queued"] and fit["output_range"] == [4, 24]
     runs: dict[str, list] = {}
@@ -206,6 +274,7 @@ def test_pool_measurements_median_of_runs():
     """Per coordinate the median of the runs' medians; extremes and repeats over all runs; a point
     that only some runs have is pooled over those; pooling pooled runs counts every run once."""
     from calibration.kernels import Measurements, Timing, pool_measurements
+
     runs = []
     for med in (1.0, 3.0, 2.0):
         m = Measurements()
@@ -252,6 +321,7 @@ def test_host_speed_kernel_round_probes_after_freeze():
     assert [x[0] for x in hs.series["paged"]][10:] == ["kernel_rounds"] * 3
     assert hs.reference("paged") == 1.0
     import time as _t
+
     # probe stamps are kept to 0.1 ms: look a second on, past the last of these instant probes
     assert hs.factor_at(_t.perf_counter() + 1.0) == pytest.approx(0.5)  # host now twice as slow
 
@@ -273,16 +343,26 @@ def test_replay_order_interleaved_and_blocked():
         def run_kwargs(self, allocator):
             return {"probe": allocator[0].upper(), "probe_ref_s": 1.0}
 
-    for order, want in (("interleaved", ["pl", "pm", "sl", "pl", "pm", "sl"]),
-                        ("blocked", ["pl", "pl", "pm", "pm", "sl", "sl"])):
+    for order, want in (
+        ("interleaved", ["pl", "pm", "sl", "pl", "pm", "sl"]),
+        ("blocked", ["pl", "pl", "pm", "pm", "sl", "sl"]),
+    ):
         spec = load_spec("scenarios/validate-cpu.yaml")
         spec["engine"].update(replays=2, clocks=["cpu_norm", "wall"], replay_order=order)
         log, seen = [], []
         engines = {a: FakeEngine(a, log) for a in ("paged", "static")}
         rows = np.zeros((3, 3))
-        cells = [Replayed({"name": ld}, a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
-                 for a, ld in (("paged", "light"), ("paged", "medium"), ("static", "light"))]
-        replay_cells(spec, cells, engines, FakeSpeed(), before=lambda k, c, seen=seen: seen.append((k, c.allocator[0] + c.load["name"][0])))
+        cells = [
+            Replayed({"name": ld}, a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
+            for a, ld in (("paged", "light"), ("paged", "medium"), ("static", "light"))
+        ]
+        replay_cells(
+            spec,
+            cells,
+            engines,
+            FakeSpeed(),
+            before=lambda k, c, seen=seen: seen.append((k, c.allocator[0] + c.load["name"][0])),
+        )
         assert [x[1] for x in seen] == want and [x[0] for x in seen] == list(range(6))
         norm = [(name[0], clock) for name, n, clock, kind in log if n == 3]
         assert [n for n, c in norm if c == "cpu_norm"] == [w[0] for w in want]
@@ -298,6 +378,7 @@ def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
     """Synthetic calibration rows: per run one prefill iteration of P tokens (S decoding alongside),
     then ``decodes`` pure-decode iterations, the k-th of which carries ``excess[k - 1]`` seconds more."""
     from calibration.kernels import AFTER_PREFILL
+
     rows = []
     for run in range(runs):
         S, P = 1 + run % 4, 32 + 16 * run
@@ -315,8 +396,15 @@ def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
             if rng is not None:
                 over *= 1.0 + rng.normal(0, 0.01)
             m = kern + over
-            r.update(predicted_s=kern, measured_s=m, cpu_s=m, residual_s=over, run=f"0/{run}", since_prefill=since,
-                     iteration=i + 1)
+            r.update(
+                predicted_s=kern,
+                measured_s=m,
+                cpu_s=m,
+                residual_s=over,
+                run=f"0/{run}",
+                since_prefill=since,
+                iteration=i + 1,
+            )
             rows.append(r)
     assert AFTER_PREFILL == 5
     return rows
@@ -326,6 +414,7 @@ def test_overhead_fit_steady_state_and_after_prefill():
     """The decode term is fitted on steady-state iterations; the k-th decode iteration after a prefill
     gets its own excess over it (after_prefill_s), which the all-decode fit averages into a + b·S."""
     from calibration.kernels import _fit_overhead
+
     a, b, c = 1e-3, 2e-4, 20e-6
     excess = [6e-4, 3e-4, 1e-4, 0.0, 0.0]  # seconds, decode iterations 1..5 after a prefill
     fit = _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm")
@@ -350,8 +439,12 @@ def test_overhead_fit_steady_state_and_after_prefill():
     from calibration.kernels import with_engine_overhead
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
-    prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
-                                                                  "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+
+    prof = with_engine_overhead(
+        load_profile("cpu-reference"),
+        {**fit, "allocator": "paged", "block_size": 16, "dtype": "fp32", "threads": 1},
+        get_model("tiny-llama"),
+    )
     assert prof.cpu_overhead["by_tp"]["1"]["after_prefill_s"] == fit["after_prefill_s"]
 
 
@@ -363,18 +456,39 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     from calibration.kernels import BY_SEQS_MIN, _fit_overhead, step_overhead_s, with_engine_overhead
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
+
     a, b, c = 1e-3, 2e-4, 20e-6
     bump = {1: 0.0, 2: -3e-4, 3: 2e-4, 4: 0.0, 5: 0.0, 6: 4e-4}
     rows = []
     for S, n in ((1, 30), (2, 30), (3, BY_SEQS_MIN), (4, 30), (6, BY_SEQS_MIN - 1)):
         for _ in range(n):
             over = a + b * S + bump[S]
-            rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": over,
-                         "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+            rows.append(
+                {
+                    "seqs": S,
+                    "tokens": S,
+                    "pure_decode": True,
+                    "since_prefill": 10,
+                    "residual_s": over,
+                    "predicted_s": 1e-3,
+                    "measured_s": 1e-3 + over,
+                    "cpu_s": 1e-3 + over,
+                }
+            )
     for S, P in ((2, 40), (3, 90), (4, 200)):  # mixed iterations: S sequences (the chunk's included), P + S tokens
         over = a + b * S + bump[S] + c * P
-        rows.append({"seqs": S, "tokens": S + P, "pure_decode": False, "since_prefill": 0, "residual_s": over,
-                     "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+        rows.append(
+            {
+                "seqs": S,
+                "tokens": S + P,
+                "pure_decode": False,
+                "since_prefill": 0,
+                "residual_s": over,
+                "predicted_s": 1e-3,
+                "measured_s": 1e-3 + over,
+                "cpu_s": 1e-3 + over,
+            }
+        )
     line = _fit_overhead(rows, "cpu_norm", by_seqs=False)
     fit = _fit_overhead(rows, "cpu_norm")
     assert "per_seq_delta_s" not in line and line["fit_p90_rel_err"] > 0.02
@@ -383,11 +497,17 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     assert fit["per_token_s"] == pytest.approx(c, rel=1e-6)
     assert fit["fit_median_rel_err"] < 1e-9
     assert step_overhead_s(fit, [6])[0] == pytest.approx(fit["intercept_s"] + 6 * fit["per_seq_s"])
-    prof = with_engine_overhead(load_profile("cpu-reference"), {**fit, "allocator": "paged", "block_size": 16,
-                                                                  "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+    prof = with_engine_overhead(
+        load_profile("cpu-reference"),
+        {**fit, "allocator": "paged", "block_size": 16, "dtype": "fp32", "threads": 1},
+        get_model("tiny-llama"),
+    )
     assert prof.cpu_overhead["by_tp"]["1"]["per_seq_delta_s"] == fit["per_seq_delta_s"]
-    line_prof = with_engine_overhead(load_profile("cpu-reference"), {**line, "allocator": "paged", "block_size": 16,
-                                                                       "dtype": "fp32", "threads": 1}, get_model("tiny-llama"))
+    line_prof = with_engine_overhead(
+        load_profile("cpu-reference"),
+        {**line, "allocator": "paged", "block_size": 16, "dtype": "fp32", "threads": 1},
+        get_model("tiny-llama"),
+    )
     assert "per_seq_delta_s" not in line_prof.cpu_overhead["by_tp"]["1"]
 
 
@@ -399,6 +519,7 @@ def test_overhead_fit_mixed_decode_cost():
     from sim.catalog import GPUS, get_model
     from sim.cost.model import BatchShape
     from sim.cost.profile import ProfileCostModel, load_profile
+
     a, b, c, g = 1e-3, 2e-4, 20e-6, 1.5e-4
     rng = np.random.default_rng(3)
 
@@ -407,14 +528,36 @@ def test_overhead_fit_mixed_decode_cost():
         for S in (1, 2, 4, 8):
             for _ in range(30):
                 over = a + b * S
-                rows.append({"seqs": S, "tokens": S, "decode_seqs": S, "pure_decode": True, "since_prefill": 10,
-                             "residual_s": over, "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+                rows.append(
+                    {
+                        "seqs": S,
+                        "tokens": S,
+                        "decode_seqs": S,
+                        "pure_decode": True,
+                        "since_prefill": 10,
+                        "residual_s": over,
+                        "predicted_s": 1e-3,
+                        "measured_s": 1e-3 + over,
+                        "cpu_s": 1e-3 + over,
+                    }
+                )
         for _ in range(60):
             D, P = int(rng.integers(0, 8)), int(rng.integers(16, 250))
             S = D + 1
             over = a + b * S + c * P + g * D
-            rows.append({"seqs": S, "tokens": S + P, "decode_seqs": D, "pure_decode": False, "since_prefill": 0,
-                         "residual_s": over, "predicted_s": 1e-3, "measured_s": 1e-3 + over, "cpu_s": 1e-3 + over})
+            rows.append(
+                {
+                    "seqs": S,
+                    "tokens": S + P,
+                    "decode_seqs": D,
+                    "pure_decode": False,
+                    "since_prefill": 0,
+                    "residual_s": over,
+                    "predicted_s": 1e-3,
+                    "measured_s": 1e-3 + over,
+                    "cpu_s": 1e-3 + over,
+                }
+            )
         return rows
 
     fit = _fit_overhead(rows_with(g), "cpu_norm")
@@ -447,10 +590,14 @@ def test_scale_profile_scales_every_cpu_term():
     departures too, not only the line."""
     from calibration.validate import scale_profile
     from sim.cost.profile import load_profile
+
     prof = load_profile("cpu-reference")
     t = prof.cpu_overhead["by_tp"]["1"]
-    t.update(after_prefill_s=[4e-3, 1e-3], per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]},
-             mixed_per_decode_s=2e-4)
+    t.update(
+        after_prefill_s=[4e-3, 1e-3],
+        per_seq_delta_s={"seqs": [1, 3], "delta_s": [-2e-4, 5e-4]},
+        mixed_per_decode_s=2e-4,
+    )
     scaled = scale_profile(prof, 1.5).cpu_overhead["by_tp"]["1"]
     assert scaled["mixed_per_decode_s"] == pytest.approx(3e-4)
     assert scaled["after_prefill_s"] == pytest.approx([6e-3, 1.5e-3])
@@ -463,6 +610,7 @@ def test_overhead_fit_center_prices_the_mean_iteration():
     median and the mean, so a sum of iterations is priced closer to its measured total than with
     medians; the trim keeps one huge outlier out; a bad centre is refused."""
     from calibration.kernels import _fit_overhead
+
     rng = np.random.default_rng(1)
     rows = []
     for S in (1, 2, 4, 8):
@@ -470,8 +618,18 @@ def test_overhead_fit_center_prices_the_mean_iteration():
         extra = rng.exponential(0.1 * base, size=400)  # skewed: mean above median
         extra[0] = 100 * base  # one host stall
         for x in extra:
-            rows.append({"seqs": S, "tokens": S, "pure_decode": True, "since_prefill": 10, "residual_s": base + x,
-                         "measured_s": 2 * base + x, "cpu_s": 2 * base + x, "predicted_s": base})
+            rows.append(
+                {
+                    "seqs": S,
+                    "tokens": S,
+                    "pure_decode": True,
+                    "since_prefill": 10,
+                    "residual_s": base + x,
+                    "measured_s": 2 * base + x,
+                    "cpu_s": 2 * base + x,
+                    "predicted_s": base,
+                }
+            )
     fits = {c: _fit_overhead(rows, "cpu_norm", center=c) for c in ("median", "trimmed", "mean")}
     at = {c: f["intercept_s"] + 4 * f["per_seq_s"] for c, f in fits.items()}
     assert at["median"] < at["trimmed"] < at["mean"]
@@ -486,8 +644,11 @@ def test_overhead_fit_center_prices_the_mean_iteration():
 
 
 def test_replays_median_and_spread():
-    per = [{"ttft_p50": 1.0, "preemptions": 0, "x": None}, {"ttft_p50": 3.0, "preemptions": 2, "x": 1.0},
-           {"ttft_p50": 1.2, "preemptions": 1, "x": 1.0}]
+    per = [
+        {"ttft_p50": 1.0, "preemptions": 0, "x": None},
+        {"ttft_p50": 3.0, "preemptions": 2, "x": 1.0},
+        {"ttft_p50": 1.2, "preemptions": 1, "x": 1.0},
+    ]
     m = median_metrics(per)
     assert m["ttft_p50"] == 1.2 and m["preemptions"] == 1 and isinstance(m["preemptions"], int) and m["x"] is None
     assert median_metrics(per[:2])["preemptions"] == 1.0  # even count: mean of the middle two
@@ -498,9 +659,18 @@ def test_replays_median_and_spread():
 
 def test_error_summary():
     from calibration.validate import error_summary
-    rows = [{"load": "l", "allocator": "paged", "metric": m, "rel_error": e, "replay_spread": sp}
-            for m, e, sp in (("ttft_p50", 0.02, 0.05), ("ttft_p90", 0.30, 0.10), ("tpot_p50", 0.07, 0.01),
-                             ("e2e_p90", 0.10, None), ("ttft_p99", 0.9, 0.0), ("throughput", 0.5, 0.0))]
+
+    rows = [
+        {"load": "l", "allocator": "paged", "metric": m, "rel_error": e, "replay_spread": sp}
+        for m, e, sp in (
+            ("ttft_p50", 0.02, 0.05),
+            ("ttft_p90", 0.30, 0.10),
+            ("tpot_p50", 0.07, 0.01),
+            ("e2e_p90", 0.10, None),
+            ("ttft_p99", 0.9, 0.0),
+            ("throughput", 0.5, 0.0),
+        )
+    ]
     sm = error_summary(rows)  # p99 and throughput are not target cells
     assert sm["cells"] == 4 and sm["within_10pct"] == 3 and sm["within_5pct"] == 1  # 10 % itself is within
     assert sm["max_rel_error"] == 0.30 and sm["worst"] == "l/paged ttft_p90"
@@ -510,14 +680,18 @@ def test_error_summary():
 
 def test_cuda_spec_and_clocks():
     from calibration.validate import check_clocks
+
     spec = load_spec("scenarios/validate-cuda.yaml")
-    assert spec["model"] == "llama-3.1-8b" and spec["engine"]["clocks"] == ["wall"] and spec["engine"]["dtype"] == "bf16"
+    assert (
+        spec["model"] == "llama-3.1-8b" and spec["engine"]["clocks"] == ["wall"] and spec["engine"]["dtype"] == "bf16"
+    )
     check_clocks(spec, "cuda")
     cpu = load_spec("scenarios/validate-cpu.yaml")
     check_clocks(cpu, "cpu")
     with pytest.raises(ConfigError, match=r"validate\.engine\.clocks.*\[wall\] with --device cuda"):
         check_clocks(cpu, "cuda")
     from calibration.validate import validate
+
     with pytest.raises(ConfigError, match="engine.clocks"):  # before anything is calibrated
         validate(cpu, device="cuda")
 
@@ -528,6 +702,7 @@ def test_cuda_spec_simulates_at_the_engines_capacity(tmp_path):
     from calibration.validate import estimate_capacity
     from sim.engine.cluster import simulate
     from sim.engine.deployment import Deployment
+
     spec = load_spec("scenarios/validate-cuda.yaml", quick=True)
     cap = estimate_capacity(spec, "paged", "none", tmp_path, "cuda")
     rows = make_requests(spec, 1.6 * cap, "cuda")
@@ -544,6 +719,7 @@ def test_wall_clock_replays(tmp_path):
     """The path a GPU run takes (raw clock, bracketing probes) with replays, on a given profile."""
     pytest.importorskip("torch")
     from calibration.validate import validate
+
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
     spec["engine"].update(clocks=["wall"], replays=2)
     spec["workload"]["num_requests"] = 6
@@ -551,7 +727,9 @@ def test_wall_clock_replays(tmp_path):
     doc = validate(spec, device="cpu", profile="cpu-reference", out=tmp_path, engine_overhead=False)
     assert doc["clock"] == "wall" and doc["replays"] == 2 and list(doc["rows_by_clock"]) == ["wall"]
     for r in doc["rows"]:
-        assert len(r["measured_replays"]) == 2 and r["measured"] == pytest.approx(float(np.median(r["measured_replays"])))
+        assert len(r["measured_replays"]) == 2 and r["measured"] == pytest.approx(
+            float(np.median(r["measured_replays"]))
+        )
     d = doc["diagnostics"]["medium/paged"]["wall"]
     assert len(d["replays"]) == 2 and d["host_probe_before"]["measured_s"] > 0
     assert all(sem["identical"] for sem in doc["semantics"].values())
@@ -560,13 +738,17 @@ def test_wall_clock_replays(tmp_path):
 def test_spec_clocks():
     spec = load_spec("scenarios/validate-cpu.yaml")
     assert spec["engine"]["clocks"] == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
-    assert spec["engine"]["replays"] == 5 and load_spec("scenarios/validate-cpu.yaml", quick=True)["engine"]["replays"] == 3
+    assert (
+        spec["engine"]["replays"] == 5
+        and load_spec("scenarios/validate-cpu.yaml", quick=True)["engine"]["replays"] == 3
+    )
 
 
 def test_cell_sensitivity_is_one_without_a_queue_and_above_one_on_a_queue(tmp_path):
     """d ln(metric) / d ln(step time): with requests far apart every latency is a sum of step times
     (exactly 1, up to the profile's stored digits); near the knee a queue multiplies it."""
     from calibration.validate import cell_sensitivity, estimate_capacity
+
     spec = load_spec("scenarios/validate-cpu.yaml")
     spaced = write_trace(np.array([[10.0 * i, 64 + 16 * i, 16] for i in range(6)], dtype=float), tmp_path / "a.csv")
     for alloc in ("paged", "static"):
@@ -585,22 +767,32 @@ def test_cell_sensitivity_is_one_without_a_queue_and_above_one_on_a_queue(tmp_pa
 
 def test_step_equivalent_and_summary():
     from calibration.validate import SENSITIVITY_MIN, error_summary, sensitivity_fields
+
     assert sensitivity_fields(0.14, 7.0) == {"sensitivity": 7.0, "step_equivalent": pytest.approx(0.02)}
     assert sensitivity_fields(0.05, SENSITIVITY_MIN / 2)["step_equivalent"] is None  # set by arrivals, not steps
     assert sensitivity_fields(None, 2.0)["step_equivalent"] is None
     assert sensitivity_fields(0.1, None) == {"sensitivity": None, "step_equivalent": None}
-    rows = [{"load": "medium", "allocator": "static", "metric": m, "rel_error": e, **sensitivity_fields(e, sv)}
-            for m, e, sv in (("ttft_p90", 0.14, 7.0), ("tpot_p50", 0.03, 1.0), ("e2e_p90", 0.02, 2.0),
-                             ("ttft_p99", 0.5, 1.0))]  # p99 is not a target cell
+    rows = [
+        {"load": "medium", "allocator": "static", "metric": m, "rel_error": e, **sensitivity_fields(e, sv)}
+        for m, e, sv in (
+            ("ttft_p90", 0.14, 7.0),
+            ("tpot_p50", 0.03, 1.0),
+            ("e2e_p90", 0.02, 2.0),
+            ("ttft_p99", 0.5, 1.0),
+        )
+    ]  # p99 is not a target cell
     sm = error_summary(rows)
     assert sm["worst"] == "medium/static ttft_p90" and sm["max_rel_error"] == 0.14
-    assert sm["max_step_equivalent"] == pytest.approx(0.03) and sm["max_step_equivalent_cell"] == "medium/static tpot_p50"
+    assert (
+        sm["max_step_equivalent"] == pytest.approx(0.03) and sm["max_step_equivalent_cell"] == "medium/static tpot_p50"
+    )
     assert sm["max_sensitivity"] == 7.0 and sm["max_sensitivity_cell"] == "medium/static ttft_p90"
 
 
 def test_simulator_capacity_matches_engine_blocks(tmp_path):
     from sim.engine.cluster import simulate
     from sim.engine.deployment import Deployment
+
     spec = load_spec("scenarios/validate-cpu.yaml")
     rows = make_requests(spec, 5.0)
     assert rows[0, 0] == 0.0 and np.all(np.diff(rows[:, 0]) >= 0) and len(rows) == spec["workload"]["num_requests"]
@@ -649,6 +841,7 @@ def test_quick_validation_within_bound(tmp_path):
     once more before it fails."""
     pytest.importorskip("torch")
     from calibration.validate import validate
+
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
     assert spec["engine"]["clocks"][0] == "cpu_norm"
     spec["engine"]["clocks"] = ["cpu_norm"]
@@ -683,6 +876,7 @@ def test_quick_validation_within_bound(tmp_path):
         assert {r["round"] for r in ov_rows["paged"]} == {0, 1, 2, 3} and len(ov_rows["static"]) > 100
         # refitting the kept rows with validate's own fit reproduces the table on the same replays
         from calibration.validate.refit import ROUNDS, VARIANTS, refit
+
         again, upfront = refit(out, variants={"steady": VARIANTS["steady"]}, rounds={"pooled": ROUNDS["pooled"]})
         assert (again["kernels"], upfront["kernels"]) == ("final", "upfront")
         ours = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]}
@@ -694,7 +888,10 @@ def test_quick_validation_within_bound(tmp_path):
         assert all(r["chunks"] is not None for r in ov_rows["paged"])
         prof = json.loads(Path(doc["profile"]["files"]["paged"]).read_text())
         assert prof["provenance"]["kernel_rounds"]["passes"] == 5
-        assert prof["gemm"] != json.loads(Path(doc["profile"]["engine_overhead_upfront"]["files"]["paged"]).read_text())["gemm"]
+        assert (
+            prof["gemm"]
+            != json.loads(Path(doc["profile"]["engine_overhead_upfront"]["files"]["paged"]).read_text())["gemm"]
+        )
         for r in doc["rows"]:  # the measurement is the median of the replays, each replay kept
             vals = r["measured_replays"]
             assert len(vals) == n and r["measured"] == pytest.approx(float(np.median(vals))), r
@@ -711,8 +908,11 @@ def test_quick_validation_within_bound(tmp_path):
         assert doc["shape"]["model"] == "tiny-llama" and doc["device"]["kind"] == "cpu"
         for key, sem in doc["semantics"].items():
             assert sem["identical"], (key, sem)  # same clock => same schedule, blocks, preemptions
-        errs = {(r["allocator"], r["metric"]): r["rel_error"] for r in doc["rows"]
-                if r["metric"].split("_")[0] in ("ttft", "tpot", "e2e") and r["metric"].endswith(("p50", "p90"))}
+        errs = {
+            (r["allocator"], r["metric"]): r["rel_error"]
+            for r in doc["rows"]
+            if r["metric"].split("_")[0] in ("ttft", "tpot", "e2e") and r["metric"].endswith(("p50", "p90"))
+        }
         median = float(np.median(list(errs.values())))
         bad = median > 0.25 or max(errs.values()) > 1.0
         drift = _drift(doc)
@@ -720,7 +920,9 @@ def test_quick_validation_within_bound(tmp_path):
             break  # else measure once more: one noisy minute on a shared host is not a verdict
     table = {f"{a}/{m}": f"{v:.0%}" for (a, m), v in sorted(errs.items())}
     print(f"median {median:.0%}: {table}")
-    assert not bad, f"median error {median:.0%}, worst {max(errs.values()):.0%}: {table}; host speed drift {drift:.0%}; host load {doc['host_load']}"
+    assert not bad, (
+        f"median error {median:.0%}, worst {max(errs.values()):.0%}: {table}; host speed drift {drift:.0%}; host load {doc['host_load']}"
+    )
 
 
 def test_device_script_dry_run(tmp_path):
@@ -729,16 +931,27 @@ def test_device_script_dry_run(tmp_path):
     pytest.importorskip("torch")
     root = Path(__file__).resolve().parent.parent
     spec = tmp_path / "tiny.yaml"
-    spec.write_text("kind: validation\nname: tiny\nengine: {clocks: [wall]}\nworkload: {num_requests: 5}\n"
-                    "loads: [{name: medium, utilization: 0.7}]\nallocators: [paged]\n")
+    spec.write_text(
+        "kind: validation\nname: tiny\nengine: {clocks: [wall]}\nworkload: {num_requests: 5}\n"
+        "loads: [{name: medium, utilization: 0.7}]\nallocators: [paged]\n"
+    )
     out = tmp_path / "out"
     # the attention-table step on sdpa alone (flex would compile its kernels for minutes on this host);
     # the calibrate step is `kvsim calibrate --quick`, tested in test_calibration_device.py
-    env = dict(os.environ, DEVICE="cpu", SPEC=str(spec), PYTHON=sys.executable, OUT=str(out),
-               PROFILE="cpu-reference", VALIDATE_ARGS="--no-engine-overhead", KERNELS="sdpa",
-               STEPS="attention validate")
-    p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=300)
+    env = dict(
+        os.environ,
+        DEVICE="cpu",
+        SPEC=str(spec),
+        PYTHON=sys.executable,
+        OUT=str(out),
+        PROFILE="cpu-reference",
+        VALIDATE_ARGS="--no-engine-overhead",
+        KERNELS="sdpa",
+        STEPS="attention validate",
+    )
+    p = subprocess.run(
+        ["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-2000:])
     assert {"validation.json", "run.log", "profile-paged.json", "attention.json"} <= {f.name for f in out.iterdir()}
     doc = json.loads((out / "validation.json").read_text())
@@ -747,8 +960,10 @@ def test_device_script_dry_run(tmp_path):
     att = json.loads((out / "attention.json").read_text())
     assert att["backends"]["sdpa"]["points"] and "×contig" in p.stdout
     env["DEVICE"] = "cuda"
-    p = subprocess.run(["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        ["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
     import torch
+
     if not torch.cuda.is_available():
         assert p.returncode != 0 and "torch sees no CUDA device" in p.stdout + p.stderr

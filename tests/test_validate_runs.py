@@ -20,8 +20,14 @@ def _write_run(path, errors, *, measured=1.0, config=None, engine=None, sensitiv
     for load, alloc in CELLS:
         for m in METRICS:
             e = errors[i] if m in JUDGED else 0.5
-            row = {"load": load, "allocator": alloc, "metric": m, "measured": measured,
-                   "simulated": measured * (1 + e), "rel_error": abs(e)}
+            row = {
+                "load": load,
+                "allocator": alloc,
+                "metric": m,
+                "measured": measured,
+                "simulated": measured * (1 + e),
+                "rel_error": abs(e),
+            }
             if sensitivity is not None and m in JUDGED:
                 row["sensitivity"] = float(sensitivity[i])
             i += m in JUDGED
@@ -30,9 +36,18 @@ def _write_run(path, errors, *, measured=1.0, config=None, engine=None, sensitiv
     if engine is not None:
         cfg["engine"] = engine
     path.mkdir(parents=True)
-    (path / "validation.json").write_text(json.dumps({
-        "rows": rows, "config": cfg, "shape": {"model": "tiny-llama"}, "clock": "cpu_norm",
-        "device": {"kind": "cpu"}, "elapsed_s": 600.0}))
+    (path / "validation.json").write_text(
+        json.dumps(
+            {
+                "rows": rows,
+                "config": cfg,
+                "shape": {"model": "tiny-llama"},
+                "clock": "cpu_norm",
+                "device": {"kind": "cpu"},
+                "elapsed_s": 600.0,
+            }
+        )
+    )
     return path
 
 
@@ -49,7 +64,9 @@ def test_combine_separates_the_systematic_part_from_each_runs_level(tmp_path):
     assert [r["run"] for r in doc["runs"]] == ["r0", "r1", "r2", "r3"]
     for r, e in zip(doc["runs"], E):  # per run: its level is the mean signed error of its cells
         assert r["cells"] == n and r["mean_signed_error"] == pytest.approx(e.mean(), abs=1e-12)
-        assert r["within_10pct"] == int((np.abs(e) <= 0.10).sum()) and r["max_abs_error"] == pytest.approx(np.abs(e).max())
+        assert r["within_10pct"] == int((np.abs(e) <= 0.10).sum()) and r["max_abs_error"] == pytest.approx(
+            np.abs(e).max()
+        )
     # per cell: the mean over runs recovers the bias (the levels average to +0.75 %)
     cells = doc["cells"]
     assert len(cells) == n
@@ -99,6 +116,7 @@ def test_combine_refuses_what_cannot_be_read_together(tmp_path):
 
 def test_validate_runs_command(tmp_path):
     from sim.cli.main import app
+
     e = np.full(len(CELLS) * len(JUDGED), -0.02)
     r1, r2 = _write_run(tmp_path / "r1", e), _write_run(tmp_path / "r2", e + 0.01)
     out = tmp_path / "sum" / "runs.json"
@@ -140,6 +158,7 @@ def test_combine_reads_each_cells_sensitivity(tmp_path):
 def test_load_run_recomputes_sensitivity_from_the_runs_own_files(tmp_path):
     """A run written before rows carried it: recomputed from its traces and profiles."""
     from calibration.validate import load_spec, make_requests, write_trace
+
     e = np.zeros(len(CELLS) * len(JUDGED))
     path = _write_run(tmp_path / "old", e)
     spec = load_spec("scenarios/validate-cpu.yaml")
@@ -150,6 +169,7 @@ def test_load_run_recomputes_sensitivity_from_the_runs_own_files(tmp_path):
     spec["workload"]["num_requests"] = 20
     write_trace(make_requests(spec, 3.0), path / "trace-medium-static.csv")
     from sim.cost.profile import load_profile
+
     load_profile("cpu-reference").write(path / "profile-static.json")
     run = load_run(path)
     got = {k: v for k, v in run.sensitivity.items()}

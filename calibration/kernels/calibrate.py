@@ -32,11 +32,23 @@ class DeviceResult:
     elapsed_s: float
 
 
-def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name: str | None = None,
-                     dtype: str = "bf16", threads: int | None = None, progress: bool = True,
-                     plan: Plan | None = None, key_dtype: str | None = None, cpu_time: bool = False,
-                     speed=None, kernels: str = "auto", ops: Device | None = None,
-                     registry: dict | None = None) -> DeviceResult:
+def calibrate_device(
+    device: str,
+    model: ModelSpec,
+    *,
+    quick: bool = False,
+    name: str | None = None,
+    dtype: str = "bf16",
+    threads: int | None = None,
+    progress: bool = True,
+    plan: Plan | None = None,
+    key_dtype: str | None = None,
+    cpu_time: bool = False,
+    speed=None,
+    kernels: str = "auto",
+    ops: Device | None = None,
+    registry: dict | None = None,
+) -> DeviceResult:
     """Time ``model``'s kernels on ``device`` and fit a profile (see :mod:`calibration.kernels`).
 
     ``cpu_time`` (CPU only): time repeats in the thread's CPU time (``time.thread_time``) instead of
@@ -47,17 +59,32 @@ def calibrate_device(device: str, model: ModelSpec, *, quick: bool = False, name
     """
     t0 = time.perf_counter()
     plan = plan or make_plan(device, model, quick)
-    meas, info = measure_device(device, model, plan, dtype=dtype, threads=threads, progress=progress,
-                                cpu_time=cpu_time, speed=speed, kernels=kernels, ops=ops, registry=registry)
+    meas, info = measure_device(
+        device,
+        model,
+        plan,
+        dtype=dtype,
+        threads=threads,
+        progress=progress,
+        cpu_time=cpu_time,
+        speed=speed,
+        kernels=kernels,
+        ops=ops,
+        registry=registry,
+    )
     elapsed = time.perf_counter() - t0
-    profile, fits = build_device_profile(meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed,
-                                         key_dtype=key_dtype)
+    profile, fits = build_device_profile(
+        meas, model, info, plan, name=name, dtype=dtype, elapsed_s=elapsed, key_dtype=key_dtype
+    )
     return DeviceResult(profile, meas, fits, elapsed)
 
 
-def write_outputs(result: DeviceResult, out: Path | str, model: ModelSpec, report: bool = True) -> dict[str, Path | None]:
+def write_outputs(
+    result: DeviceResult, out: Path | str, model: ModelSpec, report: bool = True
+) -> dict[str, Path | None]:
     """Write the profile, the Parquet sidecar of raw timings and (with plotly) the HTML fit report."""
     import pyarrow.parquet as pq
+
     out = Path(out)
     path = result.profile.write(out)
     pq_path, html_path = sidecar_paths(out)

@@ -32,11 +32,17 @@ OVERHEAD_MIXES = ("offline", "queued")
 def kernels_only(profile: Profile) -> Profile:
     """A copy of ``profile`` whose CPU-side step overhead is zero (kernels, elementwise and allocation only)."""
     import copy
+
     p = copy.deepcopy(profile)
     by = p.cpu_overhead.setdefault("by_tp", {})
     for k in list(by) or ["1"]:
-        by[k] = {**by.get(k, {}), "intercept_s": 0.0, "per_seq_s": 0.0, "batch_range": [1, 1 << 20],
-                 "after_prefill_s": []}
+        by[k] = {
+            **by.get(k, {}),
+            "intercept_s": 0.0,
+            "per_seq_s": 0.0,
+            "batch_range": [1, 1 << 20],
+            "after_prefill_s": [],
+        }
     return p
 
 
@@ -46,9 +52,16 @@ def kernel_cost(profile: Profile, model: ModelSpec, allocator: str, block_size: 
     from sim.catalog import GPUS
     from sim.cost.model import Layout
     from sim.cost.profile import ProfileCostModel
+
     dt = profile.dtypes["weight"][0]
-    return ProfileCostModel(kernels_only(profile), model, GPUS["cpu"], weight_dtype=dt, kv_dtype=dt,
-                            layout=Layout(paged=allocator == "paged", block_size=block_size))
+    return ProfileCostModel(
+        kernels_only(profile),
+        model,
+        GPUS["cpu"],
+        weight_dtype=dt,
+        kv_dtype=dt,
+        layout=Layout(paged=allocator == "paged", block_size=block_size),
+    )
 
 
 def row_time_s(row: dict, clock: str) -> float:
@@ -59,6 +72,7 @@ def row_time_s(row: dict, clock: str) -> float:
 
 def _predict(cost, chunks, decode_seqs: int, decode_kv: int, alloc_events: int) -> float:
     from sim.cost.model import BatchShape
+
     shape = BatchShape([tuple(c) for c in chunks], decode_seqs, decode_kv)
     return cost.step_time_s(shape) + cost.alloc_time_s(alloc_events)
 
@@ -69,13 +83,22 @@ def engine_iteration_rows(result, cost) -> list[dict]:
     rows = []
     for i, it in enumerate(result.iterations):
         chunks = [list(c) for c in it["prefill_chunks"]]
-        rows.append({"iteration": i, "seqs": it["decode_seqs"] + len(chunks),
-                     "decode_seqs": it["decode_seqs"], "prefill_chunks": len(chunks),
-                     "tokens": it["decode_seqs"] + it["prefill_tokens"], "decode_kv_tokens": it["decode_kv_tokens"],
-                     "pure_decode": not chunks, "measured_s": it["end_s"] - it["start_s"],
-                     "cpu_s": it["cpu_s"], "chunks": chunks, "alloc_events": it["alloc_events"],
-                     "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"],
-                                             it["alloc_events"])})
+        rows.append(
+            {
+                "iteration": i,
+                "seqs": it["decode_seqs"] + len(chunks),
+                "decode_seqs": it["decode_seqs"],
+                "prefill_chunks": len(chunks),
+                "tokens": it["decode_seqs"] + it["prefill_tokens"],
+                "decode_kv_tokens": it["decode_kv_tokens"],
+                "pure_decode": not chunks,
+                "measured_s": it["end_s"] - it["start_s"],
+                "cpu_s": it["cpu_s"],
+                "chunks": chunks,
+                "alloc_events": it["alloc_events"],
+                "predicted_s": _predict(cost, chunks, it["decode_seqs"], it["decode_kv_tokens"], it["alloc_events"]),
+            }
+        )
         if "decode_kv_max" in it:  # the longest decoding sequence (the padded CUDA decode call pads to it)
             rows[-1]["decode_kv_max"] = it["decode_kv_max"]
         if "after_probe" in it:  # cpu_norm runs: the iteration right after a host-speed probe
@@ -94,8 +117,7 @@ def repredict(rows: list[dict], cost, clock: str) -> list[dict]:
             out.append(r)
             continue
         pred = _predict(cost, r["chunks"], r["decode_seqs"], r["decode_kv_tokens"], r["alloc_events"])
-        out.append({**r, "predicted_s": pred,
-                    "residual_s": row_time_s(r, clock) - pred})
+        out.append({**r, "predicted_s": pred, "residual_s": row_time_s(r, clock) - pred})
     return out
 
 
@@ -110,14 +132,32 @@ def decode_since_prefill(rows: list[dict]) -> list[int]:
     return out
 
 
-def measure_engine_overhead(profile: Profile | dict[str, Profile], model: ModelSpec, *, allocators=("paged",), block_size: int = 16,
-                            dtype: str = "fp32", threads: int = 1, batches=ENGINE_OVERHEAD_BATCHES, passes: int = 3,
-                            prompt_range=(16, 384), output_tokens: int = 24, max_num_batched_tokens: int = 256,
-                            mixes=("offline",), output_range=(8, 48),
-                            seed: int = 0, device: str = "cpu", clock: str = "wall",
-                            between_runs=None, probes: dict | None = None,
-                            probe_ref_s: dict | None = None, net=None, prefill_probes: dict | None = None,
-                            prefill_probe_ref_s: dict | None = None, kernels: str = "auto") -> dict[str, dict]:
+def measure_engine_overhead(
+    profile: Profile | dict[str, Profile],
+    model: ModelSpec,
+    *,
+    allocators=("paged",),
+    block_size: int = 16,
+    dtype: str = "fp32",
+    threads: int = 1,
+    batches=ENGINE_OVERHEAD_BATCHES,
+    passes: int = 3,
+    prompt_range=(16, 384),
+    output_tokens: int = 24,
+    max_num_batched_tokens: int = 256,
+    mixes=("offline",),
+    output_range=(8, 48),
+    seed: int = 0,
+    device: str = "cpu",
+    clock: str = "wall",
+    between_runs=None,
+    probes: dict | None = None,
+    probe_ref_s: dict | None = None,
+    net=None,
+    prefill_probes: dict | None = None,
+    prefill_probe_ref_s: dict | None = None,
+    kernels: str = "auto",
+) -> dict[str, dict]:
     """Per-iteration framework overhead of the reference engine (``calibration.engine``), per cache layout.
 
     The engine runs offline batches (``b`` requests at t = 0, ``max_num_seqs = b``, prompts
@@ -170,16 +210,31 @@ def measure_engine_overhead(profile: Profile | dict[str, Profile], model: ModelS
             trace = [(0.0, rng.randint(*prompt_range), rng.randint(*output_range)) for _ in range(b + max(1, b // 2))]
             longest = prompt_range[1] + output_range[1]
         for a in allocators:
-            cfg = EngineConfig(model, num_blocks=b * -(-longest // block_size) + 1, block_size=block_size,
-                               max_num_seqs=b, max_num_batched_tokens=max_num_batched_tokens, allocator=a,
-                               reserve=longest, max_model_len=longest, dtype=dtype, threads=threads, seed=seed,
-                               device=device, kernels=kernels)
+            cfg = EngineConfig(
+                model,
+                num_blocks=b * -(-longest // block_size) + 1,
+                block_size=block_size,
+                max_num_seqs=b,
+                max_num_batched_tokens=max_num_batched_tokens,
+                allocator=a,
+                reserve=longest,
+                max_model_len=longest,
+                dtype=dtype,
+                threads=threads,
+                seed=seed,
+                device=device,
+                kernels=kernels,
+            )
             if clock == "cpu_norm":
                 assert probes is not None and probe_ref_s is not None  # checked above
-                pre = ({"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
-                       if prefill_probes and prefill_probe_ref_s else {})
-                res = Engine(cfg, model=net).run(trace, clock="cpu_norm", probe=probes[a],
-                                                 probe_ref_s=probe_ref_s[a], **pre)
+                pre = (
+                    {"prefill_probe": prefill_probes[a], "prefill_probe_ref_s": prefill_probe_ref_s[a]}
+                    if prefill_probes and prefill_probe_ref_s
+                    else {}
+                )
+                res = Engine(cfg, model=net).run(
+                    trace, clock="cpu_norm", probe=probes[a], probe_ref_s=probe_ref_s[a], **pre
+                )
                 probe_log[a] += res.info["speed_probes"]
             else:
                 res = Engine(cfg, model=net).run(trace, clock="wall", lead_s=0.0)
@@ -193,10 +248,19 @@ def measure_engine_overhead(profile: Profile | dict[str, Profile], model: ModelS
             if between_runs is not None:
                 between_runs()
     elapsed = round(time.perf_counter() - t0, 2)
-    meta = {"block_size": block_size, "dtype": dtype, "threads": threads, "clock": clock, "elapsed_s": elapsed,
-            "passes": passes, "batches": list(batches), "prompt_range": list(prompt_range),
-            "output_tokens": output_tokens, "mixes": list(mixes),
-            **({"output_range": list(output_range)} if "queued" in mixes else {})}
+    meta = {
+        "block_size": block_size,
+        "dtype": dtype,
+        "threads": threads,
+        "clock": clock,
+        "elapsed_s": elapsed,
+        "passes": passes,
+        "batches": list(batches),
+        "prompt_range": list(prompt_range),
+        "output_tokens": output_tokens,
+        "mixes": list(mixes),
+        **({"output_range": list(output_range)} if "queued" in mixes else {}),
+    }
     out = {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
     for a in allocators:
         if probe_log[a]:  # cpu_norm only
@@ -257,8 +321,16 @@ def _center(x: np.ndarray, how: str) -> float:
     return float(np.mean(x[_untrimmed(x)]))
 
 
-def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_prefill: bool = True,
-                  center: str = "trimmed", by_seqs: bool = True, mixed_decode: bool = True) -> dict:
+def _fit_overhead(
+    rows: list[dict],
+    clock: str,
+    *,
+    steady: bool = True,
+    after_prefill: bool = True,
+    center: str = "trimmed",
+    by_seqs: bool = True,
+    mixed_decode: bool = True,
+) -> dict:
     """Fit the engine's overhead ``a + b·S + c·P`` to its calibration rows (``residual_s`` = iteration
     time minus the kernel curves' prediction), and the after-prefill excess of decode iterations.
 
@@ -296,6 +368,7 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
       costs in an iteration with prefill beyond what it costs in a pure decode iteration.
     """
     from scipy.optimize import nnls
+
     if center not in FIT_CENTERS:
         raise ValueError(f"center: one of {', '.join(FIT_CENTERS)}; got {center!r}")
     S = np.array([r["seqs"] for r in rows], dtype=float)
@@ -316,8 +389,10 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
     line: dict[str, Any] = {"intercept_s": float(a), "per_seq_s": float(b_)}
     if by_seqs:
         keep_x = [i for i, x in enumerate(xd) if np.sum(sel & (S == x)) >= BY_SEQS_MIN]
-        line["per_seq_delta_s"] = {"seqs": [int(xd[i]) for i in keep_x],
-                                   "delta_s": [float(md[i] - a - b_ * xd[i]) for i in keep_x]}
+        line["per_seq_delta_s"] = {
+            "seqs": [int(xd[i]) for i in keep_x],
+            "delta_s": [float(md[i] - a - b_ * xd[i]) for i in keep_x],
+        }
     base = step_overhead_s(line, S)
     mixed = ~dec & (T > S)
     D = np.array([r.get("decode_seqs", 0) for r in rows], dtype=float)
@@ -347,24 +422,39 @@ def _fit_overhead(rows: list[dict], clock: str, *, steady: bool = True, after_pr
             after_s.pop()
     pred = base + c_ * (T - S) + g_ * np.where(mixed, D, 0.0)
     if after_s:  # the decode iterations' excess, as the simulator charges it
-        pred = pred + np.array([after_s[int(k) - 1] if d and 1 <= k <= len(after_s) else 0.0 for d, k in zip(dec, since)])
+        pred = pred + np.array(
+            [after_s[int(k) - 1] if d and 1 <= k <= len(after_s) else 0.0 for d, k in zip(dec, since)]
+        )
     meas = meas_t
     kern = np.array([r["predicted_s"] for r in rows])
     wall = np.array([r["measured_s"] for r in rows])
     err = np.abs(kern + pred - meas) / meas
-    return {**line, "per_token_s": c_, "mixed_per_decode_s": g_,
-            "after_prefill_s": after_s, "after_prefill_samples": after_n,
-            "steady_decode_iterations": int(sel.sum()),
-            "batch_range": [int(xs.min()), int(xs.max())], "tokens_range": [int(T.min()), int(T.max())],
-            "cpu_over_wall": round(float(np.sum([r["cpu_s"] for r in rows]) / wall.sum()), 4),
-            "iterations": len(rows), "median_by_seqs": {str(int(x)): float(m) for x, m in zip(xs, med)},
-            # steady pure decode per S: iterations, median measured, median predicted (kernels + this fit), seconds
-            "decode_by_seqs": {str(int(x)): [int(np.sum(sel & (S == x))),
-                                             float(np.median(meas_t[sel & (S == x)])),
-                                             float(np.median((kern + base)[sel & (S == x)]))] for x in xd},
-            "fit_median_rel_err": round(float(np.median(err)), 4),
-            "fit_p90_rel_err": round(float(np.percentile(err, 90)), 4),
-            "residual_share_median": round(float(np.median(pred / meas)), 4), "rows": rows}
+    return {
+        **line,
+        "per_token_s": c_,
+        "mixed_per_decode_s": g_,
+        "after_prefill_s": after_s,
+        "after_prefill_samples": after_n,
+        "steady_decode_iterations": int(sel.sum()),
+        "batch_range": [int(xs.min()), int(xs.max())],
+        "tokens_range": [int(T.min()), int(T.max())],
+        "cpu_over_wall": round(float(np.sum([r["cpu_s"] for r in rows]) / wall.sum()), 4),
+        "iterations": len(rows),
+        "median_by_seqs": {str(int(x)): float(m) for x, m in zip(xs, med)},
+        # steady pure decode per S: iterations, median measured, median predicted (kernels + this fit), seconds
+        "decode_by_seqs": {
+            str(int(x)): [
+                int(np.sum(sel & (S == x))),
+                float(np.median(meas_t[sel & (S == x)])),
+                float(np.median((kern + base)[sel & (S == x)])),
+            ]
+            for x in xd
+        },
+        "fit_median_rel_err": round(float(np.median(err)), 4),
+        "fit_p90_rel_err": round(float(np.percentile(err, 90)), 4),
+        "residual_share_median": round(float(np.median(pred / meas)), 4),
+        "rows": rows,
+    }
 
 
 def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> Profile:
@@ -381,6 +471,7 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
 
     from sim.catalog import GPUS
     from sim.cost.profile import ProfileCostModel
+
     p = copy.deepcopy(profile)
     c = float(overhead.get("per_token_s", 0.0))
     if c > 0:
@@ -391,31 +482,53 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
         ew["kernel_route_bandwidth_bytes_per_s"] = ew["bandwidth_bytes_per_s"]
         ew["bandwidth_bytes_per_s"] = float(ew["bandwidth_bytes_per_s"]) * old / (old + c)
         ew["engine_per_token_s"] = c
-        ew["source"] = (ew.get("source", "") + "; bandwidth lowered to include the reference engine's measured "
-                        f"per-token framework cost ({c * 1e6:.2f} us/token, measure_engine_overhead)")
+        ew["source"] = (
+            ew.get("source", "") + "; bandwidth lowered to include the reference engine's measured "
+            f"per-token framework cost ({c * 1e6:.2f} us/token, measure_engine_overhead)"
+        )
         p.elementwise = ew
     kernel_route = p.cpu_overhead.get("by_tp", {}).get("1")
     p.cpu_overhead = {
-        "by_tp": {"1": {"intercept_s": overhead["intercept_s"],
-                        "per_seq_s": max(overhead["per_seq_s"] - float(overhead.get("per_token_s", 0.0)), 0.0),
-                        "batch_range": overhead["batch_range"], "fit_median_rel_err": overhead["fit_median_rel_err"],
-                        "fit_p90_rel_err": overhead["fit_p90_rel_err"],
-                        **({"after_prefill_s": [float(x) for x in overhead["after_prefill_s"]]}
-                           if overhead.get("after_prefill_s") else {}),
-                        **({"per_seq_delta_s": overhead["per_seq_delta_s"]}
-                           if (overhead.get("per_seq_delta_s") or {}).get("seqs") else {}),
-                        **({"mixed_per_decode_s": float(overhead["mixed_per_decode_s"])}
-                           if overhead.get("mixed_per_decode_s") else {})}},
-        "parts": ["the reference engine's whole iteration beyond the profile's kernels: scheduling, block tables, "
-                  "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"],
+        "by_tp": {
+            "1": {
+                "intercept_s": overhead["intercept_s"],
+                "per_seq_s": max(overhead["per_seq_s"] - float(overhead.get("per_token_s", 0.0)), 0.0),
+                "batch_range": overhead["batch_range"],
+                "fit_median_rel_err": overhead["fit_median_rel_err"],
+                "fit_p90_rel_err": overhead["fit_p90_rel_err"],
+                **(
+                    {"after_prefill_s": [float(x) for x in overhead["after_prefill_s"]]}
+                    if overhead.get("after_prefill_s")
+                    else {}
+                ),
+                **(
+                    {"per_seq_delta_s": overhead["per_seq_delta_s"]}
+                    if (overhead.get("per_seq_delta_s") or {}).get("seqs")
+                    else {}
+                ),
+                **(
+                    {"mixed_per_decode_s": float(overhead["mixed_per_decode_s"])}
+                    if overhead.get("mixed_per_decode_s")
+                    else {}
+                ),
+            }
+        },
+        "parts": [
+            "the reference engine's whole iteration beyond the profile's kernels: scheduling, block tables, "
+            "metadata tensors, norms/RoPE/cache writes/masks/views, sampling, bookkeeping"
+        ],
         "source": f"measured: calibration.engine offline runs ({overhead['allocator']} cache, block "
-                  f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
-                  f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock') or 'wall', 'wall')} time "
-                  "minus the kernel curves' prediction for the same batch shape, per sequence count, fitted a + b x "
-                  "sequences plus each well-measured count's departure from that line (per_seq_delta_s; "
-                  "kvsim.calibration.kernels.measure_engine_overhead)",
-        "median_by_seqs": overhead["median_by_seqs"], "kernel_route_step_cpu": kernel_route,
-        "note": "host-side and framework work per step, not overlapped with kernels (CPU: same thread)"}
-    p.provenance = {**p.provenance, "engine_overhead": {k: v for k, v in overhead.items()
-                                                        if k not in ("rows", "speed_probes")}}
+        f"{overhead['block_size']}, {overhead['dtype']}, {overhead['threads']} thread(s)), iteration "
+        f"{ {'cpu': 'thread CPU', 'cpu_norm': 'thread CPU (x probe reference / host speed)'}.get(overhead.get('clock') or 'wall', 'wall') } time "
+        "minus the kernel curves' prediction for the same batch shape, per sequence count, fitted a + b x "
+        "sequences plus each well-measured count's departure from that line (per_seq_delta_s; "
+        "kvsim.calibration.kernels.measure_engine_overhead)",
+        "median_by_seqs": overhead["median_by_seqs"],
+        "kernel_route_step_cpu": kernel_route,
+        "note": "host-side and framework work per step, not overlapped with kernels (CPU: same thread)",
+    }
+    p.provenance = {
+        **p.provenance,
+        "engine_overhead": {k: v for k, v in overhead.items() if k not in ("rows", "speed_probes")},
+    }
     return p

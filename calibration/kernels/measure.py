@@ -29,14 +29,26 @@ class Measurements:
     rows: list[dict] = field(default_factory=list)
 
     def add(self, family: str, name: str, t: Timing, **coords) -> None:
-        self.rows.append({"family": family, "kernel": name, **coords, "median_s": t.median_s, "min_s": t.min_s,
-                          "max_s": t.max_s, "repeats": t.repeats, "inner": t.inner, "buffers": t.buffers})
+        self.rows.append(
+            {
+                "family": family,
+                "kernel": name,
+                **coords,
+                "median_s": t.median_s,
+                "min_s": t.min_s,
+                "max_s": t.max_s,
+                "repeats": t.repeats,
+                "inner": t.inner,
+                "buffers": t.buffers,
+            }
+        )
 
     def select(self, family: str, **eq) -> list[dict]:
         return [r for r in self.rows if r["family"] == family and all(r.get(k) == v for k, v in eq.items())]
 
     def to_arrow(self):
         import pyarrow as pa
+
         keys: list[str] = []
         for r in self.rows:
             keys += [k for k in r if k not in keys]
@@ -62,14 +74,21 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
     for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
         for m in plan.gemm_m:
-            jobs.append((f"GEMM {proj} m={m}", partial(bench.gemm_calls, m, n, k), "gemm", proj,
-                         {"m": m, "n": n, "k": k}))
+            jobs.append(
+                (f"GEMM {proj} m={m}", partial(bench.gemm_calls, m, n, k), "gemm", proj, {"m": m, "n": n, "k": k})
+            )
     for b in plan.ctx_batch:
         for s in plan.ctx_len:
             if b * s <= plan.ctx_max_tokens:
-                jobs.append((f"prefill b={b} s={s}", partial(bench.context_calls, b, s, h, kvh, d),
-                             "context_attention", be.prefill_kernel,
-                             {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name}))
+                jobs.append(
+                    (
+                        f"prefill b={b} s={s}",
+                        partial(bench.context_calls, b, s, h, kvh, d),
+                        "context_attention",
+                        be.prefill_kernel,
+                        {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name},
+                    )
+                )
     gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
     sub_b = {plan.gen_batch[len(plan.gen_batch) // 2], plan.gen_batch[-1]}
     sub_l = {plan.gen_len[len(plan.gen_len) // 2], plan.gen_len[-1]}
@@ -78,42 +97,88 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
         sizes = [None, REFERENCE_BLOCK_SIZE] + (other_bs if b in sub_b and s in sub_l else [])
         for bs in sizes:
             name = "decode_contiguous" if bs is None else "decode_paged"
-            jobs.append((f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
-                         partial(bench.decode_calls, b, s, h, kvh, d, bs), "generation_attention", name,
-                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs or 0,
-                          "backend": be.name}))
+            jobs.append(
+                (
+                    f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
+                    partial(bench.decode_calls, b, s, h, kvh, d, bs),
+                    "generation_attention",
+                    name,
+                    {
+                        "batch": b,
+                        "length": s,
+                        "heads": h,
+                        "kv_heads": kvh,
+                        "head_dim": d,
+                        "block_size": bs or 0,
+                        "backend": be.name,
+                    },
+                )
+            )
     if plan.static_decode:
         # the reference engine's static (contiguous-arena) layout runs SDPA on every backend: its decode
         # kernel, and (other backends) its prefill, timed for the static profile (with_static_decode)
         for b, s in gen_cells:
-            jobs.append((f"decode_static b={b} L={s}", partial(bench.decode_static_calls, b, s, h, kvh, d),
-                         "generation_attention", "decode_static",
-                         {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "block_size": 0,
-                          "backend": "sdpa"}))
+            jobs.append(
+                (
+                    f"decode_static b={b} L={s}",
+                    partial(bench.decode_static_calls, b, s, h, kvh, d),
+                    "generation_attention",
+                    "decode_static",
+                    {
+                        "batch": b,
+                        "length": s,
+                        "heads": h,
+                        "kv_heads": kvh,
+                        "head_dim": d,
+                        "block_size": 0,
+                        "backend": "sdpa",
+                    },
+                )
+            )
         if be.name != "sdpa":
             sdpa = AB.SdpaBackend(bench.torch, bench.device)
             for b in plan.ctx_batch:
                 for s in plan.ctx_len:
                     if b * s <= plan.ctx_max_tokens:
-                        jobs.append((f"prefill_static b={b} s={s}",
-                                     partial(bench.context_calls, b, s, h, kvh, d, kernels=sdpa),
-                                     "context_attention", STATIC_PREFILL,
-                                     {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d,
-                                      "backend": "sdpa"}))
+                        jobs.append(
+                            (
+                                f"prefill_static b={b} s={s}",
+                                partial(bench.context_calls, b, s, h, kvh, d, kernels=sdpa),
+                                "context_attention",
+                                STATIC_PREFILL,
+                                {
+                                    "batch": b,
+                                    "length": s,
+                                    "heads": h,
+                                    "kv_heads": kvh,
+                                    "head_dim": d,
+                                    "backend": "sdpa",
+                                },
+                            )
+                        )
     for nb in plan.mem_bytes:
         jobs.append((f"zero_ {nb} B", partial(bench.zero_fill_calls, nb), "memory", "zero_fill", {"nbytes": nb}))
         jobs.append((f"copy_ {nb} B", partial(bench.copy_calls, nb), "memory", "copy", {"nbytes": nb}))
         if bench.ops.pinned_host:
             for di in ("h2d", "d2h"):
-                jobs.append((f"{di} {nb} B", partial(bench.host_transfer_calls, nb, di), "memory",
-                             f"host_{di}", {"nbytes": nb}))
+                jobs.append(
+                    (f"{di} {nb} B", partial(bench.host_transfer_calls, nb, di), "memory", f"host_{di}", {"nbytes": nb})
+                )
     for tok in plan.ew_tokens:
-        jobs.append((f"add_ {tok} tokens", partial(bench.elementwise_calls, tok, model.hidden), "elementwise", "add_",
-                     {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem}))
+        jobs.append(
+            (
+                f"add_ {tok} tokens",
+                partial(bench.elementwise_calls, tok, model.hidden),
+                "elementwise",
+                "add_",
+                {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem},
+            )
+        )
     jobs.append(("block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}))
     for b in plan.overhead_batch:
-        jobs.append((f"CPU step b={b}", partial(bench.step_cpu_calls, b, model.vocab), "cpu_overhead", "step_cpu",
-                     {"batch": b}))
+        jobs.append(
+            (f"CPU step b={b}", partial(bench.step_cpu_calls, b, model.vocab), "cpu_overhead", "step_cpu", {"batch": b})
+        )
     paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
     paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
     bench.reserve_paged(paged_cells, h, kvh, d)
@@ -140,22 +205,43 @@ def _run_jobs(bench: Bench, jobs, passes: int, progress: bool) -> list[Timing]:
     if not progress:
         return bench.measure(setups, passes)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("[bold]calibrate[/] {task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), transient=False) as bar:
+
+    with Progress(
+        TextColumn("[bold]calibrate[/] {task.description:<40}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as bar:
         task = bar.add_task("", total=len(jobs) * passes)
         state = {"pass": 1}
 
         def done(i):
             if i == len(jobs) - 1:
                 state["pass"] += 1
-            bar.update(task, advance=1, description=f"pass {min(state['pass'], passes)}/{passes} "
-                                                     f"{jobs[(i + 1) % len(jobs)][0]}")
+            bar.update(
+                task,
+                advance=1,
+                description=f"pass {min(state['pass'], passes)}/{passes} {jobs[(i + 1) % len(jobs)][0]}",
+            )
+
         return bench.measure(setups, passes, on_done=done)
 
 
-def measure_device(device: str, model: ModelSpec, plan: Plan, *, dtype: str = "bf16", threads: int | None = None,
-                   progress: bool = False, cpu_time: bool = False, speed=None, kernels: str = "auto",
-                   ops: Device | None = None, registry: dict | None = None) -> tuple[Measurements, dict]:
+def measure_device(
+    device: str,
+    model: ModelSpec,
+    plan: Plan,
+    *,
+    dtype: str = "bf16",
+    threads: int | None = None,
+    progress: bool = False,
+    cpu_time: bool = False,
+    speed=None,
+    kernels: str = "auto",
+    ops: Device | None = None,
+    registry: dict | None = None,
+) -> tuple[Measurements, dict]:
     """Time every point of ``plan`` (no fitting): the measurements and the device's description
     (``attention``: the backend's :meth:`~calibration.attention_backends.AttentionBackend.describe`, the
     block sizes it skipped, its counters). Arguments as :func:`calibrate_device`."""
@@ -172,9 +258,13 @@ def measure_device(device: str, model: ModelSpec, plan: Plan, *, dtype: str = "b
         info = describe_device(bench)
         t0 = time.perf_counter()
         meas = run_measurements(bench, model, plan, progress)
-        info["attention"] = {**bench.kernels.describe(), "prefill_kernel": bench.kernels.prefill_kernel,
-                             "skipped_block_sizes": {str(k): v for k, v in skipped_block_sizes(bench.kernels, plan).items()},
-                             "measure_s": round(time.perf_counter() - t0, 1), **bench.kernels.stats()}
+        info["attention"] = {
+            **bench.kernels.describe(),
+            "prefill_kernel": bench.kernels.prefill_kernel,
+            "skipped_block_sizes": {str(k): v for k, v in skipped_block_sizes(bench.kernels, plan).items()},
+            "measure_s": round(time.perf_counter() - t0, 1),
+            **bench.kernels.stats(),
+        }
     finally:
         bench.close()
     return meas, info
@@ -194,8 +284,14 @@ def pool_measurements(runs: list[Measurements]) -> Measurements:
     out = Measurements()
     for rs in groups.values():
         row = {k: v for k, v in rs[0].items() if k not in stats}
-        row.update(median_s=float(np.median([r["median_s"] for r in rs])), min_s=min(r["min_s"] for r in rs),
-                   max_s=max(r["max_s"] for r in rs), repeats=sum(r["repeats"] for r in rs),
-                   inner=rs[-1]["inner"], buffers=rs[-1]["buffers"], runs=sum(r.get("runs", 1) for r in rs))
+        row.update(
+            median_s=float(np.median([r["median_s"] for r in rs])),
+            min_s=min(r["min_s"] for r in rs),
+            max_s=max(r["max_s"] for r in rs),
+            repeats=sum(r["repeats"] for r in rs),
+            inner=rs[-1]["inner"],
+            buffers=rs[-1]["buffers"],
+            runs=sum(r.get("runs", 1) for r in rs),
+        )
         out.rows.append(row)
     return out

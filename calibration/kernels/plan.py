@@ -42,10 +42,10 @@ class Plan:
     gemm_m: tuple[int, ...]
     ctx_batch: tuple[int, ...]
     ctx_len: tuple[int, ...]
-    ctx_max_tokens: int          # batch × prompt length measured at most
+    ctx_max_tokens: int  # batch × prompt length measured at most
     gen_batch: tuple[int, ...]
     gen_len: tuple[int, ...]
-    gen_max_kv_bytes: float      # batch × KV length × bytes per token (one layer) measured at most
+    gen_max_kv_bytes: float  # batch × KV length × bytes per token (one layer) measured at most
     block_sizes: tuple[int, ...]  # paged block sizes whose overhead vs contiguous is measured
     overhead_batch: tuple[int, ...]
     mem_bytes: tuple[int, ...]
@@ -66,24 +66,72 @@ def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
     maxpos = model.max_position
     if device == "cpu":
         if quick:
-            return Plan(gemm_m=_pow2(1, 2048), ctx_batch=(1, 2, 4, 8), ctx_len=_pow2(16, min(2048, maxpos)),
-                        ctx_max_tokens=4096, gen_batch=_pow2(1, 32), gen_len=_pow2(16, min(4096, maxpos)),
-                        gen_max_kv_bytes=32 << 20, block_sizes=(8, 32), overhead_batch=_pow2(1, 256, 2),
-                        mem_bytes=_pow2(1 << 12, 1 << 26, 2), ew_tokens=(1, 16, 256, 4096),
-                        repeats=7, warmup=2, target_repeat_s=0.0005, passes=3)
-        return Plan(gemm_m=_halfsteps(1, 4096), ctx_batch=_pow2(1, 16), ctx_len=_pow2(16, min(2048, maxpos)),
-                    ctx_max_tokens=8192, gen_batch=_pow2(1, 64), gen_len=_pow2(16, min(8192, maxpos)),
-                    gen_max_kv_bytes=64 << 20, block_sizes=(8, 32, 64), overhead_batch=_pow2(1, 512),
-                    mem_bytes=_pow2(1 << 12, 1 << 27), ew_tokens=(1, 4, 16, 64, 256, 1024, 4096),
-                    repeats=9, warmup=2, target_repeat_s=0.0005, passes=5)
+            return Plan(
+                gemm_m=_pow2(1, 2048),
+                ctx_batch=(1, 2, 4, 8),
+                ctx_len=_pow2(16, min(2048, maxpos)),
+                ctx_max_tokens=4096,
+                gen_batch=_pow2(1, 32),
+                gen_len=_pow2(16, min(4096, maxpos)),
+                gen_max_kv_bytes=32 << 20,
+                block_sizes=(8, 32),
+                overhead_batch=_pow2(1, 256, 2),
+                mem_bytes=_pow2(1 << 12, 1 << 26, 2),
+                ew_tokens=(1, 16, 256, 4096),
+                repeats=7,
+                warmup=2,
+                target_repeat_s=0.0005,
+                passes=3,
+            )
+        return Plan(
+            gemm_m=_halfsteps(1, 4096),
+            ctx_batch=_pow2(1, 16),
+            ctx_len=_pow2(16, min(2048, maxpos)),
+            ctx_max_tokens=8192,
+            gen_batch=_pow2(1, 64),
+            gen_len=_pow2(16, min(8192, maxpos)),
+            gen_max_kv_bytes=64 << 20,
+            block_sizes=(8, 32, 64),
+            overhead_batch=_pow2(1, 512),
+            mem_bytes=_pow2(1 << 12, 1 << 27),
+            ew_tokens=(1, 4, 16, 64, 256, 1024, 4096),
+            repeats=9,
+            warmup=2,
+            target_repeat_s=0.0005,
+            passes=5,
+        )
     if quick:
-        return Plan(gemm_m=_pow2(1, 16384), ctx_batch=(1, 4, 16, 64), ctx_len=_pow2(64, min(16384, maxpos), 2),
-                    ctx_max_tokens=65536, gen_batch=_pow2(1, 256, 2), gen_len=_pow2(64, min(131072, maxpos), 2),
-                    gen_max_kv_bytes=1 << 30, block_sizes=(32,), overhead_batch=_pow2(1, 256, 2),
-                    mem_bytes=_pow2(1 << 14, 1 << 30, 2), ew_tokens=(1, 64, 4096, 16384),
-                    repeats=7, warmup=3, target_repeat_s=0.002, passes=2)
-    return Plan(gemm_m=_halfsteps(1, 32768), ctx_batch=_pow2(1, 128), ctx_len=_pow2(32, min(32768, maxpos)),
-                ctx_max_tokens=262144, gen_batch=_pow2(1, 512), gen_len=_pow2(16, min(131072, maxpos)),
-                gen_max_kv_bytes=2 << 30, block_sizes=(8, 32, 64, 128), overhead_batch=_pow2(1, 1024),
-                mem_bytes=_pow2(1 << 12, 1 << 31), ew_tokens=(1, 16, 256, 4096, 16384, 65536),
-                repeats=11, warmup=5, target_repeat_s=0.003, passes=3)
+        return Plan(
+            gemm_m=_pow2(1, 16384),
+            ctx_batch=(1, 4, 16, 64),
+            ctx_len=_pow2(64, min(16384, maxpos), 2),
+            ctx_max_tokens=65536,
+            gen_batch=_pow2(1, 256, 2),
+            gen_len=_pow2(64, min(131072, maxpos), 2),
+            gen_max_kv_bytes=1 << 30,
+            block_sizes=(32,),
+            overhead_batch=_pow2(1, 256, 2),
+            mem_bytes=_pow2(1 << 14, 1 << 30, 2),
+            ew_tokens=(1, 64, 4096, 16384),
+            repeats=7,
+            warmup=3,
+            target_repeat_s=0.002,
+            passes=2,
+        )
+    return Plan(
+        gemm_m=_halfsteps(1, 32768),
+        ctx_batch=_pow2(1, 128),
+        ctx_len=_pow2(32, min(32768, maxpos)),
+        ctx_max_tokens=262144,
+        gen_batch=_pow2(1, 512),
+        gen_len=_pow2(16, min(131072, maxpos)),
+        gen_max_kv_bytes=2 << 30,
+        block_sizes=(8, 32, 64, 128),
+        overhead_batch=_pow2(1, 1024),
+        mem_bytes=_pow2(1 << 12, 1 << 31),
+        ew_tokens=(1, 16, 256, 4096, 16384, 65536),
+        repeats=11,
+        warmup=5,
+        target_repeat_s=0.003,
+        passes=3,
+    )

@@ -40,8 +40,11 @@ def import_torch():
     try:
         import torch
     except ImportError:
-        raise ConfigError("calibrate.device", "torch", "torch installed for the --device route: "
-                          "pip install torch==2.13.0 (CPU wheel) or a CUDA build") from None
+        raise ConfigError(
+            "calibrate.device",
+            "torch",
+            "torch installed for the --device route: pip install torch==2.13.0 (CPU wheel) or a CUDA build",
+        ) from None
     return torch
 
 
@@ -52,8 +55,11 @@ def check_device(device: str):
     torch = import_torch()
     if device == "cuda" and not torch.cuda.is_available():
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
-        raise ConfigError("calibrate.device", device, f"a CUDA device (torch {torch.__version__}: {why}); "
-                                                      "use --device cpu on this machine")
+        raise ConfigError(
+            "calibrate.device",
+            device,
+            f"a CUDA device (torch {torch.__version__}: {why}); use --device cpu on this machine",
+        )
     return torch.device(device)
 
 
@@ -82,9 +88,20 @@ class Bench:
     :meth:`close` restores the thread count.
     """
 
-    def __init__(self, torch, device, dtype: str, *, repeats: int = 5, warmup: int = 2,
-                 target_repeat_s: float = 0.002, threads: int | None = None, seed: int = 0,
-                 ops: Device | None = None, kernels: AB.AttentionBackend | None = None):
+    def __init__(
+        self,
+        torch,
+        device,
+        dtype: str,
+        *,
+        repeats: int = 5,
+        warmup: int = 2,
+        target_repeat_s: float = 0.002,
+        threads: int | None = None,
+        seed: int = 0,
+        ops: Device | None = None,
+        kernels: AB.AttentionBackend | None = None,
+    ):
         self.torch, self.device, self.dtype_name = torch, device, dtype
         self.dtype = getattr(torch, _TORCH_DTYPE[dtype])
         self.elem = torch.tensor([], dtype=self.dtype).element_size()
@@ -112,14 +129,25 @@ class Bench:
         self.speed = None
 
     @classmethod
-    def open(cls, device: str, dtype: str = "bf16", *, ops: Device | None = None, kernels: str = "auto",
-             registry: dict | None = None, **kw) -> Bench:
+    def open(
+        cls,
+        device: str,
+        dtype: str = "bf16",
+        *,
+        ops: Device | None = None,
+        kernels: str = "auto",
+        registry: dict | None = None,
+        **kw,
+    ) -> Bench:
         """A Bench on ``device`` (``ops``: a stand-in device, whose tensors live where it says and whose
         ``kind`` replaces ``device``) timing the ``kernels`` attention backend (``auto``: see
         :func:`calibration.attention_backends.select`; ``registry``: a stand-in set of backends)."""
         if dtype not in _TORCH_DTYPE:
-            raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route "
-                                                        "(fp8 kernels are not timed)")
+            raise ConfigError(
+                "calibrate.dtype",
+                dtype,
+                f"one of {', '.join(_TORCH_DTYPE)} on the --device route (fp8 kernels are not timed)",
+            )
         torch = import_torch()
         dev = ops.tensor_device if ops is not None else check_device(device)
         kind = ops.kind if ops is not None else dev.type
@@ -147,7 +175,7 @@ class Bench:
         if numel > POOL_ELEMS // 2:
             return torch.randn(*shape, generator=self.gen, device=self.device, dtype=dtype)
         off = self.rng.randrange(0, POOL_ELEMS - numel + 1)
-        return pool[off:off + numel].clone().view(*shape)
+        return pool[off : off + numel].clone().view(*shape)
 
     def rotations(self, set_bytes: float) -> int:
         """Distinct operand sets to cycle so their total exceeds the flushable cache."""
@@ -176,6 +204,7 @@ class Bench:
             def loop(base=base):
                 for j in range(inner):
                     calls[(base + j) % n]()
+
             out.append(self.ops.loop_seconds(loop, self.timer) / inner)
         return out, inner
 
@@ -223,17 +252,26 @@ class Bench:
         sets = [(self.randn(m, k), self.randn(n, k)) for _ in range(nb)]
         return [lambda x=x, w=w: lin(x, w) for x, w in sets], 1.0
 
-    def context_calls(self, batch: int, length: int, heads: int, kv_heads: int, head_dim: int,
-                      kernels: AB.AttentionBackend | None = None) -> Setup:
+    def context_calls(
+        self,
+        batch: int,
+        length: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        kernels: AB.AttentionBackend | None = None,
+    ) -> Setup:
         """Causal prefill attention of ``batch`` prompts of ``length`` tokens, by the attention backend
         (``kernels``, default the Bench's: :meth:`~calibration.attention_backends.AttentionBackend.prefill_calls`)."""
         be = kernels or self.kernels
         nb = self.rotations(batch * length * head_dim * (2 * heads + 2 * kv_heads) * self.elem)
-        return be.prefill_calls(self.randn, self.rng.randrange(1 << 30), nb, batch, length, heads, kv_heads, head_dim,
-                                dtype=self.dtype), 1.0
+        return be.prefill_calls(
+            self.randn, self.rng.randrange(1 << 30), nb, batch, length, heads, kv_heads, head_dim, dtype=self.dtype
+        ), 1.0
 
-    def decode_calls(self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
-                     block_size: int | None = None) -> Setup:
+    def decode_calls(
+        self, batch: int, kv_len: int, heads: int, kv_heads: int, head_dim: int, block_size: int | None = None
+    ) -> Setup:
         """One query token per sequence over ``kv_len`` cached tokens, by the attention backend.
 
         ``block_size=None``: a contiguous cache
@@ -246,10 +284,21 @@ class Bench:
         nb = self.rotations(kv_bytes + batch * heads * head_dim * self.elem)
         be = self.kernels
         if block_size is None:
-            return be.decode_contiguous_calls(self.randn, nb, batch, kv_len, heads, kv_heads, head_dim,
-                                              dtype=self.dtype), 1.0
-        return be.decode_paged_calls(self.randn, self.rng.randrange(1 << 30), nb, batch, kv_len, heads, kv_heads,
-                                     head_dim, block_size, dtype=self.dtype), 1.0
+            return be.decode_contiguous_calls(
+                self.randn, nb, batch, kv_len, heads, kv_heads, head_dim, dtype=self.dtype
+            ), 1.0
+        return be.decode_paged_calls(
+            self.randn,
+            self.rng.randrange(1 << 30),
+            nb,
+            batch,
+            kv_len,
+            heads,
+            kv_heads,
+            head_dim,
+            block_size,
+            dtype=self.dtype,
+        ), 1.0
 
     def reserve_paged(self, cells, heads: int, kv_heads: int, head_dim: int) -> None:
         """Before timing the paged points ``cells`` (``(batch, kv_len, block_size)``; prefill as block 16):
@@ -268,6 +317,7 @@ class Bench:
         outputs concatenated (``calibration.engine.Engine.execute``, static layout)."""
         torch = self.torch
         from ..engine import chunk_attention
+
         kv_bytes = 2 * batch * kv_len * kv_heads * head_dim * self.elem
         nb = self.rotations(kv_bytes + batch * heads * head_dim * self.elem)
         sets = []
@@ -279,23 +329,36 @@ class Bench:
         L = kv_len
 
         def call(q, k, v):
-            return torch.cat([chunk_attention(q[i:i + 1], k[i * L:(i + 1) * L], v[i * L:(i + 1) * L], L - 1)
-                              for i in range(batch)], 0)
+            return torch.cat(
+                [
+                    chunk_attention(q[i : i + 1], k[i * L : (i + 1) * L], v[i * L : (i + 1) * L], L - 1)
+                    for i in range(batch)
+                ],
+                0,
+            )
+
         return [lambda q=q, k=k, v=v: call(q, k, v) for q, k, v in sets], 1.0
 
     def _elems(self, nbytes: int) -> int:
         return max(1, int(nbytes) // self.elem)
 
     def zero_fill_calls(self, nbytes: int) -> Setup:
-        bufs = [self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device)
-                for _ in range(self.rotations(nbytes))]
+        bufs = [
+            self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device)
+            for _ in range(self.rotations(nbytes))
+        ]
         return [b.zero_ for b in bufs], 1.0
 
     def copy_calls(self, nbytes: int) -> Setup:
         """Device-to-device ``dst.copy_(src)`` of ``nbytes`` (bytes copied, read once and written once)."""
         nb = self.rotations(2 * nbytes)
-        pairs = [(self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device),
-                  self.randn(self._elems(nbytes))) for _ in range(nb)]
+        pairs = [
+            (
+                self.torch.empty(self._elems(nbytes), dtype=self.dtype, device=self.device),
+                self.randn(self._elems(nbytes)),
+            )
+            for _ in range(nb)
+        ]
         return [lambda d=d, s=s: d.copy_(s) for d, s in pairs], 1.0
 
     def host_transfer_calls(self, nbytes: int, direction: str) -> Setup:
@@ -316,8 +379,9 @@ class Bench:
         pairs = [(self.randn(tokens, hidden), self.randn(tokens, hidden)) for _ in range(nb)]
         return [lambda x=x, y=y: x.add_(y) for x, y in pairs], 1.0
 
-    def alloc_events_calls(self, events: int = 256, block_size: int = REFERENCE_BLOCK_SIZE,
-                     blocks_per_row: int = 8) -> Setup:
+    def alloc_events_calls(
+        self, events: int = 256, block_size: int = REFERENCE_BLOCK_SIZE, blocks_per_row: int = 8
+    ) -> Setup:
         """Seconds per block allocation: pop a free block, extend the sequence's block-table row,
         write finished rows into the (host) block-table tensor. Timing per call of ``events``
         allocations; the result is divided by ``events``.
@@ -336,12 +400,13 @@ class Bench:
                 row = []
                 for _ in range(blocks_per_row):
                     row.append(free.pop())
-                table[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
+                table[r, : len(row)] = torch.tensor(row, dtype=torch.int32)
 
         return [allocate], 1.0 / (rows * blocks_per_row)
 
-    def step_cpu_calls(self, batch: int, vocab: int, block_size: int = REFERENCE_BLOCK_SIZE,
-                 max_blocks: int = 64) -> Setup:
+    def step_cpu_calls(
+        self, batch: int, vocab: int, block_size: int = REFERENCE_BLOCK_SIZE, max_blocks: int = 64
+    ) -> Setup:
         """Host-side work of one decode step for ``batch`` sequences.
 
         Schedule (walk the running sequences, grow a block when a block boundary is reached),
@@ -354,8 +419,13 @@ class Bench:
         seqs = []
         for _ in range(batch):
             length = rng.randrange(1, block_size * (max_blocks - 1))
-            seqs.append({"tokens": [rng.randrange(vocab) for _ in range(4)], "len": length,
-                         "blocks": [rng.randrange(1 << 20) for _ in range(length // block_size + 1)]})
+            seqs.append(
+                {
+                    "tokens": [rng.randrange(vocab) for _ in range(4)],
+                    "len": length,
+                    "blocks": [rng.randrange(1 << 20) for _ in range(length // block_size + 1)],
+                }
+            )
         nb = self.rotations(batch * vocab * 4)
         logits = [self.randn(batch, vocab, dtype=torch.float32) for _ in range(nb)]
         free = deque(range(1 << 20))

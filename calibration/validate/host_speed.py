@@ -72,7 +72,8 @@ class HostSpeed:
         """One probe time of ``allocator``'s probe (``prefill``: its prefill probe), stamped with the
         phase and the seconds since start."""
         (self.prefill_series if prefill else self.series)[allocator].append(
-            (phase, round(time.perf_counter() - self.t0, 4), probe_s))
+            (phase, round(time.perf_counter() - self.t0, 4), probe_s)
+        )
 
     def sample(self, phase: str, n: int) -> None:
         for a, p in self.probes.items():
@@ -116,16 +117,19 @@ class HostSpeed:
         """reference ÷ host speed at ``perf_counter`` time ``t``: per allocator the median of the probe
         before ``t`` and its two neighbours, the geometric mean over allocators (freezes the reference)."""
         import bisect
+
         ref = self.freeze()
         n = sum(len(ser) for ser in self.series.values())
         win = self._win
         if win is None or n != self._win_len:  # probes logged since (overhead runs, kernel rounds)
-            win = self._win = {a: ([self.t0 + x[1] for x in ser], [x[2] for x in ser]) for a, ser in self.series.items()}
+            win = self._win = {
+                a: ([self.t0 + x[1] for x in ser], [x[2] for x in ser]) for a, ser in self.series.items()
+            }
             self._win_len = n
         logs = []
         for a, (ts, xs) in win.items():
             i = max(bisect.bisect_right(ts, t) - 1, 0)
-            w = xs[max(i - 1, 0):i + 2]
+            w = xs[max(i - 1, 0) : i + 2]
             logs.append(math.log(ref[a] / float(np.median(w))))
         return math.exp(sum(logs) / len(logs))
 
@@ -150,7 +154,9 @@ class HostSpeed:
         """``Engine.run`` arguments of a ``cpu_norm`` run on ``allocator``'s engine."""
         kw = {"probe": self.probes[allocator], "probe_ref_s": self.reference(allocator)}
         if allocator in self.prefill_probes:
-            kw.update(prefill_probe=self.prefill_probes[allocator], prefill_probe_ref_s=self.prefill_reference(allocator))
+            kw.update(
+                prefill_probe=self.prefill_probes[allocator], prefill_probe_ref_s=self.prefill_reference(allocator)
+            )
         return kw
 
     def summary(self) -> dict:
@@ -158,20 +164,30 @@ class HostSpeed:
         for a, ser in self.series.items():
             v = np.array([x[2] for x in ser])
             phases = list(dict.fromkeys(x[0] for x in ser))
-            out[a] = {"reference_s": self.reference(a), "reference_phase": self.reference_phase(a),
-                      "probes": len(v), "probe_s": _pcts(v),
-                      "by_phase_median_s": {ph: float(np.median([x[2] for x in ser if x[0] == ph])) for ph in phases},
-                      "by_phase_p10_p90_s": {ph: [float(np.percentile([x[2] for x in ser if x[0] == ph], q))
-                                                  for q in (10, 90)] for ph in phases},
-                      "shape": self.probes[a].shape, "series": [[ph, t, round(x, 7)] for ph, t, x in ser]}
+            out[a] = {
+                "reference_s": self.reference(a),
+                "reference_phase": self.reference_phase(a),
+                "probes": len(v),
+                "probe_s": _pcts(v),
+                "by_phase_median_s": {ph: float(np.median([x[2] for x in ser if x[0] == ph])) for ph in phases},
+                "by_phase_p10_p90_s": {
+                    ph: [float(np.percentile([x[2] for x in ser if x[0] == ph], q)) for q in (10, 90)] for ph in phases
+                },
+                "shape": self.probes[a].shape,
+                "series": [[ph, t, round(x, 7)] for ph, t, x in ser],
+            }
             pser = self.prefill_series.get(a)
             if pser:
                 out[a]["prefill_probe"] = {
-                    "reference_s": self.prefill_reference(a), "shape": self.prefill_probes[a].shape,
+                    "reference_s": self.prefill_reference(a),
+                    "shape": self.prefill_probes[a].shape,
                     "probe_s": _pcts(np.array([x[2] for x in pser])),
-                    "by_phase_median_s": {ph: float(np.median([x[2] for x in pser if x[0] == ph]))
-                                          for ph in dict.fromkeys(x[0] for x in pser)},
-                    "series": [[ph, t, round(x, 7)] for ph, t, x in pser]}
+                    "by_phase_median_s": {
+                        ph: float(np.median([x[2] for x in pser if x[0] == ph]))
+                        for ph in dict.fromkeys(x[0] for x in pser)
+                    },
+                    "series": [[ph, t, round(x, 7)] for ph, t, x in pser],
+                }
         return out
 
 
@@ -183,19 +199,32 @@ def probe_diagnostics(res) -> dict:
     ps = np.array([p["probe_s"] for p in pr])
     sc = np.array([p["scale"] for p in pr])
     busy = sum(it["cpu_s"] for it in res.iterations)
-    return {"reference_s": res.config["probe_ref_s"], "every_s": res.config["probe_every_s"],
-            "window": res.config["probe_window"], "probes": len(pr), "probe_s": _pcts(ps), "scale": _pcts(sc),
-            "probe_p90_over_p10": float(np.percentile(ps, 90) / np.percentile(ps, 10)),
-            "probe_cpu_over_engine_cpu": float(ps.sum() / busy) if busy > 0 else None,
-            "series": [[round(p["engine_s"], 5), round(p["wall_s"], 4), round(p["probe_s"], 7), round(p["scale"], 4)]
-                       for p in pr],
-            **({"prefill_reference_s": res.config["prefill_probe_ref_s"],
+    return {
+        "reference_s": res.config["probe_ref_s"],
+        "every_s": res.config["probe_every_s"],
+        "window": res.config["probe_window"],
+        "probes": len(pr),
+        "probe_s": _pcts(ps),
+        "scale": _pcts(sc),
+        "probe_p90_over_p10": float(np.percentile(ps, 90) / np.percentile(ps, 10)),
+        "probe_cpu_over_engine_cpu": float(ps.sum() / busy) if busy > 0 else None,
+        "series": [
+            [round(p["engine_s"], 5), round(p["wall_s"], 4), round(p["probe_s"], 7), round(p["scale"], 4)] for p in pr
+        ],
+        **(
+            {
+                "prefill_reference_s": res.config["prefill_probe_ref_s"],
                 "prefill_probe_s": _pcts(np.array([p["prefill_probe_s"] for p in pr])),
                 "prefill_scale": _pcts(np.array([p["prefill_scale"] for p in pr])),
-                "prefill_probe_cpu_over_engine_cpu": float(sum(p["prefill_probe_s"] for p in pr) / busy) if busy > 0
+                "prefill_probe_cpu_over_engine_cpu": float(sum(p["prefill_probe_s"] for p in pr) / busy)
+                if busy > 0
                 else None,
-                "prefill_series": [[round(p["prefill_probe_s"], 7), round(p["prefill_scale"], 4)] for p in pr]}
-               if "prefill_probe_ref_s" in res.config else {})}
+                "prefill_series": [[round(p["prefill_probe_s"], 7), round(p["prefill_scale"], 4)] for p in pr],
+            }
+            if "prefill_probe_ref_s" in res.config
+            else {}
+        ),
+    }
 
 
 PROBE_TRACE = [(0.0, 64, 24), (0.0, 200, 24), (0.0, 120, 24), (0.0, 32, 24)] * 3
@@ -204,6 +233,7 @@ PROBE_TRACE = [(0.0, 64, 24), (0.0, 200, 24), (0.0, 120, 24), (0.0, 32, 24)] * 3
 @dataclass
 class HostProbeRun:
     """A host-speed probe's engine run (:func:`host_probe_run`), priced later by :func:`host_probe`."""
+
     result: object
     cpu_share: float
 
@@ -221,11 +251,16 @@ def host_probe_run(engine, clock: str = "cpu") -> HostProbeRun:
 def host_probe(run: HostProbeRun, cost) -> dict:
     """A probe run's measured ÷ predicted busy time under the cost model ``cost``."""
     from ..kernels import engine_iteration_rows
+
     rows = engine_iteration_rows(run.result, cost)
     meas = sum(r["measured_s"] for r in rows)
     pred = sum(r["predicted_s"] for r in rows)
-    return {"measured_s": round(meas, 5), "predicted_s": round(pred, 5), "measured_over_predicted": round(meas / pred, 4),
-            "cpu_share": run.cpu_share}
+    return {
+        "measured_s": round(meas, 5),
+        "predicted_s": round(pred, 5),
+        "measured_over_predicted": round(meas / pred, 4),
+        "cpu_share": run.cpu_share,
+    }
 
 
 def cpu_share(seconds: float = 0.3) -> float:

@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import numpy as np
 
-METRICS = ("ttft_p50", "ttft_p90", "ttft_p99", "tpot_p50", "tpot_p90", "tpot_p99", "e2e_p50", "e2e_p90", "e2e_p99",
-           "throughput", "peak_kv_blocks", "preemptions")
+METRICS = (
+    "ttft_p50",
+    "ttft_p90",
+    "ttft_p99",
+    "tpot_p50",
+    "tpot_p90",
+    "tpot_p99",
+    "e2e_p50",
+    "e2e_p90",
+    "e2e_p99",
+    "throughput",
+    "peak_kv_blocks",
+    "preemptions",
+)
 
 
 def latency_metrics(arrival, first, finish, prompt, generated) -> dict:
@@ -15,7 +27,11 @@ def latency_metrics(arrival, first, finish, prompt, generated) -> dict:
     prompt, generated = np.asarray(prompt), np.asarray(generated)
     out = {}
     multi = generated > 1
-    series = {"ttft": first - arrival, "tpot": (finish - first)[multi] / (generated[multi] - 1), "e2e": finish - arrival}
+    series = {
+        "ttft": first - arrival,
+        "tpot": (finish - first)[multi] / (generated[multi] - 1),
+        "e2e": finish - arrival,
+    }
     for k, v in series.items():
         for q in (50, 90, 99):
             out[f"{k}_p{q}"] = float(np.percentile(v, q)) if v.size else None
@@ -34,8 +50,13 @@ def rel_error(measured, simulated) -> float | None:
 
 def _engine_metrics(res) -> dict:
     ok = [r for r in res.requests if r["status"] == "completed"]
-    m = latency_metrics([r["arrival_s"] for r in ok], [r["first_token_s"] for r in ok], [r["finish_s"] for r in ok],
-                        [r["prompt_tokens"] for r in ok], [r["generated_tokens"] for r in ok])
+    m = latency_metrics(
+        [r["arrival_s"] for r in ok],
+        [r["first_token_s"] for r in ok],
+        [r["finish_s"] for r in ok],
+        [r["prompt_tokens"] for r in ok],
+        [r["generated_tokens"] for r in ok],
+    )
     m["peak_kv_blocks"] = float(res.peak_blocks())
     m["preemptions"] = int(res.preemptions())
     return m
@@ -45,8 +66,9 @@ def _sim_metrics(result, block_size: int) -> dict:
     req = result.requests
     ok = np.asarray(req["status"].to_pylist()) == "completed"
     col = lambda c: req[c].to_numpy()[ok]  # noqa: E731
-    m = latency_metrics(col("arrival_s"), col("first_token_s"), col("finish_s"), col("prompt_tokens"),
-                        col("generated_tokens"))
+    m = latency_metrics(
+        col("arrival_s"), col("first_token_s"), col("finish_s"), col("prompt_tokens"), col("generated_tokens")
+    )
     bpt = result.summary["kv_bytes_per_token"]
     ts = result.timeseries
     m["peak_kv_blocks"] = float(ts["kv_reserved_bytes"].to_numpy().max() / bpt / block_size) if ts.num_rows else 0.0
@@ -101,9 +123,14 @@ def error_summary(rows: list[dict]) -> dict:
         return {"cells": 0}
     errs = np.array([r["rel_error"] for r in cells])
     worst = cells[int(np.argmax(errs))]
-    out = {"cells": len(cells), "within_10pct": int((errs <= 0.10).sum()), "within_5pct": int((errs <= 0.05).sum()),
-           "median_rel_error": float(np.median(errs)), "max_rel_error": float(errs.max()),
-           "worst": f"{worst['load']}/{worst['allocator']} {worst['metric']}"}
+    out = {
+        "cells": len(cells),
+        "within_10pct": int((errs <= 0.10).sum()),
+        "within_5pct": int((errs <= 0.05).sum()),
+        "median_rel_error": float(np.median(errs)),
+        "max_rel_error": float(errs.max()),
+        "worst": f"{worst['load']}/{worst['allocator']} {worst['metric']}",
+    }
     spread = [r for r in cells if r.get("replay_spread") is not None]
     if spread:
         out["below_replay_spread"] = sum(r["rel_error"] <= r["replay_spread"] for r in spread)

@@ -28,7 +28,12 @@ from sim.catalog import get_model
 VARIANTS = {
     "steady": {"steady": True, "after_prefill": True},
     "steady-no-mixed-decode": {"steady": True, "after_prefill": True, "mixed_decode": False},
-    "steady-line": {"steady": True, "after_prefill": True, "by_seqs": False, "mixed_decode": False},  # no per-count departures
+    "steady-line": {
+        "steady": True,
+        "after_prefill": True,
+        "by_seqs": False,
+        "mixed_decode": False,
+    },  # no per-count departures
     "steady-median": {"steady": True, "after_prefill": True, "center": "median"},
     "steady-mean": {"steady": True, "after_prefill": True, "center": "mean"},
     "steady-no-after": {"steady": True, "after_prefill": False},
@@ -38,8 +43,11 @@ VARIANTS = {
 ROUNDS = {"pooled": lambda r: True, "upfront": lambda r: r.get("round", 0) == 0}
 #: which engine-overhead runs are fitted, by how they filled their batches (``engine.overhead_mix``;
 #: rows from before the option are ``offline``): all of them, or one mix alone where the run has both
-MIXES = {"all": lambda r: True, "offline": lambda r: r.get("mix", "offline") == "offline",
-         "queued": lambda r: r.get("mix") == "queued"}
+MIXES = {
+    "all": lambda r: True,
+    "offline": lambda r: r.get("mix", "offline") == "offline",
+    "queued": lambda r: r.get("mix") == "queued",
+}
 #: whose kernel curves the overhead is fitted against and the simulator runs on: the run's final
 #: profiles (pooled over its kernel rounds, where it had them) or its up-front route alone (runs with
 #: ``engine.kernel_rounds: spread``; the rows are re-priced against those curves)
@@ -51,6 +59,7 @@ def kernel_profile(path: str | Path):
     (``with_engine_overhead`` lowered it to carry the per-token overhead); the CPU term is replaced
     by whatever overhead fit comes next."""
     from sim.cost.profile import Profile
+
     doc = json.loads(Path(path).read_text())
     ew = doc["elementwise"]
     if "kernel_route_bandwidth_bytes_per_s" in ew:
@@ -59,8 +68,13 @@ def kernel_profile(path: str | Path):
     return Profile.from_json(doc, str(path))
 
 
-def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = None,
-          kernel_sets: dict | None = None, mixes: dict | None = None) -> list[dict]:
+def refit(
+    run: str | Path,
+    variants: dict | None = None,
+    rounds: dict | None = None,
+    kernel_sets: dict | None = None,
+    mixes: dict | None = None,
+) -> list[dict]:
     """Every (kernels, rounds, mix, variant) scored on ``run``'s replays: ``{kernels, variant, rounds,
     mix, summary, cells}`` with ``summary`` as ``validation.json``'s (``validate.error_summary``) and
     ``cells`` the rows. A kernel set is used where the run has its files and its rows their shapes
@@ -71,6 +85,7 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
     from .metrics import TARGET_METRICS, _sim_metrics, error_summary, rel_error
     from .simulator import sim_scenario
     from .spec import load_spec
+
     run = Path(run)
     doc = json.loads((run / "validation.json").read_text())
     rows_path = run / "overhead_rows.json"
@@ -94,13 +109,19 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
             sets[kname] = ({a: kernel_profile(f) for a, f in files.items()}, ov_rows)
         elif all(f.is_file() for f in files.values()) and all("chunks" in r for rows in ov_rows.values() for r in rows):
             profs = {a: kernel_profile(f) for a, f in files.items()}
-            sets[kname] = (profs, {a: kernels.repredict(rows, kernels.kernel_cost(profs[a], model, a, B),
-                                                        fits0[a]["clock"]) for a, rows in ov_rows.items()})
+            sets[kname] = (
+                profs,
+                {
+                    a: kernels.repredict(rows, kernels.kernel_cost(profs[a], model, a, B), fits0[a]["clock"])
+                    for a, rows in ov_rows.items()
+                },
+            )
     present = {r.get("mix", "offline") for rows in ov_rows.values() for r in rows}
     mixes = {k: f for k, f in (mixes or MIXES).items() if k == "all" or (len(present) > 1 and k in present)}
     with tempfile.TemporaryDirectory(prefix="kvsim-refit-") as tmp:  # the run's own files stay as they are
         for (kname, (profs, krows)), (rname, sel), (mname, msel), (vname, kw) in itertools.product(
-                sets.items(), (rounds or ROUNDS).items(), mixes.items(), (variants or VARIANTS).items()):
+            sets.items(), (rounds or ROUNDS).items(), mixes.items(), (variants or VARIANTS).items()
+        ):
             paths = {}
             for alloc, rows in krows.items():
                 fit = kernels._fit_overhead([r for r in rows if sel(r) and msel(r)], fits0[alloc]["clock"], **kw)
@@ -110,15 +131,32 @@ def refit(run: str | Path, variants: dict | None = None, rounds: dict | None = N
                 paths[alloc] = str(path)
             scored = []
             for load, alloc in cells:
-                sc = sim_scenario(spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"),
-                                  profile=paths[alloc], device=device)
+                sc = sim_scenario(
+                    spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"), profile=paths[alloc], device=device
+                )
                 sm = _sim_metrics(simulate(sc), B)
                 for m in TARGET_METRICS:
                     meas = measured[(load, alloc, m)]
-                    scored.append({"load": load, "allocator": alloc, "metric": m, "measured": meas,
-                                   "simulated": sm[m], "rel_error": rel_error(meas, sm[m])})
-            out.append({"kernels": kname, "variant": vname, "rounds": rname, "mix": mname, "summary": error_summary(scored),
-                        "cells": scored})
+                    scored.append(
+                        {
+                            "load": load,
+                            "allocator": alloc,
+                            "metric": m,
+                            "measured": meas,
+                            "simulated": sm[m],
+                            "rel_error": rel_error(meas, sm[m]),
+                        }
+                    )
+            out.append(
+                {
+                    "kernels": kname,
+                    "variant": vname,
+                    "rounds": rname,
+                    "mix": mname,
+                    "summary": error_summary(scored),
+                    "cells": scored,
+                }
+            )
     return out
 
 
@@ -130,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     for run in args:
         for r in refit(run):
             s = r["summary"]
-            print(f"{run}  kernels {r['kernels']:<8} rounds {r['rounds']:<8} mix {r['mix']:<8} {r['variant']:<16} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
-                  f"{s['within_5pct']:>2} within 5 %, median {s['median_rel_error']:.1%}, worst {s['max_rel_error']:.1%} "
-                  f"({s['worst']})", flush=True)
+            print(
+                f"{run}  kernels {r['kernels']:<8} rounds {r['rounds']:<8} mix {r['mix']:<8} {r['variant']:<16} {s['within_10pct']:>2}/{s['cells']} within 10 %, "
+                f"{s['within_5pct']:>2} within 5 %, median {s['median_rel_error']:.1%}, worst {s['max_rel_error']:.1%} "
+                f"({s['worst']})",
+                flush=True,
+            )
     return 0
 
 

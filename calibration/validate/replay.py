@@ -49,45 +49,66 @@ class Run:
 
 def engine_config(spec: dict, allocator: str, device: str):
     from ..engine import EngineConfig
+
     e = spec["engine"]
-    return EngineConfig(get_model(spec["model"]), num_blocks=int(spec["kv"]["num_blocks"]),
-                        block_size=int(spec["kv"]["block_size"]), max_num_seqs=int(spec["scheduler"]["max_num_seqs"]),
-                        max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]), allocator=allocator,
-                        reserve=int(spec["static_reserve"]), max_model_len=int(spec["workload"]["max_model_len"]),
-                        dtype=e["dtype"], threads=int(e["threads"]), seed=int(e["seed"]), device=device,
-                        kernels=e.get("kernels", "auto"))
+    return EngineConfig(
+        get_model(spec["model"]),
+        num_blocks=int(spec["kv"]["num_blocks"]),
+        block_size=int(spec["kv"]["block_size"]),
+        max_num_seqs=int(spec["scheduler"]["max_num_seqs"]),
+        max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
+        allocator=allocator,
+        reserve=int(spec["static_reserve"]),
+        max_model_len=int(spec["workload"]["max_model_len"]),
+        dtype=e["dtype"],
+        threads=int(e["threads"]),
+        seed=int(e["seed"]),
+        device=device,
+        kernels=e.get("kernels", "auto"),
+    )
 
 
 def iteration_diagnostics(res, cost) -> dict:
     """Per-iteration time measured vs predicted by the cost model for the same batch shapes."""
     from ..kernels import engine_iteration_rows
+
     rows = engine_iteration_rows(res, cost)
     out: dict[str, Any] = {}
-    for name, sel in (("all", lambda r: True), ("pure_decode", lambda r: r["pure_decode"]),
-                      ("mixed", lambda r: not r["pure_decode"])):
+    for name, sel in (
+        ("all", lambda r: True),
+        ("pure_decode", lambda r: r["pure_decode"]),
+        ("mixed", lambda r: not r["pure_decode"]),
+    ):
         rs = [r for r in rows if sel(r)]
         if not rs:
             continue
         meas = np.array([r["measured_s"] for r in rs])
         pred = np.array([r["predicted_s"] for r in rs])
         cpu = np.array([r["cpu_s"] for r in rs])
-        out[name] = {"iterations": len(rs), "measured_s": _pcts(meas), "predicted_s": _pcts(pred),
-                     "signed_rel_error": _pcts((pred - meas) / meas),
-                     "abs_rel_error_median": float(np.median(np.abs(pred - meas) / meas)),
-                     "sum_predicted_over_measured": float(pred.sum() / meas.sum()),
-                     "cpu_over_wall": _pcts(cpu / meas),
-                     "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
-                     "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None}
+        out[name] = {
+            "iterations": len(rs),
+            "measured_s": _pcts(meas),
+            "predicted_s": _pcts(pred),
+            "signed_rel_error": _pcts((pred - meas) / meas),
+            "abs_rel_error_median": float(np.median(np.abs(pred - meas) / meas)),
+            "sum_predicted_over_measured": float(pred.sum() / meas.sum()),
+            "cpu_over_wall": _pcts(cpu / meas),
+            "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
+            "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None,
+        }
     # pure-decode iterations by how many decode iterations came since the last one with a prefill
     # chunk (1..AFTER_PREFILL, slower than the steady state, then the steady state the fit prices)
     from ..kernels import AFTER_PREFILL, decode_since_prefill
+
     by_k: dict[str, list] = {}
     for r, k in zip(rows, decode_since_prefill(rows)):
         if r["pure_decode"]:
             key = str(k) if k <= AFTER_PREFILL else f">{AFTER_PREFILL}"
             by_k.setdefault(key, []).append((r["predicted_s"], r["measured_s"]))
-    out["after_prefill"] = {key: {"iterations": len(v), "sum_predicted_over_measured":
-                                  float(sum(p for p, _ in v) / sum(m for _, m in v))} for key, v in by_k.items()}
+    out["after_prefill"] = {
+        key: {"iterations": len(v), "sum_predicted_over_measured": float(sum(p for p, _ in v) / sum(m for _, m in v))}
+        for key, v in by_k.items()
+    }
     # cpu_norm replays: iterations right after a host-speed probe against the others (the probe leaves
     # its own cache state behind; a large share of probed iterations where iterations are long)
     probed = [r for r in rows if "after_probe" in r]
@@ -96,8 +117,10 @@ def iteration_diagnostics(res, cost) -> dict:
         for key, flag in (("after_probe", True), ("other", False)):
             v = [(r["predicted_s"], r["measured_s"]) for r in probed if r["after_probe"] == flag]
             if v:
-                out["after_probe"][key] = {"iterations": len(v),
-                                           "sum_predicted_over_measured": float(sum(p for p, _ in v) / sum(m for _, m in v))}
+                out["after_probe"][key] = {
+                    "iterations": len(v),
+                    "sum_predicted_over_measured": float(sum(p for p, _ in v) / sum(m for _, m in v)),
+                }
     busy = sum(it["end_s"] - it["start_s"] for it in res.iterations)
     lag = [r["enqueued_s"] - r["arrival_s"] for r in res.requests if r["enqueued_s"] >= 0]
     span = max((r["finish_s"] for r in res.requests), default=0.0)
@@ -114,22 +137,45 @@ def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, s
     ``net``: the validation's shared :class:`~calibration.engine.Transformer` (it is never run here;
     sharing it saves drawing a model's weights again, a real cost at an 8B shape)."""
     from ..engine import Engine
+
     eng = Engine(engine_config(spec, allocator, device), model=net)
     res = eng.run([tuple(r) for r in rows], clock="virtual", cost=cost, compute=False)
     req = sim_result.requests
-    sim_rows = {int(i): (a, f, e) for i, a, f, e in zip(req["id"].to_pylist(), req["admitted_s"].to_pylist(),
-                                                         req["first_token_s"].to_pylist(), req["finish_s"].to_pylist())}
-    diffs = [max(abs(r["admitted_s"] - sim_rows[r["id"]][0]), abs(r["first_token_s"] - sim_rows[r["id"]][1]),
-                 abs(r["finish_s"] - sim_rows[r["id"]][2])) for r in res.requests]
+    sim_rows = {
+        int(i): (a, f, e)
+        for i, a, f, e in zip(
+            req["id"].to_pylist(),
+            req["admitted_s"].to_pylist(),
+            req["first_token_s"].to_pylist(),
+            req["finish_s"].to_pylist(),
+        )
+    }
+    diffs = [
+        max(
+            abs(r["admitted_s"] - sim_rows[r["id"]][0]),
+            abs(r["first_token_s"] - sim_rows[r["id"]][1]),
+            abs(r["finish_s"] - sim_rows[r["id"]][2]),
+        )
+        for r in res.requests
+    ]
     bpt = sim_result.summary["kv_bytes_per_token"]
     B = int(spec["kv"]["block_size"])
     sim_peak = float(sim_result.timeseries["kv_reserved_bytes"].to_numpy().max() / bpt / B)
-    out = {"engine_peak_kv_blocks": float(res.peak_blocks()), "sim_peak_kv_blocks": sim_peak,
-           "engine_preemptions": res.preemptions(), "sim_preemptions": int(sim_result.summary["preemptions"]),
-           "engine_iterations": len(res.iterations), "sim_iterations": int(sim_result.summary["iterations"]),
-           "max_abs_time_diff_s": float(max(diffs)) if diffs else 0.0}
-    out["identical"] = bool(out["engine_peak_kv_blocks"] == sim_peak and out["engine_preemptions"] == out["sim_preemptions"]
-                            and out["engine_iterations"] == out["sim_iterations"] and out["max_abs_time_diff_s"] < 1e-6)
+    out = {
+        "engine_peak_kv_blocks": float(res.peak_blocks()),
+        "sim_peak_kv_blocks": sim_peak,
+        "engine_preemptions": res.preemptions(),
+        "sim_preemptions": int(sim_result.summary["preemptions"]),
+        "engine_iterations": len(res.iterations),
+        "sim_iterations": int(sim_result.summary["iterations"]),
+        "max_abs_time_diff_s": float(max(diffs)) if diffs else 0.0,
+    }
+    out["identical"] = bool(
+        out["engine_peak_kv_blocks"] == sim_peak
+        and out["engine_preemptions"] == out["sim_preemptions"]
+        and out["engine_iterations"] == out["sim_iterations"]
+        and out["max_abs_time_diff_s"] < 1e-6
+    )
     return out
 
 
@@ -137,6 +183,7 @@ def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, s
 class Replayed:
     """One cell's engine side (:func:`new_cell`, :func:`replay_cells`): the trace and, per replay
     clock, every replay and (raw clocks) the host probes around them."""
+
     load: dict
     allocator: str
     rate: float
@@ -172,8 +219,9 @@ def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: HostSpeed
         cell.probes[clock] = (before, host_probe_run(engine, clock))
 
 
-def replay_cells(spec: dict, cells: list[Replayed], engines: dict, speed: HostSpeed | None = None,
-                 before=None, say=None) -> None:
+def replay_cells(
+    spec: dict, cells: list[Replayed], engines: dict, speed: HostSpeed | None = None, before=None, say=None
+) -> None:
     """Every cell's replays: the table's clock (the first) ``engine.replays`` times, each other clock once.
 
     ``engine.replay_order: interleaved`` (default) replays every cell once, then every cell again,
@@ -194,8 +242,10 @@ def replay_cells(spec: dict, cells: list[Replayed], engines: dict, speed: HostSp
         if before is not None:
             before(k, cell)
         if say is not None:
-            say(f"replay {k + 1}/{len(order)}: {cell.allocator} {cell.load['name']} ({i + 1} of {n}), "
-                f"{cell.rate:.2f} req/s, {len(cell.rows)} requests")
+            say(
+                f"replay {k + 1}/{len(order)}: {cell.allocator} {cell.load['name']} ({i + 1} of {n}), "
+                f"{cell.rate:.2f} req/s, {len(cell.rows)} requests"
+            )
         replay_once(spec, cell, clocks[0], engines[cell.allocator], speed)
         if i == n - 1:  # the raw clocks once, after the cell's last replay of the table's clock
             for clock in clocks[1:]:
@@ -212,6 +262,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     from sim.cost.profile import load_profile
     from sim.engine.cluster import simulate
     from sim.engine.deployment import Deployment
+
     allocator, load = cell.allocator, cell.load
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
@@ -248,17 +299,35 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
         if len(ress) > 1:
             per_replay[clock], more[clock] = per, ress[1:]
             # the first replay's diagnostics are the clock's own, computed above
-            diags[clock]["replays"] = [replay_summary(r, m, diags[clock] if i == 0 else iteration_diagnostics(r, cost_c))
-                                       for i, (r, m) in enumerate(zip(ress, per))]
-    return Run(load["name"], allocator, cell.rate, simulated, sims, measured, results, diags, raw,
-               semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net), per_replay, more,
-               cell_sensitivity(spec, allocator, cell.trace, profile_path, device, at_one=raw))
+            diags[clock]["replays"] = [
+                replay_summary(r, m, diags[clock] if i == 0 else iteration_diagnostics(r, cost_c))
+                for i, (r, m) in enumerate(zip(ress, per))
+            ]
+    return Run(
+        load["name"],
+        allocator,
+        cell.rate,
+        simulated,
+        sims,
+        measured,
+        results,
+        diags,
+        raw,
+        semantics_check(spec, allocator, device, cell.rows, sim_raw, cost, net=net),
+        per_replay,
+        more,
+        cell_sensitivity(spec, allocator, cell.trace, profile_path, device, at_one=raw),
+    )
 
 
 def replay_summary(res, metrics: dict, diag: dict) -> dict:
     """One replay in brief: its metrics, the model's busy-time ratio (from its
     :func:`iteration_diagnostics` ``diag``), the host-speed probe's median."""
     sp = probe_diagnostics(res)
-    return {"metrics": metrics, "sum_predicted_over_measured": diag.get("all", {}).get("sum_predicted_over_measured"),
-            "iterations": len(res.iterations), "wall_s": round(res.info.get("wall_s", 0.0), 3),
-            "probe_p50_s": sp.get("probe_s", {}).get("p50") if sp else None}
+    return {
+        "metrics": metrics,
+        "sum_predicted_over_measured": diag.get("all", {}).get("sum_predicted_over_measured"),
+        "iterations": len(res.iterations),
+        "wall_s": round(res.info.get("wall_s", 0.0), 3),
+        "probe_p50_s": sp.get("probe_s", {}).get("p50") if sp else None,
+    }

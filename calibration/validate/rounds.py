@@ -20,23 +20,43 @@ if TYPE_CHECKING:
 def validation_plan(spec: dict, device: str):
     """A route-1 grid covering the spec's batch shapes only (seconds, not minutes)."""
     from ..kernels import Plan, _pow2
+
     model = get_model(spec["model"])
     T = int(spec["scheduler"]["max_num_batched_tokens"])
     S = int(spec["scheduler"]["max_num_seqs"])
     L = min(int(spec["workload"]["max_model_len"]), model.max_position)
     top = 1 << max(1, (max(T, S) - 1).bit_length())
     ltop = 1 << max(5, (L - 1).bit_length())
-    return Plan(gemm_m=_pow2(1, top), ctx_batch=(1, 2, 4), ctx_len=_pow2(16, min(ltop, model.max_position), 1),
-                ctx_max_tokens=4 * top, gen_batch=_pow2(1, 1 << (S - 1).bit_length()),
-                gen_len=_pow2(16, min(ltop, model.max_position)), gen_max_kv_bytes=256 << 20, block_sizes=(8, 32),
-                overhead_batch=_pow2(1, 64, 2), mem_bytes=_pow2(1 << 12, 1 << 24, 4), ew_tokens=(1, 16, 256),
-                repeats=5, warmup=2, target_repeat_s=0.0005, passes=2 if device == "cpu" else 1,
-                static_decode="static" in spec["allocators"])
+    return Plan(
+        gemm_m=_pow2(1, top),
+        ctx_batch=(1, 2, 4),
+        ctx_len=_pow2(16, min(ltop, model.max_position), 1),
+        ctx_max_tokens=4 * top,
+        gen_batch=_pow2(1, 1 << (S - 1).bit_length()),
+        gen_len=_pow2(16, min(ltop, model.max_position)),
+        gen_max_kv_bytes=256 << 20,
+        block_sizes=(8, 32),
+        overhead_batch=_pow2(1, 64, 2),
+        mem_bytes=_pow2(1 << 12, 1 << 24, 4),
+        ew_tokens=(1, 16, 256),
+        repeats=5,
+        warmup=2,
+        target_repeat_s=0.0005,
+        passes=2 if device == "cpu" else 1,
+        static_decode="static" in spec["allocators"],
+    )
 
 
-def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, engine_overhead: bool = True,
-                     progress: bool = False, speed: HostSpeed | None = None,
-                     net=None) -> tuple[dict[str, str], dict, OverheadRounds | None]:
+def prepare_profiles(
+    spec: dict,
+    device: str,
+    out: Path,
+    profile: str | None,
+    engine_overhead: bool = True,
+    progress: bool = False,
+    speed: HostSpeed | None = None,
+    net=None,
+) -> tuple[dict[str, str], dict, OverheadRounds | None]:
     """Profile file per allocator (kernel curves + the engine's measured overhead for that layout),
     the calibration's description, and the overhead's :class:`OverheadRounds` (to add rounds to
     and refit; ``None`` without ``engine_overhead``).
@@ -65,11 +85,13 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
         kernels = KernelRounds(spec, device, model, speed=speed, cpu_time=cpu_clock, progress=progress)
         bases = kernels.bases()
         base = bases[spec["allocators"][0]]
-        info["calibrated"] = {"route": "kvsim calibrate --device (route 1), validation grid",
-                              "elapsed_s": kernels.log[0]["elapsed_s"],
-                              "points": sum(base.provenance["measured_points"].values()),
-                              "timer": "thread CPU time" if cpu_clock else "wall time",
-                              "normalised": speed is not None}
+        info["calibrated"] = {
+            "route": "kvsim calibrate --device (route 1), validation grid",
+            "elapsed_s": kernels.log[0]["elapsed_s"],
+            "points": sum(base.provenance["measured_points"].values()),
+            "timer": "thread CPU time" if cpu_clock else "wall time",
+            "normalised": speed is not None,
+        }
     else:
         base = load_profile(profile)
         info["loaded"] = profile
@@ -83,19 +105,31 @@ def prepare_profiles(spec: dict, device: str, out: Path, profile: str | None, en
     if engine_overhead:
         norm_speed = speed if cpu_clock else None  # the host-speed normaliser: cpu clocks only
         norm = norm_speed is not None
-        kw = dict(allocators=tuple(spec["allocators"]), block_size=int(spec["kv"]["block_size"]), dtype=eng["dtype"],
-                  threads=int(eng["threads"]), device=device, kernels=eng.get("kernels", "auto"),
-                  clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
-                  probe_ref_s={a: norm_speed.reference(a) for a in spec["allocators"]} if norm_speed is not None else None,
-                  prefill_probe_ref_s={a: norm_speed.prefill_reference(a) for a in norm_speed.prefill_probes}
-                  if norm_speed is not None and norm_speed.prefill_probes else None,
-                  max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
-                  batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
-                  mixes=OVERHEAD_MIX[eng.get("overhead_mix", "offline")],
-                  net=net)
-        rounds = OverheadRounds(bases, model, kw, norm_speed,
-                                between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
-                                kernels=kernels if eng.get("kernel_rounds", "spread") == "spread" else None)
+        kw = dict(
+            allocators=tuple(spec["allocators"]),
+            block_size=int(spec["kv"]["block_size"]),
+            dtype=eng["dtype"],
+            threads=int(eng["threads"]),
+            device=device,
+            kernels=eng.get("kernels", "auto"),
+            clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
+            probe_ref_s={a: norm_speed.reference(a) for a in spec["allocators"]} if norm_speed is not None else None,
+            prefill_probe_ref_s={a: norm_speed.prefill_reference(a) for a in norm_speed.prefill_probes}
+            if norm_speed is not None and norm_speed.prefill_probes
+            else None,
+            max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
+            batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
+            mixes=OVERHEAD_MIX[eng.get("overhead_mix", "offline")],
+            net=net,
+        )
+        rounds = OverheadRounds(
+            bases,
+            model,
+            kw,
+            norm_speed,
+            between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
+            kernels=kernels if eng.get("kernel_rounds", "spread") == "spread" else None,
+        )
         rounds.upfront()
         paths = rounds.write(out)
         info["engine_overhead"] = rounds.summary()
@@ -128,22 +162,27 @@ class KernelRounds:
     put at the frozen reference by the probes around its own points (:meth:`HostSpeed.kernel_round`).
     """
 
-    def __init__(self, spec: dict, device: str, model, *, speed: HostSpeed | None, cpu_time: bool,
-                 progress: bool = False):
+    def __init__(
+        self, spec: dict, device: str, model, *, speed: HostSpeed | None, cpu_time: bool, progress: bool = False
+    ):
         from ..kernels import measure_device
+
         eng = spec["engine"]
         self.spec, self.device, self.model, self.speed = spec, device, model, speed
         self.allocators = tuple(spec["allocators"])
         self.plan = validation_plan(spec, device)
         self.name = f"{device}-{model.name}-{eng['dtype']}-validate"
-        self.kw = dict(dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time,
-                       kernels=eng.get("kernels", "auto"))
+        self.kw = dict(
+            dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time, kernels=eng.get("kernels", "auto")
+        )
         t = time.perf_counter()
         meas, self.info = measure_device(device, model, self.plan, progress=progress, speed=speed, **self.kw)
         if speed is not None:
             speed.freeze()
         self.runs = [meas]
-        self.log = [{"label": "calibration", "passes": self.plan.passes, "elapsed_s": round(time.perf_counter() - t, 1)}]
+        self.log = [
+            {"label": "calibration", "passes": self.plan.passes, "elapsed_s": round(time.perf_counter() - t, 1)}
+        ]
         self._bases: dict | None = None
 
     def round(self, label: str) -> None:
@@ -151,6 +190,7 @@ class KernelRounds:
         from dataclasses import replace
 
         from ..kernels import measure_device
+
         t = time.perf_counter()
         with self.speed.kernel_round() if self.speed is not None else contextlib.nullcontext():
             meas, _ = measure_device(self.device, self.model, replace(self.plan, passes=1), speed=self.speed, **self.kw)
@@ -165,16 +205,28 @@ class KernelRounds:
         """Per allocator, the kernel profile fitted on every pass so far (``static``: its decode grid
         the engine's static kernel, :func:`calibration.kernels.with_static_decode`)."""
         from ..kernels import build_device_profile, pool_measurements, with_static_decode
+
         if self._bases is None:
             meas = self.runs[0] if len(self.runs) == 1 else pool_measurements(self.runs)
-            base, _ = build_device_profile(meas, self.model, self.info, self.plan, name=self.name,
-                                           dtype=self.spec["engine"]["dtype"],
-                                           elapsed_s=sum(x["elapsed_s"] for x in self.log), key_dtype="bf16")
+            base, _ = build_device_profile(
+                meas,
+                self.model,
+                self.info,
+                self.plan,
+                name=self.name,
+                dtype=self.spec["engine"]["dtype"],
+                elapsed_s=sum(x["elapsed_s"] for x in self.log),
+                key_dtype="bf16",
+            )
             if len(self.runs) > 1:
-                base.provenance["kernel_rounds"] = {"passes": self.passes(), "runs": len(self.runs),
-                                                    "pooled": "per point, the median of the runs' medians"}
-            self._bases = {a: with_static_decode(base, meas, self.model) if a == "static" else base
-                           for a in self.allocators}
+                base.provenance["kernel_rounds"] = {
+                    "passes": self.passes(),
+                    "runs": len(self.runs),
+                    "pooled": "per point, the median of the runs' medians",
+                }
+            self._bases = {
+                a: with_static_decode(base, meas, self.model) if a == "static" else base for a in self.allocators
+            }
         return self._bases
 
 
@@ -198,8 +250,15 @@ class OverheadRounds:
     #: passes of the offline batches before the first replay
     upfront_passes = 3
 
-    def __init__(self, bases: dict, model, kw: dict, speed: HostSpeed | None = None, between_runs=None,
-                 kernels: KernelRounds | None = None):
+    def __init__(
+        self,
+        bases: dict,
+        model,
+        kw: dict,
+        speed: HostSpeed | None = None,
+        between_runs=None,
+        kernels: KernelRounds | None = None,
+    ):
         self.bases, self.model, self.kw, self.speed, self.between_runs = bases, model, kw, speed, between_runs
         self.kernels = kernels
         self.rows: dict[str, list] = {a: [] for a in kw["allocators"]}
@@ -209,22 +268,48 @@ class OverheadRounds:
 
     def _measure(self, label: str, passes: int) -> None:
         from ..kernels import measure_engine_overhead
+
         k = len(self.log)
         if k > 0 and self.kernels is not None:  # the kernel grid again, right before this round
             self.kernels.round(label)
         phase = "engine_overhead" if k == 0 else "overhead_rounds"
-        ovs = measure_engine_overhead(self.bases, self.model, passes=passes, seed=k,
-                                      probes=self.speed.logged(phase) if self.speed is not None else None,
-                                      prefill_probes=self.speed.logged(phase, prefill=True) if self.speed is not None
-                                      else None,
-                                      between_runs=self.between_runs, **self.kw)
+        ovs = measure_engine_overhead(
+            self.bases,
+            self.model,
+            passes=passes,
+            seed=k,
+            probes=self.speed.logged(phase) if self.speed is not None else None,
+            prefill_probes=self.speed.logged(phase, prefill=True) if self.speed is not None else None,
+            between_runs=self.between_runs,
+            **self.kw,
+        )
         for a, ov in ovs.items():
             self.rows[a] += [dict(r, round=k) for r in ov["rows"]]
         ov = ovs[next(iter(ovs))]
-        self.log.append({"round": k, "label": label, "passes": passes, "elapsed_s": ov["elapsed_s"],
-                         "start_s": round(time.perf_counter() - self.t0 - ov["elapsed_s"], 2)})
-        self._meta = {x: ov[x] for x in ("block_size", "dtype", "threads", "clock", "batches", "prompt_range",
-                                        "output_tokens", "mixes", "output_range") if x in ov}
+        self.log.append(
+            {
+                "round": k,
+                "label": label,
+                "passes": passes,
+                "elapsed_s": ov["elapsed_s"],
+                "start_s": round(time.perf_counter() - self.t0 - ov["elapsed_s"], 2),
+            }
+        )
+        self._meta = {
+            x: ov[x]
+            for x in (
+                "block_size",
+                "dtype",
+                "threads",
+                "clock",
+                "batches",
+                "prompt_range",
+                "output_tokens",
+                "mixes",
+                "output_range",
+            )
+            if x in ov
+        }
         self._fits = None
 
     def upfront(self) -> None:
@@ -238,6 +323,7 @@ class OverheadRounds:
         """With kernel rounds: the kernel curves pooled over every pass so far, and every overhead
         row's prediction and residual recomputed against them (the rows stay as measured)."""
         from ..kernels import kernel_cost, repredict
+
         if self.kernels is None or len(self.kernels.runs) < 2:
             return
         self.bases = self.kernels.bases()
@@ -249,21 +335,30 @@ class OverheadRounds:
         """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled
         (against the pooled kernel curves, with kernel rounds)."""
         from ..kernels import _fit_overhead
+
         if self._fits is None:
             self._rebase()
             passes = sum(x["passes"] for x in self.log)
             elapsed = round(sum(x["elapsed_s"] for x in self.log), 2)
-            self._fits = {a: {**_fit_overhead(rows, self._meta["clock"]), "allocator": a, **self._meta,
-                              "passes": passes, "rounds": len(self.log), "elapsed_s": elapsed,
-                              **({"kernel_passes": self.kernels.passes()} if self.kernels is not None else {}),
-                              **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s")
-                                 else {})}
-                          for a, rows in self.rows.items()}
+            self._fits = {
+                a: {
+                    **_fit_overhead(rows, self._meta["clock"]),
+                    "allocator": a,
+                    **self._meta,
+                    "passes": passes,
+                    "rounds": len(self.log),
+                    "elapsed_s": elapsed,
+                    **({"kernel_passes": self.kernels.passes()} if self.kernels is not None else {}),
+                    **({"probe_ref_s": float(self.kw["probe_ref_s"][a])} if self.kw.get("probe_ref_s") else {}),
+                }
+                for a, rows in self.rows.items()
+            }
         return self._fits
 
     def write(self, out: Path) -> dict[str, str]:
         """``profile-<allocator>.json`` per allocator: its kernel profile + the pooled overhead fit."""
         from ..kernels import with_engine_overhead
+
         fits = self.fits()
         paths = {}
         for a, fit in fits.items():
@@ -276,6 +371,7 @@ class OverheadRounds:
         """Each round's pure-decode iterations, measured ÷ (kernels + pooled fit) summed: how far the
         host's (normalised) speed in that round sat from the pooled level."""
         from ..kernels import row_time_s, step_overhead_s
+
         fits = self.fits()
         out = []
         for x in self.log:

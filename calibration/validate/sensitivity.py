@@ -15,6 +15,7 @@ from .simulator import sim_scenario
 def scale_profile(profile, f: float):
     """``profile`` with every time multiplied by ``f`` (curves, latencies, CPU terms; bandwidths divided)."""
     from sim.cost.profile import Profile
+
     doc = json.loads(json.dumps(profile.to_json()))
     for fam in ("gemm", "context_attention", "generation_attention", "allreduce"):
         for c in doc[fam].values():
@@ -29,7 +30,10 @@ def scale_profile(profile, f: float):
         if "mixed_per_decode_s" in t:
             t["mixed_per_decode_s"] = float(t["mixed_per_decode_s"]) * f
         if t.get("per_seq_delta_s"):
-            t["per_seq_delta_s"] = {**t["per_seq_delta_s"], "delta_s": [float(x) * f for x in t["per_seq_delta_s"]["delta_s"]]}
+            t["per_seq_delta_s"] = {
+                **t["per_seq_delta_s"],
+                "delta_s": [float(x) * f for x in t["per_seq_delta_s"]["delta_s"]],
+            }
     m = doc["memory"]
     for k in list(m):
         if k.endswith("latency_s") or k == "alloc_event_s":
@@ -46,8 +50,15 @@ def scale_profile(profile, f: float):
 SENSITIVITY_FACTORS = (0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03)
 
 
-def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str, device: str = "cpu",
-                     factors=SENSITIVITY_FACTORS, at_one: dict | None = None) -> dict:
+def cell_sensitivity(
+    spec: dict,
+    allocator: str,
+    trace: Path,
+    profile_path: str,
+    device: str = "cpu",
+    factors=SENSITIVITY_FACTORS,
+    at_one: dict | None = None,
+) -> dict:
     """How strongly each metric of one cell answers a uniform error in step time: the least-squares
     slope of ln(metric) on ln(f) over simulator runs on the profile with every time × ``f``.
 
@@ -62,6 +73,7 @@ def cell_sensitivity(spec: dict, allocator: str, trace: Path, profile_path: str,
 
     from sim.cost.profile import load_profile
     from sim.engine.cluster import simulate
+
     B = int(spec["kv"]["block_size"])
     base = load_profile(profile_path)
     per: list[dict] = []

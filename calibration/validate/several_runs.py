@@ -46,6 +46,7 @@ class Run:
     in seconds; ``setup``: what must be equal for runs to be read together (model shape, KV memory,
     scheduler, workload, loads, the table's clock, device kind); ``engine``: the spec's engine options
     (replays, calibration choices; empty in runs written before they were recorded), which may differ."""
+
     path: str
     name: str
     cells: dict
@@ -69,7 +70,9 @@ def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
         doc = json.loads(f.read_text())
         rows = doc["rows"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with rows ({exc.__class__.__name__}: {exc})") from None
+        raise ConfigError(
+            f"{KEY}.runs", str(path), f"a validation.json with rows ({exc.__class__.__name__}: {exc})"
+        ) from None
     cells, sens = {}, {}
     for r in rows:
         if r.get("metric") in JUDGED and r.get("measured") and r.get("simulated") is not None:
@@ -77,20 +80,31 @@ def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
             if r.get("sensitivity") is not None:
                 sens[(r["load"], r["allocator"], r["metric"])] = float(r["sensitivity"])
     if not cells:
-        raise ConfigError(f"{KEY}.runs", str(path), f"a validation.json with measured and simulated {', '.join(JUDGED)} rows")
+        raise ConfigError(
+            f"{KEY}.runs", str(path), f"a validation.json with measured and simulated {', '.join(JUDGED)} rows"
+        )
     config = dict(doc.get("config") or {})
     engine = config.pop("engine", None) or {}
-    setup = {"shape": doc.get("shape"), "config": config, "clock": doc.get("clock"),
-             "device": (doc.get("device") or {}).get("kind")}
+    setup = {
+        "shape": doc.get("shape"),
+        "config": config,
+        "clock": doc.get("clock"),
+        "device": (doc.get("device") or {}).get("kind"),
+    }
     name = p.name if p.is_dir() else p.parent.name
     if not sens and recompute_sensitivity:
         from .sensitivity import run_sensitivity
+
         try:
             by_cell = run_sensitivity(f.parent)
         except (ConfigError, OSError, KeyError, ValueError, TypeError):
             by_cell = {}  # an incomplete or foreign folder: its errors are still worth reading without it
-        sens = {(lo, a, m): v for (lo, a), d in by_cell.items() for m, v in d.items()
-                if (lo, a, m) in cells and v is not None}
+        sens = {
+            (lo, a, m): v
+            for (lo, a), d in by_cell.items()
+            for m, v in d.items()
+            if (lo, a, m) in cells and v is not None
+        }
     return Run(str(path), name, cells, setup, dict(engine), doc.get("elapsed_s"), sens)
 
 
@@ -101,9 +115,14 @@ def signed_error(measured: float, simulated: float) -> float:
 
 def _score(errs: np.ndarray) -> dict:
     a = np.abs(errs)
-    return {"cells": int(errs.size), **{f"within_{int(b * 100)}pct": int((a <= b).sum()) for b in BARS},
-            "median_abs_error": float(np.median(a)), "max_abs_error": float(a.max()),
-            "rms_error": float(np.sqrt(np.mean(errs ** 2))), "mean_signed_error": float(errs.mean())}
+    return {
+        "cells": int(errs.size),
+        **{f"within_{int(b * 100)}pct": int((a <= b).sum()) for b in BARS},
+        "median_abs_error": float(np.median(a)),
+        "max_abs_error": float(a.max()),
+        "rms_error": float(np.sqrt(np.mean(errs**2))),
+        "mean_signed_error": float(errs.mean()),
+    }
 
 
 def combine(runs: list[Run]) -> dict:
@@ -116,12 +135,19 @@ def combine(runs: list[Run]) -> dict:
     for r in runs[1:]:
         if r.setup != runs[0].setup:
             what = [k for k in r.setup if r.setup[k] != runs[0].setup.get(k)]
-            raise ConfigError(f"{KEY}.runs", r.path, f"a run of the same setup as {runs[0].path} (they differ in "
-                                                       f"{', '.join(what)}): runs of different setups measure different things")
+            raise ConfigError(
+                f"{KEY}.runs",
+                r.path,
+                f"a run of the same setup as {runs[0].path} (they differ in "
+                f"{', '.join(what)}): runs of different setups measure different things",
+            )
         if sorted(r.cells) != keys:
             missing = sorted(set(keys) ^ set(r.cells))[:3]
-            raise ConfigError(f"{KEY}.runs", r.path, f"the same cells as {runs[0].path} (they differ in "
-                                                       f"{', '.join('/'.join(k) for k in missing)})")
+            raise ConfigError(
+                f"{KEY}.runs",
+                r.path,
+                f"the same cells as {runs[0].path} (they differ in {', '.join('/'.join(k) for k in missing)})",
+            )
     E = np.array([[signed_error(*r.cells[k]) for k in keys] for r in runs])  # runs × cells
     per_run = [{"run": r.name, "path": r.path, **_score(E[i]), "elapsed_s": r.elapsed_s} for i, r in enumerate(runs)]
     per_cell = []
@@ -129,24 +155,45 @@ def combine(runs: list[Run]) -> dict:
         e = E[:, j]
         sv = [r.sensitivity[(load, alloc, metric)] for r in runs if (load, alloc, metric) in r.sensitivity]
         sens = float(np.mean(sv)) if sv else None
-        per_cell.append({"load": load, "allocator": alloc, "metric": metric, "mean_signed_error": float(e.mean()),
-                         "sd": float(e.std(ddof=1)), "runs_beyond_10pct": int((np.abs(e) > 0.10).sum()),
-                         "min": float(e.min()), "max": float(e.max()), "sensitivity": sens,
-                         "step_equivalent": (float(e.mean() / sens) if sens is not None and sens >= SENSITIVITY_MIN
-                                             else None)})
+        per_cell.append(
+            {
+                "load": load,
+                "allocator": alloc,
+                "metric": metric,
+                "mean_signed_error": float(e.mean()),
+                "sd": float(e.std(ddof=1)),
+                "runs_beyond_10pct": int((np.abs(e) > 0.10).sum()),
+                "min": float(e.min()),
+                "max": float(e.max()),
+                "sensitivity": sens,
+                "step_equivalent": (float(e.mean() / sens) if sens is not None and sens >= SENSITIVITY_MIN else None),
+            }
+        )
     med = np.median(E, axis=0)
     n_all = int((np.abs(E) <= 0.10).all(axis=1).sum())
     known = [r for r in runs if r.engine]  # runs written before validation.json recorded them: unknown, not different
     differs = [r.name for r in known[1:] if r.engine != known[0].engine]
-    return {"runs": per_run, "cells": per_cell,
-            "pooled": {"runs": len(runs), "cells_per_run": len(keys), "runs_all_within_10pct": n_all,
-                       "cells_beyond_10pct": int((np.abs(E) > 0.10).sum()), "cell_results": int(E.size),
-                       "mean_signed_error": float(E.mean()),
-                       "systematic_rms": float(np.sqrt(np.mean(E.mean(axis=0) ** 2))),
-                       "worst_cell_mean": max(per_cell, key=lambda c: abs(c["mean_signed_error"]))},
-            "median_of_runs": {**_score(med), "cells_detail": [
-                {"load": k[0], "allocator": k[1], "metric": k[2], "signed_error": float(x)} for k, x in zip(keys, med)]},
-            "engine_differs": differs}
+    return {
+        "runs": per_run,
+        "cells": per_cell,
+        "pooled": {
+            "runs": len(runs),
+            "cells_per_run": len(keys),
+            "runs_all_within_10pct": n_all,
+            "cells_beyond_10pct": int((np.abs(E) > 0.10).sum()),
+            "cell_results": int(E.size),
+            "mean_signed_error": float(E.mean()),
+            "systematic_rms": float(np.sqrt(np.mean(E.mean(axis=0) ** 2))),
+            "worst_cell_mean": max(per_cell, key=lambda c: abs(c["mean_signed_error"])),
+        },
+        "median_of_runs": {
+            **_score(med),
+            "cells_detail": [
+                {"load": k[0], "allocator": k[1], "metric": k[2], "signed_error": float(x)} for k, x in zip(keys, med)
+            ],
+        },
+        "engine_differs": differs,
+    }
 
 
 def _pct(x: float, signed: bool = False) -> str:
@@ -159,8 +206,13 @@ def _cell_table(title: str, cells: list[dict], text) -> list[str]:
     metrics = [m for m in JUDGED if any(c["metric"] == m for c in cells)]
     rows = sorted({(c["allocator"], c["load"]) for c in cells}, key=lambda x: (x[0], _LOAD_ORDER.get(x[1], 9), x[1]))
     by = {(c["allocator"], c["load"], c["metric"]): c for c in cells}
-    out = ["", title, "", "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
-           "|---|---|" + "---|" * len(metrics)]
+    out = [
+        "",
+        title,
+        "",
+        "| load | allocator | " + " | ".join(m.replace("_", " ") for m in metrics) + " |",
+        "|---|---|" + "---|" * len(metrics),
+    ]
     for alloc, load in rows:
         vals = [("" if (c := by.get((alloc, load, m))) is None else text(c)) for m in metrics]
         out.append(f"| {load} | {alloc} | " + " | ".join(vals) + " |")
@@ -168,8 +220,9 @@ def _cell_table(title: str, cells: list[dict], text) -> list[str]:
 
 
 def _error_text(c: dict) -> str:
-    return (f"{_pct(c['mean_signed_error'], True)} ± {_pct(c['sd'])}"
-            + (f" ({c['runs_beyond_10pct']})" if c["runs_beyond_10pct"] else ""))
+    return f"{_pct(c['mean_signed_error'], True)} ± {_pct(c['sd'])}" + (
+        f" ({c['runs_beyond_10pct']})" if c["runs_beyond_10pct"] else ""
+    )
 
 
 def _sensitivity_text(c: dict) -> str:
@@ -183,20 +236,31 @@ def markdown(doc: dict) -> str:
     """The per-run and per-cell tables as Markdown (what the CLI prints)."""
     out = ["| run | within 10 % | within 5 % | median | worst | RMS | mean signed |", "|---|---|---|---|---|---|---|"]
     for r in doc["runs"]:
-        out.append(f"| {r['run']} | {r['within_10pct']} / {r['cells']} | {r['within_5pct']} | {_pct(r['median_abs_error'])} % | "
-                   f"{_pct(r['max_abs_error'])} % | {_pct(r['rms_error'])} % | {_pct(r['mean_signed_error'], True)} % |")
+        out.append(
+            f"| {r['run']} | {r['within_10pct']} / {r['cells']} | {r['within_5pct']} | {_pct(r['median_abs_error'])} % | "
+            f"{_pct(r['max_abs_error'])} % | {_pct(r['rms_error'])} % | {_pct(r['mean_signed_error'], True)} % |"
+        )
     cells = doc["cells"]
     out += _cell_table("Mean signed error per cell over the runs, % ± s.d. (runs beyond 10 %):", cells, _error_text)
     if any(c.get("sensitivity") is not None for c in cells):
-        out += _cell_table("Sensitivity to step time per cell (d ln metric / d ln step time, simulator, mean over the "
-                           "runs) and, in brackets, the mean signed error ÷ it: the uniform step-time error, %, the "
-                           "cell's lean amounts to:", cells, _sensitivity_text)
+        out += _cell_table(
+            "Sensitivity to step time per cell (d ln metric / d ln step time, simulator, mean over the "
+            "runs) and, in brackets, the mean signed error ÷ it: the uniform step-time error, %, the "
+            "cell's lean amounts to:",
+            cells,
+            _sensitivity_text,
+        )
     p, m = doc["pooled"], doc["median_of_runs"]
-    out += ["", f"{p['runs']} runs: all {p['cells_per_run']} cells within 10 % in {p['runs_all_within_10pct']}; "
-                f"{p['cells_beyond_10pct']} of {p['cell_results']} cell results beyond 10 %; mean signed "
-                f"{_pct(p['mean_signed_error'], True)} %; systematic RMS (of the cell means) {_pct(p['systematic_rms'])} %.",
-            f"The runs' median (per cell, the median of the runs' signed errors): {m['within_10pct']} / {m['cells']} "
-            f"within 10 %, {m['within_5pct']} within 5 %, worst {_pct(m['max_abs_error'])} %."]
+    out += [
+        "",
+        f"{p['runs']} runs: all {p['cells_per_run']} cells within 10 % in {p['runs_all_within_10pct']}; "
+        f"{p['cells_beyond_10pct']} of {p['cell_results']} cell results beyond 10 %; mean signed "
+        f"{_pct(p['mean_signed_error'], True)} %; systematic RMS (of the cell means) {_pct(p['systematic_rms'])} %.",
+        f"The runs' median (per cell, the median of the runs' signed errors): {m['within_10pct']} / {m['cells']} "
+        f"within 10 %, {m['within_5pct']} within 5 %, worst {_pct(m['max_abs_error'])} %.",
+    ]
     if doc["engine_differs"]:
-        out.append(f"Note: the spec's engine options differ from the first run's in {', '.join(doc['engine_differs'])}.")
+        out.append(
+            f"Note: the spec's engine options differ from the first run's in {', '.join(doc['engine_differs'])}."
+        )
     return "\n".join(out)

@@ -20,8 +20,16 @@ def capacity_tokens(spec: dict) -> int:
     return int(spec["kv"]["num_blocks"]) * int(spec["kv"]["block_size"])
 
 
-def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, profile: str | None = None,
-                 arrival: dict | None = None, num_requests: int | None = None, device: str = "cpu"):
+def sim_scenario(
+    spec: dict,
+    allocator: str,
+    *,
+    trace_path: str | None = None,
+    profile: str | None = None,
+    arrival: dict | None = None,
+    num_requests: int | None = None,
+    device: str = "cpu",
+):
     """The Scenario the simulator runs for ``spec``: same knobs, KV capacity = the engine's."""
     model = get_model(spec["model"])
     gpu = GPUS[SIM_GPU[device]]
@@ -31,15 +39,24 @@ def sim_scenario(spec: dict, allocator: str, *, trace_path: str | None = None, p
     if arrival is None:
         arrival = {"kind": "trace", "path": str(trace_path), "format": "csv"}
     d: dict[str, Any] = {
-        "name": f"{spec['name']}-{allocator}", "seed": int(w.get("seed", 0)),
+        "name": f"{spec['name']}-{allocator}",
+        "seed": int(w.get("seed", 0)),
         "model": {"name": spec["model"]},
         "gpu": {"name": gpu.name, "gpu_memory_utilization": 0.9, "activation_reserve_bytes": act},
-        "workload": {"num_requests": int(num_requests or w["num_requests"]), "max_model_len": int(w["max_model_len"]),
-                     "arrival": arrival},
-        "scheduler": {"max_num_seqs": int(spec["scheduler"]["max_num_seqs"]),
-                      "max_num_batched_tokens": int(spec["scheduler"]["max_num_batched_tokens"])},
-        "allocator": {"kind": allocator, "block_size": int(spec["kv"]["block_size"]),
-                      "reserve": int(spec["static_reserve"])},
+        "workload": {
+            "num_requests": int(num_requests or w["num_requests"]),
+            "max_model_len": int(w["max_model_len"]),
+            "arrival": arrival,
+        },
+        "scheduler": {
+            "max_num_seqs": int(spec["scheduler"]["max_num_seqs"]),
+            "max_num_batched_tokens": int(spec["scheduler"]["max_num_batched_tokens"]),
+        },
+        "allocator": {
+            "kind": allocator,
+            "block_size": int(spec["kv"]["block_size"]),
+            "reserve": int(spec["static_reserve"]),
+        },
         "cost_model": {"profile": profile or "none"},
         # The subject is kvsim's own torch engine: the profile's measured CPU overhead and kernels as
         # they are, no serving-engine preset (whose host time, front end and scheduler defaults model
@@ -57,6 +74,7 @@ def make_requests(spec: dict, rate: float, device: str = "cpu") -> np.ndarray:
     ``device`` only picks the GPU entry whose memory must hold the model (an 8B shape does not fit the
     ``cpu`` entry); the requests do not depend on it."""
     from sim.workload.generator import build_workload
+
     sc = sim_scenario(spec, "paged", arrival={"kind": "poisson", "rate": float(rate)}, device=device)
     wl = build_workload(sc)
     assert wl.arrival_s is not None  # open-loop (Poisson) arrivals
@@ -75,6 +93,7 @@ def write_trace(rows: np.ndarray, path: Path) -> Path:
 def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path, device: str = "cpu") -> float:
     """Requests/s the simulator sustains for ``allocator`` when every request arrives at once."""
     from sim.engine.cluster import simulate
+
     rows = make_requests(spec, 1.0, device)
     rows[:, 0] = 0.0
     path = write_trace(rows, out / f"capacity-{allocator}.csv")

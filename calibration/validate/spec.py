@@ -12,18 +12,36 @@ from sim.errors import ConfigError
 KEY = "validate"
 
 DEFAULT_SPEC = {
-    "name": "validate", "description": "",
+    "name": "validate",
+    "description": "",
     "model": "tiny-llama",
-    "engine": {"dtype": "fp32", "threads": 1, "seed": 0, "clocks": ["cpu_norm", "cpu", "wall"], "replays": 1,
-               "overhead_rounds": "spread", "kernel_rounds": "spread", "replay_order": "interleaved",
-               "prefill_probe": True, "overhead_mix": "offline", "kernels": "auto"},
+    "engine": {
+        "dtype": "fp32",
+        "threads": 1,
+        "seed": 0,
+        "clocks": ["cpu_norm", "cpu", "wall"],
+        "replays": 1,
+        "overhead_rounds": "spread",
+        "kernel_rounds": "spread",
+        "replay_order": "interleaved",
+        "prefill_probe": True,
+        "overhead_mix": "offline",
+        "kernels": "auto",
+    },
     "kv": {"num_blocks": 256, "block_size": 16},
     "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
     "static_reserve": 480,
-    "workload": {"num_requests": 100, "max_model_len": 480, "seed": 1,
-                 "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 384, "output_min": 8, "output_max": 96}},
-    "loads": [{"name": "light", "utilization": 0.3}, {"name": "medium", "utilization": 0.7},
-              {"name": "saturating", "utilization": 1.6}],
+    "workload": {
+        "num_requests": 100,
+        "max_model_len": 480,
+        "seed": 1,
+        "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 384, "output_min": 8, "output_max": 96},
+    },
+    "loads": [
+        {"name": "light", "utilization": 0.3},
+        {"name": "medium", "utilization": 0.7},
+        {"name": "saturating", "utilization": 1.6},
+    ],
     "allocators": ["paged", "static"],
     "host_speed": "probe",
     "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
@@ -53,11 +71,12 @@ REPLAY_ORDERS = ("interleaved", "blocked")
 REPLAY_CLOCKS = ("cpu_norm", "cpu", "wall")
 CLOCK_MEANING = {
     "cpu_norm": "engine clock advanced by each iteration's thread CPU time x (host-speed probe's reference time at "
-                "calibration / median of its last probes during the replay): the engine on a host running at "
-                "calibration speed (host interference removed); simulated with the profile as calibrated",
+    "calibration / median of its last probes during the replay): the engine on a host running at "
+    "calibration speed (host interference removed); simulated with the profile as calibrated",
     "cpu": "engine clock advanced by each iteration's thread CPU time (idle: jumps to the next arrival): the engine "
-           "as it ran, without the time other jobs kept its thread off the CPU",
-    "wall": "wall-clock replay, arrivals fed by a thread: the engine on this host as it is"}
+    "as it ran, without the time other jobs kept its thread off the CPU",
+    "wall": "wall-clock replay, arrivals fed by a thread: the engine on this host as it is",
+}
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -76,11 +95,15 @@ def load_spec(path: str | Path, quick: bool = False, kernels: str | None = None)
     p = Path(path)
     if not p.is_file():
         from sim.config import SCENARIO_DIR
+
         cand = SCENARIO_DIR / f"{path}.yaml"
         if not cand.is_file():
-            raise ConfigError(f"{KEY}.scenario", str(path), "a validation spec YAML file (e.g. scenarios/validate-cpu.yaml)")
+            raise ConfigError(
+                f"{KEY}.scenario", str(path), "a validation spec YAML file (e.g. scenarios/validate-cpu.yaml)"
+            )
         p = cand
     from sim.inputs import load_yaml, read_text
+
     raw = load_yaml(read_text(p, f"{KEY}.scenario", "validation spec"), f"{KEY}.scenario", str(p))
     raw = {} if raw is None else raw
     if not isinstance(raw, dict):
@@ -97,37 +120,57 @@ def load_spec(path: str | Path, quick: bool = False, kernels: str | None = None)
         if a not in ("paged", "static"):
             raise ConfigError(f"{KEY}.allocators", a, "paged or static")
     clocks = spec["engine"].get("clocks")
-    if not isinstance(clocks, list) or not clocks or len(set(clocks)) != len(clocks) \
-            or any(c not in REPLAY_CLOCKS for c in clocks):
+    if (
+        not isinstance(clocks, list)
+        or not clocks
+        or len(set(clocks)) != len(clocks)
+        or any(c not in REPLAY_CLOCKS for c in clocks)
+    ):
         raise ConfigError(f"{KEY}.engine.clocks", clocks, f"a non-empty list of distinct {', '.join(REPLAY_CLOCKS)}")
     if not isinstance(spec["quick"], dict):
         raise ConfigError(f"{KEY}.quick", spec["quick"], f"a mapping of {', '.join(sorted(QUICK_KEYS))}")
     bad = sorted(set(spec["quick"]) - QUICK_KEYS)
     if bad:
-        raise ConfigError(f"{KEY}.quick.{bad[0]}", spec["quick"][bad[0]], f"unknown key; allowed: {', '.join(sorted(QUICK_KEYS))}")
+        raise ConfigError(
+            f"{KEY}.quick.{bad[0]}", spec["quick"][bad[0]], f"unknown key; allowed: {', '.join(sorted(QUICK_KEYS))}"
+        )
     where = {k: "engine." + k for k in spec["engine"]}
     if quick:  # the quick subset's own engine options (CI keeps its calibration short)
         for k in QUICK_ENGINE_KEYS & set(spec["quick"]):
             spec["engine"][k], where[k] = spec["quick"][k], "quick." + k
     n = spec["engine"].get("replays")
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 20:
-        raise ConfigError(f"{KEY}.{where['replays']}", n, "an integer from 1 to 20: engine replays on the table's clock")
-    for key, choices, meaning in (("overhead_rounds", OVERHEAD_ROUNDS, "where the engine-overhead calibration runs"),
-                                  ("kernel_rounds", KERNEL_ROUNDS, "where the kernel route is timed"),
-                                  ("overhead_mix", OVERHEAD_MIX, "how the engine-overhead runs fill their batches"),
-                                  ("replay_order", REPLAY_ORDERS, "the order of the cells' replays")):
+        raise ConfigError(
+            f"{KEY}.{where['replays']}", n, "an integer from 1 to 20: engine replays on the table's clock"
+        )
+    for key, choices, meaning in (
+        ("overhead_rounds", OVERHEAD_ROUNDS, "where the engine-overhead calibration runs"),
+        ("kernel_rounds", KERNEL_ROUNDS, "where the kernel route is timed"),
+        ("overhead_mix", OVERHEAD_MIX, "how the engine-overhead runs fill their batches"),
+        ("replay_order", REPLAY_ORDERS, "the order of the cells' replays"),
+    ):
         if spec["engine"].get(key) not in choices:
-            raise ConfigError(f"{KEY}.{where.get(key, 'engine.' + key)}", spec["engine"].get(key),
-                              f"one of {', '.join(choices)}: {meaning}")
+            raise ConfigError(
+                f"{KEY}.{where.get(key, 'engine.' + key)}",
+                spec["engine"].get(key),
+                f"one of {', '.join(choices)}: {meaning}",
+            )
     if kernels is not None:
         spec["engine"]["kernels"], where["kernels"] = kernels, "engine.kernels (--kernels)"
     from ..attention_backends import KERNELS
+
     if spec["engine"].get("kernels") not in KERNELS:
-        raise ConfigError(f"{KEY}.engine.kernels", spec["engine"].get("kernels"),
-                          f"one of {', '.join(KERNELS)}: the paged engine's attention backend")
+        raise ConfigError(
+            f"{KEY}.engine.kernels",
+            spec["engine"].get("kernels"),
+            f"one of {', '.join(KERNELS)}: the paged engine's attention backend",
+        )
     if not isinstance(spec["engine"].get("prefill_probe"), bool):
-        raise ConfigError(f"{KEY}.engine.prefill_probe", spec["engine"].get("prefill_probe"),
-                          "true or false: a second host-speed probe for iterations with prefill (cpu_norm)")
+        raise ConfigError(
+            f"{KEY}.engine.prefill_probe",
+            spec["engine"].get("prefill_probe"),
+            "true or false: a second host-speed probe for iterations with prefill (cpu_norm)",
+        )
     if quick:
         q = spec["quick"]
         spec["workload"]["num_requests"] = int(q.get("num_requests", spec["workload"]["num_requests"]))
@@ -145,6 +188,9 @@ def check_clocks(spec: dict, device: str) -> None:
     clocks = spec["engine"]["clocks"]
     bad = [c for c in clocks if c in ("cpu", "cpu_norm")]
     if device != "cpu" and bad:
-        raise ConfigError(f"{KEY}.engine.clocks", clocks,
-                          f"[wall] with --device {device}: {', '.join(bad)} time the engine's thread on the CPU, "
-                          "not its kernels on the GPU")
+        raise ConfigError(
+            f"{KEY}.engine.clocks",
+            clocks,
+            f"[wall] with --device {device}: {', '.join(bad)} time the engine's thread on the CPU, "
+            "not its kernels on the GPU",
+        )

@@ -17,5 +17,18 @@ KINDS = KindsView()
 #: Knobs every kind takes, with their config defaults.
 COMMON_KNOBS = common_knob_defaults()
 
-__all__ = ["Allocator", "AllocatorStats", "AllocWork", "DecodePlan", "Grow", "DynamicAllocator", "HybridReserveAllocator",
-           "HybridTailAllocator", "PagedAllocator", "StaticAllocator", "KINDS", "COMMON_KNOBS", "make_allocator"]
+__all__ = [
+    "Allocator",
+    "AllocatorStats",
+    "AllocWork",
+    "DecodePlan",
+    "Grow",
+    "DynamicAllocator",
+    "HybridReserveAllocator",
+    "HybridTailAllocator",
+    "PagedAllocator",
+    "StaticAllocator",
+    "KINDS",
+    "COMMON_KNOBS",
+    "make_allocator",
+]

@@ -150,8 +150,9 @@ class Allocator(ABC):
     # What a subclass declares about itself comes through the constructor, not class attributes:
     # compiled code reads this class's own slots, which a class attribute of an interpreted
     # subclass would not change.
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, *, single_extent: bool = False,
-                 composite: bool = False):
+    def __init__(
+        self, capacity_tokens: int, kv_bytes_per_token: int, *, single_extent: bool = False, composite: bool = False
+    ):
         """``single_extent``: every free slot serves any sequence (a block pool), so the largest
         free extent is all that is free and external fragmentation is 0 (the engine skips it).
         ``composite``: built from allocators that keep their own pending ``work``, which this
@@ -281,6 +282,10 @@ class Allocator(ABC):
     def check_invariants(self) -> None:
         """Assert the accounting identities; used by tests after every operation."""
         reserved = self.reserved_tokens()
-        assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (self.used_total, reserved, self.capacity_tokens)
+        assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (
+            self.used_total,
+            reserved,
+            self.capacity_tokens,
+        )
         assert self.used_total == sum(self.used.values())
         assert self.largest_free_extent_tokens() <= self.capacity_tokens - reserved

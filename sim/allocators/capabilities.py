@@ -37,12 +37,14 @@ if TYPE_CHECKING:
 
     from sim.allocators.base import Grow
 
+
 @runtime_checkable
 class PrefixLookup(Protocol):
     """Reports how much of a prompt is already cached, without changing anything."""
 
-    def cached_prefix_tokens(self, hashes: Sequence[Hashable], hash_block_tokens: int,
-                             prompt_tokens: int | None = None) -> int:
+    def cached_prefix_tokens(
+        self, hashes: Sequence[Hashable], hash_block_tokens: int, prompt_tokens: int | None = None
+    ) -> int:
         """Prompt tokens (a multiple of the block size) a request with these block hashes would
         find cached now; at least one prompt token is always left to compute."""
         ...
@@ -53,8 +55,16 @@ class PrefixAdmission(PrefixLookup, Protocol):
     """Admits a request sharing the cached blocks of its prefix; the scheduler then starts its
     prefill after the cached tokens (they are shared, not computed)."""
 
-    def admit_prefix(self, seq: int, tokens: int, hashes: Sequence[Hashable], hash_block_tokens: int,
-                     now: float | None = None, *, prompt_tokens: int | None = None) -> tuple[Grow, int]:
+    def admit_prefix(
+        self,
+        seq: int,
+        tokens: int,
+        hashes: Sequence[Hashable],
+        hash_block_tokens: int,
+        now: float | None = None,
+        *,
+        prompt_tokens: int | None = None,
+    ) -> tuple[Grow, int]:
         """``admit`` for ``tokens`` slots, sharing the longest cached run of the prefix: returns
         ``(Grow.OK, cached_tokens)`` or ``(Grow.NO_SPACE, 0)`` with nothing changed. ``now``
         (simulated seconds) never decreases."""
@@ -145,8 +155,16 @@ class Regions(Protocol):
 
 
 #: Every capability, for listings and tests.
-CAPABILITIES: tuple[type, ...] = (PrefixLookup, PrefixAdmission, PrefixCacheReport, Compactable, AdmissionBreaker,
-                                  LengthHints, MoveReport, Regions)
+CAPABILITIES: tuple[type, ...] = (
+    PrefixLookup,
+    PrefixAdmission,
+    PrefixCacheReport,
+    Compactable,
+    AdmissionBreaker,
+    LengthHints,
+    MoveReport,
+    Regions,
+)
 
 
 def capabilities_of(obj: object) -> list[str]:

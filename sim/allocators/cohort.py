@@ -75,8 +75,9 @@ class Cohort(ABC):
         reserved, used, _ = self.preview(G, steps)
         return reserved.tolist(), used.tolist()
 
-    def integrals(self, G: int, times: list[float], first: int, stop: int, used_s: float,
-                  reserved_s: float) -> tuple[float, float]:
+    def integrals(
+        self, G: int, times: list[float], first: int, stop: int, used_s: float, reserved_s: float
+    ) -> tuple[float, float]:
         """``used_s`` and ``reserved_s`` plus Σ used·t and Σ reserved·t (token·seconds) over the
         iterations of ``times[first:stop]``, the first from step ``G`` (all grantable), added left to
         right; changes nothing."""

@@ -63,8 +63,13 @@ def fragmentation(free_tokens: int, largest_free_tokens: int) -> float:
     return 0.0 if free_tokens <= 0 else 1.0 - largest_free_tokens / free_tokens
 
 
-def should_compact(utilization: float, fragmentation: float, *, below_utilization: float = BELOW_UTILIZATION,
-                   above_fragmentation: float = ABOVE_FRAGMENTATION) -> bool:
+def should_compact(
+    utilization: float,
+    fragmentation: float,
+    *,
+    below_utilization: float = BELOW_UTILIZATION,
+    above_fragmentation: float = ABOVE_FRAGMENTATION,
+) -> bool:
     """The article's trigger: utilization below 70 % and fragmentation above 50 %."""
     return utilization < below_utilization and fragmentation > above_fragmentation
 
@@ -113,7 +118,12 @@ class CompactionMixin:
         """Reserved ÷ capacity."""
         return self.reserved_tokens() / self.capacity_tokens
 
-    def should_compact(self, below_utilization: float = BELOW_UTILIZATION,
-                       above_fragmentation: float = ABOVE_FRAGMENTATION) -> bool:
-        return should_compact(self.utilization(), self.fragmentation(), below_utilization=below_utilization,
-                              above_fragmentation=above_fragmentation)
+    def should_compact(
+        self, below_utilization: float = BELOW_UTILIZATION, above_fragmentation: float = ABOVE_FRAGMENTATION
+    ) -> bool:
+        return should_compact(
+            self.utilization(),
+            self.fragmentation(),
+            below_utilization=below_utilization,
+            above_fragmentation=above_fragmentation,
+        )

@@ -51,8 +51,14 @@ GROWTHS = ("token", "chunk")
 class DynamicAllocator(CompactionMixin, Allocator):
     cohort = None  # the engine grows sequences one by one (decode_plan / advance_decode)
 
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, growth: str = "token",
-                 chunk_tokens: int = 512, placement: str = "first_fit"):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        growth: str = "token",
+        chunk_tokens: int = 512,
+        placement: str = "first_fit",
+    ):
         super().__init__(capacity_tokens, kv_bytes_per_token)
         if growth not in GROWTHS:
             raise ValueError(f"growth {growth!r}: expected one of {', '.join(GROWTHS)}")
@@ -66,7 +72,7 @@ class DynamicAllocator(CompactionMixin, Allocator):
         #: The largest extent any sequence can ever own.
         self.max_extent_tokens = self.arena.max_extent
         self.extent: dict[int, int] = {}  # seq -> start slot
-        self.size: dict[int, int] = {}    # seq -> slots owned (granted extent size)
+        self.size: dict[int, int] = {}  # seq -> slots owned (granted extent size)
         self._reserved = 0
         #: How many growths were in place / relocated (for reports).
         self.grown_in_place = 0

@@ -21,9 +21,17 @@ ABOVE_PREEMPT_THRESHOLD = "above_preempt_threshold"
 
 
 class HybridReserveAllocator(PagedAllocator):
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16,
-                 page_reuse: str = "generation", *, reserve_fraction: float = 0.15,
-                 preempt_at_usage: float = 0.95, admit_when_free_above: float = 0.10):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        block_size: int = 16,
+        page_reuse: str = "generation",
+        *,
+        reserve_fraction: float = 0.15,
+        preempt_at_usage: float = 0.95,
+        admit_when_free_above: float = 0.10,
+    ):
         super().__init__(capacity_tokens, kv_bytes_per_token, block_size, page_reuse)
         self.reserve_blocks = math.ceil(reserve_fraction * self.num_blocks)
         self.preempt_blocks = math.floor(preempt_at_usage * self.num_blocks)

@@ -22,10 +22,18 @@ from sim.allocators.tiered import TieredAllocator
 
 
 class HybridTailAllocator(TieredAllocator):
-
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, *, static_tokens: int, reserve_tokens: int,
-                 long_threshold_tokens: int, block_size: int = 16, page_reuse: str = "generation",
-                 placement: str = "first_fit"):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        *,
+        static_tokens: int,
+        reserve_tokens: int,
+        long_threshold_tokens: int,
+        block_size: int = 16,
+        page_reuse: str = "generation",
+        placement: str = "first_fit",
+    ):
         if not reserve_tokens <= static_tokens < capacity_tokens:
             raise ValueError("the static partition must hold one reservation and leave room for the pool")
         if long_threshold_tokens >= reserve_tokens:
@@ -58,5 +66,8 @@ class HybridTailAllocator(TieredAllocator):
         self._long_hint.discard(seq)
 
     def move_report(self) -> dict[str, int]:
-        return {"migrations": self.moves_in["static"], "migration_copy_bytes": self.moved_bytes["static"],
-                "evictions": self.evictions}
+        return {
+            "migrations": self.moves_in["static"],
+            "migration_copy_bytes": self.moved_bytes["static"],
+            "evictions": self.evictions,
+        }

@@ -53,9 +53,12 @@ def _check_buddy(a: AllocatorConfig, b: Budget, region: int, want: int) -> None:
         return
     largest = 1 << (region.bit_length() - 1)
     if want > largest:
-        raise ConfigError("allocator.placement", "buddy",
-                          f"a buddy arena of {region} tokens has blocks of at most {largest}; "
-                          f"{want} are needed for one request: use first_fit or best_fit")
+        raise ConfigError(
+            "allocator.placement",
+            "buddy",
+            f"a buddy arena of {region} tokens has blocks of at most {largest}; "
+            f"{want} are needed for one request: use first_fit or best_fit",
+        )
 
 
 def _pow2(tokens: int) -> int:
@@ -73,29 +76,42 @@ def size_static(a: AllocatorConfig, b: Budget) -> Budget:
     arena = b.capacity_tokens - fallback
     g = _sliding_groups(b)
     if fallback and g is not None:
-        raise ConfigError("allocator.overflow", a.overflow, "reject or truncate for models with sliding-window layer "
-                                                           "groups (the paged fallback region holds one KV layout)")
+        raise ConfigError(
+            "allocator.overflow",
+            a.overflow,
+            "reject or truncate for models with sliding-window layer "
+            "groups (the paged fallback region holds one KV layout)",
+        )
     # A sliding-window group reserves only the window (StaticAllocator): the slots a reservation asks for.
     slots = reserve if g is None else g.slots_held(reserve)
     if slots > arena:
         if arena < b.capacity_tokens:
-            raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
-                              f"a static arena that holds one reservation of {slots} tokens: at most "
-                              f"{1 - slots / b.capacity_tokens:.3g} of {b.capacity_tokens} tokens")
+            raise ConfigError(
+                "allocator.fallback_fraction",
+                a.fallback_fraction,
+                f"a static arena that holds one reservation of {slots} tokens: at most "
+                f"{1 - slots / b.capacity_tokens:.3g} of {b.capacity_tokens} tokens",
+            )
         fit = b.capacity_tokens if g is None else g.tokens_fitting(b.capacity_tokens)
-        raise ConfigError("allocator.reserve", a.reserve,
-                          f"a reservation of at most {fit} tokens (one replica's KV capacity)")
+        raise ConfigError(
+            "allocator.reserve", a.reserve, f"a reservation of at most {fit} tokens (one replica's KV capacity)"
+        )
     if a.overflow == "fallback" and fallback < 2 * a.block_size:
-        raise ConfigError("allocator.fallback_fraction", a.fallback_fraction,
-                          f"a fallback region of at least two blocks of {a.block_size} tokens "
-                          f"({a.fallback_fraction} of {b.capacity_tokens} tokens is {fallback})")
+        raise ConfigError(
+            "allocator.fallback_fraction",
+            a.fallback_fraction,
+            f"a fallback region of at least two blocks of {a.block_size} tokens "
+            f"({a.fallback_fraction} of {b.capacity_tokens} tokens is {fallback})",
+        )
     _check_buddy(a, b, arena, _pow2(slots))
     return replace(b, reserve_tokens=reserve)
 
 
 def size_dynamic(a: AllocatorConfig, b: Budget) -> Budget:
     if a.growth == "chunk" and a.chunk_tokens > b.max_model_len:
-        raise ConfigError("allocator.chunk_tokens", a.chunk_tokens, f"at most workload.max_model_len ({b.max_model_len})")
+        raise ConfigError(
+            "allocator.chunk_tokens", a.chunk_tokens, f"at most workload.max_model_len ({b.max_model_len})"
+        )
     _check_buddy(a, b, b.capacity_tokens, b.needed_tokens)
     return b
 
@@ -104,9 +120,12 @@ def size_hybrid_tail(a: AllocatorConfig, b: Budget) -> Budget:
     max_len, cap = b.max_model_len, b.capacity_tokens
     static_tokens = int(cap * a.static_fraction)
     if static_tokens < max_len:
-        raise ConfigError("allocator.static_fraction", a.static_fraction,
-                          f"a static partition of at least one max_model_len request ({max_len} tokens); "
-                          f"{a.static_fraction} of {cap} tokens is {static_tokens}")
+        raise ConfigError(
+            "allocator.static_fraction",
+            a.static_fraction,
+            f"a static partition of at least one max_model_len request ({max_len} tokens); "
+            f"{a.static_fraction} of {cap} tokens is {static_tokens}",
+        )
     long_threshold = parse_reserve(a.long_threshold, max_len, b.percentile, key="allocator.long_threshold")
     _check_buddy(a, b, static_tokens, _pow2(max_len))
     return replace(b, reserve_tokens=max_len, long_threshold_tokens=long_threshold)
@@ -116,9 +135,12 @@ def size_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Budget:
     cap, needed = b.capacity_tokens, b.needed_tokens
     usable = min(1.0 - a.reserve_fraction, a.preempt_at_usage)
     if cap * usable < needed:
-        raise ConfigError("allocator.reserve_fraction", a.reserve_fraction,
-                          f"room for one max_model_len request outside the reserve and below preempt_at_usage "
-                          f"({int(cap * usable)} of {cap} tokens usable, {needed} needed)")
+        raise ConfigError(
+            "allocator.reserve_fraction",
+            a.reserve_fraction,
+            f"room for one max_model_len request outside the reserve and below preempt_at_usage "
+            f"({int(cap * usable)} of {cap} tokens usable, {needed} needed)",
+        )
     return b
 
 
@@ -139,12 +161,18 @@ def _reserve(b: Budget) -> int:
 
 def build_static(a: AllocatorConfig, b: Budget) -> Allocator:
     fallback = _fallback_tokens(a, b)
-    arena = StaticAllocator(b.capacity_tokens - fallback, b.kv_bytes_per_token, _reserve(b), placement=a.placement,
-                            groups=_sliding_groups(b))
+    arena = StaticAllocator(
+        b.capacity_tokens - fallback,
+        b.kv_bytes_per_token,
+        _reserve(b),
+        placement=a.placement,
+        groups=_sliding_groups(b),
+    )
     if not fallback:
         return arena
-    return StaticFallbackAllocator(arena, PagedAllocator(fallback, b.kv_bytes_per_token, a.block_size, a.page_reuse),
-                                   b.kv_bytes_per_token)
+    return StaticFallbackAllocator(
+        arena, PagedAllocator(fallback, b.kv_bytes_per_token, a.block_size, a.page_reuse), b.kv_bytes_per_token
+    )
 
 
 def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
@@ -157,13 +185,17 @@ def build_paged(a: AllocatorConfig, b: Budget) -> Allocator:
     g = _sliding_groups(b)
     if a.prefix_caching.enabled:
         if b.sliding_window is not None or g is not None:
-            raise ConfigError("allocator.prefix_caching.enabled", True,
-                              "false for models with sliding-window layers (their blocks slide out of the window)")
+            raise ConfigError(
+                "allocator.prefix_caching.enabled",
+                True,
+                "false for models with sliding-window layers (their blocks slide out of the window)",
+            )
         return PrefixCachingPagedAllocator(cap, bpt, a.block_size, a.page_reuse, eviction=a.prefix_caching.eviction)
     if g is not None:
         assert g.window is not None
-        return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=g.window,
-                                           full_groups=g.full, window_groups=g.sliding)
+        return SlidingWindowPagedAllocator(
+            cap, bpt, a.block_size, a.page_reuse, window=g.window, full_groups=g.full, window_groups=g.sliding
+        )
     if b.sliding_window is not None:
         return SlidingWindowPagedAllocator(cap, bpt, a.block_size, a.page_reuse, window=b.sliding_window)
     return PagedAllocator(cap, bpt, a.block_size, a.page_reuse)
@@ -173,39 +205,85 @@ def build_hybrid_tail(a: AllocatorConfig, b: Budget) -> Allocator:
     _check_block_size(a, b)
     cap = b.capacity_tokens
     assert b.long_threshold_tokens is not None, "the deployment resolves allocator.long_threshold"
-    return HybridTailAllocator(cap, b.kv_bytes_per_token, static_tokens=int(cap * a.static_fraction),
-                               reserve_tokens=_reserve(b), long_threshold_tokens=b.long_threshold_tokens,
-                               block_size=a.block_size, page_reuse=a.page_reuse, placement=a.placement)
+    return HybridTailAllocator(
+        cap,
+        b.kv_bytes_per_token,
+        static_tokens=int(cap * a.static_fraction),
+        reserve_tokens=_reserve(b),
+        long_threshold_tokens=b.long_threshold_tokens,
+        block_size=a.block_size,
+        page_reuse=a.page_reuse,
+        placement=a.placement,
+    )
 
 
 def build_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Allocator:
     _check_block_size(a, b)
-    return HybridReserveAllocator(b.capacity_tokens, b.kv_bytes_per_token, a.block_size, a.page_reuse,
-                                  reserve_fraction=a.reserve_fraction, preempt_at_usage=a.preempt_at_usage,
-                                  admit_when_free_above=a.admit_when_free_above)
+    return HybridReserveAllocator(
+        b.capacity_tokens,
+        b.kv_bytes_per_token,
+        a.block_size,
+        a.page_reuse,
+        reserve_fraction=a.reserve_fraction,
+        preempt_at_usage=a.preempt_at_usage,
+        admit_when_free_above=a.admit_when_free_above,
+    )
 
 
-register("static", build_static, size=size_static,
-         knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size"), layer_groups=True,
-         description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena; "
-                     "overflow: fallback moves a sequence that outgrows it to a paged fallback region")
-register("dynamic", build_dynamic, size=size_dynamic,
-         knobs=("growth", "chunk_tokens", "placement", "compaction.enabled", "compaction.below_utilization",
-                "compaction.above_fragmentation", "compaction.mode", "compaction.period_s"),
-         description="one contiguous extent per sequence grown in place or by realloc-and-copy, token by token "
-                     "or in chunks")
-register("paged", build_paged, knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
-         description="PagedAttention block pool: blocks of block_size tokens from one free pool", paged_layout=True,
-         layer_groups=True)
-register("hybrid_tail", build_hybrid_tail, size=size_hybrid_tail,
-         knobs=("long_threshold", "static_fraction", "length_predictor", "predictor_quantile", "block_size", "placement"),
-         description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
-                     "for the rest (a request outgrowing the threshold moves to a slot)", paged_layout=True)
-register("hybrid_reserve", build_hybrid_reserve, size=size_hybrid_reserve,
-         knobs=("reserve_fraction", "preempt_at_usage", "admit_when_free_above", "stale_after_s", "block_size"),
-         description="paged pool with an emergency reserve for running sequences, a preemption threshold and an "
-                     "admission breaker", paged_layout=True)
+register(
+    "static",
+    build_static,
+    size=size_static,
+    knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size"),
+    layer_groups=True,
+    description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena; "
+    "overflow: fallback moves a sequence that outgrows it to a paged fallback region",
+)
+register(
+    "dynamic",
+    build_dynamic,
+    size=size_dynamic,
+    knobs=(
+        "growth",
+        "chunk_tokens",
+        "placement",
+        "compaction.enabled",
+        "compaction.below_utilization",
+        "compaction.above_fragmentation",
+        "compaction.mode",
+        "compaction.period_s",
+    ),
+    description="one contiguous extent per sequence grown in place or by realloc-and-copy, token by token or in chunks",
+)
+register(
+    "paged",
+    build_paged,
+    knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
+    description="PagedAttention block pool: blocks of block_size tokens from one free pool",
+    paged_layout=True,
+    layer_groups=True,
+)
+register(
+    "hybrid_tail",
+    build_hybrid_tail,
+    size=size_hybrid_tail,
+    knobs=("long_threshold", "static_fraction", "length_predictor", "predictor_quantile", "block_size", "placement"),
+    description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
+    "for the rest (a request outgrowing the threshold moves to a slot)",
+    paged_layout=True,
+)
+register(
+    "hybrid_reserve",
+    build_hybrid_reserve,
+    size=size_hybrid_reserve,
+    knobs=("reserve_fraction", "preempt_at_usage", "admit_when_free_above", "stale_after_s", "block_size"),
+    description="paged pool with an emergency reserve for running sequences, a preemption threshold and an "
+    "admission breaker",
+    paged_layout=True,
+)
 
 if tuple(REGISTRY) != _BUILTIN:
-    raise RuntimeError(f"built-in allocator kinds {tuple(REGISTRY)} differ from sim.config.ALLOCATOR_KINDS {_BUILTIN}: "
-                       "register each listed kind here, in that order")
+    raise RuntimeError(
+        f"built-in allocator kinds {tuple(REGISTRY)} differ from sim.config.ALLOCATOR_KINDS {_BUILTIN}: "
+        "register each listed kind here, in that order"
+    )

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules
 class PagedAllocator(Allocator):
-
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16, page_reuse: str = "generation"):
+    def __init__(
+        self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16, page_reuse: str = "generation"
+    ):
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         num_blocks = capacity_tokens // block_size
@@ -214,8 +215,9 @@ class PagedCohort(Cohort):
         used = pool.used_total + len(self.a) * np.arange(1, steps + 1)
         return reserved.astype(np.float64), used.astype(np.float64), new.astype(np.float64)
 
-    def integrals(self, G: int, times: list[float], first: int, stop: int, used_s: float,
-                  reserved_s: float) -> tuple[float, float]:
+    def integrals(
+        self, G: int, times: list[float], first: int, stop: int, used_s: float, reserved_s: float
+    ) -> tuple[float, float]:
         # preview's sums without its arrays, in C loops (map/sum): the same products; the
         # sums are associated differently (within an ulp or two of adding them one by one).
         steps = stop - first

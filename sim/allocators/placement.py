@@ -304,8 +304,9 @@ class BuddyArena:
         blocks; the free space is then the buddy decomposition of what is left (not one
         extent unless that is a power of two).
         """
-        assert sum(size for _, size in extents.values()) == self.size - self.free_total, \
+        assert sum(size for _, size in extents.values()) == self.size - self.free_total, (
             "compact() was not given every live extent"
+        )
         self._init_free()
         return compaction.repack(extents, self.allocate)
 

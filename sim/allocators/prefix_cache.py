@@ -73,8 +73,14 @@ _K = 1 << 40
 
 
 class PrefixCachingPagedAllocator(PagedAllocator):
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16,
-                 page_reuse: str = "generation", eviction: str = "lru"):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        block_size: int = 16,
+        page_reuse: str = "generation",
+        eviction: str = "lru",
+    ):
         if eviction not in EVICTIONS:
             raise ValueError(f"eviction must be one of {EVICTIONS}, not {eviction!r}")
         super().__init__(capacity_tokens, kv_bytes_per_token, block_size, page_reuse)
@@ -137,10 +143,14 @@ class PrefixCachingPagedAllocator(PagedAllocator):
 
     def prefix_stats(self) -> dict[str, float]:
         return {
-            "hit_blocks": self.hit_blocks, "queried_blocks": self.queried_blocks,
-            "hit_tokens": self.hit_tokens, "queried_tokens": self.queried_tokens,
-            "hit_rate": self.hit_rate, "evictions": self.evictions,
-            "cached_free_blocks": self.cached_free_blocks, "cached_blocks": len(self._cache),
+            "hit_blocks": self.hit_blocks,
+            "queried_blocks": self.queried_blocks,
+            "hit_tokens": self.hit_tokens,
+            "queried_tokens": self.queried_tokens,
+            "hit_rate": self.hit_rate,
+            "evictions": self.evictions,
+            "cached_free_blocks": self.cached_free_blocks,
+            "cached_blocks": len(self._cache),
         }
 
     # --- the cached-free pool ------------------------------------------------------
@@ -203,8 +213,8 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         ref = self._ref
         plain = self._plain
         k = min(n, len(plain))
-        out = plain[len(plain) - k:]
-        del plain[len(plain) - k:]
+        out = plain[len(plain) - k :]
+        del plain[len(plain) - k :]
         for b in out:
             ref[b] = 1
         r = n - k
@@ -300,8 +310,9 @@ class PrefixCachingPagedAllocator(PagedAllocator):
             raise ValueError("hash_block_tokens must be positive")
         return min(prompt, len(hashes) * hbt) // self.block_size
 
-    def cached_prefix_tokens(self, hashes: Sequence[Hashable], hash_block_tokens: int,
-                             prompt_tokens: int | None = None) -> int:
+    def cached_prefix_tokens(
+        self, hashes: Sequence[Hashable], hash_block_tokens: int, prompt_tokens: int | None = None
+    ) -> int:
         """Prompt tokens a request with these hashes would find cached now (read-only).
 
         ``prompt_tokens`` defaults to ``len(hashes) · hash_block_tokens``; the hit
@@ -312,8 +323,16 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         return len(self._lookup(hashes, hash_block_tokens, cap)) * self.block_size
 
     # --- the interface ----------------------------------------------------------------
-    def admit_prefix(self, seq: int, tokens: int, hashes: Sequence[Hashable], hash_block_tokens: int,
-                     now: float | None = None, *, prompt_tokens: int | None = None) -> tuple[Grow, int]:
+    def admit_prefix(
+        self,
+        seq: int,
+        tokens: int,
+        hashes: Sequence[Hashable],
+        hash_block_tokens: int,
+        now: float | None = None,
+        *,
+        prompt_tokens: int | None = None,
+    ) -> tuple[Grow, int]:
         """Admit ``seq`` holding ``tokens`` slots, sharing the longest cached run of its prefix.
 
         ``hashes`` identify the prompt's ``hash_block_tokens``-token blocks;
@@ -426,7 +445,11 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         assert not self.blocks, "block counts belong to the block tables here"
         B = self.block_size
         reserved = self.reserved_tokens()
-        assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (self.used_total, reserved, self.capacity_tokens)
+        assert 0 <= self.used_total <= reserved <= self.capacity_tokens, (
+            self.used_total,
+            reserved,
+            self.capacity_tokens,
+        )
         tables = self.tables.values()
         assert sum(map(len, map(set, tables))) == sum(map(len, tables)), "a sequence holds a block twice"
         used = self.used
@@ -493,8 +516,8 @@ class PrefixCachingCohort(PagedCohort):
         if k > 0:
             spare = self.spare
             assert k <= len(spare), "cohort member left with blocks it never took"
-            table.extend(spare[len(spare) - k:])
-            del spare[len(spare) - k:]
+            table.extend(spare[len(spare) - k :])
+            del spare[len(spare) - k :]
         pool.used[seq] = tokens
 
     # The block pool's one-step shortcut would bypass the block tables ``advance`` keeps.

@@ -100,8 +100,16 @@ def _default(key: str) -> Any:
     return node
 
 
-def register(kind: str, build: Builder, *, knobs: tuple[str, ...] | list[str], description: str,
-             paged_layout: bool = False, size: Sizer | None = None, layer_groups: bool = False) -> AllocatorKind:
+def register(
+    kind: str,
+    build: Builder,
+    *,
+    knobs: tuple[str, ...] | list[str],
+    description: str,
+    paged_layout: bool = False,
+    size: Sizer | None = None,
+    layer_groups: bool = False,
+) -> AllocatorKind:
     """Make ``allocator.kind: <kind>`` build allocators with ``build`` (and resolve its sizes with
     ``size``). Every knob must be an ``allocator.*`` key of the config (checked here). A kind is
     registered once."""

@@ -24,8 +24,17 @@ from sim.allocators.paged import PagedAllocator
 
 
 class SlidingWindowPagedAllocator(PagedAllocator):
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, block_size: int = 16,
-                 page_reuse: str = "generation", *, window: int, full_groups: int = 0, window_groups: int = 1):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        block_size: int = 16,
+        page_reuse: str = "generation",
+        *,
+        window: int,
+        full_groups: int = 0,
+        window_groups: int = 1,
+    ):
         """``capacity_tokens`` and ``kv_bytes_per_token`` are in slots (tokens of one layer group)."""
         if window_groups < 1 or full_groups < 0:
             raise ValueError("a sliding-window pool needs window_groups >= 1 and full_groups >= 0")
@@ -91,14 +100,14 @@ class SlidingWindowPagedAllocator(PagedAllocator):
         B, W = self.block_size, self.window
         j = np.arange(max_steps, dtype=np.int64)[:, None]
         t = tokens_now[None, :] + j
-        blocks = self.window_groups * ((t - 1) // B - np.maximum(0, t - W) // B + 1)   # [step, seq]
+        blocks = self.window_groups * ((t - 1) // B - np.maximum(0, t - W) // B + 1)  # [step, seq]
         kept = self.window_groups * np.minimum(t, W)
         if self.full_groups:
             blocks = blocks + self.full_groups * ((t - 1) // B + 1)
             kept = kept + self.full_groups * t
         held0 = np.fromiter((self.blocks[s] for s in seqs), dtype=np.int64, count=len(seqs))
         prev = np.vstack([held0[None, :], blocks[:-1]])
-        taken = np.maximum(0, blocks - prev).sum(axis=1)                 # new blocks per step
+        taken = np.maximum(0, blocks - prev).sum(axis=1)  # new blocks per step
         # Steps after the first are included only while the blocks taken so far fit the free pool
         # without counting the blocks that slid out: then every grow succeeds in any order within
         # a step, as stepping one iteration at a time would find. (Ending early is always exact.)

@@ -37,9 +37,14 @@ from sim.catalog import KVGroups
 
 
 class StaticAllocator(CompactionMixin, Allocator):
-
-    def __init__(self, capacity_tokens: int, kv_bytes_per_token: int, reserve_tokens: int,
-                 placement: str = "first_fit", groups: KVGroups | None = None):
+    def __init__(
+        self,
+        capacity_tokens: int,
+        kv_bytes_per_token: int,
+        reserve_tokens: int,
+        placement: str = "first_fit",
+        groups: KVGroups | None = None,
+    ):
         """``groups``: the model's KV cache groups when some layers slide (slots are then tokens of
         one group, ``capacity_tokens`` and ``kv_bytes_per_token`` counted so); ``None``: one slot
         per token."""
@@ -57,8 +62,10 @@ class StaticAllocator(CompactionMixin, Allocator):
         #: Slots one reservation owns: ``reserve_slots``, or its power-of-two block for buddy.
         self.block = self.arena.granted(self.reserve_slots)
         if self.block > self.arena.max_extent:
-            raise ValueError(f"reserve_tokens {reserve_tokens} needs a {placement} block of {self.block} slots; "
-                             f"the largest in {capacity_tokens} is {self.arena.max_extent}")
+            raise ValueError(
+                f"reserve_tokens {reserve_tokens} needs a {placement} block of {self.block} slots; "
+                f"the largest in {capacity_tokens} is {self.arena.max_extent}"
+            )
         self.extent: dict[int, int] = {}  # seq -> start slot
         # A sliding group's slots stop growing at the window: the cohort's n-per-step growth does not apply.
         self.cohort = StaticCohort(self) if self.groups is None else None
@@ -106,7 +113,9 @@ class StaticAllocator(CompactionMixin, Allocator):
 
     def compact(self) -> int:
         """Slide reservations together (see :mod:`.compaction`); returns the used tokens copied."""
-        assert self.cohort is not None and self.cohort.n == 0, "dissolve the decode cohort before compacting (its members' tokens are aggregate)"
+        assert self.cohort is not None and self.cohort.n == 0, (
+            "dissolve the decode cohort before compacting (its members' tokens are aggregate)"
+        )
         return compact_allocator(self, self.extent, lambda s: self.block)
 
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:

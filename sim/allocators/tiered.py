@@ -42,8 +42,9 @@ class TieredAllocator(Allocator):
     static_label = "static."
     pool_label = "paged."
 
-    def __init__(self, static: StaticAllocator, pool: PagedAllocator, kv_bytes_per_token: int, *,
-                 pool_limit_tokens: int | None):
+    def __init__(
+        self, static: StaticAllocator, pool: PagedAllocator, kv_bytes_per_token: int, *, pool_limit_tokens: int | None
+    ):
         self.static = static
         self.pool = pool
         super().__init__(static.capacity_tokens + pool.capacity_tokens, kv_bytes_per_token, composite=True)
@@ -203,8 +204,12 @@ class TieredAllocator(Allocator):
 
     def move_report(self) -> dict[str, int]:
         """What the summary reports of moves between the regions (counts and bytes)."""
-        return {"moves_to_static": self.moves_in["static"], "moves_to_pool": self.moves_in["pool"],
-                "move_copy_bytes": sum(self.moved_bytes.values()), "evictions": self.evictions}
+        return {
+            "moves_to_static": self.moves_in["static"],
+            "moves_to_pool": self.moves_in["pool"],
+            "move_copy_bytes": sum(self.moved_bytes.values()),
+            "evictions": self.evictions,
+        }
 
 
 class StaticFallbackAllocator(TieredAllocator):
@@ -220,6 +225,9 @@ class StaticFallbackAllocator(TieredAllocator):
         super().__init__(static, fallback, kv_bytes_per_token, pool_limit_tokens=None)
 
     def move_report(self) -> dict[str, int]:
-        return {"fallback_entries": self.moves_in["pool"] + self.placed_in["pool"],
-                "fallback_moves": self.moves_in["pool"], "fallback_copy_bytes": self.moved_bytes["pool"],
-                "fallback_evictions": self.evictions}
+        return {
+            "fallback_entries": self.moves_in["pool"] + self.placed_in["pool"],
+            "fallback_moves": self.moves_in["pool"],
+            "fallback_copy_bytes": self.moved_bytes["pool"],
+            "fallback_evictions": self.evictions,
+        }

@@ -49,9 +49,9 @@ STEPS = 4
 RANGES = {"paged_overhead": (0.0, 1.0, False), "alloc_event_s": (0.0, 1e-4, True)}
 MEASURE_HINT = {
     "paged_overhead": "measure it with `kvsim calibrate --device cuda` on your GPU (times paged and contiguous "
-                      "decode attention; docs/calibration.md)",
+    "decode attention; docs/calibration.md)",
     "alloc_event_s": "measure it with `kvsim calibrate --device cuda` on your GPU (times the block allocator's "
-                     "bookkeeping; docs/calibration.md)",
+    "bookkeeping; docs/calibration.md)",
 }
 
 
@@ -81,6 +81,7 @@ def _profile_path(sc) -> str | None:
     """The profile file a scenario's cost model reads, or None for the roofline prior."""
     from sim.cost.profile import PROFILE_DIR
     from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU, Deployment, gpu_spec
+
     ref = sc.cost_model.profile
     if ref in (None, "none"):
         return None
@@ -89,6 +90,7 @@ def _profile_path(sc) -> str | None:
         if ref is None:
             return None
     from sim.workload.generator import build_workload, total_length_percentile
+
     wl = build_workload(sc)
     cost = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).make_cost_model(sc)
     if not cost.calibrated:
@@ -102,21 +104,39 @@ def constants(sc) -> list[Constant]:
     path = _profile_path(sc)
     if path is None:
         c = sc.cost_model
-        return [Constant("paged_overhead", "cost_model.paged_attention_overhead", float(c.paged_attention_overhead),
-                         "roofline prior default: the vLLM paper (SOSP 2023) section 7.1, PagedAttention kernel "
-                         "20-26 % slower than a contiguous-cache kernel" if c.paged_attention_overhead == 0.2 else
-                         "set in the scenario", None, "contiguous")]
+        return [
+            Constant(
+                "paged_overhead",
+                "cost_model.paged_attention_overhead",
+                float(c.paged_attention_overhead),
+                "roofline prior default: the vLLM paper (SOSP 2023) section 7.1, PagedAttention kernel "
+                "20-26 % slower than a contiguous-cache kernel"
+                if c.paged_attention_overhead == 0.2
+                else "set in the scenario",
+                None,
+                "contiguous",
+            )
+        ]
     doc = json.loads(Path(path).read_text())
     out = []
     lay, mem = doc.get("layout", {}), doc.get("memory", {})
     src = str(lay.get("paged_overhead_source", ""))
     if "paged_overhead" in lay and not src.startswith("measured") and not lay.get("paged_overhead_by_block_size"):
-        out.append(Constant("paged_overhead", "layout.paged_overhead", float(lay["paged_overhead"]), src, path,
-                            "contiguous"))
+        out.append(
+            Constant("paged_overhead", "layout.paged_overhead", float(lay["paged_overhead"]), src, path, "contiguous")
+        )
     msrc = str(mem.get("source", ""))
     if "alloc_event_s" in mem and "alloc_event_s is an assumption" in msrc:
-        out.append(Constant("alloc_event_s", "memory.alloc_event_s", float(mem["alloc_event_s"]),
-                            "assumption (no published measurement): " + msrc.split("; ")[-1], path, "fewer events"))
+        out.append(
+            Constant(
+                "alloc_event_s",
+                "memory.alloc_event_s",
+                float(mem["alloc_event_s"]),
+                "assumption (no published measurement): " + msrc.split("; ")[-1],
+                path,
+                "fewer events",
+            )
+        )
     return out
 
 
@@ -148,6 +168,7 @@ class _Variants:
 def _affected(c: Constant, cand: dict) -> bool:
     """Whether a candidate's runs depend on the constant."""
     from sim.allocators.registry import get as allocator_kind
+
     if c.kind == "alloc_event_s":
         return bool((cand.get("operating_point") or {}).get("allocation_time_s"))
     paged = allocator_kind(cand["overrides"].get("allocator.kind", "paged")).paged_layout
@@ -176,11 +197,22 @@ def listed(sc, p: dict) -> list[dict]:
 def _listed_one(c: Constant, p: dict) -> dict:
     best = (p.get("recommendation") or {}).get("candidate")
     affected = sorted(x["name"] for x in p.get("candidates", []) if x.get("status") == "ok" and _affected(c, x))
-    text = (f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}"
-            + (f" — whether {best} stays the recommendation if it differs: kvsim plan --break-even"
-               if best and affected else ""))
-    return {"kind": c.kind, "key": c.key, "value": c.value, "source": c.source, "profile": c.profile_path,
-            "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": None, "text": text}
+    text = f"{_short(c)}; it changes {', '.join(affected) or 'no candidate'}" + (
+        f" — whether {best} stays the recommendation if it differs: kvsim plan --break-even"
+        if best and affected
+        else ""
+    )
+    return {
+        "kind": c.kind,
+        "key": c.key,
+        "value": c.value,
+        "source": c.source,
+        "profile": c.profile_path,
+        "affects": affected,
+        "measure": MEASURE_HINT[c.kind],
+        "directions": None,
+        "text": text,
+    }
 
 
 def break_evens(p: dict, common: dict, pool, kinds: list[str] | None = None) -> list[dict]:
@@ -190,21 +222,32 @@ def break_evens(p: dict, common: dict, pool, kinds: list[str] | None = None) -> 
     base = scenario_from_dict(common["base"], common["base_dir"])
     variants = _Variants()
     try:
-        return [_one(c, p, common, pool, variants) if kinds is None or c.kind in kinds else _listed_one(c, p)
-                for c in constants(base)]
+        return [
+            _one(c, p, common, pool, variants) if kinds is None or c.kind in kinds else _listed_one(c, p)
+            for c in constants(base)
+        ]
     finally:
         variants.close()
 
 
 def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
     from sim.analysis.planner import recommend
+
     best = p["recommendation"]["candidate"]
     cands = {x["name"]: x for x in p["candidates"] if x["status"] == "ok"}
     affected = sorted(n for n, x in cands.items() if _affected(c, x))
     lo_end, hi_end, log_scale = RANGES[c.kind]
-    out: dict[str, Any] = {"kind": c.kind, "key": c.key, "value": c.value, "source": c.source,
-                           "profile": c.profile_path, "affects": affected, "measure": MEASURE_HINT[c.kind], "directions": [],
-                           "runs": {"simulations": 0, "quick_simulations": 0, "simulated_requests": 0, "cpu_s": 0.0}}
+    out: dict[str, Any] = {
+        "kind": c.kind,
+        "key": c.key,
+        "value": c.value,
+        "source": c.source,
+        "profile": c.profile_path,
+        "affects": affected,
+        "measure": MEASURE_HINT[c.kind],
+        "directions": [],
+        "runs": {"simulations": 0, "quick_simulations": 0, "simulated_requests": 0, "cpu_s": 0.0},
+    }
     for up in (False, True):
         end = hi_end if up else lo_end
         if (up and end <= c.value) or (not up and end >= c.value):
@@ -238,9 +281,15 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
             d["note"] = f"{best} stays the recommendation up to {c.describe(end)}"
             continue
         # Keep only candidates that beat the recommended one at the end of the range.
-        keep = [n for n in moving if n == best or recommend(
-            {**p, "candidates": [_patched(cands[best], fresh.get(best)), _patched(cands[n], fresh.get(n))]}
-        )["candidate"] == n]
+        keep = [
+            n
+            for n in moving
+            if n == best
+            or recommend(
+                {**p, "candidates": [_patched(cands[best], fresh.get(best)), _patched(cands[n], fresh.get(n))]}
+            )["candidate"]
+            == n
+        ]
         moving = keep or moving
         # The nearest flip: step away from the nominal value (doubling steps), then bisect.
         a, b, b_winner = c.value, end, winner
@@ -257,8 +306,11 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
                 a = mid
             else:
                 b, b_winner = mid, w
-        d.update(flip=math.sqrt(a * b) if log_scale and a > 0 and b > 0 else (a + b) / 2, bracket=sorted([a, b]),
-                 winner=b_winner)
+        d.update(
+            flip=math.sqrt(a * b) if log_scale and a > 0 and b > 0 else (a + b) / 2,
+            bracket=sorted([a, b]),
+            winner=b_winner,
+        )
     out["text"] = _sentence(c, best, out)
     return out
 
@@ -283,14 +335,24 @@ def _steps(c: Constant, up: bool, end: float) -> list[float]:
 
 def _task(cand: dict, common: dict, extra: dict) -> dict:
     from sim.analysis.planner import CANDIDATES
-    return {**common, "name": cand["name"], "overrides": cand["overrides"],
-            "strategy": CANDIDATES.get(cand["name"], {}).get("strategy", ""), "extra_overrides": extra,
-            "hint_replicas": cand.get("replicas_needed"), "seeds": 1, "operating_point": False, "search": "guided",
-            "upper_bound": bool(cand.get("upper_bound"))}
+
+    return {
+        **common,
+        "name": cand["name"],
+        "overrides": cand["overrides"],
+        "strategy": CANDIDATES.get(cand["name"], {}).get("strategy", ""),
+        "extra_overrides": extra,
+        "hint_replicas": cand.get("replicas_needed"),
+        "seeds": 1,
+        "operating_point": False,
+        "search": "guided",
+        "upper_bound": bool(cand.get("upper_bound")),
+    }
 
 
 def _light(task: dict) -> dict:
     from sim.analysis.planner import plan_candidate
+
     return plan_candidate(task)
 
 
@@ -299,25 +361,37 @@ def _patched(nominal: dict, fresh: dict | None) -> dict:
     if fresh is None:
         return nominal
     if fresh.get("status") != "ok":
-        return {**nominal, "status": fresh.get("status", "failed"), "goodput_rps": 0.0, "goodput_est_rps": 0.0,
-                "goodput_per_gpu_rps": 0.0}
+        return {
+            **nominal,
+            "status": fresh.get("status", "failed"),
+            "goodput_rps": 0.0,
+            "goodput_est_rps": 0.0,
+            "goodput_per_gpu_rps": 0.0,
+        }
     keys = ("goodput_rps", "goodput_est_rps", "goodput_per_gpu_rps", "replicas_needed", "gpus_needed", "search_status")
     return {**nominal, **{k: fresh[k] for k in keys if k in fresh}, "goodput_mean_rps": None}
 
 
 def _sentence(c: Constant, best: str, out: dict) -> str:
-    label = ("paged decode attention is slower than contiguous by" if c.kind == "paged_overhead"
-             else "an allocation event costs")
+    label = (
+        "paged decode attention is slower than contiguous by"
+        if c.kind == "paged_overhead"
+        else "an allocation event costs"
+    )
     parts = []
     for d in out["directions"]:
         if d["flip"] is None:
             continue
         rel = "≥" if d["direction"] == "up" else "≤"
         other = "≤" if d["direction"] == "up" else "≥"
-        parts.append(f"{best} stays the recommendation only while {label} {other} {c.describe(d['flip'])}; "
-                     f"at {rel} {c.describe(d['flip'])} {d['winner']} takes over")
+        parts.append(
+            f"{best} stays the recommendation only while {label} {other} {c.describe(d['flip'])}; "
+            f"at {rel} {c.describe(d['flip'])} {d['winner']} takes over"
+        )
     where = _short(c)
     if not parts:
-        return (f"{where}: no flip of the recommendation between {c.describe(RANGES[c.kind][0])} and "
-                f"{c.describe(RANGES[c.kind][1])}.")
+        return (
+            f"{where}: no flip of the recommendation between {c.describe(RANGES[c.kind][0])} and "
+            f"{c.describe(RANGES[c.kind][1])}."
+        )
     return f"{where}: " + "; ".join(parts) + f" — {out['measure']}."

@@ -49,8 +49,11 @@ STATS = ("mean", "p50", "p90", "p99")
 #: (key in the JSON, label) of the latency metrics, in table order.
 METRICS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("itl_ms", "ITL (ms)"), ("e2el_ms", "E2EL (ms)"))
 #: (key, label) of the throughputs.
-THROUGHPUTS = (("request_throughput", "requests/s"), ("output_throughput", "output tokens/s"),
-               ("total_token_throughput", "total tokens/s (prompt + output)"))
+THROUGHPUTS = (
+    ("request_throughput", "requests/s"),
+    ("output_throughput", "output tokens/s"),
+    ("total_token_throughput", "total tokens/s (prompt + output)"),
+)
 #: Header aggregates that differ from the per-request lists by more than this are reported.
 HEADER_TOLERANCE = 0.01
 TRACE_NAME = "bench_requests.csv"
@@ -67,6 +70,7 @@ def stats(values: np.ndarray) -> dict[str, float | None]:
 
 
 # --- the scenario ----------------------------------------------------------------------------
+
 
 def send_times(res: BenchResult, seed: int) -> np.ndarray | None:
     """Send times in seconds from the benchmark's start, one per request; ``None`` for a closed loop."""
@@ -104,6 +108,7 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
     """``--model``, else the file's ``model_id`` when kvsim knows it (catalog name or shipped config)."""
     from sim.catalog import MODELS
     from sim.hf_config import model_section, resolve_hf_config
+
     if model is not None:
         return model_section(model)
     mid = res.header.get("model_id")
@@ -115,12 +120,24 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
             return {"hf_config": mid}
         except ConfigError:
             pass
-    raise ConfigError("--model", mid, f"the model_id of {res.name} is neither a catalog model nor a shipped Hugging Face "
-                                      "config: pass --model NAME or --model path/to/config.json (kvsim list models)")
+    raise ConfigError(
+        "--model",
+        mid,
+        f"the model_id of {res.name} is neither a catalog model nor a shipped Hugging Face "
+        "config: pass --model NAME or --model path/to/config.json (kvsim list models)",
+    )
 
 
-def scenario_dict(res: BenchResult, *, engine: str = "vllm", model: str | None = None, gpu: str | None = None,
-                  tp: int | None = None, profile: str | None = None, seed: int = 0) -> dict:
+def scenario_dict(
+    res: BenchResult,
+    *,
+    engine: str = "vllm",
+    model: str | None = None,
+    gpu: str | None = None,
+    tp: int | None = None,
+    profile: str | None = None,
+    seed: int = 0,
+) -> dict:
     """The scenario (as YAML data) that replays ``res``; its requests are in :data:`TRACE_NAME`
     beside it (:func:`write_trace`)."""
     n = len(res)
@@ -137,13 +154,20 @@ def scenario_dict(res: BenchResult, *, engine: str = "vllm", model: str | None =
     workload: dict = {"num_requests": n, "max_model_len": max(2, longest), "arrival": arrival}
     if lengths is not None:
         workload["lengths"] = lengths
-    data: dict = {"name": run_name(res), "seed": seed,
-                  "description": f"replay of {res.name} ({arrival_text(res)}), written by kvsim compare",
-                  "model": _model_section(res, model), "workload": workload,
-                  # Step mode records every iteration (same results as fast-forward): exact simulated ITLs.
-                  "engine": {"kind": engine, "mode": "step"}}
+    data: dict = {
+        "name": run_name(res),
+        "seed": seed,
+        "description": f"replay of {res.name} ({arrival_text(res)}), written by kvsim compare",
+        "model": _model_section(res, model),
+        "workload": workload,
+        # Step mode records every iteration (same results as fast-forward): exact simulated ITLs.
+        "engine": {"kind": engine, "mode": "step"},
+    }
     if gpu is not None or tp is not None:
-        data["gpu"] = {**({"name": gpu} if gpu is not None else {}), **({"tensor_parallel": tp} if tp is not None else {})}
+        data["gpu"] = {
+            **({"name": gpu} if gpu is not None else {}),
+            **({"tensor_parallel": tp} if tp is not None else {}),
+        }
     if profile is not None:
         data["cost_model"] = {"profile": profile}
     return data
@@ -152,6 +176,7 @@ def scenario_dict(res: BenchResult, *, engine: str = "vllm", model: str | None =
 def run_name(res: BenchResult) -> str:
     """``compare-<file stem>``, made a safe run name."""
     from sim.config import NAME_RE
+
     stem = "compare-" + "".join(c if c.isalnum() or c in "._-" else "_" for c in res.path.stem)[:100]
     return stem if NAME_RE.match(stem) else "compare"
 
@@ -161,12 +186,15 @@ def write_trace(res: BenchResult, seed: int, path: Path) -> None:
     0 for a closed loop, whose clients decide the send times)."""
     times = send_times(res, seed)
     t = np.zeros(len(res)) if times is None else times
-    rows = "".join(f"{a!r},{p},{o}\n" for a, p, o in zip(t.tolist(), res.prompt_tokens.tolist(), res.output_tokens.tolist()))
+    rows = "".join(
+        f"{a!r},{p},{o}\n" for a, p, o in zip(t.tolist(), res.prompt_tokens.tolist(), res.output_tokens.tolist())
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
 
 
 # --- simulated ITL -----------------------------------------------------------------------------
+
 
 def iteration_ends(ts: pa.Table) -> dict[int, np.ndarray]:
     """Per replica, the end time (s) of every iteration, from the time series (one row per
@@ -224,18 +252,25 @@ def simulated_itl_s(requests: pa.Table, ts: pa.Table) -> tuple[np.ndarray, int]:
 
 # --- the comparison --------------------------------------------------------------------------
 
+
 def measured_metrics(res: BenchResult) -> dict[str, dict]:
-    return {"ttft_ms": stats(res.ttft_s * 1e3), "tpot_ms": stats(res.tpot_s() * 1e3),
-            "itl_ms": stats(res.itl_flat_s() * 1e3), "e2el_ms": stats(res.e2el_s() * 1e3)}
+    return {
+        "ttft_ms": stats(res.ttft_s * 1e3),
+        "tpot_ms": stats(res.tpot_s() * 1e3),
+        "itl_ms": stats(res.itl_flat_s() * 1e3),
+        "e2el_ms": stats(res.e2el_s() * 1e3),
+    }
 
 
 def measured_throughput(res: BenchResult) -> dict[str, float | None]:
     """The header's throughputs, else the lists' totals over ``duration`` (``None`` without it)."""
     h = res.header
     d = res.duration_s
-    computed = {"request_throughput": len(res) / d if d else None,
-                "output_throughput": float(res.output_tokens.sum()) / d if d else None,
-                "total_token_throughput": float(res.output_tokens.sum() + res.prompt_tokens.sum()) / d if d else None}
+    computed = {
+        "request_throughput": len(res) / d if d else None,
+        "output_throughput": float(res.output_tokens.sum()) / d if d else None,
+        "total_token_throughput": float(res.output_tokens.sum() + res.prompt_tokens.sum()) / d if d else None,
+    }
     out = {}
     for k, v in computed.items():
         hv = h.get(k)
@@ -256,7 +291,11 @@ def header_check(res: BenchResult) -> list[str]:
         vals = lists[metric] * 1e3
         if vals.size == 0:
             continue
-        mine = float(vals.mean()) if stat == "mean" else float(np.percentile(vals, 50 if stat == "median" else float(stat[1:])))
+        mine = (
+            float(vals.mean())
+            if stat == "mean"
+            else float(np.percentile(vals, 50 if stat == "median" else float(stat[1:])))
+        )
         if abs(mine - v) > HEADER_TOLERANCE * max(abs(v), 1e-9) + 1e-6:
             out.append(f"{key} in the header is {v:.4g} but {mine:.4g} from the per-request lists")
     return out
@@ -268,21 +307,34 @@ def _rel(sim: float | None, meas: float | None) -> float | None:
     return (sim - meas) / meas
 
 
-def compare_result(res: BenchResult, run_dir: Path, *, engine: str = "vllm", model: str | None = None,
-                   gpu: str | None = None, tp: int | None = None, profile: str | None = None,
-                   overrides: dict | None = None, seed: int = 0) -> dict:
+def compare_result(
+    res: BenchResult,
+    run_dir: Path,
+    *,
+    engine: str = "vllm",
+    model: str | None = None,
+    gpu: str | None = None,
+    tp: int | None = None,
+    profile: str | None = None,
+    overrides: dict | None = None,
+    seed: int = 0,
+) -> dict:
     """Simulate ``res`` (run directory ``run_dir``) and compare; the JSON document of one file."""
     from sim.config import apply_overrides, scenario_from_dict
     from sim.engine.cluster import simulate
     from sim.output.results import write_run
 
-    data = apply_overrides(scenario_dict(res, engine=engine, model=model, gpu=gpu, tp=tp, profile=profile, seed=seed),
-                           overrides or {})
+    data = apply_overrides(
+        scenario_dict(res, engine=engine, model=model, gpu=gpu, tp=tp, profile=profile, seed=seed), overrides or {}
+    )
     write_trace(res, seed, run_dir / TRACE_NAME)
     sc = scenario_from_dict(data, base_dir=run_dir)
     if sc.timeseries.every_s is not None:
-        raise ConfigError("timeseries.every_s", sc.timeseries.every_s,
-                          "unset for kvsim compare (simulated ITLs need one time-series row per batch change)")
+        raise ConfigError(
+            "timeseries.every_s",
+            sc.timeseries.every_s,
+            "unset for kvsim compare (simulated ITLs need one time-series row per batch change)",
+        )
     result = simulate(sc, out_dir=run_dir)
     write_run(result, run_dir)
     rq, ts = result.requests, result.timeseries
@@ -294,39 +346,92 @@ def compare_result(res: BenchResult, run_dir: Path, *, engine: str = "vllm", mod
     prompt = rq["prompt_tokens"].to_numpy()[ok]
     multi = gen > 1
     itl, extra = simulated_itl_s(rq, ts)
-    sim = {"ttft_ms": stats((first - arrival) * 1e3), "tpot_ms": stats((fin - first)[multi] / (gen[multi] - 1) * 1e3),
-           "itl_ms": stats(itl * 1e3), "e2el_ms": stats((fin - arrival) * 1e3)}
+    sim = {
+        "ttft_ms": stats((first - arrival) * 1e3),
+        "tpot_ms": stats((fin - first)[multi] / (gen[multi] - 1) * 1e3),
+        "itl_ms": stats(itl * 1e3),
+        "e2el_ms": stats((fin - arrival) * 1e3),
+    }
     # Both durations run from the benchmark's start (t = 0, before the first send) to the last response.
     dur = float(fin.max()) if fin.size else 0.0
-    sim_tp = {"request_throughput": int(ok.sum()) / dur if dur else None,
-              "output_throughput": float(gen.sum()) / dur if dur else None,
-              "total_token_throughput": float(gen.sum() + prompt.sum()) / dur if dur else None}
+    sim_tp = {
+        "request_throughput": int(ok.sum()) / dur if dur else None,
+        "output_throughput": float(gen.sum()) / dur if dur else None,
+        "total_token_throughput": float(gen.sum() + prompt.sum()) / dur if dur else None,
+    }
     meas = measured_metrics(res)
     meas_tp = measured_throughput(res)
-    rows = [{"metric": k, "stat": s, "measured": meas[k][s], "simulated": sim[k][s], "rel_error": _rel(sim[k][s], meas[k][s])}
-            for k, _ in METRICS for s in STATS]
-    rows += [{"metric": k, "stat": "-", "measured": meas_tp[k], "simulated": sim_tp[k],
-              "rel_error": _rel(sim_tp[k], meas_tp[k])} for k, _ in THROUGHPUTS]
+    rows = [
+        {
+            "metric": k,
+            "stat": s,
+            "measured": meas[k][s],
+            "simulated": sim[k][s],
+            "rel_error": _rel(sim[k][s], meas[k][s]),
+        }
+        for k, _ in METRICS
+        for s in STATS
+    ]
+    rows += [
+        {
+            "metric": k,
+            "stat": "-",
+            "measured": meas_tp[k],
+            "simulated": sim_tp[k],
+            "rel_error": _rel(sim_tp[k], meas_tp[k]),
+        }
+        for k, _ in THROUGHPUTS
+    ]
     warnings = header_check(res)
     rejected = int((~ok).sum())
     if rejected:
-        warnings.append(f"{rejected} of {len(ok)} simulated requests were rejected ({result.summary['rejected_by_reason']})")
+        warnings.append(
+            f"{rejected} of {len(ok)} simulated requests were rejected ({result.summary['rejected_by_reason']})"
+        )
     if extra:
-        warnings.append(f"{extra} iterations ran between a request's first and last token without giving it one "
-                        "(preemption, or prefill iterations apart from decodes); each counts as a gap of its own")
+        warnings.append(
+            f"{extra} iterations ran between a request's first and last token without giving it one "
+            "(preemption, or prefill iterations apart from decodes); each counts as a gap of its own"
+        )
     s = result.summary
     return {
         "file": str(res.path),
         "kvsim_version": __version__,
-        "benchmark": {k: res.header.get(k) for k in ("backend", "model_id", "date", "num_prompts", "request_rate",
-                                                    "burstiness", "max_concurrency", "duration", "completed", "failed")},
-        "requests": {"in_file": res.num_requests, "failed_left_out": res.failed, "simulated": len(res),
-                     "simulated_completed": int(ok.sum())},
+        "benchmark": {
+            k: res.header.get(k)
+            for k in (
+                "backend",
+                "model_id",
+                "date",
+                "num_prompts",
+                "request_rate",
+                "burstiness",
+                "max_concurrency",
+                "duration",
+                "completed",
+                "failed",
+            )
+        },
+        "requests": {
+            "in_file": res.num_requests,
+            "failed_left_out": res.failed,
+            "simulated": len(res),
+            "simulated_completed": int(ok.sum()),
+        },
         "arrival": arrival_text(res),
-        "simulation": {"model": sc.model.hf_config or sc.model.name, "gpu": sc.gpu.name, "tensor_parallel": sc.gpu.tensor_parallel,
-                       "replicas": sc.gpu.replicas, "engine": sc.engine.kind, "cost_model": s["cost_model"],
-                       "cost_model_calibrated": s["cost_model_calibrated"], "seed": sc.seed, "run_dir": str(run_dir),
-                       "preemptions": s["preemptions"], "itl_iterations_without_token": extra},
+        "simulation": {
+            "model": sc.model.hf_config or sc.model.name,
+            "gpu": sc.gpu.name,
+            "tensor_parallel": sc.gpu.tensor_parallel,
+            "replicas": sc.gpu.replicas,
+            "engine": sc.engine.kind,
+            "cost_model": s["cost_model"],
+            "cost_model_calibrated": s["cost_model_calibrated"],
+            "seed": sc.seed,
+            "run_dir": str(run_dir),
+            "preemptions": s["preemptions"],
+            "itl_iterations_without_token": extra,
+        },
         "rows": rows,
         "warnings": warnings,
     }

@@ -86,14 +86,20 @@ def result_files(paths: list[Path]) -> list[Path]:
         if p.is_dir():
             found = sorted(q for q in p.glob("*.json") if not q.name.endswith(".pytorch.json") and q.is_file())
             if not found:
-                raise ConfigError(str(p), "a folder without *.json files",
-                                  "a result file or a folder of them (vllm bench serve --save-result --save-detailed)")
+                raise ConfigError(
+                    str(p),
+                    "a folder without *.json files",
+                    "a result file or a folder of them (vllm bench serve --save-result --save-detailed)",
+                )
             out.extend(found)
         elif p.is_file():
             out.append(p)
         else:
-            raise ConfigError(str(p), "no such file or folder",
-                              "a result file or a folder of them (vllm bench serve --save-result --save-detailed)")
+            raise ConfigError(
+                str(p),
+                "no such file or folder",
+                "a result file or a folder of them (vllm bench serve --save-result --save-detailed)",
+            )
     return out
 
 
@@ -157,7 +163,9 @@ def _gaps(path: Path, i: int, row: list) -> np.ndarray:
             return arr
     for j, g in enumerate(row):  # find the first bad one for the message
         _seconds(path, f"itls[{i}]", g, j, False)
-    raise ConfigError(f"{path}: itls[{i}]", row[:3], "a list of gaps in seconds")  # not reached: a bad value is named above
+    raise ConfigError(
+        f"{path}: itls[{i}]", row[:3], "a list of gaps in seconds"
+    )  # not reached: a bad value is named above
 
 
 def read_bench_result(path: Path) -> BenchResult:
@@ -167,8 +175,9 @@ def read_bench_result(path: Path) -> BenchResult:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), type(exc).__name__, "a readable JSON result file") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}",
-                          f"a JSON result file ({_DETAILED})") from None
+        raise ConfigError(
+            str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}", f"a JSON result file ({_DETAILED})"
+        ) from None
     if not isinstance(doc, dict):
         raise ConfigError(str(path), type(doc).__name__, f"a JSON object ({_DETAILED})")
     inputs = _list(path, doc, "input_lens", None)
@@ -196,7 +205,11 @@ def read_bench_result(path: Path) -> BenchResult:
     for i in ok_rows:
         row = lists["itls"][i]
         if not isinstance(row, list):
-            raise ConfigError(f"{path}: itls[{i}]", type(row).__name__, "a list of gaps in seconds (one per streamed chunk after the first)")
+            raise ConfigError(
+                f"{path}: itls[{i}]",
+                type(row).__name__,
+                "a list of gaps in seconds (one per streamed chunk after the first)",
+            )
         itls.append(_gaps(path, i, row))
     if "latencies" in doc:
         lat = _list(path, doc, "latencies", n)
@@ -226,17 +239,34 @@ def read_bench_result(path: Path) -> BenchResult:
         raise ConfigError(f"{path}: max_concurrency", mc, "null or an integer >= 1")
     if start is None:
         if doc.get("ramp_up_strategy"):
-            raise ConfigError(f"{path}: ramp_up_strategy", doc["ramp_up_strategy"],
-                              "null (kvsim replays a ramp-up run only from its start_times)")
+            raise ConfigError(
+                f"{path}: ramp_up_strategy",
+                doc["ramp_up_strategy"],
+                "null (kvsim replays a ramp-up run only from its start_times)",
+            )
         if rate is None and mc is None:
-            raise ConfigError(f"{path}: request_rate", "missing", 'a number > 0 or "inf", or max_concurrency, '
-                                                                 "or start_times: the arrival process to replay")
+            raise ConfigError(
+                f"{path}: request_rate",
+                "missing",
+                'a number > 0 or "inf", or max_concurrency, or start_times: the arrival process to replay',
+            )
     duration = doc.get("duration")
     if duration is not None and (_number(duration) is None or not duration > 0):
         raise ConfigError(f"{path}: duration", duration, "a positive number of seconds")
     header = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))}
-    return BenchResult(path=Path(path), header=header, request_rate=rate if rate is not None else math.inf,
-                       burstiness=burst if burst is not None else 1.0, max_concurrency=int(mc) if mc is not None else None,
-                       num_requests=n, failed=n - len(ok_rows), prompt_tokens=prompt, output_tokens=output, ttft_s=ttft,
-                       itl_s=tuple(itls), decode_s=decode, start_s=start,
-                       duration_s=float(duration) if duration is not None else None)
+    return BenchResult(
+        path=Path(path),
+        header=header,
+        request_rate=rate if rate is not None else math.inf,
+        burstiness=burst if burst is not None else 1.0,
+        max_concurrency=int(mc) if mc is not None else None,
+        num_requests=n,
+        failed=n - len(ok_rows),
+        prompt_tokens=prompt,
+        output_tokens=output,
+        ttft_s=ttft,
+        itl_s=tuple(itls),
+        decode_s=decode,
+        start_s=start,
+        duration_s=float(duration) if duration is not None else None,
+    )

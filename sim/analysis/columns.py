@@ -12,9 +12,18 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-_NUMERIC = {pa.float64(): np.float64, pa.float32(): np.float32, pa.int64(): np.int64, pa.int32(): np.int32,
-            pa.int16(): np.int16, pa.int8(): np.int8, pa.uint64(): np.uint64, pa.uint32(): np.uint32,
-            pa.uint16(): np.uint16, pa.uint8(): np.uint8}
+_NUMERIC = {
+    pa.float64(): np.float64,
+    pa.float32(): np.float32,
+    pa.int64(): np.int64,
+    pa.int32(): np.int32,
+    pa.int16(): np.int16,
+    pa.int8(): np.int8,
+    pa.uint64(): np.uint64,
+    pa.uint32(): np.uint32,
+    pa.uint16(): np.uint16,
+    pa.uint8(): np.uint8,
+}
 
 
 def column(table: pa.Table, name: str) -> np.ndarray:
@@ -24,8 +33,9 @@ def column(table: pa.Table, name: str) -> np.ndarray:
     if dtype is None or col.null_count:
         return col.to_numpy()
     size = np.dtype(dtype).itemsize
-    parts = [np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size)
-             for c in col.chunks if len(c)]
+    parts = [
+        np.frombuffer(c.buffers()[1], dtype=dtype, count=len(c), offset=c.offset * size) for c in col.chunks if len(c)
+    ]
     if not parts:
         return np.empty(0, dtype=dtype)
     return parts[0] if len(parts) == 1 else np.concatenate(parts)

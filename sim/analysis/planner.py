@@ -44,9 +44,26 @@ from sim.errors import ConfigError
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
 
-__all__ = ["CANDIDATES", "DEFAULT_TOL", "MAX_EVALS", "GoodputSearch", "PLAN_COLUMNS", "assumption_lines", "candidate_row", "fewest_replicas", "find_goodput",
-           "find_goodput_guided", "interpolated_goodput", "measure", "plan", "plan_candidate", "plan_columns", "plan_rows", "recommend",
-           "write_plan"]
+__all__ = [
+    "CANDIDATES",
+    "DEFAULT_TOL",
+    "MAX_EVALS",
+    "GoodputSearch",
+    "PLAN_COLUMNS",
+    "assumption_lines",
+    "candidate_row",
+    "fewest_replicas",
+    "find_goodput",
+    "find_goodput_guided",
+    "interpolated_goodput",
+    "measure",
+    "plan",
+    "plan_candidate",
+    "plan_columns",
+    "plan_rows",
+    "recommend",
+    "write_plan",
+]
 
 #: Candidate allocator configurations: name → overrides (dotted scenario keys) and the
 #: strategy in the seed article's words. Adding a candidate is one entry; a candidate whose
@@ -81,18 +98,18 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "hybrid_tail": {
         "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "prompt"},
         "strategy": "hybrid: static floor for the long tail + paged rest; long once the prompt alone is (a request "
-                    "that outgrows the threshold moves to a slot)",
+        "that outgrows the threshold moves to a slot)",
     },
     "hybrid_tail-quantile": {
         "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "quantile"},
         "strategy": "hybrid: static floor for the long tail + paged rest; long predicted from the prompt (prompt + "
-                    "p90 of the output given the prompt)",
+        "p90 of the output given the prompt)",
         "default": False,
     },
     "hybrid_tail-oracle": {
         "overrides": {"allocator.kind": "hybrid_tail", "allocator.length_predictor": "oracle"},
         "strategy": "hybrid_tail routed by each request's true length (oracle): an upper bound, not a strategy a "
-                    "server can run",
+        "server can run",
         "upper_bound": True,
     },
     "hybrid_reserve": {
@@ -127,6 +144,7 @@ TESTED_MAX_LOAD = 0.8
 
 # --- measurements at a point ----------------------------------------------------------
 
+
 def _weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     order = np.argsort(values)
     v, w = values[order], weights[order]
@@ -138,21 +156,33 @@ def measure(result, slo: SLO) -> dict:
     """The operating-point facts of one run (see the module docstring)."""
     from sim.analysis.columns import column
     from sim.analysis.plots import decode_only_mask, fragmentation_series
+
     s = result.summary
     ts = result.timeseries
     out = {
         "attainment": attainment(result.requests, slo),
-        "ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_s": s["tpot_s"]["p90"], "e2e_p90_s": s["e2e_s"]["p90"],
+        "ttft_p90_s": s["ttft_s"]["p90"],
+        "tpot_p90_s": s["tpot_s"]["p90"],
+        "e2e_p90_s": s["e2e_s"]["p90"],
         "throughput_requests_per_s": s["throughput_requests_per_s"],
         "throughput_tokens_per_s": s["throughput_tokens_per_s"],
         "kv_token_utilization": s["kv_token_utilization"],
         "memory_waste": None if s["kv_token_utilization"] is None else 1.0 - s["kv_token_utilization"],
         "kv_memory_utilization": s["kv_memory_utilization"],
-        "preemptions": s["preemptions"], "rejected": s["rejected"], "rejected_by_reason": s["rejected_by_reason"],
-        "truncated": s["truncated"], "requests": s["requests"], "reserve_tokens": s.get("reserve_tokens"),
+        "preemptions": s["preemptions"],
+        "rejected": s["rejected"],
+        "rejected_by_reason": s["rejected_by_reason"],
+        "truncated": s["truncated"],
+        "requests": s["requests"],
+        "reserve_tokens": s.get("reserve_tokens"),
         "allocation_time_s": s.get("allocation_time_s"),
-        "external_frag_mean": None, "external_frag_max": None, "decode_step_p50_ms": None,
-        "decode_step_p99_ms": None, "decode_jitter": None, "decode_batch_p50": None, "decode_batch_p99": None,
+        "external_frag_mean": None,
+        "external_frag_max": None,
+        "decode_step_p50_ms": None,
+        "decode_step_p99_ms": None,
+        "decode_jitter": None,
+        "decode_batch_p50": None,
+        "decode_batch_p99": None,
     }
     if ts.num_rows:
         t, _internal, external = fragmentation_series(ts)
@@ -167,26 +197,34 @@ def measure(result, slo: SLO) -> dict:
             w = column(ts, "iterations")[dec].astype(np.float64)
             p50, p99 = _weighted_percentile(step, w, 50), _weighted_percentile(step, w, 99)
             batch = column(ts, "running")[dec].astype(np.float64)
-            out.update(decode_step_p50_ms=p50 * 1e3, decode_step_p99_ms=p99 * 1e3,
-                       decode_jitter=p99 / p50 if p50 > 0 else None,
-                       decode_batch_p50=_weighted_percentile(batch, w, 50),
-                       decode_batch_p99=_weighted_percentile(batch, w, 99))
+            out.update(
+                decode_step_p50_ms=p50 * 1e3,
+                decode_step_p99_ms=p99 * 1e3,
+                decode_jitter=p99 / p50 if p50 > 0 else None,
+                decode_batch_p50=_weighted_percentile(batch, w, 50),
+                decode_batch_p99=_weighted_percentile(batch, w, 99),
+            )
     return out
 
 
 def _kv_series(ts, max_points: int = 1500) -> dict:
     from sim.analysis.plots import summed_over_replicas
+
     if ts.num_rows == 0:
         return {"t_s": [], "reserved_gib": [], "used_gib": [], "capacity_gib": []}
     t, s = summed_over_replicas(ts, ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes"])
     idx = np.unique(np.r_[np.linspace(0, t.size - 1, min(max_points, t.size)).astype(int), t.size - 1])
     g = 2.0**30
-    return {"t_s": t[idx].round(4).tolist(), "reserved_gib": (s["kv_reserved_bytes"][idx] / g).round(4).tolist(),
-            "used_gib": (s["kv_used_bytes"][idx] / g).round(4).tolist(),
-            "capacity_gib": (s["kv_capacity_bytes"][idx] / g).round(4).tolist()}
+    return {
+        "t_s": t[idx].round(4).tolist(),
+        "reserved_gib": (s["kv_reserved_bytes"][idx] / g).round(4).tolist(),
+        "used_gib": (s["kv_used_bytes"][idx] / g).round(4).tolist(),
+        "capacity_gib": (s["kv_capacity_bytes"][idx] / g).round(4).tolist(),
+    }
 
 
 # --- one candidate (runs in a worker process) -----------------------------------------
+
 
 class _Runner:
     """Simulations of one candidate: scenarios by (rate, replicas, seed offset), quick and full runs.
@@ -223,17 +261,28 @@ class _Runner:
 
     def _record(self, rate: float, replicas: int, seed: int, res, att: float | None, exact: bool, ended: int) -> dict:
         s = res.summary
-        return {"rate": rate, "replicas": replicas, "seed": self.task["base_seed"] + seed, "attainment": att,
-                "exact": exact, "ended": ended, "requests": len(res.requests) if exact else None,
-                "ttft_p90_s": s["ttft_s"]["p90"], "tpot_p90_s": s["tpot_s"]["p90"],
-                "throughput_requests_per_s": s["throughput_requests_per_s"],
-                "throughput_tokens_per_s": s["throughput_tokens_per_s"],
-                "completed": s["completed"], "rejected": s["rejected"], "truncated": s["truncated"],
-                "preemptions": s["preemptions"]}
+        return {
+            "rate": rate,
+            "replicas": replicas,
+            "seed": self.task["base_seed"] + seed,
+            "attainment": att,
+            "exact": exact,
+            "ended": ended,
+            "requests": len(res.requests) if exact else None,
+            "ttft_p90_s": s["ttft_s"]["p90"],
+            "tpot_p90_s": s["tpot_s"]["p90"],
+            "throughput_requests_per_s": s["throughput_requests_per_s"],
+            "throughput_tokens_per_s": s["throughput_tokens_per_s"],
+            "completed": s["completed"],
+            "rejected": s["rejected"],
+            "truncated": s["truncated"],
+            "preemptions": s["preemptions"],
+        }
 
     def full(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True) -> tuple[dict, Any]:
         """A complete run: its probe record and result (the latest two are kept for the operating point)."""
         from sim.engine.cluster import simulate
+
         key = (rate, replicas, seed) if scaled else (rate, replicas, seed, "unscaled")
         if key not in self._results:
             res = simulate(self.scenario(rate, replicas, seed, scaled), budget=self.budget)
@@ -250,14 +299,14 @@ class _Runner:
         from sim.analysis.sequential import AttainmentTest
         from sim.engine.cluster import simulate
         from sim.workload.generator import build_workload
+
         key = (rate, replicas, seed)
         if key in self._results:
             return self._results[key][0]
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        tested_pass = bool(sat and math.isfinite(sat)
-                           and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
+        tested_pass = bool(sat and math.isfinite(sat) and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
         test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
         res = simulate(sc, budget=self.budget, stop=test)
         test.finish()
@@ -282,6 +331,7 @@ class _Runner:
 def _search_seed(runner: _Runner, task: dict, seed: int, start: float) -> tuple[GoodputSearch, list[dict], list[dict]]:
     """Goodput search on one seed at the base replica count: the search, its complete and stopped probe records."""
     from sim.analysis.search import Evaluation
+
     target = runner.slo.attainment
     reps = runner.base_replicas
     records: dict[float, dict] = {}
@@ -307,6 +357,7 @@ def _search_seed(runner: _Runner, task: dict, seed: int, start: float) -> tuple[
 
 def _guided_start(runner: _Runner, task: dict) -> float:
     from sim.analysis.saturation import saturation_rate
+
     if runner.saturation is None:
         runner.saturation = saturation_rate(runner.scenario(task["start_rate"], runner.base_replicas))
     if task.get("hint_goodput"):
@@ -322,8 +373,17 @@ def plan_candidate(task: dict) -> dict:
     slo = runner.slo
     base_replicas = runner.base_replicas
     guided = task["search"] == "guided"
-    out: dict[str, Any] = {"name": name, "strategy": task["strategy"], "overrides": task["overrides"],
-                           "upper_bound": bool(task.get("upper_bound")), "status": "ok", "message": "", "probes": [], "quick_probes": [], "replica_probes": []}
+    out: dict[str, Any] = {
+        "name": name,
+        "strategy": task["strategy"],
+        "overrides": task["overrides"],
+        "upper_bound": bool(task.get("upper_bound")),
+        "status": "ok",
+        "message": "",
+        "probes": [],
+        "quick_probes": [],
+        "replica_probes": [],
+    }
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         start = _guided_start(runner, task) if guided else task["start_rate"]
@@ -336,28 +396,50 @@ def plan_candidate(task: dict) -> dict:
         out["goodput_per_gpu_rps"] = search.goodput / (base_replicas * task["tp"])
         out["replicas"] = base_replicas
         out["gpus"] = base_replicas * task["tp"]
-        out["verify"] = {"rate": search.goodput, "attainment": search.probes.get(search.goodput),
-                         "next_rate": search.next_rate, "next_attainment": search.next_attainment,
-                         "next_exact": search.next_rate in search.probes}
-        seeds = [{"seed": task["base_seed"], "goodput_rps": search.goodput, "goodput_est_rps": out["goodput_est_rps"],
-                  "status": search.status}]
+        out["verify"] = {
+            "rate": search.goodput,
+            "attainment": search.probes.get(search.goodput),
+            "next_rate": search.next_rate,
+            "next_attainment": search.next_attainment,
+            "next_exact": search.next_rate in search.probes,
+        }
+        seeds = [
+            {
+                "seed": task["base_seed"],
+                "goodput_rps": search.goodput,
+                "goodput_est_rps": out["goodput_est_rps"],
+                "status": search.status,
+            }
+        ]
         for k in range(1, task["seeds"]):
             hint = out["goodput_est_rps"] if search.status == "ok" else start
             s_k, p_k, q_k = _search_seed(runner, task, k, hint if guided else task["start_rate"])
-            seeds.append({"seed": task["base_seed"] + k, "goodput_rps": s_k.goodput,
-                          "goodput_est_rps": s_k.estimate(slo.attainment), "status": s_k.status,
-                          "probes": p_k, "quick_probes": q_k})
+            seeds.append(
+                {
+                    "seed": task["base_seed"] + k,
+                    "goodput_rps": s_k.goodput,
+                    "goodput_est_rps": s_k.estimate(slo.attainment),
+                    "status": s_k.status,
+                    "probes": p_k,
+                    "quick_probes": q_k,
+                }
+            )
         out["seed_goodputs"] = seeds
         if search.status == "infeasible":
             lowest = min([*probes, *quick], key=lambda p: p["rate"])
             out["status"] = "infeasible"
-            out["message"] = (f"even at {lowest['rate']:.3g} req/s only {lowest['attainment']:.0%} of requests meet the "
-                              f"SLO ({lowest['rejected']} rejected, {lowest['truncated']} truncated"
-                              + ("" if lowest["exact"] else f", of the first {lowest['ended']} to end") + ")")
+            out["message"] = (
+                f"even at {lowest['rate']:.3g} req/s only {lowest['attainment']:.0%} of requests meet the "
+                f"SLO ({lowest['rejected']} rejected, {lowest['truncated']} truncated"
+                + ("" if lowest["exact"] else f", of the first {lowest['ended']} to end")
+                + ")"
+            )
             return out
         if search.status != "ok":
-            out["message"] = {"unbounded": "attainment met at every rate tried: goodput is a lower bound",
-                              "budget": "evaluation budget spent: goodput is a lower bound"}[search.status]
+            out["message"] = {
+                "unbounded": "attainment met at every rate tried: goodput is a lower bound",
+                "budget": "evaluation budget spent: goodput is a lower bound",
+            }[search.status]
         if task.get("upper_bound"):
             # Never recommended, and its reason line reads only its goodput: no replica search and
             # no operating point (they were half of its simulated requests).
@@ -385,8 +467,11 @@ def plan_candidate(task: dict) -> dict:
     finally:
         out["wall_s"] = time.perf_counter() - t0
         out["cpu_s"] = time.process_time() - cpu0
-        out["simulations"], out["quick_simulations"], out["simulated_requests"] = (runner.sims, runner.quick_sims,
-                                                                                  runner.requests)
+        out["simulations"], out["quick_simulations"], out["simulated_requests"] = (
+            runner.sims,
+            runner.quick_sims,
+            runner.requests,
+        )
     return out
 
 
@@ -397,8 +482,9 @@ def _replica_search(runner: _Runner, task: dict, out: dict, goodput: float) -> i
     target_rate, target = task["target_rate"], runner.slo.attainment
     base_replicas = runner.base_replicas
     per_replica = goodput / base_replicas
-    start = task.get("hint_replicas") or (max(1, math.ceil(target_rate / per_replica)) if per_replica > 0
-                                          else base_replicas)
+    start = task.get("hint_replicas") or (
+        max(1, math.ceil(target_rate / per_replica)) if per_replica > 0 else base_replicas
+    )
     rprobes: dict[int, dict] = {}
 
     def sustains(n: int) -> bool:
@@ -415,6 +501,7 @@ def _replica_search(runner: _Runner, task: dict, out: dict, goodput: float) -> i
 
 # --- the plan -------------------------------------------------------------------------
 
+
 def select_candidates(names: list[str] | None) -> list[str]:
     """The named candidates, or every default one."""
     if not names:
@@ -428,6 +515,7 @@ def select_candidates(names: list[str] | None) -> list[str]:
 def _availability(name: str, base: dict, base_dir) -> str | None:
     """Why a candidate cannot run in this build (``None`` when it can)."""
     from sim.allocators import KINDS
+
     over = CANDIDATES[name]["overrides"]
     kind = over.get("allocator.kind")
     if kind is not None and kind not in KINDS:
@@ -439,13 +527,26 @@ def _availability(name: str, base: dict, base_dir) -> str | None:
     return None
 
 
-def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocators: list[str] | None = None,
-         target_rate: float | None = None, tol: float = DEFAULT_TOL, workers: int | None = None,
-         progress: Callable[[int, int, str], None] | None = None, max_evals: int = MAX_EVALS,
-         max_replicas: int = 256, search: str = "guided", seeds: int = DEFAULT_SEEDS,
-         confidence: float = DEFAULT_CONFIDENCE, break_even: bool | list[str] = False,
-         on_candidate: Callable[[dict], None] | None = None, start_method: str | None = None,
-         on_start: Callable[[], None] | None = None, budget: RunBudget | None = None) -> dict:
+def plan(
+    scenario: str | Path,
+    slo: SLO,
+    overrides: dict | None = None,
+    allocators: list[str] | None = None,
+    target_rate: float | None = None,
+    tol: float = DEFAULT_TOL,
+    workers: int | None = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    max_evals: int = MAX_EVALS,
+    max_replicas: int = 256,
+    search: str = "guided",
+    seeds: int = DEFAULT_SEEDS,
+    confidence: float = DEFAULT_CONFIDENCE,
+    break_even: bool | list[str] = False,
+    on_candidate: Callable[[dict], None] | None = None,
+    start_method: str | None = None,
+    on_start: Callable[[], None] | None = None,
+    budget: RunBudget | None = None,
+) -> dict:
     """Plan a scenario: the dict written to ``plan.json`` (see :mod:`sim.analysis.planner`).
 
     ``progress(done, total, name)`` and ``on_candidate(candidate)`` are called as candidates
@@ -459,6 +560,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     (:mod:`sim.engine.budget`).
     """
     from sim.analysis.sweep import default_workers
+
     if not 0 < tol < 1:
         raise ConfigError("--tolerance", tol, "a relative tolerance in (0, 1), e.g. 0.05")
     if target_rate is not None and not target_rate > 0:
@@ -473,23 +575,46 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
     data = apply_overrides(data, overrides or {})
     sc = scenario_from_dict(data, base_dir)
     if sc.workload.arrival.kind not in ("poisson", "gamma"):
-        raise ConfigError("workload.arrival.kind", sc.workload.arrival.kind,
-                          "poisson or gamma: the planner varies workload.arrival.rate")
+        raise ConfigError(
+            "workload.arrival.kind",
+            sc.workload.arrival.kind,
+            "poisson or gamma: the planner varies workload.arrival.rate",
+        )
     names = select_candidates(allocators)
     base_requests = sc.workload.num_requests if sc.workload.duration_s is None else None
-    common = {"slo": slo.as_dict(), "base": data, "base_dir": str(base_dir), "base_replicas": sc.gpu.replicas,
-              "base_requests": base_requests, "base_seed": sc.seed, "tol": tol, "start_rate": sc.workload.arrival.rate,
-              "tp": sc.gpu.tensor_parallel, "target_rate": target_rate, "max_evals": max_evals,
-              "max_replicas": max_replicas, "search": search, "seeds": seeds, "confidence": confidence,
-              "budget": None if budget is None else budget.__dict__}
+    common = {
+        "slo": slo.as_dict(),
+        "base": data,
+        "base_dir": str(base_dir),
+        "base_replicas": sc.gpu.replicas,
+        "base_requests": base_requests,
+        "base_seed": sc.seed,
+        "tol": tol,
+        "start_rate": sc.workload.arrival.rate,
+        "tp": sc.gpu.tensor_parallel,
+        "target_rate": target_rate,
+        "max_evals": max_evals,
+        "max_replicas": max_replicas,
+        "search": search,
+        "seeds": seeds,
+        "confidence": confidence,
+        "budget": None if budget is None else budget.__dict__,
+    }
     skipped, tasks = [], []
     for n in names:
         why = _availability(n, data, base_dir)
         if why:
             skipped.append({"name": n, "reason": why})
         else:
-            tasks.append({**common, "name": n, "overrides": CANDIDATES[n]["overrides"],
-                          "strategy": CANDIDATES[n]["strategy"], "upper_bound": CANDIDATES[n].get("upper_bound", False)})
+            tasks.append(
+                {
+                    **common,
+                    "name": n,
+                    "overrides": CANDIDATES[n]["overrides"],
+                    "strategy": CANDIDATES[n]["strategy"],
+                    "upper_bound": CANDIDATES[n].get("upper_bound", False),
+                }
+            )
     t0, cpu0 = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
     pool = _Pool(min(workers or default_workers(), max(len(tasks), 1)), start_method)
@@ -537,6 +662,7 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
         }
         out["recommendation"] = recommend(out)
         from sim.analysis.assumptions import break_evens, listed
+
         if break_even and out["recommendation"]["candidate"] is not None:
             kinds = None if break_even is True else list(break_even)
             out["assumptions"] = break_evens(out, common, pool, kinds)
@@ -558,9 +684,18 @@ def plan(scenario: str | Path, slo: SLO, overrides: dict | None = None, allocato
 #: chat-api --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05 --target-rate 40``). Only orders the work:
 #: allocators without a decode cohort (tiered regions, contiguous growth) grow every sequence one
 #: by one at every mixed iteration and cost ten times what the paged pool does.
-_TASK_CPU_S = {"static-p95-fallback": 1.4, "hybrid_tail": 1.5, "hybrid_tail-quantile": 1.5, "hybrid_tail-oracle": 1.5,
-               "dynamic": 0.9, "static": 0.9, "static-p95": 0.3, "hybrid_reserve": 0.3, "paged": 0.15,
-               "paged-b32": 0.15}
+_TASK_CPU_S = {
+    "static-p95-fallback": 1.4,
+    "hybrid_tail": 1.5,
+    "hybrid_tail-quantile": 1.5,
+    "hybrid_tail-oracle": 1.5,
+    "dynamic": 0.9,
+    "static": 0.9,
+    "static-p95": 0.3,
+    "hybrid_reserve": 0.3,
+    "paged": 0.15,
+    "paged-b32": 0.15,
+}
 
 
 def _task_cost(task: dict) -> float:
@@ -572,6 +707,7 @@ def _prewarm(sc) -> None:
     import sim.analysis.sequential  # noqa: F401
     import sim.engine.cluster  # noqa: F401
     from sim.analysis.saturation import saturation_rate
+
     saturation_rate(sc)
 
 
@@ -590,6 +726,7 @@ class _Pool:
     def _get(self):
         if self._pool is None:
             from sim.analysis.sweep import process_pool
+
             self._pool = process_pool(self.workers, self.start_method)
         return self._pool
 
@@ -600,6 +737,7 @@ class _Pool:
     def map_unordered(self, fn: Callable[[dict], dict], tasks: list[dict]):
         """(task, fn(task)) as each finishes."""
         from concurrent.futures import as_completed
+
         if not tasks:
             return
         pool = self._get()
@@ -620,6 +758,7 @@ def mean_interval(values: list[float], confidence: float) -> tuple[float, float,
     if len(x) < 2:
         return m, m, m
     from scipy.stats import t as student_t
+
     h = float(student_t.ppf(0.5 + confidence / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
     return m, m - h, m + h
 
@@ -636,6 +775,7 @@ def _seed_intervals(cands: list[dict], confidence: float) -> None:
 
 # --- the recommendation ---------------------------------------------------------------
 
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -647,17 +787,23 @@ def _upper_bound_reasons(p: dict) -> list[str]:
         if not u.get("upper_bound"):
             continue
         kind = u["overrides"].get("allocator.kind")
-        peers = [c for c in p["candidates"] if not c.get("upper_bound") and c["overrides"].get("allocator.kind") == kind
-                 and c["status"] == "ok"]
+        peers = [
+            c
+            for c in p["candidates"]
+            if not c.get("upper_bound") and c["overrides"].get("allocator.kind") == kind and c["status"] == "ok"
+        ]
         got = f"{u['goodput_rps']:.3g} req/s" if u["status"] == "ok" else u["status"]
         vs = ", ".join(f"{c['name']} {c['goodput_rps']:.3g} req/s" for c in peers)
-        out.append(f"{u['name']} is an upper bound, not a candidate (it routes by each request's true output length, "
-                   f"which no server knows): goodput {got}" + (f" vs {vs}" if vs else ""))
+        out.append(
+            f"{u['name']} is an upper bound, not a candidate (it routes by each request's true output length, "
+            f"which no server knows): goodput {got}" + (f" vs {vs}" if vs else "")
+        )
     return out
 
 
-def _top_cluster(cands: list[dict], key: Callable[[dict], float], resolution: float, relative: bool = False,
-                 higher: bool = True) -> list[dict]:
+def _top_cluster(
+    cands: list[dict], key: Callable[[dict], float], resolution: float, relative: bool = False, higher: bool = True
+) -> list[dict]:
     """The best candidates by ``key`` and every one within ``resolution`` (relative, or absolute)
     of a kept one: candidates that measure the same are kept or dropped together."""
     ranked = sorted(cands, key=key, reverse=higher)
@@ -694,11 +840,16 @@ def noise_comparison(a: dict, b: dict, confidence: float) -> dict | None:
 def recommend(p: dict) -> dict:
     """Pick a candidate and say why, in the seed article's terms, from the measured numbers.
     Upper-bound candidates (``upper_bound``) are reported, never picked."""
-    feasible = [c for c in p["candidates"] if c["status"] == "ok" and c.get("goodput_rps", 0) > 0
-                and not c.get("upper_bound")]
+    feasible = [
+        c for c in p["candidates"] if c["status"] == "ok" and c.get("goodput_rps", 0) > 0 and not c.get("upper_bound")
+    ]
     if not feasible:
-        return {"candidate": None, "text": "No candidate meets the SLO at any rate tried: relax the SLO, add memory "
-                                           "(tensor parallelism) or shorten max_model_len.", "reasons": []}
+        return {
+            "candidate": None,
+            "text": "No candidate meets the SLO at any rate tried: relax the SLO, add memory "
+            "(tensor parallelism) or shorten max_model_len.",
+            "reasons": [],
+        }
     tol = p["tolerance"]
     target = p.get("target_rate")
     if target:
@@ -740,15 +891,18 @@ def recommend(p: dict) -> dict:
     reasons = []
     gpus = best.get("gpus_needed") if target else best["gpus"]
     if target and best.get("replicas_needed"):
-        reasons.append(f"{best['replicas_needed']} replica(s) × TP{p['tensor_parallel']} = {gpus} GPU(s) sustain "
-                       f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
-                       f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not")
+        reasons.append(
+            f"{best['replicas_needed']} replica(s) × TP{p['tensor_parallel']} = {gpus} GPU(s) sustain "
+            f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
+            f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
+        )
     for c in others:
         ratio = best["goodput_rps"] / c["goodput_rps"] if c["goodput_rps"] else math.inf
         more = "∞" if ratio == math.inf else f"{ratio:.2g}×"
         extra = f", needs {c['gpus_needed']} GPU(s)" if target and c.get("gpus_needed") else ""
-        reasons.append(f"goodput {best['goodput_rps']:.3g} req/s vs {c['name']} {c['goodput_rps']:.3g} req/s "
-                       f"({more}{extra})")
+        reasons.append(
+            f"goodput {best['goodput_rps']:.3g} req/s vs {c['name']} {c['goodput_rps']:.3g} req/s ({more}{extra})"
+        )
     for c in p["candidates"]:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
@@ -760,14 +914,22 @@ def recommend(p: dict) -> dict:
         s = statics[0]
         rt = s["operating_point"].get("reserve_tokens")
         if rt:
-            reasons.append(f"{s['name']} reserves {rt} tokens per request up front: the article's 'memory you can't use' "
-                           f"— it caps concurrency at capacity ÷ reservation whatever the real lengths")
-    frag = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('external_frag_mean'))} "
-                     f"(max {_pct(c['operating_point'].get('external_frag_max'))})" for c in [best, *others])
+            reasons.append(
+                f"{s['name']} reserves {rt} tokens per request up front: the article's 'memory you can't use' "
+                f"— it caps concurrency at capacity ÷ reservation whatever the real lengths"
+            )
+    frag = ", ".join(
+        f"{c['name']} {_pct(c['operating_point'].get('external_frag_mean'))} "
+        f"(max {_pct(c['operating_point'].get('external_frag_max'))})"
+        for c in [best, *others]
+    )
     reasons.append(f"external fragmentation (1 − largest free extent / free, time-weighted mean): {frag}")
     everyone = [best, *others]
-    jit = ", ".join(f"{c['name']} {c['operating_point']['decode_jitter']:.2f}" for c in everyone
-                    if c["operating_point"].get("decode_jitter") is not None)
+    jit = ", ".join(
+        f"{c['name']} {c['operating_point']['decode_jitter']:.2f}"
+        for c in everyone
+        if c["operating_point"].get("decode_jitter") is not None
+    )
     if jit:
         over = [c for c in everyone if (c["operating_point"].get("decode_jitter") or 0) > JITTER_RULE]
         under = [c for c in everyone if c not in over and c["operating_point"].get("decode_jitter") is not None]
@@ -777,72 +939,106 @@ def recommend(p: dict) -> dict:
             return f"{o['decode_batch_p50']:.0f}–{o['decode_batch_p99']:.0f}"
 
         charged = {c["name"]: c["operating_point"].get("allocation_time_s") or 0.0 for c in everyone}
-        alloc_note = ("the cost model charged no allocation work in these runs" if not any(charged.values()) else
-                      "allocation work charged (s, whole run): " + ", ".join(f"{k} {v:.3g}" for k, v in charged.items()))
+        alloc_note = (
+            "the cost model charged no allocation work in these runs"
+            if not any(charged.values())
+            else "allocation work charged (s, whole run): " + ", ".join(f"{k} {v:.3g}" for k, v in charged.items())
+        )
         if not over:
             note = "all within the article's 10 % rule, so jitter does not call for static"
         elif not under:
-            note = ("every strategy exceeds the article's 10 % rule, so the spikes come from batch composition, "
-                    "not from allocation: static would not remove them")
+            note = (
+                "every strategy exceeds the article's 10 % rule, so the spikes come from batch composition, "
+                "not from allocation: static would not remove them"
+            )
         elif best not in over:
-            note = (f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}")
+            note = f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}"
         else:
             u = max(under, key=lambda c: c["goodput_rps"])
-            note = (f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
-                    + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
-                    + f": the step time follows the batch size; {alloc_note}. {u['name']} stays within the rule; "
-                      f"choose it only if steady "
-                      f"decode steps matter more than goodput ({u['goodput_rps']:.3g} vs {best['goodput_rps']:.3g} req/s)")
+            note = (
+                f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
+                + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
+                + f": the step time follows the batch size; {alloc_note}. {u['name']} stays within the rule; "
+                f"choose it only if steady "
+                f"decode steps matter more than goodput ({u['goodput_rps']:.3g} vs {best['goodput_rps']:.3g} req/s)"
+            )
         reasons.append(f"decode-step jitter p99/p50: {jit} — {note}")
     for c in others:
         o = c["operating_point"]
         if o["rejected"] or o.get("truncated"):
-            reasons.append(f"{c['name']} refuses {o['rejected']} and truncates {o.get('truncated') or 0} of "
-                           f"{o['requests']} requests at its operating point (the cost of a length ceiling)")
-    reasons.append(f"at the operating point: {op['preemptions']} preemptions, {op['rejected']} rejected"
-                   + (f" ({', '.join(f'{k}: {v}' for k, v in op['rejected_by_reason'].items())})" if op["rejected"] else "")
-                   + (f", {op['truncated']} truncated" if op.get("truncated") else ""))
+            reasons.append(
+                f"{c['name']} refuses {o['rejected']} and truncates {o.get('truncated') or 0} of "
+                f"{o['requests']} requests at its operating point (the cost of a length ceiling)"
+            )
+    reasons.append(
+        f"at the operating point: {op['preemptions']} preemptions, {op['rejected']} rejected"
+        + (f" ({', '.join(f'{k}: {v}' for k, v in op['rejected_by_reason'].items())})" if op["rejected"] else "")
+        + (f", {op['truncated']} truncated" if op.get("truncated") else "")
+    )
     knobs = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
     if target:
-        how_many = (f"{best['replicas_needed']} replica(s), {gpus} GPU(s) for {target:g} req/s"
-                    if best.get("replicas_needed") else f"more than {p.get('max_replicas', 256)} replicas")
+        how_many = (
+            f"{best['replicas_needed']} replica(s), {gpus} GPU(s) for {target:g} req/s"
+            if best.get("replicas_needed")
+            else f"more than {p.get('max_replicas', 256)} replicas"
+        )
     else:
-        how_many = (f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO; "
-                    f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)")
+        how_many = (
+            f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO; "
+            f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)"
+        )
     text = f"Use {best['name']} — {best['strategy']} (set {knobs}) on {p['gpu']}: {how_many}."
     conf = p.get("confidence", 0.95)
     noise = [n for n in (noise_comparison(best, c, conf) for c in pool if c is not best) if n is not None]
     close = [n for n in noise if n["within_noise"]]
     if close:
-        text += (" Within noise of " + ", ".join(
-            f"{n['other']} (goodput difference {n['diff_rps']:+.2g} req/s, {conf:.0%} interval "
-            f"{n['ci_rps'][0]:+.2g} … {n['ci_rps'][1]:+.2g} over {n['seeds']} seeds)" for n in close)
-                 + ": the seeds do not separate them.")
+        text += (
+            " Within noise of "
+            + ", ".join(
+                f"{n['other']} (goodput difference {n['diff_rps']:+.2g} req/s, {conf:.0%} interval "
+                f"{n['ci_rps'][0]:+.2g} … {n['ci_rps'][1]:+.2g} over {n['seeds']} seeds)"
+                for n in close
+            )
+            + ": the seeds do not separate them."
+        )
     for n in noise:
-        reasons.insert(0, f"{best['name']} − {n['other']} goodput: {n['diff_rps']:+.3g} req/s, {conf:.0%} interval "
-                          f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
-                          f"seed) — " + ("within noise" if n["within_noise"] else "a real difference"))
+        reasons.insert(
+            0,
+            f"{best['name']} − {n['other']} goodput: {n['diff_rps']:+.3g} req/s, {conf:.0%} interval "
+            f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
+            f"seed) — " + ("within noise" if n["within_noise"] else "a real difference"),
+        )
     return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise}
 
 
 # --- outputs --------------------------------------------------------------------------
 
+
 def write_plan(p: dict, out: str | Path) -> Path:
     """``plan.json`` and ``plan.html`` (plotly; needs the ``report`` extra) into ``out``."""
     import json
+
     out = out_dir(out)
     text = json.dumps(p, indent=1, default=float) + "\n"
     replace_file(out / "plan.json", lambda path: path.write_text(text))
     from sim.analysis import plots
     from sim.analysis.report import write_html
+
     figs = [plots.attainment_vs_rate(p), plots.latency_throughput(p), plots.plan_kv_memory(p)]
-    intro = [f"<p><b>{_esc(p['recommendation']['text'])}</b></p>",
-             "<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendation"]["reasons"]) + "</ul>"]
+    intro = [
+        f"<p><b>{_esc(p['recommendation']['text'])}</b></p>",
+        "<ul>" + "".join(f"<li>{_esc(r)}</li>" for r in p["recommendation"]["reasons"]) + "</ul>",
+    ]
     lines = assumption_lines(p)
     if lines:
-        intro.append("<p>Assumptions (unmeasured constants of the cost model):</p><ul>"
-                     + "".join(f"<li>{_esc(a)}</li>" for a in lines) + "</ul>")
-    intro.append(f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; {_esc(search_summary(p))}.</p>")
+        intro.append(
+            "<p>Assumptions (unmeasured constants of the cost model):</p><ul>"
+            + "".join(f"<li>{_esc(a)}</li>" for a in lines)
+            + "</ul>"
+        )
+    intro.append(
+        f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; {_esc(search_summary(p))}.</p>"
+    )
     if p["skipped"]:
         intro.append("<p>Skipped: " + "; ".join(_esc(f"{s['name']}: {s['reason']}") for s in p["skipped"]) + "</p>")
     write_html(out / "plan.html", f"kvsim plan: {p['scenario']}", figs, "".join(intro), (plan_columns(p), plan_rows(p)))
@@ -851,9 +1047,11 @@ def write_plan(p: dict, out: str | Path) -> Path:
 
 def search_summary(p: dict) -> str:
     """How much simulation the plan took, in one line."""
-    return (f"{p.get('search', 'guided')} search, {p.get('seeds', 1)} seed(s): {p['simulations']} simulations "
-            f"({p.get('quick_simulations', 0)} stopped early when decided, {p.get('simulated_requests', 0)} requests) "
-            f"in {p.get('wall_s', 0):.1f} s")
+    return (
+        f"{p.get('search', 'guided')} search, {p.get('seeds', 1)} seed(s): {p['simulations']} simulations "
+        f"({p.get('quick_simulations', 0)} stopped early when decided, {p.get('simulated_requests', 0)} requests) "
+        f"in {p.get('wall_s', 0):.1f} s"
+    )
 
 
 def assumption_lines(p: dict) -> list[str]:
@@ -863,12 +1061,27 @@ def assumption_lines(p: dict) -> list[str]:
 
 def _esc(s: str) -> str:
     import html
+
     return html.escape(str(s))
 
 
 #: The plan table's columns (``plan_columns`` adds the interval column when the plan has seeds).
-PLAN_COLUMNS = ["candidate", "goodput req/s", "edge req/s", "GPUs", "goodput/GPU", "attain@goodput", "attain@+tol",
-                "TTFT p90 s", "TPOT p90 s", "waste", "ext frag", "jitter p99/p50", "preempt", "rejected"]
+PLAN_COLUMNS = [
+    "candidate",
+    "goodput req/s",
+    "edge req/s",
+    "GPUs",
+    "goodput/GPU",
+    "attain@goodput",
+    "attain@+tol",
+    "TTFT p90 s",
+    "TPOT p90 s",
+    "waste",
+    "ext frag",
+    "jitter p99/p50",
+    "preempt",
+    "rejected",
+]
 
 
 def plan_columns(p: dict) -> list[str]:
@@ -889,16 +1102,21 @@ def candidate_row(p: dict, c: dict) -> list[str]:
     sized = not p.get("target_rate") or "replicas_needed" in c  # an upper bound is not sized
     nxt = v.get("next_attainment")
     row = [
-        c["name"] + (" (upper bound)" if c.get("upper_bound") else "")
+        c["name"]
+        + (" (upper bound)" if c.get("upper_bound") else "")
         + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
-        f"{c['goodput_rps']:.3g}", _num(c.get("goodput_est_rps")),
+        f"{c['goodput_rps']:.3g}",
+        _num(c.get("goodput_est_rps")),
         "-" if not sized else str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
         f"{c['goodput_per_gpu_rps']:.3g}",
         "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
         "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
-        _num(op.get("ttft_p90_s")), _num(op.get("tpot_p90_s")), _pct(op.get("memory_waste")),
+        _num(op.get("ttft_p90_s")),
+        _num(op.get("tpot_p90_s")),
+        _pct(op.get("memory_waste")),
         _pct(op.get("external_frag_mean")),
-        "-" if op.get("decode_jitter") is None else f"{op['decode_jitter']:.2f}", str(op.get("preemptions", "-")),
+        "-" if op.get("decode_jitter") is None else f"{op['decode_jitter']:.2f}",
+        str(op.get("preemptions", "-")),
         str(op.get("rejected", "-")),
     ]
     if seeds:

@@ -35,6 +35,7 @@ def _go():
 
 def _subplots(**kw):
     from plotly.subplots import make_subplots
+
     return make_subplots(**kw)
 
 
@@ -50,10 +51,12 @@ def _thin(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
 
 def _col(table: pa.Table, name: str) -> np.ndarray:
     from sim.analysis.columns import column
+
     return column(table, name)
 
 
 # --- per-request latencies -----------------------------------------------------------
+
 
 def request_latencies(requests: pa.Table) -> dict[str, np.ndarray]:
     """TTFT, TPOT and end-to-end latency (s) of the completed requests (TPOT needs ≥ 2 tokens)."""
@@ -83,16 +86,28 @@ def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> Figure:
             # Fraction of *all* requests: rejected ones never reach the top, so the CDF shows them.
             y = np.arange(1, v.size + 1) / max(table.num_rows, 1)
             v, y = _thin(v, y)
-            fig.add_trace(go.Scatter(x=v, y=y, mode="lines", name=str(label), legendgroup=str(label),
-                                     showlegend=j == 0, line=dict(color=palette[i], shape="hv")),
-                          row=1, col=j + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=v,
+                    y=y,
+                    mode="lines",
+                    name=str(label),
+                    legendgroup=str(label),
+                    showlegend=j == 0,
+                    line=dict(color=palette[i], shape="hv"),
+                ),
+                row=1,
+                col=j + 1,
+            )
     fig.update_yaxes(title_text="fraction of requests", range=[0, 1.02], row=1, col=1)
-    fig.update_layout(title="Latency CDFs (rejected requests never complete: curves stop below 1)",
-                      hovermode="x unified")
+    fig.update_layout(
+        title="Latency CDFs (rejected requests never complete: curves stop below 1)", hovermode="x unified"
+    )
     return fig
 
 
 # --- per-replica time series, summed over replicas ------------------------------------
+
 
 def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Cluster-wide step functions: at every recorded time, the sum over replicas of each
@@ -118,15 +133,17 @@ def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dic
     return t_union, out
 
 
-def _step_lines(title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, dict]], yaxis_title: str,
-                **layout) -> Figure:
+def _step_lines(
+    title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, dict]], yaxis_title: str, **layout
+) -> Figure:
     """Time-series lines held between samples (``shape="hv"``): ``(name, values, line style)`` each."""
     go = _go()
     fig = go.Figure()
     for name, v, style in lines:
         fig.add_trace(go.Scatter(x=t, y=v, mode="lines", name=name, line=dict(shape="hv", **style)))
-    fig.update_layout(title=title, xaxis_title="simulated time (s)", yaxis_title=yaxis_title, hovermode="x unified",
-                      **layout)
+    fig.update_layout(
+        title=title, xaxis_title="simulated time (s)", yaxis_title=yaxis_title, hovermode="x unified", **layout
+    )
     return fig
 
 
@@ -136,12 +153,20 @@ def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)
         return _empty(_go().Figure(), title)
     cols = ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes"]
     t, s = summed_over_replicas(timeseries, cols)
-    t, cap, res, used, free = _thin(t, s["kv_capacity_bytes"], s["kv_reserved_bytes"], s["kv_used_bytes"],
-                                    s["kv_free_bytes"])
-    return _step_lines(title, t, [("reserved", res / GIB, dict(color="#d62728", dash=None)),
-                                  ("used", used / GIB, dict(color="#2ca02c", dash=None)),
-                                  ("free", free / GIB, dict(color="#1f77b4", dash=None)),
-                                  ("capacity", cap / GIB, dict(color="#7f7f7f", dash="dash"))], "GiB")
+    t, cap, res, used, free = _thin(
+        t, s["kv_capacity_bytes"], s["kv_reserved_bytes"], s["kv_used_bytes"], s["kv_free_bytes"]
+    )
+    return _step_lines(
+        title,
+        t,
+        [
+            ("reserved", res / GIB, dict(color="#d62728", dash=None)),
+            ("used", used / GIB, dict(color="#2ca02c", dash=None)),
+            ("free", free / GIB, dict(color="#1f77b4", dash=None)),
+            ("capacity", cap / GIB, dict(color="#7f7f7f", dash="dash")),
+        ],
+        "GiB",
+    )
 
 
 def fragmentation_series(timeseries: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -167,8 +192,13 @@ def fragmentation(timeseries: pa.Table) -> Figure:
     if timeseries.num_rows == 0:
         return _empty(_go().Figure(), title)
     t, internal, external = _thin(*fragmentation_series(timeseries))
-    return _step_lines(title, t, [("internal", internal, dict(color="#d62728")),
-                                  ("external", external, dict(color="#9467bd"))], "fraction", yaxis_range=[0, 1.02])
+    return _step_lines(
+        title,
+        t,
+        [("internal", internal, dict(color="#d62728")), ("external", external, dict(color="#9467bd"))],
+        "fraction",
+        yaxis_range=[0, 1.02],
+    )
 
 
 def queue_length(timeseries: pa.Table) -> Figure:
@@ -212,9 +242,11 @@ def decode_only_mask(timeseries: pa.Table) -> np.ndarray:
 
 # --- sweeps ---------------------------------------------------------------------------
 
+
 def _ok_rows(table: pa.Table) -> pa.Table:
     if "status" in table.column_names:
         import pyarrow.compute as pc
+
         table = table.filter(pc.equal(table.column("status"), "ok"))
     return table
 
@@ -252,10 +284,17 @@ def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> F
         pts = sorted(((xv, m) for (cv, xv), m in means.items() if cv == cval), key=lambda p: _sort_key(p[0]))
         if not pts:
             continue
-        fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers",
-                                 name=f"{color}={cval}" if color else y))
-    fig.update_layout(title=f"{y} vs {x}" + (f" by {color}" if color else ""), xaxis_title=x, yaxis_title=y,
-                      legend_title=color or "")
+        fig.add_trace(
+            go.Scatter(
+                x=[p[0] for p in pts],
+                y=[p[1] for p in pts],
+                mode="lines+markers",
+                name=f"{color}={cval}" if color else y,
+            )
+        )
+    fig.update_layout(
+        title=f"{y} vs {x}" + (f" by {color}" if color else ""), xaxis_title=x, yaxis_title=y, legend_title=color or ""
+    )
     return fig
 
 
@@ -272,8 +311,16 @@ def heatmap(table: pa.Table, x: str, y: str, z: str) -> Figure:
     xu = sorted(set(xs), key=_sort_key)
     yu = sorted(set(ys), key=_sort_key)
     grid = [[means.get((xv, yv)) for xv in xu] for yv in yu]
-    fig = go.Figure(go.Heatmap(x=[str(v) for v in xu], y=[str(v) for v in yu], z=grid, colorbar=dict(title=z),
-                               texttemplate="%{z:.3g}", hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{z}=%{{z}}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            x=[str(v) for v in xu],
+            y=[str(v) for v in yu],
+            z=grid,
+            colorbar=dict(title=z),
+            texttemplate="%{z:.3g}",
+            hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{z}=%{{z}}<extra></extra>",
+        )
+    )
     fig.update_layout(title=f"{z} over {x} × {y}", xaxis_title=x, yaxis_title=y)
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
@@ -281,6 +328,7 @@ def heatmap(table: pa.Table, x: str, y: str, z: str) -> Figure:
 
 
 # --- plans ----------------------------------------------------------------------------
+
 
 def attainment_vs_rate(plan: dict) -> Figure:
     """SLO attainment against arrival rate for each candidate of a plan, with the target and
@@ -294,20 +342,42 @@ def attainment_vs_rate(plan: dict) -> Figure:
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         if not probes:
             continue
-        fig.add_trace(go.Scatter(x=[p["rate"] for p in probes], y=[p["attainment"] for p in probes],
-                                 mode="lines+markers", name=c["name"], legendgroup=c["name"], line=dict(color=palette[i])))
+        fig.add_trace(
+            go.Scatter(
+                x=[p["rate"] for p in probes],
+                y=[p["attainment"] for p in probes],
+                mode="lines+markers",
+                name=c["name"],
+                legendgroup=c["name"],
+                line=dict(color=palette[i]),
+            )
+        )
         g = c.get("goodput_rps")
         if g:
             # What add_vline adds, all at once (add_vline re-checks every shape so far: quadratic).
-            lines.append(dict(type="line", xref="x", yref="y domain", x0=g, x1=g, y0=0, y1=1,
-                              line=dict(color=palette[i], dash="dot", width=1)))
+            lines.append(
+                dict(
+                    type="line",
+                    xref="x",
+                    yref="y domain",
+                    x0=g,
+                    x1=g,
+                    y0=0,
+                    y1=1,
+                    line=dict(color=palette[i], dash="dot", width=1),
+                )
+            )
     fig.update_layout(shapes=lines)
     target = plan.get("attainment_target")
     if target is not None:
         fig.add_hline(y=target, line=dict(color="black", dash="dash"), annotation_text=f"target {target:g}")
-    fig.update_layout(title="SLO attainment vs arrival rate (dotted: goodput per candidate)",
-                      xaxis_title="arrival rate (requests/s, per deployment)", yaxis_title="SLO attainment",
-                      xaxis_type="log", yaxis_range=[0, 1.02])
+    fig.update_layout(
+        title="SLO attainment vs arrival rate (dotted: goodput per candidate)",
+        xaxis_title="arrival rate (requests/s, per deployment)",
+        yaxis_title="SLO attainment",
+        xaxis_type="log",
+        yaxis_range=[0, 1.02],
+    )
     return fig
 
 
@@ -323,9 +393,19 @@ def latency_throughput(plan: dict) -> Figure:
             continue
         x = [p["throughput_requests_per_s"] for p in probes]
         for j, key in enumerate(("ttft_p90_s", "tpot_p90_s")):
-            fig.add_trace(go.Scatter(x=x, y=[p.get(key) for p in probes], mode="lines+markers", name=c["name"],
-                                     legendgroup=c["name"], showlegend=j == 0, line=dict(color=palette[i])),
-                          row=1, col=j + 1)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=[p.get(key) for p in probes],
+                    mode="lines+markers",
+                    name=c["name"],
+                    legendgroup=c["name"],
+                    showlegend=j == 0,
+                    line=dict(color=palette[i]),
+                ),
+                row=1,
+                col=j + 1,
+            )
     fig.update_xaxes(title_text="throughput (completed requests/s)")
     fig.update_yaxes(type="log")
     fig.update_layout(title="Latency–throughput curves (one point per probed rate)")
@@ -333,8 +413,18 @@ def latency_throughput(plan: dict) -> Figure:
 
 
 def _palette(n: int) -> list[str]:
-    base = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-            "#17becf"]
+    base = [
+        "#1f77b4",
+        "#ff7f0e",
+        "#2ca02c",
+        "#d62728",
+        "#9467bd",
+        "#8c564b",
+        "#e377c2",
+        "#7f7f7f",
+        "#bcbd22",
+        "#17becf",
+    ]
     return [base[i % len(base)] for i in range(max(n, 1))]
 
 
@@ -354,13 +444,35 @@ def plan_kv_memory(plan: dict) -> Figure:
         s = {k: np.asarray(v, dtype=np.float64) for k, v in c["kv_series"].items()}
         op = c.get("operating_point", {})
         label = f"{c['name']} @ {op.get('rate', 0):.3g} req/s"
-        fig.add_trace(go.Scatter(x=s["t_s"], y=s["reserved_gib"], mode="lines", name=f"{label} reserved",
-                                 legendgroup=c["name"], line=dict(color=palette[i], shape="hv")))
-        fig.add_trace(go.Scatter(x=s["t_s"], y=s["used_gib"], mode="lines", name=f"{label} used",
-                                 legendgroup=c["name"], line=dict(color=palette[i], dash="dot", shape="hv")))
+        fig.add_trace(
+            go.Scatter(
+                x=s["t_s"],
+                y=s["reserved_gib"],
+                mode="lines",
+                name=f"{label} reserved",
+                legendgroup=c["name"],
+                line=dict(color=palette[i], shape="hv"),
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=s["t_s"],
+                y=s["used_gib"],
+                mode="lines",
+                name=f"{label} used",
+                legendgroup=c["name"],
+                line=dict(color=palette[i], dash="dot", shape="hv"),
+            )
+        )
     if cands and cands[0]["kv_series"]["capacity_gib"]:
-        fig.add_hline(y=max(cands[0]["kv_series"]["capacity_gib"]), line=dict(color="#7f7f7f", dash="dash"),
-                      annotation_text="KV capacity")
-    fig.update_layout(title="KV memory at each operating point (solid: reserved, dotted: used)",
-                      xaxis_title="simulated time (s)", yaxis_title="GiB")
+        fig.add_hline(
+            y=max(cands[0]["kv_series"]["capacity_gib"]),
+            line=dict(color="#7f7f7f", dash="dash"),
+            annotation_text="KV capacity",
+        )
+    fig.update_layout(
+        title="KV memory at each operating point (solid: reserved, dotted: used)",
+        xaxis_title="simulated time (s)",
+        yaxis_title="GiB",
+    )
     return fig

@@ -27,21 +27,36 @@ table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px soli
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.fig{margin:1.5em 0}"""
 
 
-def write_html(path: str | Path, title: str, figs: Sequence, intro_html: str = "",
-               table: tuple[list[str], list[list[str]]] | None = None) -> Path:
+def write_html(
+    path: str | Path,
+    title: str,
+    figs: Sequence,
+    intro_html: str = "",
+    table: tuple[list[str], list[list[str]]] | None = None,
+) -> Path:
     """One HTML page: a title, optional intro and table, then the figures. plotly.js is
     inlined once, with the first figure, so the page needs no network."""
     path = Path(path)
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>", intro_html]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
+        intro_html,
+    ]
     if table is not None:
         head, rows = table
-        parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-                     + "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-                     + "</table>")
+        parts.append(
+            "<table><tr>"
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+            + "</table>"
+        )
     for i, fig in enumerate(figs):
-        parts.append("<div class='fig'>" + fig.to_html(full_html=False, include_plotlyjs=(i == 0),
-                                                        config={"displaylogo": False}) + "</div>")
+        parts.append(
+            "<div class='fig'>"
+            + fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False})
+            + "</div>"
+        )
     parts.append("</body></html>")
     text = "\n".join(parts)
     replace_file(path, lambda p: p.write_text(text, encoding="utf-8"))
@@ -51,6 +66,7 @@ def write_html(path: str | Path, title: str, figs: Sequence, intro_html: str = "
 def write_pngs(figs: Sequence, names: Sequence[str], out: Path, width: int = 1100, height: int = 500) -> list[Path]:
     """PNG of each figure via kaleido (Chromium/Chrome must be installed)."""
     import plotly.io as pio
+
     paths = [out / f"{n}.png" for n in names]
     try:
         if hasattr(pio, "write_images"):  # plotly ≥ 6.1: one browser for all figures
@@ -67,8 +83,12 @@ def write_pngs(figs: Sequence, names: Sequence[str], out: Path, width: int = 110
         if missing:
             raise RuntimeError(f"no image written for {', '.join(missing)}")
     except Exception as exc:
-        raise ConfigError("--png", str(out), f"kaleido with Chromium or Chrome installed ({type(exc).__name__}: "
-                                             f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+        raise ConfigError(
+            "--png",
+            str(out),
+            f"kaleido with Chromium or Chrome installed ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''})",
+        ) from None
     return paths
 
 
@@ -82,20 +102,27 @@ def _fmt(v) -> str:
 
 # --- runs -----------------------------------------------------------------------------
 
+
 def is_run_dir(d: Path) -> bool:
     return (d / "requests.parquet").is_file() and (d / "timeseries.parquet").is_file()
 
 
 def is_sweep_dir(d: Path) -> bool:
     from sim.analysis.sweep import META_FILE
+
     return (d / META_FILE).is_file() or any(d.glob("part-*.parquet"))
 
 
 def run_figures(requests: pa.Table, timeseries: pa.Table) -> dict[str, object]:
     from sim.analysis import plots
-    return {"latency_cdf": plots.latency_cdf(requests), "kv_memory": plots.kv_memory(timeseries),
-            "fragmentation": plots.fragmentation(timeseries), "queue_length": plots.queue_length(timeseries),
-            "step_latency": plots.step_latency(timeseries)}
+
+    return {
+        "latency_cdf": plots.latency_cdf(requests),
+        "kv_memory": plots.kv_memory(timeseries),
+        "fragmentation": plots.fragmentation(timeseries),
+        "queue_length": plots.queue_length(timeseries),
+        "step_latency": plots.step_latency(timeseries),
+    }
 
 
 def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = None) -> Path:
@@ -106,25 +133,46 @@ def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = 
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         if key in summary:
             rows.append([key, *(_fmt(summary[key].get(c)) for c in ("p50", "p90", "p99", "mean"))])
-    facts = [(k, summary.get(k)) for k in ("completed", "rejected", "preemptions", "throughput_tokens_per_s",
-                                           "throughput_requests_per_s", "kv_token_utilization", "kv_memory_utilization",
-                                           "busy_fraction", "cost_model") if k in summary]
+    facts = [
+        (k, summary.get(k))
+        for k in (
+            "completed",
+            "rejected",
+            "preemptions",
+            "throughput_tokens_per_s",
+            "throughput_requests_per_s",
+            "kv_token_utilization",
+            "kv_memory_utilization",
+            "busy_fraction",
+            "cost_model",
+        )
+        if k in summary
+    ]
     intro = ""
     if summary:
         cal = "" if summary.get("cost_model_calibrated") else " (UNCALIBRATED roofline prior)"
-        intro = (f"<p>scenario <b>{html.escape(str(summary.get('scenario')))}</b>, allocator "
-                 f"<b>{html.escape(str(summary.get('allocator')))}</b>, cost model "
-                 f"{html.escape(str(summary.get('cost_model')))}{cal}</p><p>"
-                 + ", ".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in facts) + "</p>")
+        intro = (
+            f"<p>scenario <b>{html.escape(str(summary.get('scenario')))}</b>, allocator "
+            f"<b>{html.escape(str(summary.get('allocator')))}</b>, cost model "
+            f"{html.escape(str(summary.get('cost_model')))}{cal}</p><p>"
+            + ", ".join(f"{html.escape(k)}: {html.escape(_fmt(v))}" for k, v in facts)
+            + "</p>"
+        )
     out = out_dir(out) if out else d
-    path = write_html(out / "report.html", f"kvsim run: {summary.get('scenario', d.name)}", list(figs.values()), intro,
-                      (["latency", "p50", "p90", "p99", "mean"], rows) if rows else None)
+    path = write_html(
+        out / "report.html",
+        f"kvsim run: {summary.get('scenario', d.name)}",
+        list(figs.values()),
+        intro,
+        (["latency", "p50", "p90", "p99", "mean"], rows) if rows else None,
+    )
     if png:
         write_pngs(list(figs.values()), list(figs), out)
     return path
 
 
 # --- sweeps ---------------------------------------------------------------------------
+
 
 def _varying_axes(table: pa.Table, axes: list[str]) -> list[str]:
     return [a for a in axes if a in table.column_names and len(set(table.column(a).to_pylist())) > 1]
@@ -145,17 +193,23 @@ def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None
     return table.append_column("series", pa.array(labels, pa.string())), "series"
 
 
-def sweep_figures(table: pa.Table, axes: list[str], x: str | None = None, y: str | None = None,
-                  z: Sequence[str] | None = None) -> dict[str, object]:
+def sweep_figures(
+    table: pa.Table, axes: list[str], x: str | None = None, y: str | None = None, z: Sequence[str] | None = None
+) -> dict[str, object]:
     """Throughput–latency curves, metric-vs-``x`` curves and heatmaps over (``x``, ``y``)."""
     from sim.analysis import plots
+
     for name, col in (("--x", x), ("--y", y)):
         if col is not None and col not in table.column_names:
             raise ConfigError(name, col, f"a column of the sweep dataset; axes: {', '.join(axes) or '-'}")
     vary = _varying_axes(table, axes)
     if x is None:
         num = [a for a in vary if _numeric(table, a)]
-        x = "workload.arrival.rate" if "workload.arrival.rate" in vary else (num[0] if num else (vary[0] if vary else None))
+        x = (
+            "workload.arrival.rate"
+            if "workload.arrival.rate" in vary
+            else (num[0] if num else (vary[0] if vary else None))
+        )
     if y is None:
         rest = [a for a in vary if a != x]
         y = rest[0] if rest else None
@@ -163,6 +217,7 @@ def sweep_figures(table: pa.Table, axes: list[str], x: str | None = None, y: str
     ok = table
     if "status" in table.column_names:
         import pyarrow.compute as pc
+
         ok = table.filter(pc.equal(table.column("status"), "ok"))
     if ok.num_rows == 0 or "ttft_s.p90" not in ok.column_names:
         return figs
@@ -174,30 +229,45 @@ def sweep_figures(table: pa.Table, axes: list[str], x: str | None = None, y: str
         for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s"):
             figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color)
     if x is not None and y is not None:
-        for metric in (z or [m for m in DEFAULT_Z if m in ok.column_names]):
+        for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
             if metric not in ok.column_names:
                 raise ConfigError("--z", metric, "a metric column of the sweep dataset (e.g. ttft_s.p90)")
             figs[f"heatmap_{metric}"] = plots.heatmap(ok, x, y, metric)
     return figs
 
 
-def report_sweep(sweep_dir: str | Path, x: str | None = None, y: str | None = None, z: Sequence[str] | None = None,
-                 png: bool = False, out: str | Path | None = None) -> Path:
+def report_sweep(
+    sweep_dir: str | Path,
+    x: str | None = None,
+    y: str | None = None,
+    z: Sequence[str] | None = None,
+    png: bool = False,
+    out: str | Path | None = None,
+) -> Path:
     from sim.analysis.sweep import META_FILE, read_dataset
+
     d = Path(sweep_dir)
     meta = json.loads((d / META_FILE).read_text()) if (d / META_FILE).is_file() else {}
     table = read_dataset(d)
-    axes = meta.get("axes") or [c for c in table.column_names if "." in c and c.split(".")[0] in
-                                ("model", "gpu", "workload", "scheduler", "allocator", "cost_model", "engine")]
+    axes = meta.get("axes") or [
+        c
+        for c in table.column_names
+        if "." in c
+        and c.split(".")[0] in ("model", "gpu", "workload", "scheduler", "allocator", "cost_model", "engine")
+    ]
     figs = sweep_figures(table, axes, x, y, z)
     status = table.column("status").to_pylist() if table.num_rows else []
     failed = [r for r in table.to_pylist() if r.get("status") != "ok"]
-    intro = (f"<p>{len(status)} points ({status.count('ok')} ok, {len(failed)} failed); axes: "
-             f"{html.escape(', '.join(axes) or '-')}. Curves average points that differ only in seed.</p>")
+    intro = (
+        f"<p>{len(status)} points ({status.count('ok')} ok, {len(failed)} failed); axes: "
+        f"{html.escape(', '.join(axes) or '-')}. Curves average points that differ only in seed.</p>"
+    )
     tab = None
     if failed:
-        tab = (["point", *axes, "error"], [[r["point_id"], *(_fmt(r.get(a)) for a in axes), r.get("error") or ""]
-                                            for r in failed])
+        tab = (
+            ["point", *axes, "error"],
+            [[r["point_id"], *(_fmt(r.get(a)) for a in axes), r.get("error") or ""] for r in failed],
+        )
     out = out_dir(out) if out else d
     path = write_html(out / "report.html", f"kvsim sweep: {meta.get('name', d.name)}", list(figs.values()), intro, tab)
     if png:
@@ -205,12 +275,20 @@ def report_sweep(sweep_dir: str | Path, x: str | None = None, y: str | None = No
     return path
 
 
-def report(path: str | Path, png: bool = False, x: str | None = None, y: str | None = None,
-           z: Sequence[str] | None = None, out: str | Path | None = None) -> Path:
+def report(
+    path: str | Path,
+    png: bool = False,
+    x: str | None = None,
+    y: str | None = None,
+    z: Sequence[str] | None = None,
+    out: str | Path | None = None,
+) -> Path:
     """Report on a run or a sweep directory (detected by its files)."""
     d = Path(path)
     if not d.is_dir():
-        raise ConfigError("report", str(path), "a run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)")
+        raise ConfigError(
+            "report", str(path), "a run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)"
+        )
     if out is not None:
         out = out_dir(out)
     try:
@@ -223,6 +301,11 @@ def report(path: str | Path, png: bool = False, x: str | None = None, y: str | N
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as exc:
         # A damaged or unreadable run or dataset (corrupt Parquet, a summary.json that is not JSON).
         reason = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise ConfigError("report", str(path), f"a readable run or sweep ({type(exc).__name__}: {reason[:160]})") from None
-    raise ConfigError("report", str(path), "a run directory (requests.parquet, timeseries.parquet) or a sweep "
-                                           "dataset (part-*.parquet)")
+        raise ConfigError(
+            "report", str(path), f"a readable run or sweep ({type(exc).__name__}: {reason[:160]})"
+        ) from None
+    raise ConfigError(
+        "report",
+        str(path),
+        "a run directory (requests.parquet, timeseries.parquet) or a sweep dataset (part-*.parquet)",
+    )

@@ -68,8 +68,13 @@ def _logit(a: float) -> float:
     return math.log(a / (1 - a))
 
 
-def find_goodput(evaluate: Callable[[float], float], start: float, target: float, tol: float = DEFAULT_TOL,
-                 max_evals: int = MAX_EVALS) -> GoodputSearch:
+def find_goodput(
+    evaluate: Callable[[float], float],
+    start: float,
+    target: float,
+    tol: float = DEFAULT_TOL,
+    max_evals: int = MAX_EVALS,
+) -> GoodputSearch:
     """Bracket by doubling/halving from ``start``, then bisect (geometric mean) until
     hi ≤ lo·(1 + tol), then verify that lo·(1 + tol) misses the target."""
     probes: dict[float, float] = {}
@@ -139,8 +144,13 @@ class Evaluation:
     complete: bool
 
 
-def find_goodput_guided(evaluate: Callable[[float, bool], Evaluation], start: float, target: float,
-                        tol: float = DEFAULT_TOL, max_evals: int = MAX_EVALS) -> GoodputSearch:
+def find_goodput_guided(
+    evaluate: Callable[[float, bool], Evaluation],
+    start: float,
+    target: float,
+    tol: float = DEFAULT_TOL,
+    max_evals: int = MAX_EVALS,
+) -> GoodputSearch:
     """The guided search (module docstring). ``evaluate(rate, complete)`` runs the scenario at
     ``rate``; with ``complete`` to the end (the verification pair: exact attainments on both sides
     of the target, which the interpolated edge is computed from). The first steps from ``start`` are

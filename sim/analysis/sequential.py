@@ -137,8 +137,14 @@ class AttainmentTest:
     shrink, which the trend check forbids).
     """
 
-    def __init__(self, slo: SLO, n_requests: int, confidence: float = DEFAULT_CONFIDENCE, statistical: bool = True,
-                 tested_pass: bool = True):
+    def __init__(
+        self,
+        slo: SLO,
+        n_requests: int,
+        confidence: float = DEFAULT_CONFIDENCE,
+        statistical: bool = True,
+        tested_pass: bool = True,
+    ):
         self.slo, self.n, self.target = slo, int(n_requests), slo.attainment
         self.statistical = statistical
         self.tested_pass = tested_pass
@@ -229,5 +235,10 @@ class AttainmentTest:
 
     def result(self) -> dict:
         """The probe record's fields: decision, how, attainment (estimate), requests ended."""
-        return {"decision": self.decision, "how": self.how, "attainment": self.estimate, "ended": self.ended,
-                "warmup": self.warmup}
+        return {
+            "decision": self.decision,
+            "how": self.how,
+            "attainment": self.estimate,
+            "ended": self.ended,
+            "warmup": self.warmup,
+        }

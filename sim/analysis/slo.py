@@ -40,7 +40,9 @@ class SLO:
     attainment: float = DEFAULT_ATTAINMENT
 
     def describe(self) -> str:
-        bounds = [f"{m.upper()} ≤ {getattr(self, m + '_s'):g} s" for m in _METRICS if getattr(self, m + "_s") is not None]
+        bounds = [
+            f"{m.upper()} ≤ {getattr(self, m + '_s'):g} s" for m in _METRICS if getattr(self, m + "_s") is not None
+        ]
         return f"{self.attainment:.0%} of requests with " + " and ".join(bounds)
 
     def as_dict(self) -> dict:
@@ -56,8 +58,12 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
         key = key.strip()
         m = _SLO_RE.match(key)
         if not sep or m is None:
-            raise ConfigError("--slo", item, "METRIC=SECONDS with METRIC one of ttft_s, tpot_s, e2e_s, "
-                                             "optionally with a percentile: ttft_p90_s, tpot_p99_s")
+            raise ConfigError(
+                "--slo",
+                item,
+                "METRIC=SECONDS with METRIC one of ttft_s, tpot_s, e2e_s, "
+                "optionally with a percentile: ttft_p90_s, tpot_p99_s",
+            )
         try:
             value = float(raw)
         except ValueError:
@@ -73,8 +79,11 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
         raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
     if attainment is None:
         if len(percentiles) > 1:
-            raise ConfigError("--slo", sorted(percentiles), "one attainment target for all bounds (the SLO is joint); "
-                                                            "give --attainment")
+            raise ConfigError(
+                "--slo",
+                sorted(percentiles),
+                "one attainment target for all bounds (the SLO is joint); give --attainment",
+            )
         attainment = percentiles.pop() if percentiles else DEFAULT_ATTAINMENT
     if not 0 < attainment <= 1:
         raise ConfigError("--attainment", attainment, "a fraction of requests in (0, 1]")
@@ -87,6 +96,7 @@ def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
     truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
     ok = (status == "completed") & ~truncated
     from sim.analysis.columns import column
+
     arrival = column(requests, "arrival_s")
     first = column(requests, "first_token_s")
     finish = column(requests, "finish_s")

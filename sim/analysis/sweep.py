@@ -72,6 +72,7 @@ _PCT_KEYS = {"p50", "p90", "p99", "mean"}
 
 # --- the sweep file -------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Axis:
     """One swept scenario key: ``values`` go into the scenario, ``labels`` into the dataset."""
@@ -151,6 +152,7 @@ class SweepSpec:
 def _check_fits(sc: Scenario) -> None:
     """The deployment checks that need no workload: the model fits the GPU, max_model_len fits."""
     from sim.engine.deployment import Deployment
+
     # A pNN reservation needs the workload's lengths; it is checked when the point runs.
     Deployment.from_scenario(sc, lambda q: 1)
 
@@ -189,8 +191,11 @@ def check_key_path(key: str, where: str, value: Any = None) -> None:
             raise ConfigError(f"{where} {key}", value, f"'{parts[i - 1]}' is a value, not a section")
         fields = {k: f for k, f in model.model_fields.items() if k != "base_dir"}
         if part not in fields:
-            raise ConfigError(f"{where} {key}", value, f"unknown scenario key '{part}' in {section}; "
-                                                      f"allowed there: {', '.join(fields)}")
+            raise ConfigError(
+                f"{where} {key}",
+                value,
+                f"unknown scenario key '{part}' in {section}; allowed there: {', '.join(fields)}",
+            )
         model = _model_of(fields[part].annotation)
 
 
@@ -207,8 +212,9 @@ def _axis(key: str, spec: Any, where: str) -> Axis:
         values = tuple(spec)
         labels = tuple(_label(v) for v in spec)
     else:
-        raise ConfigError(f"{where} {key}", spec, "a list of values (or a mapping label: value); "
-                                                  "a single value belongs under 'set'")
+        raise ConfigError(
+            f"{where} {key}", spec, "a list of values (or a mapping label: value); a single value belongs under 'set'"
+        )
     return Axis(key, values, labels)
 
 
@@ -228,7 +234,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError("sweep", str(p), "a YAML mapping with keys " + ", ".join(SWEEP_KEYS))
     unknown = [k for k in data if k not in SWEEP_KEYS]
     if unknown:
-        raise ConfigError(f"sweep key {unknown[0]}", data[unknown[0]], f"unknown sweep key; allowed: {', '.join(SWEEP_KEYS)}")
+        raise ConfigError(
+            f"sweep key {unknown[0]}", data[unknown[0]], f"unknown sweep key; allowed: {', '.join(SWEEP_KEYS)}"
+        )
     base = data.get("base")
     if not isinstance(base, str) or not base:
         raise ConfigError("base", base, "a scenario file (relative to the sweep file) or a built-in scenario name")
@@ -236,8 +244,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     try:
         base_data, base_dir = read_scenario_dict(rel if is_file(rel) else base)
     except ConfigError as exc:
-        raise ConfigError("base", base, f"a scenario file relative to the sweep file ({p.parent}) or a built-in "
-                                        f"name; {exc.allowed}") from None
+        raise ConfigError(
+            "base", base, f"a scenario file relative to the sweep file ({p.parent}) or a built-in name; {exc.allowed}"
+        ) from None
     if not isinstance(base_data, dict):
         raise ConfigError("base", base, "a scenario YAML mapping")
 
@@ -280,8 +289,9 @@ def load_sweep(path: str | Path) -> SweepSpec:
     seeds = data.get("seeds")
     if seeds is not None:
         if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SWEEP_SEEDS:
-            raise ConfigError("seeds", seeds, f"an integer in [1, {MAX_SWEEP_SEEDS}] (replicates with seed = base "
-                                              "seed + i)")
+            raise ConfigError(
+                "seeds", seeds, f"an integer in [1, {MAX_SWEEP_SEEDS}] (replicates with seed = base seed + i)"
+            )
         if "seed" in keys:
             raise ConfigError("seeds", seeds, "not together with a 'seed' axis or 'set: seed'")
         base_seed = apply_overrides(base_data, dict(fixed)).get("seed", 0)
@@ -293,8 +303,11 @@ def load_sweep(path: str | Path) -> SweepSpec:
         points *= len(g[0].values)
     if points > MAX_SWEEP_POINTS:
         sizes = " × ".join([str(len(g[0].values)) for g in groups] + ([f"{seeds} seeds"] if seeds else []))
-        raise ConfigError("sweep", f"{points} points ({sizes})", f"at most {MAX_SWEEP_POINTS} points per sweep "
-                                                                  "(split it into several sweeps)")
+        raise ConfigError(
+            "sweep",
+            f"{points} points ({sizes})",
+            f"at most {MAX_SWEEP_POINTS} points per sweep (split it into several sweeps)",
+        )
     name = data.get("name")
     if name is not None:
         try:
@@ -308,6 +321,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
 
 
 # --- running a point ------------------------------------------------------------------
+
 
 def flatten_summary(summary: dict) -> dict[str, Any]:
     """Run summary → flat metric columns: percentile dicts become ``ttft_s.p90`` etc.; other
@@ -337,8 +351,12 @@ def run_point(task: dict) -> dict:
         summary = simulate(sc, budget=RunBudget(**budget) if budget else None).summary
         return {"status": "ok", "error": None, "metrics": flatten_summary(summary), "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # a point's failure is a result, not a crash of the sweep
-        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "metrics": {},
-                "wall_s": time.perf_counter() - t0}
+        return {
+            "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}",
+            "metrics": {},
+            "wall_s": time.perf_counter() - t0,
+        }
 
 
 def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
@@ -347,6 +365,7 @@ def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
     fork of a parent that may hold threads or a bar); ``start_method="fork"`` is for a caller
     that knows it holds no threads yet and wants workers with its imports already loaded."""
     from sim.analysis.worker_lifetime import WorkerPool, init_worker
+
     methods = multiprocessing.get_all_start_methods()
     if start_method is None:
         start_method = "forkserver" if "forkserver" in methods else "spawn"
@@ -359,6 +378,7 @@ def default_workers() -> int:
 
 
 # --- the dataset ----------------------------------------------------------------------
+
 
 def _arrow_type(labels: Iterable[Any]) -> pa.DataType:
     labels = list(labels)
@@ -456,6 +476,7 @@ def read_dataset(out: str | Path, all_points: bool = False) -> pa.Table:
 
 # --- the sweep ------------------------------------------------------------------------
 
+
 @dataclass
 class SweepResult:
     out: Path
@@ -484,9 +505,15 @@ class SweepResult:
 ProgressHook = Callable[[int, int, int], None]
 
 
-def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str = "local", address: str | None = None,
-              out: str | Path | None = None, progress: bool | ProgressHook = True,
-              budget: RunBudget | None = None) -> SweepResult:
+def run_sweep(
+    sweep_path: str | Path,
+    workers: int | None = None,
+    backend: str = "local",
+    address: str | None = None,
+    out: str | Path | None = None,
+    progress: bool | ProgressHook = True,
+    budget: RunBudget | None = None,
+) -> SweepResult:
     """Run every point of a sweep file not already ``ok`` in the dataset at ``out``.
 
     ``workers``: parallel processes (default: the CPU cores available). ``backend``: ``local``
@@ -510,11 +537,21 @@ def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str =
     for stale in out.glob(".part-*.tmp"):  # left by a killed run; never a finished point
         stale.unlink(missing_ok=True)
     axis_types = {a.key: _arrow_type(a.labels) for a in spec.axes}
-    meta = json.dumps({
-        "name": spec.name, "sweep_file": str(Path(sweep_path).resolve()), "base": spec.base,
-        "axes": [a.key for a in spec.axes], "seeds": spec.seeds, "points": len(points),
-        "point_ids": [p.point_id for p in points],
-    }, indent=1) + "\n"
+    meta = (
+        json.dumps(
+            {
+                "name": spec.name,
+                "sweep_file": str(Path(sweep_path).resolve()),
+                "base": spec.base,
+                "axes": [a.key for a in spec.axes],
+                "seeds": spec.seeds,
+                "points": len(points),
+                "point_ids": [p.point_id for p in points],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     replace_file(out / META_FILE, lambda path: path.write_text(meta))
 
     done_before = existing_status(out)
@@ -541,14 +578,28 @@ def run_sweep(sweep_path: str | Path, workers: int | None = None, backend: str =
             def on_result(p: Point, r: dict) -> None:
                 record(p, r)
                 bar.update(1, len(failures))
+
             run(runnable, n_workers, address, on_result, budget)
-    return SweepResult(out, spec.name, len(points), skipped, len(runnable), len(invalid), failures,
-                       time.perf_counter() - t0, [a.key for a in spec.axes])
+    return SweepResult(
+        out,
+        spec.name,
+        len(points),
+        skipped,
+        len(runnable),
+        len(invalid),
+        failures,
+        time.perf_counter() - t0,
+        [a.key for a in spec.axes],
+    )
 
 
 def _task(p: Point, budget: RunBudget | None = None) -> dict:
-    return {"point_id": p.point_id, "scenario": p.scenario, "base_dir": p.base_dir,
-            "budget": None if budget is None else budget.__dict__}
+    return {
+        "point_id": p.point_id,
+        "scenario": p.scenario,
+        "base_dir": p.base_dir,
+        "budget": None if budget is None else budget.__dict__,
+    }
 
 
 def _run_local(points: list[Point], workers: int, address, on_result, budget: RunBudget | None = None) -> None:
@@ -562,8 +613,12 @@ def _run_local(points: list[Point], workers: int, address, on_result, budget: Ru
                 try:
                     result = fut.result()
                 except Exception as exc:  # the worker process died (killed, out of memory)
-                    result = {"status": "failed", "error": f"worker died: {type(exc).__name__}: {exc}",
-                              "metrics": {}, "wall_s": None}
+                    result = {
+                        "status": "failed",
+                        "error": f"worker died: {type(exc).__name__}: {exc}",
+                        "metrics": {},
+                        "wall_s": None,
+                    }
                 on_result(futures[fut], result)
     except BaseException:
         # Ctrl-C or SIGTERM: kill the workers and drop queued points now; finished ones are on disk.
@@ -572,8 +627,9 @@ def _run_local(points: list[Point], workers: int, address, on_result, budget: Ru
     pool.shutdown(wait=True)
 
 
-def _run_ray(points: list[Point], workers: int, address: str | None, on_result,
-             budget: RunBudget | None = None) -> None:
+def _run_ray(
+    points: list[Point], workers: int, address: str | None, on_result, budget: RunBudget | None = None
+) -> None:
     try:
         import ray
     except ImportError as exc:
@@ -596,8 +652,12 @@ def _run_ray(points: list[Point], workers: int, address: str | None, on_result,
                 try:
                     result = ray.get(ref)
                 except Exception as exc:  # a worker or node died
-                    result = {"status": "failed", "error": f"ray task failed: {type(exc).__name__}: {exc}",
-                              "metrics": {}, "wall_s": None}
+                    result = {
+                        "status": "failed",
+                        "error": f"ray task failed: {type(exc).__name__}: {exc}",
+                        "metrics": {},
+                        "wall_s": None,
+                    }
                 on_result(refs[ref], result)
     finally:
         if started:
@@ -622,9 +682,17 @@ class _Progress:
                 TimeElapsedColumn,
                 TimeRemainingColumn,
             )
-            self.bar = Progress(TextColumn(f"sweep {name}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("points, {task.fields[failed]} failed"), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn(), console=Console(stderr=True))
+
+            self.bar = Progress(
+                TextColumn(f"sweep {name}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("points, {task.fields[failed]} failed"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
             self.task = self.bar.add_task("sweep", total=total, failed=0)
 
     def __enter__(self):
@@ -649,5 +717,18 @@ def describe_params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "(base scenario)"
 
 
-__all__ = ["Axis", "Point", "SweepSpec", "SweepResult", "load_sweep", "run_sweep", "read_dataset", "run_point",
-           "flatten_summary", "point_id", "check_key_path", "process_pool", "default_workers"]
+__all__ = [
+    "Axis",
+    "Point",
+    "SweepSpec",
+    "SweepResult",
+    "load_sweep",
+    "run_sweep",
+    "read_dataset",
+    "run_point",
+    "flatten_summary",
+    "point_id",
+    "check_key_path",
+    "process_pool",
+    "default_workers",
+]

@@ -29,6 +29,7 @@ def _click_classes(name: str) -> tuple[type[BaseException], ...]:
     out: list[type[BaseException]] = [getattr(click.exceptions, name)]
     try:
         from typer._click import exceptions as vendored
+
         out.append(getattr(vendored, name))
     except (ImportError, AttributeError):
         pass
@@ -65,8 +66,10 @@ def _line(text: str) -> None:
 
 def _interrupted() -> int:
     sig = RECEIVED[0] if RECEIVED else signal.SIGINT
-    _line(f"interrupted by {signal.Signals(sig).name}; results already in place are unchanged "
-          "(a sweep resumes from its finished points)")
+    _line(
+        f"interrupted by {signal.Signals(sig).name}; results already in place are unchanged "
+        "(a sweep resumes from its finished points)"
+    )
     return 128 + int(sig)
 
 

@@ -13,8 +13,12 @@ from rich.table import Table
 from sim.errors import ConfigError
 
 # Exceptions reach main() unwrapped, so a ConfigError from any subcommand is one line and exit 2.
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="kvsim: KV-cache capacity simulator for LLM serving.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="kvsim: KV-cache capacity simulator for LLM serving.",
+)
 # Piped output keeps whole cells instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True)
@@ -28,6 +32,7 @@ def _fail(exc: ConfigError) -> None:
 
 def _overrides(items: list[str] | None) -> dict:
     from sim.config import parse_override
+
     return dict(parse_override(i) for i in items or [])
 
 
@@ -39,15 +44,20 @@ def _fmt(v, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-_HOT_PATH = {"compiled": "compiled (mypyc)", "off": "interpreted (KVSIM_NATIVE=0)",
-             "absent": "interpreted (no build: kvsim native build)",
-             "stale": "interpreted (build older than the sources: kvsim native build)"}
+_HOT_PATH = {
+    "compiled": "compiled (mypyc)",
+    "off": "interpreted (KVSIM_NATIVE=0)",
+    "absent": "interpreted (no build: kvsim native build)",
+    "stale": "interpreted (build older than the sources: kvsim native build)",
+}
 
 
 def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | None = None) -> None:
     engine = f"{summary['engine']} engine, " if summary.get("engine") else ""  # older summaries lack it
-    t = Table(title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, {engine}cost model {summary['cost_model']}"
-              + ("" if summary.get("cost_model_calibrated") else " (UNCALIBRATED prior)"))
+    t = Table(
+        title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, {engine}cost model {summary['cost_model']}"
+        + ("" if summary.get("cost_model_calibrated") else " (UNCALIBRATED prior)")
+    )
     t.add_column("metric")
     for c in ("p50", "p90", "p99", "mean"):
         t.add_column(c, justify="right")
@@ -82,6 +92,7 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
 def _model_section(model: str) -> dict:
     """``--model``: a catalog name, or a Hugging Face config (path or shipped id) as ``model.hf_config``."""
     from sim.hf_config import model_section
+
     return model_section(model)
 
 
@@ -98,11 +109,17 @@ def run(
     set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a key: dotted.path=value (repeatable)."),
     out: str | None = typer.Option(None, "--out", "-o", help="Run directory (default runs/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table; print summary.json path only."),
-    model: str | None = typer.Option(None, "--model", "-m",
-                                        help="Replace the scenario's model: a catalog name, a Hugging Face config.json "
-                                             "path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* "
-                                             "applies after)."),
-    max_requests: int | None = typer.Option(None, "--max-requests", help="Refuse a run of more requests (before it starts)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Replace the scenario's model: a catalog name, a Hugging Face config.json "
+        "path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* "
+        "applies after).",
+    ),
+    max_requests: int | None = typer.Option(
+        None, "--max-requests", help="Refuse a run of more requests (before it starts)."
+    ),
     max_events: int | None = typer.Option(None, "--max-events", help="Stop a run past this many simulated events."),
     max_wall_s: float | None = typer.Option(None, "--max-wall-s", help="Stop a run past this many wall-clock seconds."),
 ):
@@ -111,9 +128,11 @@ def run(
     from sim.engine.budget import budget_from_options
     from sim.engine.cluster import simulate
     from sim.output.results import write_run
+
     warn = _StderrWarnings(logging.WARNING)
     logging.getLogger("kvsim").addHandler(warn)
     from sim.output.staging import out_dir, staged
+
     try:
         budget = budget_from_options(max_requests, max_events, max_wall_s)
         data, base = read_scenario_dict(scenario)
@@ -128,11 +147,20 @@ def run(
                 result = simulate(sc, out_dir=stage, budget=budget)
             else:
                 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-                with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed}/{task.total} requests"),
-                              TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, transient=True) as bar:
+
+                with Progress(
+                    TextColumn("simulating"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total} requests"),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=err_console,
+                    transient=True,
+                ) as bar:
                     task = bar.add_task("run", total=None)
-                    result = simulate(sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage,
-                                      budget=budget)
+                    result = simulate(
+                        sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage, budget=budget
+                    )
             write_run(result, stage)
     except ConfigError as exc:
         _fail(exc)
@@ -154,12 +182,33 @@ def list_models():
     """Model catalog with KV bytes per token (bf16), and the Hugging Face configs shipped in scenarios/models/."""
     from sim.catalog import MODELS
     from sim.hf_config import MODELS_DIR, read_hf_config, resolve_hf_config, shipped_models
-    cols = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params (B)",
-            "KV B/token bf16", "sliding window")
+
+    cols = (
+        "name",
+        "layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "intermediate",
+        "params (B)",
+        "KV B/token bf16",
+        "sliding window",
+    )
 
     def row(m) -> list[str]:
-        return [m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.kv_heads), str(m.head_dim), str(m.intermediate),
-                f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token('bf16'):,}", str(m.sliding_window or "-")]
+        return [
+            m.name,
+            str(m.layers),
+            str(m.hidden),
+            str(m.heads),
+            str(m.kv_heads),
+            str(m.head_dim),
+            str(m.intermediate),
+            f"{m.params / 1e9:.2f}",
+            f"{m.kv_bytes_per_token('bf16'):,}",
+            str(m.sliding_window or "-"),
+        ]
 
     t = Table(title="models (model.name)")
     for c in cols:
@@ -168,14 +217,32 @@ def list_models():
         t.add_row(*row(m))
     console.print(t)
     h = Table(title=f"Hugging Face configs in {MODELS_DIR} (model.hf_config: ID, or kvsim run --model ID)")
-    for c in ("ID", "layers", "hidden", "heads/kv", "head_dim", "intermediate", "params (B)", "KV B/token",
-              "weights/KV"):
+    for c in (
+        "ID",
+        "layers",
+        "hidden",
+        "heads/kv",
+        "head_dim",
+        "intermediate",
+        "params (B)",
+        "KV B/token",
+        "weights/KV",
+    ):
         h.add_column(c, no_wrap=c == "ID")
     for ident in shipped_models():
         hf = read_hf_config(resolve_hf_config(ident))
         m = hf.spec
-        h.add_row(ident, str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", str(m.head_dim), str(m.intermediate),
-                  f"{m.params / 1e9:.2f}", f"{m.kv_bytes_per_token(hf.kv_dtype):,}", f"{hf.weight_dtype}/{hf.kv_dtype}")
+        h.add_row(
+            ident,
+            str(m.layers),
+            str(m.hidden),
+            f"{m.heads}/{m.kv_heads}",
+            str(m.head_dim),
+            str(m.intermediate),
+            f"{m.params / 1e9:.2f}",
+            f"{m.kv_bytes_per_token(hf.kv_dtype):,}",
+            f"{hf.weight_dtype}/{hf.kv_dtype}",
+        )
     console.print(h)
 
 
@@ -184,16 +251,33 @@ def list_gpus():
     """GPU catalog."""
     from sim.catalog import GPUS
     from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
-    t = Table(title="gpus (gpu.name; or name: custom with memory_gib, hbm_tbps, bf16_tflops, fp8_tflops, nvlink_gbps, "
-                    "pcie_gbps)")
-    for c in ("name", "memory (GiB)", "HBM (TB/s)", "bf16 (TFLOP/s)", "fp8 (TFLOP/s)", "PCIe (GB/s)", "NVLink (GB/s)",
-              "calibrated profile"):
+
+    t = Table(
+        title="gpus (gpu.name; or name: custom with memory_gib, hbm_tbps, bf16_tflops, fp8_tflops, nvlink_gbps, "
+        "pcie_gbps)"
+    )
+    for c in (
+        "name",
+        "memory (GiB)",
+        "HBM (TB/s)",
+        "bf16 (TFLOP/s)",
+        "fp8 (TFLOP/s)",
+        "PCIe (GB/s)",
+        "NVLink (GB/s)",
+        "calibrated profile",
+    ):
         t.add_column(c)
     for g in GPUS.values():
-        t.add_row(g.name, f"{g.memory_bytes / 2**30:.0f}", f"{g.hbm_bandwidth / 1e12:.2f}", f"{g.peak_bf16_flops / 1e12:.0f}",
-                  f"{g.peak_fp8_flops / 1e12:.0f}" if g.peak_fp8_flops else "-",
-                  f"{g.pcie_bandwidth / 1e9:.0f}", f"{g.nvlink_bandwidth / 1e9:.0f}",
-                  BUILTIN_PROFILE_FOR_GPU.get(g.name, "- (roofline prior)"))
+        t.add_row(
+            g.name,
+            f"{g.memory_bytes / 2**30:.0f}",
+            f"{g.hbm_bandwidth / 1e12:.2f}",
+            f"{g.peak_bf16_flops / 1e12:.0f}",
+            f"{g.peak_fp8_flops / 1e12:.0f}" if g.peak_fp8_flops else "-",
+            f"{g.pcie_bandwidth / 1e9:.0f}",
+            f"{g.nvlink_bandwidth / 1e9:.0f}",
+            BUILTIN_PROFILE_FOR_GPU.get(g.name, "- (roofline prior)"),
+        )
     console.print(t)
 
 
@@ -203,6 +287,7 @@ def list_scenarios_cmd():
     import yaml
 
     from sim.config import SCENARIO_DIR, list_scenarios
+
     t = Table(title=f"scenarios ({SCENARIO_DIR})")
     t.add_column("name")
     t.add_column("description")
@@ -216,13 +301,17 @@ def list_scenarios_cmd():
 def list_allocators():
     """Allocator kinds with their knobs and defaults."""
     from sim.allocators import COMMON_KNOBS, KINDS
+
     t = Table(title="allocators (allocator.kind; knobs are allocator.<knob>; details in docs/allocators.md)")
     for c in ("kind", "knobs (defaults)", "what it models"):
         t.add_column(c)
     for kind, (knobs, what) in KINDS.items():
         t.add_row(kind, ", ".join(f"{k}={v}" for k, v in knobs.items()), what)
-    t.add_row("(every kind)", ", ".join(f"{k}={v}" for k, v in COMMON_KNOBS.items()),
-              "preemption: recompute or swap; victim lifo or lowest_priority")
+    t.add_row(
+        "(every kind)",
+        ", ".join(f"{k}={v}" for k, v in COMMON_KNOBS.items()),
+        "preemption: recompute or swap; victim lifo or lowest_priority",
+    )
     console.print(t)
 
 
@@ -230,6 +319,7 @@ def list_allocators():
 def native_cmd(action: str = typer.Argument("status", help="build | status | clean")):
     """The compiled hot path (mypyc): build it, show whether it is in use, or remove it."""
     from sim import native
+
     if action == "status":
         console.print(native.state())
     elif action == "clean":
@@ -251,6 +341,7 @@ def native_cmd(action: str = typer.Argument("status", help="build | status | cle
 def app_cmd(ctx: typer.Context):
     """Open the Streamlit what-if explorer (needs the app extra); extra arguments go to streamlit."""
     from sim.explorer import app_command
+
     raise typer.Exit(app_command(list(ctx.args)))
 
 
@@ -263,6 +354,7 @@ def _mount_optional() -> None:
     from sim.cli.plan import plan_command
     from sim.cli.report import report_command
     from sim.cli.sweep import sweep_command
+
     app.command("calibrate")(calibrate_command)
     app.add_typer(profile_app, name="profile")
     app.command("sweep")(sweep_command)
@@ -280,19 +372,24 @@ _mount_optional()
 def _print_version(value: bool) -> None:
     if value:
         from sim import __version__
+
         print(f"kvsim {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                        help="Print the kvsim version and exit.")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the kvsim version and exit."
+    ),
+) -> None:
     """kvsim: KV-cache capacity simulator for LLM serving."""
 
 
 def main() -> None:
     # One error line and exit 2 for bad input, 130/143 for Ctrl-C/SIGTERM (sim/cli/interrupts.py).
     from sim.cli.interrupts import run_app
+
     sys.exit(run_app(app))
 
 

@@ -16,26 +16,52 @@ from sim.errors import ConfigError
 
 def plan_command(
     scenario: str = typer.Argument("chat-api", help="Scenario YAML file or built-in name."),
-    slo: list[str] = typer.Option(..., "--slo", help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
-                                                     "(repeatable; see docs/sweeps.md for what pNN means)."),
-    attainment: float | None = typer.Option(None, "--attainment", help="Fraction of requests that must meet every "
-                                                                          "bound (default: the pNN of the SLO names, or 0.9)."),
-    allocators: str | None = typer.Option(None, "--allocators", help="Comma-separated candidates (default: all but "
-                                                                        "hybrid_tail-quantile): static, static-p95, "
-                                                                        "static-p95-fallback, paged, ..."),
-    target_rate: float | None = typer.Option(None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."),
+    slo: list[str] = typer.Option(
+        ...,
+        "--slo",
+        help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
+        "(repeatable; see docs/sweeps.md for what pNN means).",
+    ),
+    attainment: float | None = typer.Option(
+        None,
+        "--attainment",
+        help="Fraction of requests that must meet every bound (default: the pNN of the SLO names, or 0.9).",
+    ),
+    allocators: str | None = typer.Option(
+        None,
+        "--allocators",
+        help="Comma-separated candidates (default: all but "
+        "hybrid_tail-quantile): static, static-p95, "
+        "static-p95-fallback, paged, ...",
+    ),
+    target_rate: float | None = typer.Option(
+        None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."
+    ),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
-    seeds: int = typer.Option(1, "--seeds", help="Workload seeds per candidate: goodput with a confidence interval "
-                                                 "over seeds, and which candidates are within noise."),
-    break_even: bool = typer.Option(False, "--break-even/--no-break-even",
-                                    help="Find the value of each unmeasured cost-model constant at which the "
-                                         "recommendation would flip (bisection; more simulations)."),
-    search: str = typer.Option("guided", "--search", help="guided (saturation estimate, runs stopped when decided) "
-                                                          "or exhaustive (every probe a full run)."),
-    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the early-stopping test and of the "
-                                                                "intervals over seeds."),
+    seeds: int = typer.Option(
+        1,
+        "--seeds",
+        help="Workload seeds per candidate: goodput with a confidence interval "
+        "over seeds, and which candidates are within noise.",
+    ),
+    break_even: bool = typer.Option(
+        False,
+        "--break-even/--no-break-even",
+        help="Find the value of each unmeasured cost-model constant at which the "
+        "recommendation would flip (bisection; more simulations).",
+    ),
+    search: str = typer.Option(
+        "guided",
+        "--search",
+        help="guided (saturation estimate, runs stopped when decided) or exhaustive (every probe a full run).",
+    ),
+    confidence: float = typer.Option(
+        0.95, "--confidence", help="Confidence of the early-stopping test and of the intervals over seeds."
+    ),
     set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a scenario key: dotted.path=value."),
-    workers: int | None = typer.Option(None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."),
+    workers: int | None = typer.Option(
+        None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."
+    ),
     out: str | None = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
 ):
@@ -45,33 +71,54 @@ def plan_command(
     from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, write_plan
     from sim.analysis.slo import parse_slos
     from sim.config import parse_override
+
     try:
         slo_ = parse_slos(slo, attainment)
         overrides = dict(parse_override(i) for i in set_ or [])
         names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
         from sim.limits import MAX_WORKERS
+
         if workers is not None and not 1 <= workers <= MAX_WORKERS:
             raise ConfigError("--workers", workers, f"an integer in [1, {MAX_WORKERS}]")
         if out is not None:
             from sim.output.staging import out_dir
+
             out_dir(out)  # a bad --out is refused before minutes of planning
         kw: dict[str, Any] = dict(search=search, seeds=seeds, confidence=confidence, break_even=break_even)
         # Workers forked from this process once it has loaded the simulator (before the progress
         # bar's thread exists); forkserver where fork is not available.
         import multiprocessing
+
         kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         if quiet:
             p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-            bar = Progress(TextColumn("planning: {task.fields[last]}"), BarColumn(), MofNCompleteColumn(),
-                           TextColumn("candidates"), TimeElapsedColumn(), console=Console(stderr=True),
-                           transient=True)
+
+            bar = Progress(
+                TextColumn("planning: {task.fields[last]}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("candidates"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             task = bar.add_task("plan", total=None, last="searching goodput")
             try:
-                p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw, on_start=bar.start,
-                         progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"))
+                p = plan(
+                    scenario,
+                    slo_,
+                    overrides,
+                    names,
+                    target_rate,
+                    tolerance,
+                    workers,
+                    **kw,
+                    on_start=bar.start,
+                    progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"),
+                )
             finally:
                 bar.stop()
         dest = write_plan(p, out or Path("plans") / p["scenario"])
@@ -82,8 +129,10 @@ def plan_command(
     else:
         console = stdout_console()
         cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
-        t = Table(title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
-                        f"SLO: {p['slo_text']}{cal}")
+        t = Table(
+            title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
+            f"SLO: {p['slo_text']}{cal}"
+        )
         for c in plan_columns(p):
             t.add_column(c, justify="left" if c == "candidate" else "right")
         for r in plan_rows(p):
@@ -100,9 +149,12 @@ def plan_command(
             console.print("\n[bold]Assumptions[/bold] (unmeasured constants of the cost model):", highlight=False)
             for line in lines:
                 console.print(f"  • {line}", highlight=False)
-        console.print(f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
-                      f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
-                      f"in {p['wall_s']:.1f} s", highlight=False)
+        console.print(
+            f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
+            f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
+            f"in {p['wall_s']:.1f} s",
+            highlight=False,
+        )
     if p["recommendation"]["candidate"] is None:
         raise typer.Exit(1)
 

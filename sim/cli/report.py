@@ -13,10 +13,13 @@ from sim.errors import ConfigError
 def report_command(
     path: Path = typer.Argument(..., help="A run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)."),
     png: bool = typer.Option(False, "--png", help="Also write one PNG per figure (kaleido; needs Chromium/Chrome)."),
-    x: str | None = typer.Option(None, "--x", help="Sweep: axis for curves and heatmap columns (default: the rate axis)."),
+    x: str | None = typer.Option(
+        None, "--x", help="Sweep: axis for curves and heatmap columns (default: the rate axis)."
+    ),
     y: str | None = typer.Option(None, "--y", help="Sweep: axis for heatmap rows (default: the next varying axis)."),
-    z: list[str] | None = typer.Option(None, "--z", help="Sweep: heatmap metric (repeatable; default TTFT/TPOT p90, "
-                                                            "throughput, KV utilization)."),
+    z: list[str] | None = typer.Option(
+        None, "--z", help="Sweep: heatmap metric (repeatable; default TTFT/TPOT p90, throughput, KV utilization)."
+    ),
     out: str | None = typer.Option(None, "--out", "-o", help="Output directory (default: PATH itself)."),
 ):
     """Write a self-contained plotly report.html (plotly.js inlined) for a run or a sweep."""

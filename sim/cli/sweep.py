@@ -22,6 +22,7 @@ def fail(exc: ConfigError) -> NoReturn:
 
 def stdout_console():
     from rich.console import Console
+
     # Piped output keeps whole cells instead of rich's 80-column default.
     return Console(width=None if sys.stdout.isatty() else 160)
 
@@ -38,6 +39,7 @@ def sweep_command(
     from rich.table import Table
 
     from sim.analysis.sweep import describe_params, run_sweep
+
     try:
         res = run_sweep(sweep_file, workers=workers, backend=backend, address=address, out=out, progress=not quiet)
     except ConfigError as exc:
@@ -48,13 +50,20 @@ def sweep_command(
         t = Table(title=f"sweep {res.name}", show_header=False)
         t.add_column("k")
         t.add_column("v", justify="right")
-        for k, v in (("points", res.total), ("already in the dataset (skipped)", res.skipped), ("simulated now", res.ran),
-                     ("invalid (recorded failed)", res.invalid), ("failed", len(res.failures)),
-                     ("wall time (s)", f"{res.wall_s:.1f}")):
+        for k, v in (
+            ("points", res.total),
+            ("already in the dataset (skipped)", res.skipped),
+            ("simulated now", res.ran),
+            ("invalid (recorded failed)", res.invalid),
+            ("failed", len(res.failures)),
+            ("wall time (s)", f"{res.wall_s:.1f}"),
+        ):
             t.add_row(k, str(v))
         console = stdout_console()
         console.print(t)
-        console.print(f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.analysis.sweep.read_dataset)")
+        console.print(
+            f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.analysis.sweep.read_dataset)"
+        )
     if res.failures:
         sys.stderr.write(f"{len(res.failures)} of {res.total} points failed:\n")
         for f in res.failures:

@@ -33,8 +33,16 @@ import numpy as np
 from scipy.interpolate import RegularGridInterpolator
 
 #: Bytes per element by canonical dtype name. ``int8_wo`` stores int8 weights, computes in bf16.
-ELEM_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int8_wo": 1.0, "int8_sq": 1.0,
-              "int4_wo": 0.5, "fp32": 4.0}
+ELEM_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "fp8_block": 1.0,
+    "int8_wo": 1.0,
+    "int8_sq": 1.0,
+    "int4_wo": 0.5,
+    "fp32": 4.0,
+}
 
 
 def elem_bytes(dtype: str) -> float:
@@ -42,6 +50,7 @@ def elem_bytes(dtype: str) -> float:
 
 
 # --- parametric form ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RooflineFit:
@@ -67,7 +76,7 @@ class RooflineFit:
 
     @classmethod
     def from_dict(cls, d: dict) -> RooflineFit:
-        names = tuple(k[:-len("_per_s")] for k in d if k.endswith("_per_s"))
+        names = tuple(k[: -len("_per_s")] for k in d if k.endswith("_per_s"))
         return cls(float(d["launch_s"]), names, tuple(float(d[f"{n}_per_s"]) for n in names), float(d["p"]))
 
 
@@ -82,6 +91,7 @@ def roofline_time(theta: np.ndarray, work: np.ndarray) -> np.ndarray:
 
 
 # --- grid correction ------------------------------------------------------------------------
+
 
 @dataclass
 class GridCorrection:
@@ -113,6 +123,7 @@ class GridCorrection:
 
 # --- kernel families ------------------------------------------------------------------------
 
+
 @dataclass
 class FamilyFit:
     """One kernel family split into groups (dtype combinations), each parametric + grid."""
@@ -140,8 +151,9 @@ def gemm_work(m, n, k, dtype: str) -> tuple[np.ndarray, np.ndarray]:
 
 def context_work(batch, length, heads, kv_heads, head_dim, attn_dtype: str, kv_dtype: str):
     """Causal prefill of ``batch`` prompts of ``length`` tokens, one layer: work (FLOPs, bytes), grid coordinates."""
-    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
-                                            for a in (batch, length, heads, kv_heads, head_dim)))
+    b, s, h, kvh, d = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (batch, length, heads, kv_heads, head_dim))
+    )
     flops = 2.0 * b * h * d * s * s  # QK^T and PV, 2 FLOPs each per (q, k) pair, half the pairs (causal)
     nbytes = b * s * d * (2.0 * h * elem_bytes(attn_dtype) + 2.0 * kvh * elem_bytes(kv_dtype))
     return np.stack([flops, nbytes]), np.log(np.column_stack([b, s, h / kvh, kvh]))
@@ -149,8 +161,9 @@ def context_work(batch, length, heads, kv_heads, head_dim, attn_dtype: str, kv_d
 
 def generation_work(batch, kv_len, heads, kv_heads, head_dim, kv_dtype: str):
     """One decode token per sequence over ``kv_len`` cached tokens, one layer: work (FLOPs, bytes, serial tokens), coordinates."""
-    b, s, h, kvh, d = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64))
-                                            for a in (batch, kv_len, heads, kv_heads, head_dim)))
+    b, s, h, kvh, d = np.broadcast_arrays(
+        *(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (batch, kv_len, heads, kv_heads, head_dim))
+    )
     flops = 4.0 * b * h * d * s
     nbytes = b * s * 2.0 * kvh * d * elem_bytes(kv_dtype) + b * 4.0 * h * d
     # One thread block walks a sequence's KV serially when the batch is too small to fill
@@ -173,8 +186,9 @@ def lookup(fit: FamilyFit, key: tuple) -> tuple[RooflineFit, GridCorrection]:
     try:
         return fit.groups[key]
     except KeyError:
-        raise MissingGroup(f"{fit.kind}: no group {key}; measured groups: "
-                           f"{', '.join(map(str, fit.group_keys()))}") from None
+        raise MissingGroup(
+            f"{fit.kind}: no group {key}; measured groups: {', '.join(map(str, fit.group_keys()))}"
+        ) from None
 
 
 def predict_gemm(fit: FamilyFit, dtype: str, m, n, k) -> np.ndarray:
@@ -184,7 +198,9 @@ def predict_gemm(fit: FamilyFit, dtype: str, m, n, k) -> np.ndarray:
     return rf(w) * np.exp(gc(co))
 
 
-def predict_context(fit: FamilyFit, attn_dtype: str, kv_dtype: str, head_dim: int, batch, length, heads, kv_heads) -> np.ndarray:
+def predict_context(
+    fit: FamilyFit, attn_dtype: str, kv_dtype: str, head_dim: int, batch, length, heads, kv_heads
+) -> np.ndarray:
     rf, gc = lookup(fit, (attn_dtype, kv_dtype, int(head_dim)))
     w, co = context_work(batch, length, heads, kv_heads, head_dim, attn_dtype, kv_dtype)
     return rf(w) * np.exp(gc(co))
@@ -197,6 +213,7 @@ def predict_generation(fit: FamilyFit, kv_dtype: str, head_dim: int, batch, kv_l
 
 
 # --- per-shape curves -----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Peaks:
@@ -231,8 +248,11 @@ def gemm_curve(fit: FamilyFit, dtype: str, n: int, k: int, peaks: Peaks) -> tupl
     t = predict_gemm(fit, dtype, m, np.full_like(m, n), np.full_like(m, k))
     floor = 2.0 * m * n * k / peaks.flops(dtype)
     meta: dict = {"table_dtype": dtype, "measured_shape": _on_grid(n, gc.axes[1]) and _on_grid(k, gc.axes[2])}
-    outside = [f"{name}={v} outside measured {np.exp(ax[0]):.0f}..{np.exp(ax[-1]):.0f}"
-               for name, v, ax in (("n", n, gc.axes[1]), ("k", k, gc.axes[2])) if _outside(v, ax)]
+    outside = [
+        f"{name}={v} outside measured {np.exp(ax[0]):.0f}..{np.exp(ax[-1]):.0f}"
+        for name, v, ax in (("n", n, gc.axes[1]), ("k", k, gc.axes[2]))
+        if _outside(v, ax)
+    ]
     if outside:
         meta["outside_measured"] = "; ".join(outside) + " (parametric form, correction held at the grid edge)"
     clamped = int(np.sum(t < floor))
@@ -241,8 +261,9 @@ def gemm_curve(fit: FamilyFit, dtype: str, n: int, k: int, peaks: Peaks) -> tupl
     return m, np.maximum(t, floor), meta
 
 
-def attention_grid(fit: FamilyFit, kind: str, group: tuple, heads: int, kv_heads: int, head_dim: int,
-                   peaks: Peaks) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+def attention_grid(
+    fit: FamilyFit, kind: str, group: tuple, heads: int, kv_heads: int, head_dim: int, peaks: Peaks
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
     """One layer's attention seconds on the measured (batch, length) cells of ``group`` for a shape of
     ``heads``/``kv_heads`` per GPU: ``(batch, length, t_s[batch, length], meta)``, floored at the
     physical limit. ``kind`` is ``context`` (group = attn dtype, KV dtype, head_dim) or ``generation``
@@ -264,9 +285,11 @@ def attention_grid(fit: FamilyFit, kind: str, group: tuple, heads: int, kv_heads
         meta = {"group": "/".join(str(x) for x in group), "length_is": "KV tokens per sequence"}
     t = rf(work) * np.exp(gc(co))
     meta["measured_shape"] = _on_grid(heads / kv_heads, gc.axes[2]) and _on_grid(kv_heads, gc.axes[3])
-    outside = [f"{name}={v:g} outside measured {np.exp(ax[0]):g}..{np.exp(ax[-1]):g}"
-               for name, v, ax in (("heads per KV head", heads / kv_heads, gc.axes[2]), ("KV heads", kv_heads, gc.axes[3]))
-               if _outside(v, ax)]
+    outside = [
+        f"{name}={v:g} outside measured {np.exp(ax[0]):g}..{np.exp(ax[-1]):g}"
+        for name, v, ax in (("heads per KV head", heads / kv_heads, gc.axes[2]), ("KV heads", kv_heads, gc.axes[3]))
+        if _outside(v, ax)
+    ]
     if outside:
         meta["outside_measured"] = "; ".join(outside) + " (parametric form, correction held at the grid edge)"
     clamped = int(np.sum(t < floor))

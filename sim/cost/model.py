@@ -40,8 +40,13 @@ class BatchShape:
 
     # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
     # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
-    def __init__(self, prefill_chunks: list[tuple[int, int]] | None = None, decode_seqs: int = 0,
-                 decode_kv_tokens: int = 0, decode_window_kv_tokens: int = 0):
+    def __init__(
+        self,
+        prefill_chunks: list[tuple[int, int]] | None = None,
+        decode_seqs: int = 0,
+        decode_kv_tokens: int = 0,
+        decode_window_kv_tokens: int = 0,
+    ):
         self.prefill_chunks = [] if prefill_chunks is None else prefill_chunks
         self.decode_seqs = decode_seqs
         self.decode_kv_tokens = decode_kv_tokens
@@ -79,8 +84,9 @@ class CostModel(ABC):
         self.after_prefill_s: list[float] = []
 
     @abstractmethod
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
-                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
+    def decode_times_s(
+        self, num_seqs: int, kv_tokens: np.ndarray, window_kv_tokens: np.ndarray | None = None
+    ) -> np.ndarray:
         """Per-iteration seconds of pure decode steps of ``num_seqs`` sequences.
 
         ``kv_tokens[j]`` is the total KV length attended in iteration ``j``;
@@ -112,8 +118,11 @@ class CostModel(ABC):
         if not batch.prefill_chunks:
             kv = np.array([batch.decode_kv_tokens], dtype=np.float64)
             if batch.decode_window_kv_tokens:
-                return float(self.decode_times_s(batch.decode_seqs, kv,
-                                                 np.array([batch.decode_window_kv_tokens], dtype=np.float64))[0])
+                return float(
+                    self.decode_times_s(
+                        batch.decode_seqs, kv, np.array([batch.decode_window_kv_tokens], dtype=np.float64)
+                    )[0]
+                )
             return float(self.decode_times_s(batch.decode_seqs, kv)[0])
         return self.mixed_step_time_s(batch)
 
@@ -172,8 +181,17 @@ class RooflineCostModel(CostModel):
     name = "roofline-uncalibrated"
     calibrated = False
 
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1, weight_dtype: str = "bf16",
-                 kv_dtype: str = "bf16", layout: Layout = Layout(paged=True), params: RooflineParams = RooflineParams()):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        tensor_parallel: int = 1,
+        weight_dtype: str = "bf16",
+        kv_dtype: str = "bf16",
+        layout: Layout = Layout(paged=True),
+        params: RooflineParams = RooflineParams(),
+    ):
         super().__init__()
         self.model, self.gpu, self.tp, self.layout, self.p = model, gpu, tensor_parallel, layout, params
         self._flops = gpu.peak_bf16_flops * tensor_parallel * params.compute_efficiency
@@ -214,15 +232,21 @@ class RooflineCostModel(CostModel):
     def _fixed_s(self, seqs: float) -> float:
         return self.p.step_overhead_s + self.p.per_seq_overhead_s * seqs
 
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
-                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
+    def decode_times_s(
+        self, num_seqs: int, kv_tokens: np.ndarray, window_kv_tokens: np.ndarray | None = None
+    ) -> np.ndarray:
         kv = np.asarray(kv_tokens, dtype=np.float64)
         base = self._linear_s(num_seqs, num_seqs) + self._allreduce_s(num_seqs) + self._fixed_s(num_seqs)
-        attn = np.maximum(kv * self._attn_flops_per_pair / self._flops, kv * self._kv_bpt / self._bw) * self._paged_factor
+        attn = (
+            np.maximum(kv * self._attn_flops_per_pair / self._flops, kv * self._kv_bpt / self._bw) * self._paged_factor
+        )
         if self._window is not None:
             kvw = kv if window_kv_tokens is None else np.asarray(window_kv_tokens, dtype=np.float64)
-            attn = attn + np.maximum(kvw * self._w_flops_per_pair / self._flops,
-                                     kvw * self._w_kv_bpt / self._bw) * self._paged_factor
+            attn = (
+                attn
+                + np.maximum(kvw * self._w_flops_per_pair / self._flops, kvw * self._w_kv_bpt / self._bw)
+                * self._paged_factor
+            )
         return base + attn
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
@@ -243,7 +267,9 @@ class RooflineCostModel(CostModel):
                 pairs += new * ctx + new * (new + 1) / 2
                 kv_read += ctx + new
             attn += max(pairs * self._w_flops_per_pair / self._flops, kv_read * self._w_kv_bpt / self._bw)
-        return self._linear_s(tokens, seqs) + self._allreduce_s(tokens) + self._fixed_s(seqs) + attn * self._paged_factor
+        return (
+            self._linear_s(tokens, seqs) + self._allreduce_s(tokens) + self._fixed_s(seqs) + attn * self._paged_factor
+        )
 
     def copy_time_s(self, nbytes: float) -> float:
         return 2.0 * nbytes / self._bw  # read + write

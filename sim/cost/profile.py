@@ -230,8 +230,9 @@ class Grid2D:
             oor = int(length < self._len_lo)
         return t * scale, (1 if oor_b else oor)
 
-    def at_many(self, batch: float, lengths: list[float], base: float = 0.0,
-                coef: float = 1.0) -> tuple[list[float], int]:
+    def at_many(
+        self, batch: float, lengths: list[float], base: float = 0.0, coef: float = 1.0
+    ) -> tuple[list[float], int]:
         """``base + coef·at`` for several lengths at one batch size (a decode window's: one token
         more per iteration), and their out-of-grid count. Inside grid segment ``j`` the log-log line
         is ``t = A_j·L^s_j``: one ``pow`` per length, and a bracket search only when a length leaves
@@ -254,7 +255,7 @@ class Grid2D:
                 j = bisect_right(knots, length) - 1
                 left, right, s = knots[j], knots[j + 1], slopes[j]
                 a = _exp(lrow[j] - s * self._lll[j])
-            out.append(base + coef * (a * length ** s * scale))
+            out.append(base + coef * (a * length**s * scale))
             oor += oor_b
         return out, (len(lengths) if oor_b else oor)
 
@@ -293,16 +294,25 @@ class Grid2D:
         return t * scale, oor
 
     def to_json(self) -> dict:
-        return {"batch": _round_list(self.batch), "length": _round_list(self.length), "t_s": _round_list(self.t_s),
-                **self.meta}
+        return {
+            "batch": _round_list(self.batch),
+            "length": _round_list(self.length),
+            "t_s": _round_list(self.t_s),
+            **self.meta,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Grid2D:
-        return cls(np.array(d["batch"]), np.array(d["length"]), np.array(d["t_s"]),
-                   {k: v for k, v in d.items() if k not in ("batch", "length", "t_s")})
+        return cls(
+            np.array(d["batch"]),
+            np.array(d["length"]),
+            np.array(d["t_s"]),
+            {k: v for k, v in d.items() if k not in ("batch", "length", "t_s")},
+        )
 
 
 # --- the profile ----------------------------------------------------------------------------
+
 
 def gemm_key(n: int, k: int, dtype: str) -> str:
     return f"{int(n)}x{int(k)}:{dtype}"
@@ -349,9 +359,17 @@ class Profile:
 
     def to_json(self) -> dict:
         out = {
-            "format": FORMAT, "version": VERSION, "name": self.name, "device": self.device,
-            "provenance": _json_safe(self.provenance), "fit_quality": _json_safe(self.fit_quality), "dtypes": self.dtypes,
-            "models": self.models, "memory": self.memory, "elementwise": self.elementwise, "layout": self.layout,
+            "format": FORMAT,
+            "version": VERSION,
+            "name": self.name,
+            "device": self.device,
+            "provenance": _json_safe(self.provenance),
+            "fit_quality": _json_safe(self.fit_quality),
+            "dtypes": self.dtypes,
+            "models": self.models,
+            "memory": self.memory,
+            "elementwise": self.elementwise,
+            "layout": self.layout,
             "cpu_overhead": self.cpu_overhead,
             "allreduce": {k: v.to_json() for k, v in sorted(self.allreduce.items())},
             "gemm": {k: v.to_json() for k, v in sorted(self.gemm.items())},
@@ -359,12 +377,16 @@ class Profile:
             "generation_attention": {k: v.to_json() for k, v in sorted(self.generation_attention.items())},
         }
         if self.kernels:
-            out["kernels"] = {b: {f: family_to_json(fit) for f, fit in sorted(fams.items())}
-                              for b, fams in sorted(self.kernels.items())}
+            out["kernels"] = {
+                b: {f: family_to_json(fit) for f, fit in sorted(fams.items())}
+                for b, fams in sorted(self.kernels.items())
+            }
             out["kernel_defaults"] = dict(sorted(self.kernel_defaults.items()))
         if self.custom_allreduce:
-            out["custom_allreduce"] = {e: {g: c.to_json() for g, c in sorted(cs.items(), key=lambda kv: int(kv[0]))}
-                                       for e, cs in sorted(self.custom_allreduce.items())}
+            out["custom_allreduce"] = {
+                e: {g: c.to_json() for g, c in sorted(cs.items(), key=lambda kv: int(kv[0]))}
+                for e, cs in sorted(self.custom_allreduce.items())
+            }
         return out
 
     def write(self, path: Path | str) -> Path:
@@ -381,27 +403,42 @@ class Profile:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ConfigError(KEY, source, f'a JSON object with "format": "{FORMAT}"')
         if doc.get("version") not in READABLE_VERSIONS:
-            raise ConfigError(KEY, source, f"profile format version {' or '.join(map(str, READABLE_VERSIONS))} "
-                                           f"(file has version {doc.get('version')!r})")
+            raise ConfigError(
+                KEY,
+                source,
+                f"profile format version {' or '.join(map(str, READABLE_VERSIONS))} "
+                f"(file has version {doc.get('version')!r})",
+            )
         try:
             return cls(
-                name=str(doc["name"]), device=dict(doc["device"]), provenance=dict(doc["provenance"]),
-                memory=dict(doc["memory"]), elementwise=dict(doc["elementwise"]), layout=dict(doc["layout"]),
+                name=str(doc["name"]),
+                device=dict(doc["device"]),
+                provenance=dict(doc["provenance"]),
+                memory=dict(doc["memory"]),
+                elementwise=dict(doc["elementwise"]),
+                layout=dict(doc["layout"]),
                 cpu_overhead=dict(doc["cpu_overhead"]),
                 allreduce={str(k): Curve1D.from_json(v) for k, v in doc["allreduce"].items()},
                 gemm={k: Curve1D.from_json(v) for k, v in doc["gemm"].items()},
                 context_attention={k: Grid2D.from_json(v) for k, v in doc["context_attention"].items()},
                 generation_attention={k: Grid2D.from_json(v) for k, v in doc["generation_attention"].items()},
-                models=dict(doc.get("models", {})), fit_quality=dict(doc.get("fit_quality", {})),
+                models=dict(doc.get("models", {})),
+                fit_quality=dict(doc.get("fit_quality", {})),
                 dtypes=dict(doc.get("dtypes", {})),
-                kernels={str(b): {str(f): family_from_json(fit) for f, fit in fams.items()}
-                         for b, fams in doc.get("kernels", {}).items()},
+                kernels={
+                    str(b): {str(f): family_from_json(fit) for f, fit in fams.items()}
+                    for b, fams in doc.get("kernels", {}).items()
+                },
                 kernel_defaults={str(k): str(v) for k, v in doc.get("kernel_defaults", {}).items()},
-                custom_allreduce={str(e): {str(g): Curve1D.from_json(c) for g, c in cs.items()}
-                                  for e, cs in doc.get("custom_allreduce", {}).items()},
+                custom_allreduce={
+                    str(e): {str(g): Curve1D.from_json(c) for g, c in cs.items()}
+                    for e, cs in doc.get("custom_allreduce", {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
-            raise ConfigError(KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})") from None
+            raise ConfigError(
+                KEY, source, f"a complete kvsim-profile v{VERSION} ({type(exc).__name__}: {exc})"
+            ) from None
 
     # -- curves for any shape --
     def peaks(self) -> Peaks:
@@ -441,8 +478,9 @@ class Profile:
             hit = self._derived[(b, "gemm", key)] = Curve1D(m, t, {**meta, "backend": b})
         return hit  # type: ignore[return-value]
 
-    def attention_grids(self, key: str, backends: tuple[str | None, str | None] = (None, None)
-                        ) -> tuple[Grid2D | None, Grid2D | None]:
+    def attention_grids(
+        self, key: str, backends: tuple[str | None, str | None] = (None, None)
+    ) -> tuple[Grid2D | None, Grid2D | None]:
         """(context, generation) grids of attention ``key`` (``<heads>/<kv_heads>/<head_dim>:<kv dtype>``
         per GPU): baked, else derived from the fitted families (the table groups of the KV dtype in
         ``dtypes.kv_tables``) at the measured head_dim nearest the model's (flagged
@@ -453,8 +491,9 @@ class Profile:
         ctx_group, gen_group = (tuple(groups[0]), tuple(groups[1])) if groups else ((), ())
         out: list[Grid2D | None] = []
         for family, kind, baked, group, backend in (
-                ("context_attention", "context", self.context_attention, tuple(ctx_group), backends[0]),
-                ("generation_attention", "generation", self.generation_attention, tuple(gen_group), backends[1])):
+            ("context_attention", "context", self.context_attention, tuple(ctx_group), backends[0]),
+            ("generation_attention", "generation", self.generation_attention, tuple(gen_group), backends[1]),
+        ):
             if key in baked and backend is None:
                 out.append(baked[key])
                 continue
@@ -471,12 +510,14 @@ class Profile:
                     continue
                 bs, ls, t, meta = attention_grid(fit, kind, grp, h, kvh, d, self.peaks())
                 if grp[-1] != d:
-                    meta["outside_measured"] = "; ".join(filter(None, [meta.get("outside_measured"),
-                                                                        f"head_dim {d} priced on the head_dim {grp[-1]} fit"]))
+                    meta["outside_measured"] = "; ".join(
+                        filter(
+                            None, [meta.get("outside_measured"), f"head_dim {d} priced on the head_dim {grp[-1]} fit"]
+                        )
+                    )
                 hit = self._derived[(b, family, key, group)] = Grid2D(bs, ls, t, {**meta, "backend": b})
             out.append(hit)  # type: ignore[arg-type]
         return out[0], out[1]
-
 
     def curve_keys(self, family: str) -> list[str]:
         """Keys of ``family`` this profile can show: its baked curves, and for fitted families the shapes
@@ -487,8 +528,11 @@ class Profile:
         if self._family(family, None) is not None:
             for m in self.models.values():
                 if family == "gemm":
-                    keys.update(f"{shape}:{d}" for shape in m.get("gemm_shapes", {}).values()
-                                for d in self.dtypes.get("weight", []))
+                    keys.update(
+                        f"{shape}:{d}"
+                        for shape in m.get("gemm_shapes", {}).values()
+                        for d in self.dtypes.get("weight", [])
+                    )
                 elif m.get("attention_shape"):
                     keys.update(f"{m['attention_shape']}:{d}" for d in self.dtypes.get("kv", []))
         return sorted(keys)
@@ -542,7 +586,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
         else:
             if ref and os.path.lexists(ref):
                 read_text(path, KEY, "profile JSON file")  # names what the path is (a directory, a FIFO)
-            raise ConfigError(KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
+            raise ConfigError(
+                KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file"
+            )
     doc = load_json(read_text(path, KEY, "profile JSON file"), KEY, str(path))
     st = path.stat()
     ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
@@ -642,9 +688,18 @@ class ProfileCostModel(CostModel):
 
     calibrated = True
 
-    def __init__(self, profile: Profile, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
-                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", layout: Layout = Layout(paged=True),
-                 engine: EnginePreset | None = None):
+    def __init__(
+        self,
+        profile: Profile,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        *,
+        tensor_parallel: int = 1,
+        weight_dtype: str = "bf16",
+        kv_dtype: str = "bf16",
+        layout: Layout = Layout(paged=True),
+        engine: EnginePreset | None = None,
+    ):
         super().__init__()
         self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
         self.name = profile.name
@@ -661,16 +716,22 @@ class ProfileCostModel(CostModel):
         #: The engine's own kernel tables when the profile carries them, else the profile's defaults.
         self.kernels: str | None = engine.kernels if engine is not None and engine.kernels in profile.kernels else None
         backend = self.kernels
-        self._gemm: dict[str, Curve1D] = {proj: self._need(profile.gemm_curve(key, backend), key, f"GEMM {proj}")
-                                          for proj, key in self.keys.gemms().items()}
+        self._gemm: dict[str, Curve1D] = {
+            proj: self._need(profile.gemm_curve(key, backend), key, f"GEMM {proj}")
+            for proj, key in self.keys.gemms().items()
+        }
         ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
         self._gen: Grid2D = self._need(gen, self.keys.attention, "generation attention")
         self._ctx: Grid2D = self._need(ctx, self.keys.attention, "context attention")
         self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
-                raise ConfigError(KEY, profile.name, f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
-                                                     f"(all-reduce measured for those GPU counts); got {self.tp}")
+                raise ConfigError(
+                    KEY,
+                    profile.name,
+                    f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
+                    f"(all-reduce measured for those GPU counts); got {self.tp}",
+                )
             self._allreduce = profile.allreduce[str(self.tp)]
         #: The engine's own all-reduce for messages up to ``_custom_max`` bytes (the faster of it and NCCL).
         self._custom_ar: Curve1D | None = None
@@ -695,8 +756,12 @@ class ProfileCostModel(CostModel):
             self._cpu = cpu[str(max([t for t in tps if t <= self.tp] or tps[:1]))]
         after = self._cpu.get("after_prefill_s", [])
         if not isinstance(after, list) or not all(_is_number(x) and 0 <= x < 1 for x in after):
-            raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
-                                                 f"(added to the k-th decode iteration after a prefill); got {after!r}")
+            raise ConfigError(
+                KEY,
+                profile.name,
+                "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
+                f"(added to the k-th decode iteration after a prefill); got {after!r}",
+            )
         self.after_prefill_s = [float(x) for x in after]
         delta = self._cpu.get("per_seq_delta_s")
         self._delta_x: list[float] = []
@@ -704,18 +769,33 @@ class ProfileCostModel(CostModel):
         self._delta_slopes: list[float] = []
         if delta is not None:
             xs, ys = (delta.get("seqs"), delta.get("delta_s")) if isinstance(delta, dict) else (None, None)
-            if (not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or not xs
-                    or not all(_is_number(v) for v in xs + ys)
-                    or any(b <= a for a, b in zip(xs, xs[1:])) or xs[0] < 1 or any(abs(y) >= 1 for y in ys)):
-                raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.per_seq_delta_s: {seqs: increasing sequence "
-                                                     "counts >= 1, delta_s: seconds in (-1, 1), one per count}; "
-                                                     f"got {delta!r}")
+            if (
+                not isinstance(xs, list)
+                or not isinstance(ys, list)
+                or len(xs) != len(ys)
+                or not xs
+                or not all(_is_number(v) for v in xs + ys)
+                or any(b <= a for a, b in zip(xs, xs[1:]))
+                or xs[0] < 1
+                or any(abs(y) >= 1 for y in ys)
+            ):
+                raise ConfigError(
+                    KEY,
+                    profile.name,
+                    "cpu_overhead.by_tp.*.per_seq_delta_s: {seqs: increasing sequence "
+                    "counts >= 1, delta_s: seconds in (-1, 1), one per count}; "
+                    f"got {delta!r}",
+                )
             self._delta_x, self._delta_y = [float(v) for v in xs], [float(v) for v in ys]
             self._delta_slopes = _slopes(self._delta_x, self._delta_y)
         g = self._cpu.get("mixed_per_decode_s", 0.0)
         if not _is_number(g) or not 0 <= g < 1:
-            raise ConfigError(KEY, profile.name, "cpu_overhead.by_tp.*.mixed_per_decode_s: seconds in [0, 1) per "
-                                                 f"decoding sequence in an iteration with prefill; got {g!r}")
+            raise ConfigError(
+                KEY,
+                profile.name,
+                "cpu_overhead.by_tp.*.mixed_per_decode_s: seconds in [0, 1) per "
+                f"decoding sequence in an iteration with prefill; got {g!r}",
+            )
         #: What a decoding sequence costs in an iteration with a prefill chunk beyond its cost in a
         #: pure decode iteration (measured on CPU engines; 0 unless the profile has it), seconds.
         self._mixed_decode_s: float = float(g)
@@ -724,8 +804,12 @@ class ProfileCostModel(CostModel):
         h, kvh = per_gpu_heads(model, self.tp)
         # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
         # SiLU·mul, 2 residual adds), bf16 activations.
-        per_tok = ACT_BYTES * (2 * 2 * model.hidden + 2 * (h + kvh) * model.head_dim
-                               + 3 * model.intermediate / self.tp + 2 * 3 * model.hidden)
+        per_tok = ACT_BYTES * (
+            2 * 2 * model.hidden
+            + 2 * (h + kvh) * model.head_dim
+            + 3 * model.intermediate / self.tp
+            + 2 * 3 * model.hidden
+        )
         ew_kernels = engine.elementwise_per_layer if engine is not None else ew["kernels_per_layer"]
         self._ew_fixed: float = float(ew_kernels) * float(ew["latency_s"])
         self._ew_per_token: float = per_tok / float(ew["bandwidth_bytes_per_s"])
@@ -733,7 +817,9 @@ class ProfileCostModel(CostModel):
         self._chunk_cache: dict[object, tuple[float, tuple]] = {}
         self._tok_cache: dict[float, tuple[float, tuple]] = {}
         self._seq_cache: dict[float, tuple[float, float, tuple]] = {}
-        self._gemm_tok: list[tuple[str, Curve1D]] = [(proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")]
+        self._gemm_tok: list[tuple[str, Curve1D]] = [
+            (proj, self._gemm[proj]) for proj in ("qkv", "o", "gate_up", "down")
+        ]
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
@@ -748,18 +834,24 @@ class ProfileCostModel(CostModel):
         if canon == "fp8_block" and which == "weight" and "fp8" in have and self.profile.kernels:
             return canon  # priced on a block-fp8 table where the kernels have one, else on fp8 (gemm_curve)
         if canon is None or canon not in have:
-            raise ConfigError(f"model.{which}_dtype", dtype, f"profile {self.profile.name} has {which} dtypes "
-                                                             f"{', '.join(have)} (fp16 runs on the bf16 curves)")
+            raise ConfigError(
+                f"model.{which}_dtype",
+                dtype,
+                f"profile {self.profile.name} has {which} dtypes {', '.join(have)} (fp16 runs on the bf16 curves)",
+            )
         return canon
 
     def _need(self, curve, key: str, what: str):
         if curve is not None:
             return curve
         covered = ", ".join(sorted(self.profile.models)) or "none"
-        how = ("fitted kernel families (any shape)" if self.profile.kernels else f"curves for: {covered}")
-        raise ConfigError(KEY, self.profile.name,
-                          f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
-                          f"tensor_parallel={self.tp}; {self.profile.name} has {how}")
+        how = "fitted kernel families (any shape)" if self.profile.kernels else f"curves for: {covered}"
+        raise ConfigError(
+            KEY,
+            self.profile.name,
+            f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
+            f"tensor_parallel={self.tp}; {self.profile.name} has {how}",
+        )
 
     def _count(self, curve: str, n: int) -> None:
         if n:
@@ -849,8 +941,9 @@ class ProfileCostModel(CostModel):
         return base
 
     # -- CostModel API --
-    def decode_times_s(self, num_seqs: int, kv_tokens: np.ndarray,
-                       window_kv_tokens: np.ndarray | None = None) -> np.ndarray:
+    def decode_times_s(
+        self, num_seqs: int, kv_tokens: np.ndarray, window_kv_tokens: np.ndarray | None = None
+    ) -> np.ndarray:
         kv = np.asarray(kv_tokens, dtype=np.float64)
         n = int(num_seqs)
         if n <= 0:
@@ -1044,23 +1137,44 @@ class ProfileCostModel(CostModel):
         return {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
 
     def describe(self) -> dict:
-        return {"name": self.name, "calibrated": True, "device": self.profile.device.get("name"),
-                "engine": self.engine.name if self.engine is not None else "reference",
-                "kernels": self.kernels or "profile default",
-                "tensor_parallel": self.tp, "curves": {"attention": self.keys.attention, **self.keys.gemms()},
-                "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
-                "out_of_range": dict(self.out_of_range)}
+        return {
+            "name": self.name,
+            "calibrated": True,
+            "device": self.profile.device.get("name"),
+            "engine": self.engine.name if self.engine is not None else "reference",
+            "kernels": self.kernels or "profile default",
+            "tensor_parallel": self.tp,
+            "curves": {"attention": self.keys.attention, **self.keys.gemms()},
+            "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
+            "out_of_range": dict(self.out_of_range),
+        }
 
 
-def build_profile_cost_model(profile_ref: str, model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
-                             weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                             layout: Layout = Layout(paged=True), engine: EnginePreset | None = None) -> CostModel:
+def build_profile_cost_model(
+    profile_ref: str,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    tensor_parallel: int = 1,
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    layout: Layout = Layout(paged=True),
+    engine: EnginePreset | None = None,
+) -> CostModel:
     """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path.
 
     The profile is read once per process and file version (a cost model only reads it; the curves
     it derives are shared): a sweep or a benchmark fit runs many scenarios on one profile."""
-    return ProfileCostModel(_shared_profile(_profile_path(profile_ref)), model, gpu, tensor_parallel=tensor_parallel,
-                            weight_dtype=weight_dtype, kv_dtype=kv_dtype, layout=layout, engine=engine)
+    return ProfileCostModel(
+        _shared_profile(_profile_path(profile_ref)),
+        model,
+        gpu,
+        tensor_parallel=tensor_parallel,
+        weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype,
+        layout=layout,
+        engine=engine,
+    )
 
 
 def _profile_path(ref: str) -> Path:
@@ -1070,7 +1184,9 @@ def _profile_path(ref: str) -> Path:
     builtin = PROFILE_DIR / f"{ref}.json"
     if builtin.is_file():
         return builtin
-    raise ConfigError(KEY, str(ref), f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file")
+    raise ConfigError(
+        KEY, str(ref), f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file"
+    )
 
 
 _SHARED: dict[tuple, Profile] = {}

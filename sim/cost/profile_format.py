@@ -94,8 +94,9 @@ class Grid(_Part):
         _increasing(self.length, "length")
         if len(self.t_s) != len(self.batch) or any(len(row) != len(self.length) for row in self.t_s):
             shape = f"{len(self.t_s)} rows of {sorted({len(r) for r in self.t_s})} values"
-            raise _At(("t_s",), shape, f"{len(self.batch)} rows (one per batch) of {len(self.length)} times "
-                                       "(one per length)")
+            raise _At(
+                ("t_s",), shape, f"{len(self.batch)} rows (one per batch) of {len(self.length)} times (one per length)"
+            )
         return self
 
 
@@ -198,7 +199,9 @@ class KernelGroup(_Part):
                 if not ax[j] > ax[j - 1]:
                     raise _At(("axes_log", i, j), ax[j], "axis values strictly increasing")
         if [len(a) for a in self.axes_log] != list(self.correction.shape):
-            raise _At(("correction", "shape"), self.correction.shape, f"the axes' lengths {[len(a) for a in self.axes_log]}")
+            raise _At(
+                ("correction", "shape"), self.correction.shape, f"the axes' lengths {[len(a) for a in self.axes_log]}"
+            )
         return self
 
 
@@ -313,8 +316,11 @@ def validate_profile(doc: Any, source: str) -> ProfileDoc:
     if doc.get("format") != FORMAT:
         raise ConfigError(f"{source}: format", doc.get("format", _Nothing()), f'"{FORMAT}" (not a kvsim profile)')
     if doc.get("version") not in READABLE or isinstance(doc.get("version"), bool):
-        raise ConfigError(f"{source}: version", doc.get("version", _Nothing()),
-                          f"profile format version {' or '.join(map(str, READABLE))}")
+        raise ConfigError(
+            f"{source}: version",
+            doc.get("version", _Nothing()),
+            f"profile format version {' or '.join(map(str, READABLE))}",
+        )
     try:
         json.dumps(doc, allow_nan=False)  # C speed; the walk below only runs to find a bad value
         bad = None

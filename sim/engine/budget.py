@@ -45,13 +45,16 @@ class RunBudget:
 
     def check_requests(self, n: int) -> None:
         if self.max_requests is not None and n > self.max_requests:
-            raise BudgetExceeded(f"{self.source}: requests", n,
-                                 f"at most {self.max_requests} requests per run (lower workload.num_requests or "
-                                 "workload.duration_s)")
+            raise BudgetExceeded(
+                f"{self.source}: requests",
+                n,
+                f"at most {self.max_requests} requests per run (lower workload.num_requests or workload.duration_s)",
+            )
 
     def check_scenario(self, sc: Scenario) -> None:
         """Before anything is drawn: the request count the scenario states (or implies)."""
         from sim.workload.generator import request_bound
+
         n = request_bound(sc)
         if n is not None:
             self.check_requests(n)
@@ -66,6 +69,7 @@ class RunBudget:
 def budget_from_options(max_requests: int | None, max_events: int | None, max_wall_s: float | None) -> RunBudget | None:
     """The budget of ``kvsim run --max-requests/--max-events/--max-wall-s`` (``None`` when none is given)."""
     import math
+
     for name, v in (("--max-requests", max_requests), ("--max-events", max_events), ("--max-wall-s", max_wall_s)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ConfigError(name, v, "a positive finite number")
@@ -97,13 +101,18 @@ def run_within(env: simpy.Environment, budget: RunBudget, started: float, until:
             if until is not None and until.triggered:
                 return
             if events > limit:
-                raise BudgetExceeded(f"{budget.source}: simulated events", f"more than {max_events}",
-                                     f"at most {max_events} events per run (fewer requests, or the fast_forward "
-                                     "engine)")
+                raise BudgetExceeded(
+                    f"{budget.source}: simulated events",
+                    f"more than {max_events}",
+                    f"at most {max_events} events per run (fewer requests, or the fast_forward engine)",
+                )
             if events >= next_check:
                 next_check += CHECK_EVERY
                 if deadline is not None and time.perf_counter() > deadline:
-                    raise BudgetExceeded(f"{budget.source}: wall time", f"more than {budget.max_wall_s:g} s",
-                                         f"at most {budget.max_wall_s:g} s per run (fewer requests)")
+                    raise BudgetExceeded(
+                        f"{budget.source}: wall time",
+                        f"more than {budget.max_wall_s:g} s",
+                        f"at most {budget.max_wall_s:g} s per run (fewer requests)",
+                    )
     except EmptySchedule:
         return

@@ -79,8 +79,13 @@ def length_predictor(sc: Scenario, wl: Workload) -> LengthPredictor:
     return make_predictor(a.length_predictor, a.predictor_quantile, reference)
 
 
-def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Path | None = None,
-             budget: RunBudget | None = None, stop: StopFn | None = None) -> RunResult:
+def simulate(
+    sc: Scenario,
+    progress: ProgressFn | None = None,
+    out_dir: str | Path | None = None,
+    budget: RunBudget | None = None,
+    stop: StopFn | None = None,
+) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
     With ``out_dir``, request and time-series rows stream to Parquet files there as the run goes.
@@ -126,14 +131,31 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
         if predictor is None and isinstance(alloc, LengthHints):
             predictor = length_predictor(sc, wl)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
-        sched = make_scheduler(dep.scheduler or sc.scheduler, alloc, kv_cap=dep.model.uniform_sliding_window,
-                               window_kv_cap=dep.model.mixed_window, swap_capacity_bytes=swap,
-                               hash_block_tokens=wl.hash_block_tokens, victim_policy=sc.allocator.preemption.victim,
-                               length_predictor=predictor)
-        replicas.append(Replica(env, i, sched, alloc, cost, rec, fast_forward=sc.engine.mode == "fast_forward",
-                                overflow=sc.allocator.overflow, on_finish=on_finish,
-                                compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
-                                stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None))
+        sched = make_scheduler(
+            dep.scheduler or sc.scheduler,
+            alloc,
+            kv_cap=dep.model.uniform_sliding_window,
+            window_kv_cap=dep.model.mixed_window,
+            swap_capacity_bytes=swap,
+            hash_block_tokens=wl.hash_block_tokens,
+            victim_policy=sc.allocator.preemption.victim,
+            length_predictor=predictor,
+        )
+        replicas.append(
+            Replica(
+                env,
+                i,
+                sched,
+                alloc,
+                cost,
+                rec,
+                fast_forward=sc.engine.mode == "fast_forward",
+                overflow=sc.allocator.overflow,
+                on_finish=on_finish,
+                compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
+                stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None,
+            )
+        )
     assert cost is not None  # at least one replica (the config requires it)
     router = Router(sc.router, replicas, wl.hash_block_tokens)
     prompts: list[int] = wl.prompt_tokens.tolist()
@@ -148,8 +170,15 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
 
     def submit(rid: int, client: int = -1) -> None:
         t = clock(env)
-        req = Request(rid, prompts[rid], outputs[rid], t, client, hashes[rid] if hashes is not None else None,
-                      int(priority[rid]) if priority is not None else 0)
+        req = Request(
+            rid,
+            prompts[rid],
+            outputs[rid],
+            t,
+            client,
+            hashes[rid] if hashes is not None else None,
+            int(priority[rid]) if priority is not None else 0,
+        )
         if req.prompt + req.output > max_len:
             req.status, req.reason, req.finish = REJECTED, EXCEEDS_MAX_MODEL_LEN, t
             rec.request_done(req)
@@ -232,28 +261,33 @@ def simulate(sc: Scenario, progress: ProgressFn | None = None, out_dir: str | Pa
     summary = summarize(rec, replicas, dep.kv_slot_bytes)
     if predictor is not None and "length_predictor" in summary:
         summary["length_predictor"] = {**predictor.describe(), **summary["length_predictor"]}
-    summary.update({
-        "kvsim_version": __version__,
-        "scenario": sc.name,
-        "seed": sc.seed,
-        "allocator": sc.allocator.kind,
-        "engine_mode": sc.engine.mode,
-        "engine": sc.engine.kind,  # resolved by with_engine_defaults: the serving engine's preset, or reference
-        "cost_model": cost.name,
-        "cost_model_calibrated": cost.calibrated,
-        "cost_model_profile": cost.profile_provenance(),
-        "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
-        "kv_bytes_per_token": dep.kv_bytes_per_token,
-        "reserve_tokens": dep.reserve_tokens,
-        "sim_events": events_scheduled(env),
-        "windows": int(sum(r.stats.windows for r in replicas)),
-    })
+    summary.update(
+        {
+            "kvsim_version": __version__,
+            "scenario": sc.name,
+            "seed": sc.seed,
+            "allocator": sc.allocator.kind,
+            "engine_mode": sc.engine.mode,
+            "engine": sc.engine.kind,  # resolved by with_engine_defaults: the serving engine's preset, or reference
+            "cost_model": cost.name,
+            "cost_model_calibrated": cost.calibrated,
+            "cost_model_profile": cost.profile_provenance(),
+            "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
+            "kv_bytes_per_token": dep.kv_bytes_per_token,
+            "reserve_tokens": dep.reserve_tokens,
+            "sim_events": events_scheduled(env),
+            "windows": int(sum(r.stats.windows for r in replicas)),
+        }
+    )
     groups = dep.kv_layer_groups()
     if groups is not None:
         summary["kv_layer_groups"] = groups
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
-    info = {"wall_s": time.perf_counter() - wall0, "hot_path": NATIVE_STATE,
-            "halted": halt is not None and halt.triggered}
+    info = {
+        "wall_s": time.perf_counter() - wall0,
+        "hot_path": NATIVE_STATE,
+        "halted": halt is not None and halt.triggered,
+    }
     if progress is not None:
         progress(total, total)
     return RunResult(sc, clean_json(summary), rec, out, info)

@@ -26,8 +26,14 @@ from sim.engine_presets import EnginePreset, get_preset, read_terms_file
 from sim.errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
-BUILTIN_PROFILE_FOR_GPU = {"H100-SXM-80GB": "h100-sxm", "H200-SXM-141GB": "h200-sxm", "A100-SXM-80GB": "a100-sxm",
-                           "B200-SXM-180GB": "b200-sxm", "L40S": "l40s", "cpu": "cpu-reference"}
+BUILTIN_PROFILE_FOR_GPU = {
+    "H100-SXM-80GB": "h100-sxm",
+    "H200-SXM-141GB": "h200-sxm",
+    "A100-SXM-80GB": "a100-sxm",
+    "B200-SXM-180GB": "b200-sxm",
+    "L40S": "l40s",
+    "cpu": "cpu-reference",
+}
 
 #: Says why ``cost_model.profile: auto`` fell back to the roofline prior. Silent in library use
 #: (``sim/__init__.py`` gives the ``kvsim`` logger a null handler); ``kvsim run`` prints it on stderr.
@@ -44,16 +50,25 @@ def model_spec(sc: Scenario) -> ModelSpec:
     m = sc.model
     if m.hf_config is not None:
         from sim.hf_config import scenario_model
+
         return scenario_model(sc)
-    given = {f.name: getattr(m, f.name) for f in fields(ModelSpec) if f.name != "name" and getattr(m, f.name, None) is not None}
+    given = {
+        f.name: getattr(m, f.name)
+        for f in fields(ModelSpec)
+        if f.name != "name" and getattr(m, f.name, None) is not None
+    }
     if m.name is None or m.name == "custom":
         missing = [d for d in _DIMS if d not in given]
         if missing:
-            raise ConfigError("model", "custom", f"explicit dims need all of {', '.join(_DIMS)}; missing {', '.join(missing)}")
+            raise ConfigError(
+                "model", "custom", f"explicit dims need all of {', '.join(_DIMS)}; missing {', '.join(missing)}"
+            )
         return ModelSpec(name="custom", **given)
     base = get_model(m.name)
     if given:
-        return ModelSpec(**{**{f.name: getattr(base, f.name) for f in fields(ModelSpec)}, **given, "name": base.name + "*"})
+        return ModelSpec(
+            **{**{f.name: getattr(base, f.name) for f in fields(ModelSpec)}, **given, "name": base.name + "*"}
+        )
     return base
 
 
@@ -104,18 +119,25 @@ class Deployment:
             per_token = bpt if groups_n == 1 else groups_n * model.kv_group_bytes_per_token(sc.model.kv_dtype)
             cap = g.kv_cache_tokens * per_token
         if cap <= 0:
-            raise ConfigError("gpu", f"{g.name} x TP{g.tensor_parallel}",
-                              f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
-                              f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.0f} GiB minus weights {weights / GiB:.1f} GiB "
-                              f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU")
+            raise ConfigError(
+                "gpu",
+                f"{g.name} x TP{g.tensor_parallel}",
+                f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
+                f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.0f} GiB minus weights {weights / GiB:.1f} GiB "
+                f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU",
+            )
         max_len = sc.workload.max_model_len
         kind = allocator_kind(sc.allocator.kind)
         groups = model.kv_groups if kind.layer_groups and model.sliding_layers else None
         if groups is None:
             if model.sliding_layers:
-                kv_log.warning("allocator.kind %s holds every layer's KV at the whole sequence length, so %s's "
-                               "sliding-window layers are counted in full (an upper bound; paged and static hold "
-                               "KV per layer group)", sc.allocator.kind, model.name)
+                kv_log.warning(
+                    "allocator.kind %s holds every layer's KV at the whole sequence length, so %s's "
+                    "sliding-window layers are counted in full (an upper bound; paged and static hold "
+                    "KV per layer group)",
+                    sc.allocator.kind,
+                    model.name,
+                )
             slot_bytes, cap_tokens, needed = bpt, cap // bpt, model.kv_tokens_held(max_len)
         else:
             # Slots are tokens of one layer group: every group draws same-sized blocks from one pool.
@@ -123,15 +145,40 @@ class Deployment:
             cap_tokens, needed = cap // slot_bytes, groups.slots_held(max_len)
         if cap_tokens < needed:
             fit = cap_tokens if groups is None else groups.tokens_fitting(cap_tokens)
-            raise ConfigError("workload.max_model_len", max_len,
-                              f"at most {fit} tokens fit in the KV capacity of one replica "
-                              f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory")
+            raise ConfigError(
+                "workload.max_model_len",
+                max_len,
+                f"at most {fit} tokens fit in the KV capacity of one replica "
+                f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory",
+            )
         # The allocator kind resolves its own sizes (a reservation, a threshold) and refuses what cannot fit.
-        budget = kind.size(sc.allocator, Budget(
-            cap_tokens, slot_bytes, max_len, model.uniform_sliding_window, needed_tokens=needed,
-            percentile=total_length_percentile, groups=groups))
-        return cls(model, gpu, bpt, weights, act, cap, cap_tokens, budget.reserve_tokens, budget.long_threshold_tokens,
-                   budget, engine, sched, groups)
+        budget = kind.size(
+            sc.allocator,
+            Budget(
+                cap_tokens,
+                slot_bytes,
+                max_len,
+                model.uniform_sliding_window,
+                needed_tokens=needed,
+                percentile=total_length_percentile,
+                groups=groups,
+            ),
+        )
+        return cls(
+            model,
+            gpu,
+            bpt,
+            weights,
+            act,
+            cap,
+            cap_tokens,
+            budget.reserve_tokens,
+            budget.long_threshold_tokens,
+            budget,
+            engine,
+            sched,
+            groups,
+        )
 
     @property
     def kv_slot_bytes(self) -> int:
@@ -145,8 +192,11 @@ class Deployment:
         if self.model.mixed_window is None:
             return None
         held = self.kv_groups is not None
-        return {**self.model.kv_groups.describe(), "bytes_per_group_token": self.kv_slot_bytes if held else None,
-                "held_per_group": held}
+        return {
+            **self.model.kv_groups.describe(),
+            "bytes_per_group_token": self.kv_slot_bytes if held else None,
+            "held_per_group": held,
+        }
 
     def make_allocator(self, sc: Scenario) -> Allocator:
         """A new allocator of ``allocator.kind`` for one replica (built by its registration)."""
@@ -161,15 +211,26 @@ class Deployment:
         if auto:
             ref = BUILTIN_PROFILE_FOR_GPU.get(self.gpu.name)
             if ref is None:
-                log.warning("cost model: no calibrated profile for GPU %s (built-in profiles cover %s); using the "
-                            "roofline prior, reported as roofline-uncalibrated", self.gpu.name,
-                            ", ".join(g for g in BUILTIN_PROFILE_FOR_GPU if g != "cpu"))
+                log.warning(
+                    "cost model: no calibrated profile for GPU %s (built-in profiles cover %s); using the "
+                    "roofline prior, reported as roofline-uncalibrated",
+                    self.gpu.name,
+                    ", ".join(g for g in BUILTIN_PROFILE_FOR_GPU if g != "cpu"),
+                )
         if ref:
             from sim.cost.profile import build_profile_cost_model  # only when needed: keeps startup light
+
             try:
-                return build_profile_cost_model(ref, self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
-                                                weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype,
-                                                layout=layout, engine=self.engine)
+                return build_profile_cost_model(
+                    ref,
+                    self.model,
+                    self.gpu,
+                    tensor_parallel=sc.gpu.tensor_parallel,
+                    weight_dtype=sc.model.weight_dtype,
+                    kv_dtype=sc.model.kv_dtype,
+                    layout=layout,
+                    engine=self.engine,
+                )
             except ConfigError as exc:
                 if not auto:
                     raise
@@ -177,16 +238,35 @@ class Deployment:
                 why = exc.allowed.split(f"; {ref} covers:")[0]  # the list of covered models is long
                 lead = "a profile that measured the "
                 if why.startswith(lead):
-                    why = "no curve for the " + why[len(lead):].split(" needed by ")[0]
-                log.warning("cost model: profile %s does not cover %s (weights %s, KV %s, TP %d): %s; using the "
-                            "roofline prior, reported as roofline-uncalibrated (kvsim profile show %s lists what it "
-                            "covers)", ref, self.model.name, sc.model.weight_dtype, sc.model.kv_dtype,
-                            sc.gpu.tensor_parallel, why, ref)
-        params = RooflineParams(compute_efficiency=c.compute_efficiency, memory_efficiency=c.memory_efficiency,
-                                step_overhead_s=c.step_overhead_s, per_seq_overhead_s=c.per_seq_overhead_s,
-                                paged_attention_overhead=c.paged_attention_overhead)
-        return RooflineCostModel(self.model, self.gpu, tensor_parallel=sc.gpu.tensor_parallel,
-                                 weight_dtype=sc.model.weight_dtype, kv_dtype=sc.model.kv_dtype, layout=layout, params=params)
+                    why = "no curve for the " + why[len(lead) :].split(" needed by ")[0]
+                log.warning(
+                    "cost model: profile %s does not cover %s (weights %s, KV %s, TP %d): %s; using the "
+                    "roofline prior, reported as roofline-uncalibrated (kvsim profile show %s lists what it "
+                    "covers)",
+                    ref,
+                    self.model.name,
+                    sc.model.weight_dtype,
+                    sc.model.kv_dtype,
+                    sc.gpu.tensor_parallel,
+                    why,
+                    ref,
+                )
+        params = RooflineParams(
+            compute_efficiency=c.compute_efficiency,
+            memory_efficiency=c.memory_efficiency,
+            step_overhead_s=c.step_overhead_s,
+            per_seq_overhead_s=c.per_seq_overhead_s,
+            paged_attention_overhead=c.paged_attention_overhead,
+        )
+        return RooflineCostModel(
+            self.model,
+            self.gpu,
+            tensor_parallel=sc.gpu.tensor_parallel,
+            weight_dtype=sc.model.weight_dtype,
+            kv_dtype=sc.model.kv_dtype,
+            layout=layout,
+            params=params,
+        )
 
 
 def engine_kind(sc: Scenario) -> str:
@@ -217,9 +297,19 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
 AUTO_ENGINE = "vllm"
 
 #: ``engine.*`` keys that override a preset's term of the same name.
-OVERRIDABLE = ("host_s", "host_per_seq_s", "host_hidden", "eager_per_layer_s", "frontend_s", "frontend_per_token_s",
-               "graph_max_tokens", "elementwise_per_layer", "custom_allreduce_max_bytes", "client_spread_cycles",
-               "client_cv")
+OVERRIDABLE = (
+    "host_s",
+    "host_per_seq_s",
+    "host_hidden",
+    "eager_per_layer_s",
+    "frontend_s",
+    "frontend_per_token_s",
+    "graph_max_tokens",
+    "elementwise_per_layer",
+    "custom_allreduce_max_bytes",
+    "client_spread_cycles",
+    "client_cv",
+)
 
 
 def with_engine_defaults(sc: Scenario) -> Scenario:
@@ -234,8 +324,11 @@ def with_engine_defaults(sc: Scenario) -> Scenario:
     given = cfg.model_fields_set
     sched: dict = {}
     if engine is not None:
-        sched = {k: getattr(engine, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
-                                                   "mixed_batches", "reserve_output") if k not in given}
+        sched = {
+            k: getattr(engine, k)
+            for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "mixed_batches", "reserve_output")
+            if k not in given
+        }
     else:
         if cfg.mixed_batches is None:
             sched["mixed_batches"] = True
@@ -254,14 +347,25 @@ def with_engine_defaults(sc: Scenario) -> Scenario:
     workload = sc.workload
     if arrival:
         workload = workload.model_copy(update={"arrival": arr.model_copy(update=arrival)})
-    return sc.model_copy(update={"scheduler": cfg.model_copy(update=sched), "workload": workload,
-                                 "engine": sc.engine.model_copy(update={"kind": kind})})
+    return sc.model_copy(
+        update={
+            "scheduler": cfg.model_copy(update=sched),
+            "workload": workload,
+            "engine": sc.engine.model_copy(update={"kind": kind}),
+        }
+    )
 
 
 def gpu_spec(g: GpuConfig) -> GpuSpec:
     """The catalog entry of ``gpu.name``, or the figures of a ``custom`` card."""
     if g.name == CUSTOM_GPU:
         assert g.memory_gib and g.hbm_tbps and g.bf16_tflops and g.pcie_gbps  # the config validated them
-        return custom_gpu(g.memory_gib, g.hbm_tbps, g.bf16_tflops, g.pcie_gbps,
-                          fp8_tflops=g.fp8_tflops or 0.0, nvlink_gbps=g.nvlink_gbps or 0.0)
+        return custom_gpu(
+            g.memory_gib,
+            g.hbm_tbps,
+            g.bf16_tflops,
+            g.pcie_gbps,
+            fp8_tflops=g.fp8_tflops or 0.0,
+            nvlink_gbps=g.nvlink_gbps or 0.0,
+        )
     return get_gpu(g.name)

@@ -76,8 +76,18 @@ class _Window:
 
     # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
     # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
-    def __init__(self, times: list[float], k: int, reserved0: float, used0: float, events: list[int] | None,
-                 per_event_s: float, frag: float, waiting_at_start: bool, members: int):
+    def __init__(
+        self,
+        times: list[float],
+        k: int,
+        reserved0: float,
+        used0: float,
+        events: list[int] | None,
+        per_event_s: float,
+        frag: float,
+        waiting_at_start: bool,
+        members: int,
+    ):
         self.times, self.k, self.reserved0, self.used0 = times, k, reserved0, used0
         self.events, self.per_event_s, self.frag = events, per_event_s, frag
         self.waiting_at_start, self.members = waiting_at_start, members
@@ -87,10 +97,21 @@ class Replica:
     """One replica's iteration loop over its scheduler, allocator and cost model; what it
     measures goes to :attr:`stats`."""
 
-    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, allocator: Allocator,
-                 cost: CostModel, recorder: Recorder, *, fast_forward: bool, overflow: str,
-                 on_finish: Callable[[Request], None] | None = None, compaction: CompactionConfig | None = None,
-                 stale_after_s: float | None = None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        scheduler: Scheduler,
+        allocator: Allocator,
+        cost: CostModel,
+        recorder: Recorder,
+        *,
+        fast_forward: bool,
+        overflow: str,
+        on_finish: Callable[[Request], None] | None = None,
+        compaction: CompactionConfig | None = None,
+        stale_after_s: float | None = None,
+    ):
         self.env = env
         self.index = index
         self.sched = scheduler
@@ -117,15 +138,21 @@ class Replica:
         completes = scheduler if isinstance(scheduler, CompletesTogether) else None
         #: Static batching returns a batch's members together (``None``: each request alone).
         self._completing: Callable[[list[Request]], list[Request]] | None = (
-            completes.completing if completes is not None else None)
+            completes.completing if completes is not None else None
+        )
         # Cohort state: G counts cohort iterations; a member with generation offset b has
         # generated b + G tokens and finishes at G == output − b (heap of (G_fin, id, req)).
         # The cohort assumes victims come from the tail of the running list (LIFO), and prices its
         # members' attention from their summed length (a mixed model's sliding-window layers need
         # each member's length capped at the window: those run per sequence).
         self.cohort: Cohort | None = (
-            allocator.cohort if fast_forward and scheduler.supports_cohort and scheduler.victim_policy == "lifo"
-            and scheduler.window_kv_cap is None else None)
+            allocator.cohort
+            if fast_forward
+            and scheduler.supports_cohort
+            and scheduler.victim_policy == "lifo"
+            and scheduler.window_kv_cap is None
+            else None
+        )
         if self.cohort is not None:
             #: The cohort, typed as present: only the cohort loop and its methods read it.
             self._co: Cohort = self.cohort
@@ -136,7 +163,8 @@ class Replica:
         # thresholds every period_s while the replica is busy; the move happens at the next
         # iteration boundary (KV cannot move under a running kernel).
         self._compactable: Compactable | None = (
-            allocator if compaction is not None and isinstance(allocator, Compactable) else None)
+            allocator if compaction is not None and isinstance(allocator, Compactable) else None
+        )
         self.compaction = compaction if self._compactable is not None else None
         self._compact_due = False
         self.stale_after_s = stale_after_s
@@ -505,9 +533,18 @@ class Replica:
         now = clock(self.env)
         # The window's peak reservation for the time series: a sliding window's blocks slide out
         # within it, so the state at its end can be below an earlier iteration's.
-        self.stats.window(now, m, float(ends[m - 1]), float(times[0]), float(np.dot(dp.used_tokens[:m], tm)),
-                          float(np.dot(dp.reserved_tokens[:m], tm)), frag, paused_s, n,
-                          int(dp.reserved_tokens[:m].max()))
+        self.stats.window(
+            now,
+            m,
+            float(ends[m - 1]),
+            float(times[0]),
+            float(np.dot(dp.used_tokens[:m], tm)),
+            float(np.dot(dp.reserved_tokens[:m], tm)),
+            frag,
+            paused_s,
+            n,
+            int(dp.reserved_tokens[:m].max()),
+        )
         done = []
         for r in reqs:
             r.computed += m
@@ -590,7 +627,9 @@ class Replica:
             if DEBUG:
                 assert all(r.id in self._gen_off for r in running[:n]), "cohort is not the front of running"
                 assert not any(r.id in self._gen_off for r in running[n:]), "a member sits behind a prefilling request"
-                assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), "running out of order"
+                assert all(running[i].seq_no < running[i + 1].seq_no for i in range(len(running) - 1)), (
+                    "running out of order"
+                )
             if n and len(running) == n and self._breaker is None and (not waiting or sched.admission_blocked(n)):
                 # Nothing to schedule beside the cohort (no prefill, and the queue is empty or cannot
                 # move): a pure-decode window, without forming a plan.
@@ -692,8 +731,17 @@ class Replica:
             per_event = alloc.window_event_s(cost)
             times[1:] = [t + e * per_event for t, e in zip(times[1:], events)]
         frag = self._ext_frag()
-        return _Window(times, k, float(alloc.reserved_tokens()), float(alloc.used_total), events, per_event, frag,
-                       bool(self.sched.waiting), n)
+        return _Window(
+            times,
+            k,
+            float(alloc.reserved_tokens()),
+            float(alloc.used_total),
+            events,
+            per_event,
+            frag,
+            bool(self.sched.waiting),
+            n,
+        )
 
     def _window_end(self, plan: StepPlan | None, w: _Window, m: int, ends: list) -> None:
         """Account the ``m`` iterations of window ``w`` that ran (``plan`` is ``None`` when the

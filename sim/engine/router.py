@@ -26,16 +26,19 @@ class Router:
         for r in replicas:
             r.loads = self.loads
         #: Each replica's allocator as a prefix lookup (``None``: it caches no prefixes).
-        self._lookups: list[PrefixLookup | None] = [r.alloc if isinstance(r.alloc, PrefixLookup) else None
-                                                    for r in replicas]
+        self._lookups: list[PrefixLookup | None] = [
+            r.alloc if isinstance(r.alloc, PrefixLookup) else None for r in replicas
+        ]
 
     def pick(self, req=None) -> Replica:
         reps = self.replicas
         if len(reps) == 1:
             return reps[0]
         if self.policy == "prefix_affinity" and req is not None and req.hashes:
-            hits = [lk.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt) if lk is not None else 0
-                    for lk in self._lookups]
+            hits = [
+                lk.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt) if lk is not None else 0
+                for lk in self._lookups
+            ]
             best = max(hits)
             if best > 0:
                 return min((r for r, h in zip(reps, hits) if h == best), key=lambda r: r.outstanding())

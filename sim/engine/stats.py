@@ -48,8 +48,9 @@ class ReplicaStats:
         """Allocator work priced into an iteration (allocations, copies, zero-fill, swaps)."""
         self.alloc_work_s += seconds
 
-    def iteration(self, now: float, dt: float, used: int, reserved: int, frag: float, paused: bool,
-                  batch_tokens: int) -> None:
+    def iteration(
+        self, now: float, dt: float, used: int, reserved: int, frag: float, paused: bool, batch_tokens: int
+    ) -> None:
         """One iteration of ``dt`` seconds ended at ``now``: ``used``/``reserved`` tokens and
         external fragmentation ``frag`` while it ran; ``paused``: the breaker held admissions."""
         self.used_token_s += used * dt
@@ -62,8 +63,19 @@ class ReplicaStats:
         self.windows += 1
         self.rec.step(self.rep, now, 1, dt, dt, batch_tokens)
 
-    def window(self, now: float, m: int, wall: float, first_s: float, used_s: float, reserved_s: float, frag: float,
-               paused_s: float, members: int, reserved_peak: int = 0) -> None:
+    def window(
+        self,
+        now: float,
+        m: int,
+        wall: float,
+        first_s: float,
+        used_s: float,
+        reserved_s: float,
+        frag: float,
+        paused_s: float,
+        members: int,
+        reserved_peak: int = 0,
+    ) -> None:
         """``m`` pure-decode iterations of ``members`` sequences ran as one window of ``wall``
         seconds (the first ``first_s``), ended at ``now``: ``used_s``/``reserved_s`` are their
         token·second integrals, ``frag`` the external fragmentation at its start, ``paused_s`` the

@@ -9,8 +9,12 @@ from typing import Any
 
 def preferred_curve(family: str) -> str:
     """A representative measured curve to show first (Llama-3.1-8B-sized shapes)."""
-    return {"gemm": "4096x4096:bf16", "generation_attention": "32/8/128:bf16",
-            "context_attention": "32/8/128:bf16", "allreduce": "2"}.get(family, "")
+    return {
+        "gemm": "4096x4096:bf16",
+        "generation_attention": "32/8/128:bf16",
+        "context_attention": "32/8/128:bf16",
+        "allreduce": "2",
+    }.get(family, "")
 
 
 def default_curve(profile, family: str) -> str | None:
@@ -28,17 +32,21 @@ def default_curve(profile, family: str) -> str | None:
 def profile_rows(names: list[str] | None = None, loader=None) -> list[dict[str, Any]]:
     """Provenance and held-out fit quality of each profile (built-ins by default)."""
     from sim.cost.profile import list_profiles, load_profile
+
     loader = loader or load_profile
     rows = []
     for name in names if names is not None else list_profiles():
         p = loader(name)
         prov, fq = p.provenance, p.fit_quality
-        row = {"profile": name, "device": prov.get("device") or p.device.get("name"),
-               "backend": prov.get("backend", "")}
+        row = {
+            "profile": name,
+            "device": prov.get("device") or p.device.get("name"),
+            "backend": prov.get("backend", ""),
+        }
         for fam in ("gemm", "context_attention", "generation_attention"):
             o = (fq.get(fam) or {}).get("overall") or {}
             med, p95 = o.get("median_rel_err"), o.get("p95_rel_err")
-            row[f"{fam} median / p95 err"] = (f"{med:.1%} / {p95:.1%}" if med is not None and p95 is not None else "–")
+            row[f"{fam} median / p95 err"] = f"{med:.1%} / {p95:.1%}" if med is not None and p95 is not None else "–"
         row.update({"date": prov.get("date", ""), "source": prov.get("source", "")})
         rows.append(row)
     return rows
@@ -68,6 +76,7 @@ def measured_points(profile, family: str, key: str) -> dict | None:
     """Measured rows behind one curve of a built-in profile, from the repository's kernel tables
     (``None`` when the table is not shipped or the shape was not measured)."""
     import numpy as np
+
     try:
         from calibration import tables as T
     except ImportError:
@@ -118,6 +127,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     import plotly.graph_objects as go
 
     from sim.analysis.plots import _palette
+
     fig = go.Figure()
     pts = measured_points(profile, family, key)
     curve = profile.curve(family, key)
@@ -125,24 +135,51 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
         xlab = "tokens (m)" if family == "gemm" else "message bytes"
         fig.add_trace(go.Scatter(x=curve.x, y=curve.t_s * 1e6, mode="lines", name="profile curve"))
         if pts is not None:
-            fig.add_trace(go.Scatter(x=pts["x"], y=pts["t_s"] * 1e6, mode="markers", name="measured",
-                                     marker=dict(size=6, symbol="circle-open")))
+            fig.add_trace(
+                go.Scatter(
+                    x=pts["x"],
+                    y=pts["t_s"] * 1e6,
+                    mode="markers",
+                    name="measured",
+                    marker=dict(size=6, symbol="circle-open"),
+                )
+            )
     else:
         xlab = "KV tokens per sequence" if family.startswith("generation") else "prompt length (tokens)"
         idx = np.unique(np.linspace(0, len(curve.batch) - 1, min(max_batches, len(curve.batch))).round().astype(int))
         colors = _palette(len(idx))
         for c, i in zip(colors, idx):
             b = curve.batch[i]
-            fig.add_trace(go.Scatter(x=curve.length, y=curve.t_s[i] * 1e6, mode="lines", name=f"batch {b:g} curve",
-                                     line=dict(color=c), legendgroup=str(b)))
+            fig.add_trace(
+                go.Scatter(
+                    x=curve.length,
+                    y=curve.t_s[i] * 1e6,
+                    mode="lines",
+                    name=f"batch {b:g} curve",
+                    line=dict(color=c),
+                    legendgroup=str(b),
+                )
+            )
             if pts is not None:
                 sel = pts["batch"] == b
                 if sel.any():
                     o = np.argsort(pts["length"][sel])
-                    fig.add_trace(go.Scatter(x=pts["length"][sel][o], y=pts["t_s"][sel][o] * 1e6, mode="markers",
-                                             name=f"batch {b:g} measured", legendgroup=str(b),
-                                             marker=dict(color=c, size=6, symbol="circle-open")))
+                    fig.add_trace(
+                        go.Scatter(
+                            x=pts["length"][sel][o],
+                            y=pts["t_s"][sel][o] * 1e6,
+                            mode="markers",
+                            name=f"batch {b:g} measured",
+                            legendgroup=str(b),
+                            marker=dict(color=c, size=6, symbol="circle-open"),
+                        )
+                    )
     note = "" if pts is not None else " (no measured table for this shape: curve only)"
-    fig.update_layout(title=f"{profile.name}: {family} {key}{note}", xaxis_title=xlab, yaxis_title="time (µs)",
-                      xaxis_type="log", yaxis_type="log")
+    fig.update_layout(
+        title=f"{profile.name}: {family} {key}{note}",
+        xaxis_title=xlab,
+        yaxis_title="time (µs)",
+        xaxis_type="log",
+        yaxis_type="log",
+    )
     return fig, pts is not None

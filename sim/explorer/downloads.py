@@ -14,9 +14,11 @@ def table_bytes(table: pa.Table, fmt: str) -> bytes:
     buf = io.BytesIO()
     if fmt == "parquet":
         import pyarrow.parquet as pq
+
         pq.write_table(table, buf)
     elif fmt == "csv":
         import pyarrow.csv as pacsv
+
         pacsv.write_csv(table, buf)
     else:
         raise ValueError(fmt)
@@ -29,10 +31,13 @@ def figures_html(figs: Mapping[str, Any], title: str = "kvsim charts") -> str:
     for i, (name, fig) in enumerate(figs.items()):
         parts.append(f"<h2>{_html_escape(name)}</h2>")
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{_html_escape(title)}</title></head>"
-            f"<body><h1>{_html_escape(title)}</h1>{''.join(parts)}</body></html>")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_html_escape(title)}</title></head>"
+        f"<body><h1>{_html_escape(title)}</h1>{''.join(parts)}</body></html>"
+    )
 
 
 def _html_escape(s: str) -> str:
     import html
+
     return html.escape(str(s))

@@ -36,12 +36,13 @@ _ALL_ARRIVAL_FIELDS = sorted({f for v in ARRIVAL_KNOBS.values() for f in v})
 def allocator_fields() -> list[str]:
     """Scalar ``allocator.*`` keys (nested sections such as compaction are left to the YAML)."""
     from sim.config import AllocatorConfig
-    return [f for f, info in AllocatorConfig.model_fields.items()
-            if f != "kind" and not _is_model(info.annotation)]
+
+    return [f for f, info in AllocatorConfig.model_fields.items() if f != "kind" and not _is_model(info.annotation)]
 
 
 def _is_model(annotation) -> bool:
     from pydantic import BaseModel
+
     cands = [annotation, *getattr(annotation, "__args__", ())]
     return any(isinstance(c, type) and issubclass(c, BaseModel) for c in cands)
 
@@ -50,6 +51,7 @@ def allocator_knobs(kind: str) -> dict[str, Any]:
     """The knobs (name → default) of an allocator kind, from :data:`sim.allocators.KINDS`;
     only scalar scenario fields (the page edits those)."""
     from sim.allocators import KINDS
+
     fields = set(allocator_fields())
     return {k: v for k, v in KINDS.get(kind, ({}, ""))[0].items() if k in fields}
 
@@ -59,6 +61,7 @@ def allocator_choices(name: str) -> list | None:
     import typing
 
     from sim.config import AllocatorConfig
+
     info = AllocatorConfig.model_fields.get(name)
     if info is None or typing.get_origin(info.annotation) is not typing.Literal:
         return None
@@ -124,8 +127,10 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
     relevant += ["workload.lengths.kind"] + [f"workload.lengths.{f}" for f in LENGTH_KNOBS.get(lengths_kind, ())]
     out: dict[str, Any] = {}
     base_lengths_none = ref["workload.lengths.kind"] == "trace" and (
-        (base.workload.lengths is None) if isinstance(base, Scenario) else
-        not isinstance((base.get("workload") or {}).get("lengths"), dict))
+        (base.workload.lengths is None)
+        if isinstance(base, Scenario)
+        else not isinstance((base.get("workload") or {}).get("lengths"), dict)
+    )
     # A kind other than the base's takes all its knobs (a closed loop needs its concurrency
     # even when the widget still shows the default).
     forced = set()

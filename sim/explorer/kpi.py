@@ -38,17 +38,23 @@ def slo_from_knobs(knobs: Mapping[str, Any]):
         v = knobs.get(k, DEFAULT_SLO[k])
         return float(v) if v not in (None, "") and float(v) > 0 else None
 
-    return SLO(ttft_s=bound("slo.ttft_s"), tpot_s=bound("slo.tpot_s"),
-               attainment=float(knobs.get("slo.attainment", DEFAULT_SLO["slo.attainment"])))
+    return SLO(
+        ttft_s=bound("slo.ttft_s"),
+        tpot_s=bound("slo.tpot_s"),
+        attainment=float(knobs.get("slo.attainment", DEFAULT_SLO["slo.attainment"])),
+    )
 
 
 def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str, Any]:
     """Headline numbers of a run. KV waste = 1 − kv_token_utilization (reserved but unused)."""
     util = summary.get("kv_token_utilization")
     out = {
-        "ttft_p50_s": summary["ttft_s"]["p50"], "ttft_p99_s": summary["ttft_s"]["p99"],
-        "tpot_p50_s": summary["tpot_s"]["p50"], "tpot_p99_s": summary["tpot_s"]["p99"],
-        "e2e_p50_s": summary["e2e_s"]["p50"], "e2e_p99_s": summary["e2e_s"]["p99"],
+        "ttft_p50_s": summary["ttft_s"]["p50"],
+        "ttft_p99_s": summary["ttft_s"]["p99"],
+        "tpot_p50_s": summary["tpot_s"]["p50"],
+        "tpot_p99_s": summary["tpot_s"]["p99"],
+        "e2e_p50_s": summary["e2e_s"]["p50"],
+        "e2e_p99_s": summary["e2e_s"]["p99"],
         "throughput_tokens_per_s": summary.get("throughput_tokens_per_s"),
         "throughput_requests_per_s": summary.get("throughput_requests_per_s"),
         "slo_attainment": None,
@@ -58,6 +64,7 @@ def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str,
     }
     if requests is not None and slo is not None and (slo.ttft_s or slo.tpot_s or slo.e2e_s):
         from sim.analysis.slo import attainment
+
         out["slo_attainment"] = attainment(requests, slo)
     return out
 

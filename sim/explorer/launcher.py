@@ -18,8 +18,16 @@ def app_command(extra_args: list[str] | None = None) -> int:
     except ImportError:
         sys.stderr.write("error: the explorer needs streamlit and plotly: pip install 'kvsim[app]'\n")
         return 2
-    cmd = [sys.executable, "-m", "streamlit", "run", str(APP_PATH),
-           "--server.maxUploadSize", str(max(1, MAX_SWEEP_BYTES // (1024 * 1024))), *(extra_args or [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP_PATH),
+        "--server.maxUploadSize",
+        str(max(1, MAX_SWEEP_BYTES // (1024 * 1024))),
+        *(extra_args or []),
+    ]
     try:
         return subprocess.call(cmd, cwd=str(REPO_ROOT))
     except KeyboardInterrupt:

@@ -41,6 +41,7 @@ class RunData:
 def empty_run() -> RunData:
     """A run with no rows (typed like a real one): the page draws empty chart frames from it."""
     from sim.output.metrics import Recorder
+
     rec = Recorder(1)
     return RunData("", {}, rec.requests_table(), rec.timeseries_table(), 0.0)
 
@@ -48,6 +49,7 @@ def empty_run() -> RunData:
 def run_canonical(key: str, progress: Callable[[int, int], None] | None = None) -> RunData:
     """Simulate the scenario whose canonical JSON is ``key``, within :data:`EXPLORER_BUDGET`."""
     from sim.engine.cluster import simulate
+
     sc = scenario_from_canonical(key)
     res = simulate(sc, progress=progress, budget=EXPLORER_BUDGET)
     return RunData(key, res.summary, res.requests, res.timeseries, res.run_info.get("wall_s", 0.0), sc.name)

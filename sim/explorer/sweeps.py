@@ -65,43 +65,80 @@ def _write_run_scenario(data: dict, store: UploadStore, sub: str) -> Path:
     return path
 
 
-def run_small_sweep(data: dict, grid: dict[str, list], num_requests: int, store: UploadStore,
-                    progress: Callable[[int, int, int], None] | None = None, workers: int = 1):
+def run_small_sweep(
+    data: dict,
+    grid: dict[str, list],
+    num_requests: int,
+    store: UploadStore,
+    progress: Callable[[int, int, int], None] | None = None,
+    workers: int = 1,
+):
     """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures)."""
     from sim.analysis.sweep import run_sweep
+
     points = 1
     for values in grid.values():
         points *= len(values)
     if points > MAX_SWEEP_POINTS:
-        raise ConfigError("sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)")
+        raise ConfigError(
+            "sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)"
+        )
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "sweeps")
-    spec = {"name": "explorer", "base": base.name, "set": {"workload.num_requests": int(num_requests)},
-            "grid": {k: list(v) for k, v in grid.items()}}
+    spec = {
+        "name": "explorer",
+        "base": base.name,
+        "set": {"workload.num_requests": int(num_requests)},
+        "grid": {k: list(v) for k, v in grid.items()},
+    }
     sweep_file = base.parent / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    res = run_sweep(sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False,
-                    budget=EXPLORER_BUDGET)
+    res = run_sweep(
+        sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False, budget=EXPLORER_BUDGET
+    )
     return res.table(), res.failures
 
 
-def run_small_plan(data: dict, slo, candidates: list[str], num_requests: int, store: UploadStore,
-                   progress: Callable[[int, int, str], None] | None = None, tol: float = 0.1,
-                   max_evals: int = 10, workers: int = 1, seeds: int = 1, break_even: bool = False,
-                   on_candidate: Callable[[dict], None] | None = None) -> dict:
+def run_small_plan(
+    data: dict,
+    slo,
+    candidates: list[str],
+    num_requests: int,
+    store: UploadStore,
+    progress: Callable[[int, int, str], None] | None = None,
+    tol: float = 0.1,
+    max_evals: int = 10,
+    workers: int = 1,
+    seeds: int = 1,
+    break_even: bool = False,
+    on_candidate: Callable[[dict], None] | None = None,
+) -> dict:
     """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``);
     ``on_candidate`` receives each candidate as it finishes (the page streams them into its table)."""
     from sim.analysis.planner import plan
+
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "plans")
-    return plan(base, slo, overrides={"workload.num_requests": int(num_requests)}, allocators=candidates or None,
-                tol=tol, workers=workers, progress=progress, max_evals=max_evals, seeds=seeds, break_even=break_even,
-                on_candidate=on_candidate, budget=EXPLORER_BUDGET)
+    return plan(
+        base,
+        slo,
+        overrides={"workload.num_requests": int(num_requests)},
+        allocators=candidates or None,
+        tol=tol,
+        workers=workers,
+        progress=progress,
+        max_evals=max_evals,
+        seeds=seeds,
+        break_even=break_even,
+        on_candidate=on_candidate,
+        budget=EXPLORER_BUDGET,
+    )
 
 
 def plan_stream_rows(cands: list[dict], seeds: int = 1) -> list[dict]:
     """The plan table's rows for the candidates finished so far (before the recommendation exists)."""
     from sim.analysis.planner import candidate_row, plan_columns
+
     partial = {"seeds": seeds, "target_rate": None}
     cols = plan_columns(partial)
     return [dict(zip(cols, candidate_row(partial, c))) for c in cands]
@@ -110,8 +147,11 @@ def plan_stream_rows(cands: list[dict], seeds: int = 1) -> list[dict]:
 def _check_page_requests(num_requests) -> None:
     limit = EXPLORER_BUDGET.max_requests
     if isinstance(num_requests, bool) or not isinstance(num_requests, int) or not 1 <= num_requests <= (limit or 0):
-        raise ConfigError("workload.num_requests", num_requests, f"an integer in [1, {limit}] in the page "
-                                                                 "(its budget; kvsim sweep and kvsim plan have none)")
+        raise ConfigError(
+            "workload.num_requests",
+            num_requests,
+            f"an integer in [1, {limit}] in the page (its budget; kvsim sweep and kvsim plan have none)",
+        )
 
 
 def numeric_columns(table: pa.Table) -> list[str]:

@@ -46,7 +46,7 @@ def error_text(exc: BaseException) -> str:
     """One readable line for the page, cut to :data:`MAX_MESSAGE_CHARS`."""
     text = str(exc).strip().replace("\n", " ")
     if len(text) > MAX_MESSAGE_CHARS:
-        text = text[:MAX_MESSAGE_CHARS - 1] + "…"
+        text = text[: MAX_MESSAGE_CHARS - 1] + "…"
     return text
 
 
@@ -106,8 +106,9 @@ def _file_refs(node: Any, key: str, names: set[str], depth: int = 0):
             yield from _file_refs(v, sub, names, depth + 1)
 
 
-def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
-                  profiles: Mapping[str, Path] | None = None) -> dict:
+def resolve_paths(
+    data: dict, traces: Mapping[str, Path] | None = None, profiles: Mapping[str, Path] | None = None
+) -> dict:
     """A copy of a raw scenario mapping whose file references are vetted absolute paths.
 
     Every field that names a file (:func:`sim.config.file_fields`), at any depth and under any
@@ -154,6 +155,7 @@ def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
 
     def vet_model_config(node: dict, field: str, key: str) -> None:
         from sim.hf_config import shipped_config, shipped_models
+
         ref = node[field]
         if ref is None:
             return
@@ -169,8 +171,9 @@ def resolve_paths(data: dict, traces: Mapping[str, Path] | None = None,
     return out
 
 
-def resolve_scenario(data: dict, traces: Mapping[str, Path] | None = None,
-                     profiles: Mapping[str, Path] | None = None) -> Scenario:
+def resolve_scenario(
+    data: dict, traces: Mapping[str, Path] | None = None, profiles: Mapping[str, Path] | None = None
+) -> Scenario:
     """Validated :class:`Scenario` from a raw mapping whose file references are vetted first."""
     return scenario_from_dict(resolve_paths(data, traces, profiles), base_dir=SCENARIO_DIR)
 
@@ -224,6 +227,7 @@ class UploadStore:
     def add_trace(self, filename: str, data: bytes, fmt: str = "auto") -> UploadedTrace:
         """Validate an uploaded trace (size, name, columns, token counts) and keep it; bad files are deleted."""
         from sim.workload.traces import read_trace
+
         what = "trace upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         if fmt not in TRACE_FORMATS:
@@ -239,8 +243,7 @@ class UploadStore:
         except Exception as exc:  # noqa: BLE001 - any reader failure on untrusted bytes is a bad file
             shutil.rmtree(path.parent, ignore_errors=True)
             raise ConfigError(f"trace {name}", name, f"a readable trace ({type(exc).__name__})") from None
-        info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None,
-                             fmt if fmt != "auto" else "auto")
+        info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None, fmt if fmt != "auto" else "auto")
         self.traces[name] = info
         return info
 
@@ -248,6 +251,7 @@ class UploadStore:
         """Validate an uploaded profile JSON (size, JSON, kvsim-profile schema); returns its name."""
         from sim.cost.profile import Profile
         from sim.cost.profile_format import validate_profile
+
         what = "profile upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         name = safe_filename(filename, (".json",), what)
@@ -275,6 +279,7 @@ class UploadStore:
 def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
     """A sweep dataset uploaded as one Parquet file."""
     import pyarrow.parquet as pq
+
     what = "sweep upload"
     _check_size(data, MAX_SWEEP_BYTES, what)
     safe_filename(filename, (".parquet",), what)
@@ -284,8 +289,11 @@ def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
         meta = pf.metadata
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         if meta.num_rows > _MAX_DATASET_ROWS or size > MAX_DATASET_BYTES:
-            raise ConfigError(what, f"{meta.num_rows} rows, {size / 1e6:.0f} MB", f"a dataset of at most "
-                                    f"{_MAX_DATASET_ROWS} rows and {MAX_DATASET_BYTES / 1e6:.0f} MB once read")
+            raise ConfigError(
+                what,
+                f"{meta.num_rows} rows, {size / 1e6:.0f} MB",
+                f"a dataset of at most {_MAX_DATASET_ROWS} rows and {MAX_DATASET_BYTES / 1e6:.0f} MB once read",
+            )
         table = pf.read()
     except ConfigError:
         raise

@@ -26,22 +26,84 @@ from sim.workload.predictor import PredictionTally
 if TYPE_CHECKING:
     from sim.engine.replica import Replica
 
-REQUEST_COLUMNS = ["id", "replica", "status", "reason", "truncated", "arrival_s", "admitted_s", "first_token_s",
-                   "finish_s", "prompt_tokens", "output_tokens", "generated_tokens", "preemptions"]
-REQUEST_SCHEMA = pa.schema([(n, t) for n, t in zip(REQUEST_COLUMNS, [
-    pa.int64(), pa.int32(), pa.string(), pa.string(), pa.bool_(), pa.float64(), pa.float64(), pa.float64(),
-    pa.float64(), pa.int64(), pa.int64(), pa.int64(), pa.int32()])])
-TIMESERIES_COLUMNS = ["t_s", "replica", "running", "waiting", "batch_tokens", "iterations", "window_s",
-                      "first_step_s", "kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes",
-                      "kv_largest_free_extent_bytes", "kv_internal_fragmentation", "kv_external_fragmentation",
-                      "kv_used_bytes_max", "kv_reserved_bytes_max", "waiting_max"]
-TIMESERIES_SCHEMA = pa.schema([(n, pa.float64() if n in ("t_s", "window_s", "first_step_s", "kv_internal_fragmentation",
-                                                          "kv_external_fragmentation") else pa.int64())
-                               for n in TIMESERIES_COLUMNS])
+REQUEST_COLUMNS = [
+    "id",
+    "replica",
+    "status",
+    "reason",
+    "truncated",
+    "arrival_s",
+    "admitted_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "preemptions",
+]
+REQUEST_SCHEMA = pa.schema(
+    [
+        (n, t)
+        for n, t in zip(
+            REQUEST_COLUMNS,
+            [
+                pa.int64(),
+                pa.int32(),
+                pa.string(),
+                pa.string(),
+                pa.bool_(),
+                pa.float64(),
+                pa.float64(),
+                pa.float64(),
+                pa.float64(),
+                pa.int64(),
+                pa.int64(),
+                pa.int64(),
+                pa.int32(),
+            ],
+        )
+    ]
+)
+TIMESERIES_COLUMNS = [
+    "t_s",
+    "replica",
+    "running",
+    "waiting",
+    "batch_tokens",
+    "iterations",
+    "window_s",
+    "first_step_s",
+    "kv_capacity_bytes",
+    "kv_reserved_bytes",
+    "kv_used_bytes",
+    "kv_free_bytes",
+    "kv_largest_free_extent_bytes",
+    "kv_internal_fragmentation",
+    "kv_external_fragmentation",
+    "kv_used_bytes_max",
+    "kv_reserved_bytes_max",
+    "waiting_max",
+]
+TIMESERIES_SCHEMA = pa.schema(
+    [
+        (
+            n,
+            pa.float64()
+            if n in ("t_s", "window_s", "first_step_s", "kv_internal_fragmentation", "kv_external_fragmentation")
+            else pa.int64(),
+        )
+        for n in TIMESERIES_COLUMNS
+    ]
+)
 #: What the summary keeps of each request: (key, request column, dtype); ``ok`` = completed.
-_SUMMARY_COLUMNS = [("ok", "status", bool), ("arrival", "arrival_s", np.float64), ("first", "first_token_s", np.float64),
-                    ("finish", "finish_s", np.float64), ("generated", "generated_tokens", np.int64),
-                    ("prompt", "prompt_tokens", np.int64)]
+_SUMMARY_COLUMNS = [
+    ("ok", "status", bool),
+    ("arrival", "arrival_s", np.float64),
+    ("first", "first_token_s", np.float64),
+    ("finish", "finish_s", np.float64),
+    ("generated", "generated_tokens", np.int64),
+    ("prompt", "prompt_tokens", np.int64),
+]
 #: Rows buffered before they become an Arrow record batch (and, when streaming, go to disk).
 BATCH_ROWS = 65_536
 
@@ -164,8 +226,23 @@ class Recorder:
 
     def request_done(self, r: Request) -> None:
         # One tuple per request; the summary's columns are taken from whole batches of them.
-        self.requests.add((r.id, r.replica, r.status, r.reason, r.truncated, r.arrival, r.admitted,
-                           r.first_token, r.finish, r.prompt, r.output, r.generated, r.preemptions))
+        self.requests.add(
+            (
+                r.id,
+                r.replica,
+                r.status,
+                r.reason,
+                r.truncated,
+                r.arrival,
+                r.admitted,
+                r.first_token,
+                r.finish,
+                r.prompt,
+                r.output,
+                r.generated,
+                r.preemptions,
+            )
+        )
 
     def _summary_columns(self, cols: list[tuple]) -> None:
         status = cols[REQUEST_COLUMNS.index("status")]
@@ -188,17 +265,55 @@ class Recorder:
             return np.zeros(0, dtype=dict((k, d) for k, _, d in _SUMMARY_COLUMNS)[key])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def _row(self, now: float, replica: int, running: int, waiting: int, batch_tokens: int, iterations: int,
-             window_s: float, first_step_s: float, capacity: int, reserved: int, used: int, largest: int) -> list:
+    def _row(
+        self,
+        now: float,
+        replica: int,
+        running: int,
+        waiting: int,
+        batch_tokens: int,
+        iterations: int,
+        window_s: float,
+        first_step_s: float,
+        capacity: int,
+        reserved: int,
+        used: int,
+        largest: int,
+    ) -> list:
         """A time-series row (TIMESERIES_SCHEMA order) from token counts."""
         bpt = self.bpt
         free = capacity - reserved
-        return [now, replica, running, waiting, batch_tokens, iterations, window_s, first_step_s, capacity * bpt,
-                reserved * bpt, used * bpt, free * bpt, largest * bpt, 1.0 - used / reserved if reserved else 0.0,
-                1.0 - largest / free if free else 0.0, used * bpt, reserved * bpt, waiting]
+        return [
+            now,
+            replica,
+            running,
+            waiting,
+            batch_tokens,
+            iterations,
+            window_s,
+            first_step_s,
+            capacity * bpt,
+            reserved * bpt,
+            used * bpt,
+            free * bpt,
+            largest * bpt,
+            1.0 - used / reserved if reserved else 0.0,
+            1.0 - largest / free if free else 0.0,
+            used * bpt,
+            reserved * bpt,
+            waiting,
+        ]
 
-    def step(self, rep: Replica, now: float, iterations: int, window_s: float, first_step_s: float,
-             batch_tokens: int, reserved_peak: int = 0) -> None:
+    def step(
+        self,
+        rep: Replica,
+        now: float,
+        iterations: int,
+        window_s: float,
+        first_step_s: float,
+        batch_tokens: int,
+        reserved_peak: int = 0,
+    ) -> None:
         """A batch change of replica ``rep`` ended at ``now`` (simulated seconds): ``iterations``
         iterations in ``window_s`` seconds, the first ``first_step_s``. ``reserved_peak``: the most
         slots reserved during those iterations where it exceeds the state now (a sliding window's
@@ -208,8 +323,20 @@ class Recorder:
         used = a.used_total
         waiting = len(rep.sched.waiting)
         if self.every_s is None:
-            row = self._row(now, rep.index, len(rep.sched.running), waiting, batch_tokens, iterations, window_s,
-                            first_step_s, a.capacity_tokens, reserved, used, a.largest_free_extent_tokens())
+            row = self._row(
+                now,
+                rep.index,
+                len(rep.sched.running),
+                waiting,
+                batch_tokens,
+                iterations,
+                window_s,
+                first_step_s,
+                a.capacity_tokens,
+                reserved,
+                used,
+                a.largest_free_extent_tokens(),
+            )
             if reserved_peak > reserved:
                 row[16] = reserved_peak * self.bpt
             self.timeseries.add(tuple(row))
@@ -222,8 +349,17 @@ class Recorder:
             self._emit(b, rep.index)
             b.index = idx
         # Raw values only: most samples are overwritten before their interval ends.
-        b.last = (now, len(rep.sched.running), waiting, batch_tokens, first_step_s, a.capacity_tokens, reserved, used,
-                  a.largest_free_extent_tokens())
+        b.last = (
+            now,
+            len(rep.sched.running),
+            waiting,
+            batch_tokens,
+            first_step_s,
+            a.capacity_tokens,
+            reserved,
+            used,
+            a.largest_free_extent_tokens(),
+        )
         if used > b.used_max:
             b.used_max = used
         if reserved > b.reserved_max:
@@ -239,8 +375,20 @@ class Recorder:
         if b.last is None:
             return
         now, running, waiting, batch_tokens, first_step_s, capacity, reserved, used, largest = b.last
-        row = self._row(now, replica, running, waiting, batch_tokens, b.iterations, b.window_s, first_step_s, capacity,
-                        reserved, used, largest)
+        row = self._row(
+            now,
+            replica,
+            running,
+            waiting,
+            batch_tokens,
+            b.iterations,
+            b.window_s,
+            first_step_s,
+            capacity,
+            reserved,
+            used,
+            largest,
+        )
         row[15], row[16], row[17] = b.used_max * self.bpt, b.reserved_max * self.bpt, b.waiting_max
         self.timeseries.add(tuple(row))
         b.last = None
@@ -276,7 +424,7 @@ def summarize(rec: Recorder, replicas: list[Replica], bpt: int) -> dict:
     ttft = (first - arrival)[ok & (first >= 0)]
     e2e = (finish - arrival)[ok & (finish >= 0)]
     multi = ok & (gen > 1) & (first >= 0)
-    tpot = ((finish - first)[multi] / (gen[multi] - 1))
+    tpot = (finish - first)[multi] / (gen[multi] - 1)
     t_start = float(arrival.min()) if arrival.size else 0.0
     t_end = float(finish.max()) if finish.size else 0.0
     makespan = max(t_end - t_start, 1e-12)
@@ -321,8 +469,11 @@ def summarize(rec: Recorder, replicas: list[Replica], bpt: int) -> dict:
         "compaction_bytes": int(sum(s.compaction_bytes for s in stats)),
         "compaction_time_s": sum(s.compaction_s for s in stats),
         # Every compaction (first 10,000): when, on which replica, bytes moved, copy seconds.
-        "compaction_log": [{"t_s": t, "replica": r.index, "bytes": b, "time_s": c}
-                           for r in replicas for (t, b, c) in r.stats.compaction_log][:10_000],
+        "compaction_log": [
+            {"t_s": t, "replica": r.index, "bytes": b, "time_s": c}
+            for r in replicas
+            for (t, b, c) in r.stats.compaction_log
+        ][:10_000],
         "swaps_out": int(sum(r.sched.swaps_out for r in replicas)),
         "swaps_in": int(sum(r.sched.swaps_in for r in replicas)),
         "recomputed_tokens": int(sum(r.sched.recomputed_tokens for r in replicas)),
@@ -345,8 +496,11 @@ def _prefix_stats(replicas) -> dict:
         return {}
     hit = sum(a.hit_tokens for a in allocs)
     queried = sum(a.queried_tokens for a in allocs)
-    return {"prefix_hit_tokens": int(hit), "prefix_queried_tokens": int(queried),
-            "prefix_hit_rate": hit / queried if queried else 0.0}
+    return {
+        "prefix_hit_tokens": int(hit),
+        "prefix_queried_tokens": int(queried),
+        "prefix_hit_rate": hit / queried if queried else 0.0,
+    }
 
 
 def _move_stats(replicas) -> dict:

@@ -43,9 +43,17 @@ class StepPlan:
 
     # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
     # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
-    def __init__(self, items: list[tuple[Request, int]], batch: BatchShape, pure_decode: bool, preempted: int,
-                 overflowed: list[Request] | None = None, rejected_at_admission: list[Request] | None = None,
-                 admitted: list[Request] | None = None, paused: bool = False):
+    def __init__(
+        self,
+        items: list[tuple[Request, int]],
+        batch: BatchShape,
+        pure_decode: bool,
+        preempted: int,
+        overflowed: list[Request] | None = None,
+        rejected_at_admission: list[Request] | None = None,
+        admitted: list[Request] | None = None,
+        paused: bool = False,
+    ):
         self.items, self.batch, self.pure_decode, self.preempted = items, batch, pure_decode, preempted
         self.overflowed = [] if overflowed is None else overflowed
         self.rejected_at_admission = [] if rejected_at_admission is None else rejected_at_admission
@@ -58,9 +66,18 @@ class ContinuousScheduler:
 
     supports_cohort = True
 
-    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
-                 length_predictor: LengthPredictor | None = None):
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        allocator: Allocator,
+        *,
+        kv_cap: int | None,
+        swap_capacity_bytes: int,
+        hash_block_tokens: int,
+        victim_policy: str,
+        window_kv_cap: int | None = None,
+        length_predictor: LengthPredictor | None = None,
+    ):
         self.cfg = cfg
         self.alloc = allocator
         #: Prefill chunks share iterations with decodes (vLLM); ``False``: an iteration either prefills
@@ -304,8 +321,9 @@ class ContinuousScheduler:
                     predicted = self.predictor.predict_total(req)
                     hints.hint(req.id, predicted)
                 if prefix is not None and req.hashes and not req.computed:
-                    r, got = prefix.admit_prefix(req.id, cached + need, req.hashes, self.hash_block_tokens, self.now,
-                                                 prompt_tokens=req.prompt)
+                    r, got = prefix.admit_prefix(
+                        req.id, cached + need, req.hashes, self.hash_block_tokens, self.now, prompt_tokens=req.prompt
+                    )
                     if r is Grow.OK:
                         assert got == cached, (got, cached)
                         req.computed = cached
@@ -353,5 +371,13 @@ class ContinuousScheduler:
             for req, n in items:
                 if n == 1 and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
                     batch.decode_window_kv_tokens += min(req.computed + 1, wcap)
-        return StepPlan(items, batch, pure_decode and bool(items or batch.decode_seqs), preempted, overflowed, rejected,
-                        admitted, paused)
+        return StepPlan(
+            items,
+            batch,
+            pure_decode and bool(items or batch.decode_seqs),
+            preempted,
+            overflowed,
+            rejected,
+            admitted,
+            paused,
+        )

@@ -79,7 +79,15 @@ class CompletesTogether(Protocol):
 class SchedulerFactory(Protocol):
     """How the registry builds a scheduler: a scheduler class's constructor."""
 
-    def __call__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, window_kv_cap: int | None,
-                 swap_capacity_bytes: int, hash_block_tokens: int, victim_policy: str,
-                 length_predictor: LengthPredictor | None = None) -> Scheduler:
-        ...
+    def __call__(
+        self,
+        cfg: SchedulerConfig,
+        allocator: Allocator,
+        *,
+        kv_cap: int | None,
+        window_kv_cap: int | None,
+        swap_capacity_bytes: int,
+        hash_block_tokens: int,
+        victim_policy: str,
+        length_predictor: LengthPredictor | None = None,
+    ) -> Scheduler: ...

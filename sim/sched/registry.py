@@ -40,16 +40,32 @@ def unregister(kind: str) -> None:
         SCHEDULER_KINDS.remove(kind)
 
 
-def make_scheduler(cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                   hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
-                   length_predictor: LengthPredictor | None = None) -> Scheduler:
+def make_scheduler(
+    cfg: SchedulerConfig,
+    allocator: Allocator,
+    *,
+    kv_cap: int | None,
+    swap_capacity_bytes: int,
+    hash_block_tokens: int,
+    victim_policy: str,
+    window_kv_cap: int | None = None,
+    length_predictor: LengthPredictor | None = None,
+) -> Scheduler:
     """A new scheduler of kind ``cfg.kind`` for one replica, over ``allocator`` (``length_predictor``:
     for allocators that route by predicted length)."""
     factory = REGISTRY.get(cfg.kind)
     if factory is None:
         raise ConfigError("scheduler.kind", cfg.kind, f"one of {', '.join(REGISTRY)}")
-    return factory(cfg, allocator, kv_cap=kv_cap, window_kv_cap=window_kv_cap, swap_capacity_bytes=swap_capacity_bytes,
-                   hash_block_tokens=hash_block_tokens, victim_policy=victim_policy, length_predictor=length_predictor)
+    return factory(
+        cfg,
+        allocator,
+        kv_cap=kv_cap,
+        window_kv_cap=window_kv_cap,
+        swap_capacity_bytes=swap_capacity_bytes,
+        hash_block_tokens=hash_block_tokens,
+        victim_policy=victim_policy,
+        length_predictor=length_predictor,
+    )
 
 
 _BUILTIN = tuple(SCHEDULER_KINDS)

@@ -29,9 +29,18 @@ class StaticBatchScheduler:
     #: The engine's decode cohort assumes continuous batching.
     supports_cohort = False
 
-    def __init__(self, cfg: SchedulerConfig, allocator: Allocator, *, kv_cap: int | None, swap_capacity_bytes: int,
-                 hash_block_tokens: int, victim_policy: str, window_kv_cap: int | None = None,
-                 length_predictor: LengthPredictor | None = None):
+    def __init__(
+        self,
+        cfg: SchedulerConfig,
+        allocator: Allocator,
+        *,
+        kv_cap: int | None,
+        swap_capacity_bytes: int,
+        hash_block_tokens: int,
+        victim_policy: str,
+        window_kv_cap: int | None = None,
+        length_predictor: LengthPredictor | None = None,
+    ):
         self.cfg = cfg
         self.alloc = allocator
         self.kv_cap = kv_cap
@@ -43,9 +52,9 @@ class StaticBatchScheduler:
         self.preemptions = 0
         self.swaps_out = self.swaps_in = 0
         self.recomputed_tokens = 0
-        self._prompt = 0   # padded prompt length of the current batch
-        self._steps = 0    # decode steps the batch runs (longest output − 1)
-        self._step = 0     # decode steps done
+        self._prompt = 0  # padded prompt length of the current batch
+        self._steps = 0  # decode steps the batch runs (longest output − 1)
+        self._step = 0  # decode steps done
         self._admissions = 0
         self.now_hint_preempted: list[Request] = []
         #: A batch takes every member's padded final length at admission, so nothing is predicted.

@@ -84,7 +84,9 @@ class Workload:
 class LengthSampler:
     """Draws (prompt, output) token counts for ``n`` requests from a lengths block."""
 
-    def __init__(self, cfg: LengthsConfig, scenario: Scenario, key: str = "workload.lengths", trace: Trace | None = None):
+    def __init__(
+        self, cfg: LengthsConfig, scenario: Scenario, key: str = "workload.lengths", trace: Trace | None = None
+    ):
         self.cfg = cfg
         self.key = key
         self.trace = trace
@@ -101,8 +103,12 @@ class LengthSampler:
             # A file's rows in order, whatever the arrivals: a closed loop replays a benchmark's requests.
             self.trace = read_trace(scenario.resolve_path(cfg.path, key + ".path"), cfg.format, key + ".path")
         elif cfg.kind == "trace" and trace is None:
-            raise ConfigError(key + ".kind", "trace", "lengths from the trace need workload.arrival.kind: trace, "
-                                                      "or workload.lengths.path (a file whose rows are used in order)")
+            raise ConfigError(
+                key + ".kind",
+                "trace",
+                "lengths from the trace need workload.arrival.kind: trace, "
+                "or workload.lengths.path (a file whose rows are used in order)",
+            )
 
     def hashes(self) -> tuple[tuple[tuple[int, ...], ...] | None, int]:
         """Prefix block ids of the trace rows behind the last sample, and their block size."""
@@ -116,8 +122,10 @@ class LengthSampler:
         if c.kind == "fixed":
             return np.full(n, c.prompt_tokens, np.int64), np.full(n, c.output_tokens, np.int64)
         if c.kind == "uniform":
-            return (rng.integers(c.prompt_min, c.prompt_max + 1, n, dtype=np.int64),
-                    rng.integers(c.output_min, c.output_max + 1, n, dtype=np.int64))
+            return (
+                rng.integers(c.prompt_min, c.prompt_max + 1, n, dtype=np.int64),
+                rng.integers(c.output_min, c.output_max + 1, n, dtype=np.int64),
+            )
         if c.kind == "lognormal":
             p = _tokens(c.prompt_median * np.exp(c.prompt_sigma * rng.standard_normal(n)))
             o = _tokens(c.output_median * np.exp(c.output_sigma * rng.standard_normal(n)))
@@ -168,8 +176,9 @@ def build_workload(sc: Scenario) -> Workload:
     pre = sc.workload.prefix
     if pre.fraction > 0:
         if wl.hashes is not None:
-            raise ConfigError("workload.prefix.fraction", pre.fraction,
-                              "0 with a trace that carries its own prefix hashes (Mooncake)")
+            raise ConfigError(
+                "workload.prefix.fraction", pre.fraction, "0 with a trace that carries its own prefix hashes (Mooncake)"
+            )
         _add_shared_prefixes(sc, wl)
     if sc.workload.priority.high_fraction > 0:
         # Its own stream, so adding classes does not change arrivals or lengths.
@@ -223,7 +232,11 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
         assert arr.path is not None  # the config requires a path for trace arrivals
         trace = read_trace(sc.resolve_path(arr.path, "workload.arrival.path"), arr.format, "workload.arrival.path")
         if trace.arrival_s is None:
-            raise ConfigError("workload.arrival.path", arr.path, "a trace with arrival times (length-stats files have none; use lengths.kind: empirical)")
+            raise ConfigError(
+                "workload.arrival.path",
+                arr.path,
+                "a trace with arrival times (length-stats files have none; use lengths.kind: empirical)",
+            )
     lengths_cfg = w.lengths or (LengthsConfig(kind="trace") if trace is not None else None)
     if lengths_cfg is None:
         raise ConfigError("workload.lengths", None, "a lengths block (fixed, uniform, lognormal, empirical, mixture)")
@@ -240,9 +253,12 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
         assert trace is not None and trace.arrival_s is not None  # read and checked above
         t = trace.arrival_s * arr.time_scale
         if len(t) and not t[-1] <= MAX_TIME_S:
-            raise ConfigError("workload.arrival.time_scale", arr.time_scale,
-                              f"a scale that keeps the trace within {MAX_TIME_S:g} s (its last arrival is at "
-                              f"{trace.arrival_s[-1]:g} s)")
+            raise ConfigError(
+                "workload.arrival.time_scale",
+                arr.time_scale,
+                f"a scale that keeps the trace within {MAX_TIME_S:g} s (its last arrival is at "
+                f"{trace.arrival_s[-1]:g} s)",
+            )
         keep = len(t) if n_cap is None else min(n_cap, len(t))
         if w.duration_s is not None:
             keep = min(keep, int(np.searchsorted(t, w.duration_s, side="right")))
@@ -255,7 +271,7 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
     def gaps(m: int) -> np.ndarray:
         if arr.kind == "poisson":
             return rng_arrival.exponential(1.0 / rate, m)
-        shape = 1.0 / arr.cv ** 2  # gamma with mean 1/rate and coefficient of variation cv
+        shape = 1.0 / arr.cv**2  # gamma with mean 1/rate and coefficient of variation cv
         return rng_arrival.gamma(shape, 1.0 / (rate * shape), m)
 
     if w.duration_s is None:
@@ -271,9 +287,12 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
             if last > w.duration_s or (n_cap is not None and drawn >= n_cap):
                 break
             if drawn > MAX_REQUESTS:
-                raise ConfigError("workload.duration_s", w.duration_s,
-                                  f"a duration with at most {MAX_REQUESTS} arrivals at rate {arr.rate:g}/s "
-                                  f"(or set workload.num_requests)")
+                raise ConfigError(
+                    "workload.duration_s",
+                    w.duration_s,
+                    f"a duration with at most {MAX_REQUESTS} arrivals at rate {arr.rate:g}/s "
+                    f"(or set workload.num_requests)",
+                )
         t = np.concatenate(parts)
         t = t[t <= w.duration_s][:n_cap]
     if len(t) == 0:
@@ -284,7 +303,7 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
 
 def _gamma(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
     """``n`` gamma draws with this mean and coefficient of variation."""
-    shape = 1.0 / cv ** 2
+    shape = 1.0 / cv**2
     return rng.gamma(shape, mean / shape, n)
 
 

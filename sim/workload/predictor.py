@@ -83,8 +83,14 @@ class QuantilePredictor(LengthPredictor):
 
     kind = "quantile"
 
-    def __init__(self, coverage: float, edges: list[int], output_quantile: list[int], reference_requests: int,
-                 reference_coverage: float):
+    def __init__(
+        self,
+        coverage: float,
+        edges: list[int],
+        output_quantile: list[int],
+        reference_requests: int,
+        reference_coverage: float,
+    ):
         assert len(output_quantile) == len(edges) + 1
         self.coverage = coverage
         self.edges = edges
@@ -100,8 +106,13 @@ class QuantilePredictor(LengthPredictor):
         return guess if guess > known else known
 
     def describe(self) -> dict:
-        return {**super().describe(), "coverage": self.coverage, "reference_requests": self.reference_requests,
-                "reference_coverage": self.reference_coverage, "prompt_bins": len(self.output_quantile)}
+        return {
+            **super().describe(),
+            "coverage": self.coverage,
+            "reference_requests": self.reference_requests,
+            "reference_coverage": self.reference_coverage,
+            "prompt_bins": len(self.output_quantile),
+        }
 
 
 def fit_quantile(prompts: np.ndarray, outputs: np.ndarray, coverage: float) -> QuantilePredictor:
@@ -129,8 +140,9 @@ def fit_quantile(prompts: np.ndarray, outputs: np.ndarray, coverage: float) -> Q
     return QuantilePredictor(coverage, edges, oq, int(p.size), covered)
 
 
-def make_predictor(kind: str, coverage: float = 0.9,
-                   reference: tuple[np.ndarray, np.ndarray] | None = None) -> LengthPredictor:
+def make_predictor(
+    kind: str, coverage: float = 0.9, reference: tuple[np.ndarray, np.ndarray] | None = None
+) -> LengthPredictor:
     """The predictor of ``allocator.length_predictor`` (``quantile`` needs ``reference``: prompt and
     output token counts of the lengths the workload is drawn from)."""
     if kind == "oracle":
@@ -175,6 +187,10 @@ class PredictionTally:
         self.short_predicted_short += other.short_predicted_short
 
     def as_dict(self) -> dict:
-        return {"long_threshold_tokens": self.threshold_tokens, "long_predicted_long": self.long_predicted_long,
-                "long_predicted_short": self.long_predicted_short, "short_predicted_long": self.short_predicted_long,
-                "short_predicted_short": self.short_predicted_short}
+        return {
+            "long_threshold_tokens": self.threshold_tokens,
+            "long_predicted_long": self.long_predicted_long,
+            "long_predicted_short": self.long_predicted_short,
+            "short_predicted_long": self.short_predicted_long,
+            "short_predicted_short": self.short_predicted_short,
+        }

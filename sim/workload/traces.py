@@ -82,7 +82,7 @@ def _csv_table(path: Path, key: str) -> pa.Table:
     """A CSV trace, streamed: refused as soon as it passes MAX_TRACE_ROWS rows or MAX_TRACE_BYTES
     (a compressed file can expand a thousandfold)."""
     head = _head(path, key)
-    decode(head[:head.rfind(b"\n") + 1] if len(head) == 65536 else head, str(path), key, "CSV trace")
+    decode(head[: head.rfind(b"\n") + 1] if len(head) == 65536 else head, str(path), key, "CSV trace")
     reader = pacsv.open_csv(str(path))
     batches, rows, nbytes = [], 0, 0
     for batch in reader:
@@ -107,11 +107,18 @@ def _parquet_table(path: Path, fmt: str, key: str) -> pa.Table:
     missing = [c for c in needed if c not in names]
     if missing:
         raise ConfigError(key, str(path), f"{fmt} trace needs columns {needed}; missing {missing} (found {names})")
-    size = sum(meta.row_group(i).column(j).total_uncompressed_size for i in range(meta.num_row_groups)
-               for j in range(meta.num_columns) if meta.row_group(i).column(j).path_in_schema in needed)
+    size = sum(
+        meta.row_group(i).column(j).total_uncompressed_size
+        for i in range(meta.num_row_groups)
+        for j in range(meta.num_columns)
+        if meta.row_group(i).column(j).path_in_schema in needed
+    )
     if size > MAX_TRACE_BYTES:
-        raise ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB uncompressed "
-                                          f"(its metadata says {size // 2**20} MiB)")
+        raise ConfigError(
+            key,
+            str(path),
+            f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB uncompressed (its metadata says {size // 2**20} MiB)",
+        )
     return pf.read(columns=needed)
 
 
@@ -140,12 +147,17 @@ def _jsonl_table(path: Path, key: str) -> pa.Table:
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ConfigError(key, str(path), f"valid JSON on line {lineno} ({exc.msg} at column {exc.colno})") from None
+                raise ConfigError(
+                    key, str(path), f"valid JSON on line {lineno} ({exc.msg} at column {exc.colno})"
+                ) from None
             except RecursionError:
-                raise ConfigError(key, str(path), f"a flat JSON object on line {lineno} (it is nested too deep)") from None
+                raise ConfigError(
+                    key, str(path), f"a flat JSON object on line {lineno} (it is nested too deep)"
+                ) from None
             if not isinstance(row, dict):
-                raise ConfigError(key, str(path), f"a JSON object on every line; line {lineno} holds a "
-                                                  f"{type(row).__name__}")
+                raise ConfigError(
+                    key, str(path), f"a JSON object on every line; line {lineno} holds a {type(row).__name__}"
+                )
             rows += 1
             if rows > MAX_TRACE_ROWS:
                 raise _too_many_rows(key, path, f"this one has more than {MAX_TRACE_ROWS}")
@@ -160,8 +172,12 @@ def _jsonl_table(path: Path, key: str) -> pa.Table:
             continue
         bad = next((i for i, v in enumerate(cols[c]) if not _plain(v, c)), None)
         if bad is not None:
-            raise ConfigError(key, str(path), f"{c!r} of the {_ordinal(bad + 1)} object: got {quote(cols[c][bad])}; "
-                              + ("a list of integer block ids" if c == "hash_ids" else "a number below 2**63")) from None
+            raise ConfigError(
+                key,
+                str(path),
+                f"{c!r} of the {_ordinal(bad + 1)} object: got {quote(cols[c][bad])}; "
+                + ("a list of integer block ids" if c == "hash_ids" else "a number below 2**63"),
+            ) from None
         out[c] = pa.array(cols[c])
     return pa.table(out)
 
@@ -174,7 +190,7 @@ def _plain(v, col: str) -> bool:
 
 
 def _int64(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and -2**63 <= v < 2**63
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
 
 def _ordinal(n: int) -> str:
@@ -204,7 +220,9 @@ def _float64(col: pa.ChunkedArray, safe: bool = True) -> np.ndarray:
 def _tokens(table: pa.Table, col: str, path: Path, key: str) -> np.ndarray:
     arr = table[col]
     if arr.null_count:
-        raise ConfigError(key, str(path), f"column {col!r} has {arr.null_count} empty values; token counts must all be present")
+        raise ConfigError(
+            key, str(path), f"column {col!r} has {arr.null_count} empty values; token counts must all be present"
+        )
     try:
         a = _float64(arr)
     except (TypeError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -212,8 +230,9 @@ def _tokens(table: pa.Table, col: str, path: Path, key: str) -> np.ndarray:
     bad = np.flatnonzero(~((a >= 1) & (a <= MAX_TOKENS) & (a == np.floor(a))))
     if bad.size:
         i = int(bad[0])
-        raise ConfigError(key, str(path), f"column {col!r} row {i} is {a[i]:g}; token counts must be integers in "
-                                          f"[1, {MAX_TOKENS}]")
+        raise ConfigError(
+            key, str(path), f"column {col!r} row {i} is {a[i]:g}; token counts must be integers in [1, {MAX_TOKENS}]"
+        )
     return a.astype(np.int64)
 
 
@@ -225,7 +244,9 @@ def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
     needed = [c for c in (arr_col, p_col, o_col) if c]
     missing = [c for c in needed if c not in table.column_names]
     if missing:
-        raise ConfigError(key, str(p), f"{fmt} trace needs columns {needed}; missing {missing} (found {table.column_names})")
+        raise ConfigError(
+            key, str(p), f"{fmt} trace needs columns {needed}; missing {missing} (found {table.column_names})"
+        )
     if table.num_rows == 0:
         raise ConfigError(key, str(p), "a trace with at least one row")
     prompt = _tokens(table, p_col, p, key)
@@ -251,8 +272,11 @@ def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
         order = np.argsort(t, kind="stable")
         t = t[order] - t[order][0]
         if t[-1] > MAX_TIME_S:
-            raise ConfigError(key, str(p), f"column {arr_col!r}: arrivals within {MAX_TIME_S:g} s of the first "
-                                           f"(these span {t[-1]:g} s)")
+            raise ConfigError(
+                key,
+                str(p),
+                f"column {arr_col!r}: arrivals within {MAX_TIME_S:g} s of the first (these span {t[-1]:g} s)",
+            )
         prompt, output = prompt[order], output[order]
         arrival = t
     hashes = None

@@ -33,9 +33,28 @@ from sim.analysis.planner import measure, recommend
 from sim.catalog import MODELS
 from sim.config import load_scenario
 
-__all__ = ["DEFAULT_OUT", "NOT_REPRODUCED", "PARTLY", "REPRODUCED", "SKIPPED", "Claim", "ClaimResult", "Run", "Situation",
-           "SituationResult", "Variant", "by_key", "claim", "partial_result", "recommendation", "run_all",
-           "run_situation", "run_variant", "situations", "write_guide"]
+__all__ = [
+    "DEFAULT_OUT",
+    "NOT_REPRODUCED",
+    "PARTLY",
+    "REPRODUCED",
+    "SKIPPED",
+    "Claim",
+    "ClaimResult",
+    "Run",
+    "Situation",
+    "SituationResult",
+    "Variant",
+    "by_key",
+    "claim",
+    "partial_result",
+    "recommendation",
+    "run_all",
+    "run_situation",
+    "run_variant",
+    "situations",
+    "write_guide",
+]
 
 DEFAULT_OUT = Path("docs/decision-guide.md")
 
@@ -52,6 +71,7 @@ def run_variant(sit: Situation, variant: Variant, num_requests: int | None = Non
     if key in _CACHE:
         return _CACHE[key]
     from sim.engine.cluster import simulate
+
     over = dict(variant.overrides)
     if num_requests is not None:
         over["workload.num_requests"] = num_requests
@@ -62,10 +82,18 @@ def run_variant(sit: Situation, variant: Variant, num_requests: int | None = Non
     m = measure(res, sit.slo)
     s = res.summary
     met = float(m["attainment"]) * s["requests"]
-    run = Run(variant, s, res.requests, res.timeseries, m, m["attainment"],
-              met / s["makespan_s"] / gpus if s["makespan_s"] else 0.0, gpus,
-              int(s["kv_capacity_bytes_per_replica"] // s["kv_bytes_per_token"]) * sc.gpu.replicas,
-              time.perf_counter() - t0)
+    run = Run(
+        variant,
+        s,
+        res.requests,
+        res.timeseries,
+        m,
+        m["attainment"],
+        met / s["makespan_s"] / gpus if s["makespan_s"] else 0.0,
+        gpus,
+        int(s["kv_capacity_bytes_per_replica"] // s["kv_bytes_per_token"]) * sc.gpu.replicas,
+        time.perf_counter() - t0,
+    )
     _CACHE[key] = run
     return run
 
@@ -75,8 +103,10 @@ def run_situation(sit: Situation | str, num_requests: int | None = None) -> Situ
     sit = _situation(sit)
     t0 = time.perf_counter()
     if sit.requires_model is not None and sit.requires_model not in MODELS:
-        why = (f"model {sit.requires_model!r} is not in the catalog yet (kvsim list models); the scenario is written "
-               f"for it and runs once it is added")
+        why = (
+            f"model {sit.requires_model!r} is not in the catalog yet (kvsim list models); the scenario is written "
+            f"for it and runs once it is added"
+        )
         return SituationResult(sit, {}, skipped=why, num_requests=num_requests)
     runs = {v.name: run_variant(sit, v, num_requests) for v in sit.variants}
     r = SituationResult(sit, runs, num_requests=num_requests)
@@ -117,24 +147,45 @@ def recommendation(r: SituationResult) -> dict:
         g = run.goodput_per_gpu * run.gpus
         op = {"rate": None, "replicas": None, **run.measure}
         c: dict[str, Any] = {
-            "name": v.name, "strategy": v.strategy, "overrides": v.overrides, "upper_bound": run.upper_bound,
+            "name": v.name,
+            "strategy": v.strategy,
+            "overrides": v.overrides,
+            "upper_bound": run.upper_bound,
             "status": "ok" if g > 0 else "infeasible",
-            "goodput_rps": g, "goodput_per_gpu_rps": run.goodput_per_gpu, "gpus": run.gpus, "operating_point": op,
-            "message": "" if g > 0 else (f"at the scenario's load only {run.attainment:.0%} of requests meet the SLO "
-                                         f"({op['rejected']} rejected, {op['truncated']} truncated)")}
+            "goodput_rps": g,
+            "goodput_per_gpu_rps": run.goodput_per_gpu,
+            "gpus": run.gpus,
+            "operating_point": op,
+            "message": ""
+            if g > 0
+            else (
+                f"at the scenario's load only {run.attainment:.0%} of requests meet the SLO "
+                f"({op['rejected']} rejected, {op['truncated']} truncated)"
+            ),
+        }
         cands.append(c)
-    p = {"tolerance": 0.05, "target_rate": None, "candidates": cands, "slo_text": sit.slo.describe(),
-         "gpu": _gpu_text(sit), "tensor_parallel": None}
+    p = {
+        "tolerance": 0.05,
+        "target_rate": None,
+        "candidates": cands,
+        "slo_text": sit.slo.describe(),
+        "gpu": _gpu_text(sit),
+        "tensor_parallel": None,
+    }
     rec = recommend(p)
     if rec["candidate"] is not None:
         best = next(c for c in cands if c["name"] == rec["candidate"])
         run = r.runs[best["name"]]
         knobs = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
-        rec["text"] = (f"Use {best['name']} — {best['strategy']} (set {knobs}): {run.attainment:.0%} of requests meet the "
-                       f"SLO at the scenario's load, goodput at load {run.goodput_per_gpu:.3g} req/s per GPU.")
+        rec["text"] = (
+            f"Use {best['name']} — {best['strategy']} (set {knobs}): {run.attainment:.0%} of requests meet the "
+            f"SLO at the scenario's load, goodput at load {run.goodput_per_gpu:.3g} req/s per GPU."
+        )
     else:
-        rec["text"] = ("No variant gets any request within the SLO at the scenario's load: relax the SLO, add memory or "
-                       "lower the load.")
+        rec["text"] = (
+            "No variant gets any request within the SLO at the scenario's load: relax the SLO, add memory or "
+            "lower the load."
+        )
     return rec
 
 
@@ -143,8 +194,9 @@ def _gpu_text(sit: Situation) -> str:
     return f"{sc.gpu.replicas} × {sc.gpu.name} (TP{sc.gpu.tensor_parallel})"
 
 
-def run_all(num_requests: int | None = None, progress: Callable[[str, SituationResult], None] | None = None
-            ) -> list[SituationResult]:
+def run_all(
+    num_requests: int | None = None, progress: Callable[[str, SituationResult], None] | None = None
+) -> list[SituationResult]:
     out = []
     for sit in situations():
         r = run_situation(sit, num_requests)
@@ -154,8 +206,11 @@ def run_all(num_requests: int | None = None, progress: Callable[[str, SituationR
     return out
 
 
-def write_guide(out: str | Path = DEFAULT_OUT, num_requests: int | None = None,
-                progress: Callable[[str, SituationResult], None] | None = None) -> tuple[Path, list[SituationResult]]:
+def write_guide(
+    out: str | Path = DEFAULT_OUT,
+    num_requests: int | None = None,
+    progress: Callable[[str, SituationResult], None] | None = None,
+) -> tuple[Path, list[SituationResult]]:
     """Simulate every situation and write the guide to ``out``."""
     results = run_all(num_requests, progress)
     out = Path(out)

@@ -88,9 +88,15 @@ class Run:
     def requests_np(self) -> dict[str, np.ndarray]:
         r = self.requests
         col = lambda c: r.column(c).to_numpy(zero_copy_only=False)  # noqa: E731
-        return {"status": np.asarray(r.column("status").to_pylist()), "arrival": col("arrival_s"),
-                "first": col("first_token_s"), "finish": col("finish_s"), "prompt": col("prompt_tokens"),
-                "output": col("output_tokens"), "generated": col("generated_tokens")}
+        return {
+            "status": np.asarray(r.column("status").to_pylist()),
+            "arrival": col("arrival_s"),
+            "first": col("first_token_s"),
+            "finish": col("finish_s"),
+            "prompt": col("prompt_tokens"),
+            "output": col("output_tokens"),
+            "generated": col("generated_tokens"),
+        }
 
     def gate_reserved_gib(self) -> float:
         """Peak KV reserved before the last request produced its first token (the article's 'gate'), GiB."""
@@ -109,8 +115,11 @@ class Run:
         sel = (q["status"] == "completed") & (q["prompt"] + q["output"] > threshold_tokens)
         if not sel.any():
             return None, None, 0
-        return (float(np.percentile((q["first"] - q["arrival"])[sel], 99)),
-                float(np.percentile((q["finish"] - q["arrival"])[sel], 99)), int(sel.sum()))
+        return (
+            float(np.percentile((q["first"] - q["arrival"])[sel], 99)),
+            float(np.percentile((q["finish"] - q["arrival"])[sel], 99)),
+            int(sel.sum()),
+        )
 
     def mean_request_tokens(self) -> float:
         q = self.requests_np()
@@ -135,6 +144,7 @@ class SituationResult:
 
 
 # --- number formatting shared by the findings and the tables ---------------------------------
+
 
 def fmt_pct(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{x:.{digits}%}"

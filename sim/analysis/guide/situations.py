@@ -72,8 +72,10 @@ class Claim:
 
     def check(self, r: SituationResult) -> ClaimResult:
         """The check on the situation's runs (``r`` must hold every variant the claim names)."""
-        args = {role: [r[n] for n in names] if isinstance(names, tuple) else r[names]
-                for role, names in self.variants.items()}
+        args = {
+            role: [r[n] for n in names] if isinstance(names, tuple) else r[names]
+            for role, names in self.variants.items()
+        }
         return CHECKS[self.check_name](**args)
 
 
@@ -102,6 +104,7 @@ class Situation:
 
 
 # --- the file format ---------------------------------------------------------------------------
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -160,8 +163,9 @@ def _claim(path: Path, i: int, spec: _Claim, names: set[str]) -> Claim:
         raise ConfigError(f"{key}.check", spec.check, f"one of {', '.join(sorted(CHECKS))}")
     roles = _params(CHECKS[spec.check], 0)
     if set(spec.variants) != set(roles):
-        raise ConfigError(f"{key}.variants", sorted(spec.variants),
-                          f"exactly the arguments of check {spec.check}: {', '.join(roles)}")
+        raise ConfigError(
+            f"{key}.variants", sorted(spec.variants), f"exactly the arguments of check {spec.check}: {', '.join(roles)}"
+        )
     bound: dict[str, str | tuple[str, ...]] = {}
     for role, p in roles.items():  # in the check's order, so findings list runs as the check does
         val = spec.variants[role]
@@ -170,7 +174,9 @@ def _claim(path: Path, i: int, spec: _Claim, names: set[str]) -> Claim:
             raise ConfigError(f"{key}.variants.{role}", val, "a list of variant names" if many else "one variant name")
         for n in val if isinstance(val, list) else [val]:
             if n not in names:
-                raise ConfigError(f"{key}.variants.{role}", n, f"a variant of this situation ({', '.join(sorted(names))})")
+                raise ConfigError(
+                    f"{key}.variants.{role}", n, f"a variant of this situation ({', '.join(sorted(names))})"
+                )
         bound[role] = tuple(val) if isinstance(val, list) else val
     return Claim(spec.id, spec.article, spec.check, bound)
 
@@ -183,13 +189,18 @@ def _column(path: Path, i: int, spec: _Column, names: set[str]) -> Column:
     params = _params(COLUMNS[spec.value], 2)
     for k in args:
         if k not in params:
-            raise ConfigError(f"{key}.{k}", args[k], f"a key of column {spec.value}: header, value"
-                                                     + "".join(f", {p}" for p in params))
+            raise ConfigError(
+                f"{key}.{k}",
+                args[k],
+                f"a key of column {spec.value}: header, value" + "".join(f", {p}" for p in params),
+            )
     missing = [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in args]
     if missing:
         raise ConfigError(key, spec.value, f"column {spec.value} needs {', '.join(missing)}")
     if "reference" in args and args["reference"] not in names:
-        raise ConfigError(f"{key}.reference", args["reference"], f"a variant of this situation ({', '.join(sorted(names))})")
+        raise ConfigError(
+            f"{key}.reference", args["reference"], f"a variant of this situation ({', '.join(sorted(names))})"
+        )
     return Column(spec.header, spec.value, args)
 
 
@@ -223,12 +234,17 @@ def read_situation(path: Path) -> Situation:
         if c in ids[:i]:
             raise ConfigError(_where(path, "claims", i, "id"), c, "an id no other claim of the situation has")
     return Situation(
-        key=path.stem, number=spec.number, title=spec.title, scenario=spec.scenario, question=spec.question,
+        key=path.stem,
+        number=spec.number,
+        title=spec.title,
+        scenario=spec.scenario,
+        question=spec.question,
         variants=tuple(Variant(v.name, dict(v.overrides), v.strategy, v.contrast) for v in spec.variants),
         slo=SLO(**spec.slo.model_dump()),
         claims=tuple(_claim(path, i, c, names) for i, c in enumerate(spec.claims)),
         columns=tuple(_column(path, i, c, names) for i, c in enumerate(spec.columns)),
-        requires_model=spec.requires_model)
+        requires_model=spec.requires_model,
+    )
 
 
 def _order(s: Situation) -> tuple[int, str]:
@@ -243,7 +259,9 @@ def load_situations(directory: Path = GUIDE_DIR) -> tuple[Situation, ...]:
     seen: dict[str, str] = {}
     for s in sits:
         if s.number in seen:
-            raise ConfigError(f"{s.key}.yaml: number", s.number, f"a number no other situation has ({seen[s.number]}.yaml has it)")
+            raise ConfigError(
+                f"{s.key}.yaml: number", s.number, f"a number no other situation has ({seen[s.number]}.yaml has it)"
+            )
         seen[s.number] = s.key
     return tuple(sorted(sits, key=_order))
 
