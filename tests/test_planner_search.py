@@ -89,6 +89,29 @@ def test_guided_search_reruns_quick_decisions_to_verify():
     assert (s.goodput, True) in seen and (s.next_rate, True) in seen
 
 
+def test_guided_search_out_of_budget_confirms_a_quick_pass():
+    """Near a steep edge every quick run stops undecided-but-passing and none is exact: when the
+    budget runs out, the highest quick pass is completed rather than reporting a goodput of 0."""
+    edge = 6.0
+    curve = _curve(edge)
+    calls = []
+
+    def ev(r: float, complete: bool) -> Evaluation:
+        calls.append((r, complete))
+        a = curve(r)
+        if complete:
+            return Evaluation(a >= 0.9, a, True, True)
+        return Evaluation(a >= 0.9, a, False, False)  # the sequential test never decides
+
+    s = find_goodput_guided(ev, 5.9, 0.9, tol=0.01, max_evals=3)
+    assert s.status == "budget"
+    assert s.goodput > 0 and curve(s.goodput) >= 0.9
+    assert (s.goodput, True) in calls and len(calls) <= 3 + 3
+    # Without any pass at all it stays 0.
+    s0 = find_goodput_guided(lambda r, c: Evaluation(False, 0.5, False, c), 5.9, 0.9, tol=0.01, max_evals=3)
+    assert s0.goodput == 0.0 and s0.status == "budget"
+
+
 def test_interpolated_goodput():
     assert interpolated_goodput(10, 0.95, 10.5, 0.85, 0.9) == pytest.approx(math.sqrt(10 * 10.5))
     assert interpolated_goodput(10, 0.9, 10.5, 0.8, 0.9) == pytest.approx(10)

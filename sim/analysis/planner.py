@@ -435,6 +435,11 @@ def plan_candidate(task: dict) -> dict:
                 + ")"
             )
             return out
+        if search.goodput <= 0.0:
+            # No rate was confirmed to meet the SLO within the budget: nothing to operate at.
+            out["status"] = "budget"
+            out["message"] = "evaluation budget spent before any rate was confirmed to meet the SLO"
+            return out
         if search.status != "ok":
             out["message"] = {
                 "unbounded": "attainment met at every rate tried: goodput is a lower bound",

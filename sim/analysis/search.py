@@ -144,6 +144,10 @@ class Evaluation:
     complete: bool
 
 
+#: Complete runs the guided search may add after its budget, to confirm a rate that quick runs passed.
+_BUDGET_VERIFICATIONS = 3
+
+
 def find_goodput_guided(
     evaluate: Callable[[float, bool], Evaluation],
     start: float,
@@ -248,6 +252,17 @@ def find_goodput_guided(
         else:
             hi = c
     passing = [r for r, e in seen.items() if e.passes and e.exact]
+    if not passing:
+        # Every pass so far came from a run stopped early (a steep edge keeps the sequential test
+        # undecided): complete the highest of them below every exact miss, or a goodput of 0 would
+        # read as "no rate meets the SLO" while lower rates were seen to pass.
+        misses = [r for r, e in seen.items() if e.exact and not e.passes]
+        below = min(misses, default=math.inf)
+        quick = sorted((r for r, e in seen.items() if e.passes and r < below), reverse=True)
+        for r in quick[:_BUDGET_VERIFICATIONS]:
+            if ev(r, True).passes:
+                passing = [r]
+                break
     s.goodput, s.status = (max(passing) if passing else 0.0), "budget"
     return s
 
