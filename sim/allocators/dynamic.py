@@ -48,8 +48,9 @@ from sim.allocators.placement import make_arena
 GROWTHS = ("token", "chunk")
 
 
-class DynamicAllocator(CompactionMixin, Allocator):
-    cohort = None  # the engine grows sequences one by one (decode_plan / advance_decode)
+class DynamicAllocator(Allocator, CompactionMixin):
+    # No decode cohort (the base's ``cohort = None``): the engine grows sequences one by one
+    # (decode_plan / advance_decode).
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ from sim.allocators.placement import make_arena
 from sim.catalog import KVGroups
 
 
-class StaticAllocator(CompactionMixin, Allocator):
+class StaticAllocator(Allocator, CompactionMixin):
     def __init__(
         self,
         capacity_tokens: int,
