@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from mypy_extensions import trait
+from mypy_extensions import mypyc_attr, trait
 
 if TYPE_CHECKING:
     from sim.allocators.placement import AnyArena
@@ -102,6 +102,7 @@ def compact_allocator(alloc, starts: dict[int, int], sizes: Callable[[int], int]
 
 
 @trait
+@mypyc_attr(allow_interpreted_subclasses=True)  # its allocators are subclassed outside the compiled modules
 class CompactionMixin:
     """``fragmentation`` / ``utilization`` / ``should_compact`` for an allocator with an ``arena``.
 

@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.allocators.base import EXCEEDS_RESERVATION, Allocator, AllocWork, DecodePlan, Grow
 from sim.allocators.paged import PagedAllocator
 from sim.allocators.static import StaticAllocator
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class TieredAllocator(Allocator):
     """A :class:`StaticAllocator` and a :class:`PagedAllocator` side by side; subclasses choose
     where a new sequence goes (:meth:`_prefer`)."""
@@ -244,6 +246,7 @@ class TieredAllocator(Allocator):
         }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class StaticFallbackAllocator(TieredAllocator):
     """``static`` with ``overflow: fallback``: every sequence gets a reservation; one that outgrows
     it moves, with its KV, to a paged fallback region (``allocator.fallback_fraction`` of KV
