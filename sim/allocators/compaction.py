@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr, trait
+
 if TYPE_CHECKING:
     from sim.allocators.placement import AnyArena
 
@@ -99,16 +101,21 @@ def compact_allocator(alloc, starts: dict[int, int], sizes: Callable[[int], int]
     return moved
 
 
+@trait
+@mypyc_attr(allow_interpreted_subclasses=True)  # its allocators are subclassed outside the compiled modules
 class CompactionMixin:
     """``fragmentation`` / ``utilization`` / ``should_compact`` for an allocator with an ``arena``.
 
     The allocator implements ``compact() -> moved_tokens``.
     """
 
-    # Provided by the allocator the mixin is combined with.
+    # Provided by the allocator the mixin is combined with (a trait, so that compiled allocators
+    # can combine it: mypyc allows multiple inheritance only from traits, after the one base class).
     arena: AnyArena
     capacity_tokens: int
-    reserved_tokens: Callable[[], int]
+
+    def reserved_tokens(self) -> int:
+        raise NotImplementedError
 
     def fragmentation(self) -> float:
         """1 − largest free extent ÷ free (0 when nothing is free)."""

@@ -33,6 +33,7 @@ increments ``releases`` like a release does: a refused admission may fit after i
 from __future__ import annotations
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.allocators.base import (
     EXCEEDS_RESERVATION,
@@ -48,8 +49,10 @@ from sim.allocators.placement import make_arena
 GROWTHS = ("token", "chunk")
 
 
-class DynamicAllocator(CompactionMixin, Allocator):
-    cohort = None  # the engine grows sequences one by one (decode_plan / advance_decode)
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
+class DynamicAllocator(Allocator, CompactionMixin):
+    # No decode cohort (the base's ``cohort = None``): the engine grows sequences one by one
+    # (decode_plan / advance_decode).
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.allocators.paged import PagedAllocator
 
@@ -20,6 +21,7 @@ RESERVE_PROTECTED = "reserve_protected"
 ABOVE_PREEMPT_THRESHOLD = "above_preempt_threshold"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class HybridReserveAllocator(PagedAllocator):
     def __init__(
         self,

@@ -15,12 +15,15 @@ length) nothing ever moves: that is the strategy's upper bound.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from sim.allocators.base import Grow
 from sim.allocators.paged import PagedAllocator
 from sim.allocators.static import StaticAllocator
 from sim.allocators.tiered import TieredAllocator
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class HybridTailAllocator(TieredAllocator):
     def __init__(
         self,

@@ -87,8 +87,11 @@ class PagedAllocator(Allocator):
             self.free_blocks -= extra
             self.blocks[seq] += extra
             self._took(extra)
-        if tokens > self.used[seq]:
-            self._set_used(seq, tokens)
+        used = self.used
+        old = used[seq]
+        if tokens > old:  # _set_used, written out: this runs for every sequence at most iterations
+            self.used_total += tokens - old
+            used[seq] = tokens
         return Grow.OK
 
     def admit_refusal_reason(self, need: int) -> str:

@@ -21,6 +21,7 @@ counts the slots it keeps. A sequence may still grow to ``reserve_tokens``.
 from __future__ import annotations
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.allocators.base import (
     EXCEEDS_RESERVATION,
@@ -36,7 +37,8 @@ from sim.allocators.placement import make_arena
 from sim.catalog import KVGroups
 
 
-class StaticAllocator(CompactionMixin, Allocator):
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
+class StaticAllocator(Allocator, CompactionMixin):
     def __init__(
         self,
         capacity_tokens: int,
@@ -139,6 +141,7 @@ class StaticAllocator(CompactionMixin, Allocator):
             self._set_used(s, self._slots(t))
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class StaticCohort(Cohort):
     """Members of a static arena: growth is free until a member reaches its reservation."""
 

@@ -28,12 +28,14 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from sim.allocators.base import EXCEEDS_RESERVATION, Allocator, AllocWork, DecodePlan, Grow
 from sim.allocators.paged import PagedAllocator
 from sim.allocators.static import StaticAllocator
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class TieredAllocator(Allocator):
     """A :class:`StaticAllocator` and a :class:`PagedAllocator` side by side; subclasses choose
     where a new sequence goes (:meth:`_prefer`)."""
@@ -108,7 +110,12 @@ class TieredAllocator(Allocator):
             return self._move(seq, part, tokens)
         r = part.grow(seq, tokens)
         if r is Grow.OK:
-            self._set_used(seq, part.used[seq])
+            u = part.used[seq]
+            used = self.used
+            old = used[seq]  # every sequence in a region is counted here (check_invariants)
+            if u != old:
+                self.used_total += u - old
+                used[seq] = u
         return r
 
     def _move(self, seq: int, src: Allocator, tokens: int) -> Grow:
@@ -160,16 +167,30 @@ class TieredAllocator(Allocator):
         return self.pool.window_event_s(cost)
 
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
-        in_static = np.fromiter((self._where[s] is self.static for s in seqs), dtype=bool, count=len(seqs))
+        # One pass over the members with Python bools (iterating a NumPy mask makes a scalar per
+        # element): each region's members in window order, and the mask for their tokens.
+        static, where = self.static, self._where
+        flags: list[bool] = []
+        static_ids: list[int] = []
+        pool_ids: list[int] = []
+        for s in seqs:
+            if where[s] is static:
+                flags.append(True)
+                static_ids.append(s)
+            else:
+                flags.append(False)
+                pool_ids.append(s)
+        in_static = np.array(flags, dtype=bool)
         plans = []
         k = max_steps
-        for part, mask in ((self.static, in_static), (self.pool, ~in_static)):
-            ids = [s for s, m in zip(seqs, mask) if m]
-            p = part.decode_plan(ids, tokens_now[mask], max_steps) if ids else None
-            plans.append((part, p))
-            if p is not None:
+        for part, mask, ids in ((static, in_static, static_ids), (self.pool, ~in_static, pool_ids)):
+            p = None
+            if ids:
+                t = tokens_now[mask]
+                p = part.decode_plan(ids, t, max_steps)
                 # The window ends before a member would outgrow its region (a move copies).
-                k = min(k, p.steps, self._cap(part) - int(tokens_now[mask].max()) + 1)
+                k = min(k, p.steps, self._cap(part) - int(t.max()) + 1)
+            plans.append((part, p))
         k = max(1, k)
         reserved = np.zeros(k)
         used = np.zeros(k)
@@ -186,12 +207,25 @@ class TieredAllocator(Allocator):
         return DecodePlan(k, reserved, used, events)
 
     def advance_decode(self, seqs: list[int], tokens_after: np.ndarray) -> None:
-        for part in (self.static, self.pool):
-            idx = [i for i, s in enumerate(seqs) if self._where[s] is part]
+        static, where = self.static, self._where
+        static_idx: list[int] = []
+        pool_idx: list[int] = []
+        for i, s in enumerate(seqs):
+            if where[s] is static:
+                static_idx.append(i)
+            else:
+                pool_idx.append(i)
+        for part, idx in ((static, static_idx), (self.pool, pool_idx)):
             if idx:
                 part.advance_decode([seqs[i] for i in idx], tokens_after[idx])
+        # _sync for every member, written out.
+        used = self.used
+        total = self.used_total
         for s in seqs:
-            self._sync(s, self._where[s])
+            u = where[s].used[s]
+            total += u - used.get(s, 0)
+            used[s] = u
+        self.used_total = total
 
     def check_invariants(self) -> None:
         super().check_invariants()
@@ -212,6 +246,7 @@ class TieredAllocator(Allocator):
         }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed outside the compiled modules (tests, registered kinds)
 class StaticFallbackAllocator(TieredAllocator):
     """``static`` with ``overflow: fallback``: every sequence gets a reservation; one that outgrows
     it moves, with its KV, to a paged fallback region (``allocator.fallback_fraction`` of KV

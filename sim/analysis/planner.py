@@ -686,19 +686,19 @@ def plan(
 
 
 #: CPU seconds of each candidate's task in the default plan (``cpu_s`` in plan.json of ``kvsim plan
-#: chat-api --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05 --target-rate 40``). Only orders the work:
-#: allocators without a decode cohort (tiered regions, contiguous growth) grow every sequence one
-#: by one at every mixed iteration and cost ten times what the paged pool does.
+#: chat-api --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05 --target-rate 40``, compiled engine). Only
+#: orders the work: allocators without a decode cohort (tiered regions, contiguous growth) grow
+#: every sequence one by one at every mixed iteration and cost 3-6 times what the paged pool does.
 _TASK_CPU_S = {
-    "static-p95-fallback": 1.4,
-    "hybrid_tail": 1.5,
-    "hybrid_tail-quantile": 1.5,
-    "hybrid_tail-oracle": 1.5,
-    "dynamic": 0.9,
-    "static": 0.9,
-    "static-p95": 0.3,
-    "hybrid_reserve": 0.3,
-    "paged": 0.15,
+    "hybrid_tail": 1.3,
+    "hybrid_tail-quantile": 1.3,
+    "hybrid_tail-oracle": 0.8,
+    "static-p95-fallback": 0.75,
+    "static": 0.65,
+    "dynamic": 0.65,
+    "static-p95": 0.25,
+    "hybrid_reserve": 0.2,
+    "paged": 0.2,
     "paged-b32": 0.15,
 }
 

@@ -26,11 +26,12 @@ Plain functions for the math; the dataclasses hold fitted numbers. No torch.
 from __future__ import annotations
 
 import base64
+import itertools
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-from scipy.interpolate import RegularGridInterpolator
 
 #: Bytes per element by canonical dtype name. ``int8_wo`` stores int8 weights, computes in bf16.
 ELEM_BYTES = {
@@ -93,24 +94,64 @@ def roofline_time(theta: np.ndarray, work: np.ndarray) -> np.ndarray:
 # --- grid correction ------------------------------------------------------------------------
 
 
+def multilinear(axes: list[np.ndarray], values: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    """Multilinear interpolation of ``values`` (one axis per entry of ``axes``, each strictly
+    ascending, at least 2 points) at ``pts`` (``n × len(axes)``, inside the grid).
+
+    The same floating-point operations, in the same order, as scipy's
+    ``RegularGridInterpolator(method="linear")`` for grids of other than 2 dimensions (its
+    interval search and its sum over the hypercube's corners), so the results are bit-identical;
+    written out because importing ``scipy.interpolate`` costs a quarter of a second at every
+    start.
+    """
+    idx = []
+    dist = []
+    for d, a in enumerate(axes):
+        x = pts[:, d]
+        # The interval [a[i], a[i+1]) holding x, the last one closed on the right.
+        i = np.clip(np.searchsorted(a, x, side="right") - 1, 0, len(a) - 2)
+        idx.append(i)
+        dist.append((x - a[i]) / (a[i + 1] - a[i]))
+    shift = [1 - y for y in dist]
+    value = np.array([0.0])
+    for corner in itertools.product((0, 1), repeat=len(axes)):
+        weight = np.array([1.0])
+        for d, c in enumerate(corner):
+            weight = weight * (dist[d] if c else shift[d])
+        value = value + values[tuple(idx[d] + c for d, c in enumerate(corner))] * weight
+    return value
+
+
 @dataclass
 class GridCorrection:
     """Log-ratio correction on a tensor grid of log coordinates, multilinear, clamped at the edges."""
 
     axes: list[np.ndarray]
     values: np.ndarray
-    _interp: RegularGridInterpolator | None = field(default=None, repr=False)
+    #: scipy's interpolator, only for a grid this module's :func:`multilinear` does not replicate.
+    _interp: Any = field(default=None, repr=False)
 
     def __call__(self, coords_log: np.ndarray) -> np.ndarray:
         live = [d for d, a in enumerate(self.axes) if len(a) > 1]
         vals = self.values
-        # Singleton axes carry no variation: squeeze them out (RegularGridInterpolator needs ≥ 2 points).
+        # Singleton axes carry no variation: squeeze them out (interpolation needs ≥ 2 points).
         vals = vals.reshape(tuple(len(self.axes[d]) for d in live)) if live else vals.reshape(())
         if not live:
             return np.full(coords_log.shape[0], float(vals))
-        if self._interp is None:
-            self._interp = RegularGridInterpolator([self.axes[d] for d in live], vals, method="linear")
+        axes = [self.axes[d] for d in live]
         pts = np.column_stack([np.clip(coords_log[:, d], self.axes[d][0], self.axes[d][-1]) for d in live])
+        pts = np.asarray(pts, dtype=float)
+        if (
+            len(live) != 2  # scipy takes a compiled path for two dimensions: left to it
+            and vals.dtype == np.float64
+            and all(a.dtype == np.float64 and bool(np.all(np.diff(a) > 0)) for a in axes)
+            and bool(np.isfinite(pts).all())
+        ):
+            return multilinear(axes, vals, pts)
+        if self._interp is None:
+            from scipy.interpolate import RegularGridInterpolator
+
+            self._interp = RegularGridInterpolator(axes, vals, method="linear")
         return self._interp(pts)
 
     def in_range(self, coords_log: np.ndarray) -> np.ndarray:
