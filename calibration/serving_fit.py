@@ -161,6 +161,12 @@ class _Pool:
             else:
                 self.pool.shutdown()
 
+    def __enter__(self) -> _Pool:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(failed=exc_type is not None)
+
 
 def evaluate(
     rows: list[BenchRow],
@@ -172,17 +178,11 @@ def evaluate(
     workers: int = 1,
 ) -> list[RowResult]:
     """Every row simulated with ``terms``."""
-    own = pool is None
-    pool = pool or _Pool(workers)
-    try:
-        out = pool.run([(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows])
-    except BaseException:
-        if own:
-            pool.close(failed=True)
-        raise
-    if own:
-        pool.close()
-    return out
+    tasks = [(r, clients, dict(terms.engines.get(r.engine, {})), profile) for r in rows]
+    if pool is not None:
+        return pool.run(tasks)
+    with _Pool(workers) as own:
+        return own.run(tasks)
 
 
 def fit(
@@ -206,8 +206,7 @@ def fit(
     train_rows = [r for r in rows if r.group not in exclude]
     out = EngineTerms({}, loss=0.0, evals=0, groups=sorted({r.group for r in train_rows}))
     losses = []
-    pool = _Pool(workers)
-    try:
+    with _Pool(workers) as pool:
         for engine in sorted({r.engine for r in rows}):
             mine = [r for r in train_rows if r.engine == engine]
             if not mine:
@@ -217,10 +216,6 @@ def fit(
             out.engines[engine] = terms_e
             out.evals += n
             losses += [loss] * len({r.group for r in mine})
-    except BaseException:
-        pool.close(failed=True)
-        raise
-    pool.close()
     out.loss = float(np.mean(losses)) if losses else float("nan")
     return out
 
@@ -243,8 +238,7 @@ def fit_shared(
     if not rows:
         raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
     start = start or builtin_terms()
-    pool = _Pool(workers)
-    try:
+    with _Pool(workers) as pool:
         t, loss, n = _fit_engine(
             rows,
             engine,
@@ -257,10 +251,6 @@ def fit_shared(
             progress,
             shared=tuple(sorted({r.engine for r in rows})),
         )
-    except BaseException:
-        pool.close(failed=True)
-        raise
-    pool.close()
     return EngineTerms({engine: t}, loss=loss, evals=n, groups=sorted({r.group for r in rows}))
 
 
