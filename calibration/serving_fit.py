@@ -273,10 +273,15 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
         return {**base, **{t: _from_x(t, float(xi)) for t, xi in zip(terms, x)}}
 
     state = {"n": 0, "best": (float("inf"), x0)}
+    # Nelder-Mead's first vertex is the best spread start, already simulated: ask once per point.
+    seen: dict[tuple[float, ...], float] = {}
 
     def f(x) -> float:
+        key = tuple(float(xi) for xi in x)
+        if key in seen:
+            return seen[key]
         one = EngineTerms({e: unpack(x) for e in (shared or (engine,))})
-        v = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
+        v = seen[key] = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
         state["n"] += 1
         if v < state["best"][0]:
             state["best"] = (v, np.array(x))
