@@ -151,7 +151,7 @@ def validate_serving_bench(
         "rows": len(rows),
         "protocol": (
             "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
-            "other groups of its engine"
+            "other groups of its engine (where it has none, on the other engines' groups, shared)"
             if logo
             else "engine terms as given (presets or terms file)"
         ),
