@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from sim.analysis.columns import column
+
 if TYPE_CHECKING:  # pragma: no cover
     from plotly.graph_objects import Figure
 
@@ -49,22 +51,16 @@ def _thin(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(a[idx] for a in arrays)
 
 
-def _col(table: pa.Table, name: str) -> np.ndarray:
-    from sim.analysis.columns import column
-
-    return column(table, name)
-
-
 # --- per-request latencies -----------------------------------------------------------
 
 
 def request_latencies(requests: pa.Table) -> dict[str, np.ndarray]:
     """TTFT, TPOT and end-to-end latency (s) of the completed requests (TPOT needs ≥ 2 tokens)."""
     ok = np.asarray(requests.column("status").to_pylist()) == _COMPLETED
-    arrival = _col(requests, "arrival_s")
-    first = _col(requests, "first_token_s")
-    finish = _col(requests, "finish_s")
-    gen = _col(requests, "generated_tokens")
+    arrival = column(requests, "arrival_s")
+    first = column(requests, "first_token_s")
+    finish = column(requests, "finish_s")
+    gen = column(requests, "generated_tokens")
     multi = ok & (gen > 1)
     return {
         "ttft_s": (first - arrival)[ok],
@@ -113,8 +109,8 @@ def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dic
     """Cluster-wide step functions: at every recorded time, the sum over replicas of each
     replica's latest value of ``cols`` (a replica not yet recorded contributes its first value
     for capacity/free columns and 0 otherwise)."""
-    t_all = _col(ts, "t_s")
-    rep = _col(ts, "replica")
+    t_all = column(ts, "t_s")
+    rep = column(ts, "replica")
     order = np.argsort(t_all, kind="stable")
     t_union = np.unique(t_all)
     out = {c: np.zeros(t_union.size, dtype=np.float64) for c in cols}
@@ -125,7 +121,7 @@ def summed_over_replicas(ts: pa.Table, cols: list[str]) -> tuple[np.ndarray, dic
         before = idx < 0
         idx = np.maximum(idx, 0)
         for c in cols:
-            v = _col(ts, c)[sel].astype(np.float64)
+            v = column(ts, c)[sel].astype(np.float64)
             vals = v[idx]
             if c not in ("kv_capacity_bytes", "kv_free_bytes", "kv_largest_free_extent_bytes"):
                 vals = np.where(before, 0.0, vals)
@@ -219,10 +215,10 @@ def step_latency(timeseries: pa.Table) -> Figure:
     title = "Iteration latency (first iteration of each recorded window)"
     if timeseries.num_rows == 0:
         return _empty(fig, title)
-    t = _col(timeseries, "t_s")
-    step = _col(timeseries, "first_step_s") * 1e3
+    t = column(timeseries, "t_s")
+    step = column(timeseries, "first_step_s") * 1e3
     decode = decode_only_mask(timeseries)
-    rep = _col(timeseries, "replica")
+    rep = column(timeseries, "replica")
     for r in np.unique(rep):
         for mask, kind in ((decode, "decode"), (~decode, "prefill+decode")):
             sel = (rep == r) & mask
@@ -237,7 +233,7 @@ def step_latency(timeseries: pa.Table) -> Figure:
 
 def decode_only_mask(timeseries: pa.Table) -> np.ndarray:
     """Rows whose iterations computed one token per running sequence and nothing else."""
-    return _col(timeseries, "batch_tokens") == _col(timeseries, "running")
+    return column(timeseries, "batch_tokens") == column(timeseries, "running")
 
 
 # --- sweeps ---------------------------------------------------------------------------
