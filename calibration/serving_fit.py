@@ -257,10 +257,28 @@ def fit_shared(
 #: The clients' spreads (request cycles) tried before the simplex starts: lock-step, a little
 #: drift, a third and all of a cycle.
 SPREAD_STARTS = (0.0, 0.1, 0.3, 0.95)
+#: Front-end times (s) tried with each spread: the front end and the spread both move TTFT, in
+#: opposite directions at high concurrency, so a fit from one front end settles on the spread that
+#: suits it (servers measured so far need 5-150 ms per request outside the engine).
+FRONTEND_STARTS = (5e-3, 30e-3, 100e-3)
 
 
 def _start_of(start: EngineTerms, engine: str) -> dict[str, float]:
     return {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in FITTED_TERMS}
+
+
+def _start_grid(terms: tuple[str, ...], base: dict[str, float]) -> list[dict[str, float]]:
+    """Starting points tried before the simplex: every spread of :data:`SPREAD_STARTS` with every
+    front end of :data:`FRONTEND_STARTS` and the starting one (for the terms being fitted)."""
+    spreads = SPREAD_STARTS if "client_spread_cycles" in terms else (None,)
+    fronts = sorted({base["frontend_s"], *FRONTEND_STARTS}) if "frontend_s" in terms else [None]
+    grid = []
+    for s in spreads:
+        for fe in fronts:
+            point = {k: v for k, v in (("client_spread_cycles", s), ("frontend_s", fe)) if v is not None}
+            if point:
+                grid.append(point)
+    return grid
 
 
 def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=()):
@@ -290,13 +308,14 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
         return v
 
     # The clients' spread moves TTFT in steps (clients merge into or leave a shared batch), and
-    # Nelder-Mead from one spread stays in that spread's basin: try a few across the range first
-    # and start the simplex from the best of them.
-    if "client_spread_cycles" in terms and max_evals > 2 * len(SPREAD_STARTS):
-        i = terms.index("client_spread_cycles")
-        for s in SPREAD_STARTS:
+    # Nelder-Mead from one spread stays in that spread's basin: try a grid of spreads and front ends
+    # first and start the simplex from the best of them.
+    grid = _start_grid(terms, base)
+    if len(grid) > 1 and max_evals > 2 * len(grid):
+        for point in grid:
             x = np.array(x0)
-            x[i] = _to_x("client_spread_cycles", s)
+            for t, v in point.items():
+                x[terms.index(t)] = _to_x(t, v)
             f(x)
         x0 = np.array(state["best"][1])
     simplex = np.vstack(

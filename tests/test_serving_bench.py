@@ -24,6 +24,7 @@ from calibration.serving_bench import (
     BenchRow,
     Clients,
     RowResult,
+    default_kv,
     read_bench,
     read_csv,
     row_scenario,
@@ -79,8 +80,8 @@ def with_terms(**engines: dict) -> EngineTerms:
 def test_csv_rows_read_with_optional_columns(tmp_path):
     p = tmp_path / "bench.csv"
     p.write_text(
-        f"{HEADER},weights,engine_version,source_id\n{GOOD},fp8,0.12.0,run-a\n"
-        "Qwen/Qwen3-32B,h200_sxm,SGLang,2,1024,128,16,840.8,16.5,,,\n"
+        f"{HEADER},weights,kv,engine_version,source_id\n{GOOD},fp8,FP8,0.12.0,run-a\n"
+        "Qwen/Qwen3-32B,h200_sxm,SGLang,2,1024,128,16,840.8,16.5,,,,\n"
     )
     a, b = read_csv(p)
     assert a == BenchRow(
@@ -94,11 +95,13 @@ def test_csv_rows_read_with_optional_columns(tmp_path):
         ttft_ms=20.5,
         tpot_ms=7.25,
         weights="fp8",
+        kv="fp8",
         engine_version="0.12.0",
         source="run-a",
     )
-    # Engine names are case-insensitive; a blank weights cell is bf16; a row without an id is named by its line.
-    assert (b.engine, b.weights, b.tp, b.source) == ("sglang", "bf16", 2, "row 3")
+    # Engine names are case-insensitive; a blank weights cell is bf16, a blank kv cell the engine's
+    # default; a row without an id is named by its line.
+    assert (b.engine, b.weights, b.kv, b.tp, b.source) == ("sglang", "bf16", "", 2, "row 3")
     assert b.group == "Qwen/Qwen3-32B/h200_sxm/sglang"
 
 
@@ -112,6 +115,7 @@ BAD_ROWS = [  # (the second data row's cells that replace the good ones, the col
     ({"tpot_ms": "nan"}, "tpot_ms", "'nan'"),
     ({"tpot_ms": "fast"}, "tpot_ms", "'fast'"),
     ({"engine": "tgi"}, "engine", "'tgi'"),
+    ({"kv": "int4"}, "kv", "'int4'"),
     ({"gpu": "a999"}, "gpu", "'a999'"),
     ({"model": "acme/NoSuchModel-7B"}, "model", "'acme/NoSuchModel-7B'"),
 ]
@@ -119,11 +123,11 @@ BAD_ROWS = [  # (the second data row's cells that replace the good ones, the col
 
 @pytest.mark.parametrize("cells,column,quoted", BAD_ROWS, ids=[c for _, c, _ in BAD_ROWS])
 def test_bad_csv_value_names_file_row_column_and_value(tmp_path, cells, column, quoted):
-    cols = HEADER.split(",")
-    values = dict(zip(cols, GOOD.split(",")))
+    cols = HEADER.split(",") + ["kv"]
+    values = dict(zip(cols, GOOD.split(",") + [""]))
     values.update(cells)
     p = tmp_path / "bench.csv"
-    p.write_text(f"{HEADER}\n{GOOD}\n" + ",".join(values[c] for c in cols) + "\n")
+    p.write_text(f"{HEADER},kv\n{GOOD},\n" + ",".join(values[c] for c in cols) + "\n")
     with pytest.raises(ConfigError) as ei:
         read_bench(p)
     msg = str(ei.value)
@@ -241,7 +245,9 @@ def test_row_is_a_closed_loop_on_its_engine_preset(engine):
     assert (lengths.kind, lengths.prompt_tokens, lengths.output_tokens) == ("fixed", 300, 20)
     assert sc.workload.num_requests == 5 * (TINY.requests_per_client + TINY.warmup)
     assert (sc.gpu.name, sc.gpu.tensor_parallel) == (GPU_IDS["h200_sxm"], 2)
-    assert (sc.model.name, sc.model.weight_dtype, sc.model.kv_dtype) == ("llama-3.1-8b", "fp8", "bf16")
+    # fp8 weights: TensorRT-LLM follows the FP8 checkpoint's KV quantisation, vLLM and SGLang keep bf16.
+    kv = {"trtllm": "fp8"}.get(engine, "bf16")
+    assert (sc.model.name, sc.model.weight_dtype, sc.model.kv_dtype) == ("llama-3.1-8b", "fp8", kv)
     assert (sc.allocator.kind, sc.allocator.block_size) == ("paged", ENGINE_BLOCK_SIZE[engine])
     preset = PRESETS[engine]
     assert sc.engine.kind == engine
@@ -261,9 +267,21 @@ def test_row_is_a_closed_loop_on_its_engine_preset(engine):
 
 
 def test_row_scenario_details():
-    # TensorRT-LLM does not chunk prompts: the token budget is raised to hold one.
+    # TensorRT-LLM does not chunk prompts: the token budget is raised to hold one beside every
+    # running decode, also when the prompt alone is exactly the default budget.
     sc = scenario_from_dict(row_scenario(row(engine="trtllm", isl=10000, osl=4), TINY))
     assert sc.scheduler.max_num_batched_tokens >= 10000
+    sc = scenario_from_dict(row_scenario(row(engine="trtllm", isl=8192, osl=4, concurrency=4), TINY))
+    assert sc.scheduler.max_num_batched_tokens == 8192 + 4
+    # An engine that chunks prompts keeps its budget.
+    sc = with_engine_defaults(scenario_from_dict(row_scenario(row(engine="vllm", isl=8192, concurrency=4), TINY)))
+    assert sc.scheduler.max_num_batched_tokens == PRESETS["vllm"].max_num_batched_tokens
+    # The KV cache's dtype: the row's when given, else the engine's default for its weights.
+    assert default_kv("trtllm", "fp8") == "fp8" and default_kv("trtllm", "bf16") == "bf16"
+    assert default_kv("vllm", "fp8") == default_kv("sglang", "fp8_block") == "bf16"
+    kv = scenario_from_dict(row_scenario(row(engine="trtllm", weights="fp8", kv="bf16"), TINY)).model.kv_dtype
+    assert kv == "bf16"
+    assert scenario_from_dict(row_scenario(row(engine="vllm", kv="fp8"), TINY)).model.kv_dtype == "fp8"
     # fp16 weights are priced as the 16-bit weights they are, not as fp8.
     assert scenario_from_dict(row_scenario(row(weights="fp16"), TINY)).model.weight_dtype == "bf16"
     # A shipped Hugging Face config is used as such.
@@ -357,6 +375,22 @@ def test_fit_leaves_a_share_term_that_starts_at_zero():
     got = fit(rows, with_terms(), clients, terms=("client_spread_cycles",), max_evals=30)
     assert start_loss > 0.3 and got.loss < 0.05
     assert got.engines["vllm"]["client_spread_cycles"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_fit_starts_from_the_best_spread_and_front_end_pair():
+    """A large front end with clients spread over a whole cycle and a small one with clients in
+    lock-step can give similar TTFTs; from a start at lock-step and 5 ms the fit must reach the pair
+    the rows were made with."""
+    rows = [
+        row(tp=tp, isl=isl, osl=32, concurrency=c)
+        for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8), (1, 1024, 32), (1, 256, 4)]
+    ]
+    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0)
+    made = {"client_spread_cycles": 0.95, "frontend_s": 0.1}
+    rows = measured(rows, with_terms(vllm=made), clients)
+    got = fit(rows, with_terms(), clients, terms=("frontend_s", "client_spread_cycles"), max_evals=30)
+    assert got.loss < 0.05
+    assert got.engines["vllm"]["frontend_s"] == pytest.approx(0.1, rel=0.1)
 
 
 def test_fit_rejects_no_rows():
