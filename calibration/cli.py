@@ -24,7 +24,18 @@ DEFAULT_TPS = (1, 2, 4, 8)
 
 
 def _serving_bench(
-    path: str, out: Path, *, engine, profile, gpu, tp, max_evals, workers, exclude: tuple[str, ...] = ()
+    path: str,
+    out: Path,
+    *,
+    engine,
+    profile,
+    gpu,
+    tp,
+    max_evals,
+    workers,
+    exclude: tuple[str, ...] = (),
+    weights: str | None = None,
+    kv: str | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -50,6 +61,8 @@ def _serving_bench(
         engine=engine,
         gpu=gpu,
         tp=tp,
+        weights=weights,
+        kv=kv,
         max_evals=max_evals,
         workers=workers,
         exclude=exclude,
@@ -102,6 +115,16 @@ def calibrate_command(
         None, "--profile", help="--from-serving-bench: the kernel profile (default: the GPU's built-in one)."
     ),
     gpu: str | None = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
+    weights: str | None = typer.Option(
+        None,
+        "--weights",
+        help="--from-serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block; default bf16).",
+    ),
+    kv: str | None = typer.Option(
+        None,
+        "--kv",
+        help="--from-serving-bench with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
+    ),
     max_evals: int = typer.Option(
         100, "--max-evals", min=1, max=100000, help="--from-serving-bench: simulations of the rows per engine fit."
     ),
@@ -128,6 +151,8 @@ def calibrate_command(
             max_evals=max_evals,
             workers=workers,
             exclude=tuple(exclude_group or ()),
+            weights=weights,
+            kv=kv,
         )
         return
     if model is None:

@@ -207,6 +207,7 @@ def read_vllm_result(
     tp: int | None = None,
     engine: str = "vllm",
     weights: str | None = None,
+    kv: str | None = None,
     model: str | None = None,
 ) -> BenchRow:
     """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``)."""
@@ -247,6 +248,7 @@ def read_vllm_result(
         "ttft_ms": doc["mean_ttft_ms"],
         "tpot_ms": doc["mean_tpot_ms"],
         "weights": weights or "bf16",
+        "kv": kv or "",
         "engine_version": doc.get("backend", ""),
         "source_id": path.name,
     }

@@ -32,9 +32,17 @@ def _terms_from(path: str | None) -> EngineTerms:
     return base
 
 
-def _rows(path: str, engine: str | None, gpu: str | None, tp: int | None) -> list[BenchRow]:
-    """The file's rows (``engine``: only that engine's), or a ConfigError when none is left."""
-    rows = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm")
+def _rows(
+    path: str,
+    engine: str | None,
+    gpu: str | None,
+    tp: int | None,
+    weights: str | None = None,
+    kv: str | None = None,
+) -> list[BenchRow]:
+    """The file's rows (``engine``: only that engine's), or a ConfigError when none is left.
+    ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them."""
+    rows = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
     if engine:
         have = sorted({r.engine for r in rows})
         rows = [r for r in rows if r.engine == engine]
@@ -116,11 +124,13 @@ def validate_serving_bench(
     exclude: tuple[str, ...] = (),
     gpu: str | None = None,
     tp: int | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
-    rows = _rows(path, engine, gpu, tp)
+    rows = _rows(path, engine, gpu, tp, weights, kv)
     exclude = resolve_exclusions(exclude, rows)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
@@ -241,13 +251,15 @@ def calibrate_from_serving_bench(
     workers: int = 1,
     gpu: str | None = None,
     tp: int | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
     exclude: tuple[str, ...] = (),
     progress: Callable[[str, int, float, dict], None] | None = None,
 ) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them)."""
-    rows = _rows(path, engine, gpu, tp)
+    rows = _rows(path, engine, gpu, tp, weights, kv)
     exclude = resolve_exclusions(exclude, rows)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     terms = fit(

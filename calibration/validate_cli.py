@@ -71,6 +71,16 @@ def validate_command(
     ),
     gpu: str | None = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
     tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
+    weights: str | None = typer.Option(
+        None,
+        "--weights",
+        help="--serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block; default bf16).",
+    ),
+    kv: str | None = typer.Option(
+        None,
+        "--kv",
+        help="--serving-bench with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
+    ),
     exclude_group: list[str] | None = typer.Option(
         None,
         "--exclude-group",
@@ -96,6 +106,8 @@ def validate_command(
             out=out,
             gpu=gpu,
             tp=tp,
+            weights=weights,
+            kv=kv,
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
         )
@@ -247,6 +259,8 @@ def _serving(
     out,
     gpu,
     tp,
+    weights: str | None = None,
+    kv: str | None = None,
     max_evals: int = 100,
     exclude: tuple[str, ...] = (),
 ) -> None:
@@ -269,6 +283,8 @@ def _serving(
         out=out,
         gpu=gpu,
         tp=tp,
+        weights=weights,
+        kv=kv,
         max_evals=max_evals,
         exclude=exclude,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),

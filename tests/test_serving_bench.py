@@ -206,6 +206,11 @@ def test_vllm_result_json_is_a_closed_loop_row(tmp_path):
     )
     with pytest.raises(ConfigError, match="--gpu/--tp"):
         read_bench(p)
+    # The KV dtype is not in the file either: given, it is the row's; left out, the engine's default.
+    (r,) = read_bench(p, gpu="h200_sxm", tp=2, weights="fp8", kv="fp8")
+    assert r.kv == "fp8"
+    with pytest.raises(ConfigError, match=r"run\.json: result, kv: got 'int4'"):
+        read_bench(p, gpu="h200_sxm", tp=2, kv="int4")
     p.write_text(json.dumps(vllm_result(max_concurrency=None)))
     with pytest.raises(ConfigError, match=r"run\.json: result, max_concurrency: got None; a closed-loop run"):
         read_bench(p, gpu="h100_sxm", tp=1)
@@ -550,6 +555,19 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     # plotly.js inline, no script from the network (tests/test_offline_reports.py opens it with the network cut).
     assert "Plotly.newPlot" in html and len(html) > 1_000_000 and not re.search(r"<script[^>]*src=[\"']?https?:", html)
     assert "ALL" in r.stdout
+
+
+def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps(vllm_result()))
+    args = ["--gpu", "h100_sxm", "--tp", "1", "--requests-per-client", "2"]
+    r = kvsim(
+        "validate", "--serving-bench", "run.json", *args, "--weights", "fp8", "--kv", "fp8", "--out", "v", cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    (res,) = json.loads((tmp_path / "v" / "serving_validation.json").read_text())["results"]
+    assert (res["weights"], res["kv"], res["error"]) == ("fp8", "fp8", None)
+    r = kvsim("validate", "--serving-bench", "run.json", *args, "--kv", "int4", "--out", "w", cwd=tmp_path)
+    assert r.returncode == 2 and "kv: got 'int4'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize(
