@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from sim.catalog import GPUS, MODELS
+from sim.engine_presets import get_preset
 from sim.errors import ConfigError
 
 #: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
@@ -308,7 +309,8 @@ def default_kv(engine: str, weights: str) -> str:
     the KV cache too (``kv_cache_quant_algo: FP8``). The shipped training file bears this out: its
     TensorRT-LLM Qwen3-32B fp8 runs on one H100 hold 128 clients of 2048 + 128 tokens with a TTFT
     of 1.6 s, so nearly all of them are resident: about 280 k tokens of KV, 73 GB in bf16 beside
-    33 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is the model's activation dtype (bf16).
+    33 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
+    the model's activation dtype (bf16).
     """
     return "fp8" if engine == "trtllm" and weights.startswith("fp8") else "bf16"
 
@@ -370,8 +372,6 @@ def row_scenario(
         "engine": {"kind": row.engine, **(engine or {})},
         "cost_model": {"profile": profile or "auto"},
     }
-    from sim.engine_presets import get_preset
-
     preset = get_preset(row.engine)
     if preset is not None and not preset.chunked_prefill and row.isl + row.concurrency > preset.max_num_batched_tokens:
         # Without chunked prefill a prompt joins an iteration whole, beside every running decode:
