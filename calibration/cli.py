@@ -51,7 +51,7 @@ def _serving_bench(
                 f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
                 f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
                 f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client spread "
-                f"{terms['client_spread_cycles']:.2f} cycles)"
+                f"{terms['client_spread_cycles']:.2f} cycles, cv {terms['client_cv']:.2f})"
             )
 
     terms = calibrate_from_serving_bench(

@@ -1,8 +1,9 @@
 """Fit serving-engine terms to end-to-end benchmarks (``kvsim calibrate --from-serving-bench``).
 
 Per engine a handful of terms (``sim.engine_presets.FITTED_TERMS``: host time per iteration and
-per sequence, the share of it hidden behind the GPU, the per-request front end, and how far the
-benchmark's clients have drifted apart, in request cycles) are chosen to minimise, over the
+per sequence, the share of it hidden behind the GPU, the per-request front end, how far the
+benchmark's clients have drifted apart, in request cycles, and how much each request's client and
+front-end time varies) are chosen to minimise, over the
 benchmark rows::
 
     mean over (model, GPU, engine) groups of  mean |log(sim TPOT / meas TPOT)| + mean |log(sim TTFT / meas TTFT)|
@@ -38,7 +39,14 @@ _LOG = {"host_s", "host_per_seq_s", "frontend_s"}
 _SHARE = {"host_hidden", "client_spread_cycles"}
 
 
+#: The clients' and front end's coefficient of variation: a log coordinate above this floor (a
+#: spread of 0 is a start, not a value the fit has to reach exactly).
+_CV_FLOOR = 0.05
+
+
 def _to_x(name: str, v: float) -> float:
+    if name == "client_cv":
+        return math.log(max(v, _CV_FLOOR))
     if name in _SHARE:
         p = min(max(v, 1e-3), 1 - 1e-3)
         return math.log(p / (1 - p))
@@ -51,6 +59,9 @@ def _step(name: str, v: float) -> float:
     of 0.3 in logit space from a share at its bound (0, as the presets start the clients' spread
     and the hidden host share) moves it by a thousandth, too little to change any simulated time,
     and the fit would never leave the bound."""
+    if name == "client_cv" and v < 0.2:
+        # From (near) no spread, a third of a decade would still be no spread: step to 0.5.
+        return _to_x(name, 0.5) - _to_x(name, v)
     if name not in _SHARE:
         return 0.3
     p = min(max(v, 1e-3), 1 - 1e-3)
@@ -61,6 +72,8 @@ def _step(name: str, v: float) -> float:
 def _from_x(name: str, x: float) -> float:
     if name in _SHARE:
         return 1.0 / (1.0 + math.exp(-x))
+    if name == "client_cv":
+        return math.exp(min(x, math.log(10.0)))  # TERM_RANGES: at most 10
     return math.exp(min(x, 50.0))
 
 
@@ -94,6 +107,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_spread_cycles": 0.0,
+        "client_cv": 0.5,
     },
     "sglang": {
         "host_s": 0.5e-3,
@@ -101,6 +115,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_spread_cycles": 0.0,
+        "client_cv": 0.5,
     },
     "trtllm": {
         "host_s": 1.0e-3,
@@ -108,6 +123,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_spread_cycles": 0.0,
+        "client_cv": 0.5,
     },
 }
 

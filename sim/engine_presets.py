@@ -102,7 +102,7 @@ class EnginePreset:
 
 
 #: Terms a serving benchmark can fit (the rest are structural: taken from the engines' code).
-FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_spread_cycles")
+FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_spread_cycles", "client_cv")
 
 _VLLM_SRC = (
     "vLLM 0.12.0 (engine/arg_utils.py get_batch_defaults; config/vllm.py capture sizes; "
@@ -123,7 +123,8 @@ _FIT_SRC = (
 )
 
 #: Built-in presets. Fitted terms hold the values of ``kvsim calibrate --from-serving-bench`` on the
-#: training file shipped in calibration/data/serving-bench (see docs/calibration.md).
+#: training file shipped in calibration/data/serving-bench over the first five ``FITTED_TERMS``
+#: (``client_cv`` 0; the six-term fit and its accuracy: docs/calibration.md).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",

@@ -47,7 +47,14 @@ TINY = Clients(requests_per_client=3, warmup=1)
 #: The fitting tests' clients: no per-request spread (whatever a preset's default), so the terms alone decide.
 FIXED = Clients(requests_per_client=3, warmup=1, client_cv=0.0)
 #: Where the fitting tests start, whatever the presets' fitted values are (these were theirs before any fit).
-START = {"host_s": 1e-3, "host_per_seq_s": 10e-6, "host_hidden": 0.0, "frontend_s": 5e-3, "client_spread_cycles": 0.0}
+START = {
+    "host_s": 1e-3,
+    "host_per_seq_s": 10e-6,
+    "host_hidden": 0.0,
+    "frontend_s": 5e-3,
+    "client_spread_cycles": 0.0,
+    "client_cv": 0.0,
+}
 
 
 def row(**kw) -> BenchRow:
@@ -380,6 +387,23 @@ def test_fit_leaves_a_share_term_that_starts_at_zero():
     got = fit(rows, with_terms(), clients, terms=("client_spread_cycles",), max_evals=30)
     assert start_loss > 0.3 and got.loss < 0.05
     assert got.engines["vllm"]["client_spread_cycles"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_fit_leaves_no_spread_of_the_front_end():
+    """The front end's coefficient of variation starts at 0 in the presets; the fit must move it
+    (to where the rows were made) rather than step around 0 in log space."""
+    rows = [
+        row(tp=tp, isl=isl, osl=16, concurrency=c)
+        for tp, isl, c in [(1, 1024, 16), (1, 512, 32), (2, 2048, 16), (1, 1024, 32)]
+    ]
+    clients = Clients(requests_per_client=4, warmup=1)  # client_cv from the terms
+    made = {"client_spread_cycles": 0.5, "frontend_s": 0.05}
+    rows = measured(rows, with_terms(vllm={**made, "client_cv": 1.0}), clients)
+    start = with_terms(vllm=made)
+    start_loss = objective(evaluate(rows, start, clients))
+    got = fit(rows, start, clients, terms=("client_cv",), max_evals=20)
+    assert start_loss > 0.05 and got.loss < start_loss / 3, (start_loss, got.loss)
+    assert got.engines["vllm"]["client_cv"] > 0.3
 
 
 def test_fit_starts_from_the_best_spread_and_front_end_pair():
