@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.engine_presets import FITTED_TERMS, PRESETS, TERMS_FORMAT
+from sim.engine_presets import FITTED_TERMS, PRESETS, TERM_RANGES, TERMS_FORMAT
 from sim.errors import ConfigError
 
 from .serving_bench import BenchRow, Clients, RowResult, simulate_row
@@ -35,13 +35,12 @@ from .serving_bench import BenchRow, Clients, RowResult, simulate_row
 FORMAT = TERMS_FORMAT
 
 #: Transform of each fitted quantity to the optimiser's unbounded coordinate.
-_LOG = {"host_s", "host_per_seq_s", "frontend_s"}
+#: Times are logarithms, shares logits, and the clients' and front end's coefficient of variation a
+#: logarithm above a floor (a spread of 0 is a start, not a value the fit has to reach exactly)
+#: and below its allowed maximum.
 _SHARE = {"host_hidden", "client_spread_cycles"}
-
-
-#: The clients' and front end's coefficient of variation: a log coordinate above this floor (a
-#: spread of 0 is a start, not a value the fit has to reach exactly).
 _CV_FLOOR = 0.05
+_CV_MAX = TERM_RANGES["client_cv"][1]
 
 
 def _to_x(name: str, v: float) -> float:
@@ -73,7 +72,7 @@ def _from_x(name: str, x: float) -> float:
     if name in _SHARE:
         return 1.0 / (1.0 + math.exp(-x))
     if name == "client_cv":
-        return math.exp(min(x, math.log(10.0)))  # TERM_RANGES: at most 10
+        return math.exp(min(x, math.log(_CV_MAX)))
     return math.exp(min(x, 50.0))
 
 
