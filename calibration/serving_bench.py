@@ -344,9 +344,7 @@ def row_scenario(
     model = resolve_model(row.model)
     # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
     kv = row.kv or default_kv(row.engine, row.weights)
-    model.update(
-        {"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": "bf16" if kv == "fp16" else kv}
-    )
+    model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": kv})
     n = row.concurrency * (clients.requests_per_client + clients.warmup)
     sc: dict = {
         "name": "serving-bench",
