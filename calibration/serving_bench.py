@@ -272,6 +272,21 @@ def read_bench(path: str | Path, **vllm_args) -> list[BenchRow]:
     return read_csv(p)
 
 
+def completion_gap_ratios(rows: Iterable[BenchRow], max_concurrency: int = 32) -> dict[tuple[str, int, int], float]:
+    """Median TTFT ÷ (request cycle ÷ concurrency) per (group, concurrency, osl), over rows of at
+    most ``max_concurrency`` clients; the cycle is TTFT + (osl − 1) × TPOT, so cycle ÷ c is the mean
+    time between two completions. A server's TTFT set by prefill and queueing does not depend on the
+    output length, and the ratio halves as the output doubles; a ratio near 1 at every output length
+    says each request waited for another one to finish (docs/calibration.md, mis-measured groups)."""
+    by: dict[tuple[str, int, int], list[float]] = {}
+    for r in rows:
+        if r.concurrency > max_concurrency:
+            continue
+        cycle = r.ttft_ms + (r.osl - 1) * r.tpot_ms
+        by.setdefault((r.group, r.concurrency, r.osl), []).append(r.ttft_ms / (cycle / r.concurrency))
+    return {k: float(np.median(v)) for k, v in sorted(by.items())}
+
+
 # --- rows as scenarios -----------------------------------------------------------------------
 
 

@@ -21,9 +21,11 @@ import pytest
 from calibration.serving_bench import (
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
+    TRAINING_FILE,
     BenchRow,
     Clients,
     RowResult,
+    completion_gap_ratios,
     default_kv,
     read_bench,
     read_csv,
@@ -343,6 +345,23 @@ def test_score_statistics():
     assert o["ttft"]["median_abs"] == pytest.approx(0.275) and o["ttft"]["within_10"] == 0.5
     assert o["tpot"]["bias"] == pytest.approx(-0.1) and o["tpot"]["within_20"] == 1.0
     assert set(sc["groups"]) == {rows[0].group, rows[1].group}
+
+
+def test_completion_gap_ratio_halves_with_the_output_unless_requests_wait_for_a_completion():
+    # A TTFT set by prefill and queueing does not depend on the output: TTFT / (cycle / c) = 1 at
+    # every output length only if each request waits for another to finish.
+    a = row(ttft_ms=100.0, tpot_ms=10.0, osl=101, concurrency=10)  # cycle 1100 ms: 110 ms between completions
+    b = replace(a, osl=201, ttft_ms=100.0)
+    c = replace(a, osl=201, ttft_ms=210.0, concurrency=64)  # above max_concurrency: left out
+    got = completion_gap_ratios([a, b, c])
+    assert got == {(a.group, 10, 101): pytest.approx(100 / 110), (a.group, 10, 201): pytest.approx(100 / 210)}
+    # The shipped file: Llama-3.1-8B / TensorRT-LLM at c = 8 stays above 1 at every output length, while
+    # Qwen3-32B on the same engine version falls as the output doubles (docs/calibration.md).
+    r = completion_gap_ratios(read_bench(TRAINING_FILE))
+    llama = [r[("meta-llama/Llama-3.1-8B-Instruct/h100_sxm/trtllm", 8, osl)] for osl in (128, 256, 512)]
+    qwen = [r[("Qwen/Qwen3-32B/h100_sxm/trtllm", 8, osl)] for osl in (128, 256, 512)]
+    assert min(llama) > 1.1 and llama[2] > 0.65 * llama[0]
+    assert qwen[1] < 0.7 * qwen[0] and qwen[2] < 0.7 * qwen[1]
 
 
 # --- fitting ---------------------------------------------------------------------------------
