@@ -67,6 +67,7 @@ def _serving_bench(
         workers=workers,
         exclude=exclude,
         progress=progress,
+        warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
     typer.echo(
         f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "

@@ -287,6 +287,24 @@ def completion_gap_ratios(rows: Iterable[BenchRow], max_concurrency: int = 32) -
     return {k: float(np.median(v)) for k, v in sorted(by.items())}
 
 
+def ttft_follows_completions(rows: Iterable[BenchRow], max_concurrency: int = 32) -> dict[str, list[int]]:
+    """Per group, the concurrencies at which its TTFT follows the time between completions instead
+    of the server (:func:`completion_gap_ratios`): runs of two or more output lengths (the longest
+    at least twice the shortest) whose ratio at the longest output is still at least 0.9 and has
+    fallen by less than 45 % from the shortest. A TTFT set by prefill and queueing keeps the ratio
+    falling with the output (by half per doubling); none of the groups measured on servers alone
+    comes near these bounds (docs/calibration.md)."""
+    by: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for (group, c, osl), r in completion_gap_ratios(rows, max_concurrency).items():
+        by.setdefault((group, c), []).append((osl, r))
+    out: dict[str, list[int]] = {}
+    for (group, c), pts in sorted(by.items()):
+        (short, r_short), (long, r_long) = min(pts), max(pts)
+        if long >= 2 * short and r_long >= 0.9 and r_long >= 0.55 * r_short:
+            out.setdefault(group, []).append(c)
+    return out
+
+
 # --- rows as scenarios -----------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
-from .serving_bench import BenchRow, Clients, RowResult, read_bench, score
+from .serving_bench import BenchRow, Clients, RowResult, read_bench, score, ttft_follows_completions
 from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, unfitted_terms
 
 
@@ -49,6 +49,17 @@ def _rows(
         if not rows:
             raise ConfigError("--engine", engine, f"an engine with rows in {path}: {', '.join(have)}")
     return rows
+
+
+def completion_warnings(rows: list[BenchRow]) -> list[str]:
+    """One line per group whose TTFT follows the time between completions (:func:`ttft_follows_completions`)."""
+    return [
+        f"{g}: at concurrency {', '.join(map(str, cs))} its TTFT grows with the output length, close to the time "
+        "between two completions (request cycle / concurrency): requests seem to wait for another one to finish, "
+        "a limit of the benchmark or server that the rows do not record; no server model fits that TTFT "
+        "(docs/calibration.md, groups that look mis-measured)"
+        for g, cs in ttft_follows_completions(rows).items()
+    ]
 
 
 def resolve_exclusions(names: tuple[str, ...] | list[str], rows: list[BenchRow]) -> tuple[str, ...]:
@@ -174,6 +185,7 @@ def validate_serving_bench(
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
+        "ttft_follows_completions": ttft_follows_completions(rows),
         "results": [r.to_json() for r in preds],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -255,13 +267,17 @@ def calibrate_from_serving_bench(
     kv: str | None = None,
     exclude: tuple[str, ...] = (),
     progress: Callable[[str, int, float, dict], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
-    scenario uses them)."""
+    scenario uses them); ``warn`` hears :func:`completion_warnings` before the fit starts."""
     rows = _rows(path, engine, gpu, tp, weights, kv)
     exclude = resolve_exclusions(exclude, rows)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
+    if warn is not None:
+        for line in completion_warnings(rows):
+            warn(line)
     terms = fit(
         rows,
         _terms_from(terms_file),
@@ -281,6 +297,7 @@ __all__ = [
     "validate_serving_bench",
     "calibrate_from_serving_bench",
     "resolve_exclusions",
+    "completion_warnings",
     "table_rows",
     "HEADER",
     "RowResult",

@@ -296,6 +296,11 @@ def _serving(
     for row in table_rows(doc["score"]):
         t.add_row(*row)
     con.print(t)
+    for g, cs in doc["ttft_follows_completions"].items():
+        con.print(
+            f"note: {g}: at concurrency {', '.join(map(str, cs))} its measured TTFT follows the time between "
+            "completions, not the server (docs/calibration.md, groups that look mis-measured)"
+        )
     failed = [r for r in doc["results"] if r["error"]]
     if failed:
         con.print(f"{len(failed)} rows could not be simulated, e.g. {failed[0]['source']}: {failed[0]['error']}")

@@ -32,6 +32,7 @@ from calibration.serving_bench import (
     row_scenario,
     score,
     simulate_row,
+    ttft_follows_completions,
 )
 from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
 from sim.config import scenario_from_dict
@@ -362,6 +363,24 @@ def test_completion_gap_ratio_halves_with_the_output_unless_requests_wait_for_a_
     qwen = [r[("Qwen/Qwen3-32B/h100_sxm/trtllm", 8, osl)] for osl in (128, 256, 512)]
     assert min(llama) > 1.1 and llama[2] > 0.65 * llama[0]
     assert qwen[1] < 0.7 * qwen[0] and qwen[2] < 0.7 * qwen[1]
+    # Flagged: that group alone, at the concurrencies where it happens.
+    assert ttft_follows_completions(read_bench(TRAINING_FILE)) == {
+        "meta-llama/Llama-3.1-8B-Instruct/h100_sxm/trtllm": [8, 16, 32]
+    }
+
+
+def test_ttft_that_waits_for_a_completion_is_flagged_and_kvsim_own_runs_are_not():
+    def waiting(osl: int, c: int = 8) -> BenchRow:
+        # TTFT = one completion gap: solve ttft = (ttft + (osl - 1) * tpot) / c.
+        tpot = 5.0
+        return row(osl=osl, concurrency=c, tpot_ms=tpot, ttft_ms=(osl - 1) * tpot / (c - 1))
+
+    assert ttft_follows_completions([waiting(128), waiting(512)]) == {waiting(128).group: [8]}
+    assert ttft_follows_completions([waiting(128), waiting(200)]) == {}  # outputs too close to tell
+    assert ttft_follows_completions([waiting(128, c=64), waiting(512, c=64)]) == {}  # above 32 clients
+    # A server's own TTFT (prefill and queueing, here kvsim's) does not grow with the output.
+    sims = measured([row(osl=osl, concurrency=8, isl=512) for osl in (16, 64)], builtin_terms())
+    assert ttft_follows_completions(sims) == {}
 
 
 # --- fitting ---------------------------------------------------------------------------------
@@ -598,6 +617,22 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     # plotly.js inline, no script from the network (tests/test_offline_reports.py opens it with the network cut).
     assert "Plotly.newPlot" in html and len(html) > 1_000_000 and not re.search(r"<script[^>]*src=[\"']?https?:", html)
     assert "ALL" in r.stdout
+    assert doc["ttft_follows_completions"] == {} and "note:" not in r.stdout
+
+
+def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
+    # Two runs of one group whose TTFT is one completion gap (request cycle / 4) at both output lengths.
+    (tmp_path / "w.csv").write_text(
+        f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,4,25.0,5.0\n{LLAMA},h100_sxm,vllm,1,128,64,4,105.0,5.0\n"
+    )
+    r = kvsim("validate", "--serving-bench", "w.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"note: {LLAMA}/h100_sxm/vllm: at concurrency 4" in " ".join(r.stdout.split())
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    assert doc["ttft_follows_completions"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
+    r = kvsim("calibrate", "--from-serving-bench", "w.csv", "--out", "t.json", "--max-evals", "3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "calibrate warning" in r.stderr and "wait for another one to finish" in " ".join(r.stderr.split())
 
 
 def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
