@@ -203,7 +203,10 @@ def write_html(doc: dict, path: Path) -> Path:
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)"))
     groups = sorted({r["group"] for r in doc["results"]})
+    flagged = doc.get("ttft_follows_completions", {})
     for g in groups:
+        # A group whose TTFT follows the benchmark's completions says so in the legend.
+        label = g if g not in flagged else f"{g} (TTFT follows completions at c {'/'.join(map(str, flagged[g]))})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
         text = [f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}" for r in rs]
         for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
@@ -212,7 +215,7 @@ def write_html(doc: dict, path: Path) -> Path:
                     x=[r[m] for r in rs],
                     y=[r["sim_" + m] for r in rs],
                     mode="markers",
-                    name=g,
+                    name=label,
                     legendgroup=g,
                     showlegend=col == 1,
                     text=text,

@@ -630,6 +630,7 @@ def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
     assert f"note: {LLAMA}/h100_sxm/vllm: at concurrency 4" in " ".join(r.stdout.split())
     doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
     assert doc["ttft_follows_completions"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
+    assert "TTFT follows completions at c 4" in (tmp_path / "val" / "serving_validation.html").read_text()
     r = kvsim("calibrate", "--from-serving-bench", "w.csv", "--out", "t.json", "--max-evals", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "calibrate warning" in r.stderr and "wait for another one to finish" in " ".join(r.stderr.split())
