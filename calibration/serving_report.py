@@ -51,14 +51,15 @@ def _rows(
     return rows
 
 
-def completion_warnings(rows: list[BenchRow]) -> list[str]:
-    """One line per group whose TTFT follows the time between completions (:func:`ttft_follows_completions`)."""
+def completion_warnings(flagged: dict[str, list[int]]) -> list[str]:
+    """One line per group whose TTFT follows the time between completions (``flagged``: what
+    :func:`ttft_follows_completions` found), for ``calibrate`` and ``validate`` alike."""
     return [
         f"{g}: at concurrency {', '.join(map(str, cs))} its TTFT grows with the output length, close to the time "
         "between two completions (request cycle / concurrency): requests seem to wait for another one to finish, "
         "a limit of the benchmark or server that the rows do not record; no server model fits that TTFT "
         "(docs/calibration.md, groups that look mis-measured)"
-        for g, cs in ttft_follows_completions(rows).items()
+        for g, cs in flagged.items()
     ]
 
 
@@ -279,7 +280,7 @@ def calibrate_from_serving_bench(
     exclude = resolve_exclusions(exclude, rows)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(rows):
+        for line in completion_warnings(ttft_follows_completions(rows)):
             warn(line)
     terms = fit(
         rows,

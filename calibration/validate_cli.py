@@ -268,7 +268,7 @@ def _serving(
     from rich.table import Table
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import HEADER, table_rows, validate_serving_bench
+    from .serving_report import HEADER, completion_warnings, table_rows, validate_serving_bench
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -296,11 +296,8 @@ def _serving(
     for row in table_rows(doc["score"]):
         t.add_row(*row)
     con.print(t)
-    for g, cs in doc["ttft_follows_completions"].items():
-        con.print(
-            f"note: {g}: at concurrency {', '.join(map(str, cs))} its measured TTFT follows the time between "
-            "completions, not the server (docs/calibration.md, groups that look mis-measured)"
-        )
+    for line in completion_warnings(doc["ttft_follows_completions"]):
+        con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
     if failed:
         con.print(f"{len(failed)} rows could not be simulated, e.g. {failed[0]['source']}: {failed[0]['error']}")
