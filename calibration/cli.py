@@ -134,7 +134,7 @@ def calibrate_command(
         None,
         "--exclude-group",
         help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
-        "'suspect' = the shipped file's groups that look mis-measured.",
+        "'suspect' = the groups whose runs are faster than their engine's kernels allow.",
     ),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine

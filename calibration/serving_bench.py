@@ -44,15 +44,6 @@ WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 ENGINES = ("vllm", "sglang", "trtllm")
 
-#: Groups of the shipped training file whose measurements the kernel tables cannot reproduce, so
-#: that fitting engine terms to them would bend the terms of every other group of their engine.
-#: They are predicted and reported, not trained on (``--exclude-group``; evidence in
-#: docs/calibration.md, "Groups that look mis-measured"): Llama-3.1-8B-FP8/H200/vLLM implies
-#: prefills at up to 86 % of the GPU's fp8 peak while it also decodes (cached prefixes or shorter
-#: prompts than stated); Llama-3.1-70B/H200/TensorRT-LLM decodes at 0.70-0.91 of the GPU-only step
-#: priced from TensorRT-LLM's kernel tables with an fp8 KV cache, and its TTFT falls as the output grows.
-SUSPECT_GROUPS = ("nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm", "meta-llama/Llama-3.1-70B/h200_sxm/trtllm")
-
 #: Benchmark system names (aiconfigurator's) and catalog names of GPUs.
 GPU_IDS = {
     "h100_sxm": "H100-SXM-80GB",
@@ -303,6 +294,65 @@ def ttft_follows_completions(rows: Iterable[BenchRow], max_concurrency: int = 32
         if long >= 2 * short and r_long >= 0.9 and r_long >= 0.55 * r_short:
             out.setdefault(group, []).append(c)
     return out
+
+
+#: A group whose runs need the GPU computing this many times their wall time is faster than its
+#: engine's kernels can be (:func:`faster_than_kernels`); the shipped file's consistent groups
+#: reach a median of 1.03 at most.
+BUSY_LIMIT = 1.25
+
+
+def implied_gpu_busy(rows: Iterable[BenchRow], profile: str | None = None) -> list[float | None]:
+    """Per row, the share of its wall time the GPU must compute to deliver the measured throughput
+    at the row's engine's own kernel prices, host and front-end time left out: per second, the
+    request rate (concurrency ÷ request cycle) times one prompt's prefill, priced as the time it
+    adds to an iteration of the other requests' decodes (its own iteration where the engine runs
+    prefills apart), plus the decode iterations of all clients (rate × (osl − 1) ÷ concurrency)
+    at the mean KV length. A closed loop can keep the GPU busy at most all the time (1); more says
+    the measurement is faster than the kernels can be (cached prefixes, prompts shorter than
+    ``isl``, speculative decoding). ``None`` where the profile cannot price the row."""
+    from sim.config import scenario_from_dict
+    from sim.cost.model import BatchShape
+    from sim.engine.deployment import Deployment
+
+    idle = {"host_s": 0.0, "host_per_seq_s": 0.0}
+    models: dict[tuple, Any] = {}
+    out: list[float | None] = []
+    for r in rows:
+        key = (r.model, r.gpu, r.engine, r.weights, r.kv, r.tp)
+        try:
+            if key not in models:
+                sc = scenario_from_dict(row_scenario(r, engine=idle, profile=profile))
+                models[key] = (Deployment.from_scenario(sc).make_cost_model(sc), sc.scheduler.mixed_batches)
+        except ConfigError:
+            models[key] = (None, True)
+        cm, mixed = models[key]
+        if cm is None:
+            out.append(None)
+            continue
+        c, kv = r.concurrency, r.isl + r.osl // 2
+        others = (c - 1) * kv
+        prefill = cm.step_time_s(BatchShape([(r.isl, 0)], c - 1 if mixed else 0, others if mixed else 0))
+        if mixed and c > 1:
+            prefill -= cm.step_time_s(BatchShape([], c - 1, others))
+        rate = c / ((r.ttft_ms + (r.osl - 1) * r.tpot_ms) / 1e3)
+        decode = cm.step_time_s(BatchShape([], c, c * kv))
+        out.append(rate * prefill + rate * (r.osl - 1) / c * decode)
+    return out
+
+
+def faster_than_kernels(
+    rows: Iterable[BenchRow], profile: str | None = None, busy: list[float | None] | None = None
+) -> dict[str, float]:
+    """Groups whose runs are faster than their engine's kernels allow: median
+    :func:`implied_gpu_busy` (``busy``, when already computed for ``rows``) above
+    :data:`BUSY_LIMIT`, by group."""
+    rows = list(rows)
+    by: dict[str, list[float]] = {}
+    for r, b in zip(rows, implied_gpu_busy(rows, profile) if busy is None else busy):
+        if b is not None:
+            by.setdefault(r.group, []).append(b)
+    return {g: round(float(np.median(v)), 2) for g, v in sorted(by.items()) if np.median(v) > BUSY_LIMIT}
 
 
 # --- rows as scenarios -----------------------------------------------------------------------

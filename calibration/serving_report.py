@@ -17,7 +17,17 @@ from pathlib import Path
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
-from .serving_bench import BenchRow, Clients, RowResult, read_bench, score, ttft_follows_completions
+from .serving_bench import (
+    BUSY_LIMIT,
+    BenchRow,
+    Clients,
+    RowResult,
+    faster_than_kernels,
+    implied_gpu_busy,
+    read_bench,
+    score,
+    ttft_follows_completions,
+)
 from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, unfitted_terms
 
 
@@ -63,17 +73,29 @@ def completion_warnings(flagged: dict[str, list[int]]) -> list[str]:
     ]
 
 
-def resolve_exclusions(names: tuple[str, ...] | list[str], rows: list[BenchRow]) -> tuple[str, ...]:
-    """``--exclude-group`` values as group names: ``suspect`` stands for the shipped file's groups
-    that look mis-measured (:data:`calibration.serving_bench.SUSPECT_GROUPS`, those present in
-    ``rows``); any other value must be a (model/GPU/engine) group of ``rows``."""
-    from .serving_bench import SUSPECT_GROUPS
+def kernel_warnings(flagged: dict[str, float]) -> list[str]:
+    """One line per group whose runs are faster than its engine's kernels allow (``flagged``: what
+    :func:`faster_than_kernels` found), for ``calibrate`` and ``validate`` alike."""
+    return [
+        f"{g}: its measured throughput needs the GPU computing {busy:.2f}x the wall time at its engine's own "
+        f"kernel prices (median over its runs; at most 1 is possible, above {BUSY_LIMIT} is flagged): cached "
+        "prefixes, prompts shorter than isl or speculative decoding would do this; its errors say more about "
+        "the file than about kvsim (--exclude-group suspect keeps it out of training)"
+        for g, busy in flagged.items()
+    ]
 
+
+def resolve_exclusions(
+    names: tuple[str, ...] | list[str], rows: list[BenchRow], profile: str | None = None
+) -> tuple[str, ...]:
+    """``--exclude-group`` values as group names: ``suspect`` stands for the groups of ``rows``
+    whose runs are faster than their engine's kernels allow (:func:`faster_than_kernels`); any
+    other value must be a (model/GPU/engine) group of ``rows``."""
     have = sorted({r.group for r in rows})
     out: list[str] = []
     for n in names:
         if n == "suspect":
-            out += [g for g in SUSPECT_GROUPS if g in have]
+            out += list(faster_than_kernels(rows, profile))
         elif n in have:
             out.append(n)
         else:
@@ -143,7 +165,7 @@ def validate_serving_bench(
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp, weights, kv)
-    exclude = resolve_exclusions(exclude, rows)
+    exclude = resolve_exclusions(exclude, rows, profile)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
     # were fitted on the shipped file, held-out groups included.
@@ -166,6 +188,8 @@ def validate_serving_bench(
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
+    busy = implied_gpu_busy(rows, profile)
+    busy_of = dict(zip(rows, busy))
     doc = {
         "format": "kvsim-serving-validation",
         "version": 1,
@@ -187,7 +211,8 @@ def validate_serving_bench(
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
         "ttft_follows_completions": ttft_follows_completions(rows),
-        "results": [r.to_json() for r in preds],
+        "faster_than_kernels": faster_than_kernels(rows, profile, busy),
+        "results": [{**r.to_json(), "implied_gpu_busy": busy_of.get(r.row)} for r in preds],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     if out is not None:
@@ -205,9 +230,13 @@ def write_html(doc: dict, path: Path) -> Path:
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)"))
     groups = sorted({r["group"] for r in doc["results"]})
     flagged = doc.get("ttft_follows_completions", {})
+    fast = doc.get("faster_than_kernels", {})
     for g in groups:
-        # A group whose TTFT follows the benchmark's completions says so in the legend.
-        label = g if g not in flagged else f"{g} (TTFT follows completions at c {'/'.join(map(str, flagged[g]))})"
+        # A group that looks mis-measured says so in the legend.
+        notes = ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else []) + (
+            [f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else []
+        )
+        label = g if not notes else f"{g} ({'; '.join(notes)})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
         text = [f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}" for r in rs]
         for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
@@ -275,12 +304,15 @@ def calibrate_from_serving_bench(
 ) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
-    scenario uses them); ``warn`` hears :func:`completion_warnings` before the fit starts."""
+    scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
+    before the fit starts."""
     rows = _rows(path, engine, gpu, tp, weights, kv)
-    exclude = resolve_exclusions(exclude, rows)
+    exclude = resolve_exclusions(exclude, rows, profile)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(ttft_follows_completions(rows)):
+        for line in completion_warnings(ttft_follows_completions(rows)) + kernel_warnings(
+            faster_than_kernels(rows, profile)
+        ):
             warn(line)
     terms = fit(
         rows,
@@ -302,6 +334,7 @@ __all__ = [
     "calibrate_from_serving_bench",
     "resolve_exclusions",
     "completion_warnings",
+    "kernel_warnings",
     "table_rows",
     "HEADER",
     "RowResult",

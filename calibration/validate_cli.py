@@ -85,7 +85,7 @@ def validate_command(
         None,
         "--exclude-group",
         help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
-        "(repeatable); 'suspect' = the shipped file's groups that look mis-measured.",
+        "(repeatable); 'suspect' = the groups whose runs are faster than their engine's kernels allow.",
     ),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
@@ -268,7 +268,7 @@ def _serving(
     from rich.table import Table
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import HEADER, completion_warnings, table_rows, validate_serving_bench
+    from .serving_report import HEADER, completion_warnings, kernel_warnings, table_rows, validate_serving_bench
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -296,7 +296,7 @@ def _serving(
     for row in table_rows(doc["score"]):
         t.add_row(*row)
     con.print(t)
-    for line in completion_warnings(doc["ttft_follows_completions"]):
+    for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
     if failed:

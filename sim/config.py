@@ -414,6 +414,8 @@ class EngineConfig(_Section):
     graph_max_tokens: int | None = Field(None, ge=0, le=1 << 20)
     elementwise_per_layer: int | None = Field(None, ge=0, le=64)
     custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)
+    #: fp8 GEMMs take inputs the previous kernel already quantized (no quantization kernel of their own).
+    fp8_quant_fused: bool | None = None
     #: The engine's defaults for ``workload.arrival.start_spread_cycles`` and ``client_cv``.
     client_spread_cycles: float | None = Field(None, ge=0, le=100)
     client_cv: float | None = Field(None, ge=0, le=10)

@@ -16,6 +16,10 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
   its fusions (add + RMSNorm, SiLU·mul, RoPE);
 * **custom all-reduce** — messages of at most ``custom_allreduce_max_bytes`` use the engine's
   own all-reduce kernel (``Profile.custom_allreduce[engine]``), larger ones NCCL;
+* **fused fp8 input quantization** — an fp8 linear layer timed alone quantizes its bf16 input in a
+  kernel of its own; an engine that writes fp8 straight from the previous kernel
+  (``fp8_quant_fused``: RMSNorm, SwiGLU and attention with fp8 outputs) does not pay it, so its fp8
+  GEMMs are priced at the table's time less that fixed cost (``Profile.fp8_gemm_excess_s``);
 * **front end** — per request, HTTP, tokenisation and detokenisation before the engine sees it
   and after it is done (``frontend_s`` + ``frontend_per_token_s`` × prompt tokens), counted in
   TTFT;
@@ -79,6 +83,9 @@ class EnginePreset:
     mixed_batches: bool
     #: Admit only when KV for the prompt and the whole requested output fits; never preempt.
     reserve_output: bool
+    #: fp8 GEMM inputs arrive quantized by the previous kernel: the table's fixed input-quantization
+    #: cost (``Profile.fp8_gemm_excess_s``) is not paid.
+    fp8_quant_fused: bool = False
     #: Defaults for the clients' timing when a scenario leaves them unset (``workload.arrival``):
     #: how far closed-loop clients drift apart, in request cycles, and the spread (coefficient of
     #: variation) of each request's client and front-end time.
@@ -114,7 +121,8 @@ _SGL_SRC = (
 )
 _TRT_SRC = (
     "TensorRT-LLM 1.0-1.2 (trtllm-serve: max_batch_size 2048, max_num_tokens 8192, chunked prefill off, "
-    "GUARANTEED_NO_EVICT; decode-only CUDA graphs up to 128; AllReduce+RMSNorm fusion)"
+    "GUARANTEED_NO_EVICT; decode-only CUDA graphs up to 128; AllReduce+RMSNorm fusion; fp8 quantization "
+    "fused into RMSNorm / AllReduce+RMSNorm, SwiGLU and the attention output)"
 )
 
 _FIT_SRC = (
@@ -123,8 +131,9 @@ _FIT_SRC = (
 )
 
 #: Built-in presets. Fitted terms hold the values of ``kvsim calibrate --from-serving-bench`` on the
-#: training file shipped in calibration/data/serving-bench over the first five ``FITTED_TERMS``
-#: (``client_cv`` 0; the six-term fit and its accuracy: docs/calibration.md).
+#: training file shipped in calibration/data/serving-bench: vLLM's and SGLang's over the first five
+#: ``FITTED_TERMS`` (``client_cv`` 0), TensorRT-LLM's over all six (docs/calibration.md: the
+#: accuracy of each).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",
@@ -171,22 +180,24 @@ PRESETS: dict[str, EnginePreset] = {
     "trtllm": EnginePreset(
         name="trtllm",
         kernels="trtllm",
-        host_s=0.827e-3,
-        host_per_seq_s=41.9e-6,
-        host_hidden=0.496,
+        host_s=0.627e-3,
+        host_per_seq_s=10.4e-6,
+        host_hidden=0.0017,
         graph_max_tokens=128,
         graph_mixed=False,
         eager_per_layer_s=20e-6,
         elementwise_per_layer=2,
         custom_allreduce_max_bytes=8_000_000,
-        frontend_s=101.1e-3,
+        frontend_s=148.0e-3,
         frontend_per_token_s=0.0,
         max_num_seqs=2048,
         max_num_batched_tokens=8192,
         chunked_prefill=False,
         mixed_batches=True,
         reserve_output=True,
-        client_spread_cycles=0.984,
+        fp8_quant_fused=True,
+        client_spread_cycles=0.958,
+        client_cv=0.828,
         sources=(("structure", _TRT_SRC), ("fitted", _FIT_SRC)),
     ),
 }

@@ -141,6 +141,59 @@ def test_tp_adds_allreduce(h100):
         ProfileCostModel(h100, L8B, H100, tensor_parallel=16)
 
 
+def test_fp8_excess_is_the_input_quantization_of_tensorrt_llm_tables(h100):
+    # TensorRT-LLM's fp8 layers were timed with their input quantization: 7-10 us above bf16
+    # where both GEMMs sit at their latency floor; vLLM's and SGLang's fp8 kernels are not.
+    assert 5e-6 < h100.fp8_gemm_excess_s("trtllm") < 12e-6
+    assert h100.fp8_gemm_excess_s("vllm") < 1e-6
+    assert h100.fp8_gemm_excess_s("sglang") < 1e-6
+    # The raw table says the same: fp8 minus bf16 at the same small shapes.
+    (path,) = (DEFAULT_TABLES_DIR / "h100_sxm" / "gemm" / "trtllm").glob("*/gemm_perf.parquet")
+    t = read_gemm(path)
+    small = (t.m <= 32) & (t.n <= 8192) & (t.k <= 2048)
+    by = {
+        d: {(m, n, k): s for m, n, k, s in zip(t.m[sel], t.n[sel], t.k[sel], t.latency_s[sel])}
+        for d in ("fp8", "bf16")
+        for sel in [small & (t.dtype == d)]
+    }
+    raw = np.median([by["fp8"][key] - by["bf16"][key] for key in by["fp8"].keys() & by["bf16"].keys()])
+    assert abs(raw - h100.fp8_gemm_excess_s("trtllm")) < 2.5e-6, raw
+
+
+@pytest.mark.parametrize("weights,less", [("fp8", True), ("bf16", False)])
+def test_engine_that_fuses_fp8_quantization_prices_fp8_gemms_without_it(h100, weights, less):
+    from dataclasses import replace
+
+    from sim.engine_presets import get_preset
+
+    trt = get_preset("trtllm")
+    assert trt is not None and trt.fp8_quant_fused
+    model = get_model("llama-3.1-70b")
+    kw = dict(tensor_parallel=4, weight_dtype=weights)
+    fused = ProfileCostModel(h100, model, H100, engine=trt, **kw)
+    unfused = ProfileCostModel(h100, model, H100, engine=replace(trt, fp8_quant_fused=False), **kw)
+    step = BatchShape([], 4, 4 * 1024)
+    saved = unfused.step_time_s(step) - fused.step_time_s(step)
+    if not less:
+        assert saved == 0.0
+        return
+    # Four GEMMs per layer, none of them down to its weights' read time at this size.
+    assert saved == pytest.approx(4 * model.layers * h100.fp8_gemm_excess_s("trtllm"), rel=0.02)
+    # Taking off more than a GEMM takes leaves the time to read its weights once (one byte each).
+    fused._gemm_less = 1.0
+    fused._tok_cache.clear()
+    gemm_s = model.layers * sum(c.at(4)[0] for _, c in unfused._gemm_tok)
+    weights_s = (
+        model.layers
+        * sum(
+            int(n) * int(k)
+            for n, k in (unfused.keys.gemms()[p].split(":")[0].split("x") for p in ("qkv", "o", "gate_up", "down"))
+        )
+        / h100.device["hbm_bandwidth"]
+    )
+    assert fused._tokens_part(4)[0] == pytest.approx(unfused._tokens_part(4)[0] - gemm_s + weights_s, rel=1e-9)
+
+
 # --- errors --------------------------------------------------------------------------------
 
 

@@ -27,6 +27,8 @@ from calibration.serving_bench import (
     RowResult,
     completion_gap_ratios,
     default_kv,
+    faster_than_kernels,
+    implied_gpu_busy,
     read_bench,
     read_csv,
     row_scenario,
@@ -383,6 +385,28 @@ def test_ttft_that_waits_for_a_completion_is_flagged_and_kvsim_own_runs_are_not(
     assert ttft_follows_completions(sims) == {}
 
 
+def test_runs_faster_than_their_kernels_are_flagged_and_kvsim_own_runs_are_not():
+    # kvsim's own runs (host time included) keep the GPU busy at most all the time.
+    rows = [row(isl=isl, osl=osl, concurrency=c) for isl, osl, c in [(512, 32, 8), (1024, 64, 16), (256, 16, 2)]]
+    sims = measured(rows, builtin_terms())
+    busy = implied_gpu_busy(sims)
+    assert all(0 < b <= 1.0 for b in busy), busy
+    assert faster_than_kernels(sims) == {}
+    # Twice the measured throughput (both times halved) needs about twice the GPU.
+    fast = [replace(r, ttft_ms=r.ttft_ms / 2, tpot_ms=r.tpot_ms / 2) for r in sims]
+    assert implied_gpu_busy(fast) == pytest.approx([2 * b for b in busy], rel=1e-9)
+    flagged = faster_than_kernels(fast + [replace(r, engine="sglang") for r in sims])
+    assert list(flagged) == [fast[0].group] and flagged[fast[0].group] > 1.25
+    # A row the profile cannot price has no figure, and no group.
+    assert implied_gpu_busy([row(tp=16)]) == [None]
+    # The shipped file: only Llama-3.1-8B-FP8 / H200 / vLLM, at about twice what its kernels allow.
+    shipped = faster_than_kernels(read_bench(TRAINING_FILE))
+    assert (
+        list(shipped) == ["nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm"]
+        and 1.6 < shipped["nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm"] < 2.2
+    )
+
+
 # --- fitting ---------------------------------------------------------------------------------
 
 #: Rows of two engines (each fitted on its own rows): concurrency and lengths vary so host time per
@@ -617,7 +641,39 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     # plotly.js inline, no script from the network (tests/test_offline_reports.py opens it with the network cut).
     assert "Plotly.newPlot" in html and len(html) > 1_000_000 and not re.search(r"<script[^>]*src=[\"']?https?:", html)
     assert "ALL" in r.stdout
-    assert doc["ttft_follows_completions"] == {} and "note:" not in r.stdout
+    assert doc["ttft_follows_completions"] == {} and doc["faster_than_kernels"] == {} and "note:" not in r.stdout
+    assert all(0 < x["implied_gpu_busy"] < 1.25 for x in doc["results"])
+
+
+def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
+    # One group's runs at a tenth of what kvsim prices them: no GPU computes that fast.
+    (tmp_path / "f.csv").write_text(
+        f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,0.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3.0,0.6\n"
+    )
+    r = kvsim("validate", "--serving-bench", "f.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"note: {LLAMA}/h100_sxm/vllm: its measured throughput needs the GPU computing" in " ".join(r.stdout.split())
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    assert list(doc["faster_than_kernels"]) == [f"{LLAMA}/h100_sxm/vllm"]
+    assert all(x["implied_gpu_busy"] > 1.25 for x in doc["results"])
+    assert "faster than its kernels: GPU busy" in (tmp_path / "val" / "serving_validation.html").read_text()
+    r = kvsim(
+        "calibrate",
+        "--from-serving-bench",
+        "f.csv",
+        "--out",
+        "t.json",
+        "--max-evals",
+        "3",
+        "--exclude-group",
+        "suspect",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "calibrate warning" in r.stderr and "kernel prices" in " ".join(r.stderr.split())
+    # Excluded from training: the only group, so the engine keeps its starting terms.
+    terms = json.loads((tmp_path / "t.json").read_text())
+    assert terms["groups"] == []
 
 
 def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):

@@ -307,6 +307,7 @@ OVERRIDABLE = (
     "graph_max_tokens",
     "elementwise_per_layer",
     "custom_allreduce_max_bytes",
+    "fp8_quant_fused",
     "client_spread_cycles",
     "client_cv",
 )
