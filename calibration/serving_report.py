@@ -238,7 +238,11 @@ def write_html(doc: dict, path: Path) -> Path:
         )
         label = g if not notes else f"{g} ({'; '.join(notes)})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
-        text = [f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}" for r in rs]
+        text = [
+            f"isl {r['isl']} osl {r['osl']} c {r['concurrency']} tp {r['tp']}"
+            + (f", GPU busy {r['implied_gpu_busy']:.2f}x" if r.get("implied_gpu_busy") is not None else "")
+            for r in rs
+        ]
         for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
             fig.add_trace(
                 go.Scatter(

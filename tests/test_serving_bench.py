@@ -656,7 +656,8 @@ def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
     doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
     assert list(doc["faster_than_kernels"]) == [f"{LLAMA}/h100_sxm/vllm"]
     assert all(x["implied_gpu_busy"] > 1.25 for x in doc["results"])
-    assert "faster than its kernels: GPU busy" in (tmp_path / "val" / "serving_validation.html").read_text()
+    html = (tmp_path / "val" / "serving_validation.html").read_text()
+    assert "faster than its kernels: GPU busy" in html and "c 16 tp 1, GPU busy" in html
     r = kvsim(
         "calibrate",
         "--from-serving-bench",
