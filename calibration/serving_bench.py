@@ -100,6 +100,11 @@ class BenchRow:
         """The (model, GPU, engine) group it belongs to: the unit left out in leave-one-group-out."""
         return f"{self.model}/{self.gpu}/{self.engine}"
 
+    @property
+    def cycle_ms(self) -> float:
+        """One request's measured time from send to last token: TTFT + (osl − 1) × TPOT."""
+        return self.ttft_ms + (self.osl - 1) * self.tpot_ms
+
 
 # --- reading ---------------------------------------------------------------------------------
 
@@ -273,8 +278,7 @@ def completion_gap_ratios(rows: Iterable[BenchRow], max_concurrency: int = 32) -
     for r in rows:
         if r.concurrency > max_concurrency:
             continue
-        cycle = r.ttft_ms + (r.osl - 1) * r.tpot_ms
-        by.setdefault((r.group, r.concurrency, r.osl), []).append(r.ttft_ms / (cycle / r.concurrency))
+        by.setdefault((r.group, r.concurrency, r.osl), []).append(r.ttft_ms / (r.cycle_ms / r.concurrency))
     return {k: float(np.median(v)) for k, v in sorted(by.items())}
 
 
@@ -335,7 +339,7 @@ def implied_gpu_busy(rows: Iterable[BenchRow], profile: str | None = None) -> li
         prefill = cm.step_time_s(BatchShape([(r.isl, 0)], c - 1 if mixed else 0, others if mixed else 0))
         if mixed and c > 1:
             prefill -= cm.step_time_s(BatchShape([], c - 1, others))
-        rate = c / ((r.ttft_ms + (r.osl - 1) * r.tpot_ms) / 1e3)
+        rate = c / (r.cycle_ms / 1e3)
         decode = cm.step_time_s(BatchShape([], c, c * kv))
         out.append(rate * prefill + rate * (r.osl - 1) / c * decode)
     return out

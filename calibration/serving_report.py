@@ -86,16 +86,17 @@ def kernel_warnings(flagged: dict[str, float]) -> list[str]:
 
 
 def resolve_exclusions(
-    names: tuple[str, ...] | list[str], rows: list[BenchRow], profile: str | None = None
+    names: tuple[str, ...] | list[str], rows: list[BenchRow], suspect: dict[str, float]
 ) -> tuple[str, ...]:
     """``--exclude-group`` values as group names: ``suspect`` stands for the groups of ``rows``
-    whose runs are faster than their engine's kernels allow (:func:`faster_than_kernels`); any
-    other value must be a (model/GPU/engine) group of ``rows``."""
+    whose runs are faster than their engine's kernels allow (``suspect``: what
+    :func:`faster_than_kernels` found in ``rows``); any other value must be a (model/GPU/engine)
+    group of ``rows``."""
     have = sorted({r.group for r in rows})
     out: list[str] = []
     for n in names:
         if n == "suspect":
-            out += list(faster_than_kernels(rows, profile))
+            out += list(suspect)
         elif n in have:
             out.append(n)
         else:
@@ -165,7 +166,9 @@ def validate_serving_bench(
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp, weights, kv)
-    exclude = resolve_exclusions(exclude, rows, profile)
+    busy = implied_gpu_busy(rows, profile)
+    fast = faster_than_kernels(rows, profile, busy)
+    exclude = resolve_exclusions(exclude, rows, fast)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
     # were fitted on the shipped file, held-out groups included.
@@ -188,7 +191,6 @@ def validate_serving_bench(
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
-    busy = implied_gpu_busy(rows, profile)
     busy_of = dict(zip(rows, busy))
     doc = {
         "format": "kvsim-serving-validation",
@@ -211,7 +213,7 @@ def validate_serving_bench(
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
         "ttft_follows_completions": ttft_follows_completions(rows),
-        "faster_than_kernels": faster_than_kernels(rows, profile, busy),
+        "faster_than_kernels": fast,
         "results": [{**r.to_json(), "implied_gpu_busy": busy_of.get(r.row)} for r in preds],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -311,12 +313,11 @@ def calibrate_from_serving_bench(
     scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
     before the fit starts."""
     rows = _rows(path, engine, gpu, tp, weights, kv)
-    exclude = resolve_exclusions(exclude, rows, profile)
+    fast = faster_than_kernels(rows, profile)
+    exclude = resolve_exclusions(exclude, rows, fast)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(ttft_follows_completions(rows)) + kernel_warnings(
-            faster_than_kernels(rows, profile)
-        ):
+        for line in completion_warnings(ttft_follows_completions(rows)) + kernel_warnings(fast):
             warn(line)
     terms = fit(
         rows,

@@ -645,33 +645,42 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert all(0 < x["implied_gpu_busy"] < 1.25 for x in doc["results"])
 
 
-def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
-    # One group's runs at a tenth of what kvsim prices them: no GPU computes that fast.
-    (tmp_path / "f.csv").write_text(
-        f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,0.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3.0,0.6\n"
-    )
-    r = kvsim("validate", "--serving-bench", "f.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
+    """``kvsim validate`` and then ``kvsim calibrate`` on one CSV: (validate's stdout, its JSON, its
+    HTML, calibrate's stderr), each run checked to exit 0."""
+    (tmp_path / "runs.csv").write_text(f"{HEADER}\n{csv}")
+    r = kvsim("validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert f"note: {LLAMA}/h100_sxm/vllm: its measured throughput needs the GPU computing" in " ".join(r.stdout.split())
     doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
-    assert list(doc["faster_than_kernels"]) == [f"{LLAMA}/h100_sxm/vllm"]
-    assert all(x["implied_gpu_busy"] > 1.25 for x in doc["results"])
     html = (tmp_path / "val" / "serving_validation.html").read_text()
-    assert "faster than its kernels: GPU busy" in html and "c 16 tp 1, GPU busy" in html
-    r = kvsim(
+    c = kvsim(
         "calibrate",
         "--from-serving-bench",
-        "f.csv",
+        "runs.csv",
         "--out",
         "t.json",
         "--max-evals",
         "3",
-        "--exclude-group",
-        "suspect",
+        *calibrate_args,
         cwd=tmp_path,
     )
-    assert r.returncode == 0, r.stderr
-    assert "calibrate warning" in r.stderr and "kernel prices" in " ".join(r.stderr.split())
+    assert c.returncode == 0, c.stderr
+    return " ".join(r.stdout.split()), doc, html, " ".join(c.stderr.split())
+
+
+def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
+    # One group's runs at a tenth of what kvsim prices them: no GPU computes that fast.
+    stdout, doc, html, warned = validate_then_calibrate(
+        tmp_path,
+        f"{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,0.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3.0,0.6\n",
+        "--exclude-group",
+        "suspect",
+    )
+    assert f"note: {LLAMA}/h100_sxm/vllm: its measured throughput needs the GPU computing" in stdout
+    assert list(doc["faster_than_kernels"]) == [f"{LLAMA}/h100_sxm/vllm"]
+    assert all(x["implied_gpu_busy"] > 1.25 for x in doc["results"])
+    assert "faster than its kernels: GPU busy" in html and "c 16 tp 1, GPU busy" in html
+    assert "calibrate warning" in warned and "kernel prices" in warned
     # Excluded from training: the only group, so the engine keeps its starting terms.
     terms = json.loads((tmp_path / "t.json").read_text())
     assert terms["groups"] == []
@@ -679,18 +688,13 @@ def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
 
 def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
     # Two runs of one group whose TTFT is one completion gap (request cycle / 4) at both output lengths.
-    (tmp_path / "w.csv").write_text(
-        f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,4,25.0,5.0\n{LLAMA},h100_sxm,vllm,1,128,64,4,105.0,5.0\n"
+    stdout, doc, html, warned = validate_then_calibrate(
+        tmp_path, f"{LLAMA},h100_sxm,vllm,1,128,16,4,25.0,5.0\n{LLAMA},h100_sxm,vllm,1,128,64,4,105.0,5.0\n"
     )
-    r = kvsim("validate", "--serving-bench", "w.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert f"note: {LLAMA}/h100_sxm/vllm: at concurrency 4" in " ".join(r.stdout.split())
-    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    assert f"note: {LLAMA}/h100_sxm/vllm: at concurrency 4" in stdout
     assert doc["ttft_follows_completions"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
-    assert "TTFT follows completions at c 4" in (tmp_path / "val" / "serving_validation.html").read_text()
-    r = kvsim("calibrate", "--from-serving-bench", "w.csv", "--out", "t.json", "--max-evals", "3", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "calibrate warning" in r.stderr and "wait for another one to finish" in " ".join(r.stderr.split())
+    assert "TTFT follows completions at c 4" in html
+    assert "calibrate warning" in warned and "wait for another one to finish" in warned
 
 
 def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
