@@ -26,6 +26,7 @@ from . import fit as F
 from .tables import (
     CPU_OVERHEAD_PARTS,
     KernelTables,
+    allreduce_envelope,
     find_table,
     read_attention,
     read_cpu_overheads,
@@ -225,7 +226,7 @@ def engine_kernels(
                 path, ver = find_table(root, system, "comm", engine, "custom_allreduce_perf")
             except ConfigError:
                 continue
-            t = read_custom_allreduce(path, ver)
+            t = allreduce_envelope(read_custom_allreduce(path, ver))
             sources.setdefault(engine, {})["custom_allreduce"] = (
                 f"{system}/comm/{engine}/{ver}/custom_allreduce_perf.parquet"
             )

@@ -48,6 +48,9 @@ class ModelSpec:
     encoder_layers: int = 0
     source: str = ""
     layer_types: tuple[str, ...] = ()
+    #: RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3): two more memory-bound
+    #: kernels per layer, which the engines measured here launch on their own.
+    qk_norm: bool = False
 
     @property
     def encoder_decoder(self) -> bool:
@@ -238,8 +241,34 @@ MODELS: dict[str, ModelSpec] = {
         # Qwen3: 64 × 128-wide query heads on a 5120 hidden size (32B), so the attention and O
         # projections are heads · head_dim wide, not hidden; params counted from the shapes
         # (scenarios/models/Qwen--Qwen3-{8B,32B}_config.json, sim/hf_config.py).
-        ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 8.19e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-8B)"),
-        ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 32.76e9, 151936, 40960, source=_HF + " (Qwen/Qwen3-32B)"),
+        ModelSpec(
+            "qwen3-8b",
+            36,
+            4096,
+            32,
+            8,
+            128,
+            12288,
+            8.19e9,
+            151936,
+            40960,
+            source=_HF + " (Qwen/Qwen3-8B)",
+            qk_norm=True,
+        ),
+        ModelSpec(
+            "qwen3-32b",
+            64,
+            5120,
+            64,
+            8,
+            128,
+            25600,
+            32.76e9,
+            151936,
+            40960,
+            source=_HF + " (Qwen/Qwen3-32B)",
+            qk_norm=True,
+        ),
         # T5-class encoder-decoder: 24 encoder + 24 decoder layers, d_model 2048, 32 heads of 64.
         ModelSpec(
             "flan-t5-xl",

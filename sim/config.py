@@ -129,6 +129,8 @@ class ModelConfig(_Section):
     params: float | None = Field(None, gt=0, le=MAX_PARAMS)
     vocab: int | None = Field(None, ge=1, le=MAX_VOCAB)
     sliding_window: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    #: Per-head RMSNorm on queries and keys (the catalog's or config's own unless set).
+    qk_norm: bool | None = None
     #: ``fp8_block``: fp8 weights with block-wise scales (DeepGEMM-style kernels; priced on the engine's
     #: block-fp8 GEMM table where it has one, else on its per-tensor fp8 table).
     weight_dtype: Literal["bf16", "fp16", "fp8", "fp8_block"] = "bf16"

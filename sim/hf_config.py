@@ -218,6 +218,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         sliding_window=window,
         source="; ".join(notes),
         layer_types=layer_types,
+        qk_norm=model_type.startswith(("qwen3", "gemma3")),
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)

@@ -161,7 +161,18 @@ def test_catalog_qwen3_entries_equal_their_configs():
             cat.intermediate,
             cat.vocab,
             cat.max_position,
-        ) == (hf.layers, hf.hidden, hf.heads, hf.kv_heads, hf.head_dim, hf.intermediate, hf.vocab, hf.max_position)
+            cat.qk_norm,
+        ) == (
+            hf.layers,
+            hf.hidden,
+            hf.heads,
+            hf.kv_heads,
+            hf.head_dim,
+            hf.intermediate,
+            hf.vocab,
+            hf.max_position,
+            True,
+        )
         assert cat.params == pytest.approx(hf.params, rel=1e-3)
 
 
@@ -325,6 +336,14 @@ def test_scenario_takes_shape_name_and_dtypes_from_the_config():
     dep = Deployment.from_scenario(sc)
     assert dep.kv_bytes_per_token == 2 * 80 * 8 * 128 * 1 and dep.weight_bytes == int(m.params)
     assert dep.make_cost_model(sc).name == "h200-sxm"
+
+
+def test_qk_norm_follows_the_model_type_and_can_be_set():
+    assert read_hf_config(_config_file("Qwen/Qwen3-8B")).spec.qk_norm
+    assert not read_hf_config(_config_file("meta-llama/Meta-Llama-3.1-8B")).spec.qk_norm
+    assert not MODELS["llama-3.1-8b"].qk_norm
+    assert model_spec(_scenario({"hf_config": "Qwen/Qwen3-32B", "qk_norm": False})).qk_norm is False
+    assert model_spec(scenario_from_dict({"model": {"name": "llama-3.1-8b", "qk_norm": True}})).qk_norm
 
 
 def test_explicit_values_override_the_config():

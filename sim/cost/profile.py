@@ -829,16 +829,21 @@ class ProfileCostModel(CostModel):
         self._attn_factor: float = attention_layout_factor(profile.layout, layout)
         ew = profile.elementwise
         h, kvh = per_gpu_heads(model, self.tp)
+        # A QK-norm model (Qwen3) normalises each query and key head: two more kernels that read and
+        # write q and k once more. Priced unfused: without them Qwen3-32B decode came out faster
+        # than measured on all three engines, the more so the more GPUs (a fixed per-layer cost
+        # weighs more in a shorter step), and the Llama groups did not (docs/calibration.md).
+        qk_kernels = 2 if model.qk_norm else 0
         # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
-        # SiLU·mul, 2 residual adds), bf16 activations.
+        # the QK norms, SiLU·mul, 2 residual adds), bf16 activations.
         per_tok = ACT_BYTES * (
             2 * 2 * model.hidden
-            + 2 * (h + kvh) * model.head_dim
+            + (2 + qk_kernels) * (h + kvh) * model.head_dim
             + 3 * model.intermediate / self.tp
             + 2 * 3 * model.hidden
         )
         ew_kernels = engine.elementwise_per_layer if engine is not None else ew["kernels_per_layer"]
-        self._ew_fixed: float = float(ew_kernels) * float(ew["latency_s"])
+        self._ew_fixed: float = float(ew_kernels + qk_kernels) * float(ew["latency_s"])
         self._ew_per_token: float = per_tok / float(ew["bandwidth_bytes_per_s"])
         self._base_cache: dict[int, float] = {}
         self._chunk_cache: dict[object, tuple[float, tuple]] = {}
