@@ -48,8 +48,8 @@ class ModelSpec:
     encoder_layers: int = 0
     source: str = ""
     layer_types: tuple[str, ...] = ()
-    #: RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3): two more memory-bound
-    #: kernels per layer, which the engines measured here launch on their own.
+    #: RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3): priced as two more
+    #: memory-bound kernels per layer (docs/calibration.md, "Per-head QK norms").
     qk_norm: bool = False
 
     @property
