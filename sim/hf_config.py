@@ -218,7 +218,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         sliding_window=window,
         source="; ".join(notes),
         layer_types=layer_types,
-        qk_norm=model_type.startswith(("qwen3", "gemma3")),
+        qk_norm=model_type.startswith(QK_NORM_TYPES),
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)
@@ -458,6 +458,11 @@ def _block_scaled(top: dict) -> bool:
 # --- parameters -----------------------------------------------------------------------------
 
 
+#: ``model_type`` prefixes of models that RMS-normalise each query and key head (a ``head_dim``
+#: weight each, and two more kernels per layer in the step price: ``ModelSpec.qk_norm``).
+QK_NORM_TYPES = ("qwen3", "gemma3")
+
+
 def _param_count(
     cfg: dict,
     top: dict,
@@ -477,7 +482,7 @@ def _param_count(
     if cfg.get("attention_bias") or model_type.startswith("qwen2"):
         attn += (heads + 2 * kv_heads) * head_dim  # Q/K/V biases (Qwen2 always has them)
     mlp = 3 * hidden * intermediate  # gate, up, down
-    norms = 2 * hidden + (2 * head_dim if model_type.startswith(("qwen3", "gemma3")) else 0)
+    norms = 2 * hidden + (2 * head_dim if model_type.startswith(QK_NORM_TYPES) else 0)
     text = embed + layers * (attn + mlp + norms) + hidden
     vision = _vision_params(top.get("vision_config")) if cfg is not top else 0
     return text + vision, vision

@@ -835,10 +835,11 @@ class ProfileCostModel(CostModel):
         # weighs more in a shorter step), and the Llama groups did not (docs/calibration.md).
         qk_kernels = 2 if model.qk_norm else 0
         # Bytes each token moves through the per-layer memory-bound kernels (2 norms, RoPE on q/k,
-        # the QK norms, SiLU·mul, 2 residual adds), bf16 activations.
+        # the QK norms' second pass over q/k, SiLU·mul, 2 residual adds), bf16 activations.
+        qk_passes = 2 if model.qk_norm else 1
         per_tok = ACT_BYTES * (
             2 * 2 * model.hidden
-            + (2 + qk_kernels) * (h + kvh) * model.head_dim
+            + qk_passes * 2 * (h + kvh) * model.head_dim
             + 3 * model.intermediate / self.tp
             + 2 * 3 * model.hidden
         )
