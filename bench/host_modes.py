@@ -32,8 +32,9 @@ KINDS = {  # name: (decode KV tokens per sequence, prefill chunks (new, context)
 }
 
 
-def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
-    """Rotate the iteration kinds for ``seconds`` (default 150, ``quick``: 20) and tabulate them."""
+def run(quick: bool, out: Path, seconds: float | None = None, min_rounds: int = 3) -> dict:
+    """Rotate the iteration kinds for ``seconds`` (default 150, ``quick``: 20), and for at least
+    ``min_rounds`` rounds however slow the host (the fast and slow thirds need three), and tabulate them."""
     from calibration.engine import Engine, SpeedProbe
     from calibration.validate import engine_config, load_spec
 
@@ -44,7 +45,7 @@ def run(quick: bool, out: Path, seconds: float | None = None) -> dict:
     la0 = load_avg()
     rounds = []
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
+    while time.perf_counter() - t0 < seconds or len(rounds) < min_rounds:
         rounds.append({name: p.measure() for name, p in probes.items()})
     P = np.array([r["probe"] for r in rounds])
     fast, slow = P <= np.percentile(P, 100 / 3), P >= np.percentile(P, 200 / 3)

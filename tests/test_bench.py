@@ -50,12 +50,13 @@ def test_costmodel_bench_records_the_engines_calls(tmp_path):
 
 def test_host_modes_bench_tabulates_every_kind(tmp_path):
     """``bench host-modes``: every iteration kind timed in each round, split by the probe's speed;
-    the probe over itself is 1 by construction."""
+    the probe over itself is 1 by construction. No time budget: the three rounds the split needs are
+    run however slow the host is."""
     pytest.importorskip("torch")
     from bench.host_modes import KINDS, run
 
-    res = run(True, tmp_path, seconds=1.0)
-    assert res["rounds"] >= 3 and set(res["kinds"]) == set(KINDS)
+    res = run(True, tmp_path, seconds=0.0)
+    assert res["rounds"] == 3 and set(res["kinds"]) == set(KINDS)
     probe = res["kinds"]["probe"]
     assert probe["over_probe_fast"] == 1.0 and probe["over_probe_slow"] == 1.0
     assert all(k["fast_ms"] > 0 and k["slow_ms"] > 0 for k in res["kinds"].values())
