@@ -306,22 +306,21 @@ def ttft_follows_completions(rows: Iterable[BenchRow], max_concurrency: int = 32
 BUSY_LIMIT = 1.25
 
 
-def implied_gpu_busy(rows: Iterable[BenchRow], profile: str | None = None) -> list[float | None]:
-    """Per row, the share of its wall time the GPU must compute to deliver the measured throughput
-    at the row's engine's own kernel prices, host and front-end time left out: per second, the
-    request rate (concurrency ÷ request cycle) times one prompt's prefill, priced as the time it
-    adds to an iteration of the other requests' decodes (its own iteration where the engine runs
-    prefills apart), plus the decode iterations of all clients (rate × (osl − 1) ÷ concurrency)
-    at the mean KV length. A closed loop can keep the GPU busy at most all the time (1); more says
-    the measurement is faster than the kernels can be (cached prefixes, prompts shorter than
-    ``isl``, speculative decoding). ``None`` where the profile cannot price the row."""
+def gpu_shares(rows: Iterable[BenchRow], profile: str | None = None) -> list[tuple[float, float] | None]:
+    """Per row, the shares of its wall time the GPU must spend on prefills and on decode iterations
+    to deliver the measured throughput at the row's engine's own kernel prices, host and front-end
+    time left out: ``(prefill, decode)``. Prefill: per second, the request rate (concurrency ÷
+    request cycle) times one prompt's prefill, priced as the time it adds to an iteration of the
+    other requests' decodes (its own iteration where the engine runs prefills apart). Decode: the
+    decode iterations of all clients (rate × (osl − 1) ÷ concurrency) at the mean KV length.
+    ``None`` where the profile cannot price the row."""
     from sim.config import scenario_from_dict
     from sim.cost.model import BatchShape
     from sim.engine.deployment import Deployment
 
     idle = {"host_s": 0.0, "host_per_seq_s": 0.0}
     models: dict[tuple, Any] = {}
-    out: list[float | None] = []
+    out: list[tuple[float, float] | None] = []
     for r in rows:
         key = (r.model, r.gpu, r.engine, r.weights, r.kv, r.tp)
         try:
@@ -341,7 +340,62 @@ def implied_gpu_busy(rows: Iterable[BenchRow], profile: str | None = None) -> li
             prefill -= cm.step_time_s(BatchShape([], c - 1, others))
         rate = c / (r.cycle_ms / 1e3)
         decode = cm.step_time_s(BatchShape([], c, c * kv))
-        out.append(rate * prefill + rate * (r.osl - 1) / c * decode)
+        out.append((rate * prefill, rate * (r.osl - 1) / c * decode))
+    return out
+
+
+def implied_gpu_busy(
+    rows: Iterable[BenchRow], profile: str | None = None, shares: list[tuple[float, float] | None] | None = None
+) -> list[float | None]:
+    """Per row, the share of its wall time the GPU must compute to deliver the measured throughput
+    (:func:`gpu_shares`, prefill and decode together; ``shares`` when already computed for
+    ``rows``). A closed loop can keep the GPU busy at most all the time (1); more says the
+    measurement is faster than the kernels can be (cached prefixes, prompts shorter than ``isl``,
+    speculative decoding). ``None`` where the profile cannot price the row."""
+    return [None if x is None else x[0] + x[1] for x in (gpu_shares(rows, profile) if shares is None else shares)]
+
+
+#: Fewest rows, and narrowest spread of prefill shares, over which :func:`tpot_error_split` fits a line.
+SPLIT_MIN_ROWS = 6
+SPLIT_MIN_SPREAD = 0.1
+
+
+def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:
+    """Where a group's TPOT error comes from: a least-squares line through its rows' relative TPOT
+    errors against their prefill share of wall time (``shares``: :func:`gpu_shares` by row). Its intercept is the error of runs that are all decode (decode iterations
+    mispriced: host time, decode kernels, all-reduce); its slope, how the error moves as prefills
+    take over the GPU (prefills mispriced, or batched differently from the server). Per group and
+    per tensor-parallel size within it, where at least :data:`SPLIT_MIN_ROWS` rows spread their
+    prefill shares over :data:`SPLIT_MIN_SPREAD` or more: ``{"decode": intercept, "per_prefill":
+    slope, "rows": n, "prefill_share": [lowest, highest]}``."""
+
+    def line(pts: list[tuple[float, float]]) -> dict | None:
+        if len(pts) < SPLIT_MIN_ROWS:
+            return None
+        x, y = np.array(pts).T
+        if x.max() - x.min() < SPLIT_MIN_SPREAD:
+            return None
+        slope, intercept = np.polyfit(x, y, 1)
+        return {
+            "decode": round(float(intercept), 4),
+            "per_prefill": round(float(slope), 4),
+            "rows": len(pts),
+            "prefill_share": [round(float(x.min()), 3), round(float(x.max()), 3)],
+        }
+
+    by: dict[str, dict[int, list[tuple[float, float]]]] = {}
+    for r in results:
+        sh = shares.get(r.row)
+        if sh is None or r.tpot_err is None:
+            continue
+        by.setdefault(r.row.group, {}).setdefault(r.row.tp, []).append((sh[0], r.tpot_err))
+    out: dict[str, dict] = {}
+    for g, tps in sorted(by.items()):
+        whole = line([p for pts in tps.values() for p in pts])
+        if whole is None:
+            continue
+        per_tp = {str(tp): fit for tp, pts in sorted(tps.items()) if (fit := line(pts)) is not None}
+        out[g] = {**whole, "by_tp": per_tp}
     return out
 
 

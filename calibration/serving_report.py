@@ -23,9 +23,11 @@ from .serving_bench import (
     Clients,
     RowResult,
     faster_than_kernels,
+    gpu_shares,
     implied_gpu_busy,
     read_bench,
     score,
+    tpot_error_split,
     ttft_follows_completions,
 )
 from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, unfitted_terms
@@ -144,6 +146,36 @@ HEADER = [
 ]
 
 
+SPLIT_HEADER = (
+    "group (model/GPU/engine)",
+    "TP",
+    "rows",
+    "prefill share",
+    "TPOT error, all decode",
+    "per prefill share",
+)
+
+
+def split_rows(split: dict[str, dict]) -> list[list[str]]:
+    """The rows of the "where the TPOT error comes from" table (:func:`tpot_error_split`): each
+    group, then each of its tensor-parallel sizes."""
+    out = []
+    for g, whole in split.items():
+        for tp, f in [("all", whole)] + list(whole["by_tp"].items()):
+            lo, hi = f["prefill_share"]
+            out.append(
+                [
+                    g if tp == "all" else "",
+                    tp,
+                    str(f["rows"]),
+                    f"{lo:.2f}-{hi:.2f}",
+                    f"{f['decode']:+.1%}",
+                    f"{f['per_prefill']:+.2f}",
+                ]
+            )
+    return out
+
+
 def validate_serving_bench(
     path: str,
     *,
@@ -166,7 +198,8 @@ def validate_serving_bench(
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp, weights, kv)
-    busy = implied_gpu_busy(rows, profile)
+    shares = gpu_shares(rows, profile)
+    busy = implied_gpu_busy(rows, shares=shares)
     fast = faster_than_kernels(rows, profile, busy)
     exclude = resolve_exclusions(exclude, rows, fast)
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
@@ -214,6 +247,7 @@ def validate_serving_bench(
         "score": sc,
         "ttft_follows_completions": ttft_follows_completions(rows),
         "faster_than_kernels": fast,
+        "tpot_error_split": tpot_error_split(preds, dict(zip(rows, shares))),
         "results": [{**r.to_json(), "implied_gpu_busy": busy_of.get(r.row)} for r in preds],
         "wall_s": round(time.perf_counter() - t0, 1),
     }

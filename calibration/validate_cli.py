@@ -268,7 +268,15 @@ def _serving(
     from rich.table import Table
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import HEADER, completion_warnings, kernel_warnings, table_rows, validate_serving_bench
+    from .serving_report import (
+        HEADER,
+        SPLIT_HEADER,
+        completion_warnings,
+        kernel_warnings,
+        split_rows,
+        table_rows,
+        validate_serving_bench,
+    )
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -296,6 +304,18 @@ def _serving(
     for row in table_rows(doc["score"]):
         t.add_row(*row)
     con.print(t)
+    if doc["tpot_error_split"]:
+        split = Table(
+            title="where the TPOT error comes from",
+            caption="a line through each group's TPOT errors against the share of wall time its runs spend "
+            "in prefills: its value with no prefill (decode iterations mispriced) and its change per unit "
+            "of prefill share (prefills mispriced, or batched otherwise than the server does)",
+        )
+        for c in SPLIT_HEADER:
+            split.add_column(c, justify="left" if c.startswith("group") else "right")
+        for row in split_rows(doc["tpot_error_split"]):
+            split.add_row(*row)
+        con.print(split)
     for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]

@@ -21,6 +21,8 @@ import pytest
 from calibration.serving_bench import (
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
+    SPLIT_MIN_ROWS,
+    SPLIT_MIN_SPREAD,
     TRAINING_FILE,
     BenchRow,
     Clients,
@@ -28,12 +30,14 @@ from calibration.serving_bench import (
     completion_gap_ratios,
     default_kv,
     faster_than_kernels,
+    gpu_shares,
     implied_gpu_busy,
     read_bench,
     read_csv,
     row_scenario,
     score,
     simulate_row,
+    tpot_error_split,
     ttft_follows_completions,
 )
 from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
@@ -405,6 +409,85 @@ def test_runs_faster_than_their_kernels_are_flagged_and_kvsim_own_runs_are_not()
         list(shipped) == ["nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm"]
         and 1.6 < shipped["nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm"] < 2.2
     )
+
+
+def test_gpu_shares_split_the_busy_time_and_prefills_take_more_of_it_with_shorter_outputs():
+    rows = measured([row(isl=512, osl=osl, concurrency=8) for osl in (8, 64)], builtin_terms())
+    shares = gpu_shares(rows)
+    assert [p + d for p, d in shares] == pytest.approx(implied_gpu_busy(rows), rel=1e-12)
+    assert implied_gpu_busy(rows, shares=shares) == implied_gpu_busy(rows)
+    (p8, d8), (p64, d64) = shares
+    assert p8 > p64 > 0 and d64 > d8 > 0
+    assert gpu_shares([row(tp=16)]) == [None]
+
+
+def split_case(a: float, b: float, tp: int, n: int, lo: float = 0.0, hi: float = 0.8):
+    """``n`` results of one TP whose TPOT errors lie on ``a + b × prefill share``, shares from lo to hi."""
+    out, shares = [], {}
+    for i in range(n):
+        r = row(tp=tp, isl=128 + i, concurrency=2 + i)
+        x = lo + (hi - lo) * i / max(n - 1, 1)
+        shares[r] = (x, 1.0 - x)
+        out.append(RowResult(r, ttft_ms=r.ttft_ms, tpot_ms=r.tpot_ms * (1.0 + a + b * x)))
+    return out, shares
+
+
+def test_tpot_error_split_recovers_the_decode_error_and_the_prefill_slope():
+    res, shares = [], {}
+    for a, b, tp, n in [(0.10, -0.5, 1, 8), (-0.12, 0.0, 8, 8), (0.3, 1.0, 4, SPLIT_MIN_ROWS - 1)]:
+        r, s = split_case(a, b, tp, n)
+        res += r
+        shares.update(s)
+    # A row the profile could not price, and one that did not simulate, are left out.
+    res.append(RowResult(row(tp=2, isl=999), 20.0, 7.0))
+    res.append(RowResult(row(tp=1, isl=998), None, None, error="no"))
+    shares[res[-1].row] = (0.5, 0.5)
+    split = tpot_error_split(res, shares)
+    ((g, fit_all),) = split.items()
+    assert g == row().group
+    by = fit_all["by_tp"]
+    assert list(by) == ["1", "8"]  # TP4 has too few rows
+    assert by["1"]["decode"] == pytest.approx(0.10, abs=1e-4) and by["1"]["per_prefill"] == pytest.approx(
+        -0.5, abs=1e-4
+    )
+    assert by["8"]["decode"] == pytest.approx(-0.12, abs=1e-4) and by["8"]["per_prefill"] == pytest.approx(0, abs=1e-4)
+    assert by["1"]["rows"] == 8 and by["1"]["prefill_share"] == [0.0, 0.8]
+    assert fit_all["rows"] == 8 + 8 + SPLIT_MIN_ROWS - 1
+    # Shares that barely differ tell nothing about prefills: no line.
+    narrow, sh = split_case(0.0, 1.0, 1, 10, lo=0.3, hi=0.3 + SPLIT_MIN_SPREAD / 2)
+    assert tpot_error_split(narrow, sh) == {}
+
+
+def test_tpot_error_split_table_lists_each_group_then_its_gpu_counts():
+    from calibration.serving_report import SPLIT_HEADER, split_rows
+
+    res, shares = split_case(0.10, -0.5, 1, 8)
+    r8, s8 = split_case(-0.12, 0.25, 8, 8)
+    rows = split_rows(tpot_error_split(res + r8, {**shares, **s8}))
+    assert [len(r) for r in rows] == [len(SPLIT_HEADER)] * 3
+    assert rows[0][:2] == [row().group, "all"] and rows[0][2] == "16"
+    assert rows[1] == ["", "1", "8", "0.00-0.80", "+10.0%", "-0.50"]
+    assert rows[2] == ["", "8", "8", "0.00-0.80", "-12.0%", "+0.25"]
+
+
+def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dilute():
+    # "Measured": kvsim with 4 ms of host time per iteration; predicted with 1 ms (START). Every
+    # iteration is short by the same 3 ms, a larger part of a decode iteration than of a prefill's.
+    rows = measured(
+        [
+            row(isl=isl, osl=osl, concurrency=c)
+            for isl, osl, c in [(512, 8, 8), (512, 64, 8), (256, 16, 4), (1024, 128, 16), (1024, 8, 16), (128, 256, 2)]
+        ],
+        with_terms(vllm={"host_s": 4e-3}),
+    )
+    preds = evaluate(rows, with_terms(), FIXED)
+    split = tpot_error_split(preds, dict(zip(rows, gpu_shares(rows))))
+    fit_all = split[rows[0].group]
+    assert fit_all["rows"] == 6 and fit_all["prefill_share"][1] - fit_all["prefill_share"][0] > SPLIT_MIN_SPREAD
+    assert fit_all["decode"] < -0.2 and fit_all["per_prefill"] > 0.1, fit_all
+    # With the host time it was measured with, nothing is left to split.
+    same = tpot_error_split(evaluate(rows, with_terms(vllm={"host_s": 4e-3}), FIXED), dict(zip(rows, gpu_shares(rows))))
+    assert abs(same[rows[0].group]["decode"]) < 1e-6 and abs(same[rows[0].group]["per_prefill"]) < 1e-6
 
 
 # --- fitting ---------------------------------------------------------------------------------
