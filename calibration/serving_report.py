@@ -225,6 +225,7 @@ def validate_serving_bench(
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
     busy_of = dict(zip(rows, busy))
+    shares_of = dict(zip(rows, shares))
     doc = {
         "format": "kvsim-serving-validation",
         "version": 1,
@@ -247,8 +248,15 @@ def validate_serving_bench(
         "score": sc,
         "ttft_follows_completions": ttft_follows_completions(rows),
         "faster_than_kernels": fast,
-        "tpot_error_split": tpot_error_split(preds, dict(zip(rows, shares))),
-        "results": [{**r.to_json(), "implied_gpu_busy": busy_of.get(r.row)} for r in preds],
+        "tpot_error_split": tpot_error_split(preds, shares_of),
+        "results": [
+            {
+                **r.to_json(),
+                "implied_gpu_busy": busy_of.get(r.row),
+                "prefill_share": None if (sh := shares_of.get(r.row)) is None else sh[0],
+            }
+            for r in preds
+        ],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
     if out is not None:
@@ -259,15 +267,25 @@ def validate_serving_bench(
 
 
 def write_html(doc: dict, path: Path) -> Path:
-    """Predicted against measured TTFT and TPOT per group (log-log, the diagonal and ±20 % bands)."""
+    """Predicted against measured TTFT and TPOT per group (log-log, the diagonal and ±20 % bands),
+    and each row's TPOT error against its prefill share of wall time with the group's line
+    (``tpot_error_split``): one colour per group across the three panels."""
     import plotly.graph_objects as go
+    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)"))
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)", "TPOT error (%) against prefill share"),
+    )
     groups = sorted({r["group"] for r in doc["results"]})
     flagged = doc.get("ttft_follows_completions", {})
     fast = doc.get("faster_than_kernels", {})
-    for g in groups:
+    split = doc.get("tpot_error_split", {})
+    palette = qualitative.Plotly
+    for i, g in enumerate(groups):
+        color = palette[i % len(palette)]
         # A group that looks mis-measured says so in the legend.
         notes = ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else []) + (
             [f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else []
@@ -289,10 +307,43 @@ def write_html(doc: dict, path: Path) -> Path:
                     legendgroup=g,
                     showlegend=col == 1,
                     text=text,
-                    marker={"size": 6},
+                    marker={"size": 6, "color": color},
                 ),
                 row=1,
                 col=col,
+            )
+        shared = [
+            (r, t) for r, t in zip(rs, text) if r.get("prefill_share") is not None and r["tpot_rel_err"] is not None
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=[r["prefill_share"] for r, _ in shared],
+                y=[100 * r["tpot_rel_err"] for r, _ in shared],
+                mode="markers",
+                name=label,
+                legendgroup=g,
+                showlegend=False,
+                text=[t for _, t in shared],
+                marker={"size": 5, "color": color},
+            ),
+            row=1,
+            col=3,
+        )
+        if g in split:
+            f = split[g]
+            lo, hi = f["prefill_share"]
+            fig.add_trace(
+                go.Scatter(
+                    x=[lo, hi],
+                    y=[100 * (f["decode"] + f["per_prefill"] * x) for x in (lo, hi)],
+                    mode="lines",
+                    name=f"{g}: {f['decode']:+.1%} with no prefill, {f['per_prefill']:+.2f} per prefill share",
+                    legendgroup=g,
+                    showlegend=False,
+                    line={"color": color, "dash": "dash", "width": 2},
+                ),
+                row=1,
+                col=3,
             )
     for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
         vals = [r[m] for r in doc["results"]] + [r["sim_" + m] for r in doc["results"] if r["sim_" + m]]
@@ -311,13 +362,16 @@ def write_html(doc: dict, path: Path) -> Path:
             )
         fig.update_xaxes(type="log", title_text="measured", row=1, col=col)
         fig.update_yaxes(type="log", title_text="simulated", row=1, col=col)
+    fig.add_hline(y=0, line={"color": "grey", "width": 1}, row=1, col=3)
+    fig.update_xaxes(title_text="share of wall time in prefills (measured rate x kvsim's prefill)", row=1, col=3)
+    fig.update_yaxes(title_text="(simulated - measured) / measured, %", row=1, col=3)
     o = doc["score"]["overall"]
     fig.update_layout(
         title=f"kvsim against real servers: {doc['rows']} runs, {doc['protocol']}<br>"
         f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
         f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
         height=600,
-        width=1300,
+        width=1800,
     )
     path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
     return path

@@ -470,7 +470,7 @@ def test_tpot_error_split_table_lists_each_group_then_its_gpu_counts():
     assert rows[2] == ["", "8", "8", "0.00-0.80", "-12.0%", "+0.25"]
 
 
-def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dilute():
+def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dilute(tmp_path):
     # "Measured": kvsim with 4 ms of host time per iteration; predicted with 1 ms (START). Every
     # iteration is short by the same 3 ms, a larger part of a decode iteration than of a prefill's.
     rows = measured(
@@ -485,6 +485,21 @@ def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dil
     fit_all = split[rows[0].group]
     assert fit_all["rows"] == 6 and fit_all["prefill_share"][1] - fit_all["prefill_share"][0] > SPLIT_MIN_SPREAD
     assert fit_all["decode"] < -0.2 and fit_all["per_prefill"] > 0.1, fit_all
+    # The HTML report plots each row's error against its share, with the group's line.
+    from calibration.serving_report import write_html
+
+    shares = dict(zip(rows, gpu_shares(rows)))
+    doc = {
+        "rows": len(rows),
+        "protocol": "test",
+        "score": score(preds),
+        "tpot_error_split": split,
+        "results": [{**p.to_json(), "prefill_share": shares[p.row][0]} for p in preds],
+    }
+    html = write_html(doc, tmp_path / "v.html").read_text()
+    assert "TPOT error (%) against prefill share" in html
+    line = f"{fit_all['decode']:+.1%} with no prefill, {fit_all['per_prefill']:+.2f} per prefill share"
+    assert line in html and html.count("with no prefill") == 1  # one group, one line
     # With the host time it was measured with, nothing is left to split.
     same = tpot_error_split(evaluate(rows, with_terms(vllm={"host_s": 4e-3}), FIXED), dict(zip(rows, gpu_shares(rows))))
     assert abs(same[rows[0].group]["decode"]) < 1e-6 and abs(same[rows[0].group]["per_prefill"]) < 1e-6
