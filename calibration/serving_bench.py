@@ -362,9 +362,10 @@ SPLIT_MIN_SPREAD = 0.1
 
 def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:
     """Where a group's TPOT error comes from: a least-squares line through its rows' relative TPOT
-    errors against their prefill share of wall time (``shares``: :func:`gpu_shares` by row). Its intercept is the error of runs that are all decode (decode iterations
-    mispriced: host time, decode kernels, all-reduce); its slope, how the error moves as prefills
-    take over the GPU (prefills mispriced, or batched differently from the server). Per group and
+    errors against their prefill share of wall time (``shares``: :func:`gpu_shares` by row). Its
+    intercept is the error of runs that are all decode (decode iterations mispriced: host time,
+    decode kernels, all-reduce); its slope, how the error moves as prefills take over the GPU
+    (prefills mispriced, or batched differently from the server). Per group and
     per tensor-parallel size within it, where at least :data:`SPLIT_MIN_ROWS` rows spread their
     prefill shares over :data:`SPLIT_MIN_SPREAD` or more: ``{"decode": intercept, "per_prefill":
     slope, "rows": n, "prefill_share": [lowest, highest]}``."""

@@ -297,25 +297,35 @@ def _serving(
         exclude=exclude,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
+
+    def table(title: str, caption: str, header, rows: list[list[str]]) -> Table:
+        t = Table(title=title, caption=caption)
+        for c in header:
+            t.add_column(c, justify="left" if c.startswith("group") else "right")
+        for row in rows:
+            t.add_row(*row)
+        return t
+
     con = Console(width=None if sys.stdout.isatty() else 200)
-    t = Table(title=f"kvsim against real servers: {doc['rows']} runs of {src}", caption=doc["protocol"])
-    for c in HEADER:
-        t.add_column(c, justify="left" if c.startswith("group") else "right")
-    for row in table_rows(doc["score"]):
-        t.add_row(*row)
-    con.print(t)
-    if doc["tpot_error_split"]:
-        split = Table(
-            title="where the TPOT error comes from",
-            caption="a line through each group's TPOT errors against the share of wall time its runs spend "
-            "in prefills: its value with no prefill (decode iterations mispriced) and its change per unit "
-            "of prefill share (prefills mispriced, or batched otherwise than the server does)",
+    con.print(
+        table(
+            f"kvsim against real servers: {doc['rows']} runs of {src}",
+            doc["protocol"],
+            HEADER,
+            table_rows(doc["score"]),
         )
-        for c in SPLIT_HEADER:
-            split.add_column(c, justify="left" if c.startswith("group") else "right")
-        for row in split_rows(doc["tpot_error_split"]):
-            split.add_row(*row)
-        con.print(split)
+    )
+    if doc["tpot_error_split"]:
+        con.print(
+            table(
+                "where the TPOT error comes from",
+                "a line through each group's TPOT errors against the share of wall time its runs spend "
+                "in prefills: its value with no prefill (decode iterations mispriced) and its change per unit "
+                "of prefill share (prefills mispriced, or batched otherwise than the server does)",
+                SPLIT_HEADER,
+                split_rows(doc["tpot_error_split"]),
+            )
+        )
     for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
