@@ -400,6 +400,44 @@ def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[floa
     return out
 
 
+def tp_scaling(results: list[RowResult]) -> dict[str, list[dict]]:
+    """What a larger GPU count buys, measured and simulated: per group, per pair of its
+    tensor-parallel sizes (each with the next larger one it was run at) and per concurrency, the
+    median over prompt and output lengths run at both sizes of TPOT at the smaller size ÷ TPOT at
+    the larger (above 1: the larger size shortens the step). ``{group: [{"tp": [small, large],
+    "concurrency": c, "runs": n, "measured": gain, "simulated": gain}]}``, rows the simulation could
+    not run left out."""
+    tpot: dict[tuple[str, int, int, int], dict[int, tuple[float, float]]] = {}
+    for r in results:
+        if r.tpot_ms is None:
+            continue
+        w = r.row
+        tpot.setdefault((w.group, w.isl, w.osl, w.concurrency), {})[w.tp] = (w.tpot_ms, r.tpot_ms)
+    sizes: dict[str, list[int]] = {}
+    for (g, *_), by_tp in tpot.items():
+        sizes[g] = sorted(set(sizes.get(g, [])) | set(by_tp))
+    gains: dict[tuple[str, int, int, int], list[tuple[float, float]]] = {}
+    for (g, _isl, _osl, c), by_tp in tpot.items():
+        tps = sizes[g]
+        for lo, hi in zip(tps, tps[1:]):
+            if lo in by_tp and hi in by_tp:
+                (m_lo, s_lo), (m_hi, s_hi) = by_tp[lo], by_tp[hi]
+                gains.setdefault((g, lo, hi, c), []).append((m_lo / m_hi, s_lo / s_hi))
+    out: dict[str, list[dict]] = {}
+    for (g, lo, hi, c), pts in sorted(gains.items()):
+        m, s = np.median(np.array(pts), axis=0)
+        out.setdefault(g, []).append(
+            {
+                "tp": [lo, hi],
+                "concurrency": c,
+                "runs": len(pts),
+                "measured": round(float(m), 3),
+                "simulated": round(float(s), 3),
+            }
+        )
+    return out
+
+
 def faster_than_kernels(
     rows: Iterable[BenchRow], profile: str | None = None, busy: list[float | None] | None = None
 ) -> dict[str, float]:

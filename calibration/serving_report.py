@@ -27,6 +27,7 @@ from .serving_bench import (
     implied_gpu_busy,
     read_bench,
     score,
+    tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
 )
@@ -176,6 +177,29 @@ def split_rows(split: dict[str, dict]) -> list[list[str]]:
     return out
 
 
+SCALING_HEADER = ("group (model/GPU/engine)", "TP", "concurrency", "runs", "measured", "simulated")
+
+
+def scaling_rows(scaling: dict[str, list[dict]]) -> list[list[str]]:
+    """The rows of the "what more GPUs buy" table (:func:`tp_scaling`): per group, its largest pair of
+    tensor-parallel sizes, one row per concurrency (``serving_validation.json`` holds every pair)."""
+    out = []
+    for g, pts in scaling.items():
+        top = max(tuple(p["tp"]) for p in pts)
+        for i, p in enumerate(p for p in pts if tuple(p["tp"]) == top):
+            out.append(
+                [
+                    g if i == 0 else "",
+                    f"{top[0]} -> {top[1]}",
+                    str(p["concurrency"]),
+                    str(p["runs"]),
+                    f"{p['measured']:.2f}x",
+                    f"{p['simulated']:.2f}x",
+                ]
+            )
+    return out
+
+
 def validate_serving_bench(
     path: str,
     *,
@@ -249,6 +273,7 @@ def validate_serving_bench(
         "ttft_follows_completions": ttft_follows_completions(rows),
         "faster_than_kernels": fast,
         "tpot_error_split": tpot_error_split(preds, shares_of),
+        "tp_scaling": tp_scaling(preds),
         "results": [
             {
                 **r.to_json(),

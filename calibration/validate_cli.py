@@ -270,9 +270,11 @@ def _serving(
     from .serving_bench import TRAINING_FILE
     from .serving_report import (
         HEADER,
+        SCALING_HEADER,
         SPLIT_HEADER,
         completion_warnings,
         kernel_warnings,
+        scaling_rows,
         split_rows,
         table_rows,
         validate_serving_bench,
@@ -324,6 +326,17 @@ def _serving(
                 "of prefill share (prefills mispriced, or batched otherwise than the server does)",
                 SPLIT_HEADER,
                 split_rows(doc["tpot_error_split"]),
+            )
+        )
+    if doc["tp_scaling"]:
+        con.print(
+            table(
+                "what more GPUs buy",
+                "TPOT at the smaller tensor-parallel size / TPOT at the larger, for the same prompt and output "
+                "lengths and concurrency (median over the lengths run at both): each group's largest pair of "
+                "sizes; every pair is in serving_validation.json (tp_scaling)",
+                SCALING_HEADER,
+                scaling_rows(doc["tp_scaling"]),
             )
         )
     for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):

@@ -37,6 +37,7 @@ from calibration.serving_bench import (
     row_scenario,
     score,
     simulate_row,
+    tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
 )
@@ -505,6 +506,49 @@ def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dil
     assert abs(same[rows[0].group]["decode"]) < 1e-6 and abs(same[rows[0].group]["per_prefill"]) < 1e-6
 
 
+def scaling_case(tpot_by_tp: dict[int, float], sim_by_tp: dict[int, float | None], **kw) -> list[RowResult]:
+    """One run per tensor-parallel size: measured TPOT ``tpot_by_tp[tp]``, simulated ``sim_by_tp[tp]``."""
+    return [
+        RowResult(row(tp=tp, tpot_ms=m, **kw), ttft_ms=20.0 if sim_by_tp[tp] else None, tpot_ms=sim_by_tp[tp])
+        for tp, m in tpot_by_tp.items()
+    ]
+
+
+def test_tp_scaling_pairs_each_gpu_count_with_the_next_and_takes_medians_over_lengths():
+    res = []
+    # Three prompt lengths at c = 8 on 1, 2 and 4 GPUs: measured gains 1 -> 2 of 1.5, 1.8, 2.0.
+    for isl, m2 in [(128, 10 / 1.5), (256, 10 / 1.8), (512, 10 / 2.0)]:
+        res += scaling_case({1: 10.0, 2: m2, 4: m2 / 1.2}, {1: 9.0, 2: 6.0, 4: 4.0}, isl=isl, concurrency=8)
+    # Run on 1 and 4 GPUs only: nothing to compare with the next size (2), so no pair.
+    res += scaling_case({1: 10.0, 4: 2.0}, {1: 9.0, 4: 1.0}, isl=1024, concurrency=8)
+    # At c = 16 the 4-GPU run failed to simulate: only 1 -> 2.
+    res += scaling_case({1: 12.0, 2: 8.0, 4: 5.0}, {1: 12.0, 2: 6.0, 4: None}, concurrency=16)
+    ((g, pts),) = tp_scaling(res).items()
+    assert g == row().group
+    assert pts == [
+        {"tp": [1, 2], "concurrency": 8, "runs": 3, "measured": 1.8, "simulated": 1.5},
+        {"tp": [1, 2], "concurrency": 16, "runs": 1, "measured": 1.5, "simulated": 2.0},
+        {"tp": [2, 4], "concurrency": 8, "runs": 3, "measured": 1.2, "simulated": 1.5},
+    ]
+    # Groups are kept apart: another engine's runs make a group of their own.
+    other = scaling_case({4: 8.0, 8: 8.0}, {4: 8.0, 8: 5.0}, engine="trtllm")
+    both = tp_scaling(res + other)
+    assert both[row(engine="trtllm").group] == [
+        {"tp": [4, 8], "concurrency": 2, "runs": 1, "measured": 1.0, "simulated": 1.6}
+    ]
+    assert both[g] == pts
+
+
+def test_tp_scaling_table_shows_each_groups_largest_pair_of_gpu_counts():
+    from calibration.serving_report import SCALING_HEADER, scaling_rows
+
+    res = scaling_case({1: 10.0, 2: 5.0, 4: 4.0}, {1: 10.0, 2: 6.0, 4: 4.0}, concurrency=8)
+    res += scaling_case({1: 12.0, 2: 8.0, 4: 8.0}, {1: 12.0, 2: 6.0, 4: 4.0}, concurrency=32)
+    rows = scaling_rows(tp_scaling(res))
+    assert [len(r) for r in rows] == [len(SCALING_HEADER)] * 2
+    assert rows == [[row().group, "2 -> 4", "8", "1", "1.25x", "1.50x"], ["", "2 -> 4", "32", "1", "1.00x", "1.50x"]]
+
+
 # --- fitting ---------------------------------------------------------------------------------
 
 #: Rows of two engines (each fitted on its own rows): concurrency and lengths vary so host time per
@@ -741,6 +785,25 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert "ALL" in r.stdout
     assert doc["ttft_follows_completions"] == {} and doc["faster_than_kernels"] == {} and "note:" not in r.stdout
     assert all(0 < x["implied_gpu_busy"] < 1.25 for x in doc["results"])
+    # No run was measured at two GPU counts: nothing to say about what more GPUs buy.
+    assert doc["tp_scaling"] == {} and "what more GPUs buy" not in r.stdout
+
+
+def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_path):
+    (tmp_path / "tp.csv").write_text(
+        f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,4,16.0,7.5\n{LLAMA},h100_sxm,vllm,2,128,16,4,12.0,5.0\n"
+    )
+    r = kvsim("validate", "--serving-bench", "tp.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    sim = {x["tp"]: x["sim_tpot_ms"] for x in doc["results"]}
+    assert sim[1] > sim[2] > 0
+    assert doc["tp_scaling"] == {
+        f"{LLAMA}/h100_sxm/vllm": [
+            {"tp": [1, 2], "concurrency": 4, "runs": 1, "measured": 1.5, "simulated": round(sim[1] / sim[2], 3)}
+        ]
+    }
+    assert "what more GPUs buy" in r.stdout and "1.50x" in r.stdout
 
 
 def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
