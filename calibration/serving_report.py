@@ -293,21 +293,29 @@ def validate_serving_bench(
 
 def write_html(doc: dict, path: Path) -> Path:
     """Predicted against measured TTFT and TPOT per group (log-log, the diagonal and ±20 % bands),
-    and each row's TPOT error against its prefill share of wall time with the group's line
-    (``tpot_error_split``): one colour per group across the three panels."""
+    each row's TPOT error against its prefill share of wall time with the group's line
+    (``tpot_error_split``), and what the group's largest pair of GPU counts buys against
+    concurrency, measured and simulated (``tp_scaling``): one colour per group across the four
+    panels."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     fig = make_subplots(
-        rows=1,
-        cols=3,
-        subplot_titles=("mean TTFT (ms)", "mean TPOT (ms)", "TPOT error (%) against prefill share"),
+        rows=2,
+        cols=2,
+        subplot_titles=(
+            "mean TTFT (ms)",
+            "mean TPOT (ms)",
+            "TPOT error (%) against prefill share",
+            "what more GPUs buy: TPOT at the smaller GPU count / at the larger",
+        ),
     )
     groups = sorted({r["group"] for r in doc["results"]})
     flagged = doc.get("ttft_follows_completions", {})
     fast = doc.get("faster_than_kernels", {})
     split = doc.get("tpot_error_split", {})
+    scaling = doc.get("tp_scaling", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
@@ -337,6 +345,24 @@ def write_html(doc: dict, path: Path) -> Path:
                 row=1,
                 col=col,
             )
+        if g in scaling:
+            top = max(tuple(p["tp"]) for p in scaling[g])
+            pts = [p for p in scaling[g] if tuple(p["tp"]) == top]
+            for key, dash in (("measured", "solid"), ("simulated", "dash")):
+                fig.add_trace(
+                    go.Scatter(
+                        x=[p["concurrency"] for p in pts],
+                        y=[p[key] for p in pts],
+                        mode="lines+markers",
+                        name=f"{g}: TP {top[0]} to {top[1]}, {key}",
+                        legendgroup=g,
+                        showlegend=False,
+                        text=[f"{p['runs']} length pairs" for p in pts],
+                        line={"color": color, "dash": dash, "width": 2},
+                    ),
+                    row=2,
+                    col=2,
+                )
         shared = [
             (r, t) for r, t in zip(rs, text) if r.get("prefill_share") is not None and r["tpot_rel_err"] is not None
         ]
@@ -351,8 +377,8 @@ def write_html(doc: dict, path: Path) -> Path:
                 text=[t for _, t in shared],
                 marker={"size": 5, "color": color},
             ),
-            row=1,
-            col=3,
+            row=2,
+            col=1,
         )
         if g in split:
             f = split[g]
@@ -367,8 +393,8 @@ def write_html(doc: dict, path: Path) -> Path:
                     showlegend=False,
                     line={"color": color, "dash": "dash", "width": 2},
                 ),
-                row=1,
-                col=3,
+                row=2,
+                col=1,
             )
     for col, m in ((1, "ttft_ms"), (2, "tpot_ms")):
         vals = [r[m] for r in doc["results"]] + [r["sim_" + m] for r in doc["results"] if r["sim_" + m]]
@@ -387,16 +413,19 @@ def write_html(doc: dict, path: Path) -> Path:
             )
         fig.update_xaxes(type="log", title_text="measured", row=1, col=col)
         fig.update_yaxes(type="log", title_text="simulated", row=1, col=col)
-    fig.add_hline(y=0, line={"color": "grey", "width": 1}, row=1, col=3)
-    fig.update_xaxes(title_text="share of wall time in prefills (measured rate x kvsim's prefill)", row=1, col=3)
-    fig.update_yaxes(title_text="(simulated - measured) / measured, %", row=1, col=3)
+    fig.add_hline(y=0, line={"color": "grey", "width": 1}, row=2, col=1)
+    fig.update_xaxes(title_text="share of wall time in prefills (measured rate x kvsim's prefill)", row=2, col=1)
+    fig.update_yaxes(title_text="(simulated - measured) / measured, %", row=2, col=1)
+    fig.add_hline(y=1, line={"color": "grey", "width": 1}, row=2, col=2)
+    fig.update_xaxes(type="log", title_text="concurrency (solid: measured, dashed: simulated)", row=2, col=2)
+    fig.update_yaxes(title_text="TPOT gain", row=2, col=2)
     o = doc["score"]["overall"]
     fig.update_layout(
         title=f"kvsim against real servers: {doc['rows']} runs, {doc['protocol']}<br>"
         f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
         f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
-        height=600,
-        width=1800,
+        height=1200,
+        width=1500,
     )
     path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
     return path

@@ -804,6 +804,10 @@ def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_pat
         ]
     }
     assert "what more GPUs buy" in r.stdout and "1.50x" in r.stdout
+    # The HTML report draws the pair against concurrency, measured and simulated.
+    html = (tmp_path / "val" / "serving_validation.html").read_text()
+    assert "what more GPUs buy" in html
+    assert all(f"vllm: TP 1 to 2, {k}" in html for k in ("measured", "simulated"))  # plotly escapes the slashes
 
 
 def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
