@@ -400,6 +400,58 @@ def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[floa
     return out
 
 
+#: Fewest runs, and least ratio of the longest prefill to the shortest, over which
+#: :func:`ttft_vs_prefill` fits a line.
+TTFT_LINE_MIN_ROWS = 4
+TTFT_LINE_MIN_RATIO = 1.5
+
+
+def ttft_vs_prefill(results: list[RowResult], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:
+    """What sets TTFT where a group's server is least loaded: a least-squares line through the mean
+    TTFT of its runs at its lowest concurrency against one prompt's prefill at the engine's kernel
+    prices (the time it adds to an iteration of the other clients' decodes: :func:`gpu_shares`'
+    prefill share × request cycle ÷ concurrency), measured and simulated. An intercept near zero and a
+    slope above 1 say prompts wait behind others' prefills (clients arriving together); a large
+    intercept and a slope near 1, a fixed front end. Per group with at least
+    :data:`TTFT_LINE_MIN_ROWS` such runs whose prefills span a ratio of
+    :data:`TTFT_LINE_MIN_RATIO` or more: ``{"concurrency": c, "runs": n, "prefill_ms": [shortest,
+    longest], "measured": {"intercept_ms": a, "per_prefill": b}, "simulated": {...} or None}``
+    (``None``: too few of the runs simulated)."""
+
+    def line(pts: list[tuple[float, float]]) -> dict | None:
+        if len(pts) < TTFT_LINE_MIN_ROWS:
+            return None
+        x, y = np.array(pts).T
+        if x.max() < TTFT_LINE_MIN_RATIO * x.min():
+            return None
+        slope, intercept = np.polyfit(x, y, 1)
+        return {"intercept_ms": round(float(intercept), 1), "per_prefill": round(float(slope), 3)}
+
+    by: dict[str, list[tuple[BenchRow, float, float | None]]] = {}
+    for r in results:
+        sh = shares.get(r.row)
+        if sh is None:
+            continue
+        w = r.row
+        by.setdefault(w.group, []).append((w, sh[0] * w.cycle_ms / w.concurrency, r.ttft_ms))
+    out: dict[str, dict] = {}
+    for g, pts in sorted(by.items()):
+        c = min(w.concurrency for w, _, _ in pts)
+        low = [(w, p, s) for w, p, s in pts if w.concurrency == c and p > 0]
+        measured = line([(p, w.ttft_ms) for w, p, _ in low])
+        if measured is None:
+            continue
+        xs = [p for _, p, _ in low]
+        out[g] = {
+            "concurrency": c,
+            "runs": len(low),
+            "prefill_ms": [round(min(xs), 1), round(max(xs), 1)],
+            "measured": measured,
+            "simulated": line([(p, s) for _, p, s in low if s is not None]),
+        }
+    return out
+
+
 def tp_scaling(results: list[RowResult]) -> dict[str, list[dict]]:
     """What a larger GPU count buys, measured and simulated: per group, per pair of its
     tensor-parallel sizes (each with the next larger one it was run at) and per concurrency, the

@@ -30,6 +30,7 @@ from .serving_bench import (
     tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
+    ttft_vs_prefill,
 )
 from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, unfitted_terms
 
@@ -177,6 +178,35 @@ def split_rows(split: dict[str, dict]) -> list[list[str]]:
     return out
 
 
+TTFT_LINE_HEADER = (
+    "group (model/GPU/engine)",
+    "concurrency",
+    "runs",
+    "prefill (ms)",
+    "measured TTFT",
+    "simulated TTFT",
+)
+
+
+def ttft_line_rows(lines: dict[str, dict]) -> list[list[str]]:
+    """The rows of the "what sets TTFT at the lowest concurrency" table (:func:`ttft_vs_prefill`)."""
+
+    def fmt(f: dict | None) -> str:
+        return "-" if f is None else f"{f['intercept_ms']:.0f} ms + {f['per_prefill']:.2f} x prefill"
+
+    return [
+        [
+            g,
+            str(f["concurrency"]),
+            str(f["runs"]),
+            "{:.0f}-{:.0f}".format(*f["prefill_ms"]),
+            fmt(f["measured"]),
+            fmt(f["simulated"]),
+        ]
+        for g, f in lines.items()
+    ]
+
+
 SCALING_HEADER = ("group (model/GPU/engine)", "TP", "concurrency", "runs", "measured", "simulated")
 
 
@@ -274,6 +304,7 @@ def validate_serving_bench(
         "faster_than_kernels": fast,
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
+        "ttft_vs_prefill": ttft_vs_prefill(preds, shares_of),
         "results": [
             {
                 **r.to_json(),

@@ -272,11 +272,13 @@ def _serving(
         HEADER,
         SCALING_HEADER,
         SPLIT_HEADER,
+        TTFT_LINE_HEADER,
         completion_warnings,
         kernel_warnings,
         scaling_rows,
         split_rows,
         table_rows,
+        ttft_line_rows,
         validate_serving_bench,
     )
 
@@ -326,6 +328,18 @@ def _serving(
                 "of prefill share (prefills mispriced, or batched otherwise than the server does)",
                 SPLIT_HEADER,
                 split_rows(doc["tpot_error_split"]),
+            )
+        )
+    if doc["ttft_vs_prefill"]:
+        con.print(
+            table(
+                "what sets TTFT at the lowest concurrency",
+                "a line through the mean TTFT of each group's runs at its lowest concurrency against one "
+                "prompt's prefill at the engine's kernel prices: a slope above 1 with no intercept says prompts "
+                "wait behind others' prefills (clients arriving together), an intercept with a slope near 1 a "
+                "fixed front end",
+                TTFT_LINE_HEADER,
+                ttft_line_rows(doc["ttft_vs_prefill"]),
             )
         )
     if doc["tp_scaling"]:

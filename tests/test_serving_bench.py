@@ -24,6 +24,7 @@ from calibration.serving_bench import (
     SPLIT_MIN_ROWS,
     SPLIT_MIN_SPREAD,
     TRAINING_FILE,
+    TTFT_LINE_MIN_ROWS,
     BenchRow,
     Clients,
     RowResult,
@@ -40,6 +41,7 @@ from calibration.serving_bench import (
     tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
+    ttft_vs_prefill,
 )
 from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
 from sim.config import scenario_from_dict
@@ -506,6 +508,48 @@ def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dil
     assert abs(same[rows[0].group]["decode"]) < 1e-6 and abs(same[rows[0].group]["per_prefill"]) < 1e-6
 
 
+def ttft_case(points: list[tuple[float, float, float | None]], concurrency: int = 8, **kw):
+    """Results at one concurrency: per point, one prompt's prefill (ms, through its share), the
+    measured TTFT and the simulated one (``None``: the row did not simulate)."""
+    out, shares = [], {}
+    for i, (prefill, ttft, sim) in enumerate(points):
+        r = row(isl=128 + i, concurrency=concurrency, ttft_ms=ttft, **kw)
+        shares[r] = (prefill * concurrency / r.cycle_ms, 0.5)
+        out.append(RowResult(r, ttft_ms=sim, tpot_ms=None if sim is None else r.tpot_ms))
+    return out, shares
+
+
+def test_ttft_vs_prefill_fits_the_lowest_concurrency_measured_and_simulated():
+    # Measured: no front end, 4 prefills' wait; simulated: a 100 ms front end and one prefill.
+    xs = [20.0, 40.0, 80.0, 160.0, 240.0]
+    res, shares = ttft_case([(x, 4.0 * x, 100.0 + x) for x in xs])
+    # Runs at a higher concurrency do not count, nor does the row the profile could not price.
+    hi, sh_hi = ttft_case([(x, 50 * x, 50 * x) for x in xs], concurrency=32)
+    lost = RowResult(row(isl=999, concurrency=8, ttft_ms=1e6), 1e6, 7.0)
+    lines = ttft_vs_prefill(res + hi + [lost], {**shares, **sh_hi, lost.row: None})
+    ((g, f),) = lines.items()
+    assert g == row().group and f["concurrency"] == 8 and f["runs"] == 5 and f["prefill_ms"] == [20.0, 240.0]
+    assert f["measured"]["intercept_ms"] == pytest.approx(0.0, abs=0.05) and f["measured"]["per_prefill"] == 4.0
+    assert f["simulated"]["intercept_ms"] == pytest.approx(100.0, abs=0.05) and f["simulated"]["per_prefill"] == 1.0
+    # Too few simulated runs: no simulated line, the measured one stays.
+    part, sh = ttft_case([(x, 4.0 * x, None if x > 40 else x) for x in xs])
+    assert ttft_vs_prefill(part, sh)[g]["simulated"] is None
+    # Too few runs, or prefills too alike to tell a slope from an intercept: no line.
+    few, sh = ttft_case([(x, 4.0 * x, x) for x in xs[: TTFT_LINE_MIN_ROWS - 1]])
+    assert ttft_vs_prefill(few, sh) == {}
+    alike, sh = ttft_case([(100.0 + i, 400.0 + i, 100.0) for i in range(6)])
+    assert ttft_vs_prefill(alike, sh) == {}
+
+
+def test_ttft_vs_prefill_table_row():
+    from calibration.serving_report import TTFT_LINE_HEADER, ttft_line_rows
+
+    res, shares = ttft_case([(x, 110.0 + 5.0 * x, 150.0 + 1.5 * x) for x in (10.0, 20.0, 50.0, 100.0)])
+    rows = ttft_line_rows(ttft_vs_prefill(res, shares))
+    assert rows == [[row().group, "8", "4", "10-100", "110 ms + 5.00 x prefill", "150 ms + 1.50 x prefill"]]
+    assert len(rows[0]) == len(TTFT_LINE_HEADER)
+
+
 def scaling_case(tpot_by_tp: dict[int, float], sim_by_tp: dict[int, float | None], **kw) -> list[RowResult]:
     """One run per tensor-parallel size: measured TPOT ``tpot_by_tp[tp]``, simulated ``sim_by_tp[tp]``."""
     return [
@@ -787,6 +831,8 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert all(0 < x["implied_gpu_busy"] < 1.25 for x in doc["results"])
     # No run was measured at two GPU counts: nothing to say about what more GPUs buy.
     assert doc["tp_scaling"] == {} and "what more GPUs buy" not in r.stdout
+    # Nor, with 1-2 runs per group, about what sets TTFT at the lowest concurrency.
+    assert doc["ttft_vs_prefill"] == {} and "what sets TTFT" not in r.stdout
 
 
 def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_path):
