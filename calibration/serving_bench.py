@@ -460,14 +460,13 @@ def tp_scaling(results: list[RowResult]) -> dict[str, list[dict]]:
     "concurrency": c, "runs": n, "measured": gain, "simulated": gain}]}``, rows the simulation could
     not run left out."""
     tpot: dict[tuple[str, int, int, int], dict[int, tuple[float, float]]] = {}
+    run_at: dict[str, set[int]] = {}
     for r in results:
-        if r.tpot_ms is None:
-            continue
         w = r.row
-        tpot.setdefault((w.group, w.isl, w.osl, w.concurrency), {})[w.tp] = (w.tpot_ms, r.tpot_ms)
-    sizes: dict[str, list[int]] = {}
-    for (g, *_), by_tp in tpot.items():
-        sizes[g] = sorted(set(sizes.get(g, [])) | set(by_tp))
+        run_at.setdefault(w.group, set()).add(w.tp)
+        if r.tpot_ms is not None:
+            tpot.setdefault((w.group, w.isl, w.osl, w.concurrency), {})[w.tp] = (w.tpot_ms, r.tpot_ms)
+    sizes = {g: sorted(tps) for g, tps in run_at.items()}
     gains: dict[tuple[str, int, int, int], list[tuple[float, float]]] = {}
     for (g, _isl, _osl, c), by_tp in tpot.items():
         tps = sizes[g]

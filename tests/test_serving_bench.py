@@ -581,6 +581,9 @@ def test_tp_scaling_pairs_each_gpu_count_with_the_next_and_takes_medians_over_le
         {"tp": [4, 8], "concurrency": 2, "runs": 1, "measured": 1.0, "simulated": 1.6}
     ]
     assert both[g] == pts
+    # A size whose runs all failed to simulate still sits between its neighbours: no 1 -> 4 pair.
+    gap = scaling_case({1: 10.0, 2: 6.0, 4: 4.0}, {1: 9.0, 2: None, 4: 4.0}, engine="sglang")
+    assert row(engine="sglang").group not in tp_scaling(gap)
 
 
 def test_tp_scaling_table_shows_each_groups_largest_pair_of_gpu_counts():
