@@ -210,13 +210,19 @@ def ttft_line_rows(lines: dict[str, dict]) -> list[list[str]]:
 SCALING_HEADER = ("group (model/GPU/engine)", "TP", "concurrency", "runs", "measured", "simulated")
 
 
+def largest_pair(pts: list[dict]) -> tuple[tuple[int, int], list[dict]]:
+    """A group's largest pair of tensor-parallel sizes in :func:`tp_scaling` and its points, by concurrency."""
+    top = max(tuple(p["tp"]) for p in pts)
+    return (top[0], top[1]), [p for p in pts if tuple(p["tp"]) == top]
+
+
 def scaling_rows(scaling: dict[str, list[dict]]) -> list[list[str]]:
     """The rows of the "what more GPUs buy" table (:func:`tp_scaling`): per group, its largest pair of
     tensor-parallel sizes, one row per concurrency (``serving_validation.json`` holds every pair)."""
     out = []
     for g, pts in scaling.items():
-        top = max(tuple(p["tp"]) for p in pts)
-        for i, p in enumerate(p for p in pts if tuple(p["tp"]) == top):
+        top, at_top = largest_pair(pts)
+        for i, p in enumerate(at_top):
             out.append(
                 [
                     g if i == 0 else "",
@@ -377,8 +383,7 @@ def write_html(doc: dict, path: Path) -> Path:
                 col=col,
             )
         if g in scaling:
-            top = max(tuple(p["tp"]) for p in scaling[g])
-            pts = [p for p in scaling[g] if tuple(p["tp"]) == top]
+            top, pts = largest_pair(scaling[g])
             for key, dash in (("measured", "solid"), ("simulated", "dash")):
                 fig.add_trace(
                     go.Scatter(

@@ -319,40 +319,40 @@ def _serving(
             table_rows(doc["score"]),
         )
     )
-    if doc["tpot_error_split"]:
-        con.print(
-            table(
-                "where the TPOT error comes from",
-                "a line through each group's TPOT errors against the share of wall time its runs spend "
-                "in prefills: its value with no prefill (decode iterations mispriced) and its change per unit "
-                "of prefill share (prefills mispriced, or batched otherwise than the server does)",
-                SPLIT_HEADER,
-                split_rows(doc["tpot_error_split"]),
-            )
-        )
-    if doc["ttft_vs_prefill"]:
-        con.print(
-            table(
-                "what sets TTFT at the lowest concurrency",
-                "a line through the mean TTFT of each group's runs at its lowest concurrency against one "
-                "prompt's prefill at the engine's kernel prices: a slope above 1 with no intercept says prompts "
-                "wait behind others' prefills (clients arriving together), an intercept with a slope near 1 a "
-                "fixed front end",
-                TTFT_LINE_HEADER,
-                ttft_line_rows(doc["ttft_vs_prefill"]),
-            )
-        )
-    if doc["tp_scaling"]:
-        con.print(
-            table(
-                "what more GPUs buy",
-                "TPOT at the smaller tensor-parallel size / TPOT at the larger, for the same prompt and output "
-                "lengths and concurrency (median over the lengths run at both): each group's largest pair of "
-                "sizes; every pair is in serving_validation.json (tp_scaling)",
-                SCALING_HEADER,
-                scaling_rows(doc["tp_scaling"]),
-            )
-        )
+    # The diagnostics a file gives enough runs for, each a table of its own.
+    diagnostics = (
+        (
+            "tpot_error_split",
+            "where the TPOT error comes from",
+            "a line through each group's TPOT errors against the share of wall time its runs spend "
+            "in prefills: its value with no prefill (decode iterations mispriced) and its change per unit "
+            "of prefill share (prefills mispriced, or batched otherwise than the server does)",
+            SPLIT_HEADER,
+            split_rows,
+        ),
+        (
+            "ttft_vs_prefill",
+            "what sets TTFT at the lowest concurrency",
+            "a line through the mean TTFT of each group's runs at its lowest concurrency against one "
+            "prompt's prefill at the engine's kernel prices: a slope above 1 with no intercept says prompts "
+            "wait behind others' prefills (clients arriving together), an intercept with a slope near 1 a "
+            "fixed front end",
+            TTFT_LINE_HEADER,
+            ttft_line_rows,
+        ),
+        (
+            "tp_scaling",
+            "what more GPUs buy",
+            "TPOT at the smaller tensor-parallel size / TPOT at the larger, for the same prompt and output "
+            "lengths and concurrency (median over the lengths run at both): each group's largest pair of "
+            "sizes; every pair is in serving_validation.json (tp_scaling)",
+            SCALING_HEADER,
+            scaling_rows,
+        ),
+    )
+    for key, title, caption, header, rows_of in diagnostics:
+        if doc[key]:
+            con.print(table(title, caption, header, rows_of(doc[key])))
     for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
