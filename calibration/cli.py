@@ -36,6 +36,7 @@ def _serving_bench(
     exclude: tuple[str, ...] = (),
     weights: str | None = None,
     kv: str | None = None,
+    hold_back: bool = False,
 ) -> None:
     from rich.console import Console
 
@@ -66,6 +67,7 @@ def _serving_bench(
         max_evals=max_evals,
         workers=workers,
         exclude=exclude,
+        hold_back=hold_back,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
@@ -136,6 +138,12 @@ def calibrate_command(
         help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
         "'suspect' = the groups whose runs are faster than their engine's kernels allow.",
     ),
+    hold_back_flagged: bool = typer.Option(
+        False,
+        "--hold-back-flagged",
+        help="--from-serving-bench: fit the runs whose TTFT follows completions (the warning names them) "
+        "with concurrency - 1 requests running, one waiting.",
+    ),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
@@ -154,6 +162,7 @@ def calibrate_command(
             exclude=tuple(exclude_group or ()),
             weights=weights,
             kv=kv,
+            hold_back=hold_back_flagged,
         )
         return
     if model is None:

@@ -26,7 +26,7 @@ import csv
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,11 @@ class BenchRow:
     kv: str = ""
     engine_version: str = ""
     source: str = ""
+    #: The most requests the server ran at once (vLLM ``--max-num-seqs``, SGLang
+    #: ``--max-running-requests``, TensorRT-LLM ``max_batch_size``) where the run set one below the
+    #: concurrency; ``None``: the engine's default. Clients beyond it wait in the server's queue,
+    #: and their TTFT counts the wait.
+    max_num_seqs: int | None = None
 
     @property
     def group(self) -> str:
@@ -174,6 +179,9 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         kv=kv,
         engine_version=str(d.get("engine_version") or ""),
         source=str(d.get("source_id") or where),
+        max_num_seqs=_int(path, where, d, "max_num_seqs", 1, 1 << 20)
+        if str(d.get("max_num_seqs") or "").strip()
+        else None,
     )
 
 
@@ -188,7 +196,7 @@ def read_csv(path: Path) -> list[BenchRow]:
         raise ConfigError(
             f"{path}: header",
             ",".join(reader.fieldnames or []),
-            f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id); "
+            f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs); "
             f"missing {', '.join(missing)}",
         )
     rows = [_row(path, f"row {i}", d) for i, d in enumerate(reader, start=2)]
@@ -298,6 +306,23 @@ def ttft_follows_completions(rows: Iterable[BenchRow], max_concurrency: int = 32
         if long >= 2 * short and r_long >= 0.9 and r_long >= 0.55 * r_short:
             out.setdefault(group, []).append(c)
     return out
+
+
+def hold_back_flagged(rows: Iterable[BenchRow]) -> tuple[list[BenchRow], dict[str, list[int]]]:
+    """``rows`` with the runs :func:`ttft_follows_completions` flags given ``max_num_seqs`` =
+    concurrency − 1 (where they set none): the benchmark as if one request always waited for
+    another to finish, the explanation docs/calibration.md gives for those runs. Also returns what
+    was held back, ``{group: [concurrency, ...]}``. The flag reads the runs' own measured TTFT, so
+    a prediction made this way is not blind to the group it treats."""
+    rows = list(rows)
+    flagged = ttft_follows_completions(rows)
+    out, held = [], {}
+    for r in rows:
+        if r.max_num_seqs is None and r.concurrency >= 2 and r.concurrency in flagged.get(r.group, ()):
+            r = replace(r, max_num_seqs=r.concurrency - 1)
+            held.setdefault(r.group, set()).add(r.concurrency)
+        out.append(r)
+    return out, {g: sorted(cs) for g, cs in sorted(held.items())}
 
 
 #: A group whose runs need the GPU computing this many times their wall time is faster than its
@@ -608,6 +633,8 @@ def row_scenario(
         # request at a time, where the measured runs (TTFT 1.2 s at isl 8192, c 4, one H200)
         # show none of that. Benchmarks set the budget from the longest input they send.
         sc["scheduler"] = {"max_num_batched_tokens": row.isl + row.concurrency}
+    if row.max_num_seqs is not None:
+        sc.setdefault("scheduler", {})["max_num_seqs"] = row.max_num_seqs
     return sc
 
 

@@ -24,6 +24,7 @@ from .serving_bench import (
     RowResult,
     faster_than_kernels,
     gpu_shares,
+    hold_back_flagged,
     implied_gpu_busy,
     read_bench,
     score,
@@ -65,14 +66,21 @@ def _rows(
     return rows
 
 
-def completion_warnings(flagged: dict[str, list[int]]) -> list[str]:
+def completion_warnings(flagged: dict[str, list[int]], held: dict[str, list[int]] | None = None) -> list[str]:
     """One line per group whose TTFT follows the time between completions (``flagged``: what
-    :func:`ttft_follows_completions` found), for ``calibrate`` and ``validate`` alike."""
+    :func:`ttft_follows_completions` found; ``held``: what :func:`hold_back_flagged` treated), for
+    ``calibrate`` and ``validate`` alike."""
+    held = held or {}
     return [
         f"{g}: at concurrency {', '.join(map(str, cs))} its TTFT grows with the output length, close to the time "
         "between two completions (request cycle / concurrency): requests seem to wait for another one to finish, "
-        "a limit of the benchmark or server that the rows do not record; no server model fits that TTFT "
-        "(docs/calibration.md, groups that look mis-measured)"
+        "a limit of the benchmark or server that the rows do not record"
+        + (
+            "; simulated with concurrency - 1 requests running (--hold-back-flagged)"
+            if g in held
+            else "; no server model fits that TTFT (--hold-back-flagged simulates one request waiting)"
+        )
+        + " (docs/calibration.md, groups that look mis-measured)"
         for g, cs in flagged.items()
     ]
 
@@ -253,11 +261,17 @@ def validate_serving_bench(
     tp: int | None = None,
     weights: str | None = None,
     kv: str | None = None,
+    hold_back: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
-    """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out."""
+    """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out.
+    ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
+    (:func:`hold_back_flagged`), in training and in prediction."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp, weights, kv)
+    held: dict[str, list[int]] = {}
+    if hold_back:
+        rows, held = hold_back_flagged(rows)
     shares = gpu_shares(rows, profile)
     busy = implied_gpu_busy(rows, shares=shares)
     fast = faster_than_kernels(rows, profile, busy)
@@ -307,6 +321,7 @@ def validate_serving_bench(
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
         "ttft_follows_completions": ttft_follows_completions(rows),
+        "held_back": held,
         "faster_than_kernels": fast,
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
@@ -357,8 +372,11 @@ def write_html(doc: dict, path: Path) -> Path:
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
         # A group that looks mis-measured says so in the legend.
-        notes = ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else []) + (
-            [f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else []
+        held = doc.get("held_back", {})
+        notes = (
+            ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else [])
+            + ([f"simulated with c - 1 running at c {'/'.join(map(str, held[g]))}"] if g in held else [])
+            + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
         )
         label = g if not notes else f"{g} ({'; '.join(notes)})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
@@ -483,19 +501,24 @@ def calibrate_from_serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     exclude: tuple[str, ...] = (),
+    hold_back: bool = False,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
-    before the fit starts."""
+    before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
+    with one request waiting (:func:`hold_back_flagged`)."""
     rows = _rows(path, engine, gpu, tp, weights, kv)
+    held: dict[str, list[int]] = {}
+    if hold_back:
+        rows, held = hold_back_flagged(rows)
     fast = faster_than_kernels(rows, profile)
     exclude = resolve_exclusions(exclude, rows, fast)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(ttft_follows_completions(rows)) + kernel_warnings(fast):
+        for line in completion_warnings(ttft_follows_completions(rows), held) + kernel_warnings(fast):
             warn(line)
     terms = fit(
         rows,

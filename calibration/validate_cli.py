@@ -87,6 +87,12 @@ def validate_command(
         help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
         "(repeatable); 'suspect' = the groups whose runs are faster than their engine's kernels allow.",
     ),
+    hold_back_flagged: bool = typer.Option(
+        False,
+        "--hold-back-flagged",
+        help="--serving-bench: simulate the runs whose TTFT follows completions (the note names them) "
+        "with concurrency - 1 requests running, one waiting, in training and prediction.",
+    ),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -110,6 +116,7 @@ def validate_command(
             kv=kv,
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
+            hold_back=hold_back_flagged,
         )
         return
 
@@ -263,6 +270,7 @@ def _serving(
     kv: str | None = None,
     max_evals: int = 100,
     exclude: tuple[str, ...] = (),
+    hold_back: bool = False,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -299,6 +307,7 @@ def _serving(
         kv=kv,
         max_evals=max_evals,
         exclude=exclude,
+        hold_back=hold_back,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
 
@@ -353,7 +362,9 @@ def _serving(
     for key, title, caption, header, rows_of in diagnostics:
         if doc[key]:
             con.print(table(title, caption, header, rows_of(doc[key])))
-    for line in completion_warnings(doc["ttft_follows_completions"]) + kernel_warnings(doc["faster_than_kernels"]):
+    for line in completion_warnings(doc["ttft_follows_completions"], doc["held_back"]) + kernel_warnings(
+        doc["faster_than_kernels"]
+    ):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
     if failed:

@@ -32,6 +32,7 @@ from calibration.serving_bench import (
     default_kv,
     faster_than_kernels,
     gpu_shares,
+    hold_back_flagged,
     implied_gpu_busy,
     read_bench,
     read_csv,
@@ -390,6 +391,39 @@ def test_ttft_that_waits_for_a_completion_is_flagged_and_kvsim_own_runs_are_not(
     # A server's own TTFT (prefill and queueing, here kvsim's) does not grow with the output.
     sims = measured([row(osl=osl, concurrency=8, isl=512) for osl in (16, 64)], builtin_terms())
     assert ttft_follows_completions(sims) == {}
+
+
+def test_csv_max_num_seqs_column_caps_the_server_and_a_bad_one_names_its_row(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},max_num_seqs\n{GOOD},1\n{GOOD},\n")
+    a, b = read_csv(p)
+    assert (a.max_num_seqs, b.max_num_seqs) == (1, None)
+    assert row_scenario(a)["scheduler"]["max_num_seqs"] == 1
+    assert "max_num_seqs" not in row_scenario(b).get("scheduler", {})
+    p.write_text(f"{HEADER},max_num_seqs\n{GOOD},1\n{GOOD},0\n")
+    with pytest.raises(ConfigError) as ei:
+        read_csv(p)
+    assert str(ei.value).startswith(f"{p}: row 3, max_num_seqs: got '0';"), str(ei.value)
+
+
+def test_one_request_held_back_gives_the_ttft_that_follows_completions():
+    # kvsim's own runs with one request fewer running than clients: each request waits for another
+    # to finish, so TTFT follows the completion gap and the runs are flagged (without the cap they
+    # are not: test above); hold_back_flagged gives exactly such runs that cap.
+    rows = [row(osl=osl, concurrency=8, isl=512, max_num_seqs=7) for osl in (32, 128)]
+    sims = measured(rows, builtin_terms())
+    free = measured([replace(r, max_num_seqs=None) for r in rows], builtin_terms())
+    assert sims[1].ttft_ms > 2 * free[1].ttft_ms
+    assert 0.9 < completion_gap_ratios(sims)[(rows[0].group, 8, 128)] < 1.3
+    assert ttft_follows_completions(sims) == {rows[0].group: [8]}
+    assert ttft_follows_completions(free) == {}
+    unmarked = [replace(s, max_num_seqs=None) for s in sims]
+    other = row(engine="sglang", osl=16, concurrency=8)  # not flagged: left alone
+    kept = replace(unmarked[0], osl=64, max_num_seqs=3)  # sets its own cap: kept
+    got, held = hold_back_flagged([*unmarked, other, kept])
+    assert [r.max_num_seqs for r in got] == [7, 7, None, 3]
+    assert held == {rows[0].group: [8]}
+    assert [replace(r, max_num_seqs=None) for r in got[:2]] == unmarked
 
 
 def test_runs_faster_than_their_kernels_are_flagged_and_kvsim_own_runs_are_not():
@@ -909,6 +943,28 @@ def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
     assert doc["ttft_follows_completions"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
     assert "TTFT follows completions at c 4" in html
     assert "calibrate warning" in warned and "wait for another one to finish" in warned
+    assert "--hold-back-flagged simulates one request waiting" in warned and doc["held_back"] == {}
+    # Held back: both runs simulated with 3 of the 4 requests running, said in the note and the JSON.
+    r = kvsim(
+        "validate",
+        "--serving-bench",
+        "runs.csv",
+        "--requests-per-client",
+        "2",
+        "--hold-back-flagged",
+        "--out",
+        "held",
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    held = json.loads((tmp_path / "held" / "serving_validation.json").read_text())
+    assert held["held_back"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
+    assert [x["max_num_seqs"] for x in held["results"]] == [3, 3]
+    assert [x["max_num_seqs"] for x in doc["results"]] == [None, None]
+    assert all(h["sim_ttft_ms"] > d["sim_ttft_ms"] for h, d in zip(held["results"], doc["results"]))
+    assert "simulated with concurrency - 1 requests running" in " ".join(r.stdout.split())
+    assert "simulated with c - 1 running at c 4" in (tmp_path / "held" / "serving_validation.html").read_text()
+    assert "simulated with c - 1" not in html
 
 
 def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
