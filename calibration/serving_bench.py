@@ -316,7 +316,8 @@ def hold_back_flagged(rows: Iterable[BenchRow]) -> tuple[list[BenchRow], dict[st
     a prediction made this way is not blind to the group it treats."""
     rows = list(rows)
     flagged = ttft_follows_completions(rows)
-    out, held = [], {}
+    out: list[BenchRow] = []
+    held: dict[str, set[int]] = {}
     for r in rows:
         if r.max_num_seqs is None and r.concurrency >= 2 and r.concurrency in flagged.get(r.group, ()):
             r = replace(r, max_num_seqs=r.concurrency - 1)
