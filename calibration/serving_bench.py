@@ -386,6 +386,20 @@ SPLIT_MIN_ROWS = 6
 SPLIT_MIN_SPREAD = 0.1
 
 
+def _line(
+    pts: list[tuple[float, float]], min_rows: int, spread_ok: Callable[[np.ndarray], bool]
+) -> tuple[np.ndarray, float, float] | None:
+    """Least-squares line through ``pts`` (x, y): (the x values, slope, intercept), or ``None``
+    with fewer than ``min_rows`` points or x values that ``spread_ok`` finds too alike."""
+    if len(pts) < min_rows:
+        return None
+    x, y = np.array(pts).T
+    if not spread_ok(x):
+        return None
+    slope, intercept = np.polyfit(x, y, 1)
+    return x, float(slope), float(intercept)
+
+
 def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:
     """Where a group's TPOT error comes from: a least-squares line through its rows' relative TPOT
     errors against their prefill share of wall time (``shares``: :func:`gpu_shares` by row). Its
@@ -397,15 +411,13 @@ def tpot_error_split(results: list[RowResult], shares: dict[BenchRow, tuple[floa
     slope, "rows": n, "prefill_share": [lowest, highest]}``."""
 
     def line(pts: list[tuple[float, float]]) -> dict | None:
-        if len(pts) < SPLIT_MIN_ROWS:
+        fit = _line(pts, SPLIT_MIN_ROWS, lambda x: x.max() - x.min() >= SPLIT_MIN_SPREAD)
+        if fit is None:
             return None
-        x, y = np.array(pts).T
-        if x.max() - x.min() < SPLIT_MIN_SPREAD:
-            return None
-        slope, intercept = np.polyfit(x, y, 1)
+        x, slope, intercept = fit
         return {
-            "decode": round(float(intercept), 4),
-            "per_prefill": round(float(slope), 4),
+            "decode": round(intercept, 4),
+            "per_prefill": round(slope, 4),
             "rows": len(pts),
             "prefill_share": [round(float(x.min()), 3), round(float(x.max()), 3)],
         }
@@ -445,13 +457,8 @@ def ttft_vs_prefill(results: list[RowResult], shares: dict[BenchRow, tuple[float
     (``None``: too few of the runs simulated)."""
 
     def line(pts: list[tuple[float, float]]) -> dict | None:
-        if len(pts) < TTFT_LINE_MIN_ROWS:
-            return None
-        x, y = np.array(pts).T
-        if x.max() < TTFT_LINE_MIN_RATIO * x.min():
-            return None
-        slope, intercept = np.polyfit(x, y, 1)
-        return {"intercept_ms": round(float(intercept), 1), "per_prefill": round(float(slope), 3)}
+        fit = _line(pts, TTFT_LINE_MIN_ROWS, lambda x: x.max() >= TTFT_LINE_MIN_RATIO * x.min())
+        return None if fit is None else {"intercept_ms": round(fit[2], 1), "per_prefill": round(fit[1], 3)}
 
     by: dict[str, list[tuple[BenchRow, float, float | None]]] = {}
     for r in results:
