@@ -308,14 +308,18 @@ def ttft_follows_completions(rows: Iterable[BenchRow], max_concurrency: int = 32
     return out
 
 
-def hold_back_flagged(rows: Iterable[BenchRow]) -> tuple[list[BenchRow], dict[str, list[int]]]:
-    """``rows`` with the runs :func:`ttft_follows_completions` flags given ``max_num_seqs`` =
-    concurrency − 1 (where they set none): the benchmark as if one request always waited for
-    another to finish, the explanation docs/calibration.md gives for those runs. Also returns what
-    was held back, ``{group: [concurrency, ...]}``. The flag reads the runs' own measured TTFT, so
-    a prediction made this way is not blind to the group it treats."""
+def hold_back_flagged(
+    rows: Iterable[BenchRow], flagged: dict[str, list[int]] | None = None
+) -> tuple[list[BenchRow], dict[str, list[int]]]:
+    """``rows`` with the runs :func:`ttft_follows_completions` flags (``flagged``, when the caller
+    has them already) given ``max_num_seqs`` = concurrency − 1 (where they set none): the benchmark
+    as if one request always waited for another to finish, the explanation docs/calibration.md
+    gives for those runs. Also returns what was held back, ``{group: [concurrency, ...]}``. The flag
+    reads the runs' own measured TTFT, so a prediction made this way is not blind to the group it
+    treats."""
     rows = list(rows)
-    flagged = ttft_follows_completions(rows)
+    if flagged is None:
+        flagged = ttft_follows_completions(rows)
     out: list[BenchRow] = []
     held: dict[str, set[int]] = {}
     for r in rows:

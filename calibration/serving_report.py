@@ -269,9 +269,10 @@ def validate_serving_bench(
     (:func:`hold_back_flagged`), in training and in prediction."""
     t0 = time.perf_counter()
     rows = _rows(path, engine, gpu, tp, weights, kv)
+    flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:
-        rows, held = hold_back_flagged(rows)
+        rows, held = hold_back_flagged(rows, flagged)
     shares = gpu_shares(rows, profile)
     busy = implied_gpu_busy(rows, shares=shares)
     fast = faster_than_kernels(rows, profile, busy)
@@ -320,7 +321,7 @@ def validate_serving_bench(
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
-        "ttft_follows_completions": ttft_follows_completions(rows),
+        "ttft_follows_completions": flagged,
         "held_back": held,
         "faster_than_kernels": fast,
         "tpot_error_split": tpot_error_split(preds, shares_of),
@@ -368,11 +369,11 @@ def write_html(doc: dict, path: Path) -> Path:
     fast = doc.get("faster_than_kernels", {})
     split = doc.get("tpot_error_split", {})
     scaling = doc.get("tp_scaling", {})
+    held = doc.get("held_back", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
         # A group that looks mis-measured says so in the legend.
-        held = doc.get("held_back", {})
         notes = (
             ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else [])
             + ([f"simulated with c - 1 running at c {'/'.join(map(str, held[g]))}"] if g in held else [])
@@ -511,14 +512,15 @@ def calibrate_from_serving_bench(
     before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
     with one request waiting (:func:`hold_back_flagged`)."""
     rows = _rows(path, engine, gpu, tp, weights, kv)
+    flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:
-        rows, held = hold_back_flagged(rows)
+        rows, held = hold_back_flagged(rows, flagged)
     fast = faster_than_kernels(rows, profile)
     exclude = resolve_exclusions(exclude, rows, fast)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(ttft_follows_completions(rows), held) + kernel_warnings(fast):
+        for line in completion_warnings(flagged, held) + kernel_warnings(fast):
             warn(line)
     terms = fit(
         rows,
