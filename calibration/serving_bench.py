@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -71,6 +72,53 @@ MODEL_IDS = {
     "Qwen/Qwen3-8B-FP8": "qwen3-8b",
     "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
 }
+
+#: Other spellings of the engine column's values (benchmark tools and papers write TensorRT-LLM
+#: several ways); matched after lower-casing.
+ENGINE_ALIASES = {
+    "tensorrt-llm": "trtllm",
+    "tensorrt_llm": "trtllm",
+    "tensorrtllm": "trtllm",
+    "trt-llm": "trtllm",
+    "trt_llm": "trtllm",
+}
+#: Other spellings of the weights and KV-cache dtypes (Hugging Face ``torch_dtype`` names, FP8's format).
+DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float8": "fp8",
+    "fp8_e4m3": "fp8",
+    "e4m3": "fp8",
+    "fp8-block": "fp8_block",
+    "fp8_blockwise": "fp8_block",
+}
+
+
+def normalize_gpu(name: str) -> str | None:
+    """The benchmark system name (:data:`GPU_IDS`) or catalog GPU that ``name`` spells, or ``None``.
+
+    Accepts the names themselves in any case and the common other spellings of the same parts:
+    ``H100``, ``h100-sxm``, ``NVIDIA H100 80GB HBM3`` (what ``nvidia-smi`` prints for the SXM part),
+    ``H200``, ``B200``, ``A100-SXM4-80GB``. Other parts of the same generation differ in memory,
+    bandwidth or power (H100 PCIe and NVL, H200 NVL, A100 40 GB) and are not matched to these.
+    """
+    s = name.strip()
+    if s in GPU_IDS or s in GPUS:
+        return s
+    for k in (*GPU_IDS, *GPUS):
+        if k.lower() == s.lower():
+            return k
+    key = "".join(ch for ch in s.lower().replace("nvidia", "") if ch.isalnum())
+    if any(part in key for part in ("pcie", "nvl")):
+        return None
+    for prefix, gpu in (("h100", "h100_sxm"), ("h200", "h200_sxm"), ("b200", "b200_sxm"), ("l40s", "l40s")):
+        if key.startswith(prefix):
+            return gpu
+    if key.startswith("a100") and "40gb" not in key:
+        return "a100_sxm"
+    return None
+
 
 #: KV block size each engine's server uses by default (vLLM 16, SGLang 1 token, TensorRT-LLM 32).
 ENGINE_BLOCK_SIZE = {"vllm": 16, "sglang": 1, "trtllm": 32}
@@ -142,12 +190,15 @@ def _ms(path: Path, where: str, row: dict, col: str) -> float:
 
 def _row(path: Path, where: str, d: dict) -> BenchRow:
     engine = str(d.get("engine", "")).strip().lower()
+    engine = ENGINE_ALIASES.get(engine, engine)
     if engine not in ENGINES:
         raise _bad(path, where, "engine", d.get("engine"), f"one of {', '.join(ENGINES)}")
     weights = str(d.get("weights") or "bf16").strip().lower()
+    weights = DTYPE_ALIASES.get(weights, weights)
     if weights not in WEIGHTS:
         raise _bad(path, where, "weights", d.get("weights"), f"one of {', '.join(WEIGHTS)}")
     kv = str(d.get("kv") or "").strip().lower()
+    kv = DTYPE_ALIASES.get(kv, kv)
     if kv and kv not in KV_DTYPES:
         raise _bad(path, where, "kv", d.get("kv"), f"one of {', '.join(KV_DTYPES)}, or empty for the engine's default")
     model = str(d.get("model", "")).strip()
@@ -157,11 +208,17 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         section = resolve_model(model, base_dir=path.parent)
     except ConfigError as exc:
         raise _bad(path, where, "model", model, exc.allowed) from None
-    if section.get("hf_config") and section["hf_config"] != model:
+    if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
-    gpu = str(d.get("gpu", "")).strip()
-    if gpu not in GPU_IDS and gpu not in GPUS:
-        raise _bad(path, where, "gpu", gpu, f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})")
+    gpu = normalize_gpu(str(d.get("gpu", "")))
+    if gpu is None:
+        raise _bad(
+            path,
+            where,
+            "gpu",
+            str(d.get("gpu", "")).strip(),
+            f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})",
+        )
     tp = _int(path, where, d, "tp", 1, 8)
     if tp not in (1, 2, 4, 8):
         raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")
@@ -185,7 +242,10 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     )
 
 
-def read_csv(path: Path) -> list[BenchRow]:
+def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
+    """The file's rows. A row with a value kvsim cannot read or simulate (a model, GPU or engine it
+    does not know, a malformed number) is a ConfigError naming file, row, column and value; with
+    ``problems``, that message is appended there instead and the other rows are read."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -199,8 +259,15 @@ def read_csv(path: Path) -> list[BenchRow]:
             f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs); "
             f"missing {', '.join(missing)}",
         )
-    rows = [_row(path, f"row {i}", d) for i, d in enumerate(reader, start=2)]
-    if not rows:
+    rows = []
+    for i, d in enumerate(reader, start=2):
+        try:
+            rows.append(_row(path, f"row {i}", d))
+        except ConfigError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
+    if not rows and not problems:
         raise ConfigError(str(path), "no rows", "at least one benchmark row")
     return rows
 
@@ -260,20 +327,42 @@ def read_vllm_result(
     return _row(path, where, d)
 
 
-def read_bench(path: str | Path, **vllm_args) -> list[BenchRow]:
+def read_bench(path: str | Path, problems: list[str] | None = None, **vllm_args) -> list[BenchRow]:
     """Rows of a CSV file, a vLLM result JSON, or a folder of either (``vllm_args``: see
-    :func:`read_vllm_result`)."""
+    :func:`read_vllm_result`). With ``problems``, a row or result file that cannot be read or
+    simulated is a one-line message appended there (file, row, column, value and what is allowed)
+    and the rest are read; a file or folder that cannot be read at all is a ConfigError, and so is
+    one where no row is left."""
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".json"))
         if not files:
             raise ConfigError("serving_bench", str(p), "a folder holding .csv or .json benchmark results")
-        return [r for f in files for r in read_bench(f, **vllm_args)]
-    if not p.is_file():
+        rows = [r for f in files for r in _read_one(f, problems, vllm_args)]
+    elif not p.is_file():
         raise ConfigError("serving_bench", str(p), "a CSV file, a vllm bench serve JSON file, or a folder of them")
-    if p.suffix.lower() == ".json":
+    else:
+        rows = _read_one(p, problems, vllm_args)
+    if not rows and problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ConfigError(
+            str(p),
+            f"{len(problems)} rows, none that kvsim can simulate",
+            f"at least one that it can; {problems[0]}{more}",
+        )
+    return rows
+
+
+def _read_one(p: Path, problems: list[str] | None, vllm_args: dict) -> list[BenchRow]:
+    if p.suffix.lower() != ".json":
+        return read_csv(p, problems)
+    try:
         return [read_vllm_result(p, **vllm_args)]
-    return read_csv(p)
+    except ConfigError as exc:
+        if problems is None or exc.key == "--gpu/--tp":
+            raise  # the command line is missing what every result file needs
+        problems.append(str(exc))
+        return []
 
 
 def completion_gap_ratios(rows: Iterable[BenchRow], max_concurrency: int = 32) -> dict[tuple[str, int, int], float]:
@@ -543,6 +632,36 @@ def faster_than_kernels(
 # --- rows as scenarios -----------------------------------------------------------------------
 
 
+#: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
+#: Llama 3.3 70B is Llama 3.1 70B retrained.
+SAME_SHAPE = {"llama-3.3-70b": "llama-3.1-70b"}
+_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|dynamic|static|pertensor|block|bf16)$")
+
+
+def model_key(ident: str) -> str:
+    """A model id reduced to what fixes its shape: the name without its organisation, in lower case,
+    without the tags that name a tuning or a quantization of the same weights (``-Instruct``,
+    ``-FP8``, ``-FP8-Dynamic`` …) and with ``Meta-Llama`` written ``Llama``:
+    ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
+    ``llama-3.1-405b``."""
+    k = str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-")
+    k = k.removeprefix("meta-")
+    while (m := _TAG.search(k)) is not None:
+        k = k[: m.start()]
+    return SAME_SHAPE.get(k, k)
+
+
+def _same_shape() -> dict[str, str]:
+    """:func:`model_key` → the id kvsim resolves for it: the shipped configs' ids (unquantized
+    first), then the ids of catalog shapes, then the catalog names."""
+    from sim.hf_config import shipped_models
+
+    out: dict[str, str] = {}
+    for ident in [*sorted(shipped_models(), key=len), *MODEL_IDS, *MODELS]:
+        out.setdefault(model_key(ident), ident)
+    return out
+
+
 def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
     """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first),
     or a ``config.json`` path (or a folder holding one; relative: to ``base_dir``, ``scenarios/``
@@ -559,13 +678,15 @@ def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
         return {"name": None, "hf_config": str(resolve_hf_config(ident, base_dir).resolve())}
     except ConfigError:
         pass
+    same = _same_shape().get(model_key(ident))
+    if same is not None:
+        return resolve_model(same)
     raise ConfigError(
         "serving_bench.model",
         ident,
-        "a Hugging Face id kvsim knows (a config shipped in scenarios/models, "
-        f"or {', '.join(sorted(MODEL_IDS))}) or a catalog model; for another "
-        "model, write its config.json path (absolute, or relative to the "
-        "benchmark file) in the model column",
+        "the Hugging Face id (any organisation; -Instruct, -FP8 and like variants too) of a model "
+        f"kvsim has the shape of: {', '.join(sorted(set(_same_shape())))}; for another dense "
+        "model, write its config.json path (absolute, or relative to the benchmark file) in the model column",
     )
 
 

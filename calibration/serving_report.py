@@ -54,10 +54,13 @@ def _rows(
     tp: int | None,
     weights: str | None = None,
     kv: str | None = None,
+    problems: list[str] | None = None,
 ) -> list[BenchRow]:
     """The file's rows (``engine``: only that engine's), or a ConfigError when none is left.
-    ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them."""
-    rows = read_bench(path, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
+    ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them.
+    ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
+    column, value), and the others kept."""
+    rows = read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
     if engine:
         have = sorted({r.engine for r in rows})
         rows = [r for r in rows if r.engine == engine]
@@ -83,6 +86,20 @@ def completion_warnings(flagged: dict[str, list[int]], held: dict[str, list[int]
         + " (docs/calibration.md, groups that look mis-measured)"
         for g, cs in flagged.items()
     ]
+
+
+#: Rows that could not be read named one by one on the console, at most (all are in the JSON).
+SKIPPED_SHOWN = 5
+
+
+def skipped_lines(skipped: list[str]) -> list[str]:
+    """What to say of the rows :func:`read_bench` could not read or simulate: how many, and the
+    first :data:`SKIPPED_SHOWN` of them (file, row, column, value, what is allowed)."""
+    if not skipped:
+        return []
+    head = f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} left out, not simulated:"
+    more = [f"... and {len(skipped) - SKIPPED_SHOWN} more"] if len(skipped) > SKIPPED_SHOWN else []
+    return [head, *(f"  {m}" for m in skipped[:SKIPPED_SHOWN]), *more]
 
 
 def kernel_warnings(flagged: dict[str, float]) -> list[str]:
@@ -268,7 +285,11 @@ def validate_serving_bench(
     ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
     (:func:`hold_back_flagged`), in training and in prediction."""
     t0 = time.perf_counter()
-    rows = _rows(path, engine, gpu, tp, weights, kv)
+    skipped: list[str] = []
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped)
+    if log is not None:
+        for line in skipped_lines(skipped):
+            log(line)
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:
@@ -306,6 +327,7 @@ def validate_serving_bench(
         "version": 1,
         "file": str(path),
         "rows": len(rows),
+        "skipped_rows": skipped,
         "protocol": (
             "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
             "other groups of its engine (where it has none, on the other engines' groups, shared)"
@@ -475,8 +497,10 @@ def write_html(doc: dict, path: Path) -> Path:
     fig.update_xaxes(type="log", title_text="concurrency (solid: measured, dashed: simulated)", row=2, col=2)
     fig.update_yaxes(title_text="TPOT gain", row=2, col=2)
     o = doc["score"]["overall"]
+    n_skipped = len(doc.get("skipped_rows", []))
+    left_out = f" ({n_skipped} rows of the file left out: skipped_rows in serving_validation.json)" if n_skipped else ""
     fig.update_layout(
-        title=f"kvsim against real servers: {doc['rows']} runs, {doc['protocol']}<br>"
+        title=f"kvsim against real servers: {doc['rows']} runs{left_out}, {doc['protocol']}<br>"
         f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
         f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
         height=1200,
@@ -511,7 +535,8 @@ def calibrate_from_serving_bench(
     scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
     before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
     with one request waiting (:func:`hold_back_flagged`)."""
-    rows = _rows(path, engine, gpu, tp, weights, kv)
+    skipped: list[str] = []
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped)
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:
@@ -520,7 +545,7 @@ def calibrate_from_serving_bench(
     exclude = resolve_exclusions(exclude, rows, fast)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in completion_warnings(flagged, held) + kernel_warnings(fast):
+        for line in skipped_lines(skipped) + completion_warnings(flagged, held) + kernel_warnings(fast):
             warn(line)
     terms = fit(
         rows,
@@ -543,6 +568,7 @@ __all__ = [
     "resolve_exclusions",
     "completion_warnings",
     "kernel_warnings",
+    "skipped_lines",
     "table_rows",
     "HEADER",
     "RowResult",

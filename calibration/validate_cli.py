@@ -369,5 +369,10 @@ def _serving(
     failed = [r for r in doc["results"] if r["error"]]
     if failed:
         con.print(f"{len(failed)} rows could not be simulated, e.g. {failed[0]['source']}: {failed[0]['error']}")
+    if doc["skipped_rows"]:
+        con.print(
+            f"{len(doc['skipped_rows'])} rows of the file left out, not simulated (named above; "
+            "skipped_rows in serving_validation.json)"
+        )
     if out is not None:
         con.print(f"wrote {out / 'serving_validation.json'} and {out / 'serving_validation.html'} ({doc['wall_s']} s)")

@@ -34,8 +34,11 @@ from calibration.serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    model_key,
+    normalize_gpu,
     read_bench,
     read_csv,
+    resolve_model,
     row_scenario,
     score,
     simulate_row,
@@ -178,6 +181,115 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
     assert r.model == str((tmp_path / "config.json").resolve())
     res = simulate_row(r, TINY)
     assert res.error is None and res.ttft_ms > 0
+
+
+@pytest.mark.parametrize(
+    "ident,shape",
+    [
+        ("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
+        ("nvidia/Llama-3.1-405B-Instruct-FP8", "meta-llama/Meta-Llama-3.1-405B"),
+        ("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B"),
+        ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", "meta-llama/Meta-Llama-3.1-8B"),
+        ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
+        ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ],
+)
+def test_model_ids_resolve_to_the_shape_they_name(tmp_path, ident, shape):
+    """Variants of a shape kvsim has (another organisation, -Instruct, -FP8, a retrained release)
+    are simulated with that shape; the row keeps the file's id, so its group is the file's."""
+    assert model_key(ident) == model_key(shape)
+    assert resolve_model(ident) == resolve_model(shape)
+    p = tmp_path / "ids.csv"
+    p.write_text(f"{HEADER}\n" + GOOD.replace(LLAMA, ident) + "\n")
+    (r,) = read_csv(p)
+    assert r.model == ident and r.group.startswith(ident + "/")
+    assert (
+        scenario_from_dict(row_scenario(r, TINY)).model
+        == scenario_from_dict(row_scenario(replace(r, model=shape), TINY)).model
+    )
+
+
+@pytest.mark.parametrize("ident", ["Qwen/Qwen3-14B", "acme/Llama-3.1-8B-AWQ", "mistralai/Mistral-7B-Instruct-v0.3"])
+def test_models_of_another_shape_are_not_guessed(ident):
+    with pytest.raises(ConfigError, match="a model kvsim has the shape of: .*llama-3.1-405b"):
+        resolve_model(ident)
+
+
+@pytest.mark.parametrize(
+    "name,gpu",
+    [
+        ("h100_sxm", "h100_sxm"),
+        ("H100", "h100_sxm"),
+        ("h100-sxm5-80gb", "h100_sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+        ("H200", "h200_sxm"),
+        ("NVIDIA B200", "b200_sxm"),
+        ("A100-SXM4-80GB", "a100_sxm"),
+        ("a100-40gb", "A100-40GB"),
+        ("L40S", "L40S"),
+        ("l40s-48gb", "l40s"),
+        ("H100 PCIe", None),
+        ("NVIDIA H100 NVL", None),
+        ("H200 NVL", None),
+        ("A100-SXM4-40GB", None),
+        ("GH200", None),
+        ("L40", None),
+    ],
+)
+def test_gpu_names_as_tools_write_them(name, gpu):
+    assert normalize_gpu(name) == gpu
+
+
+def test_engine_and_dtype_spellings(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(
+        f"{HEADER},weights,kv\n"
+        + GOOD.replace(",vllm,", ",TensorRT-LLM,")
+        + ",bfloat16,float8\n"
+        + GOOD.replace(",vllm,", ",trt_llm,")
+        + ",fp8-block,\n"
+    )
+    a, b = read_csv(p)
+    assert (a.engine, a.weights, a.kv) == ("trtllm", "bf16", "fp8")
+    assert (b.engine, b.weights, b.kv) == ("trtllm", "fp8_block", "")
+
+
+def test_rows_kvsim_cannot_simulate_are_said_and_the_others_kept(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(
+        f"{HEADER}\n{GOOD}\n"
+        + GOOD.replace(LLAMA, "acme/NoSuchModel-7B")
+        + "\n"
+        + GOOD.replace("h100_sxm", "h100_pcie")
+        + "\n"
+        + GOOD.replace(",128,", ",abc,")
+        + "\n"
+        + GOOD.replace(",2,20.5", ",3,20.5")
+        + "\n"
+    )
+    problems: list[str] = []
+    rows = read_bench(p, problems)
+    assert [r.concurrency for r in rows] == [2, 3]
+    assert [m.split(":")[1].strip() for m in problems] == ["row 3, model", "row 4, gpu", "row 5, isl"]
+    assert all(m.startswith(f"{p}: row ") and "\n" not in m for m in problems)
+    # Without a list to say them in, the first one is the error (as for a library caller).
+    with pytest.raises(ConfigError, match=r"row 3, model: got 'acme/NoSuchModel-7B'"):
+        read_bench(p)
+    # A file with no row left is an error naming the first problem.
+    p.write_text(f"{HEADER}\n" + GOOD.replace("h100_sxm", "h100_pcie") + "\n" + GOOD.replace(LLAMA, "acme/X") + "\n")
+    with pytest.raises(ConfigError, match=r"2 rows, none that kvsim can simulate.*row 2, gpu: got 'h100_pcie'.*1 more"):
+        read_bench(p, [])
+
+
+def test_a_bad_result_file_in_a_folder_is_said_and_the_others_read(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(vllm_result()))
+    (tmp_path / "b.json").write_text(json.dumps(vllm_result(max_concurrency=None)))
+    problems: list[str] = []
+    (r,) = read_bench(tmp_path, problems, gpu="h100_sxm", tp=1)
+    assert r.concurrency == 4 and len(problems) == 1 and "b.json: result, max_concurrency" in problems[0]
+    # What the command line must give every file stays an error.
+    with pytest.raises(ConfigError, match="--gpu/--tp"):
+        read_bench(tmp_path, [])
 
 
 def vllm_result(**kw) -> dict:
@@ -870,6 +982,31 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert doc["tp_scaling"] == {} and "what more GPUs buy" not in r.stdout
     # Nor, with 1-2 runs per group, about what sets TTFT at the lowest concurrency.
     assert doc["ttft_vs_prefill"] == {} and "what sets TTFT" not in r.stdout
+
+
+def test_cli_validate_and_calibrate_go_on_past_rows_they_cannot_simulate(tmp_path):
+    bad = f"acme/NoSuchModel-7B,h100_sxm,vllm,1,128,16,2,16.0,7.5\n{LLAMA},H100 PCIe,vllm,1,128,16,2,16.0,7.5\n"
+    (tmp_path / "mixed.csv").write_text(TINY_CSV + bad)
+    r = kvsim("validate", "--serving-bench", "mixed.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    assert doc["rows"] == 4 and all(x["error"] is None for x in doc["results"])
+    assert [m.split(": ", 2)[1] for m in doc["skipped_rows"]] == ["row 6, model", "row 7, gpu"]
+    said = " ".join(r.stderr.split())
+    assert (
+        "2 rows left out, not simulated" in said and "got 'acme/NoSuchModel-7B'" in said and "got 'H100 PCIe'" in said
+    )
+    assert "2 rows of the file left out" in r.stdout
+    assert "2 rows of the file left out" in (tmp_path / "val" / "serving_validation.html").read_text()
+    r = kvsim("calibrate", "--from-serving-bench", "mixed.csv", "--out", "t.json", "--max-evals", "8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    said = " ".join(r.stderr.split())
+    assert "calibrate warning 2 rows left out, not simulated" in said and "row 7, gpu: got 'H100 PCIe'" in said
+    assert len(json.loads((tmp_path / "t.json").read_text())["groups"]) == 3
+    # Nothing left to simulate: one line naming the first problem, exit status 2.
+    (tmp_path / "bad.csv").write_text(f"{HEADER}\n{bad}")
+    r = kvsim("validate", "--serving-bench", "bad.csv", "--out", "val2", cwd=tmp_path)
+    assert r.returncode == 2 and "none that kvsim can simulate" in r.stderr and "row 2, model" in r.stderr
 
 
 def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_path):
