@@ -208,6 +208,44 @@ def get_preset(kind: str) -> EnginePreset | None:
     return PRESETS.get(kind)
 
 
+_GiB = 1 << 30
+#: vLLM's server defaults on GPUs under 70 GiB, and on every A100 (a larger token budget cost the
+#: A100 throughput): vLLM 0.12.0 ``EngineArgs.get_batch_defaults``, OpenAI API server.
+VLLM_SMALL_GPU = {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+#: SGLang's ``chunked_prefill_size`` and ``cuda_graph_max_bs`` (at tensor parallelism below 4, at 4
+#: or more) by GPU memory (``server_args.py``, 0.5.x): below each bound (GiB) the row's values;
+#: ``None`` keeps the preset's, which were fitted on 80 and 141 GB GPUs.
+SGLANG_MEMORY_TIERS: tuple[tuple[float, int | None, tuple[int, int] | None], ...] = (
+    (20, 2048, (8, 8)),
+    (35, 2048, (24, 80)),
+    (60, 4096, (32, 160)),
+    (160, None, None),
+    (math.inf, 16384, (512, 512)),
+)
+
+
+def on_gpu(preset: EnginePreset, memory_bytes: int, gpu_name: str, tensor_parallel: int) -> EnginePreset:
+    """``preset`` with the server defaults its engine picks for this GPU (bytes of memory per GPU,
+    the catalog name): the built-in values are those of an 80-141 GB H100/H200; vLLM and SGLang
+    size their token budget, sequence limit and CUDA-graph batch sizes by the GPU's memory
+    (:data:`VLLM_SMALL_GPU`, :data:`SGLANG_MEMORY_TIERS`). TensorRT-LLM's server does not."""
+    if preset.name == "vllm":
+        if memory_bytes < 70 * _GiB or "a100" in gpu_name.lower():
+            return replace(preset, **VLLM_SMALL_GPU)
+        return preset
+    if preset.name == "sglang":
+        for bound, chunk, graphs in SGLANG_MEMORY_TIERS:
+            if memory_bytes < bound * _GiB:
+                if chunk is None or graphs is None:
+                    return preset
+                return replace(
+                    preset,
+                    max_num_batched_tokens=chunk,
+                    graph_max_tokens=graphs[0] if tensor_parallel < 4 else graphs[1],
+                )
+    return preset
+
+
 #: Files of fitted terms (``kvsim calibrate --from-serving-bench``), named by ``engine.terms_file``.
 TERMS_FORMAT = "kvsim-engine-terms"
 #: Allowed range of each fitted term (seconds, or a share).

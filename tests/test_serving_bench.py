@@ -403,6 +403,44 @@ def test_row_is_a_closed_loop_on_its_engine_preset(engine):
     assert (engine_preset(sc2).host_s, engine_preset(sc2).frontend_s) == (4e-3, 0.03)
 
 
+@pytest.mark.parametrize(
+    "gpu,tp,vllm,sglang",
+    [
+        # (GPU, tensor parallelism, vLLM's (token budget, sequences), SGLang's (chunk, graph batch))
+        ("H100-SXM-80GB", 1, (8192, 1024), (8192, 160)),
+        ("H200-SXM-141GB", 4, (8192, 1024), (8192, 160)),
+        ("A100-SXM-80GB", 1, (2048, 256), (8192, 160)),
+        ("L40S", 1, (2048, 256), (4096, 32)),
+        ("L40S", 4, (2048, 256), (4096, 160)),
+        ("A10G", 2, (2048, 256), (2048, 24)),
+        ("B200-SXM-180GB", 2, (8192, 1024), (16384, 512)),
+    ],
+)
+def test_server_defaults_follow_the_gpu_as_the_engines_pick_them(gpu, tp, vllm, sglang):
+    """vLLM and SGLang size their defaults by the GPU's memory (vLLM also by name: every A100 gets
+    the small ones); TensorRT-LLM's server does not. A scenario's own keys still win."""
+
+    def of(kind: str, **sched):
+        data = {
+            "gpu": {"name": gpu, "tensor_parallel": tp},
+            "engine": {"kind": kind},
+            "model": {"name": "llama-3.1-8b"},
+        }
+        if sched:
+            data["scheduler"] = sched
+        sc = scenario_from_dict(data)
+        return with_engine_defaults(sc).scheduler, engine_preset(sc)
+
+    s, _ = of("vllm")
+    assert (s.max_num_batched_tokens, s.max_num_seqs) == vllm
+    s, p = of("sglang")
+    assert (s.max_num_batched_tokens, p.graph_max_tokens) == sglang
+    s, p = of("trtllm")
+    assert (s.max_num_batched_tokens, s.max_num_seqs, p.graph_max_tokens) == (8192, 2048, 128)
+    s, _ = of("vllm", max_num_batched_tokens=4096, max_num_seqs=64)
+    assert (s.max_num_batched_tokens, s.max_num_seqs) == (4096, 64)
+
+
 def test_row_scenario_details():
     # TensorRT-LLM does not chunk prompts: the token budget is raised to hold one beside every
     # running decode, also when the prompt alone is exactly the default budget.

@@ -22,7 +22,7 @@ from sim.catalog import (
 )
 from sim.config import GpuConfig, Scenario, SchedulerConfig
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
-from sim.engine_presets import EnginePreset, get_preset, read_terms_file
+from sim.engine_presets import EnginePreset, get_preset, on_gpu, read_terms_file
 from sim.errors import ConfigError
 
 #: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
@@ -285,6 +285,8 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     preset = get_preset(kind)
     if preset is None:
         return None
+    spec = gpu_spec(sc.gpu)
+    preset = on_gpu(preset, spec.memory_bytes, spec.name, sc.gpu.tensor_parallel)
     overrides: dict = {}
     if e.terms_file:
         overrides.update(read_terms_file(sc.resolve_path(e.terms_file, "engine.terms_file")).get(kind, {}))
