@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -33,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.catalog import GPUS, MODELS
+from sim.catalog import GPUS
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
+from sim.model_ids import known_ids, model_of_id
 
 #: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
@@ -54,24 +54,6 @@ GPU_IDS = {
     "l40s": "L40S",
 }
 
-#: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same shape).
-MODEL_IDS = {
-    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
-    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
-    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
-    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
-    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
-    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
-    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
-    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
-    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
-    "nvidia/Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b",
-    "Qwen/Qwen3-32B": "qwen3-32b",
-    "Qwen/Qwen3-32B-FP8": "qwen3-32b",
-    "Qwen/Qwen3-8B": "qwen3-8b",
-    "Qwen/Qwen3-8B-FP8": "qwen3-8b",
-    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
-}
 
 #: Other spellings of the engine column's values (benchmark tools and papers write TensorRT-LLM
 #: several ways); matched after lower-casing.
@@ -632,61 +614,27 @@ def faster_than_kernels(
 # --- rows as scenarios -----------------------------------------------------------------------
 
 
-#: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
-#: Llama 3.3 70B is Llama 3.1 70B retrained.
-SAME_SHAPE = {"llama-3.3-70b": "llama-3.1-70b"}
-_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|dynamic|static|pertensor|block|bf16)$")
-
-
-def model_key(ident: str) -> str:
-    """A model id reduced to what fixes its shape: the name without its organisation, in lower case,
-    without the tags that name a tuning or a quantization of the same weights (``-Instruct``,
-    ``-FP8``, ``-FP8-Dynamic`` …) and with ``Meta-Llama`` written ``Llama``:
-    ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
-    ``llama-3.1-405b``."""
-    k = str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-")
-    k = k.removeprefix("meta-")
-    while (m := _TAG.search(k)) is not None:
-        k = k[: m.start()]
-    return SAME_SHAPE.get(k, k)
-
-
-def _same_shape() -> dict[str, str]:
-    """:func:`model_key` → the id kvsim resolves for it: the shipped configs' ids (unquantized
-    first), then the ids of catalog shapes, then the catalog names."""
-    from sim.hf_config import shipped_models
-
-    out: dict[str, str] = {}
-    for ident in [*sorted(shipped_models(), key=len), *MODEL_IDS, *MODELS]:
-        out.setdefault(model_key(ident), ident)
-    return out
-
-
 def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
     """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first),
     or a ``config.json`` path (or a folder holding one; relative: to ``base_dir``, ``scenarios/``
     or the working directory), given as an absolute path."""
-    from sim.hf_config import resolve_hf_config, shipped_config
+    from sim.hf_config import resolve_hf_config
 
-    if shipped_config(ident) is not None:
-        return {"name": None, "hf_config": ident}
-    if ident in MODEL_IDS:
-        return {"name": MODEL_IDS[ident]}
-    if ident in MODELS:
-        return {"name": ident}
+    exact = model_of_id(ident, variants=False)
+    if exact is not None:
+        return exact
     try:
         return {"name": None, "hf_config": str(resolve_hf_config(ident, base_dir).resolve())}
     except ConfigError:
         pass
-    same = _same_shape().get(model_key(ident))
+    same = model_of_id(ident)
     if same is not None:
-        return resolve_model(same)
+        return same
     raise ConfigError(
         "serving_bench.model",
         ident,
-        "the Hugging Face id (any organisation; -Instruct, -FP8 and like variants too) of a model "
-        f"kvsim has the shape of: {', '.join(sorted(set(_same_shape())))}; for another dense "
-        "model, write its config.json path (absolute, or relative to the benchmark file) in the model column",
+        f"{known_ids()}; for another dense model, write its config.json path (absolute, or relative to the "
+        "benchmark file) in the model column",
     )
 
 

@@ -231,7 +231,11 @@ def on_gpu(preset: EnginePreset, memory_bytes: int, gpu_name: str, tensor_parall
     (:data:`VLLM_SMALL_GPU`, :data:`SGLANG_MEMORY_TIERS`). TensorRT-LLM's server does not."""
     if preset.name == "vllm":
         if memory_bytes < 70 * _GiB or "a100" in gpu_name.lower():
-            return replace(preset, **VLLM_SMALL_GPU)
+            return replace(
+                preset,
+                max_num_batched_tokens=VLLM_SMALL_GPU["max_num_batched_tokens"],
+                max_num_seqs=VLLM_SMALL_GPU["max_num_seqs"],
+            )
         return preset
     if preset.name == "sglang":
         for bound, chunk, graphs in SGLANG_MEMORY_TIERS:

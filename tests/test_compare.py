@@ -21,6 +21,7 @@ from sim.analysis.bench_compare import (
     compare_result,
     header_check,
     measured_metrics,
+    scenario_dict,
     send_times,
     simulated_itl_s,
 )
@@ -174,6 +175,19 @@ def test_cli_option_errors_exit_2(tmp_path, args, key):
     r = CliRunner().invoke(app, ["compare", *args, "--runs", str(tmp_path / "runs")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "model_id,section",
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", {"name": "llama-3.1-8b"}),
+        ("Qwen/Qwen3-8B", {"hf_config": "Qwen/Qwen3-8B"}),
+        ("nvidia/Llama-3.1-405B-Instruct-FP8", {"hf_config": "meta-llama/Meta-Llama-3.1-405B"}),
+    ],
+)
+def test_model_id_of_a_shape_kvsim_has_is_simulated_as_it(tmp_path, model_id, section):
+    res = read_bench_result(_mutate(tmp_path, _set("model_id", model_id)))
+    assert scenario_dict(res)["model"] == section
 
 
 def test_unknown_model_id_asks_for_model(tmp_path):

@@ -34,7 +34,6 @@ from calibration.serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
-    model_key,
     normalize_gpu,
     read_bench,
     read_csv,
@@ -53,6 +52,7 @@ from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
 from sim.engine_presets import FITTED_TERMS, PRESETS, read_terms_file
 from sim.errors import ConfigError
+from sim.model_ids import model_key
 
 REPO = Path(__file__).resolve().parent.parent
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,0 +1,101 @@
+"""Published model ids as shapes kvsim has.
+
+Benchmark files and result JSONs name a model by its Hugging Face id (``meta-llama/Llama-3.1-8B-Instruct``,
+``nvidia/Llama-3.1-405B-Instruct-FP8``); kvsim simulates a shape: a catalog model (``sim.catalog``) or a
+shipped ``config.json`` (``scenarios/models``). :func:`model_of_id` maps one to the other: exactly
+(:data:`MODEL_IDS`, a shipped config's id, a catalog name), else by :func:`model_key`, the id without
+its organisation and without the tags that name a tuning or quantization of the same weights. It never
+guesses across sizes or versions: an id whose key matches no shape is ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from sim.catalog import MODELS
+
+#: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same shape).
+MODEL_IDS = {
+    "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "llama-3.1-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama-3.1-8b",
+    "meta-llama/Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "llama-3.1-70b",
+    "nvidia/Llama-3.1-70B-Instruct-FP8": "llama-3.1-70b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "Qwen/Qwen3-32B-FP8": "qwen3-32b",
+    "Qwen/Qwen3-8B": "qwen3-8b",
+    "Qwen/Qwen3-8B-FP8": "qwen3-8b",
+    "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+}
+
+#: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
+#: Llama 3.3 70B is Llama 3.1 70B retrained.
+SAME_SHAPE = {"llama-3.3-70b": "llama-3.1-70b"}
+_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|dynamic|static|pertensor|block|bf16)$")
+
+
+def model_key(ident: str) -> str:
+    """A model id reduced to what fixes its shape: the name without its organisation, in lower case,
+    without the tags that name a tuning or a quantization of the same weights (``-Instruct``,
+    ``-FP8``, ``-FP8-Dynamic`` …) and with ``Meta-Llama`` written ``Llama``:
+    ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
+    ``llama-3.1-405b``."""
+    k = str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-")
+    k = k.removeprefix("meta-")
+    while (m := _TAG.search(k)) is not None:
+        k = k[: m.start()]
+    return SAME_SHAPE.get(k, k)
+
+
+@lru_cache(maxsize=1)
+def _by_key() -> dict[str, str]:
+    """:func:`model_key` → the id of the shape it names: the shipped configs' ids (unquantized
+    first), then the ids of catalog shapes, then the catalog names."""
+    from sim.hf_config import shipped_models
+
+    out: dict[str, str] = {}
+    for ident in [*sorted(shipped_models(), key=len), *MODEL_IDS, *MODELS]:
+        out.setdefault(model_key(ident), ident)
+    return out
+
+
+def _exact(ident: str) -> dict | None:
+    from sim.hf_config import shipped_config
+
+    if shipped_config(ident) is not None:
+        return {"name": None, "hf_config": ident}
+    if ident in MODEL_IDS:
+        return {"name": MODEL_IDS[ident]}
+    if ident in MODELS:
+        return {"name": ident}
+    return None
+
+
+def model_of_id(ident: str, *, variants: bool = True) -> dict | None:
+    """The scenario ``model`` section (``name`` of a catalog model, or ``hf_config`` of a shipped
+    config) of a published id, or ``None``; ``variants``: also ids that name the same shape
+    (:func:`model_key`)."""
+    exact = _exact(ident)
+    if exact is not None or not variants:
+        return exact
+    same = _by_key().get(model_key(ident))
+    return None if same is None else _exact(same)
+
+
+def known_shapes() -> list[str]:
+    """The shapes ids can name (their :func:`model_key`), sorted."""
+    return sorted(_by_key())
+
+
+def known_ids() -> str:
+    """What an unknown id is told it may be (the end of a ConfigError's message)."""
+    return (
+        "the Hugging Face id (any organisation; -Instruct, -FP8 and like variants too) of a model kvsim "
+        f"has the shape of: {', '.join(known_shapes())}"
+    )
