@@ -19,6 +19,7 @@ from sim.output.staging import out_dir, out_file
 
 from .serving_bench import (
     BUSY_LIMIT,
+    ENGINE_ALIASES,
     BenchRow,
     Clients,
     RowResult,
@@ -60,6 +61,8 @@ def _rows(
     ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them.
     ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
     column, value), and the others kept."""
+    if engine:
+        engine = ENGINE_ALIASES.get(engine.strip().lower(), engine.strip().lower())
     rows = read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
     if engine:
         have = sorted({r.engine for r in rows})

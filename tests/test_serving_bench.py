@@ -254,6 +254,15 @@ def test_engine_and_dtype_spellings(tmp_path):
     assert (b.engine, b.weights, b.kv) == ("trtllm", "fp8_block", "")
 
 
+def test_engine_filter_reads_the_same_spellings(tmp_path):
+    from calibration.serving_report import validate_serving_bench
+
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER}\n{GOOD}\n" + GOOD.replace(",vllm,", ",trtllm,") + "\n")
+    doc = validate_serving_bench(str(p), engine="TensorRT-LLM", requests_per_client=2)
+    assert [r["engine"] for r in doc["results"]] == ["trtllm"]
+
+
 def test_rows_kvsim_cannot_simulate_are_said_and_the_others_kept(tmp_path):
     p = tmp_path / "bench.csv"
     p.write_text(
