@@ -121,7 +121,7 @@ def calibrate_command(
     weights: str | None = typer.Option(
         None,
         "--weights",
-        help="--from-serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block; default bf16).",
+        help="--from-serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block|nvfp4; default bf16).",
     ),
     kv: str | None = typer.Option(
         None,

@@ -159,6 +159,8 @@ def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple,
             f"{kt.system.name} has no FP8 tensor cores: fp8 weights use the int8 weight-only GEMM table "
             "(8-bit weights, bf16 compute), as vLLM runs FP8 checkpoints on Ampere with weight-only kernels"
         )
+    if "nvfp4" in gemm_have:
+        weights["nvfp4"] = "nvfp4"
     ctx_have = set(zip(kt.context.attn_dtype, kt.context.kv_dtype, kt.context.head_dim.tolist()))
     gen_have = set(zip(kt.generation.kv_dtype, kt.generation.head_dim.tolist()))
     kv = {}
@@ -506,6 +508,7 @@ def _device(spec) -> dict:
         "hbm_bandwidth": spec.mem_bw,
         "peak_bf16_flops": spec.bf16_flops,
         "peak_fp8_flops": spec.fp8_flops,
+        **({"peak_fp4_flops": spec.fp4_flops} if spec.fp4_flops else {}),
         "memory_bytes": spec.mem_capacity_bytes,
         "pcie_bandwidth": spec.pcie_bw,
         "nvlink_bandwidth": spec.nvlink_bw,

@@ -5,7 +5,7 @@ request of ``isl`` prompt and ``osl`` output tokens and send the next when it fi
 benchmark reports the mean time to first token and time per output token. Two formats are read:
 
 * CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
-  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``), ``kv`` (the KV cache's dtype, ``bf16``,
+  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``), ``kv`` (the KV cache's dtype, ``bf16``,
   ``fp16`` or ``fp8``; unset: the engine's default, :func:`default_kv`), ``engine_version``, ``source_id``: the
   layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
   Face id kvsim knows, a catalog model, or a ``config.json`` path (relative: to the CSV's folder);
@@ -41,7 +41,7 @@ from sim.model_ids import known_ids, model_of_id
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
 
 REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
-WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block")
+WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -74,6 +74,7 @@ DTYPE_ALIASES = {
     "e4m3": "fp8",
     "fp8-block": "fp8_block",
     "fp8_blockwise": "fp8_block",
+    "fp4": "nvfp4",
 }
 
 
@@ -649,7 +650,7 @@ def default_kv(engine: str, weights: str) -> str:
     33 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
     the model's activation dtype (bf16).
     """
-    return "fp8" if engine == "trtllm" and weights.startswith("fp8") else "bf16"
+    return "fp8" if engine == "trtllm" and (weights.startswith("fp8") or weights == "nvfp4") else "bf16"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ _DTYPE_NAMES = {
     "int4_wo": "int4_wo",
     "sq": "int8_sq",
     "fp8_block": "fp8_block",
+    "nvfp4": "nvfp4",
 }
 
 KEY = "calibration.tables"
@@ -69,9 +70,12 @@ class SystemSpec:
     nvlink_bw: float
     p2p_latency_s: float
     nccl_version: str
+    fp4_flops: float = 0.0
 
     def peak_flops(self, dtype: str) -> float:
         """Tensor-core peak for GEMMs computed in ``dtype`` (weight-only int8 computes in bf16)."""
+        if dtype == "nvfp4":
+            return self.fp4_flops or self.fp8_flops or self.bf16_flops
         if dtype in ("fp8", "fp8_block"):
             return self.fp8_flops or self.bf16_flops
         if dtype == "int8_sq":
@@ -256,6 +260,7 @@ def read_system(root: Path | str, system: str) -> SystemSpec:
             nvlink_bw=float(node.get("intra_node_bw", 0.0)),
             p2p_latency_s=float(node.get("p2p_latency", 0.0)),
             nccl_version=str(misc.get("nccl_version", "")),
+            fp4_flops=float(gpu.get("fp4_tc_flops", 0.0)),
         )
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise ConfigError(

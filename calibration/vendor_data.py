@@ -43,7 +43,7 @@ SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "h100_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
     "h200_sxm": ("1.3.0rc20", "2.26.2", ("bfloat16", "fp8")),
     "a100_sxm": ("1.0.0", "2.27.3", ("bfloat16", "int8_wo")),
-    "b200_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
+    "b200_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8", "nvfp4")),
     "l40s": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
 }
 

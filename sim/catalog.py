@@ -16,7 +16,16 @@ GiB = 1 << 30
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 #: Bytes per element of each supported dtype. int4 packs two elements a byte.
-DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8_block": 1.0, "int4": 0.5}
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "fp8_block": 1.0,
+    # NVFP4 (Blackwell): 4-bit values and one fp8 scale per 16 of them.
+    "nvfp4": 0.5625,
+    "int4": 0.5,
+}
 
 
 @dataclass(frozen=True)
@@ -199,10 +208,15 @@ class GpuSpec:
     nvlink_bandwidth: float = 0.0
     source: str = ""
     peak_fp8_flops: float = 0.0
+    #: FP4 tensor cores (Blackwell); 0 without them.
+    peak_fp4_flops: float = 0.0
 
     def peak_gemm_flops(self, weight_dtype: str) -> float:
-        """Tensor-core peak for GEMMs on ``weight_dtype`` weights (fp8 falls back to bf16 without FP8 units)."""
-        if weight_dtype == "fp8" and self.peak_fp8_flops > 0:
+        """Tensor-core peak for GEMMs on ``weight_dtype`` weights (fp8 falls back to bf16 without FP8
+        units, NVFP4 to fp8 without FP4 units)."""
+        if weight_dtype == "nvfp4" and self.peak_fp4_flops > 0:
+            return self.peak_fp4_flops
+        if weight_dtype in ("fp8", "nvfp4") and self.peak_fp8_flops > 0:
             return self.peak_fp8_flops
         return self.peak_bf16_flops
 
@@ -299,7 +313,17 @@ GPUS: dict[str, GpuSpec] = {
         GpuSpec("A100-SXM-80GB", 80 * GiB, 2.039e12, 312e12, 32e9, 300e9, _NV + _AIC),
         GpuSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, 32e9, 300e9, _NV),
         # Blackwell: 180 GiB HBM3e at 7.7 TB/s, NVLink 5 (900 GB/s per direction), PCIe 6.0.
-        GpuSpec("B200-SXM-180GB", 193273528320, 7.7e12, 2250e12, 128e9, 900e9, _NV + _AIC, peak_fp8_flops=4500e12),
+        GpuSpec(
+            "B200-SXM-180GB",
+            193273528320,
+            7.7e12,
+            2250e12,
+            128e9,
+            900e9,
+            _NV + _AIC,
+            peak_fp8_flops=4500e12,
+            peak_fp4_flops=9000e12,
+        ),
         # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0); 46068 MiB usable.
         GpuSpec("L40S", 48305799168, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
         GpuSpec("A10G", 24 * GiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),

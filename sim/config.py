@@ -133,7 +133,9 @@ class ModelConfig(_Section):
     qk_norm: bool | None = None
     #: ``fp8_block``: fp8 weights with block-wise scales (DeepGEMM-style kernels; priced on the engine's
     #: block-fp8 GEMM table where it has one, else on its per-tensor fp8 table).
-    weight_dtype: Literal["bf16", "fp16", "fp8", "fp8_block"] = "bf16"
+    #: ``nvfp4``: NVIDIA's 4-bit format with fp8 scales per 16 values (Blackwell; priced on the
+    #: profile's nvfp4 GEMM tables, which only a Blackwell profile has).
+    weight_dtype: Literal["bf16", "fp16", "fp8", "fp8_block", "nvfp4"] = "bf16"
     kv_dtype: Literal["bf16", "fp16", "fp8", "int4"] = "bf16"
 
 

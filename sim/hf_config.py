@@ -415,6 +415,8 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
     weight: str | None = None
     if method in ("fp8", "fbgemm_fp8") or algo == "fp8":
         weight = "fp8"
+    elif algo == "nvfp4":
+        weight = "nvfp4"  # NVIDIA Model Optimizer's NVFP4 checkpoints (hf_quant_config.json)
     elif method == "compressed-tensors" or "config_groups" in qc:
         for group in (qc.get("config_groups") or {}).values():
             w = (group or {}).get("weights") or {}
@@ -429,7 +431,9 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
                 )
     elif method or algo:
         raise ConfigError(
-            KEY, str(path), f"{where}: quantisation {algo or method!r} not supported yet (fp8 weights, fp8 KV cache)"
+            KEY,
+            str(path),
+            f"{where}: quantisation {algo or method!r} not supported yet (fp8 or nvfp4 weights, fp8 KV cache)",
         )
     kv: str | None = None
     scheme = qc.get("kv_cache_scheme", qc.get("kv_cache_quant_algo"))

@@ -37,7 +37,7 @@ MODEL_IDS = {
 #: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
 #: Llama 3.3 70B is Llama 3.1 70B retrained.
 SAME_SHAPE = {"llama-3.3-70b": "llama-3.1-70b"}
-_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|dynamic|static|pertensor|block|bf16)$")
+_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|fp4|nvfp4|dynamic|static|pertensor|block|bf16)$")
 
 
 def model_key(ident: str) -> str:

@@ -375,3 +375,47 @@ def test_cli_calibrate_from_tables(tmp_path):
 def test_cli_calibrate_needs_a_route(tmp_path):
     r = CliRunner().invoke(_app(), ["calibrate", "--model", "tiny-llama", "--out", str(tmp_path / "x.json")])
     assert isinstance(r.exception, ConfigError)
+
+
+def test_nvfp4_weights_are_priced_on_blackwells_fp4_tables():
+    """B200's tables time NVFP4 GEMMs (FP4 tensor cores, 4-bit weights with an fp8 scale per 16):
+    the profile offers them, prices a compute-bound GEMM below fp8 and bf16 and never above the
+    FP4 peak, and TensorRT-LLM's preset takes off their input quantization as it does fp8's.
+    Hopper has no FP4 tables: the profile does not claim them."""
+    from dataclasses import replace
+
+    from sim.engine_presets import get_preset
+
+    b200, gpu = load_profile("b200-sxm"), get_gpu("B200-SXM-180GB")
+    assert "nvfp4" in b200.dtypes["weight"] and "nvfp4" not in load_profile("h100-sxm").dtypes["weight"]
+    n, k, m = 14336, 8192, 4096.0
+    t = {d: b200.gemm_curve(f"{n}x{k}:{d}").at(m)[0] for d in ("bf16", "fp8", "nvfp4")}
+    assert t["nvfp4"] < 0.8 * t["fp8"] < t["bf16"]
+    assert 2 * m * n * k / t["nvfp4"] <= gpu.peak_gemm_flops("nvfp4") == 9000e12
+    assert 1e-6 < b200.fp8_gemm_excess_s(None, "nvfp4") < b200.fp8_gemm_excess_s(None, "fp8")
+    model, trt = get_model("llama-3.1-70b"), get_preset("trtllm")
+    kw = dict(tensor_parallel=2, weight_dtype="nvfp4")
+    fused = ProfileCostModel(b200, model, gpu, engine=trt, **kw)
+    unfused = ProfileCostModel(b200, model, gpu, engine=replace(trt, fp8_quant_fused=False), **kw)
+    step = BatchShape([], 8, 8 * 1024)
+    saved = unfused.step_time_s(step) - fused.step_time_s(step)
+    assert saved == pytest.approx(4 * model.layers * b200.fp8_gemm_excess_s(None, "nvfp4"), rel=0.02)
+    # Weights take 4.5 bits a parameter: 70B on two GPUs holds 9/16 of fp8's weight bytes, and
+    # the KV cache gets what that frees.
+    from sim.config import scenario_from_dict
+    from sim.engine.deployment import Deployment
+
+    def dep(w):
+        return Deployment.from_scenario(
+            scenario_from_dict(
+                {
+                    "gpu": {"name": "B200-SXM-180GB", "tensor_parallel": 2},
+                    "model": {"name": "llama-3.1-70b", "weight_dtype": w},
+                    "engine": {"kind": "trtllm"},
+                }
+            )
+        )
+
+    fp4, fp8 = dep("nvfp4"), dep("fp8")
+    assert fp4.weight_bytes == pytest.approx(fp8.weight_bytes * 0.5625, rel=0.01)
+    assert fp4.kv_capacity_bytes - fp8.kv_capacity_bytes == pytest.approx(fp8.weight_bytes - fp4.weight_bytes, rel=0.01)

@@ -240,7 +240,7 @@ DENSE = {
         ({"layers_block_type": ["mamba", "attention"]}, "state-space (mamba) layers"),
         ({"global_head_dim": 512, "head_dim": 64}, "global_head_dim=512"),
         ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantisation 'awq' not supported yet"),
-        ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}, "quantisation 'nvfp4'"),
+        ({"quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A16_AWQ"}}, "quantisation 'w4a16_awq'"),
         ({"quantization_config": {"config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}}, "4-bit int"),
         ({"quantization_config": {"quant_method": "fp8", "kv_cache_scheme": "int8"}}, "KV-cache quantisation 'int8'"),
     ],
@@ -305,6 +305,19 @@ def test_quant_from_a_sibling_file(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
     hf = read_hf_config(tmp_path / "config.json")
     assert (hf.weight_dtype, hf.kv_dtype, hf.quant_source.name) == ("fp8", "bf16", "hf_quant_config.json")
+
+
+def test_nvfp4_checkpoints_read_as_nvfp4_weights(tmp_path):
+    # NVIDIA Model Optimizer's NVFP4 checkpoints (Blackwell): 4-bit weights, fp8 KV cache.
+    cfg = {**DENSE, "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+    hf = read_hf_config(_write(tmp_path, cfg))
+    assert (hf.weight_dtype, hf.kv_dtype) == ("nvfp4", "bf16")
+    _write(tmp_path, DENSE, "m_config.json")
+    (tmp_path / "m_hf_quant_config.json").write_text(
+        json.dumps({"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}})
+    )
+    hf = read_hf_config(tmp_path / "m_config.json")
+    assert (hf.weight_dtype, hf.kv_dtype) == ("nvfp4", "fp8")
 
 
 def test_conflicting_quant_declarations(tmp_path):

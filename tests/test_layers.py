@@ -18,6 +18,7 @@ LAYERS = [
         "config",
         "catalog",
         "hf_config",
+        "model_ids",
         "request",
         "native",
         "__init__",

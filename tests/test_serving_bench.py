@@ -189,6 +189,7 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
         ("meta-llama/Llama-3.1-405B", "meta-llama/Meta-Llama-3.1-405B"),
         ("nvidia/Llama-3.1-405B-Instruct-FP8", "meta-llama/Meta-Llama-3.1-405B"),
         ("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Meta-Llama-3.1-70B"),
+        ("nvidia/Llama-3.3-70B-Instruct-FP4", "meta-llama/Meta-Llama-3.1-70B"),
         ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", "meta-llama/Meta-Llama-3.1-8B"),
         ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
         ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
@@ -252,6 +253,11 @@ def test_engine_and_dtype_spellings(tmp_path):
     a, b = read_csv(p)
     assert (a.engine, a.weights, a.kv) == ("trtllm", "bf16", "fp8")
     assert (b.engine, b.weights, b.kv) == ("trtllm", "fp8_block", "")
+    p.write_text(f"{HEADER},weights\n" + GOOD.replace("h100_sxm", "B200") + ",FP4\n")
+    (c,) = read_csv(p)
+    assert (c.gpu, c.weights) == ("b200_sxm", "nvfp4")
+    res = simulate_row(c, TINY)
+    assert res.error is None and res.calibrated
 
 
 def test_engine_filter_reads_the_same_spellings(tmp_path):
@@ -462,7 +468,8 @@ def test_row_scenario_details():
     assert sc.scheduler.max_num_batched_tokens == PRESETS["vllm"].max_num_batched_tokens
     # The KV cache's dtype: the row's when given, else the engine's default for its weights.
     assert default_kv("trtllm", "fp8") == "fp8" and default_kv("trtllm", "bf16") == "bf16"
-    assert default_kv("vllm", "fp8") == default_kv("sglang", "fp8_block") == "bf16"
+    assert default_kv("vllm", "fp8") == default_kv("sglang", "fp8_block") == default_kv("vllm", "nvfp4") == "bf16"
+    assert default_kv("trtllm", "nvfp4") == "fp8"  # ModelOpt NVFP4 checkpoints quantise the KV cache too
     kv = scenario_from_dict(row_scenario(row(engine="trtllm", weights="fp8", kv="bf16"), TINY)).model.kv_dtype
     assert kv == "bf16"
     assert scenario_from_dict(row_scenario(row(engine="vllm", kv="fp8"), TINY)).model.kv_dtype == "fp8"

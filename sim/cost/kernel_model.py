@@ -39,6 +39,8 @@ ELEM_BYTES = {
     "fp16": 2.0,
     "fp8": 1.0,
     "fp8_block": 1.0,
+    # NVFP4: 4-bit values with one fp8 scale per 16 (and a per-tensor fp32 scale): 4.5 bits.
+    "nvfp4": 0.5625,
     "int8_wo": 1.0,
     "int8_sq": 1.0,
     "int4_wo": 0.5,
@@ -184,7 +186,7 @@ def gemm_work(m, n, k, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """
     m, n, k = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (m, n, k)))
     wb = elem_bytes(dtype)
-    ab = 1.0 if dtype in ("fp8", "fp8_block", "int8_sq") else 2.0
+    ab = 1.0 if dtype in ("fp8", "fp8_block", "int8_sq") else elem_bytes(dtype) if dtype == "nvfp4" else 2.0
     flops = 2.0 * m * n * k
     nbytes = m * k * ab + n * k * wb + m * n * 2.0
     return np.stack([flops, nbytes]), np.log(np.column_stack([m, n, k]))
@@ -263,9 +265,12 @@ class Peaks:
     bf16_flops: float
     fp8_flops: float
     mem_bw: float
+    fp4_flops: float = 0.0
 
     def flops(self, dtype: str) -> float:
         """Tensor-core peak for GEMMs computed in ``dtype`` (weight-only int8 computes in bf16)."""
+        if dtype == "nvfp4":
+            return self.fp4_flops or self.fp8_flops or self.bf16_flops
         if dtype in ("fp8", "fp8_block", "int8_sq"):
             return self.fp8_flops or self.bf16_flops
         return self.bf16_flops

@@ -449,7 +449,12 @@ class Profile:
     # -- curves for any shape --
     def peaks(self) -> Peaks:
         d = self.device
-        return Peaks(float(d["peak_bf16_flops"]), float(d.get("peak_fp8_flops") or 0.0), float(d["hbm_bandwidth"]))
+        return Peaks(
+            float(d["peak_bf16_flops"]),
+            float(d.get("peak_fp8_flops") or 0.0),
+            float(d["hbm_bandwidth"]),
+            float(d.get("peak_fp4_flops") or 0.0),
+        )
 
     def _family(self, family: str, backend: str | None) -> tuple[str, FamilyFit] | None:
         """The fitted ``family`` of ``backend`` (or of the profile's default backend for it)."""
@@ -485,9 +490,9 @@ class Profile:
         return hit  # type: ignore[return-value]
 
     def fp8_gemm_excess_s(self, backend: str | None, dtype: str = "fp8") -> float:
-        """Seconds an fp8 (``dtype``) GEMM of ``backend``'s tables takes beyond the bf16 GEMM of the
-        same shape where both sit at their latency floor (at most 8192 × 2048 weights, m ≤ 32): the
-        median over those shapes, at least 0.
+        """Seconds an fp8 (``dtype``; or nvfp4) GEMM of ``backend``'s tables takes beyond the bf16 GEMM
+        of the same shape where both sit at their latency floor (at most 8192 × 2048 weights, m ≤ 32):
+        the median over those shapes, at least 0.
 
         There a GEMM reading half the weight bytes can be no slower, so the excess is work the
         timed fp8 layer does besides its GEMM: quantizing its bf16 input in a kernel of its own
@@ -627,7 +632,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 # --- the cost model -------------------------------------------------------------------------
 
-_DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
+_DTYPE_ALIAS = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 
 #: Decode windows up to this many iterations are priced one scalar query at a time (faster
 #: than numpy's fixed overhead); longer ones vectorised. Both give the same floats (see ``at``).
@@ -857,11 +862,13 @@ class ProfileCostModel(CostModel):
         #: away; never below the time to read the GEMM's weights once (``_gemm_floor``).
         self._gemm_less: float = 0.0
         self._gemm_floor: list[float] = [0.0, 0.0, 0.0, 0.0]
-        if engine is not None and engine.fp8_quant_fused and wd in ("fp8", "fp8_block"):
+        if engine is not None and engine.fp8_quant_fused and wd in ("fp8", "fp8_block", "nvfp4"):
+            # NVFP4 layers are timed with their input quantized to fp4 in a kernel of their own too.
             self._gemm_less = profile.fp8_gemm_excess_s(backend, wd)
             bw = float(profile.device["hbm_bandwidth"])
+            per_weight = 0.5625 if wd == "nvfp4" else 1.0  # bytes: fp8, or 4 bits + an fp8 scale per 16
             shapes = [self.keys.gemms()[proj].split(":")[0].split("x") for proj, _ in self._gemm_tok]
-            self._gemm_floor = [int(n) * int(k) / bw for n, k in shapes]  # one byte per fp8 weight
+            self._gemm_floor = [int(n) * int(k) * per_weight / bw for n, k in shapes]
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
