@@ -53,11 +53,12 @@ SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: (closest to the benchmarked engine versions; SGLang's 0.5.6.post2 table is a copy of TensorRT-LLM's).
 ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str]]] = {
     system: {
-        "vllm": ("0.24.0", ("bfloat16", "fp8"), "0.19.0"),
-        "sglang": ("0.5.14", ("bfloat16", "fp8", "fp8_block"), "0.5.9"),
-        "trtllm": ("1.3.0rc20", ("bfloat16", "fp8"), "1.2.0rc5"),
+        "vllm": ("0.24.0", ("bfloat16", "fp8", *fp4), "0.19.0"),
+        "sglang": ("0.5.14", ("bfloat16", "fp8", "fp8_block", *fp4), "0.5.9"),
+        "trtllm": ("1.3.0rc20", ("bfloat16", "fp8", *fp4), "1.2.0rc5"),
     }
-    for system in ("h100_sxm", "h200_sxm")
+    # B200: the same engine versions, and the NVFP4 GEMMs its FP4 tensor cores run.
+    for system, fp4 in (("h100_sxm", ()), ("h200_sxm", ()), ("b200_sxm", ("nvfp4",)))
 }
 
 VIDUR_FILES = [

@@ -419,3 +419,12 @@ def test_nvfp4_weights_are_priced_on_blackwells_fp4_tables():
     fp4, fp8 = dep("nvfp4"), dep("fp8")
     assert fp4.weight_bytes == pytest.approx(fp8.weight_bytes * 0.5625, rel=0.01)
     assert fp4.kv_capacity_bytes - fp8.kv_capacity_bytes == pytest.approx(fp8.weight_bytes - fp4.weight_bytes, rel=0.01)
+
+
+def test_b200_carries_each_engines_own_kernels():
+    """As on Hopper, B200's profile prices each serving engine on its own tables: TensorRT-LLM's fp8
+    layers were timed with their input quantization, vLLM's and SGLang's fp8 kernels were not."""
+    b200 = load_profile("b200-sxm")
+    assert set(b200.kernels) == {"vllm", "sglang", "trtllm"} and set(b200.custom_allreduce) == set(b200.kernels)
+    assert b200.fp8_gemm_excess_s("trtllm") > 5e-6
+    assert b200.fp8_gemm_excess_s("vllm") < 2.5e-6 and b200.fp8_gemm_excess_s("sglang") < 2.5e-6
