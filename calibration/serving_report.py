@@ -117,6 +117,26 @@ def kernel_warnings(flagged: dict[str, float]) -> list[str]:
     ]
 
 
+def roofline_groups(results: list[RowResult]) -> dict[str, int]:
+    """Per group, how many of its simulated runs no calibrated kernel profile priced (the GPU, weights
+    or KV dtype has none: the roofline prior priced them)."""
+    out: dict[str, int] = {}
+    for r in results:
+        if r.error is None and not r.calibrated:
+            out[r.row.group] = out.get(r.row.group, 0) + 1
+    return out
+
+
+def roofline_warnings(groups: dict[str, int]) -> list[str]:
+    """One line per group of :func:`roofline_groups`."""
+    return [
+        f"{g}: {n} run{'s' if n > 1 else ''} priced by the roofline prior, not a calibrated kernel profile "
+        "(kvsim profile list: no profile has this GPU, weight or KV dtype); their errors say little about "
+        "the engine terms"
+        for g, n in groups.items()
+    ]
+
+
 def resolve_exclusions(
     names: tuple[str, ...] | list[str], rows: list[BenchRow], suspect: dict[str, float]
 ) -> tuple[str, ...]:
@@ -349,6 +369,7 @@ def validate_serving_bench(
         "ttft_follows_completions": flagged,
         "held_back": held,
         "faster_than_kernels": fast,
+        "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
         "ttft_vs_prefill": ttft_vs_prefill(preds, shares_of),
@@ -395,6 +416,7 @@ def write_html(doc: dict, path: Path) -> Path:
     split = doc.get("tpot_error_split", {})
     scaling = doc.get("tp_scaling", {})
     held = doc.get("held_back", {})
+    roofline = doc.get("roofline_priced", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
@@ -403,6 +425,7 @@ def write_html(doc: dict, path: Path) -> Path:
             ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else [])
             + ([f"simulated with c - 1 running at c {'/'.join(map(str, held[g]))}"] if g in held else [])
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
+            + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
         )
         label = g if not notes else f"{g} ({'; '.join(notes)})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]
@@ -571,6 +594,7 @@ __all__ = [
     "resolve_exclusions",
     "completion_warnings",
     "kernel_warnings",
+    "roofline_warnings",
     "skipped_lines",
     "table_rows",
     "HEADER",

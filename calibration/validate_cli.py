@@ -283,6 +283,7 @@ def _serving(
         TTFT_LINE_HEADER,
         completion_warnings,
         kernel_warnings,
+        roofline_warnings,
         scaling_rows,
         split_rows,
         table_rows,
@@ -362,8 +363,10 @@ def _serving(
     for key, title, caption, header, rows_of in diagnostics:
         if doc[key]:
             con.print(table(title, caption, header, rows_of(doc[key])))
-    for line in completion_warnings(doc["ttft_follows_completions"], doc["held_back"]) + kernel_warnings(
-        doc["faster_than_kernels"]
+    for line in (
+        completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
+        + kernel_warnings(doc["faster_than_kernels"])
+        + roofline_warnings(doc["roofline_priced"])
     ):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]

@@ -1063,6 +1063,22 @@ def test_cli_validate_and_calibrate_go_on_past_rows_they_cannot_simulate(tmp_pat
     assert r.returncode == 2 and "none that kvsim can simulate" in r.stderr and "row 2, model" in r.stderr
 
 
+def test_cli_validate_says_which_runs_no_calibrated_profile_priced(tmp_path):
+    # No built-in profile has NVFP4 kernels on Hopper or any kernels for the A10G: the roofline prior
+    # prices those runs, and the report says so instead of mixing them silently with the others.
+    (tmp_path / "r.csv").write_text(
+        f"{HEADER},weights\n{GOOD},bf16\n" + GOOD + ",nvfp4\n" + GOOD.replace("h100_sxm", "A10G") + ",bf16\n"
+    )
+    r = kvsim("validate", "--serving-bench", "r.csv", "--requests-per-client", "2", "--out", "v", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "v" / "serving_validation.json").read_text())
+    assert [x["cost_model_calibrated"] for x in doc["results"]] == [True, False, False]
+    assert doc["roofline_priced"] == {f"{LLAMA}/h100_sxm/vllm": 1, f"{LLAMA}/A10G/vllm": 1}
+    said = " ".join(r.stdout.split())
+    assert f"note: {LLAMA}/A10G/vllm: 1 run priced by the roofline prior" in said
+    assert "1 runs priced by the roofline prior" in (tmp_path / "v" / "serving_validation.html").read_text()
+
+
 def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_path):
     (tmp_path / "tp.csv").write_text(
         f"{HEADER}\n{LLAMA},h100_sxm,vllm,1,128,16,4,16.0,7.5\n{LLAMA},h100_sxm,vllm,2,128,16,4,12.0,5.0\n"
