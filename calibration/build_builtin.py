@@ -27,7 +27,7 @@ GENERATION_BACKEND = "sglang"
 GENERATION_BACKEND_FOR = {"b200_sxm": "trtllm"}
 #: Systems whose profiles also carry each serving engine's own kernels (vLLM, SGLang, TensorRT-LLM):
 #: the GPUs of the end-to-end serving benchmarks the engine presets are fitted on.
-ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm")
+ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "l40s")
 
 
 def builtin_tables(system: str):

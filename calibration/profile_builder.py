@@ -186,6 +186,12 @@ class EngineKernels:
     custom_allreduce: dict[str, dict[str, Curve1D]]
 
 
+#: An engine's own table whose fit misses more than this on its held-out 20 % (p95 relative error)
+#: is not used: the profile's default table of that family prices the engine (B200 SGLang's
+#: attention and the L40S's decode attention: two latency regimes the fitted form does not follow).
+ENGINE_FAMILY_P95_MAX = 0.30
+
+
 def engine_kernels(
     root: Path | str, system: str, spec, *, engines: tuple[str, ...] = ENGINES, seed: int = 0, heldout: bool = True
 ) -> EngineKernels:
@@ -217,12 +223,18 @@ def engine_kernels(
             )
             sources.setdefault(engine, {})[family] = f"{system}/{folder}/{engine}/{ver}/{name}.parquet"
         for family, table in tabs.items():
-            kernels.setdefault(engine, {})[family] = F.FITTERS[family](table, spec.peak_flops, spec.mem_bw)
+            fit = F.FITTERS[family](table, spec.peak_flops, spec.mem_bw)
             if heldout:
                 test = F.holdout_mask(len(table), 0.2, seed)
-                quality.setdefault(engine, {})[family] = _rounded(
+                q = quality.setdefault(engine, {})[family] = _rounded(
                     F.heldout_evaluation(family, table, spec.peak_flops, spec.mem_bw, test)
                 )
+                if q["p95_rel_err"] > ENGINE_FAMILY_P95_MAX:
+                    # A table the fitted form cannot follow prices worse than the default tables of
+                    # the same family (another engine's kernels, well fitted): the engine uses those.
+                    sources[engine][family] += f" (not used: held-out p95 {q['p95_rel_err']:.1%})"
+                    continue
+            kernels.setdefault(engine, {})[family] = fit
         if (root / system / "comm" / engine).is_dir():
             try:
                 path, ver = find_table(root, system, "comm", engine, "custom_allreduce_perf")

@@ -60,6 +60,13 @@ ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str]]] = {
     # B200: the same engine versions, and the NVFP4 GEMMs its FP4 tensor cores run.
     for system, fp4 in (("h100_sxm", ()), ("h200_sxm", ()), ("b200_sxm", ("nvfp4",)))
 }
+# L40S: the same GEMM and attention versions; its engines' all-reduce tables were measured at other
+# versions (PCIe: no NVLink).
+ENGINE_TABLES["l40s"] = {
+    "vllm": ("0.24.0", ("bfloat16", "fp8"), "0.22.0"),
+    "sglang": ("0.5.14", ("bfloat16", "fp8"), "0.5.9"),
+    "trtllm": ("1.3.0rc20", ("bfloat16", "fp8"), "1.3.0rc20"),
+}
 
 VIDUR_FILES = [
     "LICENSE",

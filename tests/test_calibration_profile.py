@@ -428,3 +428,13 @@ def test_b200_carries_each_engines_own_kernels():
     assert set(b200.kernels) == {"vllm", "sglang", "trtllm"} and set(b200.custom_allreduce) == set(b200.kernels)
     assert b200.fp8_gemm_excess_s("trtllm") > 5e-6
     assert b200.fp8_gemm_excess_s("vllm") < 2.5e-6 and b200.fp8_gemm_excess_s("sglang") < 2.5e-6
+    # An engine's table the fitted form misses badly (held-out p95 over ENGINE_FAMILY_P95_MAX) is not
+    # used: B200 SGLang's attention tables (two latency regimes), priced on the default tables instead.
+    from calibration.profile_builder import ENGINE_FAMILY_P95_MAX
+
+    q = b200.fit_quality["backends"]["sglang"]
+    assert q["generation_attention"]["p95_rel_err"] > ENGINE_FAMILY_P95_MAX >= q["gemm"]["p95_rel_err"]
+    assert set(b200.kernels["sglang"]) == {"gemm"}
+    assert "not used" in b200.provenance["engine_tables"]["sglang"]["generation_attention"]
+    vllm = b200.fit_quality["backends"]["vllm"]
+    assert set(b200.kernels["vllm"]) == {f for f in vllm if vllm[f]["p95_rel_err"] <= ENGINE_FAMILY_P95_MAX}
