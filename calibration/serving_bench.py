@@ -78,6 +78,12 @@ DTYPE_ALIASES = {
 }
 
 
+def normalize_engine(name: str) -> str:
+    """The engine ``name`` spells (lower case; :data:`ENGINE_ALIASES` resolved); unknown names as given."""
+    key = str(name).strip().lower()
+    return ENGINE_ALIASES.get(key, key)
+
+
 def normalize_gpu(name: str) -> str | None:
     """The benchmark system name (:data:`GPU_IDS`) or catalog GPU that ``name`` spells, or ``None``.
 
@@ -88,7 +94,7 @@ def normalize_gpu(name: str) -> str | None:
     """
     s = name.strip()
     if s in GPU_IDS or s in GPUS:
-        return s
+        return s  # before the case-blind match: ``L40S`` (catalog) and ``l40s`` (system) differ only in case
     for k in (*GPU_IDS, *GPUS):
         if k.lower() == s.lower():
             return k
@@ -172,8 +178,7 @@ def _ms(path: Path, where: str, row: dict, col: str) -> float:
 
 
 def _row(path: Path, where: str, d: dict) -> BenchRow:
-    engine = str(d.get("engine", "")).strip().lower()
-    engine = ENGINE_ALIASES.get(engine, engine)
+    engine = normalize_engine(d.get("engine", ""))
     if engine not in ENGINES:
         raise _bad(path, where, "engine", d.get("engine"), f"one of {', '.join(ENGINES)}")
     weights = str(d.get("weights") or "bf16").strip().lower()
@@ -193,15 +198,10 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(path, where, "model", model, exc.allowed) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
-    gpu = normalize_gpu(str(d.get("gpu", "")))
+    gpu_given = str(d.get("gpu", "")).strip()
+    gpu = normalize_gpu(gpu_given)
     if gpu is None:
-        raise _bad(
-            path,
-            where,
-            "gpu",
-            str(d.get("gpu", "")).strip(),
-            f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})",
-        )
+        raise _bad(path, where, "gpu", gpu_given, f"one of {', '.join(GPU_IDS)} or a catalog GPU ({', '.join(GPUS)})")
     tp = _int(path, where, d, "tp", 1, 8)
     if tp not in (1, 2, 4, 8):
         raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")

@@ -19,7 +19,6 @@ from sim.output.staging import out_dir, out_file
 
 from .serving_bench import (
     BUSY_LIMIT,
-    ENGINE_ALIASES,
     BenchRow,
     Clients,
     RowResult,
@@ -27,6 +26,7 @@ from .serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    normalize_engine,
     read_bench,
     score,
     tp_scaling,
@@ -62,7 +62,7 @@ def _rows(
     ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
     column, value), and the others kept."""
     if engine:
-        engine = ENGINE_ALIASES.get(engine.strip().lower(), engine.strip().lower())
+        engine = normalize_engine(engine)
     rows = read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
     if engine:
         have = sorted({r.engine for r in rows})

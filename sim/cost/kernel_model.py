@@ -186,7 +186,7 @@ def gemm_work(m, n, k, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """
     m, n, k = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=np.float64)) for a in (m, n, k)))
     wb = elem_bytes(dtype)
-    ab = 1.0 if dtype in ("fp8", "fp8_block", "int8_sq") else elem_bytes(dtype) if dtype == "nvfp4" else 2.0
+    ab = elem_bytes(dtype) if dtype in ("fp8", "fp8_block", "int8_sq", "nvfp4") else 2.0
     flops = 2.0 * m * n * k
     nbytes = m * k * ab + n * k * wb + m * n * 2.0
     return np.stack([flops, nbytes]), np.log(np.column_stack([m, n, k]))

@@ -45,6 +45,7 @@ from sim.cost.kernel_model import (
     MissingGroup,
     Peaks,
     attention_grid,
+    elem_bytes,
     family_from_json,
     family_to_json,
     gemm_curve,
@@ -866,7 +867,7 @@ class ProfileCostModel(CostModel):
             # NVFP4 layers are timed with their input quantized to fp4 in a kernel of their own too.
             self._gemm_less = profile.fp8_gemm_excess_s(backend, wd)
             bw = float(profile.device["hbm_bandwidth"])
-            per_weight = 0.5625 if wd == "nvfp4" else 1.0  # bytes: fp8, or 4 bits + an fp8 scale per 16
+            per_weight = elem_bytes(wd)
             shapes = [self.keys.gemms()[proj].split(":")[0].split("x") for proj, _ in self._gemm_tok]
             self._gemm_floor = [int(n) * int(k) * per_weight / bw for n, k in shapes]
         mem = profile.memory
