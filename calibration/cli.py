@@ -19,8 +19,11 @@ from sim.catalog import get_model
 from sim.cost.profile import list_profiles, load_profile
 from sim.errors import ConfigError
 
+from . import serving_options as opt
+
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
+_FSB = "--from-serving-bench"
 
 
 def _serving_bench(
@@ -109,41 +112,17 @@ def calibrate_command(
         help="Fit serving-engine terms (host time, front end, client spread) to "
         "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder.",
     ),
-    engine: str | None = typer.Option(
-        None,
-        "--engine",
-        help="--from-serving-bench: only this engine's rows (vllm|sglang|trtllm); for JSON results, their engine.",
-    ),
+    engine: str | None = opt.engine_option(_FSB, "only this engine's rows"),
     profile: str | None = typer.Option(
         None, "--profile", help="--from-serving-bench: the kernel profile (default: the GPU's built-in one)."
     ),
-    gpu: str | None = typer.Option(None, "--gpu", help="--from-serving-bench with vllm JSON results: their GPU."),
-    weights: str | None = typer.Option(
-        None,
-        "--weights",
-        help="--from-serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block|nvfp4; default bf16).",
-    ),
-    kv: str | None = typer.Option(
-        None,
-        "--kv",
-        help="--from-serving-bench with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
-    ),
-    max_evals: int = typer.Option(
-        100, "--max-evals", min=1, max=100000, help="--from-serving-bench: simulations of the rows per engine fit."
-    ),
-    workers: int = typer.Option(1, "--workers", min=1, max=256, help="--from-serving-bench: processes."),
-    exclude_group: list[str] | None = typer.Option(
-        None,
-        "--exclude-group",
-        help="--from-serving-bench: do not fit on this (model/gpu/engine) group (repeatable); "
-        "'suspect' = the groups whose runs are faster than their engine's kernels allow.",
-    ),
-    hold_back_flagged: bool = typer.Option(
-        False,
-        "--hold-back-flagged",
-        help="--from-serving-bench: fit the runs whose TTFT follows completions (the warning names them) "
-        "with concurrency - 1 requests running, one waiting.",
-    ),
+    gpu: str | None = opt.gpu_option(_FSB),
+    weights: str | None = opt.weights_option(_FSB),
+    kv: str | None = opt.kv_option(_FSB),
+    max_evals: int = opt.max_evals_option(_FSB),
+    workers: int = opt.workers_option(_FSB),
+    exclude_group: list[str] | None = opt.exclude_group_option(_FSB),
+    hold_back_flagged: bool = opt.hold_back_option(_FSB, "the warning", "in the fit"),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""

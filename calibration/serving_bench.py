@@ -35,7 +35,7 @@ import numpy as np
 from sim.catalog import GPUS
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
-from sim.model_ids import known_ids, model_of_id
+from sim.model_ids import known_ids, section_of
 
 #: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
@@ -618,25 +618,16 @@ def faster_than_kernels(
 def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
     """The scenario ``model`` section for a Hugging Face id or catalog name (shipped configs first),
     or a ``config.json`` path (or a folder holding one; relative: to ``base_dir``, ``scenarios/``
-    or the working directory), given as an absolute path."""
-    from sim.hf_config import resolve_hf_config
-
-    exact = model_of_id(ident, variants=False)
-    if exact is not None:
-        return exact
-    try:
-        return {"name": None, "hf_config": str(resolve_hf_config(ident, base_dir).resolve())}
-    except ConfigError:
-        pass
-    same = model_of_id(ident)
-    if same is not None:
-        return same
-    raise ConfigError(
-        "serving_bench.model",
-        ident,
-        f"{known_ids()}; for another dense model, write its config.json path (absolute, or relative to the "
-        "benchmark file) in the model column",
-    )
+    or the working directory), given as an absolute path (:func:`sim.model_ids.section_of`)."""
+    section = section_of(ident, base_dir, absolute=True)
+    if section is None:
+        raise ConfigError(
+            "serving_bench.model",
+            ident,
+            f"{known_ids()}; for another dense model, write its config.json path (absolute, or relative to the "
+            "benchmark file) in the model column",
+        )
+    return section
 
 
 def default_kv(engine: str, weights: str) -> str:

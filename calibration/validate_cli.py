@@ -12,6 +12,10 @@ import typer
 
 from sim.errors import ConfigError
 
+from . import serving_options as opt
+
+_SB = "--serving-bench"
+
 
 def validate_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda: where the reference engine and calibration run."),
@@ -44,11 +48,7 @@ def validate_command(
         "serve JSON, or a folder; 'builtin' = the shipped training file) "
         "and compare TTFT/TPOT with the measured runs.",
     ),
-    engine: str | None = typer.Option(
-        None,
-        "--engine",
-        help="--serving-bench: only rows of this engine (vllm|sglang|trtllm); for JSON results, their engine.",
-    ),
+    engine: str | None = opt.engine_option(_SB, "only rows of this engine"),
     terms: str | None = typer.Option(
         None, "--terms", help="--serving-bench: engine terms file (kvsim calibrate --from-serving-bench)."
     ),
@@ -65,34 +65,14 @@ def validate_command(
         max=1000,
         help="--serving-bench: requests simulated per client after the warm-up.",
     ),
-    workers: int = typer.Option(1, "--workers", min=1, max=256, help="--serving-bench: processes."),
-    max_evals: int = typer.Option(
-        100, "--max-evals", min=1, max=100000, help="--serving-bench --logo: simulations of the rows per engine fit."
-    ),
-    gpu: str | None = typer.Option(None, "--gpu", help="--serving-bench with vllm JSON results: the GPU they ran on."),
+    workers: int = opt.workers_option(_SB),
+    max_evals: int = opt.max_evals_option(_SB + " --logo"),
+    gpu: str | None = opt.gpu_option(_SB),
     tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
-    weights: str | None = typer.Option(
-        None,
-        "--weights",
-        help="--serving-bench with vllm JSON results: their weights (bf16|fp16|fp8|fp8_block|nvfp4; default bf16).",
-    ),
-    kv: str | None = typer.Option(
-        None,
-        "--kv",
-        help="--serving-bench with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
-    ),
-    exclude_group: list[str] | None = typer.Option(
-        None,
-        "--exclude-group",
-        help="--serving-bench --logo: do not fit on this (model/gpu/engine) group "
-        "(repeatable); 'suspect' = the groups whose runs are faster than their engine's kernels allow.",
-    ),
-    hold_back_flagged: bool = typer.Option(
-        False,
-        "--hold-back-flagged",
-        help="--serving-bench: simulate the runs whose TTFT follows completions (the note names them) "
-        "with concurrency - 1 requests running, one waiting, in training and prediction.",
-    ),
+    weights: str | None = opt.weights_option(_SB),
+    kv: str | None = opt.kv_option(_SB),
+    exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo"),
+    hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 

@@ -88,6 +88,25 @@ def model_of_id(ident: str, *, variants: bool = True) -> dict | None:
     return None if same is None else _exact(same)
 
 
+def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | None:
+    """The scenario ``model`` section for a published id or a ``config.json`` path, or ``None``:
+    the id exactly (:func:`model_of_id` without variants), else a config file or a folder holding
+    one (relative: to ``base_dir``, ``scenarios/`` or the working directory; written as given, or as
+    an absolute path with ``absolute``), else an id of the same shape. A path wins over a same-shape
+    guess, so a local config of a fine-tune is read rather than matched to its base model."""
+    from sim.errors import ConfigError
+    from sim.hf_config import resolve_hf_config
+
+    exact = model_of_id(ident, variants=False)
+    if exact is not None:
+        return exact
+    try:
+        path = resolve_hf_config(ident, base_dir)
+    except ConfigError:
+        return model_of_id(ident)
+    return {"name": None, "hf_config": str(path.resolve()) if absolute else ident}
+
+
 def known_shapes() -> list[str]:
     """The shapes ids can name (their :func:`model_key`), sorted."""
     return sorted(_by_key())

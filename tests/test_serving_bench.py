@@ -52,6 +52,7 @@ from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
 from sim.engine_presets import FITTED_TERMS, PRESETS, read_terms_file
 from sim.errors import ConfigError
+from sim.hf_config import MODELS_DIR
 from sim.model_ids import model_key
 
 REPO = Path(__file__).resolve().parent.parent
@@ -208,6 +209,28 @@ def test_model_ids_resolve_to_the_shape_they_name(tmp_path, ident, shape):
         scenario_from_dict(row_scenario(r, TINY)).model
         == scenario_from_dict(row_scenario(replace(r, model=shape), TINY)).model
     )
+
+
+def test_a_local_config_wins_over_a_same_shape_guess(tmp_path, monkeypatch):
+    """A folder named like a variant of a known shape holds its own config: that file is read, not the
+    base model's shape (a fine-tune may change the shape); the benchmark reader makes the path absolute,
+    ``kvsim compare`` writes it as given. Unknown ids and paths are ``None``."""
+    from sim.model_ids import section_of
+
+    d = tmp_path / "acme" / "Llama-3.1-8B-Instruct"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text((MODELS_DIR / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert section_of("acme/Llama-3.1-8B-Instruct") == {"name": None, "hf_config": "acme/Llama-3.1-8B-Instruct"}
+    assert section_of("acme/Llama-3.1-8B-Instruct", absolute=True)["hf_config"] == str((d / "config.json").resolve())
+    assert resolve_model("acme/Llama-3.1-8B-Instruct") == {
+        "name": None,
+        "hf_config": str((d / "config.json").resolve()),
+    }
+    # without the folder, the same id is the catalog shape it names
+    monkeypatch.chdir(tmp_path / "acme")
+    assert section_of("acme/Llama-3.1-8B-Instruct") == section_of("meta-llama/Meta-Llama-3.1-8B")
+    assert section_of("acme/Llama-3.1-8B-AWQ") is None
 
 
 @pytest.mark.parametrize("ident", ["Qwen/Qwen3-14B", "acme/Llama-3.1-8B-AWQ", "mistralai/Mistral-7B-Instruct-v0.3"])

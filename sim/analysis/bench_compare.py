@@ -106,31 +106,23 @@ def arrival_text(res: BenchResult) -> str:
 
 def _model_section(res: BenchResult, model: str | None) -> dict:
     """``--model``, else the file's ``model_id`` when kvsim has its shape (a catalog model, a shipped
-    config, or an id naming one of them: ``meta-llama/Llama-3.1-8B-Instruct``; :mod:`sim.model_ids`)."""
-    from sim.hf_config import model_section, resolve_hf_config
-    from sim.model_ids import known_ids, model_of_id
+    config, a config path, or an id naming one of them: ``meta-llama/Llama-3.1-8B-Instruct``;
+    :func:`sim.model_ids.section_of`)."""
+    from sim.hf_config import model_section
+    from sim.model_ids import known_ids, section_of
 
     if model is not None:
         return model_section(model)
     mid = res.header.get("model_id")
-    if isinstance(mid, str) and mid:
-        exact = model_of_id(mid, variants=False)
-        if exact is not None:
-            return {k: v for k, v in exact.items() if v is not None}
-        try:
-            resolve_hf_config(mid)
-            return {"hf_config": mid}
-        except ConfigError:
-            pass
-        same = model_of_id(mid)
-        if same is not None:
-            return {k: v for k, v in same.items() if v is not None}
-    raise ConfigError(
-        "--model",
-        mid,
-        f"the model_id of {res.name}: {known_ids()}; else pass --model NAME or --model path/to/config.json "
-        "(kvsim list models)",
-    )
+    section = section_of(mid) if isinstance(mid, str) and mid else None
+    if section is None:
+        raise ConfigError(
+            "--model",
+            mid,
+            f"the model_id of {res.name}: {known_ids()}; else pass --model NAME or --model path/to/config.json "
+            "(kvsim list models)",
+        )
+    return {k: v for k, v in section.items() if v is not None}
 
 
 def scenario_dict(

@@ -89,13 +89,6 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
     console.print(k)
 
 
-def _model_section(model: str) -> dict:
-    """``--model``: a catalog name, or a Hugging Face config (path or shipped id) as ``model.hf_config``."""
-    from sim.hf_config import model_section
-
-    return model_section(model)
-
-
 class _StderrWarnings(logging.Handler):
     """``warning: …`` lines on stderr for the ``kvsim`` logger (the roofline fallback) during one command."""
 
@@ -137,7 +130,9 @@ def run(
         budget = budget_from_options(max_requests, max_events, max_wall_s)
         data, base = read_scenario_dict(scenario)
         if model is not None:
-            data = {**data, "model": _model_section(model)}
+            from sim.hf_config import model_section
+
+            data = {**data, "model": model_section(model)}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
         # Every file is written into a staging folder and moved into place at the end: an

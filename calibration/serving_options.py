@@ -1,0 +1,59 @@
+"""Command-line options that ``kvsim calibrate --from-serving-bench`` and ``kvsim validate
+--serving-bench`` share: the same flag, the same meaning, one help text. ``mode`` opens each help
+text with the option that turns the mode on, since both commands also have other modes the option
+does not apply to.
+"""
+
+from __future__ import annotations
+
+import typer
+
+WEIGHT_DTYPES = "bf16|fp16|fp8|fp8_block|nvfp4"
+
+
+def engine_option(mode: str, what: str):
+    return typer.Option(None, "--engine", help=f"{mode}: {what} (vllm|sglang|trtllm); for JSON results, their engine.")
+
+
+def weights_option(mode: str):
+    return typer.Option(
+        None, "--weights", help=f"{mode} with vllm JSON results: their weights ({WEIGHT_DTYPES}; default bf16)."
+    )
+
+
+def kv_option(mode: str):
+    return typer.Option(
+        None,
+        "--kv",
+        help=f"{mode} with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
+    )
+
+
+def gpu_option(mode: str):
+    return typer.Option(None, "--gpu", help=f"{mode} with vllm JSON results: the GPU they ran on.")
+
+
+def max_evals_option(mode: str):
+    return typer.Option(100, "--max-evals", min=1, max=100000, help=f"{mode}: simulations of the rows per engine fit.")
+
+
+def workers_option(mode: str):
+    return typer.Option(1, "--workers", min=1, max=256, help=f"{mode}: processes.")
+
+
+def exclude_group_option(mode: str):
+    return typer.Option(
+        None,
+        "--exclude-group",
+        help=f"{mode}: do not fit on this (model/gpu/engine) group (repeatable); "
+        "'suspect' = the groups whose runs are faster than their engine's kernels allow.",
+    )
+
+
+def hold_back_option(mode: str, where: str, when: str):
+    return typer.Option(
+        False,
+        "--hold-back-flagged",
+        help=f"{mode}: the runs whose TTFT follows completions ({where} names them) run with concurrency - 1 "
+        f"requests running, one waiting, {when}.",
+    )
