@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
+from sim.catalog import tensor_core_peak
 from sim.errors import ConfigError
 
 #: Data shipped with the repository (filtered copies; see ``data/*/SOURCE.md``), installed as
@@ -73,14 +74,8 @@ class SystemSpec:
     fp4_flops: float = 0.0
 
     def peak_flops(self, dtype: str) -> float:
-        """Tensor-core peak for GEMMs computed in ``dtype`` (weight-only int8 computes in bf16)."""
-        if dtype == "nvfp4":
-            return self.fp4_flops or self.fp8_flops or self.bf16_flops
-        if dtype in ("fp8", "fp8_block"):
-            return self.fp8_flops or self.bf16_flops
-        if dtype == "int8_sq":
-            return self.int8_flops or self.bf16_flops
-        return self.bf16_flops
+        """Tensor-core peak for GEMMs computed in ``dtype`` (:func:`sim.catalog.tensor_core_peak`)."""
+        return tensor_core_peak(dtype, self.bf16_flops, self.fp8_flops, self.fp4_flops, self.int8_flops)
 
 
 @dataclass

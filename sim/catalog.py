@@ -212,13 +212,22 @@ class GpuSpec:
     peak_fp4_flops: float = 0.0
 
     def peak_gemm_flops(self, weight_dtype: str) -> float:
-        """Tensor-core peak for GEMMs on ``weight_dtype`` weights (fp8 falls back to bf16 without FP8
-        units, NVFP4 to fp8 without FP4 units)."""
-        if weight_dtype == "nvfp4" and self.peak_fp4_flops > 0:
-            return self.peak_fp4_flops
-        if weight_dtype in ("fp8", "nvfp4") and self.peak_fp8_flops > 0:
-            return self.peak_fp8_flops
-        return self.peak_bf16_flops
+        """Tensor-core peak for GEMMs on ``weight_dtype`` weights (:func:`tensor_core_peak`)."""
+        return tensor_core_peak(weight_dtype, self.peak_bf16_flops, self.peak_fp8_flops, self.peak_fp4_flops)
+
+
+def tensor_core_peak(dtype: str, bf16: float, fp8: float = 0.0, fp4: float = 0.0, int8: float = 0.0) -> float:
+    """FLOP/s of the tensor cores a GEMM computed in ``dtype`` runs on, from a GPU's peaks (0: it has
+    no such units): NVFP4 on FP4 units, else FP8; FP8, per-tensor or block-scaled, on FP8 units;
+    SmoothQuant int8 on int8 units; anything else, weight-only formats included (they compute in
+    bf16), and any format whose units the GPU lacks, at the bf16 rate."""
+    if dtype == "nvfp4" and fp4 > 0:
+        return fp4
+    if dtype in ("nvfp4", "fp8", "fp8_block") and fp8 > 0:
+        return fp8
+    if dtype == "int8_sq" and int8 > 0:
+        return int8
+    return bf16
 
 
 def dtype_bytes(dtype: str, key: str) -> float:

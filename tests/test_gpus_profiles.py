@@ -7,13 +7,15 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from calibration.tables import DEFAULT_TABLES_DIR, read_system
-from sim.catalog import GPUS, MODELS
+from sim.catalog import GPUS, MODELS, tensor_core_peak
 from sim.config import scenario_from_dict
+from sim.cost.kernel_model import Peaks
 from sim.cost.model import BatchShape
 from sim.cost.profile import build_profile_cost_model, load_profile
 from sim.engine.cluster import simulate
@@ -133,9 +135,38 @@ def test_custom_gpu_is_priced_by_the_labelled_roofline():
     # fp8 weights use the card's fp8 peak for GEMMs: a compute-bound prefill gets faster.
     prefill = BatchShape([(8192, 0)], 0, 0)
     fp8 = Deployment.from_scenario(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"}))
-    assert fp8.make_cost_model(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"})).mixed_step_time_s(
-        prefill
-    ) < cm.mixed_step_time_s(prefill)
+    fp8_step = fp8.make_cost_model(_sc(gpu=CUSTOM, model={"weight_dtype": "fp8"})).mixed_step_time_s(prefill)
+    assert fp8_step < cm.mixed_step_time_s(prefill)
+    # block-scaled fp8 (128×128 scales) runs on the same FP8 tensor cores: priced as fp8, not at bf16's rate
+    block = _sc(gpu=CUSTOM, model={"weight_dtype": "fp8_block"})
+    assert Deployment.from_scenario(block).make_cost_model(block).mixed_step_time_s(prefill) == pytest.approx(fp8_step)
+
+
+@pytest.mark.parametrize(
+    "dtype,peaks,want",
+    [
+        ("bf16", (1, 2, 4, 3), 1),
+        ("fp16", (1, 2, 4, 3), 1),
+        ("int8_wo", (1, 2, 4, 3), 1),  # weight-only: computes in bf16
+        ("fp8", (1, 2, 4, 3), 2),
+        ("fp8_block", (1, 2, 4, 3), 2),
+        ("fp8", (1, 0, 0, 0), 1),  # no FP8 units (A100)
+        ("nvfp4", (1, 2, 4, 3), 4),
+        ("nvfp4", (1, 2, 0, 0), 2),  # no FP4 units (Hopper)
+        ("nvfp4", (1, 0, 0, 0), 1),
+        ("int8_sq", (1, 2, 4, 3), 3),
+        ("int8_sq", (1, 2, 4, 0), 1),
+    ],
+)
+def test_one_tensor_core_peak_per_dtype(dtype, peaks, want):
+    """The GPU catalog, the kernel-curve floors and the kernel tables' systems read a dtype's tensor-core
+    peak from one function, so a format cannot run on FP8 units in one and at bf16's rate in another."""
+    bf16, fp8, fp4, int8 = peaks
+    assert tensor_core_peak(dtype, bf16, fp8, fp4, int8) == want
+    gpu = replace(GPUS["H100-SXM-80GB"], peak_bf16_flops=bf16, peak_fp8_flops=fp8, peak_fp4_flops=fp4)
+    if dtype != "int8_sq":  # the catalog has no int8 figure
+        assert gpu.peak_gemm_flops(dtype) == want
+        assert Peaks(bf16, fp8, 1.0, fp4).flops(dtype) == want
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.catalog import tensor_core_peak
+
 #: Bytes per element by canonical dtype name. ``int8_wo`` stores int8 weights, computes in bf16.
 ELEM_BYTES = {
     "bf16": 2.0,
@@ -268,12 +270,8 @@ class Peaks:
     fp4_flops: float = 0.0
 
     def flops(self, dtype: str) -> float:
-        """Tensor-core peak for GEMMs computed in ``dtype`` (weight-only int8 computes in bf16)."""
-        if dtype == "nvfp4":
-            return self.fp4_flops or self.fp8_flops or self.bf16_flops
-        if dtype in ("fp8", "fp8_block", "int8_sq"):
-            return self.fp8_flops or self.bf16_flops
-        return self.bf16_flops
+        """Tensor-core peak for GEMMs computed in ``dtype`` (:func:`sim.catalog.tensor_core_peak`)."""
+        return tensor_core_peak(dtype, self.bf16_flops, self.fp8_flops, self.fp4_flops)
 
 
 def _on_grid(value: float, axis_log: np.ndarray) -> bool:
