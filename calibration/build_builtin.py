@@ -26,8 +26,8 @@ GENERATION_BACKEND = "sglang"
 #: TensorRT-LLM's fits like the Hopper tables do (median 2.1 %, p95 20 %).
 GENERATION_BACKEND_FOR = {"b200_sxm": "trtllm"}
 #: Systems whose profiles also carry each serving engine's own kernels (vLLM, SGLang, TensorRT-LLM):
-#: the GPUs of the end-to-end serving benchmarks the engine presets are fitted on.
-ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm", "b200_sxm", "l40s")
+#: every GPU whose tables hold them.
+ENGINE_SYSTEMS = ("h100_sxm", "h200_sxm", "a100_sxm", "b200_sxm", "l40s")
 
 
 def builtin_tables(system: str):

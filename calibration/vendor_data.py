@@ -51,7 +51,7 @@ SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: benchmarks were measured on: system -> engine -> (GEMM/attention version, GEMM dtypes kept,
 #: custom all-reduce version). The all-reduce versions are the oldest genuine ones of each engine
 #: (closest to the benchmarked engine versions; SGLang's 0.5.6.post2 table is a copy of TensorRT-LLM's).
-ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str]]] = {
+ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str | None]]] = {
     system: {
         "vllm": ("0.24.0", ("bfloat16", "fp8", *fp4), "0.19.0"),
         "sglang": ("0.5.14", ("bfloat16", "fp8", "fp8_block", *fp4), "0.5.9"),
@@ -66,6 +66,14 @@ ENGINE_TABLES["l40s"] = {
     "vllm": ("0.24.0", ("bfloat16", "fp8"), "0.22.0"),
     "sglang": ("0.5.14", ("bfloat16", "fp8"), "0.5.9"),
     "trtllm": ("1.3.0rc20", ("bfloat16", "fp8"), "1.3.0rc20"),
+}
+
+# A100: the engine versions its tables were measured at (bf16 only: no FP8 tensor cores; TensorRT-LLM's
+# weight-only int8 too). No engine timed its custom all-reduce there: NCCL's table prices them all.
+ENGINE_TABLES["a100_sxm"] = {
+    "vllm": ("0.14.0", ("bfloat16",), None),
+    "sglang": ("0.5.10", ("bfloat16",), None),
+    "trtllm": ("1.0.0", ("bfloat16", "int8_wo"), None),
 }
 
 VIDUR_FILES = [
@@ -133,6 +141,8 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
                 rel = f"attention/{engine}/{ver}/{name}.parquet"
                 if (s / rel).exists():
                     _filter_copy(s / rel, d / rel, _head128_full)
+            if ar_ver is None:
+                continue
             rel = f"comm/{engine}/{ar_ver}/custom_allreduce_perf.parquet"
             # Graph-replayed rows only (the engines replay their all-reduce inside CUDA graphs).
             _filter_copy(

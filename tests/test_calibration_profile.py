@@ -438,3 +438,36 @@ def test_b200_carries_each_engines_own_kernels():
     assert "not used" in b200.provenance["engine_tables"]["sglang"]["generation_attention"]
     vllm = b200.fit_quality["backends"]["vllm"]
     assert set(b200.kernels["vllm"]) == {f for f in vllm if vllm[f]["p95_rel_err"] <= ENGINE_FAMILY_P95_MAX}
+
+
+@pytest.mark.parametrize("gpu_name", ["H100-SXM-80GB", "H200-SXM-141GB", "A100-SXM-80GB", "B200-SXM-180GB", "L40S"])
+def test_every_engine_prices_every_dtype_its_profile_offers(gpu_name):
+    """An engine's own tables may lack a dtype the profile offers (the A100's vLLM and SGLang GEMMs are
+    bf16 only; its fp8 weights are priced on TensorRT-LLM's int8 weight-only table): that kernel is priced
+    on the profile's default tables, never refused, so no engine falls back to the roofline for it."""
+    from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
+    from sim.engine_presets import PRESETS
+
+    gpu = get_gpu(gpu_name)
+    prof = load_profile(BUILTIN_PROFILE_FOR_GPU[gpu_name])
+    weights = [*prof.dtypes["weight"], *(["fp8_block"] if "fp8" in prof.dtypes["weight"] else [])]
+    step = BatchShape([(512, 0)], 8, 8 * 1024)
+    for engine in PRESETS.values():
+        for w in weights:
+            for kv in prof.dtypes["kv"]:
+                for model, tp in (("llama-3.1-8b", 1), ("qwen3-32b", 2)):
+                    cm = ProfileCostModel(
+                        prof, get_model(model), gpu, tensor_parallel=tp, weight_dtype=w, kv_dtype=kv, engine=engine
+                    )
+                    assert cm.calibrated and cm.mixed_step_time_s(step) > 0, (engine.name, w, kv, model)
+
+
+def test_a100_carries_each_engines_own_kernels():
+    """The A100's tables time vLLM's and SGLang's bf16 kernels too: a bf16 model on vLLM is priced on
+    vLLM's GEMMs and attention; its fp8 (int8 weight-only proxy) GEMMs come from the default tables."""
+    a100 = load_profile("a100-sxm")
+    assert set(a100.kernels) == {"vllm", "sglang", "trtllm"}
+    assert set(a100.kernels["vllm"]) == {"gemm", "context_attention", "generation_attention"}
+    assert a100.gemm_curve("4096x4096:bf16", "vllm").meta["backend"] == "vllm"
+    assert a100.gemm_curve("4096x4096:int8_wo", "vllm").meta["backend"] == "trtllm"
+    assert a100.gemm_curve("4096x4096:int8_wo", "vllm") is a100.gemm_curve("4096x4096:int8_wo")

@@ -486,7 +486,10 @@ class Profile:
             try:
                 m, t, meta = gemm_curve(fit, table_dtype, n, k, self.peaks())
             except MissingGroup:
-                return None
+                # An engine's own tables without this dtype (the A100's vLLM and SGLang tables time bf16
+                # only): the profile's default tables price it, as they price the families it lacks.
+                default = self.kernel_defaults.get("gemm")
+                return self.gemm_curve(key) if backend is not None and b != default else None
             hit = self._derived[(b, "gemm", key)] = Curve1D(m, t, {**meta, "backend": b})
         return hit  # type: ignore[return-value]
 
@@ -539,7 +542,12 @@ class Profile:
             if hit is None:
                 grp = _nearest_head_dim_group(fit, group[:-1], d) if group else None
                 if grp is None:
-                    out.append(None)
+                    # An engine's own table without this KV dtype (SGLang's Hopper prefill kernels time
+                    # an fp8 cache with fp8 compute only, where the profile prices bf16 compute over
+                    # it): the profile's default table prices it, as it prices families the engine lacks.
+                    default = self.kernel_defaults.get(family)
+                    fallback = backend is not None and b != default
+                    out.append(self.attention_grids(key)[0 if kind == "context" else 1] if fallback else None)
                     continue
                 bs, ls, t, meta = attention_grid(fit, kind, grp, h, kvh, d, self.peaks())
                 if grp[-1] != d:
