@@ -630,7 +630,7 @@ def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
     return section
 
 
-def default_kv(engine: str, weights: str) -> str:
+def default_kv(engine: str, weights: str, gpu: str | None = None) -> str:
     """The KV cache dtype a server runs when its command line does not set one.
 
     TensorRT-LLM's ``KvCacheConfig.dtype`` defaults to ``auto``, which follows the checkpoint's
@@ -639,8 +639,12 @@ def default_kv(engine: str, weights: str) -> str:
     TensorRT-LLM Qwen3-32B fp8 runs on one H100 hold 128 clients of 2048 + 128 tokens with a TTFT
     of 1.6 s, so nearly all of them are resident: about 280 k tokens of KV, 73 GB in bf16 beside
     33 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
-    the model's activation dtype (bf16).
+    the model's activation dtype (bf16). A GPU without FP8 tensor cores (``gpu``: a catalog name;
+    the A100) has no FP8 KV cache: TensorRT-LLM keeps it in bf16 there.
     """
+    spec = GPUS.get(gpu) if gpu is not None else None
+    if spec is not None and spec.peak_fp8_flops <= 0:
+        return "bf16"
     return "fp8" if engine == "trtllm" and (weights.startswith("fp8") or weights == "nvfp4") else "bf16"
 
 
@@ -672,14 +676,15 @@ def row_scenario(
     """
     model = resolve_model(row.model)
     # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
-    kv = row.kv or default_kv(row.engine, row.weights)
+    gpu = GPU_IDS.get(row.gpu, row.gpu)
+    kv = row.kv or default_kv(row.engine, row.weights, gpu)
     model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": kv})
     n = row.concurrency * (clients.requests_per_client + clients.warmup)
     sc: dict = {
         "name": "serving-bench",
         "seed": seed,
         "model": model,
-        "gpu": {"name": GPU_IDS.get(row.gpu, row.gpu), "tensor_parallel": row.tp},
+        "gpu": {"name": gpu, "tensor_parallel": row.tp},
         "workload": {
             "num_requests": n,
             "max_model_len": row.isl + row.osl,

@@ -493,6 +493,14 @@ def test_row_scenario_details():
     assert default_kv("trtllm", "fp8") == "fp8" and default_kv("trtllm", "bf16") == "bf16"
     assert default_kv("vllm", "fp8") == default_kv("sglang", "fp8_block") == default_kv("vllm", "nvfp4") == "bf16"
     assert default_kv("trtllm", "nvfp4") == "fp8"  # ModelOpt NVFP4 checkpoints quantise the KV cache too
+    # no FP8 KV cache without FP8 tensor cores: an fp8 checkpoint on an A100 keeps a bf16 cache there,
+    # which the A100's profile prices (it has no fp8-KV attention tables)
+    assert (
+        default_kv("trtllm", "fp8", "A100-SXM-80GB") == "bf16" and default_kv("trtllm", "fp8", "H100-SXM-80GB") == "fp8"
+    )
+    a100 = row(engine="trtllm", weights="fp8", gpu="a100_sxm")
+    assert scenario_from_dict(row_scenario(a100, TINY)).model.kv_dtype == "bf16"
+    assert simulate_row(a100, TINY).calibrated
     kv = scenario_from_dict(row_scenario(row(engine="trtllm", weights="fp8", kv="bf16"), TINY)).model.kv_dtype
     assert kv == "bf16"
     assert scenario_from_dict(row_scenario(row(engine="vllm", kv="fp8"), TINY)).model.kv_dtype == "fp8"
