@@ -357,3 +357,25 @@ def test_sampled_timeseries_keeps_peaks_and_streams_to_parquet(tmp_path):
     # Requests streamed to disk equal the in-memory ones, and the summary does not depend on sampling.
     assert sampled.requests.equals(full.requests)
     assert {k: v for k, v in sampled.summary.items()} == full.summary
+
+
+def test_prefill_apart_admits_a_prompt_only_when_all_of_it_fits():
+    """SGLang-style prefill iterations (``mixed_batches: false``) under a KV pool that holds a prompt's
+    first chunk but not the rest: admitting on the chunk alone preempted the request at its next chunk,
+    readmitted it, and starved the decoders that would free memory, without end (70B on four L40S, six
+    16K prompts, contiguous KV). Admitted only when the whole prompt fits, it waits for them instead."""
+    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+    from sim.engine.budget import RunBudget
+
+    data, base = read_scenario_dict("long-context")
+    over = {
+        "engine.kind": "sglang",
+        "gpu.name": "L40S",
+        "workload.num_requests": 6,
+        "workload.arrival.concurrency": 6,
+    }
+    sc = scenario_from_dict(apply_overrides(data, over), base_dir=base)
+    assert sc.allocator.kind == "dynamic" and sc.scheduler.chunked_prefill
+    res = simulate(sc, budget=RunBudget(None, 100_000, None, source="test"))
+    assert res.summary["completed"] == 6
+    _check_accounting(res, 6)

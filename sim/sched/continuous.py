@@ -327,6 +327,12 @@ class ContinuousScheduler:
                     if r is Grow.OK:
                         assert got == cached, (got, cached)
                         req.computed = cached
+                elif mode == "prefill":
+                    # Prefill iterations apart from decode (SGLang) admit a prompt only when all of it
+                    # fits (its PrefillAdder checks the whole input against the free pool): one that
+                    # fits a chunk but not the rest would preempt itself at its next chunk, be admitted
+                    # again, and starve the decoders that would free the memory, forever.
+                    r = alloc.admit(req.id, req.prompt + req.generated)
                 else:
                     r = alloc.admit(req.id, req.computed + need)
                 if r is Grow.NO_SPACE:
