@@ -320,21 +320,25 @@ class ContinuousScheduler:
                     assert self.predictor is not None
                     predicted = self.predictor.predict_total(req)
                     hints.hint(req.id, predicted)
+                # Prefill iterations apart from decode (SGLang) admit a prompt only when all of it
+                # fits (its PrefillAdder checks the whole input against the free pool): one that fits
+                # a chunk but not the rest would preempt itself at its next chunk, be admitted again,
+                # and starve the decoders that would free the memory, forever.
+                whole = mode == "prefill"
                 if prefix is not None and req.hashes and not req.computed:
                     r, got = prefix.admit_prefix(
-                        req.id, cached + need, req.hashes, self.hash_block_tokens, self.now, prompt_tokens=req.prompt
+                        req.id,
+                        req.prompt + req.generated if whole else cached + need,
+                        req.hashes,
+                        self.hash_block_tokens,
+                        self.now,
+                        prompt_tokens=req.prompt,
                     )
                     if r is Grow.OK:
                         assert got == cached, (got, cached)
                         req.computed = cached
-                elif mode == "prefill":
-                    # Prefill iterations apart from decode (SGLang) admit a prompt only when all of it
-                    # fits (its PrefillAdder checks the whole input against the free pool): one that
-                    # fits a chunk but not the rest would preempt itself at its next chunk, be admitted
-                    # again, and starve the decoders that would free the memory, forever.
-                    r = alloc.admit(req.id, req.prompt + req.generated)
                 else:
-                    r = alloc.admit(req.id, req.computed + need)
+                    r = alloc.admit(req.id, req.prompt + req.generated if whole else req.computed + need)
                 if r is Grow.NO_SPACE:
                     self._refused = (req.id, need, alloc.releases)
                     break
