@@ -240,6 +240,7 @@ def profile_show(
                     "fit_quality": p.fit_quality,
                     "models": sorted(p.models),
                     "dtypes": p.dtypes,
+                    "moe": p.moe,
                 },
                 indent=2,
             )
@@ -269,5 +270,15 @@ def profile_show(
             f"curves: {len(p.gemm)} GEMM, {len(p.context_attention)} context, {len(p.generation_attention)} "
             f"generation, all-reduce GPUs {sorted(p.allreduce, key=int)}"
         )
+    if p.moe:
+        typer.echo(
+            f"fused mixture-of-experts kernels (held-out 20 % of each table's rows; default {p.kernel_defaults.get('moe')}):"
+        )
+        for backend, fits in sorted(p.moe.items()):
+            for dtype, f in sorted(fits.items()):
+                typer.echo(
+                    f"  {backend:7s} {dtype:10s} median {f['heldout_median']:.1%}  p90 {f['heldout_p90']:.1%}  "
+                    f"n={f['rows']}  {f['kernel']}"
+                )
     for note in prov.get("notes", []):
         typer.echo(f"note: {note}")

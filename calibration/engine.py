@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.catalog import ModelSpec
+from sim.errors import ConfigError
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 #: Engine.run clocks; ``cpu_norm`` is ``cpu`` normalised by a host-speed probe (:class:`SpeedProbe`).
@@ -119,6 +120,13 @@ class Transformer:
     def __init__(
         self, model: ModelSpec, dtype: str = "fp32", device: str = "cpu", seed: int = 0, rope_base: float = 10000.0
     ):
+        if model.moe is not None:
+            raise ConfigError(
+                "model",
+                model.name,
+                "a dense model: the torch reference engine runs dense MLPs only (mixture-of-experts models "
+                "are priced from the GPU profiles' fused-MoE kernel fits)",
+            )
         torch = self.torch = _torch()
         self.m = model
         self.dtype = getattr(torch, DTYPES[dtype])

@@ -23,6 +23,7 @@ from sim.cost.profile import Curve1D, Grid2D, Profile, shape_keys
 from sim.errors import ConfigError
 
 from . import fit as F
+from .moe_fit import fit_moe_table
 from .tables import (
     CPU_OVERHEAD_PARTS,
     KernelTables,
@@ -184,6 +185,8 @@ class EngineKernels:
     quality: dict[str, dict]
     sources: dict[str, dict[str, str]]
     custom_allreduce: dict[str, dict[str, Curve1D]]
+    #: Fused MoE kernel fits, ``{engine: {weight dtype: constants and held-out scores}}`` (calibration/moe_fit.py).
+    moe: dict[str, dict[str, dict]] = field(default_factory=dict)
 
 
 #: An engine's own table whose fit misses more than this on its held-out 20 % (p95 relative error)
@@ -203,7 +206,17 @@ def engine_kernels(
     quality: dict[str, dict] = {}
     sources: dict[str, dict[str, str]] = {}
     custom: dict[str, dict[str, Curve1D]] = {}
+    moe: dict[str, dict[str, dict]] = {}
     for engine in engines:
+        if (root / system / "moe" / engine).is_dir():
+            try:
+                path, ver = find_table(root, system, "moe", engine, "moe_perf")
+            except ConfigError:
+                pass
+            else:
+                moe[engine] = fit_moe_table(
+                    path, spec.mem_bw, {d: spec.peak_flops(d) for d in ("bf16", "fp8", "fp8_block", "nvfp4")}, seed=seed
+                )
         tabs = {}
         for family, folder, name in (
             ("gemm", "gemm", "gemm_perf"),
@@ -250,7 +263,7 @@ def engine_kernels(
                 custom.setdefault(engine, {})[str(g)] = Curve1D(
                     t.nbytes[sel][o], t.latency_s[sel][o], {"x_is": "message bytes (bf16)", "version": ver}
                 )
-    return EngineKernels(kernels, quality, sources, custom)
+    return EngineKernels(kernels, quality, sources, custom, moe)
 
 
 def cpu_overhead_section() -> dict:
@@ -323,6 +336,8 @@ def build_profile(
     kernels: dict[str, dict[str, F.FamilyFit]] = {kt.backend: {"gemm": fits.gemm, "context_attention": fits.context}}
     kernels.setdefault(gen_backend, {})["generation_attention"] = fits.generation
     kernel_defaults = {"gemm": kt.backend, "context_attention": kt.backend, "generation_attention": gen_backend}
+    if engines is not None and engines.moe:
+        kernel_defaults["moe"] = kt.backend if kt.backend in engines.moe else sorted(engines.moe)[0]
     if engines is not None:
         for engine, fams in engines.kernels.items():
             for family, fit in fams.items():
@@ -510,6 +525,7 @@ def build_profile(
         kernels=kernels,
         kernel_defaults=kernel_defaults,
         custom_allreduce=engines.custom_allreduce if engines is not None else {},
+        moe=engines.moe if engines is not None else {},
     )
 
 

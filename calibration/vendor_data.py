@@ -76,6 +76,36 @@ ENGINE_TABLES["a100_sxm"] = {
     "trtllm": ("1.0.0", ("bfloat16", "int8_wo"), None),
 }
 
+#: Fused mixture-of-experts layer tables (``moe/<engine>/<version>/moe_perf.parquet``): system ->
+#: engine -> version. The rows kvsim prices from: power-law routing (``power_law_1.01``, the skew
+#: aiconfigurator estimates real traffic with), no expert parallelism, expert tensor parallelism up
+#: to 8, gated (SwiGLU) experts at bf16, fp8, block fp8 and nvfp4.
+MOE_TABLES: dict[str, dict[str, str]] = {
+    system: {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
+    for system in ("h100_sxm", "h200_sxm", "b200_sxm", "l40s")
+}
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
+
+
+def _moe_rows(t):
+    """The MoE rows :data:`MOE_TABLES` keeps (see there)."""
+    mask = pc.and_(pc.equal(t["distribution"], "power_law_1.01"), pc.equal(t["moe_ep_size"], 1))
+    mask = pc.and_(mask, pc.less_equal(t["moe_tp_size"], 8))
+    mask = pc.and_(mask, pc.is_in(t["moe_dtype"], value_set=pa.array(MOE_DTYPES)))
+    return pc.and_(mask, pc.invert(pc.match_substring_regex(t["kernel_source"], "nongated|marlin|mxfp4")))
+
+
+def vendor_moe(shared: Path, systems: list[str] | None = None) -> None:
+    """Copy the filtered MoE tables (:data:`MOE_TABLES`)."""
+    gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
+    for system, engines in MOE_TABLES.items():
+        if systems and system not in systems:
+            continue
+        for engine, ver in engines.items():
+            rel = f"moe/{engine}/{ver}/moe_perf.parquet"
+            _filter_copy(gk_src / system / rel, gk_dst / system / rel, _moe_rows)
+
+
 VIDUR_FILES = [
     "LICENSE",
     "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
@@ -153,6 +183,7 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
                     pc.invert(pc.match_substring(t["kernel_source"], "eager")),
                 ),
             )
+    vendor_moe(shared, systems)
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
     for rel in VIDUR_FILES:
         (v_dst / rel).parent.mkdir(parents=True, exist_ok=True)

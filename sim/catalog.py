@@ -29,6 +29,32 @@ DTYPE_BYTES: dict[str, float] = {
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """The mixture-of-experts feed-forward of a model (``ModelSpec.moe``).
+
+    ``moe_layers`` of the model's layers route each token to ``experts_per_token`` of ``experts``
+    gated MLPs of width ``expert_intermediate`` (plus always-on shared experts of total width
+    ``shared_intermediate``, 0 if none); the other layers keep the dense MLP of width
+    ``ModelSpec.intermediate``. Tensor parallelism splits every expert's width, as vLLM, SGLang
+    and TensorRT-LLM do without expert parallelism.
+    """
+
+    experts: int
+    experts_per_token: int
+    expert_intermediate: int
+    moe_layers: int
+    shared_intermediate: int = 0
+
+    def expert_params(self, hidden: int) -> float:
+        """Weights of one routed expert (gate, up, down)."""
+        return 3.0 * hidden * self.expert_intermediate
+
+    def active_width(self) -> int:
+        """MLP width one token runs through in a mixture layer: its routed experts and the shared ones."""
+        return self.experts_per_token * self.expert_intermediate + self.shared_intermediate
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape of a decoder-only transformer (encoder fields for encoder-decoder).
 
@@ -60,6 +86,28 @@ class ModelSpec:
     #: RMSNorm on each query and key head before RoPE (Qwen3, Gemma 3): priced as two more
     #: memory-bound kernels per layer (docs/calibration.md, "Per-head QK norms").
     qk_norm: bool = False
+    #: Mixture-of-experts feed-forward (``None``: every layer has the dense MLP).
+    moe: MoeSpec | None = None
+
+    @property
+    def dense_layers(self) -> int:
+        """Layers with the dense MLP of width ``intermediate`` (all of them without ``moe``)."""
+        return self.layers - (self.moe.moe_layers if self.moe is not None else 0)
+
+    @property
+    def active_params(self) -> float:
+        """Weights one token computes with: ``params`` less the routed experts it is not sent to."""
+        if self.moe is None:
+            return self.params
+        idle = self.moe.experts - self.moe.experts_per_token
+        return self.params - self.moe.moe_layers * idle * self.moe.expert_params(self.hidden)
+
+    @property
+    def mlp_width_per_token(self) -> float:
+        """Mean MLP width a token runs through per layer (``intermediate`` for a dense model)."""
+        if self.moe is None:
+            return float(self.intermediate)
+        return (self.dense_layers * self.intermediate + self.moe.moe_layers * self.moe.active_width()) / self.layers
 
     @property
     def encoder_decoder(self) -> bool:
@@ -396,7 +444,7 @@ def activation_reserve_bytes(
     logits for every running sequence, and each GPU keeps ~1 GiB of CUDA
     context, graphs and NCCL buffers.
     """
-    per_token = (4 * model.hidden + 2 * model.intermediate // tensor_parallel) * 2
+    per_token = (4 * model.hidden + 2 * int(model.mlp_width_per_token) // tensor_parallel) * 2
     logits = max_num_seqs * model.vocab * 4
     return int(tensor_parallel * GiB + max_num_batched_tokens * per_token + logits)
 

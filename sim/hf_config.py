@@ -22,7 +22,15 @@ two RMSNorms (and Qwen3's per-head Q/K norms), the final norm; plus, for Qwen-VL
 vision encoder (ViT blocks, patch and position embeddings, patch mergers), whose weights sit
 in GPU memory too.
 
-Mixture-of-experts, multi-head latent attention, linear-attention / state-space layers,
+Mixture-of-experts feed-forwards are read into :class:`~sim.catalog.MoeSpec`: the expert count
+(``num_experts``, ``num_local_experts``, ``n_routed_experts``), experts per token
+(``num_experts_per_tok``, ``experts_per_token``, ``top_k_experts``), the expert width
+(``moe_intermediate_size``, else ``intermediate_size``), shared experts
+(``shared_expert_intermediate_size``, ``n_shared_experts`` × the expert or ``share_expert_dim``
+width, ``shared_intermediate_size``) and which layers stay dense (``first_k_dense_replace``,
+``mlp_only_layers``, ``decoder_sparse_step``); ``params`` then counts every expert and the routers.
+
+Multi-head latent attention, chunked local attention, linear-attention / state-space layers,
 per-layer block shapes and quantisations kvsim has no dtype for are refused with one
 :class:`~sim.errors.ConfigError` line naming the field.
 """
@@ -34,7 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sim.catalog import FULL, SLIDING, ModelSpec
+from sim.catalog import FULL, SLIDING, ModelSpec, MoeSpec
 from sim.errors import ConfigError
 
 KEY = "model.hf_config"
@@ -45,7 +53,9 @@ MODELS_DIR = SCENARIO_DIR / "models"
 
 _SUFFIX = "_config.json"
 _QUANT_SUFFIX = "_hf_quant_config.json"
-_DENSE_ONLY = "kvsim reads dense decoder-only transformers with full or sliding-window attention"
+_DENSE_ONLY = (
+    "kvsim reads decoder-only transformers, dense or mixture-of-experts, with full or sliding-window attention"
+)
 
 
 @dataclass(frozen=True)
@@ -189,8 +199,9 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
 
     weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
     wq, kq, qsrc = _quantisation(path, top)
+    moe = _moe(path, field, layers, intermediate)
     params, vision = _param_count(
-        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type
+        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe
     )
     notes = [f"Hugging Face config {path.name}"]
     if cfg is not top:
@@ -202,6 +213,11 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         notes.append(f"quantisation from {qsrc.name}")
         if _block_scaled(top):
             notes.append("block-scaled fp8 weights priced as per-tensor fp8 GEMMs")
+    if moe is not None:
+        notes.append(
+            f"mixture of experts: {moe.experts_per_token} of {moe.experts} experts per token on "
+            f"{moe.moe_layers} of {layers} layers"
+        )
     if field("num_nextn_predict_layers"):
         notes.append("multi-token-prediction layers not counted (loaded only for speculative decoding)")
     spec = ModelSpec(
@@ -219,6 +235,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         source="; ".join(notes),
         layer_types=layer_types,
         qk_norm=model_type.startswith(QK_NORM_TYPES),
+        moe=moe,
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)
@@ -239,6 +256,7 @@ def _load_json(path: Path) -> dict:
 # --- what is not modelled -------------------------------------------------------------------
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk")
 _MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
 _LINEAR_KEYS = {
     "linear_attn_config": "linear-attention layers",
@@ -283,9 +301,8 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
             else "per-layer block shapes are"
         )
         raise ConfigError(KEY, str(path), f"block_configs: {what} not supported yet ({_DENSE_ONLY})")
-    for key in _MOE_KEYS:
-        if first(key) is not None:
-            _refuse(path, key, first(key), "mixture-of-experts layers are")
+    if first("attention_chunk_size") is not None:
+        _refuse(path, "attention_chunk_size", first("attention_chunk_size"), "chunked local attention is")
     for key in _MLA_KEYS:
         if first(key) is not None:
             _refuse(path, key, first(key), "multi-head latent attention (MLA) is")
@@ -306,6 +323,56 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         _refuse(path, "num_kv_shared_layers", first("num_kv_shared_layers"), "KV caches shared across layers are")
     if first("is_encoder_decoder"):
         _refuse(path, "is_encoder_decoder", True, "encoder-decoder models read from config.json are")
+
+
+# --- mixture of experts ---------------------------------------------------------------------
+
+
+def _moe(path: Path, field, layers: int, intermediate: int) -> MoeSpec | None:
+    """The config's mixture-of-experts feed-forward (module docstring), ``None`` for a dense model."""
+
+    def count(key: str, minimum: int) -> int:
+        v = field(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}; got {v!r}")
+        return v
+
+    e_key = next((k for k in _MOE_KEYS if field(k) not in (None, 0)), None)
+    if e_key is None:
+        return None
+    experts = count(e_key, 1)
+    k_key = next((k for k in _TOPK_KEYS if field(k) is not None), None)
+    if k_key is None:
+        raise ConfigError(
+            KEY, str(path), f"the experts each token is routed to ({' or '.join(_TOPK_KEYS)}) beside {e_key}"
+        )
+    top_k = count(k_key, 1)
+    if top_k > experts:
+        raise ConfigError(KEY, str(path), f"'{k_key}' ({top_k}) at most {e_key} ({experts})")
+    width = count("moe_intermediate_size", 1) if field("moe_intermediate_size") is not None else intermediate
+    shared = 0
+    if field("shared_expert_intermediate_size"):
+        shared = count("shared_expert_intermediate_size", 0)
+    elif field("n_shared_experts"):
+        each = count("share_expert_dim", 1) if field("share_expert_dim") is not None else width
+        shared = count("n_shared_experts", 0) * each
+    elif field("shared_intermediate_size"):
+        shared = count("shared_intermediate_size", 0)
+    dense: set[int] = set()
+    first_dense = field("first_k_dense_replace")
+    if first_dense:
+        dense.update(range(min(count("first_k_dense_replace", 0), layers)))
+    only = field("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ConfigError(KEY, str(path), f"'mlp_only_layers' must be a list of layer indices; got {only!r}")
+    dense.update(i for i in only if 0 <= i < layers)
+    step = field("decoder_sparse_step")
+    if step not in (None, 0, 1):
+        step = count("decoder_sparse_step", 1)
+        dense.update(i for i in range(layers) if (i + 1) % step)
+    if len(dense) >= layers:
+        return None  # every layer dense: the experts are never used
+    return MoeSpec(experts, top_k, width, layers - len(dense), shared)
 
 
 # --- attention layout -----------------------------------------------------------------------
@@ -479,15 +546,22 @@ def _param_count(
     vocab: int,
     tied: bool,
     model_type: str,
+    moe: MoeSpec | None = None,
 ) -> tuple[int, int]:
-    """(all weights, of which vision encoder) counted from the shapes."""
+    """(all weights, of which vision encoder) counted from the shapes; a mixture-of-experts layer
+    counts every routed expert, the shared experts and its router (``experts × hidden``)."""
     embed = vocab * hidden * (1 if tied else 2)
     attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     if cfg.get("attention_bias") or model_type.startswith("qwen2"):
         attn += (heads + 2 * kv_heads) * head_dim  # Q/K/V biases (Qwen2 always has them)
     mlp = 3 * hidden * intermediate  # gate, up, down
     norms = 2 * hidden + (2 * head_dim if model_type.startswith(QK_NORM_TYPES) else 0)
-    text = embed + layers * (attn + mlp + norms) + hidden
+    text = embed + layers * (attn + norms) + hidden
+    if moe is None:
+        text += layers * mlp
+    else:
+        per_moe = moe.experts * int(moe.expert_params(hidden)) + 3 * hidden * moe.shared_intermediate
+        text += (layers - moe.moe_layers) * mlp + moe.moe_layers * (per_moe + moe.experts * hidden)
     vision = _vision_params(top.get("vision_config")) if cfg is not top else 0
     return text + vision, vision
 

@@ -31,6 +31,20 @@ PUBLISHED = {
     "meta-llama/Meta-Llama-3.1-70B": (70.6, None),
     "meta-llama/Meta-Llama-3.1-405B": (405.0, None),
     "nvidia/Llama-3.1-70B-Instruct-FP8": (70.6, None),
+    # Mixture of experts: Qwen3 model cards, Mistral's Mixtral announcement (46.7B).
+    "Qwen/Qwen3-30B-A3B": (30.5, 29.9),
+    "Qwen/Qwen3-30B-A3B-FP8": (30.5, 29.9),
+    "Qwen/Qwen3-235B-A22B": (235.0, 234.0),
+    "mistralai/Mixtral-8x7B-v0.1": (46.7, None),
+}
+
+#: Published activated parameters (billions) of the mixture-of-experts configs (Qwen3 model cards:
+#: "3.3B activated", "22B activated"; Mixtral: 12.9B per token).
+ACTIVE = {
+    "Qwen/Qwen3-30B-A3B": 3.3,
+    "Qwen/Qwen3-30B-A3B-FP8": 3.3,
+    "Qwen/Qwen3-235B-A22B": 22.0,
+    "mistralai/Mixtral-8x7B-v0.1": 12.9,
 }
 
 #: Declared dtypes (weights, KV) of the quantised checkpoints; every other shipped config is bf16/bf16.
@@ -38,6 +52,7 @@ QUANTISED = {
     "Qwen/Qwen3-32B-FP8": ("fp8", "bf16"),  # block-scaled fp8 weights, no KV scheme
     "Qwen/Qwen3-32B-FP8-Static-PerTensor": ("fp8", "fp8"),
     "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),  # from its sibling hf_quant_config.json
+    "Qwen/Qwen3-30B-A3B-FP8": ("fp8", "bf16"),
 }
 
 
@@ -46,7 +61,7 @@ def _config_file(ident: str) -> Path:
 
 
 def test_the_shipped_set():
-    assert len(shipped_models()) == 15
+    assert len(shipped_models()) == 19
     assert {
         "Qwen/Qwen3-8B",
         "Qwen/Qwen3-32B",
@@ -91,6 +106,10 @@ def test_parameter_count_matches_the_published_size(ident):
         tied = json.loads(_config_file(ident).read_text())["tie_word_embeddings"]
         embed = m.vocab * m.hidden * (1 if tied else 2)
         assert m.params - embed == pytest.approx(non_embedding * 1e9, rel=0.02)
+    if ident in ACTIVE:
+        assert m.active_params == pytest.approx(ACTIVE[ident] * 1e9, rel=0.03)
+    else:
+        assert m.moe is None and m.active_params == m.params
 
 
 def test_qwen3_32b_by_hand():
@@ -190,8 +209,7 @@ def test_projection_shapes_use_heads_times_head_dim():
 @pytest.mark.parametrize(
     "name,field",
     [
-        ("mistralai--Mixtral-8x7B-v0.1", "num_local_experts=8"),
-        ("deepseek-ai--DeepSeek-V3", "n_routed_experts=256"),
+        ("deepseek-ai--DeepSeek-V3", "kv_lora_rank=512"),
         ("Qwen--Qwen3.5-27B", "layer_types='linear_attention'"),
         ("nvidia--Nemotron-H-56B-Base-8K", "hybrid_override_pattern="),
     ],
@@ -227,7 +245,7 @@ DENSE = {
     [
         ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank=512: multi-head latent attention (MLA)"),
         ({"q_lora_rank": 1024}, "q_lora_rank=1024"),
-        ({"num_experts": 64}, "num_experts=64: mixture-of-experts"),
+        ({"attention_chunk_size": 8192}, "attention_chunk_size=8192: chunked local attention"),
         (
             {
                 "block_configs": [

@@ -220,6 +220,7 @@ def list_models():
         "head_dim",
         "intermediate",
         "params (B)",
+        "experts",
         "KV B/token",
         "weights/KV",
     ):
@@ -233,8 +234,9 @@ def list_models():
             str(m.hidden),
             f"{m.heads}/{m.kv_heads}",
             str(m.head_dim),
-            str(m.intermediate),
-            f"{m.params / 1e9:.2f}",
+            str(m.moe.expert_intermediate if m.moe else m.intermediate),
+            f"{m.params / 1e9:.2f}" + (f" ({m.active_params / 1e9:.2f} active)" if m.moe else ""),
+            f"{m.moe.experts_per_token} of {m.moe.experts}" if m.moe else "-",
             f"{m.kv_bytes_per_token(hf.kv_dtype):,}",
             f"{hf.weight_dtype}/{hf.kv_dtype}",
         )

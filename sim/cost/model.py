@@ -17,6 +17,7 @@ import numpy as np
 from mypy_extensions import mypyc_attr
 
 from sim.catalog import GpuSpec, ModelSpec, dtype_bytes
+from sim.cost.moe import experts_woken
 
 
 @dataclass(slots=True, init=False)
@@ -170,7 +171,8 @@ class RooflineParams:
 class RooflineCostModel(CostModel):
     """max(FLOPs/peak, bytes/bandwidth) per kernel family, plus fixed overheads.
 
-    GEMMs read the weights once per iteration and do 2·params FLOPs per token, at the
+    GEMMs read the weights once per iteration (of a mixture-of-experts model, the experts the
+    iteration's tokens wake) and do 2·active params FLOPs per token, at the
     GPU's fp8 peak for fp8 weights where it has FP8 tensor cores, else its bf16 peak;
     attention reads every attended KV token once and does 4·heads·head_dim
     FLOPs per (query, key) pair per layer (bf16 peak); the sliding-window layers of a
@@ -200,7 +202,18 @@ class RooflineCostModel(CostModel):
         self._weight_bytes = model.weight_bytes(weight_dtype)
         self._kv_bpt = model.kv_bytes_per_token(kv_dtype)
         embed = model.vocab * model.hidden
-        self._linear_flops_per_token = 2.0 * max(model.params - 2 * embed, model.params * 0.5)
+        active = model.active_params
+        self._linear_flops_per_token = 2.0 * max(active - 2 * embed, active * 0.5)
+        #: A mixture-of-experts model reads only the experts an iteration's tokens wake:
+        #: ``_weight_bytes`` is then every other weight, ``_expert_bytes`` one routed expert's
+        #: weights over its MoE layers (``sim/cost/moe.py``, balanced routing).
+        self._expert_bytes = 0.0
+        self._experts, self._top_k = 0, 0
+        if model.moe is not None:
+            wb = dtype_bytes(weight_dtype, "model.weight_dtype")
+            self._expert_bytes = model.moe.moe_layers * model.moe.expert_params(model.hidden) * wb
+            self._experts, self._top_k = model.moe.experts, model.moe.experts_per_token
+            self._weight_bytes = int(self._weight_bytes - self._experts * self._expert_bytes)
         self._lm_head_flops_per_seq = 2.0 * embed
         self._attn_flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
         # A mixed model: its full-attention layers take the terms above, its sliding-window layers
@@ -220,7 +233,10 @@ class RooflineCostModel(CostModel):
 
     def _linear_s(self, tokens: float, seqs: float) -> float:
         flops = tokens * self._linear_flops_per_token + seqs * self._lm_head_flops_per_seq
-        return max(flops / self._gemm_flops, self._weight_bytes / self._bw)
+        nbytes = float(self._weight_bytes)
+        if self._experts:
+            nbytes += experts_woken(tokens, self._experts, self._top_k) * self._expert_bytes
+        return max(flops / self._gemm_flops, nbytes / self._bw)
 
     def _allreduce_s(self, tokens: float) -> float:
         if self.tp == 1:

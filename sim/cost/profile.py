@@ -51,6 +51,7 @@ from sim.cost.kernel_model import (
     gemm_curve,
 )
 from sim.cost.model import BatchShape, CostModel, Layout
+from sim.cost.moe import MoeKernelFit, moe_layer_s
 from sim.cost.profile_format import validate_profile
 from sim.engine_presets import EnginePreset
 from sim.errors import ConfigError
@@ -359,6 +360,9 @@ class Profile:
     #: Serving engines' own all-reduce kernels (``{engine: {gpus: seconds vs message bytes}}``), used
     #: below an engine's custom all-reduce size limit instead of NCCL.
     custom_allreduce: dict[str, dict[str, Curve1D]] = field(default_factory=dict)
+    #: Fitted fused mixture-of-experts kernels, ``{backend: {weight dtype: constants and scores}}``
+    #: (:class:`sim.cost.moe.MoeKernelFit` plus ``kernel``, ``rows``, ``heldout_median``, ...).
+    moe: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Curves derived from ``kernels``, by (backend, key): shared by every cost model on this profile.
@@ -389,6 +393,8 @@ class Profile:
                 for b, fams in sorted(self.kernels.items())
             }
             out["kernel_defaults"] = dict(sorted(self.kernel_defaults.items()))
+        if self.moe:
+            out["moe"] = {b: dict(sorted(d.items())) for b, d in sorted(self.moe.items())}
         if self.custom_allreduce:
             out["custom_allreduce"] = {
                 e: {g: c.to_json() for g, c in sorted(cs.items(), key=lambda kv: int(kv[0]))}
@@ -441,6 +447,7 @@ class Profile:
                     str(e): {str(g): Curve1D.from_json(c) for g, c in cs.items()}
                     for e, cs in doc.get("custom_allreduce", {}).items()
                 },
+                moe={str(b): {str(d): dict(v) for d, v in ds.items()} for b, ds in doc.get("moe", {}).items()},
             )
         except (KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
             raise ConfigError(
@@ -492,6 +499,18 @@ class Profile:
                 return self.gemm_curve(key) if backend is not None and b != default else None
             hit = self._derived[(b, "gemm", key)] = Curve1D(m, t, {**meta, "backend": b})
         return hit  # type: ignore[return-value]
+
+    def moe_fit(self, backend: str | None, dtype: str) -> tuple[str, str, MoeKernelFit] | None:
+        """(backend, dtype, constants) of the fused MoE kernel pricing ``dtype`` weights: ``backend``'s own
+        fit, else the profile default backend's; per-tensor and block fp8 stand in for each other where
+        a backend timed one of them only. ``None``: no fit (the profile has no MoE tables)."""
+        twins = {"fp8": ("fp8", "fp8_block"), "fp8_block": ("fp8_block", "fp8"), "fp16": ("bf16",)}
+        for b in ([backend] if backend else []) + [self.kernel_defaults.get("moe", "")]:
+            fits = self.moe.get(b) or {}
+            for d in twins.get(dtype, (dtype,)):
+                if d in fits:
+                    return b, d, MoeKernelFit.from_json(fits[d])
+        return None
 
     def fp8_gemm_excess_s(self, backend: str | None, dtype: str = "fp8") -> float:
         """Seconds an fp8 (``dtype``; or nvfp4) GEMM of ``backend``'s tables takes beyond the bf16 GEMM
@@ -854,7 +873,7 @@ class ProfileCostModel(CostModel):
         per_tok = ACT_BYTES * (
             2 * 2 * model.hidden
             + qk_passes * 2 * (h + kvh) * model.head_dim
-            + 3 * model.intermediate / self.tp
+            + 3 * model.mlp_width_per_token / self.tp
             + 2 * 3 * model.hidden
         )
         ew_kernels = engine.elementwise_per_layer if engine is not None else ew["kernels_per_layer"]
@@ -878,12 +897,82 @@ class ProfileCostModel(CostModel):
             per_weight = elem_bytes(wd)
             shapes = [self.keys.gemms()[proj].split(":")[0].split("x") for proj, _ in self._gemm_tok]
             self._gemm_floor = [int(n) * int(k) * per_weight / bw for n, k in shapes]
+        #: Mixture-of-experts layers (0: a dense model) and how they are priced (``_moe_layer_s``).
+        self._moe_layers: int = 0
+        self._dense_layers: int = model.layers
+        self._moe_fit: MoeKernelFit | None = None
+        #: Which fused-MoE fit prices the experts and its held-out error, for ``describe``.
+        self._moe_info: dict[str, Any] = {}
+        self._moe_extra: list[tuple[str, Curve1D]] = []
+        self._moe_shape: tuple[int, int, int, float, float] = (0, 0, 0, 0.0, 0.0)
+        if model.moe is not None:
+            self._init_moe(model, wd, backend)
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
         self._alloc_s = float(mem["alloc_event_s"])
         # Measured device profiles carry size curves (seconds vs bytes) per operation.
         self._mem_curves = {k: Curve1D.from_json(v) for k, v in mem.get("curves", {}).items()}
+
+    def _init_moe(self, model: ModelSpec, wd: str, backend: str | None) -> None:
+        """The fused-expert kernel fit, the router GEMM and the shared experts' GEMMs of a MoE model."""
+        moe = model.moe
+        assert moe is not None
+        if moe.expert_intermediate % self.tp or moe.shared_intermediate % self.tp:
+            raise ConfigError(
+                "parallelism.tensor_parallel",
+                self.tp,
+                f"a divisor of the expert width {moe.expert_intermediate}"
+                + (f" and shared-expert width {moe.shared_intermediate}" if moe.shared_intermediate else ""),
+            )
+        found = self.profile.moe_fit(backend, wd)
+        if found is None:
+            have = sorted({f"{b}:{d}" for b, ds in self.profile.moe.items() for d in ds})
+            raise ConfigError(
+                KEY,
+                self.profile.name,
+                f"a profile with a fused mixture-of-experts kernel fit for {wd} weights (model {model.name!r} "
+                f"routes each token to {moe.experts_per_token} of {moe.experts} experts); "
+                f"{self.profile.name} has {', '.join(have) or 'none (no MoE kernel tables for this GPU)'}",
+            )
+        self._moe_fit = found[2]
+        entry = self.profile.moe[found[0]][found[1]]
+        self._moe_info = {
+            "backend": found[0],
+            "weight_dtype": found[1],
+            **{k: entry[k] for k in ("kernel", "heldout_median", "heldout_p90") if k in entry},
+        }
+        self._moe_layers = moe.moe_layers
+        self._dense_layers = model.dense_layers
+        self._moe_shape = (
+            moe.experts,
+            moe.experts_per_token,
+            model.hidden,
+            moe.expert_intermediate / self.tp,
+            elem_bytes(found[1]),
+        )
+        # The router is a small bf16 GEMM (experts x hidden) every engine keeps unquantised.
+        extra = [("gemm_router", gemm_key(moe.experts, model.hidden, "bf16"))]
+        if moe.shared_intermediate:
+            si = moe.shared_intermediate // self.tp
+            extra += [
+                ("gemm_shared_gate_up", gemm_key(2 * si, model.hidden, wd)),
+                ("gemm_shared_down", gemm_key(model.hidden, si, wd)),
+            ]
+        self._moe_extra = [(name, self._need(self.profile.gemm_curve(key, backend), key, name)) for name, key in extra]
+
+    def _moe_layer_s(self, tokens: float, counts: list) -> float:
+        """One MoE layer's feed-forward at ``tokens``: fused experts, router and shared experts."""
+        fit = self._moe_fit
+        assert fit is not None
+        e, k, h, w, wb = self._moe_shape
+        total = moe_layer_s(fit, tokens, e, k, h, w, wb)
+        for name, curve in self._moe_extra:
+            t, oor = curve.at(tokens)
+            if oor:
+                counts.append((name, oor))
+            total += t
+        return total
 
     # -- helpers --
     def _dtype(self, dtype: str, which: str) -> str:
@@ -928,8 +1017,9 @@ class ProfileCostModel(CostModel):
         hit = self._tok_cache.get(tokens)
         if hit is not None:
             return hit
-        counts = []
+        counts: list = []
         total = 0.0
+        mlp = 0.0
         less = self._gemm_less
         for j, (proj, curve) in enumerate(self._gemm_tok):
             t, oor = curve.at(tokens)
@@ -938,9 +1028,15 @@ class ProfileCostModel(CostModel):
             if less:
                 floor = self._gemm_floor[j]
                 t = t - less if t - less > floor else floor
-            total += t
+            if j >= 2 and self._moe_layers:
+                mlp += t
+            else:
+                total += t
         per_layer = total + self._ew_fixed + self._ew_per_token * tokens
         val = self.model.layers * per_layer
+        if self._moe_layers:
+            # A mixture-of-experts model: the dense MLP on its dense layers only, the experts on the rest.
+            val = val + self._dense_layers * mlp + self._moe_layers * self._moe_layer_s(tokens, counts)
         if self._allreduce is not None:
             nbytes = tokens * self.model.hidden * ACT_BYTES
             t, oor = self._allreduce.at(nbytes)
@@ -1209,6 +1305,7 @@ class ProfileCostModel(CostModel):
             "curves": {"attention": self.keys.attention, **self.keys.gemms()},
             "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
             "out_of_range": dict(self.out_of_range),
+            **({"moe_kernel": self._moe_info} if self._moe_info else {}),
         }
 
 

@@ -227,6 +227,15 @@ class Dtypes(_Part):
         return v
 
 
+class MoeKernel(_Part):
+    """One fitted fused mixture-of-experts kernel (``sim/cost/moe.py``)."""
+
+    latency_s: float = Field(ge=0)
+    per_expert_s: float = Field(ge=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    flops: float = Field(gt=0)
+
+
 class ProfileDoc(_Part):
     format: Literal["kvsim-profile"]
     version: Literal[1, 2]
@@ -247,6 +256,8 @@ class ProfileDoc(_Part):
     kernels: dict[str, dict[str, KernelFamily]] = {}
     kernel_defaults: dict[str, str] = {}
     custom_allreduce: dict[str, dict[str, Curve]] = {}
+    #: Fused MoE kernels: {backend: {weight dtype: constants}}.
+    moe: dict[str, dict[str, MoeKernel]] = {}
 
     @field_validator("allreduce")
     @classmethod

@@ -1,0 +1,236 @@
+"""Mixture-of-experts models: reading their configs, pricing their experts, running them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from calibration.moe_fit import fit_moe_table
+from sim.catalog import GPUS, MoeSpec
+from sim.cost.model import BatchShape, RooflineCostModel
+from sim.cost.moe import MoeKernelFit, experts_woken, moe_layer_s
+from sim.cost.profile import ProfileCostModel, load_profile
+from sim.engine_presets import get_preset
+from sim.errors import ConfigError
+from sim.hf_config import read_hf_config, resolve_hf_config
+
+H100 = GPUS["H100-SXM-80GB"]
+
+
+def _spec(ident: str):
+    return read_hf_config(resolve_hf_config(ident)).spec
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    p = tmp_path / "m_config.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+BASE = {
+    "model_type": "custom_moe",
+    "num_hidden_layers": 6,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "intermediate_size": 2048,
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+}
+
+
+# --- reading configs --------------------------------------------------------------------------
+
+
+def test_qwen3_moe_config():
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    assert m.moe == MoeSpec(experts=128, experts_per_token=8, expert_intermediate=768, moe_layers=48)
+    assert m.dense_layers == 0
+    # By hand: per layer Q/K/V/O (32 query and 4 KV heads of 128), two norms and the Q/K norms,
+    # 128 experts of 3 x 2048 x 768 and a 128 x 2048 router; untied embeddings and LM head; final norm.
+    layer = 2048 * 40 * 128 + 32 * 128 * 2048 + 2 * 2048 + 2 * 128 + 128 * 3 * 2048 * 768 + 128 * 2048
+    assert m.params == 2 * 151936 * 2048 + 48 * layer + 2048
+    assert m.params - m.active_params == 48 * 120 * 3 * 2048 * 768
+    assert m.mlp_width_per_token == 8 * 768
+
+
+def test_mixtral_reads_its_expert_width_from_intermediate_size():
+    m = _spec("mistralai/Mixtral-8x7B-v0.1")
+    assert m.moe == MoeSpec(experts=8, experts_per_token=2, expert_intermediate=14336, moe_layers=32)
+
+
+@pytest.mark.parametrize(
+    "extra,moe_layers,shared",
+    [
+        # DeepSeek-style: the first layers dense, one shared expert of the expert width.
+        ({"first_k_dense_replace": 2, "n_shared_experts": 1}, 4, 256),
+        # Step-style: a shared expert of its own width.
+        ({"first_k_dense_replace": 1, "n_shared_experts": 2, "share_expert_dim": 384}, 5, 768),
+        # Qwen2-MoE: every second layer sparse, a shared expert of its own width.
+        ({"decoder_sparse_step": 2, "shared_expert_intermediate_size": 1024}, 3, 1024),
+        # Qwen3-MoE: listed layers dense.
+        ({"mlp_only_layers": [0, 5]}, 4, 0),
+    ],
+)
+def test_dense_layers_and_shared_experts(tmp_path, extra, moe_layers, shared):
+    cfg = {**BASE, "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256, **extra}
+    m = read_hf_config(_write(tmp_path, cfg)).spec
+    assert m.moe is not None
+    assert (m.moe.moe_layers, m.moe.shared_intermediate, m.moe.expert_intermediate) == (moe_layers, shared, 256)
+    assert m.dense_layers == 6 - moe_layers
+    # Every routed expert counts in params, two per token in active params.
+    assert m.params - m.active_params == moe_layers * 14 * 3 * 512 * 256
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        ({"num_experts": 16}, "the experts each token is routed to (num_experts_per_tok"),
+        ({"num_experts": 16, "num_experts_per_tok": 32}, "'num_experts_per_tok' (32) at most num_experts (16)"),
+        ({"num_local_experts": 8, "num_experts_per_tok": 0}, "'num_experts_per_tok' must be an integer >= 1"),
+        ({"num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": "all"}, "'mlp_only_layers' must be a list"),
+    ],
+)
+def test_bad_moe_fields_name_the_field(tmp_path, extra, needle):
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(_write(tmp_path, {**BASE, **extra}))
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+# --- pricing ----------------------------------------------------------------------------------
+
+
+def test_experts_woken():
+    assert experts_woken(0, 128, 8) == 0
+    assert experts_woken(1, 128, 8) == pytest.approx(8)
+    woken = [experts_woken(t, 128, 8) for t in (1, 2, 4, 8, 16, 64, 1024)]
+    assert all(a < b for a, b in zip(woken, woken[1:]))
+    assert all(w <= min(128, t * 8) + 1e-9 for w, t in zip(woken, (1, 2, 4, 8, 16, 64, 1024)))
+    assert woken[-1] == pytest.approx(128)
+
+
+def test_fit_recovers_known_constants(tmp_path):
+    """Rows made by the pricing form with known constants, in the published table's layout, fit back."""
+    true = MoeKernelFit(latency_s=25e-6, per_expert_s=3e-7, bandwidth=3.0e12, flops=5.0e14)
+    rows = []
+    for t in (1, 4, 16, 64, 256, 1024, 4096, 16384):
+        for h, w, k, e in ((2048, 768, 8, 128), (4096, 1536, 8, 128), (4096, 14336, 2, 8), (7168, 2048, 8, 256)):
+            for tp in (1, 2, 4, 8):
+                lat = moe_layer_s(true, t, e, k, h, w / tp, 2.0)
+                rows.append(("k", "bfloat16", t, h, w, k, e, tp, lat * 1e3))
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
+    cols += ["moe_tp_size", "latency"]
+    table = pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)})
+    path = tmp_path / "h100_sxm" / "moe" / "vllm" / "0.1" / "moe_perf.parquet"
+    path.parent.mkdir(parents=True)
+    pq.write_table(table, path)
+    got = fit_moe_table(path, 3.35e12, {"bf16": 989e12})["bf16"]
+    assert got["latency_s"] == pytest.approx(true.latency_s, rel=0.02)
+    assert got["per_expert_s"] == pytest.approx(true.per_expert_s, rel=0.02)
+    assert got["bandwidth_bytes_per_s"] == pytest.approx(true.bandwidth, rel=0.02)
+    assert got["flops"] == pytest.approx(true.flops, rel=0.02)
+    assert got["heldout_median"] < 0.01
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "b200-sxm", "l40s"])
+def test_builtin_profiles_carry_moe_fits(name):
+    prof = load_profile(name)
+    assert prof.kernel_defaults["moe"] == "trtllm"
+    for engine in ("vllm", "sglang", "trtllm"):
+        fits = prof.moe[engine]
+        assert "bf16" in fits
+        for fit in fits.values():
+            # Held-out 20 % of the table's rows: a loose guard on the fitted form's quality.
+            assert fit["heldout_median"] < 0.25 and fit["rows"] > 1000, (engine, fit)
+
+
+def test_engine_prices_its_own_moe_kernel():
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    prof = load_profile("h100-sxm")
+    for kind in ("vllm", "sglang", "trtllm"):
+        cm = ProfileCostModel(prof, m, H100, engine=get_preset(kind))
+        assert cm.describe()["moe_kernel"]["backend"] == kind
+    # An fp8 checkpoint on SGLang, which timed block fp8 only: its block-fp8 kernel.
+    cm = ProfileCostModel(prof, m, H100, weight_dtype="fp8", engine=get_preset("sglang"))
+    assert cm.describe()["moe_kernel"]["weight_dtype"] == "fp8_block"
+
+
+def test_moe_decode_wakes_experts_with_the_batch():
+    """A MoE decode step grows with the batch faster than a dense model with the same active weights:
+    more tokens wake more experts, whose weights must be read."""
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    prof = load_profile("h100-sxm")
+    cm = ProfileCostModel(prof, m, H100, engine=get_preset("vllm"))
+    t = [cm.step_time_s(BatchShape([], b, b * 512)) for b in (1, 4, 16, 64)]
+    assert all(a < b for a, b in zip(t, t[1:]))
+    # Every expert at batch 1 would read all 128 experts' weights; only 8 are read.
+    moe = m.moe
+    assert moe is not None
+    all_experts = replace(m, moe=replace(moe, experts_per_token=moe.experts))
+    dense_cm = ProfileCostModel(prof, all_experts, H100, engine=get_preset("vllm"))
+    assert dense_cm.step_time_s(BatchShape([], 1, 512)) > 2 * t[0]
+
+
+def test_roofline_reads_only_the_woken_experts():
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    rf = RooflineCostModel(m, H100)
+    p = rf.p
+    bw = H100.hbm_bandwidth * p.memory_efficiency
+    # Batch 1 reads the non-expert weights and 8 experts: far below all 61 GB of weights.
+    t1 = rf.step_time_s(BatchShape([], 1, 1)) - p.step_overhead_s - p.per_seq_overhead_s
+    assert t1 < 0.25 * m.weight_bytes("bf16") / bw
+    # A large batch wakes them all.
+    t_all = rf._linear_s(4096, 1)
+    assert t_all >= m.weight_bytes("bf16") / bw * 0.999
+
+
+def test_profile_without_moe_fits_is_a_clear_error():
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    with pytest.raises(ConfigError, match="fused mixture-of-experts kernel fit for bf16"):
+        ProfileCostModel(load_profile("a100-sxm"), m, GPUS["A100-SXM-80GB"], engine=get_preset("vllm"))
+
+
+def test_tensor_parallel_must_divide_the_expert_width():
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    odd = replace(m, moe=replace(m.moe, expert_intermediate=100))
+    with pytest.raises(ConfigError, match="a divisor of the expert width 100"):
+        ProfileCostModel(load_profile("h100-sxm"), odd, H100, tensor_parallel=8, engine=get_preset("vllm"))
+
+
+def test_dense_models_price_as_before():
+    """A dense model takes the dense path: the same step times as with the MoE terms zeroed."""
+    from sim.catalog import get_model
+
+    prof = load_profile("h100-sxm")
+    cm = ProfileCostModel(prof, get_model("llama-3.1-8b"), H100, engine=get_preset("vllm"))
+    assert cm._moe_layers == 0 and "moe_kernel" not in cm.describe()
+    t = cm.decode_times_s(32, np.array([32 * 1000.0, 32 * 2000.0]))
+    assert t[0] < t[1]
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def test_moe_scenario_runs_calibrated():
+    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+    from sim.engine.cluster import simulate
+
+    data, base = read_scenario_dict("chat-api")
+    data["model"] = {"hf_config": "Qwen/Qwen3-30B-A3B"}
+    over = {"workload.num_requests": 60, "workload.arrival.rate": 4.0}
+    sc = scenario_from_dict(apply_overrides(data, over), base_dir=base)
+    res = simulate(sc)
+    s = res.summary
+    assert s["completed"] == 60 and s["cost_model_calibrated"] is True
+    assert s["cost_model_moe_kernel"]["backend"] == "vllm"
+    # The KV pool is what is left beside every expert's weights: 61 GB of bf16 on an 80 GiB card.
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    cap = s["kv_capacity_bytes_per_replica"]
+    assert cap < 0.9 * H100.memory_bytes - m.weight_bytes("bf16")
+    assert cap > 0.9 * H100.memory_bytes - m.weight_bytes("bf16") - 4 * 2**30
