@@ -21,7 +21,7 @@ from sim.cost.moe import MoeKernelFit, moe_layer_s
 from sim.errors import ConfigError
 
 #: Table dtype names -> kvsim weight dtypes.
-MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4"}
 _COLUMNS = [
     "kernel_source",
     "moe_dtype",
@@ -82,7 +82,7 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
         cols = {c: np.array(table[c], dtype=np.float64)[idx] for c in _COLUMNS[2:]}
         y = np.array(table["latency"], dtype=np.float64)[idx] * 1e-3
         wbytes = DTYPE_BYTES[dtype]
-        peak = flops_of.get(dtype) or flops_of["bf16"]
+        peak = flops_of.get(dtype) or flops_of["bf16"]  # weight-only formats compute in bf16
         order = np.random.default_rng(seed).permutation(len(y))
         cut = int(0.8 * len(y))
         train, test = order[:cut], order[cut:]

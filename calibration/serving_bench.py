@@ -624,7 +624,7 @@ def resolve_model(ident: str, base_dir: str | Path | None = None) -> dict:
         raise ConfigError(
             "serving_bench.model",
             ident,
-            f"{known_ids()}; for another dense model, write its config.json path (absolute, or relative to the "
+            f"{known_ids()}; for another model, write its config.json path (absolute, or relative to the "
             "benchmark file) in the model column",
         )
     return section

@@ -79,12 +79,12 @@ ENGINE_TABLES["a100_sxm"] = {
 #: Fused mixture-of-experts layer tables (``moe/<engine>/<version>/moe_perf.parquet``): system ->
 #: engine -> version. The rows kvsim prices from: power-law routing (``power_law_1.01``, the skew
 #: aiconfigurator estimates real traffic with), no expert parallelism, expert tensor parallelism up
-#: to 8, gated (SwiGLU) experts at bf16, fp8, block fp8 and nvfp4.
+#: to 8, gated (SwiGLU) experts at bf16, fp8, block fp8, nvfp4 and weight-only mxfp4 (gpt-oss).
 MOE_TABLES: dict[str, dict[str, str]] = {
     system: {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
     for system in ("h100_sxm", "h200_sxm", "b200_sxm", "l40s")
 }
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4")
 
 
 def _moe_rows(t):
@@ -92,7 +92,7 @@ def _moe_rows(t):
     mask = pc.and_(pc.equal(t["distribution"], "power_law_1.01"), pc.equal(t["moe_ep_size"], 1))
     mask = pc.and_(mask, pc.less_equal(t["moe_tp_size"], 8))
     mask = pc.and_(mask, pc.is_in(t["moe_dtype"], value_set=pa.array(MOE_DTYPES)))
-    return pc.and_(mask, pc.invert(pc.match_substring_regex(t["kernel_source"], "nongated|marlin|mxfp4")))
+    return pc.and_(mask, pc.invert(pc.match_substring_regex(t["kernel_source"], "nongated|marlin")))
 
 
 def vendor_moe(shared: Path, systems: list[str] | None = None) -> None:

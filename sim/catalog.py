@@ -24,6 +24,8 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8_block": 1.0,
     # NVFP4 (Blackwell): 4-bit values and one fp8 scale per 16 of them.
     "nvfp4": 0.5625,
+    # MXFP4 (OCP microscaling; gpt-oss experts): 4-bit values and one 8-bit scale per 32 of them.
+    "mxfp4": 0.53125,
     "int4": 0.5,
 }
 
@@ -44,6 +46,9 @@ class MoeSpec:
     expert_intermediate: int
     moe_layers: int
     shared_intermediate: int = 0
+    #: Dtype of the routed experts' weights when the checkpoint quantises them apart from the rest
+    #: (gpt-oss: ``mxfp4`` experts, bf16 attention); ``None``: the model's weight dtype.
+    expert_dtype: str | None = None
 
     def expert_params(self, hidden: int) -> float:
         """Weights of one routed expert (gate, up, down)."""
@@ -160,8 +165,13 @@ class ModelSpec:
         return self.kv_groups.slots_held(context_tokens) * self.kv_group_bytes_per_token(kv_dtype)
 
     def weight_bytes(self, weight_dtype: str) -> int:
-        """Bytes of all weights at ``weight_dtype``."""
-        return int(self.params * dtype_bytes(weight_dtype, "model.weight_dtype"))
+        """Bytes of all weights at ``weight_dtype`` (a MoE model's routed experts at their own
+        ``moe.expert_dtype`` when the checkpoint sets one)."""
+        per = dtype_bytes(weight_dtype, "model.weight_dtype")
+        if self.moe is None or self.moe.expert_dtype is None:
+            return int(self.params * per)
+        experts = self.moe.moe_layers * self.moe.experts * self.moe.expert_params(self.hidden)
+        return int((self.params - experts) * per + experts * dtype_bytes(self.moe.expert_dtype, "model.moe"))
 
     def kv_tokens_held(self, context_tokens: int) -> int:
         """Tokens whose K/V a sequence of this length keeps on every layer, as an allocator that holds

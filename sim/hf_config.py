@@ -38,7 +38,7 @@ per-layer block shapes and quantisations kvsim has no dtype for are refused with
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -198,8 +198,18 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     layer_types, window = _attention_layout(path, cfg, layers, model_type)
 
     weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
-    wq, kq, qsrc = _quantisation(path, top)
     moe = _moe(path, field, layers, intermediate)
+    if _mxfp4(top):
+        # gpt-oss: MXFP4 routed experts, everything else (attention, router, embeddings) 16-bit.
+        if moe is None:
+            raise ConfigError(
+                KEY,
+                str(path),
+                "quantization_config: mxfp4 weights outside mixture-of-experts layers not supported yet "
+                "(the mxfp4 experts of a mixture-of-experts model are)",
+            )
+        moe = replace(moe, expert_dtype="mxfp4")
+    wq, kq, qsrc = _quantisation(path, top)
     params, vision = _param_count(
         cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe
     )
@@ -216,7 +226,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if moe is not None:
         notes.append(
             f"mixture of experts: {moe.experts_per_token} of {moe.experts} experts per token on "
-            f"{moe.moe_layers} of {layers} layers"
+            f"{moe.moe_layers} of {layers} layers" + (f", {moe.expert_dtype} experts" if moe.expert_dtype else "")
         )
     if field("num_nextn_predict_layers"):
         notes.append("multi-token-prediction layers not counted (loaded only for speculative decoding)")
@@ -475,12 +485,19 @@ def _quantisation(path: Path, top: dict) -> tuple[str | None, str | None, Path |
     return weight, kv, found[0][2]
 
 
+def _mxfp4(top: dict) -> bool:
+    qc = top.get("quantization_config")
+    return isinstance(qc, dict) and str(qc.get("quant_method") or "").lower() == "mxfp4"
+
+
 def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | None]:
     """(weight dtype, KV dtype) one quantisation section declares; ConfigError for the ones kvsim lacks."""
     method = str(qc.get("quant_method") or "").lower()
     algo = str(qc.get("quant_algo") or "").lower()
     weight: str | None = None
-    if method in ("fp8", "fbgemm_fp8") or algo == "fp8":
+    if method == "mxfp4":
+        pass  # the experts only (ModelSpec.moe.expert_dtype); the other weights keep the 16-bit dtype
+    elif method in ("fp8", "fbgemm_fp8") or algo == "fp8":
         weight = "fp8"
     elif algo == "nvfp4":
         weight = "nvfp4"  # NVIDIA Model Optimizer's NVFP4 checkpoints (hf_quant_config.json)

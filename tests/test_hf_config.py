@@ -36,6 +36,9 @@ PUBLISHED = {
     "Qwen/Qwen3-30B-A3B-FP8": (30.5, 29.9),
     "Qwen/Qwen3-235B-A22B": (235.0, 234.0),
     "mistralai/Mixtral-8x7B-v0.1": (46.7, None),
+    # OpenAI's gpt-oss model card: 20.91B and 116.83B in all.
+    "openai/gpt-oss-20b": (20.9, None),
+    "openai/gpt-oss-120b": (116.8, None),
 }
 
 #: Published activated parameters (billions) of the mixture-of-experts configs (Qwen3 model cards:
@@ -61,7 +64,7 @@ def _config_file(ident: str) -> Path:
 
 
 def test_the_shipped_set():
-    assert len(shipped_models()) == 19
+    assert len(shipped_models()) == 21
     assert {
         "Qwen/Qwen3-8B",
         "Qwen/Qwen3-32B",
@@ -89,8 +92,11 @@ def test_every_shipped_config_is_read(ident):
         cfg["vocab_size"],
         cfg["max_position_embeddings"],
     )
-    assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) == 128
-    assert m.sliding_window is None and m.layer_types == ()
+    assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    if "layer_types" in cfg:  # gpt-oss: sliding and full layers alternate
+        assert m.layer_types == tuple(cfg["layer_types"]) and m.sliding_window == cfg["sliding_window"]
+    else:
+        assert m.head_dim == 128 and m.sliding_window is None and m.layer_types == ()
     assert (hf.weight_dtype, hf.kv_dtype) == QUANTISED.get(ident, ("bf16", "bf16"))
     # Resolvable by its Hugging Face id and by its model name alone.
     assert resolve_hf_config(ident) == path
@@ -108,8 +114,8 @@ def test_parameter_count_matches_the_published_size(ident):
         assert m.params - embed == pytest.approx(non_embedding * 1e9, rel=0.02)
     if ident in ACTIVE:
         assert m.active_params == pytest.approx(ACTIVE[ident] * 1e9, rel=0.03)
-    else:
-        assert m.moe is None and m.active_params == m.params
+    elif m.moe is None:
+        assert m.active_params == m.params
 
 
 def test_qwen3_32b_by_hand():

@@ -43,6 +43,7 @@ ELEM_BYTES = {
     "fp8_block": 1.0,
     # NVFP4: 4-bit values with one fp8 scale per 16 (and a per-tensor fp32 scale): 4.5 bits.
     "nvfp4": 0.5625,
+    "mxfp4": 0.53125,
     "int8_wo": 1.0,
     "int8_sq": 1.0,
     "int4_wo": 0.5,

@@ -210,10 +210,10 @@ class RooflineCostModel(CostModel):
         self._expert_bytes = 0.0
         self._experts, self._top_k = 0, 0
         if model.moe is not None:
-            wb = dtype_bytes(weight_dtype, "model.weight_dtype")
+            wb = dtype_bytes(model.moe.expert_dtype or weight_dtype, "model.weight_dtype")
             self._expert_bytes = model.moe.moe_layers * model.moe.expert_params(model.hidden) * wb
             self._experts, self._top_k = model.moe.experts, model.moe.experts_per_token
-            self._weight_bytes = int(self._weight_bytes - self._experts * self._expert_bytes)
+            self._weight_bytes = int(model.weight_bytes(weight_dtype) - self._experts * self._expert_bytes)
         self._lm_head_flops_per_seq = 2.0 * embed
         self._attn_flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
         # A mixed model: its full-attention layers take the terms above, its sliding-window layers

@@ -925,13 +925,14 @@ class ProfileCostModel(CostModel):
                 f"a divisor of the expert width {moe.expert_intermediate}"
                 + (f" and shared-expert width {moe.shared_intermediate}" if moe.shared_intermediate else ""),
             )
-        found = self.profile.moe_fit(backend, wd)
+        expert_dtype = moe.expert_dtype or wd
+        found = self.profile.moe_fit(backend, expert_dtype)
         if found is None:
             have = sorted({f"{b}:{d}" for b, ds in self.profile.moe.items() for d in ds})
             raise ConfigError(
                 KEY,
                 self.profile.name,
-                f"a profile with a fused mixture-of-experts kernel fit for {wd} weights (model {model.name!r} "
+                f"a profile with a fused mixture-of-experts kernel fit for {expert_dtype} experts (model {model.name!r} "
                 f"routes each token to {moe.experts_per_token} of {moe.experts} experts); "
                 f"{self.profile.name} has {', '.join(have) or 'none (no MoE kernel tables for this GPU)'}",
             )
