@@ -148,6 +148,13 @@ class ModelSpec:
             return KVGroups(self.layers, full=0 if window else 1, sliding=1 if window else 0, window=window)
         return kv_groups_of(self.layers - self.sliding_layers, self.sliding_layers, self.mixed_window)
 
+    def kv_replicas(self, tensor_parallel: int) -> int:
+        """Copies of each token's KV a replica of ``tensor_parallel`` GPUs keeps: vLLM, SGLang and
+        TensorRT-LLM split the KV heads across the GPUs and replicate them when there are fewer heads
+        than GPUs (4 KV heads on 8 GPUs: every head on two), so the replica holds
+        ``tensor_parallel / kv_heads`` copies of every token then."""
+        return max(1, tensor_parallel // self.kv_heads)
+
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype."""
         return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype, "model.kv_dtype"))

@@ -47,3 +47,22 @@ def test_sliding_window_caps_held_tokens():
     m = MODELS["mistral-7b"]
     assert m.kv_tokens_held(10_000) == 4096
     assert m.kv_tokens_held(100) == 100
+
+
+def test_kv_heads_replicated_when_fewer_than_gpus():
+    """Engines replicate KV heads when a replica has more GPUs than KV heads: Qwen2.5-7B's 4 KV heads
+    on 8 GPUs keep every token twice, so the replica holds half the tokens its bytes would suggest."""
+    from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
+    from sim.engine.deployment import Deployment
+
+    m = MODELS["qwen2.5-7b"]
+    assert [m.kv_replicas(tp) for tp in (1, 2, 4, 8)] == [1, 1, 1, 2]
+    assert MODELS["llama-3.1-70b"].kv_replicas(8) == 1
+    data, base = read_scenario_dict("chat-api")
+    deps = {}
+    for tp in (4, 8):
+        over = {"model.name": "qwen2.5-7b", "gpu.tensor_parallel": tp}
+        deps[tp] = Deployment.from_scenario(scenario_from_dict(apply_overrides(data, over), base_dir=base))
+    assert deps[4].kv_bytes_per_token == m.kv_bytes_per_token("bf16")
+    assert deps[8].kv_bytes_per_token == 2 * m.kv_bytes_per_token("bf16")
+    assert deps[8].kv_capacity_tokens == deps[8].kv_capacity_bytes // (2 * m.kv_bytes_per_token("bf16"))

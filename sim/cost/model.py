@@ -200,7 +200,9 @@ class RooflineCostModel(CostModel):
         self._gemm_flops = gpu.peak_gemm_flops(weight_dtype) * tensor_parallel * params.compute_efficiency
         self._bw = gpu.hbm_bandwidth * tensor_parallel * params.memory_efficiency
         self._weight_bytes = model.weight_bytes(weight_dtype)
-        self._kv_bpt = model.kv_bytes_per_token(kv_dtype)
+        # Every GPU reads its own copy of replicated KV heads (ModelSpec.kv_replicas).
+        copies = model.kv_replicas(tensor_parallel)
+        self._kv_bpt = model.kv_bytes_per_token(kv_dtype) * copies
         embed = model.vocab * model.hidden
         active = model.active_params
         self._linear_flops_per_token = 2.0 * max(active - 2 * embed, active * 0.5)
@@ -222,7 +224,7 @@ class RooflineCostModel(CostModel):
         self._w_kv_bpt = 0.0
         self._w_flops_per_pair = 0.0
         if self._window is not None:
-            per_layer = model.kv_bytes_per_token(kv_dtype) / model.layers
+            per_layer = model.kv_bytes_per_token(kv_dtype) * copies / model.layers
             full = model.layers - model.sliding_layers
             self._kv_bpt = int(per_layer * full)
             self._attn_flops_per_pair = 4.0 * full * model.heads * model.head_dim
