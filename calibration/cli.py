@@ -241,6 +241,7 @@ def profile_show(
                     "models": sorted(p.models),
                     "dtypes": p.dtypes,
                     "moe": p.moe,
+                    "mla": p.mla,
                 },
                 indent=2,
             )
@@ -280,5 +281,17 @@ def profile_show(
                     f"  {backend:7s} {dtype:10s} median {f['heldout_median']:.1%}  p90 {f['heldout_p90']:.1%}  "
                     f"n={f['rows']}  {f['kernel']}"
                 )
+    if p.mla:
+        typer.echo(
+            "multi-head latent attention kernels (held-out 20 % of each table's rows; "
+            f"default {p.kernel_defaults.get('mla')}):"
+        )
+        for backend, kinds in sorted(p.mla.items()):
+            for kind, fits in sorted(kinds.items()):
+                for kv, f in sorted(fits.items()):
+                    typer.echo(
+                        f"  {backend:7s} {kind:10s} KV {kv:4s} median {f['heldout_median']:.1%}  "
+                        f"p90 {f['heldout_p90']:.1%}  n={f['rows']}"
+                    )
     for note in prov.get("notes", []):
         typer.echo(f"note: {note}")

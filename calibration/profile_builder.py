@@ -23,6 +23,7 @@ from sim.cost.profile import Curve1D, Grid2D, Profile, shape_keys
 from sim.errors import ConfigError
 
 from . import fit as F
+from .mla_fit import fit_mla_table
 from .moe_fit import fit_moe_table
 from .tables import (
     CPU_OVERHEAD_PARTS,
@@ -187,6 +188,8 @@ class EngineKernels:
     custom_allreduce: dict[str, dict[str, Curve1D]]
     #: Fused MoE kernel fits, ``{engine: {weight dtype: constants and held-out scores}}`` (calibration/moe_fit.py).
     moe: dict[str, dict[str, dict]] = field(default_factory=dict)
+    #: MLA attention kernel fits, ``{engine: {"generation"|"context": {KV dtype: ...}}}`` (calibration/mla_fit.py).
+    mla: dict[str, dict[str, dict[str, dict]]] = field(default_factory=dict)
 
 
 #: An engine's own table whose fit misses more than this on its held-out 20 % (p95 relative error)
@@ -207,7 +210,16 @@ def engine_kernels(
     sources: dict[str, dict[str, str]] = {}
     custom: dict[str, dict[str, Curve1D]] = {}
     moe: dict[str, dict[str, dict]] = {}
+    mla: dict[str, dict[str, dict[str, dict]]] = {}
     for engine in engines:
+        for kind in ("generation", "context"):
+            try:
+                path, ver = find_table(root, system, "mla", engine, f"{kind}_mla_perf")
+            except ConfigError:
+                continue
+            mla.setdefault(engine, {})[kind] = fit_mla_table(
+                path, kind, spec.mem_bw, spec.peak_flops("bf16"), seed=seed
+            )
         if (root / system / "moe" / engine).is_dir():
             try:
                 path, ver = find_table(root, system, "moe", engine, "moe_perf")
@@ -263,7 +275,7 @@ def engine_kernels(
                 custom.setdefault(engine, {})[str(g)] = Curve1D(
                     t.nbytes[sel][o], t.latency_s[sel][o], {"x_is": "message bytes (bf16)", "version": ver}
                 )
-    return EngineKernels(kernels, quality, sources, custom, moe)
+    return EngineKernels(kernels, quality, sources, custom, moe, mla)
 
 
 def cpu_overhead_section() -> dict:
@@ -338,6 +350,8 @@ def build_profile(
     kernel_defaults = {"gemm": kt.backend, "context_attention": kt.backend, "generation_attention": gen_backend}
     if engines is not None and engines.moe:
         kernel_defaults["moe"] = kt.backend if kt.backend in engines.moe else sorted(engines.moe)[0]
+    if engines is not None and engines.mla:
+        kernel_defaults["mla"] = kt.backend if kt.backend in engines.mla else sorted(engines.mla)[0]
     if engines is not None:
         for engine, fams in engines.kernels.items():
             for family, fit in fams.items():
@@ -526,6 +540,7 @@ def build_profile(
         kernel_defaults=kernel_defaults,
         custom_allreduce=engines.custom_allreduce if engines is not None else {},
         moe=engines.moe if engines is not None else {},
+        mla=engines.mla if engines is not None else {},
     )
 
 

@@ -106,6 +106,26 @@ def vendor_moe(shared: Path, systems: list[str] | None = None) -> None:
             _filter_copy(gk_src / system / rel, gk_dst / system / rel, _moe_rows)
 
 
+#: Multi-head latent attention kernel tables (``mla/<engine>/<version>/{generation,context}_mla_perf``):
+#: system -> engine -> version, every row (DeepSeek-V3's MLA at 1-128 heads per GPU, bf16 and fp8 KV).
+MLA_TABLES: dict[str, dict[str, str]] = {
+    system: {"sglang": "0.5.14", "trtllm": "1.3.0rc20"} for system in ("h100_sxm", "h200_sxm", "b200_sxm")
+}
+MLA_TABLES["l40s"] = {"sglang": "0.5.14"}
+
+
+def vendor_mla(shared: Path, systems: list[str] | None = None) -> None:
+    """Copy the MLA tables (:data:`MLA_TABLES`)."""
+    gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
+    for system, engines in MLA_TABLES.items():
+        if systems and system not in systems:
+            continue
+        for engine, ver in engines.items():
+            for name in ("generation_mla_perf", "context_mla_perf"):
+                rel = f"mla/{engine}/{ver}/{name}.parquet"
+                _filter_copy(gk_src / system / rel, gk_dst / system / rel, lambda t: pc.is_valid(t["latency"]))
+
+
 VIDUR_FILES = [
     "LICENSE",
     "compute/a100/meta-llama/Llama-2-7b-hf/mlp.csv",
@@ -184,6 +204,7 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
                 ),
             )
     vendor_moe(shared, systems)
+    vendor_mla(shared, systems)
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
     for rel in VIDUR_FILES:
         (v_dst / rel).parent.mkdir(parents=True, exist_ok=True)

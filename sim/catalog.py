@@ -60,6 +60,25 @@ class MoeSpec:
 
 
 @dataclass(frozen=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek-V3, Kimi-K2): every layer caches one latent vector of
+    ``kv_lora_rank`` values and a shared RoPE key of ``rope_dim`` per token, whatever the head count;
+    keys and values (``nope_dim + rope_dim`` and ``v_dim`` wide per head) are re-expanded from it.
+    Queries go through a ``q_lora_rank`` bottleneck (0: none)."""
+
+    kv_lora_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_dim: int
+    q_lora_rank: int = 0
+
+    @property
+    def latent_width(self) -> int:
+        """Values one token caches per layer."""
+        return self.kv_lora_rank + self.rope_dim
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape of a decoder-only transformer (encoder fields for encoder-decoder).
 
@@ -93,6 +112,13 @@ class ModelSpec:
     qk_norm: bool = False
     #: Mixture-of-experts feed-forward (``None``: every layer has the dense MLP).
     moe: MoeSpec | None = None
+    #: Multi-head latent attention (``None``: K and V of ``kv_heads`` heads cached per layer).
+    mla: MlaSpec | None = None
+
+    @property
+    def kv_width(self) -> int:
+        """Values one token caches per layer: K and V of every KV head, or an MLA latent."""
+        return self.mla.latent_width if self.mla is not None else 2 * self.kv_heads * self.head_dim
 
     @property
     def dense_layers(self) -> int:
@@ -152,18 +178,22 @@ class ModelSpec:
         """Copies of each token's KV a replica of ``tensor_parallel`` GPUs keeps: vLLM, SGLang and
         TensorRT-LLM split the KV heads across the GPUs and replicate them when there are fewer heads
         than GPUs (4 KV heads on 8 GPUs: every head on two), so the replica holds
-        ``tensor_parallel / kv_heads`` copies of every token then."""
+        ``tensor_parallel / kv_heads`` copies of every token then; an MLA latent serves every head,
+        so each GPU keeps all of it (``tensor_parallel`` copies)."""
+        if self.mla is not None:
+            return tensor_parallel
         return max(1, tensor_parallel // self.kv_heads)
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
-        """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype."""
-        return int(2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype, "model.kv_dtype"))
+        """Bytes of K and V for one token across all layers: 2 · layers · kv_heads · head_dim · dtype
+        (MLA: layers · (kv_lora_rank + rope_dim) · dtype)."""
+        return int(self.layers * self.kv_width * dtype_bytes(kv_dtype, "model.kv_dtype"))
 
     def kv_group_bytes_per_token(self, kv_dtype: str) -> int:
         """Bytes of K and V for one token in one KV cache group (:attr:`kv_groups`):
         2 · layers per group · kv_heads · head_dim · dtype; :meth:`kv_bytes_per_token` when every
         layer attends alike (one group of all layers)."""
-        return int(2 * self.kv_groups.layers * self.kv_heads * self.head_dim * dtype_bytes(kv_dtype, "model.kv_dtype"))
+        return int(self.kv_groups.layers * self.kv_width * dtype_bytes(kv_dtype, "model.kv_dtype"))
 
     def kv_bytes_held(self, context_tokens: int, kv_dtype: str) -> int:
         """Bytes of KV a sequence of ``context_tokens`` tokens keeps resident, before block rounding:

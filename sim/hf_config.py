@@ -30,7 +30,13 @@ Mixture-of-experts feed-forwards are read into :class:`~sim.catalog.MoeSpec`: th
 width, ``shared_intermediate_size``) and which layers stay dense (``first_k_dense_replace``,
 ``mlp_only_layers``, ``decoder_sparse_step``); ``params`` then counts every expert and the routers.
 
-Multi-head latent attention, chunked local attention, linear-attention / state-space layers,
+Multi-head latent attention (``kv_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``,
+``v_head_dim``, ``q_lora_rank``: DeepSeek-V3, Kimi-K2) is read into :class:`~sim.catalog.MlaSpec`:
+a token caches ``kv_lora_rank + qk_rope_head_dim`` values per layer, and ``params`` counts the
+low-rank projections.
+
+Sparse attention over an indexer's top-k tokens (``index_topk``), chunked local attention,
+linear-attention / state-space layers,
 per-layer block shapes and quantisations kvsim has no dtype for are refused with one
 :class:`~sim.errors.ConfigError` line naming the field.
 """
@@ -42,7 +48,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from sim.catalog import FULL, SLIDING, ModelSpec, MoeSpec
+from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
 from sim.errors import ConfigError
 
 KEY = "model.hf_config"
@@ -54,7 +60,8 @@ MODELS_DIR = SCENARIO_DIR / "models"
 _SUFFIX = "_config.json"
 _QUANT_SUFFIX = "_hf_quant_config.json"
 _DENSE_ONLY = (
-    "kvsim reads decoder-only transformers, dense or mixture-of-experts, with full or sliding-window attention"
+    "kvsim reads decoder-only transformers, dense or mixture-of-experts, with full, sliding-window or "
+    "multi-head latent attention"
 )
 
 
@@ -179,7 +186,10 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
 
     layers, hidden, heads = whole("num_hidden_layers"), whole("hidden_size"), whole("num_attention_heads")
     kv_heads = whole("num_key_value_heads") if field("num_key_value_heads") is not None else heads
-    if field("head_dim") is not None:
+    mla = _mla(path, field)
+    if mla is not None:
+        head_dim = mla.nope_dim + mla.rope_dim  # the query/key head width attention computes with
+    elif field("head_dim") is not None:
         head_dim = whole("head_dim")
     elif hidden % heads:
         raise ConfigError(
@@ -210,8 +220,12 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
             )
         moe = replace(moe, expert_dtype="mxfp4")
     wq, kq, qsrc = _quantisation(path, top)
+    if moe is not None and wq == "fp8" and _block_scaled(top):
+        # Block-scaled fp8 experts run a fused-MoE kernel of their own (DeepGEMM / Triton block fp8),
+        # timed apart from per-tensor fp8 ones; the dense GEMMs stay priced as per-tensor fp8.
+        moe = replace(moe, expert_dtype="fp8_block")
     params, vision = _param_count(
-        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe
+        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe, mla
     )
     notes = [f"Hugging Face config {path.name}"]
     if cfg is not top:
@@ -223,6 +237,8 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         notes.append(f"quantisation from {qsrc.name}")
         if _block_scaled(top):
             notes.append("block-scaled fp8 weights priced as per-tensor fp8 GEMMs")
+    if mla is not None:
+        notes.append(f"multi-head latent attention: {mla.latent_width} cached values per token and layer")
     if moe is not None:
         notes.append(
             f"mixture of experts: {moe.experts_per_token} of {moe.experts} experts per token on "
@@ -246,6 +262,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         layer_types=layer_types,
         qk_norm=model_type.startswith(QK_NORM_TYPES),
         moe=moe,
+        mla=mla,
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)
@@ -267,7 +284,6 @@ def _load_json(path: Path) -> dict:
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk")
-_MLA_KEYS = ("kv_lora_rank", "q_lora_rank")
 _LINEAR_KEYS = {
     "linear_attn_config": "linear-attention layers",
     "attn_type_list": "linear-attention layers",
@@ -313,9 +329,10 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         raise ConfigError(KEY, str(path), f"block_configs: {what} not supported yet ({_DENSE_ONLY})")
     if first("attention_chunk_size") is not None:
         _refuse(path, "attention_chunk_size", first("attention_chunk_size"), "chunked local attention is")
-    for key in _MLA_KEYS:
-        if first(key) is not None:
-            _refuse(path, key, first(key), "multi-head latent attention (MLA) is")
+    if first("index_topk") is not None:
+        _refuse(path, "index_topk", first("index_topk"), "sparse attention over an indexer's top-k tokens is")
+    if first("q_lora_rank") is not None and first("kv_lora_rank") is None:
+        _refuse(path, "q_lora_rank", first("q_lora_rank"), "compressed attention without a kv_lora_rank latent is")
     types = first("layer_types")
     if types is not None:
         odd = sorted({str(t) for t in types} - {FULL, SLIDING})
@@ -383,6 +400,32 @@ def _moe(path: Path, field, layers: int, intermediate: int) -> MoeSpec | None:
     if len(dense) >= layers:
         return None  # every layer dense: the experts are never used
     return MoeSpec(experts, top_k, width, layers - len(dense), shared)
+
+
+# --- multi-head latent attention ------------------------------------------------------------
+
+
+def _mla(path: Path, field) -> MlaSpec | None:
+    """The config's multi-head latent attention (``kv_lora_rank`` and its head widths), else ``None``."""
+    if field("kv_lora_rank") in (None, 0):
+        return None
+
+    def width(key: str, minimum: int = 1) -> int:
+        v = field(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(
+                KEY, str(path), f"'{key}' must be an integer >= {minimum} for multi-head latent attention; got {v!r}"
+            )
+        return v
+
+    q = field("q_lora_rank")
+    return MlaSpec(
+        width("kv_lora_rank"),
+        width("qk_rope_head_dim"),
+        width("qk_nope_head_dim"),
+        width("v_head_dim"),
+        0 if q in (None, 0) else width("q_lora_rank"),
+    )
 
 
 # --- attention layout -----------------------------------------------------------------------
@@ -564,11 +607,17 @@ def _param_count(
     tied: bool,
     model_type: str,
     moe: MoeSpec | None = None,
+    mla: MlaSpec | None = None,
 ) -> tuple[int, int]:
     """(all weights, of which vision encoder) counted from the shapes; a mixture-of-experts layer
     counts every routed expert, the shared experts and its router (``experts × hidden``)."""
     embed = vocab * hidden * (1 if tied else 2)
     attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    if mla is not None:
+        q_out = heads * (mla.nope_dim + mla.rope_dim)
+        q = hidden * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * q_out if mla.q_lora_rank else hidden * q_out
+        kv = hidden * mla.latent_width + mla.kv_lora_rank + mla.kv_lora_rank * heads * (mla.nope_dim + mla.v_dim)
+        attn = q + kv + heads * mla.v_dim * hidden
     if cfg.get("attention_bias") or model_type.startswith("qwen2"):
         attn += (heads + 2 * kv_heads) * head_dim  # Q/K/V biases (Qwen2 always has them)
     mlp = 3 * hidden * intermediate  # gate, up, down

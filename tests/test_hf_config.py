@@ -39,6 +39,8 @@ PUBLISHED = {
     # OpenAI's gpt-oss model card: 20.91B and 116.83B in all.
     "openai/gpt-oss-20b": (20.9, None),
     "openai/gpt-oss-120b": (116.8, None),
+    # DeepSeek-V3 technical report: 671B total (the multi-token-prediction module's 14B not loaded).
+    "deepseek-ai/DeepSeek-V3": (671.0, None),
 }
 
 #: Published activated parameters (billions) of the mixture-of-experts configs (Qwen3 model cards:
@@ -48,6 +50,7 @@ ACTIVE = {
     "Qwen/Qwen3-30B-A3B-FP8": 3.3,
     "Qwen/Qwen3-235B-A22B": 22.0,
     "mistralai/Mixtral-8x7B-v0.1": 12.9,
+    "deepseek-ai/DeepSeek-V3": 37.0,
 }
 
 #: Declared dtypes (weights, KV) of the quantised checkpoints; every other shipped config is bf16/bf16.
@@ -56,6 +59,7 @@ QUANTISED = {
     "Qwen/Qwen3-32B-FP8-Static-PerTensor": ("fp8", "fp8"),
     "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),  # from its sibling hf_quant_config.json
     "Qwen/Qwen3-30B-A3B-FP8": ("fp8", "bf16"),
+    "deepseek-ai/DeepSeek-V3": ("fp8", "bf16"),  # block-scaled fp8 weights
 }
 
 
@@ -64,7 +68,7 @@ def _config_file(ident: str) -> Path:
 
 
 def test_the_shipped_set():
-    assert len(shipped_models()) == 21
+    assert len(shipped_models()) == 22
     assert {
         "Qwen/Qwen3-8B",
         "Qwen/Qwen3-32B",
@@ -92,8 +96,13 @@ def test_every_shipped_config_is_read(ident):
         cfg["vocab_size"],
         cfg["max_position_embeddings"],
     )
-    assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    if "layer_types" in cfg:  # gpt-oss: sliding and full layers alternate
+    if "kv_lora_rank" in cfg:  # MLA: the query/key head width
+        assert m.head_dim == cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"] == 192
+    else:
+        assert m.head_dim == cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    if "kv_lora_rank" in cfg:
+        assert m.mla is not None and m.sliding_window is None
+    elif "layer_types" in cfg:  # gpt-oss: sliding and full layers alternate
         assert m.layer_types == tuple(cfg["layer_types"]) and m.sliding_window == cfg["sliding_window"]
     else:
         assert m.head_dim == 128 and m.sliding_window is None and m.layer_types == ()
@@ -215,7 +224,6 @@ def test_projection_shapes_use_heads_times_head_dim():
 @pytest.mark.parametrize(
     "name,field",
     [
-        ("deepseek-ai--DeepSeek-V3", "kv_lora_rank=512"),
         ("Qwen--Qwen3.5-27B", "layer_types='linear_attention'"),
         ("nvidia--Nemotron-H-56B-Base-8K", "hybrid_override_pattern="),
     ],
@@ -249,8 +257,12 @@ DENSE = {
 @pytest.mark.parametrize(
     "extra,needle",
     [
-        ({"kv_lora_rank": 512, "q_lora_rank": 1536}, "kv_lora_rank=512: multi-head latent attention (MLA)"),
-        ({"q_lora_rank": 1024}, "q_lora_rank=1024"),
+        (
+            {"kv_lora_rank": 512, "q_lora_rank": 1536},
+            "'qk_rope_head_dim' must be an integer >= 1 for multi-head latent attention",
+        ),
+        ({"q_lora_rank": 1024}, "q_lora_rank=1024: compressed attention without a kv_lora_rank latent"),
+        ({"index_topk": 2048}, "index_topk=2048: sparse attention over an indexer's top-k tokens"),
         ({"attention_chunk_size": 8192}, "attention_chunk_size=8192: chunked local attention"),
         (
             {

@@ -175,7 +175,8 @@ class RooflineCostModel(CostModel):
     iteration's tokens wake) and do 2·active params FLOPs per token, at the
     GPU's fp8 peak for fp8 weights where it has FP8 tensor cores, else its bf16 peak;
     attention reads every attended KV token once and does 4·heads·head_dim
-    FLOPs per (query, key) pair per layer (bf16 peak); the sliding-window layers of a
+    FLOPs per (query, key) pair per layer (bf16 peak; multi-head latent attention: 2·heads·(2·latent
+    − rope) decoding over the cached latent, 2·heads·(qk + v head widths) in prefill); the sliding-window layers of a
     mixed model attend at most their window. Tensor parallelism divides both
     and adds two all-reduces per layer over NVLink (PCIe on cards without it).
     """
@@ -230,6 +231,13 @@ class RooflineCostModel(CostModel):
             self._attn_flops_per_pair = 4.0 * full * model.heads * model.head_dim
             self._w_kv_bpt = per_layer * model.sliding_layers
             self._w_flops_per_pair = 4.0 * model.sliding_layers * model.heads * model.head_dim
+        self._prefill_flops_per_pair = self._attn_flops_per_pair
+        if model.mla is not None:
+            # MLA: decode attends the cached latent with the up-projections absorbed (QK over the latent
+            # and RoPE key, PV over the latent); prefill expands keys and values per head.
+            a = model.mla
+            self._attn_flops_per_pair = 2.0 * model.layers * model.heads * (a.latent_width + a.kv_lora_rank)
+            self._prefill_flops_per_pair = 2.0 * model.layers * model.heads * (a.nope_dim + a.rope_dim + a.v_dim)
         self._act_bytes_per_token = model.hidden * dtype_bytes(weight_dtype, "model.weight_dtype")
         self._paged_factor = 1.0 + (params.paged_attention_overhead if layout.paged else 0.0)
 
@@ -275,7 +283,11 @@ class RooflineCostModel(CostModel):
         for new, ctx in batch.prefill_chunks:
             pairs += new * ctx + new * (new + 1) / 2
             kv_read += ctx + new
-        attn = max(pairs * self._attn_flops_per_pair / self._flops, kv_read * self._kv_bpt / self._bw)
+        flops = pairs * self._attn_flops_per_pair
+        if self._prefill_flops_per_pair != self._attn_flops_per_pair:
+            decode = float(batch.decode_kv_tokens)
+            flops = decode * self._attn_flops_per_pair + (pairs - decode) * self._prefill_flops_per_pair
+        attn = max(flops / self._flops, kv_read * self._kv_bpt / self._bw)
         if self._window is not None:
             w = self._window
             pairs = float(batch.decode_window_kv_tokens or batch.decode_kv_tokens)

@@ -50,6 +50,7 @@ from sim.cost.kernel_model import (
     family_to_json,
     gemm_curve,
 )
+from sim.cost.mla import MlaKernelFit, mla_decode_s, mla_prefill_s
 from sim.cost.model import BatchShape, CostModel, Layout
 from sim.cost.moe import MoeKernelFit, moe_layer_s
 from sim.cost.profile_format import validate_profile
@@ -363,6 +364,9 @@ class Profile:
     #: Fitted fused mixture-of-experts kernels, ``{backend: {weight dtype: constants and scores}}``
     #: (:class:`sim.cost.moe.MoeKernelFit` plus ``kernel``, ``rows``, ``heldout_median``, ...).
     moe: dict[str, dict[str, dict]] = field(default_factory=dict)
+    #: Fitted multi-head latent attention kernels, ``{backend: {"generation"|"context": {KV dtype: ...}}}``
+    #: (:class:`sim.cost.mla.MlaKernelFit` plus ``rows``, ``heldout_median``, ...).
+    mla: dict[str, dict[str, dict[str, dict]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Curves derived from ``kernels``, by (backend, key): shared by every cost model on this profile.
@@ -395,6 +399,10 @@ class Profile:
             out["kernel_defaults"] = dict(sorted(self.kernel_defaults.items()))
         if self.moe:
             out["moe"] = {b: dict(sorted(d.items())) for b, d in sorted(self.moe.items())}
+        if self.mla:
+            out["mla"] = {
+                b: {k: dict(sorted(d.items())) for k, d in sorted(ks.items())} for b, ks in sorted(self.mla.items())
+            }
         if self.custom_allreduce:
             out["custom_allreduce"] = {
                 e: {g: c.to_json() for g, c in sorted(cs.items(), key=lambda kv: int(kv[0]))}
@@ -448,6 +456,10 @@ class Profile:
                     for e, cs in doc.get("custom_allreduce", {}).items()
                 },
                 moe={str(b): {str(d): dict(v) for d, v in ds.items()} for b, ds in doc.get("moe", {}).items()},
+                mla={
+                    str(b): {str(k): {str(d): dict(v) for d, v in ds.items()} for k, ds in ks.items()}
+                    for b, ks in doc.get("mla", {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
             raise ConfigError(
@@ -510,6 +522,16 @@ class Profile:
             for d in twins.get(dtype, (dtype,)):
                 if d in fits:
                     return b, d, MoeKernelFit.from_json(fits[d])
+        return None
+
+    def mla_fit(self, backend: str | None, kind: str, kv_dtype: str) -> tuple[str, str, MlaKernelFit] | None:
+        """(backend, KV dtype, constants) of the MLA ``kind`` (``generation``/``context``) kernel over a
+        ``kv_dtype`` cache: ``backend``'s own fit, else the profile default backend's; ``None``: none."""
+        kd = "bf16" if kv_dtype == "fp16" else kv_dtype
+        for b in ([backend] if backend else []) + [self.kernel_defaults.get("mla", "")]:
+            fits = (self.mla.get(b) or {}).get(kind) or {}
+            if kd in fits:
+                return b, kd, MlaKernelFit.from_json(fits[kd])
         return None
 
     def fp8_gemm_excess_s(self, backend: str | None, dtype: str = "fp8") -> float:
@@ -697,9 +719,18 @@ def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str) -> Sha
     d = model.head_dim
     if model.intermediate % tp or model.vocab % tp:
         raise ConfigError("parallelism.tensor_parallel", tp, "a divisor of the intermediate size and vocabulary")
+    if model.mla is not None:
+        # MLA: the query up-projection (from the q_lora_rank bottleneck, or from hidden) and the output
+        # projection from the per-head value width; the down-projections are priced apart.
+        a = model.mla
+        qkv = gemm_key(h * (a.nope_dim + a.rope_dim), a.q_lora_rank or model.hidden, gemm_dtype)
+        o = gemm_key(model.hidden, h * a.v_dim, gemm_dtype)
+    else:
+        qkv = gemm_key((h + 2 * kvh) * d, model.hidden, gemm_dtype)
+        o = gemm_key(model.hidden, h * d, gemm_dtype)
     return ShapeKeys(
-        qkv=gemm_key((h + 2 * kvh) * d, model.hidden, gemm_dtype),
-        o=gemm_key(model.hidden, h * d, gemm_dtype),
+        qkv=qkv,
+        o=o,
         gate_up=gemm_key(2 * model.intermediate // tp, model.hidden, gemm_dtype),
         down=gemm_key(model.hidden, model.intermediate // tp, gemm_dtype),
         lm_head=gemm_key(model.vocab // tp, model.hidden, gemm_dtype),
@@ -765,6 +796,8 @@ class ProfileCostModel(CostModel):
         self.name = profile.name
         #: The serving engine's framework terms (``None``: the profile's own measured overhead, as is).
         self.engine = engine
+        #: Which MLA attention fits price a multi-head latent attention model, for ``describe``.
+        self._mla_info: dict[str, Any] = {}
         #: Layers whose attention spans each sequence's whole KV, as a plain attribute (read on every
         #: priced iteration): every layer, less the sliding-window layers of a model that mixes both.
         self._layers: int = model.layers - (model.sliding_layers if model.mixed_window is not None else 0)
@@ -780,9 +813,14 @@ class ProfileCostModel(CostModel):
             proj: self._need(profile.gemm_curve(key, backend), key, f"GEMM {proj}")
             for proj, key in self.keys.gemms().items()
         }
-        ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
-        self._gen: Grid2D = self._need(gen, self.keys.attention, "generation attention")
-        self._ctx: Grid2D = self._need(ctx, self.keys.attention, "context attention")
+        #: Per-token GEMMs besides the four of ``_gemm_tok`` (MLA's replicated query and KV down-projections).
+        self._gemm_extra: list[tuple[str, Curve1D]] = []
+        if model.mla is not None:
+            self._gen, self._ctx = self._mla_grids(model, wd, kd, backend)
+        else:
+            ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
+            self._gen = self._need(gen, self.keys.attention, "generation attention")
+            self._ctx = self._need(ctx, self.keys.attention, "context attention")
         self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
@@ -914,6 +952,57 @@ class ProfileCostModel(CostModel):
         # Measured device profiles carry size curves (seconds vs bytes) per operation.
         self._mem_curves = {k: Curve1D.from_json(v) for k, v in mem.get("curves", {}).items()}
 
+    def _mla_grids(self, model: ModelSpec, wd: str, kd: str, backend: str | None) -> tuple[Grid2D, Grid2D]:
+        """Decode and prefill attention grids of a multi-head latent attention model: the fitted MLA
+        kernels (``sim/cost/mla.py``) plus, per decoding sequence, the absorbed per-head up-projections
+        (bf16 batched GEMMs) and, per prefilled token, the KV up-projection; and the replicated query
+        and KV down-projections as per-token GEMMs (``_gemm_extra``)."""
+        mla = model.mla
+        assert mla is not None
+        h = model.heads // self.tp
+        fits = {}
+        for kind in ("generation", "context"):
+            found = self.profile.mla_fit(backend, kind, kd)
+            if found is None:
+                have = sorted(
+                    {f"{b}:{k}:{d}" for b, ks in self.profile.mla.items() for k, ds in ks.items() for d in ds}
+                )
+                raise ConfigError(
+                    KEY,
+                    self.profile.name,
+                    f"a profile with a multi-head latent attention ({kind}) kernel fit for a {kd} KV cache "
+                    f"(model {model.name!r}); {self.profile.name} has {', '.join(have) or 'none (no MLA kernel tables for this GPU)'}",
+                )
+            fits[kind] = found
+        self._mla_info = {k: {"backend": b, "kv_dtype": d} for k, (b, d, _) in fits.items()}
+
+        def curve(name: str, n: int, k: int, dtype: str) -> Curve1D:
+            key = gemm_key(n, k, dtype)
+            return self._need(self.profile.gemm_curve(key, backend), key, name)
+
+        if mla.q_lora_rank:
+            self._gemm_extra.append(("gemm_q_down", curve("GEMM q down", mla.q_lora_rank, model.hidden, wd)))
+        self._gemm_extra.append(("gemm_kv_down", curve("GEMM kv down", mla.latent_width, model.hidden, wd)))
+        uk = curve("absorbed K up", h * mla.kv_lora_rank, mla.nope_dim, "bf16")
+        uv = curve("absorbed V up", h * mla.v_dim, mla.kv_lora_rank, "bf16")
+        kv_up = curve("GEMM kv up", h * (mla.nope_dim + mla.v_dim), mla.kv_lora_rank, wd)
+        kv_bytes = elem_bytes(kd)
+        batch = np.exp2(np.arange(0.0, 10.01, 0.5))
+        length = np.exp2(np.arange(0.0, 17.01, 0.5))
+        gen_fit, ctx_fit = fits["generation"][2], fits["context"][2]
+        gen = np.array(
+            [
+                [mla_decode_s(gen_fit, b, b * n, h, mla, kv_bytes) + uk.at(b)[0] + uv.at(b)[0] for n in length]
+                for b in batch
+            ]
+        )
+        ctx = np.array([[mla_prefill_s(ctx_fit, b, n, h, mla) + kv_up.at(b * n)[0] for n in length] for b in batch])
+        meta = {"kernel": "multi-head latent attention (fitted)", "length_is": "KV tokens per sequence"}
+        return (
+            Grid2D(batch, length, gen, {**meta, "backend": fits["generation"][0]}),
+            Grid2D(batch, length, ctx, {**meta, "backend": fits["context"][0], "length_is": "prompt tokens"}),
+        )
+
     def _init_moe(self, model: ModelSpec, wd: str, backend: str | None) -> None:
         """The fused-expert kernel fit, the router GEMM and the shared experts' GEMMs of a MoE model."""
         moe = model.moe
@@ -1033,6 +1122,11 @@ class ProfileCostModel(CostModel):
                 mlp += t
             else:
                 total += t
+        for name, curve in self._gemm_extra:
+            t, oor = curve.at(tokens)
+            if oor:
+                counts.append((name, oor))
+            total += t
         per_layer = total + self._ew_fixed + self._ew_per_token * tokens
         val = self.model.layers * per_layer
         if self._moe_layers:
@@ -1307,6 +1401,7 @@ class ProfileCostModel(CostModel):
             "layout": {"paged": self.layout.paged, "block_size": self.layout.block_size},
             "out_of_range": dict(self.out_of_range),
             **({"moe_kernel": self._moe_info} if self._moe_info else {}),
+            **({"mla_kernel": self._mla_info} if self._mla_info else {}),
         }
 
 

@@ -236,6 +236,15 @@ class MoeKernel(_Part):
     flops: float = Field(gt=0)
 
 
+class MlaKernel(_Part):
+    """One fitted multi-head latent attention kernel (``sim/cost/mla.py``)."""
+
+    latency_s: float = Field(ge=0)
+    per_item_s: float = Field(ge=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+    flops: float = Field(gt=0)
+
+
 class ProfileDoc(_Part):
     format: Literal["kvsim-profile"]
     version: Literal[1, 2]
@@ -258,6 +267,8 @@ class ProfileDoc(_Part):
     custom_allreduce: dict[str, dict[str, Curve]] = {}
     #: Fused MoE kernels: {backend: {weight dtype: constants}}.
     moe: dict[str, dict[str, MoeKernel]] = {}
+    #: MLA attention kernels: {backend: {"generation" | "context": {KV dtype: constants}}}.
+    mla: dict[str, dict[Literal["generation", "context"], dict[str, MlaKernel]]] = {}
 
     @field_validator("allreduce")
     @classmethod

@@ -282,10 +282,12 @@ def simulate(
     groups = dep.kv_layer_groups()
     if groups is not None:
         summary["kv_layer_groups"] = groups
-    moe_kernel = cost.describe().get("moe_kernel")
-    if moe_kernel:
+    described = cost.describe()
+    if described.get("moe_kernel"):
         # Which fitted fused-MoE kernel priced the experts, and its held-out error on its table.
-        summary["cost_model_moe_kernel"] = moe_kernel
+        summary["cost_model_moe_kernel"] = described["moe_kernel"]
+    if described.get("mla_kernel"):
+        summary["cost_model_mla_kernel"] = described["mla_kernel"]
     # Which engine ran (sim/native.py): same results either way, about twice the speed compiled.
     info = {
         "wall_s": time.perf_counter() - wall0,
