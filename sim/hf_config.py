@@ -43,6 +43,7 @@ per-layer block shapes and quantisations kvsim has no dtype for are refused with
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -53,7 +54,18 @@ from sim.errors import ConfigError
 
 KEY = "model.hf_config"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SCENARIO_DIR = REPO_ROOT / "scenarios"
+
+
+def _scenario_dir() -> Path:
+    """The package data ``sim.scenarios`` (the repository's ``scenarios/``), as ``sim.config`` finds it:
+    a wheel carries the shipped configs outside a checkout."""
+    try:
+        return Path(str(importlib.resources.files("sim.scenarios")))
+    except ModuleNotFoundError:
+        return REPO_ROOT / "scenarios"
+
+
+SCENARIO_DIR = _scenario_dir()
 #: Configs shipped with kvsim, named ``<org>--<model>_config.json`` (``<org>/<model>`` on the Hub).
 MODELS_DIR = SCENARIO_DIR / "models"
 

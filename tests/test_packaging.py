@@ -138,6 +138,8 @@ def test_wheel_holds_the_data(installed):
         "sim/scenarios/traces/AzureLLMInferenceTrace_conv.csv",
         "sim/scenarios/traces/SOURCES.md",
         "sim/scenarios/guide/long-context.yaml",
+        "sim/scenarios/models/Qwen--Qwen3-32B_config.json",
+        "sim/scenarios/models/LICENSE",
         "sim/profiles/h100-sxm.json",
         "calibration/data/gpu-kernels/h100_sxm/system.yaml",
         "calibration/data/gpu-kernels/LICENSE",
@@ -183,6 +185,21 @@ def test_installed_kvsim_runs_chat_api_outside_the_checkout(installed):
         "trace",
     )
     assert trace.returncode == 0, trace.stderr
+    # A shipped Hugging Face config, by its id, from the package.
+    moe = _run(
+        installed,
+        installed["kvsim"],
+        "run",
+        "chat-api",
+        "--model",
+        "Qwen/Qwen3-30B-A3B",
+        "--set",
+        "workload.num_requests=30",
+        "--quiet",
+        "--out",
+        "moe",
+    )
+    assert moe.returncode == 0, moe.stderr
     data = _run(
         installed,
         installed["python"],
