@@ -7,6 +7,10 @@ one with the most rows is fitted (the engine's general path; the others cover a 
 The constants are fitted in log space (relative error) on a random 80 % of the rows (fixed seed)
 and scored on the other 20 % (``heldout_median``/``heldout_p90``, relative error), then refitted
 on all rows.
+
+Each fit also keeps the table's own latency curve of every shape it measured (``shapes``: hidden
+size, expert width, experts per token, experts and expert TP → seconds vs tokens), which prices a
+model of exactly that shape in place of the form.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from sim.catalog import DTYPE_BYTES
-from sim.cost.moe import MoeKernelFit, moe_layer_s
+from sim.cost.moe import MoeKernelFit, moe_layer_s, moe_shape_key
 from sim.errors import ConfigError
 
 #: Table dtype names -> kvsim weight dtypes.
@@ -90,6 +94,17 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
         p = _solve(sub, y[train], wbytes, bandwidth, peak)
         err = np.abs(_predict(p, {c: v[test] for c, v in cols.items()}, wbytes) / y[test] - 1.0)
         fit = MoeKernelFit(*np.exp(_solve(cols, y, wbytes, bandwidth, peak)))
+        shapes: dict[str, dict] = {}
+        keys = list(
+            zip(*(cols[c].astype(int) for c in ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")))
+        )
+        for key in sorted(set(keys)):
+            at = [i for i, k in enumerate(keys) if k == key]
+            tokens = cols["num_tokens"][at]
+            order = np.argsort(tokens)
+            x, t = tokens[order], y[at][order]
+            if len(x) >= 4 and np.all(np.diff(x) > 0):
+                shapes[moe_shape_key(*key)] = {"x": [int(v) for v in x], "t_s": [float(f"{v:.5g}") for v in t]}
         out[dtype] = {
             "kernel": kernel,
             **{k: float(f"{v:.5g}") for k, v in fit.to_json().items()},
@@ -97,5 +112,6 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
             "heldout_median": round(float(np.median(err)), 4),
             "heldout_p90": round(float(np.percentile(err, 90)), 4),
             "source": f"{path.parent.parent.parent.parent.name}/moe/{path.parent.parent.name}/{path.parent.name}/{path.name}",
+            "shapes": shapes,
         }
     return out

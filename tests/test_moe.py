@@ -261,3 +261,34 @@ def test_moe_scenario_runs_calibrated():
     cap = s["kv_capacity_bytes_per_replica"]
     assert cap < 0.9 * H100.memory_bytes - m.weight_bytes("bf16")
     assert cap > 0.9 * H100.memory_bytes - m.weight_bytes("bf16") - 4 * 2**30
+
+
+def test_a_measured_shape_prices_on_its_own_curve():
+    """Qwen3-30B-A3B's expert shape is in vLLM's H100 table: its MoE layer is the measured latency at a
+    measured token count; a shape the table lacks takes the fitted form."""
+    import pyarrow.compute as pc
+
+    m = _spec("Qwen/Qwen3-30B-A3B")
+    prof = load_profile("h100-sxm")
+    cm = ProfileCostModel(prof, m, H100, engine=get_preset("vllm"))
+    info = cm.describe()["moe_kernel"]
+    assert info["measured_shape"] is True
+    root = Path(__file__).resolve().parent.parent
+    t = pq.read_table(root / "calibration/data/gpu-kernels/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet")
+    sel = t.filter(
+        pc.and_(
+            pc.and_(pc.equal(t["moe_dtype"], "bfloat16"), pc.equal(t["kernel_source"], info["kernel"])),
+            pc.and_(
+                pc.and_(pc.equal(t["hidden_size"], 2048), pc.equal(t["inter_size"], 768)),
+                pc.and_(pc.equal(t["num_experts"], 128), pc.equal(t["moe_tp_size"], 1)),
+            ),
+        )
+    )
+    row = sel.filter(pc.equal(sel["num_tokens"], 256))
+    measured = row["latency"][0].as_py() * 1e-3
+    router = cm._moe_extra[0][1].at(256)[0]
+    assert cm._moe_layer_s(256, []) == pytest.approx(measured + router, rel=1e-4)
+    moe = m.moe
+    assert moe is not None
+    other = ProfileCostModel(prof, replace(m, moe=replace(moe, experts=96)), H100, engine=get_preset("vllm"))
+    assert other.describe()["moe_kernel"]["measured_shape"] is False

@@ -45,6 +45,12 @@ class MoeKernelFit:
         )
 
 
+def moe_shape_key(hidden: int, width: int, top_k: int, experts: int, tensor_parallel: int) -> str:
+    """Key of a measured MoE layer shape in a profile's ``moe.<backend>.<dtype>.shapes`` (``width``:
+    one expert's whole intermediate size; ``tensor_parallel``: the GPUs it is split over)."""
+    return f"{hidden}/{width}/{top_k}of{experts}/tp{tensor_parallel}"
+
+
 def experts_woken(tokens: float, experts: int, top_k: int) -> float:
     """Experts that receive at least one of ``tokens`` tokens routed to ``top_k`` each: the mean under
     uniform random routing. At 8–16 tokens of a 128-expert, top-8 model this is 0.6–0.8 of

@@ -52,7 +52,7 @@ from sim.cost.kernel_model import (
 )
 from sim.cost.mla import MlaKernelFit, mla_decode_s, mla_prefill_s
 from sim.cost.model import BatchShape, CostModel, Layout
-from sim.cost.moe import MoeKernelFit, moe_layer_s
+from sim.cost.moe import MoeKernelFit, moe_layer_s, moe_shape_key
 from sim.cost.profile_format import validate_profile
 from sim.engine_presets import EnginePreset
 from sim.errors import ConfigError
@@ -939,6 +939,8 @@ class ProfileCostModel(CostModel):
         self._moe_layers: int = 0
         self._dense_layers: int = model.layers
         self._moe_fit: MoeKernelFit | None = None
+        #: The table's measured curve when it timed this exact shape (``None``: the fitted form).
+        self._moe_curve: Curve1D | None = None
         #: Which fused-MoE fit prices the experts and its held-out error, for ``describe``.
         self._moe_info: dict[str, Any] = {}
         self._moe_extra: list[tuple[str, Curve1D]] = []
@@ -1027,9 +1029,16 @@ class ProfileCostModel(CostModel):
             )
         self._moe_fit = found[2]
         entry = self.profile.moe[found[0]][found[1]]
+        # A shape the table measured is priced on its own measured curve, others on the fitted form.
+        shape = (entry.get("shapes") or {}).get(
+            moe_shape_key(model.hidden, moe.expert_intermediate, moe.experts_per_token, moe.experts, self.tp)
+        )
+        if shape is not None:
+            self._moe_curve = Curve1D.from_json(shape)
         self._moe_info = {
             "backend": found[0],
             "weight_dtype": found[1],
+            "measured_shape": shape is not None,
             **{k: entry[k] for k in ("kernel", "heldout_median", "heldout_p90") if k in entry},
         }
         self._moe_layers = moe.moe_layers
@@ -1056,7 +1065,12 @@ class ProfileCostModel(CostModel):
         fit = self._moe_fit
         assert fit is not None
         e, k, h, w, wb = self._moe_shape
-        total = moe_layer_s(fit, tokens, e, k, h, w, wb)
+        if self._moe_curve is not None:
+            total, oor = self._moe_curve.at(tokens)
+            if oor:
+                counts.append(("moe", oor))
+        else:
+            total = moe_layer_s(fit, tokens, e, k, h, w, wb)
         for name, curve in self._moe_extra:
             t, oor = curve.at(tokens)
             if oor:

@@ -234,6 +234,8 @@ class MoeKernel(_Part):
     per_expert_s: float = Field(ge=0)
     bandwidth_bytes_per_s: float = Field(gt=0)
     flops: float = Field(gt=0)
+    #: The table's own curves of the shapes it measured: seconds vs tokens.
+    shapes: dict[str, Curve] = {}
 
 
 class MlaKernel(_Part):
