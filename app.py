@@ -20,7 +20,7 @@ import streamlit as st
 from sim import explorer as X
 from sim.allocators import KINDS
 from sim.analysis import plots
-from sim.catalog import GPUS, MODELS
+from sim.catalog import GPUS
 from sim.config import apply_overrides
 from sim.errors import ConfigError
 
@@ -237,7 +237,15 @@ def knob_widgets(allocator: bool = True) -> None:
     sb = st.sidebar
     K = S.knobs
     with sb.expander("Model & GPU", expanded=True):
-        knob("selectbox", "Model", "model.name", st, options=options_with(list(MODELS), K["model.name"]))
+        knob(
+            "selectbox",
+            "Model",
+            "model.name",
+            st,
+            options=options_with(X.model_choices(), K["model.name"]),
+            help="a catalog model, or a Hugging Face config shipped with kvsim (mixture-of-experts and "
+            "latent-attention models among them)",
+        )
         knob("selectbox", "GPU", "gpu.name", st, options=options_with(list(GPUS), K["gpu.name"]))
         c1, c2 = st.columns(2)
         knob("number_input", "Replicas", "gpu.replicas", c1, min_value=1, max_value=4096, step=1)

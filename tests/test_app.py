@@ -229,3 +229,15 @@ def test_sweeps_page_runs_a_small_sweep_and_plan(at):
     plan = at.session_state["plan"]
     assert [c["name"] for c in plan["candidates"]] == ["paged"]
     assert at.success and charts(at) == 3
+
+
+def test_explore_a_shipped_mixture_of_experts_config(at):
+    """The model picker offers the shipped Hugging Face configs; a MoE one runs calibrated."""
+    box = at.selectbox(key="knob.model.name")
+    assert "Qwen/Qwen3-30B-A3B" in box.options and "llama-3.1-8b" in box.options
+    box.set_value("Qwen/Qwen3-30B-A3B").run()
+    assert not at.exception, at.exception
+    m = small_run(at)
+    assert m["TTFT p99 (s)"] != "–"
+    status = " ".join(c.value for c in at.caption)
+    assert "cost model `h100-sxm`" in status and "uncalibrated" not in status, status

@@ -452,3 +452,19 @@ def test_explorer_model_pick_replaces_the_config():
     edited = X.edited_scenario(base, {"model.name": "llama-3.1-8b"})
     assert model_spec(scenario_from_dict(edited)) == MODELS["llama-3.1-8b"]
     assert X.edited_scenario(base, {"model.name": "Qwen/Qwen3-8B"}) == base  # unchanged pick: no edit
+
+
+def test_explorer_model_pick_of_a_shipped_config():
+    """The page's model picker offers the shipped configs; picking one makes the config the model."""
+    from sim import explorer as X
+
+    choices = X.model_choices()
+    assert "llama-3.1-8b" in choices and "Qwen/Qwen3-30B-A3B" in choices and "deepseek-ai/DeepSeek-V3" in choices
+    base = {"model": {"name": "llama-3.1-8b"}}
+    edited = X.edited_scenario(base, {"model.name": "Qwen/Qwen3-30B-A3B"})
+    assert edited["model"]["hf_config"] == "Qwen/Qwen3-30B-A3B" and edited["model"].get("name") is None
+    m = model_spec(scenario_from_dict(edited))
+    assert m.name == "Qwen/Qwen3-30B-A3B" and m.moe is not None and m.moe.experts == 128
+    # And back to a catalog model.
+    again = X.edited_scenario(edited, {"model.name": "llama-3.1-8b"})
+    assert model_spec(scenario_from_dict(again)) == MODELS["llama-3.1-8b"]

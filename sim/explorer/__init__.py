@@ -51,6 +51,7 @@ from sim.explorer.knobs import (
     edited_scenario,
     edited_scenario_yaml,
     knobs_from_scenario,
+    model_choices,
     overrides_from_knobs,
 )
 from sim.explorer.kpi import DEFAULT_SLO, KPI_LABELS, KPI_SPEC, format_kpi, kpi_delta, kpis, slo_from_knobs
@@ -136,6 +137,7 @@ __all__ = [
     "figures_html",
     "format_kpi",
     "knobs_from_scenario",
+    "model_choices",
     "kpi_delta",
     "kpis",
     "measured_points",

@@ -12,7 +12,9 @@ from typing import Any
 
 import yaml
 
+from sim.catalog import MODELS
 from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict
+from sim.hf_config import shipped_models
 
 #: Knobs shown in Explore, as dotted scenario keys (plus the ``slo.*`` keys, which are not).
 LENGTH_KNOBS = {
@@ -159,11 +161,20 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
     if lengths_kind == "trace" and base_lengths_none:
         out.pop("workload.lengths.kind", None)
     base_hf = base.model.hf_config if isinstance(base, Scenario) else (base.get("model") or {}).get("hf_config")
-    if "model.name" in out and base_hf is not None:
+    picked = out.get("model.name")
+    if picked is not None and picked not in MODELS and picked in shipped_models():
+        # A shipped Hugging Face config picked in the page: the config is the model.
+        out["model.hf_config"], out["model.name"] = picked, None
+    elif "model.name" in out and base_hf is not None:
         out["model.hf_config"] = None  # a catalog model picked in the page replaces the config's model
     if isinstance(out.get("workload.num_requests"), float):
         out["workload.num_requests"] = int(out["workload.num_requests"])
     return out
+
+
+def model_choices() -> list[str]:
+    """The page's model picker: catalog names, then the Hugging Face configs shipped with kvsim."""
+    return [*MODELS, *shipped_models()]
 
 
 def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
