@@ -10,7 +10,6 @@ allowed (:class:`sim.errors.ConfigError`).
 from __future__ import annotations
 
 import copy
-import importlib.resources
 import re
 import typing
 from pathlib import Path
@@ -52,22 +51,8 @@ from sim.limits import (
     MIN_RATE,
     MIN_TIME_SCALE,
 )
+from sim.package_data import SCENARIO_DIR
 from sim.strict import strict_scalar
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _scenario_dir() -> Path:
-    """The built-in scenarios: package data ``sim.scenarios`` (the repository's ``scenarios/``,
-    mapped by ``pyproject.toml``), so a wheel finds them outside a checkout."""
-    try:
-        return Path(str(importlib.resources.files("sim.scenarios")))
-    except ModuleNotFoundError:
-        # A checkout used without installing (PYTHONPATH=.): the folder next to sim/.
-        return REPO_ROOT / "scenarios"
-
-
-SCENARIO_DIR = _scenario_dir()
 
 #: Marks a field whose value names a file (``json_schema_extra``). Untrusted scenarios (the
 #: explorer's uploads) have every such field vetted at any depth: see :func:`file_fields`.

@@ -43,7 +43,6 @@ per-layer block shapes and quantisations kvsim has no dtype for are refused with
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -51,21 +50,9 @@ from pathlib import Path
 
 from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
 from sim.errors import ConfigError
+from sim.package_data import SCENARIO_DIR
 
 KEY = "model.hf_config"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def _scenario_dir() -> Path:
-    """The package data ``sim.scenarios`` (the repository's ``scenarios/``), as ``sim.config`` finds it:
-    a wheel carries the shipped configs outside a checkout."""
-    try:
-        return Path(str(importlib.resources.files("sim.scenarios")))
-    except ModuleNotFoundError:
-        return REPO_ROOT / "scenarios"
-
-
-SCENARIO_DIR = _scenario_dir()
 #: Configs shipped with kvsim, named ``<org>--<model>_config.json`` (``<org>/<model>`` on the Hub).
 MODELS_DIR = SCENARIO_DIR / "models"
 
@@ -192,9 +179,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         v = field(name)
         if v is None:
             raise ConfigError(KEY, str(path), f"a decoder-only transformer config.json with '{name}' ({_DENSE_ONLY})")
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(KEY, str(path), f"'{name}' must be an integer >= {minimum}; got {v!r}")
-        return v
+        return _int(path, field, name, minimum)
 
     layers, hidden, heads = whole("num_hidden_layers"), whole("hidden_size"), whole("num_attention_heads")
     kv_heads = whole("num_key_value_heads") if field("num_key_value_heads") is not None else heads
@@ -364,6 +349,14 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         _refuse(path, "is_encoder_decoder", True, "encoder-decoder models read from config.json are")
 
 
+def _int(path: Path, field, key: str, minimum: int, purpose: str = "") -> int:
+    """The config's integer ``key`` (``field`` reads it), at least ``minimum``, else a ConfigError naming it."""
+    v = field(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}{purpose}; got {v!r}")
+    return v
+
+
 # --- mixture of experts ---------------------------------------------------------------------
 
 
@@ -371,10 +364,7 @@ def _moe(path: Path, field, layers: int, intermediate: int) -> MoeSpec | None:
     """The config's mixture-of-experts feed-forward (module docstring), ``None`` for a dense model."""
 
     def count(key: str, minimum: int) -> int:
-        v = field(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}; got {v!r}")
-        return v
+        return _int(path, field, key, minimum)
 
     e_key = next((k for k in _MOE_KEYS if field(k) not in (None, 0)), None)
     if e_key is None:
@@ -422,13 +412,8 @@ def _mla(path: Path, field) -> MlaSpec | None:
     if field("kv_lora_rank") in (None, 0):
         return None
 
-    def width(key: str, minimum: int = 1) -> int:
-        v = field(key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(
-                KEY, str(path), f"'{key}' must be an integer >= {minimum} for multi-head latent attention; got {v!r}"
-            )
-        return v
+    def width(key: str) -> int:
+        return _int(path, field, key, 1, " for multi-head latent attention")
 
     q = field("q_lora_rank")
     return MlaSpec(

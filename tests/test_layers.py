@@ -15,6 +15,7 @@ LAYERS = [
         "limits",
         "strict",
         "inputs",
+        "package_data",
         "config",
         "catalog",
         "hf_config",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from sim.config import REPO_ROOT
 from sim.explorer.uploads import MAX_SWEEP_BYTES
+from sim.package_data import REPO_ROOT
 
 APP_PATH = REPO_ROOT / "app.py"
 
