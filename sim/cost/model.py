@@ -209,7 +209,7 @@ class RooflineCostModel(CostModel):
         self._linear_flops_per_token = 2.0 * max(active - 2 * embed, active * 0.5)
         #: A mixture-of-experts model reads only the experts an iteration's tokens wake:
         #: ``_weight_bytes`` is then every other weight, ``_expert_bytes`` one routed expert's
-        #: weights over its MoE layers (``sim/cost/moe.py``, balanced routing).
+        #: weights over its MoE layers (``sim/cost/moe.py``: the woken experts of uniform random routing).
         self._expert_bytes = 0.0
         self._experts, self._top_k = 0, 0
         if model.moe is not None:

@@ -810,13 +810,12 @@ class ProfileCostModel(CostModel):
         self.kernels: str | None = engine.kernels if engine is not None and engine.kernels in profile.kernels else None
         backend = self.kernels
         self._gemm: dict[str, Curve1D] = {
-            proj: self._need(profile.gemm_curve(key, backend), key, f"GEMM {proj}")
-            for proj, key in self.keys.gemms().items()
+            proj: self._gemm_curve(key, f"GEMM {proj}") for proj, key in self.keys.gemms().items()
         }
         #: Per-token GEMMs besides the four of ``_gemm_tok`` (MLA's replicated query and KV down-projections).
         self._gemm_extra: list[tuple[str, Curve1D]] = []
         if model.mla is not None:
-            self._gen, self._ctx = self._mla_grids(model, wd, kd, backend)
+            self._gen, self._ctx = self._mla_grids(model, wd, kd)
         else:
             ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
             self._gen = self._need(gen, self.keys.attention, "generation attention")
@@ -946,7 +945,7 @@ class ProfileCostModel(CostModel):
         self._moe_extra: list[tuple[str, Curve1D]] = []
         self._moe_shape: tuple[int, int, int, float, float] = (0, 0, 0, 0.0, 0.0)
         if model.moe is not None:
-            self._init_moe(model, wd, backend)
+            self._init_moe(model, wd)
         mem = profile.memory
         self._mem_lat, self._mem_bw = float(mem["latency_s"]), float(mem["bandwidth_bytes_per_s"])
         self._host_lat, self._host_bw = float(mem["host_latency_s"]), float(mem["host_bandwidth_bytes_per_s"])
@@ -954,7 +953,7 @@ class ProfileCostModel(CostModel):
         # Measured device profiles carry size curves (seconds vs bytes) per operation.
         self._mem_curves = {k: Curve1D.from_json(v) for k, v in mem.get("curves", {}).items()}
 
-    def _mla_grids(self, model: ModelSpec, wd: str, kd: str, backend: str | None) -> tuple[Grid2D, Grid2D]:
+    def _mla_grids(self, model: ModelSpec, wd: str, kd: str) -> tuple[Grid2D, Grid2D]:
         """Decode and prefill attention grids of a multi-head latent attention model: the fitted MLA
         kernels (``sim/cost/mla.py``) plus, per decoding sequence, the absorbed per-head up-projections
         (bf16 batched GEMMs) and, per prefilled token, the KV up-projection; and the replicated query
@@ -964,7 +963,7 @@ class ProfileCostModel(CostModel):
         h = model.heads // self.tp
         fits = {}
         for kind in ("generation", "context"):
-            found = self.profile.mla_fit(backend, kind, kd)
+            found = self.profile.mla_fit(self.kernels, kind, kd)
             if found is None:
                 have = sorted(
                     {f"{b}:{k}:{d}" for b, ks in self.profile.mla.items() for k, ds in ks.items() for d in ds}
@@ -978,16 +977,13 @@ class ProfileCostModel(CostModel):
             fits[kind] = found
         self._mla_info = {k: {"backend": b, "kv_dtype": d} for k, (b, d, _) in fits.items()}
 
-        def curve(name: str, n: int, k: int, dtype: str) -> Curve1D:
-            key = gemm_key(n, k, dtype)
-            return self._need(self.profile.gemm_curve(key, backend), key, name)
-
+        curve = self._gemm_curve
         if mla.q_lora_rank:
-            self._gemm_extra.append(("gemm_q_down", curve("GEMM q down", mla.q_lora_rank, model.hidden, wd)))
-        self._gemm_extra.append(("gemm_kv_down", curve("GEMM kv down", mla.latent_width, model.hidden, wd)))
-        uk = curve("absorbed K up", h * mla.kv_lora_rank, mla.nope_dim, "bf16")
-        uv = curve("absorbed V up", h * mla.v_dim, mla.kv_lora_rank, "bf16")
-        kv_up = curve("GEMM kv up", h * (mla.nope_dim + mla.v_dim), mla.kv_lora_rank, wd)
+            self._gemm_extra.append(("gemm_q_down", curve(gemm_key(mla.q_lora_rank, model.hidden, wd), "GEMM q down")))
+        self._gemm_extra.append(("gemm_kv_down", curve(gemm_key(mla.latent_width, model.hidden, wd), "GEMM kv down")))
+        uk = curve(gemm_key(h * mla.kv_lora_rank, mla.nope_dim, "bf16"), "absorbed K up")
+        uv = curve(gemm_key(h * mla.v_dim, mla.kv_lora_rank, "bf16"), "absorbed V up")
+        kv_up = curve(gemm_key(h * (mla.nope_dim + mla.v_dim), mla.kv_lora_rank, wd), "GEMM kv up")
         kv_bytes = elem_bytes(kd)
         batch = np.exp2(np.arange(0.0, 10.01, 0.5))
         length = np.exp2(np.arange(0.0, 17.01, 0.5))
@@ -1005,7 +1001,7 @@ class ProfileCostModel(CostModel):
             Grid2D(batch, length, ctx, {**meta, "backend": fits["context"][0], "length_is": "prompt tokens"}),
         )
 
-    def _init_moe(self, model: ModelSpec, wd: str, backend: str | None) -> None:
+    def _init_moe(self, model: ModelSpec, wd: str) -> None:
         """The fused-expert kernel fit, the router GEMM and the shared experts' GEMMs of a MoE model."""
         moe = model.moe
         assert moe is not None
@@ -1017,7 +1013,7 @@ class ProfileCostModel(CostModel):
                 + (f" and shared-expert width {moe.shared_intermediate}" if moe.shared_intermediate else ""),
             )
         expert_dtype = moe.expert_dtype or wd
-        found = self.profile.moe_fit(backend, expert_dtype)
+        found = self.profile.moe_fit(self.kernels, expert_dtype)
         if found is None:
             have = sorted({f"{b}:{d}" for b, ds in self.profile.moe.items() for d in ds})
             raise ConfigError(
@@ -1058,7 +1054,7 @@ class ProfileCostModel(CostModel):
                 ("gemm_shared_gate_up", gemm_key(2 * si, model.hidden, wd)),
                 ("gemm_shared_down", gemm_key(model.hidden, si, wd)),
             ]
-        self._moe_extra = [(name, self._need(self.profile.gemm_curve(key, backend), key, name)) for name, key in extra]
+        self._moe_extra = [(name, self._gemm_curve(key, name)) for name, key in extra]
 
     def _moe_layer_s(self, tokens: float, counts: list) -> float:
         """One MoE layer's feed-forward at ``tokens``: fused experts, router and shared experts."""
@@ -1071,7 +1067,12 @@ class ProfileCostModel(CostModel):
                 counts.append(("moe", oor))
         else:
             total = moe_layer_s(fit, tokens, e, k, h, w, wb)
-        for name, curve in self._moe_extra:
+        return total + self._curves_s(self._moe_extra, tokens, counts)
+
+    def _curves_s(self, curves: list[tuple[str, Curve1D]], tokens: float, counts: list) -> float:
+        """Seconds of these per-token GEMM curves at ``tokens``, their out-of-range counts appended to ``counts``."""
+        total = 0.0
+        for name, curve in curves:
             t, oor = curve.at(tokens)
             if oor:
                 counts.append((name, oor))
@@ -1079,6 +1080,10 @@ class ProfileCostModel(CostModel):
         return total
 
     # -- helpers --
+    def _gemm_curve(self, key: str, what: str) -> Curve1D:
+        """The GEMM curve of ``key`` on the engine's kernels (the profile's defaults where it has none)."""
+        return self._need(self.profile.gemm_curve(key, self.kernels), key, what)
+
     def _dtype(self, dtype: str, which: str) -> str:
         canon = _DTYPE_ALIAS.get(dtype)
         have = self.profile.dtypes.get(which, [])
@@ -1136,11 +1141,8 @@ class ProfileCostModel(CostModel):
                 mlp += t
             else:
                 total += t
-        for name, curve in self._gemm_extra:
-            t, oor = curve.at(tokens)
-            if oor:
-                counts.append((name, oor))
-            total += t
+        if self._gemm_extra:
+            total += self._curves_s(self._gemm_extra, tokens, counts)
         per_layer = total + self._ew_fixed + self._ew_per_token * tokens
         val = self.model.layers * per_layer
         if self._moe_layers:
