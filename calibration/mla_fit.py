@@ -2,21 +2,22 @@
 published ``generation_mla_perf`` / ``context_mla_perf`` tables, one fit per KV dtype.
 
 The tables time DeepSeek-V3's MLA (latent 512, RoPE 64, heads 128 / TP wide 128 + 64 for QK and
-128 for V) at 1–128 query heads per GPU; ``num_heads`` is the heads one GPU computes. Fitted in
-log space with a robust loss on a random 80 % of the rows (fixed seed), scored on the other 20 %
-(``heldout_median``/``heldout_p90``), then refitted on all rows.
+128 for V) at 1–128 query heads per GPU; ``num_heads`` is the heads one GPU computes. Fitted by
+:func:`calibration.fit.robust_log_fit` (log space, held-out scores).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from sim.catalog import MlaSpec
 from sim.cost.mla import MlaKernelFit, mla_decode_s, mla_prefill_s
 from sim.errors import ConfigError
+
+from .fit import robust_log_fit
 
 #: The shape the tables were measured at (DeepSeek-V3; Kimi-K2 has the same widths).
 TABLE_MLA = MlaSpec(kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_lora_rank=1536)
@@ -25,18 +26,12 @@ _KV_BYTES = {"bf16": 2.0, "fp8": 1.0}
 _COLUMNS = ["kv_cache_dtype", "num_heads", "batch_size", "isl", "step", "latency"]
 
 
-def _predict(p: np.ndarray, kind: str, b: np.ndarray, length: np.ndarray, h: np.ndarray, kv_bytes: float):
+def _predict(p: np.ndarray, rows: np.ndarray, kind: str, b, length, h, kv_bytes: float) -> np.ndarray:
     fit = MlaKernelFit(*np.exp(p))
+    b, length, h = b[rows], length[rows], h[rows]
     if kind == "generation":
         return np.array([mla_decode_s(fit, x, x * n, int(k), TABLE_MLA, kv_bytes) for x, n, k in zip(b, length, h)])
     return np.array([mla_prefill_s(fit, x, n, int(k), TABLE_MLA) for x, n, k in zip(b, length, h)])
-
-
-def _solve(kind: str, b, length, h, y, kv_bytes: float, bandwidth: float, flops: float) -> np.ndarray:
-    x0 = np.log([1.5e-5, 1e-9, 0.7 * bandwidth, 0.5 * flops])
-    return least_squares(
-        lambda p: np.log(_predict(p, kind, b, length, h, kv_bytes)) - np.log(y), x0, loss="soft_l1", f_scale=0.1
-    ).x
 
 
 def fit_mla_table(path: Path | str, kind: str, bandwidth: float, flops: float, *, seed: int = 0) -> dict:
@@ -62,17 +57,12 @@ def fit_mla_table(path: Path | str, kind: str, bandwidth: float, flops: float, *
         length = isl + np.array(t["step"], dtype=np.float64)[idx] if kind == "generation" else isl
         y = np.array(t["latency"], dtype=np.float64)[idx] * 1e-3
 
-        order = np.random.default_rng(seed).permutation(len(y))
-        cut = int(0.8 * len(y))
-        train, test = order[:cut], order[cut:]
-        p = _solve(kind, b[train], length[train], h[train], y[train], _KV_BYTES[kd], bandwidth, flops)
-        err = np.abs(_predict(p, kind, b[test], length[test], h[test], _KV_BYTES[kd]) / y[test] - 1.0)
-        fit = MlaKernelFit(*np.exp(_solve(kind, b, length, h, y, _KV_BYTES[kd], bandwidth, flops)))
+        predict = partial(_predict, kind=kind, b=b, length=length, h=h, kv_bytes=_KV_BYTES[kd])
+        x0 = np.log([1.5e-5, 1e-9, 0.7 * bandwidth, 0.5 * flops])
+        consts, scores = robust_log_fit(predict, y, x0, seed)
         out[kd] = {
-            **{k: float(f"{v:.5g}") for k, v in fit.to_json().items()},
-            "rows": int(len(y)),
-            "heldout_median": round(float(np.median(err)), 4),
-            "heldout_p90": round(float(np.percentile(err, 90)), 4),
-            "source": f"{path.parent.parent.parent.parent.name}/mla/{path.parent.parent.name}/{path.parent.name}/{path.name}",
+            **{k: float(f"{v:.5g}") for k, v in MlaKernelFit(*consts).to_json().items()},
+            **scores,
+            "source": "/".join(path.parts[-5:]),
         }
     return out

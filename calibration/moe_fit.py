@@ -4,9 +4,7 @@ published ``moe_perf.parquet`` table, one fit per weight dtype.
 Rows: what ``calibration/vendor_data.py`` keeps (power-law routing, no expert parallelism, expert
 tensor parallelism up to 8, gated experts). Where a table timed several kernels for one dtype, the
 one with the most rows is fitted (the engine's general path; the others cover a few shapes).
-The constants are fitted in log space (relative error) on a random 80 % of the rows (fixed seed)
-and scored on the other 20 % (``heldout_median``/``heldout_p90``, relative error), then refitted
-on all rows.
+The constants are fitted by :func:`calibration.fit.robust_log_fit` (log space, held-out scores).
 
 Each fit also keeps the table's own latency curve of every shape it measured (``shapes``: hidden
 size, expert width, experts per token, experts and expert TP → seconds vs tokens), which prices a
@@ -15,14 +13,16 @@ model of exactly that shape in place of the form.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from sim.catalog import DTYPE_BYTES
 from sim.cost.moe import MoeKernelFit, moe_layer_s, moe_shape_key
 from sim.errors import ConfigError
+
+from .fit import robust_log_fit
 
 #: Table dtype names -> kvsim weight dtypes.
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4"}
@@ -38,28 +38,21 @@ _COLUMNS = [
 ]
 
 
-def _predict(p: np.ndarray, cols: dict, wbytes: float) -> np.ndarray:
+def _predict(p: np.ndarray, rows: np.ndarray, cols: dict, wbytes: float) -> np.ndarray:
     fit = MoeKernelFit(*np.exp(p))
     return np.array(
         [
             moe_layer_s(fit, t, int(e), int(k), int(h), w / tp, wbytes)
             for t, h, w, k, e, tp in zip(
-                cols["num_tokens"],
-                cols["hidden_size"],
-                cols["inter_size"],
-                cols["topk"],
-                cols["num_experts"],
-                cols["moe_tp_size"],
+                cols["num_tokens"][rows],
+                cols["hidden_size"][rows],
+                cols["inter_size"][rows],
+                cols["topk"][rows],
+                cols["num_experts"][rows],
+                cols["moe_tp_size"][rows],
             )
         ]
     )
-
-
-def _solve(cols: dict, y: np.ndarray, wbytes: float, bandwidth: float, flops: float) -> np.ndarray:
-    x0 = np.log([3e-5, 3e-7, 0.7 * bandwidth, 0.4 * flops])
-    # A robust loss: a few shapes run a special kernel (TensorRT-LLM times top-1 Llama-4 experts 3x
-    # slower than the form) and would otherwise bias every other shape.
-    return least_squares(lambda p: np.log(_predict(p, cols, wbytes)) - np.log(y), x0, loss="soft_l1", f_scale=0.1).x
 
 
 def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float], *, seed: int = 0) -> dict:
@@ -87,13 +80,9 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
         y = np.array(table["latency"], dtype=np.float64)[idx] * 1e-3
         wbytes = DTYPE_BYTES[dtype]
         peak = flops_of.get(dtype) or flops_of["bf16"]  # weight-only formats compute in bf16
-        order = np.random.default_rng(seed).permutation(len(y))
-        cut = int(0.8 * len(y))
-        train, test = order[:cut], order[cut:]
-        sub = {c: v[train] for c, v in cols.items()}
-        p = _solve(sub, y[train], wbytes, bandwidth, peak)
-        err = np.abs(_predict(p, {c: v[test] for c, v in cols.items()}, wbytes) / y[test] - 1.0)
-        fit = MoeKernelFit(*np.exp(_solve(cols, y, wbytes, bandwidth, peak)))
+        x0 = np.log([3e-5, 3e-7, 0.7 * bandwidth, 0.4 * peak])
+        consts, scores = robust_log_fit(partial(_predict, cols=cols, wbytes=wbytes), y, x0, seed)
+        fit = MoeKernelFit(*consts)
         shapes: dict[str, dict] = {}
         keys = list(
             zip(*(cols[c].astype(int) for c in ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")))
@@ -108,10 +97,8 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
         out[dtype] = {
             "kernel": kernel,
             **{k: float(f"{v:.5g}") for k, v in fit.to_json().items()},
-            "rows": int(len(y)),
-            "heldout_median": round(float(np.median(err)), 4),
-            "heldout_p90": round(float(np.percentile(err, 90)), 4),
-            "source": f"{path.parent.parent.parent.parent.name}/moe/{path.parent.parent.name}/{path.parent.name}/{path.name}",
+            **scores,
+            "source": "/".join(path.parts[-5:]),
             "shapes": shapes,
         }
     return out
