@@ -95,17 +95,6 @@ def _moe_rows(t):
     return pc.and_(mask, pc.invert(pc.match_substring_regex(t["kernel_source"], "nongated|marlin")))
 
 
-def vendor_moe(shared: Path, systems: list[str] | None = None) -> None:
-    """Copy the filtered MoE tables (:data:`MOE_TABLES`)."""
-    gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
-    for system, engines in MOE_TABLES.items():
-        if systems and system not in systems:
-            continue
-        for engine, ver in engines.items():
-            rel = f"moe/{engine}/{ver}/moe_perf.parquet"
-            _filter_copy(gk_src / system / rel, gk_dst / system / rel, _moe_rows)
-
-
 #: Multi-head latent attention kernel tables (``mla/<engine>/<version>/{generation,context}_mla_perf``):
 #: system -> engine -> version, every row (DeepSeek-V3's MLA at 1-128 heads per GPU, bf16 and fp8 KV).
 MLA_TABLES: dict[str, dict[str, str]] = {
@@ -114,16 +103,24 @@ MLA_TABLES: dict[str, dict[str, str]] = {
 MLA_TABLES["l40s"] = {"sglang": "0.5.14"}
 
 
-def vendor_mla(shared: Path, systems: list[str] | None = None) -> None:
-    """Copy the MLA tables (:data:`MLA_TABLES`)."""
+#: The families beside GEMM and attention: (folder, system -> engine -> version, tables, row filter).
+FAMILY_TABLES = (
+    ("moe", MOE_TABLES, ("moe_perf",), _moe_rows),
+    ("mla", MLA_TABLES, ("generation_mla_perf", "context_mla_perf"), lambda t: pc.is_valid(t["latency"])),
+)
+
+
+def vendor_families(shared: Path, systems: list[str] | None = None) -> None:
+    """Copy the MoE and MLA tables (:data:`FAMILY_TABLES`)."""
     gk_src, gk_dst = shared / "gpu-kernels", DATA / "gpu-kernels"
-    for system, engines in MLA_TABLES.items():
-        if systems and system not in systems:
-            continue
-        for engine, ver in engines.items():
-            for name in ("generation_mla_perf", "context_mla_perf"):
-                rel = f"mla/{engine}/{ver}/{name}.parquet"
-                _filter_copy(gk_src / system / rel, gk_dst / system / rel, lambda t: pc.is_valid(t["latency"]))
+    for family, tables, names, rows in FAMILY_TABLES:
+        for system, engines in tables.items():
+            if systems and system not in systems:
+                continue
+            for engine, ver in engines.items():
+                for name in names:
+                    rel = f"{family}/{engine}/{ver}/{name}.parquet"
+                    _filter_copy(gk_src / system / rel, gk_dst / system / rel, rows)
 
 
 VIDUR_FILES = [
@@ -203,8 +200,7 @@ def vendor(shared: Path, systems: list[str] | None = None) -> None:
                     pc.invert(pc.match_substring(t["kernel_source"], "eager")),
                 ),
             )
-    vendor_moe(shared, systems)
-    vendor_mla(shared, systems)
+    vendor_families(shared, systems)
     v_src, v_dst = shared / "vidur-profiles", DATA / "vidur-profiles"
     for rel in VIDUR_FILES:
         (v_dst / rel).parent.mkdir(parents=True, exist_ok=True)
