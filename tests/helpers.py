@@ -1,5 +1,6 @@
-"""Small scenarios for engine tests."""
+"""Small scenarios for engine tests, and config files written for a test."""
 
+import json
 from pathlib import Path
 
 from sim.catalog import GPUS, MODELS
@@ -30,3 +31,10 @@ def tiny_scenario(kv_tokens: int = 4096, **over):
         "allocator": {"kind": "paged", "block_size": 16},
     }
     return scenario_from_dict(apply_overrides(base, over))
+
+
+def write_config(folder: Path, cfg: dict, name: str = "m_config.json") -> Path:
+    """``cfg`` written as a Hugging Face config file ``name`` in ``folder``."""
+    p = folder / name
+    p.write_text(json.dumps(cfg))
+    return p

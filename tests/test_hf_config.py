@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_config
 from sim.catalog import FULL, MODELS, SLIDING
 from sim.config import scenario_from_dict
 from sim.cost.profile import shape_keys
@@ -236,12 +237,6 @@ def test_unsupported_published_configs_are_one_line(name, field):
     assert field in msg and "not supported yet" in msg
 
 
-def _write(tmp_path: Path, cfg: dict, name: str = "m_config.json") -> Path:
-    p = tmp_path / name
-    p.write_text(json.dumps(cfg))
-    return p
-
-
 DENSE = {
     "model_type": "llama",
     "num_hidden_layers": 4,
@@ -283,7 +278,7 @@ DENSE = {
 )
 def test_unsupported_features_name_their_field(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
-        read_hf_config(_write(tmp_path, {**DENSE, **extra}))
+        read_hf_config(write_config(tmp_path, {**DENSE, **extra}))
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
@@ -291,7 +286,7 @@ def test_unsupported_features_name_their_field(tmp_path, extra, needle):
 def test_missing_required_field(tmp_path, drop):
     cfg = {k: v for k, v in DENSE.items() if k != drop}
     with pytest.raises(ConfigError, match=f"'{drop}'"):
-        read_hf_config(_write(tmp_path, cfg))
+        read_hf_config(write_config(tmp_path, cfg))
 
 
 def test_bad_json_and_missing_file(tmp_path):
@@ -326,7 +321,7 @@ def test_per_layer_attention_types_are_kept():
     ],
 )
 def test_sliding_window_forms(tmp_path, extra, window, sliding):
-    m = read_hf_config(_write(tmp_path, {**DENSE, **extra})).spec
+    m = read_hf_config(write_config(tmp_path, {**DENSE, **extra})).spec
     assert m.sliding_window == window and m.sliding_layers == sliding
     assert m.uniform_sliding_window == (window if sliding == 4 else None)
     assert m.mixed_window == (window if 0 < sliding < 4 else None)
@@ -346,9 +341,9 @@ def test_quant_from_a_sibling_file(tmp_path):
 def test_nvfp4_checkpoints_read_as_nvfp4_weights(tmp_path):
     # NVIDIA Model Optimizer's NVFP4 checkpoints (Blackwell): 4-bit weights, fp8 KV cache.
     cfg = {**DENSE, "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
-    hf = read_hf_config(_write(tmp_path, cfg))
+    hf = read_hf_config(write_config(tmp_path, cfg))
     assert (hf.weight_dtype, hf.kv_dtype) == ("nvfp4", "bf16")
-    _write(tmp_path, DENSE, "m_config.json")
+    write_config(tmp_path, DENSE, "m_config.json")
     (tmp_path / "m_hf_quant_config.json").write_text(
         json.dumps({"quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}})
     )
@@ -358,7 +353,7 @@ def test_nvfp4_checkpoints_read_as_nvfp4_weights(tmp_path):
 
 def test_conflicting_quant_declarations(tmp_path):
     cfg = {**DENSE, "quantization_config": {"quant_method": "fp8"}}
-    _write(tmp_path, cfg, "m_config.json")
+    write_config(tmp_path, cfg, "m_config.json")
     (tmp_path / "m_hf_quant_config.json").write_text(
         json.dumps({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})
     )

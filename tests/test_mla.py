@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
+from helpers import write_config
 from sim.catalog import GPUS, MlaSpec
 from sim.cost.model import BatchShape, RooflineCostModel
 from sim.cost.profile import ProfileCostModel, load_profile
@@ -42,12 +40,6 @@ def test_deepseek_v3_shape_and_kv():
     assert m.params == total == pytest.approx(671e9, rel=0.001)
 
 
-def _write(tmp_path: Path, cfg: dict) -> Path:
-    p = tmp_path / "m_config.json"
-    p.write_text(json.dumps(cfg))
-    return p
-
-
 def test_mla_without_a_query_bottleneck(tmp_path):
     cfg = {
         "model_type": "deepseek_v2",
@@ -62,7 +54,7 @@ def test_mla_without_a_query_bottleneck(tmp_path):
         "qk_nope_head_dim": 32,
         "v_head_dim": 32,
     }
-    m = read_hf_config(_write(tmp_path, cfg)).spec
+    m = read_hf_config(write_config(tmp_path, cfg)).spec
     assert m.mla == MlaSpec(64, 16, 32, 32, 0)
     attn = 512 * 8 * 48 + 512 * 80 + 64 + 64 * 8 * 64 + 8 * 32 * 512
     assert m.params == 2 * 1000 * 512 + 2 * (attn + 3 * 512 * 1024 + 2 * 512) + 512

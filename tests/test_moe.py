@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from calibration.moe_fit import fit_moe_table
+from helpers import write_config
 from sim.catalog import GPUS, MoeSpec
 from sim.cost.model import BatchShape, RooflineCostModel
 from sim.cost.moe import MoeKernelFit, experts_woken, moe_layer_s
@@ -25,12 +25,6 @@ H100 = GPUS["H100-SXM-80GB"]
 
 def _spec(ident: str):
     return read_hf_config(resolve_hf_config(ident)).spec
-
-
-def _write(tmp_path: Path, cfg: dict) -> Path:
-    p = tmp_path / "m_config.json"
-    p.write_text(json.dumps(cfg))
-    return p
 
 
 BASE = {
@@ -80,7 +74,7 @@ def test_mixtral_reads_its_expert_width_from_intermediate_size():
 )
 def test_dense_layers_and_shared_experts(tmp_path, extra, moe_layers, shared):
     cfg = {**BASE, "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256, **extra}
-    m = read_hf_config(_write(tmp_path, cfg)).spec
+    m = read_hf_config(write_config(tmp_path, cfg)).spec
     assert m.moe is not None
     assert (m.moe.moe_layers, m.moe.shared_intermediate, m.moe.expert_intermediate) == (moe_layers, shared, 256)
     assert m.dense_layers == 6 - moe_layers
@@ -99,11 +93,11 @@ def test_dense_layers_and_shared_experts(tmp_path, extra, moe_layers, shared):
 )
 def test_bad_moe_fields_name_the_field(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
-        read_hf_config(_write(tmp_path, {**BASE, **extra}))
+        read_hf_config(write_config(tmp_path, {**BASE, **extra}))
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
-def test_gpt_oss_mxfp4_experts():
+def test_gpt_oss_mxfp4_experts(tmp_path):
     """gpt-oss: MXFP4 routed experts, 16-bit everything else; sizes as OpenAI's model card gives them
     (active parameters counted without the input embedding: 3.6B and 5.1B)."""
     for ident, active, checkpoint_gib in (("openai/gpt-oss-20b", 3.6, 12.8), ("openai/gpt-oss-120b", 5.1, 60.8)):
@@ -113,14 +107,7 @@ def test_gpt_oss_mxfp4_experts():
         assert m.active_params - m.vocab * m.hidden == pytest.approx(active * 1e9, rel=0.03)
         assert m.weight_bytes("bf16") == pytest.approx(checkpoint_gib * 2**30, rel=0.03)
     with pytest.raises(ConfigError, match="mxfp4 weights outside mixture-of-experts layers"):
-        read_hf_config(_write_tmp({**BASE, "quantization_config": {"quant_method": "mxfp4"}}))
-
-
-def _write_tmp(cfg: dict) -> Path:
-    import tempfile
-
-    d = Path(tempfile.mkdtemp())
-    return _write(d, cfg)
+        read_hf_config(write_config(tmp_path, {**BASE, "quantization_config": {"quant_method": "mxfp4"}}))
 
 
 # --- pricing ----------------------------------------------------------------------------------
