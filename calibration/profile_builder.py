@@ -214,21 +214,19 @@ def engine_kernels(
     for engine in engines:
         for kind in ("generation", "context"):
             try:
-                path, ver = find_table(root, system, "mla", engine, f"{kind}_mla_perf")
+                path, _ = find_table(root, system, "mla", engine, f"{kind}_mla_perf")
             except ConfigError:
                 continue
             mla.setdefault(engine, {})[kind] = fit_mla_table(
                 path, kind, spec.mem_bw, spec.peak_flops("bf16"), seed=seed
             )
-        if (root / system / "moe" / engine).is_dir():
-            try:
-                path, ver = find_table(root, system, "moe", engine, "moe_perf")
-            except ConfigError:
-                pass
-            else:
-                moe[engine] = fit_moe_table(
-                    path, spec.mem_bw, {d: spec.peak_flops(d) for d in ("bf16", "fp8", "fp8_block", "nvfp4")}, seed=seed
-                )
+        try:
+            path, _ = find_table(root, system, "moe", engine, "moe_perf")
+        except ConfigError:
+            pass
+        else:
+            peaks = {d: spec.peak_flops(d) for d in ("bf16", "fp8", "fp8_block", "nvfp4")}
+            moe[engine] = fit_moe_table(path, spec.mem_bw, peaks, seed=seed)
         tabs = {}
         for family, folder, name in (
             ("gemm", "gemm", "gemm_perf"),

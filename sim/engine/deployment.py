@@ -109,6 +109,7 @@ class Deployment:
         # Bytes a token's KV takes across the replica's GPUs, replicated heads counted (kv_replicas).
         copies = model.kv_replicas(g.tensor_parallel)
         bpt = model.kv_bytes_per_token(sc.model.kv_dtype) * copies
+        group_bpt = model.kv_group_bytes_per_token(sc.model.kv_dtype) * copies
         act = g.activation_reserve_bytes
         if act is None:
             act = activation_reserve_bytes(model, g.tensor_parallel, sched.max_num_batched_tokens, sched.max_num_seqs)
@@ -118,7 +119,7 @@ class Deployment:
             # As the server reported it: vLLM counts a token in every layer group, padding layers too
             # (the same as ``bpt`` unless a mixed model's last group is padded).
             groups_n = model.kv_groups.count
-            per_token = bpt if groups_n == 1 else groups_n * model.kv_group_bytes_per_token(sc.model.kv_dtype) * copies
+            per_token = bpt if groups_n == 1 else groups_n * group_bpt
             cap = g.kv_cache_tokens * per_token
         if cap <= 0:
             raise ConfigError(
@@ -143,7 +144,7 @@ class Deployment:
             slot_bytes, cap_tokens, needed = bpt, cap // bpt, model.kv_tokens_held(max_len)
         else:
             # Slots are tokens of one layer group: every group draws same-sized blocks from one pool.
-            slot_bytes = model.kv_group_bytes_per_token(sc.model.kv_dtype) * copies
+            slot_bytes = group_bpt
             cap_tokens, needed = cap // slot_bytes, groups.slots_held(max_len)
         if cap_tokens < needed:
             fit = cap_tokens if groups is None else groups.tokens_fitting(cap_tokens)
