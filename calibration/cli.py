@@ -40,6 +40,7 @@ def _serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     hold_back: bool = False,
+    served_by: str | None = None,
 ) -> None:
     from rich.console import Console
 
@@ -54,8 +55,8 @@ def _serving_bench(
             err.print(
                 f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
                 f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
-                f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client spread "
-                f"{terms['client_spread_cycles']:.2f} cycles, cv {terms['client_cv']:.2f})"
+                f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client cv "
+                f"{terms['client_cv']:.2f})"
             )
 
     terms = calibrate_from_serving_bench(
@@ -71,6 +72,7 @@ def _serving_bench(
         workers=workers,
         exclude=exclude,
         hold_back=hold_back,
+        served_by=served_by,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
@@ -109,7 +111,7 @@ def calibrate_command(
     from_serving_bench: str | None = typer.Option(
         None,
         "--from-serving-bench",
-        help="Fit serving-engine terms (host time, front end, client spread) to "
+        help="Fit serving-engine terms (host time, front end, client jitter) to "
         "end-to-end benchmark results: a CSV, a vllm bench serve JSON, or a folder.",
     ),
     engine: str | None = opt.engine_option(_FSB, "only this engine's rows"),
@@ -123,6 +125,7 @@ def calibrate_command(
     workers: int = opt.workers_option(_FSB),
     exclude_group: list[str] | None = opt.exclude_group_option(_FSB),
     hold_back_flagged: bool = opt.hold_back_option(_FSB, "the warning", "in the fit"),
+    served_by: str | None = opt.served_by_option(_FSB),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
@@ -142,6 +145,7 @@ def calibrate_command(
             weights=weights,
             kv=kv,
             hold_back=hold_back_flagged,
+            served_by=served_by,
         )
         return
     if model is None:

@@ -136,6 +136,20 @@ class BenchRow:
     #: concurrency; ``None``: the engine's default. Clients beyond it wait in the server's queue,
     #: and their TTFT counts the wait.
     max_num_seqs: int | None = None
+    #: The server's token budget per iteration (vLLM ``--max-num-batched-tokens``, TensorRT-LLM
+    #: ``max_num_tokens``, SGLang ``--max-prefill-tokens`` plus the running decodes) where the run
+    #: set one; ``None``: the engine's default.
+    max_num_batched_tokens: int | None = None
+    #: Whether prefill chunks share iterations with decodes (SGLang ``--enable-mixed-chunk``);
+    #: ``None``: the engine's default (vLLM and TensorRT-LLM mix, SGLang does not).
+    mixed_batches: bool | None = None
+    #: The largest batch the server replays as a CUDA graph where the run set one (vLLM
+    #: ``cuda_graph_sizes``, SGLang ``--cuda-graph-bs``, TensorRT-LLM ``cuda_graph_config``);
+    #: ``None``: the engine's default.
+    cuda_graph_max_batch: int | None = None
+    #: Requests the benchmark sent in all (a vLLM result's ``completed``); ``None``: the clients'
+    #: default (:class:`Clients`).
+    requests: int | None = None
 
     @property
     def group(self) -> str:
@@ -222,7 +236,43 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         max_num_seqs=_int(path, where, d, "max_num_seqs", 1, 1 << 20)
         if str(d.get("max_num_seqs") or "").strip()
         else None,
+        max_num_batched_tokens=_budget(path, where, d, engine),
+        mixed_batches=_flag(path, where, d, "mixed_batches"),
+        cuda_graph_max_batch=_int(path, where, d, "cuda_graph_max_batch", 0, 1 << 16)
+        if str(d.get("cuda_graph_max_batch") or "").strip()
+        else None,
+        requests=_int(path, where, d, "requests") if str(d.get("requests") or "").strip() else None,
     )
+
+
+def _budget(path: Path, where: str, d: dict, engine: str) -> int | None:
+    if not str(d.get("max_num_batched_tokens") or "").strip():
+        return None
+    v = _int(path, where, d, "max_num_batched_tokens", 1, 1 << 24)
+    preset = get_preset(engine)
+    isl = _int(path, where, d, "isl")
+    if preset is not None and not preset.chunked_prefill and v <= isl:
+        raise _bad(
+            path,
+            where,
+            "max_num_batched_tokens",
+            d.get("max_num_batched_tokens"),
+            f"more than the prompt ({isl} tokens): {engine} does not split a prompt over iterations",
+        )
+    return v
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+def _flag(path: Path, where: str, d: dict, col: str) -> bool | None:
+    v = str(d.get(col) or "").strip().lower()
+    if not v:
+        return None
+    if v in _TRUE or v in _FALSE:
+        return v in _TRUE
+    raise _bad(path, where, col, d.get(col), "true or false (or empty for the engine's default)")
 
 
 def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
@@ -239,7 +289,8 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
         raise ConfigError(
             f"{path}: header",
             ",".join(reader.fieldnames or []),
-            f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs); "
+            f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
+            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests); "
             f"missing {', '.join(missing)}",
         )
     rows = []
@@ -306,6 +357,7 @@ def read_vllm_result(
         "kv": kv or "",
         "engine_version": doc.get("backend", ""),
         "source_id": path.name,
+        "requests": int(completed),
     }
     return _row(path, where, d)
 
@@ -384,7 +436,8 @@ def hold_back_flagged(
     rows: Iterable[BenchRow], flagged: dict[str, list[int]] | None = None
 ) -> tuple[list[BenchRow], dict[str, list[int]]]:
     """``rows`` with the runs :func:`ttft_follows_completions` flags (``flagged``, when the caller
-    has them already) given ``max_num_seqs`` = concurrency − 1 (where they set none): the benchmark
+    has them already) given ``max_num_seqs`` = concurrency − 1 (where they set none, or one no
+    lower than the concurrency): the benchmark
     as if one request always waited for another to finish, the explanation docs/calibration.md
     gives for those runs. Also returns what was held back, ``{group: [concurrency, ...]}``. The flag
     reads the runs' own measured TTFT, so a prediction made this way is not blind to the group it
@@ -395,11 +448,53 @@ def hold_back_flagged(
     out: list[BenchRow] = []
     held: dict[str, set[int]] = {}
     for r in rows:
-        if r.max_num_seqs is None and r.concurrency >= 2 and r.concurrency in flagged.get(r.group, ()):
+        unset = r.max_num_seqs is None or r.max_num_seqs >= r.concurrency
+        if unset and r.concurrency >= 2 and r.concurrency in flagged.get(r.group, ()):
             r = replace(r, max_num_seqs=r.concurrency - 1)
             held.setdefault(r.group, set()).add(r.concurrency)
         out.append(r)
     return out, {g: sorted(cs) for g, cs in sorted(held.items())}
+
+
+#: Tokens aiconfigurator's generator adds to the prompt length (and the concurrency) for an
+#: aggregated server's token budget.
+AIC_BUDGET_EXTRA = 1500
+#: The first SGLang version whose aiconfigurator command line turns mixed chunks on.
+AIC_SGLANG_MIXED_FROM = (0, 5, 6)
+
+
+def _version(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.split("."):
+        digits = "".join(ch for ch in p if ch.isdigit()) if p[:1].isdigit() else ""
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def aiconfigurator_server(row: BenchRow) -> BenchRow:
+    """``row`` with the server settings aiconfigurator-core's generator gives an aggregated
+    (one-replica) deployment benchmarked at ``concurrency`` clients, where the row sets none: at most
+    ``concurrency`` requests running (vLLM ``max-num-seqs``, SGLang ``max-running-requests``,
+    TensorRT-LLM ``max_batch_size``), a token budget of ``concurrency + isl + 1500`` per iteration
+    (vLLM ``max-num-batched-tokens``, TensorRT-LLM ``max_num_tokens``; SGLang ``max-prefill-tokens``
+    ``isl + 1500`` beside the running decodes), CUDA graphs for every batch up to ``concurrency``,
+    and SGLang's mixed chunks from version 0.5.6 (the first whose command-line template passes
+    ``--enable-mixed-chunk``). The shipped training file's
+    runs were served so (docs/calibration.md, "How the shipped runs were served")."""
+    mixed = row.mixed_batches
+    if mixed is None and row.engine == "sglang" and _version(row.engine_version) >= AIC_SGLANG_MIXED_FROM:
+        mixed = True
+    return replace(
+        row,
+        max_num_seqs=row.max_num_seqs if row.max_num_seqs is not None else row.concurrency,
+        max_num_batched_tokens=row.max_num_batched_tokens
+        if row.max_num_batched_tokens is not None
+        else row.concurrency + row.isl + AIC_BUDGET_EXTRA,
+        mixed_batches=mixed,
+        cuda_graph_max_batch=row.cuda_graph_max_batch if row.cuda_graph_max_batch is not None else row.concurrency,
+    )
 
 
 #: A group whose runs need the GPU computing this many times their wall time is faster than its
@@ -650,13 +745,19 @@ def default_kv(engine: str, weights: str, gpu: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Clients:
-    """How the benchmark's clients run: requests per client simulated, the first ``warmup`` of
-    which are left out of the means (benchmarks warm up). Their timing (``workload.arrival``
-    ``start_spread_cycles``, ``client_cv``) is the engine preset's unless set here."""
+    """How the benchmark's clients run: ``requests_per_client`` requests each (all ``concurrency``
+    clients start together), the first ``warmup`` of each client's left out of the means. The
+    defaults are the benchmarks behind the shipped file as aiconfigurator-core runs them: aiperf /
+    genai-perf ``--request-count`` and SGLang's ``bench_serving --num-prompts`` of 10 × concurrency,
+    every request in the means (vLLM's ``bench serve`` likewise counts every request of
+    ``--num-prompts``, which a vLLM result's ``completed`` gives: :attr:`BenchRow.requests`). The
+    clients start together (``start_spread_cycles`` 0, whatever a preset's scenario default; ``None``
+    takes the preset's); each request's client and front-end jitter (``client_cv``) is the engine
+    preset's unless set here."""
 
-    requests_per_client: int = 8
-    warmup: int = 2
-    start_spread_cycles: float | None = None
+    requests_per_client: int = 10
+    warmup: int = 0
+    start_spread_cycles: float | None = 0.0
     client_cv: float | None = None
 
 
@@ -679,7 +780,7 @@ def row_scenario(
     gpu = GPU_IDS.get(row.gpu, row.gpu)
     kv = row.kv or default_kv(row.engine, row.weights, gpu)
     model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": kv})
-    n = row.concurrency * (clients.requests_per_client + clients.warmup)
+    n = row.requests if row.requests is not None else row.concurrency * (clients.requests_per_client + clients.warmup)
     sc: dict = {
         "name": "serving-bench",
         "seed": seed,
@@ -701,7 +802,11 @@ def row_scenario(
             "lengths": {"kind": "fixed", "prompt_tokens": row.isl, "output_tokens": row.osl},
         },
         "allocator": {"kind": "paged", "block_size": ENGINE_BLOCK_SIZE.get(row.engine, 16)},
-        "engine": {"kind": row.engine, **(engine or {})},
+        "engine": {
+            "kind": row.engine,
+            **({"graph_max_tokens": row.cuda_graph_max_batch} if row.cuda_graph_max_batch is not None else {}),
+            **(engine or {}),
+        },
         "cost_model": {"profile": profile or "auto"},
     }
     preset = get_preset(row.engine)
@@ -713,6 +818,10 @@ def row_scenario(
         sc["scheduler"] = {"max_num_batched_tokens": row.isl + row.concurrency}
     if row.max_num_seqs is not None:
         sc.setdefault("scheduler", {})["max_num_seqs"] = row.max_num_seqs
+    if row.max_num_batched_tokens is not None:
+        sc.setdefault("scheduler", {})["max_num_batched_tokens"] = row.max_num_batched_tokens
+    if row.mixed_batches is not None:
+        sc.setdefault("scheduler", {})["mixed_batches"] = row.mixed_batches
     return sc
 
 

@@ -1,10 +1,9 @@
 """Fit serving-engine terms to end-to-end benchmarks (``kvsim calibrate --from-serving-bench``).
 
 Per engine a handful of terms (``sim.engine_presets.FITTED_TERMS``: host time per iteration and
-per sequence, the share of it hidden behind the GPU, the per-request front end, how far the
-benchmark's clients have drifted apart, in request cycles, and how much each request's client and
-front-end time varies) are chosen to minimise, over the
-benchmark rows::
+per sequence, the share of it hidden behind the GPU, the per-request front end, and how much each
+request's client and front-end time varies, which drifts clients that start together apart) are
+chosen to minimise, over the benchmark rows::
 
     mean over (model, GPU, engine) groups of  mean |log(sim TPOT / meas TPOT)| + mean |log(sim TTFT / meas TTFT)|
 
@@ -105,7 +104,6 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_per_seq_s": 10e-6,
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
-        "client_spread_cycles": 0.0,
         "client_cv": 0.5,
     },
     "sglang": {
@@ -113,7 +111,6 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_per_seq_s": 10e-6,
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
-        "client_spread_cycles": 0.0,
         "client_cv": 0.5,
     },
     "trtllm": {
@@ -121,7 +118,6 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_per_seq_s": 10e-6,
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
-        "client_spread_cycles": 0.0,
         "client_cv": 0.5,
     },
 }
@@ -203,7 +199,7 @@ def evaluate(
 def fit(
     rows: list[BenchRow],
     start: EngineTerms | None = None,
-    clients: Clients = Clients(requests_per_client=4),
+    clients: Clients = Clients(),
     *,
     terms: tuple[str, ...] = FITTED_TERMS,
     max_evals: int = 100,
@@ -239,7 +235,7 @@ def fit_shared(
     rows: list[BenchRow],
     engine: str,
     start: EngineTerms | None = None,
-    clients: Clients = Clients(requests_per_client=4),
+    clients: Clients = Clients(),
     *,
     terms: tuple[str, ...] = FITTED_TERMS,
     max_evals: int = 100,
@@ -278,13 +274,16 @@ SPREAD_STARTS = (0.0, 0.1, 0.3, 0.95)
 FRONTEND_STARTS = (5e-3, 30e-3, 100e-3)
 
 
-def _start_of(start: EngineTerms, engine: str) -> dict[str, float]:
-    return {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in FITTED_TERMS}
+def _start_of(start: EngineTerms, engine: str, terms: tuple[str, ...] = ()) -> dict[str, float]:
+    """The starting value of each fitted term, and of ``terms`` (a fit may ask for others, such as
+    the clients' start spread): ``start``'s where it has one, else the preset's."""
+    keys = dict.fromkeys((*FITTED_TERMS, *terms))
+    return {k: start.engines.get(engine, {}).get(k, float(getattr(PRESETS[engine], k))) for k in keys}
 
 
 def _start_grid(terms: tuple[str, ...], base: dict[str, float]) -> list[dict[str, float]]:
-    """Starting points tried before the simplex: every spread of :data:`SPREAD_STARTS` with every
-    front end of :data:`FRONTEND_STARTS` and the starting one (for the terms being fitted)."""
+    """Starting points tried before the simplex: every front end of :data:`FRONTEND_STARTS` and the
+    starting one, with every spread of :data:`SPREAD_STARTS` where the spread is fitted too."""
     spreads = SPREAD_STARTS if "client_spread_cycles" in terms else (None,)
     fronts = sorted({base["frontend_s"], *FRONTEND_STARTS}) if "frontend_s" in terms else [None]
     grid = []
@@ -299,7 +298,7 @@ def _start_grid(terms: tuple[str, ...], base: dict[str, float]) -> list[dict[str
 def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=()):
     from scipy.optimize import minimize
 
-    base = _start_of(start, engine)
+    base = _start_of(start, engine, terms)
     x0 = np.array([_to_x(t, base[t]) for t in terms])
 
     def unpack(x) -> dict[str, float]:
@@ -322,9 +321,9 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             progress(engine, state["n"], v, unpack(x))
         return v
 
-    # The clients' spread moves TTFT in steps (clients merge into or leave a shared batch), and
-    # Nelder-Mead from one spread stays in that spread's basin: try a grid of spreads and front ends
-    # first and start the simplex from the best of them.
+    # The front end (and, where fitted, the clients' start spread) moves TTFT in steps (clients merge
+    # into or leave a shared batch), and Nelder-Mead from one value stays in its basin: try a grid
+    # first and start the simplex from the best point of it.
     grid = _start_grid(terms, base)
     if len(grid) > 1 and max_evals > 2 * len(grid):
         for point in grid:
@@ -358,7 +357,7 @@ def leave_one_group_out(
     *,
     start: EngineTerms | None = None,
     clients: Clients = Clients(),
-    fit_clients: Clients = Clients(requests_per_client=4),
+    fit_clients: Clients = Clients(),
     max_evals: int = 100,
     profile: str | None = None,
     workers: int = 1,

@@ -57,3 +57,13 @@ def hold_back_option(mode: str, where: str, when: str):
         help=f"{mode}: the runs whose TTFT follows completions ({where} names them) run with concurrency - 1 "
         f"requests running, one waiting, {when}.",
     )
+
+
+def served_by_option(mode: str):
+    return typer.Option(
+        None,
+        "--served-by",
+        help=f"{mode}: how the servers were configured where a row does not say: aiconfigurator (the settings "
+        "aiconfigurator-core gives an aggregated deployment at the run's concurrency; the default for 'builtin') "
+        "or defaults (each engine's own; the default for other files).",
+    )

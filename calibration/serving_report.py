@@ -19,9 +19,11 @@ from sim.output.staging import out_dir, out_file
 
 from .serving_bench import (
     BUSY_LIMIT,
+    TRAINING_FILE,
     BenchRow,
     Clients,
     RowResult,
+    aiconfigurator_server,
     faster_than_kernels,
     gpu_shares,
     hold_back_flagged,
@@ -56,20 +58,47 @@ def _rows(
     weights: str | None = None,
     kv: str | None = None,
     problems: list[str] | None = None,
+    served_by: str | None = None,
 ) -> list[BenchRow]:
     """The file's rows (``engine``: only that engine's), or a ConfigError when none is left.
     ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them.
     ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
-    column, value), and the others kept."""
+    column, value), and the others kept. ``served_by``: how the servers were configured where a row
+    does not say (:func:`served_by_rows`)."""
     if engine:
         engine = normalize_engine(engine)
-    rows = read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv)
+    rows = served_by_rows(
+        read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv),
+        served_by if served_by is not None else default_served_by(path),
+    )
     if engine:
         have = sorted({r.engine for r in rows})
         rows = [r for r in rows if r.engine == engine]
         if not rows:
             raise ConfigError("--engine", engine, f"an engine with rows in {path}: {', '.join(have)}")
     return rows
+
+
+#: How a benchmark file's servers may have been configured (``--served-by``): ``aiconfigurator``,
+#: the settings aiconfigurator-core's generator gives an aggregated deployment
+#: (:func:`calibration.serving_bench.aiconfigurator_server`); ``defaults``, each engine's own.
+SERVED_BY = ("aiconfigurator", "defaults")
+
+
+def default_served_by(path: str) -> str:
+    """``aiconfigurator`` for the shipped training file (its runs were served so), ``defaults`` otherwise."""
+    try:
+        shipped = Path(path).resolve() == TRAINING_FILE.resolve()
+    except OSError:
+        shipped = False
+    return "aiconfigurator" if shipped else "defaults"
+
+
+def served_by_rows(rows: list[BenchRow], served_by: str) -> list[BenchRow]:
+    """``rows`` with the server settings of ``served_by`` (:data:`SERVED_BY`) where a row sets none."""
+    if served_by not in SERVED_BY:
+        raise ConfigError("--served-by", served_by, f"one of {', '.join(SERVED_BY)}")
+    return [aiconfigurator_server(r) for r in rows] if served_by == "aiconfigurator" else rows
 
 
 def completion_warnings(flagged: dict[str, list[int]], held: dict[str, list[int]] | None = None) -> list[str]:
@@ -291,11 +320,12 @@ def validate_serving_bench(
     engine: str | None = None,
     terms_file: str | None = None,
     logo: bool = False,
-    requests_per_client: int = 8,
-    warmup: int = 2,
+    requests_per_client: int = Clients.requests_per_client,
+    warmup: int = Clients.warmup,
     max_evals: int = 100,
     workers: int = 1,
     out: Path | None = None,
+    served_by: str | None = None,
     exclude: tuple[str, ...] = (),
     gpu: str | None = None,
     tp: int | None = None,
@@ -306,10 +336,12 @@ def validate_serving_bench(
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out.
     ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
-    (:func:`hold_back_flagged`), in training and in prediction."""
+    (:func:`hold_back_flagged`), in training and in prediction. ``served_by``: :func:`served_by_rows`
+    (default: :func:`default_served_by`)."""
     t0 = time.perf_counter()
     skipped: list[str] = []
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped)
+    served = served_by if served_by is not None else default_served_by(path)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served)
     if log is not None:
         for line in skipped_lines(skipped):
             log(line)
@@ -333,6 +365,7 @@ def validate_serving_bench(
             rows,
             start=start,
             clients=clients,
+            fit_clients=clients,
             max_evals=max_evals,
             profile=profile,
             workers=workers,
@@ -361,7 +394,8 @@ def validate_serving_bench(
         "profile": profile or "auto",
         "requests_per_client": requests_per_client,
         "warmup_per_client": warmup,
-        "metric": "mean TTFT and mean TPOT over each run's requests after the warm-up, relative error "
+        "served_by": served,
+        "metric": "mean TTFT and mean TPOT over each run's requests (after each client's warm-up, if any), relative error "
         "(simulated - measured) / measured",
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
@@ -543,8 +577,8 @@ def calibrate_from_serving_bench(
     profile: str | None = None,
     engine: str | None = None,
     terms_file: str | None = None,
-    requests_per_client: int = 4,
-    warmup: int = 2,
+    requests_per_client: int = Clients.requests_per_client,
+    warmup: int = Clients.warmup,
     max_evals: int = 100,
     workers: int = 1,
     gpu: str | None = None,
@@ -553,6 +587,7 @@ def calibrate_from_serving_bench(
     kv: str | None = None,
     exclude: tuple[str, ...] = (),
     hold_back: bool = False,
+    served_by: str | None = None,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> EngineTerms:
@@ -560,9 +595,9 @@ def calibrate_from_serving_bench(
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
     before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
-    with one request waiting (:func:`hold_back_flagged`)."""
+    with one request waiting (:func:`hold_back_flagged`). ``served_by``: :func:`served_by_rows`."""
     skipped: list[str] = []
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by)
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:

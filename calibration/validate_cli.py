@@ -59,11 +59,11 @@ def validate_command(
         "its engine's terms on the other groups, then predict it.",
     ),
     requests_per_client: int = typer.Option(
-        8,
+        10,
         "--requests-per-client",
         min=1,
         max=1000,
-        help="--serving-bench: requests simulated per client after the warm-up.",
+        help="--serving-bench: requests each client sends, all counted (a vLLM result's own count wins).",
     ),
     workers: int = opt.workers_option(_SB),
     max_evals: int = opt.max_evals_option(_SB + " --logo"),
@@ -73,6 +73,7 @@ def validate_command(
     kv: str | None = opt.kv_option(_SB),
     exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo"),
     hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
+    served_by: str | None = opt.served_by_option(_SB),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -97,6 +98,7 @@ def validate_command(
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
             hold_back=hold_back_flagged,
+            served_by=served_by,
         )
         return
 
@@ -251,6 +253,7 @@ def _serving(
     max_evals: int = 100,
     exclude: tuple[str, ...] = (),
     hold_back: bool = False,
+    served_by: str | None = None,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -289,6 +292,7 @@ def _serving(
         max_evals=max_evals,
         exclude=exclude,
         hold_back=hold_back,
+        served_by=served_by,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
 

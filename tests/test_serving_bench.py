@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from calibration.serving_bench import (
+    AIC_BUDGET_EXTRA,
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
     SPLIT_MIN_ROWS,
@@ -28,6 +29,7 @@ from calibration.serving_bench import (
     BenchRow,
     Clients,
     RowResult,
+    aiconfigurator_server,
     completion_gap_ratios,
     default_kv,
     faster_than_kernels,
@@ -47,6 +49,7 @@ from calibration.serving_bench import (
     ttft_vs_prefill,
 )
 from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
+from calibration.serving_report import default_served_by, served_by_rows
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -69,7 +72,6 @@ START = {
     "host_per_seq_s": 10e-6,
     "host_hidden": 0.0,
     "frontend_s": 5e-3,
-    "client_spread_cycles": 0.0,
     "client_cv": 0.0,
 }
 
@@ -373,6 +375,7 @@ def test_vllm_result_json_is_a_closed_loop_row(tmp_path):
         weights="fp8",
         engine_version="vllm",
         source="run.json",
+        requests=40,  # vllm bench serve counts every request it sent: the run is simulated with as many
     )
     with pytest.raises(ConfigError, match="--gpu/--tp"):
         read_bench(p)
@@ -411,6 +414,106 @@ def test_folder_of_results_reads_every_json_and_csv_in_name_order(tmp_path):
 # --- rows as scenarios -----------------------------------------------------------------------
 
 
+def test_server_settings_columns_are_read_and_checked(tmp_path):
+    p = tmp_path / "bench.csv"
+    cols = "max_num_seqs,max_num_batched_tokens,mixed_batches,cuda_graph_max_batch,requests"
+    p.write_text(f"{HEADER},{cols}\n{GOOD},2,2178,yes,2,20\n{GOOD},,,,,\n")
+    a, b = read_csv(p)
+    assert (a.max_num_seqs, a.max_num_batched_tokens, a.mixed_batches, a.cuda_graph_max_batch, a.requests) == (
+        2,
+        2178,
+        True,
+        2,
+        20,
+    )
+    assert (b.max_num_seqs, b.max_num_batched_tokens, b.mixed_batches, b.cuda_graph_max_batch, b.requests) == (
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    p.write_text(f"{HEADER},mixed_batches\n{GOOD},sometimes\n")
+    with pytest.raises(ConfigError, match=r"bench\.csv: row 2, mixed_batches: got 'sometimes'; true or false"):
+        read_csv(p)
+    p.write_text(f"{HEADER},requests\n{GOOD},2.5\n")
+    with pytest.raises(ConfigError, match=r"row 2, requests: got '2\.5'; an integer"):
+        read_csv(p)
+    # TensorRT-LLM does not split a prompt over iterations: a budget no larger than the prompt never runs it.
+    trt = GOOD.replace(",vllm,", ",trtllm,")
+    p.write_text(f"{HEADER},max_num_batched_tokens\n{trt},128\n")
+    with pytest.raises(ConfigError, match=r"row 2, max_num_batched_tokens: got '128'; more than the prompt"):
+        read_csv(p)
+
+
+def test_aiconfigurator_server_settings():
+    r = row(engine="trtllm", isl=4096, concurrency=8)
+    s = aiconfigurator_server(r)
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.cuda_graph_max_batch, s.mixed_batches) == (
+        8,
+        8 + 4096 + AIC_BUDGET_EXTRA,
+        8,
+        None,
+    )
+    # A row's own settings win.
+    assert aiconfigurator_server(replace(r, max_num_seqs=4, max_num_batched_tokens=9000)).max_num_batched_tokens == 9000
+    assert aiconfigurator_server(replace(r, max_num_seqs=4)).max_num_seqs == 4
+    # SGLang's mixed chunks: from 0.5.6, whose template passes --enable-mixed-chunk.
+    sgl = row(engine="sglang")
+    assert [aiconfigurator_server(replace(sgl, engine_version=v)).mixed_batches for v in ("0.5.1.post1", "", "x")] == [
+        None,
+        None,
+        None,
+    ]
+    assert [aiconfigurator_server(replace(sgl, engine_version=v)).mixed_batches for v in ("0.5.6.post2", "0.5.8")] == [
+        True,
+        True,
+    ]
+
+
+def test_served_by_defaults_to_aiconfigurator_for_the_shipped_file_only(tmp_path):
+    assert default_served_by(str(TRAINING_FILE)) == "aiconfigurator"
+    assert default_served_by(str(tmp_path / "mine.csv")) == "defaults"
+    rows = [row(concurrency=3)]
+    assert served_by_rows(rows, "defaults") == rows
+    assert served_by_rows(rows, "aiconfigurator")[0].max_num_seqs == 3
+    with pytest.raises(ConfigError, match=r"--served-by: got 'dynamo'; one of aiconfigurator, defaults"):
+        served_by_rows(rows, "dynamo")
+
+
+def test_row_server_settings_reach_the_scenario_and_bound_every_iteration():
+    # One 4096-token prompt per iteration: the budget (c + isl + 1500) cannot hold two beside the decodes.
+    r = aiconfigurator_server(row(engine="trtllm", gpu="h200_sxm", isl=4096, osl=8, concurrency=4, requests=12))
+    together = Clients(client_cv=0.0)  # every client's first request reaches the server at once
+    raw = row_scenario(r, together)
+    sc = with_engine_defaults(scenario_from_dict(raw))
+    assert sc.workload.num_requests == 12  # the benchmark's own count, not clients x requests_per_client
+    assert (sc.scheduler.max_num_seqs, sc.scheduler.max_num_batched_tokens) == (4, 4 + 4096 + AIC_BUDGET_EXTRA)
+    assert engine_preset(sc).graph_max_tokens == 4
+    res = simulate(sc)
+    ts = res.timeseries.to_pydict()
+    assert max(ts["batch_tokens"]) <= 4 + 4096 + AIC_BUDGET_EXTRA
+    assert max(ts["running"]) <= 4
+    # With TensorRT-LLM's default budget (8192) two prompts share the first iteration.
+    wide = simulate(scenario_from_dict(row_scenario(replace(r, max_num_batched_tokens=None), together)))
+    assert max(wide.timeseries.to_pydict()["batch_tokens"]) > 4 + 4096 + AIC_BUDGET_EXTRA
+    sgl = aiconfigurator_server(row(engine="sglang", engine_version="0.5.6.post2"))
+    assert with_engine_defaults(scenario_from_dict(row_scenario(sgl, Clients()))).scheduler.mixed_batches is True
+
+
+def test_default_clients_count_every_request_as_the_benchmark_does():
+    r = row(concurrency=3, isl=256, osl=8)
+    assert (Clients().requests_per_client, Clients().warmup) == (10, 0)
+    sc = scenario_from_dict(row_scenario(r, Clients()))
+    assert sc.workload.num_requests == 30
+    res = simulate(sc)
+    t = res.requests.to_pydict()
+    ttft = [f - a for f, a in zip(t["first_token_s"], t["arrival_s"])]
+    got = simulate_row(r, Clients())
+    # The mean is over all 30, the first (cold, all clients arriving together) included.
+    assert got.ttft_ms == pytest.approx(1e3 * sum(ttft) / len(ttft))
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_row_is_a_closed_loop_on_its_engine_preset(engine):
     r = row(engine=engine, gpu="h200_sxm", tp=2, isl=300, osl=20, concurrency=5, weights="fp8")
@@ -435,7 +538,10 @@ def test_row_is_a_closed_loop_on_its_engine_preset(engine):
         preset.mixed_batches,
         preset.reserve_output,
     )
-    assert (arr.start_spread_cycles, arr.client_cv) == (preset.client_spread_cycles, preset.client_cv)
+    # Benchmark clients start together whatever the preset's scenario default; their jitter is the preset's.
+    assert (arr.start_spread_cycles, arr.client_cv) == (0.0, preset.client_cv)
+    own = with_engine_defaults(scenario_from_dict(row_scenario(r, replace(TINY, start_spread_cycles=None))))
+    assert own.workload.arrival.start_spread_cycles == preset.client_spread_cycles
     # Terms given for the row replace the preset's.
     sc2 = scenario_from_dict(row_scenario(r, TINY, engine={"host_s": 4e-3, "frontend_s": 0.03}))
     assert (engine_preset(sc2).host_s, engine_preset(sc2).frontend_s) == (4e-3, 0.03)
@@ -863,10 +969,12 @@ def test_fit_leaves_a_share_term_that_starts_at_zero():
         row(tp=tp, isl=isl, osl=32, concurrency=c)
         for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8), (1, 1024, 32)]
     ]
-    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0)
+    # The spread the terms give (not the benchmark rows' start together), fitted from 0 when asked for.
+    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0, start_spread_cycles=None)
     rows = measured(rows, with_terms(vllm={"client_spread_cycles": 0.5}), clients)
-    start_loss = objective(evaluate(rows, with_terms(), clients))
-    got = fit(rows, with_terms(), clients, terms=("client_spread_cycles",), max_evals=30)
+    at_zero = with_terms(vllm={"client_spread_cycles": 0.0})
+    start_loss = objective(evaluate(rows, at_zero, clients))
+    got = fit(rows, at_zero, clients, terms=("client_spread_cycles",), max_evals=30)
     assert start_loss > 0.3 and got.loss < 0.05
     assert got.engines["vllm"]["client_spread_cycles"] == pytest.approx(0.5, abs=0.05)
 
@@ -878,7 +986,7 @@ def test_fit_leaves_no_spread_of_the_front_end():
         row(tp=tp, isl=isl, osl=16, concurrency=c)
         for tp, isl, c in [(1, 1024, 16), (1, 512, 32), (2, 2048, 16), (1, 1024, 32)]
     ]
-    clients = Clients(requests_per_client=4, warmup=1)  # client_cv from the terms
+    clients = Clients(requests_per_client=4, warmup=1, start_spread_cycles=None)  # spread and cv from the terms
     made = {"client_spread_cycles": 0.5, "frontend_s": 0.05}
     rows = measured(rows, with_terms(vllm={**made, "client_cv": 1.0}), clients)
     start = with_terms(vllm=made)
@@ -896,10 +1004,11 @@ def test_fit_starts_from_the_best_spread_and_front_end_pair():
         row(tp=tp, isl=isl, osl=32, concurrency=c)
         for tp, isl, c in [(1, 1024, 8), (1, 512, 16), (2, 2048, 8), (1, 1024, 32), (1, 256, 4)]
     ]
-    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0)
+    clients = Clients(requests_per_client=4, warmup=1, client_cv=0.0, start_spread_cycles=None)
     made = {"client_spread_cycles": 0.95, "frontend_s": 0.1}
     rows = measured(rows, with_terms(vllm=made), clients)
-    got = fit(rows, with_terms(), clients, terms=("frontend_s", "client_spread_cycles"), max_evals=30)
+    at_zero = with_terms(vllm={"client_spread_cycles": 0.0})
+    got = fit(rows, at_zero, clients, terms=("frontend_s", "client_spread_cycles"), max_evals=30)
     assert got.loss < 0.05
     assert got.engines["vllm"]["frontend_s"] == pytest.approx(0.1, rel=0.1)
 
