@@ -219,12 +219,13 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     tp = _int(path, where, d, "tp", 1, 8)
     if tp not in (1, 2, 4, 8):
         raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")
+    isl = _int(path, where, d, "isl")
     return BenchRow(
         model=model,
         gpu=gpu,
         engine=engine,
         tp=tp,
-        isl=_int(path, where, d, "isl"),
+        isl=isl,
         osl=_int(path, where, d, "osl"),
         concurrency=_int(path, where, d, "concurrency", 1, 65536),
         ttft_ms=_ms(path, where, d, "ttft_ms"),
@@ -233,24 +234,24 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         kv=kv,
         engine_version=str(d.get("engine_version") or ""),
         source=str(d.get("source_id") or where),
-        max_num_seqs=_int(path, where, d, "max_num_seqs", 1, 1 << 20)
-        if str(d.get("max_num_seqs") or "").strip()
-        else None,
-        max_num_batched_tokens=_budget(path, where, d, engine),
+        max_num_seqs=_opt_int(path, where, d, "max_num_seqs", 1, 1 << 20),
+        max_num_batched_tokens=_budget(path, where, d, engine, isl),
         mixed_batches=_flag(path, where, d, "mixed_batches"),
-        cuda_graph_max_batch=_int(path, where, d, "cuda_graph_max_batch", 0, 1 << 16)
-        if str(d.get("cuda_graph_max_batch") or "").strip()
-        else None,
-        requests=_int(path, where, d, "requests") if str(d.get("requests") or "").strip() else None,
+        cuda_graph_max_batch=_opt_int(path, where, d, "cuda_graph_max_batch", 0, 1 << 16),
+        requests=_opt_int(path, where, d, "requests"),
     )
 
 
-def _budget(path: Path, where: str, d: dict, engine: str) -> int | None:
-    if not str(d.get("max_num_batched_tokens") or "").strip():
+def _opt_int(path: Path, where: str, d: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int | None:
+    """An optional integer column: ``None`` where the row leaves it empty."""
+    return _int(path, where, d, col, lo, hi) if str(d.get(col) or "").strip() else None
+
+
+def _budget(path: Path, where: str, d: dict, engine: str, isl: int) -> int | None:
+    v = _opt_int(path, where, d, "max_num_batched_tokens")
+    if v is None:
         return None
-    v = _int(path, where, d, "max_num_batched_tokens", 1, 1 << 24)
     preset = get_preset(engine)
-    isl = _int(path, where, d, "isl")
     if preset is not None and not preset.chunked_prefill and v <= isl:
         raise _bad(
             path,
@@ -460,17 +461,7 @@ def hold_back_flagged(
 #: aggregated server's token budget.
 AIC_BUDGET_EXTRA = 1500
 #: The first SGLang version whose aiconfigurator command line turns mixed chunks on.
-AIC_SGLANG_MIXED_FROM = (0, 5, 6)
-
-
-def _version(v: str) -> tuple[int, ...]:
-    parts = []
-    for p in v.split("."):
-        digits = "".join(ch for ch in p if ch.isdigit()) if p[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
+AIC_SGLANG_MIXED_FROM = "0.5.6"
 
 
 def aiconfigurator_server(row: BenchRow) -> BenchRow:
@@ -483,8 +474,17 @@ def aiconfigurator_server(row: BenchRow) -> BenchRow:
     and SGLang's mixed chunks from version 0.5.6 (the first whose command-line template passes
     ``--enable-mixed-chunk``). The shipped training file's
     runs were served so (docs/calibration.md, "How the shipped runs were served")."""
+    from .tables import version_key
+
     mixed = row.mixed_batches
-    if mixed is None and row.engine == "sglang" and _version(row.engine_version) >= AIC_SGLANG_MIXED_FROM:
+    v = row.engine_version
+    # An unnumbered version (empty, a build tag) says nothing about which template ran.
+    if (
+        mixed is None
+        and row.engine == "sglang"
+        and v[:1].isdigit()
+        and version_key(v) >= version_key(AIC_SGLANG_MIXED_FROM)
+    ):
         mixed = True
     return replace(
         row,

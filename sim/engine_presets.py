@@ -108,11 +108,11 @@ class EnginePreset:
         return d
 
 
-#: Terms a serving benchmark can fit (the rest are structural: taken from the engines' code).
-#: The terms ``kvsim calibrate --from-serving-bench`` fits. ``client_spread_cycles`` is not among
-#: them: benchmark clients start together (aiperf, genai-perf, ``vllm bench serve``,
-#: ``bench_serving``), and what drifts them apart is each request's client and front-end time
-#: (``client_cv``); a scenario may still spread its clients' starts.
+#: Terms a serving benchmark can fit, what ``kvsim calibrate --from-serving-bench`` fits (the rest
+#: are structural: taken from the engines' code). ``client_spread_cycles`` is not among them:
+#: benchmark clients start together (aiperf, genai-perf, ``vllm bench serve``, ``bench_serving``),
+#: and what drifts them apart is each request's client and front-end time (``client_cv``); a
+#: scenario may still spread its clients' starts.
 FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_cv")
 
 _VLLM_SRC = (
