@@ -130,9 +130,9 @@ _TRT_SRC = (
 )
 
 _VLLM_FIT_SRC = (
-    "kvsim calibrate --from-serving-bench builtin, before the benchmark clients started together and the "
-    "runs were served as aiconfigurator serves them (673 runs; 8 requests per client after 2 warm-ups; "
-    "host, front end and start spread fitted, client_cv 0); kept: every documented default answer is priced with it"
+    "fitted on the 673 runs of the shipped silicon_dense_train.csv simulated with each engine's default server "
+    "settings, 8 requests per client after 2 warm-ups (host, front end and start spread fitted, client_cv 0); "
+    "kept: every documented default answer is priced with it"
 )
 _FIT_SRC = (
     "kvsim calibrate --from-serving-bench builtin --exclude-group suspect (652 closed-loop runs of "
@@ -142,8 +142,8 @@ _FIT_SRC = (
 
 #: Built-in presets. SGLang's and TensorRT-LLM's fitted terms hold the values of ``kvsim calibrate
 #: --from-serving-bench builtin --exclude-group suspect`` (all five ``FITTED_TERMS``) on the training
-#: file shipped in calibration/data/serving-bench; vLLM's are those of the file's earlier protocol
-#: (``_VLLM_FIT_SRC``; docs/calibration.md: the accuracy of each and what the current fit gives).
+#: file shipped in calibration/data/serving-bench; vLLM's come from the same file simulated with
+#: each engine's default server settings (``_VLLM_FIT_SRC``; docs/calibration.md: the accuracy of each and what the current fit gives).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",
