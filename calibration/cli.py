@@ -56,7 +56,8 @@ def _serving_bench(
                 f"[bold]calibrate[/] {eng}: {n} simulations of its rows, objective {loss:.3f} "
                 f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
                 f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client cv "
-                f"{terms['client_cv']:.2f})"
+                f"{terms['client_cv']:.2f}, {terms.get('completion_per_token_s', 0.0) * 1e6:.1f} us per output token "
+                "after each completion)"
             )
 
     terms = calibrate_from_serving_bench(

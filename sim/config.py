@@ -192,6 +192,12 @@ class ArrivalConfig(_Section):
     #: counts in TTFT.
     client_s: float = Field(0.0, ge=0, le=600)
     client_cv: float = Field(0.0, ge=0, le=10)
+    #: closed_loop: seconds per output token that each finished request holds its client before
+    #: the client sends again, and one finished request at a time (a benchmark client's single
+    #: event loop reading and counting each response, or a server front end finishing it). Clients
+    #: whose requests finish in the same iteration so send again apart: how fixed-length benchmark
+    #: clients drift apart, the more so the longer the outputs. Not in TTFT (it is before the send).
+    completion_per_token_s: float = Field(0.0, ge=0, le=0.01)
 
     @model_validator(mode="after")
     def _needs(self):
@@ -405,9 +411,11 @@ class EngineConfig(_Section):
     custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)
     #: fp8 GEMMs take inputs the previous kernel already quantized (no quantization kernel of their own).
     fp8_quant_fused: bool | None = None
-    #: The engine's defaults for ``workload.arrival.start_spread_cycles`` and ``client_cv``.
+    #: The engine's defaults for ``workload.arrival`` ``start_spread_cycles``, ``client_cv`` and
+    #: ``completion_per_token_s``.
     client_spread_cycles: float | None = Field(None, ge=0, le=100)
     client_cv: float | None = Field(None, ge=0, le=10)
+    completion_per_token_s: float | None = Field(None, ge=0, le=0.01)
     #: A file of fitted terms (``kvsim calibrate --from-serving-bench``): its values for this engine
     #: replace the preset's; the keys above still win.
     terms_file: str | None = Field(None, json_schema_extra=NAMES_FILE)

@@ -91,6 +91,10 @@ class EnginePreset:
     #: variation) of each request's client and front-end time.
     client_spread_cycles: float = 0.0
     client_cv: float = 0.0
+    #: Default for ``workload.arrival.completion_per_token_s``: seconds per output token that each
+    #: finished request holds the benchmark's client (or the server's front end) before its client
+    #: sends again, one finished request at a time.
+    completion_per_token_s: float = 0.0
     #: Where each value comes from.
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -271,6 +275,7 @@ TERM_RANGES = {
     "eager_per_layer_s": (0.0, 0.01),
     "client_spread_cycles": (0.0, 100.0),
     "client_cv": (0.0, 10.0),
+    "completion_per_token_s": (0.0, 0.01),
 }
 
 

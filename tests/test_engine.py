@@ -379,3 +379,64 @@ def test_prefill_apart_admits_a_prompt_only_when_all_of_it_fits():
     res = simulate(sc, budget=RunBudget(None, 100_000, None, source="test"))
     assert res.summary["completed"] == 6
     _check_accounting(res, 6)
+
+
+def _closed_loop_run(per_token_s=None, engine_term=None, n=24):
+    over = {
+        "workload.arrival": {"kind": "closed_loop", "concurrency": 4},
+        "workload.lengths": {"kind": "uniform", "prompt_min": 64, "prompt_max": 64, "output_min": 20, "output_max": 20},
+        "workload.num_requests": n,
+    }
+    if per_token_s is not None:
+        over["workload.arrival"]["completion_per_token_s"] = per_token_s
+    if engine_term is not None:
+        over["engine.completion_per_token_s"] = engine_term
+    return simulate(tiny_scenario(**over))
+
+
+def _sends_after_completions(res, per_token_s):
+    """What a serial reader of finished responses gives: the send time of every request after the
+    first wave, from the finish times (each response waits for the ones finished before it)."""
+    t = res.requests.to_pydict()
+    order = sorted(range(len(t["id"])), key=lambda i: t["finish_s"][i])
+    ready, out = 0.0, []
+    for i in order:
+        ready = max(t["finish_s"][i], ready) + per_token_s * t["output_tokens"][i]
+        out.append(ready)
+    return out
+
+
+@pytest.mark.parametrize("per_token_s", [0.0, 2e-3])
+def test_finished_responses_are_read_one_at_a_time_before_their_clients_send_again(per_token_s):
+    res = _closed_loop_run(per_token_s)
+    _check_accounting(res, 24)
+    t = res.requests.to_pydict()
+    later = sorted(a for i, a in zip(t["id"], t["arrival_s"]) if i >= 4)
+    expect = _sends_after_completions(res, per_token_s)[: len(later)]
+    assert later == pytest.approx(expect, abs=1e-9)
+    if per_token_s:
+        # The first wave finishes together; its clients send 40 ms apart, not together.
+        assert np.diff(later[:4]) == pytest.approx([per_token_s * 20] * 3, abs=1e-9)
+
+
+def test_completion_time_per_token_defaults_to_the_engine_and_the_scenario_wins():
+    from sim.engine.deployment import with_engine_defaults
+
+    sc = tiny_scenario(**{"workload.arrival": {"kind": "closed_loop", "concurrency": 4}, "engine.kind": "vllm"})
+    assert with_engine_defaults(sc).workload.arrival.completion_per_token_s == 0.0
+    sc = tiny_scenario(
+        **{
+            "workload.arrival": {"kind": "closed_loop", "concurrency": 4},
+            "engine.kind": "vllm",
+            "engine.completion_per_token_s": 1e-5,
+        }
+    )
+    assert with_engine_defaults(sc).workload.arrival.completion_per_token_s == 1e-5
+    sc = tiny_scenario(
+        **{
+            "workload.arrival": {"kind": "closed_loop", "concurrency": 4, "completion_per_token_s": 3e-5},
+            "engine.kind": "vllm",
+            "engine.completion_per_token_s": 1e-5,
+        }
+    )
+    assert with_engine_defaults(sc).workload.arrival.completion_per_token_s == 3e-5

@@ -112,6 +112,12 @@ def simulate(
     step = max(1, total // 100)
     halt = env.event() if stop is not None else None
 
+    per_token_s = sc.workload.arrival.completion_per_token_s
+    reader_free = [0.0]
+
+    def _send_next(client: int) -> None:
+        env.process(_client_next(client))
+
     def on_finish(req: Request) -> None:
         done_count[0] += 1
         if halt is not None and stop is not None and not halt.triggered and stop(req):
@@ -119,7 +125,14 @@ def simulate(
         if progress is not None and done_count[0] % step == 0:
             progress(done_count[0], total)
         if closed_loop and req.client >= 0:
-            env.process(_client_next(req.client))
+            if per_token_s > 0:
+                # One finished request at a time: a response waits for those before it.
+                now = clock(env)
+                done = max(now, reader_free[0]) + per_token_s * req.output
+                reader_free[0] = done
+                env.timeout(done - now).callbacks.append(_Later(_send_next, req.client))
+            else:
+                env.process(_client_next(req.client))
 
     cost: CostModel | None = None
     predictor: LengthPredictor | None = None

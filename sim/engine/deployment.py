@@ -315,6 +315,7 @@ OVERRIDABLE = (
     "fp8_quant_fused",
     "client_spread_cycles",
     "client_cv",
+    "completion_per_token_s",
 )
 
 
@@ -322,7 +323,8 @@ def with_engine_defaults(sc: Scenario) -> Scenario:
     """``sc`` with ``engine.kind: auto`` resolved and the serving engine's defaults filled into the keys
     it leaves unset: the scheduler's limits and batching (``max_num_seqs``, ``max_num_batched_tokens``,
     ``chunked_prefill``, ``mixed_batches``, ``reserve_output``) and the clients' timing
-    (``workload.arrival`` ``start_spread_cycles`` and ``client_cv``). Keys a scenario sets win.
+    (``workload.arrival`` ``start_spread_cycles``, ``client_cv`` and ``completion_per_token_s``). Keys a
+    scenario sets win.
     Idempotent: the result is what a run writes to ``scenario.yaml``, so rerunning it gives the same
     run, whatever ``auto`` means in a later version."""
     engine = engine_preset(sc)
@@ -347,6 +349,8 @@ def with_engine_defaults(sc: Scenario) -> Scenario:
             arrival["start_spread_cycles"] = engine.client_spread_cycles
         if "client_cv" not in arr.model_fields_set:
             arrival["client_cv"] = engine.client_cv
+        if arr.kind == "closed_loop" and "completion_per_token_s" not in arr.model_fields_set:
+            arrival["completion_per_token_s"] = engine.completion_per_token_s
     kind = engine_kind(sc)
     if not sched and not arrival and kind == sc.engine.kind:
         return sc
