@@ -60,6 +60,9 @@ def _step(name: str, v: float) -> float:
     if name == "client_cv" and v < 0.2:
         # From (near) no spread, a third of a decade would still be no spread: step to 0.5.
         return _to_x(name, 0.5) - _to_x(name, v)
+    if name == "completion_per_token_s" and v < 1e-6:
+        # The presets start it at 0 (log floor 1 ns): step to 5 us per token, where it first moves TTFT.
+        return _to_x(name, 5e-6) - _to_x(name, v)
     if name not in _SHARE:
         return 0.3
     p = min(max(v, 1e-3), 1 - 1e-3)

@@ -996,6 +996,19 @@ def test_fit_leaves_no_spread_of_the_front_end():
     assert got.engines["vllm"]["client_cv"] > 0.3
 
 
+def test_fit_moves_the_per_token_completion_time_off_zero():
+    """The presets hold ``completion_per_token_s`` at 0, below its log scale's floor: the fit's first
+    step must still reach a value that moves TTFT, and the fit then comes near the one the rows
+    were made with."""
+    rows = [row(isl=isl, osl=256, concurrency=c) for isl, c in [(512, 4), (1024, 8), (256, 8)]]
+    rows = measured(rows, with_terms(vllm={"completion_per_token_s": 40e-6}), FIXED)
+    start = with_terms(vllm={"completion_per_token_s": 0.0})
+    start_loss = objective(evaluate(rows, start, FIXED))
+    got = fit(rows, start, FIXED, terms=("completion_per_token_s",), max_evals=20)
+    assert start_loss > 0.05 and got.loss < start_loss / 5, (start_loss, got.loss)
+    assert got.engines["vllm"]["completion_per_token_s"] == pytest.approx(40e-6, rel=0.25)
+
+
 def test_fit_starts_from_the_best_spread_and_front_end_pair():
     """A large front end with clients spread over a whole cycle and a small one with clients in
     lock-step can give similar TTFTs; from a start at lock-step and 5 ms the fit must reach the pair
