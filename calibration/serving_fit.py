@@ -51,18 +51,22 @@ def _to_x(name: str, v: float) -> float:
     return math.log(max(v, 1e-9))
 
 
+#: Terms that start at (or near) no effect, where a third of a decade on their log scale would
+#: still be none: below the first value, the first step goes to the second. ``client_cv`` from
+#: (near) no spread to 0.5; ``completion_per_token_s`` from the presets' 0 (log floor 1 ns) to 5 us
+#: per output token, where it first moves TTFT.
+_STEP_OFF_NONE = {"client_cv": (0.2, 0.5), "completion_per_token_s": (1e-6, 5e-6)}
+
+
 def _step(name: str, v: float) -> float:
     """The initial simplex's step of one term in the optimiser's coordinate: 0.3 in log space for
     times (a third of a decade), and for shares a move of 0.1 in value towards the middle: a step
     of 0.3 in logit space from a share at its bound (0, as the presets start the clients' spread
     and the hidden host share) moves it by a thousandth, too little to change any simulated time,
     and the fit would never leave the bound."""
-    if name == "client_cv" and v < 0.2:
-        # From (near) no spread, a third of a decade would still be no spread: step to 0.5.
-        return _to_x(name, 0.5) - _to_x(name, v)
-    if name == "completion_per_token_s" and v < 1e-6:
-        # The presets start it at 0 (log floor 1 ns): step to 5 us per token, where it first moves TTFT.
-        return _to_x(name, 5e-6) - _to_x(name, v)
+    off = _STEP_OFF_NONE.get(name)
+    if off is not None and v < off[0]:
+        return _to_x(name, off[1]) - _to_x(name, v)
     if name not in _SHARE:
         return 0.3
     p = min(max(v, 1e-3), 1 - 1e-3)

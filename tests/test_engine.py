@@ -381,7 +381,7 @@ def test_prefill_apart_admits_a_prompt_only_when_all_of_it_fits():
     _check_accounting(res, 6)
 
 
-def _closed_loop_run(per_token_s=None, engine_term=None, n=24):
+def _closed_loop_run(per_token_s=None, n=24):
     over = {
         "workload.arrival": {"kind": "closed_loop", "concurrency": 4},
         "workload.lengths": {"kind": "uniform", "prompt_min": 64, "prompt_max": 64, "output_min": 20, "output_max": 20},
@@ -389,8 +389,6 @@ def _closed_loop_run(per_token_s=None, engine_term=None, n=24):
     }
     if per_token_s is not None:
         over["workload.arrival"]["completion_per_token_s"] = per_token_s
-    if engine_term is not None:
-        over["engine.completion_per_token_s"] = engine_term
     return simulate(tiny_scenario(**over))
 
 
