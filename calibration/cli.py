@@ -57,7 +57,7 @@ def _serving_bench(
                 f"(host {terms['host_s'] * 1e3:.2f} ms + {terms['host_per_seq_s'] * 1e6:.1f} us/seq, hidden "
                 f"{terms['host_hidden']:.0%}, front end {terms['frontend_s'] * 1e3:.1f} ms, client cv "
                 f"{terms['client_cv']:.2f}, {terms.get('completion_per_token_s', 0.0) * 1e6:.1f} us per output token "
-                "after each completion)"
+                f"after each completion, {terms.get('stream_per_token_s', 0.0) * 1e6:.1f} us per streamed token)"
             )
 
     terms = calibrate_from_serving_bench(

@@ -54,8 +54,15 @@ def _to_x(name: str, v: float) -> float:
 #: Terms that start at (or near) no effect, where a third of a decade on their log scale would
 #: still be none: below the first value, the first step goes to the second. ``client_cv`` from
 #: (near) no spread to 0.5; ``completion_per_token_s`` from the presets' 0 (log floor 1 ns) to 5 us
-#: per output token, where it first moves TTFT.
+#: per output token, where it first moves TTFT. Its effect comes in steps (clients leave a shared
+#: iteration once their handling outlasts it), and a simplex that starts small ends on the first.
 _STEP_OFF_NONE = {"client_cv": (0.2, 0.5), "completion_per_token_s": (1e-6, 5e-6)}
+#: Terms a fit starts elsewhere when they are below the first value: at the second, stepping from
+#: there as from any time. ``stream_per_token_s`` at 50 us per token, a ceiling of 20 k tokens/s,
+#: about what the fastest runs measured so far reach: its ceiling moves TTFT smoothly, and a first
+#: step from the presets' 0 (ten decades below on its log scale) would spend the fit's evaluations
+#: coming back.
+_START_OFF_ZERO = {"stream_per_token_s": (1e-6, 50e-6)}
 
 
 def _step(name: str, v: float) -> float:
@@ -103,7 +110,8 @@ class EngineTerms:
 
 
 #: Where leave-one-group-out starts each fold when given no terms: the presets' values before any
-#: fit (round numbers from the engines' documentation), so that no fold starts from terms the
+#: fit (round numbers from the engines' documentation; the token stream at 50 us per token, the
+#: order of what one Python process spends sending a token), so that no fold starts from terms the
 #: held-out group helped fit (the built-in presets were fitted on every row of the shipped file).
 UNFITTED_START: dict[str, dict[str, float]] = {
     "vllm": {
@@ -112,6 +120,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_cv": 0.5,
+        "stream_per_token_s": 50e-6,
     },
     "sglang": {
         "host_s": 0.5e-3,
@@ -119,6 +128,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_cv": 0.5,
+        "stream_per_token_s": 50e-6,
     },
     "trtllm": {
         "host_s": 1.0e-3,
@@ -126,6 +136,7 @@ UNFITTED_START: dict[str, dict[str, float]] = {
         "host_hidden": 0.0,
         "frontend_s": 5e-3,
         "client_cv": 0.5,
+        "stream_per_token_s": 50e-6,
     },
 }
 
@@ -306,6 +317,10 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
     from scipy.optimize import minimize
 
     base = _start_of(start, engine, terms)
+    for t in terms:
+        floor, first = _START_OFF_ZERO.get(t, (0.0, 0.0))
+        if base[t] < floor:
+            base[t] = first
     x0 = np.array([_to_x(t, base[t]) for t in terms])
 
     def unpack(x) -> dict[str, float]:

@@ -406,6 +406,7 @@ class EngineConfig(_Section):
     eager_per_layer_s: float | None = Field(None, ge=0, le=0.01)
     frontend_s: float | None = Field(None, ge=0, le=600)
     frontend_per_token_s: float | None = Field(None, ge=0, le=0.01)
+    stream_per_token_s: float | None = Field(None, ge=0, le=0.01)
     graph_max_tokens: int | None = Field(None, ge=0, le=1 << 20)
     elementwise_per_layer: int | None = Field(None, ge=0, le=64)
     custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)

@@ -23,6 +23,10 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
 * **front end** — per request, HTTP, tokenisation and detokenisation before the engine sees it
   and after it is done (``frontend_s`` + ``frontend_per_token_s`` × prompt tokens), counted in
   TTFT;
+* **token stream** — the one front-end process that sends every output token to its client,
+  ``stream_per_token_s`` each, in the order the engine made them (``sim/engine/stream.py``): a
+  ceiling on output tokens per second that no GPU count lifts; tokens it has not sent yet wait,
+  which adds to TTFT and delays a closed-loop client's next request;
 * **scheduling** — the server defaults the preset's scheduler runs with when a scenario does not
   set them (``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``), whether prefill
   chunks share iterations with decodes (``mixed_batches``: vLLM yes; SGLang runs prefill batches
@@ -95,6 +99,9 @@ class EnginePreset:
     #: finished request holds the benchmark's client (or the server's front end) before its client
     #: sends again, one finished request at a time.
     completion_per_token_s: float = 0.0
+    #: Seconds the server's token-streaming process spends per output token, one token at a time
+    #: (``sim/engine/stream.py``; 0: tokens reach clients as they are made).
+    stream_per_token_s: float = 0.0
     #: Where each value comes from.
     sources: tuple[tuple[str, str], ...] = ()
 
@@ -116,8 +123,9 @@ class EnginePreset:
 #: are structural: taken from the engines' code). ``client_spread_cycles`` is not among them:
 #: benchmark clients start together (aiperf, genai-perf, ``vllm bench serve``, ``bench_serving``),
 #: and what drifts them apart is each request's client and front-end time (``client_cv``); a
-#: scenario may still spread its clients' starts.
-FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_cv")
+#: scenario may still spread its clients' starts. ``stream_per_token_s`` is: the token stream's
+#: ceiling shows in runs whose engine outpaces it (docs/calibration.md, "The token stream").
+FITTED_TERMS = ("host_s", "host_per_seq_s", "host_hidden", "frontend_s", "client_cv", "stream_per_token_s")
 
 _VLLM_SRC = (
     "vLLM 0.12.0 (engine/arg_utils.py get_batch_defaults; config/vllm.py capture sizes; "
@@ -272,6 +280,7 @@ TERM_RANGES = {
     "host_hidden": (0.0, 1.0),
     "frontend_s": (0.0, 600.0),
     "frontend_per_token_s": (0.0, 0.01),
+    "stream_per_token_s": (0.0, 0.01),
     "eager_per_layer_s": (0.0, 0.01),
     "client_spread_cycles": (0.0, 100.0),
     "client_cv": (0.0, 10.0),

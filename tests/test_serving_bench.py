@@ -73,6 +73,7 @@ START = {
     "host_hidden": 0.0,
     "frontend_s": 5e-3,
     "client_cv": 0.0,
+    "stream_per_token_s": 0.0,
 }
 
 
@@ -1007,6 +1008,19 @@ def test_fit_moves_the_per_token_completion_time_off_zero():
     got = fit(rows, start, FIXED, terms=("completion_per_token_s",), max_evals=20)
     assert start_loss > 0.05 and got.loss < start_loss / 5, (start_loss, got.loss)
     assert got.engines["vllm"]["completion_per_token_s"] == pytest.approx(40e-6, rel=0.25)
+
+
+def test_fit_finds_the_token_stream_from_no_stream():
+    """Rows whose engine outpaces a 1 ms-per-token stream (TTFT queued behind it, output capped
+    at 1 k tokens/s), fitted from no stream: the first step reaches a stream that binds, and the
+    fit comes back to the one the rows were made with."""
+    rows = [row(isl=isl, osl=64, concurrency=c) for isl, c in [(128, 16), (256, 32), (512, 24), (128, 4)]]
+    rows = measured(rows, with_terms(vllm={"stream_per_token_s": 1e-3}), FIXED)
+    start = with_terms()
+    start_loss = objective(evaluate(rows, start, FIXED))
+    got = fit(rows, start, FIXED, terms=("stream_per_token_s",), max_evals=25)
+    assert start_loss > 0.2 and got.loss < 0.01, (start_loss, got.loss)
+    assert got.engines["vllm"]["stream_per_token_s"] == pytest.approx(1e-3, rel=0.02)
 
 
 def test_fit_starts_from_the_best_spread_and_front_end_pair():

@@ -309,6 +309,7 @@ OVERRIDABLE = (
     "eager_per_layer_s",
     "frontend_s",
     "frontend_per_token_s",
+    "stream_per_token_s",
     "graph_max_tokens",
     "elementwise_per_layer",
     "custom_allreduce_max_bytes",

@@ -42,6 +42,7 @@ from sim.config import CompactionConfig
 from sim.cost.model import BatchShape, CostModel
 from sim.engine.simpy_shortcuts import now as clock, retarget
 from sim.engine.stats import ReplicaStats
+from sim.engine.stream import OutputStream
 from sim.request import COMPLETED, EXCEEDS_RESERVATION, PROMPT_EXCEEDS_RESERVATION, REJECTED, STALE, Request
 from sim.sched.continuous import ContinuousScheduler, StepPlan
 from sim.sched.interface import CompletesTogether, Scheduler
@@ -55,6 +56,16 @@ DEBUG = bool(os.environ.get("KVSIM_DEBUG"))
 
 def _seq_no(req: Request) -> int:
     return req.seq_no
+
+
+class _Seen:
+    """The callback that tells the cluster a request is done once its client has its last token."""
+
+    def __init__(self, fn: Callable[[Request], None], req: Request):
+        self.fn, self.req = fn, req
+
+    def __call__(self, _event: object) -> None:
+        self.fn(self.req)
 
 
 @dataclass(slots=True, init=False)
@@ -111,6 +122,7 @@ class Replica:
         on_finish: Callable[[Request], None] | None = None,
         compaction: CompactionConfig | None = None,
         stale_after_s: float | None = None,
+        stream_per_token_s: float = 0.0,
     ):
         self.env = env
         self.index = index
@@ -121,6 +133,8 @@ class Replica:
         self.fast_forward = fast_forward
         self.overflow = overflow
         self.on_finish = on_finish
+        #: The server's token-streaming process (``None``: clients see each token when it is made).
+        self._stream: OutputStream | None = OutputStream(stream_per_token_s) if stream_per_token_s > 0 else None
         #: Outstanding (running + waiting) requests per replica of the cluster, this one at
         #: ``index``; the router shares it (``sim/engine/router.py``). Changed by submit and _end only.
         self.loads: list[int] = [0] * (index + 1)
@@ -300,18 +314,34 @@ class Replica:
         free = a.capacity_tokens - a.reserved_tokens()
         return 0.0 if free <= 0 else 1.0 - a.largest_free_extent_tokens() / free
 
-    def _advance_items(self, items: list[tuple[Request, int]], now: float, done: list[Request]) -> None:
-        """Per-sequence effect of one iteration on ``items``."""
+    def _advance_items(
+        self, items: list[tuple[Request, int]], now: float, done: list[Request], firsts: list[Request] | None = None
+    ) -> int:
+        """Per-sequence effect of one iteration on ``items``; returns the tokens it made (their first
+        tokens' requests appended to ``firsts`` where given)."""
+        made = 0
         for req, n in items:
             req.computed += n
             if req.computed == req.prompt + req.generated:
                 req.generated += 1
+                made += 1
                 if req.first_token < 0:
                     req.first_token = now
+                    if firsts is not None:
+                        firsts.append(req)
                 if req.generated >= req.output:
                     done.append(req)
+        return made
 
-    def _finish(self, done: list[Request], now: float) -> None:
+    def _streamed(self, stream: OutputStream, now: float, made: int, firsts: list[Request]) -> float:
+        """When the ``made`` tokens of the iteration that ended at ``now`` reach their clients; the
+        first tokens among them (``firsts``) are seen then."""
+        out = stream.deliver(now, made)
+        for req in firsts:
+            req.first_token = out
+        return out
+
+    def _finish(self, done: list[Request], now: float, out: float = -1.0) -> None:
         if self._completing is not None:
             done = self._completing(done)
         if not done:
@@ -323,15 +353,20 @@ class Replica:
         for req in done:
             running.remove(req)
             release(req.id)
-            self._end(req, COMPLETED, now)
+            self._end(req, COMPLETED, now, out)
 
-    def _end(self, req: Request, status: str, now: float) -> None:
+    def _end(self, req: Request, status: str, now: float, out: float = -1.0) -> None:
+        """``req`` leaves the engine at ``now``; its client sees its last token at ``out`` where
+        that is later (the server's token stream)."""
         req.status = status
-        req.finish = now
+        req.finish = out if out > now else now
         self.loads[self.index] -= 1
         self.rec.request_done(req)
         if self.on_finish is not None:
-            self.on_finish(req)
+            if out > now:
+                self.env.timeout(out - now).callbacks.append(_Seen(self.on_finish, req))
+            else:
+                self.on_finish(req)
 
     def _idle_wait(self) -> Generator[simpy.Event, Any, None]:
         self._idle = self.env.event()
@@ -397,8 +432,14 @@ class Replica:
         yield from self._one_iteration(plan)
         done: list[Request] = []
         now = clock(self.env)
-        self._advance_items(plan.items, now, done)
-        self._finish(done, now)
+        stream = self._stream
+        if stream is None:
+            self._advance_items(plan.items, now, done)
+            self._finish(done, now)
+            return
+        firsts: list[Request] = []
+        made = self._advance_items(plan.items, now, done, firsts)
+        self._finish(done, now, self._streamed(stream, now, made, firsts))
 
     def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
@@ -551,7 +592,9 @@ class Replica:
             r.generated += m
             if r.generated >= r.output:
                 done.append(r)
-        self._finish(done, now)
+        stream = self._stream
+        out = stream.deliver_window(now - float(ends[m - 1]), ends, m, n) if stream is not None else -1.0
+        self._finish(done, now, out)
 
     # --- cohort loop (fast_forward with an aggregate-capable allocator) ----------------
     def _join(self, req: Request) -> None:
@@ -669,9 +712,16 @@ class Replica:
         now = clock(self.env)
         self.G += 1
         done: list[Request] = []
+        members = len(self._co.a)
         self._pop_finished(done)
-        self._advance_items(plan.items, now, done)
-        self._finish(done, now)
+        stream = self._stream
+        if stream is None:
+            self._advance_items(plan.items, now, done)
+            self._finish(done, now)
+        else:
+            firsts: list[Request] = []
+            made = members + self._advance_items(plan.items, now, done, firsts)
+            self._finish(done, now, self._streamed(stream, now, made, firsts))
         for req, _ in plan.items:
             if req.status == "" and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
                 self._join(req)
@@ -755,8 +805,10 @@ class Replica:
         now = clock(self.env)
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
+        stream = self._stream
+        out = stream.deliver_window(now - float(ends[m - 1]), ends, m, w.members) if stream is not None else -1.0
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
             done: list[Request] = []
             self._pop_finished(done)
-            self._finish(done, now)
+            self._finish(done, now, out)
