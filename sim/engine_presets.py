@@ -153,8 +153,9 @@ _FIT_SRC = (
 )
 
 #: Built-in presets. SGLang's and TensorRT-LLM's fitted terms hold the values of ``kvsim calibrate
-#: --from-serving-bench builtin --exclude-group suspect`` (all five ``FITTED_TERMS``) on the training
-#: file shipped in calibration/data/serving-bench; vLLM's come from the same file simulated with
+#: --from-serving-bench builtin --exclude-group suspect`` (all six ``FITTED_TERMS``, started from
+#: the five-term presets with no token stream) on the training file shipped in
+#: calibration/data/serving-bench; vLLM's (no token stream) come from the same file simulated with
 #: each engine's default server settings (``_VLLM_FIT_SRC``; docs/calibration.md: the accuracy of each and what the current fit gives).
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
@@ -181,36 +182,37 @@ PRESETS: dict[str, EnginePreset] = {
     "sglang": EnginePreset(
         name="sglang",
         kernels="sglang",
-        host_s=0.469e-3,
-        host_per_seq_s=32.8e-6,
-        host_hidden=0.608,
+        host_s=0.5645e-3,
+        host_per_seq_s=29.87e-6,
+        host_hidden=0.6415,
         graph_max_tokens=160,
         graph_mixed=False,
         eager_per_layer_s=20e-6,
         elementwise_per_layer=4,
         custom_allreduce_max_bytes=8 << 20,
-        frontend_s=38.0e-3,
+        frontend_s=31.10e-3,
         frontend_per_token_s=0.0,
         max_num_seqs=2048,
         max_num_batched_tokens=8192,
         chunked_prefill=True,
         mixed_batches=False,
         reserve_output=False,
-        client_cv=0.0065,
+        client_cv=0.01603,
+        stream_per_token_s=65.62e-6,
         sources=(("structure", _SGL_SRC), ("fitted", _FIT_SRC)),
     ),
     "trtllm": EnginePreset(
         name="trtllm",
         kernels="trtllm",
-        host_s=0.660e-3,
-        host_per_seq_s=7.25e-6,
-        host_hidden=0.0035,
+        host_s=0.6730e-3,
+        host_per_seq_s=6.424e-6,
+        host_hidden=0.001708,
         graph_max_tokens=128,
         graph_mixed=False,
         eager_per_layer_s=20e-6,
         elementwise_per_layer=2,
         custom_allreduce_max_bytes=8_000_000,
-        frontend_s=51.5e-3,
+        frontend_s=51.85e-3,
         frontend_per_token_s=0.0,
         max_num_seqs=2048,
         max_num_batched_tokens=8192,
@@ -218,7 +220,8 @@ PRESETS: dict[str, EnginePreset] = {
         mixed_batches=True,
         reserve_output=True,
         fp8_quant_fused=True,
-        client_cv=0.964,
+        client_cv=0.9284,
+        stream_per_token_s=92.12e-6,
         sources=(("structure", _TRT_SRC), ("fitted", _FIT_SRC)),
     ),
 }

@@ -233,6 +233,22 @@ def test_closed_loop_replays_the_files_requests_in_order_with_its_concurrency(tm
     assert doc["requests"] == {"in_file": 64, "failed_left_out": 1, "simulated": 63, "simulated_completed": 63}
 
 
+def test_a_token_stream_that_binds_holds_the_replayed_clients_back(tmp_path):
+    """Eight clients of a Qwen3-8B server on one GPU with a 2 ms-per-token stream (500 tokens/s):
+    the clients see their first tokens later and send slower than with no stream."""
+    res = read_bench_result(CLOSED)
+    ttft, end = {}, {}
+    for s in (0.0, 2e-3):
+        compare_result(res, tmp_path / str(s), overrides={"engine.stream_per_token_s": s})
+        rq = pq.read_table(tmp_path / str(s) / "requests.parquet")
+        ttft[s] = float(np.mean(rq["first_token_s"].to_numpy() - rq["arrival_s"].to_numpy()))
+        end[s] = float(rq["finish_s"].to_numpy().max())
+        assert set(rq["status"].to_pylist()) == {"completed"}
+    tokens = int(rq["generated_tokens"].to_numpy().sum())
+    assert ttft[2e-3] > 2 * ttft[0.0]
+    assert end[2e-3] >= tokens * 2e-3 > end[0.0]
+
+
 def test_open_loop_replays_send_times_as_a_trace(tmp_path):
     res = read_bench_result(STARTS)
     compare_result(res, tmp_path)
@@ -399,8 +415,11 @@ def test_simulated_itl_invariants(tmp_path_factory, lens, concurrency, rate, kv_
     out, gaps adding up to each request's first-to-last-token time; fast-forward's evenly spread
     windows within 2 % of stepping on these lengths (a window's decode steps grow with the context)."""
     res = _result([p for p, _ in lens], [o for _, o in lens], concurrency, rate)
-    # 3,400 KV tokens hold any one request (at most 3,300 tokens) but preempt under load.
+    # 3,400 KV tokens hold any one request (at most 3,300 tokens) but preempt under load. No token
+    # stream: the gaps are the engine's iterations, and a stream's queue would move the first and
+    # last token a client sees off them (docs/compare.md, limits).
     over = {"gpu.kv_cache_tokens": kv_tokens} if kv_tokens else {}
+    over["engine.stream_per_token_s"] = 0.0
     sorted_gaps = []
     for mode in ("fast_forward", "step"):
         d = tmp_path_factory.mktemp(mode)
