@@ -1012,8 +1012,8 @@ def test_fit_moves_the_per_token_completion_time_off_zero():
 
 def test_fit_finds_the_token_stream_from_no_stream():
     """Rows whose engine outpaces a 1 ms-per-token stream (TTFT queued behind it, output capped
-    at 1 k tokens/s), fitted from no stream: the first step reaches a stream that binds, and the
-    fit comes back to the one the rows were made with."""
+    at 1 k tokens/s), fitted from no stream: the fit starts the stream where it binds (50 us), and
+    comes back to the one the rows were made with."""
     rows = [row(isl=isl, osl=64, concurrency=c) for isl, c in [(128, 16), (256, 32), (512, 24), (128, 4)]]
     rows = measured(rows, with_terms(vllm={"stream_per_token_s": 1e-3}), FIXED)
     start = with_terms()

@@ -333,13 +333,30 @@ class Replica:
                     done.append(req)
         return made
 
-    def _streamed(self, stream: OutputStream, now: float, made: int, firsts: list[Request]) -> float:
-        """When the ``made`` tokens of the iteration that ended at ``now`` reach their clients; the
-        first tokens among them (``firsts``) are seen then."""
+    def _advance_and_finish(
+        self, items: list[tuple[Request, int]], now: float, done: list[Request], made: int = 0
+    ) -> None:
+        """The end of an iteration that ended at ``now``: ``items`` advance, then ``done`` and what
+        they completed end. With a token stream, the first and last tokens are those the clients
+        see once the stream has sent the iteration's tokens (``made`` of them besides the items':
+        the cohort's)."""
+        stream = self._stream
+        if stream is None:
+            self._advance_items(items, now, done)
+            self._finish(done, now)
+            return
+        firsts: list[Request] = []
+        made += self._advance_items(items, now, done, firsts)
         out = stream.deliver(now, made)
         for req in firsts:
             req.first_token = out
-        return out
+        self._finish(done, now, out)
+
+    def _window_seen(self, now: float, ends: list[float], m: int, k: int) -> float:
+        """When clients see the last of ``m`` window iterations of ``k`` tokens each that ended at
+        ``now`` (``ends``: their end offsets); ``-1`` without a token stream."""
+        stream = self._stream
+        return -1.0 if stream is None else stream.deliver_window(now - float(ends[m - 1]), ends, m, k)
 
     def _finish(self, done: list[Request], now: float, out: float = -1.0) -> None:
         if self._completing is not None:
@@ -430,16 +447,7 @@ class Replica:
     def _single_step(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         """One iteration through the per-sequence path."""
         yield from self._one_iteration(plan)
-        done: list[Request] = []
-        now = clock(self.env)
-        stream = self._stream
-        if stream is None:
-            self._advance_items(plan.items, now, done)
-            self._finish(done, now)
-            return
-        firsts: list[Request] = []
-        made = self._advance_items(plan.items, now, done, firsts)
-        self._finish(done, now, self._streamed(stream, now, made, firsts))
+        self._advance_and_finish(plan.items, clock(self.env), [])
 
     def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
@@ -592,9 +600,7 @@ class Replica:
             r.generated += m
             if r.generated >= r.output:
                 done.append(r)
-        stream = self._stream
-        out = stream.deliver_window(now - float(ends[m - 1]), ends, m, n) if stream is not None else -1.0
-        self._finish(done, now, out)
+        self._finish(done, now, self._window_seen(now, ends, m, n))
 
     # --- cohort loop (fast_forward with an aggregate-capable allocator) ----------------
     def _join(self, req: Request) -> None:
@@ -712,16 +718,9 @@ class Replica:
         now = clock(self.env)
         self.G += 1
         done: list[Request] = []
-        members = len(self._co.a)
+        members = len(self._co.a)  # each made a token this iteration, finished or not
         self._pop_finished(done)
-        stream = self._stream
-        if stream is None:
-            self._advance_items(plan.items, now, done)
-            self._finish(done, now)
-        else:
-            firsts: list[Request] = []
-            made = members + self._advance_items(plan.items, now, done, firsts)
-            self._finish(done, now, self._streamed(stream, now, made, firsts))
+        self._advance_and_finish(plan.items, now, done, members)
         for req, _ in plan.items:
             if req.status == "" and req.generated > 0 and req.computed + 1 == req.prompt + req.generated:
                 self._join(req)
@@ -805,8 +804,7 @@ class Replica:
         now = clock(self.env)
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
-        stream = self._stream
-        out = stream.deliver_window(now - float(ends[m - 1]), ends, m, w.members) if stream is not None else -1.0
+        out = self._window_seen(now, ends, m, w.members)
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
             done: list[Request] = []
