@@ -40,6 +40,7 @@ def _serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     hold_back: bool = False,
+    spread_apart: bool = False,
     served_by: str | None = None,
 ) -> None:
     from rich.console import Console
@@ -73,6 +74,7 @@ def _serving_bench(
         workers=workers,
         exclude=exclude,
         hold_back=hold_back,
+        spread_apart=spread_apart,
         served_by=served_by,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
@@ -126,6 +128,7 @@ def calibrate_command(
     workers: int = opt.workers_option(_FSB),
     exclude_group: list[str] | None = opt.exclude_group_option(_FSB),
     hold_back_flagged: bool = opt.hold_back_option(_FSB, "the warning", "in the fit"),
+    spread_flagged: bool = opt.spread_option(_FSB, "the warning", "in the fit"),
     served_by: str | None = opt.served_by_option(_FSB),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
@@ -146,6 +149,7 @@ def calibrate_command(
             weights=weights,
             kv=kv,
             hold_back=hold_back_flagged,
+            spread_apart=spread_flagged,
             served_by=served_by,
         )
         return

@@ -150,6 +150,11 @@ class BenchRow:
     #: Requests the benchmark sent in all (a vLLM result's ``completed``); ``None``: the clients'
     #: default (:class:`Clients`).
     requests: int | None = None
+    #: How far apart the clients started, in request cycles: each client's first request at a
+    #: uniform random offset in that many request cycles (a benchmark that ramps its clients up or
+    #: measures after they have drifted apart: 1, fully spread); ``None``: the clients' default
+    #: (:class:`Clients`: all together, as aiperf, genai-perf and ``vllm bench serve`` start them).
+    start_spread_cycles: float | None = None
 
     @property
     def group(self) -> str:
@@ -239,12 +244,32 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         mixed_batches=_flag(path, where, d, "mixed_batches"),
         cuda_graph_max_batch=_opt_int(path, where, d, "cuda_graph_max_batch", 0, 1 << 16),
         requests=_opt_int(path, where, d, "requests"),
+        start_spread_cycles=_opt_cycles(path, where, d, "start_spread_cycles"),
     )
 
 
 def _opt_int(path: Path, where: str, d: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int | None:
     """An optional integer column: ``None`` where the row leaves it empty."""
     return _int(path, where, d, col, lo, hi) if str(d.get(col) or "").strip() else None
+
+
+#: The largest start spread a row may give, in request cycles (``workload.arrival.start_spread_cycles``).
+MAX_SPREAD_CYCLES = 100.0
+
+
+def _opt_cycles(path: Path, where: str, d: dict, col: str) -> float | None:
+    """An optional number of request cycles in [0, :data:`MAX_SPREAD_CYCLES`]: ``None`` where empty."""
+    raw = d.get(col)
+    if not str(raw or "").strip():
+        return None
+    allowed = f"request cycles, a number in [0, {MAX_SPREAD_CYCLES:g}] (or empty: the clients start together)"
+    try:
+        v = float(str(raw).strip())
+    except ValueError:
+        raise _bad(path, where, col, raw, allowed) from None
+    if not math.isfinite(v) or not 0 <= v <= MAX_SPREAD_CYCLES:
+        raise _bad(path, where, col, raw, allowed)
+    return v
 
 
 def _budget(path: Path, where: str, d: dict, engine: str, isl: int) -> int | None:
@@ -291,7 +316,7 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             f"{path}: header",
             ",".join(reader.fieldnames or []),
             f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
-            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests); "
+            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles); "
             f"missing {', '.join(missing)}",
         )
     rows = []
@@ -656,6 +681,48 @@ def ttft_vs_prefill(results: list[RowResult], shares: dict[BenchRow, tuple[float
     return out
 
 
+#: Least lowest concurrency, and most growth of TTFT per prefill there, at which a group's clients
+#: cannot have started together (:func:`clients_apart`). Four clients arriving at once wait for
+#: one another's prompts in the first wave if nowhere else: 1.15 prefills per prefill at least over
+#: 10 requests each, 2 to 2.5 when they stay in step; kvsim's own runs, clients together, give 2.2.
+APART_MIN_CONCURRENCY = 4
+APART_MAX_PER_PREFILL = 1.25
+#: The start spread :func:`spread_flagged` gives a flagged group's runs: a request cycle, the clients
+#: as far apart as they can drift.
+APART_SPREAD_CYCLES = 1.0
+
+
+def clients_apart(rows: Iterable[BenchRow], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:
+    """Groups whose clients did not start together: at their lowest concurrency (at least
+    :data:`APART_MIN_CONCURRENCY`), the measured TTFT grows by less than
+    :data:`APART_MAX_PER_PREFILL` per unit of one prompt's prefill (:func:`ttft_vs_prefill`'s
+    measured line): prompts do not wait for one another, not even in a first wave. A benchmark that
+    ramps its clients up (aiperf ``--concurrency-ramp-duration``, ``vllm bench serve
+    --ramp-up-strategy``) or leaves out its first requests does this; nothing in a row records it.
+    ``{group: {"concurrency": c, "per_prefill": slope}}``."""
+    lines = ttft_vs_prefill([RowResult(r, None, None) for r in rows], shares)
+    return {
+        g: {"concurrency": v["concurrency"], "per_prefill": v["measured"]["per_prefill"]}
+        for g, v in lines.items()
+        if v["concurrency"] >= APART_MIN_CONCURRENCY and v["measured"]["per_prefill"] < APART_MAX_PER_PREFILL
+    }
+
+
+def spread_flagged(rows: Iterable[BenchRow], flagged: dict[str, dict]) -> tuple[list[BenchRow], list[str]]:
+    """``rows`` with the runs of the groups :func:`clients_apart` flags (``flagged``) given a start
+    spread of :data:`APART_SPREAD_CYCLES` where they set none, and the groups so treated. The flag
+    reads the runs' own measured TTFT, so a prediction made this way is not blind to the group it
+    treats."""
+    out: list[BenchRow] = []
+    spread: set[str] = set()
+    for r in rows:
+        if r.group in flagged and r.start_spread_cycles is None:
+            r = replace(r, start_spread_cycles=APART_SPREAD_CYCLES)
+            spread.add(r.group)
+        out.append(r)
+    return out, sorted(spread)
+
+
 def tp_scaling(results: list[RowResult]) -> dict[str, list[dict]]:
     """What a larger GPU count buys, measured and simulated: per group, per pair of its
     tensor-parallel sizes (each with the next larger one it was run at) and per concurrency, the
@@ -781,6 +848,7 @@ def row_scenario(
     kv = row.kv or default_kv(row.engine, row.weights, gpu)
     model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": kv})
     n = row.requests if row.requests is not None else row.concurrency * (clients.requests_per_client + clients.warmup)
+    spread = row.start_spread_cycles if row.start_spread_cycles is not None else clients.start_spread_cycles
     sc: dict = {
         "name": "serving-bench",
         "seed": seed,
@@ -792,11 +860,7 @@ def row_scenario(
             "arrival": {
                 "kind": "closed_loop",
                 "concurrency": row.concurrency,
-                **(
-                    {"start_spread_cycles": clients.start_spread_cycles}
-                    if clients.start_spread_cycles is not None
-                    else {}
-                ),
+                **({"start_spread_cycles": spread} if spread is not None else {}),
                 **({"client_cv": clients.client_cv} if clients.client_cv is not None else {}),
             },
             "lengths": {"kind": "fixed", "prompt_tokens": row.isl, "output_tokens": row.osl},

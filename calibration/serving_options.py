@@ -59,6 +59,15 @@ def hold_back_option(mode: str, where: str, when: str):
     )
 
 
+def spread_option(mode: str, where: str, when: str):
+    return typer.Option(
+        False,
+        "--spread-flagged",
+        help=f"{mode}: the groups whose clients did not start together ({where} names them) run with their clients' "
+        f"starts spread over a request cycle, {when}.",
+    )
+
+
 def served_by_option(mode: str):
     return typer.Option(
         None,

@@ -24,6 +24,7 @@ from .serving_bench import (
     Clients,
     RowResult,
     aiconfigurator_server,
+    clients_apart,
     faster_than_kernels,
     gpu_shares,
     hold_back_flagged,
@@ -31,6 +32,7 @@ from .serving_bench import (
     normalize_engine,
     read_bench,
     score,
+    spread_flagged,
     tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
@@ -117,6 +119,24 @@ def completion_warnings(flagged: dict[str, list[int]], held: dict[str, list[int]
         )
         + " (docs/calibration.md, groups that look mis-measured)"
         for g, cs in flagged.items()
+    ]
+
+
+def apart_warnings(apart: dict[str, dict], spread: list[str] | None = None) -> list[str]:
+    """One line per group whose clients did not start together (``apart``: what
+    :func:`clients_apart` found; ``spread``: what :func:`spread_flagged` treated)."""
+    spread = spread or []
+    return [
+        f"{g}: at concurrency {v['concurrency']} its TTFT grows by {v['per_prefill']:.2f} prefills per prefill, where "
+        "clients starting together wait for one another's prompts, in the first wave at least: its clients were "
+        "spread, which the rows do not record"
+        + (
+            "; simulated with their starts spread over a request cycle (--spread-flagged)"
+            if g in spread
+            else "; simulated as starting together (--spread-flagged spreads them)"
+        )
+        + " (docs/calibration.md, groups that look mis-measured)"
+        for g, v in apart.items()
     ]
 
 
@@ -332,12 +352,14 @@ def validate_serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     hold_back: bool = False,
+    spread_apart: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out.
     ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
-    (:func:`hold_back_flagged`), in training and in prediction. ``served_by``: :func:`served_by_rows`
-    (default: :func:`default_served_by`)."""
+    (:func:`hold_back_flagged`), in training and in prediction. ``spread_apart``: the groups whose
+    clients did not start together simulated with their starts spread (:func:`spread_flagged`), in
+    training and in prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`)."""
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else default_served_by(path)
@@ -350,6 +372,10 @@ def validate_serving_bench(
     if hold_back:
         rows, held = hold_back_flagged(rows, flagged)
     shares = gpu_shares(rows, profile)
+    apart = clients_apart(rows, dict(zip(rows, shares)))
+    spread: list[str] = []
+    if spread_apart:
+        rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
     busy = implied_gpu_busy(rows, shares=shares)
     fast = faster_than_kernels(rows, profile, busy)
     exclude = resolve_exclusions(exclude, rows, fast)
@@ -402,6 +428,8 @@ def validate_serving_bench(
         "score": sc,
         "ttft_follows_completions": flagged,
         "held_back": held,
+        "clients_apart": apart,
+        "spread": spread,
         "faster_than_kernels": fast,
         "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
@@ -450,6 +478,8 @@ def write_html(doc: dict, path: Path) -> Path:
     split = doc.get("tpot_error_split", {})
     scaling = doc.get("tp_scaling", {})
     held = doc.get("held_back", {})
+    apart = doc.get("clients_apart", {})
+    spread = doc.get("spread", [])
     roofline = doc.get("roofline_priced", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
@@ -458,6 +488,8 @@ def write_html(doc: dict, path: Path) -> Path:
         notes = (
             ([f"TTFT follows completions at c {'/'.join(map(str, flagged[g]))}"] if g in flagged else [])
             + ([f"simulated with c - 1 running at c {'/'.join(map(str, held[g]))}"] if g in held else [])
+            + (["clients not started together"] if g in apart else [])
+            + (["simulated with their starts spread"] if g in spread else [])
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
             + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
         )
@@ -587,6 +619,7 @@ def calibrate_from_serving_bench(
     kv: str | None = None,
     exclude: tuple[str, ...] = (),
     hold_back: bool = False,
+    spread_apart: bool = False,
     served_by: str | None = None,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -595,18 +628,30 @@ def calibrate_from_serving_bench(
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
     before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
-    with one request waiting (:func:`hold_back_flagged`). ``served_by``: :func:`served_by_rows`."""
+    with one request waiting (:func:`hold_back_flagged`). ``spread_apart``: fit the groups whose
+    clients did not start together with their starts spread (:func:`spread_flagged`).
+    ``served_by``: :func:`served_by_rows`."""
     skipped: list[str] = []
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by)
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if hold_back:
         rows, held = hold_back_flagged(rows, flagged)
-    fast = faster_than_kernels(rows, profile)
+    shares = gpu_shares(rows, profile)
+    apart = clients_apart(rows, dict(zip(rows, shares)))
+    spread: list[str] = []
+    if spread_apart:
+        rows, spread = spread_flagged(rows, apart)
+    fast = faster_than_kernels(rows, profile, implied_gpu_busy(rows, shares=shares))
     exclude = resolve_exclusions(exclude, rows, fast)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
-        for line in skipped_lines(skipped) + completion_warnings(flagged, held) + kernel_warnings(fast):
+        for line in (
+            skipped_lines(skipped)
+            + completion_warnings(flagged, held)
+            + apart_warnings(apart, spread)
+            + kernel_warnings(fast)
+        ):
             warn(line)
     terms = fit(
         rows,
@@ -628,6 +673,7 @@ __all__ = [
     "calibrate_from_serving_bench",
     "resolve_exclusions",
     "completion_warnings",
+    "apart_warnings",
     "kernel_warnings",
     "roofline_warnings",
     "skipped_lines",

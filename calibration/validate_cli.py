@@ -73,6 +73,7 @@ def validate_command(
     kv: str | None = opt.kv_option(_SB),
     exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo"),
     hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
+    spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
     served_by: str | None = opt.served_by_option(_SB),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
@@ -98,6 +99,7 @@ def validate_command(
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
             hold_back=hold_back_flagged,
+            spread_apart=spread_flagged,
             served_by=served_by,
         )
         return
@@ -253,6 +255,7 @@ def _serving(
     max_evals: int = 100,
     exclude: tuple[str, ...] = (),
     hold_back: bool = False,
+    spread_apart: bool = False,
     served_by: str | None = None,
 ) -> None:
     from rich.console import Console
@@ -264,6 +267,7 @@ def _serving(
         SCALING_HEADER,
         SPLIT_HEADER,
         TTFT_LINE_HEADER,
+        apart_warnings,
         completion_warnings,
         kernel_warnings,
         roofline_warnings,
@@ -292,6 +296,7 @@ def _serving(
         max_evals=max_evals,
         exclude=exclude,
         hold_back=hold_back,
+        spread_apart=spread_apart,
         served_by=served_by,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
@@ -349,6 +354,7 @@ def _serving(
             con.print(table(title, caption, header, rows_of(doc[key])))
     for line in (
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
+        + apart_warnings(doc["clients_apart"], doc["spread"])
         + kernel_warnings(doc["faster_than_kernels"])
         + roofline_warnings(doc["roofline_priced"])
     ):

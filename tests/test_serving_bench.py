@@ -20,6 +20,8 @@ import pytest
 
 from calibration.serving_bench import (
     AIC_BUDGET_EXTRA,
+    APART_MAX_PER_PREFILL,
+    APART_SPREAD_CYCLES,
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
     SPLIT_MIN_ROWS,
@@ -30,6 +32,7 @@ from calibration.serving_bench import (
     Clients,
     RowResult,
     aiconfigurator_server,
+    clients_apart,
     completion_gap_ratios,
     default_kv,
     faster_than_kernels,
@@ -43,6 +46,7 @@ from calibration.serving_bench import (
     row_scenario,
     score,
     simulate_row,
+    spread_flagged,
     tp_scaling,
     tpot_error_split,
     ttft_follows_completions,
@@ -447,6 +451,29 @@ def test_server_settings_columns_are_read_and_checked(tmp_path):
         read_csv(p)
 
 
+def test_start_spread_column_is_read_checked_and_spreads_that_rows_clients(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},start_spread_cycles\n{GOOD},1\n{GOOD},\n{GOOD},0.25\n")
+    a, b, c = read_csv(p)
+    assert (a.start_spread_cycles, b.start_spread_cycles, c.start_spread_cycles) == (1.0, None, 0.25)
+    arrival = [scenario_from_dict(row_scenario(r, TINY)).workload.arrival for r in (a, b)]
+    # The row's spread wins over the clients'; a row without one keeps theirs (together).
+    assert [x.start_spread_cycles for x in arrival] == [1.0, TINY.start_spread_cycles]
+    for bad in ("-1", "x", "101", "nan"):
+        p.write_text(f"{HEADER},start_spread_cycles\n{GOOD},\n{GOOD},{bad}\n")
+        with pytest.raises(ConfigError, match=rf"bench\.csv: row 3, start_spread_cycles: got '{bad}'; request cycles"):
+            read_csv(p)
+    # Four clients with long prompts that start together keep waiting for each other's prefills;
+    # started a request cycle apart they rarely meet: TTFT falls towards one prompt alone.
+    r = row(engine="trtllm", isl=4096, osl=256, concurrency=4)
+    together, spread, alone = evaluate(
+        [r, replace(r, start_spread_cycles=1.0), replace(r, concurrency=1)], builtin_terms(), FIXED
+    )
+    assert spread.ttft_ms < 0.7 * together.ttft_ms
+    assert spread.ttft_ms < 1.3 * alone.ttft_ms
+    assert abs(spread.tpot_ms / together.tpot_ms - 1) < 0.3
+
+
 def test_aiconfigurator_server_settings():
     r = row(engine="trtllm", isl=4096, concurrency=8)
     s = aiconfigurator_server(r)
@@ -728,6 +755,37 @@ def test_one_request_held_back_gives_the_ttft_that_follows_completions():
     assert [r.max_num_seqs for r in got] == [7, 7, None, 3]
     assert held == {rows[0].group: [8]}
     assert [replace(r, max_num_seqs=None) for r in got[:2]] == unmarked
+
+
+def apart_runs(spread: float | None) -> list[BenchRow]:
+    """Four TensorRT-LLM runs at 4 clients, prompts of 512 to 4096 tokens, with kvsim's own TTFT and
+    TPOT (clients starting together, or ``spread`` request cycles apart) as the measurements, and no
+    spread recorded: what a file from such a benchmark holds."""
+    rows = [
+        row(engine="trtllm", isl=isl, osl=128, concurrency=4, start_spread_cycles=spread)
+        for isl in (512, 1024, 2048, 4096)
+    ]
+    return [replace(r, start_spread_cycles=None) for r in measured(rows, builtin_terms(), TINY)]
+
+
+def test_clients_that_did_not_start_together_are_flagged_and_spread_on_request():
+    # Clients starting together wait for one another's prompts: TTFT grows by about 2 prefills per
+    # prefill at 4 clients; spread a request cycle apart, by about one. Only the second is flagged.
+    together, apart = apart_runs(None), apart_runs(1.0)
+    assert clients_apart(together, dict(zip(together, gpu_shares(together)))) == {}
+    ((g, found),) = clients_apart(apart, dict(zip(apart, gpu_shares(apart)))).items()
+    assert g == apart[0].group and found["concurrency"] == 4 and 0.8 < found["per_prefill"] < APART_MAX_PER_PREFILL
+    other = row(engine="sglang")  # not flagged: left alone
+    own = replace(apart[0], isl=256, start_spread_cycles=0.3)  # gives its own spread: kept
+    got, spread = spread_flagged([*apart, other, own], {g: found})
+    assert [r.start_spread_cycles for r in got] == [APART_SPREAD_CYCLES] * 4 + [None, 0.3]
+    assert spread == [g]
+    # Simulated spread, the flagged runs come back to what they measured (the spread they were made
+    # with): their longer prompts no longer wait for one another.
+    plain, spread_sims = evaluate(apart, builtin_terms(), TINY), evaluate(got[:4], builtin_terms(), TINY)
+    assert all(s.ttft_ms < 0.9 * p.ttft_ms for s, p in zip(spread_sims[2:], plain[2:]))
+    err = lambda res: sum(abs(x.ttft_err) for x in res)  # noqa: E731
+    assert err(spread_sims) < 0.5 * err(plain)
 
 
 def test_runs_faster_than_their_kernels_are_flagged_and_kvsim_own_runs_are_not():
@@ -1290,6 +1348,16 @@ def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
     return " ".join(r.stdout.split()), doc, html, " ".join(c.stderr.split())
 
 
+def validate_with(tmp_path, flag: str):
+    """``kvsim validate`` again on :func:`validate_then_calibrate`'s CSV with ``flag``: (its stdout on
+    one line, its JSON, its HTML), the run checked to exit 0."""
+    out = flag.strip("-")
+    r = kvsim("validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", flag, "--out", out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / out / "serving_validation.json").read_text())
+    return " ".join(r.stdout.split()), doc, (tmp_path / out / "serving_validation.html").read_text()
+
+
 def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
     # One group's runs at a tenth of what kvsim prices them: no GPU computes that fast.
     stdout, doc, html, warned = validate_then_calibrate(
@@ -1319,26 +1387,33 @@ def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
     assert "calibrate warning" in warned and "wait for another one to finish" in warned
     assert "--hold-back-flagged simulates one request waiting" in warned and doc["held_back"] == {}
     # Held back: both runs simulated with 3 of the 4 requests running, said in the note and the JSON.
-    r = kvsim(
-        "validate",
-        "--serving-bench",
-        "runs.csv",
-        "--requests-per-client",
-        "2",
-        "--hold-back-flagged",
-        "--out",
-        "held",
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr
-    held = json.loads((tmp_path / "held" / "serving_validation.json").read_text())
+    said, held, held_html = validate_with(tmp_path, "--hold-back-flagged")
     assert held["held_back"] == {f"{LLAMA}/h100_sxm/vllm": [4]}
     assert [x["max_num_seqs"] for x in held["results"]] == [3, 3]
     assert [x["max_num_seqs"] for x in doc["results"]] == [None, None]
     assert all(h["sim_ttft_ms"] > d["sim_ttft_ms"] for h, d in zip(held["results"], doc["results"]))
-    assert "simulated with concurrency - 1 requests running" in " ".join(r.stdout.split())
-    assert "simulated with c - 1 running at c 4" in (tmp_path / "held" / "serving_validation.html").read_text()
+    assert "simulated with concurrency - 1 requests running" in said
+    assert "simulated with c - 1 running at c 4" in held_html
     assert "simulated with c - 1" not in html
+
+
+def test_cli_says_which_groups_clients_did_not_start_together(tmp_path):
+    csv = "".join(
+        f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
+        for r in apart_runs(1.0)
+    )
+    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv)
+    g = f"{LLAMA}/h100_sxm/trtllm"
+    assert f"note: {g}: at concurrency 4 its TTFT grows by" in stdout
+    assert list(doc["clients_apart"]) == [g] and doc["spread"] == []
+    assert "clients not started together" in html
+    assert "calibrate warning" in warned and "--spread-flagged spreads them" in warned
+    said, spread, spread_html = validate_with(tmp_path, "--spread-flagged")
+    assert spread["spread"] == [g]
+    assert [x["start_spread_cycles"] for x in spread["results"]] == [APART_SPREAD_CYCLES] * 4
+    assert [x["start_spread_cycles"] for x in doc["results"]] == [None] * 4
+    assert "simulated with their starts spread over a request cycle" in said
+    assert "simulated with their starts spread" in spread_html
 
 
 def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
