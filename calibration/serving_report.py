@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -207,6 +208,50 @@ def resolve_exclusions(
     return tuple(dict.fromkeys(out))
 
 
+@dataclass
+class CheckedRows:
+    """A file's rows after the checks on the measurements themselves, and what each found: runs
+    whose TTFT follows completions (``flagged``; ``held``: those held back), groups whose clients
+    did not start together (``apart``; ``spread``: those spread), each row's GPU shares and
+    implied busy time (``shares``, ``busy``, in row order), groups faster than their kernels
+    (``fast``) and the groups left out of training (``exclude``)."""
+
+    rows: list[BenchRow]
+    flagged: dict[str, list[int]]
+    held: dict[str, list[int]]
+    apart: dict[str, dict]
+    spread: list[str]
+    shares: list[tuple[float, float] | None]
+    busy: list[float | None]
+    fast: dict[str, float]
+    exclude: tuple[str, ...]
+
+
+def check_rows(
+    rows: list[BenchRow],
+    profile: str | None,
+    exclude: tuple[str, ...] | list[str],
+    hold_back: bool = False,
+    spread_apart: bool = False,
+) -> CheckedRows:
+    """``validate`` and ``calibrate``'s checks on ``rows``, in one place: ``hold_back`` treats the
+    runs whose TTFT follows completions (:func:`hold_back_flagged`), ``spread_apart`` the groups
+    whose clients did not start together (:func:`spread_flagged`); ``exclude`` resolved
+    (:func:`resolve_exclusions`)."""
+    flagged = ttft_follows_completions(rows)
+    held: dict[str, list[int]] = {}
+    if hold_back:
+        rows, held = hold_back_flagged(rows, flagged)
+    shares = gpu_shares(rows, profile)
+    apart = clients_apart(rows, dict(zip(rows, shares)))
+    spread: list[str] = []
+    if spread_apart:
+        rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
+    busy = implied_gpu_busy(rows, shares=shares)
+    fast = faster_than_kernels(rows, profile, busy)
+    return CheckedRows(rows, flagged, held, apart, spread, shares, busy, fast, resolve_exclusions(exclude, rows, fast))
+
+
 def _pct(x) -> str:
     return "–" if x is None else f"{x:+.0%}" if abs(x) < 10 else f"{x:+.1f}x"
 
@@ -367,18 +412,8 @@ def validate_serving_bench(
     if log is not None:
         for line in skipped_lines(skipped):
             log(line)
-    flagged = ttft_follows_completions(rows)
-    held: dict[str, list[int]] = {}
-    if hold_back:
-        rows, held = hold_back_flagged(rows, flagged)
-    shares = gpu_shares(rows, profile)
-    apart = clients_apart(rows, dict(zip(rows, shares)))
-    spread: list[str] = []
-    if spread_apart:
-        rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
-    busy = implied_gpu_busy(rows, shares=shares)
-    fast = faster_than_kernels(rows, profile, busy)
-    exclude = resolve_exclusions(exclude, rows, fast)
+    checked = check_rows(rows, profile, exclude, hold_back, spread_apart)
+    rows, shares, busy, exclude = checked.rows, checked.shares, checked.busy, checked.exclude
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
     # were fitted on the shipped file, held-out groups included.
@@ -426,11 +461,11 @@ def validate_serving_bench(
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
         "score": sc,
-        "ttft_follows_completions": flagged,
-        "held_back": held,
-        "clients_apart": apart,
-        "spread": spread,
-        "faster_than_kernels": fast,
+        "ttft_follows_completions": checked.flagged,
+        "held_back": checked.held,
+        "clients_apart": checked.apart,
+        "spread": checked.spread,
+        "faster_than_kernels": checked.fast,
         "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
@@ -626,41 +661,31 @@ def calibrate_from_serving_bench(
 ) -> EngineTerms:
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
-    scenario uses them); ``warn`` hears :func:`completion_warnings` and :func:`kernel_warnings`
-    before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
+    scenario uses them); ``warn`` hears :func:`completion_warnings`, :func:`apart_warnings` and
+    :func:`kernel_warnings` before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
     with one request waiting (:func:`hold_back_flagged`). ``spread_apart``: fit the groups whose
     clients did not start together with their starts spread (:func:`spread_flagged`).
     ``served_by``: :func:`served_by_rows`."""
     skipped: list[str] = []
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by)
-    flagged = ttft_follows_completions(rows)
-    held: dict[str, list[int]] = {}
-    if hold_back:
-        rows, held = hold_back_flagged(rows, flagged)
-    shares = gpu_shares(rows, profile)
-    apart = clients_apart(rows, dict(zip(rows, shares)))
-    spread: list[str] = []
-    if spread_apart:
-        rows, spread = spread_flagged(rows, apart)
-    fast = faster_than_kernels(rows, profile, implied_gpu_busy(rows, shares=shares))
-    exclude = resolve_exclusions(exclude, rows, fast)
+    checked = check_rows(rows, profile, exclude, hold_back, spread_apart)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
         for line in (
             skipped_lines(skipped)
-            + completion_warnings(flagged, held)
-            + apart_warnings(apart, spread)
-            + kernel_warnings(fast)
+            + completion_warnings(checked.flagged, checked.held)
+            + apart_warnings(checked.apart, checked.spread)
+            + kernel_warnings(checked.fast)
         ):
             warn(line)
     terms = fit(
-        rows,
+        checked.rows,
         _terms_from(terms_file),
         Clients(requests_per_client=requests_per_client, warmup=warmup),
         max_evals=max_evals,
         profile=profile,
         workers=workers,
-        exclude=exclude,
+        exclude=checked.exclude,
         progress=progress,
     )
     terms.fitted_on = str(path)

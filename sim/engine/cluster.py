@@ -16,7 +16,7 @@ from sim.config import Scenario, SchedulerConfig
 from sim.cost.model import BatchShape, CostModel
 from sim.engine.budget import RunBudget, run_within
 from sim.engine.deployment import Deployment, with_engine_defaults
-from sim.engine.replica import Replica
+from sim.engine.replica import Later, Replica
 from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled, now as clock
 from sim.output.metrics import Recorder, clean_json, summarize
@@ -49,16 +49,6 @@ def request_cycle_s(cost: CostModel, wl: Workload, sched: SchedulerConfig) -> fl
     cost.out_of_range.clear()
     cost.out_of_range.update(counted)
     return prefill + o * decode
-
-
-class _Later:
-    """A callback that calls ``fn(arg)`` when its event fires (a client's delayed start)."""
-
-    def __init__(self, fn: Callable[[int], None], arg: int):
-        self.fn, self.arg = fn, arg
-
-    def __call__(self, _event: object) -> None:
-        self.fn(self.arg)
 
 
 class _ToEngine:
@@ -130,7 +120,7 @@ def simulate(
                 now = clock(env)
                 done = max(now, reader_free[0]) + per_token_s * req.output
                 reader_free[0] = done
-                env.timeout(done - now).callbacks.append(_Later(_send_next, req.client))
+                env.timeout(done - now).callbacks.append(Later(_send_next, req.client))
             else:
                 env.process(_client_next(req.client))
 
@@ -254,7 +244,7 @@ def simulate(
                 spread_s += arr.start_spread_cycles * request_cycle_s(cost, wl, sc.scheduler)
         for c in range(min(wl.closed_loop_clients, total)):
             if offsets is not None and offsets[c] * spread_s > 0:
-                env.timeout(float(offsets[c]) * spread_s).callbacks.append(_Later(start, c))
+                env.timeout(float(offsets[c]) * spread_s).callbacks.append(Later(start, c))
             else:
                 start(c)
     else:

@@ -58,14 +58,15 @@ def _seq_no(req: Request) -> int:
     return req.seq_no
 
 
-class _Seen:
-    """The callback that tells the cluster a request is done once its client has its last token."""
+class Later:
+    """A callback that calls ``fn(arg)`` when its event fires (a client's delayed start; a request
+    done once its client has its last token)."""
 
-    def __init__(self, fn: Callable[[Request], None], req: Request):
-        self.fn, self.req = fn, req
+    def __init__(self, fn: Callable[[Any], None], arg: Any):
+        self.fn, self.arg = fn, arg
 
     def __call__(self, _event: object) -> None:
-        self.fn(self.req)
+        self.fn(self.arg)
 
 
 @dataclass(slots=True, init=False)
@@ -381,7 +382,7 @@ class Replica:
         self.rec.request_done(req)
         if self.on_finish is not None:
             if out > now:
-                self.env.timeout(out - now).callbacks.append(_Seen(self.on_finish, req))
+                self.env.timeout(out - now).callbacks.append(Later(self.on_finish, req))
             else:
                 self.on_finish(req)
 
