@@ -12,7 +12,8 @@ transformed coordinates (logarithms of times, logits of shares), from the built-
 Groups, not rows, are weighted equally, so a large group does not dominate.
 
 :func:`leave_one_group_out` fits without each group and predicts it: the honest accuracy of the
-procedure on a model, GPU or engine it has not seen. No torch.
+procedure on a model, GPU or engine it has not seen. :func:`fit_each_group` fits each group on its
+own rows: the floor the terms can reach, what a user calibrating on their own server gets. No torch.
 """
 
 from __future__ import annotations
@@ -367,8 +368,9 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
 
 
 @dataclass
-class LogoResult:
-    """Each row predicted by the fit that left its group out, and each fold's terms."""
+class GroupFits:
+    """Each row predicted by the fit made for its group (leave-one-group-out: on the other groups;
+    :func:`fit_each_group`: on the group's own rows), and each group's terms."""
 
     predictions: list[RowResult]
     folds: dict[str, EngineTerms]
@@ -385,7 +387,7 @@ def leave_one_group_out(
     workers: int = 1,
     exclude_from_training: tuple[str, ...] = (),
     log: Callable[[str], None] | None = None,
-) -> LogoResult:
+) -> GroupFits:
     """For every group: fit its engine's terms on that engine's other groups (not on
     ``exclude_from_training``), then predict it. Where no other group of its engine is left, one set
     of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
@@ -419,4 +421,41 @@ def leave_one_group_out(
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"fold {g}: {note}, {time.perf_counter() - t0:.0f} s")
-    return LogoResult(preds, folds)
+    return GroupFits(preds, folds)
+
+
+def fit_each_group(
+    rows: list[BenchRow],
+    *,
+    start: EngineTerms | None = None,
+    clients: Clients = Clients(),
+    max_evals: int = 100,
+    profile: str | None = None,
+    workers: int = 1,
+    exclude: tuple[str, ...] = (),
+    log: Callable[[str], None] | None = None,
+) -> GroupFits:
+    """Every group's engine terms fitted on that group's rows alone, then the group simulated with
+    them (in-sample): the least error the fitted terms can reach on runs like these, what
+    ``kvsim calibrate --from-serving-bench`` gives a user who fits on their own server. Against
+    :func:`leave_one_group_out` it separates what the model cannot express from what does not carry
+    over between groups. A group in ``exclude`` is not fitted: it keeps the starting terms. Without
+    ``start``: the built-in presets (where ``calibrate`` starts)."""
+    start = start or builtin_terms()
+    preds: list[RowResult] = []
+    folds: dict[str, EngineTerms] = {}
+    for g in sorted({r.group for r in rows}):
+        t0 = time.perf_counter()
+        mine = [r for r in rows if r.group == g]
+        engine = mine[0].engine
+        if g in exclude:
+            terms = EngineTerms({engine: _start_of(start, engine)})
+            note = "excluded: starting terms"
+        else:
+            terms = fit(mine, start, clients, max_evals=max_evals, profile=profile, workers=workers)
+            note = f"{len(mine)} rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
+        folds[g] = terms
+        preds += evaluate(mine, terms, clients, profile=profile, workers=workers)
+        if log:
+            log(f"group {g}: {note}, {time.perf_counter() - t0:.0f} s")
+    return GroupFits(preds, folds)

@@ -39,7 +39,7 @@ from .serving_bench import (
     ttft_follows_completions,
     ttft_vs_prefill,
 )
-from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, unfitted_terms
+from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, fit_each_group, leave_one_group_out, unfitted_terms
 
 
 def _terms_from(path: str | None) -> EngineTerms:
@@ -385,6 +385,7 @@ def validate_serving_bench(
     engine: str | None = None,
     terms_file: str | None = None,
     logo: bool = False,
+    own_fit: bool = False,
     requests_per_client: int = Clients.requests_per_client,
     warmup: int = Clients.warmup,
     max_evals: int = 100,
@@ -400,11 +401,16 @@ def validate_serving_bench(
     spread_apart: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
-    """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out.
+    """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
+    with ``own_fit``, each group with terms fitted on its own rows (:func:`fit_each_group`).
     ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
     (:func:`hold_back_flagged`), in training and in prediction. ``spread_apart``: the groups whose
     clients did not start together simulated with their starts spread (:func:`spread_flagged`), in
     training and in prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`)."""
+    if logo and own_fit:
+        raise ConfigError(
+            "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
+        )
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else default_served_by(path)
@@ -434,6 +440,18 @@ def validate_serving_bench(
             log=log,
         )
         preds, folds = res.predictions, res.folds
+    elif own_fit:
+        res = fit_each_group(
+            rows,
+            start=start,
+            clients=clients,
+            max_evals=max_evals,
+            profile=profile,
+            workers=workers,
+            exclude=exclude,
+            log=log,
+        )
+        preds, folds = res.predictions, res.folds
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
@@ -449,6 +467,9 @@ def validate_serving_bench(
             "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
             "other groups of its engine (where it has none, on the other engines' groups, shared)"
             if logo
+            else "own fit: each (model, GPU, engine) group simulated with engine terms fitted on its own rows "
+            "(in-sample)"
+            if own_fit
             else "engine terms as given (presets or terms file)"
         ),
         "excluded_from_training": list(exclude),

@@ -58,6 +58,12 @@ def validate_command(
         help="--serving-bench: leave one (model, GPU, engine) group out: fit "
         "its engine's terms on the other groups, then predict it.",
     ),
+    own_fit: bool = typer.Option(
+        False,
+        "--own-fit",
+        help="--serving-bench: fit each (model, GPU, engine) group's engine terms on its own rows, then "
+        "simulate it (in-sample): the least error the terms reach, what calibrating on such runs gives.",
+    ),
     requests_per_client: int = typer.Option(
         10,
         "--requests-per-client",
@@ -66,12 +72,12 @@ def validate_command(
         help="--serving-bench: requests each client sends, all counted (a vLLM result's own count wins).",
     ),
     workers: int = opt.workers_option(_SB),
-    max_evals: int = opt.max_evals_option(_SB + " --logo"),
+    max_evals: int = opt.max_evals_option(_SB + " --logo or --own-fit"),
     gpu: str | None = opt.gpu_option(_SB),
     tp: int | None = typer.Option(None, "--tp", help="--serving-bench with vllm JSON results: tensor parallelism."),
     weights: str | None = opt.weights_option(_SB),
     kv: str | None = opt.kv_option(_SB),
-    exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo"),
+    exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo or --own-fit"),
     hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
     spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
     served_by: str | None = opt.served_by_option(_SB),
@@ -89,6 +95,7 @@ def validate_command(
             engine=engine,
             terms=terms,
             logo=logo,
+            own_fit=own_fit,
             requests_per_client=requests_per_client,
             workers=workers,
             out=out,
@@ -257,6 +264,7 @@ def _serving(
     hold_back: bool = False,
     spread_apart: bool = False,
     served_by: str | None = None,
+    own_fit: bool = False,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -286,6 +294,7 @@ def _serving(
         engine=engine,
         terms_file=terms,
         logo=logo,
+        own_fit=own_fit,
         requests_per_client=requests_per_client,
         workers=workers,
         out=out,

@@ -52,7 +52,15 @@ from calibration.serving_bench import (
     ttft_follows_completions,
     ttft_vs_prefill,
 )
-from calibration.serving_fit import EngineTerms, builtin_terms, evaluate, fit, leave_one_group_out, objective
+from calibration.serving_fit import (
+    EngineTerms,
+    builtin_terms,
+    evaluate,
+    fit,
+    fit_each_group,
+    leave_one_group_out,
+    objective,
+)
 from calibration.serving_report import default_served_by, served_by_rows
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
@@ -1150,6 +1158,37 @@ def test_leave_one_group_out():
     assert res3.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
 
 
+def test_fit_each_group_recovers_each_groups_own_terms():
+    # Two groups of one engine made with different host times: leave-one-group-out can only give
+    # each the other's, each group's own fit gives it its own.
+    clients = Clients(requests_per_client=3, warmup=1, start_spread_cycles=0.0, client_cv=0.0)
+    qwen = measured(
+        [row(model="Qwen/Qwen3-32B", tp=2, isl=isl, osl=16, concurrency=c) for isl, c in [(256, 2), (512, 8)]],
+        with_terms(vllm={"host_s": 6e-3}),
+        clients,
+    )
+    llama = measured(
+        [row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 4), (128, 8)]],
+        with_terms(vllm={"host_s": 2e-3}),
+        clients,
+    )
+    start = with_terms()
+    res = fit_each_group(qwen + llama, start=start, clients=clients, max_evals=60)
+    assert sorted(res.folds) == sorted({qwen[0].group, llama[0].group})
+    assert sorted(map(repr, (p.row for p in res.predictions))) == sorted(map(repr, qwen + llama))
+    for held, host in ((qwen, 6e-3), (llama, 2e-3)):
+        fold = res.folds[held[0].group]
+        assert fold.groups == [held[0].group] and fold.loss < 0.05
+        assert fold.engines["vllm"]["host_s"] == pytest.approx(host, rel=0.1)
+        mine = [p for p in res.predictions if p.row.group == held[0].group]
+        assert [(p.ttft_ms, p.tpot_ms) for p in mine] == [(a.ttft_ms, a.tpot_ms) for a in evaluate(held, fold, clients)]
+    # The other group's terms miss this one: what the two protocols, side by side, tell apart.
+    assert objective(evaluate(qwen, res.folds[llama[0].group], clients)) > 0.1
+    # A group excluded is not fitted: it keeps the starting terms.
+    kept = fit_each_group(qwen + llama, start=start, clients=clients, max_evals=5, exclude=(qwen[0].group,))
+    assert kept.folds[qwen[0].group].engines == {"vllm": start.engines["vllm"]}
+
+
 def test_fit_does_not_train_on_excluded_groups():
     known = with_terms(vllm={"host_s": 3e-3})
     good = measured([row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 2), (512, 8)]], known)
@@ -1261,6 +1300,17 @@ def test_cli_validate_writes_json_and_offline_html(tmp_path):
     assert doc["tp_scaling"] == {} and "what more GPUs buy" not in r.stdout
     # Nor, with 1-2 runs per group, about what sets TTFT at the lowest concurrency.
     assert doc["ttft_vs_prefill"] == {} and "what sets TTFT" not in r.stdout
+
+
+def test_cli_validate_own_fit_fits_each_group_on_itself(tmp_path):
+    (tmp_path / "tiny.csv").write_text(TINY_CSV)
+    args = ["--requests-per-client", "2", "--max-evals", "3"]
+    r = kvsim("validate", "--serving-bench", "tiny.csv", "--own-fit", *args, "--out", "own", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "own" / "serving_validation.json").read_text())
+    assert doc["protocol"].startswith("own fit") and "own fit" in r.stdout
+    assert sorted(doc["folds"]) == sorted(doc["score"]["groups"]) and len(doc["folds"]) == 3
+    assert all(x["error"] is None for x in doc["results"]) and "group " in r.stderr
 
 
 def test_cli_validate_and_calibrate_go_on_past_rows_they_cannot_simulate(tmp_path):
@@ -1445,6 +1495,10 @@ def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(
         (
             ["calibrate", "--from-serving-bench", "good.csv", "--exclude-group", "x", "--out", "t.json"],
             "--exclude-group: got 'x'",
+        ),
+        (
+            ["validate", "--serving-bench", "good.csv", "--logo", "--own-fit", "--out", "v"],
+            "--own-fit: got True; either --logo (each group predicted by the others) or --own-fit (by itself), not both",
         ),
     ],
 )
