@@ -381,7 +381,7 @@ def leave_one_group_out(
     *,
     start: EngineTerms | None = None,
     clients: Clients = Clients(),
-    fit_clients: Clients = Clients(),
+    fit_clients: Clients | None = None,
     max_evals: int = 100,
     profile: str | None = None,
     workers: int = 1,
@@ -391,8 +391,10 @@ def leave_one_group_out(
     """For every group: fit its engine's terms on that engine's other groups (not on
     ``exclude_from_training``), then predict it. Where no other group of its engine is left, one set
     of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
-    gets for an engine the data hold no run of. Without ``start``: :func:`unfitted_terms`."""
+    gets for an engine the data hold no run of. Without ``start``: :func:`unfitted_terms`; the fits
+    simulate ``fit_clients`` (without it, ``clients``, as the predictions do)."""
     start = start or unfitted_terms()
+    fit_clients = fit_clients or clients
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}
@@ -432,14 +434,14 @@ def fit_each_group(
     max_evals: int = 100,
     profile: str | None = None,
     workers: int = 1,
-    exclude: tuple[str, ...] = (),
+    exclude_from_training: tuple[str, ...] = (),
     log: Callable[[str], None] | None = None,
 ) -> GroupFits:
     """Every group's engine terms fitted on that group's rows alone, then the group simulated with
     them (in-sample): the least error the fitted terms can reach on runs like these, what
     ``kvsim calibrate --from-serving-bench`` gives a user who fits on their own server. Against
     :func:`leave_one_group_out` it separates what the model cannot express from what does not carry
-    over between groups. A group in ``exclude`` is not fitted: it keeps the starting terms. Without
+    over between groups. A group in ``exclude_from_training`` is not fitted: it keeps the starting terms. Without
     ``start``: the built-in presets (where ``calibrate`` starts)."""
     start = start or builtin_terms()
     preds: list[RowResult] = []
@@ -448,7 +450,7 @@ def fit_each_group(
         t0 = time.perf_counter()
         mine = [r for r in rows if r.group == g]
         engine = mine[0].engine
-        if g in exclude:
+        if g in exclude_from_training:
             terms = EngineTerms({engine: _start_of(start, engine)})
             note = "excluded: starting terms"
         else:

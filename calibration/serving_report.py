@@ -427,28 +427,16 @@ def validate_serving_bench(
     if out is not None:
         out = out_dir(out)  # a bad --out is said before the simulations, not after them
     folds = {}
-    if logo:
-        res = leave_one_group_out(
+    if logo or own_fit:
+        how = leave_one_group_out if logo else fit_each_group
+        res = how(
             rows,
             start=start,
             clients=clients,
-            fit_clients=clients,
             max_evals=max_evals,
             profile=profile,
             workers=workers,
             exclude_from_training=exclude,
-            log=log,
-        )
-        preds, folds = res.predictions, res.folds
-    elif own_fit:
-        res = fit_each_group(
-            rows,
-            start=start,
-            clients=clients,
-            max_evals=max_evals,
-            profile=profile,
-            workers=workers,
-            exclude=exclude,
             log=log,
         )
         preds, folds = res.predictions, res.folds

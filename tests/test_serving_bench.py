@@ -1185,7 +1185,9 @@ def test_fit_each_group_recovers_each_groups_own_terms():
     # The other group's terms miss this one: what the two protocols, side by side, tell apart.
     assert objective(evaluate(qwen, res.folds[llama[0].group], clients)) > 0.1
     # A group excluded is not fitted: it keeps the starting terms.
-    kept = fit_each_group(qwen + llama, start=start, clients=clients, max_evals=5, exclude=(qwen[0].group,))
+    kept = fit_each_group(
+        qwen + llama, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,)
+    )
     assert kept.folds[qwen[0].group].engines == {"vllm": start.engines["vllm"]}
 
 
