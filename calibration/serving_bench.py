@@ -155,6 +155,11 @@ class BenchRow:
     #: measures after they have drifted apart: 1, fully spread); ``None``: the clients' default
     #: (:class:`Clients`: all together, as aiperf, genai-perf and ``vllm bench serve`` start them).
     start_spread_cycles: float | None = None
+    #: The server's KV capacity per replica in tokens, as it reported it (vLLM's log line "GPU KV
+    #: cache size: N tokens", SGLang's ``max_total_num_tokens``, TensorRT-LLM's KV cache manager's
+    #: blocks × tokens per block); ``None``: derived from the GPU's memory
+    #: (``gpu.kv_cache_tokens``). Clients the KV cache cannot hold wait, and their TTFT counts it.
+    kv_cache_tokens: int | None = None
 
     @property
     def group(self) -> str:
@@ -225,13 +230,19 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     if tp not in (1, 2, 4, 8):
         raise _bad(path, where, "tp", d.get("tp"), "1, 2, 4 or 8")
     isl = _int(path, where, d, "isl")
+    osl = _int(path, where, d, "osl")
+    kv_tokens = _opt_int(path, where, d, "kv_cache_tokens", 1, 1 << 34)
+    if kv_tokens is not None and kv_tokens < isl + osl:
+        raise _bad(
+            path, where, "kv_cache_tokens", d.get("kv_cache_tokens"), f"at least isl + osl = {isl + osl} (one request)"
+        )
     return BenchRow(
         model=model,
         gpu=gpu,
         engine=engine,
         tp=tp,
         isl=isl,
-        osl=_int(path, where, d, "osl"),
+        osl=osl,
         concurrency=_int(path, where, d, "concurrency", 1, 65536),
         ttft_ms=_ms(path, where, d, "ttft_ms"),
         tpot_ms=_ms(path, where, d, "tpot_ms"),
@@ -245,6 +256,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         cuda_graph_max_batch=_opt_int(path, where, d, "cuda_graph_max_batch", 0, 1 << 16),
         requests=_opt_int(path, where, d, "requests"),
         start_spread_cycles=_opt_cycles(path, where, d, "start_spread_cycles"),
+        kv_cache_tokens=kv_tokens,
     )
 
 
@@ -316,7 +328,8 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             f"{path}: header",
             ",".join(reader.fieldnames or []),
             f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
-            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles); "
+            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles, "
+            f"kv_cache_tokens); "
             f"missing {', '.join(missing)}",
         )
     rows = []
@@ -853,7 +866,11 @@ def row_scenario(
         "name": "serving-bench",
         "seed": seed,
         "model": model,
-        "gpu": {"name": gpu, "tensor_parallel": row.tp},
+        "gpu": {
+            "name": gpu,
+            "tensor_parallel": row.tp,
+            **({"kv_cache_tokens": row.kv_cache_tokens} if row.kv_cache_tokens is not None else {}),
+        },
         "workload": {
             "num_requests": n,
             "max_model_len": row.isl + row.osl,

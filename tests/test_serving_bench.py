@@ -144,6 +144,26 @@ def test_csv_rows_read_with_optional_columns(tmp_path):
     assert b.group == "Qwen/Qwen3-32B/h200_sxm/sglang"
 
 
+def test_csv_kv_cache_tokens_pins_the_servers_kv_capacity(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},kv_cache_tokens\n{GOOD},\n{GOOD},452000\n")
+    a, b = read_csv(p)
+    assert (a.kv_cache_tokens, b.kv_cache_tokens) == (None, 452000)
+    assert "kv_cache_tokens" not in scenario_from_dict(row_scenario(a)).gpu.model_fields_set
+    assert scenario_from_dict(row_scenario(b)).gpu.kv_cache_tokens == 452000
+    for bad, allowed in (("0", "an integer in"), ("1e3.5", "an integer in"), ("100", "at least isl + osl = 144")):
+        p.write_text(f"{HEADER},kv_cache_tokens\n{GOOD},\n{GOOD},{bad}\n")
+        with pytest.raises(
+            ConfigError, match=rf"bench\.csv: row 3, kv_cache_tokens: got '{re.escape(bad)}'; {re.escape(allowed)}"
+        ):
+            read_csv(p)
+    # Eight clients of 576 tokens each: a server that holds two at once makes the others wait.
+    r = row(isl=512, osl=64, concurrency=8)
+    free, two = evaluate([r, replace(r, kv_cache_tokens=2 * 576 + 48)], builtin_terms(), FIXED)
+    assert free.error is None and two.error is None
+    assert two.ttft_ms > 5 * free.ttft_ms and two.tpot_ms < free.tpot_ms
+
+
 BAD_ROWS = [  # (the second data row's cells that replace the good ones, the column named, the value quoted)
     ({"isl": "abc"}, "isl", "'abc'"),
     ({"osl": "-16"}, "osl", "'-16'"),
