@@ -354,8 +354,10 @@ def read_vllm_result(
     weights: str | None = None,
     kv: str | None = None,
     model: str | None = None,
+    kv_cache_tokens: int | None = None,
 ) -> BenchRow:
-    """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``)."""
+    """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``);
+    ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` say what the file does not record."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -397,6 +399,7 @@ def read_vllm_result(
         "engine_version": doc.get("backend", ""),
         "source_id": path.name,
         "requests": int(completed),
+        "kv_cache_tokens": kv_cache_tokens or "",
     }
     return _row(path, where, d)
 

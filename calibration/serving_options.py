@@ -29,6 +29,17 @@ def kv_option(mode: str):
     )
 
 
+def kv_cache_tokens_option(mode: str):
+    return typer.Option(
+        None,
+        "--kv-cache-tokens",
+        min=1,
+        max=1 << 34,
+        help=f"{mode} with vllm JSON results: the KV capacity their server reported, in tokens (vLLM's log line "
+        "'GPU KV cache size: N tokens'; default: derived from the GPU's memory).",
+    )
+
+
 def gpu_option(mode: str):
     return typer.Option(None, "--gpu", help=f"{mode} with vllm JSON results: the GPU they ran on.")
 

@@ -62,16 +62,27 @@ def _rows(
     kv: str | None = None,
     problems: list[str] | None = None,
     served_by: str | None = None,
+    kv_cache_tokens: int | None = None,
 ) -> list[BenchRow]:
     """The file's rows (``engine``: only that engine's), or a ConfigError when none is left.
-    ``gpu``, ``tp``, ``weights`` and ``kv`` describe vLLM result JSON files, which do not record them.
+    ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` describe vLLM result JSON files, which
+    do not record them.
     ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
     column, value), and the others kept. ``served_by``: how the servers were configured where a row
     does not say (:func:`served_by_rows`)."""
     if engine:
         engine = normalize_engine(engine)
     rows = served_by_rows(
-        read_bench(path, problems, gpu=gpu, tp=tp, engine=engine or "vllm", weights=weights, kv=kv),
+        read_bench(
+            path,
+            problems,
+            gpu=gpu,
+            tp=tp,
+            engine=engine or "vllm",
+            weights=weights,
+            kv=kv,
+            kv_cache_tokens=kv_cache_tokens,
+        ),
         served_by if served_by is not None else default_served_by(path),
     )
     if engine:
@@ -397,6 +408,7 @@ def validate_serving_bench(
     tp: int | None = None,
     weights: str | None = None,
     kv: str | None = None,
+    kv_cache_tokens: int | None = None,
     hold_back: bool = False,
     spread_apart: bool = False,
     log: Callable[[str], None] | None = None,
@@ -414,7 +426,7 @@ def validate_serving_bench(
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else default_served_by(path)
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
         for line in skipped_lines(skipped):
             log(line)
@@ -661,6 +673,7 @@ def calibrate_from_serving_bench(
     tp: int | None = None,
     weights: str | None = None,
     kv: str | None = None,
+    kv_cache_tokens: int | None = None,
     exclude: tuple[str, ...] = (),
     hold_back: bool = False,
     spread_apart: bool = False,
@@ -676,7 +689,7 @@ def calibrate_from_serving_bench(
     clients did not start together with their starts spread (:func:`spread_flagged`).
     ``served_by``: :func:`served_by_rows`."""
     skipped: list[str] = []
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by, kv_cache_tokens)
     checked = check_rows(rows, profile, exclude, hold_back, spread_apart)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:

@@ -1499,6 +1499,19 @@ def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(
     assert (res["weights"], res["kv"], res["error"]) == ("fp8", "fp8", None)
     r = kvsim("validate", "--serving-bench", "run.json", *args, "--kv", "int4", "--out", "w", cwd=tmp_path)
     assert r.returncode == 2 and "kv: got 'int4'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # The KV capacity the server logged: two of the four 576-token clients fit, the others wait.
+    r = kvsim("validate", "--serving-bench", "run.json", *args, "--kv-cache-tokens", "1200", "--out", "k", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (pinned,) = json.loads((tmp_path / "k" / "serving_validation.json").read_text())["results"]
+    (free,) = json.loads((tmp_path / "v" / "serving_validation.json").read_text())["results"]
+    assert pinned["kv_cache_tokens"] == 1200 and free["kv_cache_tokens"] is None
+    assert pinned["sim_ttft_ms"] > 3 * free["sim_ttft_ms"]
+    for cmd in (["validate", "--serving-bench"], ["calibrate", "--from-serving-bench"]):
+        r = kvsim(
+            *cmd, "run.json", "--gpu", "h100_sxm", "--tp", "1", "--kv-cache-tokens", "100", "--out", "x", cwd=tmp_path
+        )
+        assert r.returncode == 2 and "kv_cache_tokens: got 100; at least isl + osl = 576" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize(
