@@ -42,12 +42,13 @@ def _serving_bench(
     kv_cache_tokens: int | None = None,
     hold_back: bool = False,
     spread_apart: bool = False,
+    cache: bool = False,
     served_by: str | None = None,
 ) -> None:
     from rich.console import Console
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import calibrate_from_serving_bench
+    from .serving_report import Treatments, calibrate_from_serving_bench
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -75,8 +76,7 @@ def _serving_bench(
         max_evals=max_evals,
         workers=workers,
         exclude=exclude,
-        hold_back=hold_back,
-        spread_apart=spread_apart,
+        treat=Treatments(hold_back, spread_apart, cache),
         served_by=served_by,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
@@ -132,6 +132,7 @@ def calibrate_command(
     exclude_group: list[str] | None = opt.exclude_group_option(_FSB),
     hold_back_flagged: bool = opt.hold_back_option(_FSB, "the warning", "in the fit"),
     spread_flagged: bool = opt.spread_option(_FSB, "the warning", "in the fit"),
+    cache_flagged: bool = opt.cache_option(_FSB, "the warning", "in the fit"),
     served_by: str | None = opt.served_by_option(_FSB),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
@@ -154,6 +155,7 @@ def calibrate_command(
             kv_cache_tokens=kv_cache_tokens,
             hold_back=hold_back_flagged,
             spread_apart=spread_flagged,
+            cache=cache_flagged,
             served_by=served_by,
         )
         return

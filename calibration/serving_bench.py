@@ -160,6 +160,11 @@ class BenchRow:
     #: blocks × tokens per block); ``None``: derived from the GPU's memory
     #: (``gpu.kv_cache_tokens``). Clients the KV cache cannot hold wait, and their TTFT counts it.
     kv_cache_tokens: int | None = None
+    #: Tokens at the front of every prompt that are the same in every request the benchmark sent (a
+    #: shared prefix, such as a system prompt or a prefix-repetition dataset), which the engine's
+    #: prefix cache serves after the first request: only the rest of each prompt is prefilled.
+    #: ``None``: every prompt distinct.
+    cached_prompt_tokens: int | None = None
 
     @property
     def group(self) -> str:
@@ -236,6 +241,15 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(
             path, where, "kv_cache_tokens", d.get("kv_cache_tokens"), f"at least isl + osl = {isl + osl} (one request)"
         )
+    cached = _opt_int(path, where, d, "cached_prompt_tokens", 0, 1 << 24)
+    if cached is not None and cached >= isl:
+        raise _bad(
+            path,
+            where,
+            "cached_prompt_tokens",
+            d.get("cached_prompt_tokens"),
+            f"an integer in [0, {isl - 1}]: fewer than the prompt's isl tokens (its last token is always computed)",
+        )
     return BenchRow(
         model=model,
         gpu=gpu,
@@ -257,6 +271,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         requests=_opt_int(path, where, d, "requests"),
         start_spread_cycles=_opt_cycles(path, where, d, "start_spread_cycles"),
         kv_cache_tokens=kv_tokens,
+        cached_prompt_tokens=cached or None,
     )
 
 
@@ -329,7 +344,7 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             ",".join(reader.fieldnames or []),
             f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
             f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles, "
-            f"kv_cache_tokens); "
+            f"kv_cache_tokens, cached_prompt_tokens); "
             f"missing {', '.join(missing)}",
         )
     rows = []
@@ -573,7 +588,9 @@ def gpu_shares(rows: Iterable[BenchRow], profile: str | None = None) -> list[tup
             continue
         c, kv = r.concurrency, r.isl + r.osl // 2
         others = (c - 1) * kv
-        prefill = cm.step_time_s(BatchShape([(r.isl, 0)], c - 1 if mixed else 0, others if mixed else 0))
+        cached = r.cached_prompt_tokens or 0
+        chunk = [(r.isl - cached, cached)]
+        prefill = cm.step_time_s(BatchShape(chunk, c - 1 if mixed else 0, others if mixed else 0))
         if mixed and c > 1:
             prefill -= cm.step_time_s(BatchShape([], c - 1, others))
         rate = c / (r.cycle_ms / 1e3)
@@ -790,6 +807,40 @@ def faster_than_kernels(
     return {g: round(float(np.median(v)), 2) for g, v in sorted(by.items()) if np.median(v) > BUSY_LIMIT}
 
 
+#: Prompt tokens :func:`cache_flagged` rounds a cached share down to: the engines' KV block.
+CACHE_BLOCK_TOKENS = 16
+
+
+def least_cached_share(
+    rows: Iterable[BenchRow], shares: list[tuple[float, float] | None], fast: dict[str, float]
+) -> dict[str, float]:
+    """For each group :func:`faster_than_kernels` flags (``fast``), the least share of every prompt
+    that must have come from the prefix cache for its runs to be possible at all: the median over
+    its runs of the share that brings the GPU time they need (:func:`gpu_shares`, ``shares`` in row
+    order) down to their wall time, ``1 − (1 − decode) ÷ prefill``, within [0, 1]. A lower bound:
+    a server also spends time off the GPU, so its runs needed more of their prompts cached."""
+    by: dict[str, list[float]] = {}
+    for r, x in zip(rows, shares):
+        if r.group in fast and x is not None and x[0] > 0:
+            by.setdefault(r.group, []).append(min(max(1.0 - (1.0 - x[1]) / x[0], 0.0), 1.0))
+    return {g: round(float(np.median(v)), 2) for g, v in sorted(by.items())}
+
+
+def cache_flagged(rows: Iterable[BenchRow], share: dict[str, float]) -> list[BenchRow]:
+    """``rows`` with the prompts of each group in ``share`` (:func:`least_cached_share`) that much
+    served from the prefix cache (``cached_prompt_tokens``, rounded down to
+    :data:`CACHE_BLOCK_TOKENS`) where a run sets none. The share is read from the runs' own measured
+    times, so a prediction made this way is not blind to the group it treats."""
+    out: list[BenchRow] = []
+    for r in rows:
+        s = share.get(r.group)
+        if s and r.cached_prompt_tokens is None:
+            n = min(int(s * r.isl) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS, r.isl - 1)
+            r = replace(r, cached_prompt_tokens=n or None)
+        out.append(r)
+    return out
+
+
 # --- rows as scenarios -----------------------------------------------------------------------
 
 
@@ -893,6 +944,13 @@ def row_scenario(
         },
         "cost_model": {"profile": profile or "auto"},
     }
+    if row.cached_prompt_tokens:
+        # One shared prefix in front of every prompt; the first request computes it, the others find it
+        # in the prefix cache (the engines' default: vLLM's automatic prefix caching, SGLang's radix
+        # cache, TensorRT-LLM's KV block reuse).
+        sc["workload"]["lengths"]["prompt_tokens"] = row.isl - row.cached_prompt_tokens
+        sc["workload"]["prefix"] = {"fraction": 1.0, "prefix_tokens": row.cached_prompt_tokens, "groups": 1}
+        sc["allocator"]["prefix_caching"] = {"enabled": True}
     preset = get_preset(row.engine)
     if preset is not None and not preset.chunked_prefill and row.isl + row.concurrency > preset.max_num_batched_tokens:
         # Without chunked prefill a prompt joins an iteration whole, beside every running decode:

@@ -79,6 +79,15 @@ def spread_option(mode: str, where: str, when: str):
     )
 
 
+def cache_option(mode: str, where: str, when: str):
+    return typer.Option(
+        False,
+        "--cache-flagged",
+        help=f"{mode}: the groups whose runs are faster than their engine's kernels allow ({where} names them) run "
+        f"with the least share of every prompt served from the prefix cache that makes them possible, {when}.",
+    )
+
+
 def served_by_option(mode: str):
     return typer.Option(
         None,

@@ -25,11 +25,13 @@ from .serving_bench import (
     Clients,
     RowResult,
     aiconfigurator_server,
+    cache_flagged,
     clients_apart,
     faster_than_kernels,
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    least_cached_share,
     normalize_engine,
     read_bench,
     score,
@@ -166,14 +168,28 @@ def skipped_lines(skipped: list[str]) -> list[str]:
     return [head, *(f"  {m}" for m in skipped[:SKIPPED_SHOWN]), *more]
 
 
-def kernel_warnings(flagged: dict[str, float]) -> list[str]:
+def kernel_warnings(
+    flagged: dict[str, float], share: dict[str, float] | None = None, cached: list[str] | None = None
+) -> list[str]:
     """One line per group whose runs are faster than its engine's kernels allow (``flagged``: what
-    :func:`faster_than_kernels` found), for ``calibrate`` and ``validate`` alike."""
+    :func:`faster_than_kernels` found; ``share``: :func:`least_cached_share`; ``cached``: the groups
+    :func:`cache_flagged` treated), for ``calibrate`` and ``validate`` alike."""
+    share, cached = share or {}, cached or []
+
+    def cache(g: str) -> str:
+        if g not in share:
+            return ""
+        least = f"at least {share[g]:.0%} of every prompt from the prefix cache makes them possible"
+        return f"; {least}" + (
+            ", simulated so (--cache-flagged)" if g in cached else " (--cache-flagged simulates that)"
+        )
+
     return [
         f"{g}: its measured throughput needs the GPU computing {busy:.2f}x the wall time at its engine's own "
         f"kernel prices (median over its runs; at most 1 is possible, above {BUSY_LIMIT} is flagged): cached "
-        "prefixes, prompts shorter than isl or speculative decoding would do this; its errors say more about "
-        "the file than about kvsim (--exclude-group suspect keeps it out of training)"
+        "prefixes, prompts shorter than isl or speculative decoding would do this"
+        + cache(g)
+        + "; its errors say more about the file than about kvsim (--exclude-group suspect keeps it out of training)"
         for g, busy in flagged.items()
     ]
 
@@ -219,13 +235,29 @@ def resolve_exclusions(
     return tuple(dict.fromkeys(out))
 
 
+@dataclass(frozen=True)
+class Treatments:
+    """What ``validate`` and ``calibrate`` do with what the checks flag, in training and prediction
+    alike; each off by default (the rows as the file gives them). ``hold_back``: the runs whose TTFT
+    follows completions run with one request waiting (:func:`hold_back_flagged`); ``spread``: the
+    groups whose clients did not start together have their starts spread (:func:`spread_flagged`);
+    ``cache``: the groups faster than their kernels have the least share of their prompts cached
+    that makes their runs possible (:func:`cache_flagged`)."""
+
+    hold_back: bool = False
+    spread: bool = False
+    cache: bool = False
+
+
 @dataclass
 class CheckedRows:
     """A file's rows after the checks on the measurements themselves, and what each found: runs
     whose TTFT follows completions (``flagged``; ``held``: those held back), groups whose clients
     did not start together (``apart``; ``spread``: those spread), each row's GPU shares and
     implied busy time (``shares``, ``busy``, in row order), groups faster than their kernels
-    (``fast``) and the groups left out of training (``exclude``)."""
+    (``fast``), the least share of their prompts cached that makes their runs possible
+    (``cached_share``; ``cached``: the groups so simulated) and the groups left out of training
+    (``exclude``)."""
 
     rows: list[BenchRow]
     flagged: dict[str, list[int]]
@@ -235,6 +267,8 @@ class CheckedRows:
     shares: list[tuple[float, float] | None]
     busy: list[float | None]
     fast: dict[str, float]
+    cached_share: dict[str, float]
+    cached: list[str]
     exclude: tuple[str, ...]
 
 
@@ -242,25 +276,29 @@ def check_rows(
     rows: list[BenchRow],
     profile: str | None,
     exclude: tuple[str, ...] | list[str],
-    hold_back: bool = False,
-    spread_apart: bool = False,
+    treat: Treatments = Treatments(),
 ) -> CheckedRows:
-    """``validate`` and ``calibrate``'s checks on ``rows``, in one place: ``hold_back`` treats the
-    runs whose TTFT follows completions (:func:`hold_back_flagged`), ``spread_apart`` the groups
-    whose clients did not start together (:func:`spread_flagged`); ``exclude`` resolved
-    (:func:`resolve_exclusions`)."""
+    """``validate`` and ``calibrate``'s checks on ``rows``, in one place, what they flag treated as
+    ``treat`` says; ``exclude`` resolved (:func:`resolve_exclusions`)."""
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
-    if hold_back:
+    if treat.hold_back:
         rows, held = hold_back_flagged(rows, flagged)
     shares = gpu_shares(rows, profile)
     apart = clients_apart(rows, dict(zip(rows, shares)))
     spread: list[str] = []
-    if spread_apart:
+    if treat.spread:
         rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
     busy = implied_gpu_busy(rows, shares=shares)
     fast = faster_than_kernels(rows, profile, busy)
-    return CheckedRows(rows, flagged, held, apart, spread, shares, busy, fast, resolve_exclusions(exclude, rows, fast))
+    share = least_cached_share(rows, shares, fast)
+    cached: list[str] = []
+    if treat.cache:
+        rows = cache_flagged(rows, share)  # the same order again; ``shares`` and ``busy`` stay the file's
+        cached = sorted({r.group for r in rows if r.group in share and r.cached_prompt_tokens})
+    return CheckedRows(
+        rows, flagged, held, apart, spread, shares, busy, fast, share, cached, resolve_exclusions(exclude, rows, fast)
+    )
 
 
 def _pct(x) -> str:
@@ -409,16 +447,13 @@ def validate_serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
-    hold_back: bool = False,
-    spread_apart: bool = False,
+    treat: Treatments = Treatments(),
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
     with ``own_fit``, each group with terms fitted on its own rows (:func:`fit_each_group`).
-    ``hold_back``: the runs whose TTFT follows completions simulated with one request waiting
-    (:func:`hold_back_flagged`), in training and in prediction. ``spread_apart``: the groups whose
-    clients did not start together simulated with their starts spread (:func:`spread_flagged`), in
-    training and in prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`)."""
+    ``treat``: what to do with what the checks flag (:class:`Treatments`), in training and in
+    prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`)."""
     if logo and own_fit:
         raise ConfigError(
             "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
@@ -430,7 +465,7 @@ def validate_serving_bench(
     if log is not None:
         for line in skipped_lines(skipped):
             log(line)
-    checked = check_rows(rows, profile, exclude, hold_back, spread_apart)
+    checked = check_rows(rows, profile, exclude, treat)
     rows, shares, busy, exclude = checked.rows, checked.shares, checked.busy, checked.exclude
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
@@ -487,6 +522,8 @@ def validate_serving_bench(
         "clients_apart": checked.apart,
         "spread": checked.spread,
         "faster_than_kernels": checked.fast,
+        "least_cached_share": checked.cached_share,
+        "cached": checked.cached,
         "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
@@ -536,6 +573,8 @@ def write_html(doc: dict, path: Path) -> Path:
     held = doc.get("held_back", {})
     apart = doc.get("clients_apart", {})
     spread = doc.get("spread", [])
+    cached = doc.get("cached", [])
+    share = doc.get("least_cached_share", {})
     roofline = doc.get("roofline_priced", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
@@ -547,6 +586,7 @@ def write_html(doc: dict, path: Path) -> Path:
             + (["clients not started together"] if g in apart else [])
             + (["simulated with their starts spread"] if g in spread else [])
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
+            + ([f"simulated with {share[g]:.0%} of each prompt cached"] if g in cached and g in share else [])
             + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
         )
         label = g if not notes else f"{g} ({'; '.join(notes)})"
@@ -675,8 +715,7 @@ def calibrate_from_serving_bench(
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
     exclude: tuple[str, ...] = (),
-    hold_back: bool = False,
-    spread_apart: bool = False,
+    treat: Treatments = Treatments(),
     served_by: str | None = None,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
@@ -684,20 +723,18 @@ def calibrate_from_serving_bench(
     """Fit every engine's terms on the file's rows (not on the groups in ``exclude``,
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings`, :func:`apart_warnings` and
-    :func:`kernel_warnings` before the fit starts. ``hold_back``: fit the runs whose TTFT follows completions as a benchmark
-    with one request waiting (:func:`hold_back_flagged`). ``spread_apart``: fit the groups whose
-    clients did not start together with their starts spread (:func:`spread_flagged`).
-    ``served_by``: :func:`served_by_rows`."""
+    :func:`kernel_warnings` before the fit starts. ``treat``: what to fit the flagged runs and groups
+    as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`."""
     skipped: list[str] = []
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by, kv_cache_tokens)
-    checked = check_rows(rows, profile, exclude, hold_back, spread_apart)
+    checked = check_rows(rows, profile, exclude, treat)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
         for line in (
             skipped_lines(skipped)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
-            + kernel_warnings(checked.fast)
+            + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
         ):
             warn(line)
     terms = fit(
@@ -718,6 +755,7 @@ def calibrate_from_serving_bench(
 __all__ = [
     "validate_serving_bench",
     "calibrate_from_serving_bench",
+    "Treatments",
     "resolve_exclusions",
     "completion_warnings",
     "apart_warnings",

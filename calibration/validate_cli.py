@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from sim.errors import ConfigError
 
 from . import serving_options as opt
+
+if TYPE_CHECKING:
+    from .serving_report import Treatments
 
 _SB = "--serving-bench"
 
@@ -81,6 +85,7 @@ def validate_command(
     exclude_group: list[str] | None = opt.exclude_group_option(_SB + " --logo or --own-fit"),
     hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
     spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
+    cache_flagged: bool = opt.cache_option(_SB, "the note", "in training and prediction"),
     served_by: str | None = opt.served_by_option(_SB),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
@@ -90,6 +95,8 @@ def validate_command(
     from rich.table import Table
 
     if serving_bench is not None:
+        from .serving_report import Treatments
+
         _serving(
             serving_bench,
             profile=profile,
@@ -107,8 +114,7 @@ def validate_command(
             kv_cache_tokens=kv_cache_tokens,
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
-            hold_back=hold_back_flagged,
-            spread_apart=spread_flagged,
+            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
         )
         return
@@ -264,8 +270,7 @@ def _serving(
     kv_cache_tokens: int | None = None,
     max_evals: int = 100,
     exclude: tuple[str, ...] = (),
-    hold_back: bool = False,
-    spread_apart: bool = False,
+    treat: Treatments | None = None,
     served_by: str | None = None,
     own_fit: bool = False,
 ) -> None:
@@ -278,6 +283,7 @@ def _serving(
         SCALING_HEADER,
         SPLIT_HEADER,
         TTFT_LINE_HEADER,
+        Treatments,
         apart_warnings,
         completion_warnings,
         kernel_warnings,
@@ -308,8 +314,7 @@ def _serving(
         kv_cache_tokens=kv_cache_tokens,
         max_evals=max_evals,
         exclude=exclude,
-        hold_back=hold_back,
-        spread_apart=spread_apart,
+        treat=treat or Treatments(),
         served_by=served_by,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
@@ -368,7 +373,7 @@ def _serving(
     for line in (
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
         + apart_warnings(doc["clients_apart"], doc["spread"])
-        + kernel_warnings(doc["faster_than_kernels"])
+        + kernel_warnings(doc["faster_than_kernels"], doc["least_cached_share"], doc["cached"])
         + roofline_warnings(doc["roofline_priced"])
     ):
         con.print(f"note: {line}")

@@ -22,6 +22,7 @@ from calibration.serving_bench import (
     AIC_BUDGET_EXTRA,
     APART_MAX_PER_PREFILL,
     APART_SPREAD_CYCLES,
+    CACHE_BLOCK_TOKENS,
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
     SPLIT_MIN_ROWS,
@@ -32,6 +33,7 @@ from calibration.serving_bench import (
     Clients,
     RowResult,
     aiconfigurator_server,
+    cache_flagged,
     clients_apart,
     completion_gap_ratios,
     default_kv,
@@ -39,6 +41,7 @@ from calibration.serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    least_cached_share,
     normalize_gpu,
     read_bench,
     read_csv,
@@ -162,6 +165,68 @@ def test_csv_kv_cache_tokens_pins_the_servers_kv_capacity(tmp_path):
     free, two = evaluate([r, replace(r, kv_cache_tokens=2 * 576 + 48)], builtin_terms(), FIXED)
     assert free.error is None and two.error is None
     assert two.ttft_ms > 5 * free.ttft_ms and two.tpot_ms < free.tpot_ms
+
+
+def test_csv_cached_prompt_tokens_serves_that_much_of_every_prompt_from_the_prefix_cache(tmp_path):
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},cached_prompt_tokens\n{GOOD},\n{GOOD},96\n{GOOD},0\n")
+    a, b, c = read_csv(p)
+    assert (a.cached_prompt_tokens, b.cached_prompt_tokens, c.cached_prompt_tokens) == (None, 96, None)
+    sc = scenario_from_dict(row_scenario(b))
+    # The run's prompts keep their isl tokens: 96 shared by all, 32 their own.
+    assert (sc.workload.lengths.prompt_tokens, sc.workload.prefix.prefix_tokens, sc.workload.prefix.fraction) == (
+        32,
+        96,
+        1.0,
+    )
+    assert (
+        sc.allocator.prefix_caching.enabled and not scenario_from_dict(row_scenario(a)).allocator.prefix_caching.enabled
+    )
+    for bad, allowed in (("-1", "an integer in [0,"), ("128", "an integer in [0, 127]"), ("x", "an integer in")):
+        p.write_text(f"{HEADER},cached_prompt_tokens\n{GOOD},\n{GOOD},{bad}\n")
+        with pytest.raises(
+            ConfigError, match=rf"bench\.csv: row 3, cached_prompt_tokens: got '{re.escape(bad)}'; {re.escape(allowed)}"
+        ):
+            read_csv(p)
+
+
+def test_runs_faster_than_their_kernels_get_the_least_cached_share_that_makes_them_possible():
+    # A benchmark whose prompts share their first three quarters, served from the prefix cache, and a
+    # file that does not say so: its runs need more GPU than the wall time at full prefills.
+    rows = [row(isl=isl, osl=32, concurrency=8) for isl in (1024, 2048)]
+    plain = evaluate(rows, builtin_terms(), FIXED)
+    truth = measured([replace(r, cached_prompt_tokens=3 * r.isl // 4) for r in rows], builtin_terms())
+    assert all(t.ttft_ms < 0.6 * p.ttft_ms for t, p in zip(truth, plain))
+    file = [replace(r, cached_prompt_tokens=None) for r in truth]
+    shares = gpu_shares(file)
+    fast = faster_than_kernels(file)
+    assert list(fast) == [file[0].group]
+    share = least_cached_share(file, shares, fast)
+    # A lower bound: the server is not computing all the time.
+    assert list(share) == [file[0].group] and 0.3 < share[file[0].group] <= 0.75
+    assert least_cached_share(file, shares, {}) == {}
+    other = row(engine="sglang")  # not flagged: left alone
+    own = replace(file[0], isl=4096, cached_prompt_tokens=100)  # says its own: kept
+    got = cache_flagged([*file, other, own], share)
+    s = share[file[0].group]
+    assert [r.cached_prompt_tokens for r in got] == [
+        *(int(s * r.isl) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS for r in file),
+        None,
+        100,
+    ]
+    # Simulated so, the runs come closer to what they measured.
+    err = lambda res: sum(abs(x.ttft_err) for x in res)  # noqa: E731
+    assert err(evaluate(got[:2], builtin_terms(), FIXED)) < 0.5 * err(evaluate(file, builtin_terms(), FIXED))
+    # The shipped file's one such group needs at least about 80 % of its prompts cached.
+    shipped = [aiconfigurator_server(r) for r in read_bench(TRAINING_FILE) if "FP8" in r.model]
+    sh = gpu_shares(shipped)
+    assert (
+        0.7
+        < least_cached_share(shipped, sh, faster_than_kernels(shipped, busy=implied_gpu_busy(shipped, shares=sh)))[
+            shipped[0].group
+        ]
+        < 0.9
+    )
 
 
 BAD_ROWS = [  # (the second data row's cells that replace the good ones, the column named, the value quoted)
@@ -1437,15 +1502,27 @@ def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
         f"{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,0.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3.0,0.6\n",
         "--exclude-group",
         "suspect",
+        "--cache-flagged",
     )
     assert f"note: {LLAMA}/h100_sxm/vllm: its measured throughput needs the GPU computing" in stdout
     assert list(doc["faster_than_kernels"]) == [f"{LLAMA}/h100_sxm/vllm"]
     assert all(x["implied_gpu_busy"] > 1.25 for x in doc["results"])
     assert "faster than its kernels: GPU busy" in html and "c 16 tp 1, GPU busy" in html
-    assert "calibrate warning" in warned and "kernel prices" in warned
+    assert "calibrate warning" in warned and "kernel prices" in warned and "simulated so (--cache-flagged)" in warned
     # Excluded from training: the only group, so the engine keeps its starting terms.
     terms = json.loads((tmp_path / "t.json").read_text())
     assert terms["groups"] == []
+    # How much of every prompt the cache must have served, said, and simulated on request.
+    g = f"{LLAMA}/h100_sxm/vllm"
+    share = doc["least_cached_share"][g]
+    assert 0 < share <= 1 and doc["cached"] == []
+    assert f"at least {share:.0%} of every prompt from the prefix cache makes them possible" in stdout
+    assert "(--cache-flagged simulates that)" in stdout
+    cached_out, cached, cached_html = validate_with(tmp_path, "--cache-flagged")
+    assert cached["cached"] == [g] and "simulated so (--cache-flagged)" in cached_out
+    assert f"simulated with {share:.0%} of each prompt cached" in cached_html
+    before = {x["concurrency"]: x["sim_ttft_ms"] for x in doc["results"]}
+    assert all(x["sim_ttft_ms"] < before[x["concurrency"]] for x in cached["results"])
 
 
 def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
