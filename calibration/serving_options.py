@@ -61,31 +61,31 @@ def exclude_group_option(mode: str):
     )
 
 
-def hold_back_option(mode: str, where: str, when: str):
-    return typer.Option(
-        False,
-        "--hold-back-flagged",
-        help=f"{mode}: the runs whose TTFT follows completions ({where} names them) run with concurrency - 1 "
-        f"requests running, one waiting, {when}.",
-    )
+def _flagged_option(flag: str, flagged: str, treated: str):
+    """An option that treats what one of the checks flags: ``flagged`` names what it finds,
+    ``treated`` how it is then simulated."""
+
+    def option(mode: str, where: str, when: str):
+        return typer.Option(False, flag, help=f"{mode}: {flagged} ({where} names them) run {treated}, {when}.")
+
+    return option
 
 
-def spread_option(mode: str, where: str, when: str):
-    return typer.Option(
-        False,
-        "--spread-flagged",
-        help=f"{mode}: the groups whose clients did not start together ({where} names them) run with their clients' "
-        f"starts spread over a request cycle, {when}.",
-    )
-
-
-def cache_option(mode: str, where: str, when: str):
-    return typer.Option(
-        False,
-        "--cache-flagged",
-        help=f"{mode}: the groups whose runs are faster than their engine's kernels allow ({where} names them) run "
-        f"with the least share of every prompt served from the prefix cache that makes them possible, {when}.",
-    )
+hold_back_option = _flagged_option(
+    "--hold-back-flagged",
+    "the runs whose TTFT follows completions",
+    "with concurrency - 1 requests running, one waiting",
+)
+spread_option = _flagged_option(
+    "--spread-flagged",
+    "the groups whose clients did not start together",
+    "with their clients' starts spread over a request cycle",
+)
+cache_option = _flagged_option(
+    "--cache-flagged",
+    "the groups whose runs are faster than their engine's kernels allow",
+    "with the least share of every prompt served from the prefix cache that makes them possible",
+)
 
 
 def served_by_option(mode: str):
