@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,6 +21,9 @@ from sim.cost.profile import list_profiles, load_profile
 from sim.errors import ConfigError
 
 from . import serving_options as opt
+
+if TYPE_CHECKING:
+    from .serving_report import Treatments
 
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
@@ -40,9 +44,7 @@ def _serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
-    hold_back: bool = False,
-    spread_apart: bool = False,
-    cache: bool = False,
+    treat: Treatments | None = None,
     served_by: str | None = None,
 ) -> None:
     from rich.console import Console
@@ -76,7 +78,7 @@ def _serving_bench(
         max_evals=max_evals,
         workers=workers,
         exclude=exclude,
-        treat=Treatments(hold_back, spread_apart, cache),
+        treat=treat or Treatments(),
         served_by=served_by,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
@@ -140,6 +142,8 @@ def calibrate_command(
     from sim.output.staging import out_file
 
     if from_serving_bench is not None:
+        from .serving_report import Treatments
+
         _serving_bench(
             from_serving_bench,
             out,
@@ -153,9 +157,7 @@ def calibrate_command(
             weights=weights,
             kv=kv,
             kv_cache_tokens=kv_cache_tokens,
-            hold_back=hold_back_flagged,
-            spread_apart=spread_flagged,
-            cache=cache_flagged,
+            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
         )
         return

@@ -826,19 +826,23 @@ def least_cached_share(
     return {g: round(float(np.median(v)), 2) for g, v in sorted(by.items())}
 
 
-def cache_flagged(rows: Iterable[BenchRow], share: dict[str, float]) -> list[BenchRow]:
+def cache_flagged(rows: Iterable[BenchRow], share: dict[str, float]) -> tuple[list[BenchRow], list[str]]:
     """``rows`` with the prompts of each group in ``share`` (:func:`least_cached_share`) that much
     served from the prefix cache (``cached_prompt_tokens``, rounded down to
-    :data:`CACHE_BLOCK_TOKENS`) where a run sets none. The share is read from the runs' own measured
-    times, so a prediction made this way is not blind to the group it treats."""
+    :data:`CACHE_BLOCK_TOKENS`) where a run sets none, and the groups so treated. The share is read
+    from the runs' own measured times, so a prediction made this way is not blind to the group it
+    treats."""
     out: list[BenchRow] = []
+    cached: set[str] = set()
     for r in rows:
         s = share.get(r.group)
         if s and r.cached_prompt_tokens is None:
             n = min(int(s * r.isl) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS, r.isl - 1)
-            r = replace(r, cached_prompt_tokens=n or None)
+            if n:
+                r = replace(r, cached_prompt_tokens=n)
+                cached.add(r.group)
         out.append(r)
-    return out
+    return out, sorted(cached)
 
 
 # --- rows as scenarios -----------------------------------------------------------------------

@@ -294,8 +294,7 @@ def check_rows(
     share = least_cached_share(rows, shares, fast)
     cached: list[str] = []
     if treat.cache:
-        rows = cache_flagged(rows, share)  # the same order again; ``shares`` and ``busy`` stay the file's
-        cached = sorted({r.group for r in rows if r.group in share and r.cached_prompt_tokens})
+        rows, cached = cache_flagged(rows, share)  # the same order again; ``shares`` and ``busy`` stay the file's
     return CheckedRows(
         rows, flagged, held, apart, spread, shares, busy, fast, share, cached, resolve_exclusions(exclude, rows, fast)
     )

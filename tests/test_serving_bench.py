@@ -207,7 +207,8 @@ def test_runs_faster_than_their_kernels_get_the_least_cached_share_that_makes_th
     assert least_cached_share(file, shares, {}) == {}
     other = row(engine="sglang")  # not flagged: left alone
     own = replace(file[0], isl=4096, cached_prompt_tokens=100)  # says its own: kept
-    got = cache_flagged([*file, other, own], share)
+    got, cached = cache_flagged([*file, other, own], share)
+    assert cached == [file[0].group]
     s = share[file[0].group]
     assert [r.cached_prompt_tokens for r in got] == [
         *(int(s * r.isl) // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS for r in file),
