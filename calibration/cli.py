@@ -46,6 +46,7 @@ def _serving_bench(
     kv_cache_tokens: int | None = None,
     treat: Treatments | None = None,
     served_by: str | None = None,
+    sensitivity: bool = True,
 ) -> None:
     from rich.console import Console
 
@@ -80,6 +81,7 @@ def _serving_bench(
         exclude=exclude,
         treat=treat or Treatments(),
         served_by=served_by,
+        sensitivity=sensitivity,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
@@ -89,6 +91,30 @@ def _serving_bench(
     )
     for e, t in sorted(terms.engines.items()):
         typer.echo(f"  {e}: " + ", ".join(f"{k} {v:.4g}" for k, v in t.items()))
+    for line in sensitivity_lines(terms.sensitivity):
+        typer.echo(line)
+
+
+def sensitivity_lines(sens: dict[str, dict]) -> list[str]:
+    """The terms' sensitivity (:func:`calibration.serving_fit.term_sensitivity`) as text: per engine,
+    what moving each term alone adds to the objective and whether the rows pin it."""
+    from .serving_fit import PINNED_RISE, SHORT_OF_MINIMUM
+
+    out: list[str] = []
+    for e, d in sorted(sens.items()):
+        out.append(
+            f"  {e}: objective {d['objective']:.4f} (mean |log error|); moving one term alone (halved and doubled, "
+            f"a share by 0.25) adds, pinned at +{PINNED_RISE:g} or more:"
+        )
+        for name, t in d["terms"].items():
+            probes = ", ".join(f"{p['value']:.4g}: {p['objective_change']:+.4f}" for p in t["probes"]) or "none"
+            tag = "pinned" if t["pinned"] else "NOT pinned by these runs"
+            if t["short_of_minimum"]:
+                tag += (
+                    f"; a probe lowers it by more than {SHORT_OF_MINIMUM:g}: the fit stopped short (raise --max-evals)"
+                )
+            out.append(f"    {name} {t['value']:.4g} -> {probes} ({tag})")
+    return out
 
 
 profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_args_is_help=True)
@@ -136,6 +162,12 @@ def calibrate_command(
     spread_flagged: bool = opt.spread_option(_FSB, "the warning", "in the fit"),
     cache_flagged: bool = opt.cache_option(_FSB, "the warning", "in the fit"),
     served_by: str | None = opt.served_by_option(_FSB),
+    sensitivity: bool = typer.Option(
+        True,
+        "--sensitivity/--no-sensitivity",
+        help=f"{_FSB}: after the fit, move each term alone (halved and doubled) and report how much the "
+        "objective rises: which terms the runs pin down (13 more simulations of the rows per engine).",
+    ),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
@@ -159,6 +191,7 @@ def calibrate_command(
             kv_cache_tokens=kv_cache_tokens,
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
+            sensitivity=sensitivity,
         )
         return
     if model is None:

@@ -99,6 +99,9 @@ class EngineTerms:
     evals: int = 0
     fitted_on: str = ""
     groups: list[str] = field(default_factory=list)
+    #: How firmly the rows pin each fitted term (:func:`term_sensitivity`), ``{engine: {term: ...}}``;
+    #: empty unless asked for.
+    sensitivity: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": 1, **asdict(self)}
@@ -282,6 +285,85 @@ def fit_shared(
             shared=tuple(sorted({r.engine for r in rows})),
         )
     return EngineTerms({engine: t}, loss=loss, evals=n, groups=sorted({r.group for r in rows}))
+
+
+#: A fitted time or spread is probed at this factor below and above its value by
+#: :func:`term_sensitivity`; a share (``host_hidden``) at :data:`SENSITIVITY_SHARE_STEP` either side.
+SENSITIVITY_FACTOR = 2.0
+SENSITIVITY_SHARE_STEP = 0.25
+#: A term is pinned by the rows when one of its probes raises the objective (a mean |log ratio|,
+#: close to a relative error) by at least this much: half a point of error.
+PINNED_RISE = 0.005
+#: A probe that lowers the objective by more than this says the fit stopped short of its minimum in
+#: that term (more evaluations would move it).
+SHORT_OF_MINIMUM = 0.002
+
+
+def _probes(name: str, v: float, engine: str) -> list[float]:
+    """The values :func:`term_sensitivity` tries for one term: within its allowed range, never the
+    value itself. A time or spread at 0 is tried at the unfitted start's value instead (a factor of
+    0 is 0)."""
+    lo, hi = TERM_RANGES[name]
+    if name in _SHARE:
+        cand = [v - SENSITIVITY_SHARE_STEP, v + SENSITIVITY_SHARE_STEP]
+    elif v > 0:
+        cand = [v / SENSITIVITY_FACTOR, v * SENSITIVITY_FACTOR]
+    else:
+        cand = [UNFITTED_START.get(engine, {}).get(name, 0.0)]
+    out = []
+    for x in cand:
+        x = min(max(x, lo), hi)
+        if x != v and x not in out:
+            out.append(x)
+    return out
+
+
+def term_sensitivity(
+    rows: list[BenchRow],
+    terms: EngineTerms,
+    clients: Clients = Clients(),
+    *,
+    profile: str | None = None,
+    workers: int = 1,
+    exclude: tuple[str, ...] = (),
+) -> dict[str, dict]:
+    """How firmly ``rows`` pin each engine's fitted terms: the objective (:func:`objective`, on the
+    engine's rows outside ``exclude``, as the fit saw them) with one term moved at a time, halved
+    and doubled (a share: 0.25 down and up), the others as fitted. ``{engine: {"objective",
+    "terms": {term: {"value", "probes": [{"value", "objective_change"}], "pinned",
+    "short_of_minimum"}}}}``, where ``objective_change`` is the probe's objective less the fitted
+    terms' (``objective``); ``pinned``: a probe raises the objective by :data:`PINNED_RISE` or more
+    (the rows say what the term is; one that is not pinned could be far from its fitted value and
+    fit these rows as well, and carries least to another model, GPU or load);
+    ``short_of_minimum``: a probe lowers it by more than :data:`SHORT_OF_MINIMUM` (the fit stopped
+    before its minimum: more evaluations would move the term). Costs one simulation of the rows
+    per probe, 13 per engine."""
+    train = [r for r in rows if r.group not in exclude]
+    out: dict[str, dict] = {}
+    with _Pool(workers) as pool:
+        for engine in sorted({r.engine for r in train}):
+            mine = [r for r in train if r.engine == engine]
+            fitted = terms.engines.get(engine)
+            if not mine or fitted is None:
+                continue
+            base = objective(evaluate(mine, EngineTerms({engine: fitted}), clients, profile=profile, pool=pool))
+            per: dict[str, dict] = {}
+            for name in FITTED_TERMS:
+                v = float(fitted.get(name, getattr(PRESETS[engine], name)))
+                probes = []
+                for x in _probes(name, v, engine):
+                    moved = EngineTerms({engine: {**fitted, name: x}})
+                    loss = objective(evaluate(mine, moved, clients, profile=profile, pool=pool))
+                    probes.append({"value": x, "objective_change": loss - base})
+                changes = [p["objective_change"] for p in probes]
+                per[name] = {
+                    "value": v,
+                    "probes": probes,
+                    "pinned": bool(changes) and max(changes) >= PINNED_RISE,
+                    "short_of_minimum": bool(changes) and min(changes) < -SHORT_OF_MINIMUM,
+                }
+            out[engine] = {"objective": base, "terms": per}
+    return out
 
 
 #: The clients' spreads (request cycles) tried before the simplex starts: lock-step, a little

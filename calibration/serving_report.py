@@ -41,7 +41,16 @@ from .serving_bench import (
     ttft_follows_completions,
     ttft_vs_prefill,
 )
-from .serving_fit import EngineTerms, builtin_terms, evaluate, fit, fit_each_group, leave_one_group_out, unfitted_terms
+from .serving_fit import (
+    EngineTerms,
+    builtin_terms,
+    evaluate,
+    fit,
+    fit_each_group,
+    leave_one_group_out,
+    term_sensitivity,
+    unfitted_terms,
+)
 
 
 def _terms_from(path: str | None) -> EngineTerms:
@@ -716,6 +725,7 @@ def calibrate_from_serving_bench(
     exclude: tuple[str, ...] = (),
     treat: Treatments = Treatments(),
     served_by: str | None = None,
+    sensitivity: bool = True,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> EngineTerms:
@@ -723,7 +733,8 @@ def calibrate_from_serving_bench(
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings`, :func:`apart_warnings` and
     :func:`kernel_warnings` before the fit starts. ``treat``: what to fit the flagged runs and groups
-    as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`."""
+    as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`. ``sensitivity``: also probe how
+    firmly the rows pin each term (:func:`term_sensitivity`, kept in the file as ``sensitivity``)."""
     skipped: list[str] = []
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by, kv_cache_tokens)
     checked = check_rows(rows, profile, exclude, treat)
@@ -746,6 +757,15 @@ def calibrate_from_serving_bench(
         exclude=checked.exclude,
         progress=progress,
     )
+    if sensitivity:
+        terms.sensitivity = term_sensitivity(
+            checked.rows,
+            terms,
+            Clients(requests_per_client=requests_per_client, warmup=warmup),
+            profile=profile,
+            workers=workers,
+            exclude=checked.exclude,
+        )
     terms.fitted_on = str(path)
     terms.write(out)
     return terms

@@ -63,6 +63,7 @@ from calibration.serving_fit import (
     fit_each_group,
     leave_one_group_out,
     objective,
+    term_sensitivity,
 )
 from calibration.serving_report import default_served_by, served_by_rows
 from sim.config import scenario_from_dict
@@ -1115,6 +1116,29 @@ def test_fit_recovers_known_terms():
         assert abs(res.ttft_err) < 0.02 and abs(res.tpot_err) < 0.02, res.row
 
 
+def test_term_sensitivity_tells_the_terms_the_rows_pin_from_those_they_do_not():
+    rows = measured(FIT_ROWS[:4], with_terms(vllm=KNOWN["vllm"]))
+    truth = with_terms(vllm=KNOWN["vllm"])
+    sens = term_sensitivity(rows, truth, FIXED)
+    assert set(sens) == {"vllm"} and sens["vllm"]["objective"] < 1e-6  # the rows were made with these terms
+    got = sens["vllm"]["terms"]
+    assert list(got) == list(FITTED_TERMS)
+    # Host time sets TPOT and the front end TTFT: halving or doubling either costs points of error.
+    for name in ("host_s", "frontend_s", "host_hidden"):
+        assert got[name]["pinned"] and max(p["objective_change"] for p in got[name]["probes"]) > 0.02, name
+    assert [p["value"] for p in got["host_s"]["probes"]] == [1.5e-3, 6e-3]
+    # The clients' jitter is the benchmark's (FIXED sets it), and the token stream never binds at a few
+    # thousand tokens/s: these rows say nothing of either (both at 0: probed at the unfitted start).
+    for name in ("client_cv", "stream_per_token_s"):
+        assert not got[name]["pinned"] and len(got[name]["probes"]) == 1, name
+        assert abs(got[name]["probes"][0]["objective_change"]) < 0.005, name
+    assert not any(t["short_of_minimum"] for t in got.values())
+    # Terms a fit left short of the minimum: a probe finds a lower objective.
+    short = term_sensitivity(rows, with_terms(vllm={**KNOWN["vllm"], "host_s": 1.5e-3}), FIXED)["vllm"]["terms"]
+    assert short["host_s"]["short_of_minimum"]
+    assert min(p["objective_change"] for p in short["host_s"]["probes"]) < -0.02
+
+
 def test_fit_leaves_a_share_term_that_starts_at_zero():
     """A share that starts at its bound (the clients' spread at 0, as the presets had it before any fit)
     must be able to leave it: a step of 0.3 in logit space from there changes nothing simulated."""
@@ -1350,6 +1374,11 @@ def test_cli_calibrate_writes_terms_a_scenario_runs_with(tmp_path):
     doc = json.loads((tmp_path / "t.json").read_text())
     # Each engine's fit evaluates at least its first simplex (six points for five terms).
     assert doc["evals"] >= 12 and doc["fitted_on"] == "tiny.csv" and len(doc["groups"]) == 3
+    # How firmly the rows pin each term, in the file and on the screen.
+    assert set(doc["sensitivity"]) == {"sglang", "vllm"}
+    assert all(set(d["terms"]) == set(FITTED_TERMS) for d in doc["sensitivity"].values())
+    assert "  sglang: objective" in r.stdout and "  vllm: objective" in r.stdout
+    assert sum(" -> " in line and "pinned" in line for line in r.stdout.splitlines()) == 2 * len(FITTED_TERMS)
     (tmp_path / "sc.yaml").write_text(
         "name: fitted\nmodel: {name: llama-3.1-8b}\ngpu: {name: H100-SXM-80GB}\n"
         "workload: {num_requests: 12, max_model_len: 512, arrival: {kind: closed_loop, concurrency: 3},\n"
@@ -1415,7 +1444,17 @@ def test_cli_validate_and_calibrate_go_on_past_rows_they_cannot_simulate(tmp_pat
     )
     assert "2 rows of the file left out" in r.stdout
     assert "2 rows of the file left out" in (tmp_path / "val" / "serving_validation.html").read_text()
-    r = kvsim("calibrate", "--from-serving-bench", "mixed.csv", "--out", "t.json", "--max-evals", "8", cwd=tmp_path)
+    r = kvsim(
+        "calibrate",
+        "--from-serving-bench",
+        "mixed.csv",
+        "--out",
+        "t.json",
+        "--max-evals",
+        "8",
+        "--no-sensitivity",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     said = " ".join(r.stderr.split())
     assert "calibrate warning 2 rows left out, not simulated" in said and "row 7, gpu: got 'H100 PCIe'" in said
@@ -1479,10 +1518,13 @@ def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
         "t.json",
         "--max-evals",
         "3",
+        "--no-sensitivity",
         *calibrate_args,
         cwd=tmp_path,
     )
     assert c.returncode == 0, c.stderr
+    # Asked for none, the terms file holds no sensitivity and calibrate prints none.
+    assert json.loads((tmp_path / "t.json").read_text())["sensitivity"] == {} and " -> " not in c.stdout
     return " ".join(r.stdout.split()), doc, html, " ".join(c.stderr.split())
 
 
