@@ -99,7 +99,7 @@ class EngineTerms:
     evals: int = 0
     fitted_on: str = ""
     groups: list[str] = field(default_factory=list)
-    #: How firmly the rows pin each fitted term (:func:`term_sensitivity`), ``{engine: {term: ...}}``;
+    #: How firmly the rows pin each fitted term (:func:`term_sensitivity`), ``{engine: {"objective", "terms"}}``;
     #: empty unless asked for.
     sensitivity: dict[str, dict] = field(default_factory=dict)
 
@@ -456,6 +456,9 @@ class GroupFits:
 
     predictions: list[RowResult]
     folds: dict[str, EngineTerms]
+    #: Per group, how firmly its fit's training rows pin each term (:func:`term_sensitivity`), where
+    #: asked for; a fold fitted on other engines' rows (shared terms) is not probed.
+    sensitivity: dict[str, dict] = field(default_factory=dict)
 
 
 def leave_one_group_out(
@@ -468,18 +471,21 @@ def leave_one_group_out(
     profile: str | None = None,
     workers: int = 1,
     exclude_from_training: tuple[str, ...] = (),
+    sensitivity: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> GroupFits:
     """For every group: fit its engine's terms on that engine's other groups (not on
     ``exclude_from_training``), then predict it. Where no other group of its engine is left, one set
     of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
     gets for an engine the data hold no run of. Without ``start``: :func:`unfitted_terms`; the fits
-    simulate ``fit_clients`` (without it, ``clients``, as the predictions do)."""
+    simulate ``fit_clients`` (without it, ``clients``, as the predictions do). ``sensitivity``: also
+    probe how firmly each fold's training rows pin its terms (:attr:`GroupFits.sensitivity`)."""
     start = start or unfitted_terms()
     fit_clients = fit_clients or clients
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}
+    sens: dict[str, dict] = {}
     for g in groups:
         t0 = time.perf_counter()
         held = [r for r in rows if r.group == g]
@@ -488,6 +494,8 @@ def leave_one_group_out(
         if train:
             terms = fit(train, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers)
             note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
+            if sensitivity:
+                sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers)
         else:
             pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
             if not pooled:
@@ -505,7 +513,7 @@ def leave_one_group_out(
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"fold {g}: {note}, {time.perf_counter() - t0:.0f} s")
-    return GroupFits(preds, folds)
+    return GroupFits(preds, folds, sens)
 
 
 def fit_each_group(
@@ -517,6 +525,7 @@ def fit_each_group(
     profile: str | None = None,
     workers: int = 1,
     exclude_from_training: tuple[str, ...] = (),
+    sensitivity: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> GroupFits:
     """Every group's engine terms fitted on that group's rows alone, then the group simulated with
@@ -524,10 +533,12 @@ def fit_each_group(
     ``kvsim calibrate --from-serving-bench`` gives a user who fits on their own server. Against
     :func:`leave_one_group_out` it separates what the model cannot express from what does not carry
     over between groups. A group in ``exclude_from_training`` is not fitted: it keeps the starting terms. Without
-    ``start``: the built-in presets (where ``calibrate`` starts)."""
+    ``start``: the built-in presets (where ``calibrate`` starts). ``sensitivity``: as in
+    :func:`leave_one_group_out`, for each fitted group's own rows."""
     start = start or builtin_terms()
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}
+    sens: dict[str, dict] = {}
     for g in sorted({r.group for r in rows}):
         t0 = time.perf_counter()
         mine = [r for r in rows if r.group == g]
@@ -538,8 +549,10 @@ def fit_each_group(
         else:
             terms = fit(mine, start, clients, max_evals=max_evals, profile=profile, workers=workers)
             note = f"{len(mine)} rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
+            if sensitivity:
+                sens[g] = term_sensitivity(mine, terms, clients, profile=profile, workers=workers)
         folds[g] = terms
         preds += evaluate(mine, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"group {g}: {note}, {time.perf_counter() - t0:.0f} s")
-    return GroupFits(preds, folds)
+    return GroupFits(preds, folds, sens)

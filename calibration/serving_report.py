@@ -42,6 +42,8 @@ from .serving_bench import (
     ttft_vs_prefill,
 )
 from .serving_fit import (
+    PINNED_RISE,
+    SHORT_OF_MINIMUM,
     EngineTerms,
     builtin_terms,
     evaluate,
@@ -165,6 +167,29 @@ def apart_warnings(apart: dict[str, dict], spread: list[str] | None = None) -> l
 
 #: Rows that could not be read named one by one on the console, at most (all are in the JSON).
 SKIPPED_SHOWN = 5
+
+
+def unpinned_warnings(fold_sensitivity: dict[str, dict], logo: bool) -> list[str]:
+    """One line per fold whose training rows leave terms unpinned or whose fit stopped short of its
+    minimum (:func:`term_sensitivity`; ``logo``: the folds of leave-one-group-out, else each group's
+    own fit)."""
+    out: list[str] = []
+    for g, engines in fold_sensitivity.items():
+        loose = [t for d in engines.values() for t, v in d["terms"].items() if not v["pinned"]]
+        short = [t for d in engines.values() for t, v in d["terms"].items() if v["short_of_minimum"]]
+        whose = f"the runs {g}'s terms were fitted on" if logo else f"{g}'s own runs"
+        if loose:
+            out.append(
+                f"{whose} do not pin {', '.join(loose)} (moved alone, halved or doubled, each adds under "
+                f"{PINNED_RISE:g} to the objective): other values fit them as well"
+                + (f", so those terms say least about {g}" if logo else "")
+            )
+        if short:
+            out.append(
+                f"the fit on {whose} stopped short of its minimum in {', '.join(short)} (a probe lowers the "
+                f"objective by more than {SHORT_OF_MINIMUM:g}; raise --max-evals)"
+            )
+    return out
 
 
 def skipped_lines(skipped: list[str]) -> list[str]:
@@ -456,12 +481,15 @@ def validate_serving_bench(
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
     treat: Treatments = Treatments(),
+    sensitivity: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
     with ``own_fit``, each group with terms fitted on its own rows (:func:`fit_each_group`).
     ``treat``: what to do with what the checks flag (:class:`Treatments`), in training and in
-    prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`)."""
+    prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`).
+    ``sensitivity`` (with ``logo`` or ``own_fit``): how firmly each fold's training rows pin its
+    terms, under ``fold_sensitivity``."""
     if logo and own_fit:
         raise ConfigError(
             "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
@@ -482,6 +510,7 @@ def validate_serving_bench(
     if out is not None:
         out = out_dir(out)  # a bad --out is said before the simulations, not after them
     folds = {}
+    fold_sens: dict[str, dict] = {}
     if logo or own_fit:
         how = leave_one_group_out if logo else fit_each_group
         res = how(
@@ -492,9 +521,10 @@ def validate_serving_bench(
             profile=profile,
             workers=workers,
             exclude_from_training=exclude,
+            sensitivity=sensitivity,
             log=log,
         )
-        preds, folds = res.predictions, res.folds
+        preds, folds, fold_sens = res.predictions, res.folds, res.sensitivity
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
@@ -524,6 +554,7 @@ def validate_serving_bench(
         "(simulated - measured) / measured",
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
+        "fold_sensitivity": fold_sens,
         "score": sc,
         "ttft_follows_completions": checked.flagged,
         "held_back": checked.held,
@@ -780,6 +811,7 @@ __all__ = [
     "apart_warnings",
     "kernel_warnings",
     "roofline_warnings",
+    "unpinned_warnings",
     "skipped_lines",
     "table_rows",
     "HEADER",

@@ -87,6 +87,12 @@ def validate_command(
     spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
     cache_flagged: bool = opt.cache_option(_SB, "the note", "in training and prediction"),
     served_by: str | None = opt.served_by_option(_SB),
+    sensitivity: bool = typer.Option(
+        False,
+        "--sensitivity",
+        help="--serving-bench --logo or --own-fit: after each fit, move each term alone (halved and doubled) "
+        "and name the terms its training runs do not pin (13 more simulations of them per fit).",
+    ),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -116,6 +122,7 @@ def validate_command(
             exclude=tuple(exclude_group or ()),
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
+            sensitivity=sensitivity,
         )
         return
 
@@ -273,6 +280,7 @@ def _serving(
     treat: Treatments | None = None,
     served_by: str | None = None,
     own_fit: bool = False,
+    sensitivity: bool = False,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -292,6 +300,7 @@ def _serving(
         split_rows,
         table_rows,
         ttft_line_rows,
+        unpinned_warnings,
         validate_serving_bench,
     )
 
@@ -316,6 +325,7 @@ def _serving(
         exclude=exclude,
         treat=treat or Treatments(),
         served_by=served_by,
+        sensitivity=sensitivity,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
 
@@ -375,6 +385,7 @@ def _serving(
         + apart_warnings(doc["clients_apart"], doc["spread"])
         + kernel_warnings(doc["faster_than_kernels"], doc["least_cached_share"], doc["cached"])
         + roofline_warnings(doc["roofline_priced"])
+        + unpinned_warnings(doc["fold_sensitivity"], logo)
     ):
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]

@@ -1430,6 +1430,48 @@ def test_cli_validate_own_fit_fits_each_group_on_itself(tmp_path):
     assert all(x["error"] is None for x in doc["results"]) and "group " in r.stderr
 
 
+def test_cli_validate_logo_names_the_terms_each_folds_training_runs_leave_unpinned(tmp_path):
+    (tmp_path / "tiny.csv").write_text(TINY_CSV)
+    args = ["--requests-per-client", "2", "--max-evals", "3", "--logo", "--sensitivity"]
+    r = kvsim("validate", "--serving-bench", "tiny.csv", *args, "--out", "logo", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "logo" / "serving_validation.json").read_text())
+    sens = doc["fold_sensitivity"]
+    # The two vLLM groups were each fitted on the other; SGLang's one group on shared terms, not probed.
+    assert sorted(sens) == sorted(g for g in doc["folds"] if g.endswith("/vllm")) and len(sens) == 2
+    said = " ".join(r.stdout.split())
+    for g, engines in sens.items():
+        assert set(engines) == {"vllm"} and set(engines["vllm"]["terms"]) == set(FITTED_TERMS)
+        loose = [t for t, v in engines["vllm"]["terms"].items() if not v["pinned"]]
+        line = f"the runs {g}'s terms were fitted on do not pin {', '.join(loose)}"
+        assert (line in said) == bool(loose), (g, loose)
+    # Without --sensitivity nothing is probed.
+    r = kvsim("validate", "--serving-bench", "tiny.csv", *args[:-1], "--out", "plain", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "plain" / "serving_validation.json").read_text())["fold_sensitivity"] == {}
+    assert "do not pin" not in r.stdout
+
+
+def test_unpinned_warnings_name_loose_terms_and_fits_stopped_short():
+    from calibration.serving_report import unpinned_warnings
+
+    def term(pinned, short=False):
+        return {"value": 1.0, "probes": [], "pinned": pinned, "short_of_minimum": short}
+
+    sens = {
+        "g1": {"vllm": {"objective": 0.1, "terms": {"host_s": term(True), "stream_per_token_s": term(False)}}},
+        "g2": {"vllm": {"objective": 0.1, "terms": {"host_s": term(True, short=True), "frontend_s": term(True)}}},
+    }
+    logo = unpinned_warnings(sens, logo=True)
+    assert len(logo) == 2
+    assert logo[0].startswith("the runs g1's terms were fitted on do not pin stream_per_token_s (")
+    assert logo[0].endswith("so those terms say least about g1")
+    assert "g2's terms were fitted on stopped short of its minimum in host_s" in logo[1]
+    own = unpinned_warnings(sens, logo=False)
+    assert own[0].startswith("g1's own runs do not pin stream_per_token_s") and "say least" not in own[0]
+    assert unpinned_warnings({}, logo=True) == []
+
+
 def test_cli_validate_and_calibrate_go_on_past_rows_they_cannot_simulate(tmp_path):
     bad = f"acme/NoSuchModel-7B,h100_sxm,vllm,1,128,16,2,16.0,7.5\n{LLAMA},H100 PCIe,vllm,1,128,16,2,16.0,7.5\n"
     (tmp_path / "mixed.csv").write_text(TINY_CSV + bad)
