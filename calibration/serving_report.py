@@ -185,8 +185,9 @@ def unpinned_warnings(fold_sensitivity: dict[str, dict], logo: bool) -> list[str
                 + (f", so those terms say least about {g}" if logo else "")
             )
         if short:
+            fit_of = f"the fit behind {g}'s terms" if logo else f"{g}'s own fit"
             out.append(
-                f"the fit on {whose} stopped short of its minimum in {', '.join(short)} (a probe lowers the "
+                f"{fit_of} stopped short of its minimum in {', '.join(short)} (a probe lowers the "
                 f"objective by more than {SHORT_OF_MINIMUM:g}; raise --max-evals)"
             )
     return out
@@ -493,6 +494,10 @@ def validate_serving_bench(
     if logo and own_fit:
         raise ConfigError(
             "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
+        )
+    if sensitivity and not (logo or own_fit):
+        raise ConfigError(
+            "--sensitivity", True, "with --logo or --own-fit (it probes their fits; terms as given are not fitted)"
         )
     t0 = time.perf_counter()
     skipped: list[str] = []

@@ -1445,6 +1445,9 @@ def test_cli_validate_logo_names_the_terms_each_folds_training_runs_leave_unpinn
         loose = [t for t, v in engines["vllm"]["terms"].items() if not v["pinned"]]
         line = f"the runs {g}'s terms were fitted on do not pin {', '.join(loose)}"
         assert (line in said) == bool(loose), (g, loose)
+    # It probes fits: without --logo or --own-fit there is none, and it says so.
+    r = kvsim("validate", "--serving-bench", "tiny.csv", "--sensitivity", "--out", "none", cwd=tmp_path)
+    assert r.returncode == 2 and "--sensitivity" in r.stderr and "with --logo or --own-fit" in r.stderr
     # Without --sensitivity nothing is probed.
     r = kvsim("validate", "--serving-bench", "tiny.csv", *args[:-1], "--out", "plain", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -1466,9 +1469,10 @@ def test_unpinned_warnings_name_loose_terms_and_fits_stopped_short():
     assert len(logo) == 2
     assert logo[0].startswith("the runs g1's terms were fitted on do not pin stream_per_token_s (")
     assert logo[0].endswith("so those terms say least about g1")
-    assert "g2's terms were fitted on stopped short of its minimum in host_s" in logo[1]
+    assert logo[1].startswith("the fit behind g2's terms stopped short of its minimum in host_s (")
     own = unpinned_warnings(sens, logo=False)
     assert own[0].startswith("g1's own runs do not pin stream_per_token_s") and "say least" not in own[0]
+    assert own[1].startswith("g2's own fit stopped short of its minimum in host_s (")
     assert unpinned_warnings({}, logo=True) == []
 
 
