@@ -51,7 +51,7 @@ def _serving_bench(
     from rich.console import Console
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import Treatments, calibrate_from_serving_bench
+    from .serving_report import Treatments, calibrate_from_serving_bench, sensitivity_lines
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -93,28 +93,6 @@ def _serving_bench(
         typer.echo(f"  {e}: " + ", ".join(f"{k} {v:.4g}" for k, v in t.items()))
     for line in sensitivity_lines(terms.sensitivity):
         typer.echo(line)
-
-
-def sensitivity_lines(sens: dict[str, dict]) -> list[str]:
-    """The terms' sensitivity (:func:`calibration.serving_fit.term_sensitivity`) as text: per engine,
-    what moving each term alone adds to the objective and whether the rows pin it."""
-    from .serving_fit import PINNED_RISE, SHORT_OF_MINIMUM
-
-    out: list[str] = []
-    for e, d in sorted(sens.items()):
-        out.append(
-            f"  {e}: objective {d['objective']:.4f} (mean |log error|); moving one term alone (halved and doubled, "
-            f"a share by 0.25) adds, pinned at +{PINNED_RISE:g} or more:"
-        )
-        for name, t in d["terms"].items():
-            probes = ", ".join(f"{p['value']:.4g}: {p['objective_change']:+.4f}" for p in t["probes"]) or "none"
-            tag = "pinned" if t["pinned"] else "NOT pinned by these runs"
-            if t["short_of_minimum"]:
-                tag += (
-                    f"; a probe lowers it by more than {SHORT_OF_MINIMUM:g}: the fit stopped short (raise --max-evals)"
-                )
-            out.append(f"    {name} {t['value']:.4g} -> {probes} ({tag})")
-    return out
 
 
 profile_app = typer.Typer(help="Built-in and user calibration profiles.", no_args_is_help=True)

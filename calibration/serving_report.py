@@ -169,6 +169,30 @@ def apart_warnings(apart: dict[str, dict], spread: list[str] | None = None) -> l
 SKIPPED_SHOWN = 5
 
 
+#: How :func:`term_sensitivity` moves each term, as the texts below say it.
+PROBED = "halved and doubled, a share by 0.25"
+
+
+def sensitivity_lines(sens: dict[str, dict]) -> list[str]:
+    """The terms' sensitivity (:func:`term_sensitivity`) as ``calibrate`` prints it: per engine, what
+    moving each term alone adds to the objective and whether the rows pin it."""
+    out: list[str] = []
+    for e, d in sorted(sens.items()):
+        out.append(
+            f"  {e}: objective {d['objective']:.4f} (mean |log error|); moving one term alone ({PROBED}) adds, "
+            f"pinned at +{PINNED_RISE:g} or more:"
+        )
+        for name, t in d["terms"].items():
+            probes = ", ".join(f"{p['value']:.4g}: {p['objective_change']:+.4f}" for p in t["probes"]) or "none"
+            tag = "pinned" if t["pinned"] else "NOT pinned by these runs"
+            if t["short_of_minimum"]:
+                tag += (
+                    f"; a probe lowers it by more than {SHORT_OF_MINIMUM:g}: the fit stopped short (raise --max-evals)"
+                )
+            out.append(f"    {name} {t['value']:.4g} -> {probes} ({tag})")
+    return out
+
+
 def unpinned_warnings(fold_sensitivity: dict[str, dict], logo: bool) -> list[str]:
     """One line per fold whose training rows leave terms unpinned or whose fit stopped short of its
     minimum (:func:`term_sensitivity`; ``logo``: the folds of leave-one-group-out, else each group's
@@ -180,7 +204,7 @@ def unpinned_warnings(fold_sensitivity: dict[str, dict], logo: bool) -> list[str
         whose = f"the runs {g}'s terms were fitted on" if logo else f"{g}'s own runs"
         if loose:
             out.append(
-                f"{whose} do not pin {', '.join(loose)} (moved alone, halved or doubled, each adds under "
+                f"{whose} do not pin {', '.join(loose)} (moved alone, {PROBED}, each adds under "
                 f"{PINNED_RISE:g} to the objective): other values fit them as well"
                 + (f", so those terms say least about {g}" if logo else "")
             )
@@ -816,6 +840,7 @@ __all__ = [
     "apart_warnings",
     "kernel_warnings",
     "roofline_warnings",
+    "sensitivity_lines",
     "unpinned_warnings",
     "skipped_lines",
     "table_rows",

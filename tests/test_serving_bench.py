@@ -1127,6 +1127,11 @@ def test_term_sensitivity_tells_the_terms_the_rows_pin_from_those_they_do_not():
     for name in ("host_s", "frontend_s", "host_hidden"):
         assert got[name]["pinned"] and max(p["objective_change"] for p in got[name]["probes"]) > 0.02, name
     assert [p["value"] for p in got["host_s"]["probes"]] == [1.5e-3, 6e-3]
+    # What the printed notes say of the probes is what they are.
+    from calibration.serving_fit import SENSITIVITY_FACTOR, SENSITIVITY_SHARE_STEP
+    from calibration.serving_report import PROBED
+
+    assert SENSITIVITY_FACTOR == 2 and PROBED == f"halved and doubled, a share by {SENSITIVITY_SHARE_STEP:g}"
     # The clients' jitter is the benchmark's (FIXED sets it), and the token stream never binds at a few
     # thousand tokens/s: these rows say nothing of either (both at 0: probed at the unfitted start).
     for name in ("client_cv", "stream_per_token_s"):
