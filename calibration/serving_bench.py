@@ -165,6 +165,10 @@ class BenchRow:
     #: prefix cache serves after the first request: only the rest of each prompt is prefilled.
     #: ``None``: every prompt distinct.
     cached_prompt_tokens: int | None = None
+    #: Whether the server formed each iteration's batch while the one before it ran (TensorRT-LLM's
+    #: overlap scheduler, SGLang's overlap schedule, vLLM ``--async-scheduling``;
+    #: ``engine.schedule_ahead``); ``None``: the engine preset's (off).
+    schedule_ahead: bool | None = None
 
     @property
     def group(self) -> str:
@@ -272,6 +276,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         start_spread_cycles=_opt_cycles(path, where, d, "start_spread_cycles"),
         kv_cache_tokens=kv_tokens,
         cached_prompt_tokens=cached or None,
+        schedule_ahead=_flag(path, where, d, "schedule_ahead"),
     )
 
 
@@ -344,7 +349,7 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             ",".join(reader.fieldnames or []),
             f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
             f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles, "
-            f"kv_cache_tokens, cached_prompt_tokens); "
+            f"kv_cache_tokens, cached_prompt_tokens, schedule_ahead); "
             f"missing {', '.join(missing)}",
         )
     rows = []
@@ -944,6 +949,7 @@ def row_scenario(
         "engine": {
             "kind": row.engine,
             **({"graph_max_tokens": row.cuda_graph_max_batch} if row.cuda_graph_max_batch is not None else {}),
+            **({"schedule_ahead": row.schedule_ahead} if row.schedule_ahead is not None else {}),
             **(engine or {}),
         },
         "cost_model": {"profile": profile or "auto"},

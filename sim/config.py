@@ -412,6 +412,8 @@ class EngineConfig(_Section):
     custom_allreduce_max_bytes: int | None = Field(None, ge=0, le=1 << 40)
     #: fp8 GEMMs take inputs the previous kernel already quantized (no quantization kernel of their own).
     fp8_quant_fused: bool | None = None
+    #: The batch of each iteration is formed while the one before it runs (overlap scheduler).
+    schedule_ahead: bool | None = None
     #: The engine's defaults for ``workload.arrival`` ``start_spread_cycles``, ``client_cv`` and
     #: ``completion_per_token_s``.
     client_spread_cycles: float | None = Field(None, ge=0, le=100)

@@ -90,6 +90,11 @@ class EnginePreset:
     #: fp8 GEMM inputs arrive quantized by the previous kernel: the table's fixed input-quantization
     #: cost (``Profile.fp8_gemm_excess_s``) is not paid.
     fp8_quant_fused: bool = False
+    #: Each iteration's batch is formed while the one before it runs (TensorRT-LLM's and SGLang's
+    #: overlap schedulers, vLLM's ``--async-scheduling``): a request that reaches the engine while an
+    #: iteration runs joins the iteration after the next. Off in every preset: fitted with it, the
+    #: shipped runs are predicted no better (docs/calibration.md, "Batches formed ahead").
+    schedule_ahead: bool = False
     #: Defaults for the clients' timing when a scenario leaves them unset (``workload.arrival``):
     #: how far closed-loop clients drift apart, in request cycles, and the spread (coefficient of
     #: variation) of each request's client and front-end time.

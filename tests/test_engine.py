@@ -204,6 +204,7 @@ def _compare(a, b):
     mixed=st.booleans(),
     predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
     overflow=st.sampled_from(["reject", "truncate", "fallback"]),
+    ahead=st.booleans(),
 )
 def test_fast_forward_equals_stepping(
     kind,
@@ -224,6 +225,7 @@ def test_fast_forward_equals_stepping(
     mixed,
     predictor,
     overflow,
+    ahead,
 ):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     if mixed and overflow == "fallback":
@@ -256,6 +258,9 @@ def test_fast_forward_equals_stepping(
     }
     if closed:
         over["workload.arrival"] = {"kind": "closed_loop", "concurrency": 6, "think_time_s": rate / 100}
+    if ahead:  # batches formed one iteration ahead (an overlap scheduler): arrivals join one later
+        over["engine.kind"] = "vllm"
+        over["engine.schedule_ahead"] = True
     if mixed:  # sliding-window layers (window 64) beside full-attention ones: KV and attention per layer group
         over["model"] = {"hf_config": str(TINY_MIXED)}
     ff = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "fast_forward"}))

@@ -536,6 +536,15 @@ def test_server_settings_columns_are_read_and_checked(tmp_path):
     p.write_text(f"{HEADER},mixed_batches\n{GOOD},sometimes\n")
     with pytest.raises(ConfigError, match=r"bench\.csv: row 2, mixed_batches: got 'sometimes'; true or false"):
         read_csv(p)
+    # A server that formed its batches ahead (an overlap scheduler) is simulated so.
+    p.write_text(f"{HEADER},schedule_ahead\n{GOOD},true\n{GOOD},\n")
+    ahead, default = read_csv(p)
+    assert (ahead.schedule_ahead, default.schedule_ahead) == (True, None)
+    assert engine_preset(scenario_from_dict(row_scenario(ahead))).schedule_ahead is True
+    assert engine_preset(scenario_from_dict(row_scenario(default))).schedule_ahead is False
+    p.write_text(f"{HEADER},schedule_ahead\n{GOOD},maybe\n")
+    with pytest.raises(ConfigError, match=r"row 2, schedule_ahead: got 'maybe'; true or false"):
+        read_csv(p)
     p.write_text(f"{HEADER},requests\n{GOOD},2.5\n")
     with pytest.raises(ConfigError, match=r"row 2, requests: got '2\.5'; an integer"):
         read_csv(p)

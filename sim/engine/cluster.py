@@ -158,6 +158,7 @@ def simulate(
                 compaction=sc.allocator.compaction if sc.allocator.compaction.enabled else None,
                 stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None,
                 stream_per_token_s=dep.engine.stream_per_token_s if dep.engine is not None else 0.0,
+                schedule_ahead=dep.engine.schedule_ahead if dep.engine is not None else False,
             )
         )
     assert cost is not None  # at least one replica (the config requires it)

@@ -314,6 +314,7 @@ OVERRIDABLE = (
     "elementwise_per_layer",
     "custom_allreduce_max_bytes",
     "fp8_quant_fused",
+    "schedule_ahead",
     "client_spread_cycles",
     "client_cv",
     "completion_per_token_s",

@@ -124,6 +124,7 @@ class Replica:
         compaction: CompactionConfig | None = None,
         stale_after_s: float | None = None,
         stream_per_token_s: float = 0.0,
+        schedule_ahead: bool = False,
     ):
         self.env = env
         self.index = index
@@ -136,6 +137,14 @@ class Replica:
         self.on_finish = on_finish
         #: The server's token-streaming process (``None``: clients see each token when it is made).
         self._stream: OutputStream | None = OutputStream(stream_per_token_s) if stream_per_token_s > 0 else None
+        #: The engine forms each iteration's batch while the one before it runs (an overlap
+        #: scheduler, async scheduling): a request that reaches the engine while an iteration runs
+        #: misses the batch already formed for the next one and joins the one after. Such requests
+        #: wait in ``_pending`` (engine arrival time, request) until :meth:`_release`.
+        self._ahead = schedule_ahead
+        self._pending: list[tuple[float, Request]] = []
+        #: When the latest iteration began: the batch of the iteration after it was formed then.
+        self._last_start = 0.0
         #: Outstanding (running + waiting) requests per replica of the cluster, this one at
         #: ``index``; the router shares it (``sim/engine/router.py``). Changed by submit and _end only.
         self.loads: list[int] = [0] * (index + 1)
@@ -198,22 +207,43 @@ class Replica:
 
     # --- called by the router --------------------------------------------------------
     def outstanding(self) -> int:
-        return len(self.sched.running) + len(self.sched.waiting)
+        return len(self.sched.running) + len(self.sched.waiting) + len(self._pending)
 
     def submit(self, req: Request) -> None:
         """Queue ``req``; wake the loop if it is idle or if ``req`` could join the current window."""
         sched = self.sched
-        was_empty = not sched.waiting
+        was_empty = not sched.waiting and not self._pending
         req.replica = self.index
-        sched.waiting.append(req)
         self.loads[self.index] += 1
         if self._activity is not None and not self._activity.triggered:
             self._activity.succeed()
         if self._idle is not None:
+            sched.waiting.append(req)
             if not self._idle.triggered:
                 self._idle.succeed()
-        elif self._in_window and not self._truncated and was_empty and sched.can_admit_more():
+            return
+        if self._ahead:
+            # The next iteration's batch is already formed: ``req`` can first join the one after.
+            self._pending.append((clock(self.env), req))
+            if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
+                self._cut_window(1)
+            return
+        sched.waiting.append(req)
+        if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
             self._cut_window()
+
+    def _release(self) -> None:
+        """At an iteration boundary: the pending requests that reached the engine before the batch
+        of the coming iteration was formed (when the latest iteration began) join the queue; all of
+        them when nothing runs (no iteration was formed ahead)."""
+        pending = self._pending
+        cut = self._last_start if self.sched.running else float("inf")
+        n = 0
+        while n < len(pending) and pending[n][0] <= cut:
+            n += 1
+        if n:
+            self.sched.waiting.extend(r for _, r in pending[:n])
+            del pending[:n]
 
     # --- compaction ----------------------------------------------------------------------
     def _compactor(self) -> Generator[simpy.Event, Any, None]:
@@ -433,6 +463,7 @@ class Replica:
     def _one_iteration(self, plan: StepPlan) -> Generator[simpy.Event, Any, None]:
         """Yield through one iteration of ``plan`` and account for it (time, memory, time series)."""
         it = self._iteration_begin(plan)
+        self._last_start = clock(self.env)
         yield self.env.timeout(it[0])
         self._iteration_end(plan, it)
 
@@ -455,12 +486,16 @@ class Replica:
         short, see :meth:`_cut_window`) and the iterations' end offsets (running sums, left to right
         like ``np.cumsum``)."""
         env = self.env
+        self._last_start = clock(env)
         if k == 1:
             yield env.timeout(times[0])
             return 1, times
         ends = self._arm_window(times)
         yield env.timeout(ends[-1])
-        return self._disarm_window(), ends
+        m = self._disarm_window()
+        if m > 1:
+            self._last_start += ends[m - 2]
+        return m, ends
 
     def _arm_window(self, times: list[float]) -> list[float]:
         """A window of ``times`` starts now (arrivals may cut it); returns its iterations' end
@@ -479,16 +514,17 @@ class Replica:
         self._truncated = False
         return self._win_m
 
-    def _cut_window(self) -> None:
+    def _cut_window(self, later: int = 0) -> None:
         """End the running window at the end of the iteration in progress (where stepping would
-        first see what changed): the process now waits on a timeout there instead.
+        first see what changed), or ``later`` iterations after it: the process now waits on a
+        timeout there instead.
 
         The process is moved, not interrupted: see :func:`sim.engine.simpy_shortcuts.retarget`.
         """
         self._truncated = True
         env, t0, ends = self.env, self._win_t0, self._win_ends
         now = clock(env)
-        m = min(bisect_right(ends, now - t0) + 1, len(ends))
+        m = min(bisect_right(ends, now - t0) + 1 + later, len(ends))
         self._win_m = m
         if m == len(ends):
             return  # the window ends there anyway
@@ -514,7 +550,7 @@ class Replica:
                 return False
         sched.now = now
         if DEBUG:
-            assert self.loads[self.index] == len(sched.running) + len(sched.waiting), "outstanding count drifted"
+            assert self.loads[self.index] == self.outstanding(), "outstanding count drifted"
         return True
 
     def _stuck(self) -> None:
@@ -527,6 +563,8 @@ class Replica:
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         sched = self.sched
         while True:
+            if self._pending:
+                self._release()
             if not (yield from self._at_boundary()):
                 continue
             plan = sched.schedule()
@@ -545,8 +583,9 @@ class Replica:
         ids = [r.id for r in reqs]
         tokens_now = np.fromiter((r.computed + 1 for r in reqs), dtype=np.int64, count=n)
         max_steps = min(r.output - r.generated for r in reqs)
-        if self._bg_copy_left_s > 0:
-            max_steps = 1  # background copies slow each iteration: step until they are done
+        if self._bg_copy_left_s > 0 or self._pending:
+            # Background copies slow each iteration; pending requests join after this one.
+            max_steps = 1
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
         j = np.arange(k, dtype=np.int64)
@@ -653,6 +692,8 @@ class Replica:
         kv_cap = sched.kv_cap
         plan: StepPlan | None
         while True:
+            if self._pending:
+                self._release()
             if not running and not waiting:
                 yield from self._idle_wait()
                 continue
@@ -698,11 +739,13 @@ class Replica:
                     continue
                 if plan.items or plan.preempted:
                     it = self._iteration_begin(plan)
+                    self._last_start = clock(env)
                     yield env.timeout(it[0])
                     self._mixed_end(plan, it)
                     continue
             # A pure-decode window of the cohort.
             w = self._window_begin()
+            self._last_start = clock(env)
             if w.k == 1:
                 yield env.timeout(w.times[0])
                 m, ends = 1, w.times
@@ -710,6 +753,8 @@ class Replica:
                 ends = self._arm_window(w.times)
                 yield env.timeout(ends[-1])
                 m = self._disarm_window()
+                if m > 1:
+                    self._last_start += ends[m - 2]
             self._window_end(plan, w, m, ends)
 
     def _mixed_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
@@ -758,8 +803,9 @@ class Replica:
         co, alloc, G, cost = self._co, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
-        if self._bg_copy_left_s > 0:
-            k_fin = 1  # background copies slow each iteration: step until they are done
+        if self._bg_copy_left_s > 0 or self._pending:
+            # Background copies slow each iteration; pending requests join after this one.
+            k_fin = 1
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
         k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
         # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
