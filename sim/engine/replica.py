@@ -15,6 +15,8 @@ reference). ``fast_forward`` pays per change of batch composition instead:
   call, and the allocator grants the window's growth at once.
 * An arrival that could join the batch interrupts a window at the end of the
   iteration in progress, exactly when per-iteration stepping would have seen it.
+  With ``schedule_ahead`` (batches formed one iteration ahead) it joins, and
+  cuts the window, one iteration later.
 * Anything irregular (a refusal that needs preemption, a static reservation
   overflowing, a token budget smaller than the cohort) dissolves the cohort
   and runs that iteration through the per-sequence scheduler.
