@@ -31,7 +31,9 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
   set them (``max_num_seqs``, ``max_num_batched_tokens``, ``chunked_prefill``), whether prefill
   chunks share iterations with decodes (``mixed_batches``: vLLM yes; SGLang runs prefill batches
   apart), and admission (``reserve_output``: TensorRT-LLM's GUARANTEED_NO_EVICT admits a request
-  only when KV for its prompt and its full requested output fits, and never preempts).
+  only when KV for its prompt and its full requested output fits, and never preempts); with
+  ``schedule_ahead`` each batch is formed while the iteration before it runs (overlap schedulers),
+  so a request arriving mid-iteration joins the iteration after the next.
 
 The defaults of the engine-level terms (host, eager gaps, front end) are fitted on end-to-end
 serving benchmarks (``kvsim calibrate --from-serving-bench``; docs/calibration.md, "Accuracy
