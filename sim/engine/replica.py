@@ -227,12 +227,10 @@ class Replica:
         if self._ahead:
             # The next iteration's batch is already formed: ``req`` can first join the one after.
             self._pending.append((clock(self.env), req))
-            if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
-                self._cut_window(1)
-            return
-        sched.waiting.append(req)
+        else:
+            sched.waiting.append(req)
         if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
-            self._cut_window()
+            self._cut_window(1 if self._ahead else 0)
 
     def _release(self) -> None:
         """At an iteration boundary: the pending requests that reached the engine before the batch
@@ -494,10 +492,7 @@ class Replica:
             return 1, times
         ends = self._arm_window(times)
         yield env.timeout(ends[-1])
-        m = self._disarm_window()
-        if m > 1:
-            self._last_start += ends[m - 2]
-        return m, ends
+        return self._disarm_window(), ends
 
     def _arm_window(self, times: list[float]) -> list[float]:
         """A window of ``times`` starts now (arrivals may cut it); returns its iterations' end
@@ -511,10 +506,13 @@ class Replica:
         return ends
 
     def _disarm_window(self) -> int:
-        """The window is over: how many of its iterations ran."""
+        """The window is over: how many of its iterations ran (the last of them began at ``_last_start``)."""
         self._in_window = False
         self._truncated = False
-        return self._win_m
+        m = self._win_m
+        if m > 1:
+            self._last_start = self._win_t0 + self._win_ends[m - 2]
+        return m
 
     def _cut_window(self, later: int = 0) -> None:
         """End the running window at the end of the iteration in progress (where stepping would
@@ -755,8 +753,6 @@ class Replica:
                 ends = self._arm_window(w.times)
                 yield env.timeout(ends[-1])
                 m = self._disarm_window()
-                if m > 1:
-                    self._last_start += ends[m - 2]
             self._window_end(plan, w, m, ends)
 
     def _mixed_end(self, plan: StepPlan, it: tuple[float, int, int, float]) -> None:
