@@ -30,14 +30,15 @@ def _trace_run(tmp_path, rows: list[tuple[float, int, int]], ahead: bool, mode: 
     return {k: np.asarray(v)[order] for k, v in t.items()}
 
 
-def test_a_request_arriving_mid_iteration_waits_one_more_iteration(tmp_path):
-    alone = _trace_run(tmp_path, [(0.0, 32, 400)], ahead=False)
+@pytest.mark.parametrize("mode", ["fast_forward", "step"])
+def test_a_request_arriving_mid_iteration_waits_one_more_iteration(tmp_path, mode):
+    alone = _trace_run(tmp_path, [(0.0, 32, 400)], ahead=False, mode=mode)
     step = float((alone["finish_s"][0] - alone["first_token_s"][0]) / (alone["generated_tokens"][0] - 1))
     # The second request reaches the engine 40.5 decode steps into the first one's decode.
     at = float(alone["first_token_s"][0]) + 40.5 * step
     rows = [(0.0, 32, 400), (at, 32, 20)]
-    plain = _trace_run(tmp_path, rows, ahead=False)
-    ahead = _trace_run(tmp_path, rows, ahead=True)
+    plain = _trace_run(tmp_path, rows, ahead=False, mode=mode)
+    ahead = _trace_run(tmp_path, rows, ahead=True, mode=mode)
     # Nothing ran when the first one arrived: no batch was formed ahead of it.
     assert ahead["first_token_s"][0] == plain["first_token_s"][0]
     ttft_plain = plain["first_token_s"][1] - plain["arrival_s"][1]
