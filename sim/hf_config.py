@@ -129,14 +129,20 @@ def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
 
 def model_section(model: str) -> dict:
     """A command line's ``--model``: a catalog name as ``model.name``, else a Hugging Face config
-    (path or shipped id) as ``model.hf_config``."""
+    (path or shipped id) as ``model.hf_config``, else the shape a variant id names
+    (``Qwen/Qwen3-30B-A3B-Instruct-2507``: :func:`sim.model_ids.model_of_id`)."""
     from sim.catalog import MODELS
+    from sim.model_ids import model_of_id
 
     if model in MODELS:
         return {"name": model}
     p = Path(model).expanduser()
-    # A path given on the command line is relative to the working directory, not the scenario file.
-    return {"hf_config": str(p.resolve()) if p.exists() else model}
+    if p.exists():
+        # A path given on the command line is relative to the working directory, not the scenario file.
+        return {"hf_config": str(p.resolve())}
+    if shipped_config(model) is None and (same := model_of_id(model)) is not None:
+        return same
+    return {"hf_config": model}
 
 
 def label_for(path: Path) -> str:
@@ -326,6 +332,8 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         raise ConfigError(KEY, str(path), f"block_configs: {what} not supported yet ({_DENSE_ONLY})")
     if first("attention_chunk_size") is not None:
         _refuse(path, "attention_chunk_size", first("attention_chunk_size"), "chunked local attention is")
+    if first("sparse_attention_config") is not None:
+        _refuse(path, "sparse_attention_config", first("sparse_attention_config"), "sparse attention is")
     if first("index_topk") is not None:
         _refuse(path, "index_topk", first("index_topk"), "sparse attention over an indexer's top-k tokens is")
     if first("q_lora_rank") is not None and first("kv_lora_rank") is None:

@@ -35,21 +35,33 @@ MODEL_IDS = {
 }
 
 #: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
-#: Llama 3.3 70B is Llama 3.1 70B retrained.
-SAME_SHAPE = {"llama-3.3-70b": "llama-3.1-70b"}
-_TAG = re.compile(r"-(instruct|chat|hf|it|base|fp8|fp4|nvfp4|dynamic|static|pertensor|block|bf16)$")
+#: Llama 3.3 70B is Llama 3.1 70B retrained, and Llama 3 is Llama 3.1 with a shorter context;
+#: Mistral-7B v0.1 is the catalog's ``mistral-7b`` (its 4096-token sliding window; v0.2 and later
+#: have none).
+SAME_SHAPE = {
+    "llama-3.3-70b": "llama-3.1-70b",
+    "llama-3-8b": "llama-3.1-8b",
+    "llama-3-70b": "llama-3.1-70b",
+    "mistral-7b-v0.1": "mistral-7b",
+}
+#: Name parts that say how the same weights were tuned, quantized or re-released (a date such as
+#: Qwen3's ``-2507`` or DeepSeek-V3's ``-0324``), not what shape they have.
+_TAGS = frozenset("instruct chat hf it base thinking fp8 fp4 nvfp4 dynamic static pertensor block bf16".split())
+_DATE = re.compile(r"\d{4}")
 
 
 def model_key(ident: str) -> str:
     """A model id reduced to what fixes its shape: the name without its organisation, in lower case,
-    without the tags that name a tuning or a quantization of the same weights (``-Instruct``,
-    ``-FP8``, ``-FP8-Dynamic`` …) and with ``Meta-Llama`` written ``Llama``:
+    without the parts that name a tuning, a quantization or a dated re-release of the same weights
+    (``-Instruct``, ``-FP8``, ``-FP8-Dynamic``, ``-Instruct-2507`` …, wherever they stand: Mixtral
+    writes ``-Instruct-v0.1``) and with ``Meta-Llama`` written ``Llama``:
     ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
     ``llama-3.1-405b``."""
     k = str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-")
     k = k.removeprefix("meta-")
-    while (m := _TAG.search(k)) is not None:
-        k = k[: m.start()]
+    parts = k.split("-")
+    kept = [p for i, p in enumerate(parts) if not (i and (p in _TAGS or _DATE.fullmatch(p)))]
+    k = "-".join(kept)
     return SAME_SHAPE.get(k, k)
 
 

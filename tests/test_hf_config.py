@@ -42,6 +42,10 @@ PUBLISHED = {
     "openai/gpt-oss-120b": (116.8, None),
     # DeepSeek-V3 technical report: 671B total (the multi-token-prediction module's 14B not loaded).
     "deepseek-ai/DeepSeek-V3": (671.0, None),
+    "deepseek-ai/DeepSeek-R1": (671.0, None),
+    # Mistral's Mixtral 8x22B announcement (141B), the Qwen3-Coder model card (480B).
+    "mistralai/Mixtral-8x22B-v0.1": (141.0, None),
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": (480.0, None),
 }
 
 #: Published activated parameters (billions) of the mixture-of-experts configs (Qwen3 model cards:
@@ -52,6 +56,10 @@ ACTIVE = {
     "Qwen/Qwen3-235B-A22B": 22.0,
     "mistralai/Mixtral-8x7B-v0.1": 12.9,
     "deepseek-ai/DeepSeek-V3": 37.0,
+    "deepseek-ai/DeepSeek-R1": 37.0,
+    "mistralai/Mixtral-8x22B-v0.1": 39.0,
+    "Qwen/Qwen3-Coder-480B-A35B-Instruct": 35.0,
+    "Qwen/Qwen3-235B-A22B-FP8": 22.0,
 }
 
 #: Declared dtypes (weights, KV) of the quantised checkpoints; every other shipped config is bf16/bf16.
@@ -61,6 +69,17 @@ QUANTISED = {
     "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),  # from its sibling hf_quant_config.json
     "Qwen/Qwen3-30B-A3B-FP8": ("fp8", "bf16"),
     "deepseek-ai/DeepSeek-V3": ("fp8", "bf16"),  # block-scaled fp8 weights
+    "deepseek-ai/DeepSeek-R1": ("fp8", "bf16"),
+    "moonshotai/Kimi-K2-Instruct": ("fp8", "bf16"),
+    "MiniMaxAI/MiniMax-M2.5": ("fp8", "bf16"),
+    "Qwen/Qwen3-235B-A22B-FP8": ("fp8", "bf16"),
+    "stepfun-ai/Step-3.7-Flash-FP8": ("fp8", "bf16"),
+    # NVIDIA ModelOpt NVFP4 checkpoints: 4-bit weights, fp8 KV cache.
+    "nvidia/DeepSeek-V3.1-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/Kimi-K2.5-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/Kimi-K2.6-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/Kimi-K2.7-Code-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/Qwen3-235B-A22B-NVFP4": ("nvfp4", "fp8"),
 }
 
 
@@ -69,7 +88,7 @@ def _config_file(ident: str) -> Path:
 
 
 def test_the_shipped_set():
-    assert len(shipped_models()) == 22
+    assert len(shipped_models()) == 39
     assert {
         "Qwen/Qwen3-8B",
         "Qwen/Qwen3-32B",
@@ -294,7 +313,7 @@ def test_bad_json_and_missing_file(tmp_path):
     p.write_text("{not json")
     with pytest.raises(ConfigError, match="valid JSON"):
         read_hf_config(p)
-    with pytest.raises(ConfigError, match="shipped model: Qwen/Qwen3-0.6B"):
+    with pytest.raises(ConfigError, match="shipped model: .*Qwen/Qwen3-0.6B"):
         resolve_hf_config("no/such-model")
 
 
@@ -463,3 +482,16 @@ def test_explorer_model_pick_of_a_shipped_config():
     # And back to a catalog model.
     again = X.edited_scenario(edited, {"model.name": "llama-3.1-8b"})
     assert model_spec(scenario_from_dict(again)) == MODELS["llama-3.1-8b"]
+
+
+def test_command_line_model_takes_variant_ids():
+    """``--model`` with an id that names a variant of a shipped or catalog shape runs that shape; an
+    id of no known shape is left for the config reader to refuse with its list."""
+    from sim.hf_config import model_section
+
+    assert model_section("Qwen/Qwen3-30B-A3B-Instruct-2507") == {"name": None, "hf_config": "Qwen/Qwen3-30B-A3B"}
+    assert model_section("meta-llama/Llama-3.1-8B-Instruct") == {"name": "llama-3.1-8b"}
+    assert model_section("deepseek-ai/DeepSeek-R1") == {"hf_config": "deepseek-ai/DeepSeek-R1"}
+    assert model_section("Qwen/Qwen3-14B") == {"hf_config": "Qwen/Qwen3-14B"}
+    with pytest.raises(ConfigError, match="shipped model: .*deepseek-ai/DeepSeek-R1"):
+        resolve_hf_config("Qwen/Qwen3-14B")

@@ -296,6 +296,14 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
         ("RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic", "meta-llama/Meta-Llama-3.1-8B"),
         ("Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
         ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+        # tags inside the name, dated re-releases, releases of one architecture under another name
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x7B-v0.1"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B"),
+        ("Qwen/Qwen3-235B-A22B-Thinking-2507-FP8", "Qwen/Qwen3-235B-A22B"),
+        ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3"),
+        ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
+        ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b"),
     ],
 )
 def test_model_ids_resolve_to_the_shape_they_name(tmp_path, ident, shape):
@@ -335,7 +343,16 @@ def test_a_local_config_wins_over_a_same_shape_guess(tmp_path, monkeypatch):
     assert section_of("acme/Llama-3.1-8B-AWQ") is None
 
 
-@pytest.mark.parametrize("ident", ["Qwen/Qwen3-14B", "acme/Llama-3.1-8B-AWQ", "mistralai/Mistral-7B-Instruct-v0.3"])
+@pytest.mark.parametrize(
+    "ident",
+    [
+        "Qwen/Qwen3-14B",
+        "acme/Llama-3.1-8B-AWQ",
+        "mistralai/Mistral-7B-Instruct-v0.3",
+        "deepseek-ai/DeepSeek-V3.2",
+        "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
+    ],
+)
 def test_models_of_another_shape_are_not_guessed(ident):
     with pytest.raises(ConfigError, match="a model kvsim has the shape of: .*llama-3.1-405b"):
         resolve_model(ident)
