@@ -26,6 +26,13 @@ from .fit import robust_log_fit
 
 #: Table dtype names -> kvsim weight dtypes.
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4"}
+#: Engine -> kvsim dtype -> the table dtype that engine runs instead, where its table times it.
+#: TensorRT-LLM runs MXFP4 experts with MXFP8 activations on Blackwell (its default TRTLLM MoE
+#: backend; its gpt-oss deployment guide), bf16 activations on Hopper (Triton), whose tables time
+#: no w4a8 rows. Its weight-only rows on B200 are another, slower path (4-6x at 64 tokens).
+ENGINE_MOE_DTYPES = {"trtllm": {"mxfp4": "w4a8_mxfp4_mxfp8"}}
+#: The tensor-core format a table dtype computes in, where it is not the weight dtype's.
+_COMPUTE = {"w4a8_mxfp4_mxfp8": "fp8"}
 _COLUMNS = [
     "kernel_source",
     "moe_dtype",
@@ -55,10 +62,13 @@ def _predict(p: np.ndarray, rows: np.ndarray, cols: dict, wbytes: float) -> np.n
     )
 
 
-def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float], *, seed: int = 0) -> dict:
+def fit_moe_table(
+    path: Path | str, bandwidth: float, flops_of: dict[str, float], *, seed: int = 0, engine: str | None = None
+) -> dict:
     """``{dtype: {"kernel", "latency_s", "per_expert_s", "bandwidth_bytes_per_s", "flops", "rows",
     "heldout_median", "heldout_p90", "source"}}`` for each dtype of the table; ``bandwidth`` (bytes/s)
-    and ``flops_of[dtype]`` (FLOP/s) are the GPU's peaks, the starting point of the fit."""
+    and ``flops_of[dtype]`` (FLOP/s) are the GPU's peaks, the starting point of the fit; ``engine``
+    (the table's) picks the rows it runs where it runs another format (:data:`ENGINE_MOE_DTYPES`)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -69,7 +79,9 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
     out: dict[str, dict] = {}
     kernels = np.array(table["kernel_source"])
     dtypes = np.array(table["moe_dtype"])
-    for raw, dtype in MOE_DTYPES.items():
+    for listed, dtype in MOE_DTYPES.items():
+        runs = ENGINE_MOE_DTYPES.get(engine or "", {}).get(dtype)
+        raw = runs if runs is not None and (dtypes == runs).any() else listed
         at = dtypes == raw
         if not at.any():
             continue
@@ -79,7 +91,8 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
         cols = {c: np.array(table[c], dtype=np.float64)[idx] for c in _COLUMNS[2:]}
         y = np.array(table["latency"], dtype=np.float64)[idx] * 1e-3
         wbytes = DTYPE_BYTES[dtype]
-        peak = flops_of.get(dtype) or flops_of["bf16"]  # weight-only formats compute in bf16
+        # weight-only formats compute in bf16
+        peak = flops_of.get(_COMPUTE.get(raw, dtype)) or flops_of["bf16"]
         x0 = np.log([3e-5, 3e-7, 0.7 * bandwidth, 0.4 * peak])
         consts, scores = robust_log_fit(partial(_predict, cols=cols, wbytes=wbytes), y, x0, seed)
         fit = MoeKernelFit(*consts)
@@ -95,7 +108,7 @@ def fit_moe_table(path: Path | str, bandwidth: float, flops_of: dict[str, float]
             if len(x) >= 4 and np.all(np.diff(x) > 0):
                 shapes[moe_shape_key(*key)] = {"x": [int(v) for v in x], "t_s": [float(f"{v:.5g}") for v in t]}
         out[dtype] = {
-            "kernel": kernel,
+            "kernel": kernel if raw == listed else f"{kernel} ({raw})",
             **{k: float(f"{v:.5g}") for k, v in fit.to_json().items()},
             **scores,
             "source": "/".join(path.parts[-5:]),

@@ -226,7 +226,7 @@ def engine_kernels(
             pass
         else:
             peaks = {d: spec.peak_flops(d) for d in ("bf16", "fp8", "fp8_block", "nvfp4")}
-            moe[engine] = fit_moe_table(path, spec.mem_bw, peaks, seed=seed)
+            moe[engine] = fit_moe_table(path, spec.mem_bw, peaks, seed=seed, engine=engine)
         tabs = {}
         for family, folder, name in (
             ("gemm", "gemm", "gemm_perf"),

@@ -35,13 +35,14 @@ import numpy as np
 from sim.catalog import GPUS
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
+from sim.hf_config import read_hf_config, resolve_hf_config
 from sim.model_ids import known_ids, section_of
 
 #: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
 
 REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
-WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4")
+WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4", "mxfp4")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -75,6 +76,7 @@ DTYPE_ALIASES = {
     "fp8-block": "fp8_block",
     "fp8_blockwise": "fp8_block",
     "fp4": "nvfp4",
+    "w4a16_mxfp4": "mxfp4",
 }
 
 
@@ -231,6 +233,15 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(path, where, "model", model, exc.allowed) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
+    if weights == "mxfp4" and not _mxfp4_experts(section):
+        raise _bad(
+            path,
+            where,
+            "weights",
+            d.get("weights"),
+            f"one of {', '.join(w for w in WEIGHTS if w != 'mxfp4')}: mxfp4 only for a checkpoint whose "
+            f"config declares MXFP4 experts (gpt-oss), which {model} does not",
+        )
     gpu_given = str(d.get("gpu", "")).strip()
     gpu = normalize_gpu(gpu_given)
     if gpu is None:
@@ -278,6 +289,14 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         cached_prompt_tokens=cached or None,
         schedule_ahead=_flag(path, where, d, "schedule_ahead"),
     )
+
+
+def _mxfp4_experts(section: dict) -> bool:
+    """Whether the model a row names is a checkpoint with MXFP4 experts (``quant_method: mxfp4``)."""
+    if not section.get("hf_config"):
+        return False
+    moe = read_hf_config(resolve_hf_config(section["hf_config"])).spec.moe
+    return moe is not None and moe.expert_dtype == "mxfp4"
 
 
 def _opt_int(path: Path, where: str, d: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int | None:
@@ -919,10 +938,11 @@ def row_scenario(
     where the engine cannot chunk it.
     """
     model = resolve_model(row.model)
-    # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
     gpu = GPU_IDS.get(row.gpu, row.gpu)
     kv = row.kv or default_kv(row.engine, row.weights, gpu)
-    model.update({"weight_dtype": "bf16" if row.weights == "fp16" else row.weights, "kv_dtype": kv})
+    # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
+    # An MXFP4 checkpoint's experts take their dtype from its config, its other weights are bf16.
+    model.update({"weight_dtype": "bf16" if row.weights in ("fp16", "mxfp4") else row.weights, "kv_dtype": kv})
     n = row.requests if row.requests is not None else row.concurrency * (clients.requests_per_client + clients.warmup)
     spread = row.start_spread_cycles if row.start_spread_cycles is not None else clients.start_spread_cycles
     sc: dict = {

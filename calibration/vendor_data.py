@@ -79,12 +79,13 @@ ENGINE_TABLES["a100_sxm"] = {
 #: Fused mixture-of-experts layer tables (``moe/<engine>/<version>/moe_perf.parquet``): system ->
 #: engine -> version. The rows kvsim prices from: power-law routing (``power_law_1.01``, the skew
 #: aiconfigurator estimates real traffic with), no expert parallelism, expert tensor parallelism up
-#: to 8, gated (SwiGLU) experts at bf16, fp8, block fp8, nvfp4 and weight-only mxfp4 (gpt-oss).
+#: to 8, gated (SwiGLU) experts at bf16, fp8, block fp8, nvfp4 and mxfp4 (gpt-oss; weight-only, and
+#: with mxfp8 activations where Blackwell's tables time it).
 MOE_TABLES: dict[str, dict[str, str]] = {
     system: {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
     for system in ("h100_sxm", "h200_sxm", "b200_sxm", "l40s")
 }
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
 
 
 def _moe_rows(t):

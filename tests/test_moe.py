@@ -145,6 +145,53 @@ def test_fit_recovers_known_constants(tmp_path):
     assert got["heldout_median"] < 0.01
 
 
+def test_each_engine_fits_the_mxfp4_rows_it_runs(tmp_path):
+    """A table that times MXFP4 experts both weight-only and with MXFP8 activations (Blackwell's):
+    TensorRT-LLM's fit takes the MXFP8-activation rows (its default there), the other engines the
+    weight-only ones; a table with the weight-only rows alone gives every engine those."""
+    fast = MoeKernelFit(latency_s=20e-6, per_expert_s=2e-7, bandwidth=6.0e12, flops=2.0e15)
+    slow = MoeKernelFit(latency_s=50e-6, per_expert_s=8e-7, bandwidth=1.5e12, flops=3.0e14)
+    cols = ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts"]
+    cols += ["moe_tp_size", "latency"]
+
+    def table(path, kinds):
+        rows = []
+        for raw, fit in kinds:
+            for t in (1, 4, 16, 64, 256, 1024, 4096):
+                for h, w, k, e in ((2880, 2880, 4, 128), (2880, 2880, 4, 32), (4096, 1536, 8, 128)):
+                    for tp in (1, 2, 4):
+                        rows.append(("k", raw, t, h, w, k, e, tp, moe_layer_s(fit, t, e, k, h, w / tp, 0.53125) * 1e3))
+        path.parent.mkdir(parents=True)
+        pq.write_table(pa.table({c: [r[i] for r in rows] for i, c in enumerate(cols)}), path)
+        return path
+
+    both = table(tmp_path / "b" / "moe_perf.parquet", [("w4a16_mxfp4", slow), ("w4a8_mxfp4_mxfp8", fast)])
+    peaks = {"bf16": 2250e12, "fp8": 4500e12}
+    trt = fit_moe_table(both, 7.7e12, peaks, engine="trtllm")["mxfp4"]
+    assert trt["latency_s"] == pytest.approx(fast.latency_s, rel=0.02)
+    assert trt["kernel"] == "k (w4a8_mxfp4_mxfp8)"
+    for engine in ("vllm", "sglang", None):
+        got = fit_moe_table(both, 7.7e12, peaks, engine=engine)["mxfp4"]
+        assert got["latency_s"] == pytest.approx(slow.latency_s, rel=0.02) and got["kernel"] == "k"
+    only = table(tmp_path / "h" / "moe_perf.parquet", [("w4a16_mxfp4", slow)])
+    assert fit_moe_table(only, 4.8e12, peaks, engine="trtllm")["mxfp4"]["latency_s"] == pytest.approx(
+        slow.latency_s, rel=0.02
+    )
+
+
+def test_gpt_oss_on_b200_trtllm_is_priced_with_mxfp8_activations():
+    """The built-in B200 profile prices TensorRT-LLM's gpt-oss experts from the rows it runs there: a
+    layer of 64 tokens (4 of 128 experts each) within 2x of reading the woken experts' weights once at
+    the GPU's HBM bandwidth, where the weight-only rows took 4.7x."""
+    prof = load_profile("b200-sxm")
+    fit = prof.moe["trtllm"]["mxfp4"]
+    assert "w4a8_mxfp4_mxfp8" in fit["kernel"]
+    shape = fit["shapes"]["2880/2880/4of128/tp1"]
+    t64 = dict(zip(shape["x"], shape["t_s"]))[64]
+    floor = experts_woken(64, 128, 4) * 3 * 2880 * 2880 * 0.53125 / 7.7e12
+    assert 0.7 * floor < t64 < 2 * floor
+
+
 @pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "b200-sxm", "l40s"])
 def test_builtin_profiles_carry_moe_fits(name):
     prof = load_profile(name)

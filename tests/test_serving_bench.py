@@ -402,6 +402,27 @@ def test_engine_and_dtype_spellings(tmp_path):
     assert res.error is None and res.calibrated
 
 
+def test_mxfp4_weights_for_a_checkpoint_with_mxfp4_experts(tmp_path):
+    """``weights: mxfp4`` (or aiconfigurator's ``w4a16_mxfp4``) names gpt-oss's checkpoint as published:
+    its experts MXFP4 from its config, everything else bf16; the same row of a model without MXFP4
+    experts is refused with the field, the value and what is allowed."""
+    p = tmp_path / "bench.csv"
+    p.write_text(f"{HEADER},weights\n" + GOOD.replace(LLAMA, "openai/gpt-oss-20b") + ",w4a16_mxfp4\n")
+    (r,) = read_csv(p)
+    assert r.weights == "mxfp4"
+    sc = scenario_from_dict(row_scenario(r, TINY))
+    assert sc.model.weight_dtype == "bf16" and sc.model.hf_config == "openai/gpt-oss-20b"
+    as_bf16 = scenario_from_dict(row_scenario(replace(r, weights="bf16"), TINY))
+    assert sc.model == as_bf16.model
+    res = simulate_row(r, TINY)
+    assert res.error is None and res.ttft_ms > 0
+    p.write_text(f"{HEADER},weights\n" + GOOD + ",mxfp4\n")
+    with pytest.raises(
+        ConfigError, match=r"row 2, weights: got 'mxfp4'.*only for a checkpoint whose config declares MXFP4"
+    ):
+        read_csv(p)
+
+
 def test_engine_filter_reads_the_same_spellings(tmp_path):
     from calibration.serving_report import validate_serving_bench
 
