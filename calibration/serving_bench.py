@@ -52,6 +52,7 @@ GPU_IDS = {
     "h200_sxm": "H200-SXM-141GB",
     "a100_sxm": "A100-SXM-80GB",
     "b200_sxm": "B200-SXM-180GB",
+    "gb200_sxm": "GB200-186GB",
     "l40s": "L40S",
 }
 
@@ -103,7 +104,13 @@ def normalize_gpu(name: str) -> str | None:
     key = "".join(ch for ch in s.lower().replace("nvidia", "") if ch.isalnum())
     if any(part in key for part in ("pcie", "nvl")):
         return None
-    for prefix, gpu in (("h100", "h100_sxm"), ("h200", "h200_sxm"), ("b200", "b200_sxm"), ("l40s", "l40s")):
+    for prefix, gpu in (
+        ("h100", "h100_sxm"),
+        ("h200", "h200_sxm"),
+        ("b200", "b200_sxm"),
+        ("gb200", "gb200_sxm"),
+        ("l40s", "l40s"),
+    ):
         if key.startswith(prefix):
             return gpu
     if key.startswith("a100") and "40gb" not in key:

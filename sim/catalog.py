@@ -428,6 +428,20 @@ GPUS: dict[str, GpuSpec] = {
             peak_fp8_flops=4500e12,
             peak_fp4_flops=9000e12,
         ),
+        # GB200 (NVL72): the B200's GPU at a higher power limit, 186 GB HBM3e (counted as the B200's
+        # 180 is: GiB) at 8 TB/s; dense rates from the NVL72 datasheet's sparse totals (FP8 720,
+        # FP4 1440 PFLOPS over 72 GPUs) halved.
+        GpuSpec(
+            "GB200-186GB",
+            186 * GiB,
+            8.0e12,
+            2500e12,
+            128e9,
+            900e9,
+            _NV + " (GB200 NVL72)",
+            peak_fp8_flops=5000e12,
+            peak_fp4_flops=10000e12,
+        ),
         # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0); 46068 MiB usable.
         GpuSpec("L40S", 48305799168, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
         GpuSpec("A10G", 24 * GiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),

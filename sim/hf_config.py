@@ -129,20 +129,14 @@ def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
 
 def model_section(model: str) -> dict:
     """A command line's ``--model``: a catalog name as ``model.name``, else a Hugging Face config
-    (path or shipped id) as ``model.hf_config``, else the shape a variant id names
-    (``Qwen/Qwen3-30B-A3B-Instruct-2507``: :func:`sim.model_ids.model_of_id`)."""
+    (path or shipped id) as ``model.hf_config``."""
     from sim.catalog import MODELS
-    from sim.model_ids import model_of_id
 
     if model in MODELS:
         return {"name": model}
     p = Path(model).expanduser()
-    if p.exists():
-        # A path given on the command line is relative to the working directory, not the scenario file.
-        return {"hf_config": str(p.resolve())}
-    if shipped_config(model) is None and (same := model_of_id(model)) is not None:
-        return same
-    return {"hf_config": model}
+    # A path given on the command line is relative to the working directory, not the scenario file.
+    return {"hf_config": str(p.resolve()) if p.exists() else model}
 
 
 def label_for(path: Path) -> str:

@@ -65,15 +65,25 @@ def model_key(ident: str) -> str:
     return SAME_SHAPE.get(k, k)
 
 
+#: Name parts that say how the weights are quantized: an id that shares them exactly with a shipped
+#: config of its shape is that checkpoint's format (``Qwen3-235B-A22B-Instruct-2507-FP8`` is
+#: block-scaled fp8 as ``Qwen3-235B-A22B-FP8`` is).
+_QUANT_TAGS = frozenset("fp8 fp4 nvfp4 dynamic static pertensor block".split())
+
+
+def _quant_tags(ident: str) -> frozenset[str]:
+    return frozenset(str(ident).rsplit("/", 1)[-1].lower().replace("_", "-").split("-")) & _QUANT_TAGS
+
+
 @lru_cache(maxsize=1)
-def _by_key() -> dict[str, str]:
-    """:func:`model_key` → the id of the shape it names: the shipped configs' ids (unquantized
-    first), then the ids of catalog shapes, then the catalog names."""
+def _by_key() -> dict[str, list[str]]:
+    """:func:`model_key` → the ids of the shape it names, in order of preference: the shipped
+    configs' ids (unquantized first), then the ids of catalog shapes, then the catalog names."""
     from sim.hf_config import shipped_models
 
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     for ident in [*sorted(shipped_models(), key=len), *MODEL_IDS, *MODELS]:
-        out.setdefault(model_key(ident), ident)
+        out.setdefault(model_key(ident), []).append(ident)
     return out
 
 
@@ -92,12 +102,31 @@ def _exact(ident: str) -> dict | None:
 def model_of_id(ident: str, *, variants: bool = True) -> dict | None:
     """The scenario ``model`` section (``name`` of a catalog model, or ``hf_config`` of a shipped
     config) of a published id, or ``None``; ``variants``: also ids that name the same shape
-    (:func:`model_key`)."""
+    (:func:`model_key`), as the shipped config whose quantization tags are the id's where one is,
+    else the shape's first id (unquantized)."""
     exact = _exact(ident)
     if exact is not None or not variants:
         return exact
     same = _by_key().get(model_key(ident))
-    return None if same is None else _exact(same)
+    if not same:
+        return None
+    tags = _quant_tags(ident)
+    quantized_alike = [i for i in same if tags and _quant_tags(i) == tags]
+    return _exact((quantized_alike or same)[0])
+
+
+def model_argument(model: str) -> dict:
+    """A command line's ``--model`` (:func:`sim.hf_config.model_section`), or the shape a variant id
+    names where it is neither a catalog model, a path nor a shipped id
+    (``Qwen/Qwen3-30B-A3B-Instruct-2507``: :func:`model_of_id`)."""
+    from sim.hf_config import model_section, shipped_config
+
+    section = model_section(model)
+    if section.get("hf_config") == model and shipped_config(model) is None:
+        same = model_of_id(model)
+        if same is not None:
+            return same
+    return section
 
 
 def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | None:

@@ -98,12 +98,25 @@ def _sc(**over):
     [
         ({"name": "B200-SXM-180GB", "tensor_parallel": 2}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
         ({"name": "L40S"}, {"hf_config": "Qwen/Qwen3-8B"}),
+        ({"name": "GB200-186GB", "tensor_parallel": 2}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
     ],
 )
 def test_runs_on_the_new_gpus_are_calibrated(gpu, model):
     s = simulate(_sc(gpu=gpu, model=model)).summary
     assert s["cost_model_calibrated"] is True and s["cost_model"] == BUILTIN_PROFILE_FOR_GPU[gpu["name"]]
     assert s["completed"] == 30
+
+
+def test_gb200_is_priced_as_the_b200_with_its_own_memory():
+    """GB200: the B200's kernel tables (the same GPU), its own 186 GB: the same run steps alike and
+    holds more KV."""
+    runs = {
+        name: simulate(_sc(gpu={"name": name}, model={"hf_config": "Qwen/Qwen3-8B"})).summary
+        for name in ("B200-SXM-180GB", "GB200-186GB")
+    }
+    b, gb = runs["B200-SXM-180GB"], runs["GB200-186GB"]
+    assert gb["cost_model"] == b["cost_model"] == "b200-sxm"
+    assert gb["kv_capacity_bytes_per_replica"] > b["kv_capacity_bytes_per_replica"]
 
 
 CUSTOM = {

@@ -487,11 +487,12 @@ def test_explorer_model_pick_of_a_shipped_config():
 def test_command_line_model_takes_variant_ids():
     """``--model`` with an id that names a variant of a shipped or catalog shape runs that shape; an
     id of no known shape is left for the config reader to refuse with its list."""
-    from sim.hf_config import model_section
+    from sim.model_ids import model_argument
 
-    assert model_section("Qwen/Qwen3-30B-A3B-Instruct-2507") == {"name": None, "hf_config": "Qwen/Qwen3-30B-A3B"}
-    assert model_section("meta-llama/Llama-3.1-8B-Instruct") == {"name": "llama-3.1-8b"}
-    assert model_section("deepseek-ai/DeepSeek-R1") == {"hf_config": "deepseek-ai/DeepSeek-R1"}
-    assert model_section("Qwen/Qwen3-14B") == {"hf_config": "Qwen/Qwen3-14B"}
+    assert model_argument("Qwen/Qwen3-30B-A3B-Instruct-2507") == {"name": None, "hf_config": "Qwen/Qwen3-30B-A3B"}
+    assert model_argument("meta-llama/Llama-3.1-8B-Instruct") == {"name": "llama-3.1-8b"}
+    assert model_argument("deepseek-ai/DeepSeek-R1") == {"hf_config": "deepseek-ai/DeepSeek-R1"}
+    assert model_argument("llama-3.1-8b") == {"name": "llama-3.1-8b"}
+    assert model_argument("Qwen/Qwen3-14B") == {"hf_config": "Qwen/Qwen3-14B"}
     with pytest.raises(ConfigError, match="shipped model: .*deepseek-ai/DeepSeek-R1"):
         resolve_hf_config("Qwen/Qwen3-14B")

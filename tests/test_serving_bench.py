@@ -299,7 +299,8 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
         # tags inside the name, dated re-releases, releases of one architecture under another name
         ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x7B-v0.1"),
         ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-30B-A3B"),
-        ("Qwen/Qwen3-235B-A22B-Thinking-2507-FP8", "Qwen/Qwen3-235B-A22B"),
+        ("Qwen/Qwen3-235B-A22B-Thinking-2507-FP8", "Qwen/Qwen3-235B-A22B-FP8"),  # its quantization kept
+        ("RedHatAI/Qwen3-32B-FP8-dynamic", "Qwen/Qwen3-32B"),  # another fp8 format: the shape alone
         ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3"),
         ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),
         ("meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
@@ -367,6 +368,8 @@ def test_models_of_another_shape_are_not_guessed(ident):
         ("NVIDIA H100 80GB HBM3", "h100_sxm"),
         ("H200", "h200_sxm"),
         ("NVIDIA B200", "b200_sxm"),
+        ("NVIDIA GB200", "gb200_sxm"),
+        ("gb200_sxm", "gb200_sxm"),
         ("A100-SXM4-80GB", "a100_sxm"),
         ("a100-40gb", "A100-40GB"),
         ("L40S", "L40S"),

@@ -108,11 +108,10 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
     """``--model``, else the file's ``model_id`` when kvsim has its shape (a catalog model, a shipped
     config, a config path, or an id naming one of them: ``meta-llama/Llama-3.1-8B-Instruct``;
     :func:`sim.model_ids.section_of`)."""
-    from sim.hf_config import model_section
-    from sim.model_ids import known_ids, section_of
+    from sim.model_ids import known_ids, model_argument, section_of
 
     if model is not None:
-        return model_section(model)
+        return model_argument(model)
     mid = res.header.get("model_id")
     section = section_of(mid) if isinstance(mid, str) and mid else None
     if section is None:

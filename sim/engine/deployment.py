@@ -31,6 +31,8 @@ BUILTIN_PROFILE_FOR_GPU = {
     "H200-SXM-141GB": "h200-sxm",
     "A100-SXM-80GB": "a100-sxm",
     "B200-SXM-180GB": "b200-sxm",
+    # The B200's own kernel tables: the same GPU, which GB200 runs at a higher power limit.
+    "GB200-186GB": "b200-sxm",
     "L40S": "l40s",
     "cpu": "cpu-reference",
 }
