@@ -684,7 +684,12 @@ def scenario_model(sc) -> ModelSpec:
     from dataclasses import fields, replace
 
     m = sc.model
-    spec = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).spec
+    hf = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir))
+    spec = hf.spec
+    if spec.moe is not None and spec.moe.expert_dtype is not None and m.weight_dtype != hf.weight_dtype:
+        # A weight dtype the scenario names over the checkpoint's (an NVFP4 build of an fp8 release):
+        # the experts are served in it too, not in the format the config declares for them.
+        spec = replace(spec, moe=replace(spec.moe, expert_dtype=None))
     dims = {
         f.name: getattr(m, f.name)
         for f in fields(ModelSpec)

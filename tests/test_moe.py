@@ -326,3 +326,29 @@ def test_a_measured_shape_prices_on_its_own_curve():
     assert moe is not None
     other = ProfileCostModel(prof, replace(m, moe=replace(moe, experts=96)), H100, engine=get_preset("vllm"))
     assert other.describe()["moe_kernel"]["measured_shape"] is False
+
+
+@pytest.mark.parametrize(
+    "weight_dtype,experts,gib",
+    [(None, "fp8_block", 625), ("fp8", "fp8_block", 625), ("nvfp4", "nvfp4", 352), ("fp8_block", "fp8_block", 625)],
+)
+def test_a_scenario_weight_dtype_other_than_the_checkpoints_moves_the_experts(weight_dtype, experts, gib):
+    """DeepSeek-R1 declares block-scaled fp8 experts; a scenario (or benchmark row) that serves it in
+    another format (NVIDIA's NVFP4 build) prices and holds the experts in that format, one that keeps
+    the checkpoint's format keeps the config's experts."""
+    from sim.config import scenario_from_dict
+    from sim.engine.deployment import Deployment
+
+    model = {"hf_config": "deepseek-ai/DeepSeek-R1", **({"weight_dtype": weight_dtype} if weight_dtype else {})}
+    sc = scenario_from_dict(
+        {
+            "name": "r1",
+            "model": model,
+            "gpu": {"name": "B200-SXM-180GB", "tensor_parallel": 8},
+            "engine": {"kind": "trtllm"},
+            "workload": {"num_requests": 10},
+        }
+    )
+    dep = Deployment.from_scenario(sc)
+    assert dep.make_cost_model(sc).describe()["moe_kernel"]["weight_dtype"] == experts
+    assert dep.model.weight_bytes(sc.model.weight_dtype) / 2**30 == pytest.approx(gib, rel=0.01)
