@@ -36,13 +36,20 @@ MODEL_IDS = {
 
 #: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
 #: Llama 3.3 70B is Llama 3.1 70B retrained, and Llama 3 is Llama 3.1 with a shorter context;
-#: Mistral-7B v0.1 is the catalog's ``mistral-7b`` (its 4096-token sliding window; v0.2 and later
-#: have none).
+#: Nemotron-70B is a Llama 3.1 70B fine-tune; Mistral-7B v0.1 is the catalog's ``mistral-7b`` (its
+#: 4096-token sliding window; v0.2 and later have none).
 SAME_SHAPE = {
     "llama-3.3-70b": "llama-3.1-70b",
     "llama-3-8b": "llama-3.1-8b",
     "llama-3-70b": "llama-3.1-70b",
+    "llama-3.1-nemotron-70b": "llama-3.1-70b",
     "mistral-7b-v0.1": "mistral-7b",
+    # DeepSeek-R1's distillations are fine-tunes of these bases (Qwen2.5-Math-7B has Qwen2.5-7B's shape).
+    "deepseek-r1-distill-llama-8b": "llama-3.1-8b",
+    "deepseek-r1-distill-llama-70b": "llama-3.1-70b",
+    "deepseek-r1-distill-qwen-7b": "qwen2.5-7b",
+    "deepseek-r1-distill-qwen-14b": "qwen2.5-14b",
+    "deepseek-r1-distill-qwen-32b": "qwen2.5-32b",
 }
 #: Name parts that say how the same weights were tuned, quantized or re-released (a date such as
 #: Qwen3's ``-2507`` or DeepSeek-V3's ``-0324``), not what shape they have.

@@ -305,6 +305,12 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
         ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),
         ("meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
         ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b"),
+        ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-v0.3"),
+        ("mistralai/Mistral-Small-24B-Instruct-2501", "mistralai/Mistral-Small-24B-Base-2501"),
+        ("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-72B"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", "meta-llama/Meta-Llama-3.1-70B"),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "Qwen/Qwen2.5-32B"),
+        ("nvidia/Llama-3.1-Nemotron-70B-Instruct-HF", "meta-llama/Meta-Llama-3.1-70B"),
     ],
 )
 def test_model_ids_resolve_to_the_shape_they_name(tmp_path, ident, shape):
@@ -347,11 +353,12 @@ def test_a_local_config_wins_over_a_same_shape_guess(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "ident",
     [
-        "Qwen/Qwen3-14B",
+        "Qwen/Qwen3-8B-Coder",
         "acme/Llama-3.1-8B-AWQ",
-        "mistralai/Mistral-7B-Instruct-v0.3",
+        "mistralai/Mistral-7B-Instruct-v0.2",
         "deepseek-ai/DeepSeek-V3.2",
-        "deepseek-ai/DeepSeek-R1-Distill-Llama-70B",
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        "google/gemma-2-9b-it",
     ],
 )
 def test_models_of_another_shape_are_not_guessed(ident):
