@@ -5,7 +5,7 @@ request of ``isl`` prompt and ``osl`` output tokens and send the next when it fi
 benchmark reports the mean time to first token and time per output token. Two formats are read:
 
 * CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
-  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``), ``kv`` (the KV cache's dtype, ``bf16``,
+  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``), ``kv`` (the KV cache's dtype, ``bf16``,
   ``fp16`` or ``fp8``; unset: the engine's default, :func:`default_kv`), ``engine_version``, ``source_id``: the
   layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
   Face id kvsim knows, a catalog model, or a ``config.json`` path (relative: to the CSV's folder);
@@ -74,6 +74,11 @@ DTYPE_ALIASES = {
     "float8": "fp8",
     "fp8_e4m3": "fp8",
     "e4m3": "fp8",
+    "fp8_e4m3fn": "fp8",
+    "e4m3fn": "fp8",
+    "fp8_static": "fp8",
+    "fp8_dynamic": "fp8",
+    "fp8_per_tensor": "fp8",
     "fp8-block": "fp8_block",
     "fp8_blockwise": "fp8_block",
     "fp4": "nvfp4",

@@ -405,6 +405,8 @@ def test_engine_and_dtype_spellings(tmp_path):
     a, b = read_csv(p)
     assert (a.engine, a.weights, a.kv) == ("trtllm", "bf16", "fp8")
     assert (b.engine, b.weights, b.kv) == ("trtllm", "fp8_block", "")
+    p.write_text(f"{HEADER},weights\n" + GOOD + ",FP8_Static\n" + GOOD + ",fp8_e4m3fn\n")
+    assert [r.weights for r in read_csv(p)] == ["fp8", "fp8"]
     p.write_text(f"{HEADER},weights\n" + GOOD.replace("h100_sxm", "B200") + ",FP4\n")
     (c,) = read_csv(p)
     assert (c.gpu, c.weights) == ("b200_sxm", "nvfp4")
