@@ -5,7 +5,8 @@ request of ``isl`` prompt and ``osl`` output tokens and send the next when it fi
 benchmark reports the mean time to first token and time per output token. Two formats are read:
 
 * CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
-  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``), ``kv`` (the KV cache's dtype, ``bf16``,
+  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``; unset: the checkpoint's, as a
+  shipped or given config declares them, else bf16), ``kv`` (the KV cache's dtype, ``bf16``,
   ``fp16`` or ``fp8``; unset: the engine's default, :func:`default_kv`), ``engine_version``, ``source_id``: the
   layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
   Face id kvsim knows, a catalog model, or a ``config.json`` path (relative: to the CSV's folder);
@@ -228,9 +229,9 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     engine = normalize_engine(d.get("engine", ""))
     if engine not in ENGINES:
         raise _bad(path, where, "engine", d.get("engine"), f"one of {', '.join(ENGINES)}")
-    weights = str(d.get("weights") or "bf16").strip().lower()
+    weights = str(d.get("weights") or "").strip().lower()
     weights = DTYPE_ALIASES.get(weights, weights)
-    if weights not in WEIGHTS:
+    if weights and weights not in WEIGHTS:
         raise _bad(path, where, "weights", d.get("weights"), f"one of {', '.join(WEIGHTS)}")
     kv = str(d.get("kv") or "").strip().lower()
     kv = DTYPE_ALIASES.get(kv, kv)
@@ -245,6 +246,8 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(path, where, "model", model, exc.allowed) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
+    if not weights:
+        weights = _checkpoint_weights(section)
     if weights == "mxfp4" and not _mxfp4_experts(section):
         raise _bad(
             path,
@@ -301,6 +304,17 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         cached_prompt_tokens=cached or None,
         schedule_ahead=_flag(path, where, d, "schedule_ahead"),
     )
+
+
+def _checkpoint_weights(section: dict) -> str:
+    """The weights a row that gives none means: its checkpoint's, as its config declares them
+    (``mxfp4`` for MXFP4 experts), else bf16 (a catalog model)."""
+    if not section.get("hf_config"):
+        return "bf16"
+    if _mxfp4_experts(section):
+        return "mxfp4"
+    wd = read_hf_config(resolve_hf_config(section["hf_config"])).weight_dtype
+    return wd if wd in WEIGHTS else "bf16"
 
 
 def _mxfp4_experts(section: dict) -> bool:
@@ -445,7 +459,7 @@ def read_vllm_result(
         "concurrency": conc,
         "ttft_ms": doc["mean_ttft_ms"],
         "tpot_ms": doc["mean_tpot_ms"],
-        "weights": weights or "bf16",
+        "weights": weights or "",
         "kv": kv or "",
         "engine_version": doc.get("backend", ""),
         "source_id": path.name,

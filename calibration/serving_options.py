@@ -17,7 +17,9 @@ def engine_option(mode: str, what: str):
 
 def weights_option(mode: str):
     return typer.Option(
-        None, "--weights", help=f"{mode} with vllm JSON results: their weights ({WEIGHT_DTYPES}; default bf16)."
+        None,
+        "--weights",
+        help=f"{mode} with vllm JSON results: their weights ({WEIGHT_DTYPES}; default: the checkpoint's, as its config declares them, else bf16).",
     )
 
 

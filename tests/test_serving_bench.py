@@ -1776,3 +1776,22 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: ") and match in r.stderr, r.stderr
     assert not (tmp_path / "t.json").exists() and not (tmp_path / "v").exists()
+
+
+def test_a_row_without_weights_takes_its_checkpoints(tmp_path):
+    """``weights`` left empty: the checkpoint's as its config declares them (fp8 for Qwen3-32B-FP8,
+    MXFP4 experts for gpt-oss), bf16 for a catalog model; a vLLM result JSON without ``--weights``
+    reads the same way."""
+    p = tmp_path / "bench.csv"
+    p.write_text(
+        f"{HEADER},weights\n"
+        + GOOD.replace(LLAMA, "Qwen/Qwen3-32B-FP8")
+        + ",\n"
+        + GOOD.replace(LLAMA, "openai/gpt-oss-20b")
+        + ",\n"
+        + GOOD
+        + ",\n"
+        + GOOD.replace(LLAMA, "Qwen/Qwen3-32B-FP8")
+        + ",bf16\n"
+    )
+    assert [r.weights for r in read_csv(p)] == ["fp8", "mxfp4", "bf16", "bf16"]
