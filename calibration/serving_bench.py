@@ -36,7 +36,7 @@ import numpy as np
 from sim.catalog import GPUS
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
-from sim.hf_config import read_hf_config, resolve_hf_config
+from sim.hf_config import HfModel, read_hf_config, resolve_hf_config
 from sim.model_ids import known_ids, section_of
 
 #: The training file shipped with kvsim (aiconfigurator-core 0.12.0, Apache-2.0).
@@ -246,9 +246,17 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(path, where, "model", model, exc.allowed) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
+    # The checkpoint's config, read only where the row leaves its weights to it or names MXFP4.
+    hf = _checkpoint(section) if weights in ("", "mxfp4") else None
+    mxfp4_experts = hf is not None and hf.spec.moe is not None and hf.spec.moe.expert_dtype == "mxfp4"
     if not weights:
-        weights = _checkpoint_weights(section)
-    if weights == "mxfp4" and not _mxfp4_experts(section):
+        # A row that gives no weights means its checkpoint's (MXFP4 experts: gpt-oss), else bf16.
+        weights = "bf16"
+        if mxfp4_experts:
+            weights = "mxfp4"
+        elif hf is not None and hf.weight_dtype in WEIGHTS:
+            weights = hf.weight_dtype
+    if weights == "mxfp4" and not mxfp4_experts:
         raise _bad(
             path,
             where,
@@ -306,23 +314,9 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     )
 
 
-def _checkpoint_weights(section: dict) -> str:
-    """The weights a row that gives none means: its checkpoint's, as its config declares them
-    (``mxfp4`` for MXFP4 experts), else bf16 (a catalog model)."""
-    if not section.get("hf_config"):
-        return "bf16"
-    if _mxfp4_experts(section):
-        return "mxfp4"
-    wd = read_hf_config(resolve_hf_config(section["hf_config"])).weight_dtype
-    return wd if wd in WEIGHTS else "bf16"
-
-
-def _mxfp4_experts(section: dict) -> bool:
-    """Whether the model a row names is a checkpoint with MXFP4 experts (``quant_method: mxfp4``)."""
-    if not section.get("hf_config"):
-        return False
-    moe = read_hf_config(resolve_hf_config(section["hf_config"])).spec.moe
-    return moe is not None and moe.expert_dtype == "mxfp4"
+def _checkpoint(section: dict) -> HfModel | None:
+    """The config of the checkpoint a row names, or ``None`` for a catalog model."""
+    return read_hf_config(resolve_hf_config(section["hf_config"])) if section.get("hf_config") else None
 
 
 def _opt_int(path: Path, where: str, d: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int | None:

@@ -64,12 +64,15 @@ def model_key(ident: str) -> str:
     writes ``-Instruct-v0.1``) and with ``Meta-Llama`` written ``Llama``:
     ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
     ``llama-3.1-405b``."""
-    k = str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-")
-    k = k.removeprefix("meta-")
-    parts = k.split("-")
-    kept = [p for i, p in enumerate(parts) if not (i and (p in _TAGS or _DATE.fullmatch(p)))]
-    k = "-".join(kept)
+    parts = _name_parts(ident)
+    k = "-".join(p for i, p in enumerate(parts) if not (i and (p in _TAGS or _DATE.fullmatch(p))))
     return SAME_SHAPE.get(k, k)
+
+
+def _name_parts(ident: str) -> list[str]:
+    """The hyphen-separated parts of an id's name, without its organisation, in lower case, with
+    ``Meta-Llama`` written ``Llama``."""
+    return str(ident).strip().rsplit("/", 1)[-1].lower().replace("_", "-").removeprefix("meta-").split("-")
 
 
 #: Name parts that say how the weights are quantized: an id that shares them exactly with a shipped
@@ -79,7 +82,7 @@ _QUANT_TAGS = frozenset("fp8 fp4 nvfp4 dynamic static pertensor block".split())
 
 
 def _quant_tags(ident: str) -> frozenset[str]:
-    return frozenset(str(ident).rsplit("/", 1)[-1].lower().replace("_", "-").split("-")) & _QUANT_TAGS
+    return frozenset(_name_parts(ident)) & _QUANT_TAGS
 
 
 @lru_cache(maxsize=1)
