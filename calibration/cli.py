@@ -47,6 +47,7 @@ def _serving_bench(
     treat: Treatments | None = None,
     served_by: str | None = None,
     sensitivity: bool = True,
+    prior: bool = False,
 ) -> None:
     from rich.console import Console
 
@@ -82,6 +83,7 @@ def _serving_bench(
         treat=treat or Treatments(),
         served_by=served_by,
         sensitivity=sensitivity,
+        prior=prior,
         progress=progress,
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
@@ -146,6 +148,12 @@ def calibrate_command(
         help=f"{_FSB}: after the fit, move each term alone (halved and doubled) and report how much the "
         "objective rises: which terms the runs pin down (13 more simulations of the rows per engine).",
     ),
+    prior: bool = typer.Option(
+        False,
+        "--prior/--no-prior",
+        help=f"{_FSB}: pull each engine's terms towards the built-in preset's, so the terms your runs do not pin "
+        "stay at the preset's values instead of wherever the fit leaves them (a handful of runs).",
+    ),
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
@@ -170,6 +178,7 @@ def calibrate_command(
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
             sensitivity=sensitivity,
+            prior=prior,
         )
         return
     if model is None:

@@ -228,11 +228,13 @@ def fit(
     profile: str | None = None,
     workers: int = 1,
     exclude: tuple[str, ...] = (),
+    prior: EngineTerms | None = None,
     progress: Callable[[str, int, float, dict], None] | None = None,
 ) -> EngineTerms:
     """Terms of every engine in ``rows`` minimising :func:`objective`, not trained on the groups in
     ``exclude``. Engines share no term, so each is fitted on its own rows alone; an engine whose
-    rows are all excluded keeps its starting terms."""
+    rows are all excluded keeps its starting terms. With ``prior``, an engine it holds terms for
+    minimises the objective plus :func:`prior_penalty` (its reported ``loss`` includes it)."""
     if not rows:
         raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
     start = start or builtin_terms()
@@ -245,7 +247,10 @@ def fit(
             if not mine:
                 out.engines[engine] = _start_of(start, engine)
                 continue
-            terms_e, loss, n = _fit_engine(mine, engine, start, clients, terms, max_evals, profile, pool, progress)
+            pe = None if prior is None else prior.engines.get(engine)
+            terms_e, loss, n = _fit_engine(
+                mine, engine, start, clients, terms, max_evals, profile, pool, progress, prior=pe
+            )
             out.engines[engine] = terms_e
             out.evals += n
             losses += [loss] * len({r.group for r in mine})
@@ -294,6 +299,10 @@ SENSITIVITY_SHARE_STEP = 0.25  # calibration.serving_report.PROBED says both in 
 #: A term is pinned by the rows when one of its probes raises the objective (a mean |log ratio|,
 #: close to a relative error) by at least this much: half a point of error.
 PINNED_RISE = 0.005
+#: Weight of a fit's pull towards a prior (:func:`prior_penalty`, per squared unit of the fit's
+#: coordinates): a term moved a factor of 2 from the prior costs what makes a term pinned
+#: (:data:`PINNED_RISE`), so terms the rows pin follow the rows and the rest stay near the prior.
+PRIOR_WEIGHT = PINNED_RISE / math.log(2.0) ** 2
 #: A probe that lowers the objective by more than this says the fit stopped short of its minimum in
 #: that term (more evaluations would move it).
 SHORT_OF_MINIMUM = 0.002
@@ -326,6 +335,7 @@ def term_sensitivity(
     profile: str | None = None,
     workers: int = 1,
     exclude: tuple[str, ...] = (),
+    prior: EngineTerms | None = None,
 ) -> dict[str, dict]:
     """How firmly ``rows`` pin each engine's fitted terms: the objective (:func:`objective`, on the
     engine's rows outside ``exclude``, as the fit saw them) with one term moved at a time, halved
@@ -336,8 +346,11 @@ def term_sensitivity(
     (the rows say what the term is; one that is not pinned could be far from its fitted value and
     fit these rows as well, and carries least to another model, GPU or load);
     ``short_of_minimum``: a probe lowers it by more than :data:`SHORT_OF_MINIMUM` (the fit stopped
-    before its minimum: more evaluations would move the term). Costs one simulation of the rows
-    per probe, 13 per engine."""
+    before its minimum: more evaluations would move the term). A fit pulled towards ``prior``
+    minimised the objective plus the pull (:func:`prior_penalty`): each probe also says how the pull
+    changes (``pull_change``), and only their sum can show the fit short of its minimum; what the
+    rows pin is still the objective's alone. Costs one simulation of the rows per probe, 13 per
+    engine."""
     train = [r for r in rows if r.group not in exclude]
     out: dict[str, dict] = {}
     with _Pool(workers) as pool:
@@ -347,6 +360,8 @@ def term_sensitivity(
             if not mine or fitted is None:
                 continue
             base = objective(evaluate(mine, EngineTerms({engine: fitted}), clients, profile=profile, pool=pool))
+            pe = None if prior is None else prior.engines.get(engine)
+            pull0 = 0.0 if pe is None else prior_penalty(fitted, pe)
             per: dict[str, dict] = {}
             for name in FITTED_TERMS:
                 v = float(fitted.get(name, getattr(PRESETS[engine], name)))
@@ -354,13 +369,17 @@ def term_sensitivity(
                 for x in _probes(name, v, engine):
                     moved = EngineTerms({engine: {**fitted, name: x}})
                     loss = objective(evaluate(mine, moved, clients, profile=profile, pool=pool))
-                    probes.append({"value": x, "objective_change": loss - base})
+                    probe = {"value": x, "objective_change": loss - base}
+                    if pe is not None:
+                        probe["pull_change"] = prior_penalty(moved.engines[engine], pe) - pull0
+                    probes.append(probe)
                 changes = [p["objective_change"] for p in probes]
+                pulled = [p["objective_change"] + p.get("pull_change", 0.0) for p in probes]
                 per[name] = {
                     "value": v,
                     "probes": probes,
                     "pinned": bool(changes) and max(changes) >= PINNED_RISE,
-                    "short_of_minimum": bool(changes) and min(changes) < -SHORT_OF_MINIMUM,
+                    "short_of_minimum": bool(pulled) and min(pulled) < -SHORT_OF_MINIMUM,
                 }
             out[engine] = {"objective": base, "terms": per}
     return out
@@ -396,7 +415,13 @@ def _start_grid(terms: tuple[str, ...], base: dict[str, float]) -> list[dict[str
     return grid
 
 
-def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=()):
+def prior_penalty(terms: dict[str, float], prior: dict[str, float]) -> float:
+    """:data:`PRIOR_WEIGHT` × the squared distance of ``terms`` from ``prior`` in the fit's
+    coordinates (logarithms of times, logits of shares), summed over the terms both hold."""
+    return PRIOR_WEIGHT * sum((_to_x(k, v) - _to_x(k, prior[k])) ** 2 for k, v in terms.items() if k in prior)
+
+
+def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=(), prior=None):
     from scipy.optimize import minimize
 
     base = _start_of(start, engine, terms)
@@ -405,6 +430,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
         if base[t] < floor:
             base[t] = first
     x0 = np.array([_to_x(t, base[t]) for t in terms])
+    prior_x = None if prior is None else np.array([_to_x(t, prior[t]) for t in terms])
 
     def unpack(x) -> dict[str, float]:
         return {**base, **{t: _from_x(t, float(xi)) for t, xi in zip(terms, x)}}
@@ -418,7 +444,10 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
         if key in seen:
             return seen[key]
         one = EngineTerms({e: unpack(x) for e in (shared or (engine,))})
-        v = seen[key] = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
+        v = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
+        if prior_x is not None:
+            v += PRIOR_WEIGHT * float(np.sum((np.asarray(x) - prior_x) ** 2))
+        seen[key] = v
         state["n"] += 1
         if v < state["best"][0]:
             state["best"] = (v, np.array(x))
@@ -459,6 +488,17 @@ class GroupFits:
     #: Per group, how firmly its fit's training rows pin each term (:func:`term_sensitivity`), where
     #: asked for; a fold fitted on other engines' rows (shared terms) is not probed.
     sensitivity: dict[str, dict] = field(default_factory=dict)
+    #: Per group, the terms its fit was pulled towards (leave-one-group-out with ``pooled_prior``).
+    priors: dict[str, EngineTerms] = field(default_factory=dict)
+
+
+#: The pooled prior of :func:`leave_one_group_out` is fitted on every this-many-th run of each group.
+PRIOR_THIN = 3
+
+
+def _index_in_group(rows: list[BenchRow], i: int) -> int:
+    g = rows[i].group
+    return sum(1 for r in rows[:i] if r.group == g)
 
 
 def leave_one_group_out(
@@ -472,6 +512,7 @@ def leave_one_group_out(
     workers: int = 1,
     exclude_from_training: tuple[str, ...] = (),
     sensitivity: bool = False,
+    pooled_prior: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> GroupFits:
     """For every group: fit its engine's terms on that engine's other groups (not on
@@ -479,25 +520,44 @@ def leave_one_group_out(
     of terms is fitted on every other engine's training groups (:func:`fit_shared`): what a user
     gets for an engine the data hold no run of. Without ``start``: :func:`unfitted_terms`; the fits
     simulate ``fit_clients`` (without it, ``clients``, as the predictions do). ``sensitivity``: also
-    probe how firmly each fold's training rows pin its terms (:attr:`GroupFits.sensitivity`)."""
+    probe how firmly each fold's training rows pin its terms (:attr:`GroupFits.sensitivity`).
+    ``pooled_prior``: the engine's fit starts from, and is pulled towards (:func:`prior_penalty`),
+    one set of terms fitted on every training group of every engine (:func:`fit_shared`), so the
+    terms its own one or two groups leave free come from all the runs rather than from the fit's
+    wandering."""
     start = start or unfitted_terms()
     fit_clients = fit_clients or clients
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}
     sens: dict[str, dict] = {}
+    priors: dict[str, EngineTerms] = {}
     for g in groups:
         t0 = time.perf_counter()
         held = [r for r in rows if r.group == g]
         engine = held[0].engine
         train = [r for r in rows if r.engine == engine and r.group != g and r.group not in exclude_from_training]
-        if train:
+        pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
+        if train and pooled_prior:
+            # Every third run of each group: the prior only has to place the terms the engine's own
+            # runs leave free, and the pooled fit is the fold's costliest.
+            thin = [r for i, r in enumerate(pooled) if _index_in_group(pooled, i) % PRIOR_THIN == 0]
+            prior = priors[g] = fit_shared(
+                thin, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+            )
+            terms = fit(train, prior, fit_clients, max_evals=max_evals, profile=profile, workers=workers, prior=prior)
+            note = (
+                f"{len(train)} training rows, loss {terms.loss:.3f} with the pull towards terms shared by "
+                f"{len(pooled)} rows (loss {prior.loss:.3f}), {prior.evals} + {terms.evals} evaluations"
+            )
+            if sensitivity:
+                sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers, prior=prior)
+        elif train:
             terms = fit(train, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers)
             note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
             if sensitivity:
                 sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers)
         else:
-            pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
             if not pooled:
                 terms = EngineTerms({engine: _start_of(start, engine)})
                 note = "no other group to fit on: starting terms"
@@ -513,7 +573,7 @@ def leave_one_group_out(
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"fold {g}: {note}, {time.perf_counter() - t0:.0f} s")
-    return GroupFits(preds, folds, sens)
+    return GroupFits(preds, folds, sens, priors)
 
 
 def fit_each_group(

@@ -9,6 +9,7 @@ against measured, plotly.js embedded so the page works offline).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -507,6 +508,7 @@ def validate_serving_bench(
     kv_cache_tokens: int | None = None,
     treat: Treatments = Treatments(),
     sensitivity: bool = False,
+    pooled_prior: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
@@ -514,7 +516,8 @@ def validate_serving_bench(
     ``treat``: what to do with what the checks flag (:class:`Treatments`), in training and in
     prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`).
     ``sensitivity`` (with ``logo`` or ``own_fit``): how firmly each fold's training rows pin its
-    terms, under ``fold_sensitivity``."""
+    terms, under ``fold_sensitivity``. ``pooled_prior`` (with ``logo``): each fold's fit is pulled
+    towards terms shared by all its training groups (:func:`leave_one_group_out`)."""
     if logo and own_fit:
         raise ConfigError(
             "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
@@ -540,8 +543,9 @@ def validate_serving_bench(
         out = out_dir(out)  # a bad --out is said before the simulations, not after them
     folds = {}
     fold_sens: dict[str, dict] = {}
+    fold_priors: dict[str, EngineTerms] = {}
     if logo or own_fit:
-        how = leave_one_group_out if logo else fit_each_group
+        how = functools.partial(leave_one_group_out, pooled_prior=pooled_prior) if logo else fit_each_group
         res = how(
             rows,
             start=start,
@@ -553,7 +557,7 @@ def validate_serving_bench(
             sensitivity=sensitivity,
             log=log,
         )
-        preds, folds, fold_sens = res.predictions, res.folds, res.sensitivity
+        preds, folds, fold_sens, fold_priors = res.predictions, res.folds, res.sensitivity, res.priors
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
@@ -568,6 +572,11 @@ def validate_serving_bench(
         "protocol": (
             "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
             "other groups of its engine (where it has none, on the other engines' groups, shared)"
+            + (
+                ", each fit pulled towards terms shared by every training group (of every engine)"
+                if pooled_prior
+                else ""
+            )
             if logo
             else "own fit: each (model, GPU, engine) group simulated with engine terms fitted on its own rows "
             "(in-sample)"
@@ -583,6 +592,7 @@ def validate_serving_bench(
         "(simulated - measured) / measured",
         "terms": start.engines,
         "folds": {g: t.engines for g, t in folds.items()},
+        "fold_priors": {g: t.engines for g, t in fold_priors.items()},
         "fold_sensitivity": fold_sens,
         "score": sc,
         "ttft_follows_completions": checked.flagged,
@@ -786,6 +796,7 @@ def calibrate_from_serving_bench(
     treat: Treatments = Treatments(),
     served_by: str | None = None,
     sensitivity: bool = True,
+    prior: bool = False,
     progress: Callable[[str, int, float, dict], None] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> EngineTerms:
@@ -794,7 +805,9 @@ def calibrate_from_serving_bench(
     scenario uses them); ``warn`` hears :func:`completion_warnings`, :func:`apart_warnings` and
     :func:`kernel_warnings` before the fit starts. ``treat``: what to fit the flagged runs and groups
     as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`. ``sensitivity``: also probe how
-    firmly the rows pin each term (:func:`term_sensitivity`, kept in the file as ``sensitivity``)."""
+    firmly the rows pin each term (:func:`term_sensitivity`, kept in the file as ``sensitivity``).
+    ``prior``: each engine's fit is pulled towards its starting terms (the presets', or
+    ``terms_file``'s; :func:`calibration.serving_fit.prior_penalty`)."""
     skipped: list[str] = []
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by, kv_cache_tokens)
     checked = check_rows(rows, profile, exclude, treat)
@@ -807,14 +820,16 @@ def calibrate_from_serving_bench(
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
         ):
             warn(line)
+    start = _terms_from(terms_file)
     terms = fit(
         checked.rows,
-        _terms_from(terms_file),
+        start,
         Clients(requests_per_client=requests_per_client, warmup=warmup),
         max_evals=max_evals,
         profile=profile,
         workers=workers,
         exclude=checked.exclude,
+        prior=start if prior else None,
         progress=progress,
     )
     if sensitivity:
@@ -825,6 +840,7 @@ def calibrate_from_serving_bench(
             profile=profile,
             workers=workers,
             exclude=checked.exclude,
+            prior=start if prior else None,
         )
     terms.fitted_on = str(path)
     terms.write(out)

@@ -93,6 +93,12 @@ def validate_command(
         help="--serving-bench --logo or --own-fit: after each fit, move each term alone (halved and doubled) "
         "and name the terms its training runs do not pin (13 more simulations of them per fit).",
     ),
+    prior: bool = typer.Option(
+        True,
+        "--prior/--no-prior",
+        help="--serving-bench --logo: pull each fold's fit towards terms shared by all its training groups, "
+        "of every engine (--no-prior: its engine's other groups alone, as fitted; half the time).",
+    ),
 ) -> None:
     """Run the torch reference engine and the simulator on the same requests; compare latencies and KV use.
 
@@ -123,6 +129,7 @@ def validate_command(
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
             served_by=served_by,
             sensitivity=sensitivity,
+            pooled_prior=prior,
         )
         return
 
@@ -281,6 +288,7 @@ def _serving(
     served_by: str | None = None,
     own_fit: bool = False,
     sensitivity: bool = False,
+    pooled_prior: bool = True,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -326,6 +334,7 @@ def _serving(
         treat=treat or Treatments(),
         served_by=served_by,
         sensitivity=sensitivity,
+        pooled_prior=pooled_prior,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
 

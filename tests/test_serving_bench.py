@@ -63,6 +63,7 @@ from calibration.serving_fit import (
     fit_each_group,
     leave_one_group_out,
     objective,
+    prior_penalty,
     term_sensitivity,
 )
 from calibration.serving_report import default_served_by, served_by_rows
@@ -1280,6 +1281,34 @@ def test_fit_starts_from_the_best_spread_and_front_end_pair():
     assert got.engines["vllm"]["frontend_s"] == pytest.approx(0.1, rel=0.1)
 
 
+def test_fit_with_a_prior_keeps_what_the_rows_leave_free_at_the_prior():
+    """Rows far below any token stream's ceiling pin the host time, not the stream: fitted with a
+    prior, the host time still comes back to the one the rows were made with, and the stream, which
+    the rows leave free, goes to the prior's instead of staying where the fit started."""
+    rows = [row(isl=isl, osl=32, concurrency=c) for isl, c in [(256, 2), (512, 8), (128, 4)]]
+    rows = measured(rows, with_terms(vllm={"host_s": 3e-3}), FIXED)
+    start = with_terms(vllm={"stream_per_token_s": 30e-6})
+    prior = EngineTerms({"vllm": {"host_s": 1e-3, "stream_per_token_s": 7e-6}})
+    keys = ("host_s", "stream_per_token_s")
+    free = fit(rows, start, FIXED, terms=keys, max_evals=40)
+    pulled = fit(rows, start, FIXED, terms=keys, max_evals=40, prior=prior)
+    assert free.engines["vllm"]["stream_per_token_s"] > 20e-6  # nothing moved it
+    # within the simplex's tolerance (a pull of 0.04 % of error is below it)
+    assert pulled.engines["vllm"]["stream_per_token_s"] == pytest.approx(7e-6, rel=0.3)
+    for got in (free, pulled):
+        assert got.engines["vllm"]["host_s"] == pytest.approx(3e-3, rel=0.1)
+    # The reported loss holds the pull; a term a factor of 2 from the prior costs what pins a term.
+    assert pulled.loss >= prior_penalty(pulled.engines["vllm"], prior.engines["vllm"])
+    assert prior_penalty({"host_s": 2e-3}, {"host_s": 1e-3}) == pytest.approx(0.005)
+    # Probing the pulled fit: each probe says how the pull changes, and a probe towards the rows' own
+    # optimum that the pull outweighs does not count as the fit stopping short.
+    sens = term_sensitivity(rows, pulled, FIXED, prior=prior)["vllm"]["terms"]
+    stream = sens["stream_per_token_s"]
+    assert all("pull_change" in p for p in stream["probes"]) and not stream["pinned"]
+    assert max(p["pull_change"] for p in stream["probes"]) > 0.004 and not stream["short_of_minimum"]
+    assert sens["host_s"]["pinned"]
+
+
 def test_fit_rejects_no_rows():
     with pytest.raises(ConfigError, match="at least one benchmark row"):
         fit([])
@@ -1330,6 +1359,49 @@ def test_leave_one_group_out():
         qwen + llama, start=start, clients=clients, max_evals=5, exclude_from_training=(qwen[0].group,)
     )
     assert res3.folds[llama[0].group].engines == {"vllm": start.engines["vllm"]}
+
+
+def test_leave_one_group_out_pulls_each_fold_towards_terms_shared_by_its_training_groups(monkeypatch):
+    import calibration.serving_fit as serving_fit
+
+    clients = Clients(requests_per_client=3, warmup=1, start_spread_cycles=0.0, client_cv=0.0)
+    made = {"host_s": 4e-3, "frontend_s": 25e-3}
+    known = with_terms(vllm=made, sglang=made)
+    qwen = measured(
+        [
+            row(model="Qwen/Qwen3-32B", tp=2, isl=isl, osl=16, concurrency=c)
+            for isl, c in [(256, 2), (512, 8), (128, 4)]
+        ],
+        known,
+        clients,
+    )
+    llama = measured([row(isl=isl, osl=16, concurrency=c) for isl, c in [(256, 4), (128, 8)]], known, clients)
+    sgl = measured([row(engine="sglang", isl=isl, osl=16, concurrency=4) for isl in (256, 128, 512)], known, clients)
+    rows = qwen + llama + sgl
+    priors: dict[str, list[BenchRow]] = {}
+    real = serving_fit.fit_shared
+
+    def spy(train, engine, *a, **k):
+        priors[engine + str(len(priors))] = train
+        return real(train, engine, *a, **k)
+
+    monkeypatch.setattr(serving_fit, "fit_shared", spy)
+    res = leave_one_group_out(
+        rows, start=with_terms(), clients=clients, max_evals=60, pooled_prior=True, log=lambda m: None
+    )
+    # Each vLLM fold's prior is fitted on every third run of each other group (its engine's and the
+    # others'); SGLang, with no other group, is fitted on all of them, shared, as without the prior.
+    got = sorted(sorted(map(repr, t)) for t in priors.values())
+    thirds = lambda *gs: sorted(repr(r) for g in gs for r in g[::3])  # noqa: E731
+    assert got == sorted([thirds(llama, sgl), thirds(qwen, sgl), sorted(map(repr, qwen + llama))])
+    # Every run was made with the same terms, so pulled or not each fold fits its training group and
+    # predicts the held-out one.
+    for held in (qwen, llama):
+        other = llama if held is qwen else qwen
+        fold = res.folds[held[0].group]
+        assert fold.groups == [other[0].group]
+        assert objective(evaluate(other, fold, clients)) < 0.05
+        assert objective([p for p in res.predictions if p.row.group == held[0].group]) < 0.1
 
 
 def test_fit_each_group_recovers_each_groups_own_terms():
@@ -1428,6 +1500,27 @@ TINY_CSV = (
 )
 
 
+def test_calibrate_with_prior_pulls_towards_its_starting_terms(tmp_path, monkeypatch):
+    import calibration.serving_report as report
+
+    (tmp_path / "tiny.csv").write_text(TINY_CSV)
+    seen = []
+    real = report.fit
+
+    def spy(rows, start, *a, **k):
+        seen.append((start, k.get("prior")))
+        return real(rows, start, *a, **k)
+
+    monkeypatch.setattr(report, "fit", spy)
+    for prior in (False, True):
+        report.calibrate_from_serving_bench(
+            str(tmp_path / "tiny.csv"), tmp_path / f"t{prior}.json", max_evals=3, sensitivity=False, prior=prior
+        )
+    (start0, none), (start1, pulled) = seen
+    assert none is None and pulled is start1 and start1.engines == builtin_terms().engines
+    assert set(read_terms_file(tmp_path / "tTrue.json")) == {"sglang", "vllm"}
+
+
 def test_cli_calibrate_writes_terms_a_scenario_runs_with(tmp_path):
     (tmp_path / "tiny.csv").write_text(TINY_CSV)
     r = kvsim("calibrate", "--from-serving-bench", "tiny.csv", "--out", "t.json", "--max-evals", "8", cwd=tmp_path)
@@ -1515,8 +1608,17 @@ def test_cli_validate_logo_names_the_terms_each_folds_training_runs_leave_unpinn
     # Without --sensitivity nothing is probed.
     r = kvsim("validate", "--serving-bench", "tiny.csv", *args[:-1], "--out", "plain", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "plain" / "serving_validation.json").read_text())["fold_sensitivity"] == {}
-    assert "do not pin" not in r.stdout
+    plain = json.loads((tmp_path / "plain" / "serving_validation.json").read_text())
+    assert plain["fold_sensitivity"] == {} and "do not pin" not in r.stdout
+    # Each fold is pulled towards terms shared by its training groups, unless told not to.
+    assert "each fit pulled towards terms shared by every training group" in plain["protocol"]
+    r = kvsim("validate", "--serving-bench", "tiny.csv", *args[:-1], "--no-prior", "--out", "free", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    free = json.loads((tmp_path / "free" / "serving_validation.json").read_text())
+    assert "pulled" not in free["protocol"] and free["protocol"] in plain["protocol"]
+    # The terms each fold was pulled towards are kept: the two vLLM folds' (SGLang's one group has no other).
+    assert sorted(plain["fold_priors"]) == sorted(g for g in plain["folds"] if g.endswith("/vllm"))
+    assert all(set(t) == {"vllm"} for t in plain["fold_priors"].values()) and free["fold_priors"] == {}
 
 
 def test_unpinned_warnings_name_loose_terms_and_fits_stopped_short():
