@@ -12,7 +12,8 @@ transformed coordinates (logarithms of times, logits of shares), from the built-
 Groups, not rows, are weighted equally, so a large group does not dominate.
 
 :func:`leave_one_group_out` fits without each group and predicts it: the honest accuracy of the
-procedure on a model, GPU or engine it has not seen. :func:`fit_each_group` fits each group on its
+procedure on a model, GPU or engine it has not seen (with ``pooled_prior``, each fold's fit pulled
+towards terms shared by all its training groups, :func:`prior_penalty`). :func:`fit_each_group` fits each group on its
 own rows: the floor the terms can reach, what a user calibrating on their own server gets. No torch.
 """
 
@@ -548,7 +549,8 @@ def leave_one_group_out(
             terms = fit(train, prior, fit_clients, max_evals=max_evals, profile=profile, workers=workers, prior=prior)
             note = (
                 f"{len(train)} training rows, loss {terms.loss:.3f} with the pull towards terms shared by "
-                f"{len(pooled)} rows (loss {prior.loss:.3f}), {prior.evals} + {terms.evals} evaluations"
+                f"{len(thin)} of the {len(pooled)} training rows of every engine (loss {prior.loss:.3f}), "
+                f"{prior.evals} + {terms.evals} evaluations"
             )
             if sensitivity:
                 sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers, prior=prior)
