@@ -308,3 +308,16 @@ def test_host_speed_applies_per_sample_when_passes_differ_in_length():
         bench.close()
     assert timing.repeats == 10
     assert (timing.min_s, timing.median_s, timing.max_s) == (1.0, 2.0, 3.0)
+
+
+def test_elementwise_fit_survives_times_flat_in_the_bytes():
+    """On a loaded host the quick grid's elementwise times can come out flat or falling (launch-bound):
+    no slope to invert. The bandwidth is then the fastest observed, not a division by zero."""
+    from calibration.kernels.device_profile import _elementwise_fit
+
+    # Noise makes the larger sizes a little faster: the fitted slope is negative, clipped to 0.
+    rows = [{"nbytes": n, "median_s": s} for n, s in ((1 << 12, 6e-6), (1 << 14, 5.5e-6), (1 << 16, 5e-6))]
+    got = _elementwise_fit(rows)
+    assert got["bandwidth_bytes_per_s"] == pytest.approx((1 << 16) / 5e-6)
+    sloped = [{"nbytes": n, "median_s": 2e-6 + n / 1e10} for n in (1 << 12, 1 << 20, 1 << 24)]
+    assert _elementwise_fit(sloped)["bandwidth_bytes_per_s"] == pytest.approx(1e10, rel=1e-6)

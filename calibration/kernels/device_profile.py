@@ -68,6 +68,23 @@ def _linear_fit(x: np.ndarray, t: np.ndarray) -> tuple[float, float, dict]:
     return a, b, F.error_summary(a + b * x, t)
 
 
+def _elementwise_fit(rows: list[dict]) -> dict:
+    """The elementwise kernel's latency (s) and bandwidth (bytes/s) from its timed sizes."""
+    x = np.array([r["nbytes"] for r in rows], dtype=float)
+    t = np.array([r["median_s"] for r in rows])
+    lat, inv_bw, q = _linear_fit(x, t)
+    # Times flat in the bytes (launch-bound sizes on a loaded host) leave no slope: the fastest
+    # bytes per second observed is then the bandwidth, a lower bound on it.
+    bandwidth = 1.0 / inv_bw if inv_bw > 0 else float(np.max(x / t))
+    return {
+        "kernels_per_layer": ELEMENTWISE_KERNELS,
+        "latency_s": lat,
+        "bandwidth_bytes_per_s": bandwidth,
+        "fit_median_rel_err": round(q["median_rel_err"], 4),
+        "source": "measured: x.add_(y) over tokens x hidden activations, t = latency + bytes/bandwidth",
+    }
+
+
 def _mem_fit(meas: Measurements, kinds: tuple[str, ...]) -> dict:
     rows = [r for k in kinds for r in meas.select("memory", kernel=k)]
     x = np.array([r["nbytes"] for r in rows], dtype=float)
@@ -277,16 +294,7 @@ def build_device_profile(
         + "; alloc_event_s: pop from a free list + extend a block-table row + write it into the "
         "block-table tensor, per block",
     }
-    ew_rows = meas.select("elementwise")
-    x = np.array([r["nbytes"] for r in ew_rows], dtype=float)
-    lat, inv_bw, q = _linear_fit(x, np.array([r["median_s"] for r in ew_rows]))
-    elementwise = {
-        "kernels_per_layer": ELEMENTWISE_KERNELS,
-        "latency_s": lat,
-        "bandwidth_bytes_per_s": 1.0 / inv_bw,
-        "fit_median_rel_err": round(q["median_rel_err"], 4),
-        "source": "measured: x.add_(y) over tokens x hidden activations, t = latency + bytes/bandwidth",
-    }
+    elementwise = _elementwise_fit(meas.select("elementwise"))
     ov_rows = meas.select("cpu_overhead")
     xb = np.array([r["batch"] for r in ov_rows], dtype=float)
     a, b, q = _linear_fit(xb, np.array([r["median_s"] for r in ov_rows]))
