@@ -416,10 +416,16 @@ def _start_grid(terms: tuple[str, ...], base: dict[str, float]) -> list[dict[str
     return grid
 
 
+def _pull(x: np.ndarray, prior_x: np.ndarray) -> float:
+    """:data:`PRIOR_WEIGHT` × the squared distance between two points in the fit's coordinates."""
+    return PRIOR_WEIGHT * float(np.sum((np.asarray(x) - prior_x) ** 2))
+
+
 def prior_penalty(terms: dict[str, float], prior: dict[str, float]) -> float:
     """:data:`PRIOR_WEIGHT` × the squared distance of ``terms`` from ``prior`` in the fit's
     coordinates (logarithms of times, logits of shares), summed over the terms both hold."""
-    return PRIOR_WEIGHT * sum((_to_x(k, v) - _to_x(k, prior[k])) ** 2 for k, v in terms.items() if k in prior)
+    keys = [k for k in terms if k in prior]
+    return _pull(np.array([_to_x(k, terms[k]) for k in keys]), np.array([_to_x(k, prior[k]) for k in keys]))
 
 
 def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, progress, shared=(), prior=None):
@@ -447,7 +453,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
         one = EngineTerms({e: unpack(x) for e in (shared or (engine,))})
         v = objective(evaluate(rows, one, clients, profile=profile, pool=pool))
         if prior_x is not None:
-            v += PRIOR_WEIGHT * float(np.sum((np.asarray(x) - prior_x) ** 2))
+            v += _pull(x, prior_x)
         seen[key] = v
         state["n"] += 1
         if v < state["best"][0]:
@@ -497,9 +503,15 @@ class GroupFits:
 PRIOR_THIN = 3
 
 
-def _index_in_group(rows: list[BenchRow], i: int) -> int:
-    g = rows[i].group
-    return sum(1 for r in rows[:i] if r.group == g)
+def _every_nth_of_each_group(rows: list[BenchRow], n: int) -> list[BenchRow]:
+    """The first, (n+1)-th, (2n+1)-th ... run of each group, in ``rows``' order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        k = seen[r.group] = seen.get(r.group, -1) + 1
+        if k % n == 0:
+            out.append(r)
+    return out
 
 
 def leave_one_group_out(
@@ -539,26 +551,27 @@ def leave_one_group_out(
         engine = held[0].engine
         train = [r for r in rows if r.engine == engine and r.group != g and r.group not in exclude_from_training]
         pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
-        if train and pooled_prior:
-            # Every third run of each group: the prior only has to place the terms the engine's own
-            # runs leave free, and the pooled fit is the fold's costliest.
-            thin = [r for i, r in enumerate(pooled) if _index_in_group(pooled, i) % PRIOR_THIN == 0]
-            prior = priors[g] = fit_shared(
-                thin, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+        if train:
+            prior = None
+            if pooled_prior:
+                # Every third run of each group: the prior only has to place the terms the engine's
+                # own runs leave free, and the pooled fit is the fold's costliest.
+                thin = _every_nth_of_each_group(pooled, PRIOR_THIN)
+                prior = priors[g] = fit_shared(
+                    thin, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+                )
+            terms = fit(
+                train, prior or start, fit_clients, max_evals=max_evals, profile=profile, workers=workers, prior=prior
             )
-            terms = fit(train, prior, fit_clients, max_evals=max_evals, profile=profile, workers=workers, prior=prior)
-            note = (
-                f"{len(train)} training rows, loss {terms.loss:.3f} with the pull towards terms shared by "
-                f"{len(thin)} of the {len(pooled)} training rows of every engine (loss {prior.loss:.3f}), "
-                f"{prior.evals} + {terms.evals} evaluations"
-            )
+            note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
+            if prior is not None:
+                note = (
+                    f"{len(train)} training rows, loss {terms.loss:.3f} with the pull towards terms shared by "
+                    f"{len(thin)} of the {len(pooled)} training rows of every engine (loss {prior.loss:.3f}), "
+                    f"{prior.evals} + {terms.evals} evaluations"
+                )
             if sensitivity:
                 sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers, prior=prior)
-        elif train:
-            terms = fit(train, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers)
-            note = f"{len(train)} training rows, loss {terms.loss:.3f}, {terms.evals} evaluations"
-            if sensitivity:
-                sens[g] = term_sensitivity(train, terms, fit_clients, profile=profile, workers=workers)
         else:
             if not pooled:
                 terms = EngineTerms({engine: _start_of(start, engine)})

@@ -821,6 +821,7 @@ def calibrate_from_serving_bench(
         ):
             warn(line)
     start = _terms_from(terms_file)
+    pull = start if prior else None
     terms = fit(
         checked.rows,
         start,
@@ -829,7 +830,7 @@ def calibrate_from_serving_bench(
         profile=profile,
         workers=workers,
         exclude=checked.exclude,
-        prior=start if prior else None,
+        prior=pull,
         progress=progress,
     )
     if sensitivity:
@@ -840,7 +841,7 @@ def calibrate_from_serving_bench(
             profile=profile,
             workers=workers,
             exclude=checked.exclude,
-            prior=start if prior else None,
+            prior=pull,
         )
     terms.fitted_on = str(path)
     terms.write(out)

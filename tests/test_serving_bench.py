@@ -1500,7 +1500,7 @@ TINY_CSV = (
 )
 
 
-def test_calibrate_with_prior_pulls_towards_its_starting_terms(tmp_path, monkeypatch):
+def test_calibrate_with_prior_hands_its_starting_terms_to_the_fit_as_prior(tmp_path, monkeypatch):
     import calibration.serving_report as report
 
     (tmp_path / "tiny.csv").write_text(TINY_CSV)
