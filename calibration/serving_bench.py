@@ -785,6 +785,90 @@ def clients_apart(rows: Iterable[BenchRow], shares: dict[BenchRow, tuple[float, 
     }
 
 
+#: A run waits for KV (:func:`kv_capacity_evidence`) when its TTFT is at least this many times that of
+#: the same prompt length and concurrency at the shortest output; it holds its clients' KV when under
+#: :data:`KV_HOLDS_RATIO`. Without a KV limit a closed loop's TTFT does not grow with the output
+#: length (the shipped Qwen3-32B runs: 0.86-1.17 times); waiting for KV multiplies it (1.57-5.4).
+KV_WAITS_RATIO = 1.5
+KV_HOLDS_RATIO = 1.2
+
+
+def _derived_kv_tokens(row: BenchRow, profile: str | None) -> int | None:
+    """The KV capacity kvsim derives for ``row``'s deployment (tokens; ``None`` when it cannot)."""
+    from sim.config import scenario_from_dict
+    from sim.engine.cluster import build_workload, total_length_percentile
+    from sim.engine.deployment import Deployment, with_engine_defaults
+
+    try:
+        sc = with_engine_defaults(scenario_from_dict(row_scenario(row, profile=profile)))
+        wl = build_workload(sc)
+        return int(Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).kv_capacity_tokens)
+    except ConfigError:
+        return None
+
+
+def kv_capacity_evidence(rows: Iterable[BenchRow], profile: str | None = None) -> dict[str, dict]:
+    """What a file's runs say of the KV capacity their server held, beside the one kvsim derives.
+
+    Per group, tensor-parallel size and weight dtype: runs of one prompt length and concurrency at
+    several output lengths, each compared with the shortest. A closed loop's TTFT does not depend on
+    the output length unless its requests wait for KV, which needs ``concurrency × (isl + osl)``
+    tokens when every client's request is at its full length (what TensorRT-LLM reserves on
+    admission; vLLM and SGLang preempt or queue near it). Runs whose TTFT grows
+    :data:`KV_WAITS_RATIO` times or more wait; under :data:`KV_HOLDS_RATIO` they fit. The capacity lies
+    between the most tokens a fitting run needs (``holds_up_to``; ``None``: no such run) and the
+    fewest a waiting run needs (``waits_from``). Reported where some run waits and the two are
+    consistent (a group whose TTFT grows with the output for another reason, waiting for a
+    completion, has waiting runs below fitting ones and is left out), and, where a group waits at
+    several tensor-parallel sizes, where more GPUs wait at more tokens: their memory holds more KV,
+    and a wait that does not move with it (a token stream's ceiling) is not for KV. ``derived``: the capacity
+    kvsim derives from the GPU's memory for the first waiting run (``gpu.kv_cache_tokens`` replaces
+    it). ``{"<group> tp<N> <weights>": {...}}``."""
+    series: dict[tuple, list[BenchRow]] = {}
+    for r in rows:
+        if r.kv_cache_tokens is not None or r.cached_prompt_tokens:
+            continue  # a pinned capacity or a shared prefix: the demand is not c × (isl + osl)
+        series.setdefault((r.group, r.tp, r.weights, r.kv, r.isl, r.concurrency), []).append(r)
+    holds: dict[tuple, list[int]] = {}
+    waits: dict[tuple, list[BenchRow]] = {}
+    for key, runs in series.items():
+        runs.sort(key=lambda r: r.osl)
+        base = runs[0]
+        for r in runs[1:]:
+            ratio = r.ttft_ms / base.ttft_ms
+            need = r.concurrency * (r.isl + r.osl)
+            if ratio >= KV_WAITS_RATIO:
+                waits.setdefault(key[:4], []).append(r)
+            elif ratio < KV_HOLDS_RATIO:
+                holds.setdefault(key[:4], []).append(need)
+    found: dict[tuple, tuple[int | None, int, BenchRow, list[BenchRow]]] = {}
+    for key, waiting in waits.items():
+        first = min(waiting, key=lambda r: (r.concurrency * (r.isl + r.osl), r.isl))
+        hi = first.concurrency * (first.isl + first.osl)
+        lo = max(holds.get(key, []), default=None)
+        if lo is None or lo < hi:
+            found[key] = (lo, hi, first, waiting)
+    by_group: dict[tuple, list[tuple[int, int]]] = {}
+    for (group, tp, weights, kv), (_, hi, _, _) in found.items():
+        by_group.setdefault((group, weights, kv), []).append((tp, hi))
+    not_kv = {g for g, pts in by_group.items() if any(a[1] >= b[1] for a, b in zip(sorted(pts), sorted(pts)[1:]))}
+    out: dict[str, dict] = {}
+    for key, (lo, hi, first, waiting) in sorted(found.items(), key=lambda kv: str(kv[0])):
+        group, tp, weights, kv = key
+        if (group, weights, kv) in not_kv:
+            continue
+        out[f"{group} tp{tp} {weights}"] = {
+            "holds_up_to": lo,
+            "waits_from": hi,
+            "derived": _derived_kv_tokens(first, profile),
+            "waiting_runs": sorted(
+                {f"{r.isl}/{r.osl} c{r.concurrency}" for r in waiting},
+                key=lambda s: (int(s.split(" c")[1]), s),
+            ),
+        }
+    return out
+
+
 def spread_flagged(rows: Iterable[BenchRow], flagged: dict[str, dict]) -> tuple[list[BenchRow], list[str]]:
     """``rows`` with the runs of the groups :func:`clients_apart` flags (``flagged``) given a start
     spread of :data:`APART_SPREAD_CYCLES` where they set none, and the groups so treated. The flag

@@ -13,7 +13,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -32,6 +32,7 @@ from .serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    kv_capacity_evidence,
     least_cached_share,
     normalize_engine,
     read_bench,
@@ -254,6 +255,27 @@ def kernel_warnings(
     ]
 
 
+def kv_warnings(evidence: dict[str, dict]) -> list[str]:
+    """One line per group and GPU count whose runs say their server held a KV capacity other than the
+    one kvsim derives (``evidence``: what :func:`kv_capacity_evidence` found), for ``calibrate`` and
+    ``validate`` alike."""
+    out = []
+    for key, v in evidence.items():
+        lo, hi, derived = v["holds_up_to"], v["waits_from"], v["derived"]
+        if derived is None or (derived <= hi and (lo is None or derived > lo)):
+            continue
+        held = f"between {lo:,} and {hi:,}" if lo is not None else f"fewer than {hi:,}"
+        off = derived / hi - 1 if derived > hi else derived / lo - 1
+        out.append(
+            f"{key}: runs whose TTFT grows with the output length at the same prompt and concurrency "
+            f"({', '.join(v['waiting_runs'][:3])}) wait for KV: the server held {held} tokens "
+            f"(concurrency x (isl + osl)) where kvsim derives {derived:,} ({off:+.0%}); the rows' kv_cache_tokens "
+            "column (gpu.kv_cache_tokens in a scenario) sets what the server logged "
+            "(docs/calibration.md, KV capacity)"
+        )
+    return out
+
+
 def roofline_groups(results: list[RowResult]) -> dict[str, int]:
     """Per group, how many of its simulated runs no calibrated kernel profile priced (the GPU, weights
     or KV dtype has none: the roofline prior priced them)."""
@@ -330,6 +352,8 @@ class CheckedRows:
     cached_share: dict[str, float]
     cached: list[str]
     exclude: tuple[str, ...]
+    #: What the runs say of their server's KV capacity (:func:`kv_capacity_evidence`).
+    kv: dict[str, dict] = field(default_factory=dict)
 
 
 def check_rows(
@@ -356,7 +380,18 @@ def check_rows(
     if treat.cache:
         rows, cached = cache_flagged(rows, share)  # the same order again; ``shares`` and ``busy`` stay the file's
     return CheckedRows(
-        rows, flagged, held, apart, spread, shares, busy, fast, share, cached, resolve_exclusions(exclude, rows, fast)
+        rows,
+        flagged,
+        held,
+        apart,
+        spread,
+        shares,
+        busy,
+        fast,
+        share,
+        cached,
+        resolve_exclusions(exclude, rows, fast),
+        kv_capacity_evidence(rows, profile),
     )
 
 
@@ -602,6 +637,7 @@ def validate_serving_bench(
         "faster_than_kernels": checked.fast,
         "least_cached_share": checked.cached_share,
         "cached": checked.cached,
+        "kv_capacity": checked.kv,
         "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
@@ -818,6 +854,7 @@ def calibrate_from_serving_bench(
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
+            + kv_warnings(checked.kv)
         ):
             warn(line)
     start = _terms_from(terms_file)
@@ -856,6 +893,7 @@ __all__ = [
     "completion_warnings",
     "apart_warnings",
     "kernel_warnings",
+    "kv_warnings",
     "roofline_warnings",
     "sensitivity_lines",
     "unpinned_warnings",

@@ -303,6 +303,7 @@ def _serving(
         apart_warnings,
         completion_warnings,
         kernel_warnings,
+        kv_warnings,
         roofline_warnings,
         scaling_rows,
         split_rows,
@@ -393,6 +394,7 @@ def _serving(
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
         + apart_warnings(doc["clients_apart"], doc["spread"])
         + kernel_warnings(doc["faster_than_kernels"], doc["least_cached_share"], doc["cached"])
+        + kv_warnings(doc["kv_capacity"])
         + roofline_warnings(doc["roofline_priced"])
         + unpinned_warnings(doc["fold_sensitivity"], logo)
     ):

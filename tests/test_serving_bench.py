@@ -41,6 +41,7 @@ from calibration.serving_bench import (
     gpu_shares,
     hold_back_flagged,
     implied_gpu_busy,
+    kv_capacity_evidence,
     least_cached_share,
     normalize_gpu,
     read_bench,
@@ -66,7 +67,7 @@ from calibration.serving_fit import (
     prior_penalty,
     term_sensitivity,
 )
-from calibration.serving_report import default_served_by, served_by_rows
+from calibration.serving_report import default_served_by, kv_warnings, served_by_rows
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -1897,3 +1898,72 @@ def test_a_row_without_weights_takes_its_checkpoints(tmp_path):
         + ",bf16\n"
     )
     assert [r.weights for r in read_csv(p)] == ["fp8", "mxfp4", "bf16", "bf16"]
+
+
+def kv_bound_runs(capacity: int) -> list[BenchRow]:
+    """Llama-3.1-8B / TensorRT-LLM runs at 32 and 64 clients, 1024-token prompts and 128 to 2048
+    output tokens, with kvsim's own TTFT and TPOT on a server holding ``capacity`` tokens of KV as the
+    measurements, and no capacity recorded: what a file from such a server holds."""
+    rows = [
+        row(engine="trtllm", isl=1024, osl=osl, concurrency=c, kv_cache_tokens=capacity)
+        for c in (32, 64)
+        for osl in (128, 512, 1024, 2048)
+    ]
+    return [replace(r, kv_cache_tokens=None) for r in measured(rows, builtin_terms(), TINY)]
+
+
+def test_runs_that_wait_for_kv_bracket_the_capacity_their_server_held():
+    # 80,000 tokens hold 32 clients of 1024 + 1024 (65,536) but not 64 of 1024 + 512 (98,304): those
+    # runs' TTFT multiplies, the others' stays, and the bracket holds the capacity.
+    runs = kv_bound_runs(80_000)
+    ttft = {(r.concurrency, r.osl): r.ttft_ms for r in runs}
+    assert ttft[(32, 1024)] < 1.2 * ttft[(32, 128)] and ttft[(64, 512)] > 1.5 * ttft[(64, 128)]
+    ((key, found),) = kv_capacity_evidence(runs).items()
+    assert key == f"{LLAMA}/h100_sxm/trtllm tp1 bf16"
+    assert (found["holds_up_to"], found["waits_from"]) == (32 * 2048, 64 * 1536)
+    assert found["holds_up_to"] < 80_000 <= found["waits_from"]
+    assert "1024/512 c64" in found["waiting_runs"] and "1024/2048 c32" in found["waiting_runs"]
+    # What kvsim derives from an H100's memory for an 8B model is far more: said, with the numbers.
+    assert found["derived"] > 300_000
+    (line,) = kv_warnings({key: found})
+    assert f"between {32 * 2048:,} and {64 * 1536:,} tokens" in line and f"derives {found['derived']:,}" in line
+    # Derived inside the bracket: nothing to say.
+    assert kv_warnings({key: {**found, "derived": 80_000}}) == []
+    # Pinned, as the server logged it: the rows are left to their column.
+    assert kv_capacity_evidence([replace(r, kv_cache_tokens=80_000) for r in runs]) == {}
+
+
+def test_ttft_growing_with_the_output_for_other_reasons_is_not_taken_for_kv():
+    runs = kv_bound_runs(80_000)
+    # Waiting runs needing fewer tokens than runs that fit: not a KV limit (a completion-bound TTFT).
+    grows_early = [replace(r, ttft_ms=r.ttft_ms * 3) if (r.concurrency, r.osl) == (32, 512) else r for r in runs]
+    assert kv_capacity_evidence(grows_early) == {}
+    # The same wait at two and four GPUs, whose memory holds twice the KV: not a KV limit either.
+    both = [replace(r, tp=tp) for tp in (2, 4) for r in runs]
+    assert kv_capacity_evidence(both) == {}
+    assert set(kv_capacity_evidence([replace(r, tp=2) for r in runs])) == {f"{LLAMA}/h100_sxm/trtllm tp2 bf16"}
+
+
+def test_the_shipped_runs_bracket_the_kv_their_servers_held():
+    found = kv_capacity_evidence(served_by_rows(read_bench(TRAINING_FILE), "aiconfigurator"))
+    trt = found["Qwen/Qwen3-32B/h100_sxm/trtllm tp1 fp8"]
+    assert (trt["holds_up_to"], trt["waits_from"]) == (64 * (4096 + 256), 128 * (2048 + 256))
+    assert trt["derived"] > trt["waits_from"]
+    vllm = found["Qwen/Qwen3-32B/h100_sxm/vllm tp2 bf16"]
+    assert (vllm["holds_up_to"], vllm["waits_from"]) == (128 * (1024 + 1024), 64 * (4096 + 512))
+    # Llama-3.1-8B / SGLang's TTFT grows with the output at 512 clients on 2, 4 and 8 GPUs alike: its
+    # token stream's ceiling, not KV; Llama-3.1-8B / TensorRT-LLM's follows completions.
+    assert not any("sglang tp" in k and "Llama" in k for k in found)
+    assert not any("Llama-3.1-8B-Instruct/h100_sxm/trtllm" in k for k in found)
+
+
+def test_cli_says_what_kv_the_runs_server_held(tmp_path):
+    csv = "".join(
+        f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
+        for r in kv_bound_runs(80_000)
+    )
+    stdout, doc, _, warned = validate_then_calibrate(tmp_path, csv)
+    key = f"{LLAMA}/h100_sxm/trtllm tp1 bf16"
+    assert list(doc["kv_capacity"]) == [key] and doc["kv_capacity"][key]["waits_from"] == 64 * 1536
+    assert f"note: {key}: runs whose TTFT grows with the output length" in stdout
+    assert "wait for KV" in warned and "kv_cache_tokens" in warned
