@@ -690,6 +690,7 @@ def write_html(doc: dict, path: Path) -> Path:
     cached = doc.get("cached", [])
     share = doc.get("least_cached_share", {})
     roofline = doc.get("roofline_priced", {})
+    kv = doc.get("kv_capacity", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
@@ -702,6 +703,11 @@ def write_html(doc: dict, path: Path) -> Path:
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
             + ([f"simulated with {share[g]:.0%} of each prompt cached"] if g in cached and g in share else [])
             + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
+            + [
+                f"waits for KV from {v['waits_from']:,} tokens at {k[len(g) + 1 :].split()[0]}"
+                for k, v in kv.items()
+                if k.startswith(g + " tp")
+            ]
         )
         label = g if not notes else f"{g} ({'; '.join(notes)})"
         rs = [r for r in doc["results"] if r["group"] == g and r["error"] is None]

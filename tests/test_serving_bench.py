@@ -1962,8 +1962,9 @@ def test_cli_says_what_kv_the_runs_server_held(tmp_path):
         f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
         for r in kv_bound_runs(80_000)
     )
-    stdout, doc, _, warned = validate_then_calibrate(tmp_path, csv)
+    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv)
     key = f"{LLAMA}/h100_sxm/trtllm tp1 bf16"
     assert list(doc["kv_capacity"]) == [key] and doc["kv_capacity"][key]["waits_from"] == 64 * 1536
     assert f"note: {key}: runs whose TTFT grows with the output length" in stdout
     assert "wait for KV" in warned and "kv_cache_tokens" in warned
+    assert f"waits for KV from {64 * 1536:,} tokens at tp1" in html
