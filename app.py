@@ -765,7 +765,7 @@ def page_sweeps() -> None:
         st.dataframe([dict(zip(PL.plan_columns(p), r)) for r in PL.plan_rows(p)], key="plan_table", hide_index=True)
         lines = PL.assumption_lines(p)
         if lines:
-            st.markdown("**Assumptions** (unmeasured constants of the cost model)")
+            st.markdown("**Assumptions** (unmeasured constants of the cost model and the KV capacity)")
             for a in lines:
                 st.markdown(f"- {a}")
         st.caption(PL.search_summary(p))

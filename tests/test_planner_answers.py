@@ -121,3 +121,33 @@ def test_break_even_flips_the_recommendation_on_either_side(tmp_path):
         got[v] = plan("chat-api", slo, overrides={"cost_model.profile": str(path)}, **kw)["recommendation"]["candidate"]
     below, above = (best, other) if d["direction"] == "up" else (other, best)
     assert got[lo - step] == below and got[hi + step] == above, (d, got)
+
+
+def test_kv_capacity_break_even_is_searched_and_checked_by_replanning():
+    """The derived KV capacity is listed as an assumption (unless the scenario sets what the server
+    logged), searched from half to 1.1 times its value; what the search says at the range's end is
+    what a plan with the capacity set there recommends."""
+    from sim.analysis.assumptions import KV_SHARES
+    from sim.config import read_scenario_dict, scenario_from_dict
+    from sim.engine.deployment import Deployment
+
+    slo = parse_slos(CHAT_SLO)
+    kw = dict(allocators=["static-p95", "paged"], target_rate=40, workers=2)
+    p = plan("chat-api", slo, break_even=["kv_capacity"], **kw)
+    (a,) = [a for a in p["assumptions"] if a["kind"] == "kv_capacity"]
+    derived = Deployment.from_scenario(scenario_from_dict(*read_scenario_dict("chat-api"))).kv_capacity_tokens
+    assert a["key"] == "gpu.kv_cache_tokens" and a["value"] == derived and "derived from memory" in a["source"]
+    assert "gpu.kv_cache_tokens" in a["measure"] and sorted(a["affects"]) == ["paged", "static-p95"]
+    ends = {d["direction"]: d["end"] for d in a["directions"]}
+    assert ends == {"down": round(KV_SHARES[0] * derived), "up": round(KV_SHARES[1] * derived)}
+    best = p["recommendation"]["candidate"]
+    for d in a["directions"]:
+        at_end = plan("chat-api", slo, overrides={"gpu.kv_cache_tokens": d["end"]}, **kw)["recommendation"]
+        if d["flip"] is None:
+            assert at_end["candidate"] == best, (d, at_end)
+            assert f"{d['end']:,} tokens" in a["text"]
+        else:
+            assert at_end["candidate"] != best, (d, at_end)
+    # Set as the server logged it, the capacity is not an assumption.
+    pinned = plan("chat-api", slo, overrides={"gpu.kv_cache_tokens": derived}, **kw)
+    assert not [a for a in pinned["assumptions"] if a["kind"] == "kv_capacity"]

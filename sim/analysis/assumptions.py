@@ -9,10 +9,14 @@ are not measured by its tables and come from the literature or a guess:
   roofline prior's ``cost_model.paged_attention_overhead`` prices paged layouts ``1 + overhead``
   times contiguous);
 * the **allocation-event cost** — seconds of allocator bookkeeping per block or extent grabbed
-  (``memory.alloc_event_s``).
+  (``memory.alloc_event_s``);
+* the **KV capacity** — tokens one replica's KV cache holds, derived from the GPU's memory (its
+  share ``gpu.gpu_memory_utilization`` less the weights and an activation reserve) unless the
+  scenario sets what the server logged (``gpu.kv_cache_tokens``): servers hold less than the
+  derivation where it leaves out their CUDA graphs and buffers (docs/calibration.md, "KV capacity").
 
 Profiles that measured a figure (``kvsim calibrate --device``: the source starts with
-``measured``) are not listed. For each listed constant the plan gives its value and source, and
+``measured``) are not listed, nor a KV capacity the scenario sets. For each listed constant the plan gives its value and source, and
 the **break-even**: the value at which the recommendation would change, in each direction up to
 the end of a plausible range (:data:`RANGES`): if the recommendation changes at the range's end,
 steps of doubling size away from the nominal value find the first value where it does, and
@@ -47,22 +51,33 @@ from sim.config import scenario_from_dict
 STEPS = 4
 #: Searched span per constant: (lowest, highest) value, and whether to bisect in log space above zero.
 RANGES = {"paged_overhead": (0.0, 1.0, False), "alloc_event_s": (0.0, 1e-4, True)}
+#: The KV capacity's span, as shares of the derived one: the H100 servers of the shipped benchmark
+#: file held 11-12 % (TensorRT-LLM, vLLM) and about half (SGLang) less than kvsim derives for them;
+#: a server given more of the memory (``--gpu-memory-utilization 0.95``) holds a little more.
+KV_SHARES = (0.5, 1.1)
 MEASURE_HINT = {
     "paged_overhead": "measure it with `kvsim calibrate --device cuda` on your GPU (times paged and contiguous "
     "decode attention; docs/calibration.md)",
     "alloc_event_s": "measure it with `kvsim calibrate --device cuda` on your GPU (times the block allocator's "
     "bookkeeping; docs/calibration.md)",
+    "kv_capacity": "read it off your server's log (vLLM: 'GPU KV cache size: N tokens', SGLang: "
+    "max_total_num_tokens) and set gpu.kv_cache_tokens",
 }
+#: Where a derived KV capacity comes from, as plans say it.
+KV_SOURCE = (
+    "derived from memory: tensor_parallel x memory x gpu_memory_utilization - weights - activation reserve; "
+    "the H100 servers of the shipped benchmark file held 11-12 % less (docs/calibration.md, KV capacity)"
+)
 
 
 @dataclass
 class Constant:
     """One unmeasured figure of the plan's cost model."""
 
-    #: ``paged_overhead`` or ``alloc_event_s``.
+    #: ``paged_overhead``, ``alloc_event_s`` or ``kv_capacity``.
     kind: str
     #: Where it lives: ``layout.paged_overhead`` (profile), ``cost_model.paged_attention_overhead``
-    #: (roofline scenario key), ``memory.alloc_event_s`` (profile).
+    #: (roofline scenario key), ``memory.alloc_event_s`` (profile), ``gpu.kv_cache_tokens`` (scenario key).
     key: str
     value: float
     source: str
@@ -74,7 +89,35 @@ class Constant:
     def describe(self, v: float) -> str:
         if self.kind == "paged_overhead":
             return f"{v * 100:.2g} %"
+        if self.kind == "kv_capacity":
+            return f"{round(v):,} tokens"
         return f"{v * 1e6:.3g} µs"
+
+    def span(self) -> tuple[float, float, bool]:
+        """(lowest, highest) value searched, and whether in log space (:data:`RANGES`, :data:`KV_SHARES`)."""
+        if self.kind == "kv_capacity":
+            return (round(KV_SHARES[0] * self.value), round(KV_SHARES[1] * self.value), False)
+        return RANGES[self.kind]
+
+
+def _kv_capacity(sc) -> Constant | None:
+    """The derived KV capacity of ``sc`` as a constant (``None`` where the scenario sets it), in the
+    tokens ``gpu.kv_cache_tokens`` counts."""
+    if sc.gpu.kv_cache_tokens is not None:
+        return None
+    from sim.engine.deployment import Deployment
+    from sim.workload.generator import build_workload, total_length_percentile
+
+    wl = build_workload(sc)
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
+    model, kv = dep.model, sc.model.kv_dtype
+    copies = model.kv_replicas(sc.gpu.tensor_parallel)
+    # gpu.kv_cache_tokens counts a token in every layer group (Deployment.from_scenario).
+    n = model.kv_groups.count
+    per_token = dep.kv_bytes_per_token if n == 1 else n * model.kv_group_bytes_per_token(kv) * copies
+    return Constant(
+        "kv_capacity", "gpu.kv_cache_tokens", float(dep.kv_capacity_bytes // per_token), KV_SOURCE, None, ""
+    )
 
 
 def _profile_path(sc) -> str | None:
@@ -100,7 +143,12 @@ def _profile_path(sc) -> str | None:
 
 
 def constants(sc) -> list[Constant]:
-    """The unmeasured constants of ``sc``'s cost model (module docstring)."""
+    """The unmeasured constants of ``sc``'s cost model and deployment (module docstring)."""
+    kv = _kv_capacity(sc)
+    return _cost_constants(sc) + ([kv] if kv is not None else [])
+
+
+def _cost_constants(sc) -> list[Constant]:
     path = _profile_path(sc)
     if path is None:
         c = sc.cost_model
@@ -150,7 +198,7 @@ class _Variants:
 
     def overrides(self, c: Constant, v: float) -> dict:
         if c.profile_path is None:
-            return {c.key: v}
+            return {c.key: round(v) if c.kind == "kv_capacity" else v}
         doc = self._docs.get(c.profile_path)
         if doc is None:
             doc = self._docs[c.profile_path] = json.loads(Path(c.profile_path).read_text())
@@ -171,6 +219,8 @@ def _affected(c: Constant, cand: dict) -> bool:
 
     if c.kind == "alloc_event_s":
         return bool((cand.get("operating_point") or {}).get("allocation_time_s"))
+    if c.kind == "kv_capacity":
+        return True  # every candidate's allocator holds its KV in it
     paged = allocator_kind(cand["overrides"].get("allocator.kind", "paged")).paged_layout
     # A profile prices contiguous layouts from its paged tables; the roofline prices paged ones.
     return not paged if c.profile_path is not None else paged
@@ -180,6 +230,8 @@ def _helps(c: Constant, up: bool) -> bool:
     """Whether moving the constant up (or down) makes the affected candidates faster."""
     if c.kind == "alloc_event_s":
         return not up
+    if c.kind == "kv_capacity":
+        return up
     return up if c.profile_path is not None else not up
 
 
@@ -236,7 +288,7 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
     best = p["recommendation"]["candidate"]
     cands = {x["name"]: x for x in p["candidates"] if x["status"] == "ok"}
     affected = sorted(n for n, x in cands.items() if _affected(c, x))
-    lo_end, hi_end, log_scale = RANGES[c.kind]
+    lo_end, hi_end, log_scale = c.span()
     out: dict[str, Any] = {
         "kind": c.kind,
         "key": c.key,
@@ -278,7 +330,7 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
 
         winner, fresh = decide(end, moving)
         if winner == best:
-            d["note"] = f"{best} stays the recommendation up to {c.describe(end)}"
+            d["note"] = f"{best} stays the recommendation {'up' if up else 'down'} to {c.describe(end)}"
             continue
         # Keep only candidates that beat the recommended one at the end of the range.
         keep = [
@@ -317,12 +369,14 @@ def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
 
 def _steps(c: Constant, up: bool, end: float) -> list[float]:
     """Values tried from the nominal one towards ``end`` (excluded): steps doubling from 1 point
-    (overhead) or a factor 2 (event cost)."""
+    (overhead), a factor 2 (event cost), or 5 % down and 2.5 % up (KV capacity)."""
     out: list[float] = []
     k = 0
     while True:
         if c.kind == "paged_overhead":
             v = c.value + (0.01 if up else -0.01) * 2**k
+        elif c.kind == "kv_capacity":
+            v = c.value * (1 + (0.025 if up else -0.05) * 2**k)
         else:
             v = c.value * 2.0 ** ((k + 1) if up else -(k + 1))
             if not up and v < c.value / 64:
@@ -373,11 +427,11 @@ def _patched(nominal: dict, fresh: dict | None) -> dict:
 
 
 def _sentence(c: Constant, best: str, out: dict) -> str:
-    label = (
-        "paged decode attention is slower than contiguous by"
-        if c.kind == "paged_overhead"
-        else "an allocation event costs"
-    )
+    label = {
+        "paged_overhead": "paged decode attention is slower than contiguous by",
+        "alloc_event_s": "an allocation event costs",
+        "kv_capacity": "the KV cache holds",
+    }[c.kind]
     parts = []
     for d in out["directions"]:
         if d["flip"] is None:
@@ -390,8 +444,6 @@ def _sentence(c: Constant, best: str, out: dict) -> str:
         )
     where = _short(c)
     if not parts:
-        return (
-            f"{where}: no flip of the recommendation between {c.describe(RANGES[c.kind][0])} and "
-            f"{c.describe(RANGES[c.kind][1])}."
-        )
+        lo, hi, _ = c.span()
+        return f"{where}: no flip of the recommendation between {c.describe(lo)} and {c.describe(hi)}."
     return f"{where}: " + "; ".join(parts) + f" — {out['measure']}."

@@ -557,7 +557,7 @@ def plan(
     ``progress(done, total, name)`` and ``on_candidate(candidate)`` are called as candidates
     finish (in the calling process); ``break_even`` adds the values of the unmeasured constants
     at which the recommendation would flip (:mod:`sim.analysis.assumptions`; a list of constant
-    kinds, ``paged_overhead`` or ``alloc_event_s``, limits it to those). ``start_method``
+    kinds, ``paged_overhead``, ``alloc_event_s`` or ``kv_capacity``, limits it to those). ``start_method``
     ``"fork"`` starts the workers from this process after it has loaded the simulator (saves
     each worker its imports and first-run warm-up; only for a caller without threads, such as
     the CLI before its progress bar: ``on_start`` is called once the workers exist); the
@@ -1037,7 +1037,7 @@ def write_plan(p: dict, out: str | Path) -> Path:
     lines = assumption_lines(p)
     if lines:
         intro.append(
-            "<p>Assumptions (unmeasured constants of the cost model):</p><ul>"
+            "<p>Assumptions (unmeasured constants of the cost model and the KV capacity):</p><ul>"
             + "".join(f"<li>{_esc(a)}</li>" for a in lines)
             + "</ul>"
         )
@@ -1060,7 +1060,7 @@ def search_summary(p: dict) -> str:
 
 
 def assumption_lines(p: dict) -> list[str]:
-    """One line per unmeasured constant of the plan's cost model (:mod:`sim.analysis.assumptions`)."""
+    """One line per unmeasured constant of the plan's cost model and deployment (:mod:`sim.analysis.assumptions`)."""
     return [a["text"] for a in p.get("assumptions") or []]
 
 

@@ -146,7 +146,10 @@ def plan_command(
             console.print(f"  • {r}", highlight=False)
         lines = assumption_lines(p)
         if lines:
-            console.print("\n[bold]Assumptions[/bold] (unmeasured constants of the cost model):", highlight=False)
+            console.print(
+                "\n[bold]Assumptions[/bold] (unmeasured constants of the cost model and the KV capacity):",
+                highlight=False,
+            )
             for line in lines:
                 console.print(f"  • {line}", highlight=False)
         console.print(
