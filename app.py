@@ -724,8 +724,8 @@ def page_sweeps() -> None:
         "Break-even",
         value=False,
         key="plan_break_even",
-        help="Find the value of each unmeasured cost-model constant at which the recommendation "
-        "would flip (more simulations).",
+        help="Find the value of each unmeasured cost-model constant, and of the KV capacity derived "
+        "from memory, at which the recommendation would flip (more simulations).",
     )
     if st.button("▶ Plan", type="primary", key="plan_run"):
         bar = st.progress(0.0, text="planning…")
