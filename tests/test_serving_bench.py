@@ -1715,6 +1715,14 @@ def test_cli_validate_compares_what_more_gpus_buy_measured_and_simulated(tmp_pat
     assert all(f"vllm: TP 1 to 2, {k}" in html for k in ("measured", "simulated"))  # plotly escapes the slashes
 
 
+def csv_lines(rows: list[BenchRow]) -> str:
+    """``rows`` as lines of a benchmark CSV with the :data:`HEADER` columns."""
+    return "".join(
+        f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
+        for r in rows
+    )
+
+
 def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
     """``kvsim validate`` and then ``kvsim calibrate`` on one CSV: (validate's stdout, its JSON, its
     HTML, calibrate's stderr), each run checked to exit 0."""
@@ -1803,11 +1811,7 @@ def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
 
 
 def test_cli_says_which_groups_clients_did_not_start_together(tmp_path):
-    csv = "".join(
-        f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
-        for r in apart_runs(1.0)
-    )
-    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv)
+    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv_lines(apart_runs(1.0)))
     g = f"{LLAMA}/h100_sxm/trtllm"
     assert f"note: {g}: at concurrency 4 its TTFT grows by" in stdout
     assert list(doc["clients_apart"]) == [g] and doc["spread"] == []
@@ -1958,11 +1962,7 @@ def test_the_shipped_runs_bracket_the_kv_their_servers_held():
 
 
 def test_cli_says_what_kv_the_runs_server_held(tmp_path):
-    csv = "".join(
-        f"{r.model},{r.gpu},{r.engine},{r.tp},{r.isl},{r.osl},{r.concurrency},{r.ttft_ms:.3f},{r.tpot_ms:.4f}\n"
-        for r in kv_bound_runs(80_000)
-    )
-    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv)
+    stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv_lines(kv_bound_runs(80_000)))
     key = f"{LLAMA}/h100_sxm/trtllm tp1 bf16"
     assert list(doc["kv_capacity"]) == [key] and doc["kv_capacity"][key]["waits_from"] == 64 * 1536
     assert f"note: {key}: runs whose TTFT grows with the output length" in stdout
