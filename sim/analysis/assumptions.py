@@ -16,9 +16,10 @@ are not measured by its tables and come from the literature or a guess:
   derivation where it leaves out their CUDA graphs and buffers (docs/calibration.md, "KV capacity").
 
 Profiles that measured a figure (``kvsim calibrate --device``: the source starts with
-``measured``) are not listed, nor a KV capacity the scenario sets. For each listed constant the plan gives its value and source, and
-the **break-even**: the value at which the recommendation would change, in each direction up to
-the end of a plausible range (:data:`RANGES`): if the recommendation changes at the range's end,
+``measured``) are not listed, nor a KV capacity the scenario sets. For each listed constant the
+plan gives its value and source, and the **break-even**: the value at which the recommendation
+would change, in each direction up to the end of a plausible range (:data:`RANGES`,
+:data:`KV_SHARES`): if the recommendation changes at the range's end,
 steps of doubling size away from the nominal value find the first value where it does, and
 bisection between that value and the step before locates the flip. At each value
 tried, the candidates whose runs depend on the constant are re-planned exactly as the plan
@@ -72,7 +73,7 @@ KV_SOURCE = (
 
 @dataclass
 class Constant:
-    """One unmeasured figure of the plan's cost model."""
+    """One unmeasured figure of the plan's cost model or deployment."""
 
     #: ``paged_overhead``, ``alloc_event_s`` or ``kv_capacity``.
     kind: str
@@ -105,9 +106,10 @@ def _kv_capacity(sc) -> Constant | None:
     tokens ``gpu.kv_cache_tokens`` counts."""
     if sc.gpu.kv_cache_tokens is not None:
         return None
-    from sim.engine.deployment import Deployment
+    from sim.engine.deployment import Deployment, with_engine_defaults
     from sim.workload.generator import build_workload, total_length_percentile
 
+    sc = with_engine_defaults(sc)  # the scheduler the runs get sizes the activation reserve
     wl = build_workload(sc)
     dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
     model, kv = dep.model, sc.model.kv_dtype
