@@ -141,6 +141,7 @@ def calibrate_command(
     hold_back_flagged: bool = opt.hold_back_option(_FSB, "the warning", "in the fit"),
     spread_flagged: bool = opt.spread_option(_FSB, "the warning", "in the fit"),
     cache_flagged: bool = opt.cache_option(_FSB, "the warning", "in the fit"),
+    kv_from_runs: bool = opt.kv_from_runs_option(_FSB, "the warning", "in the fit"),
     served_by: str | None = opt.served_by_option(_FSB),
     sensitivity: bool = typer.Option(
         True,
@@ -175,7 +176,7 @@ def calibrate_command(
             weights=weights,
             kv=kv,
             kv_cache_tokens=kv_cache_tokens,
-            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
+            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs),
             served_by=served_by,
             sensitivity=sensitivity,
             prior=prior,

@@ -857,7 +857,7 @@ def kv_capacity_evidence(rows: Iterable[BenchRow], profile: str | None = None) -
         group, tp, weights, kv = key
         if (group, weights, kv) in not_kv:
             continue
-        out[f"{group} tp{tp} {weights}"] = {
+        out[kv_key(first)] = {
             "holds_up_to": lo,
             "waits_from": hi,
             "derived": _derived_kv_tokens(first, profile),
@@ -867,6 +867,29 @@ def kv_capacity_evidence(rows: Iterable[BenchRow], profile: str | None = None) -
             ),
         }
     return out
+
+
+def kv_key(row: BenchRow) -> str:
+    """The key :func:`kv_capacity_evidence` files ``row``'s deployment under."""
+    return f"{row.group} tp{row.tp} {row.weights}"
+
+
+def kv_from_runs(rows: Iterable[BenchRow], evidence: dict[str, dict]) -> tuple[list[BenchRow], dict[str, int]]:
+    """``rows`` with the KV capacity their runs imply (:func:`kv_capacity_evidence`, ``evidence``)
+    where a row sets none, and the capacity given to each deployment so treated: the middle of the
+    bracket where it has both ends; one with only an upper end (every run waits) is left as it is,
+    since nothing bounds it below. Like the other treatments it reads the runs' own measured TTFT,
+    so a prediction made with it is not blind to the group it treats."""
+    given = {k: (v["holds_up_to"] + v["waits_from"]) // 2 for k, v in evidence.items() if v["holds_up_to"] is not None}
+    out: list[BenchRow] = []
+    used: dict[str, int] = {}
+    for r in rows:
+        k = kv_key(r)
+        if k in given and r.kv_cache_tokens is None and not r.cached_prompt_tokens:
+            r = replace(r, kv_cache_tokens=given[k])
+            used[k] = given[k]
+        out.append(r)
+    return out, dict(sorted(used.items()))
 
 
 def spread_flagged(rows: Iterable[BenchRow], flagged: dict[str, dict]) -> tuple[list[BenchRow], list[str]]:

@@ -90,6 +90,13 @@ cache_option = _flagged_option(
 )
 
 
+kv_from_runs_option = _flagged_option(
+    "--kv-from-runs",
+    "the deployments whose runs wait for KV",
+    "with the KV capacity those runs imply (the middle of their bracket) where a row sets none",
+)
+
+
 def served_by_option(mode: str):
     return typer.Option(
         None,

@@ -33,6 +33,7 @@ from .serving_bench import (
     hold_back_flagged,
     implied_gpu_busy,
     kv_capacity_evidence,
+    kv_from_runs,
     least_cached_share,
     normalize_engine,
     read_bench,
@@ -255,22 +256,29 @@ def kernel_warnings(
     ]
 
 
-def kv_warnings(evidence: dict[str, dict]) -> list[str]:
+def kv_warnings(evidence: dict[str, dict], kv_set: dict[str, int] | None = None) -> list[str]:
     """One line per group and GPU count whose runs say their server held a KV capacity other than the
-    one kvsim derives (``evidence``: what :func:`kv_capacity_evidence` found), for ``calibrate`` and
-    ``validate`` alike."""
+    one kvsim derives (``evidence``: what :func:`kv_capacity_evidence` found; ``kv_set``: the
+    capacities :func:`kv_from_runs` gave), for ``calibrate`` and ``validate`` alike."""
+    kv_set = kv_set or {}
     out = []
     for key, v in evidence.items():
         lo, hi, derived = v["holds_up_to"], v["waits_from"], v["derived"]
         if derived is None or (derived <= hi and (lo is None or derived > lo)):
             continue
+        if key in kv_set:
+            treated = f"; simulated with {kv_set[key]:,} tokens (--kv-from-runs)"
+        elif lo is None:
+            treated = "; no lower bound, so --kv-from-runs leaves it"
+        else:
+            treated = f"; --kv-from-runs simulates {(lo + hi) // 2:,}"
         held = f"between {lo:,} and {hi:,}" if lo is not None else f"fewer than {hi:,}"
         off = derived / hi - 1 if derived > hi else derived / lo - 1
         out.append(
             f"{key}: runs whose TTFT grows with the output length at the same prompt and concurrency "
             f"({', '.join(v['waiting_runs'][:3])}) wait for KV: the server held {held} tokens "
-            f"(concurrency x (isl + osl)) where kvsim derives {derived:,} ({off:+.0%}); the rows' kv_cache_tokens "
-            "column (gpu.kv_cache_tokens in a scenario) sets what the server logged "
+            f"(concurrency x (isl + osl)) where kvsim derives {derived:,} ({off:+.0%}){treated}; the rows' "
+            "kv_cache_tokens column (gpu.kv_cache_tokens in a scenario) sets what the server logged "
             "(docs/calibration.md, KV capacity)"
         )
     return out
@@ -324,11 +332,13 @@ class Treatments:
     follows completions run with one request waiting (:func:`hold_back_flagged`); ``spread``: the
     groups whose clients did not start together have their starts spread (:func:`spread_flagged`);
     ``cache``: the groups faster than their kernels have the least share of their prompts cached
-    that makes their runs possible (:func:`cache_flagged`)."""
+    that makes their runs possible (:func:`cache_flagged`); ``kv``: the deployments whose runs wait
+    for KV hold the capacity the runs imply (:func:`kv_from_runs`)."""
 
     hold_back: bool = False
     spread: bool = False
     cache: bool = False
+    kv: bool = False
 
 
 @dataclass
@@ -352,8 +362,10 @@ class CheckedRows:
     cached_share: dict[str, float]
     cached: list[str]
     exclude: tuple[str, ...]
-    #: What the runs say of their server's KV capacity (:func:`kv_capacity_evidence`).
+    #: What the runs say of their server's KV capacity (:func:`kv_capacity_evidence`), and the
+    #: capacity given to each deployment so simulated (:func:`kv_from_runs`).
     kv: dict[str, dict] = field(default_factory=dict)
+    kv_set: dict[str, int] = field(default_factory=dict)
 
 
 def check_rows(
@@ -364,6 +376,7 @@ def check_rows(
 ) -> CheckedRows:
     """``validate`` and ``calibrate``'s checks on ``rows``, in one place, what they flag treated as
     ``treat`` says; ``exclude`` resolved (:func:`resolve_exclusions`)."""
+    kv = kv_capacity_evidence(rows, profile)  # on the runs as the file gives them
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
     if treat.hold_back:
@@ -379,6 +392,9 @@ def check_rows(
     cached: list[str] = []
     if treat.cache:
         rows, cached = cache_flagged(rows, share)  # the same order again; ``shares`` and ``busy`` stay the file's
+    kv_set: dict[str, int] = {}
+    if treat.kv:
+        rows, kv_set = kv_from_runs(rows, kv)
     return CheckedRows(
         rows,
         flagged,
@@ -391,7 +407,8 @@ def check_rows(
         share,
         cached,
         resolve_exclusions(exclude, rows, fast),
-        kv_capacity_evidence(rows, profile),
+        kv,
+        kv_set,
     )
 
 
@@ -638,6 +655,7 @@ def validate_serving_bench(
         "least_cached_share": checked.cached_share,
         "cached": checked.cached,
         "kv_capacity": checked.kv,
+        "kv_from_runs": checked.kv_set,
         "roofline_priced": roofline_groups(preds),
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
@@ -691,6 +709,7 @@ def write_html(doc: dict, path: Path) -> Path:
     share = doc.get("least_cached_share", {})
     roofline = doc.get("roofline_priced", {})
     kv = doc.get("kv_capacity", {})
+    kv_set = doc.get("kv_from_runs", {})
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
@@ -705,6 +724,7 @@ def write_html(doc: dict, path: Path) -> Path:
             + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
             + [
                 f"waits for KV from {v['waits_from']:,} tokens at {k[len(g) + 1 :].split()[0]}"
+                + (f", simulated with {kv_set[k]:,}" if k in kv_set else "")
                 for k, v in kv.items()
                 if k.startswith(g + " tp")
             ]
@@ -860,7 +880,7 @@ def calibrate_from_serving_bench(
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
-            + kv_warnings(checked.kv)
+            + kv_warnings(checked.kv, checked.kv_set)
         ):
             warn(line)
     start = _terms_from(terms_file)

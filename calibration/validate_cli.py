@@ -86,6 +86,7 @@ def validate_command(
     hold_back_flagged: bool = opt.hold_back_option(_SB, "the note", "in training and prediction"),
     spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
     cache_flagged: bool = opt.cache_option(_SB, "the note", "in training and prediction"),
+    kv_from_runs: bool = opt.kv_from_runs_option(_SB, "the note", "in training and prediction"),
     served_by: str | None = opt.served_by_option(_SB),
     sensitivity: bool = typer.Option(
         False,
@@ -126,7 +127,7 @@ def validate_command(
             kv_cache_tokens=kv_cache_tokens,
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
-            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged),
+            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs),
             served_by=served_by,
             sensitivity=sensitivity,
             pooled_prior=prior,
@@ -394,7 +395,7 @@ def _serving(
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
         + apart_warnings(doc["clients_apart"], doc["spread"])
         + kernel_warnings(doc["faster_than_kernels"], doc["least_cached_share"], doc["cached"])
-        + kv_warnings(doc["kv_capacity"])
+        + kv_warnings(doc["kv_capacity"], doc["kv_from_runs"])
         + roofline_warnings(doc["roofline_priced"])
         + unpinned_warnings(doc["fold_sensitivity"], logo)
     ):

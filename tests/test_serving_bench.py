@@ -42,6 +42,7 @@ from calibration.serving_bench import (
     hold_back_flagged,
     implied_gpu_busy,
     kv_capacity_evidence,
+    kv_from_runs,
     least_cached_share,
     normalize_gpu,
     read_bench,
@@ -1968,3 +1969,35 @@ def test_cli_says_what_kv_the_runs_server_held(tmp_path):
     assert f"note: {key}: runs whose TTFT grows with the output length" in stdout
     assert "wait for KV" in warned and "kv_cache_tokens" in warned
     assert f"waits for KV from {64 * 1536:,} tokens at tp1" in html
+
+
+def test_kv_from_runs_simulates_the_capacity_the_runs_imply(tmp_path):
+    runs = kv_bound_runs(80_000)
+    evidence = kv_capacity_evidence(runs)
+    key = f"{LLAMA}/h100_sxm/trtllm tp1 bf16"
+    treated, used = kv_from_runs(runs, evidence)
+    middle = (32 * 2048 + 64 * 1536) // 2
+    assert used == {key: middle} and all(r.kv_cache_tokens == middle for r in treated)
+    # A row that says its capacity keeps it; a deployment with no lower bound is left as it is.
+    mine = replace(runs[0], kv_cache_tokens=70_000)
+    assert kv_from_runs([mine], evidence)[0] == [mine]
+    no_floor = {key: {**evidence[key], "holds_up_to": None}}
+    assert kv_from_runs(runs, no_floor) == (runs, {})
+    # Through the CLI: the waiting runs, made with 80,000 tokens, come back close to their TTFT.
+    (tmp_path / "runs.csv").write_text(f"{HEADER}\n{csv_lines(runs)}")
+    docs = {}
+    for flag in ([], ["--kv-from-runs"]):
+        r = kvsim(
+            "validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", *flag, "--out", "v", cwd=tmp_path
+        )
+        assert r.returncode == 0, r.stderr
+        docs[bool(flag)] = json.loads((tmp_path / "v" / "serving_validation.json").read_text())
+    assert docs[False]["kv_from_runs"] == {} and docs[True]["kv_from_runs"] == {key: middle}
+    assert "simulated with 81,920 tokens (--kv-from-runs)" in " ".join(r.stdout.split())
+
+    def waiting_errors(doc):
+        return [abs(x["ttft_rel_err"]) for x in doc["results"] if x["concurrency"] * (1024 + x["osl"]) > 80_000]
+
+    before, after = waiting_errors(docs[False]), waiting_errors(docs[True])
+    assert len(before) == 4 and all(a < b for a, b in zip(after, before)), (before, after)
+    assert sum(after) < 0.35 * sum(before), (before, after)
