@@ -796,13 +796,10 @@ KV_HOLDS_RATIO = 1.2
 def _derived_kv_tokens(row: BenchRow, profile: str | None) -> int | None:
     """The KV capacity kvsim derives for ``row``'s deployment (tokens; ``None`` when it cannot)."""
     from sim.config import scenario_from_dict
-    from sim.engine.cluster import build_workload, total_length_percentile
-    from sim.engine.deployment import Deployment, with_engine_defaults
+    from sim.engine.deployment import derived_kv_cache_tokens
 
     try:
-        sc = with_engine_defaults(scenario_from_dict(row_scenario(row, profile=profile)))
-        wl = build_workload(sc)
-        return int(Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).kv_capacity_tokens)
+        return derived_kv_cache_tokens(scenario_from_dict(row_scenario(row, profile=profile)))
     except ConfigError:
         return None
 

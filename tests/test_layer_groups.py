@@ -23,7 +23,7 @@ from sim.config import load_scenario
 from sim.cost.model import BatchShape, RooflineCostModel
 from sim.cost.profile import build_profile_cost_model
 from sim.engine.cluster import simulate
-from sim.engine.deployment import Deployment
+from sim.engine.deployment import Deployment, derived_kv_cache_tokens, with_engine_defaults
 from sim.errors import ConfigError
 from sim.hf_config import read_hf_config
 from test_allocators import _owned_slots_static, _run, ops
@@ -120,6 +120,28 @@ def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
     assert dep.kv_groups == KVGroups(10, 1, 6, 1024, 8)
     assert dep.kv_capacity_bytes == 100_000 * 70 * PER_LAYER
     assert dep.kv_capacity_tokens == 100_000 * 7 and dep.kv_slot_bytes == 10 * PER_LAYER
+    # Read back in the server's unit (what the planner lists and serving-bench evidence compares).
+    assert dep.kv_cache_tokens == 100_000
+
+
+def test_derived_kv_capacity_pins_back_to_the_same_bytes(tmp_path):
+    # The derived capacity in gpu.kv_cache_tokens' unit, set as that field, gives the memory back
+    # (to within one reported token) for a mixed model with padded groups and for a uniform one.
+    cfg = json.loads(GPT_OSS.read_text())
+    del cfg["layer_types"]
+    cfg.update(num_hidden_layers=62, sliding_window=1024, sliding_window_pattern=6)
+    path = tmp_path / "gemma-like_config.json"
+    path.write_text(json.dumps(cfg))
+    for over in ({"model": {"hf_config": str(path)}}, {}):
+        sc = load_scenario("chat-api", over)
+        derived = derived_kv_cache_tokens(sc)
+        free = Deployment.from_scenario(with_engine_defaults(sc))
+        pinned = Deployment.from_scenario(
+            with_engine_defaults(load_scenario("chat-api", {**over, "gpu.kv_cache_tokens": derived}))
+        )
+        assert derived == free.kv_cache_tokens
+        assert 0 <= free.kv_capacity_bytes - pinned.kv_capacity_bytes < pinned.reported_token_bytes
+    assert pinned.kv_cache_tokens == pinned.kv_capacity_tokens  # one group: slots are tokens
 
 
 # --- runs -----------------------------------------------------------------------------------

@@ -106,20 +106,9 @@ def _kv_capacity(sc) -> Constant | None:
     tokens ``gpu.kv_cache_tokens`` counts."""
     if sc.gpu.kv_cache_tokens is not None:
         return None
-    from sim.engine.deployment import Deployment, with_engine_defaults
-    from sim.workload.generator import build_workload, total_length_percentile
+    from sim.engine.deployment import derived_kv_cache_tokens
 
-    sc = with_engine_defaults(sc)  # the scheduler the runs get sizes the activation reserve
-    wl = build_workload(sc)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
-    model, kv = dep.model, sc.model.kv_dtype
-    copies = model.kv_replicas(sc.gpu.tensor_parallel)
-    # gpu.kv_cache_tokens counts a token in every layer group (Deployment.from_scenario).
-    n = model.kv_groups.count
-    per_token = dep.kv_bytes_per_token if n == 1 else n * model.kv_group_bytes_per_token(kv) * copies
-    return Constant(
-        "kv_capacity", "gpu.kv_cache_tokens", float(dep.kv_capacity_bytes // per_token), KV_SOURCE, None, ""
-    )
+    return Constant("kv_capacity", "gpu.kv_cache_tokens", float(derived_kv_cache_tokens(sc)), KV_SOURCE, None, "")
 
 
 def _profile_path(sc) -> str | None:

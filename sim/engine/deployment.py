@@ -74,6 +74,15 @@ def model_spec(sc: Scenario) -> ModelSpec:
     return base
 
 
+def _reported_token_bytes(model: ModelSpec, bpt: int, group_bpt: int) -> int:
+    """Bytes of one token as a server reports its KV capacity (``gpu.kv_cache_tokens``): vLLM counts
+    a token in every layer group, padding layers too, so a mixed model's token is ``groups x
+    group_bpt`` (the same as ``bpt`` unless its last group is padded); ``bpt`` and ``group_bpt``
+    already count the replicated heads."""
+    n = model.kv_groups.count
+    return bpt if n == 1 else n * group_bpt
+
+
 @dataclass(frozen=True)
 class Deployment:
     """Per-replica memory arithmetic (bytes) for one scenario."""
@@ -100,6 +109,8 @@ class Deployment:
     #: The model's KV cache groups when the allocator holds KV per group and some layers slide
     #: (``None``: one slot per token on every layer).
     kv_groups: KVGroups | None = None
+    #: Bytes of one token as ``gpu.kv_cache_tokens`` counts it (:func:`_reported_token_bytes`).
+    reported_token_bytes: int = 0
 
     @classmethod
     def from_scenario(cls, sc: Scenario, total_length_percentile=None) -> Deployment:
@@ -117,12 +128,9 @@ class Deployment:
             act = activation_reserve_bytes(model, g.tensor_parallel, sched.max_num_batched_tokens, sched.max_num_seqs)
         weights = model.weight_bytes(sc.model.weight_dtype)
         cap = kv_capacity_bytes(model, gpu, g.tensor_parallel, g.gpu_memory_utilization, sc.model.weight_dtype, act)
+        reported_bpt = _reported_token_bytes(model, bpt, group_bpt)
         if g.kv_cache_tokens is not None:
-            # As the server reported it: vLLM counts a token in every layer group, padding layers too
-            # (the same as ``bpt`` unless a mixed model's last group is padded).
-            groups_n = model.kv_groups.count
-            per_token = bpt if groups_n == 1 else groups_n * group_bpt
-            cap = g.kv_cache_tokens * per_token
+            cap = g.kv_cache_tokens * reported_bpt
         if cap <= 0:
             raise ConfigError(
                 "gpu",
@@ -183,7 +191,14 @@ class Deployment:
             engine,
             sched,
             groups,
+            reported_bpt,
         )
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        """The KV capacity per replica in the tokens ``gpu.kv_cache_tokens`` counts (what a server
+        reports; ``kv_capacity_tokens`` counts allocator slots, which differ for a mixed model)."""
+        return self.kv_capacity_bytes // self.reported_token_bytes
 
     @property
     def kv_slot_bytes(self) -> int:
@@ -321,6 +336,17 @@ OVERRIDABLE = (
     "client_cv",
     "completion_per_token_s",
 )
+
+
+def derived_kv_cache_tokens(sc: Scenario) -> int:
+    """The KV capacity per replica kvsim derives for ``sc`` from the GPU's memory, in the tokens
+    ``gpu.kv_cache_tokens`` counts (that field, when set, replaces the derivation). The engine's
+    default scheduler sizes the activation reserve, as in a run."""
+    from sim.workload.generator import build_workload, total_length_percentile
+
+    sc = with_engine_defaults(sc)
+    wl = build_workload(sc)
+    return Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).kv_cache_tokens
 
 
 def with_engine_defaults(sc: Scenario) -> Scenario:
