@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # The GPU check as one prepared script (docs/validation.md, "On a GPU"; docs/calibration.md, "Attention
-# kernel backends"), within 10 minutes on one GPU:
-#   1. paged vs contiguous decode attention by block size and batch, every attention backend side by side
-#      (python -m bench.attention_backends);
-#   2. kvsim calibrate --quick with every available backend (summary: paged overhead by block size);
-#   3. kvsim validate with the backend `auto` picks (what calibration and the engine then share).
+# kernel backends"), within 10 minutes on one GPU, the most telling step first:
+#   1. kvsim validate with VALIDATE_KERNELS (default sdpa: flex, what `auto` picks on CUDA without
+#      FlashInfer or vLLM, spends minutes compiling; on an H200 its calibrate --quick alone did not finish
+#      in 100 s, while sdpa's timed 187 points in 17 s);
+#   2. kvsim calibrate --quick with each of KERNELS (summary: paged overhead by block size);
+#   3. paged vs contiguous decode attention by block size and batch, the backends side by side
+#      (python -m bench.attention_backends), with the time left.
 # Each step has its own time limit; a backend that is missing or fails is reported and the rest go on.
 #
 # Here, once (downloads, for the GPU machine's Python 3.12, the wheels its image lacks into .whl/):
 #   bash bench/device_validate.sh fetch          # EXTRA_WHEELS="pkg==v ..." adds more (e.g. flashinfer-python)
 # On the GPU machine, from the repository root (the lent-machine tool: carry [".whl"]):
-#   bash bench/device_validate.sh                # full validation spec (estimated 4-5 min on an H200)
-#   bash bench/device_validate.sh quick          # the spec's quick subset
+#   bash bench/device_validate.sh                # full validation spec
+#   bash bench/device_validate.sh quick          # the spec's quick subset (needs more than 150 s on an H200)
 # A dry run of the same steps on this CPU:
 #   DEVICE=cpu SPEC=scenarios/validate-cpu.yaml PYTHON=.venv/bin/python bash bench/device_validate.sh quick
 # PROFILE=P reuses a profile instead of calibrating in the validation; VALIDATE_ARGS adds options
-# (e.g. --no-engine-overhead); KERNELS lists the backends of steps 1-2 (default: all); STEPS picks steps
-# (default "attention calibrate validate"); MODEL the calibrated model (default the spec's shape).
+# (e.g. --no-engine-overhead); KERNELS lists the backends of steps 2-3 (default: all); STEPS picks steps
+# (default "validate calibrate attention"); MODEL the calibrated model (default the spec's shape).
 # Results go to $OUT (or runs/device), at most 8 files (what a lent machine returns): gpu.txt, run.log,
 # attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json.
 set -euo pipefail
@@ -25,7 +27,9 @@ SPEC=${SPEC:-scenarios/validate-cuda.yaml}
 DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 KERNELS=${KERNELS:-"flashinfer vllm flex sdpa"}
-STEPS=${STEPS:-"attention calibrate validate"}
+STEPS=${STEPS:-"validate calibrate attention"}
+if [ "$DEVICE" = cuda ]; then VALIDATE_KERNELS=${VALIDATE_KERNELS:-sdpa}; else VALIDATE_KERNELS=${VALIDATE_KERNELS:-auto}; fi
+VALIDATE_LIMIT_S=${VALIDATE_LIMIT_S:-330}
 TOTAL_S=${TOTAL_S:-570}
 ATTN_LIMIT_S=${ATTN_LIMIT_S:-150}
 CAL_LIMIT_S=${CAL_LIMIT_S:-75}
@@ -86,19 +90,25 @@ print(' '.join(k for k in sys.argv[2].split() if ok.get(k, 'unknown') is None))"
 echo "backends to time: ${available:-none} (asked: $KERNELS)" | tee -a "$LOG"
 rc=0
 
-if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
-  echo "== 1. paged vs contiguous decode attention ($MODEL, limit ${ATTN_LIMIT_S} s)" | tee -a "$LOG"
-  q=(); if [ "${1:-}" = quick ]; then q=(--quick); fi
+if [[ " $STEPS " == *" validate "* ]]; then
+  limit=$(( $(left) - 10 < VALIDATE_LIMIT_S ? $(left) - 10 : VALIDATE_LIMIT_S ))
+  echo "== 1. kvsim validate --kernels $VALIDATE_KERNELS (limit ${limit} s)" | tee -a "$LOG"
+  args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK/validate" --kernels "$VALIDATE_KERNELS")
+  if [ "${1:-}" = quick ]; then args+=(--quick); fi
+  if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
+  # shellcheck disable=SC2206
+  args+=(${VALIDATE_ARGS:-})
   set +e
-  timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
-    --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+  timeout "${LIMIT_S:-$limit}" "$PY" -m sim.cli validate "${args[@]}" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
   set -e
+  for f in validation.json validation.html profile-paged.json profile-static.json; do
+    if [ -f "$WORK/validate/$f" ]; then cp "$WORK/validate/$f" "$OUT/"; fi
+  done
 fi
-
 if [[ " $STEPS " == *" calibrate "* ]]; then
   for k in $available; do
-    [ "$(left)" -gt $(( CAL_LIMIT_S + 200 )) ] || { echo "calibrate $k: skipped, too little time left" | tee -a "$LOG"; continue; }
+    [ "$(left)" -gt $(( CAL_LIMIT_S + 10 )) ] || { echo "calibrate $k: skipped, too little time left" | tee -a "$LOG"; continue; }
     echo "== 2. kvsim calibrate --kernels $k --quick ($MODEL, limit ${CAL_LIMIT_S} s)" | tee -a "$LOG"
     set +e
     timeout "$CAL_LIMIT_S" "$PY" -m sim.cli calibrate --device "$DEVICE" --kernels "$k" --quick --model "$MODEL" \
@@ -123,21 +133,20 @@ Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
 PYSUM
 fi
 
-if [[ " $STEPS " == *" validate "* ]]; then
-  limit=$(( $(left) - 10 ))
-  echo "== 3. kvsim validate --kernels auto (limit ${limit} s)" | tee -a "$LOG"
-  args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK/validate" --kernels auto)
-  if [ "${1:-}" = quick ]; then args+=(--quick); fi
-  if [ -n "${PROFILE:-}" ]; then args+=(--profile "$PROFILE"); fi
-  # shellcheck disable=SC2206
-  args+=(${VALIDATE_ARGS:-})
-  set +e
-  timeout "${LIMIT_S:-$limit}" "$PY" -m sim.cli validate "${args[@]}" 2>&1 | tee -a "$LOG"
-  rc=${PIPESTATUS[0]}
-  set -e
-  for f in validation.json validation.html profile-paged.json profile-static.json; do
-    if [ -f "$WORK/validate/$f" ]; then cp "$WORK/validate/$f" "$OUT/"; fi
-  done
+if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
+  ATTN_LIMIT_S=$(( $(left) - 10 < ATTN_LIMIT_S ? $(left) - 10 : ATTN_LIMIT_S ))
 fi
+if [[ " $STEPS " == *" attention "* && -n "$available" && "$ATTN_LIMIT_S" -lt 30 ]]; then
+  echo "attention step: skipped, too little time left" | tee -a "$LOG"
+elif [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
+  echo "== 3. paged vs contiguous decode attention ($MODEL, limit ${ATTN_LIMIT_S} s)" | tee -a "$LOG"
+  q=(); if [ "${1:-}" = quick ]; then q=(--quick); fi
+  set +e
+  timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
+    --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+  set -e
+fi
+
 echo "done in $(( $(date +%s) - START )) s" | tee -a "$LOG"
 exit "$rc"

@@ -337,6 +337,17 @@ _FLEX_COMPILED: dict = {}
 FLEX_QUERY_TILE = 16
 
 
+def flex_q_block(qlen: int, group: int) -> int:
+    """The BlockMask's query block for rows of ``qlen`` queries with ``group`` query heads per KV head.
+    Inductor's flex decoding kernel (what queries of up to a tile run) packs a row's queries of one KV
+    head's group into one tile of ``BLOCK_M = next power of two >= qlen x group`` (at least 16) and
+    takes only configs whose query block is a multiple of it: a tile of 16 queries with 4 heads per
+    KV head (Llama-3.1-8B) has no config under a 16-row block and fails to compile on CUDA. One row
+    is one block either way, so a larger block changes no mask."""
+    need = max(1, qlen * group)
+    return max(16, qlen, 1 << (need - 1).bit_length())
+
+
 @dataclass
 class _FlexPlan:
     block_mask: Any
@@ -507,7 +518,7 @@ class FlexBackend(AttentionBackend):
             part_idx.view(*shape, wd).to(dev, i32),
             full.view(shape).to(dev, i32),
             full_idx.view(*shape, wd).to(dev, i32),
-            BLOCK_SIZE=(max(qlen, 16), B),
+            BLOCK_SIZE=(flex_q_block(qlen, heads // kv_heads), B),
             mask_mod=mask_mod,
             seq_lengths=(qlen, N * B),
             **kw,

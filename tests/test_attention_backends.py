@@ -400,3 +400,22 @@ def test_engine_warms_its_backend_up_once_before_timing():
     assert flex.pool_blocks(40) == 64 and AB.SdpaBackend(torch, torch.device("cpu")).pool_blocks(40) == 40
     assert Engine(cfg, model=net, attention=flex).k_cache[0].shape[0] == 64
     assert AB._pow2_upto(4) == [1, 2, 4] and AB._pow2_upto(64 // 16 + 4) == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(8, 4), (32, 8), (64, 8), (32, 32)])
+@pytest.mark.parametrize("case", ["decode", "mixed"])
+def test_flex_query_block_fits_inductors_decoding_tile(heads, kv_heads, case):
+    """Inductor's flex decoding kernel (torch/_inductor/kernel/flex/flex_decoding.py) packs a row's
+    ``qlen`` queries of one KV head's ``G`` query heads into a tile of BLOCK_M = max(16, next power of
+    two >= qlen x G) rows and keeps only configs whose BlockMask query block is a multiple of it: with
+    a 16-row block, Llama-3.1-8B's 16-query prefill tiles (G = 4) found no config and failed to compile
+    on an H200. The plan's query block is such a multiple, and the paged result is unchanged."""
+    g = torch.Generator().manual_seed(3)
+    bs, nblocks, ctx, new = CASES[case]
+    kp, vp, q, batch, ref = random_batch(g, bs, nblocks, ctx, new, kv_heads=kv_heads, heads=heads, head_dim=16)
+    be = backend("flex")
+    plan = be.plan_paged(batch, heads=heads, kv_heads=kv_heads, head_dim=16, num_blocks=nblocks)
+    qlen, group = plan.qlen, heads // kv_heads
+    block_m = max(16, 1 << (qlen * group - 1).bit_length())
+    assert plan.block_mask.BLOCK_SIZE[0] % block_m == 0
+    assert rel(be.paged(plan, q, kp, vp), ref) < 1e-5

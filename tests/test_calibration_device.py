@@ -321,3 +321,29 @@ def test_elementwise_fit_survives_times_flat_in_the_bytes():
     assert got["bandwidth_bytes_per_s"] == pytest.approx((1 << 16) / 5e-6)
     sloped = [{"nbytes": n, "median_s": 2e-6 + n / 1e10} for n in (1 << 12, 1 << 20, 1 << 24)]
     assert _elementwise_fit(sloped)["bandwidth_bytes_per_s"] == pytest.approx(1e10, rel=1e-6)
+
+
+def test_hbm_bandwidth_comes_from_copies_that_overflow_the_cache():
+    """Copies that fit in L2 time the cache. The shape an H200 measured (60 MB L2): up to 16 MB the
+    copy line ran at ~2x HBM's rate; a 256 MB copy runs at HBM's. The device's bandwidth is read off
+    the copies of at least twice the cache (launch latency taken off), not the fit over every size;
+    without such a copy, or without a cache size, the fit is kept and said to be an upper bound."""
+    from calibration.kernels.device_profile import _hbm_bandwidth, _mem_fit
+    from calibration.kernels.measure import Measurements
+    from calibration.kernels.timing import Timing
+
+    lat, l2, cache_bw, hbm_bw = 7e-6, 60 << 20, 9e12, 4.5e12  # bw: bytes read + written per second
+    meas = Measurements()
+    for nb in (1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 28):
+        bw = cache_bw if nb < l2 else hbm_bw
+        t = lat + 2 * nb / bw
+        meas.add("memory", "copy", Timing(t, t, t, 5, 1, 1), nbytes=nb)
+    copy = _mem_fit(meas, ("copy",))
+    bw, src = _hbm_bandwidth(meas, copy, l2)
+    assert bw == pytest.approx(hbm_bw, rel=0.01) and "L2" in src and "1 sizes" in src
+    fit_bw, fit_src = _hbm_bandwidth(meas, copy, 0)
+    assert fit_bw == 2 * copy["bandwidth_bytes_per_s"] and fit_bw > 1.1 * hbm_bw and "unknown" in fit_src
+    # the validation grid's sizes before (4 KB - 16 MB): the cache's rate, said to be so
+    small = Measurements(rows=[r for r in meas.rows if r["nbytes"] < l2])
+    bw, src = _hbm_bandwidth(small, _mem_fit(small, ("copy",)), l2)
+    assert bw == pytest.approx(cache_bw, rel=0.05) and "no copy reached" in src
