@@ -261,6 +261,42 @@ def profile_list() -> None:
         )
 
 
+@profile_app.command("diff")
+def profile_diff(
+    a: str = typer.Argument(
+        ..., help="Profile A: a JSON path (e.g. from kvsim calibrate --device cuda) or built-in name."
+    ),
+    b: str = typer.Argument(..., help="Profile B, the reference (e.g. the built-in for that GPU: h200-sxm)."),
+    model: str = typer.Option("llama-3.1-8b", "--model", help="Model whose GEMM shapes are priced."),
+    tensor_parallel: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size (shards the GEMMs)."),
+    weight_dtype: str = typer.Option("bf16", "--weight-dtype", help="Weight dtype of the GEMMs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows and summary as JSON."),
+) -> None:
+    """One model's GEMMs priced by two profiles side by side: A / B per projection and token count,
+    and the median |A/B - 1| over the points both measured (docs/calibration.md)."""
+    from calibration.profile_diff import gemm_rows, summary
+
+    rows = gemm_rows(a, b, model, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype)
+    s = summary(rows)
+    if as_json:
+        typer.echo(json.dumps({"a": a, "b": b, "model": model, "rows": [r.__dict__ for r in rows], "summary": s}))
+        return
+    typer.echo(f"{model} TP{tensor_parallel} {weight_dtype} GEMMs, us per layer: A = {a}, B = {b}")
+    typer.echo(f"{'projection':>10} {'tokens':>7} {'A us':>10} {'B us':>10} {'A/B':>6}")
+    for r in rows:
+        flag = "  (outside a measured grid)" if r.outside else ""
+        typer.echo(f"{r.proj:>10} {r.tokens:>7} {r.a_s * 1e6:>10.1f} {r.b_s * 1e6:>10.1f} {r.ratio:>6.2f}{flag}")
+    if s["n_measured"]:
+        typer.echo(
+            f"median |A/B - 1| {s['median_abs_diff_measured']:.1%} (largest {s['max_abs_diff_measured']:.1%}) over "
+            f"the {s['n_measured']} points both profiles measured; {s['median_abs_diff']:.1%} over all {s['n']}"
+        )
+    else:
+        typer.echo(
+            f"no point lies inside both measured grids; median |A/B - 1| {s['median_abs_diff']:.1%} over {s['n']}"
+        )
+
+
 @profile_app.command("show")
 def profile_show(
     name: str = typer.Argument(..., help="Built-in profile name or JSON path."),

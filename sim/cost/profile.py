@@ -1276,6 +1276,13 @@ class ProfileCostModel(CostModel):
             out = [v if v > h else h for v in out]
         return out
 
+    def gemm_s(self, proj: str, tokens: int) -> tuple[float, bool]:
+        """Seconds of one layer's ``proj`` GEMM (``qkv``, ``o``, ``gate_up``, ``down``, ``lm_head``) on
+        ``tokens`` rows as its curve prices it, before any engine term, and whether ``tokens`` lies
+        outside the curve's measured grid."""
+        t, out = self._gemm[proj].at(tokens)
+        return t, bool(out)
+
     def step_time_s(self, batch: BatchShape) -> float:
         if batch.prefill_chunks:
             return self.mixed_step_time_s(batch)
