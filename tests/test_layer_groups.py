@@ -106,14 +106,20 @@ def test_mixed_kv_capacity_equals_the_hand_computation():
         assert per_seq * 16 * 12 * PER_LAYER - _hand_bytes(length) < 3 * 16 * 12 * PER_LAYER
 
 
-def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
-    # Gemma-3-style: 62 layers, every 6th global -> 7 groups of 10 layers (8 padding). A server's
-    # "KV cache size: N tokens" counts a token in every group, so it stands for N · 70 layers' bytes.
+def _gemma_like(tmp_path) -> Path:
+    """Gemma-3-style config: 62 layers, every 6th global, window 1024 (7 groups of 10 layers, 8 padding)."""
     cfg = json.loads(GPT_OSS.read_text())
     del cfg["layer_types"]
     cfg.update(num_hidden_layers=62, sliding_window=1024, sliding_window_pattern=6)
     path = tmp_path / "gemma-like_config.json"
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
+    # Gemma-3-style: 62 layers, every 6th global -> 7 groups of 10 layers (8 padding). A server's
+    # "KV cache size: N tokens" counts a token in every group, so it stands for N · 70 layers' bytes.
+    path = _gemma_like(tmp_path)
     dep = Deployment.from_scenario(
         load_scenario("chat-api", {"model": {"hf_config": str(path)}, "gpu.kv_cache_tokens": 100_000})
     )
@@ -127,11 +133,7 @@ def test_reported_kv_tokens_count_every_group_padding_included(tmp_path):
 def test_derived_kv_capacity_pins_back_to_the_same_bytes(tmp_path):
     # The derived capacity in gpu.kv_cache_tokens' unit, set as that field, gives the memory back
     # (to within one reported token) for a mixed model with padded groups and for a uniform one.
-    cfg = json.loads(GPT_OSS.read_text())
-    del cfg["layer_types"]
-    cfg.update(num_hidden_layers=62, sliding_window=1024, sliding_window_pattern=6)
-    path = tmp_path / "gemma-like_config.json"
-    path.write_text(json.dumps(cfg))
+    path = _gemma_like(tmp_path)
     for over in ({"model": {"hf_config": str(path)}}, {}):
         sc = load_scenario("chat-api", over)
         derived = derived_kv_cache_tokens(sc)
