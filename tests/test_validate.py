@@ -685,6 +685,8 @@ def test_cuda_spec_and_clocks():
     assert (
         spec["model"] == "llama-3.1-8b" and spec["engine"]["clocks"] == ["wall"] and spec["engine"]["dtype"] == "bf16"
     )
+    # a dedicated GPU: kernels and engine overhead measured once, before the replays
+    assert (spec["engine"]["kernel_rounds"], spec["engine"]["overhead_rounds"]) == ("upfront", "upfront")
     check_clocks(spec, "cuda")
     cpu = load_spec("scenarios/validate-cpu.yaml")
     check_clocks(cpu, "cpu")
