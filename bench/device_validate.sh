@@ -20,7 +20,8 @@
 # (e.g. --no-engine-overhead); KERNELS lists the backends of steps 2-3 (default: all); STEPS picks steps
 # (default "validate calibrate attention"); MODEL the calibrated model (default the spec's shape).
 # Results go to $OUT (or runs/device), at most 8 files (what a lent machine returns): gpu.txt, run.log,
-# attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json.
+# attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json
+# (measured.json, the engine's side, when the validation stopped before writing validation.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-scenarios/validate-cuda.yaml}
@@ -105,6 +106,10 @@ if [[ " $STEPS " == *" validate "* ]]; then
   for f in validation.json validation.html profile-paged.json profile-static.json; do
     if [ -f "$WORK/validate/$f" ]; then cp "$WORK/validate/$f" "$OUT/"; fi
   done
+  # stopped before its report: the engine's side, written after the replays (no more than 8 files back)
+  if [ ! -f "$WORK/validate/validation.json" ] && [ -f "$WORK/validate/measured.json" ]; then
+    cp "$WORK/validate/measured.json" "$OUT/"
+  fi
 fi
 if [[ " $STEPS " == *" calibrate "* ]]; then
   for k in $available; do

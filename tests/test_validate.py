@@ -734,6 +734,12 @@ def test_wall_clock_replays(tmp_path):
         )
     d = doc["diagnostics"]["medium/paged"]["wall"]
     assert len(d["replays"]) == 2 and d["host_probe_before"]["measured_s"] > 0
+    # the engine's side was on disk before the simulator ran: the same replays the table reports
+    cell = json.loads((tmp_path / "measured.json").read_text())["cells"][0]
+    assert (cell["load"], cell["allocator"], cell["requests"]) == ("medium", "paged", 6)
+    for r in doc["rows"]:
+        got = [rep.get(r["metric"]) for rep in cell["replays"]["wall"]]
+        assert got == pytest.approx(r["measured_replays"]), r["metric"]
     assert all(sem["identical"] for sem in doc["semantics"].values())
 
 

@@ -4,6 +4,7 @@ semantics check (the engine on the simulator's clock must schedule identically).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,6 +192,29 @@ class Replayed:
     trace: Path
     results: dict[str, list]
     probes: dict[str, tuple[HostProbeRun, HostProbeRun]]
+
+
+def write_measured(out: Path, cells: list[Replayed]) -> Path:
+    """``measured.json``: every cell's engine metrics (seconds, tokens/s, blocks), per clock and
+    replay, written as soon as the replays end. The simulator's side, the overhead refit and the
+    report follow; a run stopped among them (a lent GPU's time limit) keeps what the engine did."""
+    doc = {
+        "format": "kvsim-validate-measured",
+        "cells": [
+            {
+                "load": c.load["name"],
+                "allocator": c.allocator,
+                "rate_per_s": c.rate,
+                "requests": len(c.rows),
+                "trace": c.trace.name,
+                "replays": {clock: [_engine_metrics(r) for r in res] for clock, res in c.results.items()},
+            }
+            for c in cells
+        ],
+    }
+    path = out / "measured.json"
+    path.write_text(json.dumps(doc, indent=1, default=float))
+    return path
 
 
 def new_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, device: str) -> Replayed:

@@ -14,7 +14,7 @@ from sim.catalog import get_model
 
 from .host_speed import HostSpeed, host_load, host_probe, host_probe_run
 from .metrics import METRICS, error_summary, rel_error, replay_spread
-from .replay import Replayed, compare_cell, engine_config, new_cell, replay_cells
+from .replay import Replayed, compare_cell, engine_config, new_cell, replay_cells, write_measured
 from .report import write_html
 from .rounds import prepare_profiles
 from .sensitivity import sensitivity_fields
@@ -89,6 +89,7 @@ def validate(
             spread.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
 
     replay_cells(spec, cells, engines, speed, before=before, say=say)
+    say(f"engine side written to {write_measured(out, cells)}")
     if spread is not None:
         spread.round("after the last replay")
         upfront = {a: str(Path(pth).with_name(f"profile-{a}-upfront.json")) for a, pth in paths.items()}
