@@ -140,17 +140,17 @@ fi
 
 if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
   ATTN_LIMIT_S=$(( $(left) - 10 < ATTN_LIMIT_S ? $(left) - 10 : ATTN_LIMIT_S ))
-fi
-if [[ " $STEPS " == *" attention "* && -n "$available" && "$ATTN_LIMIT_S" -lt 30 ]]; then
-  echo "attention step: skipped, too little time left" | tee -a "$LOG"
-elif [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
-  echo "== 3. paged vs contiguous decode attention ($MODEL, limit ${ATTN_LIMIT_S} s)" | tee -a "$LOG"
-  q=(); if [ "${1:-}" = quick ]; then q=(--quick); fi
-  set +e
-  timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
-    --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
-  [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
-  set -e
+  if [ "$ATTN_LIMIT_S" -lt 30 ]; then
+    echo "attention step: skipped, too little time left" | tee -a "$LOG"
+  else
+    echo "== 3. paged vs contiguous decode attention ($MODEL, limit ${ATTN_LIMIT_S} s)" | tee -a "$LOG"
+    q=(); if [ "${1:-}" = quick ]; then q=(--quick); fi
+    set +e
+    timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
+      --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+    set -e
+  fi
 fi
 
 echo "done in $(( $(date +%s) - START )) s" | tee -a "$LOG"
