@@ -6,7 +6,10 @@
 #      in 100 s, while sdpa's timed 187 points in 17 s);
 #   2. kvsim calibrate --quick with each of KERNELS (summary: paged overhead by block size);
 #   3. paged vs contiguous decode attention by block size and batch, the backends side by side
-#      (python -m bench.attention_backends), with the time left.
+#      (python -m bench.attention_backends), with the time left;
+#   4. (only when STEPS names `profile`) where the reference engine's iteration time goes: its execute()
+#      against the plain causal forward on the same tokens, and the torch profiler's top operators
+#      (python -m bench.engine_profile; engine_profile.json).
 # Each step has its own time limit; a backend that is missing or fails is reported and the rest go on.
 #
 # Here, once (downloads, for the GPU machine's Python 3.12, the wheels its image lacks into .whl/):
@@ -18,10 +21,12 @@
 #   DEVICE=cpu SPEC=scenarios/validate-cpu.yaml PYTHON=.venv/bin/python bash bench/device_validate.sh quick
 # PROFILE=P reuses a profile instead of calibrating in the validation; VALIDATE_ARGS adds options
 # (e.g. --no-engine-overhead); KERNELS lists the backends of steps 2-3 (default: all); STEPS picks steps
-# (default "validate calibrate attention"); MODEL the calibrated model (default the spec's shape).
+# (default "validate calibrate attention"; "validate profile" for the engine's own profile); MODEL the calibrated model (default the spec's shape).
 # Results go to $OUT (or runs/device), at most 8 files (what a lent machine returns): gpu.txt, run.log,
 # attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json
-# (measured.json, the engine's side, when the validation stopped before writing validation.json).
+# (measured.json, the engine's side, when the validation stopped before writing validation.json;
+# engine_profile.json with the profile step, in place of one of steps 2-3's files).
+PROFILE_LIMIT_S=${PROFILE_LIMIT_S:-120}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-scenarios/validate-cuda.yaml}
@@ -149,6 +154,20 @@ if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
     timeout "$ATTN_LIMIT_S" "$PY" -m bench.attention_backends --device "$DEVICE" --model "$MODEL" "${q[@]}" \
       --backends "${available// /,}" --budget-s $(( ATTN_LIMIT_S * 2 / 3 )) --out "$OUT/attention.json" 2>&1 | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" = 0 ] || echo "attention step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
+    set -e
+  fi
+fi
+
+if [[ " $STEPS " == *" profile "* ]]; then
+  plimit=$(( $(left) - 10 < PROFILE_LIMIT_S ? $(left) - 10 : PROFILE_LIMIT_S ))
+  if [ "$plimit" -lt 30 ]; then
+    echo "profile step: skipped, too little time left" | tee -a "$LOG"
+  else
+    echo "== 4. reference engine profile ($MODEL, $VALIDATE_KERNELS, limit ${plimit} s)" | tee -a "$LOG"
+    set +e
+    timeout "$plimit" "$PY" -m bench.engine_profile --device "$DEVICE" --model "$MODEL" --kernels "$VALIDATE_KERNELS" \
+      --out "$OUT/engine_profile.json" 2>&1 | grep -v "USDT:" | tee -a "$LOG"
+    [ "${PIPESTATUS[0]}" = 0 ] || echo "profile step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
     set -e
   fi
 fi

@@ -76,3 +76,32 @@ def test_decode_spread_bench_times_the_same_work(tmp_path):
     assert all(res["batches"][b][lay]["us"] > 0 for b in res["batches"] for lay in LAYOUTS)
     assert set(res["spread_over_uniform"]) == {16, 8}
     assert all(set(r) == set(LAYOUTS) for r in res["spread_over_uniform"].values())
+
+
+def test_engine_profile_bench_times_every_shape_on_both_layouts():
+    """``bench.engine_profile``: every batch shape is timed through the engine on both layouts and as a
+    plain forward, the decode batch whose length changes every call is timed call by call, and the
+    profiler names the operators (the GEMMs lead a prefill on any host)."""
+    pytest.importorskip("torch")
+    from bench.engine_profile import SHAPES, measure
+
+    res = measure("cpu", "tiny-llama", "sdpa", "fp32", reps=1, progress=lambda *_: None)
+    assert [r["shape"] for r in res["rows"]] == [s[0] for s in SHAPES["cpu"]]
+    for r, (_, chunks, decodes, _) in zip(res["rows"], SHAPES["cpu"]):
+        assert r["new_tokens"] == sum(n for _, n in chunks) + decodes
+        assert r["plain_forward_ms"] > 0 and r["paged_ms"] > 0 and r["static_ms"] > 0
+    assert len(res["churn_paged_ms"]) == len(res["churn_static_ms"]) == 12
+    for which in ("paged", "static", "plain"):
+        ops = [o["op"] for o in res[f"top_ops_{which}"]["ops"]]
+        assert any(op in ("aten::mm", "aten::addmm", "aten::linear") for op in ops[:3]), ops
+
+
+def test_calibration_torch_leaves_cudnn_attention_off():
+    """The reference engine and the kernels it is priced by never run cuDNN's SDPA (a new execution
+    plan per shape: docs/validation.md, "On a GPU"), whichever module imported torch first."""
+    pytest.importorskip("torch")
+    from calibration.kernels import import_torch
+
+    torch = import_torch()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    assert import_torch().backends.cuda.cudnn_sdp_enabled() is False

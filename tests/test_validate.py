@@ -955,7 +955,7 @@ def test_device_script_dry_run(tmp_path):
         PROFILE="cpu-reference",
         VALIDATE_ARGS="--no-engine-overhead",
         KERNELS="sdpa",
-        STEPS="attention validate",
+        STEPS="attention validate profile",
     )
     p = subprocess.run(
         ["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=300
@@ -967,6 +967,8 @@ def test_device_script_dry_run(tmp_path):
     assert doc["device"]["kernels"] == "sdpa" and "attention backend flex: available" in p.stdout
     att = json.loads((out / "attention.json").read_text())
     assert att["backends"]["sdpa"]["points"] and "×contig" in p.stdout
+    prof = json.loads((out / "engine_profile.json").read_text())
+    assert prof["model"] == "tiny-llama" and all(r["paged_ms"] > 0 and r["static_ms"] > 0 for r in prof["rows"])
     env["DEVICE"] = "cuda"
     p = subprocess.run(
         ["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=120

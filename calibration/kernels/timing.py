@@ -45,6 +45,11 @@ def import_torch():
             "torch",
             "torch installed for the --device route: pip install torch==2.13.0 (CPU wheel) or a CUDA build",
         ) from None
+    # torch prefers cuDNN's SDPA on Hopper, and cuDNN builds an execution plan for every new shape: the
+    # reference engine's padded decode and prefill chunks change shape nearly every iteration, so they paid
+    # that build again and again while the timed kernels (warmed on a fixed grid) did not. Flash and
+    # memory-efficient SDPA run any shape with no per-shape build (python -m bench.engine_profile --cudnn-sdpa).
+    torch.backends.cuda.enable_cudnn_sdp(False)
     return torch
 
 

@@ -1,0 +1,251 @@
+"""Where the reference engine's iteration time goes, against the same forward without its cache.
+
+For a handful of batch shapes (a whole prompt, a prompt chunk after cached context, decodes, decodes
+with a chunk) on the paged and static layouts: the engine's ``execute`` (one forward through its KV
+cache, as a validation replay runs it) timed with the device synchronised, beside the model's plain
+causal forward over the same number of new tokens (:meth:`calibration.engine.Transformer.reference_logits`:
+no cache, no block tables, one causal SDPA per layer). Their difference is what the engine adds per
+iteration beyond the kernels a profile prices. Then the torch profiler's top operators by device
+time (CUDA) or CPU time for the widest prefill, to name what that difference is made of.
+
+    python -m bench.engine_profile --device cuda --model llama-3.1-8b --kernels sdpa --out runs/bench/engine.json
+    python -m bench.engine_profile --device cpu --model tiny-llama      # the same on this CPU (seconds)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from .common import console, table, write_json
+
+#: (name, [(ctx, new) per prefill chunk], decodes, decode KV length): each shape's new tokens and context
+SHAPES = {
+    "cuda": (
+        ("prefill 1536", [(0, 1536)], 0, 0),
+        ("prefill 512", [(0, 512)], 0, 0),
+        ("chunk 1024 after 512", [(512, 1024)], 0, 0),
+        ("decode 16 x 1024", [], 16, 1024),
+        ("decode 16 + chunk 512", [(0, 512)], 16, 1024),
+    ),
+    "cpu": (
+        ("prefill 256", [(0, 256)], 0, 0),
+        ("chunk 128 after 128", [(128, 128)], 0, 0),
+        ("decode 8 x 256", [], 8, 256),
+        ("decode 8 + chunk 128", [(0, 128)], 8, 256),
+    ),
+}
+
+
+def _engine(model, allocator: str, device: str, kernels: str, dtype: str, net=None):
+    from calibration.engine import Engine, EngineConfig
+
+    cfg = EngineConfig(
+        model=model,
+        # static reserves max_model_len per request: room for the 17 requests of the widest batch
+        num_blocks=2048 if device == "cuda" else 1024,
+        block_size=16,
+        max_num_seqs=32,
+        max_num_batched_tokens=4096,
+        allocator=allocator,
+        max_model_len=1600 if device == "cuda" else 300,
+        dtype=dtype,
+        device=device,
+        kernels=kernels,
+    )
+    return Engine(cfg, model=net)
+
+
+def _admit(engine, rid: int, tokens: int) -> None:
+    from calibration.engine import NO_SPACE, OVERFLOW
+
+    r = engine.mem.admit(rid, tokens)
+    if r in (NO_SPACE, OVERFLOW):
+        raise RuntimeError(f"request {rid} of {tokens} tokens does not fit the {engine.cfg.allocator} layout ({r})")
+
+
+def _items(engine, chunks, decodes: int, decode_kv: int, vocab: int):
+    """Requests placed in the engine's memory so that ``execute`` runs exactly this batch."""
+    from calibration.engine import EngineRequest
+
+    engine.reset()
+    items = []
+    rid = 0
+    for _ in range(decodes):
+        r = EngineRequest(rid, 0.0, [rid % vocab] * decode_kv, 8)
+        _admit(engine, r.id, decode_kv)
+        r.computed, r.generated = decode_kv - 1, 1
+        items.append((r, 1))
+        rid += 1
+    for c, n in chunks:
+        r = EngineRequest(rid, 0.0, [(rid + 7 * i) % vocab for i in range(c + n)], 8)
+        _admit(engine, r.id, c + n)
+        r.computed = c
+        items.append((r, n))
+        rid += 1
+    return items
+
+
+def _timed(fn, sync, reps: int) -> float:
+    fn()
+    fn()
+    sync()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def _top_ops(fn, device: str, n: int = 15) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    fn()
+    with profile(activities=acts) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(e, "self_cuda_time_total", 0.0)
+        rows.append(
+            {"op": e.key, "calls": e.count, "self_device_ms": dev_us / 1e3, "self_cpu_ms": e.self_cpu_time_total / 1e3}
+        )
+    key = "self_device_ms" if device == "cuda" else "self_cpu_ms"
+    rows.sort(key=lambda r: -r[key])
+    return rows[:n]
+
+
+def _churn(engine, decodes: int, kv0: int, vocab: int, sync, reps: int) -> list[float]:
+    """``execute`` of a decode batch whose KV length grows by a block per call, so every call's padded
+    shape is new (as in a replay, where lengths grow each iteration): seconds per call."""
+    out = []
+    for k in range(reps):
+        items = _items(engine, [], decodes, kv0 + 16 * k + 1, vocab)
+        sync()
+        t = time.perf_counter()
+        engine.execute(items)
+        sync()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def measure(
+    device: str, model_name: str, kernels: str, dtype: str, reps: int = 5, cudnn_sdpa: bool = False, progress=print
+) -> dict:
+    from calibration.engine import Transformer
+    from calibration.kernels import import_torch
+    from sim.catalog import get_model
+
+    torch = import_torch()
+    if device == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
+
+    model = get_model(model_name)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    t0 = time.perf_counter()
+    net = Transformer(model, dtype, device, 0)
+    progress(f"{model.name} weights ({dtype}) on {device} in {time.perf_counter() - t0:.1f} s")
+    out: dict = {
+        "device": device,
+        "model": model.name,
+        "kernels": kernels,
+        "dtype": dtype,
+        "cudnn_sdpa": cudnn_sdpa and device == "cuda",
+        "rows": [],
+    }
+    if device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(0)
+    out["torch"] = torch.__version__
+    engines = {a: _engine(model, a, device, kernels, dtype, net) for a in ("paged", "static")}
+    vocab = model.vocab
+    widest = None
+    with torch.inference_mode():
+        for name, chunks, decodes, kv in SHAPES[device]:
+            new = sum(n for _, n in chunks) + decodes
+            plain = _timed(lambda new=new: net.reference_logits([i % vocab for i in range(new)]), sync, reps)
+            row = {"shape": name, "new_tokens": new, "plain_forward_ms": plain * 1e3}
+            for alloc, eng in engines.items():
+                items = _items(eng, chunks, decodes, kv, vocab)
+                row[f"{alloc}_ms"] = _timed(lambda eng=eng, items=items: eng.execute(items), sync, reps) * 1e3
+            out["rows"].append(row)
+            progress(
+                f"{name}: plain {row['plain_forward_ms']:.2f} ms, paged {row['paged_ms']:.2f} ms, "
+                f"static {row['static_ms']:.2f} ms"
+            )
+            if widest is None:
+                widest = (name, chunks, decodes, kv)
+        for alloc, eng in engines.items():
+            calls = _churn(eng, 16 if device == "cuda" else 8, 512 if device == "cuda" else 96, vocab, sync, 12)
+            out[f"churn_{alloc}_ms"] = [c * 1e3 for c in calls]
+            progress(
+                f"{alloc} decode, a new KV length each call: median {statistics.median(calls) * 1e3:.2f} ms, "
+                f"first {calls[0] * 1e3:.2f} ms"
+            )
+        assert widest is not None
+        name, chunks, decodes, kv = widest
+        for alloc, eng in engines.items():
+            items = _items(eng, chunks, decodes, kv, vocab)
+            out[f"top_ops_{alloc}"] = {"shape": name, "ops": _top_ops(lambda e=eng, i=items: e.execute(i), device)}
+        new = sum(n for _, n in chunks)
+        out["top_ops_plain"] = {
+            "shape": name,
+            "ops": _top_ops(lambda: net.reference_logits([i % vocab for i in range(new)]), device),
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--model", default=None, help="catalog model (default: llama-3.1-8b on cuda, tiny-llama on cpu)")
+    ap.add_argument("--kernels", default="sdpa", help="the paged layout's attention backend (default sdpa)")
+    ap.add_argument("--dtype", default=None, help="bf16 on cuda, fp32 on cpu by default")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument(
+        "--cudnn-sdpa", action="store_true", help="let torch pick cuDNN's SDPA on CUDA (kvsim turns it off)"
+    )
+    ap.add_argument("--out", type=Path, default=Path("runs/bench/engine_profile.json"))
+    a = ap.parse_args(argv)
+    model = a.model or ("llama-3.1-8b" if a.device == "cuda" else "tiny-llama")
+    dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
+    res = measure(a.device, model, a.kernels, dtype, a.reps, a.cudnn_sdpa, progress=console.print)
+    cols = ["shape", "new tokens", "plain ms", "paged ms", "static ms", "paged/plain"]
+    table(
+        f"engine execute vs plain forward ({res['model']}, {res['device']}, {res['kernels']})",
+        cols,
+        [
+            [
+                r["shape"],
+                r["new_tokens"],
+                f"{r['plain_forward_ms']:.2f}",
+                f"{r['paged_ms']:.2f}",
+                f"{r['static_ms']:.2f}",
+                f"{r['paged_ms'] / r['plain_forward_ms']:.2f}",
+            ]
+            for r in res["rows"]
+        ],
+    )
+    key = "self_device_ms" if a.device == "cuda" else "self_cpu_ms"
+    for which in ("paged", "static", "plain"):
+        top = res[f"top_ops_{which}"]
+        table(
+            f"top ops, {which}: {top['shape']} ({key})",
+            ["op", "calls", key],
+            [[o["op"][:70], o["calls"], f"{o[key]:.3f}"] for o in top["ops"]],
+        )
+    path = write_json(a.out.parent, a.out.stem, res)
+    console.print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
