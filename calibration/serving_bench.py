@@ -1019,7 +1019,7 @@ def default_kv(engine: str, weights: str, gpu: str | None = None) -> str:
     the KV cache too (``kv_cache_quant_algo: FP8``). The shipped training file bears this out: its
     TensorRT-LLM Qwen3-32B fp8 runs on one H100 hold 128 clients of 2048 + 128 tokens with a TTFT
     of 1.6 s, so nearly all of them are resident: about 280 k tokens of KV, 73 GB in bf16 beside
-    33 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
+    34 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
     the model's activation dtype (bf16). A GPU without FP8 tensor cores (``gpu``: a catalog name;
     the A100) has no FP8 KV cache: TensorRT-LLM keeps it in bf16 there.
     """

@@ -114,6 +114,9 @@ class ModelSpec:
     moe: MoeSpec | None = None
     #: Multi-head latent attention (``None``: K and V of ``kv_heads`` heads cached per layer).
     mla: MlaSpec | None = None
+    #: The LM head shares the token-embedding matrix (``tie_word_embeddings``): one vocab × hidden
+    #: matrix in ``params`` instead of two.
+    tied_embeddings: bool = False
 
     @property
     def kv_width(self) -> int:
@@ -201,14 +204,25 @@ class ModelSpec:
         ``window`` of them (padding layers of a group count, as vLLM allocates them)."""
         return self.kv_groups.slots_held(context_tokens) * self.kv_group_bytes_per_token(kv_dtype)
 
+    @property
+    def embedding_params(self) -> int:
+        """Weights of the token embedding and the LM head (one matrix when tied)."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
     def weight_bytes(self, weight_dtype: str) -> int:
         """Bytes of all weights at ``weight_dtype`` (a MoE model's routed experts at their own
-        ``moe.expert_dtype`` when the checkpoint sets one)."""
+        ``moe.expert_dtype`` when the checkpoint sets one). A checkpoint quantized below 16 bits
+        (fp8, NVFP4, int4) keeps its token embedding and LM head in 16 bits: vLLM's, SGLang's and
+        TensorRT-LLM's fp8 and fp4 schemes quantize the linear layers only (ModelOpt's default
+        excludes ``lm_head``; the embedding is a lookup, not a GEMM)."""
         per = dtype_bytes(weight_dtype, "model.weight_dtype")
-        if self.moe is None or self.moe.expert_dtype is None:
-            return int(self.params * per)
-        experts = self.moe.moe_layers * self.moe.experts * self.moe.expert_params(self.hidden)
-        return int((self.params - experts) * per + experts * dtype_bytes(self.moe.expert_dtype, "model.moe"))
+        experts = 0.0
+        expert_bytes = 0.0
+        if self.moe is not None and self.moe.expert_dtype is not None:
+            experts = self.moe.moe_layers * self.moe.experts * self.moe.expert_params(self.hidden)
+            expert_bytes = experts * dtype_bytes(self.moe.expert_dtype, "model.moe")
+        embed = min(float(self.embedding_params), self.params - experts) if per < 2 else 0.0
+        return int((self.params - experts - embed) * per + embed * 2 + expert_bytes)
 
     def kv_tokens_held(self, context_tokens: int) -> int:
         """Tokens whose K/V a sequence of this length keeps on every layer, as an allocator that holds

@@ -163,7 +163,7 @@ _FIT_SRC = (
 #: --from-serving-bench builtin --exclude-group suspect`` (all six ``FITTED_TERMS``, started from
 #: the five-term presets with no token stream) on the training file shipped in
 #: calibration/data/serving-bench; vLLM's (no token stream) come from the same file simulated with
-#: each engine's default server settings (``_VLLM_FIT_SRC``; docs/calibration.md: the accuracy of each and what the current fit gives).
+#: each engine's default server settings (``_VLLM_FIT_SRC``; docs/calibration.md, "Accuracy against real servers").
 PRESETS: dict[str, EnginePreset] = {
     "vllm": EnginePreset(
         name="vllm",

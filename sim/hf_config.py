@@ -260,6 +260,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         qk_norm=model_type.startswith(QK_NORM_TYPES),
         moe=moe,
         mla=mla,
+        tied_embeddings=tied,
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc)

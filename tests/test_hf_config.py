@@ -413,8 +413,32 @@ def test_scenario_takes_shape_name_and_dtypes_from_the_config():
     m = model_spec(sc)
     assert (m.layers, m.hidden, m.kv_heads) == (80, 8192, 8)
     dep = Deployment.from_scenario(sc)
-    assert dep.kv_bytes_per_token == 2 * 80 * 8 * 128 * 1 and dep.weight_bytes == int(m.params)
+    # fp8 linear layers, the token embedding and LM head (untied) in bf16: one byte a parameter plus one
+    # more for each of those 2 x 128,256 x 8,192
+    assert m.embedding_params == 2 * 128256 * 8192 and not m.tied_embeddings
+    assert dep.kv_bytes_per_token == 2 * 80 * 8 * 128 * 1 and dep.weight_bytes == int(m.params + m.embedding_params)
     assert dep.make_cost_model(sc).name == "h200-sxm"
+
+
+def test_quantized_checkpoints_keep_embeddings_and_lm_head_in_16_bits():
+    """fp8 and fp4 checkpoints quantize the linear layers only: the embedding table and the LM head stay
+    in bf16 (tied: one matrix), so their bytes do not shrink and the LM-head GEMM is priced at bf16."""
+    from dataclasses import replace
+
+    from sim.catalog import get_gpu, get_model
+    from sim.cost.profile import ProfileCostModel, load_profile
+
+    q = get_model("qwen3-32b")
+    assert q.embedding_params == 2 * 151936 * 5120
+    assert q.weight_bytes("fp8") == int(q.params + q.embedding_params)
+    assert q.weight_bytes("bf16") == int(2 * q.params)
+    tied = replace(q, tied_embeddings=True)
+    assert tied.embedding_params == 151936 * 5120 and tied.weight_bytes("fp8") == int(q.params + 151936 * 5120)
+    h100 = load_profile("h100-sxm")
+    fp8 = ProfileCostModel(h100, q, get_gpu("H100-SXM-80GB"), weight_dtype="fp8")
+    assert fp8.keys.lm_head.endswith(":bf16") and fp8.keys.qkv.endswith(":fp8")
+    bf16 = ProfileCostModel(h100, q, get_gpu("H100-SXM-80GB"), weight_dtype="bf16")
+    assert fp8.keys.lm_head == bf16.keys.lm_head
 
 
 def test_qk_norm_follows_the_model_type_and_can_be_set():

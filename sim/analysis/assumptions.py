@@ -53,7 +53,7 @@ STEPS = 4
 #: Searched span per constant: (lowest, highest) value, and whether to bisect in log space above zero.
 RANGES = {"paged_overhead": (0.0, 1.0, False), "alloc_event_s": (0.0, 1e-4, True)}
 #: The KV capacity's span, as shares of the derived one: the H100 servers of the shipped benchmark
-#: file held 11-12 % (TensorRT-LLM, vLLM) and about half (SGLang) less than kvsim derives for them;
+#: file held 7-12 % (TensorRT-LLM, vLLM) and about half (SGLang) less than kvsim derives for them;
 #: a server given more of the memory (``--gpu-memory-utilization 0.95``) holds a little more.
 KV_SHARES = (0.5, 1.1)
 MEASURE_HINT = {
@@ -67,7 +67,7 @@ MEASURE_HINT = {
 #: Where a derived KV capacity comes from, as plans say it.
 KV_SOURCE = (
     "derived from memory: tensor_parallel x memory x gpu_memory_utilization - weights - activation reserve; "
-    "the H100 servers of the shipped benchmark file held 11-12 % less (docs/calibration.md, KV capacity)"
+    "the H100 servers of the shipped benchmark file held 7-12 % less (docs/calibration.md, KV capacity)"
 )
 
 

@@ -713,8 +713,9 @@ def per_gpu_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
     return model.heads // tp, max(1, model.kv_heads // tp)
 
 
-def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str) -> ShapeKeys:
-    """Column-parallel QKV and gate/up (n split), row-parallel O and down (k split), vocab-parallel LM head."""
+def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str, head_dtype: str | None = None) -> ShapeKeys:
+    """Column-parallel QKV and gate/up (n split), row-parallel O and down (k split), vocab-parallel LM head
+    (at ``head_dtype``, else ``gemm_dtype``: quantized checkpoints keep it in 16 bits)."""
     h, kvh = per_gpu_heads(model, tp)
     d = model.head_dim
     if model.intermediate % tp or model.vocab % tp:
@@ -733,7 +734,7 @@ def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str) -> Sha
         o=o,
         gate_up=gemm_key(2 * model.intermediate // tp, model.hidden, gemm_dtype),
         down=gemm_key(model.hidden, model.intermediate // tp, gemm_dtype),
-        lm_head=gemm_key(model.vocab // tp, model.hidden, gemm_dtype),
+        lm_head=gemm_key(model.vocab // tp, model.hidden, head_dtype or gemm_dtype),
         attention=attention_key(h, kvh, d, kv_dtype),
     )
 
@@ -805,7 +806,10 @@ class ProfileCostModel(CostModel):
         self._window_layers: int = model.layers - self._layers
         self._window: int = model.mixed_window or 0
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
-        self.keys = shape_keys(model, self.tp, wd, kd)
+        # fp8 and fp4 checkpoints keep the LM head in 16 bits (ModelSpec.weight_bytes), so it runs as a
+        # bf16 GEMM where the profile prices bf16.
+        head = "bf16" if wd != "bf16" and "bf16" in profile.dtypes.get("weight", []) else None
+        self.keys = shape_keys(model, self.tp, wd, kd, head)
         #: The engine's own kernel tables when the profile carries them, else the profile's defaults.
         self.kernels: str | None = engine.kernels if engine is not None and engine.kernels in profile.kernels else None
         backend = self.kernels
