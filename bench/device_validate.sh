@@ -8,8 +8,8 @@
 #   3. paged vs contiguous decode attention by block size and batch, the backends side by side
 #      (python -m bench.attention_backends), with the time left;
 #   4. (only when STEPS names `profile`) where the reference engine's iteration time goes: its execute()
-#      against the plain causal forward on the same tokens, and the torch profiler's top operators
-#      (python -m bench.engine_profile; engine_profile.json).
+#      against the plain causal forward on the same tokens and against the validation's profiles' kernel
+#      price, and the torch profiler's top operators (python -m bench.engine_profile; engine_profile.json).
 # Each step has its own time limit; a backend that is missing or fails is reported and the rest go on.
 #
 # Here, once (downloads, for the GPU machine's Python 3.12, the wheels its image lacks into .whl/):
@@ -164,9 +164,15 @@ if [[ " $STEPS " == *" profile "* ]]; then
     echo "profile step: skipped, too little time left" | tee -a "$LOG"
   else
     echo "== 4. reference engine profile ($MODEL, $VALIDATE_KERNELS, limit ${plimit} s)" | tee -a "$LOG"
+    # priced by the validation's own profiles when it wrote them: is the engine slower or faster than its kernels?
+    priced=()
+    if [ -f "$WORK/validate/profile-paged.json" ]; then
+      priced=(--profile "$WORK/validate/profile-paged.json")
+      if [ -f "$WORK/validate/profile-static.json" ]; then priced+=(--static-profile "$WORK/validate/profile-static.json"); fi
+    fi
     set +e
     timeout "$plimit" "$PY" -m bench.engine_profile --device "$DEVICE" --model "$MODEL" --kernels "$VALIDATE_KERNELS" \
-      --out "$OUT/engine_profile.json" 2>&1 | grep -v "USDT:" | tee -a "$LOG"
+      "${priced[@]}" --out "$OUT/engine_profile.json" 2>&1 | grep -v "USDT:" | tee -a "$LOG"
     [ "${PIPESTATUS[0]}" = 0 ] || echo "profile step: exit ${PIPESTATUS[0]} (124: hit its time limit)" | tee -a "$LOG"
     set -e
   fi

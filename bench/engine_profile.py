@@ -5,11 +5,17 @@ with a chunk) on the paged and static layouts: the engine's ``execute`` (one for
 cache, as a validation replay runs it) timed with the device synchronised, beside the model's plain
 causal forward over the same number of new tokens (:meth:`calibration.engine.Transformer.reference_logits`:
 no cache, no block tables, one causal SDPA per layer). Their difference is what the engine adds per
-iteration beyond the kernels a profile prices. Then the torch profiler's top operators by device
-time (CUDA) or CPU time for the widest prefill, to name what that difference is made of.
+iteration beyond the kernels a profile prices. With ``--profile`` (and ``--static-profile``, as
+``kvsim validate`` writes them), each shape is also priced by that profile's kernel curves alone, CPU
+step overhead zeroed (what the validation's engine-overhead fit measures the engine against): the
+engine's time over that price says whether the curves, each timed in isolation with its own launch,
+under- or over-price a forward whose launches overlap its kernels. Then the torch profiler's top
+operators by device time (CUDA) or CPU time for the widest prefill, to name what that difference is
+made of.
 
     python -m bench.engine_profile --device cuda --model llama-3.1-8b --kernels sdpa --out runs/bench/engine.json
     python -m bench.engine_profile --device cpu --model tiny-llama      # the same on this CPU (seconds)
+    python -m bench.engine_profile --device cpu --profile cpu-reference  # with the kernel curves' price
 """
 
 from __future__ import annotations
@@ -138,14 +144,37 @@ def _churn(engine, decodes: int, kv0: int, vocab: int, sync, reps: int) -> list[
     return out
 
 
+def _priced_ms(profile, model, allocator: str, chunks, decodes: int, decode_kv: int) -> float:
+    """``profile``'s kernel curves alone (no CPU step overhead) for one batch, milliseconds."""
+    from calibration.kernels.engine_overhead import kernel_cost
+    from sim.cost.model import BatchShape
+
+    cost = kernel_cost(profile, model, allocator, 16)
+    return cost.step_time_s(BatchShape([(n, c) for c, n in chunks], decodes, decodes * decode_kv)) * 1e3
+
+
 def measure(
-    device: str, model_name: str, kernels: str, dtype: str, reps: int = 5, cudnn_sdpa: bool = False, progress=print
+    device: str,
+    model_name: str,
+    kernels: str,
+    dtype: str,
+    reps: int = 5,
+    cudnn_sdpa: bool = False,
+    progress=print,
+    profile: str | None = None,
+    static_profile: str | None = None,
 ) -> dict:
+    """Every shape timed on both layouts and as a plain forward; with ``profile`` (a built-in name or a
+    profile JSON, ``static_profile`` for the static layout, else the same) also priced by its kernels."""
     from calibration.engine import Transformer
     from calibration.kernels import import_torch
     from sim.catalog import get_model
+    from sim.cost.profile import load_profile
 
     torch = import_torch()
+    profiles = {}
+    if profile:
+        profiles = {"paged": load_profile(profile), "static": load_profile(static_profile or profile)}
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
 
@@ -160,6 +189,8 @@ def measure(
         "kernels": kernels,
         "dtype": dtype,
         "cudnn_sdpa": cudnn_sdpa and device == "cuda",
+        "profile": profile,
+        "static_profile": static_profile or profile,
         "rows": [],
     }
     if device == "cuda":
@@ -176,6 +207,8 @@ def measure(
             for alloc, eng in engines.items():
                 items = _items(eng, chunks, decodes, kv, vocab)
                 row[f"{alloc}_ms"] = _timed(lambda eng=eng, items=items: eng.execute(items), sync, reps) * 1e3
+                if profiles:
+                    row[f"{alloc}_priced_ms"] = _priced_ms(profiles[alloc], model, alloc, chunks, decodes, kv)
             out["rows"].append(row)
             progress(
                 f"{name}: plain {row['plain_forward_ms']:.2f} ms, paged {row['paged_ms']:.2f} ms, "
@@ -213,27 +246,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--cudnn-sdpa", action="store_true", help="let torch pick cuDNN's SDPA on CUDA (kvsim turns it off)"
     )
+    ap.add_argument("--profile", help="price each shape by this profile's kernels too (built-in name or JSON)")
+    ap.add_argument("--static-profile", help="the static layout's profile (default: --profile)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench/engine_profile.json"))
     a = ap.parse_args(argv)
     model = a.model or ("llama-3.1-8b" if a.device == "cuda" else "tiny-llama")
     dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
-    res = measure(a.device, model, a.kernels, dtype, a.reps, a.cudnn_sdpa, progress=console.print)
-    cols = ["shape", "new tokens", "plain ms", "paged ms", "static ms", "paged/plain"]
-    table(
-        f"engine execute vs plain forward ({res['model']}, {res['device']}, {res['kernels']})",
-        cols,
-        [
-            [
-                r["shape"],
-                r["new_tokens"],
-                f"{r['plain_forward_ms']:.2f}",
-                f"{r['paged_ms']:.2f}",
-                f"{r['static_ms']:.2f}",
-                f"{r['paged_ms'] / r['plain_forward_ms']:.2f}",
-            ]
-            for r in res["rows"]
-        ],
+    res = measure(
+        a.device,
+        model,
+        a.kernels,
+        dtype,
+        a.reps,
+        a.cudnn_sdpa,
+        progress=console.print,
+        profile=a.profile,
+        static_profile=a.static_profile,
     )
+    priced = "paged_priced_ms" in res["rows"][0]
+    cols = ["shape", "new tokens", "plain ms", "paged ms", "static ms", "paged/plain"]
+    if priced:
+        cols += ["paged / priced", "static / priced"]
+    rows = []
+    for r in res["rows"]:
+        row = [
+            r["shape"],
+            r["new_tokens"],
+            f"{r['plain_forward_ms']:.2f}",
+            f"{r['paged_ms']:.2f}",
+            f"{r['static_ms']:.2f}",
+            f"{r['paged_ms'] / r['plain_forward_ms']:.2f}",
+        ]
+        if priced:
+            row += [f"{r['paged_ms'] / r['paged_priced_ms']:.2f}", f"{r['static_ms'] / r['static_priced_ms']:.2f}"]
+        rows.append(row)
+    table(f"engine execute vs plain forward ({res['model']}, {res['device']}, {res['kernels']})", cols, rows)
     key = "self_device_ms" if a.device == "cuda" else "self_cpu_ms"
     for which in ("paged", "static", "plain"):
         top = res[f"top_ops_{which}"]

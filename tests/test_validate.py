@@ -969,6 +969,9 @@ def test_device_script_dry_run(tmp_path):
     assert att["backends"]["sdpa"]["points"] and "×contig" in p.stdout
     prof = json.loads((out / "engine_profile.json").read_text())
     assert prof["model"] == "tiny-llama" and all(r["paged_ms"] > 0 and r["static_ms"] > 0 for r in prof["rows"])
+    # priced by the profile the validation step wrote (paged only in this spec: static is priced by it too)
+    assert prof["profile"].endswith("profile-paged.json") and prof["static_profile"] == prof["profile"]
+    assert all(r["paged_priced_ms"] > 0 and r["static_priced_ms"] > 0 for r in prof["rows"])
     env["DEVICE"] = "cuda"
     p = subprocess.run(
         ["bash", "bench/device_validate.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=120
