@@ -347,3 +347,33 @@ def test_hbm_bandwidth_comes_from_copies_that_overflow_the_cache():
     small = Measurements(rows=[r for r in meas.rows if r["nbytes"] < l2])
     bw, src = _hbm_bandwidth(small, _mem_fit(small, ("copy",)), l2)
     assert bw == pytest.approx(cache_bw, rel=0.05) and "no copy reached" in src
+
+
+def test_validation_grid_on_a_gpu_times_adds_past_launch_bound_sizes():
+    """The GPU validation's elementwise grid reaches sizes whose time is bandwidth, not launch: its
+    largest add moves more than twice an H200's 60 MB L2 and covers the spec's token budget. With a
+    launch of 7 us that jitters by 10 % and HBM at 4 TB/s, the grid's points fit the bandwidth within
+    5 %, where the 1-256-token points alone (the grid before) are a third off. The CPU grid is unchanged."""
+    from pathlib import Path
+
+    import yaml
+
+    from calibration.kernels.device_profile import _elementwise_fit
+    from calibration.validate.rounds import validation_plan
+    from sim.catalog import get_model
+
+    spec = yaml.safe_load((Path(__file__).resolve().parent.parent / "scenarios" / "validate-cuda.yaml").read_text())
+    hidden = get_model(spec["model"]).hidden
+    gpu, cpu = validation_plan(spec, "cuda"), validation_plan(spec, "cpu")
+    assert cpu.ew_tokens == (1, 16, 256)
+    assert max(gpu.ew_tokens) >= spec["scheduler"]["max_num_batched_tokens"]
+    assert 3 * max(gpu.ew_tokens) * hidden * 2 > 2 * (60 << 20)
+
+    def rows(tokens):  # x.add_(y): two reads and a write of tokens x hidden bf16
+        return [
+            {"nbytes": 3 * t * hidden * 2, "median_s": 7e-6 * (1 + 0.1 * (-1) ** i) + 3 * t * hidden * 2 / 4e12}
+            for i, t in enumerate(tokens)
+        ]
+
+    assert _elementwise_fit(rows(gpu.ew_tokens))["bandwidth_bytes_per_s"] == pytest.approx(4e12, rel=0.05)
+    assert abs(_elementwise_fit(rows(cpu.ew_tokens))["bandwidth_bytes_per_s"] / 4e12 - 1) > 0.25
