@@ -221,7 +221,7 @@ class ModelSpec:
         if self.moe is not None and self.moe.expert_dtype is not None:
             experts = self.moe.moe_layers * self.moe.experts * self.moe.expert_params(self.hidden)
             expert_bytes = experts * dtype_bytes(self.moe.expert_dtype, "model.moe")
-        embed = min(float(self.embedding_params), self.params - experts) if per < 2 else 0.0
+        embed = min(float(self.embedding_params), self.params - experts) if quantized_head(weight_dtype) else 0.0
         return int((self.params - experts - embed) * per + embed * 2 + expert_bytes)
 
     def kv_tokens_held(self, context_tokens: int) -> int:
@@ -344,6 +344,12 @@ def dtype_bytes(dtype: str, key: str) -> float:
         return DTYPE_BYTES[dtype]
     except KeyError:
         raise ConfigError(key, dtype, f"allowed: {', '.join(DTYPE_BYTES)}") from None
+
+
+def quantized_head(weight_dtype: str) -> bool:
+    """Weights below 16 bits (fp8, NVFP4, int4): the checkpoint keeps its token embedding and LM head in
+    16 bits (:meth:`ModelSpec.weight_bytes`), and the LM-head GEMM runs in bf16."""
+    return dtype_bytes(weight_dtype, "model.weight_dtype") < 2
 
 
 _HF = "Hugging Face config.json"

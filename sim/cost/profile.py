@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from sim.catalog import GpuSpec, ModelSpec
+from sim.catalog import GpuSpec, ModelSpec, quantized_head
 from sim.cost.kernel_model import (
     FamilyFit,
     MissingGroup,
@@ -806,9 +806,9 @@ class ProfileCostModel(CostModel):
         self._window_layers: int = model.layers - self._layers
         self._window: int = model.mixed_window or 0
         wd, kd = self._dtype(weight_dtype, "weight"), self._dtype(kv_dtype, "kv")
-        # fp8 and fp4 checkpoints keep the LM head in 16 bits (ModelSpec.weight_bytes), so it runs as a
-        # bf16 GEMM where the profile prices bf16.
-        head = "bf16" if wd != "bf16" and "bf16" in profile.dtypes.get("weight", []) else None
+        # fp8 and fp4 checkpoints keep the LM head in 16 bits, so it runs as a bf16 GEMM where the
+        # profile prices bf16.
+        head = "bf16" if quantized_head(wd) and "bf16" in profile.dtypes.get("weight", []) else None
         self.keys = shape_keys(model, self.tp, wd, kd, head)
         #: The engine's own kernel tables when the profile carries them, else the profile's defaults.
         self.kernels: str | None = engine.kernels if engine is not None and engine.kernels in profile.kernels else None
