@@ -26,7 +26,6 @@
 # attention.json, calibrations.json, validation.json, validation.html, profile-paged.json, profile-static.json
 # (measured.json, the engine's side, when the validation stopped before writing validation.json;
 # engine_profile.json with the profile step, in place of one of steps 2-3's files).
-PROFILE_LIMIT_S=${PROFILE_LIMIT_S:-120}
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SPEC=${SPEC:-scenarios/validate-cuda.yaml}
@@ -39,6 +38,7 @@ VALIDATE_LIMIT_S=${VALIDATE_LIMIT_S:-330}
 TOTAL_S=${TOTAL_S:-570}
 ATTN_LIMIT_S=${ATTN_LIMIT_S:-150}
 CAL_LIMIT_S=${CAL_LIMIT_S:-75}
+PROFILE_LIMIT_S=${PROFILE_LIMIT_S:-120}
 WHEELS=(simpy==4.1.2 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
         plotly==7.1.0)
 
@@ -55,6 +55,8 @@ fi
 
 START=$(date +%s)
 left() { echo $(( TOTAL_S - ($(date +%s) - START) )); }
+# a step's limit: its own ($1) or what is left of TOTAL_S less 10 s, the smaller
+cap() { local l; l=$(( $(left) - 10 )); echo $(( l < $1 ? l : $1 )); }
 OUT=${OUT:-runs/device}
 mkdir -p "$OUT"
 LOG="$OUT/run.log"
@@ -97,7 +99,7 @@ echo "backends to time: ${available:-none} (asked: $KERNELS)" | tee -a "$LOG"
 rc=0
 
 if [[ " $STEPS " == *" validate "* ]]; then
-  limit=$(( $(left) - 10 < VALIDATE_LIMIT_S ? $(left) - 10 : VALIDATE_LIMIT_S ))
+  limit=$(cap "$VALIDATE_LIMIT_S")
   echo "== 1. kvsim validate --kernels $VALIDATE_KERNELS (limit ${limit} s)" | tee -a "$LOG"
   args=(--device "$DEVICE" --scenario "$SPEC" --out "$WORK/validate" --kernels "$VALIDATE_KERNELS")
   if [ "${1:-}" = quick ]; then args+=(--quick); fi
@@ -144,7 +146,7 @@ PYSUM
 fi
 
 if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
-  ATTN_LIMIT_S=$(( $(left) - 10 < ATTN_LIMIT_S ? $(left) - 10 : ATTN_LIMIT_S ))
+  ATTN_LIMIT_S=$(cap "$ATTN_LIMIT_S")
   if [ "$ATTN_LIMIT_S" -lt 30 ]; then
     echo "attention step: skipped, too little time left" | tee -a "$LOG"
   else
@@ -159,7 +161,7 @@ if [[ " $STEPS " == *" attention "* && -n "$available" ]]; then
 fi
 
 if [[ " $STEPS " == *" profile "* ]]; then
-  plimit=$(( $(left) - 10 < PROFILE_LIMIT_S ? $(left) - 10 : PROFILE_LIMIT_S ))
+  plimit=$(cap "$PROFILE_LIMIT_S")
   if [ "$plimit" -lt 30 ]; then
     echo "profile step: skipped, too little time left" | tee -a "$LOG"
   else

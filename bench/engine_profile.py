@@ -27,7 +27,8 @@ from pathlib import Path
 
 from .common import console, table, write_json
 
-#: (name, [(ctx, new) per prefill chunk], decodes, decode KV length): each shape's new tokens and context
+#: (name, [(ctx, new) per prefill chunk], decodes, decode KV length) per device; the first, the widest
+#: prefill, is the one the profiler dissects
 SHAPES = {
     "cuda": (
         ("prefill 1536", [(0, 1536)], 0, 0),
@@ -45,6 +46,10 @@ SHAPES = {
 }
 
 
+#: tokens per KV block, the engines' and the kernel price's
+BLOCK = 16
+
+
 def _engine(model, allocator: str, device: str, kernels: str, dtype: str, net=None):
     from calibration.engine import Engine, EngineConfig
 
@@ -52,7 +57,7 @@ def _engine(model, allocator: str, device: str, kernels: str, dtype: str, net=No
         model=model,
         # static reserves max_model_len per request: room for the 17 requests of the widest batch
         num_blocks=2048 if device == "cuda" else 1024,
-        block_size=16,
+        block_size=BLOCK,
         max_num_seqs=32,
         max_num_batched_tokens=4096,
         allocator=allocator,
@@ -135,7 +140,7 @@ def _churn(engine, decodes: int, kv0: int, vocab: int, sync, reps: int) -> list[
     shape is new (as in a replay, where lengths grow each iteration): seconds per call."""
     out = []
     for k in range(reps):
-        items = _items(engine, [], decodes, kv0 + 16 * k + 1, vocab)
+        items = _items(engine, [], decodes, kv0 + BLOCK * k + 1, vocab)
         sync()
         t = time.perf_counter()
         engine.execute(items)
@@ -144,12 +149,11 @@ def _churn(engine, decodes: int, kv0: int, vocab: int, sync, reps: int) -> list[
     return out
 
 
-def _priced_ms(profile, model, allocator: str, chunks, decodes: int, decode_kv: int) -> float:
-    """``profile``'s kernel curves alone (no CPU step overhead) for one batch, milliseconds."""
-    from calibration.kernels.engine_overhead import kernel_cost
+def _priced_ms(cost, chunks, decodes: int, decode_kv: int) -> float:
+    """One batch priced by ``cost`` (:func:`calibration.kernels.engine_overhead.kernel_cost`: a profile's
+    kernel curves alone, no CPU step overhead), milliseconds."""
     from sim.cost.model import BatchShape
 
-    cost = kernel_cost(profile, model, allocator, 16)
     return cost.step_time_s(BatchShape([(n, c) for c, n in chunks], decodes, decodes * decode_kv)) * 1e3
 
 
@@ -168,17 +172,21 @@ def measure(
     profile JSON, ``static_profile`` for the static layout, else the same) also priced by its kernels."""
     from calibration.engine import Transformer
     from calibration.kernels import import_torch
+    from calibration.kernels.engine_overhead import kernel_cost
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
 
     torch = import_torch()
-    profiles = {}
-    if profile:
-        profiles = {"paged": load_profile(profile), "static": load_profile(static_profile or profile)}
     if device == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdpa)
 
     model = get_model(model_name)
+    costs = {}
+    if profile:
+        costs = {
+            a: kernel_cost(load_profile(p), model, a, BLOCK)
+            for a, p in (("paged", profile), ("static", static_profile or profile))
+        }
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     net = Transformer(model, dtype, device, 0)
@@ -198,7 +206,6 @@ def measure(
     out["torch"] = torch.__version__
     engines = {a: _engine(model, a, device, kernels, dtype, net) for a in ("paged", "static")}
     vocab = model.vocab
-    widest = None
     with torch.inference_mode():
         for name, chunks, decodes, kv in SHAPES[device]:
             new = sum(n for _, n in chunks) + decodes
@@ -207,15 +214,13 @@ def measure(
             for alloc, eng in engines.items():
                 items = _items(eng, chunks, decodes, kv, vocab)
                 row[f"{alloc}_ms"] = _timed(lambda eng=eng, items=items: eng.execute(items), sync, reps) * 1e3
-                if profiles:
-                    row[f"{alloc}_priced_ms"] = _priced_ms(profiles[alloc], model, alloc, chunks, decodes, kv)
+                if costs:
+                    row[f"{alloc}_priced_ms"] = _priced_ms(costs[alloc], chunks, decodes, kv)
             out["rows"].append(row)
             progress(
                 f"{name}: plain {row['plain_forward_ms']:.2f} ms, paged {row['paged_ms']:.2f} ms, "
                 f"static {row['static_ms']:.2f} ms"
             )
-            if widest is None:
-                widest = (name, chunks, decodes, kv)
         for alloc, eng in engines.items():
             calls = _churn(eng, 16 if device == "cuda" else 8, 512 if device == "cuda" else 96, vocab, sync, 12)
             out[f"churn_{alloc}_ms"] = [c * 1e3 for c in calls]
@@ -223,8 +228,7 @@ def measure(
                 f"{alloc} decode, a new KV length each call: median {statistics.median(calls) * 1e3:.2f} ms, "
                 f"first {calls[0] * 1e3:.2f} ms"
             )
-        assert widest is not None
-        name, chunks, decodes, kv = widest
+        name, chunks, decodes, kv = SHAPES[device][0]  # the widest prefill
         for alloc, eng in engines.items():
             items = _items(eng, chunks, decodes, kv, vocab)
             out[f"top_ops_{alloc}"] = {"shape": name, "ops": _top_ops(lambda e=eng, i=items: e.execute(i), device)}
