@@ -40,7 +40,7 @@ def validation_plan(spec: dict, device: str):
         # on a GPU up to 256 MB: past an H100/H200's 50-60 MB L2, so the copies time HBM too
         mem_bytes=_pow2(1 << 12, 1 << 24 if device == "cpu" else 1 << 28, 4),
         # on a GPU 256 tokens of adds are launch-bound: a fit on them alone put the H200's elementwise
-        # bandwidth at 0.65 TB/s in one run and 138 TB/s in another, and priced an 8B 1,536-token
+        # bandwidth anywhere from 0.65 to 138 TB/s, and at 0.65 priced an 8B 1,536-token
         # prefill's adds at 16 ms. Up to 16,384 tokens (128 MB at hidden 4096, past the L2) as
         # `calibrate --quick` times them there.
         ew_tokens=(1, 16, 256) if device == "cpu" else (1, 16, 256, 4096, 16384),
