@@ -603,27 +603,27 @@ def aiconfigurator_server(row: BenchRow) -> BenchRow:
 BUSY_LIMIT = 1.25
 
 
-def gpu_shares(rows: Iterable[BenchRow], profile: str | None = None) -> list[tuple[float, float] | None]:
-    """Per row, the shares of its wall time the GPU must spend on prefills and on decode iterations
-    to deliver the measured throughput at the row's engine's own kernel prices, host and front-end
-    time left out: ``(prefill, decode)``. Prefill: per second, the request rate (concurrency ÷
-    request cycle) times one prompt's prefill, priced as the time it adds to an iteration of the
-    other requests' decodes (its own iteration where the engine runs prefills apart). Decode: the
-    decode iterations of all clients (rate × (osl − 1) ÷ concurrency) at the mean KV length.
-    ``None`` where the profile cannot price the row."""
+def _priced_steps(
+    rows: Iterable[BenchRow], profile: str | None = None, host: bool = False
+) -> list[tuple[float, float] | None]:
+    """Per row, at its engine's own kernel prices (with its preset's host time where ``host``, else
+    none): what one prompt adds to an iteration of the other clients' decodes (its own iteration
+    where the engine runs prefills apart), and the decode iteration of all ``concurrency`` clients
+    at the mean KV length (seconds; ``None`` where the profile cannot price the row)."""
     from sim.config import scenario_from_dict
     from sim.cost.model import BatchShape
-    from sim.engine.deployment import Deployment
+    from sim.engine.deployment import Deployment, with_engine_defaults
 
-    idle = {"host_s": 0.0, "host_per_seq_s": 0.0}
+    idle = None if host else {"host_s": 0.0, "host_per_seq_s": 0.0}
     models: dict[tuple, Any] = {}
     out: list[tuple[float, float] | None] = []
     for r in rows:
         key = (r.model, r.gpu, r.engine, r.weights, r.kv, r.tp)
         try:
             if key not in models:
-                sc = scenario_from_dict(row_scenario(r, engine=idle, profile=profile))
-                models[key] = (Deployment.from_scenario(sc).make_cost_model(sc), sc.scheduler.mixed_batches)
+                # The engine's own batching where the row leaves it unset (vLLM and TensorRT-LLM mix).
+                sc = with_engine_defaults(scenario_from_dict(row_scenario(r, engine=idle, profile=profile)))
+                models[key] = (Deployment.from_scenario(sc).make_cost_model(sc), bool(sc.scheduler.mixed_batches))
         except ConfigError:
             models[key] = (None, True)
         cm, mixed = models[key]
@@ -637,9 +637,47 @@ def gpu_shares(rows: Iterable[BenchRow], profile: str | None = None) -> list[tup
         prefill = cm.step_time_s(BatchShape(chunk, c - 1 if mixed else 0, others if mixed else 0))
         if mixed and c > 1:
             prefill -= cm.step_time_s(BatchShape([], c - 1, others))
-        rate = c / (r.cycle_ms / 1e3)
-        decode = cm.step_time_s(BatchShape([], c, c * kv))
-        out.append((rate * prefill, rate * (r.osl - 1) / c * decode))
+        out.append((prefill, cm.step_time_s(BatchShape([], c, c * kv))))
+    return out
+
+
+def gpu_shares(rows: Iterable[BenchRow], profile: str | None = None) -> list[tuple[float, float] | None]:
+    """Per row, the shares of its wall time the GPU must spend on prefills and on decode iterations
+    to deliver the measured throughput at the row's engine's own kernel prices, host and front-end
+    time left out: ``(prefill, decode)``. Prefill: per second, the request rate (concurrency ÷
+    request cycle) times one prompt's prefill, priced as the time it adds to an iteration of the
+    other requests' decodes (its own iteration where the engine runs prefills apart). Decode: the
+    decode iterations of all clients (rate × (osl − 1) ÷ concurrency) at the mean KV length.
+    ``None`` where the profile cannot price the row."""
+    rows = list(rows)
+    out: list[tuple[float, float] | None] = []
+    for r, steps in zip(rows, _priced_steps(rows, profile)):
+        if steps is None:
+            out.append(None)
+            continue
+        prefill, decode = steps
+        rate = r.concurrency / (r.cycle_ms / 1e3)
+        out.append((rate * prefill, rate * (r.osl - 1) / r.concurrency * decode))
+    return out
+
+
+def prompt_costs(rows: Iterable[BenchRow], profile: str | None = None) -> list[tuple[float, float] | None]:
+    """Per row, what one prompt adds to the iteration the other clients decode in, measured and
+    priced (seconds): measured from the run's request cycle, whose ``osl`` iterations carry
+    ``concurrency`` prompts, as (cycle ÷ osl − the decode iteration at the row's price) ÷
+    (concurrency ÷ osl); priced at the engine's own kernels and its preset's host time
+    (:func:`_priced_steps`). A measured cost well above the price at short prompts and equal to it
+    at long ones is a floor on an iteration with a prompt (``engine.eager_host_per_layer_s``).
+    ``None`` where the profile cannot price the row."""
+    rows = list(rows)
+    out: list[tuple[float, float] | None] = []
+    for r, steps in zip(rows, _priced_steps(rows, profile, host=True)):
+        if steps is None:
+            out.append(None)
+            continue
+        prefill, decode = steps
+        per_iteration = r.cycle_ms / 1e3 / r.osl
+        out.append(((per_iteration - decode) / (r.concurrency / r.osl), prefill))
     return out
 
 

@@ -63,8 +63,10 @@ _STEP_OFF_NONE = {"client_cv": (0.2, 0.5), "completion_per_token_s": (1e-6, 5e-6
 #: there as from any time. ``stream_per_token_s`` at 50 us per token, a ceiling of 20 k tokens/s,
 #: about what the fastest runs measured so far reach: its ceiling moves TTFT smoothly, and a first
 #: step from the presets' 0 (ten decades below on its log scale) would spend the fit's evaluations
-#: coming back.
-_START_OFF_ZERO = {"stream_per_token_s": (1e-6, 50e-6)}
+#: coming back. ``eager_host_per_layer_s`` (fitted only when asked for) at half a millisecond per layer,
+#: where it binds on a small model split over a few GPUs: below a layer's GPU time it changes nothing,
+#: and a simplex started there never leaves.
+_START_OFF_ZERO = {"stream_per_token_s": (1e-6, 50e-6), "eager_host_per_layer_s": (1e-6, 0.5e-3)}
 
 
 def _step(name: str, v: float) -> float:

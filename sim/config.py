@@ -404,6 +404,7 @@ class EngineConfig(_Section):
     host_per_seq_s: float | None = Field(None, ge=0, le=0.01)
     host_hidden: float | None = Field(None, ge=0, le=1)
     eager_per_layer_s: float | None = Field(None, ge=0, le=0.01)
+    eager_host_per_layer_s: float | None = Field(None, ge=0, le=0.01)
     frontend_s: float | None = Field(None, ge=0, le=600)
     frontend_per_token_s: float | None = Field(None, ge=0, le=0.01)
     stream_per_token_s: float | None = Field(None, ge=0, le=0.01)

@@ -11,7 +11,9 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
 * **CUDA graphs** — iterations of at most ``graph_max_tokens`` tokens replay captured graphs, as
   the kernel tables were measured; others run eagerly and pay ``eager_per_layer_s`` of launch
   gaps per layer (``graph_mixed``: mixed prefill/decode iterations replay too, vLLM's
-  piecewise graphs);
+  piecewise graphs); the host launches an eager iteration's kernels one layer after another,
+  ``eager_host_per_layer_s`` per layer, and the GPU cannot finish before the last launch, so an
+  eager iteration takes at least its host time plus ``layers × eager_host_per_layer_s``;
 * **fused elementwise kernels** — the memory-bound kernels per layer the engine launches after
   its fusions (add + RMSNorm, SiLU·mul, RoPE);
 * **custom all-reduce** — messages of at most ``custom_allreduce_max_bytes`` use the engine's
@@ -92,6 +94,12 @@ class EnginePreset:
     #: fp8 GEMM inputs arrive quantized by the previous kernel: the table's fixed input-quantization
     #: cost (``Profile.fp8_gemm_excess_s``) is not paid.
     fp8_quant_fused: bool = False
+    #: Host time to launch one layer's kernels in an eager iteration (a Python model's forward: module
+    #: calls, argument checks, launches). An eager iteration lasts at least its host time plus
+    #: ``layers ×`` this: on a GPU that computes the layer faster, the host sets the pace. 0 in every
+    #: preset: fitted with the other terms, the shipped runs are predicted worse blind
+    #: (docs/calibration.md, "Eager iterations and the host").
+    eager_host_per_layer_s: float = 0.0
     #: Each iteration's batch is formed while the one before it runs (TensorRT-LLM's and SGLang's
     #: overlap schedulers, vLLM's ``--async-scheduling``): a request that reaches the engine while an
     #: iteration runs joins the iteration after the next. Off in every preset: fitted with it, the
@@ -292,6 +300,7 @@ TERM_RANGES = {
     "frontend_per_token_s": (0.0, 0.01),
     "stream_per_token_s": (0.0, 0.01),
     "eager_per_layer_s": (0.0, 0.01),
+    "eager_host_per_layer_s": (0.0, 0.01),
     "client_spread_cycles": (0.0, 100.0),
     "client_cv": (0.0, 10.0),
     "completion_per_token_s": (0.0, 0.01),

@@ -248,6 +248,38 @@ def test_engine_that_fuses_fp8_quantization_prices_fp8_gemms_without_it(h100, we
     assert fused._tokens_part(4)[0] == pytest.approx(unfused._tokens_part(4)[0] - gemm_s + weights_s, rel=1e-9)
 
 
+def test_an_eager_iteration_lasts_at_least_the_hosts_launches(h100):
+    """``eager_host_per_layer_s``: an iteration that does not replay a CUDA graph cannot end before
+    the host has launched every layer's kernels, after its own host time; graph replays are untouched."""
+    from dataclasses import replace
+
+    from sim.engine_presets import get_preset
+
+    trt = get_preset("trtllm")
+    assert trt is not None and not trt.graph_mixed and trt.graph_max_tokens == 128
+    kw = dict(tensor_parallel=8)
+    base = ProfileCostModel(h100, L8B, H100, engine=replace(trt, eager_host_per_layer_s=0.0), **kw)
+    slow = ProfileCostModel(h100, L8B, H100, engine=replace(trt, eager_host_per_layer_s=1e-3), **kw)
+    fast = ProfileCostModel(h100, L8B, H100, engine=replace(trt, eager_host_per_layer_s=1e-7), **kw)
+    host = trt.host_s + trt.host_per_seq_s * 9
+    mixed = BatchShape([(512, 0)], 8, 8 * 1024)
+    assert base.step_time_s(mixed) < L8B.layers * 1e-3
+    assert slow.step_time_s(mixed) == pytest.approx(host + L8B.layers * 1e-3, rel=1e-12)
+    assert fast.step_time_s(mixed) == base.step_time_s(mixed)  # the GPU is slower than the launches
+    # A decode of up to graph_max_tokens sequences replays a graph: no launches to wait for.
+    graph = BatchShape([], 8, 8 * 1024)
+    assert slow.step_time_s(graph) == base.step_time_s(graph)
+    assert slow.decode_times_s(8, np.array([8 * 1024.0]))[0] == base.decode_times_s(8, np.array([8 * 1024.0]))[0]
+    # A larger one runs eagerly: every decode path takes the same floor.
+    n = 256
+    floor = trt.host_s + trt.host_per_seq_s * n + L8B.layers * 1e-3
+    kv = np.array([n * 1024.0, n * 1100.0])
+    assert slow.step_time_s(BatchShape([], n, n * 1024)) == pytest.approx(floor, rel=1e-12)
+    assert slow.decode_times_s(n, kv) == pytest.approx([floor, floor], rel=1e-12)
+    assert slow.decode_times_list(n, kv.tolist()) == pytest.approx([floor, floor], rel=1e-12)
+    assert base.decode_times_s(n, kv)[0] < floor
+
+
 # --- errors --------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from calibration.serving_bench import (
     kv_from_runs,
     least_cached_share,
     normalize_gpu,
+    prompt_costs,
     read_bench,
     read_csv,
     resolve_model,
@@ -219,9 +220,10 @@ def test_runs_faster_than_their_kernels_get_the_least_cached_share_that_makes_th
         None,
         100,
     ]
-    # Simulated so, the runs come closer to what they measured.
+    # Simulated so, the runs come closer to what they measured (not all the way: the share is a
+    # lower bound, below the three quarters they were made with).
     err = lambda res: sum(abs(x.ttft_err) for x in res)  # noqa: E731
-    assert err(evaluate(got[:2], builtin_terms(), FIXED)) < 0.5 * err(evaluate(file, builtin_terms(), FIXED))
+    assert err(evaluate(got[:2], builtin_terms(), FIXED)) < 0.6 * err(evaluate(file, builtin_terms(), FIXED))
     # The shipped file's one such group needs at least about 80 % of its prompts cached.
     shipped = [aiconfigurator_server(r) for r in read_bench(TRAINING_FILE) if "FP8" in r.model]
     sh = gpu_shares(shipped)
@@ -977,6 +979,40 @@ def test_gpu_shares_split_the_busy_time_and_prefills_take_more_of_it_with_shorte
     assert gpu_shares([row(tp=16)]) == [None]
 
 
+def test_a_prompt_is_priced_as_its_engine_batches_it():
+    """vLLM and TensorRT-LLM run a prompt beside the other clients' decodes: it costs what it adds
+    to their iteration. SGLang runs it apart: its own iteration. Both when the row leaves the
+    batching to the engine's defaults."""
+    rows = [row(engine=e, isl=1024, concurrency=8) for e in ("vllm", "trtllm", "sglang")]
+    alone = [row(engine=e, isl=1024, concurrency=1) for e in ("vllm", "trtllm", "sglang")]
+    assert all(r.mixed_batches is None for r in rows)
+    priced = [c[1] for c in prompt_costs(rows)]
+    priced_alone = [c[1] for c in prompt_costs(alone)]
+    assert priced[0] < priced_alone[0] and priced[1] < priced_alone[1]
+    assert priced[2] == pytest.approx(priced_alone[2], rel=1e-9)
+    # gpu_shares prices the prompt the same way (without the host): its prefill share over the
+    # row's prompt rate is that price.
+    (share, _), (share_alone, _) = gpu_shares([rows[1], alone[1]])
+    assert share / (8 / (rows[1].cycle_ms / 1e3)) < share_alone / (1 / (alone[1].cycle_ms / 1e3))
+
+
+def test_prompt_costs_show_a_floor_on_iterations_with_a_prompt():
+    """kvsim's own runs with every eager iteration floored at 1 ms per layer, one prompt per
+    iteration (a token budget of one prompt beside the decodes): a short prompt's measured cost
+    rises well above its price, a long one's (above the floor anyway) hardly moves."""
+    rows = [
+        row(engine="trtllm", tp=2, isl=isl, osl=64, concurrency=c, max_num_batched_tokens=isl + c)
+        for isl, c in [(1024, 8), (8192, 4)]
+    ]
+    floored = prompt_costs(measured(rows, with_terms(trtllm={"eager_host_per_layer_s": 1e-3})))
+    plain = prompt_costs(measured(rows, with_terms()))
+    (short_f, short_price), (long_f, long_price) = floored
+    (short_p, _), (long_p, _) = plain
+    assert [p for _, p in plain] == [short_price, long_price]  # the price is the preset's, not the run's
+    assert short_f > short_p + 0.01 and short_f > 2 * short_price
+    assert long_f == pytest.approx(long_p, rel=0.1) and long_price > 32 * 1e-3
+
+
 def split_case(a: float, b: float, tp: int, n: int, lo: float = 0.0, hi: float = 0.8):
     """``n`` results of one TP whose TPOT errors lie on ``a + b × prefill share``, shares from lo to hi."""
     out, shares = [], {}
@@ -1264,6 +1300,22 @@ def test_fit_finds_the_token_stream_from_no_stream():
     got = fit(rows, start, FIXED, terms=("stream_per_token_s",), max_evals=25)
     assert start_loss > 0.2 and got.loss < 0.01, (start_loss, got.loss)
     assert got.engines["vllm"]["stream_per_token_s"] == pytest.approx(1e-3, rel=0.02)
+
+
+def test_fit_finds_the_eager_launch_floor_from_none():
+    """TensorRT-LLM runs every iteration with a prompt eagerly. Rows made with 1 ms per layer of
+    launches (a 32-layer model's prompt iterations floored at 32 ms, above their GPU time on two
+    GPUs), fitted from none: the fit starts the term where it binds and comes back to 1 ms."""
+    rows = [
+        row(engine="trtllm", tp=tp, isl=isl, osl=16, concurrency=c)
+        for tp, isl, c in [(2, 256, 4), (2, 512, 8), (1, 128, 8), (2, 1024, 2)]
+    ]
+    rows = measured(rows, with_terms(trtllm={"eager_host_per_layer_s": 1e-3}), FIXED)
+    start = with_terms(trtllm={"eager_host_per_layer_s": 0.0})
+    start_loss = objective(evaluate(rows, start, FIXED))
+    got = fit(rows, start, FIXED, terms=("eager_host_per_layer_s",), max_evals=25)
+    assert start_loss > 0.1 and got.loss < 0.01, (start_loss, got.loss)
+    assert got.engines["trtllm"]["eager_host_per_layer_s"] == pytest.approx(1e-3, rel=0.05)
 
 
 def test_fit_starts_from_the_best_spread_and_front_end_pair():

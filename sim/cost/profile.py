@@ -845,6 +845,9 @@ class ProfileCostModel(CostModel):
         self._graph_max: float = float(engine.graph_max_tokens) if engine is not None else math.inf
         self._graph_mixed: bool = engine.graph_mixed if engine is not None else True
         self._eager_s: float = model.layers * engine.eager_per_layer_s if engine is not None else 0.0
+        #: The host's time to launch an eager iteration's kernels, layer by layer. The GPU runs them as
+        #: they come, so an eager iteration lasts at least its host time plus this (``_floor_s``).
+        self._eager_host: float = model.layers * engine.eager_host_per_layer_s if engine is not None else 0.0
         self._cpu: dict[str, Any]
         #: Share of the host time hidden behind the GPU; an iteration is never shorter than its host time.
         self._hidden: float = engine.host_hidden if engine is not None else 0.0
@@ -1199,6 +1202,14 @@ class ProfileCostModel(CostModel):
             self._replay(cs)
         return a + lm + cpu
 
+    def _floor_s(self, seqs: float, eager: bool) -> float:
+        """The least an iteration over ``seqs`` sequences can take, set by the host (0: none): its
+        whole host time where part of it is hidden behind the GPU, and that plus the launches of
+        an eager iteration's kernels, which the GPU cannot outrun."""
+        if eager and self._eager_host:
+            return self._host_floor(seqs) + self._eager_host
+        return self._host_floor(seqs) if self._hidden else 0.0
+
     def _host_floor(self, seqs: float) -> float:
         """The whole host time of an iteration over ``seqs`` sequences (its lower bound when part of it
         is hidden behind the GPU)."""
@@ -1239,8 +1250,9 @@ class ProfileCostModel(CostModel):
             times = base + coef * attn
         if self._window_layers:
             times = times + self._window_attention_s(n, kv if window_kv_tokens is None else window_kv_tokens)
-        if self._hidden:
-            return np.maximum(times, self._host_floor(n))
+        lo = self._floor_s(n, n > self._graph_max)
+        if lo:
+            return np.maximum(times, lo)
         return times
 
     def _window_attention_s(self, n: int, window_kv_tokens: np.ndarray) -> np.ndarray:
@@ -1275,9 +1287,9 @@ class ProfileCostModel(CostModel):
             out, oor = self._gen.at_many(n, lengths, base, coef)
         if oor:
             self._count("generation_attention", oor)
-        if self._hidden:
-            h = self._host_floor(n)
-            out = [v if v > h else h for v in out]
+        lo = self._floor_s(n, n > self._graph_max)
+        if lo:
+            out = [v if v > lo else lo for v in out]
         return out
 
     def gemm_s(self, proj: str, tokens: int) -> tuple[float, bool]:
@@ -1300,10 +1312,8 @@ class ProfileCostModel(CostModel):
         v = base + self._layers * self._attn_factor * t
         if self._window_layers:
             v += self._window_step_s(batch)
-        if self._hidden:
-            h = self._host_floor(n)
-            return v if v > h else h
-        return v
+        lo = self._floor_s(n, n > self._graph_max)
+        return v if v > lo else lo
 
     def mixed_step_time_s(self, batch: BatchShape) -> float:
         chunks = batch.prefill_chunks
@@ -1320,14 +1330,13 @@ class ProfileCostModel(CostModel):
             attn += self._attn_factor * t
         if chunks:
             attn += self._chunks_attention(chunks[0] if m == 1 else tuple(chunks), chunks)
-        eager = self._eager_s if (not self._graph_mixed or tokens > self._graph_max) else 0.0
+        is_eager = not self._graph_mixed or tokens > self._graph_max
+        eager = self._eager_s if is_eager else 0.0
         v = self._non_attention_s(tokens, d + m) + self._layers * attn + self._mixed_decode_s * d + eager
         if self._window_layers:
             v += self._window_step_s(batch)
-        if self._hidden:
-            h = self._host_floor(d + m)
-            return v if v > h else h
-        return v
+        lo = self._floor_s(d + m, is_eager)
+        return v if v > lo else lo
 
     def _window_step_s(self, batch: BatchShape) -> float:
         """Attention seconds of a mixed model's sliding-window layers in one iteration: decodes at

@@ -324,6 +324,7 @@ OVERRIDABLE = (
     "host_per_seq_s",
     "host_hidden",
     "eager_per_layer_s",
+    "eager_host_per_layer_s",
     "frontend_s",
     "frontend_per_token_s",
     "stream_per_token_s",
