@@ -996,6 +996,19 @@ def test_a_prompt_is_priced_as_its_engine_batches_it():
     assert share / (8 / (rows[1].cycle_ms / 1e3)) < share_alone / (1 / (alone[1].cycle_ms / 1e3))
 
 
+def test_rows_of_one_deployment_are_priced_with_their_own_server_settings():
+    """Rows that differ only in their CUDA-graph sizes or batching are priced each with its own: a
+    128-sequence decode replays a graph where the server captures 128 and runs eagerly where it
+    captures 8, and prompts mix with decodes only where the row says so."""
+    few = row(engine="trtllm", isl=512, concurrency=8, cuda_graph_max_batch=8)
+    many = replace(few, concurrency=128, cuda_graph_max_batch=128)
+    assert gpu_shares([few, many])[1] == gpu_shares([many])[0]
+    assert prompt_costs([few, many])[1] == prompt_costs([many])[0]
+    apart = row(engine="sglang", isl=512, concurrency=8)
+    mixed = replace(apart, mixed_batches=True)
+    assert gpu_shares([apart, mixed])[1] == gpu_shares([mixed])[0] != gpu_shares([apart])[0]
+
+
 def test_prompt_costs_show_a_floor_on_iterations_with_a_prompt():
     """kvsim's own runs with every eager iteration floored at 1 ms per layer, one prompt per
     iteration (a token budget of one prompt beside the decodes): a short prompt's measured cost
