@@ -528,6 +528,7 @@ def leave_one_group_out(
     exclude_from_training: tuple[str, ...] = (),
     sensitivity: bool = False,
     pooled_prior: bool = False,
+    predict: list[BenchRow] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> GroupFits:
     """For every group: fit its engine's terms on that engine's other groups (not on
@@ -539,8 +540,13 @@ def leave_one_group_out(
     ``pooled_prior``: the engine's fit starts from, and is pulled towards (:func:`prior_penalty`),
     one set of terms fitted on every training group of every engine (:func:`fit_shared`), so the
     terms its own one or two groups leave free come from all the runs rather than from the fit's
-    wandering."""
+    wandering. ``predict``: the rows each held-out group is predicted from, in ``rows``' order (the
+    file's own runs where ``rows`` are those runs treated for what the checks flag: the treatments
+    then shape the training alone); without it, ``rows``."""
+    if predict is not None and len(predict) != len(rows):
+        raise ValueError(f"predict: {len(predict)} rows for {len(rows)} training rows; they must line up")
     start = start or unfitted_terms()
+    predict = rows if predict is None else predict
     fit_clients = fit_clients or clients
     groups = sorted({r.group for r in rows})
     preds: list[RowResult] = []
@@ -549,7 +555,7 @@ def leave_one_group_out(
     priors: dict[str, EngineTerms] = {}
     for g in groups:
         t0 = time.perf_counter()
-        held = [r for r in rows if r.group == g]
+        held = [p for r, p in zip(rows, predict) if r.group == g]
         engine = held[0].engine
         train = [r for r in rows if r.engine == engine and r.group != g and r.group not in exclude_from_training]
         pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]

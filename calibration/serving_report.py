@@ -333,12 +333,15 @@ class Treatments:
     groups whose clients did not start together have their starts spread (:func:`spread_flagged`);
     ``cache``: the groups faster than their kernels have the least share of their prompts cached
     that makes their runs possible (:func:`cache_flagged`); ``kv``: the deployments whose runs wait
-    for KV hold the capacity the runs imply (:func:`kv_from_runs`)."""
+    for KV hold the capacity the runs imply (:func:`kv_from_runs`). ``blind`` (leave-one-group-out
+    only): the treatments reach the training folds alone and each held-out group is predicted from
+    its runs as the file gives them, so no prediction reads its own group's measured times."""
 
     hold_back: bool = False
     spread: bool = False
     cache: bool = False
     kv: bool = False
+    blind: bool = False
 
 
 @dataclass
@@ -578,6 +581,10 @@ def validate_serving_bench(
         raise ConfigError(
             "--sensitivity", True, "with --logo or --own-fit (it probes their fits; terms as given are not fitted)"
         )
+    if treat.blind and not logo:
+        raise ConfigError(
+            "--blind", True, "with --logo (it keeps the treatments out of the held-out groups' predictions)"
+        )
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else default_served_by(path)
@@ -586,6 +593,8 @@ def validate_serving_bench(
         for line in skipped_lines(skipped):
             log(line)
     checked = check_rows(rows, profile, exclude, treat)
+    # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
+    as_given = rows
     rows, shares, busy, exclude = checked.rows, checked.shares, checked.busy, checked.exclude
     clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
@@ -597,7 +606,11 @@ def validate_serving_bench(
     fold_sens: dict[str, dict] = {}
     fold_priors: dict[str, EngineTerms] = {}
     if logo or own_fit:
-        how = functools.partial(leave_one_group_out, pooled_prior=pooled_prior) if logo else fit_each_group
+        how = (
+            functools.partial(leave_one_group_out, pooled_prior=pooled_prior, predict=as_given if treat.blind else None)
+            if logo
+            else fit_each_group
+        )
         res = how(
             rows,
             start=start,
@@ -613,8 +626,8 @@ def validate_serving_bench(
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
     sc = score(preds)
-    busy_of = dict(zip(rows, busy))
-    shares_of = dict(zip(rows, shares))
+    busy_of = dict(zip(as_given, busy)) | dict(zip(rows, busy))
+    shares_of = dict(zip(as_given, shares)) | dict(zip(rows, shares))
     doc = {
         "format": "kvsim-serving-validation",
         "version": 1,
@@ -627,6 +640,12 @@ def validate_serving_bench(
             + (
                 ", each fit pulled towards terms shared by every training group (of every engine)"
                 if pooled_prior
+                else ""
+            )
+            + (
+                "; the flagged runs treated in training only, each held-out group predicted from its runs as "
+                "the file gives them"
+                if treat.blind
                 else ""
             )
             if logo

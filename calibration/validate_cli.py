@@ -87,6 +87,12 @@ def validate_command(
     spread_flagged: bool = opt.spread_option(_SB, "the note", "in training and prediction"),
     cache_flagged: bool = opt.cache_option(_SB, "the note", "in training and prediction"),
     kv_from_runs: bool = opt.kv_from_runs_option(_SB, "the note", "in training and prediction"),
+    blind: bool = typer.Option(
+        False,
+        "--blind",
+        help="--serving-bench --logo: the --*-flagged and --kv-from-runs treatments reach the training "
+        "folds only; each held-out group is predicted from its runs as the file gives them.",
+    ),
     served_by: str | None = opt.served_by_option(_SB),
     sensitivity: bool = typer.Option(
         False,
@@ -127,7 +133,7 @@ def validate_command(
             kv_cache_tokens=kv_cache_tokens,
             max_evals=max_evals,
             exclude=tuple(exclude_group or ()),
-            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs),
+            treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs, blind),
             served_by=served_by,
             sensitivity=sensitivity,
             pooled_prior=prior,

@@ -1471,6 +1471,39 @@ def test_leave_one_group_out_pulls_each_fold_towards_terms_shared_by_its_trainin
         assert objective([p for p in res.predictions if p.row.group == held[0].group]) < 0.1
 
 
+def test_leave_one_group_out_blind_trains_on_treated_runs_and_predicts_the_files_own(monkeypatch):
+    # ``predict``: each fold fits on the treated runs of the other groups and predicts the held-out
+    # group from its runs as the file gives them, so no prediction reads its own measured times.
+    import calibration.serving_fit as serving_fit
+
+    raw = [row(isl=isl, concurrency=8) for isl in (256, 512)] + [
+        row(model="Qwen/Qwen3-32B", tp=2, isl=isl, concurrency=8) for isl in (256, 512)
+    ]
+    treated, _ = hold_back_flagged(raw, {r.group: [8] for r in raw})
+    assert [r.max_num_seqs for r in treated] == [7] * 4
+    trained, predicted = {}, {}
+
+    def fake_fit(train, start, *a, **k):
+        trained[next(r.group for r in raw if r.group not in {t.group for t in train})] = train
+        return EngineTerms(dict(start.engines), loss=0.0, evals=1)
+
+    def fake_evaluate(rows, terms, *a, **k):
+        predicted[rows[0].group] = rows
+        return [RowResult(r, None, None) for r in rows]
+
+    monkeypatch.setattr(serving_fit, "fit", fake_fit)
+    monkeypatch.setattr(serving_fit, "evaluate", fake_evaluate)
+    res = leave_one_group_out(treated, start=with_terms(), predict=raw)
+    for g in {r.group for r in raw}:
+        assert trained[g] == [t for t in treated if t.group != g]
+        assert predicted[g] == [r for r in raw if r.group == g]
+    assert [p.row for p in res.predictions] == sorted(raw, key=lambda r: r.group)
+    leave_one_group_out(treated, start=with_terms())  # without it, the treated runs predicted
+    assert all(r.max_num_seqs == 7 for rs in predicted.values() for r in rs)
+    with pytest.raises(ValueError, match="line up"):
+        leave_one_group_out(treated, start=with_terms(), predict=raw[:3])
+
+
 def test_fit_each_group_recovers_each_groups_own_terms():
     # Two groups of one engine made with different host times: leave-one-group-out can only give
     # each the other's, each group's own fit gives it its own.
@@ -1672,6 +1705,9 @@ def test_cli_validate_logo_names_the_terms_each_folds_training_runs_leave_unpinn
     # It probes fits: without --logo or --own-fit there is none, and it says so.
     r = kvsim("validate", "--serving-bench", "tiny.csv", "--sensitivity", "--out", "none", cwd=tmp_path)
     assert r.returncode == 2 and "--sensitivity" in r.stderr and "with --logo or --own-fit" in r.stderr
+    # --blind keeps the treatments out of held-out predictions: there are none without --logo.
+    r = kvsim("validate", "--serving-bench", "tiny.csv", "--own-fit", "--blind", "--out", "none", cwd=tmp_path)
+    assert r.returncode == 2 and "--blind" in r.stderr and "with --logo" in r.stderr
     # Without --sensitivity nothing is probed.
     r = kvsim("validate", "--serving-bench", "tiny.csv", *args[:-1], "--out", "plain", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
