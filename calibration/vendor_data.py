@@ -40,11 +40,11 @@ SGLANG_GENERATION = {"h100_sxm": "0.5.14", "h200_sxm": "0.5.14", "a100_sxm": "0.
 #: system -> (trtllm version, nccl version, gemm dtypes kept). The NCCL version is the one the
 #: system.yaml names; the L40S has no NVLink, so its all-reduce rows were measured over PCIe.
 SYSTEMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "h100_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
-    "h200_sxm": ("1.3.0rc20", "2.26.2", ("bfloat16", "fp8")),
+    "h100_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8", "fp8_block")),
+    "h200_sxm": ("1.3.0rc20", "2.26.2", ("bfloat16", "fp8", "fp8_block")),
     "a100_sxm": ("1.0.0", "2.27.3", ("bfloat16", "int8_wo")),
-    "b200_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8", "nvfp4")),
-    "l40s": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8")),
+    "b200_sxm": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8", "fp8_block", "nvfp4")),
+    "l40s": ("1.3.0rc20", "2.27.3", ("bfloat16", "fp8", "fp8_block")),
 }
 
 #: Per-engine kernel tables (the kernels each serving engine runs), on the GPUs the serving
@@ -55,7 +55,7 @@ ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str | None]]] = {
     system: {
         "vllm": ("0.24.0", ("bfloat16", "fp8", *fp4), "0.19.0"),
         "sglang": ("0.5.14", ("bfloat16", "fp8", "fp8_block", *fp4), "0.5.9"),
-        "trtllm": ("1.3.0rc20", ("bfloat16", "fp8", *fp4), "1.2.0rc5"),
+        "trtllm": ("1.3.0rc20", ("bfloat16", "fp8", "fp8_block", *fp4), "1.2.0rc5"),
     }
     # B200: the same engine versions, and the NVFP4 GEMMs its FP4 tensor cores run.
     for system, fp4 in (("h100_sxm", ()), ("h200_sxm", ()), ("b200_sxm", ("nvfp4",)))
@@ -65,7 +65,7 @@ ENGINE_TABLES: dict[str, dict[str, tuple[str, tuple[str, ...], str | None]]] = {
 ENGINE_TABLES["l40s"] = {
     "vllm": ("0.24.0", ("bfloat16", "fp8"), "0.22.0"),
     "sglang": ("0.5.14", ("bfloat16", "fp8"), "0.5.9"),
-    "trtllm": ("1.3.0rc20", ("bfloat16", "fp8"), "1.3.0rc20"),
+    "trtllm": ("1.3.0rc20", ("bfloat16", "fp8", "fp8_block"), "1.3.0rc20"),
 }
 
 # A100: the engine versions its tables were measured at (bf16 only: no FP8 tensor cores; TensorRT-LLM's

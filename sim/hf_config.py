@@ -217,10 +217,13 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
             )
         moe = replace(moe, expert_dtype="mxfp4")
     wq, kq, qsrc = _quantisation(path, top)
-    if moe is not None and wq == "fp8" and _block_scaled(top):
-        # Block-scaled fp8 experts run a fused-MoE kernel of their own (DeepGEMM / Triton block fp8),
-        # timed apart from per-tensor fp8 ones; the dense GEMMs stay priced as per-tensor fp8.
-        moe = replace(moe, expert_dtype="fp8_block")
+    if wq == "fp8" and _block_scaled(top):
+        # Block-scaled fp8 runs kernels of its own (DeepGEMM, TensorRT-LLM's block-scale GEMMs and
+        # fused MoE), timed apart from per-tensor fp8 ones: each engine prices them from its block
+        # table where it has one, from its per-tensor table where it does not (sim/cost/profile.py).
+        wq = "fp8_block"
+        if moe is not None:
+            moe = replace(moe, expert_dtype="fp8_block")
     params, vision = _param_count(
         cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe, mla
     )
@@ -233,7 +236,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if qsrc is not None:
         notes.append(f"quantisation from {qsrc.name}")
         if _block_scaled(top):
-            notes.append("block-scaled fp8 weights priced as per-tensor fp8 GEMMs")
+            notes.append("block-scaled fp8 weights (each engine's block-fp8 GEMMs where it timed them)")
     if mla is not None:
         notes.append(f"multi-head latent attention: {mla.latent_width} cached values per token and layer")
     if moe is not None:

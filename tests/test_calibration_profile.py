@@ -496,6 +496,25 @@ def test_every_engine_prices_every_dtype_its_profile_offers(gpu_name):
                     assert cm.calibrated and cm.mixed_step_time_s(step) > 0, (engine.name, w, kv, model)
 
 
+@pytest.mark.parametrize("name", ["h100-sxm", "h200-sxm", "b200-sxm", "l40s"])
+def test_block_fp8_is_priced_on_each_engines_block_kernels(name):
+    """Block-scaled fp8 GEMMs come from an engine's own block-fp8 table where its tables time them
+    (TensorRT-LLM everywhere, SGLang but on the L40S) and from its per-tensor fp8 table where they
+    do not (vLLM). On Hopper TensorRT-LLM's block GEMMs are slower at prefill sizes: a 1024-token
+    Qwen3-32B gate/up projection is priced above the per-tensor one."""
+    p = load_profile(name)
+    key = "51200x5120"
+    for engine, has_block in (("trtllm", True), ("sglang", name != "l40s"), ("vllm", False)):
+        block, fp8 = p.gemm_curve(f"{key}:fp8_block", engine), p.gemm_curve(f"{key}:fp8", engine)
+        assert block.meta["backend"] == engine
+        assert block.meta["table_dtype"] == ("fp8_block" if has_block else "fp8"), engine
+        if not has_block:
+            assert block.at(1024)[0] == fp8.at(1024)[0]
+    trt = p.gemm_curve(f"{key}:fp8_block", "trtllm").at(1024)[0] / p.gemm_curve(f"{key}:fp8", "trtllm").at(1024)[0]
+    if name in ("h100-sxm", "h200-sxm"):
+        assert trt > 1.05, trt
+
+
 def test_a100_carries_each_engines_own_kernels():
     """The A100's tables time vLLM's and SGLang's bf16 kernels too: a bf16 model on vLLM is priced on
     vLLM's GEMMs and attention; its fp8 (int8 weight-only proxy) GEMMs come from the default tables."""

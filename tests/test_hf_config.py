@@ -78,18 +78,19 @@ ACTIVE = {
     "Qwen/Qwen3-235B-A22B-FP8": 22.0,
 }
 
-#: Declared dtypes (weights, KV) of the quantised checkpoints; every other shipped config is bf16/bf16.
+#: Declared dtypes (weights, KV) of the quantised checkpoints (``fp8_block``: fp8 with a ``weight_block_size``);
+#: every other shipped config is bf16/bf16.
 QUANTISED = {
-    "Qwen/Qwen3-32B-FP8": ("fp8", "bf16"),  # block-scaled fp8 weights, no KV scheme
+    "Qwen/Qwen3-32B-FP8": ("fp8_block", "bf16"),  # block-scaled fp8 weights, no KV scheme
     "Qwen/Qwen3-32B-FP8-Static-PerTensor": ("fp8", "fp8"),
     "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),  # from its sibling hf_quant_config.json
-    "Qwen/Qwen3-30B-A3B-FP8": ("fp8", "bf16"),
-    "deepseek-ai/DeepSeek-V3": ("fp8", "bf16"),  # block-scaled fp8 weights
-    "deepseek-ai/DeepSeek-R1": ("fp8", "bf16"),
-    "moonshotai/Kimi-K2-Instruct": ("fp8", "bf16"),
-    "MiniMaxAI/MiniMax-M2.5": ("fp8", "bf16"),
-    "Qwen/Qwen3-235B-A22B-FP8": ("fp8", "bf16"),
-    "stepfun-ai/Step-3.7-Flash-FP8": ("fp8", "bf16"),
+    "Qwen/Qwen3-30B-A3B-FP8": ("fp8_block", "bf16"),
+    "deepseek-ai/DeepSeek-V3": ("fp8_block", "bf16"),  # block-scaled fp8 weights
+    "deepseek-ai/DeepSeek-R1": ("fp8_block", "bf16"),
+    "moonshotai/Kimi-K2-Instruct": ("fp8_block", "bf16"),
+    "MiniMaxAI/MiniMax-M2.5": ("fp8_block", "bf16"),
+    "Qwen/Qwen3-235B-A22B-FP8": ("fp8_block", "bf16"),
+    "stepfun-ai/Step-3.7-Flash-FP8": ("fp8_block", "bf16"),
     # NVIDIA ModelOpt NVFP4 checkpoints: 4-bit weights, fp8 KV cache.
     "nvidia/DeepSeek-V3.1-NVFP4": ("nvfp4", "fp8"),
     "nvidia/Kimi-K2.5-NVFP4": ("nvfp4", "fp8"),

@@ -23,7 +23,7 @@ def test_deepseek_v3_shape_and_kv():
     hf = _deepseek()
     m = hf.spec
     assert m.mla == MlaSpec(kv_lora_rank=512, rope_dim=64, nope_dim=128, v_dim=128, q_lora_rank=1536)
-    assert (hf.weight_dtype, hf.kv_dtype) == ("fp8", "bf16")
+    assert (hf.weight_dtype, hf.kv_dtype) == ("fp8_block", "bf16")
     # 512 latent values and a 64-wide RoPE key per layer, 61 layers, bf16: 70,272 bytes a token,
     # where 128 heads of K and V at 192/128 wide would take 61 x 128 x 320 x 2 = 4,997,120.
     assert m.kv_bytes_per_token("bf16") == 61 * 576 * 2 == 70272

@@ -330,12 +330,12 @@ def test_a_measured_shape_prices_on_its_own_curve():
 
 @pytest.mark.parametrize(
     "weight_dtype,experts,gib",
-    [(None, "fp8_block", 625), ("fp8", "fp8_block", 625), ("nvfp4", "nvfp4", 352), ("fp8_block", "fp8_block", 625)],
+    [(None, "fp8_block", 625), ("fp8", "fp8", 625), ("nvfp4", "nvfp4", 352), ("fp8_block", "fp8_block", 625)],
 )
 def test_a_scenario_weight_dtype_other_than_the_checkpoints_moves_the_experts(weight_dtype, experts, gib):
-    """DeepSeek-R1 declares block-scaled fp8 experts; a scenario (or benchmark row) that serves it in
-    another format (NVIDIA's NVFP4 build) prices and holds the experts in that format, one that keeps
-    the checkpoint's format keeps the config's experts."""
+    """DeepSeek-R1 declares block-scaled fp8 weights; a scenario (or benchmark row) that serves it in
+    another format (NVIDIA's NVFP4 build, a per-tensor fp8 quantization) prices and holds the experts
+    in that format, one that keeps the checkpoint's format (or names none) keeps the config's experts."""
     from sim.config import scenario_from_dict
     from sim.engine.deployment import Deployment
 
