@@ -1988,8 +1988,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
 
 
 def test_a_row_without_weights_takes_its_checkpoints(tmp_path):
-    """``weights`` left empty: the checkpoint's as its config declares them (fp8 for Qwen3-32B-FP8,
-    MXFP4 experts for gpt-oss), bf16 for a catalog model; a vLLM result JSON without ``--weights``
+    """``weights`` left empty: the checkpoint's as its config declares them (block-scaled fp8 for
+    Qwen3-32B-FP8, MXFP4 experts for gpt-oss), bf16 for a catalog model; a vLLM result JSON without ``--weights``
     reads the same way."""
     p = tmp_path / "bench.csv"
     p.write_text(
@@ -2003,7 +2003,7 @@ def test_a_row_without_weights_takes_its_checkpoints(tmp_path):
         + GOOD.replace(LLAMA, "Qwen/Qwen3-32B-FP8")
         + ",bf16\n"
     )
-    assert [r.weights for r in read_csv(p)] == ["fp8", "mxfp4", "bf16", "bf16"]
+    assert [r.weights for r in read_csv(p)] == ["fp8_block", "mxfp4", "bf16", "bf16"]
 
 
 def kv_bound_runs(capacity: int) -> list[BenchRow]:
