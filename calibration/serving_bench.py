@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -562,6 +563,22 @@ def hold_back_flagged(
 AIC_BUDGET_EXTRA = 1500
 #: The first SGLang version whose aiconfigurator command line turns mixed chunks on.
 AIC_SGLANG_MIXED_FROM = "0.5.6"
+
+
+#: A run id as aiconfigurator-core's collector names an aggregated run:
+#: ``…_agg_{isl}x{osl}_c{concurrency}_tp{tp}_ep…`` (some ids leave the concurrency out, ``_c_``).
+AIC_RUN_ID = re.compile(r"_agg_(\d+)x(\d+)_c(\d*)_tp(\d+)(?!\d)")
+
+
+def aiconfigurator_run(row: BenchRow) -> bool:
+    """Whether ``row.source`` names an aiconfigurator-core collector run of the row's own prompt and
+    output lengths, concurrency (where the id gives one) and GPU count: a run its generator deployed
+    (:func:`aiconfigurator_server`), as every run of the shipped training file was."""
+    m = AIC_RUN_ID.search(row.source)
+    if m is None:
+        return False
+    isl, osl, conc, tp = m.groups()
+    return (int(isl), int(osl), int(tp)) == (row.isl, row.osl, row.tp) and (not conc or int(conc) == row.concurrency)
 
 
 def aiconfigurator_server(row: BenchRow) -> BenchRow:

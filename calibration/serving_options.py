@@ -101,7 +101,8 @@ def served_by_option(mode: str):
     return typer.Option(
         None,
         "--served-by",
-        help=f"{mode}: how the servers were configured where a row does not say: aiconfigurator (the settings "
-        "aiconfigurator-core gives an aggregated deployment at the run's concurrency; the default for 'builtin') "
-        "or defaults (each engine's own; the default for other files).",
+        help=f"{mode}: how the servers were configured where a row does not say: auto (the default: "
+        "aiconfigurator's settings for a row whose source_id names an aiconfigurator-core collector run, as every "
+        "run of 'builtin' does, else each engine's own), aiconfigurator (the settings aiconfigurator-core gives an "
+        "aggregated deployment at the run's concurrency, for every row) or defaults (each engine's own).",
     )

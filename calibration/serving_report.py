@@ -25,6 +25,7 @@ from .serving_bench import (
     BenchRow,
     Clients,
     RowResult,
+    aiconfigurator_run,
     aiconfigurator_server,
     cache_flagged,
     clients_apart,
@@ -99,7 +100,7 @@ def _rows(
             kv=kv,
             kv_cache_tokens=kv_cache_tokens,
         ),
-        served_by if served_by is not None else default_served_by(path),
+        served_by if served_by is not None else "auto",
     )
     if engine:
         have = sorted({r.engine for r in rows})
@@ -111,24 +112,43 @@ def _rows(
 
 #: How a benchmark file's servers may have been configured (``--served-by``): ``aiconfigurator``,
 #: the settings aiconfigurator-core's generator gives an aggregated deployment
-#: (:func:`calibration.serving_bench.aiconfigurator_server`); ``defaults``, each engine's own.
-SERVED_BY = ("aiconfigurator", "defaults")
-
-
-def default_served_by(path: str) -> str:
-    """``aiconfigurator`` for the shipped training file (its runs were served so), ``defaults`` otherwise."""
-    try:
-        shipped = Path(path).resolve() == TRAINING_FILE.resolve()
-    except OSError:
-        shipped = False
-    return "aiconfigurator" if shipped else "defaults"
+#: (:func:`calibration.serving_bench.aiconfigurator_server`); ``defaults``, each engine's own;
+#: ``auto`` (the default), per row: aiconfigurator's where the row's ``source_id`` names one of its
+#: collector's runs (:func:`calibration.serving_bench.aiconfigurator_run`: every run of the shipped
+#: file), else the engine's defaults.
+SERVED_BY = ("auto", "aiconfigurator", "defaults")
 
 
 def served_by_rows(rows: list[BenchRow], served_by: str) -> list[BenchRow]:
     """``rows`` with the server settings of ``served_by`` (:data:`SERVED_BY`) where a row sets none."""
     if served_by not in SERVED_BY:
         raise ConfigError("--served-by", served_by, f"one of {', '.join(SERVED_BY)}")
-    return [aiconfigurator_server(r) for r in rows] if served_by == "aiconfigurator" else rows
+    if served_by == "defaults":
+        return rows
+    return [aiconfigurator_server(r) if served_by == "aiconfigurator" or aiconfigurator_run(r) else r for r in rows]
+
+
+def served_by_line(path: str, rows: list[BenchRow], served_by: str) -> list[str]:
+    """One line saying which rows ``auto`` serves as aiconfigurator deploys them, for a file other than
+    the shipped one (whose runs all are); none otherwise."""
+    if served_by != "auto" or _is_training_file(path):
+        return []
+    n = sum(aiconfigurator_run(r) for r in rows)
+    if not n:
+        return []
+    return [
+        f"note: {n} of {len(rows)} rows of {path} name aiconfigurator-core collector runs in source_id "
+        "(..._agg_<isl>x<osl>_c<concurrency>_tp<tp>_...): simulated with the server settings its generator "
+        "gives them (docs/calibration.md, How the shipped runs were served); --served-by defaults gives "
+        "each engine its own defaults"
+    ]
+
+
+def _is_training_file(path: str) -> bool:
+    try:
+        return Path(path).resolve() == TRAINING_FILE.resolve()
+    except OSError:
+        return False
 
 
 def completion_warnings(flagged: dict[str, list[int]], held: dict[str, list[int]] | None = None) -> list[str]:
@@ -569,7 +589,7 @@ def validate_serving_bench(
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
     with ``own_fit``, each group with terms fitted on its own rows (:func:`fit_each_group`).
     ``treat``: what to do with what the checks flag (:class:`Treatments`), in training and in
-    prediction. ``served_by``: :func:`served_by_rows` (default: :func:`default_served_by`).
+    prediction. ``served_by``: :func:`served_by_rows` (default ``auto``).
     ``sensitivity`` (with ``logo`` or ``own_fit``): how firmly each fold's training rows pin its
     terms, under ``fold_sensitivity``. ``pooled_prior`` (with ``logo``): each fold's fit is pulled
     towards terms shared by all its training groups (:func:`leave_one_group_out`)."""
@@ -587,10 +607,10 @@ def validate_serving_bench(
         )
     t0 = time.perf_counter()
     skipped: list[str] = []
-    served = served_by if served_by is not None else default_served_by(path)
+    served = served_by if served_by is not None else "auto"
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
-        for line in skipped_lines(skipped):
+        for line in skipped_lines(skipped) + served_by_line(path, rows, served):
             log(line)
     checked = check_rows(rows, profile, exclude, treat)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
@@ -659,6 +679,9 @@ def validate_serving_bench(
         "requests_per_client": requests_per_client,
         "warmup_per_client": warmup,
         "served_by": served,
+        "aiconfigurator_served_rows": sum(served == "aiconfigurator" or aiconfigurator_run(r) for r in as_given)
+        if served != "defaults"
+        else 0,
         "metric": "mean TTFT and mean TPOT over each run's requests (after each client's warm-up, if any), relative error "
         "(simulated - measured) / measured",
         "terms": start.engines,
@@ -896,6 +919,7 @@ def calibrate_from_serving_bench(
     if warn is not None:
         for line in (
             skipped_lines(skipped)
+            + served_by_line(path, rows, served_by if served_by is not None else "auto")
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)

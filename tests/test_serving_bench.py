@@ -32,6 +32,7 @@ from calibration.serving_bench import (
     BenchRow,
     Clients,
     RowResult,
+    aiconfigurator_run,
     aiconfigurator_server,
     cache_flagged,
     clients_apart,
@@ -69,7 +70,7 @@ from calibration.serving_fit import (
     prior_penalty,
     term_sensitivity,
 )
-from calibration.serving_report import default_served_by, kv_warnings, served_by_rows
+from calibration.serving_report import kv_warnings, served_by_line, served_by_rows
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -658,14 +659,55 @@ def test_aiconfigurator_server_settings():
     ]
 
 
-def test_served_by_defaults_to_aiconfigurator_for_the_shipped_file_only(tmp_path):
-    assert default_served_by(str(TRAINING_FILE)) == "aiconfigurator"
-    assert default_served_by(str(tmp_path / "mine.csv")) == "defaults"
-    rows = [row(concurrency=3)]
+def test_served_by_auto_reads_aiconfigurator_run_ids_and_serves_only_those_rows():
+    ids = {
+        "x_h100_sxm_vllm_agg_128x16_c3_tp1_epnone_1": True,
+        "qwen3_32b_h100_sxm_vllm_agg_128x16_c_tp1_0_epnone_4": True,  # the collector left the concurrency out
+        "x_agg_128x16_c4_tp1_epnone_1": False,  # another run's concurrency
+        "x_agg_128x32_c3_tp1_epnone_1": False,  # another run's output length
+        "x_agg_128x16_c3_tp12_epnone_1": False,  # tp12 is not tp1
+        "run-17": False,
+        "": False,
+    }
+    rows = [row(concurrency=3, source=s) for s in ids]
+    assert [aiconfigurator_run(r) for r in rows] == list(ids.values())
+    auto = served_by_rows(rows, "auto")
+    assert [r.max_num_seqs for r in auto] == [3 if v else None for v in ids.values()]
+    assert [r.max_num_batched_tokens for r in auto][:3] == [3 + 128 + 1500, 3 + 128 + 1500, None]
     assert served_by_rows(rows, "defaults") == rows
-    assert served_by_rows(rows, "aiconfigurator")[0].max_num_seqs == 3
-    with pytest.raises(ConfigError, match=r"--served-by: got 'dynamo'; one of aiconfigurator, defaults"):
+    assert all(r.max_num_seqs == 3 for r in served_by_rows(rows, "aiconfigurator"))
+    with pytest.raises(ConfigError, match=r"--served-by: got 'dynamo'; one of auto, aiconfigurator, defaults"):
         served_by_rows(rows, "dynamo")
+    # Every run of the shipped file names its collector run: auto serves the whole file as aiconfigurator.
+    shipped = read_bench(TRAINING_FILE)
+    assert served_by_rows(shipped, "auto") == served_by_rows(shipped, "aiconfigurator")
+    assert served_by_line(str(TRAINING_FILE), shipped, "auto") == []
+    (line,) = served_by_line("mine.csv", rows, "auto")
+    assert line.startswith("note: 2 of 7 rows of mine.csv name aiconfigurator-core collector runs")
+    assert served_by_line("mine.csv", rows, "defaults") == [] and served_by_line("mine.csv", rows[2:], "auto") == []
+
+
+def test_cli_validate_serves_a_copied_aiconfigurator_file_as_its_generator_did(tmp_path):
+    # A run of the shipped file, copied elsewhere: still read as aiconfigurator served it (a token budget of
+    # 8 + 4096 + 1500 and at most 8 requests running, where vLLM's defaults are 8192 and 1024).
+    lines = TRAINING_FILE.read_text().splitlines()
+    picked = [ln for ln in lines[1:] if "h100_sxm_vllm_agg_4096x128_c8_tp2_" in ln]
+    assert len(picked) == 1, "the shipped file has one such Qwen3-32B / vLLM run"
+    (tmp_path / "copy.csv").write_text("\n".join([lines[0], *picked]) + "\n")
+    args = ("validate", "--serving-bench", "copy.csv", "--requests-per-client", "2")
+    r = kvsim(*args, "--out", "auto", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "1 of 1 rows of copy.csv name aiconfigurator-core collector runs" in " ".join((r.stdout + r.stderr).split())
+    auto = json.loads((tmp_path / "auto" / "serving_validation.json").read_text())
+    assert auto["served_by"] == "auto" and auto["aiconfigurator_served_rows"] == 1
+    assert auto["results"][0]["max_num_seqs"] == 8 and auto["results"][0]["max_num_batched_tokens"] == 8 + 4096 + 1500
+    r = kvsim(*args, "--served-by", "defaults", "--out", "own", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "collector runs" not in r.stdout + r.stderr
+    own = json.loads((tmp_path / "own" / "serving_validation.json").read_text())
+    assert own["aiconfigurator_served_rows"] == 0 and own["results"][0]["max_num_seqs"] is None
+    # The deployment moves the simulated first token (1,064 ms on vLLM's defaults, 911 ms as served).
+    assert abs(own["results"][0]["sim_ttft_ms"] / auto["results"][0]["sim_ttft_ms"] - 1) > 0.05
 
 
 def test_row_server_settings_reach_the_scenario_and_bound_every_iteration():
