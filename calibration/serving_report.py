@@ -137,7 +137,7 @@ def served_by_line(path: str, rows: list[BenchRow], served_by: str) -> list[str]
     if not n:
         return []
     return [
-        f"note: {n} of {len(rows)} rows of {path} name aiconfigurator-core collector runs in source_id "
+        f"{n} of {len(rows)} rows of {path} name aiconfigurator-core collector runs in source_id "
         "(..._agg_<isl>x<osl>_c<concurrency>_tp<tp>_...): simulated with the server settings its generator "
         "gives them (docs/calibration.md, How the shipped runs were served); --served-by defaults gives "
         "each engine its own defaults"

@@ -683,7 +683,7 @@ def test_served_by_auto_reads_aiconfigurator_run_ids_and_serves_only_those_rows(
     assert served_by_rows(shipped, "auto") == served_by_rows(shipped, "aiconfigurator")
     assert served_by_line(str(TRAINING_FILE), shipped, "auto") == []
     (line,) = served_by_line("mine.csv", rows, "auto")
-    assert line.startswith("note: 2 of 7 rows of mine.csv name aiconfigurator-core collector runs")
+    assert line.startswith("2 of 7 rows of mine.csv name aiconfigurator-core collector runs")
     assert served_by_line("mine.csv", rows, "defaults") == [] and served_by_line("mine.csv", rows[2:], "auto") == []
 
 
