@@ -37,13 +37,17 @@ MODEL_IDS = {
 #: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
 #: Llama 3.3 70B is Llama 3.1 70B retrained, and Llama 3 is Llama 3.1 with a shorter context;
 #: Nemotron-70B is a Llama 3.1 70B fine-tune; Mistral-7B v0.1 is the catalog's ``mistral-7b`` (its
-#: 4096-token sliding window; v0.2 and later have none).
+#: 4096-token sliding window; v0.2 and later have none); DeepSeek-V3.1 is DeepSeek-V3's architecture.
 SAME_SHAPE = {
     "llama-3.3-70b": "llama-3.1-70b",
     "llama-3-8b": "llama-3.1-8b",
     "llama-3-70b": "llama-3.1-70b",
     "llama-3.1-nemotron-70b": "llama-3.1-70b",
     "mistral-7b-v0.1": "mistral-7b",
+    # DeepSeek-V3.1 (and its Terminus update) is DeepSeek-V3's architecture, released in the same
+    # block-scaled fp8; without this its id would find only NVIDIA's NVFP4 re-release of it.
+    "deepseek-v3.1": "deepseek-v3",
+    "deepseek-v3.1-terminus": "deepseek-v3",
     # DeepSeek-R1's distillations are fine-tunes of these bases (Qwen2.5-Math-7B has Qwen2.5-7B's shape).
     "deepseek-r1-distill-llama-8b": "llama-3.1-8b",
     "deepseek-r1-distill-llama-70b": "llama-3.1-70b",

@@ -309,6 +309,9 @@ def test_model_column_may_name_a_config_json_beside_the_file(tmp_path):
         ("RedHatAI/Qwen3-32B-FP8-dynamic", "Qwen/Qwen3-32B"),  # another fp8 format: the shape alone
         ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3"),
         ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),
+        # V3's architecture and block fp8, not NVIDIA's NVFP4 re-release (the only V3.1 config shipped)
+        ("deepseek-ai/DeepSeek-V3.1", "deepseek-ai/DeepSeek-V3"),
+        ("deepseek-ai/DeepSeek-V3.1-Terminus", "deepseek-ai/DeepSeek-V3"),
         ("meta-llama/Meta-Llama-3-8B-Instruct", "meta-llama/Meta-Llama-3.1-8B"),
         ("mistralai/Mistral-7B-Instruct-v0.1", "mistral-7b"),
         ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-v0.3"),
@@ -332,6 +335,19 @@ def test_model_ids_resolve_to_the_shape_they_name(tmp_path, ident, shape):
         scenario_from_dict(row_scenario(r, TINY)).model
         == scenario_from_dict(row_scenario(replace(r, model=shape), TINY)).model
     )
+
+
+def test_an_unquantized_id_does_not_take_a_quantized_re_release_s_format(tmp_path):
+    # DeepSeek-V3.1's only shipped config is NVIDIA's NVFP4 checkpoint; the id itself is V3's block fp8.
+    p = tmp_path / "ids.csv"
+    rows = [
+        GOOD.replace(LLAMA, i).replace(",1,128,", ",8,128,")
+        for i in ("deepseek-ai/DeepSeek-V3.1", "nvidia/DeepSeek-V3.1-NVFP4")
+    ]
+    p.write_text(f"{HEADER}\n" + "\n".join(rows) + "\n")
+    plain, nvfp4 = read_csv(p)
+    assert (plain.weights, nvfp4.weights) == ("fp8_block", "nvfp4")
+    assert resolve_model("nvidia/DeepSeek-V3.1-NVFP4") == {"name": None, "hf_config": "nvidia/DeepSeek-V3.1-NVFP4"}
 
 
 def test_a_local_config_wins_over_a_same_shape_guess(tmp_path, monkeypatch):
