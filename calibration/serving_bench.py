@@ -5,7 +5,7 @@ request of ``isl`` prompt and ``osl`` output tokens and send the next when it fi
 benchmark reports the mean time to first token and time per output token. Two formats are read:
 
 * CSV with ``model, gpu, engine, tp, isl, osl, concurrency, ttft_ms, tpot_ms`` and optional
-  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``; unset: the checkpoint's, as a
+  ``weights`` (``bf16``, ``fp16``, ``fp8``, ``fp8_block``, ``nvfp4``, ``mxfp4``, ``w4a16``; unset: the checkpoint's, as a
   shipped or given config declares them, else bf16), ``kv`` (the KV cache's dtype, ``bf16``,
   ``fp16`` or ``fp8``; unset: the engine's default, :func:`default_kv`), ``engine_version``, ``source_id``: the
   layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
@@ -44,7 +44,10 @@ from sim.model_ids import known_ids, section_of
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
 
 REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
-WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4", "mxfp4")
+WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4", "mxfp4", "w4a16")
+#: Weights that name a checkpoint's quantised routed experts (the rest 16-bit): gpt-oss's MXFP4, Kimi
+#: K2.5's 4-bit integers; a row may give them only for a checkpoint that declares them.
+EXPERT_WEIGHTS = ("mxfp4", "w4a16")
 KV_DTYPES = ("bf16", "fp16", "fp8")
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -247,24 +250,25 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         raise _bad(path, where, "model", model, exc.allowed) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
-    # The checkpoint's config, read only where the row leaves its weights to it or names MXFP4.
-    hf = _checkpoint(section) if weights in ("", "mxfp4") else None
-    mxfp4_experts = hf is not None and hf.spec.moe is not None and hf.spec.moe.expert_dtype == "mxfp4"
+    # The checkpoint's config, read only where the row leaves its weights to it or names its experts'.
+    hf = _checkpoint(section) if weights in ("", *EXPERT_WEIGHTS) else None
+    experts = hf.spec.moe.expert_dtype if hf is not None and hf.spec.moe is not None else None
     if not weights:
-        # A row that gives no weights means its checkpoint's (MXFP4 experts: gpt-oss), else bf16.
+        # A row that gives no weights means its checkpoint's (quantised experts: gpt-oss, Kimi K2.5), else bf16.
         weights = "bf16"
-        if mxfp4_experts:
-            weights = "mxfp4"
+        if experts in EXPERT_WEIGHTS:
+            weights = experts
         elif hf is not None and hf.weight_dtype in WEIGHTS:
             weights = hf.weight_dtype
-    if weights == "mxfp4" and not mxfp4_experts:
+    if weights in EXPERT_WEIGHTS and experts != weights:
         raise _bad(
             path,
             where,
             "weights",
             d.get("weights"),
-            f"one of {', '.join(w for w in WEIGHTS if w != 'mxfp4')}: mxfp4 only for a checkpoint whose "
-            f"config declares MXFP4 experts (gpt-oss), which {model} does not",
+            f"one of {', '.join(w for w in WEIGHTS if w not in EXPERT_WEIGHTS)}: {weights} only for a checkpoint "
+            f"whose config declares {weights.upper()} routed experts ({'gpt-oss' if weights == 'mxfp4' else 'Kimi K2.5'}), "
+            f"which {model} does not",
         )
     gpu_given = str(d.get("gpu", "")).strip()
     gpu = normalize_gpu(gpu_given)
@@ -1122,8 +1126,8 @@ def row_scenario(
     gpu = GPU_IDS.get(row.gpu, row.gpu)
     kv = row.kv or default_kv(row.engine, row.weights, gpu)
     # fp16 weights cost what bf16 ones do (two bytes, the same tensor-core rate); the profiles price bf16.
-    # An MXFP4 checkpoint's experts take their dtype from its config, its other weights are bf16.
-    model.update({"weight_dtype": "bf16" if row.weights in ("fp16", "mxfp4") else row.weights, "kv_dtype": kv})
+    # A checkpoint's quantised experts (MXFP4, W4A16) take their dtype from its config, its other weights are bf16.
+    model.update({"weight_dtype": "bf16" if row.weights in ("fp16", *EXPERT_WEIGHTS) else row.weights, "kv_dtype": kv})
     n = row.requests if row.requests is not None else row.concurrency * (clients.requests_per_client + clients.warmup)
     spread = row.start_spread_cycles if row.start_spread_cycles is not None else clients.start_spread_cycles
     sc: dict = {

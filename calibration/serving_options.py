@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-WEIGHT_DTYPES = "bf16|fp16|fp8|fp8_block|nvfp4|mxfp4"
+WEIGHT_DTYPES = "bf16|fp16|fp8|fp8_block|nvfp4|mxfp4|w4a16"
 
 
 def engine_option(mode: str, what: str):

@@ -27,6 +27,9 @@ DTYPE_BYTES: dict[str, float] = {
     # MXFP4 (OCP microscaling; gpt-oss experts): 4-bit values and one 8-bit scale per 32 of them.
     "mxfp4": 0.53125,
     "int4": 0.5,
+    # W4A16 (compressed-tensors pack-quantized; Kimi K2.5's routed experts): 4-bit integers and one
+    # bf16 scale per group of 32.
+    "w4a16": 0.5625,
 }
 
 
@@ -47,7 +50,8 @@ class MoeSpec:
     moe_layers: int
     shared_intermediate: int = 0
     #: Dtype of the routed experts' weights when the checkpoint quantises them apart from the rest
-    #: (gpt-oss: ``mxfp4`` experts, bf16 attention); ``None``: the model's weight dtype.
+    #: (gpt-oss: ``mxfp4`` experts, Kimi K2.5: ``w4a16`` experts; bf16 attention); ``None``: the
+    #: model's weight dtype.
     expert_dtype: str | None = None
 
     def expert_params(self, hidden: int) -> float:

@@ -44,6 +44,7 @@ per-layer block shapes and quantisations kvsim has no dtype for are refused with
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -206,7 +207,9 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
 
     weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
     moe = _moe(path, field, layers, intermediate)
-    if _mxfp4(top):
+    # A vision-language model may declare its quantisation with the text tower it applies to.
+    qtop = top if isinstance(top.get("quantization_config"), dict) or cfg is top else cfg
+    if _mxfp4(qtop):
         # gpt-oss: MXFP4 routed experts, everything else (attention, router, embeddings) 16-bit.
         if moe is None:
             raise ConfigError(
@@ -216,8 +219,20 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
                 "(the mxfp4 experts of a mixture-of-experts model are)",
             )
         moe = replace(moe, expert_dtype="mxfp4")
-    wq, kq, qsrc = _quantisation(path, top)
-    if wq == "fp8" and _block_scaled(top):
+    wq, kq, qsrc = _quantisation(path, qtop)
+    if wq == "w4a16":
+        # Kimi K2.5: 4-bit integer routed experts, everything else (attention, shared experts, dense
+        # MLPs) 16-bit, as gpt-oss's MXFP4 experts are.
+        if moe is None or not _experts_only(qtop["quantization_config"], moe, layers):
+            raise ConfigError(
+                KEY,
+                str(path),
+                "quantization_config: 4-bit integer weights outside the routed experts of a mixture-of-experts "
+                "model not supported yet (int4 routed experts with 16-bit attention, as Kimi K2.5's, are)",
+            )
+        moe = replace(moe, expert_dtype="w4a16")
+        wq = None
+    if wq == "fp8" and _block_scaled(qtop):
         # Block-scaled fp8 runs kernels of its own (DeepGEMM, TensorRT-LLM's block-scale GEMMs and
         # fused MoE), timed apart from per-tensor fp8 ones: each engine prices them from its block
         # table where it has one, from its per-tensor table where it does not (sim/cost/profile.py).
@@ -235,7 +250,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         )
     if qsrc is not None:
         notes.append(f"quantisation from {qsrc.name}")
-        if _block_scaled(top):
+        if _block_scaled(qtop):
             notes.append("block-scaled fp8 weights (each engine's block-fp8 GEMMs where it timed them)")
     if mla is not None:
         notes.append(f"multi-head latent attention: {mla.latent_width} cached values per token and layer")
@@ -552,6 +567,8 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
             w = (group or {}).get("weights") or {}
             if w.get("num_bits") == 8 and w.get("type") == "float":
                 weight = "fp8"
+            elif w.get("num_bits") == 4 and w.get("type") == "int" and not (group or {}).get("input_activations"):
+                weight = "w4a16"  # weight-only: the caller checks that only routed experts carry it
             else:
                 raise ConfigError(
                     KEY,
@@ -582,6 +599,39 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
             raise ConfigError(KEY, str(path), f"{where}: KV-cache quantisation {scheme!r} not supported yet (fp8 only)")
         kv = "fp8"
     return weight, kv
+
+
+#: Module names of one decoder layer, as the Hugging Face implementations of DeepSeek-V3-style and
+#: Qwen-MoE-style models name them, that a quantisation's ``ignore`` list is matched against.
+_MODULES = {
+    "attention": "model.layers.1.self_attn.q_proj",
+    "dense": "model.layers.0.mlp.gate_proj",
+    "shared": "model.layers.1.mlp.shared_experts.gate_proj",
+    "expert": "model.layers.1.mlp.experts.0.gate_proj",
+}
+
+
+def _ignored(ignore: list, module: str) -> bool:
+    """Whether compressed-tensors' ``ignore`` list (names, or ``re:`` patterns) leaves ``module`` unquantised."""
+    for item in ignore:
+        item = str(item)
+        if item.startswith("re:") and re.match(item[3:], module):
+            return True
+        if item == module or module.endswith("." + item):
+            return True
+    return False
+
+
+def _experts_only(qc: dict, moe: MoeSpec, layers: int) -> bool:
+    """Whether ``qc``'s quantised linear layers are the routed experts alone: attention, the shared
+    experts and any dense MLP layers are in its ``ignore`` list."""
+    ignore = qc.get("ignore") or []
+    return (
+        not _ignored(ignore, _MODULES["expert"])
+        and _ignored(ignore, _MODULES["attention"])
+        and (not moe.shared_intermediate or _ignored(ignore, _MODULES["shared"]))
+        and (moe.moe_layers >= layers or _ignored(ignore, _MODULES["dense"]))
+    )
 
 
 def _block_scaled(top: dict) -> bool:

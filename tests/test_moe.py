@@ -110,6 +110,35 @@ def test_gpt_oss_mxfp4_experts(tmp_path):
         read_hf_config(write_config(tmp_path, {**BASE, "quantization_config": {"quant_method": "mxfp4"}}))
 
 
+def test_kimi_k2_5_int4_experts(tmp_path):
+    """Kimi K2.5 (a vision-language model: its quantization_config sits in its text tower's config)
+    quantises only its routed experts, to 4-bit integers in groups of 32 with bf16 scales; its
+    checkpoint holds about 595 GB. Integer weights on attention are refused, not read as 16-bit."""
+    hf = read_hf_config(resolve_hf_config("moonshotai/Kimi-K2.5"))
+    m = hf.spec
+    assert m.moe is not None and m.moe.expert_dtype == "w4a16" and hf.weight_dtype == "bf16"
+    assert m.weight_bytes("bf16") == pytest.approx(595e9, rel=0.03)
+    assert "text tower" in m.source and "w4a16 experts" in m.source
+    int4 = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "group_size": 32}}},
+    }
+    moe = {**BASE, "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256}
+    moe["n_shared_experts"] = 1
+    cases = [
+        (BASE, ["lm_head", "re:.*self_attn.*"]),  # a dense model
+        (moe, ["lm_head"]),  # attention quantised too
+        (moe, ["lm_head", "re:.*self_attn.*"]),  # the shared expert too
+        (moe, ["lm_head", "re:.*mlp.*"]),  # no routed expert quantised
+    ]
+    for cfg, ignore in cases:
+        with pytest.raises(ConfigError, match="4-bit integer weights outside the routed experts"):
+            read_hf_config(write_config(tmp_path, {**cfg, "quantization_config": {**int4, "ignore": ignore}}))
+    experts_only = {**int4, "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"]}
+    ok = read_hf_config(write_config(tmp_path, {**moe, "quantization_config": experts_only}))
+    assert ok.spec.moe is not None and ok.spec.moe.expert_dtype == "w4a16"
+
+
 # --- pricing ----------------------------------------------------------------------------------
 
 

@@ -457,6 +457,24 @@ def test_mxfp4_weights_for_a_checkpoint_with_mxfp4_experts(tmp_path):
         read_csv(p)
 
 
+def test_w4a16_experts_of_kimi_k2_5_are_read_from_its_checkpoint_and_priced(tmp_path):
+    """Kimi K2.5 publishes 4-bit integer routed experts beside 16-bit attention (compressed-tensors,
+    its text tower's quantization_config): a row without weights takes them, ``w4a16`` names them,
+    and another model's row naming them is refused."""
+    p = tmp_path / "bench.csv"
+    kimi = GOOD.replace(LLAMA, "moonshotai/Kimi-K2.5").replace(",1,128,", ",8,128,").replace("h100_sxm", "h200_sxm")
+    p.write_text(f"{HEADER},weights\n{kimi},\n{kimi},w4a16\n")
+    unset, named = read_csv(p)
+    assert unset.weights == named.weights == "w4a16"
+    sc = scenario_from_dict(row_scenario(named, TINY))
+    assert sc.model.weight_dtype == "bf16" and sc.model.hf_config == "moonshotai/Kimi-K2.5"
+    res = simulate_row(named, TINY)
+    assert res.error is None and res.calibrated and res.tpot_ms > 0
+    p.write_text(f"{HEADER},weights\n" + GOOD.replace(LLAMA, "openai/gpt-oss-20b") + ",w4a16\n")
+    with pytest.raises(ConfigError, match=r"row 2, weights: got 'w4a16'.*declares W4A16 routed experts \(Kimi K2.5\)"):
+        read_csv(p)
+
+
 def test_engine_filter_reads_the_same_spellings(tmp_path):
     from calibration.serving_report import validate_serving_bench
 

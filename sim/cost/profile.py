@@ -516,8 +516,16 @@ class Profile:
     def moe_fit(self, backend: str | None, dtype: str) -> tuple[str, str, MoeKernelFit] | None:
         """(backend, dtype, constants) of the fused MoE kernel pricing ``dtype`` weights: ``backend``'s own
         fit, else the profile default backend's; per-tensor and block fp8 stand in for each other where
-        a backend timed one of them only. ``None``: no fit (the profile has no MoE tables)."""
-        twins = {"fp8": ("fp8", "fp8_block"), "fp8_block": ("fp8_block", "fp8"), "fp16": ("bf16",)}
+        a backend timed one of them only, and 4-bit integer experts (``w4a16``, which no table times)
+        are priced on the MXFP4 kernel, the 4-bit-weight one each engine timed, weight-only as int4
+        runs (except TensorRT-LLM's on the B200: MXFP8 activations, faster at prefill sizes).
+        ``None``: no fit (the profile has no MoE tables)."""
+        twins = {
+            "fp8": ("fp8", "fp8_block"),
+            "fp8_block": ("fp8_block", "fp8"),
+            "fp16": ("bf16",),
+            "w4a16": ("w4a16", "mxfp4"),
+        }
         for b in ([backend] if backend else []) + [self.kernel_defaults.get("moe", "")]:
             fits = self.moe.get(b) or {}
             for d in twins.get(dtype, (dtype,)):
