@@ -223,7 +223,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if wq == "w4a16":
         # Kimi K2.5: 4-bit integer routed experts, everything else (attention, shared experts, dense
         # MLPs) 16-bit, as gpt-oss's MXFP4 experts are.
-        if moe is None or not _experts_only(qtop["quantization_config"], moe, layers):
+        if moe is None or not _experts_only(qtop.get("quantization_config") or {}, moe, layers):
             raise ConfigError(
                 KEY,
                 str(path),
@@ -615,8 +615,12 @@ def _ignored(ignore: list, module: str) -> bool:
     """Whether compressed-tensors' ``ignore`` list (names, or ``re:`` patterns) leaves ``module`` unquantised."""
     for item in ignore:
         item = str(item)
-        if item.startswith("re:") and re.match(item[3:], module):
-            return True
+        if item.startswith("re:"):
+            try:
+                if re.match(item[3:], module):
+                    return True
+            except re.error:
+                continue  # a pattern Python cannot compile matches nothing
         if item == module or module.endswith("." + item):
             return True
     return False
