@@ -143,6 +143,26 @@ def model_argument(model: str) -> dict:
     return section
 
 
+def variant_note(ident: str, section: dict) -> str | None:
+    """One line saying which shipped shape a variant id was simulated as, and the dtypes it brings
+    (a quantised re-release brings its own), or ``None`` where ``section`` is ``ident`` itself."""
+    target = section.get("hf_config") or section.get("name")
+    if not target or target == ident or str(target).endswith(".json") or _exact(ident) is not None:
+        return None
+    dtypes = "bf16 weights"
+    if section.get("hf_config"):
+        from sim.hf_config import read_hf_config, resolve_hf_config
+
+        hf = read_hf_config(resolve_hf_config(section["hf_config"]))
+        experts = hf.spec.moe.expert_dtype if hf.spec.moe is not None else None
+        extra = f" ({experts} experts)" if experts and experts != hf.weight_dtype else ""
+        dtypes = f"{hf.weight_dtype}{extra} weights, {hf.kv_dtype} KV cache"
+    return (
+        f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} "
+        "(--set model.weight_dtype=... / model.kv_dtype=... for another format)"
+    )
+
+
 def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | None:
     """The scenario ``model`` section for a published id or a ``config.json`` path, or ``None``:
     the id exactly (:func:`model_of_id` without variants), else a config file or a folder holding

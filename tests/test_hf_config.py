@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -523,6 +525,27 @@ def test_explorer_model_pick_of_a_shipped_config():
     # And back to a catalog model.
     again = X.edited_scenario(edited, {"model.name": "llama-3.1-8b"})
     assert model_spec(scenario_from_dict(again)) == MODELS["llama-3.1-8b"]
+
+
+def test_a_variant_id_says_which_shape_and_dtypes_it_runs_as(tmp_path):
+    """A re-release found by its shape runs with that config's dtypes, and says so; known ids,
+    catalog names and paths say nothing."""
+    from sim.model_ids import model_argument, variant_note
+
+    note = variant_note("moonshotai/Kimi-K2.6", model_argument("moonshotai/Kimi-K2.6"))
+    assert note is not None and "nvidia/Kimi-K2.6-NVFP4 and its nvfp4 weights, fp8 KV cache" in note
+    note = variant_note("Qwen/Qwen3-30B-A3B-Instruct-2507", model_argument("Qwen/Qwen3-30B-A3B-Instruct-2507"))
+    assert note is not None and "shape of Qwen/Qwen3-30B-A3B and its bf16 weights" in note
+    for ident in ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", "deepseek-ai/DeepSeek-R1"):
+        assert variant_note(ident, model_argument(ident)) is None
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "run", "chat-api", "--model", "Qwen/Qwen3-30B-A3B-Instruct-2507", "--quiet"]
+        + ["--set", "workload.num_requests=5", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "simulated with the shape of Qwen/Qwen3-30B-A3B" in r.stderr, r.stderr
 
 
 def test_command_line_model_takes_variant_ids():

@@ -130,9 +130,13 @@ def run(
         budget = budget_from_options(max_requests, max_events, max_wall_s)
         data, base = read_scenario_dict(scenario)
         if model is not None:
-            from sim.model_ids import model_argument
+            from sim.model_ids import model_argument, variant_note
 
-            data = {**data, "model": model_argument(model)}
+            section = model_argument(model)
+            note = variant_note(model, section)
+            if note is not None:
+                typer.echo(f"kvsim: {note}", err=True)
+            data = {**data, "model": section}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
         # Every file is written into a staging folder and moved into place at the end: an
