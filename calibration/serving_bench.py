@@ -58,6 +58,8 @@ GPU_IDS = {
     "a100_sxm": "A100-SXM-80GB",
     "b200_sxm": "B200-SXM-180GB",
     "gb200_sxm": "GB200-186GB",
+    "b300_sxm": "B300-SXM-288GB",
+    "gb300_sxm": "GB300-288GB",
     "l40s": "L40S",
 }
 
@@ -119,6 +121,8 @@ def normalize_gpu(name: str) -> str | None:
         ("h200", "h200_sxm"),
         ("b200", "b200_sxm"),
         ("gb200", "gb200_sxm"),
+        ("b300", "b300_sxm"),
+        ("gb300", "gb300_sxm"),
         ("l40s", "l40s"),
     ):
         if key.startswith(prefix):

@@ -466,6 +466,32 @@ GPUS: dict[str, GpuSpec] = {
             peak_fp8_flops=5000e12,
             peak_fp4_flops=10000e12,
         ),
+        # Blackwell Ultra: the B200's bf16 and fp8 tensor rates and NVLink 5, 288 GB HBM3e (counted as
+        # GiB, as the B200's 180 is) at 8 TB/s, faster FP4 (HGX B300: 13.1 PFLOPS dense); PCIe 6.0.
+        GpuSpec(
+            "B300-SXM-288GB",
+            288 * GiB,
+            8.0e12,
+            2250e12,
+            256e9,
+            900e9,
+            _NV + " (HGX B300)",
+            peak_fp8_flops=4500e12,
+            peak_fp4_flops=13125e12,
+        ),
+        # GB300 (NVL72): Blackwell Ultra at the GB200's power limit; dense rates from the NVL72 totals
+        # (FP8 360, FP4 1100 PFLOPS over 72 GPUs), bf16 as GB200's.
+        GpuSpec(
+            "GB300-288GB",
+            288 * GiB,
+            8.0e12,
+            2500e12,
+            256e9,
+            900e9,
+            _NV + " (GB300 NVL72)",
+            peak_fp8_flops=5000e12,
+            peak_fp4_flops=15000e12,
+        ),
         # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0); 46068 MiB usable.
         GpuSpec("L40S", 48305799168, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
         GpuSpec("A10G", 24 * GiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),

@@ -99,6 +99,8 @@ def _sc(**over):
         ({"name": "B200-SXM-180GB", "tensor_parallel": 2}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
         ({"name": "L40S"}, {"hf_config": "Qwen/Qwen3-8B"}),
         ({"name": "GB200-186GB", "tensor_parallel": 2}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
+        ({"name": "B300-SXM-288GB"}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
+        ({"name": "GB300-288GB"}, {"hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8"}),
     ],
 )
 def test_runs_on_the_new_gpus_are_calibrated(gpu, model):
@@ -117,6 +119,22 @@ def test_gb200_is_priced_as_the_b200_with_its_own_memory():
     b, gb = runs["B200-SXM-180GB"], runs["GB200-186GB"]
     assert gb["cost_model"] == b["cost_model"] == "b200-sxm"
     assert gb["kv_capacity_bytes_per_replica"] > b["kv_capacity_bytes_per_replica"]
+
+
+def test_blackwell_ultra_is_priced_on_the_b200_tables_with_its_288_gb():
+    """B300 and GB300 have the B200's bf16 and fp8 tensor rates: the same run steps alike on the
+    B200's tables, and holds the KV of 288 GB less the same weights (about 108 GiB more at 0.9)."""
+    runs = {
+        name: simulate(_sc(gpu={"name": name}, model={"hf_config": "Qwen/Qwen3-8B"})).summary
+        for name in ("B200-SXM-180GB", "B300-SXM-288GB", "GB300-288GB")
+    }
+    b = runs["B200-SXM-180GB"]
+    for name in ("B300-SXM-288GB", "GB300-288GB"):
+        u = runs[name]
+        assert u["cost_model"] == "b200-sxm" and u["cost_model_calibrated"] is True
+        extra = (u["kv_capacity_bytes_per_replica"] - b["kv_capacity_bytes_per_replica"]) / 2**30
+        assert extra == pytest.approx(0.9 * (288 - 180), abs=1.0), extra
+        assert u["tpot_s"]["mean"] == pytest.approx(b["tpot_s"]["mean"], rel=1e-9)
 
 
 CUSTOM = {

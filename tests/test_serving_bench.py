@@ -399,6 +399,8 @@ def test_models_of_another_shape_are_not_guessed(ident):
         ("NVIDIA B200", "b200_sxm"),
         ("NVIDIA GB200", "gb200_sxm"),
         ("gb200_sxm", "gb200_sxm"),
+        ("NVIDIA B300 SXM6 AC", "b300_sxm"),
+        ("GB300", "gb300_sxm"),
         ("A100-SXM4-80GB", "a100_sxm"),
         ("a100-40gb", "A100-40GB"),
         ("L40S", "L40S"),

@@ -33,6 +33,10 @@ BUILTIN_PROFILE_FOR_GPU = {
     "B200-SXM-180GB": "b200-sxm",
     # The B200's own kernel tables: the same GPU, which GB200 runs at a higher power limit.
     "GB200-186GB": "b200-sxm",
+    # Blackwell Ultra has the B200's bf16 and fp8 tensor rates: its kernels are priced on the B200's
+    # tables (NVFP4 GEMMs, which it runs about 1.5x faster, too: the proxy is slow there).
+    "B300-SXM-288GB": "b200-sxm",
+    "GB300-288GB": "b200-sxm",
     "L40S": "l40s",
     "cpu": "cpu-reference",
 }
