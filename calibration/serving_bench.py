@@ -45,9 +45,9 @@ TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "si
 
 REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
 WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4", "mxfp4", "w4a16")
-#: Weights that name a checkpoint's quantised routed experts (the rest 16-bit): gpt-oss's MXFP4, Kimi
-#: K2.5's 4-bit integers; a row may give them only for a checkpoint that declares them.
-EXPERT_WEIGHTS = ("mxfp4", "w4a16")
+#: Weights that name a checkpoint's quantised routed experts (the rest 16-bit), with the model that
+#: publishes them; a row may give them only for a checkpoint that declares them.
+EXPERT_WEIGHTS = {"mxfp4": "gpt-oss", "w4a16": "Kimi K2.5"}
 KV_DTYPES = ("bf16", "fp16", "fp8")
 ENGINES = ("vllm", "sglang", "trtllm")
 
@@ -271,7 +271,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
             "weights",
             d.get("weights"),
             f"one of {', '.join(w for w in WEIGHTS if w not in EXPERT_WEIGHTS)}: {weights} only for a checkpoint "
-            f"whose config declares {weights.upper()} routed experts ({'gpt-oss' if weights == 'mxfp4' else 'Kimi K2.5'}), "
+            f"whose config declares {weights.upper()} routed experts ({EXPERT_WEIGHTS[weights]}), "
             f"which {model} does not",
         )
     gpu_given = str(d.get("gpu", "")).strip()

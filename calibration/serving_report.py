@@ -123,9 +123,11 @@ def served_by_rows(rows: list[BenchRow], served_by: str) -> list[BenchRow]:
     """``rows`` with the server settings of ``served_by`` (:data:`SERVED_BY`) where a row sets none."""
     if served_by not in SERVED_BY:
         raise ConfigError("--served-by", served_by, f"one of {', '.join(SERVED_BY)}")
-    if served_by == "defaults":
-        return rows
-    return [aiconfigurator_server(r) if served_by == "aiconfigurator" or aiconfigurator_run(r) else r for r in rows]
+    return [aiconfigurator_server(r) if _served_as_aiconfigurator(r, served_by) else r for r in rows]
+
+
+def _served_as_aiconfigurator(row: BenchRow, served_by: str) -> bool:
+    return served_by == "aiconfigurator" or (served_by == "auto" and aiconfigurator_run(row))
 
 
 def served_by_line(path: str, rows: list[BenchRow], served_by: str) -> list[str]:
@@ -679,9 +681,7 @@ def validate_serving_bench(
         "requests_per_client": requests_per_client,
         "warmup_per_client": warmup,
         "served_by": served,
-        "aiconfigurator_served_rows": sum(served == "aiconfigurator" or aiconfigurator_run(r) for r in as_given)
-        if served != "defaults"
-        else 0,
+        "aiconfigurator_served_rows": sum(_served_as_aiconfigurator(r, served) for r in as_given),
         "metric": "mean TTFT and mean TPOT over each run's requests (after each client's warm-up, if any), relative error "
         "(simulated - measured) / measured",
         "terms": start.engines,
@@ -913,13 +913,14 @@ def calibrate_from_serving_bench(
     ``prior``: each engine's fit is pulled towards its starting terms (the presets', or
     ``terms_file``'s; :func:`calibration.serving_fit.prior_penalty`)."""
     skipped: list[str] = []
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served_by, kv_cache_tokens)
+    served = served_by if served_by is not None else "auto"
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     checked = check_rows(rows, profile, exclude, treat)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
         for line in (
             skipped_lines(skipped)
-            + served_by_line(path, rows, served_by if served_by is not None else "auto")
+            + served_by_line(path, rows, served)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)

@@ -78,6 +78,13 @@ class HfModel:
     #: The file the quantisation came from (``None``: not quantised).
     quant_source: Path | None = None
 
+    @property
+    def weights_label(self) -> str:
+        """The weight dtype, with the routed experts' where the checkpoint quantises them apart:
+        ``bf16 (mxfp4 experts)``."""
+        experts = self.spec.moe.expert_dtype if self.spec.moe is not None else None
+        return self.weight_dtype + (f" ({experts} experts)" if experts not in (None, self.weight_dtype) else "")
+
 
 # --- finding the file -----------------------------------------------------------------------
 

@@ -154,9 +154,7 @@ def variant_note(ident: str, section: dict) -> str | None:
         from sim.hf_config import read_hf_config, resolve_hf_config
 
         hf = read_hf_config(resolve_hf_config(section["hf_config"]))
-        experts = hf.spec.moe.expert_dtype if hf.spec.moe is not None else None
-        extra = f" ({experts} experts)" if experts and experts != hf.weight_dtype else ""
-        dtypes = f"{hf.weight_dtype}{extra} weights, {hf.kv_dtype} KV cache"
+        dtypes = f"{hf.weights_label} weights, {hf.kv_dtype} KV cache"
     return (
         f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} "
         "(--set model.weight_dtype=... / model.kv_dtype=... for another format)"

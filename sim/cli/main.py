@@ -242,13 +242,7 @@ def list_models():
             f"{m.params / 1e9:.2f}" + (f" ({m.active_params / 1e9:.2f} active)" if m.moe else ""),
             f"{m.moe.experts_per_token} of {m.moe.experts}" if m.moe else "-",
             f"{m.kv_bytes_per_token(hf.kv_dtype):,}",
-            f"{hf.weight_dtype}"
-            + (
-                f" ({m.moe.expert_dtype} experts)"
-                if m.moe and m.moe.expert_dtype not in (None, hf.weight_dtype)
-                else ""
-            )
-            + f"/{hf.kv_dtype}",
+            f"{hf.weights_label}/{hf.kv_dtype}",
         )
     console.print(h)
 
