@@ -38,6 +38,7 @@ from .serving_bench import (
     least_cached_share,
     normalize_engine,
     read_bench,
+    resolve_model,
     score,
     spread_flagged,
     tp_scaling,
@@ -144,6 +145,28 @@ def served_by_line(path: str, rows: list[BenchRow], served_by: str) -> list[str]
         "gives them (docs/calibration.md, How the shipped runs were served); --served-by defaults gives "
         "each engine its own defaults"
     ]
+
+
+#: How a benchmark row picks another format than the one its model's shipped config brings.
+ROW_FORMAT_HINT = "where a row leaves its weights column empty; the weights and kv columns set another format"
+
+
+def variant_lines(rows: list[BenchRow]) -> list[str]:
+    """One line per model id of ``rows`` that no shipped config is of, naming the config whose shape
+    and formats it is simulated with (:func:`sim.model_ids.variant_note`): an untagged id whose
+    only shipped config is a quantised re-release takes that release's weights where the row gives
+    none, which the row's own columns do not show."""
+    from sim.model_ids import variant_note
+
+    out = []
+    for model in sorted({r.model for r in rows}):
+        try:
+            note = variant_note(model, resolve_model(model), ROW_FORMAT_HINT, with_kv=False)
+        except ConfigError:  # read from a path the rows already resolved; nothing to say
+            note = None
+        if note is not None:
+            out.append(note)
+    return out
 
 
 def _is_training_file(path: str) -> bool:
@@ -612,7 +635,7 @@ def validate_serving_bench(
     served = served_by if served_by is not None else "auto"
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
-        for line in skipped_lines(skipped) + served_by_line(path, rows, served):
+        for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
     checked = check_rows(rows, profile, exclude, treat)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
@@ -921,6 +944,7 @@ def calibrate_from_serving_bench(
         for line in (
             skipped_lines(skipped)
             + served_by_line(path, rows, served)
+            + variant_lines(rows)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)

@@ -143,9 +143,15 @@ def model_argument(model: str) -> dict:
     return section
 
 
-def variant_note(ident: str, section: dict) -> str | None:
+#: How a ``kvsim run`` user picks another format than the one a variant's config brings.
+RUN_FORMAT_HINT = "--set model.weight_dtype=... / model.kv_dtype=... for another format"
+
+
+def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv: bool = True) -> str | None:
     """One line saying which shipped shape a variant id was simulated as, and the dtypes it brings
-    (a quantised re-release brings its own), or ``None`` where ``section`` is ``ident`` itself."""
+    (a quantised re-release brings its own), or ``None`` where ``section`` is ``ident`` itself.
+    ``hint`` closes the line: how to choose another format where the note is read; ``with_kv``:
+    name the config's KV cache dtype too (a benchmark row's follows its engine instead)."""
     target = section.get("hf_config") or section.get("name")
     if not target or target == ident or str(target).endswith(".json") or _exact(ident) is not None:
         return None
@@ -154,11 +160,8 @@ def variant_note(ident: str, section: dict) -> str | None:
         from sim.hf_config import read_hf_config, resolve_hf_config
 
         hf = read_hf_config(resolve_hf_config(section["hf_config"]))
-        dtypes = f"{hf.weights_label} weights, {hf.kv_dtype} KV cache"
-    return (
-        f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} "
-        "(--set model.weight_dtype=... / model.kv_dtype=... for another format)"
-    )
+        dtypes = f"{hf.weights_label} weights" + (f", {hf.kv_dtype} KV cache" if with_kv else "")
+    return f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} ({hint})"
 
 
 def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | None:

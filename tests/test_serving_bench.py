@@ -70,7 +70,7 @@ from calibration.serving_fit import (
     prior_penalty,
     term_sensitivity,
 )
-from calibration.serving_report import kv_warnings, served_by_line, served_by_rows
+from calibration.serving_report import kv_warnings, served_by_line, served_by_rows, variant_lines
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -721,6 +721,26 @@ def test_served_by_auto_reads_aiconfigurator_run_ids_and_serves_only_those_rows(
     (line,) = served_by_line("mine.csv", rows, "auto")
     assert line.startswith("2 of 7 rows of mine.csv name aiconfigurator-core collector runs")
     assert served_by_line("mine.csv", rows, "defaults") == [] and served_by_line("mine.csv", rows[2:], "auto") == []
+
+
+def test_a_variant_id_says_which_config_brings_its_weights(tmp_path):
+    # An untagged Kimi-K2.6 has no config of its own: its rows run NVIDIA's NVFP4 re-release, which the
+    # row does not show; validate and calibrate say so once per id. Ids that ship say nothing.
+    (tmp_path / "k.csv").write_text(
+        f"{HEADER}\nmoonshotai/Kimi-K2.6,b200_sxm,trtllm,8,1024,1024,16,300,20\n{GOOD}\n"
+        "moonshotai/Kimi-K2.6,b200_sxm,trtllm,8,1024,1024,32,400,25\n"
+    )
+    rows = read_bench(tmp_path / "k.csv")
+    assert [r.weights for r in rows] == ["nvfp4", "bf16", "nvfp4"]
+    (line,) = variant_lines(rows)
+    assert line.startswith(
+        "moonshotai/Kimi-K2.6: no config of it ships; simulated with the shape of nvidia/Kimi-K2.6-NVFP4"
+    )
+    assert "its nvfp4 weights (where a row leaves its weights column empty" in line and "KV" not in line
+    assert variant_lines(read_bench(TRAINING_FILE)) == []
+    r = kvsim("validate", "--serving-bench", "k.csv", "--requests-per-client", "1", "--out", "v", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert " ".join((r.stdout + r.stderr).split()).count("no config of it ships") == 1
 
 
 def test_cli_validate_serves_a_copied_aiconfigurator_file_as_its_generator_did(tmp_path):
