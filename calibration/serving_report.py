@@ -158,15 +158,9 @@ def variant_lines(rows: list[BenchRow]) -> list[str]:
     none, which the row's own columns do not show."""
     from sim.model_ids import variant_note
 
-    out = []
-    for model in sorted({r.model for r in rows}):
-        try:
-            note = variant_note(model, resolve_model(model), ROW_FORMAT_HINT, with_kv=False)
-        except ConfigError:  # read from a path the rows already resolved; nothing to say
-            note = None
-        if note is not None:
-            out.append(note)
-    return out
+    # Every row's model resolved when it was read (a config path made absolute), so it resolves again.
+    notes = (variant_note(m, resolve_model(m), ROW_FORMAT_HINT, with_kv=False) for m in sorted({r.model for r in rows}))
+    return [n for n in notes if n is not None]
 
 
 def _is_training_file(path: str) -> bool:
