@@ -590,15 +590,17 @@ def aiconfigurator_run(row: BenchRow) -> bool:
 
 
 def aiconfigurator_server(row: BenchRow) -> BenchRow:
-    """``row`` with the server settings aiconfigurator-core's generator gives an aggregated
-    (one-replica) deployment benchmarked at ``concurrency`` clients, where the row sets none: at most
+    """``row`` with the server settings of an aggregated (one-replica) deployment that
+    aiconfigurator-core benchmarked at ``concurrency`` clients, where the row sets none: at most
     ``concurrency`` requests running (vLLM ``max-num-seqs``, SGLang ``max-running-requests``,
-    TensorRT-LLM ``max_batch_size``), a token budget of ``concurrency + isl + 1500`` per iteration
-    (vLLM ``max-num-batched-tokens``, TensorRT-LLM ``max_num_tokens``; SGLang ``max-prefill-tokens``
-    ``isl + 1500`` beside the running decodes), CUDA graphs for every batch up to ``concurrency``,
-    and SGLang's mixed chunks from version 0.5.6 (the first whose command-line template passes
-    ``--enable-mixed-chunk``). The shipped training file's
-    runs were served so (docs/calibration.md, "How the shipped runs were served")."""
+    TensorRT-LLM ``max_batch_size``), CUDA graphs for every batch up to ``concurrency``, SGLang's
+    mixed chunks from version 0.5.6 (the first whose command-line template passes
+    ``--enable-mixed-chunk``), and a token budget per iteration: SGLang ``max-prefill-tokens``
+    ``isl + 1500`` beside the running decodes, as the generator writes it; vLLM and TensorRT-LLM
+    one prompt beside the decodes (``concurrency + isl``), which is how their runs behave, not
+    the generator's ``concurrency + isl + 1500``; and vLLM's batches formed one iteration ahead
+    (async scheduling). The last two are read from the runs (docs/calibration.md, "How the
+    shipped runs were served")."""
     from .tables import version_key
 
     mixed = row.mixed_batches
@@ -616,8 +618,9 @@ def aiconfigurator_server(row: BenchRow) -> BenchRow:
         max_num_seqs=row.max_num_seqs if row.max_num_seqs is not None else row.concurrency,
         max_num_batched_tokens=row.max_num_batched_tokens
         if row.max_num_batched_tokens is not None
-        else row.concurrency + row.isl + AIC_BUDGET_EXTRA,
+        else row.concurrency + row.isl + (AIC_BUDGET_EXTRA if row.engine == "sglang" else 0),
         mixed_batches=mixed,
+        schedule_ahead=True if row.schedule_ahead is None and row.engine == "vllm" else row.schedule_ahead,
         cuda_graph_max_batch=row.cuda_graph_max_batch if row.cuda_graph_max_batch is not None else row.concurrency,
     )
 
@@ -826,9 +829,12 @@ def ttft_vs_prefill(results: list[RowResult], shares: dict[BenchRow, tuple[float
 #: Least lowest concurrency, and most growth of TTFT per prefill there, at which a group's clients
 #: cannot have started together (:func:`clients_apart`). Four clients arriving at once wait for
 #: one another's prompts in the first wave if nowhere else: 1.15 prefills per prefill at least over
-#: 10 requests each, 2 to 2.5 when they stay in step; kvsim's own runs, clients together, give 2.2.
+#: 10 requests each, 2 to 2.5 when they stay in step. Clients a request cycle apart still meet now
+#: and then, a prompt waiting for another's prefill and, where batches are formed ahead, for the
+#: iteration after it: kvsim's own TensorRT-LLM runs give 1.28-1.34 so, 1.8 with the clients
+#: together (3 requests each). The shipped groups: 0.98 for the flagged one, 3.5 and more for the others.
 APART_MIN_CONCURRENCY = 4
-APART_MAX_PER_PREFILL = 1.25
+APART_MAX_PER_PREFILL = 1.5
 #: The start spread :func:`spread_flagged` gives a flagged group's runs: a request cycle, the clients
 #: as far apart as they can drift.
 APART_SPREAD_CYCLES = 1.0

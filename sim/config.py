@@ -415,6 +415,8 @@ class EngineConfig(_Section):
     fp8_quant_fused: bool | None = None
     #: The batch of each iteration is formed while the one before it runs (overlap scheduler).
     schedule_ahead: bool | None = None
+    #: Iterations after its first token is made before a request's client sees it (0-4).
+    first_token_lag: int | None = Field(None, ge=0, le=4)
     #: The engine's defaults for ``workload.arrival`` ``start_spread_cycles``, ``client_cv`` and
     #: ``completion_per_token_s``.
     client_spread_cycles: float | None = Field(None, ge=0, le=100)

@@ -205,6 +205,7 @@ def _compare(a, b):
     predictor=st.sampled_from(["oracle", "prompt", "quantile"]),
     overflow=st.sampled_from(["reject", "truncate", "fallback"]),
     ahead=st.booleans(),
+    lag=st.sampled_from([0, 0, 1, 2]),
 )
 def test_fast_forward_equals_stepping(
     kind,
@@ -226,6 +227,7 @@ def test_fast_forward_equals_stepping(
     predictor,
     overflow,
     ahead,
+    lag,
 ):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     if mixed and overflow == "fallback":
@@ -261,6 +263,9 @@ def test_fast_forward_equals_stepping(
     if ahead:  # batches formed one iteration ahead (an overlap scheduler): arrivals join one later
         over["engine.kind"] = "vllm"
         over["engine.schedule_ahead"] = True
+    if lag:  # first tokens held: windows run one iteration at a time while one is
+        over["engine.kind"] = "vllm"
+        over["engine.first_token_lag"] = lag
     if mixed:  # sliding-window layers (window 64) beside full-attention ones: KV and attention per layer group
         over["model"] = {"hf_config": str(TINY_MIXED)}
     ff = simulate(tiny_scenario(kv_tokens=kv, **over, **{"engine.mode": "fast_forward"}))

@@ -59,7 +59,12 @@ def test_an_idle_engine_forms_no_batch_ahead(tmp_path):
 def test_a_scenario_turns_it_on():
     from sim.engine.deployment import engine_preset
 
-    assert not any(p.schedule_ahead for p in PRESETS.values())
-    sc = scenario_from_dict({"engine": {"kind": "trtllm", "schedule_ahead": True}})
+    # TensorRT-LLM's overlap scheduler is on by default; the others' presets leave it off.
+    assert {k: p.schedule_ahead for k, p in PRESETS.items()} == {"vllm": False, "sglang": False, "trtllm": True}
+    sc = scenario_from_dict({"engine": {"kind": "vllm", "schedule_ahead": True}})
     assert engine_preset(sc).schedule_ahead is True
-    assert engine_preset(scenario_from_dict({"engine": {"kind": "trtllm"}})).schedule_ahead is False
+    assert engine_preset(scenario_from_dict({"engine": {"kind": "vllm"}})).schedule_ahead is False
+    assert (
+        engine_preset(scenario_from_dict({"engine": {"kind": "trtllm", "schedule_ahead": False}})).schedule_ahead
+        is False
+    )

@@ -673,12 +673,18 @@ def test_start_spread_column_is_read_checked_and_spreads_that_rows_clients(tmp_p
 def test_aiconfigurator_server_settings():
     r = row(engine="trtllm", isl=4096, concurrency=8)
     s = aiconfigurator_server(r)
-    assert (s.max_num_seqs, s.max_num_batched_tokens, s.cuda_graph_max_batch, s.mixed_batches) == (
-        8,
-        8 + 4096 + AIC_BUDGET_EXTRA,
-        8,
+    # One prompt beside the decodes on TensorRT-LLM and vLLM (as their runs behave); SGLang's
+    # prefill budget as the generator writes it.
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.cuda_graph_max_batch, s.mixed_batches) == (8, 8 + 4096, 8, None)
+    assert aiconfigurator_server(replace(r, engine="vllm")).max_num_batched_tokens == 8 + 4096
+    assert aiconfigurator_server(replace(r, engine="sglang")).max_num_batched_tokens == 8 + 4096 + AIC_BUDGET_EXTRA
+    # vLLM's batches are formed ahead (async scheduling); the others keep their preset's, and a row's own wins.
+    assert [aiconfigurator_server(replace(r, engine=e)).schedule_ahead for e in ("vllm", "sglang", "trtllm")] == [
+        True,
         None,
-    )
+        None,
+    ]
+    assert aiconfigurator_server(replace(r, engine="vllm", schedule_ahead=False)).schedule_ahead is False
     # A row's own settings win.
     assert aiconfigurator_server(replace(r, max_num_seqs=4, max_num_batched_tokens=9000)).max_num_batched_tokens == 9000
     assert aiconfigurator_server(replace(r, max_num_seqs=4)).max_num_seqs == 4
@@ -709,7 +715,7 @@ def test_served_by_auto_reads_aiconfigurator_run_ids_and_serves_only_those_rows(
     assert [aiconfigurator_run(r) for r in rows] == list(ids.values())
     auto = served_by_rows(rows, "auto")
     assert [r.max_num_seqs for r in auto] == [3 if v else None for v in ids.values()]
-    assert [r.max_num_batched_tokens for r in auto][:3] == [3 + 128 + 1500, 3 + 128 + 1500, None]
+    assert [r.max_num_batched_tokens for r in auto][:3] == [3 + 128, 3 + 128, None]
     assert served_by_rows(rows, "defaults") == rows
     assert all(r.max_num_seqs == 3 for r in served_by_rows(rows, "aiconfigurator"))
     with pytest.raises(ConfigError, match=r"--served-by: got 'dynamo'; one of auto, aiconfigurator, defaults"):
@@ -745,7 +751,7 @@ def test_a_variant_id_says_which_config_brings_its_weights(tmp_path):
 
 def test_cli_validate_serves_a_copied_aiconfigurator_file_as_its_generator_did(tmp_path):
     # A run of the shipped file, copied elsewhere: still read as aiconfigurator served it (a token budget of
-    # 8 + 4096 + 1500 and at most 8 requests running, where vLLM's defaults are 8192 and 1024).
+    # 8 + 4096 and at most 8 requests running, where vLLM's defaults are 8192 and 1024).
     lines = TRAINING_FILE.read_text().splitlines()
     picked = [ln for ln in lines[1:] if "h100_sxm_vllm_agg_4096x128_c8_tp2_" in ln]
     assert len(picked) == 1, "the shipped file has one such Qwen3-32B / vLLM run"
@@ -756,7 +762,7 @@ def test_cli_validate_serves_a_copied_aiconfigurator_file_as_its_generator_did(t
     assert "1 of 1 rows of copy.csv name aiconfigurator-core collector runs" in " ".join((r.stdout + r.stderr).split())
     auto = json.loads((tmp_path / "auto" / "serving_validation.json").read_text())
     assert auto["served_by"] == "auto" and auto["aiconfigurator_served_rows"] == 1
-    assert auto["results"][0]["max_num_seqs"] == 8 and auto["results"][0]["max_num_batched_tokens"] == 8 + 4096 + 1500
+    assert auto["results"][0]["max_num_seqs"] == 8 and auto["results"][0]["max_num_batched_tokens"] == 8 + 4096
     r = kvsim(*args, "--served-by", "defaults", "--out", "own", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "collector runs" not in r.stdout + r.stderr
@@ -767,21 +773,21 @@ def test_cli_validate_serves_a_copied_aiconfigurator_file_as_its_generator_did(t
 
 
 def test_row_server_settings_reach_the_scenario_and_bound_every_iteration():
-    # One 4096-token prompt per iteration: the budget (c + isl + 1500) cannot hold two beside the decodes.
+    # One 4096-token prompt per iteration: the budget (c + isl) cannot hold two beside the decodes.
     r = aiconfigurator_server(row(engine="trtllm", gpu="h200_sxm", isl=4096, osl=8, concurrency=4, requests=12))
     together = Clients(client_cv=0.0)  # every client's first request reaches the server at once
     raw = row_scenario(r, together)
     sc = with_engine_defaults(scenario_from_dict(raw))
     assert sc.workload.num_requests == 12  # the benchmark's own count, not clients x requests_per_client
-    assert (sc.scheduler.max_num_seqs, sc.scheduler.max_num_batched_tokens) == (4, 4 + 4096 + AIC_BUDGET_EXTRA)
+    assert (sc.scheduler.max_num_seqs, sc.scheduler.max_num_batched_tokens) == (4, 4 + 4096)
     assert engine_preset(sc).graph_max_tokens == 4
     res = simulate(sc)
     ts = res.timeseries.to_pydict()
-    assert max(ts["batch_tokens"]) <= 4 + 4096 + AIC_BUDGET_EXTRA
+    assert max(ts["batch_tokens"]) <= 4 + 4096
     assert max(ts["running"]) <= 4
     # With TensorRT-LLM's default budget (8192) two prompts share the first iteration.
     wide = simulate(scenario_from_dict(row_scenario(replace(r, max_num_batched_tokens=None), together)))
-    assert max(wide.timeseries.to_pydict()["batch_tokens"]) > 4 + 4096 + AIC_BUDGET_EXTRA
+    assert max(wide.timeseries.to_pydict()["batch_tokens"]) > 4 + 4096
     sgl = aiconfigurator_server(row(engine="sglang", engine_version="0.5.6.post2"))
     assert with_engine_defaults(scenario_from_dict(row_scenario(sgl, Clients()))).scheduler.mixed_batches is True
 

@@ -159,6 +159,7 @@ def simulate(
                 stale_after_s=sc.allocator.stale_after_s if sc.allocator.kind == "hybrid_reserve" else None,
                 stream_per_token_s=dep.engine.stream_per_token_s if dep.engine is not None else 0.0,
                 schedule_ahead=dep.engine.schedule_ahead if dep.engine is not None else False,
+                first_token_lag=dep.engine.first_token_lag if dep.engine is not None else 0,
             )
         )
     assert cost is not None  # at least one replica (the config requires it)

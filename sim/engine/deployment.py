@@ -337,6 +337,7 @@ OVERRIDABLE = (
     "custom_allreduce_max_bytes",
     "fp8_quant_fused",
     "schedule_ahead",
+    "first_token_lag",
     "client_spread_cycles",
     "client_cv",
     "completion_per_token_s",

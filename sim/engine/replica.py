@@ -127,6 +127,7 @@ class Replica:
         stale_after_s: float | None = None,
         stream_per_token_s: float = 0.0,
         schedule_ahead: bool = False,
+        first_token_lag: int = 0,
     ):
         self.env = env
         self.index = index
@@ -147,6 +148,8 @@ class Replica:
         self._pending: list[tuple[float, Request]] = []
         #: When the latest iteration began: the batch of the iteration after it was formed then.
         self._last_start = 0.0
+        self._lag = first_token_lag
+        self._held: list[tuple[Request, int]] = []
         #: Outstanding (running + waiting) requests per replica of the cluster, this one at
         #: ``index``; the router shares it (``sim/engine/router.py``). Changed by submit and _end only.
         self.loads: list[int] = [0] * (index + 1)
@@ -372,16 +375,33 @@ class Replica:
         see once the stream has sent the iteration's tokens (``made`` of them besides the items':
         the cohort's)."""
         stream = self._stream
-        if stream is None:
+        lag = self._lag
+        if stream is None and not lag:
             self._advance_items(items, now, done)
             self._finish(done, now)
             return
+        if self._held:
+            self._tick_held(now)
         firsts: list[Request] = []
         made += self._advance_items(items, now, done, firsts)
-        out = stream.deliver(now, made)
+        out = stream.deliver(now, made) if stream is not None else -1.0
         for req in firsts:
-            req.first_token = out
+            if out > now:
+                req.first_token = out
+            if lag:
+                self._held.append((req, lag))
         self._finish(done, now, out)
+
+    def _tick_held(self, now: float) -> None:
+        """An iteration ended at ``now``: first tokens held ``first_token_lag`` iterations reach
+        their clients at the end of the last of them (no earlier than the stream sent them)."""
+        keep: list[tuple[Request, int]] = []
+        for req, left in self._held:
+            if left > 1:
+                keep.append((req, left - 1))
+            elif now > req.first_token:
+                req.first_token = now
+        self._held = keep
 
     def _window_seen(self, now: float, ends: list[float], m: int, k: int) -> float:
         """When clients see the last of ``m`` window iterations of ``k`` tokens each that ended at
@@ -408,6 +428,8 @@ class Replica:
         that is later (the server's token stream)."""
         req.status = status
         req.finish = out if out > now else now
+        if self._held:
+            self._held = [h for h in self._held if h[0] is not req]
         self.loads[self.index] -= 1
         self.rec.request_done(req)
         if self.on_finish is not None:
@@ -583,8 +605,9 @@ class Replica:
         ids = [r.id for r in reqs]
         tokens_now = np.fromiter((r.computed + 1 for r in reqs), dtype=np.int64, count=n)
         max_steps = min(r.output - r.generated for r in reqs)
-        if self._bg_copy_left_s > 0 or self._pending:
-            # Background copies slow each iteration; pending requests join after this one.
+        if self._bg_copy_left_s > 0 or self._pending or self._held:
+            # Background copies slow each iteration; pending requests join after this one; a held
+            # first token is released at the end of a given iteration.
             max_steps = 1
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
@@ -634,6 +657,8 @@ class Replica:
             n,
             int(dp.reserved_tokens[:m].max()),
         )
+        if self._held:
+            self._tick_held(now)
         done = []
         for r in reqs:
             r.computed += m
@@ -801,8 +826,8 @@ class Replica:
         co, alloc, G, cost = self._co, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
-        if self._bg_copy_left_s > 0 or self._pending:
-            # Background copies slow each iteration; pending requests join after this one.
+        if self._bg_copy_left_s > 0 or self._pending or self._held:
+            # As in the decode plan above: one iteration at a time.
             k_fin = 1
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
         k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
@@ -849,6 +874,8 @@ class Replica:
         now = clock(self.env)
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
+        if self._held:
+            self._tick_held(now)
         out = self._window_seen(now, ends, m, w.members)
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
