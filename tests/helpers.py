@@ -33,6 +33,33 @@ def tiny_scenario(kv_tokens: int = 4096, **over):
     return scenario_from_dict(apply_overrides(base, over))
 
 
+def trace_run(tmp_path: Path, rows: list[tuple[float, int, int]], **over):
+    """A tiny scenario serving exactly ``rows`` (arrival s, prompt tokens, output tokens) on vLLM's
+    preset with no front end and no client jitter, ``over`` applied: its per-request columns in
+    request-id order, and the result."""
+    import numpy as np
+
+    from sim.engine.cluster import simulate
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
+    sc = tiny_scenario(
+        **{
+            "workload.num_requests": len(rows),
+            "workload.arrival": {"kind": "trace", "path": str(path)},
+            "workload.lengths": {"kind": "trace", "path": str(path)},
+            "engine.kind": "vllm",
+            "engine.frontend_s": 0.0,
+            "engine.client_cv": 0.0,
+            **over,
+        }
+    )
+    res = simulate(sc)
+    t = res.requests.to_pydict()
+    order = np.argsort(t["id"])
+    return {k: np.asarray(v)[order] for k, v in t.items()}, res
+
+
 def write_config(folder: Path, cfg: dict, name: str = "m_config.json") -> Path:
     """``cfg`` written as a Hugging Face config file ``name`` in ``folder``."""
     p = folder / name

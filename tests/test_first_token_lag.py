@@ -3,35 +3,15 @@
 import numpy as np
 import pytest
 
-from helpers import tiny_scenario
+from helpers import trace_run
 from sim.config import scenario_from_dict
-from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset
 from sim.engine_presets import PRESETS
 from sim.errors import ConfigError
 
 
 def _trace_run(tmp_path, rows: list[tuple[float, int, int]], lag: int, mode: str = "fast_forward", **over):
-    """tiny-llama on the cpu device, requests at the given (arrival s, prompt, output), no front end."""
-    path = tmp_path / "t.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
-    sc = tiny_scenario(
-        **{
-            "workload.num_requests": len(rows),
-            "workload.arrival": {"kind": "trace", "path": str(path)},
-            "workload.lengths": {"kind": "trace", "path": str(path)},
-            "engine.kind": "vllm",
-            "engine.frontend_s": 0.0,
-            "engine.client_cv": 0.0,
-            "engine.first_token_lag": lag,
-            "engine.mode": mode,
-            **over,
-        }
-    )
-    res = simulate(sc)
-    t = res.requests.to_pydict()
-    order = np.argsort(t["id"])
-    return {k: np.asarray(v)[order] for k, v in t.items()}, res
+    return trace_run(tmp_path, rows, **{"engine.first_token_lag": lag, "engine.mode": mode, **over})
 
 
 @pytest.mark.parametrize("mode", ["fast_forward", "step"])

@@ -1,33 +1,14 @@
 """Batches formed one iteration ahead (``engine.schedule_ahead``: overlap schedulers, async scheduling)."""
 
-import numpy as np
 import pytest
 
-from helpers import tiny_scenario
+from helpers import trace_run
 from sim.config import scenario_from_dict
-from sim.engine.cluster import simulate
 from sim.engine_presets import PRESETS
 
 
 def _trace_run(tmp_path, rows: list[tuple[float, int, int]], ahead: bool, mode: str = "fast_forward"):
-    """tiny-llama on the cpu device, requests at the given (arrival s, prompt, output), no front end."""
-    path = tmp_path / "t.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{a},{p},{o}\n" for a, p, o in rows))
-    sc = tiny_scenario(
-        **{
-            "workload.num_requests": len(rows),
-            "workload.arrival": {"kind": "trace", "path": str(path)},
-            "workload.lengths": {"kind": "trace", "path": str(path)},
-            "engine.kind": "vllm",
-            "engine.frontend_s": 0.0,
-            "engine.client_cv": 0.0,
-            "engine.schedule_ahead": ahead,
-            "engine.mode": mode,
-        }
-    )
-    t = simulate(sc).requests.to_pydict()
-    order = np.argsort(t["id"])
-    return {k: np.asarray(v)[order] for k, v in t.items()}
+    return trace_run(tmp_path, rows, **{"engine.schedule_ahead": ahead, "engine.mode": mode})[0]
 
 
 @pytest.mark.parametrize("mode", ["fast_forward", "step"])
