@@ -35,7 +35,9 @@ A profile prices GPU kernels. A serving engine adds what its framework does arou
   apart), and admission (``reserve_output``: TensorRT-LLM's GUARANTEED_NO_EVICT admits a request
   only when KV for its prompt and its full requested output fits, and never preempts); with
   ``schedule_ahead`` each batch is formed while the iteration before it runs (overlap schedulers),
-  so a request arriving mid-iteration joins the iteration after the next.
+  so a request arriving mid-iteration joins the iteration after the next;
+* **first token** — ``first_token_lag`` iterations pass after the one that made a request's first
+  token before its client sees it (TensorRT-LLM's runs show one; later tokens are not held).
 
 The defaults of the engine-level terms (host, eager gaps, front end) are fitted on end-to-end
 serving benchmarks (``kvsim calibrate --from-serving-bench``; docs/calibration.md, "Accuracy
