@@ -567,7 +567,7 @@ def hold_back_flagged(
 
 
 #: Tokens aiconfigurator's generator adds to the prompt length (and the concurrency) for an
-#: aggregated server's token budget.
+#: aggregated server's token budget; :func:`aiconfigurator_server` keeps them for SGLang only.
 AIC_BUDGET_EXTRA = 1500
 #: The first SGLang version whose aiconfigurator command line turns mixed chunks on.
 AIC_SGLANG_MIXED_FROM = "0.5.6"

@@ -25,8 +25,8 @@ def test_the_first_token_is_seen_lag_iterations_late_and_nothing_else_moves(tmp_
     assert held["finish_s"][0] == pytest.approx(plain["finish_s"][0], rel=1e-12)
     assert held["generated_tokens"][0] == plain["generated_tokens"][0] == 200
     # Its first token is seen at the end of the lag-th iteration after the one that made it.
-    ends = np.asarray(res.timeseries.column("t_s").to_pylist()) if mode == "step" else None
-    if ends is not None:
+    if mode == "step":  # one timeseries row per iteration
+        ends = np.asarray(res.timeseries.column("t_s").to_pylist())
         k = int(np.searchsorted(ends, plain["first_token_s"][0]))
         assert ends[k] == pytest.approx(plain["first_token_s"][0])
         assert held["first_token_s"][0] == pytest.approx(ends[k + lag])
