@@ -263,7 +263,7 @@ def test_fast_forward_equals_stepping(
     if ahead:  # batches formed one iteration ahead (an overlap scheduler): arrivals join one later
         over["engine.kind"] = "vllm"
         over["engine.schedule_ahead"] = True
-    if lag:  # first tokens held: windows run one iteration at a time while one is
+    if lag:  # first tokens held: released at iteration ends inside windows as between steps
         over["engine.kind"] = "vllm"
         over["engine.first_token_lag"] = lag
     if mixed:  # sliding-window layers (window 64) beside full-attention ones: KV and attention per layer group

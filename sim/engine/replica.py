@@ -403,6 +403,23 @@ class Replica:
                 req.first_token = now
         self._held = keep
 
+    def _tick_held_window(self, now: float, ends: list[float], m: int) -> None:
+        """A window of ``m`` iterations ended at ``now`` (``ends``: their end offsets from its
+        start): a first token held for ``left`` more iterations reaches its client at the end of
+        the window's ``left``-th iteration, as :meth:`_tick_held` at each of them would release
+        it."""
+        t0 = now - float(ends[m - 1])
+        keep: list[tuple[Request, int]] = []
+        for req, left in self._held:
+            if left > m:
+                keep.append((req, left - m))
+                continue
+            # The window's last end is ``now`` itself: no rounding through its start.
+            t = now if left == m else t0 + float(ends[left - 1])
+            if t > req.first_token:
+                req.first_token = t
+        self._held = keep
+
     def _window_seen(self, now: float, ends: list[float], m: int, k: int) -> float:
         """When clients see the last of ``m`` window iterations of ``k`` tokens each that ended at
         ``now`` (``ends``: their end offsets); ``-1`` without a token stream."""
@@ -605,9 +622,10 @@ class Replica:
         ids = [r.id for r in reqs]
         tokens_now = np.fromiter((r.computed + 1 for r in reqs), dtype=np.int64, count=n)
         max_steps = min(r.output - r.generated for r in reqs)
-        if self._bg_copy_left_s > 0 or self._pending or self._held:
-            # Background copies slow each iteration; pending requests join after this one; a held
-            # first token is released at the end of a given iteration.
+        if self._bg_copy_left_s > 0 or self._pending:
+            # Background copies slow each iteration; pending requests join after this one. (A held
+            # first token does not stop a window: the engine's work does not depend on it, and the
+            # window's iteration ends say when it is released.)
             max_steps = 1
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
@@ -658,7 +676,7 @@ class Replica:
             int(dp.reserved_tokens[:m].max()),
         )
         if self._held:
-            self._tick_held(now)
+            self._tick_held_window(now, ends, m)
         done = []
         for r in reqs:
             r.computed += m
@@ -826,7 +844,7 @@ class Replica:
         co, alloc, G, cost = self._co, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
-        if self._bg_copy_left_s > 0 or self._pending or self._held:
+        if self._bg_copy_left_s > 0 or self._pending:
             # As in the decode plan above: one iteration at a time.
             k_fin = 1
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
@@ -875,7 +893,7 @@ class Replica:
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
         if self._held:
-            self._tick_held(now)
+            self._tick_held_window(now, ends, m)
         out = self._window_seen(now, ends, m, w.members)
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
