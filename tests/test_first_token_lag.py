@@ -42,16 +42,20 @@ def test_a_request_that_ends_while_its_first_token_is_held_shows_it_when_it_ends
     assert one["first_token_s"][0] == one["finish_s"][0]
 
 
-@pytest.mark.parametrize("lag", [0, 1, 2])
-def test_fast_forward_equals_stepping_while_tokens_are_held(tmp_path, lag):
-    # Staggered arrivals and lengths: first tokens are held while other requests decode, finish and arrive.
+@pytest.mark.parametrize("stream", [0.0, 2e-4])
+@pytest.mark.parametrize("lag", [0, 1, 2, 4])
+def test_fast_forward_equals_stepping_while_tokens_are_held(tmp_path, lag, stream):
+    # Staggered arrivals and lengths: first tokens are held while other requests decode, finish and
+    # arrive, and are released inside fast-forward windows; with a token stream that binds, some
+    # are sent later than their release.
     rows = [(0.002 * i, 16 + 23 * i % 200, 5 + 37 * i % 90) for i in range(24)]
-    ff, _ = _trace_run(tmp_path, rows, lag, "fast_forward", **{"engine.schedule_ahead": True})
-    st, _ = _trace_run(tmp_path, rows, lag, "step", **{"engine.schedule_ahead": True})
+    over = {"engine.schedule_ahead": True, "engine.stream_per_token_s": stream}
+    ff, _ = _trace_run(tmp_path, rows, lag, "fast_forward", **over)
+    st, _ = _trace_run(tmp_path, rows, lag, "step", **over)
     for key in ("first_token_s", "finish_s", "generated_tokens"):
         np.testing.assert_allclose(ff[key], st[key], rtol=1e-9, atol=1e-12, err_msg=key)
     if lag:
-        base, _ = _trace_run(tmp_path, rows, 0, "step", **{"engine.schedule_ahead": True})
+        base, _ = _trace_run(tmp_path, rows, 0, "step", **over)
         assert (st["first_token_s"] > base["first_token_s"]).all()
         np.testing.assert_allclose(st["finish_s"], base["finish_s"], rtol=1e-12)
 
