@@ -392,30 +392,17 @@ class Replica:
                 self._held.append((req, lag))
         self._finish(done, now, out)
 
-    def _tick_held(self, now: float) -> None:
-        """An iteration ended at ``now``: first tokens held ``first_token_lag`` iterations reach
-        their clients at the end of the last of them (no earlier than the stream sent them)."""
-        keep: list[tuple[Request, int]] = []
-        for req, left in self._held:
-            if left > 1:
-                keep.append((req, left - 1))
-            elif now > req.first_token:
-                req.first_token = now
-        self._held = keep
-
-    def _tick_held_window(self, now: float, ends: list[float], m: int) -> None:
-        """A window of ``m`` iterations ended at ``now`` (``ends``: their end offsets from its
-        start): a first token held for ``left`` more iterations reaches its client at the end of
-        the window's ``left``-th iteration, as :meth:`_tick_held` at each of them would release
-        it."""
-        t0 = now - float(ends[m - 1])
+    def _tick_held(self, now: float, ends: list[float] | None = None, m: int = 1) -> None:
+        """An iteration, or a window of ``m`` (``ends``: their end offsets from its start), ended at
+        ``now``: a first token held ``left`` more iterations reaches its client at the end of the
+        ``left``-th of them (no earlier than the stream sent it)."""
         keep: list[tuple[Request, int]] = []
         for req, left in self._held:
             if left > m:
                 keep.append((req, left - m))
                 continue
-            # The window's last end is ``now`` itself: no rounding through its start.
-            t = now if left == m else t0 + float(ends[left - 1])
+            # The last end is ``now`` itself: no rounding through the window's start.
+            t = now if left == m or ends is None else now - float(ends[m - 1]) + float(ends[left - 1])
             if t > req.first_token:
                 req.first_token = t
         self._held = keep
@@ -676,7 +663,7 @@ class Replica:
             int(dp.reserved_tokens[:m].max()),
         )
         if self._held:
-            self._tick_held_window(now, ends, m)
+            self._tick_held(now, ends, m)
         done = []
         for r in reqs:
             r.computed += m
@@ -893,7 +880,7 @@ class Replica:
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
         if self._held:
-            self._tick_held_window(now, ends, m)
+            self._tick_held(now, ends, m)
         out = self._window_seen(now, ends, m, w.members)
         fin = self._fin
         if (fin and fin[0][0] <= self.G) or self._completing is not None:
