@@ -1026,6 +1026,23 @@ def faster_than_kernels(
     return {g: round(float(np.median(v)), 2) for g, v in sorted(by.items()) if np.median(v) > BUSY_LIMIT}
 
 
+def runs_faster_than_kernels(
+    rows: Iterable[BenchRow], busy: list[float | None], fast: dict[str, float]
+) -> dict[str, list[dict]]:
+    """Single runs faster than their engine's kernels allow in groups :func:`faster_than_kernels`
+    does not flag as a whole (``fast``): :func:`implied_gpu_busy` (``busy``, in row order) above
+    :data:`BUSY_LIMIT`. By group, in row order, each run's ``isl``, ``osl``, ``concurrency``, ``tp``
+    and ``implied_gpu_busy``. Such a run did not serve what its row says (cached prefixes, shorter
+    prompts, speculative decoding): no server model reaches it."""
+    out: dict[str, list[dict]] = {}
+    for r, b in zip(rows, busy):
+        if b is not None and b > BUSY_LIMIT and r.group not in fast:
+            out.setdefault(r.group, []).append(
+                {"isl": r.isl, "osl": r.osl, "concurrency": r.concurrency, "tp": r.tp, "implied_gpu_busy": round(b, 3)}
+            )
+    return out
+
+
 #: Prompt tokens :func:`cache_flagged` rounds a cached share down to: the engines' KV block.
 CACHE_BLOCK_TOKENS = 16
 

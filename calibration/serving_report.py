@@ -39,6 +39,7 @@ from .serving_bench import (
     normalize_engine,
     read_bench,
     resolve_model,
+    runs_faster_than_kernels,
     score,
     spread_flagged,
     tp_scaling,
@@ -295,6 +296,22 @@ def kernel_warnings(
     ]
 
 
+def fast_run_warnings(runs: dict[str, list[dict]]) -> list[str]:
+    """One line per group with single runs faster than its engine's kernels allow (``runs``: what
+    :func:`runs_faster_than_kernels` found), for ``calibrate`` and ``validate`` alike."""
+
+    def run(x: dict) -> str:
+        return f"{x['isl']}/{x['osl']} c{x['concurrency']} tp{x['tp']} {x['implied_gpu_busy']:.3f}x"
+
+    return [
+        f"{g}: {len(xs)} of its runs {'needs' if len(xs) == 1 else 'need'} the GPU computing more than "
+        f"{BUSY_LIMIT}x the wall time at its engine's own kernel prices ({', '.join(map(run, xs))}), where at "
+        "most 1 is possible: cached prefixes, prompts shorter than isl or speculative decoding would do this; "
+        "their errors say more about those runs than about kvsim (fast_runs in serving_validation.json)"
+        for g, xs in runs.items()
+    ]
+
+
 def kv_warnings(evidence: dict[str, dict], kv_set: dict[str, int] | None = None) -> list[str]:
     """One line per group and GPU count whose runs say their server held a KV capacity other than the
     one kvsim derives (``evidence``: what :func:`kv_capacity_evidence` found; ``kv_set``: the
@@ -408,6 +425,8 @@ class CheckedRows:
     #: capacity given to each deployment so simulated (:func:`kv_from_runs`).
     kv: dict[str, dict] = field(default_factory=dict)
     kv_set: dict[str, int] = field(default_factory=dict)
+    #: Single runs faster than their kernels in groups not flagged as a whole (:func:`runs_faster_than_kernels`).
+    fast_runs: dict[str, list[dict]] = field(default_factory=dict)
 
 
 def check_rows(
@@ -451,6 +470,7 @@ def check_rows(
         resolve_exclusions(exclude, rows, fast),
         kv,
         kv_set,
+        runs_faster_than_kernels(rows, busy, fast),
     )
 
 
@@ -711,6 +731,7 @@ def validate_serving_bench(
         "clients_apart": checked.apart,
         "spread": checked.spread,
         "faster_than_kernels": checked.fast,
+        "fast_runs": checked.fast_runs,
         "least_cached_share": checked.cached_share,
         "cached": checked.cached,
         "kv_capacity": checked.kv,
@@ -759,6 +780,7 @@ def write_html(doc: dict, path: Path) -> Path:
     groups = sorted({r["group"] for r in doc["results"]})
     flagged = doc.get("ttft_follows_completions", {})
     fast = doc.get("faster_than_kernels", {})
+    fast_runs = doc.get("fast_runs", {})
     split = doc.get("tpot_error_split", {})
     scaling = doc.get("tp_scaling", {})
     held = doc.get("held_back", {})
@@ -779,6 +801,11 @@ def write_html(doc: dict, path: Path) -> Path:
             + (["clients not started together"] if g in apart else [])
             + (["simulated with their starts spread"] if g in spread else [])
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
+            + (
+                [f"{len(fast_runs[g])} run{'s' if len(fast_runs[g]) > 1 else ''} faster than the kernels"]
+                if g in fast_runs
+                else []
+            )
             + ([f"simulated with {share[g]:.0%} of each prompt cached"] if g in cached and g in share else [])
             + ([f"{roofline[g]} runs priced by the roofline prior"] if g in roofline else [])
             + [
@@ -942,6 +969,7 @@ def calibrate_from_serving_bench(
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
+            + fast_run_warnings(checked.fast_runs)
             + kv_warnings(checked.kv, checked.kv_set)
         ):
             warn(line)

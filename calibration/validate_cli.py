@@ -309,6 +309,7 @@ def _serving(
         Treatments,
         apart_warnings,
         completion_warnings,
+        fast_run_warnings,
         kernel_warnings,
         kv_warnings,
         roofline_warnings,
@@ -401,6 +402,7 @@ def _serving(
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
         + apart_warnings(doc["clients_apart"], doc["spread"])
         + kernel_warnings(doc["faster_than_kernels"], doc["least_cached_share"], doc["cached"])
+        + fast_run_warnings(doc["fast_runs"])
         + kv_warnings(doc["kv_capacity"], doc["kv_from_runs"])
         + roofline_warnings(doc["roofline_priced"])
         + unpinned_warnings(doc["fold_sensitivity"], logo)

@@ -22,6 +22,7 @@ from calibration.serving_bench import (
     AIC_BUDGET_EXTRA,
     APART_MAX_PER_PREFILL,
     APART_SPREAD_CYCLES,
+    BUSY_LIMIT,
     CACHE_BLOCK_TOKENS,
     ENGINE_BLOCK_SIZE,
     GPU_IDS,
@@ -51,6 +52,7 @@ from calibration.serving_bench import (
     read_csv,
     resolve_model,
     row_scenario,
+    runs_faster_than_kernels,
     score,
     simulate_row,
     spread_flagged,
@@ -70,7 +72,14 @@ from calibration.serving_fit import (
     prior_penalty,
     term_sensitivity,
 )
-from calibration.serving_report import kv_warnings, served_by_line, served_by_rows, variant_lines
+from calibration.serving_report import (
+    check_rows,
+    fast_run_warnings,
+    kv_warnings,
+    served_by_line,
+    served_by_rows,
+    variant_lines,
+)
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -1073,6 +1082,43 @@ def test_runs_faster_than_their_kernels_are_flagged_and_kvsim_own_runs_are_not()
     )
 
 
+def test_single_runs_faster_than_their_kernels_are_named_where_their_group_is_not_flagged():
+    rows = [row(isl=isl, osl=osl, concurrency=c) for isl, osl, c in [(512, 32, 8), (1024, 64, 16), (256, 16, 2)]]
+    sims = measured(rows, builtin_terms())
+    # One run of three at a third of its times: the group's median stays possible, that run is not.
+    odd = replace(sims[1], ttft_ms=sims[1].ttft_ms / 3, tpot_ms=sims[1].tpot_ms / 3)
+    file = [sims[0], odd, sims[2]]
+    busy = implied_gpu_busy(file)
+    assert busy[1] > BUSY_LIMIT and max(busy[0], busy[2]) <= 1.0
+    fast = faster_than_kernels(file, busy=busy)
+    assert fast == {}
+    runs = runs_faster_than_kernels(file, busy, fast)
+    assert runs == {
+        odd.group: [{"isl": 1024, "osl": 64, "concurrency": 16, "tp": 1, "implied_gpu_busy": round(busy[1], 3)}]
+    }
+    # A group flagged as a whole is said once, as a group, not run by run.
+    assert runs_faster_than_kernels(file, busy, {odd.group: 2.0}) == {}
+    (line,) = fast_run_warnings(runs)
+    assert line.startswith(f"{odd.group}: 1 of its runs needs the GPU computing more than {BUSY_LIMIT}x")
+    assert f"1024/64 c16 tp1 {busy[1]:.3f}x" in line
+    assert "2 of its runs need the GPU" in fast_run_warnings({odd.group: runs[odd.group] * 2})[0]
+
+
+def test_the_shipped_file_names_its_4000_token_runs_of_newer_engines_as_faster_than_their_kernels():
+    checked = check_rows(served_by_rows(read_bench(TRAINING_FILE), "auto"), None, ())
+    named = {(g, x["isl"], x["osl"], x["tp"]) for g, xs in checked.fast_runs.items() for x in xs}
+    qwen = "Qwen/Qwen3-32B/h100_sxm"
+    # TensorRT-LLM 1.2 and vLLM 0.12 runs of 4000-token prompts, 1.3 to 2.4 times what the GPUs can
+    # compute; the other runs of their groups (TensorRT-LLM 1.0) are possible.
+    assert {(f"{qwen}/trtllm", 4000, 1000, tp) for tp in (1, 2, 4, 8)} | {
+        (f"{qwen}/vllm", 4000, 1000, tp) for tp in (1, 2)
+    } <= named
+    assert len(named) <= 8 and all(g.startswith(qwen) for g, *_ in named)
+    # The group faster than its kernels as a whole is named once, as a group.
+    assert list(checked.fast) == ["nvidia/Llama-3.1-8B-Instruct-FP8/h200_sxm/vllm"]
+    assert not any("FP8" in g for g in checked.fast_runs)
+
+
 def test_gpu_shares_split_the_busy_time_and_prefills_take_more_of_it_with_shorter_outputs():
     rows = measured([row(isl=512, osl=osl, concurrency=8) for osl in (8, 64)], builtin_terms())
     shares = gpu_shares(rows)
@@ -1963,6 +2009,24 @@ def validate_with(tmp_path, flag: str):
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / out / "serving_validation.json").read_text())
     return " ".join(r.stdout.split()), doc, (tmp_path / out / "serving_validation.html").read_text()
+
+
+def test_cli_names_single_runs_faster_than_their_kernels(tmp_path):
+    # One run at a hundredth of what the other two take: possible runs beside one no GPU computes.
+    stdout, doc, html, warned = validate_then_calibrate(
+        tmp_path,
+        f"{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,0.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3000.0,100.0\n"
+        f"{LLAMA},h100_sxm,vllm,1,512,64,8,2000.0,80.0\n",
+    )
+    g = f"{LLAMA}/h100_sxm/vllm"
+    assert doc["faster_than_kernels"] == {} and list(doc["fast_runs"]) == [g]
+    (run,) = doc["fast_runs"][g]
+    assert (run["isl"], run["osl"], run["concurrency"], run["tp"]) == (1024, 64, 16, 1) and run[
+        "implied_gpu_busy"
+    ] > 1.25
+    assert f"note: {g}: 1 of its runs needs the GPU computing more than 1.25x" in stdout and "1024/64 c16 tp1" in stdout
+    assert "1 run faster than the kernels" in html
+    assert "calibrate warning" in warned and "1 of its runs needs the GPU" in warned
 
 
 def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
