@@ -623,6 +623,7 @@ def validate_serving_bench(
     treat: Treatments = Treatments(),
     sensitivity: bool = False,
     pooled_prior: bool = True,
+    client_timings: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
@@ -631,7 +632,9 @@ def validate_serving_bench(
     prediction. ``served_by``: :func:`served_by_rows` (default ``auto``).
     ``sensitivity`` (with ``logo`` or ``own_fit``): how firmly each fold's training rows pin its
     terms, under ``fold_sensitivity``. ``pooled_prior`` (with ``logo``): each fold's fit is pulled
-    towards terms shared by all its training groups (:func:`leave_one_group_out`)."""
+    towards terms shared by all its training groups (:func:`leave_one_group_out`).
+    ``client_timings`` (terms as given only): every row simulated again under each of
+    :data:`calibration.client_timing.CLIENT_TIMINGS`, under ``client_timing``."""
     if logo and own_fit:
         raise ConfigError(
             "--own-fit", True, "either --logo (each group predicted by the others) or --own-fit (by itself), not both"
@@ -639,6 +642,13 @@ def validate_serving_bench(
     if sensitivity and not (logo or own_fit):
         raise ConfigError(
             "--sensitivity", True, "with --logo or --own-fit (it probes their fits; terms as given are not fitted)"
+        )
+    if client_timings and (logo or own_fit):
+        raise ConfigError(
+            "--client-timing",
+            True,
+            "with terms as given (presets or --terms), not with --logo or --own-fit (it simulates every row "
+            "again under other client timings with one set of terms)",
         )
     if treat.blind and not logo:
         raise ConfigError(
@@ -684,6 +694,13 @@ def validate_serving_bench(
         preds, folds, fold_sens, fold_priors = res.predictions, res.folds, res.sensitivity, res.priors
     else:
         preds = evaluate(rows, start, clients, profile=profile, workers=workers)
+    timing = None
+    if client_timings:
+        from .client_timing import client_timing
+
+        if log is not None:
+            log("client timing: every run simulated again under 3 other timings of its clients")
+        timing = client_timing(rows, preds, start, clients, profile=profile, workers=workers)
     sc = score(preds)
     busy_of = dict(zip(as_given, busy)) | dict(zip(rows, busy))
     shares_of = dict(zip(as_given, shares)) | dict(zip(rows, shares))
@@ -740,6 +757,7 @@ def validate_serving_bench(
         "tpot_error_split": tpot_error_split(preds, shares_of),
         "tp_scaling": tp_scaling(preds),
         "ttft_vs_prefill": ttft_vs_prefill(preds, shares_of),
+        "client_timing": timing,
         "results": [
             {
                 **r.to_json(),

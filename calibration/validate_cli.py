@@ -100,6 +100,12 @@ def validate_command(
         help="--serving-bench --logo or --own-fit: after each fit, move each term alone (halved and doubled) "
         "and name the terms its training runs do not pin (13 more simulations of them per fit).",
     ),
+    client_timing: bool = typer.Option(
+        False,
+        "--client-timing",
+        help="--serving-bench with terms as given: simulate every run again with its clients in step without "
+        "jitter, in step with jitter of cv 1, and spread over a request cycle, and say how far TTFT moves.",
+    ),
     prior: bool = typer.Option(
         True,
         "--prior/--no-prior",
@@ -137,6 +143,7 @@ def validate_command(
             served_by=served_by,
             sensitivity=sensitivity,
             pooled_prior=prior,
+            client_timing=client_timing,
         )
         return
 
@@ -296,6 +303,7 @@ def _serving(
     own_fit: bool = False,
     sensitivity: bool = False,
     pooled_prior: bool = True,
+    client_timing: bool = False,
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -344,6 +352,7 @@ def _serving(
         served_by=served_by,
         sensitivity=sensitivity,
         pooled_prior=pooled_prior,
+        client_timings=client_timing,
         log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
     )
 
@@ -398,6 +407,19 @@ def _serving(
     for key, title, caption, header, rows_of in diagnostics:
         if doc[key]:
             con.print(table(title, caption, header, rows_of(doc[key])))
+    if doc["client_timing"]:
+        from .client_timing import timing_header, timing_rows
+
+        con.print(
+            table(
+                "TTFT and the clients' timing",
+                "TTFT median |error| with the clients as simulated and under each other timing; in brackets, how far "
+                "the simulated TTFT moved: the median and the 90th percentile of its size (client_timing in "
+                "serving_validation.json)",
+                timing_header(doc["client_timing"]),
+                timing_rows(doc["client_timing"], doc["score"]),
+            )
+        )
     for line in (
         completion_warnings(doc["ttft_follows_completions"], doc["held_back"])
         + apart_warnings(doc["clients_apart"], doc["spread"])
