@@ -780,19 +780,23 @@ def write_html(doc: dict, path: Path) -> Path:
     each row's TPOT error against its prefill share of wall time with the group's line
     (``tpot_error_split``), and what the group's largest pair of GPU counts buys against
     concurrency, measured and simulated (``tp_scaling``): one colour per group across the four
-    panels."""
+    panels. With ``client_timing``, a fifth panel: each group's TTFT median |error| as simulated and
+    under each other client timing."""
     import plotly.graph_objects as go
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
+    timing = doc.get("client_timing") or {}
     fig = make_subplots(
-        rows=2,
+        rows=3 if timing else 2,
         cols=2,
+        specs=[[{}, {}], [{}, {}]] + ([[{"colspan": 2}, None]] if timing else []),
         subplot_titles=(
             "mean TTFT (ms)",
             "mean TPOT (ms)",
             "TPOT error (%) against prefill share",
             "what more GPUs buy: TPOT at the smaller GPU count / at the larger",
+            *(["TTFT median |error| (%) with the clients timed otherwise (--client-timing)"] if timing else []),
         ),
     )
     groups = sorted({r["group"] for r in doc["results"]})
@@ -928,6 +932,8 @@ def write_html(doc: dict, path: Path) -> Path:
     fig.add_hline(y=1, line={"color": "grey", "width": 1}, row=2, col=2)
     fig.update_xaxes(type="log", title_text="concurrency (solid: measured, dashed: simulated)", row=2, col=2)
     fig.update_yaxes(title_text="TPOT gain", row=2, col=2)
+    if timing:
+        _timing_panel(fig, go, doc, timing, row=3)
     o = doc["score"]["overall"]
     n_skipped = len(doc.get("skipped_rows", []))
     left_out = f" ({n_skipped} rows of the file left out: skipped_rows in serving_validation.json)" if n_skipped else ""
@@ -935,11 +941,50 @@ def write_html(doc: dict, path: Path) -> Path:
         title=f"kvsim against real servers: {doc['rows']} runs{left_out}, {doc['protocol']}<br>"
         f"TTFT median |err| {o['ttft'].get('median_abs', float('nan')):.1%}, "
         f"TPOT median |err| {o['tpot'].get('median_abs', float('nan')):.1%}",
-        height=1200,
+        height=1700 if timing else 1200,
         width=1500,
     )
     path.write_text(fig.to_html(include_plotlyjs=True, full_html=True))
     return path
+
+
+def _timing_panel(fig, go, doc: dict, timing: dict, row: int) -> None:
+    """Grouped bars: per group and over all rows, TTFT median |error| as simulated and under each
+    timing of ``timing`` (:func:`calibration.client_timing.client_timing`)."""
+    groups = sorted(doc["score"]["groups"])
+    labels = [*groups, "all"]
+
+    def pct(stats: dict | None) -> float | None:
+        return None if not stats or not stats.get("n") else 100 * stats["median_abs"]
+
+    series = [
+        (
+            "as simulated",
+            [pct(doc["score"]["groups"][g]["ttft"]) for g in groups] + [pct(doc["score"]["overall"]["ttft"])],
+        )
+    ]
+    for name, v in timing.items():
+        series.append(
+            (
+                name,
+                [pct(v["groups"][g]["ttft"]) if g in v["groups"] else None for g in groups]
+                + [pct(v["overall"]["ttft"])],
+            )
+        )
+    for name, ys in series:
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=ys,
+                name=f"clients {name}",
+                legendgroup="client timing",
+                text=[None if y is None else f"{y:.0f}" for y in ys],
+            ),
+            row=row,
+            col=1,
+        )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="TTFT median |error|, %", row=row, col=1)
 
 
 def calibrate_from_serving_bench(

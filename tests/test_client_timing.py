@@ -89,11 +89,15 @@ def test_cli_validate_client_timing_prints_and_writes_it(tmp_path):
     assert list(doc["client_timing"]) == [t.name for t in CLIENT_TIMINGS]
     said = " ".join(r.stdout.split())
     assert "TTFT and the clients' timing" in said and "spread over a cycle" in said
+    # The HTML report gains a panel of bars, one per timing.
+    html = (tmp_path / "ct" / "serving_validation.html").read_text()
+    assert "with the clients timed otherwise" in html and html.count('"clients spread over a cycle"') == 1
     # Without the flag the runs are simulated once and the key is empty.
     r = kvsim(*args, "--out", "plain", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "plain" / "serving_validation.json").read_text())["client_timing"] is None
     assert "clients' timing" not in r.stdout
+    assert "with the clients timed otherwise" not in (tmp_path / "plain" / "serving_validation.html").read_text()
 
 
 def test_cli_client_timing_with_a_fit_is_one_line_error(tmp_path):
