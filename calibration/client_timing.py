@@ -41,19 +41,15 @@ CLIENT_TIMINGS: tuple[ClientTiming, ...] = (
 )
 
 
-def _moved(variant: list[RowResult], base: list[RowResult]) -> list[float]:
-    """Each row's simulated TTFT under a timing relative to its TTFT as simulated (rows either failed left out)."""
-    out = []
-    for v, b in zip(variant, base):
-        if v.ttft_ms is not None and b.ttft_ms is not None and b.ttft_ms > 0 and math.isfinite(v.ttft_ms):
-            out.append(v.ttft_ms / b.ttft_ms - 1.0)
-    return out
+def _move(variant: RowResult, base: RowResult) -> float | None:
+    """A row's simulated TTFT under a timing relative to its TTFT as simulated (``None``: either failed)."""
+    v, b = variant.ttft_ms, base.ttft_ms
+    return v / b - 1.0 if v is not None and b is not None and b > 0 and math.isfinite(v) else None
 
 
-def _moves(variant: list[RowResult], base: list[RowResult], stats: dict) -> dict:
-    """``stats`` (a group's or the file's TTFT and TPOT errors under a timing) with how far the
-    simulated TTFT moved from ``base``."""
-    moved = _moved(variant, base)
+def _with_moves(stats: dict, moved: list[float]) -> dict:
+    """``stats`` (a group's or the file's errors under a timing, :func:`score`) with how far the
+    simulated TTFT of its rows moved (``moved``)."""
     return {
         "ttft": stats["ttft"],
         "tpot": stats["tpot"],
@@ -61,6 +57,12 @@ def _moves(variant: list[RowResult], base: list[RowResult], stats: dict) -> dict
         "ttft_moved_p90_abs": float(np.percentile(np.abs(moved), 90)) if moved else None,
         "failed": stats["failed"],
     }
+
+
+def median_pct(stats: dict | None) -> float | None:
+    """The TTFT or TPOT median |error| of :func:`calibration.serving_bench.error_stats` in percent
+    (``None`` without rows)."""
+    return None if not stats or not stats.get("n") else 100 * stats["median_abs"]
 
 
 def client_timing(
@@ -85,14 +87,10 @@ def client_timing(
         preds = evaluate(
             [replace(r, start_spread_cycles=None) for r in rows], terms, cl, profile=profile, workers=workers
         )
-        groups: dict[str, tuple[list[RowResult], list[RowResult]]] = {}
-        for p, b in zip(preds, base):
-            vs, bs = groups.setdefault(b.row.group, ([], []))
-            vs.append(p)
-            bs.append(b)
+        moves = [(b.row.group, m) for p, b in zip(preds, base) if (m := _move(p, b)) is not None]
         sc = score(preds)
-        overall = _moves(preds, base, sc["overall"])
-        per_group = {g: _moves(*groups[g], sc["groups"][g]) for g in sorted(groups)}
+        overall = _with_moves(sc["overall"], [m for _, m in moves])
+        per_group = {g: _with_moves(st, [m for h, m in moves if h == g]) for g, st in sc["groups"].items()}
         out[t.name] = {
             "start_spread_cycles": t.start_spread_cycles,
             "client_cv": t.client_cv,
@@ -114,7 +112,8 @@ def timing_rows(doc: dict, as_simulated: dict) -> list[list[str]]:
     of the simulated TTFT and the 90th percentile of its size in brackets."""
 
     def err(stats: dict | None) -> str:
-        return "–" if not stats or stats.get("n", 0) == 0 else f"{100 * stats['median_abs']:.1f}%"
+        pct = median_pct(stats)
+        return "–" if pct is None else f"{pct:.1f}%"
 
     def cell(s: dict) -> str:
         m, p90 = s["ttft_moved_median"], s["ttft_moved_p90_abs"]
@@ -122,6 +121,6 @@ def timing_rows(doc: dict, as_simulated: dict) -> list[list[str]]:
 
     rows = []
     for g, sc in sorted(as_simulated["groups"].items()):
-        rows.append([g, err(sc["ttft"]), *(cell(v["groups"][g]) for v in doc.values() if g in v["groups"])])
+        rows.append([g, err(sc["ttft"]), *(cell(v["groups"][g]) for v in doc.values())])
     rows.append(["all", err(as_simulated["overall"]["ttft"]), *(cell(v["overall"]) for v in doc.values())])
     return rows

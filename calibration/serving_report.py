@@ -951,30 +951,15 @@ def write_html(doc: dict, path: Path) -> Path:
 def _timing_panel(fig, go, doc: dict, timing: dict, row: int) -> None:
     """Grouped bars: per group and over all rows, TTFT median |error| as simulated and under each
     timing of ``timing`` (:func:`calibration.client_timing.client_timing`)."""
+    from .client_timing import median_pct
+
     groups = sorted(doc["score"]["groups"])
-    labels = [*groups, "all"]
-
-    def pct(stats: dict | None) -> float | None:
-        return None if not stats or not stats.get("n") else 100 * stats["median_abs"]
-
-    series = [
-        (
-            "as simulated",
-            [pct(doc["score"]["groups"][g]["ttft"]) for g in groups] + [pct(doc["score"]["overall"]["ttft"])],
-        )
-    ]
-    for name, v in timing.items():
-        series.append(
-            (
-                name,
-                [pct(v["groups"][g]["ttft"]) if g in v["groups"] else None for g in groups]
-                + [pct(v["overall"]["ttft"])],
-            )
-        )
-    for name, ys in series:
+    columns = {"as simulated": doc["score"], **timing}
+    for name, v in columns.items():
+        ys = [median_pct(v["groups"][g]["ttft"]) for g in groups] + [median_pct(v["overall"]["ttft"])]
         fig.add_trace(
             go.Bar(
-                x=labels,
+                x=[*groups, "all"],
                 y=ys,
                 name=f"clients {name}",
                 legendgroup="client timing",
