@@ -46,6 +46,7 @@ def _serving_bench(
     kv_cache_tokens: int | None = None,
     treat: Treatments | None = None,
     served_by: str | None = None,
+    clients: str | None = None,
     sensitivity: bool = True,
     prior: bool = False,
 ) -> None:
@@ -82,6 +83,7 @@ def _serving_bench(
         exclude=exclude,
         treat=treat or Treatments(),
         served_by=served_by,
+        clients=clients,
         sensitivity=sensitivity,
         prior=prior,
         progress=progress,
@@ -143,6 +145,7 @@ def calibrate_command(
     cache_flagged: bool = opt.cache_option(_FSB, "the warning", "in the fit"),
     kv_from_runs: bool = opt.kv_from_runs_option(_FSB, "the warning", "in the fit"),
     served_by: str | None = opt.served_by_option(_FSB),
+    clients: str | None = opt.clients_option(_FSB),
     sensitivity: bool = typer.Option(
         True,
         "--sensitivity/--no-sensitivity",
@@ -178,6 +181,7 @@ def calibrate_command(
             kv_cache_tokens=kv_cache_tokens,
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs),
             served_by=served_by,
+            clients=clients,
             sensitivity=sensitivity,
             prior=prior,
         )

@@ -1119,15 +1119,16 @@ def default_kv(engine: str, weights: str, gpu: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class Clients:
-    """How the benchmark's clients run: ``requests_per_client`` requests each (all ``concurrency``
-    clients start together), the first ``warmup`` of each client's left out of the means. The
+    """How the benchmark's clients run: ``requests_per_client`` requests each, the first ``warmup``
+    of each client's left out of the means. The
     defaults are the benchmarks behind the shipped file as aiconfigurator-core runs them: aiperf /
     genai-perf ``--request-count`` and SGLang's ``bench_serving --num-prompts`` of 10 × concurrency,
     every request in the means (vLLM's ``bench serve`` likewise counts every request of
-    ``--num-prompts``, which a vLLM result's ``completed`` gives: :attr:`BenchRow.requests`). The
-    clients start together (``start_spread_cycles`` 0, whatever a preset's scenario default; ``None``
-    takes the preset's); each request's client and front-end jitter (``client_cv``) is the engine
-    preset's unless set here."""
+    ``--num-prompts``, which a vLLM result's ``completed`` gives: :attr:`BenchRow.requests`). A row
+    without its own ``start_spread_cycles`` starts its clients this many request cycles apart (0:
+    together, whatever a preset's scenario default; ``None``: the preset's); ``validate`` and
+    ``calibrate`` give every row its own first (:func:`calibration.serving_report.clients_rows`). Each
+    request's client and front-end jitter (``client_cv``) is the engine preset's unless set here."""
 
     requests_per_client: int = 10
     warmup: int = 0

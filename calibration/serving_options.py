@@ -97,6 +97,17 @@ kv_from_runs_option = _flagged_option(
 )
 
 
+def clients_option(mode: str):
+    return typer.Option(
+        None,
+        "--clients",
+        help=f"{mode}: how the benchmark's clients met the server where a row gives no start_spread_cycles: auto (the "
+        "default: together for a row whose source_id names an aiconfigurator-core collector run, as every run of "
+        "'builtin' does, else apart), together (started at once, in step) or apart (first requests spread over a "
+        "request cycle).",
+    )
+
+
 def served_by_option(mode: str):
     return typer.Option(
         None,

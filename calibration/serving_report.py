@@ -13,13 +13,14 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
 from .serving_bench import (
+    APART_SPREAD_CYCLES,
     BUSY_LIMIT,
     TRAINING_FILE,
     BenchRow,
@@ -91,19 +92,18 @@ def _rows(
     does not say (:func:`served_by_rows`)."""
     if engine:
         engine = normalize_engine(engine)
-    rows = served_by_rows(
-        read_bench(
-            path,
-            problems,
-            gpu=gpu,
-            tp=tp,
-            engine=engine or "vllm",
-            weights=weights,
-            kv=kv,
-            kv_cache_tokens=kv_cache_tokens,
-        ),
-        served_by if served_by is not None else "auto",
+    served = served_by if served_by is not None else "auto"
+    read = read_bench(
+        path,
+        problems,
+        gpu=gpu,
+        tp=tp,
+        engine=engine or "vllm",
+        weights=weights,
+        kv=kv,
+        kv_cache_tokens=kv_cache_tokens,
     )
+    rows = served_by_rows(read, served)
     if engine:
         have = sorted({r.engine for r in rows})
         rows = [r for r in rows if r.engine == engine]
@@ -130,6 +130,60 @@ def served_by_rows(rows: list[BenchRow], served_by: str) -> list[BenchRow]:
 
 def _served_as_aiconfigurator(row: BenchRow, served_by: str) -> bool:
     return served_by == "aiconfigurator" or (served_by == "auto" and aiconfigurator_run(row))
+
+
+#: How a benchmark file's clients met the server where a row gives no ``start_spread_cycles``
+#: (``--clients``): ``together``, all started at once and in step; ``apart``, their first requests
+#: spread uniformly over :data:`APART_SPREAD_CYCLES` request cycles; ``auto`` (the default), per
+#: row: together for a run of aiconfigurator-core's collector (its ``source_id`` names one, or
+#: ``--served-by aiconfigurator``), else apart.
+CLIENT_MODES = ("auto", "together", "apart")
+
+
+def clients_rows(rows: list[BenchRow], clients: str, served_by: str) -> list[BenchRow]:
+    """``rows`` with the start spread ``clients`` (:data:`CLIENT_MODES`) gives them where a row sets
+    none.
+
+    Whether a fixed-length closed loop's clients stay in step is the benchmark harness's doing, and
+    no row records it. aiconfigurator-core's collector keeps them in step: its runs' prompts queue
+    behind one another run after run (spreading them triples the shipped groups' TTFT error). The
+    shipped file's one other harness, its Llama-3.1-70B runs, does not: at 4 clients their first
+    token comes one prefill after the request. A harness kvsim has not seen gets the second
+    behaviour, because the first one, at an engine's default token budget (a whole wave of prompts
+    per iteration), locks kvsim's fixed-length clients into prefill waves that re-form every cycle
+    and no client or front-end jitter breaks (docs/calibration.md, "Which clients meet")."""
+    if clients not in CLIENT_MODES:
+        raise ConfigError("--clients", clients, f"one of {', '.join(CLIENT_MODES)}")
+    out = []
+    for r in rows:
+        if r.start_spread_cycles is None:
+            together = clients == "together" or (clients == "auto" and _served_as_aiconfigurator(r, served_by))
+            r = replace(r, start_spread_cycles=0.0 if together else APART_SPREAD_CYCLES)
+        out.append(r)
+    return out
+
+
+def clients_line(path: str, rows: list[BenchRow], clients: str, served_by: str) -> list[str]:
+    """One line saying how many rows ``clients`` (not their own column) simulates with the clients
+    apart, where any is."""
+    n = sum(
+        1
+        for r in rows
+        if r.start_spread_cycles == APART_SPREAD_CYCLES
+        and (clients == "apart" or (clients == "auto" and not _served_as_aiconfigurator(r, served_by)))
+    )
+    if not n:
+        return []
+    why = (
+        "--clients apart"
+        if clients == "apart"
+        else "no aiconfigurator-core collector run named in their source_id: a harness kvsim has not seen keep "
+        "its clients in step"
+    )
+    return [
+        f"{n} of {len(rows)} rows of {path}: clients apart, their first requests spread over a request cycle "
+        f"({why}; docs/calibration.md, Which clients meet); --clients together starts them at once, in step"
+    ]
 
 
 def served_by_line(path: str, rows: list[BenchRow], served_by: str) -> list[str]:
@@ -201,6 +255,8 @@ def apart_warnings(apart: dict[str, dict], spread: list[str] | None = None) -> l
         + (
             "; simulated with their starts spread over a request cycle (--spread-flagged)"
             if g in spread
+            else "; simulated with their starts spread over a request cycle (--clients)"
+            if v.get("simulated_apart")
             else "; simulated as starting together (--spread-flagged spreads them)"
         )
         + " (docs/calibration.md, groups that look mis-measured)"
@@ -434,9 +490,12 @@ def check_rows(
     profile: str | None,
     exclude: tuple[str, ...] | list[str],
     treat: Treatments = Treatments(),
+    clients: str = "auto",
+    served_by: str = "auto",
 ) -> CheckedRows:
     """``validate`` and ``calibrate``'s checks on ``rows``, in one place, what they flag treated as
-    ``treat`` says; ``exclude`` resolved (:func:`resolve_exclusions`)."""
+    ``treat`` says; ``exclude`` resolved (:func:`resolve_exclusions`); then the clients' start spread
+    where a row still sets none (:func:`clients_rows`: ``clients``, ``served_by``)."""
     kv = kv_capacity_evidence(rows, profile)  # on the runs as the file gives them
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
@@ -444,6 +503,10 @@ def check_rows(
         rows, held = hold_back_flagged(rows, flagged)
     shares = gpu_shares(rows, profile)
     apart = clients_apart(rows, dict(zip(rows, shares)))
+    met = clients_rows(rows, clients, served_by)
+    for g, v in apart.items():
+        # Apart without the treatment (their harness is not one kvsim has seen keep its clients in step).
+        v["simulated_apart"] = all(r.start_spread_cycles for r in met if r.group == g)
     spread: list[str] = []
     if treat.spread:
         rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
@@ -457,7 +520,7 @@ def check_rows(
     if treat.kv:
         rows, kv_set = kv_from_runs(rows, kv)
     return CheckedRows(
-        rows,
+        clients_rows(rows, clients, served_by),  # after --spread-flagged, which sets its groups' spread itself
         flagged,
         held,
         apart,
@@ -624,12 +687,14 @@ def validate_serving_bench(
     sensitivity: bool = False,
     pooled_prior: bool = True,
     client_timings: bool = False,
+    clients: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict:
     """Simulate every row (``engine``: only rows of that engine); with ``logo``, leave-one-group-out;
     with ``own_fit``, each group with terms fitted on its own rows (:func:`fit_each_group`).
     ``treat``: what to do with what the checks flag (:class:`Treatments`), in training and in
-    prediction. ``served_by``: :func:`served_by_rows` (default ``auto``).
+    prediction. ``served_by``: :func:`served_by_rows` (default ``auto``); ``clients``:
+    :func:`clients_rows` (default ``auto``).
     ``sensitivity`` (with ``logo`` or ``own_fit``): how firmly each fold's training rows pin its
     terms, under ``fold_sensitivity``. ``pooled_prior`` (with ``logo``): each fold's fit is pulled
     towards terms shared by all its training groups (:func:`leave_one_group_out`).
@@ -657,20 +722,27 @@ def validate_serving_bench(
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else "auto"
+    meet = clients if clients is not None else "auto"
+    if meet not in CLIENT_MODES:
+        raise ConfigError("--clients", meet, f"one of {', '.join(CLIENT_MODES)}")
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
         for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
-    checked = check_rows(rows, profile, exclude, treat)
+    checked = check_rows(rows, profile, exclude, treat, meet, served)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
-    as_given = rows
+    as_given = clients_rows(rows, meet, served)
     rows, shares, busy, exclude = checked.rows, checked.shares, checked.busy, checked.exclude
-    clients = Clients(requests_per_client=requests_per_client, warmup=warmup)
+    per_client = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
     # were fitted on the shipped file, held-out groups included.
     start = unfitted_terms() if logo and terms_file is None else _terms_from(terms_file)
     if out is not None:
         out = out_dir(out)  # a bad --out is said before the simulations, not after them
+    if log is not None:
+        # Said once the input is known good: bad input gets its one line alone.
+        for line in clients_line(path, as_given, meet, served):
+            log(line)
     folds = {}
     fold_sens: dict[str, dict] = {}
     fold_priors: dict[str, EngineTerms] = {}
@@ -683,7 +755,7 @@ def validate_serving_bench(
         res = how(
             rows,
             start=start,
-            clients=clients,
+            clients=per_client,
             max_evals=max_evals,
             profile=profile,
             workers=workers,
@@ -693,14 +765,14 @@ def validate_serving_bench(
         )
         preds, folds, fold_sens, fold_priors = res.predictions, res.folds, res.sensitivity, res.priors
     else:
-        preds = evaluate(rows, start, clients, profile=profile, workers=workers)
+        preds = evaluate(rows, start, per_client, profile=profile, workers=workers)
     timing = None
     if client_timings:
         from .client_timing import client_timing
 
         if log is not None:
             log("client timing: every run simulated again under 3 other timings of its clients")
-        timing = client_timing(rows, preds, start, clients, profile=profile, workers=workers)
+        timing = client_timing(rows, preds, start, per_client, profile=profile, workers=workers)
     sc = score(preds)
     busy_of = dict(zip(as_given, busy)) | dict(zip(rows, busy))
     shares_of = dict(zip(as_given, shares)) | dict(zip(rows, shares))
@@ -736,6 +808,8 @@ def validate_serving_bench(
         "warmup_per_client": warmup,
         "served_by": served,
         "aiconfigurator_served_rows": sum(_served_as_aiconfigurator(r, served) for r in as_given),
+        "clients": meet,
+        "clients_apart_rows": sum(1 for r in as_given if r.start_spread_cycles),
         "metric": "mean TTFT and mean TPOT over each run's requests (after each client's warm-up, if any), relative error "
         "(simulated - measured) / measured",
         "terms": start.engines,
@@ -991,6 +1065,7 @@ def calibrate_from_serving_bench(
     exclude: tuple[str, ...] = (),
     treat: Treatments = Treatments(),
     served_by: str | None = None,
+    clients: str | None = None,
     sensitivity: bool = True,
     prior: bool = False,
     progress: Callable[[str, int, float, dict], None] | None = None,
@@ -1000,19 +1075,23 @@ def calibrate_from_serving_bench(
     :func:`resolve_exclusions`) and write them as a terms file (``engine.terms_file`` in a
     scenario uses them); ``warn`` hears :func:`completion_warnings`, :func:`apart_warnings` and
     :func:`kernel_warnings` before the fit starts. ``treat``: what to fit the flagged runs and groups
-    as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`. ``sensitivity``: also probe how
+    as (:class:`Treatments`). ``served_by``: :func:`served_by_rows`; ``clients``: :func:`clients_rows`. ``sensitivity``: also probe how
     firmly the rows pin each term (:func:`term_sensitivity`, kept in the file as ``sensitivity``).
     ``prior``: each engine's fit is pulled towards its starting terms (the presets', or
     ``terms_file``'s; :func:`calibration.serving_fit.prior_penalty`)."""
     skipped: list[str] = []
     served = served_by if served_by is not None else "auto"
+    meet = clients if clients is not None else "auto"
+    if meet not in CLIENT_MODES:
+        raise ConfigError("--clients", meet, f"one of {', '.join(CLIENT_MODES)}")
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
-    checked = check_rows(rows, profile, exclude, treat)
+    checked = check_rows(rows, profile, exclude, treat, meet, served)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
         for line in (
             skipped_lines(skipped)
             + served_by_line(path, rows, served)
+            + clients_line(path, clients_rows(rows, meet, served), meet, served)
             + variant_lines(rows)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)

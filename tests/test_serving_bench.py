@@ -73,7 +73,9 @@ from calibration.serving_fit import (
     term_sensitivity,
 )
 from calibration.serving_report import (
+    CLIENT_MODES,
     check_rows,
+    clients_rows,
     fast_run_warnings,
     kv_warnings,
     served_by_line,
@@ -1040,6 +1042,46 @@ def apart_runs(spread: float | None) -> list[BenchRow]:
     return [replace(r, start_spread_cycles=None) for r in measured(rows, builtin_terms(), TINY)]
 
 
+AIC_ID = "meta_llama_llama_3_1_8b_instruct_h100_sxm_vllm_agg_128x16_c2_tp1_epnone_1"
+
+
+def test_clients_meet_as_their_harness_lets_them():
+    # auto: an aiconfigurator-core collector run (named in source_id, or the whole file with
+    # --served-by aiconfigurator) starts its clients together; any other run starts them apart; a
+    # row's own start_spread_cycles is kept whatever the mode.
+    aic, mine, own = row(source=AIC_ID), row(), row(start_spread_cycles=0.3)
+    spreads = lambda rows: [r.start_spread_cycles for r in rows]  # noqa: E731
+    assert spreads(clients_rows([aic, mine, own], "auto", "auto")) == [0.0, APART_SPREAD_CYCLES, 0.3]
+    assert spreads(clients_rows([aic, mine, own], "auto", "aiconfigurator")) == [0.0, 0.0, 0.3]
+    assert spreads(clients_rows([aic, mine, own], "auto", "defaults")) == [APART_SPREAD_CYCLES] * 2 + [0.3]
+    assert spreads(clients_rows([aic, mine, own], "together", "auto")) == [0.0, 0.0, 0.3]
+    assert spreads(clients_rows([aic, mine, own], "apart", "auto")) == [APART_SPREAD_CYCLES] * 2 + [0.3]
+    with pytest.raises(ConfigError, match="--clients: got 'drift'; one of " + ", ".join(CLIENT_MODES)):
+        clients_rows([mine], "drift", "auto")
+    # The shipped file's runs are all its collector's: every one starts together.
+    assert all(r.start_spread_cycles == 0.0 for r in check_rows(read_bench(TRAINING_FILE), None, ()).rows)
+
+
+def test_fixed_length_clients_in_step_stay_in_prefill_waves_at_an_engines_default_budget():
+    # Why a harness kvsim has not seen starts apart: at vLLM's default token budget a whole wave of
+    # 1024-token prompts fits an iteration or two, and clients that start in step meet there every
+    # cycle, jitter or none; started apart they do not (Llama-3.1-8B fp8, H100, 16 clients).
+    base = row(engine="vllm", weights="fp8", isl=1024, osl=256, concurrency=16)
+    together, apart = evaluate(
+        clients_rows([base], "together", "auto") + clients_rows([base], "apart", "auto"),
+        builtin_terms(),
+        Clients(requests_per_client=4),
+    )
+    jittered = evaluate(
+        clients_rows([base], "together", "auto"), builtin_terms(), Clients(requests_per_client=4, client_cv=3.0)
+    )[0]
+    assert together.ttft_ms > 2.5 * apart.ttft_ms and jittered.ttft_ms > 2.5 * apart.ttft_ms, (
+        together.ttft_ms,
+        jittered.ttft_ms,
+        apart.ttft_ms,
+    )
+
+
 def test_clients_that_did_not_start_together_are_flagged_and_spread_on_request():
     # Clients starting together wait for one another's prompts: TTFT grows by about 2 prefills per
     # prefill at 4 clients; spread a request cycle apart, by about one. Only the second is flagged.
@@ -2001,11 +2043,13 @@ def validate_then_calibrate(tmp_path, csv: str, *calibrate_args: str):
     return " ".join(r.stdout.split()), doc, html, " ".join(c.stderr.split())
 
 
-def validate_with(tmp_path, flag: str):
-    """``kvsim validate`` again on :func:`validate_then_calibrate`'s CSV with ``flag``: (its stdout on
+def validate_with(tmp_path, *flags: str):
+    """``kvsim validate`` again on :func:`validate_then_calibrate`'s CSV with ``flags``: (its stdout on
     one line, its JSON, its HTML), the run checked to exit 0."""
-    out = flag.strip("-")
-    r = kvsim("validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", flag, "--out", out, cwd=tmp_path)
+    out = "_".join(f.strip("-") for f in flags)
+    r = kvsim(
+        "validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", *flags, "--out", out, cwd=tmp_path
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads((tmp_path / out / "serving_validation.json").read_text())
     return " ".join(r.stdout.split()), doc, (tmp_path / out / "serving_validation.html").read_text()
@@ -2081,17 +2125,26 @@ def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):
 
 
 def test_cli_says_which_groups_clients_did_not_start_together(tmp_path):
+    # The file names no aiconfigurator-core run: its clients are simulated apart from the start, and
+    # the note says so rather than offering the treatment.
     stdout, doc, html, warned = validate_then_calibrate(tmp_path, csv_lines(apart_runs(1.0)))
     g = f"{LLAMA}/h100_sxm/trtllm"
     assert f"note: {g}: at concurrency 4 its TTFT grows by" in stdout
-    assert list(doc["clients_apart"]) == [g] and doc["spread"] == []
+    assert list(doc["clients_apart"]) == [g] and doc["spread"] == [] and doc["clients_apart"][g]["simulated_apart"]
+    assert [x["start_spread_cycles"] for x in doc["results"]] == [APART_SPREAD_CYCLES] * 4
+    assert "simulated with their starts spread over a request cycle (--clients)" in stdout
     assert "clients not started together" in html
-    assert "calibrate warning" in warned and "--spread-flagged spreads them" in warned
-    said, spread, spread_html = validate_with(tmp_path, "--spread-flagged")
+    assert (
+        "calibrate warning" in warned and "(--clients)" in warned and "4 of 4 rows of runs.csv: clients apart" in warned
+    )
+    # In step (--clients together), the note offers --spread-flagged, which spreads them again.
+    said, together, _ = validate_with(tmp_path, "--clients", "together")
+    assert "--spread-flagged spreads them" in said and not together["clients_apart"][g]["simulated_apart"]
+    assert [x["start_spread_cycles"] for x in together["results"]] == [0.0] * 4
+    said, spread, spread_html = validate_with(tmp_path, "--clients", "together", "--spread-flagged")
     assert spread["spread"] == [g]
     assert [x["start_spread_cycles"] for x in spread["results"]] == [APART_SPREAD_CYCLES] * 4
-    assert [x["start_spread_cycles"] for x in doc["results"]] == [None] * 4
-    assert "simulated with their starts spread over a request cycle" in said
+    assert "simulated with their starts spread over a request cycle (--spread-flagged)" in said
     assert "simulated with their starts spread" in spread_html
 
 
@@ -2130,6 +2183,8 @@ def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(
         (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
         (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
         (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
+        (["validate", "--serving-bench", "good.csv", "--clients", "drift", "--out", "v"], "--clients: got 'drift'"),
+        (["calibrate", "--from-serving-bench", "good.csv", "--clients", "drift", "--out", "t.json"], "--clients"),
         (
             ["validate", "--serving-bench", "good.csv", "--logo", "--exclude-group", "llama/h100", "--out", "v"],
             f"--exclude-group: got 'llama/h100'; 'suspect' or a group of the file (model/gpu/engine): {LLAMA}/h100_sxm/vllm",
@@ -2257,7 +2312,17 @@ def test_kv_from_runs_simulates_the_capacity_the_runs_imply(tmp_path):
     docs = {}
     for flag in ([], ["--kv-from-runs"]):
         r = kvsim(
-            "validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", *flag, "--out", "v", cwd=tmp_path
+            "validate",
+            "--serving-bench",
+            "runs.csv",
+            "--requests-per-client",
+            "2",
+            "--clients",
+            "together",  # as kvsim made the runs
+            *flag,
+            "--out",
+            "v",
+            cwd=tmp_path,
         )
         assert r.returncode == 0, r.stderr
         docs[bool(flag)] = json.loads((tmp_path / "v" / "serving_validation.json").read_text())
