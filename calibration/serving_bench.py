@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from sim.catalog import GPUS
+from sim.config import APART_SPREAD_CYCLES
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
 from sim.hf_config import HfModel, read_hf_config, resolve_hf_config
@@ -835,9 +836,6 @@ def ttft_vs_prefill(results: list[RowResult], shares: dict[BenchRow, tuple[float
 #: together (3 requests each). The shipped groups: 0.98 for the flagged one, 3.5 and more for the others.
 APART_MIN_CONCURRENCY = 4
 APART_MAX_PER_PREFILL = 1.5
-#: The start spread :func:`spread_flagged` gives a flagged group's runs: a request cycle, the clients
-#: as far apart as they can drift.
-APART_SPREAD_CYCLES = 1.0
 
 
 def clients_apart(rows: Iterable[BenchRow], shares: dict[BenchRow, tuple[float, float] | None]) -> dict[str, dict]:

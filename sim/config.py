@@ -168,6 +168,12 @@ class GpuConfig(_Section):
                 )
 
 
+#: ``start_spread_cycles`` of clients apart: a request cycle, as far apart as clients can drift. A
+#: benchmark whose harness kvsim has not seen keep its clients in step is simulated so
+#: (``kvsim validate --serving-bench``, ``kvsim compare``; docs/calibration.md, "Which clients meet").
+APART_SPREAD_CYCLES = 1.0
+
+
 class ArrivalConfig(_Section):
     kind: Literal["poisson", "gamma", "trace", "closed_loop"] = "poisson"
     rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE)

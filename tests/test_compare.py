@@ -228,9 +228,15 @@ def test_closed_loop_replays_the_files_requests_in_order_with_its_concurrency(tm
     assert set(rq["status"].to_pylist()) == {"completed"}
     arr, fin = rq["arrival_s"].to_numpy(), rq["finish_s"].to_numpy()
     in_flight = [int(((arr <= t) & (fin > t)).sum()) for t in arr]
-    assert max(in_flight) == 8 and np.sum(arr == 0.0) == 8  # 8 clients, all starting at t = 0
+    # 8 clients, started apart: their first requests at 8 distinct times within the first request's cycle.
+    first = np.sort(arr)[:8]
+    assert max(in_flight) == 8 and len(set(first.tolist())) == 8 and first[-1] < fin.min() * 1.5
     assert doc["arrival"] == "closed loop, 8 clients"
     assert doc["requests"] == {"in_file": 64, "failed_left_out": 1, "simulated": 63, "simulated_completed": 63}
+    # In step on request: all 8 at t = 0.
+    compare_result(res, tmp_path / "in-step", overrides={"workload.arrival.start_spread_cycles": 0})
+    arr = pq.read_table(tmp_path / "in-step" / "requests.parquet")["arrival_s"].to_numpy()
+    assert np.sum(arr == 0.0) == 8
 
 
 def test_a_token_stream_that_binds_holds_the_replayed_clients_back(tmp_path):

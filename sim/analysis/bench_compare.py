@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from sim import __version__
 from sim.analysis.bench_results import BenchResult
+from sim.config import APART_SPREAD_CYCLES
 from sim.errors import ConfigError
 
 #: The statistics reported per metric, in table order.
@@ -139,9 +140,15 @@ def scenario_dict(
     n = len(res)
     times = send_times(res, seed)
     if times is None:
-        # vllm bench serve's clients all send at once (its semaphore admits the first max_concurrency
-        # requests together), so the replay starts them together, whatever the preset's spread.
-        arrival = {"kind": "closed_loop", "concurrency": int(res.max_concurrency or 1), "start_spread_cycles": 0.0}
+        # vllm bench serve's semaphore admits its first max_concurrency requests together, but nothing
+        # in the file says whether they stayed in step, and clients in step at an engine's default
+        # token budget re-form a prefill wave every cycle: the replay starts them apart, as
+        # `kvsim validate --serving-bench` does a run of a harness it has not seen keep them in step.
+        arrival = {
+            "kind": "closed_loop",
+            "concurrency": int(res.max_concurrency or 1),
+            "start_spread_cycles": APART_SPREAD_CYCLES,
+        }
         lengths: dict | None = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
     else:
         arrival = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
