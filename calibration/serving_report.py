@@ -887,6 +887,10 @@ def write_html(doc: dict, path: Path) -> Path:
     roofline = doc.get("roofline_priced", {})
     kv = doc.get("kv_capacity", {})
     kv_set = doc.get("kv_from_runs", {})
+    # Groups whose every run started its clients apart (--clients, or the rows' own column).
+    started_apart = {
+        g for g in groups if all(r.get("start_spread_cycles") for r in doc["results"] if r["group"] == g)
+    } - set(spread)
     palette = qualitative.Plotly
     for i, g in enumerate(groups):
         color = palette[i % len(palette)]
@@ -896,6 +900,7 @@ def write_html(doc: dict, path: Path) -> Path:
             + ([f"simulated with c - 1 running at c {'/'.join(map(str, held[g]))}"] if g in held else [])
             + (["clients not started together"] if g in apart else [])
             + (["simulated with their starts spread"] if g in spread else [])
+            + (["clients simulated apart"] if g in started_apart else [])
             + ([f"faster than its kernels: GPU busy {fast[g]:.2f}x"] if g in fast else [])
             + (
                 [f"{len(fast_runs[g])} run{'s' if len(fast_runs[g]) > 1 else ''} faster than the kernels"]

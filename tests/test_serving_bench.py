@@ -2133,19 +2133,20 @@ def test_cli_says_which_groups_clients_did_not_start_together(tmp_path):
     assert list(doc["clients_apart"]) == [g] and doc["spread"] == [] and doc["clients_apart"][g]["simulated_apart"]
     assert [x["start_spread_cycles"] for x in doc["results"]] == [APART_SPREAD_CYCLES] * 4
     assert "simulated with their starts spread over a request cycle (--clients)" in stdout
-    assert "clients not started together" in html
+    assert "clients not started together" in html and "clients simulated apart" in html
     assert (
         "calibrate warning" in warned and "(--clients)" in warned and "4 of 4 rows of runs.csv: clients apart" in warned
     )
     # In step (--clients together), the note offers --spread-flagged, which spreads them again.
-    said, together, _ = validate_with(tmp_path, "--clients", "together")
+    said, together, together_html = validate_with(tmp_path, "--clients", "together")
     assert "--spread-flagged spreads them" in said and not together["clients_apart"][g]["simulated_apart"]
+    assert "clients simulated apart" not in together_html
     assert [x["start_spread_cycles"] for x in together["results"]] == [0.0] * 4
     said, spread, spread_html = validate_with(tmp_path, "--clients", "together", "--spread-flagged")
     assert spread["spread"] == [g]
     assert [x["start_spread_cycles"] for x in spread["results"]] == [APART_SPREAD_CYCLES] * 4
     assert "simulated with their starts spread over a request cycle (--spread-flagged)" in said
-    assert "simulated with their starts spread" in spread_html
+    assert "simulated with their starts spread" in spread_html and "clients simulated apart" not in spread_html
 
 
 def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(tmp_path):
