@@ -147,9 +147,9 @@ def clients_rows(rows: list[BenchRow], clients: str, served_by: str) -> list[Ben
     Whether a fixed-length closed loop's clients stay in step is the benchmark harness's doing, and
     no row records it. aiconfigurator-core's collector keeps them in step: its runs' prompts queue
     behind one another run after run (spreading them triples the shipped groups' TTFT error). The
-    shipped file's one other harness, its Llama-3.1-70B runs, does not: at 4 clients their first
-    token comes one prefill after the request. A harness kvsim has not seen gets the second
-    behaviour, because the first one, at an engine's default token budget (a whole wave of prompts
+    shipped file's one campaign of another kind, its Llama-3.1-70B runs, did not: at 4 clients
+    their first token comes one prefill after the request. A harness kvsim has not seen gets the
+    second behaviour, because the first one, at an engine's default token budget (a whole wave of prompts
     per iteration), locks kvsim's fixed-length clients into prefill waves that re-form every cycle
     and no client or front-end jitter breaks (docs/calibration.md, "Which clients meet")."""
     if clients not in CLIENT_MODES:
