@@ -92,18 +92,19 @@ def _rows(
     does not say (:func:`served_by_rows`)."""
     if engine:
         engine = normalize_engine(engine)
-    served = served_by if served_by is not None else "auto"
-    read = read_bench(
-        path,
-        problems,
-        gpu=gpu,
-        tp=tp,
-        engine=engine or "vllm",
-        weights=weights,
-        kv=kv,
-        kv_cache_tokens=kv_cache_tokens,
+    rows = served_by_rows(
+        read_bench(
+            path,
+            problems,
+            gpu=gpu,
+            tp=tp,
+            engine=engine or "vllm",
+            weights=weights,
+            kv=kv,
+            kv_cache_tokens=kv_cache_tokens,
+        ),
+        served_by if served_by is not None else "auto",
     )
-    rows = served_by_rows(read, served)
     if engine:
         have = sorted({r.engine for r in rows})
         rows = [r for r in rows if r.engine == engine]
@@ -140,6 +141,14 @@ def _served_as_aiconfigurator(row: BenchRow, served_by: str) -> bool:
 CLIENT_MODES = ("auto", "together", "apart")
 
 
+def clients_mode(clients: str | None) -> str:
+    """``--clients`` resolved (``None``: ``auto``), or a ConfigError naming the allowed values."""
+    mode = clients if clients is not None else "auto"
+    if mode not in CLIENT_MODES:
+        raise ConfigError("--clients", mode, f"one of {', '.join(CLIENT_MODES)}")
+    return mode
+
+
 def clients_rows(rows: list[BenchRow], clients: str, served_by: str) -> list[BenchRow]:
     """``rows`` with the start spread ``clients`` (:data:`CLIENT_MODES`) gives them where a row sets
     none.
@@ -152,8 +161,7 @@ def clients_rows(rows: list[BenchRow], clients: str, served_by: str) -> list[Ben
     second behaviour, because the first one, at an engine's default token budget (a whole wave of prompts
     per iteration), locks kvsim's fixed-length clients into prefill waves that re-form every cycle
     and no client or front-end jitter breaks (docs/calibration.md, "Which clients meet")."""
-    if clients not in CLIENT_MODES:
-        raise ConfigError("--clients", clients, f"one of {', '.join(CLIENT_MODES)}")
+    clients_mode(clients)
     out = []
     for r in rows:
         if r.start_spread_cycles is None:
@@ -464,9 +472,11 @@ class CheckedRows:
     implied busy time (``shares``, ``busy``, in row order), groups faster than their kernels
     (``fast``), the least share of their prompts cached that makes their runs possible
     (``cached_share``; ``cached``: the groups so simulated) and the groups left out of training
-    (``exclude``)."""
+    (``exclude``). ``given``: the file's rows with only their clients' start spread set
+    (:func:`clients_rows`), none of the treatments, in the same order as ``rows``."""
 
     rows: list[BenchRow]
+    given: list[BenchRow]
     flagged: dict[str, list[int]]
     held: dict[str, list[int]]
     apart: dict[str, dict]
@@ -496,6 +506,7 @@ def check_rows(
     """``validate`` and ``calibrate``'s checks on ``rows``, in one place, what they flag treated as
     ``treat`` says; ``exclude`` resolved (:func:`resolve_exclusions`); then the clients' start spread
     where a row still sets none (:func:`clients_rows`: ``clients``, ``served_by``)."""
+    given = clients_rows(rows, clients, served_by)
     kv = kv_capacity_evidence(rows, profile)  # on the runs as the file gives them
     flagged = ttft_follows_completions(rows)
     held: dict[str, list[int]] = {}
@@ -503,10 +514,9 @@ def check_rows(
         rows, held = hold_back_flagged(rows, flagged)
     shares = gpu_shares(rows, profile)
     apart = clients_apart(rows, dict(zip(rows, shares)))
-    met = clients_rows(rows, clients, served_by)
     for g, v in apart.items():
         # Apart without the treatment (their harness is not one kvsim has seen keep its clients in step).
-        v["simulated_apart"] = all(r.start_spread_cycles for r in met if r.group == g)
+        v["simulated_apart"] = all(r.start_spread_cycles for r in given if r.group == g)
     spread: list[str] = []
     if treat.spread:
         rows, spread = spread_flagged(rows, apart)  # same rows in the same order: ``shares`` still lines up
@@ -521,6 +531,7 @@ def check_rows(
         rows, kv_set = kv_from_runs(rows, kv)
     return CheckedRows(
         clients_rows(rows, clients, served_by),  # after --spread-flagged, which sets its groups' spread itself
+        given,
         flagged,
         held,
         apart,
@@ -722,16 +733,14 @@ def validate_serving_bench(
     t0 = time.perf_counter()
     skipped: list[str] = []
     served = served_by if served_by is not None else "auto"
-    meet = clients if clients is not None else "auto"
-    if meet not in CLIENT_MODES:
-        raise ConfigError("--clients", meet, f"one of {', '.join(CLIENT_MODES)}")
+    meet = clients_mode(clients)
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
         for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
-    as_given = clients_rows(rows, meet, served)
+    as_given = checked.given
     rows, shares, busy, exclude = checked.rows, checked.shares, checked.busy, checked.exclude
     per_client = Clients(requests_per_client=requests_per_client, warmup=warmup)
     # Leave-one-group-out starts from the unfitted values unless given terms: the built-in presets
@@ -1086,9 +1095,7 @@ def calibrate_from_serving_bench(
     ``terms_file``'s; :func:`calibration.serving_fit.prior_penalty`)."""
     skipped: list[str] = []
     served = served_by if served_by is not None else "auto"
-    meet = clients if clients is not None else "auto"
-    if meet not in CLIENT_MODES:
-        raise ConfigError("--clients", meet, f"one of {', '.join(CLIENT_MODES)}")
+    meet = clients_mode(clients)
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
@@ -1096,7 +1103,7 @@ def calibrate_from_serving_bench(
         for line in (
             skipped_lines(skipped)
             + served_by_line(path, rows, served)
-            + clients_line(path, clients_rows(rows, meet, served), meet, served)
+            + clients_line(path, checked.given, meet, served)
             + variant_lines(rows)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
