@@ -3,8 +3,8 @@
 A closed-loop benchmark with fixed lengths sets its TTFT by how the clients' requests meet at the
 server: started together, they queue behind each other's prefills and, with nothing to drift them
 apart, keep doing so; spread out, a prompt rarely waits for another one. kvsim starts a benchmark's
-clients together and jitters each request's client and front-end time by the engine's
-``client_cv``. :func:`client_timing` simulates a file's runs again under other timings, with the
+clients together or apart as its harness ran them (``--clients``) and jitters each request's client
+and front-end time by the engine's ``client_cv``. :func:`client_timing` simulates a file's runs again under other timings, with the
 same engine terms, so a user sees which of their predictions hinge on it
 (``kvsim validate --serving-bench FILE --client-timing``; docs/calibration.md).
 """
@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+
+from sim.config import APART_SPREAD_CYCLES
 
 from .serving_bench import BenchRow, Clients, RowResult, score
 from .serving_fit import EngineTerms, evaluate
@@ -37,7 +39,7 @@ class ClientTiming:
 CLIENT_TIMINGS: tuple[ClientTiming, ...] = (
     ClientTiming("together, no jitter", 0.0, 0.0),
     ClientTiming("together, jitter cv 1", 0.0, 1.0),
-    ClientTiming("spread over a cycle", 1.0, None),
+    ClientTiming("spread over a cycle", APART_SPREAD_CYCLES, None),
 )
 
 
