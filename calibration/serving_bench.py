@@ -387,9 +387,20 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
     does not know, a malformed number) is a ConfigError naming file, row, column and value; with
     ``problems``, that message is appended there instead and the other rows are read."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")  # line endings as written (read_text makes every CR a LF)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("serving_bench", str(path), f"a readable UTF-8 CSV file ({type(exc).__name__})") from None
+    # A CR LF file with cells appended after each line's CR (awk or sed on a Windows-saved CSV) would
+    # split every line in two: each row read without the appended columns, and the columns lost.
+    stray = re.search(r"\r(?!\n|$)", text) if "\r\n" in text else None  # (CR alone ending every line reads)
+    if stray:
+        line = text.count("\n", 0, stray.start()) + 1
+        raise ConfigError(
+            f"{path}: line {line}",
+            repr(text[max(0, stray.start() - 20) : stray.end() + 20]),
+            "one line ending per line; a carriage return inside the line (cells appended after a CR LF "
+            "line's CR?): convert the file to one kind of line ending (e.g. tr -d '\\r')",
+        )
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
     if missing:

@@ -286,6 +286,13 @@ def test_csv_missing_column_and_empty_file(tmp_path):
     p.write_text(HEADER + "\n")
     with pytest.raises(ConfigError, match="at least one benchmark row"):
         read_bench(p)
+    # A CR LF file with a column appended after each CR: one error, not every row split in two.
+    p.write_bytes((HEADER + "\r,requests\r\n" + GOOD + "\r,40\r\n").encode())
+    with pytest.raises(ConfigError, match=r"bench\.csv: line 1: .*a carriage return inside the line"):
+        read_bench(p)
+    for ending in ("\r\n", "\r"):  # either alone reads
+        p.write_bytes((HEADER + ending + GOOD + ending).encode())
+        assert len(read_bench(p)) == 1
     p.write_bytes(b"\xff\xfe\x00" + HEADER.encode())
     with pytest.raises(ConfigError, match="readable UTF-8 CSV"):
         read_bench(p)
