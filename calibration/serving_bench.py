@@ -387,7 +387,9 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
     does not know, a malformed number) is a ConfigError naming file, row, column and value; with
     ``problems``, that message is appended there instead and the other rows are read."""
     try:
-        text = path.read_bytes().decode("utf-8")  # line endings as written (read_text makes every CR a LF)
+        # Line endings as written (read_text makes every CR a LF); the byte-order mark a spreadsheet's
+        # "CSV UTF-8" export begins with is not part of the first column's name.
+        text = path.read_bytes().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("serving_bench", str(path), f"a readable UTF-8 CSV file ({type(exc).__name__})") from None
     # A CR LF file with cells appended after each line's CR (awk or sed on a Windows-saved CSV) would

@@ -293,6 +293,11 @@ def test_csv_missing_column_and_empty_file(tmp_path):
     for ending in ("\r\n", "\r"):  # either alone reads
         p.write_bytes((HEADER + ending + GOOD + ending).encode())
         assert len(read_bench(p)) == 1
+    # A spreadsheet's "CSV UTF-8" export begins with a byte-order mark: the first column is still "model".
+    plain = tmp_path / "plain.csv"
+    plain.write_text(HEADER + "\n" + GOOD + "\n")
+    p.write_bytes(b"\xef\xbb\xbf" + (HEADER + "\r\n" + GOOD + "\r\n").encode())
+    assert read_bench(p)[0] == replace(read_bench(plain)[0], source=read_bench(p)[0].source)
     p.write_bytes(b"\xff\xfe\x00" + HEADER.encode())
     with pytest.raises(ConfigError, match="readable UTF-8 CSV"):
         read_bench(p)
