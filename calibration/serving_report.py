@@ -165,20 +165,21 @@ def clients_rows(rows: list[BenchRow], clients: str, served_by: str) -> list[Ben
     out = []
     for r in rows:
         if r.start_spread_cycles is None:
-            together = clients == "together" or (clients == "auto" and _served_as_aiconfigurator(r, served_by))
-            r = replace(r, start_spread_cycles=0.0 if together else APART_SPREAD_CYCLES)
+            r = replace(r, start_spread_cycles=0.0 if _starts_together(r, clients, served_by) else APART_SPREAD_CYCLES)
         out.append(r)
     return out
+
+
+def _starts_together(row: BenchRow, clients: str, served_by: str) -> bool:
+    """Whether ``clients`` starts the clients of ``row`` (a row without its own spread) together."""
+    return clients == "together" or (clients == "auto" and _served_as_aiconfigurator(row, served_by))
 
 
 def clients_line(path: str, rows: list[BenchRow], clients: str, served_by: str) -> list[str]:
     """One line saying how many rows ``clients`` (not their own column) simulates with the clients
     apart, where any is."""
     n = sum(
-        1
-        for r in rows
-        if r.start_spread_cycles == APART_SPREAD_CYCLES
-        and (clients == "apart" or (clients == "auto" and not _served_as_aiconfigurator(r, served_by)))
+        1 for r in rows if r.start_spread_cycles == APART_SPREAD_CYCLES and not _starts_together(r, clients, served_by)
     )
     if not n:
         return []
