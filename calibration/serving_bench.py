@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.catalog import GPUS
+from sim.catalog import GPUS, find_gpu
 from sim.config import APART_SPREAD_CYCLES
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
@@ -103,34 +103,25 @@ def normalize_engine(name: str) -> str:
 def normalize_gpu(name: str) -> str | None:
     """The benchmark system name (:data:`GPU_IDS`) or catalog GPU that ``name`` spells, or ``None``.
 
-    Accepts the names themselves in any case and the common other spellings of the same parts:
-    ``H100``, ``h100-sxm``, ``NVIDIA H100 80GB HBM3`` (what ``nvidia-smi`` prints for the SXM part),
-    ``H200``, ``B200``, ``A100-SXM4-80GB``. Other parts of the same generation differ in memory,
-    bandwidth or power (H100 PCIe and NVL, H200 NVL, A100 40 GB) and are not matched to these.
+    A system name in any case is itself; a catalog name in any case is the catalog's; another
+    spelling :func:`sim.catalog.find_gpu` matches (``H100``, ``NVIDIA H100 80GB HBM3``) is the
+    system name of its card where there is one. ``A100-SXM4-40GB`` matches nothing: the system
+    ``a100_sxm`` is the 80 GB part.
     """
     s = name.strip()
     if s in GPU_IDS or s in GPUS:
         return s  # before the case-blind match: ``L40S`` (catalog) and ``l40s`` (system) differ only in case
-    for k in (*GPU_IDS, *GPUS):
+    for k in GPU_IDS:
         if k.lower() == s.lower():
             return k
-    key = "".join(ch for ch in s.lower().replace("nvidia", "") if ch.isalnum())
-    if any(part in key for part in ("pcie", "nvl")):
-        return None
-    for prefix, gpu in (
-        ("h100", "h100_sxm"),
-        ("h200", "h200_sxm"),
-        ("b200", "b200_sxm"),
-        ("gb200", "gb200_sxm"),
-        ("b300", "b300_sxm"),
-        ("gb300", "gb300_sxm"),
-        ("l40s", "l40s"),
-    ):
-        if key.startswith(prefix):
-            return gpu
-    if key.startswith("a100") and "40gb" not in key:
-        return "a100_sxm"
-    return None
+    found = find_gpu(s)
+    if found is None or found.lower() == s.lower():
+        return found
+    return _SYSTEM_OF.get(found, found)
+
+
+#: The benchmark system name of each catalog GPU that has one.
+_SYSTEM_OF = {gpu: system for system, gpu in GPU_IDS.items()}
 
 
 #: KV block size each engine's server uses by default (vLLM 16, SGLang 1 token, TensorRT-LLM 32).

@@ -512,16 +512,58 @@ def get_model(name: str) -> ModelSpec:
         raise ConfigError("model.name", name, f"allowed: {', '.join(MODELS)} (or give explicit dims)") from None
 
 
+#: Catalog GPUs by the start of their other spellings (lower-case letters and digits, ``nvidia``
+#: dropped): ``H100``, ``h100_sxm``, ``NVIDIA H100 80GB HBM3`` (what ``nvidia-smi`` prints).
+_GPU_PREFIXES = (
+    ("h100", "H100-SXM-80GB"),
+    ("h200", "H200-SXM-141GB"),
+    ("b200", "B200-SXM-180GB"),
+    ("gb200", "GB200-186GB"),
+    ("b300", "B300-SXM-288GB"),
+    ("gb300", "GB300-288GB"),
+    ("l40s", "L40S"),
+    ("a10g", "A10G"),
+)
+
+
+def find_gpu(name: str) -> str | None:
+    """The catalog GPU that ``name`` spells, or ``None``.
+
+    Accepts catalog names in any case and the common other spellings of the same parts (``H100``,
+    ``h100_sxm``, ``NVIDIA H100 80GB HBM3``, ``A100-SXM4-80GB``, ``nvidia l4``). Other parts of a
+    generation differ in memory, bandwidth or power and are not matched to these: H100 PCIe and
+    NVL, H200 NVL, GH200, L40 (not L40S), and A100s by 40 GB SXM4 or PCIe names (``A100-40GB`` is).
+    """
+    s = str(name).strip()
+    if s in GPUS:
+        return s
+    for k in GPUS:
+        if k.lower() == s.lower():
+            return k
+    key = "".join(ch for ch in s.lower().replace("nvidia", "") if ch.isalnum())
+    if any(part in key for part in ("pcie", "nvl")):
+        return None
+    for prefix, gpu in _GPU_PREFIXES:
+        if key.startswith(prefix):
+            return gpu
+    if key == "l4" or (key.startswith("l4") and not key[2:3].isdigit()):
+        return "L4"
+    if key.startswith("a100") and "40gb" not in key:
+        return "A100-SXM-80GB"
+    return None
+
+
 def get_gpu(name: str) -> GpuSpec:
-    try:
-        return GPUS[name]
-    except KeyError:
+    """The catalog entry of ``name`` or of a spelling :func:`find_gpu` matches (ConfigError otherwise)."""
+    found = find_gpu(name)
+    if found is None:
         raise ConfigError(
             "gpu.name",
             name,
-            f"allowed: {', '.join(GPUS)}, or {CUSTOM_GPU} with memory_gib, hbm_tbps, "
-            "bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)",
-        ) from None
+            f"allowed: {', '.join(GPUS)} (any case; H100, h100_sxm and nvidia-smi's names match too), "
+            f"or {CUSTOM_GPU} with memory_gib, hbm_tbps, bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)",
+        )
+    return GPUS[found]
 
 
 def custom_gpu(

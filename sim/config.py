@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
+from sim.catalog import find_gpu
 from sim.errors import ConfigError
 from sim.inputs import is_file, load_yaml, read_text
 from sim.limits import (
@@ -146,6 +147,13 @@ class GpuConfig(_Section):
     fp8_tflops: float | None = Field(None, ge=0, le=1e6)
     nvlink_gbps: float | None = Field(None, ge=0, le=1e5)
     pcie_gbps: float | None = Field(None, gt=0, le=1e5)
+
+    @field_validator("name")
+    @classmethod
+    def _catalog_name(cls, v: str) -> str:
+        # H100, h100_sxm and nvidia-smi's names mean the catalog's card: stored as its name, so the
+        # resolved scenario, the profile lookup and the reports all read one spelling.
+        return find_gpu(v) or v
 
     def check_custom(self) -> None:
         """The figures are given for ``name: custom`` and only for it (ConfigError naming the field)."""

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from calibration.tables import DEFAULT_TABLES_DIR, read_system
-from sim.catalog import GPUS, MODELS, tensor_core_peak
+from sim.catalog import GPUS, MODELS, find_gpu, tensor_core_peak
 from sim.config import scenario_from_dict
 from sim.cost.kernel_model import Peaks
 from sim.cost.model import BatchShape
@@ -291,3 +291,44 @@ def test_cli_lists_show_the_new_entries():
         assert needle in models.stdout
     for needle in ("B200-SXM-180GB", "b200-sxm", "L40S", "l40s", "4500"):
         assert needle in gpus.stdout
+
+
+@pytest.mark.parametrize(
+    "name,gpu",
+    [
+        ("H100-SXM-80GB", "H100-SXM-80GB"),
+        ("h100", "H100-SXM-80GB"),
+        ("h100_sxm", "H100-SXM-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"),
+        ("H200", "H200-SXM-141GB"),
+        ("nvidia b200", "B200-SXM-180GB"),
+        ("GB300", "GB300-288GB"),
+        ("A100-SXM4-80GB", "A100-SXM-80GB"),
+        ("a100-40gb", "A100-40GB"),
+        ("l40s", "L40S"),
+        ("NVIDIA L4", "L4"),
+        ("a10g", "A10G"),
+        ("CPU", "cpu"),
+        # Other parts of a generation, with other memory, bandwidth or power: not these cards.
+        ("H100 PCIe", None),
+        ("H200 NVL", None),
+        ("GH200", None),
+        ("L40", None),
+        ("A10", None),
+        ("A100-SXM4-40GB", None),
+        ("custom", None),
+        ("mi300x", None),
+    ],
+)
+def test_gpu_spellings_find_the_catalog_card(name, gpu):
+    assert find_gpu(name) == gpu
+
+
+def test_a_scenario_stores_the_catalog_name_of_the_gpu_it_spells():
+    sc = _sc(gpu={"name": "h200"})
+    assert sc.gpu.name == "H200-SXM-141GB"
+    # So the profile is the card's calibrated one, not the roofline fallback.
+    assert Deployment.from_scenario(sc).make_cost_model(sc).name != "roofline-uncalibrated"
+    with pytest.raises(ConfigError) as e:
+        Deployment.from_scenario(_sc(gpu={"name": "H100 PCIe"}))
+    assert str(e.value).startswith("gpu.name: got 'H100 PCIe'; allowed: H100-SXM-80GB") and "nvidia-smi" in str(e.value)
