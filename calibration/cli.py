@@ -90,7 +90,7 @@ def _serving_bench(
         warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
     )
     typer.echo(
-        f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} groups, "
+        f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} group{'s' if len(terms.groups) != 1 else ''}, "
         f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}"
     )
     for e, t in sorted(terms.engines.items()):

@@ -453,9 +453,11 @@ def read_vllm_result(
     for col in ("total_input_tokens", "total_output_tokens", "mean_ttft_ms", "mean_tpot_ms"):
         if not isinstance(doc.get(col), (int, float)) or isinstance(doc.get(col), bool):
             raise _bad(path, where, col, doc.get(col), "a number (vllm bench serve --save-result writes it)")
-    if gpu is None or tp is None:
+    if gpu is None:
+        raise ConfigError("--gpu", None, f"the GPU {path.name} ran on (the file does not record it; kvsim list gpus)")
+    if tp is None:
         raise ConfigError(
-            "--gpu/--tp", None, f"the GPU and tensor parallelism of {path.name} (the file does not record them)"
+            "--tp", None, f"the tensor-parallel degree {path.name} ran at: 1, 2, 4 or 8 (the file does not record it)"
         )
     d = {
         "model": model or doc.get("model_id") or doc.get("tokenizer_id"),
@@ -509,7 +511,7 @@ def _read_one(p: Path, problems: list[str] | None, vllm_args: dict) -> list[Benc
     try:
         return [read_vllm_result(p, **vllm_args)]
     except ConfigError as exc:
-        if problems is None or exc.key == "--gpu/--tp":
+        if problems is None or exc.key in ("--gpu", "--tp"):
             raise  # the command line is missing what every result file needs
         problems.append(str(exc))
         return []

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sim.engine_presets import FITTED_TERMS
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
@@ -333,6 +334,29 @@ def skipped_lines(skipped: list[str]) -> list[str]:
     head = f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} left out, not simulated:"
     more = [f"... and {len(skipped) - SKIPPED_SHOWN} more"] if len(skipped) > SKIPPED_SHOWN else []
     return [head, *(f"  {m}" for m in skipped[:SKIPPED_SHOWN]), *more]
+
+
+def few_runs_lines(rows: list[BenchRow], exclude: tuple[str, ...], prior: bool) -> list[str]:
+    """One line per engine whose training runs are fewer than the terms a fit gives it
+    (:data:`sim.engine_presets.FITTED_TERMS`): a run's two means cannot say several terms that
+    trade against each other, and the sensitivity probes move one term at a time, so they would not
+    show it."""
+    out = []
+    k = len(FITTED_TERMS)
+    for engine in sorted({r.engine for r in rows}):
+        n = sum(1 for r in rows if r.engine == engine and r.group not in exclude)
+        if 0 < n < k:
+            keep = (
+                "the pull towards the preset (--prior) keeps the terms they leave free near it"
+                if prior
+                else "--prior keeps the terms they leave free near the preset's"
+            )
+            out.append(
+                f"{engine}: {n} run{'s' if n > 1 else ''} ({2 * n} measured means) for {k} terms: too few to say "
+                f"them all, and the probes below move one term at a time, so they cannot show two that trade "
+                f"against each other; fit on {k} runs or more, at several concurrencies and lengths; {keep}"
+            )
+    return out
 
 
 def kernel_warnings(
@@ -1111,6 +1135,7 @@ def calibrate_from_serving_bench(
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
             + fast_run_warnings(checked.fast_runs)
             + kv_warnings(checked.kv, checked.kv_set)
+            + few_runs_lines(checked.rows, checked.exclude, prior)
         ):
             warn(line)
     start = _terms_from(terms_file)
@@ -1154,6 +1179,7 @@ __all__ = [
     "sensitivity_lines",
     "unpinned_warnings",
     "skipped_lines",
+    "few_runs_lines",
     "table_rows",
     "HEADER",
     "RowResult",

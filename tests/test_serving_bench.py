@@ -77,6 +77,7 @@ from calibration.serving_report import (
     check_rows,
     clients_rows,
     fast_run_warnings,
+    few_runs_lines,
     kv_warnings,
     served_by_line,
     served_by_rows,
@@ -543,8 +544,10 @@ def test_a_bad_result_file_in_a_folder_is_said_and_the_others_read(tmp_path):
     (r,) = read_bench(tmp_path, problems, gpu="h100_sxm", tp=1)
     assert r.concurrency == 4 and len(problems) == 1 and "b.json: result, max_concurrency" in problems[0]
     # What the command line must give every file stays an error.
-    with pytest.raises(ConfigError, match="--gpu/--tp"):
+    with pytest.raises(ConfigError, match="^--gpu: got None; the GPU a.json ran on"):
         read_bench(tmp_path, [])
+    with pytest.raises(ConfigError, match="^--tp: got None; the tensor-parallel degree a.json ran at: 1, 2, 4 or 8"):
+        read_bench(tmp_path, [], gpu="h100")
 
 
 def vllm_result(**kw) -> dict:
@@ -592,7 +595,7 @@ def test_vllm_result_json_is_a_closed_loop_row(tmp_path):
         source="run.json",
         requests=40,  # vllm bench serve counts every request it sent: the run is simulated with as many
     )
-    with pytest.raises(ConfigError, match="--gpu/--tp"):
+    with pytest.raises(ConfigError, match="^--gpu: got None"):
         read_bench(p)
     # The KV dtype is not in the file either: given, it is the row's; left out, the engine's default.
     (r,) = read_bench(p, gpu="h200_sxm", tp=2, weights="fp8", kv="fp8")
@@ -2195,7 +2198,7 @@ def test_cli_json_results_take_their_weights_and_kv_cache_from_the_command_line(
         (["validate", "--serving-bench", "good.csv", "--engine", "trtllm", "--out", "v"], "--engine: got 'trtllm'"),
         (["calibrate", "--from-serving-bench", "good.csv", "--out", "."], "--out: got '.'"),
         (["validate", "--serving-bench", "good.csv", "--terms", "good.csv", "--out", "v"], "engine.terms_file"),
-        (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu/--tp"),
+        (["validate", "--serving-bench", "run.json", "--out", "v"], "--gpu: got None"),
         (["validate", "--serving-bench", "good.csv", "--clients", "drift", "--out", "v"], "--clients: got 'drift'"),
         (["calibrate", "--from-serving-bench", "good.csv", "--clients", "drift", "--out", "t.json"], "--clients"),
         (
@@ -2273,6 +2276,23 @@ def test_runs_that_wait_for_kv_bracket_the_capacity_their_server_held():
     assert kv_warnings({key: {**found, "derived": 80_000}}) == []
     # Pinned, as the server logged it: the rows are left to their column.
     assert kv_capacity_evidence([replace(r, kv_cache_tokens=80_000) for r in runs]) == {}
+
+
+def test_fewer_runs_than_terms_are_said_per_engine():
+    """A fit on fewer runs than an engine's terms is said; the groups left out of training do not count."""
+    vllm = [row(concurrency=c) for c in (2, 4)]
+    trt = [row(engine="trtllm", concurrency=c) for c in (1, 2, 4, 8, 16, 32)]
+    (line,) = few_runs_lines(vllm + trt, (), prior=False)
+    assert line.startswith("vllm: 2 runs (4 measured means) for 6 terms: too few") and "--prior keeps" in line
+    (line,) = few_runs_lines([vllm[0]] + trt, (), prior=True)
+    assert line.startswith("vllm: 1 run (2 measured means)") and "the pull towards the preset (--prior)" in line
+    assert few_runs_lines(trt, (), prior=False) == []
+    (line,) = few_runs_lines(trt[:5], (), prior=False)
+    assert line.startswith("trtllm: 5 runs")
+    # Two more runs of another group, held out: the engine still has five to fit on.
+    held = [row(engine="trtllm", gpu="h200_sxm", concurrency=c) for c in (1, 2)]
+    (line,) = few_runs_lines(trt[:5] + held, (f"{LLAMA}/h200_sxm/trtllm",), prior=False)
+    assert line.startswith("trtllm: 5 runs")
 
 
 def test_ttft_growing_with_the_output_for_other_reasons_is_not_taken_for_kv():
