@@ -24,6 +24,7 @@ benchmark clients do; :func:`score` gives per-row and per-group errors. No torch
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import math
 import re
@@ -45,6 +46,22 @@ from sim.model_ids import known_ids, section_of
 TRAINING_FILE = Path(__file__).resolve().parent / "data" / "serving-bench" / "silicon_dense_train.csv"
 
 REQUIRED = ("model", "gpu", "engine", "tp", "isl", "osl", "concurrency", "ttft_ms", "tpot_ms")
+#: The other columns kvsim reads (any other is left alone).
+OPTIONAL = (
+    "weights",
+    "kv",
+    "engine_version",
+    "source_id",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "mixed_batches",
+    "cuda_graph_max_batch",
+    "requests",
+    "start_spread_cycles",
+    "kv_cache_tokens",
+    "cached_prompt_tokens",
+    "schedule_ahead",
+)
 WEIGHTS = ("bf16", "fp16", "fp8", "fp8_block", "nvfp4", "mxfp4", "w4a16")
 #: Weights that name a checkpoint's quantised routed experts (the rest 16-bit), with the model that
 #: publishes them; a row may give them only for a checkpoint that declares them.
@@ -184,6 +201,9 @@ class BenchRow:
     #: overlap scheduler, SGLang's overlap schedule, vLLM ``--async-scheduling``;
     #: ``engine.schedule_ahead``); ``None``: the engine preset's (off).
     schedule_ahead: bool | None = None
+    #: Where the row was read: ``FILE: row N`` (N the file's line, as a spreadsheet numbers it) or
+    #: ``FILE: result``; not part of the run, so two rows alike but for it are the same run.
+    origin: str = field(default="", compare=False)
 
     @property
     def group(self) -> str:
@@ -203,25 +223,44 @@ def _bad(path: Path, where: str, column: str, value: Any, allowed: str) -> Confi
     return ConfigError(f"{path}: {where}, {column}", value, allowed)
 
 
+#: A number as benchmark files write one: ASCII digits, a point, an exponent (Python's ``float``
+#: would also take ``1_024`` and other scripts' digits, which no benchmark tool writes).
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+
+
+def _float(raw: Any) -> float:
+    """``raw`` as a number (ValueError if it is not written as one)."""
+    text = str(raw).strip()
+    if raw is None or not _NUMBER.fullmatch(text):
+        raise ValueError(text)
+    return float(text)
+
+
 def _int(path: Path, where: str, row: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int:
     raw = row.get(col)
     try:
-        v = float(str(raw).strip())
-    except (TypeError, ValueError):
+        v = _float(raw)
+    except ValueError:
         raise _bad(path, where, col, raw, f"an integer in [{lo}, {hi}]") from None
     if not math.isfinite(v) or v != int(v) or not lo <= v <= hi:
         raise _bad(path, where, col, raw, f"an integer in [{lo}, {hi}]")
     return int(v)
 
 
+#: The times a row may give, in milliseconds: a microsecond to a day.
+MS_RANGE = (1e-3, 8.64e7)
+
+
 def _ms(path: Path, where: str, row: dict, col: str) -> float:
     raw = row.get(col)
+    lo, hi = MS_RANGE
+    allowed = f"milliseconds, a number in [{lo:g}, {hi:.0f}] (a day)"
     try:
-        v = float(str(raw).strip())
-    except (TypeError, ValueError):
-        raise _bad(path, where, col, raw, "milliseconds, a finite number > 0") from None
-    if not math.isfinite(v) or not 0 < v < 1e8:
-        raise _bad(path, where, col, raw, "milliseconds, a finite number > 0")
+        v = _float(raw)
+    except ValueError:
+        raise _bad(path, where, col, raw, allowed) from None
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise _bad(path, where, col, raw, allowed)
     return v
 
 
@@ -240,14 +279,19 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     model = str(d.get("model", "")).strip()
     if not model:
         raise _bad(path, where, "model", d.get("model"), "a Hugging Face id or a kvsim catalog model")
+    if model.lower().endswith(".json") and not (path.parent / Path(model).expanduser()).is_file():
+        # A path, not an id: "not a model kvsim knows" and the list of its ids would not say what is wrong.
+        raise _bad(path, where, "model", model, f"a config.json file that exists (relative paths from {path.parent})")
     try:
         section = resolve_model(model, base_dir=path.parent)
+        # The checkpoint's config is read whatever the row's weights: a config kvsim cannot read is said
+        # here, with the file and row, and not when the row is simulated.
+        hf = _checkpoint(section)
     except ConfigError as exc:
-        raise _bad(path, where, "model", model, exc.allowed) from None
+        why = exc.allowed if exc.key == "serving_bench.model" else f"{exc.key}: {exc.allowed}"
+        raise _bad(path, where, "model", model, why) from None
     if section.get("hf_config") and Path(section["hf_config"]).is_absolute():
         model = section["hf_config"]  # a config.json path, made absolute: the row is simulated from anywhere
-    # The checkpoint's config, read only where the row leaves its weights to it or names its experts'.
-    hf = _checkpoint(section) if weights in ("", *EXPERT_WEIGHTS) else None
     experts = hf.spec.moe.expert_dtype if hf is not None and hf.spec.moe is not None else None
     if not weights:
         # A row that gives no weights means its checkpoint's (quantised experts: gpt-oss, Kimi K2.5), else bf16.
@@ -312,6 +356,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         kv_cache_tokens=kv_tokens,
         cached_prompt_tokens=cached or None,
         schedule_ahead=_flag(path, where, d, "schedule_ahead"),
+        origin=f"{path}: {where}",
     )
 
 
@@ -336,7 +381,7 @@ def _opt_cycles(path: Path, where: str, d: dict, col: str) -> float | None:
         return None
     allowed = f"request cycles, a number in [0, {MAX_SPREAD_CYCLES:g}] (or empty: the clients start together)"
     try:
-        v = float(str(raw).strip())
+        v = _float(raw)
     except ValueError:
         raise _bad(path, where, col, raw, allowed) from None
     if not math.isfinite(v) or not 0 <= v <= MAX_SPREAD_CYCLES:
@@ -394,21 +439,33 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             "one line ending per line; a carriage return inside the line (cells appended after a CR LF "
             "line's CR?): convert the file to one kind of line ending (e.g. tr -d '\\r')",
         )
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+    reader = csv.reader(text.splitlines())
+    header = [c.strip() for c in next(reader, [])]
+    columns = f"columns {', '.join(REQUIRED)} (optional: {', '.join(OPTIONAL)})"
+    missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raise ConfigError(
-            f"{path}: header",
-            ",".join(reader.fieldnames or []),
-            f"columns {', '.join(REQUIRED)} (optional: weights, kv, engine_version, source_id, max_num_seqs, "
-            f"max_num_batched_tokens, mixed_batches, cuda_graph_max_batch, requests, start_spread_cycles, "
-            f"kv_cache_tokens, cached_prompt_tokens, schedule_ahead); "
-            f"missing {', '.join(missing)}",
-        )
+        raw = ",".join(header)
+        sep = next((s for s in (";", "\t", "|") if s in raw), None)
+        hint = f"; the header is one column holding {sep!r}: kvsim reads comma-separated files" if sep else ""
+        raise ConfigError(f"{path}: header", raw, f"{columns}; missing {', '.join(missing)}{hint}")
+    for c in header:
+        near = difflib.get_close_matches(c, REQUIRED + OPTIONAL, n=1, cutoff=0.8)
+        if c not in REQUIRED + OPTIONAL and near:
+            # A misspelt optional column would be read as absent: the run simulated at the engine's defaults.
+            raise ConfigError(f"{path}: header", c, f"did you mean {near[0]}? ({columns}; any other is left alone)")
     rows = []
-    for i, d in enumerate(reader, start=2):
+    while True:
+        start = reader.line_num + 1
+        cells = next(reader, None)
+        if cells is None:
+            break
+        where = f"row {start}"
+        if not any(c.strip() for c in cells):
+            continue  # a spreadsheet's empty row (",,,,"), like a blank line
         try:
-            rows.append(_row(path, f"row {i}", d))
+            if len(cells) != len(header):
+                raise _bad(path, where, "cells", len(cells), f"one per column of the header: {len(header)}")
+            rows.append(_row(path, where, dict(zip(header, cells))))
         except ConfigError as exc:
             if problems is None:
                 raise
@@ -496,13 +553,18 @@ def read_bench(path: str | Path, problems: list[str] | None = None, **vllm_args)
     else:
         rows = _read_one(p, problems, vllm_args)
     if not rows and problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(
-            str(p),
-            f"{len(problems)} rows, none that kvsim can simulate",
-            f"at least one that it can; {problems[0]}{more}",
-        )
+        raise none_left(p, problems)
     return rows
+
+
+def none_left(path: Path, problems: list[str]) -> ConfigError:
+    """The error for a file or folder none of whose rows kvsim can simulate: how many, and the first reason."""
+    n = len(problems)
+    more = f" (and {n - 1} more)" if n > 1 else ""
+    first = problems[0].removeprefix(f"{path}: ")
+    return ConfigError(
+        str(path), f"{n} row{'s' if n > 1 else ''}, none that kvsim can simulate", f"at least one; {first}{more}"
+    )
 
 
 def _read_one(p: Path, problems: list[str] | None, vllm_args: dict) -> list[BenchRow]:
@@ -1282,6 +1344,19 @@ def simulate_row(
         calibrated=bool(res.summary.get("cost_model_calibrated")),
         extra={"preemptions": res.summary.get("preemptions", 0)},
     )
+
+
+def setup_error(row: BenchRow) -> str | None:
+    """Why ``row`` cannot be simulated whatever the engine's terms (its model's weights do not fit
+    its GPUs, say), or ``None``: its scenario and deployment are built, nothing is simulated."""
+    from sim.config import scenario_from_dict
+    from sim.engine.deployment import Deployment
+
+    try:
+        Deployment.from_scenario(scenario_from_dict(row_scenario(row, Clients())))
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def _simulate_task(args) -> RowResult:

@@ -159,10 +159,13 @@ def builtin_terms() -> EngineTerms:
 
 
 def objective(results: list[RowResult]) -> float:
-    """Mean over groups of the mean |log ratio| of TPOT plus that of TTFT (a failed row counts 3)."""
+    """Mean over groups of the mean |log ratio| of TPOT plus that of TTFT (a failed row counts 3; a
+    run of one output token has no time per output token, and counts its TTFT alone)."""
     by: dict[str, list[float]] = {}
     for r in results:
-        if r.error is not None or r.ttft_ms is None or r.tpot_ms is None:
+        if r.error is None and r.ttft_ms is not None and r.tpot_ms is None and r.row.osl < 2:
+            v = abs(math.log(r.ttft_ms / r.row.ttft_ms))
+        elif r.error is not None or r.ttft_ms is None or r.tpot_ms is None:
             v = 3.0
         else:
             v = abs(math.log(r.tpot_ms / r.row.tpot_ms)) + abs(math.log(r.ttft_ms / r.row.ttft_ms))

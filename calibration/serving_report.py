@@ -38,11 +38,13 @@ from .serving_bench import (
     kv_capacity_evidence,
     kv_from_runs,
     least_cached_share,
+    none_left,
     normalize_engine,
     read_bench,
     resolve_model,
     runs_faster_than_kernels,
     score,
+    setup_error,
     spread_flagged,
     tp_scaling,
     tpot_error_split,
@@ -111,6 +113,14 @@ def _rows(
         rows = [r for r in rows if r.engine == engine]
         if not rows:
             raise ConfigError("--engine", engine, f"an engine with rows in {path}: {', '.join(have)}")
+    if problems is not None:
+        # A row no terms can simulate (a model whose weights do not fit its GPUs) is said and left out
+        # before any fit, which would otherwise score it as a failure at every step and dilute the rest.
+        why = [setup_error(r) for r in rows]
+        problems.extend(f"{r.origin or r.source}: {w}" for r, w in zip(rows, why) if w is not None)
+        rows = [r for r, w in zip(rows, why) if w is None]
+        if not rows:
+            raise none_left(Path(path), problems)
     return rows
 
 
@@ -370,13 +380,20 @@ def kernel_warnings(
     def cache(g: str) -> str:
         if g not in share:
             return ""
+        if share[g] >= 1.0:
+            # The share is clamped at 1: their decoding alone needs more GPU time than they took.
+            return "; not even every prompt from the prefix cache makes them possible: their decoding alone " + (
+                "needs more (simulated with all but one prompt token cached, --cache-flagged)"
+                if g in cached
+                else "needs more"
+            )
         least = f"at least {share[g]:.0%} of every prompt from the prefix cache makes them possible"
         return f"; {least}" + (
             ", simulated so (--cache-flagged)" if g in cached else " (--cache-flagged simulates that)"
         )
 
     return [
-        f"{g}: its measured throughput needs the GPU computing {busy:.2f}x the wall time at its engine's own "
+        f"{g}: its measured throughput needs the GPU computing {busy:.3g}x the wall time at its engine's own "
         f"kernel prices (median over its runs; at most 1 is possible, above {BUSY_LIMIT} is flagged): cached "
         "prefixes, prompts shorter than isl or speculative decoding would do this"
         + cache(g)

@@ -315,6 +315,7 @@ def _serving(
     from .serving_report import (
         HEADER,
         SCALING_HEADER,
+        SKIPPED_SHOWN,
         SPLIT_HEADER,
         TTFT_LINE_HEADER,
         Treatments,
@@ -436,10 +437,16 @@ def _serving(
         con.print(f"note: {line}")
     failed = [r for r in doc["results"] if r["error"]]
     if failed:
-        con.print(f"{len(failed)} rows could not be simulated, e.g. {failed[0]['source']}: {failed[0]['error']}")
+        n = len(failed)
+        con.print(f"{n} row{'s' if n > 1 else ''} simulated without a result:")
+        for r in failed[:SKIPPED_SHOWN]:
+            con.print(f"  {r.get('origin') or r['source']}: {r['error']}")
+        if n > SKIPPED_SHOWN:
+            con.print(f"  ... and {n - SKIPPED_SHOWN} more (results[].error in serving_validation.json)")
     if doc["skipped_rows"]:
+        n = len(doc["skipped_rows"])
         con.print(
-            f"{len(doc['skipped_rows'])} rows of the file left out, not simulated (named above; "
+            f"{n} row{'s' if n > 1 else ''} of the file left out, not simulated (named above; "
             "skipped_rows in serving_validation.json)"
         )
     if out is not None:
