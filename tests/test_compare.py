@@ -106,22 +106,31 @@ MALFORMED = [
     (lambda d: d.pop("input_lens"), "input_lens", "one entry per request"),
     (_set("itls", {"0": []}), "itls", "a list with one entry per request"),
     (lambda d: d["output_lens"].pop(), "output_lens", "one per request"),
-    (_item("input_lens", 2, 0), "input_lens[2]", "integer token count >= 1"),
-    (_item("output_lens", 4, 12.5), "output_lens[4]", "integer token count >= 1"),
+    (_item("input_lens", 2, 0), "input_lens[2]", "integer token count in [1, 16777216]"),
+    (_item("input_lens", 2, math.inf), "input_lens[2]", "integer token count in [1, 16777216]"),
+    (_item("input_lens", 2, 2**24), "input_lens[2] + output_lens[2]", "at most 16777216 tokens in one request"),
+    (_item("output_lens", 4, 12.5), "output_lens[4]", "integer token count in [0, 16777216] (0: no output token"),
+    (_item("output_lens", 4, -1), "output_lens[4]", "integer token count in [0, 16777216] (0: no output token"),
     (_item("ttfts", 1, -0.1), "ttfts[1]", "> 0"),
     (_item("ttfts", 1, "0.2"), "ttfts[1]", "> 0"),
     (_item("itls", 3, [0.01, None]), "itls[3][1]", ">= 0"),
     (_item("itls", 3, 0.01), "itls[3]", "list of gaps"),
     (_item("errors", 0, 7), "errors[0]", "a string"),
     (_set("errors", ["boom"] * 48), "errors", "at least one successful request"),
+    (_set("output_lens", [0] * 48), "output_lens", "at least one request with an output token"),
     (_set("num_prompts", 100), "num_prompts", "input_lens (48)"),
     (_set("request_rate", "fast"), "request_rate", '"inf"'),
     (_set("request_rate", 0), "request_rate", '"inf"'),
     (_set("request_rate", None), "request_rate", "the arrival process"),
     (_set("burstiness", -1), "burstiness", '"inf"'),
-    (_set("max_concurrency", 2.5), "max_concurrency", "integer >= 1"),
+    (_set("max_concurrency", 2.5), "max_concurrency", "integer in [1, 10000000]"),
+    (_set("max_concurrency", 10**9), "max_concurrency", "integer in [1, 10000000]"),
+    (_set("max_concurrency", math.inf), "max_concurrency", "integer in [1, 10000000]"),
+    (_set("request_rate", 1e-300), "request_rate", "within 1e+09 s"),
+    (_set("burstiness", 1e-300), "burstiness", "coefficient of variation"),
     (_set("ramp_up_strategy", "linear"), "ramp_up_strategy", "start_times"),
     (_set("start_times", [0.0] * 47), "start_times", "one per request"),
+    (_set("start_times", [0.0] * 47 + [2e9]), "start_times", "within 1e+09 s of the first"),
     (_set("latencies", [0.001] * 48), "latencies[0]", "latency >= its ttft"),
     (_set("duration", "long"), "duration", "seconds"),
 ]
@@ -148,12 +157,154 @@ def test_unreadable_files(tmp_path, text, what):
     assert e.value.key == str(p) and what in str(e.value.value)
 
 
-def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
-    p = _mutate(tmp_path, _item("output_lens", 4, -3))
+@pytest.mark.parametrize(
+    "change,line",
+    [
+        (
+            _item("output_lens", 4, -3),
+            "output_lens[4]: got -3; an integer token count in [0, 16777216] (0: no output token, the request is left out)",
+        ),
+        # A value the replay's scenario would refuse is named as the file's field, not as the scenario's key.
+        (_set("max_concurrency", 10**9), "max_concurrency: got 1000000000; null or an integer in [1, 10000000]"),
+    ],
+    ids=["output_lens", "max_concurrency"],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, change, line):
+    p = _mutate(tmp_path, change)
     r = kvsim("compare", str(p), "--runs", str(tmp_path / "runs"))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"error: {p}: output_lens[4]: got -3; an integer token count >= 1"]
+    assert r.stderr.strip().splitlines() == [f"error: {p}: {line}"]
     assert "Traceback" not in r.stderr
+
+
+# --- requests without an output token -------------------------------------------------------
+
+
+def _no_output(i: int, errors: str):
+    """Request ``i`` as vLLM saves one that streamed nothing (0 tokens, no gaps, TTFT and latency 0);
+    ``errors``: "" (it succeeded), "missing" or "null" (the file has no errors)."""
+
+    def f(d):
+        d["output_lens"][i], d["itls"][i], d["ttfts"][i] = 0, [], 0.0
+        if "latencies" in d:
+            d["latencies"][i] = 0.0
+        if errors == "missing":
+            d.pop("errors")
+        elif errors == "null":
+            d["errors"] = None
+        else:
+            d["errors"][i] = errors
+
+    return f
+
+
+@pytest.mark.parametrize("errors", ["", "missing", "null"])
+@pytest.mark.parametrize("base", [POISSON, STARTS], ids=["poisson", "start_times"])
+def test_a_request_without_an_output_token_is_left_out_and_counted(tmp_path, base, errors):
+    res = read_bench_result(_mutate(tmp_path, _no_output(3, errors), base))
+    full = read_bench_result(base)
+    assert (res.num_requests, res.failed, res.no_output, len(res)) == (full.num_requests, 0, 1, len(full) - 1)
+    keep = [j for j in range(len(full)) if j != 3]
+    assert res.prompt_tokens.tolist() == full.prompt_tokens[keep].tolist()
+    assert res.output_tokens.tolist() == full.output_tokens[keep].tolist()
+    assert res.ttft_s.tolist() == full.ttft_s[keep].tolist()
+    if res.start_s is not None:
+        assert len(res.start_s) == len(res)
+
+
+@pytest.mark.parametrize("errors", ["missing", "null"])
+def test_a_failed_request_of_a_file_without_errors_is_left_out_as_without_output(tmp_path, errors):
+    """The closed-loop file's request 17 failed: vLLM saved 0 tokens, TTFT 0 and no gaps for it."""
+    drop = (lambda d: d.pop("errors")) if errors == "missing" else _set("errors", None)
+    res = read_bench_result(_mutate(tmp_path, drop, CLOSED))
+    assert (res.num_requests, res.failed, res.no_output, len(res)) == (64, 0, 1, 63)
+    assert res.prompt_tokens.tolist() == read_bench_result(CLOSED).prompt_tokens.tolist()
+
+
+def test_requests_without_an_output_token_are_reported_by_the_cli(tmp_path):
+    p = _mutate(tmp_path, _no_output(0, ""))
+    out = tmp_path / "cmp.json"
+    r = kvsim("compare", str(p), "--runs", str(tmp_path / "runs"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "47 requests (0 failed in the file, 1 without an output token, left out)" in " ".join(r.stdout.split())
+    doc = json.loads(out.read_text())["comparisons"][0]
+    assert doc["requests"] == {
+        "in_file": 48,
+        "failed_left_out": 0,
+        "no_output_left_out": 1,
+        "simulated": 47,
+        "simulated_completed": 47,
+    }
+    # vLLM's header counts the request in TTFT and E2EL: a difference there says why.
+    doctored = read_bench_result(p)
+    doctored = BenchResult(**{**doctored.__dict__, "header": {**doctored.header, "mean_ttft_ms": 1.0}})
+    assert "1 request without an output token left out here" in header_check(doctored)[0]
+
+
+# --- several files: a bad one is named and the others are compared -------------------------------
+
+
+def _folder(tmp_path, good: bool):
+    d = tmp_path / "results"
+    d.mkdir()
+    if good:
+        (d / "a_good.json").write_text(POISSON.read_text())
+    (d / "b_bad.json").write_text(_mutate(tmp_path, lambda x: x["ttfts"].pop()).read_text())
+    # Refused only when its replay is built, after every file was read.
+    (d / "c_unknown_model.json").write_text(_mutate(tmp_path, _set("model_id", "acme/unknown")).read_text())
+    return d
+
+
+def test_folder_with_bad_files_compares_the_others_and_lists_the_bad_ones(tmp_path):
+    d = _folder(tmp_path, good=True)
+    out = tmp_path / "cmp.json"
+    r = kvsim("compare", str(d), "--runs", str(tmp_path / "runs"), "--out", str(out))
+    assert r.returncode == 1, r.stderr
+    b, c = d / "b_bad.json", d / "c_unknown_model.json"
+    bad_b = f"{b}: ttfts: got '47 entries'; one per request, like input_lens (48)"
+    lines = r.stderr.strip().splitlines()
+    assert f"error: {bad_b}" in lines
+    assert any(x.startswith(f"error: {c}: model_id: got 'acme/unknown'; ") for x in lines)
+    # Listed again at the end, one line each.
+    assert lines[-3:-2] == ["2 of 3 result files could not be compared (the others are written):"]
+    assert lines[-2] == f"not compared: {bad_b}" and lines[-1].startswith(f"not compared: {c}: model_id: ")
+    assert "Traceback" not in r.stderr
+    doc = json.loads(out.read_text())
+    assert [Path(x["file"]).name for x in doc["comparisons"]] == ["a_good.json"]
+    assert [x["file"] for x in doc["not_compared"]] == [str(b), str(c)]
+    assert doc["not_compared"][0]["error"] == bad_b
+    assert (tmp_path / "runs" / "compare-a_good" / "compare.json").is_file()
+    assert not (tmp_path / "runs" / "compare-b_bad").exists()
+
+
+def test_no_file_that_could_be_compared_is_exit_2(tmp_path):
+    d = _folder(tmp_path, good=False)
+    out = tmp_path / "cmp.json"
+    r = kvsim("compare", str(d), str(tmp_path / "missing.json"), "--runs", str(tmp_path / "runs"), "--out", str(out))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert [x.split(":")[0] for x in lines] == ["error"] * 4 and len(lines) == 4
+    assert lines[0] == f"error: {tmp_path / 'missing.json'}: got 'no such file or folder'; " + (
+        "a result file or a folder of them (vllm bench serve --save-result --save-detailed)"
+    )
+    assert lines[-1] == "error: none of the 3 result files could be compared (each named above)"
+    assert not out.exists()
+
+
+# --- options --------------------------------------------------------------------------------
+
+
+def test_engine_option_accepts_the_spellings_of_the_serving_bench_engine_column(tmp_path):
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    out = tmp_path / "cmp.json"
+    r = CliRunner().invoke(
+        app, ["compare", str(POISSON), "--engine", "TensorRT-LLM", "--runs", str(tmp_path / "runs"), "--out", str(out)]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["comparisons"][0]["simulation"]["engine"] == "trtllm"
 
 
 @pytest.mark.parametrize(
@@ -161,8 +312,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
     [
         (["missing.json"], "missing.json"),
         ([str(POISSON), "--engine", "tgi"], "--engine"),
-        ([str(POISSON), "--model", "acme/unknown"], "model.hf_config"),
-        ([str(POISSON), "--tp", "3"], "gpu.tensor_parallel"),
+        ([str(POISSON), "--model", "acme/unknown"], "--model: got 'acme/unknown'"),
+        ([str(POISSON), "--tp", "3"], "--tp: got 3; one of 1, 2, 4, 8"),
+        ([str(POISSON), "--gpu", "X9"], "--gpu: got 'X9'"),
+        ([str(POISSON), "--profile", "nope"], "--profile: got 'nope'"),
+        # Set by --set, the key is the override's.
+        ([str(POISSON), "--set", "gpu.tensor_parallel=3"], "error: gpu.tensor_parallel: got 3"),
         ([str(POISSON), "--set", "timeseries.every_s=1"], "timeseries.every_s"),
         ([str(POISSON), "--set", "workload.nope=1"], "workload.nope"),
     ],
@@ -194,7 +349,7 @@ def test_unknown_model_id_asks_for_model(tmp_path):
     res = read_bench_result(_mutate(tmp_path, _set("model_id", "acme/unknown")))
     with pytest.raises(ConfigError) as e:
         compare_result(res, tmp_path / "run")
-    assert e.value.key == "--model" and "pass --model" in e.value.allowed
+    assert e.value.key == f"{res.path}: model_id" and "pass --model" in e.value.allowed
 
 
 # --- the replay -----------------------------------------------------------------------------
@@ -232,7 +387,13 @@ def test_closed_loop_replays_the_files_requests_in_order_with_its_concurrency(tm
     first = np.sort(arr)[:8]
     assert max(in_flight) == 8 and len(set(first.tolist())) == 8 and first[-1] < fin.min() * 1.5
     assert doc["arrival"] == "closed loop, 8 clients"
-    assert doc["requests"] == {"in_file": 64, "failed_left_out": 1, "simulated": 63, "simulated_completed": 63}
+    assert doc["requests"] == {
+        "in_file": 64,
+        "failed_left_out": 1,
+        "no_output_left_out": 0,
+        "simulated": 63,
+        "simulated_completed": 63,
+    }
     # In step on request: all 8 at t = 0.
     compare_result(res, tmp_path / "in-step", overrides={"workload.arrival.start_spread_cycles": 0})
     arr = pq.read_table(tmp_path / "in-step" / "requests.parquet")["arrival_s"].to_numpy()
@@ -398,6 +559,7 @@ def _result(prompts, outputs, concurrency, rate) -> BenchResult:
         max_concurrency=concurrency,
         num_requests=n,
         failed=0,
+        no_output=0,
         prompt_tokens=np.array(prompts, np.int64),
         output_tokens=np.array(outputs, np.int64),
         ttft_s=np.full(n, 0.01),

@@ -3,7 +3,7 @@
 :func:`compare_result` takes one :class:`~sim.analysis.bench_results.BenchResult` and
 
 1. builds a scenario that sends the same requests (prompt and output lengths of the successful
-   requests, in the file's order) with the same arrival process, chosen in this order:
+   requests with at least one output token, in the file's order) with the same arrival process, chosen in this order:
    ``start_times`` in the file → a trace of those send times; ``max_concurrency`` → a closed
    loop of that many clients, each sending its next request when its last one ended (the
    benchmark's semaphore); ``request_rate: inf`` → every request at t = 0; a finite rate →
@@ -18,7 +18,9 @@
 
 The measured statistics are computed from the per-request lists as vLLM computes its own
 (``numpy.percentile``, linear interpolation, over successful requests); aggregates in the
-file's header are checked against them and a difference of more than 1 % is reported.
+file's header are checked against them and a difference of more than 1 % is reported. vLLM's
+TTFT and end-to-end aggregates also count successful requests without an output token, which
+are left out here (the report says so beside such a difference).
 
 Simulated ITL: the benchmark's ITLs are the gaps between a request's streamed chunks. The
 simulator streams one token per iteration to every decoding request, so a request's gaps are the
@@ -116,11 +118,11 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
     mid = res.header.get("model_id")
     section = section_of(mid) if isinstance(mid, str) and mid else None
     if section is None:
+        # Keyed by the file: in a folder, the other files' model_id may be known, and they are still compared.
         raise ConfigError(
-            "--model",
+            f"{res.path}: model_id",
             mid,
-            f"the model_id of {res.name}: {known_ids()}; else pass --model NAME or --model path/to/config.json "
-            "(kvsim list models)",
+            f"{known_ids()}; else pass --model NAME or --model path/to/config.json (kvsim list models)",
         )
     return {k: v for k, v in section.items() if v is not None}
 
@@ -284,6 +286,13 @@ def measured_throughput(res: BenchResult) -> dict[str, float | None]:
 def header_check(res: BenchResult) -> list[str]:
     """The header's ``mean_/median_/pNN_*_ms`` aggregates that differ from the lists by > 1 %."""
     pat = _AGGREGATE
+    # vLLM counts a successful request without an output token in TTFT and E2EL, not in TPOT or ITL.
+    why = (
+        f" ({res.no_output} request{'s' if res.no_output > 1 else ''} without an output token left out here; "
+        "vLLM's TTFT and E2EL count those that succeeded)"
+        if res.no_output
+        else ""
+    )
     lists = {"ttft": res.ttft_s, "tpot": res.tpot_s(), "itl": res.itl_flat_s(), "e2el": res.e2el_s()}
     out = []
     for key, v in res.header.items():
@@ -300,7 +309,8 @@ def header_check(res: BenchResult) -> list[str]:
             else float(np.percentile(vals, 50 if stat == "median" else float(stat[1:])))
         )
         if abs(mine - v) > HEADER_TOLERANCE * max(abs(v), 1e-9) + 1e-6:
-            out.append(f"{key} in the header is {v:.4g} but {mine:.4g} from the per-request lists")
+            note = why if metric in ("ttft", "e2el") else ""
+            out.append(f"{key} in the header is {v:.4g} but {mine:.4g} from the per-request lists{note}")
     return out
 
 
@@ -418,6 +428,7 @@ def compare_result(
         "requests": {
             "in_file": res.num_requests,
             "failed_left_out": res.failed,
+            "no_output_left_out": res.no_output,
             "simulated": len(res),
             "simulated_completed": int(ok.sum()),
         },

@@ -14,6 +14,11 @@ first streamed chunk; ``itls[i]`` are the gaps between successive chunks; TPOT i
 ``(latency − ttft) / (output_len − 1)`` for ``output_len > 1``, and ``latency − ttft`` is the sum
 of the request's ITLs when ``latencies`` is absent.
 
+Left out and counted, besides failed requests: requests with ``output_lens[i] = 0``. A request
+that ended before its first token has no TTFT or TPOT to compare; it is what vLLM records for a
+failed request, which a file without ``errors`` (or with ``errors: null``) cannot tell apart from
+a successful one. A file with no request left is refused.
+
 Every problem is a :class:`ConfigError` whose key names the file and the field.
 """
 
@@ -27,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.limits import MAX_CV, MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
 
 #: The per-request lists ``kvsim compare`` needs.
 REQUIRED_LISTS = ("input_lens", "output_lens", "ttfts", "itls")
@@ -45,9 +51,11 @@ class BenchResult:
     request_rate: float
     burstiness: float
     max_concurrency: int | None
-    #: Requests in the file, and those that failed (left out of everything below).
+    #: Requests in the file, those that failed, and the successful ones without an output token
+    #: (``output_lens[i] = 0``); the last two are left out of everything below.
     num_requests: int
     failed: int
+    no_output: int
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     ttft_s: np.ndarray
@@ -133,13 +141,15 @@ def _list(path: Path, doc: dict, field: str, n: int | None) -> list:
     return v
 
 
-def _tokens(path: Path, field: str, values: list, rows: list[int], minimum: int) -> np.ndarray:
+def _tokens(path: Path, field: str, values: list, rows: list[int], minimum: int, note: str = "") -> np.ndarray:
+    """Token counts at ``rows`` of ``values``, integers in ``[minimum, MAX_TOKENS]``."""
     out = np.empty(len(rows), dtype=np.int64)
     for j, i in enumerate(rows):
         v = values[i]
         f = _number(v)
-        if f is None or f != math.floor(f) or f < minimum:
-            raise ConfigError(f"{path}: {field}[{i}]", v, f"an integer token count >= {minimum}")
+        # isfinite first: math.floor of an inf (JSON's Infinity) raises instead of comparing.
+        if f is None or not math.isfinite(f) or f != math.floor(f) or not minimum <= f <= MAX_TOKENS:
+            raise ConfigError(f"{path}: {field}[{i}]", v, f"an integer token count in [{minimum}, {MAX_TOKENS}]{note}")
         out[j] = int(f)
     return out
 
@@ -184,22 +194,46 @@ def read_bench_result(path: Path) -> BenchResult:
     n = len(inputs)
     if n == 0:
         raise ConfigError(f"{path}: input_lens", "[]", "at least one request")
+    if n > MAX_REQUESTS:
+        raise ConfigError(f"{path}: input_lens", f"{n} entries", f"at most {MAX_REQUESTS} requests")
     lists = {f: _list(path, doc, f, n) for f in REQUIRED_LISTS[1:]}
-    errors = _list(path, doc, "errors", n) if "errors" in doc else [""] * n
-    ok_rows = []
+    errors = _list(path, doc, "errors", n) if doc.get("errors") is not None else [""] * n
+    succeeded = []
     for i, e in enumerate(errors):
         if e is not None and not isinstance(e, str):
             raise ConfigError(f"{path}: errors[{i}]", e, 'a string ("" for a successful request)')
         if not e:
-            ok_rows.append(i)
-    if not ok_rows:
+            succeeded.append(i)
+    if not succeeded:
         raise ConfigError(f"{path}: errors", f"all {n} requests failed", "at least one successful request")
     num_prompts = doc.get("num_prompts")
     if num_prompts is not None and num_prompts != n:
         raise ConfigError(f"{path}: num_prompts", num_prompts, f"the number of entries in input_lens ({n})")
 
+    # Output counts pick the requests to compare, so they are checked before the other lists: a
+    # request without an output token (a failed one, when the file has no errors) may have a TTFT
+    # of 0, which the checks below refuse for a request that is compared.
+    counts = _tokens(
+        path, "output_lens", lists["output_lens"], succeeded, 0, " (0: no output token, the request is left out)"
+    )
+    ok_rows = [i for i, c in zip(succeeded, counts.tolist()) if c > 0]
+    if not ok_rows:
+        raise ConfigError(
+            f"{path}: output_lens",
+            f"0 in all {len(succeeded)} {'successful ' if len(succeeded) < n else ''}requests",
+            "at least one request with an output token (one without has no TTFT or TPOT to compare)",
+        )
     prompt = _tokens(path, "input_lens", inputs, ok_rows, 1)
-    output = _tokens(path, "output_lens", lists["output_lens"], ok_rows, 1)
+    output = counts[counts > 0]
+    total = prompt + output
+    if total.max() > MAX_TOKENS:
+        j = int(np.argmax(total))
+        i = ok_rows[j]
+        raise ConfigError(
+            f"{path}: input_lens[{i}] + output_lens[{i}]",
+            int(total[j]),
+            f"at most {MAX_TOKENS} tokens in one request",
+        )
     ttft = np.array([_seconds(path, "ttfts", lists["ttfts"][i], i, True) for i in ok_rows])
     itls = []
     for i in ok_rows:
@@ -231,12 +265,21 @@ def read_bench_result(path: Path) -> BenchResult:
                 raise ConfigError(f"{path}: start_times[{i}]", st[i], "a finite send time in seconds")
             raw.append(f)
         start = np.array(raw) - min(raw)
+        if start.max() > MAX_TIME_S:
+            raise ConfigError(
+                f"{path}: start_times",
+                f"sends {start.max():g} s apart",
+                f"send times within {MAX_TIME_S:g} s of the first",
+            )
 
     rate = _rate(path, doc, "request_rate", None)
     burst = _rate(path, doc, "burstiness", 1.0)
     mc = doc.get("max_concurrency")
-    if mc is not None and (_number(mc) is None or mc != math.floor(mc) or mc < 1):
-        raise ConfigError(f"{path}: max_concurrency", mc, "null or an integer >= 1")
+    if mc is not None:
+        f = _number(mc)
+        # The replay runs one client per slot of the semaphore: as many as a scenario may have.
+        if f is None or not math.isfinite(f) or f != math.floor(f) or not 1 <= f <= MAX_REQUESTS:
+            raise ConfigError(f"{path}: max_concurrency", mc, f"null or an integer in [1, {MAX_REQUESTS}]")
     if start is None:
         if doc.get("ramp_up_strategy"):
             raise ConfigError(
@@ -250,6 +293,22 @@ def read_bench_result(path: Path) -> BenchResult:
                 "missing",
                 'a number > 0 or "inf", or max_concurrency, or start_times: the arrival process to replay',
             )
+        # Gamma gaps of shape b have a coefficient of variation of 1 / sqrt(b); a shape far below
+        # kvsim's gamma arrivals' bound draws all-zero gaps, which vLLM's rescaling divides by.
+        if mc is None and rate is not None and math.isfinite(rate) and burst is not None and burst < 1 / MAX_CV**2:
+            raise ConfigError(
+                f"{path}: burstiness",
+                doc["burstiness"],
+                f'a number >= {1 / MAX_CV**2:g} or "inf" (gaps with a coefficient of variation of at most {MAX_CV:g})',
+            )
+        if mc is None and rate is not None and len(ok_rows) / rate > MAX_TIME_S:
+            # vLLM sends the last request at N / rate, and so does the replay.
+            raise ConfigError(
+                f"{path}: request_rate",
+                rate,
+                f'"inf" or a number >= {len(ok_rows) / MAX_TIME_S:g} (the last of the {len(ok_rows)} requests '
+                f"is sent at N / rate, within {MAX_TIME_S:g} s)",
+            )
     duration = doc.get("duration")
     if duration is not None and (_number(duration) is None or not duration > 0):
         raise ConfigError(f"{path}: duration", duration, "a positive number of seconds")
@@ -261,7 +320,8 @@ def read_bench_result(path: Path) -> BenchResult:
         burstiness=burst if burst is not None else 1.0,
         max_concurrency=int(mc) if mc is not None else None,
         num_requests=n,
-        failed=n - len(ok_rows),
+        failed=n - len(succeeded),
+        no_output=len(succeeded) - len(ok_rows),
         prompt_tokens=prompt,
         output_tokens=output,
         ttft_s=ttft,

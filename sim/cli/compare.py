@@ -1,6 +1,9 @@
 """``kvsim compare RESULT...``: replay serving benchmarks in the simulator (registered in :mod:`sim.cli.main`).
 
-Exit status: 0 compared; 2 bad input (a malformed result file, an unknown model, a bad override).
+Exit status, as ``kvsim sweep``'s: 0 every file compared; 1 some files could not be compared
+(each named on one line as it is found and listed again at the end; the others are compared and
+written); 2 bad input: a bad option (an unknown engine, model or GPU, a bad override) or no file
+that could be compared.
 """
 
 from __future__ import annotations
@@ -13,6 +16,14 @@ import typer
 
 from sim.cli.sweep import fail, stdout_console
 from sim.errors import ConfigError
+
+#: Scenario keys the options set: a value they refuse is the option's, named as the command line spells it.
+OPTION_KEYS = {
+    "engine.kind": "--engine",
+    "gpu.name": "--gpu",
+    "gpu.tensor_parallel": "--tp",
+    "cost_model.profile": "--profile",
+}
 
 
 def _ms(v: float | None) -> str:
@@ -31,10 +42,14 @@ def print_comparison(doc: dict) -> None:
     sim = doc["simulation"]
     cal = "" if sim["cost_model_calibrated"] else " (UNCALIBRATED roofline prior)"
     req = doc["requests"]
+    no_output = req["no_output_left_out"]
+    left_out = f"{req['failed_left_out']} failed in the file" + (
+        f", {no_output} without an output token" if no_output else ""
+    )
     t = Table(
         title=f"kvsim compare: {Path(doc['file']).name}\n{sim['model']} on {sim['gpu']} TP{sim['tensor_parallel']}, "
         f"engine {sim['engine']}, cost model {sim['cost_model']}{cal}\n{req['simulated']} requests "
-        f"({req['failed_left_out']} failed in the file, left out); arrivals: {doc['arrival']}"
+        f"({left_out}, left out); arrivals: {doc['arrival']}"
     )
     for c in ("metric", "stat", "measured", "simulated", "rel error"):
         t.add_column(c, justify="left" if c in ("metric", "stat") else "right")
@@ -49,11 +64,41 @@ def print_comparison(doc: dict) -> None:
     stdout_console().print(t)
 
 
+def _blame(exc: ConfigError, path: Path, given: dict[str, object], overrides: dict) -> tuple[bool, ConfigError]:
+    """Whose a refusal met while replaying the file at ``path`` is: ``(True, error)`` the file's,
+    ``(False, error)`` an option's (every file would meet it). A key that an override or a given
+    option sets is the option's; any other the scenario took from the file."""
+    key = exc.key
+    if key == str(path) or key.startswith(f"{path}: "):
+        return True, exc
+    if any(key == k or key.startswith(k + ".") for k in overrides):
+        return False, exc
+    option = OPTION_KEYS.get(key) or ("--model" if key.startswith("model.") else None)
+    if option is not None and given.get(option) is not None:
+        return False, ConfigError(option, given[option], exc.allowed)
+    return True, ConfigError(f"{path}: {key}", exc.value, exc.allowed)
+
+
+def _write_out(out: Path, docs: list[dict], problems: list[tuple[Path, ConfigError]]) -> None:
+    from sim import __version__
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "kvsim_version": __version__,
+        "comparisons": docs,
+        "not_compared": [{"file": str(p), "error": str(e)} for p, e in problems],
+    }
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    stdout_console().print(f"wrote {out}")
+
+
 def compare_command(
     results: list[Path] = typer.Argument(
         ..., help="Result JSON files of vllm bench serve --save-result --save-detailed, or folders of them."
     ),
-    engine: str = typer.Option("vllm", "--engine", help="Serving engine preset: vllm, sglang, trtllm, reference."),
+    engine: str = typer.Option(
+        "vllm", "--engine", help="Serving engine preset: vllm, sglang, trtllm (TensorRT-LLM), reference."
+    ),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -71,29 +116,64 @@ def compare_command(
     out: Path | None = typer.Option(None, "--out", "-o", help="Also write every comparison into this JSON file."),
 ):
     """Simulate the requests of serving-benchmark results with the same arrivals; measured vs simulated latencies."""
+    from typing import get_args
+
+    from calibration.serving_bench import normalize_engine
     from sim.analysis.bench_compare import compare_result, run_name
-    from sim.analysis.bench_results import read_bench_result, result_files
-    from sim.config import parse_override
+    from sim.analysis.bench_results import BenchResult, read_bench_result, result_files
+    from sim.config import GpuConfig, parse_override
     from sim.engine_presets import ENGINE_KINDS
 
+    # Options first: a bad one would refuse every file the same way, so it stops the command at once.
     try:
-        if engine not in ENGINE_KINDS:
-            raise ConfigError("--engine", engine, f"one of {', '.join(ENGINE_KINDS)}")
+        # The spellings serving-bench files' engine column accepts (TensorRT-LLM, trt-llm, any case);
+        # sim.cli already depends on calibration (sim.cli.main mounts its commands).
+        kind = normalize_engine(engine)
+        if kind not in ENGINE_KINDS:
+            raise ConfigError(
+                "--engine", engine, f"one of {', '.join(ENGINE_KINDS)} (any case; TensorRT-LLM and trt-llm for trtllm)"
+            )
+        degrees = get_args(GpuConfig.model_fields["tensor_parallel"].annotation)
+        if tp is not None and tp not in degrees:
+            raise ConfigError("--tp", tp, f"one of {', '.join(map(str, degrees))}")
         overrides = dict(parse_override(i) for i in set_ or [])
-        files = result_files(list(results))
-        parsed = [read_bench_result(f) for f in files]  # every file checked before any simulation
-        docs = []
-        used: set[str] = set()
-        for res in parsed:
-            name = run_name(res)
-            while name in used:  # files of the same name from different folders
-                name += "+"
-            used.add(name)
-            run_dir = runs / name
+    except ConfigError as exc:
+        fail(exc)
+    given: dict[str, object] = {"--engine": engine, "--gpu": gpu, "--tp": tp, "--profile": profile, "--model": model}
+
+    # A bad file is named on one line and left out; the others are still compared.
+    problems: list[tuple[Path, ConfigError]] = []
+
+    def bad(path: Path, exc: ConfigError) -> None:
+        problems.append((path, exc))
+        sys.stderr.write(f"error: {exc}\n")
+
+    files: list[Path] = []
+    for arg in results:
+        try:
+            files.extend(result_files([arg]))
+        except ConfigError as exc:
+            bad(arg, exc)
+    parsed: list[BenchResult] = []
+    for f in files:  # every file checked before any simulation
+        try:
+            parsed.append(read_bench_result(f))
+        except ConfigError as exc:
+            bad(f, exc)
+    docs: list[dict] = []
+    option_error: ConfigError | None = None
+    used: set[str] = set()
+    for res in parsed:
+        name = run_name(res)
+        while name in used:  # files of the same name from different folders
+            name += "+"
+        used.add(name)
+        run_dir = runs / name
+        try:
             doc = compare_result(
                 res,
                 run_dir,
-                engine=engine,
+                engine=kind,
                 model=model,
                 gpu=gpu,
                 tp=tp,
@@ -101,17 +181,31 @@ def compare_command(
                 overrides=overrides,
                 seed=seed,
             )
-            (run_dir / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
-            docs.append(doc)
-            print_comparison(doc)
-            for w in doc["warnings"]:
-                sys.stderr.write(f"warning: {res.name}: {w}\n")
-            stdout_console().print(f"wrote {run_dir}/ (compare.json, scenario.yaml, requests.parquet, ...)")
-    except ConfigError as exc:
-        fail(exc)
-    if out is not None:
-        from sim import __version__
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"kvsim_version": __version__, "comparisons": docs}, indent=1) + "\n")
-        stdout_console().print(f"wrote {out}")
+        except ConfigError as exc:
+            files_fault, err = _blame(exc, res.path, given, overrides)
+            if not files_fault:
+                option_error = err
+                break
+            bad(res.path, err)
+            continue
+        (run_dir / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
+        docs.append(doc)
+        print_comparison(doc)
+        for w in doc["warnings"]:
+            sys.stderr.write(f"warning: {res.name}: {w}\n")
+        stdout_console().print(f"wrote {run_dir}/ (compare.json, scenario.yaml, requests.parquet, ...)")
+    # Comparisons already made are written whatever comes after them.
+    if out is not None and docs:
+        _write_out(out, docs, problems)
+    if option_error is not None:
+        fail(option_error)
+    if not docs:
+        if len(problems) > 1:
+            sys.stderr.write(f"error: none of the {len(problems)} result files could be compared (each named above)\n")
+        raise typer.Exit(2)
+    if problems:
+        total = len(docs) + len(problems)
+        sys.stderr.write(f"{len(problems)} of {total} result files could not be compared (the others are written):\n")
+        for _, problem in problems:
+            sys.stderr.write(f"not compared: {problem}\n")
+        raise typer.Exit(1)
