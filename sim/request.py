@@ -10,6 +10,9 @@ EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
 EXCEEDS_RESERVATION = "exceeds_reservation"
 PROMPT_EXCEEDS_RESERVATION = "prompt_exceeds_reservation"
 STALE = "stale"
+#: Unchunked, the tokens it has to compute exceed what one iteration may hold
+#: (``scheduler.max_num_batched_tokens`` with ``chunked_prefill: false``, TensorRT-LLM's default).
+PROMPT_EXCEEDS_TOKEN_BUDGET = "prompt_exceeds_token_budget"
 
 
 class Request:

@@ -271,3 +271,26 @@ def test_lowest_priority_preemption_spares_high_priority_requests():
     print(msg)
     assert out["lowest_priority"][0] < out["lifo"][0], msg
     assert out["lowest_priority"][0] < out["lowest_priority"][1], msg
+
+
+def test_an_unchunked_prompt_beyond_the_token_budget_is_turned_away_not_waited_on():
+    """TensorRT-LLM refuses a prompt longer than max_num_tokens when it may not chunk it; left waiting,
+    it would block every request behind it for ever. Both engine modes turn the same requests away."""
+    over = {
+        "workload.num_requests": 120,
+        "scheduler.chunked_prefill": False,
+        "scheduler.max_num_batched_tokens": 2048,
+    }
+    runs = [simulate(load_scenario("chat-api", {**over, "engine.mode": m})) for m in ("step", "fast_forward")]
+    for res in runs:
+        t = res.requests.to_pydict()
+        status, reason, prompt = (np.asarray(t[k]) for k in ("status", "reason", "prompt_tokens"))
+        long = prompt > 2048
+        assert long.any() and (~long).any()
+        assert (status[long] == "rejected").all() and (reason[long] == "prompt_exceeds_token_budget").all()
+        assert (status[~long] == "completed").all()
+        assert res.summary["rejected_by_reason"] == {"prompt_exceeds_token_budget": int(long.sum())}
+    step, ff = (r.requests.to_pydict() for r in runs)
+    assert step["status"] == ff["status"] and step["reason"] == ff["reason"]
+    ok = np.asarray(step["status"]) == "completed"
+    np.testing.assert_allclose(np.asarray(ff["first_token_s"])[ok], np.asarray(step["first_token_s"])[ok], rtol=1e-9)

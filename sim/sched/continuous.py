@@ -19,7 +19,7 @@ from sim.allocators.base import Allocator, Grow
 from sim.allocators.capabilities import AdmissionBreaker, LengthHints, PrefixAdmission, Regions
 from sim.config import SchedulerConfig
 from sim.cost.model import BatchShape
-from sim.request import PROMPT_EXCEEDS_RESERVATION, Request
+from sim.request import PROMPT_EXCEEDS_RESERVATION, PROMPT_EXCEEDS_TOKEN_BUDGET, Request
 from sim.workload.predictor import LengthPredictor, PredictionTally, PromptPredictor
 
 
@@ -140,6 +140,11 @@ class ContinuousScheduler:
             need = budget
         return need
 
+    def _never_fits(self, req: Request) -> bool:
+        """Unchunked, ``req``'s remaining tokens exceed the whole budget: no iteration can take it."""
+        cfg = self.cfg
+        return not cfg.chunked_prefill and req.prompt + req.generated - req.computed > cfg.max_num_batched_tokens
+
     def admission_blocked(self, start: int) -> bool:
         """``schedule(start=start)`` with only the ``start`` cohort requests running would admit
         nothing and change nothing (no queue, no free sequence slot or token budget, or the head
@@ -156,7 +161,9 @@ class ContinuousScheduler:
             return True
         req = waiting[0]
         need = self._chunk(req, budget)
-        return need is None or self._refused == (req.id, need, self.alloc.releases)
+        if need is None:
+            return not self._never_fits(req)  # schedule() turns such a request away
+        return self._refused == (req.id, need, self.alloc.releases)
 
     def _pick_victim(self, req: Request) -> int:
         """Index in ``running`` of the request to preempt so that ``req`` can grow."""
@@ -305,6 +312,13 @@ class ContinuousScheduler:
                 req = waiting[0]
                 need = self._chunk(req, budget)  # req.computed > 0 only when swapped in
                 if need is None:
+                    if self._never_fits(req):
+                        # A server refuses it (TensorRT-LLM: input longer than max_num_tokens); waiting
+                        # would block every request behind it for ever.
+                        waiting.popleft()
+                        req.reason = PROMPT_EXCEEDS_TOKEN_BUDGET
+                        rejected.append(req)
+                        continue
                     break
                 if self.reserve_output and not self._fits_whole_output(req):
                     break
