@@ -122,8 +122,8 @@ def normalize_gpu(name: str) -> str | None:
 
     A system name in any case is itself; a catalog name in any case is the catalog's; another
     spelling :func:`sim.catalog.find_gpu` matches (``H100``, ``NVIDIA H100 80GB HBM3``) is the
-    system name of its card where there is one. ``A100-SXM4-40GB`` matches nothing: the system
-    ``a100_sxm`` is the 80 GB part.
+    system name of its card where there is one (``A100-SXM4-40GB`` is the catalog's ``A100-40GB``:
+    the system ``a100_sxm`` is the 80 GB part).
     """
     s = name.strip()
     if s in GPU_IDS or s in GPUS:

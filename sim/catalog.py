@@ -532,7 +532,7 @@ def find_gpu(name: str) -> str | None:
     Accepts catalog names in any case and the common other spellings of the same parts (``H100``,
     ``h100_sxm``, ``NVIDIA H100 80GB HBM3``, ``A100-SXM4-80GB``, ``nvidia l4``). Other parts of a
     generation differ in memory, bandwidth or power and are not matched to these: H100 PCIe and
-    NVL, H200 NVL, GH200, L40 (not L40S), and A100s by 40 GB SXM4 or PCIe names (``A100-40GB`` is).
+    NVL, H200 NVL, GH200, L40 (not L40S); an A100 of 40 GB is ``A100-40GB``, any other the 80 GB SXM part.
     """
     s = str(name).strip()
     if s in GPUS:
@@ -548,8 +548,8 @@ def find_gpu(name: str) -> str | None:
             return gpu
     if key == "l4" or (key.startswith("l4") and not key[2:3].isdigit()):
         return "L4"
-    if key.startswith("a100") and "40gb" not in key:
-        return "A100-SXM-80GB"
+    if key.startswith("a100"):
+        return "A100-40GB" if "40gb" in key else "A100-SXM-80GB"
     return None
 
 

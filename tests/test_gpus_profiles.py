@@ -315,7 +315,7 @@ def test_cli_lists_show_the_new_entries():
         ("GH200", None),
         ("L40", None),
         ("A10", None),
-        ("A100-SXM4-40GB", None),
+        ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
         ("custom", None),
         ("mi300x", None),
     ],

@@ -435,7 +435,7 @@ def test_models_of_another_shape_are_not_guessed(ident):
         ("H100 PCIe", None),
         ("NVIDIA H100 NVL", None),
         ("H200 NVL", None),
-        ("A100-SXM4-40GB", None),
+        ("A100-SXM4-40GB", "A100-40GB"),
         ("GH200", None),
         ("L40", None),
     ],
