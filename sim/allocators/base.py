@@ -201,6 +201,12 @@ class Allocator(ABC):
     def largest_free_extent_tokens(self) -> int:
         """The longest run of free slots one new sequence could take contiguously."""
 
+    def largest_free_during(self, grown: np.ndarray) -> np.ndarray | None:
+        """:meth:`largest_free_extent_tokens` while each iteration of a decode window runs,
+        ``grown[i]`` tokens reserved since its start (the state now is the window's start), or
+        ``None`` where growth inside a window does not change it."""
+        return None
+
     @abstractmethod
     def decode_plan(self, seqs: list[int], tokens_now: np.ndarray, max_steps: int) -> DecodePlan:
         """How many decode iterations (≤ ``max_steps``) can run without a refusal.

@@ -152,6 +152,13 @@ class TieredAllocator(Allocator):
         # What one new sequence could take: a static slot or the pool's free blocks.
         return max(self.static.largest_free_extent_tokens(), self.pool.largest_free_extent_tokens())
 
+    def largest_free_during(self, grown: np.ndarray) -> np.ndarray | None:
+        # A window grows only the pool (static slots are reserved whole at admission): its free
+        # blocks shrink by what the members take, the static slots stay as they are.
+        return np.maximum(
+            float(self.static.largest_free_extent_tokens()), self.pool.largest_free_extent_tokens() - grown
+        )
+
     def refusal_counts(self) -> dict[str, int]:
         c = Counter(self.refusals)
         c.update({f"{self.static_label}{k}": v for k, v in self.static.refusals.items()})

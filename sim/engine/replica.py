@@ -643,6 +643,15 @@ class Replica:
         if dp.events is not None and m > 1:
             self.stats.alloc_work(float(extra_t[: m - 1].sum()))
         tm = times[:m]
+        if not self._one_extent and m > 1 and dp.events is not None and dp.events[1:m].any():
+            # Blocks taken from the free pool inside the window shrink what is free, so the
+            # fragmentation moves with each iteration, as stepping sees it (hybrid_tail's pool).
+            reserved = dp.reserved_tokens[:m].astype(np.float64)
+            largest = self.alloc.largest_free_during(reserved - reserved[0])
+            if largest is not None:
+                free = self.alloc.capacity_tokens - reserved
+                per = np.where(free > 0, 1.0 - largest / np.maximum(free, 1.0), 0.0)
+                frag = float(np.dot(per, tm)) / float(ends[m - 1])
         paused_s = self._paused_s(plan, dp.reserved_tokens[:m], tm, waiting_at_start)
         if m > 1:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
