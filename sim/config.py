@@ -72,12 +72,26 @@ def check_name(value: str) -> str:
     return value
 
 
+#: A YAML file's top-level ``kind`` that marks it as a ``kvsim validate`` spec, not a scenario.
+VALIDATION_KIND = "validation"
+
 #: ``allocator.kind`` values, in listing order. Each is registered with its builder in
 #: ``sim/allocators/kinds.py``, which checks on import that its registrations are exactly these;
 #: a kind registered at run time (``sim.allocators.registry.register``) is added here.
 ALLOCATOR_KINDS: list[str] = ["static", "dynamic", "paged", "hybrid_tail", "hybrid_reserve"]
 #: ``scheduler.kind`` values, likewise (``sim/sched/registry.py``).
 SCHEDULER_KINDS: list[str] = ["continuous", "static_batch"]
+
+
+class FieldError(ValueError):
+    """Raised by a model validator about one field of its model: the error names that field (and
+    ``value``), not the whole section, as a field's own validation would."""
+
+    def __init__(self, field: str, value: Any, allowed: str):
+        super().__init__(allowed)
+        self.field = field
+        self.value = value
+        self.allowed = allowed
 
 
 def _known_kind(value: str, kinds: list[str]) -> str:
@@ -105,7 +119,7 @@ class ModelConfig(_Section):
     name: str | None = "llama-3.1-8b"
     #: A config.json path or a shipped model's Hugging Face id (``sim/hf_config.py``); ``name`` is
     #: then only a label, and weight/KV dtypes not given here come from its quantisation config.
-    hf_config: str | None = Field(None, json_schema_extra=NAMES_FILE)
+    hf_config: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
     layers: int | None = Field(None, ge=1, le=MAX_LAYERS)
     hidden: int | None = Field(None, ge=1, le=MAX_DIM)
     heads: int | None = Field(None, ge=1, le=MAX_HEADS)
@@ -281,15 +295,38 @@ class PriorityConfig(_Section):
     high_fraction: float = Field(0.0, ge=0, le=1)
 
 
+#: ``workload.lengths.kind`` values, in listing order (what error messages list).
+LENGTH_KINDS: tuple[str, ...] = typing.get_args(LengthsConfig.model_fields["kind"].annotation)
+
+
+def count_needed() -> str:
+    """What ``workload.num_requests`` may be when nothing else ends the arrivals."""
+    return f"{range_text(WorkloadConfig.model_fields['num_requests'])} (or set workload.duration_s)"
+
+
 class WorkloadConfig(_Section):
+    #: Requests to simulate; ``None`` (no count) needs ``duration_s`` or trace arrivals (the whole trace).
     num_requests: int | None = Field(1000, ge=1, le=MAX_REQUESTS)
+    #: Seconds of arrivals; with it, ``num_requests`` caps the count only where given explicitly.
     duration_s: float | None = Field(None, gt=0, le=MAX_TIME_S)
     max_model_len: int = Field(8192, ge=2, le=MAX_TOKENS)
     arrival: ArrivalConfig = ArrivalConfig(kind="poisson", rate=1.0)
-    #: ``None`` takes lengths from the arrival trace.
+    #: ``None``: the rows of the arrival trace with trace arrivals, else the defaults of a lengths
+    #: block (filled in on validation, so the resolved scenario says what runs).
     lengths: LengthsConfig | None = None
     prefix: PrefixConfig = PrefixConfig()
     priority: PriorityConfig = PriorityConfig()
+
+    @model_validator(mode="after")
+    def _bounded(self):
+        # Synthetic and closed-loop arrivals have no end of their own: without a count or a
+        # duration nothing would stop drawing them.
+        if self.num_requests is None and self.duration_s is None and self.arrival.kind != "trace":
+            raise FieldError("num_requests", None, count_needed())
+        if self.lengths is None and self.arrival.kind != "trace":
+            # Every key is optional (docs/scenario.md): `{}` runs the documented defaults.
+            self.lengths = LengthsConfig()
+        return self
 
 
 class SchedulerConfig(_Section):
@@ -614,6 +651,10 @@ def _error_from_pydantic(err: ValidationError) -> ConfigError:
     if e["type"] == "extra_forbidden":
         keys = [k for k in _allowed_keys(loc) if k != "base_dir"]
         return ConfigError(key, e.get("input"), f"unknown key; allowed here: {', '.join(keys)}")
+    field_error = (e.get("ctx") or {}).get("error")
+    if isinstance(field_error, FieldError):
+        field_key = f"{key}.{field_error.field}" if loc else field_error.field
+        return ConfigError(field_key, field_error.value, field_error.allowed)
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "string_too_short":
         msg = "a non-empty string"
@@ -665,6 +706,9 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
             data["base_dir"],
             "not a scenario key (relative paths resolve against the scenario file's folder and scenarios/)",
         )
+    if data.get("kind") == VALIDATION_KIND:
+        # Its keys (model: tiny-llama, engine: {...}) would otherwise be refused one by one.
+        raise ConfigError("kind", VALIDATION_KIND, "not a scenario key (a validation spec runs with kvsim validate)")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as err:
@@ -697,6 +741,13 @@ def read_scenario_dict(path: str | Path) -> tuple[dict, Path]:
             f"a YAML mapping of sections (model, gpu, workload, ...); this file "
             f"holds {got} (write {{}} for every default)",
         )
+    if data.get("kind") == VALIDATION_KIND:
+        raise ConfigError(
+            "scenario",
+            str(path),
+            f"a simulator scenario; this file is a validation spec (kind: {VALIDATION_KIND}): "
+            f"run it with kvsim validate --scenario {path} (with --device cuda for a GPU spec; docs/validation.md)",
+        )
     return data, p.parent
 
 
@@ -713,6 +764,6 @@ def list_scenarios() -> list[str]:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError:
             continue
-        if isinstance(data, dict) and data.get("kind") != "validation":
+        if isinstance(data, dict) and data.get("kind") != VALIDATION_KIND:
             out.append(p.stem)
     return out

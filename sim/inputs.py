@@ -8,7 +8,8 @@ parsed with a nesting limit; every failure one :class:`~sim.errors.ConfigError` 
   raw text before PyYAML sees it (PyYAML's scanner is quadratic in flow nesting: 20,000 levels
   took two minutes, and its composer recurses once per level), and holding at most
   :data:`~sim.limits.MAX_YAML_VALUES` values once its aliases are expanded (a 340-byte
-  "billion laughs" holds 387 million). Aliases themselves are fine.
+  "billion laughs" holds 387 million). Aliases themselves are fine. A key given twice in one
+  mapping is an error naming it and its lines (PyYAML would keep the last one silently).
 * :func:`load_json`: JSON nested at most :data:`~sim.limits.MAX_NESTING` levels; ``NaN`` and
   ``Infinity`` parse (the format validators name where they are).
 """
@@ -192,16 +193,79 @@ def _expanded_values(node: Any, memo: dict[int, int], key: str, source: str) -> 
     return total
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _key_path(path: tuple) -> str:
+    """``workload.num_requests``, ``zip[0].seed``: where a key sits in a document."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _duplicate_key(loader: yaml.SafeLoader, root: yaml.Node) -> tuple[str, int, int] | None:
+    """The first key given twice in one mapping of a composed document (in document order): its
+    path and the lines of its two occurrences. PyYAML keeps the last one silently, so a scenario
+    that sets ``num_requests`` twice would run the value its reader did not see first."""
+    todo: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    visited: set[int] = set()  # an aliased node is checked once, wherever it is used
+    while todo:
+        node, path = todo.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        children: list[tuple[yaml.Node, tuple]] = []
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                key: Any = key_node.tag
+                # Merge keys (<<) bring keys a mapping may override; complex keys are rare enough
+                # that PyYAML's own handling of them stands.
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    # Compared as constructed, as the dict compares them (1 and 1.0 are one key).
+                    key = loader.construct_object(key_node)
+                    line = key_node.start_mark.line + 1
+                    if key in lines:
+                        return _key_path((*path, key)), lines[key], line
+                    lines[key] = line
+                children.append((value_node, (*path, key)))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(v, (*path, i)) for i, v in enumerate(node.value)]
+        todo.extend(reversed(children))
+    return None
+
+
+def _safe_load(text: str, key: str, source: str) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (ConfigError)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        dup = _duplicate_key(loader, node)
+        if dup is not None:
+            where, first, second = dup
+            lines = f" on line {first}" if first == second else f", on lines {first} and {second}"
+            raise ConfigError(
+                key, source, f"YAML with each key at most once per mapping ({where} is given twice{lines})"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 _RAISE = object()
 
 
 def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> Any:
-    """``yaml.safe_load(text)`` within the nesting and expansion limits (module docstring).
-    Text that is not valid YAML raises, or returns ``syntax_error`` when one is given."""
+    """``yaml.safe_load(text)`` within the nesting and expansion limits, with each key at most once
+    per mapping (module docstring). Text that is not valid YAML raises, or returns ``syntax_error``
+    when one is given; a duplicated key always raises."""
     if bracket_depth(text) + _block_depth(text) > MAX_NESTING:
         raise _too_deep(key, source, "YAML")
     try:
-        data = yaml.safe_load(text)
+        data = _safe_load(text, key, source)
     except yaml.YAMLError as exc:
         if syntax_error is not _RAISE:
             return syntax_error

@@ -139,6 +139,14 @@ BAD = [
         "allocator.fallback_fraction",
         "two blocks",
     ),
+    # Neither a count nor a duration: named at validation, not an AssertionError when drawing.
+    (
+        ["--set", "workload.num_requests="],
+        "workload.num_requests",
+        "got None; an integer in [1, 10000000] (or set workload.duration_s)",
+    ),
+    # An empty --model is named as given, not as the working directory it resolves to.
+    (["--model", ""], "--model", "got ''; a catalog model"),
 ]
 
 
@@ -165,3 +173,46 @@ def test_bad_trace_is_one_line_exit_2(tmp_path, text, needle):
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: workload.lengths.path") and needle in r.stderr, r.stderr
+
+
+def test_a_scenario_key_given_twice_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "dup.yaml"
+    f.write_text("workload:\n  num_requests: 20\n  num_requests: 30\n")
+    r = kvsim("run", str(f), "-q", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == (
+        f"error: scenario: got '{f}'; YAML with each key at most once per mapping "
+        "(workload.num_requests is given twice, on lines 2 and 3)\n"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_validation_spec_points_to_kvsim_validate(tmp_path):
+    r = kvsim("run", "validate-cpu", "--out", str(tmp_path / "v"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(
+        "error: scenario: got 'validate-cpu'; a simulator scenario; this file is a validation spec"
+    )
+    assert "kvsim validate --scenario validate-cpu" in r.stderr
+
+
+def test_an_empty_mapping_runs(tmp_path):
+    f = tmp_path / "empty.yaml"
+    f.write_text("{}\n")
+    r = kvsim("run", str(f), "-q", "--set", "workload.num_requests=10", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["requests"] == 10
+
+
+def test_truncated_requests_are_in_the_table(tmp_path):
+    args = ["--set", "workload.num_requests=300", "--set", "allocator.kind=static", "--set", "allocator.reserve=p95"]
+    r = kvsim("run", "chat-api", *args, "--set", "allocator.overflow=truncate", "--out", str(tmp_path / "t"))
+    assert r.returncode == 0, r.stderr
+    truncated = json.loads((tmp_path / "t" / "summary.json").read_text())["truncated"]
+    assert truncated > 0
+    row = next(line for line in r.stdout.splitlines() if "requests truncated" in line)
+    assert row.split("│")[-2].strip() == str(truncated), row
+    # An allocator that cannot truncate and did not: no row.
+    r = kvsim("run", "chat-api", *args, "--out", str(tmp_path / "r"))
+    assert r.returncode == 0, r.stderr
+    assert "requests truncated" not in r.stdout

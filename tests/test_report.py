@@ -180,3 +180,25 @@ def test_report_bad_inputs(tmp_path, sweep_dir):
         timeout=60,
     )
     assert r.returncode == 2 and r.stderr.startswith("error: --x: got 'nope'")
+    # A text column is named as the --z it is, with the columns a heatmap can show.
+    r = subprocess.run(
+        [sys.executable, "-m", "sim.cli.report", str(sweep_dir), "--z", "rejected_by_reason", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    prefix = "error: --z: got 'rejected_by_reason'; a numeric column of the sweep dataset ("
+    assert r.stderr.startswith(prefix), r.stderr
+    for col in ("ttft_s.{p50,p90,p99,mean}", "throughput_tokens_per_s", "preemptions"):
+        assert col in r.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_run_report_names_truncated_requests(tmp_path):
+    over = {"workload.num_requests": 300, "allocator.kind": "static", "allocator.reserve": "p95"}
+    sc = load_scenario("chat-api", {**over, "allocator.overflow": "truncate"})
+    res = simulate(sc)
+    assert res.summary["truncated"] > 0
+    write_run(res, tmp_path)
+    assert f"truncated: {res.summary['truncated']}" in report(tmp_path).read_text()

@@ -138,6 +138,7 @@ def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = 
         for k in (
             "completed",
             "rejected",
+            "truncated",
             "preemptions",
             "throughput_tokens_per_s",
             "throughput_requests_per_s",
@@ -146,7 +147,8 @@ def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = 
             "busy_fraction",
             "cost_model",
         )
-        if k in summary
+        # Truncated requests count as completed (SLO misses): named where there are any.
+        if k in summary and (k != "truncated" or summary[k])
     ]
     intro = ""
     if summary:
@@ -182,6 +184,25 @@ def _numeric(table: pa.Table, col: str) -> bool:
     return pa.types.is_integer(table.schema.field(col).type) or pa.types.is_floating(table.schema.field(col).type)
 
 
+def metric_columns(table: pa.Table, axes: Sequence[str]) -> list[str]:
+    """The numeric columns of a sweep dataset a heatmap can show (``--z``): not the axes, nor the
+    point's index and seed."""
+    return [c for c in table.column_names if c not in {"point", "seed", *axes} and _numeric(table, c)]
+
+
+def _column_list(cols: Sequence[str]) -> str:
+    """Column names for an error line, percentile families folded (``ttft_s.{p50,p90,p99,mean}``)
+    so that every name fits in it."""
+    groups: dict[str, list[str]] = {}
+    for c in cols:
+        head, _, tail = c.rpartition(".")
+        if head and tail in ("p50", "p90", "p99", "mean"):
+            groups.setdefault(head + ".", []).append(tail)
+        else:
+            groups.setdefault(c, [])
+    return ", ".join(f"{h}{{{','.join(t)}}}" if t else h for h, t in groups.items()) or "-"
+
+
 def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None]:
     """Add a ``series`` column naming the combination of ``axes`` (None when there are none)."""
     if not axes:
@@ -202,6 +223,12 @@ def sweep_figures(
     for name, col in (("--x", x), ("--y", y)):
         if col is not None and col not in table.column_names:
             raise ConfigError(name, col, f"a column of the sweep dataset; axes: {', '.join(axes) or '-'}")
+    # Checked before any figure: a text column (rejected_by_reason is JSON) fails deep in plotting,
+    # where the error could only say the dataset was unreadable.
+    metrics = metric_columns(table, axes)
+    for metric in z or ():
+        if metric not in metrics:
+            raise ConfigError("--z", metric, f"a numeric column of the sweep dataset ({_column_list(metrics)})")
     vary = _varying_axes(table, axes)
     if x is None:
         num = [a for a in vary if _numeric(table, a)]
@@ -230,8 +257,6 @@ def sweep_figures(
             figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color)
     if x is not None and y is not None:
         for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
-            if metric not in ok.column_names:
-                raise ConfigError("--z", metric, "a metric column of the sweep dataset (e.g. ttft_s.p90)")
             figs[f"heatmap_{metric}"] = plots.heatmap(ok, x, y, metric)
     return figs
 

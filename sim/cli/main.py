@@ -5,12 +5,16 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from sim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sim.config import Scenario
 
 # Exceptions reach main() unwrapped, so a ConfigError from any subcommand is one line and exit 2.
 app = typer.Typer(
@@ -52,7 +56,20 @@ _HOT_PATH = {
 }
 
 
-def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | None = None) -> None:
+def can_truncate(sc: Scenario) -> bool:
+    """Whether the scenario's allocator ends a request that outgrows its reservation early
+    (``overflow: truncate``, on a kind that takes that knob)."""
+    from sim.allocators import KINDS
+
+    knobs = KINDS[sc.allocator.kind][0] if sc.allocator.kind in KINDS else {}
+    return "overflow" in knobs and sc.allocator.overflow == "truncate"
+
+
+def print_summary(
+    summary: dict, wall_s: float | None = None, hot_path: str | None = None, truncates: bool = False
+) -> None:
+    """The run's table; ``truncates``: show the truncated count even when it is 0 (the allocator
+    can truncate), as it is whenever it is not 0."""
     engine = f"{summary['engine']} engine, " if summary.get("engine") else ""  # older summaries lack it
     t = Table(
         title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, {engine}cost model {summary['cost_model']}"
@@ -68,9 +85,15 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
     k = Table(show_header=False)
     k.add_column("k")
     k.add_column("v", justify="right")
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("requests completed / rejected", f"{summary['completed']} / {summary['rejected']}"),
         ("rejected by reason", ", ".join(f"{a}: {b}" for a, b in summary["rejected_by_reason"].items()) or "-"),
+    ]
+    truncated = summary.get("truncated", 0)  # older summaries lack it
+    if truncates or truncated:
+        # Counted as completed, but their answers were cut short: SLO misses for `kvsim plan`.
+        rows.append(("requests truncated (of completed; SLO misses)", truncated))
+    rows += [
         ("preemptions", summary["preemptions"]),
         ("throughput (tokens/s, prompt+output)", _fmt(summary["throughput_tokens_per_s"])),
         ("throughput (requests/s)", _fmt(summary["throughput_requests_per_s"])),
@@ -87,6 +110,13 @@ def print_summary(summary: dict, wall_s: float | None = None, hot_path: str | No
     for a, b in rows:
         k.add_row(a, str(b))
     console.print(k)
+
+
+#: What ``kvsim run --model`` takes.
+MODEL_ALLOWED = (
+    "a catalog model (kvsim list models), a Hugging Face config.json path or a folder holding one, "
+    "or a shipped config's id such as Qwen/Qwen3-32B"
+)
 
 
 class _StderrWarnings(logging.Handler):
@@ -132,6 +162,9 @@ def run(
         if model is not None:
             from sim.model_ids import model_argument, variant_note
 
+            if not model.strip():
+                # An empty path resolves to the working directory: it would be read as a model folder.
+                raise ConfigError("--model", model, MODEL_ALLOWED)
             section = model_argument(model)
             note = variant_note(model, section)
             if note is not None:
@@ -168,7 +201,7 @@ def run(
     if quiet:
         print(dest / "summary.json")
     else:
-        print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"))
+        print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"), can_truncate(sc))
         console.print(f"wrote {dest}/ (requests.parquet, timeseries.parquet, summary.json)")
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.config import LengthsConfig, Scenario
+from sim.config import LENGTH_KINDS, LengthsConfig, Scenario, count_needed
 from sim.errors import ConfigError
 from sim.limits import MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
 from sim.workload.traces import Trace, read_trace
@@ -239,7 +239,8 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
             )
     lengths_cfg = w.lengths or (LengthsConfig(kind="trace") if trace is not None else None)
     if lengths_cfg is None:
-        raise ConfigError("workload.lengths", None, "a lengths block (fixed, uniform, lognormal, empirical, mixture)")
+        # Validation fills in a lengths block; only a scenario built around it gets here.
+        raise ConfigError("workload.lengths", None, f"a lengths block ({', '.join(LENGTH_KINDS)})")
     sampler = LengthSampler(lengths_cfg, sc, trace=trace)
 
     if arr.kind == "closed_loop":
@@ -275,7 +276,8 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
         return rng_arrival.gamma(shape, 1.0 / (rate * shape), m)
 
     if w.duration_s is None:
-        assert n_cap is not None  # no duration: the request count is explicit
+        if n_cap is None:  # validation refuses this; a scenario changed after it may not be
+            raise ConfigError("workload.num_requests", None, count_needed())
         t = np.cumsum(gaps(n_cap))
     else:
         parts, last, drawn = [], 0.0, 0
