@@ -41,6 +41,7 @@ from sim.analysis.slo import SLO, attainment
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
+from sim.limits import MAX_RATE, MIN_RATE
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
 
@@ -61,6 +62,7 @@ __all__ = [
     "plan_candidate",
     "plan_columns",
     "plan_rows",
+    "problem_lines",
     "recommend",
     "write_plan",
 ]
@@ -118,6 +120,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     },
 }
 
+#: What ``--target-rate`` may be: it becomes ``workload.arrival.rate``, so that key's range, checked
+#: before any simulation rather than by every candidate's first run.
+TARGET_RATE_ALLOWED = (
+    f"requests/s in [{MIN_RATE:g}, {MAX_RATE:g}] (the range of workload.arrival.rate, offered to the whole deployment)"
+)
 #: The seed article's jitter rule: a decode-step spike above 10 % of p50 calls for static.
 JITTER_RULE = 1.10
 #: Differences the recommendation's tie-breaks do not act on: goodput edges within 2 % (the
@@ -568,8 +575,8 @@ def plan(
 
     if not 0 < tol < 1:
         raise ConfigError("--tolerance", tol, "a relative tolerance in (0, 1), e.g. 0.05")
-    if target_rate is not None and not target_rate > 0:
-        raise ConfigError("--target-rate", target_rate, "requests/s > 0")
+    if target_rate is not None and not MIN_RATE <= target_rate <= MAX_RATE:
+        raise ConfigError("--target-rate", target_rate, TARGET_RATE_ALLOWED)
     if search not in SEARCHES:
         raise ConfigError("--search", search, f"one of {', '.join(SEARCHES)}")
     if not isinstance(seeds, int) or isinstance(seeds, bool) or not 1 <= seeds <= 100:
@@ -654,6 +661,7 @@ def plan(
             "search": search,
             "seeds": seeds,
             "confidence": confidence,
+            "seed": sc.seed,
             "target_rate": target_rate,
             "start_rate": sc.workload.arrival.rate,
             "num_requests": sc.workload.num_requests,
@@ -785,8 +793,11 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _upper_bound_reasons(p: dict) -> list[str]:
-    """One line per upper-bound candidate: what it reached, beside the real candidates of its kind."""
+def _upper_bound_reasons(p: dict, basis: str) -> list[str]:
+    """One line per upper-bound candidate: what it reached, beside the real candidates of its kind
+    (goodputs on the recommendation's ``basis``)."""
+    label = basis_label(basis, p)
+    named = f" ({label})" if label else ""
     out = []
     for u in p["candidates"]:
         if not u.get("upper_bound"):
@@ -797,11 +808,11 @@ def _upper_bound_reasons(p: dict) -> list[str]:
             for c in p["candidates"]
             if not c.get("upper_bound") and c["overrides"].get("allocator.kind") == kind and c["status"] == "ok"
         ]
-        got = f"{u['goodput_rps']:.3g} req/s" if u["status"] == "ok" else u["status"]
-        vs = ", ".join(f"{c['name']} {c['goodput_rps']:.3g} req/s" for c in peers)
+        got = f"{_basis_value(u, basis):.3g} req/s" if u["status"] == "ok" else u["status"]
+        vs = ", ".join(f"{c['name']} {_basis_value(c, basis):.3g} req/s" for c in peers)
         out.append(
             f"{u['name']} is an upper bound, not a candidate (it routes by each request's true output length, "
-            f"which no server knows): goodput {got}" + (f" vs {vs}" if vs else "")
+            f"which no server knows): goodput{named} {got}" + (f" vs {vs}" if vs else "")
         )
     return out
 
@@ -822,17 +833,49 @@ def _top_cluster(
     return [c for c in cands if any(c is k for k in kept)]
 
 
-def _ranked_goodput(c: dict) -> float:
-    """Goodput per GPU the recommendation ranks by: the mean over seeds, else the interpolated
-    estimate, else the verified goodput."""
-    g = c["goodput_per_gpu_rps"]
-    ref = c.get("goodput_mean_rps") or c.get("goodput_est_rps")
-    return g * ref / c["goodput_rps"] if ref and c.get("goodput_rps") else g
+#: The goodput statistics the recommendation can rank by, best first, and how the reasons name
+#: each: the mean edge over seeds (``--seeds``, docs/sweeps.md), the edge of one search, the verified
+#: goodput (a candidate without a search, such as the guide's variants).
+_BASES = {"goodput_mean_rps": "mean edge over {seeds} seeds", "goodput_est_rps": "edge", "goodput_rps": ""}
+
+
+def goodput_basis(cands: list[dict]) -> str:
+    """The key of the first statistic of :data:`_BASES` that every one of ``cands`` has.
+
+    One basis for the ranking, the table's per-GPU column and every reason: ranking by the mean
+    over seeds while the reasons quoted the first seed's goodput is how a plan once recommended the
+    candidate its own reasons showed behind. A candidate whose seeds did not all settle has no mean,
+    and then no candidate is ranked by its mean (comparing one's mean with another's single seed
+    mixes two statistics)."""
+    for key in _BASES:
+        if all(c.get(key) for c in cands):
+            return key
+    return "goodput_rps"
+
+
+def basis_label(basis: str, p: dict) -> str:
+    """How the reasons and the table name ``basis`` ("" for the verified goodput)."""
+    return _BASES[basis].format(seeds=p.get("seeds") or 1)
+
+
+def _basis_value(c: dict, basis: str) -> float:
+    """``c``'s goodput (req/s, whole deployment) on ``basis``."""
+    return c.get(basis) or c.get("goodput_rps") or 0.0
+
+
+def _per_gpu(c: dict, basis: str) -> float:
+    """``c``'s goodput per GPU on ``basis`` (GPUs of the base scenario, as ``goodput_per_gpu_rps``)."""
+    g = c.get("goodput_rps")
+    return c["goodput_per_gpu_rps"] * _basis_value(c, basis) / g if g else c.get("goodput_per_gpu_rps", 0.0)
 
 
 def noise_comparison(a: dict, b: dict, confidence: float) -> dict | None:
     """Paired goodput difference a − b over the seeds both searched (common random numbers:
     the same workload draws per seed), with its confidence interval; None without seeds."""
+    # Without a mean the seed goodputs are not current (a seed that did not settle, or a candidate
+    # re-planned at another constant by the break-even search, which keeps the nominal seeds).
+    if not (a.get("goodput_mean_rps") and b.get("goodput_mean_rps")):
+        return None
     sa = {s["seed"]: s for s in a.get("seed_goodputs") or [] if s["status"] == "ok"}
     sb = {s["seed"]: s for s in b.get("seed_goodputs") or [] if s["status"] == "ok"}
     common = sorted(set(sa) & set(sb))
@@ -842,6 +885,53 @@ def noise_comparison(a: dict, b: dict, confidence: float) -> dict | None:
     return {"other": b["name"], "diff_rps": m, "ci_rps": [lo, hi], "seeds": len(common), "within_noise": lo <= 0 <= hi}
 
 
+def one_line(text: object) -> str:
+    """``text`` on one line (an exception's message may span several)."""
+    return " ".join(str(text).split())
+
+
+def problem_lines(p: dict) -> list[str]:
+    """One line per candidate that was skipped or failed for a cause other than the SLO, with the cause."""
+    lines = [f"skipped {s['name']}: {one_line(s['reason'])}" for s in p.get("skipped") or []]
+    for c in p["candidates"]:
+        if c["status"] == "failed":
+            lines.append(f"failed {c['name']}: {one_line(c['message'])}")
+        elif c["status"] not in ("ok", "infeasible"):
+            lines.append(f"{c['name']}: no goodput ({c['status']}): {one_line(c['message'])}")
+    return lines
+
+
+_SLO_ADVICE = "relax the SLO, add memory (tensor parallelism) or shorten max_model_len"
+
+
+def _no_recommendation(p: dict) -> dict:
+    """Why nothing is recommended. The SLO advice is given only for candidates the SLO stopped: for
+    one that crashed or was refused, relaxing the SLO changes nothing."""
+    real = [c for c in p["candidates"] if not c.get("upper_bound")]
+    slo_bound = [c for c in real if c["status"] == "infeasible"]
+    other = [c["name"] for c in real if c["status"] not in ("ok", "infeasible")]
+    other += [s["name"] for s in p.get("skipped") or []]
+    reasons = [f"{c['name']} never meets the SLO: {c['message']}" for c in slo_bound]
+    names = ", ".join(c["name"] for c in slo_bound)
+    if slo_bound and not other:
+        text = f"No candidate meets the SLO at any rate tried: {_SLO_ADVICE}."
+    elif slo_bound:
+        text = (
+            f"No candidate meets the SLO: {names} {'never meets' if len(slo_bound) == 1 else 'never meet'} it at "
+            f"any rate tried ({_SLO_ADVICE}); {', '.join(other)} "
+            f"{'was' if len(other) == 1 else 'were'} not planned for another cause (listed above)."
+        )
+    elif other:
+        text = (
+            f"No recommendation: every candidate ({', '.join(other)}) failed or was skipped for a cause other "
+            "than the SLO (listed above); relaxing the SLO would not help."
+        )
+    else:
+        text = "No recommendation: only upper bounds were planned, and an upper bound is never recommended."
+    reasons += _upper_bound_reasons(p, "goodput_rps")
+    return {"candidate": None, "text": text, "reasons": reasons, "basis": None}
+
+
 def recommend(p: dict) -> dict:
     """Pick a candidate and say why, in the seed article's terms, from the measured numbers.
     Upper-bound candidates (``upper_bound``) are reported, never picked."""
@@ -849,14 +939,20 @@ def recommend(p: dict) -> dict:
         c for c in p["candidates"] if c["status"] == "ok" and c.get("goodput_rps", 0) > 0 and not c.get("upper_bound")
     ]
     if not feasible:
-        return {
-            "candidate": None,
-            "text": "No candidate meets the SLO at any rate tried: relax the SLO, add memory "
-            "(tensor parallelism) or shorten max_model_len.",
-            "reasons": [],
-        }
+        return _no_recommendation(p)
     tol = p["tolerance"]
     target = p.get("target_rate")
+    conf = p.get("confidence", DEFAULT_CONFIDENCE)
+    basis = goodput_basis(feasible)
+    label = basis_label(basis, p)
+    named = f" ({label})" if label else ""
+
+    def value(c):
+        return _basis_value(c, basis)
+
+    def ranked(c):
+        return _per_gpu(c, basis)
+
     if target:
         sized = [c for c in feasible if c.get("replicas_needed")]
         pool = sized or feasible
@@ -864,9 +960,26 @@ def recommend(p: dict) -> dict:
         pool = [c for c in pool if (c.get("gpus_needed") or math.inf) == fewest]
     else:
         pool = feasible
-    best_g = max(_ranked_goodput(c) for c in pool)
-    # Goodputs within the search tolerance are a tie: the search cannot tell them apart.
-    tied = [c for c in pool if _ranked_goodput(c) >= best_g / (1 + tol)]
+    leader = max(pool, key=ranked)
+    best_g = ranked(leader)
+
+    # Goodputs within the search tolerance are a tie: the search cannot tell them apart. With
+    # seeds, so are those whose paired difference from the leader is within noise: the seeds cannot.
+    def tie_kind(c) -> str | None:
+        if c is leader:
+            return "leader"
+        if ranked(c) >= best_g / (1 + tol):
+            return f"within the {tol:.0%} search tolerance"
+        n = noise_comparison(leader, c, conf) if basis == "goodput_mean_rps" else None
+        if n and n["within_noise"]:
+            return (
+                f"within noise over {n['seeds']} seeds (paired difference {n['diff_rps']:+.3g} req/s, "
+                f"{conf:.0%} interval {n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g})"
+            )
+        return None
+
+    kinds = {c["name"]: tie_kind(c) for c in pool}
+    tied = [c for c in pool if kinds[c["name"]]]
 
     def jitter(c):
         j = c["operating_point"].get("decode_jitter")
@@ -879,17 +992,44 @@ def recommend(p: dict) -> dict:
     def waste(c):
         return c["operating_point"].get("memory_waste") or 0.0
 
+    def least_unserved(cs):
+        least = min(round(unserved(c), 3) for c in cs)
+        return [c for c in cs if round(unserved(c), 3) == least]
+
+    def refused(c):
+        o = c["operating_point"]
+        return f"{c['name']} {o['rejected'] + (o.get('truncated') or 0)} of {o['requests']}"
+
     # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
     # edges, since the brackets are only known to the tolerance); the article's preference for
     # steady decode steps; less reserved-but-unused memory; the simpler strategy (CANDIDATES
     # order). Each step keeps the best and every candidate within its resolution of a kept one, so
     # that differences smaller than the measurement can resolve do not decide and two candidates
     # that measure the same are kept or dropped together.
-    least = min(round(unserved(c), 3) for c in tied)
-    keep = [c for c in tied if round(unserved(c), 3) == least]
-    keep = _top_cluster(keep, _ranked_goodput, GOODPUT_RESOLUTION, relative=True)
-    keep = _top_cluster(keep, jitter, JITTER_RESOLUTION, higher=False)
-    keep = _top_cluster(keep, waste, WASTE_RESOLUTION, higher=False)
+    steps: list[tuple[str, Callable[[list[dict]], list[dict]], Callable[[dict], str]]] = [
+        ("fewer requests refused or truncated at the operating point", least_unserved, refused),
+        (
+            f"higher goodput{named}",
+            lambda cs: _top_cluster(cs, ranked, GOODPUT_RESOLUTION, relative=True),
+            lambda c: f"{c['name']} {value(c):.3g} req/s",
+        ),
+        (
+            "steadier decode steps (p99/p50)",
+            lambda cs: _top_cluster(cs, jitter, JITTER_RESOLUTION, higher=False),
+            lambda c: f"{c['name']} {jitter(c):.2f}",
+        ),
+        (
+            "less memory waste",
+            lambda cs: _top_cluster(cs, waste, WASTE_RESOLUTION, higher=False),
+            lambda c: f"{c['name']} {_pct(waste(c))}",
+        ),
+    ]
+    keep, decided = tied, []
+    for what, narrow, show in steps:
+        nxt = narrow(keep)
+        if len(nxt) < len(keep):
+            decided.append(f"{what} ({', '.join(show(c) for c in keep)})")
+        keep = nxt
     best = keep[0]
     op = best["operating_point"]
     others = [c for c in feasible if c is not best]
@@ -901,17 +1041,28 @@ def recommend(p: dict) -> dict:
             f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
             f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
         )
+    if len(tied) > 1:
+        why = "; ".join(f"{c['name']} is {kinds[c['name']]}" for c in tied if c is not leader)
+        reasons.append(
+            f"a tie on goodput{named}: {leader['name']} is the highest; {why} — "
+            + (
+                f"{best['name']} is picked for " + ", then ".join(decided)
+                if decided
+                else f"they measure the same on every tie-break; {best['name']} is listed first"
+            )
+        )
     for c in others:
-        ratio = best["goodput_rps"] / c["goodput_rps"] if c["goodput_rps"] else math.inf
+        ratio = value(best) / value(c) if value(c) else math.inf
         more = "∞" if ratio == math.inf else f"{ratio:.2g}×"
         extra = f", needs {c['gpus_needed']} GPU(s)" if target and c.get("gpus_needed") else ""
+        tie = "; a tie" if any(c is t for t in tied) else ""
         reasons.append(
-            f"goodput {best['goodput_rps']:.3g} req/s vs {c['name']} {c['goodput_rps']:.3g} req/s ({more}{extra})"
+            f"goodput{named} {value(best):.3g} req/s vs {c['name']} {value(c):.3g} req/s ({more}{extra}{tie})"
         )
     for c in p["candidates"]:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
-    reasons += _upper_bound_reasons(p)
+    reasons += _upper_bound_reasons(p, basis)
     wastes = ", ".join(f"{c['name']} {_pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
     reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {wastes}")
     statics = [c for c in [best, *others] if c["overrides"].get("allocator.kind") == "static"]
@@ -959,13 +1110,13 @@ def recommend(p: dict) -> dict:
         elif best not in over:
             note = f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}"
         else:
-            u = max(under, key=lambda c: c["goodput_rps"])
+            u = max(under, key=value)
             note = (
                 f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
                 + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
                 + f": the step time follows the batch size; {alloc_note}. {u['name']} stays within the rule; "
                 f"choose it only if steady "
-                f"decode steps matter more than goodput ({u['goodput_rps']:.3g} vs {best['goodput_rps']:.3g} req/s)"
+                f"decode steps matter more than goodput{named} ({value(u):.3g} vs {value(best):.3g} req/s)"
             )
         reasons.append(f"decode-step jitter p99/p50: {jit} — {note}")
     for c in others:
@@ -988,12 +1139,12 @@ def recommend(p: dict) -> dict:
             else f"more than {p.get('max_replicas', 256)} replicas"
         )
     else:
+        # The verified goodput, not the ranking basis: a complete run at this rate met the target.
         how_many = (
             f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO; "
             f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)"
         )
     text = f"Use {best['name']} — {best['strategy']} (set {knobs}) on {p['gpu']}: {how_many}."
-    conf = p.get("confidence", 0.95)
     noise = [n for n in (noise_comparison(best, c, conf) for c in pool if c is not best) if n is not None]
     close = [n for n in noise if n["within_noise"]]
     if close:
@@ -1013,7 +1164,7 @@ def recommend(p: dict) -> dict:
             f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
             f"seed) — " + ("within noise" if n["within_noise"] else "a real difference"),
         )
-    return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise}
+    return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise, "basis": basis}
 
 
 # --- outputs --------------------------------------------------------------------------
@@ -1024,7 +1175,8 @@ def write_plan(p: dict, out: str | Path) -> Path:
     import json
 
     out = out_dir(out)
-    text = json.dumps(p, indent=1, default=float) + "\n"
+    # allow_nan=False: a NaN or infinity that slipped past _strict fails here, not in the reader.
+    text = json.dumps(_strict(p), indent=1, allow_nan=False) + "\n"
     replace_file(out / "plan.json", lambda path: path.write_text(text))
     from sim.analysis import plots
     from sim.analysis.report import write_html
@@ -1044,10 +1196,36 @@ def write_plan(p: dict, out: str | Path) -> Path:
     intro.append(
         f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; {_esc(search_summary(p))}.</p>"
     )
-    if p["skipped"]:
-        intro.append("<p>Skipped: " + "; ".join(_esc(f"{s['name']}: {s['reason']}") for s in p["skipped"]) + "</p>")
+    problems = problem_lines(p)
+    if problems:
+        intro.append("<p>Not planned: " + "; ".join(_esc(line) for line in problems) + "</p>")
     write_html(out / "plan.html", f"kvsim plan: {p['scenario']}", figs, "".join(intro), (plan_columns(p), plan_rows(p)))
     return out
+
+
+def _strict(x: Any) -> Any:
+    """``x`` with every value JSON can hold: NumPy scalars and arrays as Python numbers and lists,
+    and NaN or infinity (a metric of a run with no request of its kind, an unbounded saturation
+    estimate) as null. ``json.dumps`` would write them as ``NaN``/``Infinity``, which strict JSON
+    readers (``jq``, browsers, most languages) refuse."""
+    if isinstance(x, dict):
+        return {str(k): _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return _strict(x.tolist())
+    if x is None or isinstance(x, (str, bool)):
+        return x
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, Path):
+        return str(x)
+    v = float(x)  # as json.dumps(default=float) did for any other number type
+    return v if math.isfinite(v) else None
 
 
 def search_summary(p: dict) -> str:
@@ -1070,13 +1248,14 @@ def _esc(s: str) -> str:
     return html.escape(str(s))
 
 
-#: The plan table's columns (``plan_columns`` adds the interval column when the plan has seeds).
+#: The plan table's columns (``plan_columns`` adds the interval column when the plan has seeds, and
+#: names the per-GPU column after the statistic the recommendation ranks by).
 PLAN_COLUMNS = [
     "candidate",
     "goodput req/s",
     "edge req/s",
     "GPUs",
-    "goodput/GPU",
+    "edge/GPU",
     "attain@goodput",
     "attain@+tol",
     "TTFT p90 s",
@@ -1087,11 +1266,26 @@ PLAN_COLUMNS = [
     "preempt",
     "rejected",
 ]
+_PER_GPU_COLUMN = {"goodput_mean_rps": "mean edge/GPU", "goodput_est_rps": "edge/GPU", "goodput_rps": "goodput/GPU"}
+
+
+def _table_basis(p: dict) -> str:
+    """The statistic of the per-GPU column: the recommendation's, or while candidates stream in
+    (no recommendation yet) the one it will rank by when every candidate settles."""
+    basis = (p.get("recommendation") or {}).get("basis")
+    if basis:
+        return basis
+    return "goodput_mean_rps" if (p.get("seeds") or 1) > 1 else "goodput_est_rps"
 
 
 def plan_columns(p: dict) -> list[str]:
     cols = list(PLAN_COLUMNS)
+    cols[4] = _PER_GPU_COLUMN[_table_basis(p)]
     if (p.get("seeds") or 1) > 1:
+        # The verified goodput, its edge and the attainments beside them are the first seed's search.
+        seed = p.get("seed")
+        of = f" (seed {seed})" if seed is not None else " (first seed)"
+        cols[1], cols[2] = cols[1] + of, cols[2] + of
         cols.insert(3, f"edge over {p['seeds']} seeds ({p.get('confidence', DEFAULT_CONFIDENCE):.0%})")
     return cols
 
@@ -1106,6 +1300,7 @@ def candidate_row(p: dict, c: dict) -> list[str]:
     gpus = c.get("gpus_needed") if p.get("target_rate") else c["gpus"]
     sized = not p.get("target_rate") or "replicas_needed" in c  # an upper bound is not sized
     nxt = v.get("next_attainment")
+    basis = _table_basis(p)
     row = [
         c["name"]
         + (" (upper bound)" if c.get("upper_bound") else "")
@@ -1113,7 +1308,7 @@ def candidate_row(p: dict, c: dict) -> list[str]:
         f"{c['goodput_rps']:.3g}",
         _num(c.get("goodput_est_rps")),
         "-" if not sized else str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
-        f"{c['goodput_per_gpu_rps']:.3g}",
+        _num(_per_gpu(c, basis) if c.get(basis) else None),
         "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
         "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
         _num(op.get("ttft_p90_s")),
@@ -1127,7 +1322,7 @@ def candidate_row(p: dict, c: dict) -> list[str]:
     if seeds:
         ci = c.get("goodput_ci_rps")
         m = c.get("goodput_mean_rps")
-        row.insert(3, "-" if not ci else f"{m:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ±{(ci[1] - ci[0]) / 2 / m:.1%}")
+        row.insert(3, "-" if not (ci and m) else f"{m:.3g} [{ci[0]:.3g}, {ci[1]:.3g}] ±{(ci[1] - ci[0]) / 2 / m:.1%}")
     return row
 
 

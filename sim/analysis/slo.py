@@ -17,6 +17,7 @@ Definitions (DistServe, Zhong et al. 2024, §2):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from sim.errors import ConfigError
 
 DEFAULT_ATTAINMENT = 0.9
 _METRICS = ("ttft", "tpot", "e2e")
+_BOUND = "a finite latency bound in seconds (> 0)"
 _SLO_RE = re.compile(r"^(ttft|tpot|e2e)(?:_p(\d{1,2}(?:\.\d+)?))?_s$")
 
 
@@ -43,10 +45,17 @@ class SLO:
         bounds = [
             f"{m.upper()} ≤ {getattr(self, m + '_s'):g} s" for m in _METRICS if getattr(self, m + "_s") is not None
         ]
-        return f"{self.attainment:.0%} of requests with " + " and ".join(bounds)
+        return f"{percent_text(self.attainment)} of requests with " + " and ".join(bounds)
 
     def as_dict(self) -> dict:
         return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s, "attainment": self.attainment}
+
+
+def percent_text(fraction: float) -> str:
+    """``0.999`` → ``"99.9%"``: every digit the target has, since rounding to whole percents would
+    print a 99.9 % target as 100 %."""
+    # 12 significant digits drop the float noise of the ×100 (0.9 × 100 = 90.00000000000001).
+    return f"{fraction * 100:.12g}%"
 
 
 def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
@@ -67,14 +76,24 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
         try:
             value = float(raw)
         except ValueError:
-            raise ConfigError(f"--slo {key}", raw, "a latency bound in seconds (> 0)") from None
-        if not value > 0:
-            raise ConfigError(f"--slo {key}", raw, "a latency bound in seconds (> 0)")
+            raise ConfigError(f"--slo {key}", raw, _BOUND) from None
+        # An infinite bound is no bound: every rate would meet it, and plan.json cannot hold it.
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--slo {key}", raw, _BOUND)
         if m.group(1) in bounds:
             raise ConfigError("--slo", item, f"one bound per metric ({m.group(1)} given twice)")
         bounds[m.group(1)] = value
         if m.group(2) is not None:
-            percentiles.add(float(m.group(2)) / 100.0)
+            pct = float(m.group(2))
+            if not pct > 0:
+                # Checked here, not as --attainment below: the user typed this entry, not that flag.
+                raise ConfigError(
+                    "--slo",
+                    item,
+                    "a percentile in (0, 100) in the name, the share of requests that must meet the "
+                    "bound, e.g. ttft_p90_s",
+                )
+            percentiles.add(pct / 100.0)
     if not bounds:
         raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
     if attainment is None:

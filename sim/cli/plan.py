@@ -1,6 +1,7 @@
 """``kvsim plan SCENARIO --slo ...``: the command (registered in :mod:`sim.cli.main`; ``python -m sim.cli.plan`` runs it alone).
 
-Exit status: 0 a recommendation was made; 1 no candidate meets the SLO; 2 bad input.
+Exit status: 0 a recommendation was made; 1 none was (no candidate meets the SLO, or every one
+failed); 2 bad input.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def plan_command(
         "hybrid_tail-quantile): static, static-p95, "
         "static-p95-fallback, paged, ...",
     ),
-    target_rate: float | None = typer.Option(
-        None, "--target-rate", help="Requests/s to sustain: find the fewest replicas."
+    target_rate: str | None = typer.Option(
+        None,
+        "--target-rate",
+        metavar="REQ_PER_S",
+        help="Requests/s to sustain: find the fewest replicas.",
     ),
     tolerance: float = typer.Option(0.05, "--tolerance", help="Relative tolerance of the goodput search."),
     seeds: int = typer.Option(
@@ -68,12 +72,13 @@ def plan_command(
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
     from rich.table import Table
 
-    from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, write_plan
+    from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, problem_lines, write_plan
     from sim.analysis.slo import parse_slos
     from sim.config import parse_override
 
     try:
         slo_ = parse_slos(slo, attainment)
+        rate = _target_rate(target_rate)
         overrides = dict(parse_override(i) for i in set_ or [])
         names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
         from sim.limits import MAX_WORKERS
@@ -91,7 +96,7 @@ def plan_command(
 
         kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         if quiet:
-            p = plan(scenario, slo_, overrides, names, target_rate, tolerance, workers, **kw)
+            p = plan(scenario, slo_, overrides, names, rate, tolerance, workers, **kw)
         else:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -112,7 +117,7 @@ def plan_command(
                     slo_,
                     overrides,
                     names,
-                    target_rate,
+                    rate,
                     tolerance,
                     workers,
                     **kw,
@@ -138,8 +143,8 @@ def plan_command(
         for r in plan_rows(p):
             t.add_row(*r)
         console.print(t)
-        for s in p["skipped"]:
-            console.print(f"skipped {s['name']}: {s['reason']}")
+        for line in problem_lines(p):
+            console.print(line, highlight=False, markup=False)
         rec = p["recommendation"]
         console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
         for r in rec["reasons"]:
@@ -160,6 +165,24 @@ def plan_command(
         )
     if p["recommendation"]["candidate"] is None:
         raise typer.Exit(1)
+
+
+def _target_rate(raw: str | None) -> float | None:
+    """``--target-rate`` as typed, refused on one line naming the flag (typer's own float parsing
+    answers a bad number with a usage box, and a rate out of range would otherwise reach every
+    candidate's first run as ``workload.arrival.rate``)."""
+    from sim.analysis.planner import TARGET_RATE_ALLOWED
+    from sim.limits import MAX_RATE, MIN_RATE
+
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError("--target-rate", raw, TARGET_RATE_ALLOWED) from None
+    if not MIN_RATE <= value <= MAX_RATE:
+        raise ConfigError("--target-rate", raw, TARGET_RATE_ALLOWED)
+    return value
 
 
 def _main() -> None:
