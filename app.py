@@ -769,14 +769,14 @@ def page_sweeps() -> None:
             for a in lines:
                 st.markdown(f"- {a}")
         st.caption(PL.search_summary(p))
-        for s_ in p.get("skipped", []):
-            st.caption(f"skipped {s_['name']}: {s_['reason']}")
+        for line in PL.problem_lines(p):
+            st.caption(line)
         a, b = st.columns(2)
         a.plotly_chart(plots.attainment_vs_rate(p), key="plan_attain", theme=None)
         b.plotly_chart(plots.latency_throughput(p), key="plan_lat", theme=None)
         st.download_button(
             "plan.json",
-            json.dumps(p, indent=1, default=float),
+            PL.plan_json(p),
             "plan.json",
             "application/json",
             on_click="ignore",

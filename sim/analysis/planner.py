@@ -61,6 +61,7 @@ __all__ = [
     "plan",
     "plan_candidate",
     "plan_columns",
+    "plan_json",
     "plan_rows",
     "problem_lines",
     "recommend",
@@ -1170,13 +1171,18 @@ def recommend(p: dict) -> dict:
 # --- outputs --------------------------------------------------------------------------
 
 
-def write_plan(p: dict, out: str | Path) -> Path:
-    """``plan.json`` and ``plan.html`` (plotly; needs the ``report`` extra) into ``out``."""
+def plan_json(p: dict) -> str:
+    """``p`` as strict JSON (no NaN or infinity: ``null``), as ``plan.json`` holds it."""
     import json
 
-    out = out_dir(out)
     # allow_nan=False: a NaN or infinity that slipped past _strict fails here, not in the reader.
-    text = json.dumps(_strict(p), indent=1, allow_nan=False) + "\n"
+    return json.dumps(_strict(p), indent=1, allow_nan=False) + "\n"
+
+
+def write_plan(p: dict, out: str | Path) -> Path:
+    """``plan.json`` and ``plan.html`` (plotly; needs the ``report`` extra) into ``out``."""
+    out = out_dir(out)
+    text = plan_json(p)
     replace_file(out / "plan.json", lambda path: path.write_text(text))
     from sim.analysis import plots
     from sim.analysis.report import write_html
