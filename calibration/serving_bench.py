@@ -225,7 +225,7 @@ def _bad(path: Path, where: str, column: str, value: Any, allowed: str) -> Confi
 
 #: A number as benchmark files write one: ASCII digits, a point, an exponent (Python's ``float``
 #: would also take ``1_024`` and other scripts' digits, which no benchmark tool writes).
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE | re.ASCII)
 
 
 def _float(raw: Any) -> float:

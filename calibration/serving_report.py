@@ -238,6 +238,33 @@ def variant_lines(rows: list[BenchRow]) -> list[str]:
     return [n for n in notes if n is not None]
 
 
+def context_lines(rows: list[BenchRow]) -> list[str]:
+    """One line per model with runs asking for more tokens (isl + osl) than its context
+    (``max_position_embeddings``): a server started without a longer one refuses them, and a
+    typo in a length column looks the same, so they are said and simulated as given."""
+    from sim.catalog import MODELS
+    from sim.hf_config import read_hf_config, resolve_hf_config
+
+    out = []
+    for m in sorted({r.model for r in rows}):
+        section = resolve_model(m)
+        if section.get("hf_config"):
+            ctx = read_hf_config(resolve_hf_config(section["hf_config"])).spec.max_position
+        elif section.get("name") in MODELS:
+            ctx = MODELS[section["name"]].max_position
+        else:
+            continue
+        over = [r.isl + r.osl for r in rows if r.model == m and r.isl + r.osl > ctx]
+        if over:
+            n = len(over)
+            out.append(
+                f"{m}: {n} run{'s' if n > 1 else ''} ask{'' if n > 1 else 's'} for more tokens than its context of "
+                f"{ctx:,} positions (max_position_embeddings; the longest {max(over):,} = isl + osl): a server "
+                "started without a longer context refuses them; simulated as given"
+            )
+    return out
+
+
 def _is_training_file(path: str) -> bool:
     try:
         return Path(path).resolve() == TRAINING_FILE.resolve()
@@ -778,7 +805,9 @@ def validate_serving_bench(
     meet = clients_mode(clients)
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
-        for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
+        for line in (
+            skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows) + context_lines(rows)
+        ):
             log(line)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
@@ -1147,6 +1176,7 @@ def calibrate_from_serving_bench(
             + served_by_line(path, rows, served)
             + clients_line(path, checked.given, meet, served)
             + variant_lines(rows)
+            + context_lines(rows)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
@@ -1197,6 +1227,7 @@ __all__ = [
     "unpinned_warnings",
     "skipped_lines",
     "few_runs_lines",
+    "context_lines",
     "table_rows",
     "HEADER",
     "RowResult",

@@ -78,6 +78,7 @@ from calibration.serving_report import (
     _rows,
     check_rows,
     clients_rows,
+    context_lines,
     fast_run_warnings,
     few_runs_lines,
     kernel_warnings,
@@ -2399,6 +2400,7 @@ def test_a_spreadsheets_file_reads_as_it_looks(tmp_path):
         f"{LLAMA},h100_sxm,vllm,1,128,16,2,20.5\n"
         f"{LLAMA},h100_sxm,vllm,1,1_024,16,2,20.5,7.25\n"
         f"{LLAMA},h100_sxm,vllm,1,128,16,2,1e-300,7.25\n"
+        f"{LLAMA},h100_sxm,vllm,1,128,16,2,\u0665\u0660,7.25\n"
     )
     problems: list[str] = []
     (r,) = read_bench(p, problems)
@@ -2408,6 +2410,7 @@ def test_a_spreadsheets_file_reads_as_it_looks(tmp_path):
         f"{p}: row 6, cells: got 8; one per column of the header: 9",
         f"{p}: row 7, isl: got '1_024'; an integer in [1, 16777216]",
         f"{p}: row 8, ttft_ms: got '1e-300'; milliseconds, a number in [0.001, 86400000] (a day)",
+        f"{p}: row 9, ttft_ms: got '\u0665\u0660'; milliseconds, a number in [0.001, 86400000] (a day)",
     ]
 
 
@@ -2462,3 +2465,11 @@ def test_a_run_of_one_output_token_is_fitted_on_its_ttft():
     assert objective([RowResult(one, 22.0, None)]) == pytest.approx(abs(math.log(22.0 / 20.0)))
     # Any other run without a simulated TPOT failed.
     assert objective([RowResult(row(), 22.0, None)]) == 3.0
+
+
+def test_runs_longer_than_the_models_context_are_said():
+    long = row(model="Qwen/Qwen3-8B", isl=200_000, osl=128)
+    (line,) = context_lines([long, row(model="Qwen/Qwen3-8B"), row()])
+    assert line.startswith("Qwen/Qwen3-8B: 1 run asks for more tokens than its context of 40,960 positions")
+    assert "the longest 200,128 = isl + osl" in line
+    assert context_lines([row(isl=100_000, osl=31_072)]) == []  # Llama-3.1's 131,072 positions hold it
