@@ -21,7 +21,7 @@ from sim import explorer as X
 from sim.allocators import KINDS
 from sim.analysis import plots
 from sim.catalog import GPUS
-from sim.config import apply_overrides
+from sim.config import SCENARIO_DIR, apply_overrides
 from sim.errors import ConfigError
 
 st.set_page_config(page_title="kvsim explorer", page_icon="🧮", layout="wide")
@@ -150,7 +150,7 @@ def current_scenario():
 
 
 def trace_options(need_arrivals: bool = False) -> list[str]:
-    names = list(X.builtin_traces())
+    names = X.builtin_arrival_traces() if need_arrivals else list(X.builtin_traces())
     names += [n for n, t in store().traces.items() if t.has_arrivals or not need_arrivals]
     return names
 
@@ -251,6 +251,7 @@ def knob_widgets(allocator: bool = True) -> None:
         knob("number_input", "Replicas", "gpu.replicas", c1, min_value=1, max_value=4096, step=1)
         knob("selectbox", "Tensor parallel", "gpu.tensor_parallel", c2, options=[1, 2, 4, 8])
         knob("selectbox", "KV dtype", "model.kv_dtype", st, options=["bf16", "fp16", "fp8", "int4"])
+        dtypes = st.empty()  # filled once every knob is read: the dtypes depend on the model picked
         profiles = ["auto", "none", *X.builtin_profiles(), *store().profiles]
         knob(
             "selectbox",
@@ -366,6 +367,17 @@ def knob_widgets(allocator: bool = True) -> None:
         knob("number_input", "TPOT bound (s, 0 = none)", "slo.tpot_s", st, min_value=0.0, step=0.01, format="%.3f")
         knob("number_input", "Attainment target", "slo.attainment", st, min_value=0.01, max_value=1.0, step=0.05)
         knob("number_input", "Seed", "seed", st, step=1)
+    simulated_dtypes(dtypes)
+
+
+def simulated_dtypes(where) -> None:
+    """The dtypes the run will use: a picked model brings its checkpoint's, which the KV dtype
+    widget (still showing the scenario's value) does not."""
+    try:
+        m = current_scenario()[1].model
+    except ConfigError:
+        return
+    where.caption(f"Simulated dtypes: weights `{m.weight_dtype}` · KV cache `{m.kv_dtype}`")
 
 
 # --- Explore --------------------------------------------------------------------------------
@@ -662,7 +674,9 @@ def page_sweeps() -> None:
             bar.empty()
     show_error(st, S.get("sweep_error"))
     table = S.get("sweep_table")
-    if table is not None:
+    if table is not None and not X.numeric_columns(table):
+        st.info("This dataset has no numeric column to plot.")
+    elif table is not None:
         st.dataframe(table.to_pandas(), key="sweep_df", height=220)
         cols = table.column_names
         numeric = X.numeric_columns(table)
@@ -776,7 +790,7 @@ def page_sweeps() -> None:
         b.plotly_chart(plots.latency_throughput(p), key="plan_lat", theme=None)
         st.download_button(
             "plan.json",
-            PL.plan_json(p),
+            X.plan_download(p, (str(store().dir), str(SCENARIO_DIR))),
             "plan.json",
             "application/json",
             on_click="ignore",

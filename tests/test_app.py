@@ -241,3 +241,28 @@ def test_explore_a_shipped_mixture_of_experts_config(at):
     assert m["TTFT p99 (s)"] != "–"
     status = " ".join(c.value for c in at.caption)
     assert "cost model `h100-sxm`" in status and "uncalibrated" not in status, status
+
+
+def test_model_picker_simulates_the_checkpoint_dtypes(at):
+    at.selectbox(key="knob.model.name").set_value("Qwen/Qwen3-32B-FP8").run()
+    assert not at.exception, at.exception
+    shown = " ".join(c.value for c in at.caption)
+    assert "Simulated dtypes: weights `fp8_block`" in shown, shown
+
+
+def test_malformed_fit_quality_upload_keeps_calibration_page(at):
+    import json
+
+    from sim.cost.profile import PROFILE_DIR, list_profiles
+
+    if "h100-sxm" not in list_profiles():
+        pytest.skip("no h100-sxm profile")
+    doc = json.loads((PROFILE_DIR / "h100-sxm.json").read_text())
+    doc["fit_quality"]["gemm"]["overall"]["median_rel_err"] = "n/a"
+    at.radio(key="page").set_value("Calibration").run()
+    at.file_uploader(key="profile_upload").upload("mine.json", json.dumps(doc).encode(), "application/json")
+    at.run()
+    assert not at.exception, at.exception
+    assert "fit_quality.gemm.overall.median_rel_err" in " ".join(e.value for e in at.error)
+    at.run()
+    assert not at.exception and "mine" not in at.selectbox(key="prof_name").options

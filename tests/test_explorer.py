@@ -384,3 +384,111 @@ def test_app_command(monkeypatch):
     cmd = seen["cmd"]
     assert cmd[:4] == [sys.executable, "-m", "streamlit", "run"] and cmd[4] == str(X.APP_PATH)
     assert X.APP_PATH.is_file() and cmd[-2:] == ["--server.port", "9999"]
+
+
+# --- defects found with AppTest -------------------------------------------------------------
+
+
+def test_picking_a_model_takes_its_checkpoint_dtypes():
+    base = X.builtin_scenario("chat-api")
+    assert base["model"]["weight_dtype"] == "bf16"  # the pin that must not follow a new model
+    knobs = X.knobs_from_scenario(base)
+    knobs["model.name"] = "Qwen/Qwen3-32B-FP8"
+    data = X.edited_scenario(base, knobs)
+    assert "weight_dtype" not in data["model"] and "kv_dtype" not in data["model"]
+    assert X.resolve_scenario(data).model.weight_dtype != "bf16"  # as `kvsim run --model` gives
+    knobs["model.kv_dtype"] = "fp8"  # set in the page: kept
+    assert X.edited_scenario(base, knobs)["model"]["kv_dtype"] == "fp8"
+    # The base's own model keeps its pinned dtypes.
+    assert X.edited_scenario(base, X.knobs_from_scenario(base))["model"]["weight_dtype"] == "bf16"
+
+
+def _profile_doc() -> dict:
+    from sim.cost.profile import PROFILE_DIR, list_profiles
+
+    if "h100-sxm" not in list_profiles():
+        pytest.skip("no h100-sxm profile")
+    return json.loads((PROFILE_DIR / "h100-sxm.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d["fit_quality"]["gemm"]["overall"].__setitem__("median_rel_err", "n/a"), "gemm.overall"),
+        (lambda d: d["fit_quality"].__setitem__("gemm", "bad"), "fit_quality.gemm"),
+    ],
+)
+def test_profile_with_malformed_fit_quality_is_refused(store, mutate, where):
+    doc = _profile_doc()
+    mutate(doc)
+    with pytest.raises(ConfigError, match=where):
+        store.add_profile("mine.json", json.dumps(doc).encode())
+    assert not store.profiles
+
+
+def test_profile_rows_tolerate_malformed_fit_quality():
+    class P:
+        provenance: dict = {}
+        device: dict = {}
+        fit_quality = {"gemm": "bad", "context_attention": {"overall": {"median_rel_err": "x", "p95_rel_err": 1}}}
+
+    row = X.profile_rows(["p"], loader=lambda n: P())[0]
+    assert row["gemm median / p95 err"] == "–" and row["context_attention median / p95 err"] == "–"
+
+
+def test_overlong_integers_are_one_readable_error(store):
+    big = "1" * 5000
+    with pytest.raises(ConfigError, match="4,300 digits"):
+        store.parse_scenario("s.yaml", f"seed: {big}\n".encode())
+    with pytest.raises(ConfigError, match="4,300 digits"):
+        store.add_profile("p.json", b'{"a": ' + b"1" * 100_000 + b"}")
+    with pytest.raises(ConfigError, match="gpu.replicas.*digits"):
+        X.parse_axis_values(big, "gpu.replicas")
+
+
+def test_sweep_upload_without_numeric_columns_is_refused():
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"allocator.kind": ["a", "b"]}), buf)
+    with pytest.raises(ConfigError, match="numeric column"):
+        X.read_sweep_upload("s.parquet", buf.getvalue())
+
+
+def test_arrival_trace_choices_have_arrival_times():
+    from sim.workload.traces import read_trace
+
+    names = X.builtin_arrival_traces()
+    assert names and set(names) < set(X.builtin_traces())
+    for name, path in X.builtin_traces().items():
+        assert (name in names) == (read_trace(path).arrival_s is not None), name
+
+
+def test_plan_needs_an_slo_bound(store):
+    slo = X.slo_from_knobs({**X.DEFAULT_SLO, "slo.ttft_s": 0.0, "slo.tpot_s": 0.0})
+    with pytest.raises(ConfigError, match="at least one bound"):
+        X.run_small_plan(SMALL, slo, ["paged"], 50, store)
+
+
+def test_messages_and_plan_download_hide_server_paths():
+    base = X.builtin_scenario("chat-api")  # empirical lengths from a built-in trace
+    knobs = X.knobs_from_scenario(base)
+    knobs.update({"workload.lengths.kind": "uniform", "workload.lengths.prompt_min": 500})
+    knobs["workload.lengths.prompt_max"] = 100
+    with pytest.raises(ConfigError) as exc:
+        X.resolve_scenario(X.edited_scenario(base, knobs))
+    assert "prompt_min" in str(exc.value) and "traces/" not in str(exc.value)
+    plan = {"scenario": "x", "scenario_file": "/tmp/kvsim-app-abc/plans/1/scenario.yaml", "note": "/srv/d/a.csv"}
+    text = X.plan_download(plan, ("/srv/d",))
+    assert "kvsim-app" not in text and "/srv/d" not in text and "a.csv" in text
+
+
+@pytest.mark.parametrize(
+    "content, key",
+    [
+        (b"model: {name: /etc/passwd}\n", "model.name"),
+        (b"gpu: {name: /etc/passwd}\n", "gpu.name"),
+        (b"allocator: {kind: static, reserve: p101}\n", "allocator.reserve"),
+    ],
+)
+def test_scenario_upload_that_cannot_run_is_refused(store, content, key):
+    with pytest.raises(ConfigError, match=key):
+        store.parse_scenario("s.yaml", content)

@@ -41,7 +41,7 @@ from sim.explorer.calibration_view import (
     profile_rows,
 )
 from sim.explorer.compare import ALLOCATOR_KNOBS, allocator_label, allocator_overrides, compare_rows, unique_labels
-from sim.explorer.downloads import figures_html, table_bytes
+from sim.explorer.downloads import figures_html, plan_download, table_bytes
 from sim.explorer.knobs import (
     ARRIVAL_KNOBS,
     LENGTH_KNOBS,
@@ -57,7 +57,14 @@ from sim.explorer.knobs import (
 from sim.explorer.kpi import DEFAULT_SLO, KPI_LABELS, KPI_SPEC, format_kpi, kpi_delta, kpis, slo_from_knobs
 from sim.explorer.launcher import APP_PATH, app_command
 from sim.explorer.runs import RunData, canonical_json, empty_run, run_canonical, scenario_from_canonical
-from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_scenario, builtin_scenarios, builtin_traces
+from sim.explorer.shipped import (
+    TRACE_EXTENSIONS,
+    builtin_arrival_traces,
+    builtin_profiles,
+    builtin_scenario,
+    builtin_scenarios,
+    builtin_traces,
+)
 from sim.explorer.sweeps import (
     MAX_AXIS_VALUES,
     MAX_SWEEP_POINTS,
@@ -106,6 +113,7 @@ __all__ = [
     "MAX_SWEEP_POINTS",
     "MAX_DATASET_BYTES",
     "MAX_UPLOAD_BYTES",
+    "plan_download",
     "plan_stream_rows",
     "SWEEP_AXES",
     "TRACE_EXTENSIONS",
@@ -119,6 +127,7 @@ __all__ = [
     "allocator_label",
     "allocator_overrides",
     "app_command",
+    "builtin_arrival_traces",
     "builtin_profiles",
     "builtin_scenario",
     "builtin_scenarios",

@@ -44,12 +44,19 @@ def profile_rows(names: list[str] | None = None, loader=None) -> list[dict[str, 
             "backend": prov.get("backend", ""),
         }
         for fam in ("gemm", "context_attention", "generation_attention"):
-            o = (fq.get(fam) or {}).get("overall") or {}
+            fam_q = fq.get(fam) if isinstance(fq, dict) else None
+            o = fam_q.get("overall") if isinstance(fam_q, dict) else None
+            o = o if isinstance(o, dict) else {}
             med, p95 = o.get("median_rel_err"), o.get("p95_rel_err")
-            row[f"{fam} median / p95 err"] = f"{med:.1%} / {p95:.1%}" if med is not None and p95 is not None else "–"
+            # A profile written by hand may carry anything here: show what is a number, "–" otherwise.
+            row[f"{fam} median / p95 err"] = f"{med:.1%} / {p95:.1%}" if _is_number(med) and _is_number(p95) else "–"
         row.update({"date": prov.get("date", ""), "source": prov.get("source", "")})
         rows.append(row)
     return rows
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 CURVE_FAMILIES = ("gemm", "generation_attention", "context_attention", "allreduce")

@@ -41,3 +41,23 @@ def _html_escape(s: str) -> str:
     import html
 
     return html.escape(str(s))
+
+
+def plan_download(p: Mapping[str, Any], hidden_dirs: tuple = ()) -> str:
+    """``plan.json`` for the page's download: the plan ran on a scenario written into the session's
+    private folder, a server path that means nothing to the user (and should not be shown), so
+    ``scenario_file`` is left out and any other path under ``hidden_dirs`` is made relative."""
+    import json
+
+    from sim.analysis.planner import plan_json
+
+    out = dict(p)
+    out.pop("scenario_file", None)
+    text = plan_json(out)
+    for d in hidden_dirs:
+        if not d:
+            continue
+        # Paths sit inside JSON strings: replace their JSON-escaped spelling.
+        prefix = json.dumps(str(d).rstrip("/") + "/")[1:-1]
+        text = text.replace(prefix, "")
+    return text

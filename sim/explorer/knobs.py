@@ -177,10 +177,35 @@ def model_choices() -> list[str]:
     return [*MODELS, *shipped_models()]
 
 
+#: Model fields a scenario may pin that describe one checkpoint, not the deployment.
+_CHECKPOINT_DTYPES = ("weight_dtype", "kv_dtype")
+
+
 def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
-    """The raw scenario mapping after the knob edits (file references still as the user named them)."""
+    """The raw scenario mapping after the knob edits (file references still as the user named them).
+
+    Picking another model drops the dtypes the base scenario pinned (unless edited in the page),
+    as ``kvsim run --model`` does by replacing the model section: a ``bf16`` pinned for the base
+    scenario's model would otherwise simulate an FP8 checkpoint with bf16 weights.
+    """
     ref = scenario_from_dict(base)
-    return apply_overrides(base, overrides_from_knobs(knobs, ref))
+    overrides = overrides_from_knobs(knobs, ref)
+    data = apply_overrides(base, overrides)
+    if ("model.name" in overrides or "model.hf_config" in overrides) and isinstance(data.get("model"), dict):
+        for f in _CHECKPOINT_DTYPES:
+            if f"model.{f}" not in overrides:
+                data["model"].pop(f, None)
+    # A kind picked in the page drops the fields only other kinds read: a trace path left over from
+    # an empirical base would otherwise travel into the YAML download and into error messages.
+    for section, table in (("lengths", LENGTH_KNOBS), ("arrival", ARRIVAL_KNOBS)):
+        kind = overrides.get(f"workload.{section}.kind")
+        node = (data.get("workload") or {}).get(section)
+        if kind is None or not isinstance(node, dict):
+            continue
+        own = set(table.get(kind, ()))
+        for f in {f for k, fields in table.items() if k != kind for f in fields} - own:
+            node.pop(f, None)
+    return data
 
 
 def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: Sequence[str] = ()) -> str:

@@ -53,3 +53,24 @@ def run_canonical(key: str, progress: Callable[[int, int], None] | None = None) 
     sc = scenario_from_canonical(key)
     res = simulate(sc, progress=progress, budget=EXPLORER_BUDGET)
     return RunData(key, res.summary, res.requests, res.timeseries, res.run_info.get("wall_s", 0.0), sc.name)
+
+
+def check_runnable(sc: Scenario) -> None:
+    """Build what a run of ``sc`` builds (workload, deployment, allocator, cost model) without
+    simulating, so an upload that could never run is refused at once rather than at Run.
+
+    The request count is capped for the check: the page's Requests knob may still lower it, and
+    a large count only costs time here.
+    """
+    from sim.engine.deployment import Deployment, with_engine_defaults
+    from sim.workload.generator import build_workload, total_length_percentile
+
+    sc = with_engine_defaults(sc)
+    limit = EXPLORER_BUDGET.max_requests or 1000
+    n = sc.workload.num_requests
+    if n is not None and n > limit:
+        sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"num_requests": limit})})
+    wl = build_workload(sc)
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
+    dep.make_allocator(sc)
+    dep.make_cost_model(sc)

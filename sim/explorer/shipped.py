@@ -3,6 +3,7 @@ only these and what its session uploaded, :mod:`sim.explorer.uploads`)."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from sim.config import SCENARIO_DIR, list_scenarios, read_scenario_dict, scenario_from_dict
@@ -18,6 +19,22 @@ def builtin_traces() -> dict[str, Path]:
         if p.is_file() and p.suffix.lower() in TRACE_EXTENSIONS:
             out[p.relative_to(SCENARIO_DIR).as_posix()] = p
     return out
+
+
+@lru_cache(maxsize=64)
+def _has_arrivals(path: str, mtime: float) -> bool:
+    from sim.workload.traces import read_trace
+
+    try:
+        return read_trace(Path(path), "auto").arrival_s is not None
+    except ConfigError:
+        return False
+
+
+def builtin_arrival_traces() -> list[str]:
+    """The built-in traces with arrival times (``workload.arrival.kind: trace`` needs them; the
+    length-statistics files have none), as uploaded traces are filtered by ``has_arrivals``."""
+    return [name for name, p in builtin_traces().items() if _has_arrivals(str(p), p.stat().st_mtime)]
 
 
 def builtin_profiles() -> list[str]:

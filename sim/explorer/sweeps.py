@@ -4,6 +4,7 @@ goodput plan of the edited scenario run in the session folder, and a dataset's d
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +44,14 @@ def parse_axis_values(text: str, key: str) -> list:
             v = yaml.safe_load(raw)
         except yaml.YAMLError:
             v = raw
+        except ValueError:
+            # PyYAML hands an over-long integer literal to int(), which refuses more than
+            # sys.get_int_max_str_digits() digits (and so would every reader downstream).
+            raise ConfigError(
+                key,
+                f"a number of {len(raw):,} digits",
+                f"plain numbers of at most {sys.get_int_max_str_digits():,} digits separated by commas",
+            ) from None
         if not isinstance(v, (int, float, str)) or isinstance(v, bool):
             raise ConfigError(key, raw, "plain numbers or words separated by commas")
         values.append(v)
@@ -117,6 +126,11 @@ def run_small_plan(
     ``on_candidate`` receives each candidate as it finishes (the page streams them into its table)."""
     from sim.analysis.planner import plan
 
+    if not (getattr(slo, "ttft_s", None) or getattr(slo, "tpot_s", None)):
+        # Every run meets an SLO without bounds: the plan would recommend "within the SLO" for nothing.
+        raise ConfigError(
+            "SLO", "TTFT bound 0 and TPOT bound 0", "at least one bound above 0 for a plan (sidebar: SLO)"
+        )
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "plans")
     return plan(

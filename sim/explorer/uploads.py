@@ -12,8 +12,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
+import math
 import re
 import shutil
+import sys
 import tempfile
 import weakref
 from collections.abc import Mapping
@@ -50,6 +52,18 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
+def too_long_number(exc: ValueError, what: str, source: str) -> ConfigError:
+    """A parser's ValueError on untrusted text as one readable line: Python refuses to convert an
+    integer literal of more than ``sys.get_int_max_str_digits()`` digits (4,300 by default), and
+    neither PyYAML nor ``json`` turns that into a syntax error."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if "integer string conversion" in str(exc):
+        limit = sys.get_int_max_str_digits()
+        return ConfigError(what, source, f"numbers of at most {limit:,} digits (an integer in it is longer)")
+    return ConfigError(what, source, f"a readable file ({type(exc).__name__})")
+
+
 def _check_size(data: bytes, limit: int, what: str) -> None:
     if len(data) > limit:
         raise ConfigError(what, f"{len(data) / 1e6:.1f} MB", f"a file of at most {limit / 1e6:.1f} MB")
@@ -62,8 +76,8 @@ def safe_yaml(data: bytes, what: str = "scenario upload") -> Any:
     parses: sim/inputs.py), and without anchors or aliases (a few lines of aliases can expand into
     gigabytes once walked: the "billion laughs")."""
     text = decode(data, "the uploaded file", what, "YAML text file")
-    load_yaml(text, what, "the uploaded file")  # nesting and syntax, before the event scan below
     try:
+        load_yaml(text, what, "the uploaded file")  # nesting and syntax, before the event scan below
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
                 raise ConfigError(what, "YAML anchor/alias", "plain YAML without anchors (&) or aliases (*)")
@@ -73,6 +87,8 @@ def safe_yaml(data: bytes, what: str = "scenario upload") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(what, "invalid YAML", f"valid YAML ({first}{where})") from None
+    except ValueError as exc:
+        raise too_long_number(exc, what, "the uploaded file") from None
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -178,6 +194,39 @@ def resolve_scenario(
     return scenario_from_dict(resolve_paths(data, traces, profiles), base_dir=SCENARIO_DIR)
 
 
+#: Fit-quality families the Calibration page tabulates.
+_FIT_FAMILIES = ("gemm", "context_attention", "generation_attention")
+
+
+def _check_fit_quality(doc: Any, name: str) -> None:
+    """The ``fit_quality`` section the Calibration page shows: the profile format leaves it free,
+    so an upload could pass validation and still break the page's table on every rerun."""
+    if not isinstance(doc, dict) or "fit_quality" not in doc:
+        return
+    fq = doc["fit_quality"]
+    if not isinstance(fq, dict):
+        raise ConfigError(f"{name}: fit_quality", fq, "a mapping of kernel family → held-out errors")
+    for fam in _FIT_FAMILIES:
+        if fam in fq and not isinstance(fq[fam], dict):
+            raise ConfigError(f"{name}: fit_quality.{fam}", fq[fam], "a mapping (overall, groups)")
+        overall = fq.get(fam, {}).get("overall")
+        if overall is not None and not isinstance(overall, dict):
+            raise ConfigError(f"{name}: fit_quality.{fam}.overall", overall, "a mapping of error statistics")
+
+    def walk(node: Any, path: str, depth: int = 0) -> None:
+        if depth > MAX_NESTING or not isinstance(node, dict):
+            return
+        for k, v in node.items():
+            sub = f"{path}.{k}"
+            if str(k).endswith("_rel_err") and not (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+            ):
+                raise ConfigError(f"{name}: {sub}", v, "a relative error: a finite number ≥ 0")
+            walk(v, sub, depth + 1)
+
+    walk(fq, "fit_quality")
+
+
 @dataclass
 class UploadedTrace:
     name: str
@@ -242,6 +291,8 @@ class UploadStore:
             raise ConfigError(f"trace {name}", name, exc.allowed) from None
         except Exception as exc:  # noqa: BLE001 - any reader failure on untrusted bytes is a bad file
             shutil.rmtree(path.parent, ignore_errors=True)
+            if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+                raise too_long_number(exc, f"trace {name}", name) from None
             raise ConfigError(f"trace {name}", name, f"a readable trace ({type(exc).__name__})") from None
         info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None, fmt if fmt != "auto" else "auto")
         self.traces[name] = info
@@ -255,8 +306,12 @@ class UploadStore:
         what = "profile upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         name = safe_filename(filename, (".json",), what)
-        doc = load_json(decode(data, name, what, "JSON file"), what, name)
+        try:
+            doc = load_json(decode(data, name, what, "JSON file"), what, name)
+        except ValueError as exc:
+            raise too_long_number(exc, what, name) from None
         validate_profile(doc, name)  # the whole format, naming the JSON path of a bad value
+        _check_fit_quality(doc, name)
         Profile.from_json(doc, name, checked=True)
         key = name.removesuffix(".json")
         if key in builtin_profiles() or key in ("none", "auto"):
@@ -272,7 +327,17 @@ class UploadStore:
         doc = safe_yaml(data, what)
         if not isinstance(doc, dict):
             raise ConfigError(what, type(doc).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
-        resolve_scenario(doc, self.trace_paths(), self.profiles)
+        from sim.explorer.runs import check_runnable
+
+        sc = resolve_scenario(doc, self.trace_paths(), self.profiles)
+        # The schema alone passes names that only a run looks up (model, GPU, reserve pNN): a
+        # file that can never run is refused now, with the previous scenario kept, not at Run.
+        try:
+            check_runnable(sc)
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, LookupError) as exc:
+            raise ConfigError(what, filename, f"a scenario that can run ({error_text(exc)})") from None
         return doc
 
 
@@ -301,4 +366,9 @@ def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
         raise ConfigError(what, filename, f"a readable Parquet file ({type(exc).__name__})") from None
     if table.num_rows == 0:
         raise ConfigError(what, filename, "a dataset with at least one row")
+    if not any(pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in table.schema):
+        cols = ", ".join(table.column_names[:8]) + (", …" if table.num_columns > 8 else "")
+        raise ConfigError(
+            what, filename, f"a dataset with at least one numeric column to plot (its columns: {cols or 'none'})"
+        )
     return table
