@@ -229,12 +229,13 @@ class ArrivalConfig(_Section):
 
     @model_validator(mode="after")
     def _needs(self):
+        # Each names the missing field itself, not the whole section (with a path left from another kind).
         if self.kind in ("poisson", "gamma") and self.rate is None:
-            raise ValueError(f"arrival kind {self.kind!r} needs 'rate' (requests/s, > 0)")
+            raise FieldError("rate", None, f"requests/s, > 0 (arrival kind {self.kind!r} needs it)")
         if self.kind == "trace" and not self.path:
-            raise ValueError("arrival kind 'trace' needs 'path' (a trace file)")
+            raise FieldError("path", None, "a trace file (arrival kind 'trace' needs it)")
         if self.kind == "closed_loop" and self.concurrency is None:
-            raise ValueError("arrival kind 'closed_loop' needs 'concurrency' (clients, >= 1)")
+            raise FieldError("concurrency", None, "clients, >= 1 (arrival kind 'closed_loop' needs it)")
         return self
 
 
@@ -260,13 +261,13 @@ class LengthsConfig(_Section):
     def _needs(self):
         if self.kind == "uniform":
             if self.prompt_min > self.prompt_max:
-                raise ValueError(f"prompt_min {self.prompt_min} > prompt_max {self.prompt_max}")
+                raise FieldError("prompt_min", self.prompt_min, f"at most prompt_max ({self.prompt_max})")
             if self.output_min > self.output_max:
-                raise ValueError(f"output_min {self.output_min} > output_max {self.output_max}")
+                raise FieldError("output_min", self.output_min, f"at most output_max ({self.output_max})")
         if self.kind == "empirical" and not self.path:
-            raise ValueError("lengths kind 'empirical' needs 'path' (a trace or length-stats file)")
+            raise FieldError("path", None, "a trace or length-stats file (lengths kind 'empirical' needs it)")
         if self.kind == "mixture" and self.base is None:
-            raise ValueError("lengths kind 'mixture' needs 'base' (another lengths block)")
+            raise FieldError("base", None, "another lengths block (lengths kind 'mixture' needs it)")
         return self
 
 

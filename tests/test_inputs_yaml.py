@@ -11,7 +11,7 @@ from sim.analysis.sweep import load_sweep
 from sim.config import LengthsConfig, load_scenario, parse_override, read_scenario_dict
 from sim.engine.cluster import simulate
 from sim.errors import ConfigError
-from sim.inputs import load_yaml
+from sim.inputs import load_json, load_yaml
 from sim.workload.generator import build_workload
 
 NO_COUNT = "workload.num_requests: got None; an integer in [1, 10000000] (or set workload.duration_s)"
@@ -152,3 +152,34 @@ def test_an_empty_hf_config_is_refused_as_empty():
     with pytest.raises(ConfigError) as e:
         load_scenario("chat-api", {"model.hf_config": ""})
     assert str(e.value) == "model.hf_config: got ''; a non-empty string"
+
+
+def test_an_integer_longer_than_python_reads_is_one_error(tmp_path):
+    """Python refuses integers of more than 4,300 digits (a guard against quadratic parsing): the
+    input's limit, said as such, in YAML and JSON alike."""
+    big = "1" * 5000
+    for text, load in ((f"seed: {big}\n", load_yaml), (f'{{"seed": {big}}}', load_json)):
+        with pytest.raises(ConfigError, match="numbers of at most 4,300 digits"):
+            load(text, "scenario", "big")
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        (
+            {
+                "workload.lengths.kind": "uniform",
+                "workload.lengths.prompt_min": 5000,
+                "workload.lengths.prompt_max": 10,
+            },
+            "workload.lengths.prompt_min: got 5000; at most prompt_max (10)",
+        ),
+        ({"workload.arrival.kind": "closed_loop"}, "workload.arrival.concurrency: got None; clients, >= 1"),
+        ({"workload.lengths.kind": "mixture"}, "workload.lengths.base: got None; another lengths block"),
+    ],
+)
+def test_a_missing_or_inconsistent_field_is_named_alone(over, message):
+    """Not the whole section: chat-api's lengths carry a trace path the message has no use for."""
+    with pytest.raises(ConfigError) as e:
+        load_scenario("chat-api", over)
+    assert str(e.value).startswith(message) and "traces/" not in str(e.value)
