@@ -308,6 +308,10 @@ def _profile(tmp_path, edit) -> str:
         (lambda d: d["memory"].pop("latency_s"), "memory.latency_s: got nothing"),
         (lambda d: d["elementwise"].pop("kernels_per_layer"), "elementwise.kernels_per_layer: got nothing"),
         (lambda d: d["memory"].__setitem__("bandwidth_bytes_per_s", 0), "memory.bandwidth_bytes_per_s: got 0"),
+        # The roofline divides by the device's peaks: 0 would leave every request unfinished.
+        (lambda d: d["device"].__setitem__("peak_bf16_flops", 0), "device.peak_bf16_flops: got 0; a number > 0"),
+        (lambda d: d["device"].pop("hbm_bandwidth"), "device.hbm_bandwidth: got nothing; a number > 0"),
+        (lambda d: d["device"].__setitem__("peak_fp8_flops", -1), "device.peak_fp8_flops: got -1; a number >= 0"),
         (lambda d: d["memory"].__setitem__("latency_s", -1e-6), "memory.latency_s: got -1e-06"),
         (lambda d: d["memory"].__setitem__("latency_s", "fast"), "memory.latency_s: got 'fast'; a number"),
         (lambda d: d["gemm"]["256x256:bf16"]["t_s"].__setitem__(3, math.nan), 'gemm["256x256:bf16"].t_s[3]: got nan'),

@@ -272,6 +272,21 @@ class ProfileDoc(_Part):
     #: MLA attention kernels: {backend: {"generation" | "context": {KV dtype: constants}}}.
     mla: dict[str, dict[Literal["generation", "context"], dict[str, MlaKernel]]] = {}
 
+    @field_validator("device")
+    @classmethod
+    def _peaks(cls, v: dict) -> dict:
+        # The roofline divides by these: a 0 would price every kernel at infinity, and a run would
+        # end with no request finished instead of an error.
+        for k in ("peak_bf16_flops", "hbm_bandwidth"):
+            x = v.get(k, _Nothing())
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+                raise _At((k,), x, "a number > 0 (FLOP/s or bytes/s)")
+        for k in ("peak_fp8_flops", "peak_fp4_flops"):
+            x = v.get(k)
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0):
+                raise _At((k,), x, "a number >= 0 (FLOP/s; 0 or null: none)")
+        return v
+
     @field_validator("allreduce")
     @classmethod
     def _gpus(cls, v: dict) -> dict:
