@@ -188,7 +188,7 @@ def scenario_source() -> None:
 
 def trace_upload(where) -> None:
     up = where.file_uploader(
-        "Upload a trace (CSV / JSONL / Parquet, ≤ 5 MB)", type=["csv", "jsonl", "parquet"], key="trace_upload"
+        "Upload a trace (CSV / JSONL / Parquet, ≤ 5 MiB)", type=["csv", "jsonl", "parquet"], key="trace_upload"
     )
     fmt = where.selectbox("Trace format", X.TRACE_FORMATS, key="trace_format")
     info = accept_upload(

@@ -492,3 +492,21 @@ def test_messages_and_plan_download_hide_server_paths():
 def test_scenario_upload_that_cannot_run_is_refused(store, content, key):
     with pytest.raises(ConfigError, match=key):
         store.parse_scenario("s.yaml", content)
+
+
+@pytest.mark.parametrize("ref", ["/etc/passwd", "traces/AzureLLMInferenceTrace_conv.csv", "terms.json"])
+def test_an_engine_terms_file_is_refused_as_what_it_is(ref):
+    """Not vetted as a trace (a built-in trace passed, then failed at Run as unreadable JSON): no
+    upload takes a terms file, so the page says to run it with the CLI."""
+    with pytest.raises(ConfigError) as e:
+        X.resolve_paths({"engine": {"kind": "vllm", "terms_file": ref}})
+    msg = str(e.value)
+    assert msg.startswith(f"engine.terms_file: got '{ref}'; left out in the explorer") and "kvsim run" in msg
+    assert X.resolve_paths({"engine": {"kind": "vllm", "terms_file": None}})["engine"]["terms_file"] is None
+
+
+def test_upload_limits_are_said_in_the_units_they_are_set_in(store):
+    """5 MiB, not '5.2 MB': the docs and the widget say 5 MiB."""
+    with pytest.raises(ConfigError) as e:
+        store.add_trace("big.csv", b"x" * (5 * 1024 * 1024 + 1))
+    assert str(e.value).endswith("got '5,242,881 bytes'; a file of at most 5 MiB (5,242,880 bytes)")

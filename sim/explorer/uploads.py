@@ -44,6 +44,14 @@ MAX_MESSAGE_CHARS = 600
 TRACE_FORMATS = ("auto", "azure", "mooncake", "csv", "parquet", "length_stats")
 
 
+def _size(n: float) -> str:
+    """Bytes in the binary units the limits are set in (5 MiB is 5,242,880 bytes, not 5.2 MB)."""
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
 def error_text(exc: BaseException) -> str:
     """One readable line for the page, cut to :data:`MAX_MESSAGE_CHARS`."""
     text = str(exc).strip().replace("\n", " ")
@@ -66,7 +74,7 @@ def too_long_number(exc: ValueError, what: str, source: str) -> ConfigError:
 
 def _check_size(data: bytes, limit: int, what: str) -> None:
     if len(data) > limit:
-        raise ConfigError(what, f"{len(data) / 1e6:.1f} MB", f"a file of at most {limit / 1e6:.1f} MB")
+        raise ConfigError(what, f"{len(data):,} bytes", f"a file of at most {_size(limit)} ({limit:,} bytes)")
     if not data:
         raise ConfigError(what, "empty file", "a non-empty file")
 
@@ -180,7 +188,17 @@ def resolve_paths(
             raise ConfigError(key, ref, f"the id of a shipped model config ({', '.join(shipped_models())})")
         node[field] = str(path)
 
-    vetters = {"profile": vet_profile, "hf_config": vet_model_config}
+    def vet_terms(node: dict, field: str, key: str) -> None:
+        # No upload takes a terms file, and a path would be read from the server's disk.
+        if node[field] is not None:
+            raise ConfigError(
+                key,
+                node[field],
+                "left out in the explorer: the engine's fitted preset applies here; a terms file from "
+                "kvsim calibrate --from-serving-bench runs with kvsim run (engine.terms_file)",
+            )
+
+    vetters = {"profile": vet_profile, "hf_config": vet_model_config, "terms_file": vet_terms}
     names = file_fields()
     for node, field, key in list(_file_refs(out, "", names)):
         vetters.get(field, vet_trace)(node, field, key)
@@ -356,8 +374,8 @@ def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
         if meta.num_rows > _MAX_DATASET_ROWS or size > MAX_DATASET_BYTES:
             raise ConfigError(
                 what,
-                f"{meta.num_rows} rows, {size / 1e6:.0f} MB",
-                f"a dataset of at most {_MAX_DATASET_ROWS} rows and {MAX_DATASET_BYTES / 1e6:.0f} MB once read",
+                f"{meta.num_rows} rows, {_size(size)}",
+                f"a dataset of at most {_MAX_DATASET_ROWS} rows and {_size(MAX_DATASET_BYTES)} once read",
             )
         table = pf.read()
     except ConfigError:
