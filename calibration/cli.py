@@ -190,14 +190,42 @@ def calibrate_command(
         raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError("calibrate.device", device, "one of cpu, cuda")
-    out = out_file(out)
-    spec = get_model(model)
-    if (from_tables is None) == (device is None):
+    if from_tables is not None and device is not None:
         raise ConfigError(
-            "calibrate",
-            {"from_tables": from_tables, "device": device},
-            "exactly one of --from-tables DIR or --device cpu|cuda",
+            "calibrate.device",
+            device,
+            "not with --from-tables: the two options cannot be combined (a profile is built from the tables or "
+            "by timing this device; drop one)",
         )
+    if from_tables is None and device is None:
+        raise ConfigError("calibrate.device", None, "--device cpu|cuda, or --from-tables DIR instead")
+    for tp in tensor_parallel or ():
+        # anything else would divide by zero (0) or write a curve kvsim never looks up (16)
+        if isinstance(tp, bool) or tp not in DEFAULT_TPS:
+            raise ConfigError("calibrate.tp", tp, f"one of {', '.join(map(str, DEFAULT_TPS))}")
+    if device is not None and tensor_parallel and set(tensor_parallel) != {1}:
+        # the device route times one device's kernels: its profile is tp1 whatever --tp says
+        raise ConfigError(
+            "calibrate.tp",
+            tensor_parallel[0] if len(set(tensor_parallel)) == 1 else list(tensor_parallel),
+            "1 with --device (it times the kernels of one device, unsplit); other degrees: --from-tables",
+        )
+    out = out_file(out)
+    if device is not None:
+        from .kernels.calibrate import sidecar_paths
+
+        # the sidecars are written after minutes of timing: a folder in their place must be said now
+        pq_path, html_path = sidecar_paths(out)
+        for side, what in ((pq_path, "raw timings"), (html_path, "fit report")):
+            if side == html_path and not report:
+                continue
+            try:
+                out_file(side)
+            except ConfigError as exc:
+                raise ConfigError(
+                    "--out", str(side), f"{exc.allowed}: the {what} written next to --out {out}"
+                ) from None
+    spec = get_model(model)
     if dtype is not None and dtype not in ("bf16", "fp8"):
         raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
     from .attention_backends import KERNELS

@@ -24,7 +24,10 @@ _SB = "--serving-bench"
 def validate_command(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda: where the reference engine and calibration run."),
     scenario: str = typer.Option(
-        "scenarios/validate-cpu.yaml", "--scenario", help="Validation spec (YAML; see docs/validation.md)."
+        # the built-in name, not a relative path: the default must work from any folder
+        "validate-cpu",
+        "--scenario",
+        help="Validation spec: a built-in name (validate-cpu, validate-cuda) or a YAML file (docs/validation.md).",
     ),
     profile: str | None = typer.Option(
         None,

@@ -294,7 +294,7 @@ def load_json(text: str, key: str, source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(key, source, f"valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+        raise ConfigError(key, source, f"valid JSON ({exc.msg}; line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise _too_deep(key, source, "JSON") from None
     except ValueError as exc:

@@ -53,15 +53,16 @@ def import_torch():
     return torch
 
 
-def check_device(device: str):
-    """The ``torch.device`` for ``--device``, or a ConfigError naming what is wrong."""
+def check_device(device: str, key: str = "calibrate.device"):
+    """The ``torch.device`` for ``--device``, or a ConfigError naming what is wrong (under ``key``: the
+    command whose --device it is)."""
     if device not in DEVICES:
-        raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
+        raise ConfigError(key, device, f"one of {', '.join(DEVICES)}")
     torch = import_torch()
     if device == "cuda" and not torch.cuda.is_available():
         why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
         raise ConfigError(
-            "calibrate.device",
+            key,
             device,
             f"a CUDA device (torch {torch.__version__}: {why}); use --device cpu on this machine",
         )

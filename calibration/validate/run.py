@@ -36,7 +36,7 @@ def validate(
     from ..kernels import check_device
 
     check_clocks(spec, device)
-    check_device(device)
+    check_device(device, key=f"{KEY}.device")
     # one backend for calibration and every engine of the run (auto resolved here, once)
     spec = copy.deepcopy(spec)
     spec["engine"]["kernels"] = select(spec["engine"].get("kernels", "auto"), device, key=f"{KEY}.engine.kernels")
