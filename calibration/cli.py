@@ -116,7 +116,11 @@ def calibrate_command(
     quick: bool = typer.Option(False, "--quick", help="Small grids (device route)."),
     name: str | None = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads for the device route (default 1)."),
-    report: bool = typer.Option(True, "--report/--no-report", help="Write <out>.report.html (needs plotly)."),
+    report: bool = typer.Option(
+        True,
+        "--report/--no-report",
+        help="--device: write <out>.report.html, the fit against the timings (needs plotly); --from-tables fits published tables and writes none.",
+    ),
     kernels: str = typer.Option(
         "auto",
         "--kernels",

@@ -57,6 +57,8 @@ def gemm_rows(
     """Per projection of ``model`` (TP ``tensor_parallel``) and token count: the GEMM's seconds under
     profiles ``a`` and ``b`` (built-in names or JSON paths). A ConfigError names a profile that does
     not price this model."""
+    if tensor_parallel not in (1, 2, 4, 8):
+        raise ConfigError("--tp", tensor_parallel, "1, 2, 4 or 8")  # before either profile is blamed for it
     spec = get_model(model)
     models = []
     for key, ref in (("a", a), ("b", b)):

@@ -263,6 +263,15 @@ def validate_runs_command(
 
     from .validate.several_runs import combine, load_run, markdown
 
+    seen: dict[Path, Path] = {}
+    for r in runs:
+        # The same run twice would count its noise as agreement (a spread of 0 between the two).
+        key = r.resolve()
+        if key in seen:
+            raise ConfigError("validate-runs", str(r), f"distinct runs (the same folder as {seen[key]})")
+        seen[key] = r
+    if len(runs) < 2:
+        raise ConfigError("validate-runs", f"{len(runs)} run", "two or more kvsim validate output folders")
     if out is not None:
         out = out_file(out)
     doc = combine([load_run(r) for r in runs])

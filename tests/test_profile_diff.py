@@ -59,3 +59,10 @@ def test_a_shape_the_device_profile_did_not_time_is_refused_by_name():
         ConfigError, match=r"profile A: .*GEMM qkv shape 10240x8192:bf16.*llama-3.1-70b.*llama-3.1-8b@tp1"
     ):
         gemm_rows(H200, "h200-sxm", "llama-3.1-70b")
+
+
+@pytest.mark.parametrize("tp", [3, 16])
+def test_a_tensor_parallelism_kvsim_does_not_run_is_the_options_error(tp):
+    """Not 'profile A' (neither profile is at fault)."""
+    with pytest.raises(ConfigError, match=rf"^--tp: got {tp}; 1, 2, 4 or 8"):
+        gemm_rows("h100-sxm", "h200-sxm", "llama-3.1-8b", tensor_parallel=tp)

@@ -127,6 +127,12 @@ def test_validate_runs_command(tmp_path):
     assert doc["pooled"]["mean_signed_error"] == pytest.approx(-0.015)
     res = CliRunner().invoke(app, ["validate-runs", str(r1), str(tmp_path / "nope")])
     assert res.exit_code != 0
+    # The same run twice would report its noise as agreement (a spread of 0 between the two).
+    # (the command line's main turns the ConfigError into its one line and exit 2)
+    res = CliRunner().invoke(app, ["validate-runs", str(r1), str(tmp_path / "r1" / ".." / "r1")])
+    assert "distinct runs (the same folder as" in str(res.exception), res.output
+    res = CliRunner().invoke(app, ["validate-runs", str(r1)])
+    assert "two or more kvsim validate output folders" in str(res.exception), res.output
 
 
 def test_combine_reads_each_cells_sensitivity(tmp_path):
