@@ -573,10 +573,13 @@ def page_compare() -> None:
         try:
             data, _ = current_scenario()
             results = {}
-            for lb, cfg in zip(labels, cfgs):
-                sc = X.resolve_scenario(
-                    apply_overrides(data, X.allocator_overrides(cfg)), store().trace_paths(), store().profiles
-                )
+            for i, (lb, cfg) in enumerate(zip(labels, cfgs)):
+                try:
+                    sc = X.resolve_scenario(
+                        apply_overrides(data, X.allocator_overrides(cfg)), store().trace_paths(), store().profiles
+                    )
+                except ConfigError as exc:  # which of the configurations it is
+                    raise ConfigError(f"configuration {i + 1} ({lb}): {exc.key}", exc.value, exc.allowed) from None
                 results[lb] = run_with_progress(X.canonical_json(sc), bar, f"simulating {lb}")
         except ConfigError as exc:
             S.compare_error = X.error_text(exc)

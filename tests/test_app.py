@@ -150,6 +150,16 @@ def test_compare_page(at):
     assert charts(at) == 3  # CDFs + one KV memory chart per configuration
 
 
+def test_compare_names_the_configuration_a_bad_value_belongs_to(at):
+    at.radio(key="page").set_value("Compare").run()
+    at.radio(key="cmp_n").set_value(2).run()
+    at.number_input(key="cmp_block_size_1").set_value(0).run()
+    at.button(key="compare_run").click().run()
+    assert not at.exception, at.exception
+    (err,) = [e.value for e in at.error]
+    assert "configuration 2 (static" in err and "allocator.block_size: got 0" in err, err
+
+
 def test_sweeps_page_upload(at):
     import pyarrow as pa
     import pyarrow.parquet as pq
