@@ -286,7 +286,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
         section = resolve_model(model, base_dir=path.parent)
         # The checkpoint's config is read whatever the row's weights: a config kvsim cannot read is said
         # here, with the file and row, and not when the row is simulated.
-        hf = _checkpoint(section)
+        hf = checkpoint_config(section)
     except ConfigError as exc:
         why = exc.allowed if exc.key == "serving_bench.model" else f"{exc.key}: {exc.allowed}"
         raise _bad(path, where, "model", model, why) from None
@@ -360,7 +360,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     )
 
 
-def _checkpoint(section: dict) -> HfModel | None:
+def checkpoint_config(section: dict) -> HfModel | None:
     """The config of the checkpoint a row names, or ``None`` for a catalog model."""
     return read_hf_config(resolve_hf_config(section["hf_config"])) if section.get("hf_config") else None
 
@@ -449,8 +449,8 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
         hint = f"; the header is one column holding {sep!r}: kvsim reads comma-separated files" if sep else ""
         raise ConfigError(f"{path}: header", raw, f"{columns}; missing {', '.join(missing)}{hint}")
     for c in header:
-        near = difflib.get_close_matches(c, REQUIRED + OPTIONAL, n=1, cutoff=0.8)
-        if c not in REQUIRED + OPTIONAL and near:
+        near = [] if c in REQUIRED + OPTIONAL else difflib.get_close_matches(c, REQUIRED + OPTIONAL, n=1, cutoff=0.8)
+        if near:
             # A misspelt optional column would be read as absent: the run simulated at the engine's defaults.
             raise ConfigError(f"{path}: header", c, f"did you mean {near[0]}? ({columns}; any other is left alone)")
     rows = []

@@ -30,6 +30,7 @@ from .serving_bench import (
     aiconfigurator_run,
     aiconfigurator_server,
     cache_flagged,
+    checkpoint_config,
     clients_apart,
     faster_than_kernels,
     gpu_shares,
@@ -243,13 +244,13 @@ def context_lines(rows: list[BenchRow]) -> list[str]:
     (``max_position_embeddings``): a server started without a longer one refuses them, and a
     typo in a length column looks the same, so they are said and simulated as given."""
     from sim.catalog import MODELS
-    from sim.hf_config import read_hf_config, resolve_hf_config
 
     out = []
     for m in sorted({r.model for r in rows}):
         section = resolve_model(m)
-        if section.get("hf_config"):
-            ctx = read_hf_config(resolve_hf_config(section["hf_config"])).spec.max_position
+        hf = checkpoint_config(section)
+        if hf is not None:
+            ctx = hf.spec.max_position
         elif section.get("name") in MODELS:
             ctx = MODELS[section["name"]].max_position
         else:
@@ -363,14 +364,20 @@ def unpinned_warnings(fold_sensitivity: dict[str, dict], logo: bool) -> list[str
     return out
 
 
+def listed_lines(lines: list[str], what: str, more: str = "") -> list[str]:
+    """``N rows {what}:``, the first :data:`SKIPPED_SHOWN` of ``lines`` indented, and how many
+    more (``more`` says where the rest are)."""
+    if not lines:
+        return []
+    n = len(lines)
+    rest = [f"... and {n - SKIPPED_SHOWN} more{more}"] if n > SKIPPED_SHOWN else []
+    return [f"{n} row{'s' if n > 1 else ''} {what}:", *(f"  {m}" for m in lines[:SKIPPED_SHOWN]), *rest]
+
+
 def skipped_lines(skipped: list[str]) -> list[str]:
     """What to say of the rows :func:`read_bench` could not read or simulate: how many, and the
     first :data:`SKIPPED_SHOWN` of them (file, row, column, value, what is allowed)."""
-    if not skipped:
-        return []
-    head = f"{len(skipped)} row{'s' if len(skipped) > 1 else ''} left out, not simulated:"
-    more = [f"... and {len(skipped) - SKIPPED_SHOWN} more"] if len(skipped) > SKIPPED_SHOWN else []
-    return [head, *(f"  {m}" for m in skipped[:SKIPPED_SHOWN]), *more]
+    return listed_lines(skipped, "left out, not simulated")
 
 
 def few_runs_lines(rows: list[BenchRow], exclude: tuple[str, ...], prior: bool) -> list[str]:
@@ -1226,6 +1233,7 @@ __all__ = [
     "sensitivity_lines",
     "unpinned_warnings",
     "skipped_lines",
+    "listed_lines",
     "few_runs_lines",
     "context_lines",
     "table_rows",

@@ -327,7 +327,6 @@ def _serving(
     from .serving_report import (
         HEADER,
         SCALING_HEADER,
-        SKIPPED_SHOWN,
         SPLIT_HEADER,
         TTFT_LINE_HEADER,
         Treatments,
@@ -336,6 +335,7 @@ def _serving(
         fast_run_warnings,
         kernel_warnings,
         kv_warnings,
+        listed_lines,
         roofline_warnings,
         scaling_rows,
         split_rows,
@@ -447,14 +447,9 @@ def _serving(
         + unpinned_warnings(doc["fold_sensitivity"], logo)
     ):
         con.print(f"note: {line}")
-    failed = [r for r in doc["results"] if r["error"]]
-    if failed:
-        n = len(failed)
-        con.print(f"{n} row{'s' if n > 1 else ''} simulated without a result:")
-        for r in failed[:SKIPPED_SHOWN]:
-            con.print(f"  {r.get('origin') or r['source']}: {r['error']}")
-        if n > SKIPPED_SHOWN:
-            con.print(f"  ... and {n - SKIPPED_SHOWN} more (results[].error in serving_validation.json)")
+    failed = [f"{r.get('origin') or r['source']}: {r['error']}" for r in doc["results"] if r["error"]]
+    for line in listed_lines(failed, "simulated without a result", " (results[].error in serving_validation.json)"):
+        con.print(line)
     if doc["skipped_rows"]:
         n = len(doc["skipped_rows"])
         con.print(
