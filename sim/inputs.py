@@ -278,7 +278,7 @@ def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> A
     except ConfigError:
         raise  # a key given twice, said as such
     except ValueError as exc:
-        raise _number_error(key, source, exc) from None
+        raise number_error(key, source, exc) from None
     check_nesting(data, key, source, "YAML")
     if _expanded_values(data, {}, key, source) > MAX_YAML_VALUES:
         raise ConfigError(
@@ -298,14 +298,17 @@ def load_json(text: str, key: str, source: str) -> Any:
     except RecursionError:
         raise _too_deep(key, source, "JSON") from None
     except ValueError as exc:
-        raise _number_error(key, source, exc) from None
+        raise number_error(key, source, exc) from None
 
 
-def _number_error(key: str, source: str, exc: ValueError) -> ConfigError:
-    """Python refuses to read an integer of more than ``sys.get_int_max_str_digits()`` digits (a
-    guard against quadratic conversion): said as the input's limit, not as a traceback."""
+def number_error(key: str, source: str, exc: ValueError) -> ConfigError:
+    """A parser's ValueError on untrusted text as one line. Python refuses to read an integer of
+    more than ``sys.get_int_max_str_digits()`` digits (a guard against quadratic conversion), and
+    neither PyYAML nor ``json`` makes that a syntax error: said as the input's limit."""
     import sys
 
+    if isinstance(exc, ConfigError):
+        return exc
     if "integer string conversion" in str(exc):
         return ConfigError(key, source, f"numbers of at most {sys.get_int_max_str_digits():,} digits")
     return ConfigError(key, source, f"a readable document ({type(exc).__name__}: {str(exc)[:200]})")

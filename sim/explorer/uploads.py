@@ -15,7 +15,6 @@ import io
 import math
 import re
 import shutil
-import sys
 import tempfile
 import weakref
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ import yaml
 from sim.config import SCENARIO_DIR, Scenario, file_fields, scenario_from_dict
 from sim.errors import ConfigError
 from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_traces
-from sim.inputs import decode, load_json, load_yaml
+from sim.inputs import decode, load_json, load_yaml, number_error
 from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS
 
 #: Upload limits (bytes). Scenarios are a few hundred bytes; the largest built-in trace is ~1 MB.
@@ -60,18 +59,6 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
-def too_long_number(exc: ValueError, what: str, source: str) -> ConfigError:
-    """A parser's ValueError on untrusted text as one readable line: Python refuses to convert an
-    integer literal of more than ``sys.get_int_max_str_digits()`` digits (4,300 by default), and
-    neither PyYAML nor ``json`` turns that into a syntax error."""
-    if isinstance(exc, ConfigError):
-        return exc
-    if "integer string conversion" in str(exc):
-        limit = sys.get_int_max_str_digits()
-        return ConfigError(what, source, f"numbers of at most {limit:,} digits (an integer in it is longer)")
-    return ConfigError(what, source, f"a readable file ({type(exc).__name__})")
-
-
 def _check_size(data: bytes, limit: int, what: str) -> None:
     if len(data) > limit:
         raise ConfigError(what, f"{len(data):,} bytes", f"a file of at most {_size(limit)} ({limit:,} bytes)")
@@ -95,8 +82,6 @@ def safe_yaml(data: bytes, what: str = "scenario upload") -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(what, "invalid YAML", f"valid YAML ({first}{where})") from None
-    except ValueError as exc:
-        raise too_long_number(exc, what, "the uploaded file") from None
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -310,7 +295,7 @@ class UploadStore:
         except Exception as exc:  # noqa: BLE001 - any reader failure on untrusted bytes is a bad file
             shutil.rmtree(path.parent, ignore_errors=True)
             if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
-                raise too_long_number(exc, f"trace {name}", name) from None
+                raise number_error(f"trace {name}", name, exc) from None
             raise ConfigError(f"trace {name}", name, f"a readable trace ({type(exc).__name__})") from None
         info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None, fmt if fmt != "auto" else "auto")
         self.traces[name] = info
@@ -324,10 +309,7 @@ class UploadStore:
         what = "profile upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         name = safe_filename(filename, (".json",), what)
-        try:
-            doc = load_json(decode(data, name, what, "JSON file"), what, name)
-        except ValueError as exc:
-            raise too_long_number(exc, what, name) from None
+        doc = load_json(decode(data, name, what, "JSON file"), what, name)  # overlong integers said there
         validate_profile(doc, name)  # the whole format, naming the JSON path of a bad value
         _check_fit_quality(doc, name)
         Profile.from_json(doc, name, checked=True)
