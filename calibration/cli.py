@@ -2,7 +2,8 @@
 
 * :func:`calibrate_command` — ``kvsim calibrate``: build a profile from published kernel
   tables (``--from-tables DIR --system h200_sxm --backend trtllm --model NAME``) or by
-  timing kernels on this machine (``--device cpu|cuda --model NAME [--quick] [--kernels K]``).
+  timing kernels on this machine (``--device cpu|cuda --model NAME [--quick] [--kernels K]``);
+  ``--model`` is read as ``kvsim run --model`` reads it (:func:`model_option`).
 * :data:`profile_app` — ``kvsim profile list`` / ``kvsim profile show NAME``.
 
 Errors are :class:`sim.errors.ConfigError`; the caller prints them.
@@ -16,18 +17,65 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sim.catalog import get_model
 from sim.cost.profile import list_profiles, load_profile
 from sim.errors import ConfigError
 
 from . import serving_options as opt
 
 if TYPE_CHECKING:
+    from sim.catalog import ModelSpec
+
     from .serving_report import Treatments
 
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
 _FSB = "--from-serving-bench"
+#: The ``--model`` help of ``kvsim calibrate`` and ``kvsim profile diff``: what ``kvsim run --model`` takes.
+MODEL_HELP = (
+    "a catalog name (kvsim list models), a Hugging Face config.json path, or a shipped config's id "
+    "such as Qwen/Qwen3-32B or meta-llama/Llama-3.1-8B-Instruct (as kvsim run --model)"
+)
+
+
+def model_option(model: str) -> ModelSpec:
+    """The model a command line's ``--model`` names, resolved as ``kvsim run --model`` resolves it
+    (:func:`sim.model_ids.model_argument` into the scenario's ``model`` section, then its shape as
+    a run reads it); one not found is a ConfigError naming ``--model``."""
+    from sim.catalog import MODELS
+    from sim.cli.main import MODEL_ALLOWED
+    from sim.config import scenario_from_dict
+    from sim.engine.deployment import model_spec
+    from sim.hf_config import resolve_hf_config
+    from sim.model_ids import model_argument
+
+    unknown = ConfigError("--model", model, f"{MODEL_ALLOWED}; catalog models: {', '.join(MODELS)}")
+    if not model.strip():
+        # An empty path resolves to the working directory: it would be read as a model folder.
+        raise unknown
+    section = model_argument(model)
+    if section.get("hf_config") is not None:
+        try:
+            resolve_hf_config(section["hf_config"])
+        except ConfigError:
+            raise unknown from None
+    # A config that is found but cannot be read keeps its own error (the file and what is wrong with it).
+    return model_spec(scenario_from_dict({"model": section}))
+
+
+def _tp_pairs(spec: ModelSpec, tps: tuple[int, ...]) -> list[tuple[ModelSpec, int]]:
+    """(model, TP) for the degrees in ``tps`` that split its heads, KV heads, intermediate size and
+    vocabulary evenly: those :func:`sim.cost.profile.shape_keys` prices (the pairs
+    :func:`calibration.profile_builder.default_models` makes of catalog names, for any shape)."""
+    from sim.cost.profile import shape_keys
+
+    pairs = []
+    for tp in tps:
+        try:
+            shape_keys(spec, tp, "bf16", "bf16")
+        except ConfigError:
+            continue
+        pairs.append((spec, tp))
+    return pairs
 
 
 def _serving_bench(
@@ -106,7 +154,7 @@ def calibrate_command(
     out: Path = typer.Option(
         ..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."
     ),
-    model: str | None = typer.Option(None, "--model", help="Catalog model whose kernel shapes to calibrate."),
+    model: str | None = typer.Option(None, "--model", help=f"Model whose kernel shapes to calibrate: {MODEL_HELP}."),
     from_tables: Path | None = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
     backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
@@ -191,7 +239,12 @@ def calibrate_command(
         )
         return
     if model is None:
-        raise ConfigError("calibrate.model", None, "--model NAME (the catalog model whose kernel shapes to calibrate)")
+        raise ConfigError(
+            "calibrate.model",
+            None,
+            "--model NAME (the model whose kernel shapes to calibrate: a catalog name, a Hugging Face "
+            "config.json path or a shipped config's id)",
+        )
     if device is not None and device not in ("cpu", "cuda"):
         raise ConfigError("calibrate.device", device, "one of cpu, cuda")
     if from_tables is not None and device is not None:
@@ -229,7 +282,7 @@ def calibrate_command(
                 raise ConfigError(
                     "--out", str(side), f"{exc.allowed}: the {what} written next to --out {out}"
                 ) from None
-    spec = get_model(model)
+    spec = model_option(model)
     if dtype is not None and dtype not in ("bf16", "fp8"):
         raise ConfigError("calibrate.dtype", dtype, "bf16 or fp8")
     from .attention_backends import KERNELS
@@ -265,11 +318,11 @@ def calibrate_command(
             )
         )
     else:
-        from .profile_builder import build_profile, default_models
+        from .profile_builder import build_profile
         from .tables import load_kernel_tables
 
         tps = tuple(tensor_parallel or DEFAULT_TPS)
-        pairs = default_models((spec.name,), tps)
+        pairs = _tp_pairs(spec, tps)
         if not pairs:
             raise ConfigError("calibrate.tp", list(tps), f"TP degrees dividing {spec.name}'s heads ({spec.heads})")
         assert from_tables is not None  # exactly one of --from-tables and --device, checked above
@@ -303,7 +356,7 @@ def profile_diff(
         ..., help="Profile A: a JSON path (e.g. from kvsim calibrate --device cuda) or built-in name."
     ),
     b: str = typer.Argument(..., help="Profile B, the reference (e.g. the built-in for that GPU: h200-sxm)."),
-    model: str = typer.Option("llama-3.1-8b", "--model", help="Model whose GEMM shapes are priced."),
+    model: str = typer.Option("llama-3.1-8b", "--model", help=f"Model whose GEMM shapes are priced: {MODEL_HELP}."),
     tensor_parallel: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size (shards the GEMMs)."),
     weight_dtype: str = typer.Option("bf16", "--weight-dtype", help="Weight dtype of the GEMMs."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows and summary as JSON."),
@@ -312,12 +365,14 @@ def profile_diff(
     and the median |A/B - 1| over the points both measured (docs/calibration.md)."""
     from calibration.profile_diff import gemm_rows, summary
 
-    rows = gemm_rows(a, b, model, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype)
+    spec = model_option(model)
+    rows = gemm_rows(a, b, spec, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype)
     s = summary(rows)
     if as_json:
         typer.echo(json.dumps({"a": a, "b": b, "model": model, "rows": [r.__dict__ for r in rows], "summary": s}))
         return
-    typer.echo(f"{model} TP{tensor_parallel} {weight_dtype} GEMMs, us per layer: A = {a}, B = {b}")
+    label = model if spec.name == model else f"{model} ({spec.name})"
+    typer.echo(f"{label} TP{tensor_parallel} {weight_dtype} GEMMs, us per layer: A = {a}, B = {b}")
     typer.echo(f"{'projection':>10} {'tokens':>7} {'A us':>10} {'B us':>10} {'A/B':>6}")
     for r in rows:
         flag = "  (outside a measured grid)" if r.outside else ""

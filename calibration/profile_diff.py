@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import median
 
-from sim.catalog import get_gpu, get_model
+from sim.catalog import ModelSpec, get_gpu
 from sim.cost.profile import ProfileCostModel, build_profile_cost_model
 from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
 from sim.errors import ConfigError
@@ -48,18 +48,24 @@ def _gpu_for(profile: str) -> str:
 def gemm_rows(
     a: str,
     b: str,
-    model: str,
+    model: str | ModelSpec,
     *,
     tensor_parallel: int = 1,
     weight_dtype: str = "bf16",
     tokens: tuple[int, ...] = TOKENS,
 ) -> list[GemmRow]:
     """Per projection of ``model`` (TP ``tensor_parallel``) and token count: the GEMM's seconds under
-    profiles ``a`` and ``b`` (built-in names or JSON paths). A ConfigError names a profile that does
+    profiles ``a`` and ``b`` (built-in names or JSON paths). ``model``: a shape, or what ``kvsim run
+    --model`` takes (:func:`calibration.cli.model_option`). A ConfigError names a profile that does
     not price this model."""
     if tensor_parallel not in (1, 2, 4, 8):
         raise ConfigError("--tp", tensor_parallel, "1, 2, 4 or 8")  # before either profile is blamed for it
-    spec = get_model(model)
+    if isinstance(model, ModelSpec):
+        spec = model
+    else:
+        from calibration.cli import model_option
+
+        spec = model_option(model)
     models = []
     for key, ref in (("a", a), ("b", b)):
         try:
