@@ -65,6 +65,8 @@ DEFAULT_MODELS = (
     "qwen3-32b",
 )
 DEFAULT_TPS = (1, 2, 4, 8)
+#: The head_dim of the attention table groups each KV-cache dtype maps to (:func:`dtype_maps`).
+TABLE_HEAD_DIM = 128
 
 #: Per-block allocator bookkeeping (vLLM's Python block pool pops a free block and updates
 #: hash/ref tables). No published table measures it: an assumption, labelled as such.
@@ -166,12 +168,48 @@ def dtype_maps(kt: KernelTables) -> tuple[dict[str, str], dict[str, tuple[tuple,
     ctx_have = set(zip(kt.context.attn_dtype, kt.context.kv_dtype, kt.context.head_dim.tolist()))
     gen_have = set(zip(kt.generation.kv_dtype, kt.generation.head_dim.tolist()))
     kv = {}
+    hd = TABLE_HEAD_DIM
     for d in ("bf16", "fp8"):
-        if ("bf16", d, 128) in ctx_have and (d, 128) in gen_have:
-            kv[d] = (("bf16", d, 128), (d, 128))
+        if ("bf16", d, hd) in ctx_have and (d, hd) in gen_have:
+            kv[d] = (("bf16", d, hd), (d, hd))
     if "fp8" not in kv:
         notes.append(f"{kt.system.name}: no fp8 KV-cache attention measured; kv_dtype fp8 is not offered")
     return weights, kv, notes
+
+
+def _tables_problem(kt: KernelTables) -> ConfigError:
+    """Why :func:`dtype_maps` found no weight or no KV-cache dtype in ``kt``: the table, its column,
+    the values it has and the ones a profile needs, checked in that order: GEMM dtypes, the
+    attention tables' head_dim, then their attention and KV-cache dtypes at that head_dim."""
+    have = sorted(set(kt.gemm.dtype.tolist()))
+    if not have or not {"bf16", "fp8", "int8_wo", "nvfp4"} & set(have):
+        return ConfigError(f"{kt.gemm.source}: gemm_dtype", have, "rows of gemm_dtype bf16, fp8, int8_wo or nvfp4")
+    d = TABLE_HEAD_DIM
+    for table in (kt.context, kt.generation):
+        dims = sorted(set(table.head_dim.tolist()))
+        if d not in dims:
+            return ConfigError(
+                f"{table.source}: head_dim",
+                dims,
+                f"{table.kind}-attention rows with head_dim {d}: a profile maps each KV-cache dtype to the "
+                f"head_dim-{d} attention tables (and prices other head sizes from the nearest measured one)",
+            )
+    at = kt.context.head_dim == d
+    pairs = sorted(set(zip(kt.context.attn_dtype[at].tolist(), kt.context.kv_dtype[at].tolist())))
+    ctx_kv = [kv for a, kv in pairs if a == "bf16" and kv in ("bf16", "fp8")]
+    if not ctx_kv:
+        return ConfigError(
+            f"{kt.context.source}: attn_dtype/kv_cache_dtype",
+            [f"{a}/{kv}" for a, kv in pairs],
+            f"head_dim-{d} rows with attn_dtype bf16 and kv_cache_dtype bf16 or fp8",
+        )
+    gen_kv = sorted(set(kt.generation.kv_dtype[kt.generation.head_dim == d].tolist()))
+    return ConfigError(
+        f"{kt.generation.source}: kv_cache_dtype",
+        gen_kv,
+        f"head_dim-{d} rows with kv_cache_dtype {' or '.join(ctx_kv)} (the KV-cache dtypes the context "
+        f"attention table measures with bf16 attention at head_dim {d})",
+    )
 
 
 #: Serving engines whose own kernel tables a profile can carry (``Profile.kernels[engine]``).
@@ -329,8 +367,10 @@ def build_profile(
     (:func:`engine_kernels`) adds each serving engine's own kernel families and all-reduce.
     """
     spec = kt.system
-    fits = fits or fit_tables(kt, seed=seed)
     weights, kvs, notes = dtype_maps(kt)
+    if not weights or not kvs:
+        raise _tables_problem(kt)  # before fitting: the tables cannot make a profile
+    fits = fits or fit_tables(kt, seed=seed)
     if dtype is not None:
         if dtype not in weights and dtype not in kvs:
             raise ConfigError(
@@ -340,8 +380,6 @@ def build_profile(
             )
         weights = {k: v for k, v in weights.items() if k == dtype} or weights
         kvs = {k: v for k, v in kvs.items() if k == dtype} or kvs
-    if not weights or not kvs:
-        raise ConfigError("calibrate.dtype", spec.name, "tables with bf16 GEMMs and bf16 attention at head_dim 128")
     gen_backend = kt.backend_of("generation_attention")
     kernels: dict[str, dict[str, F.FamilyFit]] = {kt.backend: {"gemm": fits.gemm, "context_attention": fits.context}}
     kernels.setdefault(gen_backend, {})["generation_attention"] = fits.generation

@@ -313,19 +313,73 @@ def test_wrong_format_and_version(tmp_path, h100):
 
 def test_model_shape_absent(h100):
     # A profile of baked curves only (as `kvsim calibrate --device` writes) prices only its shapes.
+    cm = ProfileCostModel(h100, L8B, H100)
     baked = Profile.from_json(
         {
             **h100.to_json(),
             "kernels": {},
             "kernel_defaults": {},
-            "gemm": {},
-            "context_attention": {},
-            "generation_attention": {},
+            "gemm": {cm.keys.gemms()[proj]: c.to_json() for proj, c in cm._gemm.items()},
+            "context_attention": {cm.keys.attention: cm._ctx.to_json()},
+            "generation_attention": {cm.keys.attention: cm._gen.to_json()},
         }
     )
+    assert ProfileCostModel(baked, L8B, H100).step_time_s(BatchShape([], 4, 4000)) > 0
     odd = with_overrides(L8B, name="odd", head_dim=96, hidden=3072)
-    with pytest.raises(ConfigError, match="odd.*curves for: .*llama-3.1-8b@tp1"):
+    # The error lists the models whose curves the file bakes, not every model its build once checked.
+    with pytest.raises(ConfigError, match=r"'odd'.*has no fitted kernel families, and curves for: llama-3.1-8b@tp1$"):
         ProfileCostModel(baked, odd, H100)
+
+
+def _without(doc: dict, *path: str) -> dict:
+    """``doc`` (a profile document) with the key at ``path`` deleted."""
+    doc = json.loads(json.dumps(doc))
+    parent = doc
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    return doc
+
+
+def test_profile_without_its_kernels_block_names_the_file_and_the_key(tmp_path, h100):
+    """A tables-built profile whose "kernels" block was deleted bakes no curves either: it can price no
+    model, though its "models" still lists 35. Loading it, by any route, says so on one line naming
+    the file, the missing key and what to do (before: a run blamed a missing shape of a model the
+    same message listed as covered, and `kvsim profile show` printed the profile as usable)."""
+    from sim.engine_presets import get_preset
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_without(h100.to_json(), "kernels")))
+    line = (
+        f"{path}: kernels: got nothing; fitted kernel families ({{engine: {{gemm, context_attention, "
+        "generation_attention}}, kvsim-profile v2) or baked curves in gemm, context_attention and "
+        f"generation_attention: the file has neither, so it prices no model of the {len(h100.models)} it lists "
+        'under models; copy "kernels" (and "kernel_defaults") back from the profile this file came from, or '
+        "rebuild the file with kvsim calibrate"
+    )
+    for load in (
+        lambda: load_profile(path),
+        lambda: build_profile_cost_model(str(path), L8B, H100),
+        lambda: build_profile_cost_model(str(path), L8B, H100, engine=get_preset("sglang")),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            load()
+        assert str(exc.value) == line
+    r = CliRunner().invoke(_app(), ["profile", "show", str(path)])
+    assert isinstance(r.exception, ConfigError) and str(r.exception) == line
+
+
+def test_profile_missing_one_fitted_family_names_it(tmp_path, h100):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_without(h100.to_json(), "kernels", "trtllm", "gemm")))
+    with pytest.raises(ConfigError) as exc:
+        load_profile(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: kernels.trtllm.gemm: got nothing; the fitted gemm family of engine 'trtllm' that ")
+    assert "kernel_defaults.gemm names" in msg and "trtllm (context_attention, generation_attention)" in msg
+    assert msg.endswith(
+        'copy "kernels.trtllm.gemm" back from the profile this file came from, or rebuild the file with kvsim calibrate'
+    )
 
 
 def test_any_shape_prices_from_fitted_kernels(h100):
@@ -402,6 +456,66 @@ def test_cli_calibrate_from_tables(tmp_path):
     cm = build_profile_cost_model(str(out), get_model("llama-2-7b"), H100)
     assert cm.decode_times_s(4, np.array([4000.0]))[0] > 0
     assert list_profiles()  # built-ins untouched
+
+
+def _tables_with_head_dim(root, head_dim: int):
+    """A copy of the shipped A100 TensorRT-LLM tables (system, GEMM, attention) whose attention rows
+    all measure ``head_dim``."""
+    import shutil
+
+    src, dst = DEFAULT_TABLES_DIR / "a100_sxm", root / "a100_sxm"
+    dst.mkdir(parents=True)
+    shutil.copy(src / "system.yaml", dst / "system.yaml")
+    shutil.copytree(src / "gemm" / "trtllm", dst / "gemm" / "trtllm")
+    for table in sorted((src / "attention" / "trtllm").glob("*/*_attention_perf.parquet")):
+        t = pq.read_table(table)
+        i = t.schema.get_field_index("head_dim")
+        t = t.set_column(i, "head_dim", pa.array([head_dim] * t.num_rows, t.schema.field(i).type))
+        out = dst / table.relative_to(src)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, out)
+    return root
+
+
+def test_cli_calibrate_tables_without_head_dim_128_names_the_head_dim(tmp_path):
+    """Attention tables with no head_dim-128 rows: the error names the table, its head_dim column, the
+    head sizes it has and the one needed (it used to blame calibrate.dtype, with the system as value)."""
+    root = _tables_with_head_dim(tmp_path / "tables", 64)
+    args = ["calibrate", "--from-tables", str(root), "--system", "a100_sxm", "--model", "llama-3.1-8b"]
+    r = CliRunner().invoke(_app(), [*args, "--tp", "1", "--out", str(tmp_path / "p.json")])
+    assert isinstance(r.exception, ConfigError), r.output
+    (ctx,) = root.glob("a100_sxm/attention/trtllm/*/context_attention_perf.parquet")
+    assert str(r.exception) == (
+        f"{ctx}: head_dim: got [64]; context-attention rows with head_dim 128: a profile maps each KV-cache "
+        "dtype to the head_dim-128 attention tables (and prices other head sizes from the nearest measured one)"
+    )
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_tables_without_bf16_attention_name_the_dtypes(h100):
+    """Head_dim-128 rows but no bf16 attention over a bf16 or fp8 cache: the table's dtype columns and
+    the pairs it has are named (a GEMM table of other dtypes likewise)."""
+    from dataclasses import replace
+
+    from calibration.profile_builder import build_profile, default_models
+
+    kt = load_kernel_tables(DEFAULT_TABLES_DIR, "a100_sxm", "trtllm")
+    pairs = default_models(("llama-3.1-8b",), (1,))
+    ctx = replace(kt.context, attn_dtype=np.full(len(kt.context), "fp8"))
+    with pytest.raises(ConfigError) as exc:
+        build_profile(replace(kt, context=ctx), models=pairs)
+    assert str(exc.value) == (
+        f"{kt.context.source}: attn_dtype/kv_cache_dtype: got ['fp8/bf16']; head_dim-128 rows with attn_dtype bf16 "
+        "and kv_cache_dtype bf16 or fp8"
+    )
+    gen = replace(kt.generation, kv_dtype=np.full(len(kt.generation), "fp8"))
+    with pytest.raises(
+        ConfigError, match=r"generation_attention_perf.parquet: kv_cache_dtype: got \['fp8'\]; .* bf16 "
+    ):
+        build_profile(replace(kt, generation=gen), models=pairs)
+    gemm = replace(kt.gemm, dtype=np.full(len(kt.gemm), "int4_wo"))
+    with pytest.raises(ConfigError, match=r"gemm_perf.parquet: gemm_dtype: got \['int4_wo'\]; rows of gemm_dtype bf16"):
+        build_profile(replace(kt, gemm=gemm), models=pairs)
 
 
 def test_cli_calibrate_needs_a_route(tmp_path):

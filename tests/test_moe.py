@@ -286,6 +286,26 @@ def test_profile_without_moe_fits_is_a_clear_error():
         ProfileCostModel(load_profile("a100-sxm"), m, GPUS["A100-SXM-80GB"], engine=get_preset("vllm"))
 
 
+def test_moe_error_names_the_profile_as_given(tmp_path):
+    """The MoE error quotes the profile as the user named it (a file path, a built-in name), not the
+    name recorded inside the file."""
+    import shutil
+
+    from sim.cost.profile import PROFILE_DIR, build_profile_cost_model
+
+    m, a100, vllm = _spec("Qwen/Qwen3-30B-A3B"), GPUS["A100-SXM-80GB"], get_preset("vllm")
+    path = tmp_path / "my-a100.json"
+    shutil.copy(PROFILE_DIR / "a100-sxm.json", path)
+    with pytest.raises(ConfigError) as exc:
+        build_profile_cost_model(str(path), m, a100, engine=vllm)
+    assert exc.value.key == "cost_model.profile" and exc.value.value == str(path)
+    assert str(exc.value).endswith(f"; {path} has none (no MoE kernel tables for this GPU)")
+    assert "a100-sxm" not in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        build_profile_cost_model("a100-sxm", m, a100, engine=vllm)
+    assert exc.value.value == "a100-sxm"
+
+
 def test_tensor_parallel_must_divide_the_expert_width():
     m = _spec("Qwen/Qwen3-30B-A3B")
     odd = replace(m, moe=replace(m.moe, expert_intermediate=100))

@@ -800,10 +800,14 @@ class ProfileCostModel(CostModel):
         kv_dtype: str = "bf16",
         layout: Layout = Layout(paged=True),
         engine: EnginePreset | None = None,
+        source: str | None = None,
     ):
         super().__init__()
         self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
         self.name = profile.name
+        #: The profile as the user named it (``cost_model.profile``: a built-in name or a file path), which
+        #: errors quote; the profile's own name where it was not loaded by reference.
+        self.source: str = profile.name if source is None else str(source)
         #: The serving engine's framework terms (``None``: the profile's own measured overhead, as is).
         self.engine = engine
         #: Which MLA attention fits price a multi-head latent attention model, for ``describe``.
@@ -831,14 +835,14 @@ class ProfileCostModel(CostModel):
             self._gen, self._ctx = self._mla_grids(model, wd, kd)
         else:
             ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
-            self._gen = self._need(gen, self.keys.attention, "generation attention")
-            self._ctx = self._need(ctx, self.keys.attention, "context attention")
+            self._gen = self._need(gen, self.keys.attention, "generation attention", "generation_attention")
+            self._ctx = self._need(ctx, self.keys.attention, "context attention", "context_attention")
         self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
                 raise ConfigError(
                     KEY,
-                    profile.name,
+                    self.source,
                     f"tensor_parallel in {{1, {', '.join(sorted(profile.allreduce))}}} "
                     f"(all-reduce measured for those GPU counts); got {self.tp}",
                 )
@@ -871,7 +875,7 @@ class ProfileCostModel(CostModel):
         if not isinstance(after, list) or not all(_is_number(x) and 0 <= x < 1 for x in after):
             raise ConfigError(
                 KEY,
-                profile.name,
+                self.source,
                 "cpu_overhead.by_tp.*.after_prefill_s: a list of seconds in [0, 1) "
                 f"(added to the k-th decode iteration after a prefill); got {after!r}",
             )
@@ -894,7 +898,7 @@ class ProfileCostModel(CostModel):
             ):
                 raise ConfigError(
                     KEY,
-                    profile.name,
+                    self.source,
                     "cpu_overhead.by_tp.*.per_seq_delta_s: {seqs: increasing sequence "
                     "counts >= 1, delta_s: seconds in (-1, 1), one per count}; "
                     f"got {delta!r}",
@@ -905,7 +909,7 @@ class ProfileCostModel(CostModel):
         if not _is_number(g) or not 0 <= g < 1:
             raise ConfigError(
                 KEY,
-                profile.name,
+                self.source,
                 "cpu_overhead.by_tp.*.mixed_per_decode_s: seconds in [0, 1) per "
                 f"decoding sequence in an iteration with prefill; got {g!r}",
             )
@@ -986,9 +990,9 @@ class ProfileCostModel(CostModel):
                 )
                 raise ConfigError(
                     KEY,
-                    self.profile.name,
+                    self.source,
                     f"a profile with a multi-head latent attention ({kind}) kernel fit for a {kd} KV cache "
-                    f"(model {model.name!r}); {self.profile.name} has {', '.join(have) or 'none (no MLA kernel tables for this GPU)'}",
+                    f"(model {model.name!r}); {self.source} has {', '.join(have) or 'none (no MLA kernel tables for this GPU)'}",
                 )
             fits[kind] = found
         self._mla_info = {k: {"backend": b, "kv_dtype": d} for k, (b, d, _) in fits.items()}
@@ -1034,10 +1038,10 @@ class ProfileCostModel(CostModel):
             have = sorted({f"{b}:{d}" for b, ds in self.profile.moe.items() for d in ds})
             raise ConfigError(
                 KEY,
-                self.profile.name,
+                self.source,
                 f"a profile with a fused mixture-of-experts kernel fit for {expert_dtype} experts (model {model.name!r} "
                 f"routes each token to {moe.experts_per_token} of {moe.experts} experts); "
-                f"{self.profile.name} has {', '.join(have) or 'none (no MoE kernel tables for this GPU)'}",
+                f"{self.source} has {', '.join(have) or 'none (no MoE kernel tables for this GPU)'}",
             )
         self._moe_fit = found[2]
         entry = self.profile.moe[found[0]][found[1]]
@@ -1109,20 +1113,33 @@ class ProfileCostModel(CostModel):
             raise ConfigError(
                 f"model.{which}_dtype",
                 dtype,
-                f"profile {self.profile.name} has {which} dtypes {', '.join(have)} (fp16 runs on the bf16 curves)",
+                f"profile {self.source} has {which} dtypes {', '.join(have)} (fp16 runs on the bf16 curves)",
             )
         return canon
 
-    def _need(self, curve, key: str, what: str):
+    def _need(self, curve, key: str, what: str, family: str = "gemm"):
         if curve is not None:
             return curve
-        covered = ", ".join(sorted(self.profile.models)) or "none"
-        how = "fitted kernel families (any shape)" if self.profile.kernels else f"curves for: {covered}"
+        p = self.profile
+        if p.kernels:
+            how = f"fitted kernel families, none of which prices this {family} shape and dtype"
+        else:
+            # The models whose shapes the file bakes curves for (its ``models`` may list more).
+            gemms = {k.split(":")[0] for k in p.gemm}
+            attn = {k.split(":")[0] for k in p.context_attention} & {k.split(":")[0] for k in p.generation_attention}
+            covered = [
+                m
+                for m, e in sorted(p.models.items())
+                if isinstance(e, dict)
+                and set(dict(e.get("gemm_shapes") or {}).values()) <= gemms
+                and e.get("attention_shape") in attn
+            ]
+            how = f"no fitted kernel families, and curves for: {', '.join(covered) or 'no listed model'}"
         raise ConfigError(
             KEY,
-            self.profile.name,
+            self.source,
             f"a profile that measured the {what} shape {key} needed by model {self.model.name!r} at "
-            f"tensor_parallel={self.tp}; {self.profile.name} has {how}",
+            f"tensor_parallel={self.tp}; {self.source} has {how}",
         )
 
     def _count(self, curve: str, n: int) -> None:
@@ -1474,6 +1491,7 @@ def build_profile_cost_model(
         kv_dtype=kv_dtype,
         layout=layout,
         engine=engine,
+        source=str(profile_ref),
     )
 
 

@@ -368,7 +368,7 @@ def validate_profile(doc: Any, source: str) -> ProfileDoc:
     if bad is not None:
         raise ConfigError(f"{source}: {json_path(bad[0])}", bad[1], "a finite number (no NaN or Infinity in a profile)")
     try:
-        return ProfileDoc.model_validate(doc)
+        parsed = ProfileDoc.model_validate(doc)
     except ValidationError as err:
         e = err.errors()[0]
         loc = tuple(e["loc"])
@@ -379,3 +379,41 @@ def validate_profile(doc: Any, source: str) -> ProfileDoc:
             loc, value, msg = loc + at.loc, at.value, str(at)
         msg = msg.replace("Input should be", "a value").replace("List should have", "a list with")
         raise ConfigError(f"{source}: {json_path(loc)}", value, f"{msg} (kvsim-profile v{VERSION})") from None
+    _check_pricing(parsed, source)
+    return parsed
+
+
+#: The kernel families every model is priced with: fitted (``kernels``) or baked (same-named curves).
+PRICED_FAMILIES = ("gemm", "context_attention", "generation_attention")
+
+
+def _restore(key: str) -> str:
+    return f"copy {key} back from the profile this file came from, or rebuild the file with kvsim calibrate"
+
+
+def _check_pricing(doc: ProfileDoc, source: str) -> None:
+    """A profile that names fitted kernel families it does not hold, or holds neither fitted families
+    nor baked curves, can price no model: one line naming the file, the missing key and what to do."""
+    if not doc.kernels and not any(getattr(doc, f) for f in PRICED_FAMILIES):
+        listed = f" of the {len(doc.models)} it lists under models" if doc.models else ""
+        raise ConfigError(
+            f"{source}: kernels",
+            _Nothing(),
+            f"fitted kernel families ({{engine: {{gemm, context_attention, generation_attention}}}}, kvsim-profile "
+            f"v{VERSION}) or baked curves in gemm, context_attention and generation_attention: the file has "
+            f"neither, so it prices no model{listed}; " + _restore('"kernels" (and "kernel_defaults")'),
+        )
+    for family in PRICED_FAMILIES:
+        backend = doc.kernel_defaults.get(family)
+        if backend is None or family in doc.kernels.get(backend, {}) or getattr(doc, family):
+            continue
+        where = "kernels" if not doc.kernels else f"kernels.{backend}" if backend not in doc.kernels else None
+        where = where or f"kernels.{backend}.{family}"
+        have = ", ".join(f"{b} ({', '.join(sorted(fams))})" for b, fams in sorted(doc.kernels.items()))
+        raise ConfigError(
+            f"{source}: {where}",
+            _Nothing(),
+            f"the fitted {family} family of engine {backend!r} that kernel_defaults.{family} names (the file has "
+            f"no baked {family} curves to price with instead); kernels holds {have or 'nothing'}; "
+            + _restore(f'"{where}"'),
+        )
