@@ -170,7 +170,14 @@ def test_installed_kvsim_runs_chat_api_outside_the_checkout(installed):
     assert s["scenario"] == "chat-api" and s["requests"] == 2000 and s["completed"] > 0
     assert s["kvsim_version"] == sim.__version__
     prof = json.loads((ROOT / "sim" / "profiles" / f"{s['cost_model']}.json").read_text())["provenance"]
-    assert s["cost_model_profile"] == {"name": s["cost_model"], "date": prof["date"], "source": prof["source"]}
+    block = s["cost_model_profile"]
+    assert {k: block[k] for k in ("name", "date", "source")} == {
+        "name": s["cost_model"],
+        "date": prof["date"],
+        "source": prof["source"],
+    }
+    # The installed built-in profile, named by kind (no installation path) and told apart by its bytes' hash.
+    assert block["kind"] == "builtin" and block["path"] is None and len(block["sha256"]) == 16
 
     # A trace scenario (its trace resolved from the package) and the other packaged data.
     trace = _run(

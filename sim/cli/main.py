@@ -70,6 +70,8 @@ def print_summary(
 ) -> None:
     """The run's table; ``truncates``: show the truncated count even when it is 0 (the allocator
     can truncate), as it is whenever it is not 0."""
+    from sim.output.provenance import describe_block
+
     engine = f"{summary['engine']} engine, " if summary.get("engine") else ""  # older summaries lack it
     t = Table(
         title=f"kvsim: {summary['scenario']} — {summary['allocator']} allocator, {engine}cost model {summary['cost_model']}"
@@ -103,6 +105,9 @@ def print_summary(
         ("busy fraction", _fmt(summary["busy_fraction"])),
         ("simulated time (s)", _fmt(summary["makespan_s"])),
     ]
+    profile = describe_block(summary.get("cost_model_profile"))
+    if profile is not None:
+        rows.append(("cost profile", profile))
     if wall_s is not None:
         rows.append(("wall time (s)", f"{wall_s:.2f}"))
     if hot_path is not None:
@@ -150,6 +155,7 @@ def run(
     from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.engine.budget import budget_from_options
     from sim.engine.cluster import simulate
+    from sim.output.provenance import profile_source
     from sim.output.results import write_run
 
     warn = _StderrWarnings(logging.WARNING)
@@ -172,6 +178,8 @@ def run(
             data = {**data, "model": section}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
+        # The profile file is read (and hashed for summary.json) as the run loads it: before it starts.
+        source = profile_source(sc)
         # Every file is written into a staging folder and moved into place at the end: an
         # interrupted or failed run leaves an earlier run in ``dest`` as it was.
         with staged(dest) as stage:
@@ -193,7 +201,7 @@ def run(
                     result = simulate(
                         sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage, budget=budget
                     )
-            write_run(result, stage)
+            write_run(result, stage, source)
     except ConfigError as exc:
         _fail(exc)
     finally:
