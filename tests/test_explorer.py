@@ -191,6 +191,21 @@ def test_upload_limits(store):
         store.add_trace("evil.sh", b"arrival_s,prompt_tokens,output_tokens\n0,1,1\n")
 
 
+def test_trace_upload_name_of_only_dots_and_extension(store):
+    """A name that does end in .csv but has nothing before it is refused for that, not its ending."""
+    rows = b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n"
+    for name in ("....csv", ".csv", "../.csv"):
+        with pytest.raises(ConfigError) as e:
+            store.add_trace(name, rows)
+        msg = str(e.value)
+        assert msg.startswith("trace upload: got") and repr(name) in msg, msg
+        assert "a name before its extension" in msg and "ending in" not in msg, msg
+    # Cutting a long name to 100 characters keeps its extension instead of refusing it.
+    info = store.add_trace("x" * 200 + ".csv", rows)
+    assert info.name == "x" * 96 + ".csv"
+    assert X.safe_filename(".hidden.CSV", X.TRACE_EXTENSIONS, "trace upload") == "hidden.CSV"
+
+
 def test_scenario_upload_validates_schema_and_references(store):
     with pytest.raises(ConfigError, match="unknown key"):
         store.parse_scenario("s.yaml", b"allocator: {kind: paged, blocksize: 8}\n")
@@ -343,6 +358,40 @@ def test_small_sweep_from_the_page(store):
         X.run_small_sweep(
             SMALL, {"workload.arrival.rate": list(range(1, 13)), "gpu.replicas": [1, 2, 3, 4, 5]}, 10, store
         )
+
+
+def test_sweep_axis_the_allocator_ignores_is_refused(store):
+    """Sweeping a key the scenario's allocator kind does not read would give identical points."""
+    static = apply_overrides(SMALL, {"allocator.kind": "static"})
+    with pytest.raises(ConfigError) as e:
+        X.run_small_sweep(static, {"allocator.block_size": [16, 64, 256]}, 40, store)
+    msg = str(e.value)
+    assert msg.startswith("sweep axis allocator.block_size: got [16, 64, 256]"), msg
+    assert "allocator.kind static with allocator.overflow: reject ignores it" in msg, msg
+    assert (
+        "static reads allocator.{reserve, overflow, placement, fallback_fraction, block_size, page_reuse, "
+        "compaction.*} (block_size only with overflow: fallback)" in msg
+    ), msg
+    assert not (store.dir / "sweeps").exists()  # refused before anything is written or run
+    with pytest.raises(ConfigError, match=r"allocator.kind paged ignores it; paged reads allocator.\{block_size"):
+        X.run_small_sweep(SMALL, {"allocator.reserve": ["max_model_len", "p95"]}, 40, store)
+    with pytest.raises(ConfigError, match="each of allocator.kind static, dynamic"):
+        X.run_small_sweep(SMALL, {"allocator.kind": ["static", "dynamic"], "allocator.block_size": [16, 64]}, 40, store)
+
+    # Read at some point of the sweep (another kind, the fallback region, every kind's preemption): allowed.
+    from sim.config import AllocatorConfig
+
+    for alloc, grid in (
+        ("static", {"allocator.kind": ["static", "paged"], "allocator.block_size": [16, 64]}),
+        ("static", {"allocator.overflow": ["reject", "fallback"], "allocator.block_size": [16, 64]}),
+        ("dynamic", {"allocator.preemption.mode": ["recompute", "swap"], "workload.arrival.rate": [5, 10]}),
+        ("dynamic", {"allocator.compaction": [{"enabled": True}]}),
+        ("static", {"allocator.compaction.enabled": [False, True]}),  # static's arena compacts
+    ):
+        X.check_axes_read(AllocatorConfig(kind=alloc), grid)
+    # Compacting needs the arena alone: static's fallback region is not compacted.
+    with pytest.raises(ConfigError, match="allocator.kind static with allocator.overflow: fallback ignores it"):
+        X.check_axes_read(AllocatorConfig(kind="static", overflow="fallback"), {"allocator.compaction.enabled": [True]})
 
 
 # --- calibration --------------------------------------------------------------------------------

@@ -189,6 +189,8 @@ def test_knob_defaults_are_the_configs():
         "placement": "first_fit",
         "fallback_fraction": 0.1,
         "block_size": 16,
+        "page_reuse": "generation",
+        **{f"compaction.{k}": v for k, v in defaults.compaction.model_dump().items()},
     }
     assert KINDS["hybrid_tail"][0]["length_predictor"] == defaults.length_predictor == "prompt"
     assert COMMON_KNOBS == {

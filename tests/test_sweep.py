@@ -221,3 +221,35 @@ def test_unknown_base_is_one_line_exit_2(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: base: got 'no-such-scenario'")
     assert not out.exists()
+
+
+def test_an_axis_the_allocator_ignores_is_refused_before_any_point(tmp_path):
+    """static reads allocator.block_size only with overflow: fallback: without it, a block-size
+    sweep would run one scenario three times."""
+    f = write(
+        tmp_path,
+        """
+        base: peak-vs-average          # allocator.kind static, overflow: reject
+        set: {workload.num_requests: 20}
+        grid:
+          allocator.block_size: [16, 64, 256]
+          workload.arrival.rate: [5, 10]
+    """,
+    )
+    out = tmp_path / "ds"
+    r = sweep_cli(f, "-w", "1", "--out", out, "-q")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    msg = lines[0]
+    assert msg.startswith("error: sweep axis allocator.block_size: got [16, 64, 256]; a key the allocator reads"), msg
+    assert "allocator.kind static with allocator.overflow: reject ignores it" in msg, msg
+    assert "static reads allocator.{reserve, overflow, placement, fallback_fraction, block_size, page_reuse" in msg
+    assert "(block_size only with overflow: fallback)" in msg, msg
+    assert not out.exists()  # refused before any point ran or was written
+
+    # Read at some point: another kind reads it, or the fallback region does.
+    for extra in ("  allocator.kind: [static, paged]\n", "  allocator.overflow: [reject, fallback]\n"):
+        g = write(tmp_path, f.read_text() + extra, name="ok.yaml")
+        pts = load_sweep(g).points()
+        assert len(pts) == 2 * 3 * 2

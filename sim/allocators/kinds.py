@@ -176,7 +176,9 @@ def build_static(a: AllocatorConfig, b: Budget) -> Allocator:
 
 
 def build_dynamic(a: AllocatorConfig, b: Budget) -> Allocator:
-    return DynamicAllocator(b.capacity_tokens, b.kv_bytes_per_token, a.growth, a.chunk_tokens, a.placement)
+    # chunk_tokens is read only with growth: chunk (only_with below says so).
+    chunk = {"chunk_tokens": a.chunk_tokens} if a.growth == "chunk" else {}
+    return DynamicAllocator(b.capacity_tokens, b.kv_bytes_per_token, a.growth, placement=a.placement, **chunk)
 
 
 def build_paged(a: AllocatorConfig, b: Budget) -> Allocator:
@@ -230,11 +232,42 @@ def build_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Allocator:
     )
 
 
+#: ``allocator.compaction.*``: the replica compacts a :class:`~sim.allocators.capabilities.Compactable`
+#: allocator (static's arena, dynamic) by these, and only with ``enabled: true``.
+_COMPACTION = (
+    "compaction.enabled",
+    "compaction.below_utilization",
+    "compaction.above_fragmentation",
+    "compaction.mode",
+    "compaction.background_slowdown",
+    "compaction.period_s",
+)
+
+
+def _compaction_only_with(**also: tuple) -> dict[str, dict[str, tuple]]:
+    """``only_with`` of the compaction knobs, each also conditioned on ``also`` (key → values)."""
+    enabled = {**also, "compaction.enabled": (True,)}
+    out: dict[str, dict[str, tuple]] = {k: dict(enabled) for k in _COMPACTION[1:]}
+    out["compaction.background_slowdown"]["compaction.mode"] = ("background",)
+    if also:
+        out["compaction.enabled"] = dict(also)
+    return out
+
+
+# static with overflow: fallback builds a paged fallback region (block_size, page_reuse,
+# fallback_fraction); without it, the arena alone, which the replica may compact.
+_STATIC_FALLBACK = {"overflow": ("fallback",)}
 register(
     "static",
     build_static,
     size=size_static,
-    knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size"),
+    knobs=("reserve", "overflow", "placement", "fallback_fraction", "block_size", "page_reuse", *_COMPACTION),
+    only_with={
+        "fallback_fraction": _STATIC_FALLBACK,
+        "block_size": _STATIC_FALLBACK,
+        "page_reuse": _STATIC_FALLBACK,
+        **_compaction_only_with(overflow=("reject", "truncate")),
+    },
     layer_groups=True,
     description="contiguous per-request reservation (max_model_len | tokens | pNN of total length) in an arena; "
     "overflow: fallback moves a sequence that outgrows it to a paged fallback region",
@@ -243,22 +276,15 @@ register(
     "dynamic",
     build_dynamic,
     size=size_dynamic,
-    knobs=(
-        "growth",
-        "chunk_tokens",
-        "placement",
-        "compaction.enabled",
-        "compaction.below_utilization",
-        "compaction.above_fragmentation",
-        "compaction.mode",
-        "compaction.period_s",
-    ),
+    knobs=("growth", "chunk_tokens", "placement", *_COMPACTION),
+    only_with={"chunk_tokens": {"growth": ("chunk",)}, **_compaction_only_with()},
     description="one contiguous extent per sequence grown in place or by realloc-and-copy, token by token or in chunks",
 )
 register(
     "paged",
     build_paged,
     knobs=("block_size", "page_reuse", "prefix_caching.enabled", "prefix_caching.eviction"),
+    only_with={"prefix_caching.eviction": {"prefix_caching.enabled": (True,)}},
     description="PagedAttention block pool: blocks of block_size tokens from one free pool",
     paged_layout=True,
     layer_groups=True,
@@ -267,7 +293,17 @@ register(
     "hybrid_tail",
     build_hybrid_tail,
     size=size_hybrid_tail,
-    knobs=("long_threshold", "static_fraction", "length_predictor", "predictor_quantile", "block_size", "placement"),
+    # length_predictor, predictor_quantile: the scheduler predicts lengths for it (LengthHints).
+    knobs=(
+        "long_threshold",
+        "static_fraction",
+        "length_predictor",
+        "predictor_quantile",
+        "block_size",
+        "page_reuse",
+        "placement",
+    ),
+    only_with={"predictor_quantile": {"length_predictor": ("quantile",)}},
     description="static max_model_len reservations for predicted-long requests in a partition; paged pool "
     "for the rest (a request outgrowing the threshold moves to a slot)",
     paged_layout=True,
@@ -276,7 +312,15 @@ register(
     "hybrid_reserve",
     build_hybrid_reserve,
     size=size_hybrid_reserve,
-    knobs=("reserve_fraction", "preempt_at_usage", "admit_when_free_above", "stale_after_s", "block_size"),
+    # stale_after_s: the replica drops stale requests for this kind (sim/engine/cluster.py).
+    knobs=(
+        "reserve_fraction",
+        "preempt_at_usage",
+        "admit_when_free_above",
+        "stale_after_s",
+        "block_size",
+        "page_reuse",
+    ),
     description="paged pool with an emergency reserve for running sequences, a preemption threshold and an "
     "admission breaker",
     paged_layout=True,

@@ -6,8 +6,15 @@ A kind is registered once (:func:`register`) with
   section (:class:`sim.config.AllocatorConfig`) and the memory the deployment resolved
   (:class:`Budget`). It raises :class:`sim.errors.ConfigError` for knob values it cannot use;
 * ``knobs``: the ``allocator.*`` keys it reads (dotted for nested sections, e.g.
-  ``compaction.enabled``). Their defaults are the config's (:func:`knob_defaults`), defined
-  there once; ``kvsim list allocators``, the explorer and the planner list them;
+  ``compaction.enabled``): its ``build`` and ``size``, and the engine around the allocator it
+  builds (``compaction.*`` for a :class:`~sim.allocators.capabilities.Compactable` one,
+  ``length_predictor`` for :class:`~sim.allocators.capabilities.LengthHints`). Their defaults are
+  the config's (:func:`knob_defaults`), defined there once; ``kvsim list allocators``, the explorer
+  and the planner list them;
+* ``only_with`` (optional): knobs it reads only while other ``allocator.*`` keys have certain
+  values, ``{knob: {key: (values...)}}`` (every key must hold one of its values): ``static``
+  builds its paged fallback region (``block_size``…) only with ``overflow: fallback``. A sweep
+  axis no point reads is refused (:mod:`sim.allocators.knob_use`);
 * ``description``: one line on what it models;
 * ``paged_layout``: attention reads a block table (the cost model prices the paged kernels);
 * ``layer_groups``: it holds a model's KV per layer group (:class:`sim.catalog.KVGroups`): a
@@ -84,6 +91,9 @@ class AllocatorKind:
     paged_layout: bool = False
     size: Sizer = _as_is
     layer_groups: bool = False
+    #: knob → {``allocator.*`` key: values}: the knob is read only while each key has one of its
+    #: values (a knob not here is read whenever the kind is).
+    only_with: Mapping[str, Mapping[str, tuple]] = field(default_factory=dict, compare=False)
 
 
 #: kind → entry, in registration order.
@@ -109,15 +119,30 @@ def register(
     paged_layout: bool = False,
     size: Sizer | None = None,
     layer_groups: bool = False,
+    only_with: Mapping[str, Mapping[str, tuple | list]] | None = None,
 ) -> AllocatorKind:
     """Make ``allocator.kind: <kind>`` build allocators with ``build`` (and resolve its sizes with
-    ``size``). Every knob must be an ``allocator.*`` key of the config (checked here). A kind is
-    registered once."""
+    ``size``). Every knob, and every key ``only_with`` names, must be an ``allocator.*`` key of the
+    config; a knob in ``only_with`` must be one of ``knobs`` (checked here). A kind is registered
+    once."""
     if kind in REGISTRY:
         raise ValueError(f"allocator kind {kind!r} is already registered")
     for k in knobs:
         _default(k)
-    entry = AllocatorKind(kind, build, tuple(knobs), description, paged_layout, size or _as_is, layer_groups)
+    conditions: dict[str, dict[str, tuple]] = {}
+    for knob, when in (only_with or {}).items():
+        if knob not in knobs:
+            raise KeyError(f"only_with: allocator.{knob} is not one of {kind}'s knobs")
+        if not when:
+            raise ValueError(f"only_with: allocator.{knob} needs at least one key and its values")
+        for key, values in when.items():
+            _default(key)
+            if isinstance(values, str) or not values:
+                raise ValueError(f"only_with: allocator.{knob}: the values of allocator.{key} must be a non-empty list")
+        conditions[knob] = {key: tuple(values) for key, values in when.items()}
+    entry = AllocatorKind(
+        kind, build, tuple(knobs), description, paged_layout, size or _as_is, layer_groups, conditions
+    )
     REGISTRY[kind] = entry
     if kind not in ALLOCATOR_KINDS:
         ALLOCATOR_KINDS.append(kind)

@@ -19,7 +19,9 @@ mapping ``label: value`` (the label is what the dataset column holds; use it for
 sections such as ``workload.lengths``).
 
 Validation happens before any point runs: the file's structure, every axis key path
-(unknown keys fail the sweep), and then every point's scenario. A point whose scenario is
+(unknown keys fail the sweep), then every point's scenario, and then each ``allocator.*`` axis:
+one that the allocator of no point reads (``allocator.block_size`` of ``static`` without
+``overflow: fallback``) fails the sweep, since its values would all give the same run. A point whose scenario is
 invalid for its *values* (a block size of 0, a model that does not fit the GPU) is recorded
 as ``failed`` with its error, without running, and the sweep exits non-zero after the valid
 points finish: a sweep that maps a feasible region should not abort on its infeasible corner.
@@ -52,7 +54,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from sim.config import Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
+from sim.config import AllocatorConfig, Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
 from sim.inputs import is_file, load_yaml, read_text
@@ -112,7 +114,11 @@ class SweepSpec:
         return [a for g in self.groups for a in g]
 
     def points(self) -> list[Point]:
-        """Every point with its scenario validated (invalid ones carry their error)."""
+        """Every point with its scenario validated (invalid ones carry their error). An
+        ``allocator.*`` axis that the allocator of no valid point reads raises
+        :class:`ConfigError` (:func:`sim.allocators.knob_use.check_axes_read`)."""
+        from sim.allocators.knob_use import check_axes_read
+
         base = apply_overrides(self.base_data, self.fixed)
         base_seed = base.get("seed", 0)
         if self.seeds is not None and not isinstance(base_seed, int):
@@ -120,6 +126,7 @@ class SweepSpec:
         seed_values = [None] if self.seeds is None else [base_seed + i for i in range(self.seeds)]
         out: list[Point] = []
         seen: set[str] = set()
+        allocators: list[AllocatorConfig] = []
         for combo in itertools.product(*(range(len(g[0].values)) for g in self.groups)):
             for seed in seed_values:
                 overrides: dict[str, Any] = {}
@@ -139,6 +146,7 @@ class SweepSpec:
                     pseed = data.get("seed", 0) if isinstance(data.get("seed", 0), int) else 0
                     point = Point(len(out), pid, pseed, params, None, str(self.base_dir), f"ConfigError: {exc}")
                 else:
+                    allocators.append(sc.allocator)
                     dump = canonical_scenario(sc)
                     point = Point(len(out), _hash(dump), sc.seed, params, dump, str(self.base_dir))
                 # The same resolved scenario twice (e.g. 10 and 10.0) is one point.
@@ -146,6 +154,8 @@ class SweepSpec:
                     continue
                 seen.add(point.point_id)
                 out.append(point)
+        # An axis the allocator ignores everywhere would run the same scenario once per value.
+        check_axes_read({a.key: a.values for a in self.axes}, allocators)
         return out
 
 

@@ -19,7 +19,9 @@ The page only wires widgets to the functions here, one module per part of the pa
   :func:`resolve_scenario` and :func:`canonical_json` (the cache key of a run), :func:`run_canonical`
   (the simulation behind the page's cache), :func:`kpis` (headline numbers of a run),
   :func:`compare_rows` (side by side, best/worst marked).
-* **Sweeps and plans** (:mod:`~sim.explorer.sweeps`): :func:`run_small_sweep`, :func:`run_small_plan`.
+* **Sweeps and plans** (:mod:`~sim.explorer.sweeps`): :func:`run_small_sweep`, :func:`run_small_plan`;
+  :func:`check_axes_read` refuses an ``allocator.*`` axis the allocator kind does not read
+  (:mod:`sim.allocators.knob_use`, as ``kvsim sweep`` does).
 * **Downloads** (:mod:`~sim.explorer.downloads`): :func:`table_bytes`, :func:`figures_html`.
 * **Calibration** (:mod:`~sim.explorer.calibration_view`): :func:`profile_rows` (provenance and fit
   quality per profile) and :func:`calibration_figure` (measured table points against the profile's
@@ -69,6 +71,7 @@ from sim.explorer.sweeps import (
     MAX_AXIS_VALUES,
     MAX_SWEEP_POINTS,
     SWEEP_AXES,
+    check_axes_read,
     default_index,
     default_sweep_axes,
     numeric_columns,
@@ -134,6 +137,7 @@ __all__ = [
     "builtin_traces",
     "calibration_figure",
     "canonical_json",
+    "check_axes_read",
     "compare_rows",
     "curve_keys",
     "default_curve",

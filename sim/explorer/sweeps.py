@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import yaml
 
-from sim.config import scenario_from_dict
+from sim.config import AllocatorConfig, Scenario, scenario_from_dict
 from sim.engine.budget import EXPLORER_BUDGET
 from sim.errors import ConfigError
 from sim.explorer.uploads import UploadStore, resolve_paths
@@ -62,10 +62,26 @@ def parse_axis_values(text: str, key: str) -> list:
     return list(dict.fromkeys(values))
 
 
-def _write_run_scenario(data: dict, store: UploadStore, sub: str) -> Path:
-    """The scenario with vetted absolute paths, written into the session folder (for sweep/plan files)."""
+def check_axes_read(allocator: AllocatorConfig, grid: Mapping[str, Sequence]) -> None:
+    """Refuse an ``allocator.*`` axis that no point's allocator reads: its values would all give the
+    same run. ``allocator`` is the base scenario's section; ``grid`` the swept values (a swept
+    ``allocator.kind``, or a key a knob depends on such as ``allocator.overflow``, counts point by
+    point). The rule is the allocator registry's (:mod:`sim.allocators.knob_use`), as ``kvsim sweep``
+    applies it."""
+    from sim.allocators import knob_use
+
+    knob_use.check_axes_read(grid, knob_use.grid_configs(allocator, grid))
+
+
+def _write_run_scenario(
+    data: dict, store: UploadStore, sub: str, check: Callable[[Scenario], None] | None = None
+) -> Path:
+    """The scenario with vetted absolute paths, written into the session folder (for sweep/plan
+    files); ``check`` may refuse the validated scenario before anything is written."""
     resolved = resolve_paths(data, store.trace_paths(), store.profiles)
-    scenario_from_dict(resolved)
+    sc = scenario_from_dict(resolved)
+    if check is not None:
+        check(sc)
     text = yaml.safe_dump(resolved, sort_keys=False)
     folder = store.dir / sub / hashlib.sha256(text.encode()).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
@@ -93,7 +109,7 @@ def run_small_sweep(
             "sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)"
         )
     _check_page_requests(num_requests)
-    base = _write_run_scenario(data, store, "sweeps")
+    base = _write_run_scenario(data, store, "sweeps", lambda sc: check_axes_read(sc.allocator, grid))
     spec = {
         "name": "explorer",
         "base": base.name,

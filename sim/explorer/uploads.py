@@ -88,12 +88,23 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def safe_filename(name: str, extensions: tuple[str, ...], what: str) -> str:
-    """The base name of an uploaded file with only ``[A-Za-z0-9._-]`` kept, and an allowed extension."""
+    """The base name of an uploaded file with only ``[A-Za-z0-9._-]`` kept, and an allowed extension
+    (at most 100 characters, extension included)."""
     base = Path(str(name).replace("\\", "/")).name
-    base = _SAFE_NAME.sub("_", base).lstrip(".")[:100] or "upload"
-    if not base.lower().endswith(extensions):
+    ext = next((e for e in extensions if base.lower().endswith(e)), None)
+    if ext is None:
         raise ConfigError(what, name, f"a file ending in {', '.join(extensions)}")
-    return base
+    # The extension is split off first: leading dots are stripped (no hidden files) and long names
+    # cut, and either done to the whole name would eat into it ("....csv" → "csv").
+    stem = _SAFE_NAME.sub("_", base[: len(base) - len(ext)]).lstrip(".")
+    if not stem:
+        raise ConfigError(
+            what,
+            name,
+            f"a file name with a name before its extension (letters, digits, '.', '_' or '-', not only "
+            f"dots), such as trace{ext}",
+        )
+    return stem[: 100 - len(ext)] + base[len(base) - len(ext) :]
 
 
 #: Nesting deeper than this is refused before anything else looks at an upload (the deepest
