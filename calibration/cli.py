@@ -159,7 +159,12 @@ def calibrate_command(
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
     backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
     dtype: str | None = typer.Option(None, "--dtype", help="Keep only this weight/KV dtype (bf16|fp8)."),
-    tensor_parallel: list[int] | None = typer.Option(None, "--tp", help="TP degrees (default: 1,2,4,8 that divide)."),
+    tensor_parallel: list[int] | None = typer.Option(
+        None,
+        "--tp",
+        help="TP degrees (default: 1,2,4,8 that divide; --device: 1 only). --from-serving-bench with vllm "
+        "JSON results: the runs' tensor-parallel degree (the files do not record it).",
+    ),
     device: str | None = typer.Option(None, "--device", help="Time real torch kernels on cpu|cuda instead."),
     quick: bool = typer.Option(False, "--quick", help="Small grids (device route)."),
     name: str | None = typer.Option(None, "--name", help="Profile name (default: derived from the device)."),

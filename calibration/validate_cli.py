@@ -35,7 +35,7 @@ def validate_command(
         help="Use this profile (name or JSON) instead of calibrating the engine's shape on the device first.",
     ),
     out: Path = typer.Option(Path("runs/validate"), "--out", help="Output folder (validation.json, validation.html)."),
-    quick: bool = typer.Option(False, "--quick", help="The spec's quick subset (CI: seconds)."),
+    quick: bool = typer.Option(False, "--quick", help="The spec's quick subset (CI: about a minute on 2 cores)."),
     engine_overhead: bool = typer.Option(
         True,
         "--engine-overhead/--no-engine-overhead",

@@ -160,11 +160,32 @@ def refit(
     return out
 
 
+def _not_a_run(run: Path) -> str | None:
+    """Why ``run`` is not a folder refit can read (``None`` when it is)."""
+    expected = "expected the --out folder of a kvsim validate run, with validation.json and overhead_rows.json"
+    if not run.is_dir():
+        return f"no such folder ({expected})"
+    for name in ("validation.json", "overhead_rows.json"):
+        if not (run / name).is_file():
+            note = (
+                " (kvsim validate writes it unless run with --no-engine-overhead)"
+                if name == "overhead_rows.json"
+                else ""
+            )
+            return f"no {name} there{note}; {expected}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
+    for run in args:
+        problem = _not_a_run(Path(run))
+        if problem:
+            sys.stderr.write(f"error: {run}: {problem}\n")
+            return 2
     for run in args:
         for r in refit(run):
             s = r["summary"]

@@ -188,7 +188,7 @@ def render(results: list[SituationResult], num_requests: int | None = None) -> s
         "times (timeseries `first_step_s`). Contrast rows are context (another load or workload), not candidates. "
         "*Upper bound* rows route requests by their true output length (`allocator.length_predictor: oracle`), which "
         "no server knows: they bound what a length-routed strategy could reach and are never recommended; the "
-        "other hybrid_tail rows predict from the prompt (`quantile`, the default, or `prompt`).",
+        "other hybrid_tail rows predict from the prompt (`prompt`, the default, or `quantile`).",
         "",
         "**Verdicts.** *reproduced*: the simulation finds the article's direction and magnitude; *partly*: the "
         "direction but not the magnitude, or only for some of the strategies; *did not reproduce*: no effect or the "
