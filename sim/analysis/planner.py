@@ -670,7 +670,9 @@ def plan(
             "tensor_parallel": sc.gpu.tensor_parallel,
             "gpu": sc.gpu.name,
             "model": sc.model.name,
-            "cost_model_calibrated": sc.cost_model.profile not in (None, "none"),
+            # From the cost model the runs build: ``auto`` falls back to the roofline prior where no
+            # built-in profile covers the GPU, model or dtypes (as plan.json's cost_model_profile says).
+            "cost_model_calibrated": _cost_model_calibrated(sc),
             "candidates": cands,
             "skipped": skipped,
         }
@@ -710,6 +712,17 @@ _TASK_CPU_S = {
     "paged": 0.2,
     "paged-b32": 0.15,
 }
+
+
+def _cost_model_calibrated(sc) -> bool:
+    """Whether a calibrated profile prices the runs of ``sc`` (not the roofline prior): learnt by
+    building the cost model as a run does (:func:`sim.output.provenance.scenario_cost_profile`)."""
+    from sim.output.provenance import scenario_cost_profile
+
+    try:
+        return scenario_cost_profile(sc)["kind"] != "roofline"
+    except ConfigError:  # no run could build it either (every candidate says why): nothing was priced
+        return False
 
 
 def _task_cost(task: dict) -> float:
@@ -794,6 +807,19 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+#: Why a search's goodput is only a lower bound (``search_status``), in the recommendation's words.
+_LOWER_BOUND_WHY = {
+    "unbounded": "every rate the search tried met the SLO, up to the highest it tries",
+    "budget": "the search's evaluation budget ran out before any rate missed the SLO",
+}
+
+
+def _lower_bound(c: dict) -> str:
+    """``"≥"`` for a candidate whose goodput is only a lower bound (its search never saw a rate
+    miss the SLO), else ``""``."""
+    return "≥" if c.get("search_status") in _LOWER_BOUND_WHY else ""
+
+
 def _upper_bound_reasons(p: dict, basis: str) -> list[str]:
     """One line per upper-bound candidate: what it reached, beside the real candidates of its kind
     (goodputs on the recommendation's ``basis``)."""
@@ -818,20 +844,103 @@ def _upper_bound_reasons(p: dict, basis: str) -> list[str]:
     return out
 
 
-def _top_cluster(
-    cands: list[dict], key: Callable[[dict], float], resolution: float, relative: bool = False, higher: bool = True
-) -> list[dict]:
-    """The best candidates by ``key`` and every one within ``resolution`` (relative, or absolute)
-    of a kept one: candidates that measure the same are kept or dropped together."""
-    ranked = sorted(cands, key=key, reverse=higher)
-    kept = [ranked[0]]
-    for c in ranked[1:]:
-        a, b = key(kept[-1]), key(c)
-        gap = abs(a - b) / max(abs(a), 1e-300) if relative else abs(a - b)
-        if not gap <= resolution:
+def _within(a: float, b: float, resolution: float, relative: bool = False) -> bool:
+    """Whether ``a`` and ``b`` measure the same: within ``resolution`` of each other (absolute, or
+    relative to the larger); an unmeasured (infinite) value is the same only as another."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return a == b
+    gap = abs(a - b)
+    if relative:
+        gap /= max(abs(a), abs(b), 1e-300)
+    return gap <= resolution * (1 + 1e-9)
+
+
+def _apart(
+    cands: list[dict],
+    ref: dict,
+    key: Callable[[dict], float],
+    unit: str,
+    resolution: float,
+    relative: bool = False,
+    decimals: int | None = None,
+    percent: bool = False,
+) -> dict[str, str]:
+    """Each candidate's ``key`` as text (name → text), all at one precision: the fewest decimals
+    (from three significant digits, or from ``decimals``) at which every value that differs from
+    ``ref``'s prints apart from it, and every one beyond ``resolution`` of it prints beyond it (a
+    waste of 0.65 % against 1.33 % is not shown as 1 % against 1 %)."""
+    scale = 100.0 if percent else 1.0
+    vals = {c["name"]: key(c) * scale for c in cands}
+    r = key(ref) * scale
+    res = resolution if relative else resolution * scale
+    finite = [abs(v) for v in vals.values() if math.isfinite(v)]
+    if decimals is None:
+        top = max(finite, default=0.0)
+        decimals = 0 if percent or top == 0 else max(0, 2 - math.floor(math.log10(top)))
+    d = decimals
+    for d in range(decimals, decimals + 5):
+        if all(
+            v == r
+            or not (math.isfinite(v) and math.isfinite(r))
+            or (
+                round(v, d) != round(r, d)
+                and (_within(v, r, res, relative) or not _within(round(v, d), round(r, d), res, relative))
+            )
+            for v in vals.values()
+        ):
             break
-        kept.append(c)
-    return [c for c in cands if any(c is k for k in kept)]
+    sep = "" if unit in ("", "%") else " "
+    return {n: (f"{v:.{d}f}{sep}{unit}" if math.isfinite(v) else "not measured") for n, v in vals.items()}
+
+
+class _TieStep:
+    """One tie-break of the recommendation: ``best(cands)`` is the best of those in the running,
+    ``same(best, c)`` whether ``c`` measures the same as it; ``show(cands, ref)`` gives each one's
+    value as text (at a precision that separates it from ``ref``'s); ``out`` and ``within`` word a
+    candidate dropped or kept beside the best."""
+
+    def __init__(
+        self,
+        criterion: str,
+        short: str,
+        best: Callable[[list[dict]], dict],
+        same: Callable[[dict, dict], bool],
+        show: Callable[[list[dict], dict], dict[str, str]],
+        out: str,
+        within: str,
+    ):
+        self.criterion, self.short, self.best, self.same = criterion, short, best, same
+        self.show, self.out, self.within = show, out, within
+
+    def clause(self, keep: list[dict], ref: dict, nxt: list[dict]) -> str:
+        """The reason's words for this step: who it dropped, against which best and value."""
+        vals = self.show(keep, ref)
+        dropped = [c for c in keep if not any(c is k for k in nxt)]
+        kept = [c for c in nxt if c is not ref]
+
+        def named(cs: list[dict]) -> str:
+            return ", ".join(f"{c['name']} ({vals[c['name']]})" for c in cs)
+
+        text = (
+            f"{self.criterion}: {named(dropped)} {'is' if len(dropped) == 1 else 'are'} out, {self.out} {named([ref])}"
+        )
+        if kept and self.within:
+            text += f"; {named(kept)} {self.within} of it"
+        return text
+
+
+def _list_order_clause(keep: list[dict], steps: list[_TieStep]) -> str:
+    """The reason's words when the candidates left after every tie-break are picked from by list order."""
+    first, rest = keep[0], keep[1:]
+    facts = []
+    for step in steps:
+        vals = step.show(keep, first)
+        facts.append(f"{step.short} " + ", ".join(f"{c['name']} {vals[c['name']]}" for c in keep))
+    return (
+        f"{', '.join(c['name'] for c in rest)} {'measures' if len(rest) == 1 else 'measure'} the same as "
+        f"{first['name']} on every tie-break ({'; '.join(facts)}), so the order of the candidate list "
+        f"decides: {first['name']} comes first"
+    )
 
 
 #: The goodput statistics the recommendation can rank by, best first, and how the reasons name
@@ -986,52 +1095,78 @@ def recommend(p: dict) -> dict:
         j = c["operating_point"].get("decode_jitter")
         return j if j is not None else math.inf
 
-    def unserved(c):
-        o = c["operating_point"]
-        return (o["rejected"] + (o.get("truncated") or 0)) / max(o["requests"], 1)
-
     def waste(c):
         return c["operating_point"].get("memory_waste") or 0.0
 
-    def least_unserved(cs):
-        least = min(round(unserved(c), 3) for c in cs)
-        return [c for c in cs if round(unserved(c), 3) == least]
-
-    def refused(c):
+    def unserved(c):
         o = c["operating_point"]
-        return f"{c['name']} {o['rejected'] + (o.get('truncated') or 0)} of {o['requests']}"
+        return o["rejected"] + (o.get("truncated") or 0)
+
+    def goodput_same(b, c) -> bool:
+        if _within(ranked(b), ranked(c), GOODPUT_RESOLUTION, relative=True):
+            return True
+        n = noise_comparison(b, c, conf) if basis == "goodput_mean_rps" else None
+        return bool(n and n["within_noise"])
 
     # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
     # edges, since the brackets are only known to the tolerance); the article's preference for
-    # steady decode steps; less reserved-but-unused memory; the simpler strategy (CANDIDATES
-    # order). Each step keeps the best and every candidate within its resolution of a kept one, so
-    # that differences smaller than the measurement can resolve do not decide and two candidates
-    # that measure the same are kept or dropped together.
-    steps: list[tuple[str, Callable[[list[dict]], list[dict]], Callable[[dict], str]]] = [
-        ("fewer requests refused or truncated at the operating point", least_unserved, refused),
-        (
+    # steady decode steps; less reserved-but-unused memory; the order of the candidate list (the
+    # simpler strategy first). Each step keeps the best of the candidates still in the running and
+    # every one that measures the same as that best (within the step's resolution of it: judged
+    # against the best, never from one kept candidate to the next, so that small gaps do not chain
+    # into a large one), so that differences smaller than the measurement can resolve do not decide.
+    steps = [
+        _TieStep(
+            "fewer requests refused or truncated at the operating point",
+            "refused or truncated",
+            best=lambda cs: min(cs, key=lambda c: round(unserved(c) / max(c["operating_point"]["requests"], 1), 3)),
+            same=lambda b, c: (
+                round(unserved(b) / max(b["operating_point"]["requests"], 1), 3)
+                == round(unserved(c) / max(c["operating_point"]["requests"], 1), 3)
+            ),
+            show=lambda cs, ref: {c["name"]: f"{unserved(c)} of {c['operating_point']['requests']}" for c in cs},
+            out="more than",
+            within="",
+        ),
+        _TieStep(
             f"higher goodput{named}",
-            lambda cs: _top_cluster(cs, ranked, GOODPUT_RESOLUTION, relative=True),
-            lambda c: f"{c['name']} {value(c):.3g} req/s",
+            f"goodput{named}",
+            best=lambda cs: max(cs, key=ranked),
+            same=goodput_same,
+            show=lambda cs, ref: _apart(cs, ref, value, "req/s", GOODPUT_RESOLUTION, relative=True),
+            out=f"more than {GOODPUT_RESOLUTION:.0%} below"
+            + (" and not within noise of" if basis == "goodput_mean_rps" else ""),
+            within=f"within {GOODPUT_RESOLUTION:.0%}" + (" or within noise" if basis == "goodput_mean_rps" else ""),
         ),
-        (
+        _TieStep(
             "steadier decode steps (p99/p50)",
-            lambda cs: _top_cluster(cs, jitter, JITTER_RESOLUTION, higher=False),
-            lambda c: f"{c['name']} {jitter(c):.2f}",
+            "decode jitter",
+            best=lambda cs: min(cs, key=jitter),
+            same=lambda b, c: _within(jitter(b), jitter(c), JITTER_RESOLUTION),
+            show=lambda cs, ref: _apart(cs, ref, jitter, "", JITTER_RESOLUTION, decimals=2),
+            out=f"more than {JITTER_RESOLUTION:g} above",
+            within=f"within {JITTER_RESOLUTION:g}",
         ),
-        (
+        _TieStep(
             "less memory waste",
-            lambda cs: _top_cluster(cs, waste, WASTE_RESOLUTION, higher=False),
-            lambda c: f"{c['name']} {_pct(waste(c))}",
+            "memory waste",
+            best=lambda cs: min(cs, key=waste),
+            same=lambda b, c: _within(waste(b), waste(c), WASTE_RESOLUTION),
+            show=lambda cs, ref: _apart(cs, ref, waste, "%", WASTE_RESOLUTION, percent=True),
+            out="more than one point above",
+            within="within one point",
         ),
     ]
     keep, decided = tied, []
-    for what, narrow, show in steps:
-        nxt = narrow(keep)
+    for step in steps:
+        ref = step.best(keep)
+        nxt = [c for c in keep if c is ref or step.same(ref, c)]
         if len(nxt) < len(keep):
-            decided.append(f"{what} ({', '.join(show(c) for c in keep)})")
+            decided.append(step.clause(keep, ref, nxt))
         keep = nxt
     best = keep[0]
+    if len(keep) > 1:
+        decided.append(_list_order_clause(keep, steps))
     op = best["operating_point"]
     others = [c for c in feasible if c is not best]
     reasons = []
@@ -1045,21 +1180,23 @@ def recommend(p: dict) -> dict:
     if len(tied) > 1:
         why = "; ".join(f"{c['name']} is {kinds[c['name']]}" for c in tied if c is not leader)
         reasons.append(
-            f"a tie on goodput{named}: {leader['name']} is the highest; {why} — "
-            + (
-                f"{best['name']} is picked for " + ", then ".join(decided)
-                if decided
-                else f"they measure the same on every tie-break; {best['name']} is listed first"
-            )
+            f"a tie on goodput{named}: {leader['name']} is the highest; {why} — {best['name']} is picked: "
+            + "; ".join(decided)
         )
     for c in others:
         ratio = value(best) / value(c) if value(c) else math.inf
-        more = "∞" if ratio == math.inf else f"{ratio:.2g}×"
+        more = "∞" if ratio == math.inf else f"{ratio:.3g}×"
+        if _lower_bound(best) or _lower_bound(c):
+            more = "ratio unknown: a lower bound"
         extra = f", needs {c['gpus_needed']} GPU(s)" if target and c.get("gpus_needed") else ""
         tie = "; a tie" if any(c is t for t in tied) else ""
         reasons.append(
-            f"goodput{named} {value(best):.3g} req/s vs {c['name']} {value(c):.3g} req/s ({more}{extra}{tie})"
+            f"goodput{named} {_lower_bound(best)}{value(best):.3g} req/s vs {c['name']} "
+            f"{_lower_bound(c)}{value(c):.3g} req/s ({more}{extra}{tie})"
         )
+    for c in [best, *others]:
+        if _lower_bound(c):
+            reasons.append(f"{c['name']}: {c['message']} (marked ≥ in the table)")
     for c in p["candidates"]:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
@@ -1139,6 +1276,13 @@ def recommend(p: dict) -> dict:
             if best.get("replicas_needed")
             else f"more than {p.get('max_replicas', 256)} replicas"
         )
+    elif _lower_bound(best):
+        # The search never found a rate that misses: no capacity, only a floor under it.
+        why = _LOWER_BOUND_WHY.get(best.get("search_status", ""), "")
+        how_many = (
+            f"{best['gpus']} GPU(s) serve at least {best['goodput_rps']:.3g} req/s within the SLO — a lower "
+            f"bound, not a capacity ({why}), so no GPU count follows from it: check a rate with --target-rate"
+        )
     else:
         # The verified goodput, not the ranking basis: a complete run at this rate met the target.
         how_many = (
@@ -1158,12 +1302,27 @@ def recommend(p: dict) -> dict:
             )
             + ": the seeds do not separate them."
         )
+    by_name = {c["name"]: c for c in pool}
     for n in noise:
+        # A real difference below the goodput tie-break's resolution does not decide: said so here,
+        # beside the tie line that shows what did.
+        share = abs(n["diff_rps"]) / max(value(best), value(by_name[n["other"]]), 1e-300)
+        verdict = (
+            "within noise"
+            if n["within_noise"]
+            else "a real difference"
+            + (
+                f", but {share:.1%} of the goodput: less than the {GOODPUT_RESOLUTION:.0%} the goodput "
+                "tie-break acts on"
+                if share <= GOODPUT_RESOLUTION
+                else ""
+            )
+        )
         reasons.insert(
             0,
             f"{best['name']} − {n['other']} goodput: {n['diff_rps']:+.3g} req/s, {conf:.0%} interval "
             f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
-            f"seed) — " + ("within noise" if n["within_noise"] else "a real difference"),
+            f"seed) — {verdict}",
         )
     return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise, "basis": basis}
 
@@ -1307,14 +1466,15 @@ def candidate_row(p: dict, c: dict) -> list[str]:
     sized = not p.get("target_rate") or "replicas_needed" in c  # an upper bound is not sized
     nxt = v.get("next_attainment")
     basis = _table_basis(p)
+    # A goodput that is only a lower bound (search_status unbounded or budget) is marked ≥ in its
+    # cells, not in the name: the name column is narrow enough to cut a long suffix.
+    lb = _lower_bound(c)
     row = [
-        c["name"]
-        + (" (upper bound)" if c.get("upper_bound") else "")
-        + ("" if c.get("search_status") == "ok" else f" ({c.get('search_status')})"),
-        f"{c['goodput_rps']:.3g}",
-        _num(c.get("goodput_est_rps")),
+        c["name"] + (" (upper bound)" if c.get("upper_bound") else ""),
+        f"{lb}{c['goodput_rps']:.3g}",
+        lb + _num(c.get("goodput_est_rps")) if c.get("goodput_est_rps") is not None else "-",
         "-" if not sized else str(gpus if gpus is not None else f">{p.get('max_replicas', '?')}"),
-        _num(_per_gpu(c, basis) if c.get(basis) else None),
+        lb + _num(_per_gpu(c, basis)) if c.get(basis) else "-",
         "-" if v["attainment"] is None else f"{v['attainment']:.3f}",
         "-" if nxt is None else ("" if v.get("next_exact", True) else "≈") + f"{nxt:.3f}",
         _num(op.get("ttft_p90_s")),

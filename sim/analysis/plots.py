@@ -260,32 +260,50 @@ def _sort_key(v):
     return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
 
 
-def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None) -> Figure:
+def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None, by: str | None = None) -> Figure:
     """``y`` against ``x`` over the ok points of a sweep, one line per value of ``color``.
 
-    Points sharing (color, x) — seeds, or axes not shown — are averaged, and the line is
-    drawn in ``x`` order.
+    Points sharing (color, ``by``) — seeds, or axes not shown — are averaged, ``x`` and ``y`` alike,
+    and the line is drawn in ``by`` order. ``by`` is the sweep axis that identifies a point apart
+    from its seed: ``x`` itself by default; a measured ``x`` (throughput, which differs from seed to
+    seed) needs the axis the points were swept over, or each seed would be a point of its own.
+    ``by=""``: every point of a line is one (a sweep with no varying axis).
     """
     go = _go()
     t = _ok_rows(table)
     fig = go.Figure()
-    for c in (x, y) + ((color,) if color else ()):
+    by = x if by is None else by
+    for c in (x, y) + ((color,) if color else ()) + ((by,) if by else ()):
         if c not in t.column_names:
             raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
     xs = t.column(x).to_pylist()
-    ys = np.array([np.nan if v is None else v for v in t.column(y).to_pylist()], dtype=np.float64)
+    bs = t.column(by).to_pylist() if by else [None] * t.num_rows
     cs = t.column(color).to_pylist() if color else ["all"] * t.num_rows
-    means = _group_mean(list(zip(cs, xs)), ys)
+    keys = list(zip(cs, bs))
+    ys = np.array([np.nan if v is None else v for v in t.column(y).to_pylist()], dtype=np.float64)
+    if by == x:
+        xmeans = {k: k[1] for k in keys}
+        ymeans = _group_mean(keys, ys)
+    else:
+        # Both means over the same rows: a seed without a y value does not pull x alone.
+        xv = np.array([np.nan if v is None else v for v in xs], dtype=np.float64)
+        both = ~(np.isnan(xv) | np.isnan(ys))
+        rows = [k for k, ok in zip(keys, both) if ok]
+        xmeans = _group_mean(rows, xv[both])
+        ymeans = _group_mean(rows, ys[both])
     for cval in sorted(set(cs), key=_sort_key):
-        pts = sorted(((xv, m) for (cv, xv), m in means.items() if cv == cval), key=lambda p: _sort_key(p[0]))
+        pts = sorted(
+            ((b, xmeans[(cv, b)], m) for (cv, b), m in ymeans.items() if cv == cval), key=lambda p: _sort_key(p[0])
+        )
         if not pts:
             continue
         fig.add_trace(
             go.Scatter(
-                x=[p[0] for p in pts],
-                y=[p[1] for p in pts],
+                x=[p[1] for p in pts],
+                y=[p[2] for p in pts],
                 mode="lines+markers",
                 name=f"{color}={cval}" if color else y,
+                **({} if by == x else {"text": [f"{by}={p[0]}" if by else "" for p in pts]}),
             )
         )
     fig.update_layout(

@@ -83,13 +83,29 @@ def write_pngs(figs: Sequence, names: Sequence[str], out: Path, width: int = 110
         if missing:
             raise RuntimeError(f"no image written for {', '.join(missing)}")
     except Exception as exc:
-        raise ConfigError(
-            "--png",
-            str(out),
-            f"kaleido with Chromium or Chrome installed ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''})",
-        ) from None
+        raise PngExportError(exc) from None
     return paths
+
+
+class PngExportError(ConfigError):
+    """``--png`` wrote no image: the message names the option and what is missing (the kaleido
+    package, or the Chromium/Chrome it drives), then the exporter's own words where it gave any."""
+
+    def __init__(self, exc: Exception):
+        import importlib.util
+
+        if importlib.util.find_spec("kaleido") is None:
+            missing = "the kaleido package is not installed (pip install 'kvsim[report]')"
+        else:
+            missing = "kaleido needs Chromium or Chrome installed on this machine"
+        # Kaleido's message starts with blank lines and spans several: one line, bounded.
+        detail = " ".join(str(exc).split())
+        if len(detail) > 300:
+            detail = detail[:299] + "…"
+        self.key, self.value, self.allowed = "--png", True, missing
+        ValueError.__init__(
+            self, f"--png: no PNG written: {missing}" + (f" ({type(exc).__name__}: {detail})" if detail else "")
+        )
 
 
 def _fmt(v) -> str:
@@ -248,10 +264,12 @@ def sweep_figures(
         ok = table.filter(pc.equal(table.column("status"), "ok"))
     if ok.num_rows == 0 or "ttft_s.p90" not in ok.column_names:
         return figs
-    # Curves: one line per combination of the axes other than x (seeds averaged).
+    # Curves: one line per combination of the axes other than x, seeds averaged: a throughput–latency
+    # point is the mean throughput and mean latency of the seeds of one x (the swept axis), drawn in
+    # x order, as the metric-vs-x curves average them.
     t_series, color = _with_series(ok, [a for a in vary if a != x])
-    figs["throughput_ttft"] = plots.sweep_curves(t_series, "throughput_tokens_per_s", "ttft_s.p90", color)
-    figs["throughput_tpot"] = plots.sweep_curves(t_series, "throughput_tokens_per_s", "tpot_s.p90", color)
+    for metric, name in (("ttft_s.p90", "throughput_ttft"), ("tpot_s.p90", "throughput_tpot")):
+        figs[name] = plots.sweep_curves(t_series, "throughput_tokens_per_s", metric, color, by=x or "")
     if x is not None:
         for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s"):
             figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color)

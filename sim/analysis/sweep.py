@@ -16,7 +16,11 @@ A sweep file (YAML, format in ``docs/sweeps.md``)::
 
 Points = product(grid axes, each zip group) × seeds. An axis is a list of values, or a
 mapping ``label: value`` (the label is what the dataset column holds; use it for whole
-sections such as ``workload.lengths``).
+sections such as ``workload.lengths``). For a list axis the column holds the value the point's
+scenario ran with (the validated config value: ``1.0e2`` or ``"8"`` for a rate is the number
+100.0 or 8.0), so a column is typed by its config field. Values of an axis (value tuples of a
+zip group) must be distinct, and so must the scenarios they resolve to: ``[4, 4.0]``, labels
+``{a: 4, b: 4.0}``, or ``[8, "8"]`` are refused, naming the axis and the values.
 
 Validation happens before any point runs: the file's structure, every axis key path
 (unknown keys fail the sweep), then every point's scenario, and then each ``allocator.*`` axis:
@@ -28,10 +32,17 @@ points finish: a sweep that maps a feasible region should not abort on its infea
 
 Each point runs in its own process (a ``spawn``/``forkserver`` process pool, or a Ray task) and
 is written as one Parquet file ``part-<point id>.parquet`` as soon as it finishes (written to a
-hidden temporary name, then renamed, so a kill never leaves a partial file). Rerunning skips
-points already ``ok`` in the dataset; failed points are run again. The point id is a hash of
-the resolved scenario (every key, defaults filled), so it is stable across runs and machines
-and independent of how the sweep file spells the point.
+hidden temporary name, then renamed, so a kill never leaves a partial file). The point id is a
+hash of the resolved scenario (every key, defaults filled), so it is stable across runs and
+machines and independent of how the sweep file spells the point.
+
+Rerunning into the same folder (:func:`run_sweep`) makes the dataset describe exactly the
+current sweep file's points: a point already ``ok`` there is reused only when its id is that
+of a point of the new expansion (the same resolved scenario), and its row is rewritten with the
+new expansion's point index, seed and axis columns (metrics kept); failed points are run again;
+rows of points no longer in the sweep leave the dataset (finished ones move to ``_dropped/``,
+which pyarrow's dataset readers skip, and come back without running if the sweep lists them
+again; failed ones are deleted).
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ from pydantic import BaseModel
 
 from sim.config import AllocatorConfig, Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
-from sim.errors import ConfigError
+from sim.errors import ConfigError, quote
 from sim.inputs import is_file, load_yaml, read_text
 from sim.limits import MAX_SEED, MAX_SWEEP_POINTS, MAX_SWEEP_SEEDS, MAX_WORKERS
 from sim.output.results import replace_file
@@ -67,6 +78,8 @@ if TYPE_CHECKING:
 
 SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds")
 META_FILE = "_sweep.json"
+#: Finished points of earlier sweeps into the folder that the current sweep file no longer has.
+DROPPED_DIR = "_dropped"
 #: Metric columns are the run summary flattened; these keys are already columns of the row.
 _ROW_KEYS = ("point", "point_id", "status", "error", "seed", "wall_s")
 _PCT_KEYS = {"p50", "p90", "p99", "mean"}
@@ -82,14 +95,19 @@ class Axis:
     key: str
     values: tuple
     labels: tuple
+    #: Given as a mapping ``label: value``: the dataset column holds the labels, not the values.
+    mapped: bool = False
 
 
 @dataclass
 class Point:
     index: int
     point_id: str
-    seed: int
-    #: Dataset column → label of the value this point takes.
+    #: ``None`` for an invalid point whose seed is not an integer the dataset can hold.
+    seed: int | None
+    #: Dataset column → what this point takes: the label of a mapping axis; for a list axis the
+    #: validated config value the scenario runs with (the value as given for an invalid point;
+    #: JSON text for a mapping or list value).
     params: dict[str, Any]
     #: ``Scenario.model_dump(mode="json")`` of the resolved scenario; ``None`` when invalid.
     scenario: dict | None
@@ -125,16 +143,15 @@ class SweepSpec:
             raise ConfigError("seed", base_seed, "an integer (seeds: N replicates base seed + i)")
         seed_values = [None] if self.seeds is None else [base_seed + i for i in range(self.seeds)]
         out: list[Point] = []
-        seen: set[str] = set()
+        #: point id → the value index of each group that gave it.
+        seen: dict[str, tuple[int, ...]] = {}
         allocators: list[AllocatorConfig] = []
         for combo in itertools.product(*(range(len(g[0].values)) for g in self.groups)):
             for seed in seed_values:
                 overrides: dict[str, Any] = {}
-                params: dict[str, Any] = {}
                 for g, i in zip(self.groups, combo):
                     for ax in g:
                         overrides[ax.key] = ax.values[i]
-                        params[ax.key] = ax.labels[i]
                 if seed is not None:
                     overrides["seed"] = seed
                 data = apply_overrides(base, overrides)
@@ -142,21 +159,79 @@ class SweepSpec:
                     sc = scenario_from_dict(data, base_dir=self.base_dir)
                     _check_fits(sc)
                 except ConfigError as exc:
-                    pid = _hash(data)
-                    pseed = data.get("seed", 0) if isinstance(data.get("seed", 0), int) else 0
-                    point = Point(len(out), pid, pseed, params, None, str(self.base_dir), f"ConfigError: {exc}")
+                    params = {ax.key: ax.labels[i] for g, i in zip(self.groups, combo) for ax in g}
+                    pseed = data.get("seed", 0)
+                    pseed = pseed if _fits_int64(pseed) else None
+                    error = f"ConfigError: {exc}"
+                    point = Point(len(out), _hash(data), pseed, params, None, str(self.base_dir), error)
                 else:
                     allocators.append(sc.allocator)
                     dump = canonical_scenario(sc)
+                    params = {ax.key: _ran_with(ax, i, dump) for g, i in zip(self.groups, combo) for ax in g}
                     point = Point(len(out), _hash(dump), sc.seed, params, dump, str(self.base_dir))
-                # The same resolved scenario twice (e.g. 10 and 10.0) is one point.
                 if point.point_id in seen:
-                    continue
-                seen.add(point.point_id)
+                    # Two spellings of one scenario ([8, "8"], gpu names that alias): one point run
+                    # twice under two labels, or silently once. Distinct values are asked for.
+                    raise _same_scenario(self.groups, seen[point.point_id], combo, point.scenario or {})
+                seen[point.point_id] = combo
                 out.append(point)
         # An axis the allocator ignores everywhere would run the same scenario once per value.
         check_axes_read({a.key: a.values for a in self.axes}, allocators)
         return out
+
+
+def _fits_int64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
+
+
+def _at(data: Any, key: str) -> Any:
+    """``data[a][b]...`` for the dotted ``key`` ``a.b...``; ``KeyError`` where a part is missing."""
+    for part in key.split("."):
+        if not isinstance(data, dict) or part not in data:
+            raise KeyError(key)
+        data = data[part]
+    return data
+
+
+def _ran_with(ax: Axis, i: int, dump: dict) -> Any:
+    """The dataset value of value ``i`` of ``ax`` at a valid point: a mapping axis's label, else
+    the validated config value at the key (the number ``100.0`` for a rate given as ``1.0e2``);
+    a section (or a value the config turns into one) keeps the spelling given, as JSON text."""
+    if ax.mapped:
+        return ax.labels[i]
+    try:
+        value = _at(dump, ax.key)
+    except KeyError:
+        return ax.labels[i]
+    if isinstance(value, (dict, list)) or isinstance(ax.values[i], (dict, list)):
+        return ax.labels[i]
+    return value
+
+
+def _same_scenario(groups: list[list[Axis]], a: tuple[int, ...], b: tuple[int, ...], dump: dict) -> ConfigError:
+    """The error for two value combinations ``a`` and ``b`` (indices per group) that resolve to one scenario."""
+    for g, i, j in zip(groups, a, b):
+        if i == j:
+            continue
+        # In a zip group, the axis whose two values differ (rate [4, 4] beside max_num_seqs [16, "16"]).
+        differ = [ax for ax in g if _same_key(ax.values[i]) != _same_key(ax.values[j])]
+        for ax in differ or g:
+            if ax.mapped:
+                shown: Any = {ax.labels[i]: ax.values[i], ax.labels[j]: ax.values[j]}
+                what = f"labels {ax.labels[i]} and {ax.labels[j]}"
+            else:
+                shown = [ax.values[i], ax.values[j]]
+                what = f"{quote(ax.values[i])} and {quote(ax.values[j])}"
+            try:
+                ran = f" both run as {quote(_at(dump, ax.key))}"
+            except KeyError:
+                ran = " give the same scenario"
+            return ConfigError(
+                f"sweep axis {ax.key}",
+                shown,
+                f"values that give distinct scenarios; {what}{ran} (list the value once)",
+            )
+    return ConfigError("sweep", None, "points with distinct scenarios")  # unreachable: combos differ
 
 
 def _check_fits(sc: Scenario) -> None:
@@ -216,6 +291,10 @@ def _axis(key: str, spec: Any, where: str) -> Axis:
             raise ConfigError(f"{where} {key}", spec, "a non-empty list of values (or mapping label: value)")
         labels = tuple(str(k) for k in spec)
         values = tuple(spec.values())
+        if len(set(labels)) < len(labels):  # {4: x, "4": y}: two labels that read the same
+            dup = next(lab for lab in labels if labels.count(lab) > 1)
+            raise ConfigError(f"{where} {key}", spec, f"distinct labels; {dup} is given twice")
+        return Axis(key, values, labels, mapped=True)
     elif isinstance(spec, list):
         if not spec:
             raise ConfigError(f"{where} {key}", spec, "a non-empty list of values (or mapping label: value)")
@@ -226,6 +305,56 @@ def _axis(key: str, spec: Any, where: str) -> Axis:
             f"{where} {key}", spec, "a list of values (or a mapping label: value); a single value belongs under 'set'"
         )
     return Axis(key, values, labels)
+
+
+def _same_key(v: Any) -> Any:
+    """A hashable stand-in for ``v`` equal for values YAML spells differently but that are the
+    same value (``4`` and ``4.0``; mappings whatever their key order) and not for ``true`` and ``1``."""
+    if isinstance(v, bool) or v is None:
+        return ("bool", v)
+    if isinstance(v, (int, float)):
+        return ("num", v)  # 4 == 4.0 and hash(4) == hash(4.0)
+    if isinstance(v, str):
+        return ("str", v)
+    if isinstance(v, dict):
+        return ("map", frozenset((repr(k), _same_key(x)) for k, x in v.items()))
+    if isinstance(v, list):
+        return ("list", tuple(_same_key(x) for x in v))
+    return ("other", repr(v))
+
+
+def _check_distinct(axes: list[Axis], where: str) -> None:
+    """Refuse a value (a value tuple of a zip group) given twice: the expansion would run one
+    scenario under two labels, or merge them silently."""
+    first: dict[Any, int] = {}
+    for i in range(len(axes[0].values)):
+        k = tuple(_same_key(ax.values[i]) for ax in axes)
+        if k not in first:
+            first[k] = i
+            continue
+        j = first[k]
+        if len(axes) == 1:
+            ax = axes[0]
+            if ax.mapped:
+                raise ConfigError(
+                    f"{where} {ax.key}",
+                    dict(zip(ax.labels, ax.values)),
+                    f"distinct values; labels {ax.labels[j]} and {ax.labels[i]} both give {quote(ax.values[i])} "
+                    "(keep one label)",
+                )
+            dups = [v for v in ax.values if _same_key(v) == k[0]]
+            raise ConfigError(
+                f"{where} {ax.key}",
+                list(ax.values),
+                f"distinct values; {', '.join(map(quote, dups))} {'is' if len(dups) == 1 else 'are'} one value "
+                "(list it once)",
+            )
+        pair = tuple(ax.values[i] for ax in axes)
+        raise ConfigError(
+            f"{where} {', '.join(ax.key for ax in axes)}",
+            [list(t) for t in zip(*(ax.values for ax in axes))],
+            f"distinct value tuples; tuples {j + 1} and {i + 1} are both {quote(pair)} (list it once)",
+        )
 
 
 def _label(v: Any) -> Any:
@@ -272,6 +401,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         raise ConfigError("grid", grid, "a mapping of dotted scenario keys to lists of values")
     for key, spec in grid.items():
         groups.append([_axis(key, spec, "grid")])
+        _check_distinct(groups[-1], "grid")
     zips = data.get("zip") or []
     if isinstance(zips, dict):
         zips = [zips]
@@ -284,6 +414,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
         lengths = {a.key: len(a.values) for a in axes}
         if len(set(lengths.values())) > 1:
             raise ConfigError("zip", lengths, "paired axes of equal length")
+        _check_distinct(axes, "zip")
         groups.append(axes)
     if not groups and data.get("seeds") is None:
         raise ConfigError("sweep", str(p), "at least one axis under 'grid' or 'zip', or 'seeds'")
@@ -391,7 +522,11 @@ def default_workers() -> int:
 
 
 def _arrow_type(labels: Iterable[Any]) -> pa.DataType:
-    labels = list(labels)
+    """The column type of these values (``None`` and integers past int64, which no column type
+    but text holds, left out: they are recorded as null)."""
+    labels = [v for v in labels if v is not None and not (isinstance(v, int) and not _fits_int64(v))]
+    if not labels:
+        return pa.int64()
     if all(isinstance(v, bool) for v in labels):
         return pa.bool_()
     if all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
@@ -401,14 +536,41 @@ def _arrow_type(labels: Iterable[Any]) -> pa.DataType:
     return pa.string()
 
 
+def axis_types(axes: Iterable[Axis], points: list[Point]) -> dict[str, pa.DataType]:
+    """Dataset column type of each axis: text for a mapping axis (its labels); otherwise the type
+    of the values the valid points ran with, i.e. of the config field (a rate is float64 whether
+    written ``4``, ``"4"`` or ``4.0``). Only when no point is valid do the values as given decide."""
+    types: dict[str, pa.DataType] = {}
+    for ax in axes:
+        if ax.key in _ROW_KEYS:  # a seed axis: the row's own seed column holds it
+            continue
+        if ax.mapped:
+            types[ax.key] = pa.string()
+            continue
+        ran = [p.params[ax.key] for p in points if p.scenario is not None]
+        types[ax.key] = _arrow_type(ran or [p.params[ax.key] for p in points])
+    return types
+
+
 def _cast_label(v: Any, t: pa.DataType) -> Any:
+    """``v`` as a value of a column of type ``t``; ``None`` (null) where it has none there (an
+    invalid point's integer past int64, or text in a numeric column: its error names the value)."""
     if v is None:
         return None
     if t == pa.string():
         return v if isinstance(v, str) else json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    if t == pa.bool_():
+        return v if isinstance(v, bool) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
     if t == pa.float64():
-        return float(v)
-    return v
+        try:
+            return float(v)
+        except OverflowError:
+            return None
+    if isinstance(v, float):
+        v = int(v) if v.is_integer() else None
+    return v if _fits_int64(v) else None
 
 
 def _row_table(point: Point, result: dict, axis_types: dict[str, pa.DataType]) -> pa.Table:
@@ -417,10 +579,11 @@ def _row_table(point: Point, result: dict, axis_types: dict[str, pa.DataType]) -
         "point_id": pa.array([point.point_id], pa.string()),
         "status": pa.array([result["status"]], pa.string()),
         "error": pa.array([result["error"]], pa.string()),
-        "seed": pa.array([point.seed], pa.int64()),
+        "seed": pa.array([point.seed if _fits_int64(point.seed) else None], pa.int64()),
     }
     for key, t in axis_types.items():
-        cols[key] = pa.array([_cast_label(point.params.get(key), t)], t)
+        if key not in cols:
+            cols[key] = pa.array([_cast_label(point.params.get(key), t)], t)
     cols["wall_s"] = pa.array([result.get("wall_s")], pa.float64())
     for k, v in result["metrics"].items():
         if k in cols:
@@ -439,6 +602,21 @@ def _row_table(point: Point, result: dict, axis_types: dict[str, pa.DataType]) -
     return pa.table(cols)
 
 
+def _relabelled(old: pa.Table, point: Point, axis_types: dict[str, pa.DataType]) -> pa.Table:
+    """The finished row ``old`` (of this point's scenario, possibly written by another sweep file)
+    as this sweep writes it: its index, seed and axis columns; status, error, wall time and
+    metrics kept. A row's metric columns are those after ``wall_s`` (:func:`_row_table`)."""
+    row = old.slice(0, 1).to_pylist()[0]
+    result = {"status": row.get("status"), "error": row.get("error"), "wall_s": row.get("wall_s"), "metrics": {}}
+    new = _row_table(point, result, axis_types)
+    names = old.column_names
+    metrics = names[names.index("wall_s") + 1 :] if "wall_s" in names else []
+    for name in metrics:
+        if name not in new.column_names:
+            new = new.append_column(old.schema.field(name), old.column(name).slice(0, 1))
+    return new
+
+
 def _write_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     pq.write_table(table, tmp)
@@ -449,31 +627,65 @@ def part_path(out: Path, pid: str) -> Path:
     return out / f"part-{pid}.parquet"
 
 
-def existing_status(out: Path) -> dict[str, str]:
-    """point id → status of every point already in the dataset at ``out``."""
-    found: dict[str, str] = {}
-    for f in sorted(out.glob("part-*.parquet")):
+def _parts(folder: Path) -> dict[str, tuple[str, Path]]:
+    """point id → (status, file) of every readable part in ``folder``."""
+    found: dict[str, tuple[str, Path]] = {}
+    if not folder.is_dir():
+        return found
+    for f in sorted(folder.glob("part-*.parquet")):
         try:
             t = pq.read_table(f, columns=["point_id", "status"])
         except Exception:  # an unreadable file is a point to run again
             continue
         for pid, st in zip(t.column("point_id").to_pylist(), t.column("status").to_pylist()):
-            found[pid] = st
+            found[pid] = (st, f)
     return found
+
+
+def existing_status(out: Path) -> dict[str, str]:
+    """point id → status of every point in the dataset at ``out``."""
+    return {pid: st for pid, (st, _) in _parts(out).items()}
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Tables unified by column name (null → any type, int64 + float64 → float64); a column whose
+    types do not unify (an axis that was a number in one file and a label in another, left by a
+    sweep interrupted while it rewrote its rows) becomes text rather than an unreadable dataset."""
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    types: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            if f.type != pa.null():
+                types.setdefault(f.name, set()).add(f.type)
+    numeric = {pa.int64(), pa.float64()}
+    clash = {name for name, ts in types.items() if len(ts) > 1 and not ts <= numeric}
+    fixed = []
+    for t in tables:
+        for name in clash & set(t.column_names):
+            i = t.column_names.index(name)
+            t = t.set_column(i, pa.field(name, pa.string()), t.column(name).cast(pa.string()))
+        fixed.append(t)
+    return pa.concat_tables(fixed, promote_options="permissive")
 
 
 def read_dataset(out: str | Path, all_points: bool = False) -> pa.Table:
     """The sweep dataset at ``out`` as one table (one row per point, sorted by point index).
 
     Files are unified by column name (a failed point has no metric columns: nulls there).
-    By default only the points of the sweep last run into ``out`` are returned.
+    By default only the points of the sweep last run into ``out`` are returned (:func:`run_sweep`
+    keeps exactly those in ``out``); ``all_points`` adds the finished points of earlier sweep
+    files kept in ``out/_dropped/``.
     """
     out = Path(out)
     files = sorted(out.glob("part-*.parquet"))
+    if all_points:
+        files += sorted((out / DROPPED_DIR).glob("part-*.parquet"))
     if not files:
         return pa.table({c: pa.array([], pa.string()) for c in ("point_id", "status", "error")})
-    tables = [pq.read_table(f) for f in files]
-    table = pa.concat_tables(tables, promote_options="permissive")
+    table = _concat([pq.read_table(f) for f in files])
     meta = out / META_FILE
     if not all_points and meta.is_file():
         keep = set(json.loads(meta.read_text()).get("point_ids", []))
@@ -493,7 +705,7 @@ class SweepResult:
     name: str
     #: Distinct points in the sweep.
     total: int
-    #: Points already ``ok`` in the dataset, not run again.
+    #: Points already ``ok`` in the dataset (or kept in ``_dropped/``), reused without running.
     skipped: int
     #: Points simulated by this call.
     ran: int
@@ -503,6 +715,13 @@ class SweepResult:
     failures: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     axes: list[str] = field(default_factory=list)
+    #: Of the reused points, those whose row was rewritten for this sweep file (its index, seed or
+    #: axis columns had changed with the file).
+    relabelled: int = 0
+    #: Points in the dataset before this call that the sweep file no longer has, removed from it.
+    dropped: int = 0
+    #: Of the dropped points, the finished ones, moved to ``out/_dropped/``.
+    kept_apart: int = 0
 
     @property
     def ok(self) -> bool:
@@ -546,7 +765,7 @@ def run_sweep(
     out = out_dir(out if out is not None else Path("sweeps") / spec.name)
     for stale in out.glob(".part-*.tmp"):  # left by a killed run; never a finished point
         stale.unlink(missing_ok=True)
-    axis_types = {a.key: _arrow_type(a.labels) for a in spec.axes}
+    types = axis_types(spec.axes, points)
     meta = (
         json.dumps(
             {
@@ -562,17 +781,19 @@ def run_sweep(
         )
         + "\n"
     )
+    # Written first: a run killed while it reconciles the folder below leaves a dataset that
+    # read_dataset already narrows to this file's points; the rerun finishes the job.
     replace_file(out / META_FILE, lambda path: path.write_text(meta))
+    reuse, relabelled, dropped, kept_apart = _reconcile(out, points, types)
 
-    done_before = existing_status(out)
-    todo = [p for p in points if done_before.get(p.point_id) != "ok"]
+    todo = [p for p in points if p.point_id not in reuse]
     skipped = len(points) - len(todo)
     invalid = [p for p in todo if p.scenario is None]
     runnable = [p for p in todo if p.scenario is not None]
     failures: list[dict] = []
 
     def record(point: Point, result: dict) -> None:
-        _write_atomic(_row_table(point, result, axis_types), part_path(out, point.point_id))
+        _write_atomic(_row_table(point, result, types), part_path(out, point.point_id))
         if result["status"] != "ok":
             failures.append({"point_id": point.point_id, "params": point.params, "error": result["error"]})
 
@@ -600,7 +821,60 @@ def run_sweep(
         failures,
         time.perf_counter() - t0,
         [a.key for a in spec.axes],
+        relabelled,
+        dropped,
+        kept_apart,
     )
+
+
+def _reconcile(out: Path, points: list[Point], types: dict[str, pa.DataType]) -> tuple[set[str], int, int, int]:
+    """Make the dataset at ``out`` hold only points of this expansion, before any point runs.
+
+    A finished (``ok``) row whose point id is a point of the expansion (the same resolved
+    scenario) is reused: rewritten with this expansion's index, seed and axis columns when they
+    differ (another sweep file put it there), taken back from ``_dropped/`` if an earlier sweep
+    file had dropped it. Rows of points the expansion does not have leave ``out``: finished ones
+    move to ``_dropped/``, failed ones are deleted. Returns (reused point ids, rows rewritten,
+    points dropped, points moved to ``_dropped/``)."""
+    here = _parts(out)
+    apart_dir = out / DROPPED_DIR
+    apart = _parts(apart_dir)
+    by_id = {p.point_id: p for p in points}
+    reuse: set[str] = set()
+    relabelled = 0
+    for pid, point in by_id.items():
+        if point.scenario is None:  # an invalid point is recorded again, never reused
+            continue
+        src = here.get(pid, ("", None))
+        if src[0] != "ok":
+            src = apart.get(pid, ("", None))
+        status, f = src
+        if status != "ok" or f is None:
+            continue
+        try:
+            old = pq.read_table(f)
+        except Exception:  # unreadable since it was listed: run the point again
+            continue
+        new = _relabelled(old, point, types)
+        if f.parent != out or not new.equals(old):
+            _write_atomic(new, part_path(out, pid))
+            relabelled += 1
+        if f.parent != out:
+            f.unlink(missing_ok=True)
+        reuse.add(pid)
+    dropped = kept_apart = 0
+    for pid, (status, f) in here.items():
+        if pid in by_id:
+            continue
+        dropped += 1
+        if status == "ok":
+            if not kept_apart:
+                out_dir(apart_dir)
+            os.replace(f, part_path(apart_dir, pid))
+            kept_apart += 1
+        else:
+            f.unlink(missing_ok=True)
+    return reuse, relabelled, dropped, kept_apart
 
 
 def _task(p: Point, budget: RunBudget | None = None) -> dict:

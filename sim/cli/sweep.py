@@ -38,12 +38,19 @@ def sweep_command(
     """Run every point of a sweep into one resumable Parquet dataset (points already done are skipped)."""
     from rich.table import Table
 
-    from sim.analysis.sweep import describe_params, run_sweep
+    from sim.analysis.sweep import DROPPED_DIR, describe_params, run_sweep
 
     try:
         res = run_sweep(sweep_file, workers=workers, backend=backend, address=address, out=out, progress=not quiet)
     except ConfigError as exc:
         fail(exc)
+    if res.skipped or res.dropped:
+        # The dataset holds exactly this file's points: say what an earlier sweep there gave.
+        apart = f" ({res.kept_apart} finished, kept in {res.out / DROPPED_DIR}/)" if res.kept_apart else ""
+        sys.stderr.write(
+            f"{res.out}: reused {res.skipped} finished point(s) of {res.total} ({res.relabelled} rewritten "
+            f"with this file's axis values); dropped {res.dropped} point(s) no longer in the sweep file{apart}\n"
+        )
     if quiet:
         print(res.out)
     else:
