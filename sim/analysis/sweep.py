@@ -47,6 +47,7 @@ again; failed ones are deleted).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -54,6 +55,11 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
+import socket
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -746,12 +752,14 @@ def run_sweep(
     """Run every point of a sweep file not already ``ok`` in the dataset at ``out``.
 
     ``workers``: parallel processes (default: the CPU cores available). ``backend``: ``local``
-    (process pool) or ``ray`` (``ray.init()`` locally, or ``ray.init(address)`` for a cluster,
-    whose nodes need kvsim installed and trace files at the same paths). ``out``: dataset
-    directory (default ``sweeps/<sweep name>``). ``progress``: a rich bar on stderr, ``False``,
-    or a callable ``(done, total, failed)``. ``budget``: limits of each point's run
-    (:mod:`sim.engine.budget`; a point past it is recorded failed). Bad sweep files raise
-    :class:`ConfigError` before any point runs.
+    (process pool) or ``ray`` (a local Ray of its own, or ``ray.init(address)`` for a cluster,
+    whose nodes need kvsim installed and trace files at the same paths; Ray is connected to
+    before anything in ``out`` changes, and an address where no Ray answers raises
+    :class:`ConfigError` within about 20 s). ``out``: dataset directory (default
+    ``sweeps/<sweep name>``). ``progress``: a rich bar on stderr, ``False``, or a callable
+    ``(done, total, failed)``. ``budget``: limits of each point's run (:mod:`sim.engine.budget`;
+    a point past it is recorded failed). Bad sweep files raise :class:`ConfigError` before any
+    point runs.
     """
     t0 = time.perf_counter()
     if backend not in ("local", "ray"):
@@ -760,9 +768,43 @@ def run_sweep(
         raise ConfigError("--workers", workers, f"an integer in [1, {MAX_WORKERS}]")
     if address is not None and backend != "ray":
         raise ConfigError("--address", address, "only with --backend ray")
+    if address is not None and not address.strip():
+        raise ConfigError("--address", address, "a Ray cluster's address (host:port, or ray://host:port)")
     spec = load_sweep(sweep_path)
     points = spec.points()
-    out = out_dir(out if out is not None else Path("sweeps") / spec.name)
+    out_given = Path(out if out is not None else Path("sweeps") / spec.name)
+    made = [d for d in (out_given, *out_given.parents) if not os.path.lexists(d)]  # what out_dir makes
+    out = out_dir(out_given)
+    ray_session = _RaySession(address, workers or default_workers()) if backend == "ray" else None
+    if ray_session is not None and _runs_any(out, points):
+        # Before anything in the folder changes: a bad --address (or a Ray that cannot start)
+        # fails here with one line and leaves the dataset as it was.
+        try:
+            ray_session.connect()
+        except BaseException:
+            for d in made:  # made just now by out_dir, and still empty
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+    try:
+        return _sweep_into(out, sweep_path, spec, points, t0, workers, ray_session, progress, budget)
+    finally:
+        if ray_session is not None:
+            ray_session.close()
+
+
+def _sweep_into(
+    out: Path,
+    sweep_path: str | Path,
+    spec: SweepSpec,
+    points: list[Point],
+    t0: float,
+    workers: int | None,
+    ray_session: _RaySession | None,
+    progress: bool | ProgressHook,
+    budget: RunBudget | None,
+) -> SweepResult:
+    """The body of :func:`run_sweep` once the folder and the backend are ready."""
     for stale in out.glob(".part-*.tmp"):  # left by a killed run; never a finished point
         stale.unlink(missing_ok=True)
     types = axis_types(spec.axes, points)
@@ -804,13 +846,15 @@ def run_sweep(
     with _Progress(progress, spec.name, len(todo)) as bar:
         bar.update(len(invalid), len(failures))
         if runnable:
-            run = _run_ray if backend == "ray" else _run_local
 
             def on_result(p: Point, r: dict) -> None:
                 record(p, r)
                 bar.update(1, len(failures))
 
-            run(runnable, n_workers, address, on_result, budget)
+            if ray_session is not None:
+                _run_ray(ray_session, runnable, on_result, budget)
+            else:
+                _run_local(runnable, n_workers, None, on_result, budget)
     return SweepResult(
         out,
         spec.name,
@@ -911,41 +955,236 @@ def _run_local(points: list[Point], workers: int, address, on_result, budget: Ru
     pool.shutdown(wait=True)
 
 
-def _run_ray(
-    points: list[Point], workers: int, address: str | None, on_result, budget: RunBudget | None = None
-) -> None:
+def _runs_any(out: Path, points: list[Point]) -> bool:
+    """Whether a sweep into ``out`` has a point to simulate (read-only: the folder is not changed).
+
+    A valid point runs unless it is ``ok`` in ``out`` or in ``out/_dropped/`` (:func:`_reconcile`
+    reuses it); invalid points are recorded without running."""
+    done = {pid for folder in (out, out / DROPPED_DIR) for pid, (st, _) in _parts(folder).items() if st == "ok"}
+    return any(p.scenario is not None and p.point_id not in done for p in points)
+
+
+#: Ray settings for connecting to ``--address``, unless set in the environment: one attempt
+#: (Ray's default is 20, each up to ~40 s, so a wrong address hung for minutes) whose wait for
+#: the GCS to answer is 10 s (Ray's default 30 s). Read when ``ray`` is imported (the GCS
+#: timeout) and by ``ray.init`` (the attempts).
+_RAY_CONNECT_ENV = {"RAY_gcs_server_port_wait_time_s": "1", "RAY_py_gcs_connect_timeout_s": "10"}
+#: Seconds to wait for the head's port to accept a TCP connection before asking Ray to connect.
+RAY_REACH_TIMEOUT_S = 10.0
+_RAY_ADDRESS_NEEDS = (
+    "the address of a running Ray cluster's head: host:port of its GCS (port 6379 by default, not the "
+    "dashboard's 8265), or ray://host:10001 for Ray Client"
+)
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "") or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _ray_client_missing() -> str | None:
+    """Why Ray Client (``ray://`` addresses) cannot be used here, or ``None``: it needs grpcio,
+    which ``pip install 'ray[client]'`` adds (as Ray itself checks)."""
     try:
-        import ray
+        import grpc  # noqa: F401
     except ImportError as exc:
-        raise ConfigError("--backend", "ray", "needs ray installed: pip install 'kvsim[cluster]'") from exc
-    started = False
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        if address:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-        started = True
+        return _first_line(exc)
+    return None
+
+
+def _check_reachable(address: str) -> None:
+    """Fail at once (one :class:`ConfigError` naming ``--address``) when nothing can answer at
+    ``address``, instead of Ray's connection retries; an address Ray resolves itself (``auto``,
+    a scheme other than ``ray://``) is left to ``ray.init``."""
+    if "://" in address:
+        scheme, _, rest = address.partition("://")
+        if scheme != "ray":
+            return
+        missing = _ray_client_missing()
+        if missing is not None:
+            raise ConfigError(
+                "--address",
+                address,
+                "a ray:// address connects through Ray Client, which needs pip install 'ray[client]' "
+                f"(the kvsim cluster extra installs it; here: {missing}); or give the head's GCS "
+                "address host:6379 from a machine of the cluster",
+            )
+        target = rest.split("/", 1)[0]
+        default_port = 10001
+    else:
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+        except ImportError:  # another Ray layout: ray.init says what is wrong
+            return
+        try:
+            # As ray.init resolves it: 127.0.0.1 and localhost become this node's address.
+            target = canonicalize_bootstrap_address(address) or ""
+        except Exception as exc:  # "auto" with no cluster, a malformed address
+            raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; {_first_line(exc)}") from None
+        default_port = 6379
+    host, sep, port_text = target.rpartition(":")
+    if not sep:
+        host, port_text = target, str(default_port)
+    host = host.strip("[]")
     try:
-        remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
-        refs = {remote.remote(_task(p, budget)): p for p in points}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                try:
-                    result = ray.get(ref)
-                except Exception as exc:  # a worker or node died
-                    result = {
-                        "status": "failed",
-                        "error": f"ray task failed: {type(exc).__name__}: {exc}",
-                        "metrics": {},
-                        "wall_s": None,
-                    }
-                on_result(refs[ref], result)
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; {port_text!r} is not a port") from None
+    if not host:
+        return
+    try:
+        socket.create_connection((host, port), timeout=RAY_REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        why = exc.strerror or _first_line(exc) or type(exc).__name__
+        raise ConfigError(
+            "--address", address, f"{_RAY_ADDRESS_NEEDS}; nothing answers at {host}:{port} ({why})"
+        ) from None
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]):
+    """``values`` set in ``os.environ`` where not already set, restored after."""
+    added = [k for k in values if k not in os.environ]
+    for k in added:
+        os.environ[k] = values[k]
+    try:
+        yield
     finally:
-        if started:
-            ray.shutdown()
+        for k in added:
+            os.environ.pop(k, None)
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """Hold what is written to file descriptor 2 (Ray's C++ log lines included) while connecting:
+    written out after a success, dropped after a failure, which is reported in one line."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to hold
+        yield
+        return
+    held = tempfile.TemporaryFile()
+    ok = False
+    try:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+        if ok:
+            held.seek(0)
+            text = held.read()
+            if text:
+                os.write(2, text)
+    finally:
+        os.close(saved)
+        held.close()
+
+
+class _RaySession:
+    """Ray for one sweep: connected (``ray.init``) before the dataset folder is touched, so that a
+    bad ``--address`` fails with one line and leaves the dataset as it was; shut down when the sweep
+    ends if this session started it.
+
+    ``ray.init`` installs Ray's SIGTERM handler (and its C++ core worker a failure-signal handler
+    that dumps a stack and exits 1); the caller's Python handlers of SIGINT and SIGTERM (those of
+    :mod:`sim.cli.interrupts`) are put back afterwards, so that SIGTERM ends a Ray sweep as it
+    ends a local one."""
+
+    def __init__(self, address: str | None, workers: int):
+        self.address = address
+        self.workers = workers
+        self.ray: Any = None
+        self.started = False
+
+    def connect(self) -> Any:
+        if self.ray is not None:
+            return self.ray
+        address = self.address
+        # ray reads RAY_py_gcs_connect_timeout_s when first imported: import it in here.
+        with _env(_RAY_CONNECT_ENV if address is not None else {}):
+            try:
+                import ray
+            except ImportError as exc:
+                raise ConfigError("--backend", "ray", "needs ray installed: pip install 'kvsim[cluster]'") from exc
+            if not ray.is_initialized():
+                if address is not None:
+                    _check_reachable(address)
+                self._init(ray, address)
+                self.started = True
+        self.ray = ray
+        return ray
+
+    def _init(self, ray: Any, address: str | None) -> None:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        try:
+            if address:
+                with _stderr_held():
+                    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            else:
+                # "local": a Ray of its own, not one RAY_ADDRESS or /tmp/ray/ray_current_cluster names
+                # (which num_cpus cannot be given to, nor may still be running).
+                ray.init(
+                    address="local",
+                    num_cpus=self.workers,
+                    include_dashboard=False,
+                    logging_level=logging.WARNING,
+                    log_to_driver=False,
+                )
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()  # whatever the failed init started
+            if isinstance(exc, SystemExit) and exc.code == signal.SIGTERM:
+                # SIGTERM during ray.init, where Ray's handler turns it into sys.exit(15).
+                on_term = handlers.get(signal.SIGTERM)
+                if callable(on_term):
+                    on_term(signal.SIGTERM, None)
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            if address:
+                raise ConfigError(
+                    "--address",
+                    address,
+                    f"{_RAY_ADDRESS_NEEDS}; Ray could not connect: {_first_line(exc)}",
+                ) from None
+            raise ConfigError(
+                "--backend", "ray", f"a local Ray that starts; ray.init failed: {_first_line(exc)}"
+            ) from None
+        finally:
+            for sig, handler in handlers.items():
+                if callable(handler) and signal.getsignal(sig) is not handler:
+                    signal.signal(sig, handler)
+
+    def close(self) -> None:
+        if self.started:
+            self.started = False
+            self.ray.shutdown()
+
+
+def _run_ray(session: _RaySession, points: list[Point], on_result, budget: RunBudget | None = None) -> None:
+    ray = session.connect()
+    remote = ray.remote(num_cpus=1, max_retries=0)(run_point)
+    refs = {remote.remote(_task(p, budget)): p for p in points}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # a worker or node died
+                result = {
+                    "status": "failed",
+                    "error": f"ray task failed: {type(exc).__name__}: {exc}",
+                    "metrics": {},
+                    "wall_s": None,
+                }
+            on_result(refs[ref], result)
 
 
 class _Progress:

@@ -31,7 +31,11 @@ def sweep_command(
     sweep_file: Path = typer.Argument(..., help="Sweep YAML: base scenario, axes (grid/zip), seeds."),
     workers: int | None = typer.Option(None, "--workers", "-w", help="Parallel points (default: CPU cores)."),
     backend: str = typer.Option("local", "--backend", help="local (process pool) or ray."),
-    address: str | None = typer.Option(None, "--address", help="Ray cluster address (default: a local Ray)."),
+    address: str | None = typer.Option(
+        None,
+        "--address",
+        help="Ray cluster: the head's host:6379, or ray://host:10001 (Ray Client; default: a local Ray).",
+    ),
     out: str | None = typer.Option(None, "--out", "-o", help="Dataset directory (default sweeps/<sweep name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar; print the dataset path only."),
 ):
