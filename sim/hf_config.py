@@ -13,14 +13,20 @@ them, ``layer_types``, ``sliding_window_pattern``), ``torch_dtype``/``dtype``, a
 ``text_config`` (vision-language models: the text tower is the model served), and the
 quantisation: ``quantization_config`` in the file or a sibling ``<name>_hf_quant_config.json``
 / ``hf_quant_config.json`` (NVIDIA ModelOpt) give the weight dtype (fp8) and the KV-cache
-dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``).
+dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``). A field the file
+leaves out takes the default of the architecture's transformers config class where
+:mod:`sim.hf_defaults` lists one (Gemma-3: ``sliding_window_pattern`` 6, ``head_dim`` 256,
+``vocab_size`` 262,208, tied embeddings; Cohere: tied embeddings), as transformers, and the
+engines that load configs through it, do.
 
 ``params`` is counted from the shapes: token embeddings, the LM head unless tied, per layer
 the Q/K/V/O projections (``heads × head_dim`` wide, which need not equal ``hidden_size``:
-Qwen3-32B has 64 × 128 = 8192 against a hidden size of 5120), a gated MLP (gate, up, down),
-two RMSNorms (and Qwen3's per-head Q/K norms), the final norm; plus, for Qwen-VL configs, the
-vision encoder (ViT blocks, patch and position embeddings, patch mergers), whose weights sit
-in GPU memory too.
+Qwen3-32B has 64 × 128 = 8192 against a hidden size of 5120), the MLP (gate, up, down; up and
+down alone for the architectures :data:`sim.hf_defaults.UNGATED_MLP` lists: StarCoder2, Phi-2,
+GPT-NeoX), two norms (and Qwen3's and Gemma-3's per-head Q/K norms), the final norm; plus, for
+Qwen2.5-VL and Qwen3-VL configs, the vision encoder (ViT blocks, patch and position embeddings,
+patch mergers), whose weights sit in GPU memory too. Another vision encoder (SigLIP, Pixtral,
+CLIP, MoonViT) is not counted, and ``kvsim run`` says so on stderr (:attr:`HfModel.warnings`).
 
 Mixture-of-experts feed-forwards are read into :class:`~sim.catalog.MoeSpec`: the expert count
 (``num_experts``, ``num_local_experts``, ``n_routed_experts``), experts per token
@@ -36,14 +42,17 @@ a token caches ``kv_lora_rank + qk_rope_head_dim`` values per layer, and ``param
 low-rank projections.
 
 Sparse attention over an indexer's top-k tokens (``index_topk``), chunked local attention,
-linear-attention / state-space layers,
-per-layer block shapes and quantisations kvsim has no dtype for are refused with one
-:class:`~sim.errors.ConfigError` line naming the field.
+linear-attention / state-space layers (``layer_types`` naming ``linear_attention`` or ``mamba``,
+``hybrid_override_pattern``, ``layers_block_type``, Jamba's ``attn_layer_period``, Bamba's
+``attn_layer_indices``, any ``mamba_*`` field), per-layer block shapes and quantisations kvsim has
+no dtype for are refused with one :class:`~sim.errors.ConfigError` line naming the field; so is a
+malformed field (its name, value and what is allowed), and the file is read as
+:func:`sim.inputs.load_json` reads input JSON (bounded size, UTF-8, nesting limit).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -51,9 +60,13 @@ from pathlib import Path
 
 from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
 from sim.errors import ConfigError
+from sim.hf_defaults import TEXT_TOWERS, defaults_for, gated_mlp
 from sim.package_data import SCENARIO_DIR
 
 KEY = "model.hf_config"
+#: What a config's reading leaves out (:attr:`HfModel.warnings`): silent in library use (``sim/__init__.py``
+#: gives the ``kvsim`` logger a null handler), ``warning: …`` on stderr from ``kvsim run``.
+log = logging.getLogger("kvsim.model")
 #: Configs shipped with kvsim, named ``<org>--<model>_config.json`` (``<org>/<model>`` on the Hub).
 MODELS_DIR = SCENARIO_DIR / "models"
 
@@ -77,6 +90,9 @@ class HfModel:
     path: Path
     #: The file the quantisation came from (``None``: not quantised).
     quant_source: Path | None = None
+    #: What the reading leaves out that changes the answer (a vision encoder not counted), said on
+    #: stderr by ``kvsim run`` (:func:`apply_to_scenario` logs them on the ``kvsim`` logger).
+    warnings: tuple[str, ...] = ()
 
     @property
     def weights_label(self) -> str:
@@ -148,11 +164,14 @@ def model_section(model: str) -> dict:
 
 
 def label_for(path: Path) -> str:
-    """``Qwen/Qwen3-32B`` for ``Qwen--Qwen3-32B_config.json``; the folder name for ``config.json``."""
+    """``Qwen/Qwen3-32B`` for ``Qwen--Qwen3-32B_config.json``; the folder name for ``config.json``;
+    the file's stem for any other name (``phi-2`` for ``cfg/phi-2.json``)."""
     name = path.name
-    if name.endswith(_SUFFIX) and name != "config.json":
+    if name == "config.json":
+        return path.parent.name or path.stem
+    if name.endswith(_SUFFIX):
         return name[: -len(_SUFFIX)].replace("--", "/", 1)
-    return path.parent.name or path.stem
+    return path.stem
 
 
 # --- reading it -----------------------------------------------------------------------------
@@ -174,13 +193,27 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     path = Path(path_str)
     top = _load_json(path)
     text = top.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ConfigError(
+            KEY, str(path), f"'text_config' must be a mapping (the text tower's config); got {_shown(text)!r}"
+        )
     cfg = {**text} if isinstance(text, dict) else top
+    # The architecture whose config class transformers builds the text tower with, and that
+    # class's defaults for the fields the file leaves out (sim/hf_defaults.py).
+    model_type = str(
+        cfg.get("model_type") or (TEXT_TOWERS.get(str(top.get("model_type"))) if cfg is not top else None) or ""
+    )
+    if not model_type and cfg is not top:
+        model_type = str(top.get("model_type") or "")
+    defaults = defaults_for(model_type)
     _refuse_unsupported(path, top, cfg)
 
     def field(name: str, default=None):
         v = cfg.get(name)
         if v is None and cfg is not top:
             v = top.get(name)
+        if v is None and name not in cfg and name not in top:
+            v = defaults.get(name)
         return default if v is None else v
 
     def whole(name: str, minimum: int = 1) -> int:
@@ -208,9 +241,12 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         )
     intermediate, vocab = whole("intermediate_size"), whole("vocab_size")
     max_position = whole("max_position_embeddings") if field("max_position_embeddings") is not None else 4096
-    model_type = str(field("model_type", ""))
-    tied = bool(field("tie_word_embeddings", model_type.startswith("gemma")))
-    layer_types, window = _attention_layout(path, cfg, layers, model_type)
+    tied = field("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise ConfigError(KEY, str(path), f"'tie_word_embeddings' must be true or false; got {_shown(tied)!r}")
+    # The text tower's own keys over its class's defaults (a key given as null stays null).
+    arch = {**defaults, **cfg}
+    layer_types, window = _attention_layout(path, arch, layers, model_type)
 
     weight16 = _dtype16(path, field("torch_dtype") or field("dtype"))
     moe = _moe(path, field, layers, intermediate)
@@ -247,14 +283,24 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         if moe is not None:
             moe = replace(moe, expert_dtype="fp8_block")
     params, vision = _param_count(
-        cfg, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe, mla
+        path, arch, top, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied, model_type, moe, mla
     )
     notes = [f"Hugging Face config {path.name}"]
-    if cfg is not top:
+    warnings: list[str] = []
+    vc = top.get("vision_config")
+    if cfg is not top or (isinstance(vc, dict) and vc):
         notes.append(
-            "text tower of a vision-language model"
+            ("text tower of a vision-language model" if cfg is not top else "vision-language model")
             + (f"; vision encoder {vision / 1e9:.2f}B params counted" if vision else "; vision encoder not counted")
         )
+        if not vision:
+            kind = vc.get("model_type") if isinstance(vc, dict) else None
+            warnings.append(
+                f"{path.name}: vision encoder"
+                + (f" ({kind})" if kind else "")
+                + " not counted in params (kvsim counts Qwen2.5-VL and Qwen3-VL encoders only), so the "
+                "memory left for KV is overstated by its weights; --set model.params=N gives the whole count"
+            )
     if qsrc is not None:
         notes.append(f"quantisation from {qsrc.name}")
         if _block_scaled(qtop):
@@ -288,38 +334,48 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         tied_embeddings=tied,
     )
     weight = wq or weight16
-    return HfModel(spec, weight, kq or weight16, path, qsrc)
+    return HfModel(spec, weight, kq or weight16, path, qsrc, tuple(warnings))
 
 
 def _load_json(path: Path) -> dict:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(KEY, str(path), f"a readable config.json file ({type(exc).__name__})") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(KEY, str(path), f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    """The file's JSON object: a bounded UTF-8 file, nested at most ``MAX_NESTING`` levels (sim/inputs.py)."""
+    from sim.inputs import load_json, read_text
+
+    doc = load_json(read_text(path, KEY, "config.json file"), KEY, str(path))
     if not isinstance(doc, dict):
         raise ConfigError(KEY, str(path), "a JSON object (a Hugging Face config.json)")
     return doc
+
+
+def _shown(value):
+    """``value`` for an error line: lists, mappings and strings longer than 40 characters cut short."""
+    if isinstance(value, (list, dict, str)) and len(str(value)) > 40:
+        return str(value)[:37] + "..."
+    return value
 
 
 # --- what is not modelled -------------------------------------------------------------------
 
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk")
+_SSM = "state-space (mamba) layers"
+#: Fields that show layers other than attention, in the order they are named: the layout first
+#: (which layers attend), then any ``mamba_*`` shape field (see :func:`_refuse_unsupported`).
 _LINEAR_KEYS = {
     "linear_attn_config": "linear-attention layers",
     "attn_type_list": "linear-attention layers",
-    "layers_block_type": "state-space (mamba) layers",
-    "hybrid_override_pattern": "state-space (mamba) layers",
-    "mamba_num_heads": "state-space (mamba) layers",
-    "ssm_cfg": "state-space (mamba) layers",
+    "layers_block_type": _SSM,
+    "hybrid_override_pattern": _SSM,
+    "attn_layer_period": _SSM,  # Jamba: attention on every attn_layer_period-th layer, mamba on the rest
+    "attn_layer_offset": _SSM,
+    "attn_layer_indices": _SSM,  # Bamba, Falcon-H1: the attention layers, mamba on the rest
+    "mamba_num_heads": _SSM,
+    "ssm_cfg": _SSM,
 }
 
 
 def _refuse(path: Path, field: str, value, what: str):
-    shown = value if not isinstance(value, (list, dict, str)) or len(str(value)) <= 40 else str(value)[:37] + "..."
-    raise ConfigError(KEY, str(path), f"{field}={shown!r}: {what} not supported yet ({_DENSE_ONLY})")
+    raise ConfigError(KEY, str(path), f"{field}={_shown(value)!r}: {what} not supported yet ({_DENSE_ONLY})")
 
 
 def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
@@ -360,13 +416,26 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         _refuse(path, "q_lora_rank", first("q_lora_rank"), "compressed attention without a kv_lora_rank latent is")
     types = first("layer_types")
     if types is not None:
+        if not isinstance(types, list):
+            raise ConfigError(
+                KEY,
+                str(path),
+                f"'layer_types' must be a list with one type per layer ({FULL} or {SLIDING}); got {_shown(types)!r}",
+            )
         odd = sorted({str(t) for t in types} - {FULL, SLIDING})
+        # Name the kind that is not attention: Granite-4.0-H lists "mamba" and "attention" layers.
+        ssm = [t for t in odd if "mamba" in t.lower() or "ssm" in t.lower()]
+        linear = [t for t in odd if "linear" in t.lower()]
         if odd:
-            kind = "linear-attention" if "linear" in odd[0] else f"'{odd[0]}'"
-            _refuse(path, "layer_types", odd[0], f"{kind} layers are")
+            shown = (ssm or linear or odd)[0]
+            kind = _SSM if ssm else "linear-attention layers" if linear else f"'{shown}' layers"
+            _refuse(path, "layer_types", shown, f"{kind} are")
     for key, what in _LINEAR_KEYS.items():
         if first(key) is not None:
             _refuse(path, key, first(key), f"{what} are")
+    mamba = next((k for level in levels for k in level if k.startswith("mamba_") and first(k) is not None), None)
+    if mamba is not None:  # Jamba, Bamba, Falcon-H1, Zamba: the state-space layers' shape
+        _refuse(path, mamba, first(mamba), f"{_SSM} are")
     for key, base in (("global_head_dim", "head_dim"), ("num_global_key_value_heads", "num_key_value_heads")):
         v = first(key)
         if v is not None and v != first(base):
@@ -381,8 +450,13 @@ def _int(path: Path, field, key: str, minimum: int, purpose: str = "") -> int:
     """The config's integer ``key`` (``field`` reads it), at least ``minimum``, else a ConfigError naming it."""
     v = field(key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}{purpose}; got {v!r}")
+        raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}{purpose}; got {_shown(v)!r}")
     return v
+
+
+def _whole(path: Path, doc: dict, key: str, minimum: int, purpose: str = "") -> int:
+    """``doc[key]``, an integer at least ``minimum``, else a ConfigError naming ``key`` and its value."""
+    return _int(path, doc.get, key, minimum, purpose)
 
 
 # --- mixture of experts ---------------------------------------------------------------------
@@ -475,13 +549,15 @@ def _attention_layout(path: Path, cfg: dict, layers: int, model_type: str) -> tu
         t = tuple(str(x) for x in types)
     elif window is None:
         return (), None
-    elif cfg.get("sliding_window_pattern"):
-        # Gemma-3: every pattern-th layer attends globally, the others slide.
-        n = int(cfg["sliding_window_pattern"])
+    elif cfg.get("sliding_window_pattern") is not None:
+        # Gemma-3, Cohere2: every pattern-th layer attends globally, the others slide (layer i is
+        # full attention when (i + 1) % pattern == 0, as transformers derives layer_types).
+        n = _whole(path, cfg, "sliding_window_pattern", 1, " (every n-th layer attends globally)")
         t = tuple(FULL if (i + 1) % n == 0 else SLIDING for i in range(layers))
     elif cfg.get("use_sliding_window") and cfg.get("max_window_layers") is not None:
         # Qwen2/3: the first max_window_layers layers attend globally, the rest slide.
-        t = tuple(FULL if i < int(cfg["max_window_layers"]) else SLIDING for i in range(layers))
+        n = _whole(path, cfg, "max_window_layers", 0, " (the layers from the first that attend globally)")
+        t = tuple(FULL if i < n else SLIDING for i in range(layers))
     elif model_type == "gemma2":
         t = tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
     else:
@@ -530,6 +606,10 @@ def _quantisation(path: Path, top: dict) -> tuple[str | None, str | None, Path |
     """(weight dtype, KV dtype, file) from ``quantization_config`` and/or a sibling hf_quant_config.json."""
     found: list[tuple[str | None, str | None, Path]] = []
     qc = top.get("quantization_config")
+    if qc is not None and not isinstance(qc, dict):
+        raise ConfigError(
+            KEY, str(path), f"'quantization_config' must be a mapping (quant_method, ...); got {_shown(qc)!r}"
+        )
     if isinstance(qc, dict) and qc:
         found.append((*_read_quant(path, qc, "quantization_config"), path))
     for q in _quant_files(path):
@@ -570,11 +650,28 @@ def _read_quant(path: Path, qc: dict, where: str) -> tuple[str | None, str | Non
     elif algo == "nvfp4":
         weight = "nvfp4"  # NVIDIA Model Optimizer's NVFP4 checkpoints (hf_quant_config.json)
     elif method == "compressed-tensors" or "config_groups" in qc:
-        for group in (qc.get("config_groups") or {}).values():
-            w = (group or {}).get("weights") or {}
+        groups = qc.get("config_groups") or {}
+        if not isinstance(groups, dict):
+            raise ConfigError(
+                KEY,
+                str(path),
+                f"'{where}.config_groups' must be a mapping of group names to schemes ({{\"group_0\": "
+                f'{{"weights": {{"num_bits": 8, "type": "float"}}}}}}); got {_shown(groups)!r}',
+            )
+        for name, group in groups.items():
+            group = group or {}
+            w = group.get("weights") if isinstance(group, dict) else group
+            if not isinstance(group, dict) or not isinstance(w or {}, dict):
+                raise ConfigError(
+                    KEY,
+                    str(path),
+                    f"'{where}.config_groups.{name}' must be a mapping with a 'weights' mapping "
+                    f"(num_bits, type); got {_shown(w)!r}",
+                )
+            w = w or {}
             if w.get("num_bits") == 8 and w.get("type") == "float":
                 weight = "fp8"
-            elif w.get("num_bits") == 4 and w.get("type") == "int" and not (group or {}).get("input_activations"):
+            elif w.get("num_bits") == 4 and w.get("type") == "int" and not group.get("input_activations"):
                 weight = "w4a16"  # weight-only: the caller checks that only routed experts carry it
             else:
                 raise ConfigError(
@@ -659,6 +756,7 @@ QK_NORM_TYPES = ("qwen3", "gemma3")
 
 
 def _param_count(
+    path: Path,
     cfg: dict,
     top: dict,
     layers: int,
@@ -674,7 +772,8 @@ def _param_count(
     mla: MlaSpec | None = None,
 ) -> tuple[int, int]:
     """(all weights, of which vision encoder) counted from the shapes; a mixture-of-experts layer
-    counts every routed expert, the shared experts and its router (``experts × hidden``)."""
+    counts every routed expert, the shared experts and its router (``experts × hidden``). ``cfg``:
+    the text tower's keys over its architecture's defaults; ``top``: the whole file."""
     embed = vocab * hidden * (1 if tied else 2)
     attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     if mla is not None:
@@ -684,7 +783,8 @@ def _param_count(
         attn = q + kv + heads * mla.v_dim * hidden
     if cfg.get("attention_bias") or model_type.startswith("qwen2"):
         attn += (heads + 2 * kv_heads) * head_dim  # Q/K/V biases (Qwen2 always has them)
-    mlp = 3 * hidden * intermediate  # gate, up, down
+    # Gate, up, down; up and down alone where the architecture's MLP has no gate (sim/hf_defaults.py).
+    mlp = (3 if gated_mlp(model_type) else 2) * hidden * intermediate
     norms = 2 * hidden + (2 * head_dim if model_type.startswith(QK_NORM_TYPES) else 0)
     text = embed + layers * (attn + norms) + hidden
     if moe is None:
@@ -692,26 +792,50 @@ def _param_count(
     else:
         per_moe = moe.experts * int(moe.expert_params(hidden)) + 3 * hidden * moe.shared_intermediate
         text += (layers - moe.moe_layers) * mlp + moe.moe_layers * (per_moe + moe.experts * hidden)
-    vision = _vision_params(top.get("vision_config")) if cfg is not top else 0
+    vision = _vision_params(path, top.get("vision_config"), str(top.get("model_type") or ""))
     return text + vision, vision
 
 
-def _vision_params(vc) -> int:
-    """Qwen-VL vision encoder: patch and position embeddings, ViT blocks, patch mergers (0 when the
-    config does not give those fields)."""
-    if not isinstance(vc, dict) or not all(
-        isinstance(vc.get(k), int) for k in ("depth", "hidden_size", "intermediate_size")
-    ):
+def _vision_params(path: Path, vc, top_type: str = "") -> int:
+    """A Qwen-VL vision encoder's weights: patch (and Qwen3-VL's position) embeddings, ViT blocks,
+    patch mergers; 0 for an encoder of another shape (``vision_config`` without ``depth``,
+    ``hidden_size`` and ``intermediate_size``: SigLIP, Pixtral, CLIP, MoonViT are not counted).
+
+    Qwen2.5-VL (``fullatt_block_indexes``, or a ``qwen2_5_vl`` model): RMSNorms, a gated MLP with
+    biases, a patch embedding without bias, no position embeddings (transformers'
+    ``Qwen2_5_VisionTransformerPretrainedModel``). Qwen3-VL: LayerNorms, a two-matrix MLP with
+    biases, a patch embedding with bias, learned position embeddings, DeepStack mergers."""
+    if not isinstance(vc, dict) or any(vc.get(k) is None for k in ("depth", "hidden_size", "intermediate_size")):
         return 0
-    h, i, depth = vc["hidden_size"], vc["intermediate_size"], vc["depth"]
+
+    def whole(key: str, default: int | None = None, minimum: int = 1) -> int:
+        v = vc.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise ConfigError(
+                KEY, str(path), f"'vision_config.{key}' must be an integer >= {minimum}; got {_shown(v)!r}"
+            )
+        return v
+
+    h, i, depth = whole("hidden_size"), whole("intermediate_size"), whole("depth")
+    channels = whole("in_channels", vc.get("in_chans", 3))
+    patch_in = channels * whole("temporal_patch_size", 1) * whole("patch_size", 14) ** 2
+    merged = whole("spatial_merge_size", 2) ** 2 * h
+    out = whole("out_hidden_size", h)
+    if "fullatt_block_indexes" in vc or top_type.startswith("qwen2_5"):
+        block = (4 * h * h + 4 * h) + (3 * h * i + 2 * i + h) + 2 * h  # attention, gated MLP, two RMSNorms
+        merger = merged * merged + merged + merged * out + out + h  # RMSNorm, two linear layers
+        return depth * block + patch_in * h + merger
     block = (4 * h * h + 4 * h) + (2 * h * i + i + h) + 4 * h  # attention, MLP (with biases), two LayerNorms
-    patch = vc.get("in_channels", 3) * vc.get("temporal_patch_size", 1) * vc.get("patch_size", 14) ** 2 * h + h
-    pos = vc.get("num_position_embeddings", 0) * h
-    merged = vc.get("spatial_merge_size", 2) ** 2 * h
-    out = vc.get("out_hidden_size", h)
+    pos = whole("num_position_embeddings", 0, 0) * h
     merger = merged * merged + merged + merged * out + out + 2 * h
-    mergers = 1 + len(vc.get("deepstack_visual_indexes") or [])
-    return depth * block + patch + pos + mergers * merger
+    deepstack = vc.get("deepstack_visual_indexes") or []
+    if not isinstance(deepstack, list):
+        raise ConfigError(
+            KEY,
+            str(path),
+            f"'vision_config.deepstack_visual_indexes' must be a list of layers; got {_shown(deepstack)!r}",
+        )
+    return depth * block + patch_in * h + h + pos + (1 + len(deepstack)) * merger
 
 
 # --- scenarios ------------------------------------------------------------------------------
@@ -727,6 +851,9 @@ def apply_to_scenario(sc) -> None:
     m = sc.model
     hf = read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir))
     given = m.model_fields_set
+    if "params" not in given:  # an explicit count replaces the one the warnings are about
+        for line in hf.warnings:
+            log.warning("%s", line)
     if "name" in given and m.name is not None and m.name != hf.spec.name:
         if m.name in MODELS or m.name == "custom":
             raise ConfigError(

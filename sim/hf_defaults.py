@@ -1,0 +1,161 @@
+"""What transformers assumes of a Hugging Face ``config.json`` where the file says nothing, per
+architecture (``model_type``), for the fields :mod:`sim.hf_config` reads.
+
+A published config leaves out the fields equal to its config class's defaults: Google's
+Gemma-3 configs carry no ``sliding_window_pattern`` (6), the 12B no ``head_dim`` (256, not
+``hidden_size / heads`` = 240), the 4B no head counts, the 27B-it no ``vocab_size``.
+transformers fills those in from the class (``src/transformers/models/<name>/configuration_<name>.py``)
+before a model is built, and vLLM, SGLang and TensorRT-LLM load configs through it; so does
+kvsim, from :data:`DEFAULTS`, for a key the file does not have at all. A key present with
+``null`` keeps ``null``, as in transformers.
+
+Every value below is the one the cited class sets; an architecture or field not listed gets no
+default (kvsim asks for the field, or keeps its own fallback: ``head_dim = hidden / heads``,
+``num_key_value_heads = heads``, untied embeddings, ``max_position_embeddings`` 4096).
+"""
+
+from __future__ import annotations
+
+#: Per ``model_type``: the defaults of its transformers config class for the fields kvsim reads
+#: (``num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
+#: num_key_value_heads, head_dim, vocab_size, max_position_embeddings, tie_word_embeddings,
+#: attention_bias, sliding_window, sliding_window_pattern``). ``num_key_value_heads``,
+#: ``head_dim`` and ``sliding_window`` are listed only where the class gives a number (``None``
+#: there means "the query heads", ``hidden / heads`` and "no window", kvsim's own fallbacks).
+DEFAULTS: dict[str, dict[str, int | bool]] = {
+    # GemmaConfig (models/gemma/configuration_gemma.py).
+    "gemma": {
+        "vocab_size": 256_000,
+        "hidden_size": 3072,
+        "intermediate_size": 24_576,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    },
+    # Gemma2Config (models/gemma2/configuration_gemma2.py). Its layer_types default (even layers
+    # slide, odd layers attend globally) is applied in sim.hf_config._attention_layout.
+    "gemma2": {
+        "vocab_size": 256_000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "sliding_window": 4096,
+    },
+    # Gemma3TextConfig (models/gemma3/configuration_gemma3.py, since transformers 4.50; the text
+    # tower of Gemma3Config). sliding_window_pattern 6: layer i attends globally when
+    # (i + 1) % 6 == 0 and slides otherwise (its layer_types default; read from the config's
+    # "sliding_window_pattern", default 6, in later versions).
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+    },
+    # CohereConfig (models/cohere/configuration_cohere.py): Command-R, Aya 23.
+    "cohere": {
+        "vocab_size": 256_000,
+        "hidden_size": 8192,
+        "intermediate_size": 22_528,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 64,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+    },
+    # Cohere2Config (models/cohere2/configuration_cohere2.py): Command-R7B, Command-A. Every 4th
+    # layer attends globally (its layer_types default from sliding_window_pattern, default 4).
+    "cohere2": {
+        "vocab_size": 256_000,
+        "hidden_size": 8192,
+        "intermediate_size": 22_528,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 64,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 4,
+    },
+    # Starcoder2Config (models/starcoder2/configuration_starcoder2.py): tie_word_embeddings True
+    # (bigcode/starcoder2-15b's config sets false; the 3B and 7B tie theirs).
+    "starcoder2": {
+        "vocab_size": 49_152,
+        "hidden_size": 3072,
+        "intermediate_size": 12_288,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    },
+    # PhiConfig (models/phi/configuration_phi.py): Phi-1, Phi-1.5, Phi-2.
+    "phi": {
+        "vocab_size": 51_200,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    },
+    # GPTNeoXConfig (models/gpt_neox/configuration_gpt_neox.py): Pythia, GPT-NeoX-20B.
+    "gpt_neox": {
+        "vocab_size": 50_432,
+        "hidden_size": 6144,
+        "intermediate_size": 24_576,
+        "num_hidden_layers": 44,
+        "num_attention_heads": 64,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+    },
+}
+
+#: A multimodal wrapper's ``model_type`` -> the ``model_type`` of the config class it builds its
+#: ``text_config`` with (``sub_configs``), for a ``text_config`` that does not name its own.
+TEXT_TOWERS: dict[str, str] = {
+    "gemma3": "gemma3_text",  # Gemma3Config.sub_configs["text_config"] = Gemma3TextConfig
+}
+
+#: ``model_type``s whose decoder MLP is two matrices, up and down (``2 × hidden × intermediate``),
+#: not a gated three (gate, up, down: ``3 × hidden × intermediate``, every other architecture,
+#: Llama's SwiGLU and Gemma's GeGLU alike). From each one's MLP class in transformers'
+#: ``models/<name>/modeling_<name>.py``; ``hidden_act`` does not decide it (a Llama with
+#: ``gelu`` is still gated) and transformers reads no ``mlp_type`` field.
+UNGATED_MLP: dict[str, str] = {
+    "starcoder2": "Starcoder2MLP: c_fc, c_proj",
+    "phi": "PhiMLP: fc1, fc2",
+    "gpt_neox": "GPTNeoXMLP: dense_h_to_4h, dense_4h_to_h",
+    "gpt2": "GPT2MLP: c_fc, c_proj",
+    "gpt_bigcode": "GPTBigCodeMLP: c_fc, c_proj",
+    "falcon": "FalconMLP: dense_h_to_4h, dense_4h_to_h",
+    "nemotron": "NemotronMLP: up_proj, down_proj (squared ReLU)",
+}
+
+
+def defaults_for(model_type: str) -> dict[str, int | bool]:
+    """The config-class defaults of ``model_type`` (empty for an architecture not listed)."""
+    return DEFAULTS.get(model_type, {})
+
+
+def gated_mlp(model_type: str) -> bool:
+    """Whether ``model_type``'s dense MLP has a gate projection (see :data:`UNGATED_MLP`)."""
+    return model_type not in UNGATED_MLP
