@@ -19,6 +19,7 @@ LAYERS = [
         "config",
         "catalog",
         "hf_config",
+        "hf_defaults",
         "model_ids",
         "request",
         "native",

@@ -185,8 +185,8 @@ def _profile_source(scenario: str, overrides: dict) -> dict | None:
 def _cost_profile(scenario: str, overrides: dict, source: dict | None) -> dict | None:
     """``plan.json``'s ``cost_model_profile`` (:mod:`sim.output.provenance`): the profile that priced
     every candidate; None where it cannot be told."""
+    from sim.analysis.planner import scenario_cost_profile
     from sim.config import load_scenario
-    from sim.output.provenance import scenario_cost_profile
 
     try:
         return scenario_cost_profile(load_scenario(scenario, overrides), source)

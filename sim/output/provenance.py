@@ -50,9 +50,10 @@ def _resolve(sc: Scenario) -> tuple[str, Path, str | None] | None:
     if ref is None:
         return None
     if ref == "auto":
-        from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU, gpu_spec
+        from sim.catalog import BUILTIN_PROFILE_FOR_GPU
 
-        name = BUILTIN_PROFILE_FOR_GPU.get(gpu_spec(sc.gpu).name)
+        # ``gpu.name`` holds the catalog name (or ``custom``, which no built-in profile covers).
+        name = BUILTIN_PROFILE_FOR_GPU.get(sc.gpu.name)
         return None if name is None else ("builtin", PROFILE_DIR / f"{name}.json", None)
     if is_file(ref):
         return "file", Path(ref), ref
@@ -158,16 +159,3 @@ def describe_block(block: Any) -> str | None:
     if block.get("sha256"):
         facts.append(f"sha256 {block['sha256']}")
     return f"{what}: {', '.join(facts)}"
-
-
-def scenario_cost_profile(sc: Scenario, source: dict | None = None) -> dict:
-    """The block for runs of ``sc`` without running it (``plan.json``): whether a profile prices
-    it is learnt by building the cost model as a run does (``auto`` may fall back to the roofline
-    prior). ``source``: :func:`profile_source` taken earlier (read now when None)."""
-    from sim.engine.deployment import Deployment, with_engine_defaults
-    from sim.workload.generator import build_workload, total_length_percentile
-
-    full = with_engine_defaults(sc)
-    wl = build_workload(full)
-    dep = Deployment.from_scenario(full, lambda q: total_length_percentile(full, wl, q))
-    return cost_profile_block(sc, dep.make_cost_model(full).calibrated, source)
