@@ -30,7 +30,6 @@ from .serving_bench import (
     aiconfigurator_run,
     aiconfigurator_server,
     cache_flagged,
-    checkpoint_config,
     clients_apart,
     faster_than_kernels,
     gpu_shares,
@@ -237,33 +236,6 @@ def variant_lines(rows: list[BenchRow]) -> list[str]:
     # Every row's model resolved when it was read (a config path made absolute), so it resolves again.
     notes = (variant_note(m, resolve_model(m), ROW_FORMAT_HINT, with_kv=False) for m in sorted({r.model for r in rows}))
     return [n for n in notes if n is not None]
-
-
-def context_lines(rows: list[BenchRow]) -> list[str]:
-    """One line per model with runs asking for more tokens (isl + osl) than its context
-    (``max_position_embeddings``): a server started without a longer one refuses them, and a
-    typo in a length column looks the same, so they are said and simulated as given."""
-    from sim.catalog import MODELS
-
-    out = []
-    for m in sorted({r.model for r in rows}):
-        section = resolve_model(m)
-        hf = checkpoint_config(section)
-        if hf is not None:
-            ctx = hf.spec.max_position
-        elif section.get("name") in MODELS:
-            ctx = MODELS[section["name"]].max_position
-        else:
-            continue
-        over = [r.isl + r.osl for r in rows if r.model == m and r.isl + r.osl > ctx]
-        if over:
-            n = len(over)
-            out.append(
-                f"{m}: {n} run{'s' if n > 1 else ''} ask{'' if n > 1 else 's'} for more tokens than its context of "
-                f"{ctx:,} positions (max_position_embeddings; the longest {max(over):,} = isl + osl): a server "
-                "started without a longer context refuses them; simulated as given"
-            )
-    return out
 
 
 def _is_training_file(path: str) -> bool:
@@ -812,9 +784,7 @@ def validate_serving_bench(
     meet = clients_mode(clients)
     rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
     if log is not None:
-        for line in (
-            skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows) + context_lines(rows)
-        ):
+        for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
@@ -1183,7 +1153,6 @@ def calibrate_from_serving_bench(
             + served_by_line(path, rows, served)
             + clients_line(path, checked.given, meet, served)
             + variant_lines(rows)
-            + context_lines(rows)
             + completion_warnings(checked.flagged, checked.held)
             + apart_warnings(checked.apart, checked.spread)
             + kernel_warnings(checked.fast, checked.cached_share, checked.cached)
@@ -1235,7 +1204,6 @@ __all__ = [
     "skipped_lines",
     "listed_lines",
     "few_runs_lines",
-    "context_lines",
     "table_rows",
     "HEADER",
     "RowResult",

@@ -433,13 +433,25 @@ MODELS: dict[str, ModelSpec] = {
 
 _NV = "NVIDIA datasheet"
 _AIC = "; aiconfigurator system.yaml"
+MiB = 1 << 20
+#: ``memory_bytes`` is what the card reports as its total memory (``nvidia-smi``'s memory.total,
+#: the ``total`` of ``torch.cuda.mem_get_info`` that vLLM's ``gpu_memory_utilization`` multiplies),
+#: not the datasheet's GB: the driver keeps some back. Cited reported figures:
+#:   A100 80 GB 81920 MiB, A100 40 GB 40960 MiB, L40S 46068 MiB, L4 23034 MiB
+#:     (nvidia-smi totals, https://github.com/modal-labs/modal-client/pull/2797);
+#:   A10G 23028 MiB (nvidia-smi, https://github.com/NVIDIA/DCGM/issues/232).
+#: The H100, H200 and B200 keep aiconfigurator's system.yaml figures (80, 141 and 180 GiB), which the
+#: built-in profiles and the serving-benchmark accuracy in docs/calibration.md were measured with;
+#: their cards report 81559, 143771 and 183359 MiB (modal-client#2797, TensorRT-LLM#9554 and #10278),
+#: 0.4-0.6 % less, so kvsim's derived KV capacity on them is that much high. GB200, B300 and GB300
+#: keep their listed GiB until a reported figure is cited.
 GPUS: dict[str, GpuSpec] = {
     g.name: g
     for g in [
         GpuSpec("H100-SXM-80GB", 80 * GiB, 3.35e12, 989e12, 64e9, 450e9, _NV + _AIC, peak_fp8_flops=1978e12),
         GpuSpec("H200-SXM-141GB", 141 * GiB, 4.8e12, 989e12, 64e9, 450e9, _NV + _AIC, peak_fp8_flops=1978e12),
-        GpuSpec("A100-SXM-80GB", 80 * GiB, 2.039e12, 312e12, 32e9, 300e9, _NV + _AIC),
-        GpuSpec("A100-40GB", 40 * GiB, 1.555e12, 312e12, 32e9, 300e9, _NV),
+        GpuSpec("A100-SXM-80GB", 81920 * MiB, 2.039e12, 312e12, 32e9, 300e9, _NV + _AIC),
+        GpuSpec("A100-40GB", 40960 * MiB, 1.555e12, 312e12, 32e9, 300e9, _NV),
         # Blackwell: 180 GiB HBM3e at 7.7 TB/s, NVLink 5 (900 GB/s per direction), PCIe 6.0.
         GpuSpec(
             "B200-SXM-180GB",
@@ -452,8 +464,8 @@ GPUS: dict[str, GpuSpec] = {
             peak_fp8_flops=4500e12,
             peak_fp4_flops=9000e12,
         ),
-        # GB200 (NVL72): the B200's GPU at a higher power limit, 186 GB HBM3e (counted as the B200's
-        # 180 is: GiB) at 8 TB/s; dense rates from the NVL72 datasheet's sparse totals (FP8 720,
+        # GB200 (NVL72): the B200's GPU at a higher power limit, 186 GB HBM3e (counted as 186 GiB: no
+        # reported figure cited) at 8 TB/s; dense rates from the NVL72 datasheet's sparse totals (FP8 720,
         # FP4 1440 PFLOPS over 72 GPUs) halved.
         GpuSpec(
             "GB200-186GB",
@@ -467,7 +479,7 @@ GPUS: dict[str, GpuSpec] = {
             peak_fp4_flops=10000e12,
         ),
         # Blackwell Ultra: the B200's bf16 and fp8 tensor rates and NVLink 5, 288 GB HBM3e (counted as
-        # GiB, as the B200's 180 is) at 8 TB/s, faster FP4 (HGX B300: 13.1 PFLOPS dense); PCIe 6.0.
+        # 288 GiB: no reported figure cited) at 8 TB/s, faster FP4 (HGX B300: 13.1 PFLOPS dense); PCIe 6.0.
         GpuSpec(
             "B300-SXM-288GB",
             288 * GiB,
@@ -492,10 +504,10 @@ GPUS: dict[str, GpuSpec] = {
             peak_fp8_flops=5000e12,
             peak_fp4_flops=15000e12,
         ),
-        # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0); 46068 MiB usable.
-        GpuSpec("L40S", 48305799168, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
-        GpuSpec("A10G", 24 * GiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),
-        GpuSpec("L4", 24 * GiB, 300e9, 121e12, 32e9, 0.0, _NV, peak_fp8_flops=242.5e12),
+        # Ada, PCIe only (no NVLink: tensor-parallel all-reduces cross PCIe 4.0).
+        GpuSpec("L40S", 46068 * MiB, 864e9, 362.05e12, 32e9, 0.0, _NV + _AIC, peak_fp8_flops=733e12),
+        GpuSpec("A10G", 23028 * MiB, 600e9, 70e12, 32e9, 0.0, "AWS G5 documentation (dense bf16)"),
+        GpuSpec("L4", 23034 * MiB, 300e9, 121e12, 32e9, 0.0, _NV, peak_fp8_flops=242.5e12),
         # A generic host CPU, for the torch reference engine and the cpu-reference profile.
         GpuSpec("cpu", 16 * GiB, 20e9, 0.2e12, 20e9, 0.0, "rough figures for a 2-core x86 host"),
     ]
@@ -587,6 +599,43 @@ def custom_gpu(
     )
 
 
+#: ``gpu.tensor_parallel`` values a scenario may give.
+TP_DEGREES = (1, 2, 4, 8)
+
+
+def tensor_parallel_problem(model: ModelSpec, tp: int) -> str | None:
+    """Why vLLM refuses to split ``model`` over ``tp`` GPUs, or ``None``: the attention heads must
+    divide evenly (``ModelConfig.verify_with_parallel_config``), and the KV heads must divide by
+    ``tp`` or ``tp`` by them (``QKVParallelLinear`` splits them, or replicates each a whole number
+    of times); the dense MLP's width is split evenly too (``MergedColumnParallelLinear``; a mixture of
+    experts' widths are checked where its kernels are priced, ``sim.cost.profile``)."""
+    if model.heads % tp:
+        return f"its {model.heads} attention heads do not split evenly over {tp} GPUs"
+    if model.mla is None and model.kv_heads % tp and tp % model.kv_heads:
+        return (
+            f"its {model.kv_heads} KV heads neither split evenly over {tp} GPUs nor divide {tp} "
+            "(each GPU holds a share of them, or a whole number of GPUs holds each)"
+        )
+    if model.dense_layers and model.intermediate % tp:
+        return f"its MLP intermediate size {model.intermediate} does not split evenly over {tp} GPUs"
+    return None
+
+
+def check_tensor_parallel(model: ModelSpec, tp: int, key: str = "gpu.tensor_parallel") -> None:
+    """ConfigError naming ``key``, ``tp`` and the degrees that do split ``model``
+    (:func:`tensor_parallel_problem`), as vLLM refuses such a ``tensor_parallel_size``."""
+    why = tensor_parallel_problem(model, tp)
+    if why is None:
+        return
+    ok = [t for t in TP_DEGREES if tensor_parallel_problem(model, t) is None]
+    raise ConfigError(
+        key,
+        tp,
+        f"one of {', '.join(map(str, ok))} for {model.name} ({model.heads} attention heads, "
+        f"{model.kv_heads} KV heads): {why}, which vLLM refuses",
+    )
+
+
 def activation_reserve_bytes(
     model: ModelSpec, tensor_parallel: int, max_num_batched_tokens: int, max_num_seqs: int
 ) -> int:
@@ -620,3 +669,20 @@ def kv_capacity_bytes(
 
 def with_overrides(model: ModelSpec, **dims) -> ModelSpec:
     return replace(model, **dims)
+
+
+#: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
+BUILTIN_PROFILE_FOR_GPU = {
+    "H100-SXM-80GB": "h100-sxm",
+    "H200-SXM-141GB": "h200-sxm",
+    "A100-SXM-80GB": "a100-sxm",
+    "B200-SXM-180GB": "b200-sxm",
+    # The B200's own kernel tables: the same GPU, which GB200 runs at a higher power limit.
+    "GB200-186GB": "b200-sxm",
+    # Blackwell Ultra has the B200's bf16 and fp8 tensor rates: its kernels are priced on the B200's
+    # tables (NVFP4 GEMMs, which it runs about 1.5x faster, too: the proxy is slow there).
+    "B300-SXM-288GB": "b200-sxm",
+    "GB300-288GB": "b200-sxm",
+    "L40S": "l40s",
+    "cpu": "cpu-reference",
+}

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from sim.catalog import find_gpu
+from sim.catalog import CUSTOM_GPU, find_gpu
 from sim.errors import ConfigError
 from sim.inputs import is_file, load_yaml, read_text
 from sim.limits import (
@@ -183,10 +183,19 @@ class GpuConfig(_Section):
             return
         for f in CUSTOM_GPU_FIELDS:
             if getattr(self, f) is not None:
+                if find_gpu(self.name) is None:
+                    # Not a catalog card (H20): its figures go with gpu.name custom, not under its name.
+                    raise ConfigError(
+                        "gpu.name",
+                        self.name,
+                        f"a catalog GPU (kvsim list gpus) or '{CUSTOM_GPU}'; {self.name} is not in the catalog "
+                        f"(gpu.{f} is given for it): describe it with gpu.name={CUSTOM_GPU} and its "
+                        f"{', '.join(CUSTOM_GPU_REQUIRED)} (optional: fp8_tflops, nvlink_gbps)",
+                    )
                 raise ConfigError(
                     f"gpu.{f}",
                     getattr(self, f),
-                    f"only with gpu.name 'custom'; {self.name} has its own figures (kvsim list gpus)",
+                    f"only with gpu.name '{CUSTOM_GPU}'; {self.name} has its own figures (kvsim list gpus)",
                 )
 
 
@@ -721,7 +730,85 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
         from sim.hf_config import apply_to_scenario  # reads the file: only when one is named
 
         apply_to_scenario(sc)
+    fit_max_model_len(sc)
     return sc
+
+
+#: rope_scaling types vLLM does not stretch the context by (``_get_and_verify_max_len``): Llama 3's
+#: and Phi-3's (su, longrope) already count it in max_position_embeddings; M-RoPE has no factor.
+_UNSCALED_ROPE = ("llama3", "su", "longrope", "default", "mrope")
+
+
+def model_context(sc: Scenario) -> int | None:
+    """The longest sequence (tokens) the scenario's model serves, as vLLM derives its largest
+    ``max_model_len`` from the model, or ``None`` where kvsim cannot tell. A catalog model's
+    ``max_position``; a Hugging Face config's ``max_position_embeddings`` where the file gives one
+    and no ``rope_scaling`` stretches it (vLLM multiplies it by a linear, dynamic or YaRN factor,
+    which ``sim.hf_config`` does not derive: such a config's context is not known here, unless its
+    YaRN ``original_max_position_embeddings`` times the factor is ``max_position_embeddings``
+    itself, as DeepSeek-V3's, Kimi K2's and gpt-oss's are), or, where the file leaves it out, its
+    architecture's transformers default (``sim.hf_defaults``: Gemma's 8192); ``None`` for explicit
+    dims (``custom``) and a config without one either way."""
+    m = sc.model
+    if m.hf_config is None:
+        from sim.catalog import MODELS
+
+        spec = MODELS.get(m.name or "")
+        return spec.max_position if spec is not None else None
+    import json
+
+    from sim.hf_config import read_hf_config, resolve_hf_config
+
+    top = json.loads(read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).path.read_text())
+    text = top.get("text_config")
+    cfg = text if isinstance(text, dict) else top
+
+    def field(name: str) -> Any:
+        v = cfg.get(name)
+        return top.get(name) if v is None and cfg is not top else v
+
+    positions = field("max_position_embeddings")
+    if "max_position_embeddings" not in cfg and "max_position_embeddings" not in top:
+        # Left out of the file: the architecture's config-class default where transformers has one
+        # (sim.hf_defaults, as sim.hf_config reads it), which is what vLLM reads; else unknown.
+        from sim.hf_defaults import TEXT_TOWERS, defaults_for
+
+        kind = str(cfg.get("model_type") or (TEXT_TOWERS.get(str(top.get("model_type"))) if cfg is not top else ""))
+        positions = defaults_for(kind or str(top.get("model_type") or "")).get("max_position_embeddings")
+    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
+        return None
+    rope = field("rope_scaling")
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    kind = str(rope.get("rope_type") or rope.get("type") or "") if isinstance(rope, dict) else ""
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor != 1 and kind not in _UNSCALED_ROPE:
+        original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
+        if not (kind == "yarn" and isinstance(original, int) and original * factor == positions):
+            return None
+    return positions
+
+
+def fit_max_model_len(sc: Scenario) -> None:
+    """``workload.max_model_len`` against the model's context (:func:`model_context`), as vLLM sets
+    it: left unset, it is the smaller of the default and the context (set in place, so the resolved
+    scenario says what runs); set above the context, a ConfigError naming it. vLLM's
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` override has no kvsim equivalent."""
+    context = model_context(sc)
+    wl = sc.workload
+    if context is None or wl.max_model_len <= context:
+        return
+    if "max_model_len" in wl.model_fields_set:
+        raise longer_than_context(sc, context)
+    wl.max_model_len = context
+
+
+def longer_than_context(sc: Scenario, context: int) -> ConfigError:
+    """The error of a ``workload.max_model_len`` above the model's ``context``."""
+    return ConfigError(
+        "workload.max_model_len",
+        sc.workload.max_model_len,
+        f"at most {context}: the context of {sc.model.name or sc.model.hf_config} (max_position_embeddings); "
+        "vLLM refuses a longer max_model_len",
+    )
 
 
 def read_scenario_dict(path: str | Path) -> tuple[dict, Path]:

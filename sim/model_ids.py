@@ -15,7 +15,8 @@ from functools import lru_cache
 
 from sim.catalog import MODELS
 
-#: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same shape).
+#: Hugging Face ids of checkpoints whose shape is a catalog model (the FP8 variants have the same
+#: shape; their format is in :data:`CHECKPOINT_FORMATS`).
 MODEL_IDS = {
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b",
     "meta-llama/Llama-3.1-8B": "llama-3.1-8b",
@@ -32,6 +33,22 @@ MODEL_IDS = {
     "Qwen/Qwen3-8B": "qwen3-8b",
     "Qwen/Qwen3-8B-FP8": "qwen3-8b",
     "Qwen/Qwen2.5-7B-Instruct": "qwen2.5-7b",
+}
+
+#: (weight dtype, KV cache dtype) of the quantized checkpoints in :data:`MODEL_IDS`, which run that
+#: format as a shipped config's id runs its own (no config of them ships, so it is written here, the
+#: same as their shipped siblings'): NVIDIA's ModelOpt FP8 Llama 3.1 releases quantize the linear
+#: layers and the KV cache per tensor (``hf_quant_config.json``: ``quant_algo`` and
+#: ``kv_cache_quant_algo`` FP8, as ``nvidia/Llama-3.1-70B-Instruct-FP8``'s shipped one); Qwen's
+#: Qwen3 FP8 releases are block-scaled fp8 weights (``quantization_config``: ``fp8``,
+#: ``weight_block_size`` [128, 128]) with a 16-bit KV cache, as ``Qwen/Qwen3-32B-FP8``'s shipped
+#: config. The ids whose config ships are listed too; a test checks the two agree, and that every
+#: quantized id here has its format.
+CHECKPOINT_FORMATS: dict[str, tuple[str, str]] = {
+    "nvidia/Llama-3.1-8B-Instruct-FP8": ("fp8", "fp8"),
+    "nvidia/Llama-3.1-70B-Instruct-FP8": ("fp8", "fp8"),
+    "Qwen/Qwen3-8B-FP8": ("fp8_block", "bf16"),
+    "Qwen/Qwen3-32B-FP8": ("fp8_block", "bf16"),
 }
 
 #: Releases with another name and the same shape (hidden size, layers, heads, MLP, vocabulary):
@@ -107,7 +124,8 @@ def _exact(ident: str) -> dict | None:
     if shipped_config(ident) is not None:
         return {"name": None, "hf_config": ident}
     if ident in MODEL_IDS:
-        return {"name": MODEL_IDS[ident]}
+        fmt = CHECKPOINT_FORMATS.get(ident)
+        return {"name": MODEL_IDS[ident], **({"weight_dtype": fmt[0], "kv_dtype": fmt[1]} if fmt else {})}
     if ident in MODELS:
         return {"name": ident}
     return None
@@ -156,6 +174,12 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
     if not target or target == ident or str(target).endswith(".json") or _exact(ident) is not None:
         return None
     dtypes = "bf16 weights"
+    if "weight_dtype" in section:
+        # A catalog shape in the format of a quantized id of it (CHECKPOINT_FORMATS).
+        dtypes = f"{section['weight_dtype']} weights" + (f", {section['kv_dtype']} KV cache" if with_kv else "")
+        same = [i for i in CHECKPOINT_FORMATS if MODEL_IDS.get(i) == target and _quant_tags(i) == _quant_tags(ident)]
+        if same:
+            dtypes += f" (the format of {same[0]})"
     if section.get("hf_config"):
         from sim.hf_config import read_hf_config, resolve_hf_config
 

@@ -355,6 +355,8 @@ def profile_cases(draw) -> Case:
             "--set",
             "model.name=tiny-llama",
             "--set",
+            "workload.max_model_len=2048",  # tiny-llama's context (chat-api's 16384 is refused for it)
+            "--set",
             "gpu.name=cpu",
             "--set",
             "cost_model.profile=p.json",

@@ -309,8 +309,9 @@ def test_moe_error_names_the_profile_as_given(tmp_path):
 def test_tensor_parallel_must_divide_the_expert_width():
     m = _spec("Qwen/Qwen3-30B-A3B")
     odd = replace(m, moe=replace(m.moe, expert_intermediate=100))
-    with pytest.raises(ConfigError, match="a divisor of the expert width 100"):
+    with pytest.raises(ConfigError, match="one of 1, 2, 4: a divisor of .*expert width 100") as exc:
         ProfileCostModel(load_profile("h100-sxm"), odd, H100, tensor_parallel=8, engine=get_preset("vllm"))
+    assert exc.value.key == "gpu.tensor_parallel"  # the scenario key (was parallelism.tensor_parallel)
 
 
 def test_dense_models_price_as_before():

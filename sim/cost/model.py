@@ -83,6 +83,9 @@ class CostModel(ABC):
         #: the pricing methods stay pure. Measured on CPU engines, where the first decode
         #: iterations after a prefill's large activations run slower (calibration/kernels/engine_overhead.py).
         self.after_prefill_s: list[float] = []
+        #: What priced the model in place of a measurement of its own shape while the run still counts
+        #: as calibrated (a profile's attention at another head_dim: ``ProfileCostModel``), one line each.
+        self.substitutions: list[str] = []
 
     @abstractmethod
     def decode_times_s(

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from mypy_extensions import mypyc_attr
 
-from sim.catalog import GpuSpec, ModelSpec, quantized_head
+from sim.catalog import TP_DEGREES, GpuSpec, ModelSpec, check_tensor_parallel, quantized_head
 from sim.cost.kernel_model import (
     FamilyFit,
     MissingGroup,
@@ -714,21 +714,32 @@ class ShapeKeys:
 
 
 def per_gpu_heads(model: ModelSpec, tp: int) -> tuple[int, int]:
-    """Query and KV heads one GPU holds; KV heads are replicated when fewer than ``tp``."""
-    if tp < 1 or model.heads % tp:
-        raise ConfigError("parallelism.tensor_parallel", tp, f"a divisor of the model's {model.heads} attention heads")
-    if model.kv_heads >= tp and model.kv_heads % tp:
-        raise ConfigError("parallelism.tensor_parallel", tp, f"a divisor of the model's {model.kv_heads} KV heads")
+    """Query and KV heads one GPU holds; KV heads are replicated when fewer than ``tp``. A ``tp`` that
+    does not split the model as vLLM requires is a ConfigError naming ``gpu.tensor_parallel``
+    (:func:`sim.catalog.check_tensor_parallel`)."""
+    if tp < 1:
+        raise ConfigError("gpu.tensor_parallel", tp, f"one of {', '.join(map(str, TP_DEGREES))}")
+    check_tensor_parallel(model, tp)
     return model.heads // tp, max(1, model.kv_heads // tp)
+
+
+#: vLLM pads the vocabulary to a multiple of this before splitting it over the GPUs
+#: (``VocabParallelEmbedding`` and ``ParallelLMHead``: ``pad_vocab_size`` with
+#: ``DEFAULT_VOCAB_PADDING_SIZE``), so the LM head's GEMM on each GPU is ``padded_vocab / tp`` wide.
+VOCAB_PADDING = 64
+
+
+def padded_vocab(vocab: int) -> int:
+    """``vocab`` rounded up to a multiple of :data:`VOCAB_PADDING` (32002 -> 32064)."""
+    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
 
 
 def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str, head_dtype: str | None = None) -> ShapeKeys:
     """Column-parallel QKV and gate/up (n split), row-parallel O and down (k split), vocab-parallel LM head
-    (at ``head_dtype``, else ``gemm_dtype``: quantized checkpoints keep it in 16 bits)."""
+    over the padded vocabulary (:func:`padded_vocab`; at ``head_dtype``, else ``gemm_dtype``: quantized
+    checkpoints keep it in 16 bits)."""
     h, kvh = per_gpu_heads(model, tp)
     d = model.head_dim
-    if model.intermediate % tp or model.vocab % tp:
-        raise ConfigError("parallelism.tensor_parallel", tp, "a divisor of the intermediate size and vocabulary")
     if model.mla is not None:
         # MLA: the query up-projection (from the q_lora_rank bottleneck, or from hidden) and the output
         # projection from the per-head value width; the down-projections are priced apart.
@@ -743,7 +754,7 @@ def shape_keys(model: ModelSpec, tp: int, gemm_dtype: str, kv_dtype: str, head_d
         o=o,
         gate_up=gemm_key(2 * model.intermediate // tp, model.hidden, gemm_dtype),
         down=gemm_key(model.hidden, model.intermediate // tp, gemm_dtype),
-        lm_head=gemm_key(model.vocab // tp, model.hidden, head_dtype or gemm_dtype),
+        lm_head=gemm_key(padded_vocab(model.vocab) // tp, model.hidden, head_dtype or gemm_dtype),
         attention=attention_key(h, kvh, d, kv_dtype),
     )
 
@@ -837,6 +848,10 @@ class ProfileCostModel(CostModel):
             ctx, gen = profile.attention_grids(self.keys.attention, (backend, backend))
             self._gen = self._need(gen, self.keys.attention, "generation attention", "generation_attention")
             self._ctx = self._need(ctx, self.keys.attention, "context attention", "context_attention")
+        #: What priced this model in place of a measurement of its own shape that the run still counts
+        #: as calibrated: a head_dim the attention tables did not time, priced on the nearest one's fit
+        #: (``kvsim run`` prints each on stderr; ``summary.json`` records them under ``cost_model_profile``).
+        self.substitutions = _substitutions(self._ctx, self._gen)
         self._allreduce: Curve1D | None = None
         if self.tp > 1:
             if str(self.tp) not in profile.allreduce:
@@ -1026,10 +1041,12 @@ class ProfileCostModel(CostModel):
         moe = model.moe
         assert moe is not None
         if moe.expert_intermediate % self.tp or moe.shared_intermediate % self.tp:
+            ok = [t for t in TP_DEGREES if not (moe.expert_intermediate % t or moe.shared_intermediate % t)]
             raise ConfigError(
-                "parallelism.tensor_parallel",
+                "gpu.tensor_parallel",
                 self.tp,
-                f"a divisor of the expert width {moe.expert_intermediate}"
+                f"one of {', '.join(map(str, ok))}: a divisor of {model.name}'s expert width "
+                f"{moe.expert_intermediate}"
                 + (f" and shared-expert width {moe.shared_intermediate}" if moe.shared_intermediate else ""),
             )
         expert_dtype = moe.expert_dtype or wd
@@ -1449,7 +1466,10 @@ class ProfileCostModel(CostModel):
 
     def profile_provenance(self) -> dict | None:
         p = self.profile.provenance
-        return {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
+        out: dict[str, Any] = {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
+        if self.substitutions:
+            out["substitutions"] = list(self.substitutions)
+        return out
 
     def describe(self) -> dict:
         return {
@@ -1464,7 +1484,27 @@ class ProfileCostModel(CostModel):
             "out_of_range": dict(self.out_of_range),
             **({"moe_kernel": self._moe_info} if self._moe_info else {}),
             **({"mla_kernel": self._mla_info} if self._mla_info else {}),
+            **({"substitutions": list(self.substitutions)} if self.substitutions else {}),
         }
+
+
+#: The note :meth:`Profile.attention_grids` leaves on a grid derived at another head_dim than the model's.
+_HEAD_DIM_NOTE = re.compile(r"head_dim (\d+) priced on the head_dim (\d+) fit")
+
+
+def _substitutions(ctx: Grid2D, gen: Grid2D) -> list[str]:
+    """One line per head_dim substitution in the context and decode attention grids (one line for
+    both where they are the same): ``attention at head_dim 256 priced on the head_dim 128 fit``."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for kind, grid in (("context", ctx), ("decode", gen)):
+        m = _HEAD_DIM_NOTE.search(str(grid.meta.get("outside_measured") or ""))
+        if m is not None:
+            found.setdefault((m.group(1), m.group(2)), []).append(kind)
+    return [
+        f"{' and '.join(kinds)} attention at head_dim {d} priced on the head_dim {fit} fit "
+        "(no attention kernel of that head_dim measured)"
+        for (d, fit), kinds in found.items()
+    ]
 
 
 def build_profile_cost_model(

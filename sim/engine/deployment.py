@@ -9,37 +9,23 @@ from sim.allocators import make_allocator
 from sim.allocators.base import Allocator
 from sim.allocators.registry import Budget, get as allocator_kind
 from sim.catalog import (
+    BUILTIN_PROFILE_FOR_GPU,
     CUSTOM_GPU,
     GiB,
     GpuSpec,
     KVGroups,
     ModelSpec,
     activation_reserve_bytes,
+    check_tensor_parallel,
     custom_gpu,
     get_gpu,
     get_model,
     kv_capacity_bytes,
 )
-from sim.config import GpuConfig, Scenario, SchedulerConfig
+from sim.config import GpuConfig, Scenario, SchedulerConfig, longer_than_context, model_context
 from sim.cost.model import CostModel, Layout, RooflineCostModel, RooflineParams
 from sim.engine_presets import EnginePreset, get_preset, on_gpu, read_terms_file
 from sim.errors import ConfigError
-
-#: The built-in calibrated profile used for each catalog GPU when ``cost_model.profile: auto``.
-BUILTIN_PROFILE_FOR_GPU = {
-    "H100-SXM-80GB": "h100-sxm",
-    "H200-SXM-141GB": "h200-sxm",
-    "A100-SXM-80GB": "a100-sxm",
-    "B200-SXM-180GB": "b200-sxm",
-    # The B200's own kernel tables: the same GPU, which GB200 runs at a higher power limit.
-    "GB200-186GB": "b200-sxm",
-    # Blackwell Ultra has the B200's bf16 and fp8 tensor rates: its kernels are priced on the B200's
-    # tables (NVFP4 GEMMs, which it runs about 1.5x faster, too: the proxy is slow there).
-    "B300-SXM-288GB": "b200-sxm",
-    "GB300-288GB": "b200-sxm",
-    "L40S": "l40s",
-    "cpu": "cpu-reference",
-}
 
 #: Says why ``cost_model.profile: auto`` fell back to the roofline prior. Silent in library use
 #: (``sim/__init__.py`` gives the ``kvsim`` logger a null handler); ``kvsim run`` prints it on stderr.
@@ -121,6 +107,14 @@ class Deployment:
         model = model_spec(sc)
         gpu = gpu_spec(sc.gpu)
         g = sc.gpu
+        # vLLM refuses a tensor_parallel_size that does not split the heads (and KV heads) evenly.
+        check_tensor_parallel(model, g.tensor_parallel)
+        max_len = sc.workload.max_model_len
+        context = model_context(sc)
+        if context is not None and max_len > context:
+            # Scenarios read from YAML are fitted when loaded (sim.config.fit_max_model_len); this
+            # catches one built or changed in code.
+            raise longer_than_context(sc, context)
         engine = engine_preset(sc)
         sched = sc.scheduler
         # Bytes a token's KV takes across the replica's GPUs, replicated heads counted (kv_replicas).
@@ -133,17 +127,28 @@ class Deployment:
         weights = model.weight_bytes(sc.model.weight_dtype)
         cap = kv_capacity_bytes(model, gpu, g.tensor_parallel, g.gpu_memory_utilization, sc.model.weight_dtype, act)
         reported_bpt = _reported_token_bytes(model, bpt, group_bpt)
-        if g.kv_cache_tokens is not None:
-            cap = g.kv_cache_tokens * reported_bpt
         if cap <= 0:
+            # The weights (and activations) must fit whether or not gpu.kv_cache_tokens pins the KV.
             raise ConfigError(
                 "gpu",
                 f"{g.name} x TP{g.tensor_parallel}",
                 f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
-                f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.0f} GiB minus weights {weights / GiB:.1f} GiB "
+                f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.1f} GiB minus weights {weights / GiB:.1f} GiB "
                 f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU",
             )
-        max_len = sc.workload.max_model_len
+        if g.kv_cache_tokens is not None:
+            cap = g.kv_cache_tokens * reported_bpt
+            # A pinned capacity (what a server reported) may exceed the derived one, as a server's
+            # activation reserve may be smaller than kvsim's; never the GPUs' memory less the weights.
+            room = g.tensor_parallel * gpu.memory_bytes - weights
+            if cap > room:
+                raise ConfigError(
+                    "gpu.kv_cache_tokens",
+                    g.kv_cache_tokens,
+                    f"at most {room // reported_bpt} tokens: {g.kv_cache_tokens} x {reported_bpt} B/token is "
+                    f"{cap / GiB:.1f} GiB of KV, which with the weights' {weights / GiB:.1f} GiB exceeds the "
+                    f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.1f} GiB of {g.name} memory",
+                )
         kind = allocator_kind(sc.allocator.kind)
         groups = model.kv_groups if kind.layer_groups and model.sliding_layers else None
         if groups is None:
@@ -245,7 +250,7 @@ class Deployment:
             from sim.cost.profile import build_profile_cost_model  # only when needed: keeps startup light
 
             try:
-                return build_profile_cost_model(
+                cost = build_profile_cost_model(
                     ref,
                     self.model,
                     self.gpu,
@@ -255,6 +260,16 @@ class Deployment:
                     layout=layout,
                     engine=self.engine,
                 )
+                for note in cost.substitutions:
+                    # Calibrated, but not on this model's own shape: said, as the fallbacks below are.
+                    log.warning(
+                        "cost model: profile %s on %s: %s; the run still counts as calibrated "
+                        "(summary.json: cost_model_profile.substitutions)",
+                        ref,
+                        self.model.name,
+                        note,
+                    )
+                return cost
             except ConfigError as exc:
                 if not auto:
                     raise
