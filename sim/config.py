@@ -767,14 +767,17 @@ def model_context(sc: Scenario) -> int | None:
         v = cfg.get(name)
         return top.get(name) if v is None and cfg is not top else v
 
-    positions = field("max_position_embeddings")
-    if "max_position_embeddings" not in cfg and "max_position_embeddings" not in top:
+    # GPT-2 and GPTBigCode configs name it n_positions (their config classes' attribute_map).
+    name = next((n for n in ("max_position_embeddings", "n_positions") if n in cfg or n in top), None)
+    positions = field(name) if name is not None else None
+    if name is None:
         # Left out of the file: the architecture's config-class default where transformers has one
         # (sim.hf_defaults, as sim.hf_config reads it), which is what vLLM reads; else unknown.
         from sim.hf_defaults import TEXT_TOWERS, defaults_for
 
         kind = str(cfg.get("model_type") or (TEXT_TOWERS.get(str(top.get("model_type"))) if cfg is not top else ""))
-        positions = defaults_for(kind or str(top.get("model_type") or "")).get("max_position_embeddings")
+        arch = defaults_for(kind or str(top.get("model_type") or ""))
+        positions = arch.get("max_position_embeddings", arch.get("n_positions"))
     if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
         return None
     rope = field("rope_scaling")

@@ -28,6 +28,12 @@ Qwen2.5-VL and Qwen3-VL configs, the vision encoder (ViT blocks, patch and posit
 patch mergers), whose weights sit in GPU memory too. Another vision encoder (SigLIP, Pixtral,
 CLIP, MoonViT) is not counted, and ``kvsim run`` says so on stderr (:attr:`HfModel.warnings`).
 
+GPT-2 (``gpt2``), GPTBigCode (``gpt_bigcode``: StarCoder, SantaCoder) and Falcon (``falcon``)
+configs are read by their own names (``n_layer, n_embd, n_head, n_inner, n_positions``;
+``multi_query``; Falcon's ``num_kv_heads``, ``new_decoder_architecture``, ``ffn_hidden_size``),
+as transformers' GPT2Config, GPTBigCodeConfig and FalconConfig read them (:func:`_legacy_names`),
+and their ``params`` count the LayerNorm and linear biases and GPT-2's learned position embeddings.
+
 Mixture-of-experts feed-forwards are read into :class:`~sim.catalog.MoeSpec`: the expert count
 (``num_experts``, ``num_local_experts``, ``n_routed_experts``), experts per token
 (``num_experts_per_tok``, ``experts_per_token``, ``top_k_experts``), the expert width
@@ -60,7 +66,7 @@ from pathlib import Path
 
 from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
 from sim.errors import ConfigError
-from sim.hf_defaults import TEXT_TOWERS, defaults_for, gated_mlp
+from sim.hf_defaults import LEGACY_TYPES, TEXT_TOWERS, defaults_for, gated_mlp
 from sim.package_data import SCENARIO_DIR
 
 KEY = "model.hf_config"
@@ -206,6 +212,9 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if not model_type and cfg is not top:
         model_type = str(top.get("model_type") or "")
     defaults = defaults_for(model_type)
+    if model_type in LEGACY_TYPES:
+        legacy = _legacy_names(path, cfg, model_type, defaults)
+        top, cfg = (legacy, legacy) if cfg is top else (top, legacy)
     _refuse_unsupported(path, top, cfg)
 
     def field(name: str, default=None):
@@ -352,6 +361,69 @@ def _shown(value):
     if isinstance(value, (list, dict, str)) and len(str(value)) > 40:
         return str(value)[:37] + "..."
     return value
+
+
+# --- GPT-2, GPTBigCode and Falcon names -------------------------------------------------------
+
+#: GPT2Config's and GPTBigCodeConfig's names (their ``attribute_map``) -> the names kvsim reads.
+_GPT2_NAMES = {
+    "n_layer": "num_hidden_layers",
+    "n_embd": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings",
+}
+
+
+def _legacy_names(path: Path, cfg: dict, model_type: str, defaults: dict) -> dict:
+    """``cfg`` with a GPT-2, GPTBigCode or Falcon config's fields under the names kvsim reads, as
+    transformers' GPT2Config, GPTBigCodeConfig and FalconConfig read them:
+
+    * gpt2, gpt_bigcode: ``n_layer, n_embd, n_head, n_positions``; ``n_inner`` (null or absent:
+      ``4 × n_embd``, GPT2Block/GPTBigCodeBlock); KV heads: GPT-2 the query heads, GPTBigCode
+      one when ``multi_query`` (default true), else the query heads.
+    * falcon: ``ffn_hidden_size`` (null or absent: ``4 × hidden_size``); KV heads:
+      ``num_kv_heads`` (default the query heads) with ``new_decoder_architecture``, else one when
+      ``multi_query`` (default true), else the query heads (FalconAttention).
+
+    A field named both ways keeps the name kvsim reads; a malformed one is refused by its own name."""
+    out = dict(cfg)
+
+    def value(key: str, std: str):
+        name = std if std in cfg else key
+        v = cfg.get(name)
+        if v is None and key not in cfg and std not in cfg:
+            v = defaults.get(std, defaults.get(key))
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(KEY, str(path), f"'{name}' must be an integer >= 1; got {_shown(cfg.get(name))!r}")
+        return v
+
+    def flag(key: str, default: bool) -> bool:
+        v = cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ConfigError(KEY, str(path), f"'{key}' must be true or false; got {_shown(v)!r}")
+        return v
+
+    if model_type == "falcon":
+        hidden, heads = value("hidden_size", "hidden_size"), value("num_attention_heads", "num_attention_heads")
+        ffn = value("ffn_hidden_size", "intermediate_size")
+        if flag("new_decoder_architecture", False):
+            kv = value("num_kv_heads", "num_key_value_heads") or heads
+        else:
+            kv = 1 if flag("multi_query", True) else heads
+    else:
+        for key, std in _GPT2_NAMES.items():
+            if std not in cfg and value(key, std) is not None:
+                out[std] = value(key, std)
+        hidden, heads = value("n_embd", "hidden_size"), value("n_head", "num_attention_heads")
+        ffn = value("n_inner", "intermediate_size")
+        kv = 1 if model_type == "gpt_bigcode" and flag("multi_query", True) else heads
+    if out.get("intermediate_size") is None and hidden is not None:
+        out["intermediate_size"] = ffn or 4 * hidden
+    if "num_key_value_heads" not in cfg and kv is not None:
+        out["num_key_value_heads"] = kv
+    return out
 
 
 # --- what is not modelled -------------------------------------------------------------------
@@ -786,7 +858,20 @@ def _param_count(
     # Gate, up, down; up and down alone where the architecture's MLP has no gate (sim/hf_defaults.py).
     mlp = (3 if gated_mlp(model_type) else 2) * hidden * intermediate
     norms = 2 * hidden + (2 * head_dim if model_type.startswith(QK_NORM_TYPES) else 0)
-    text = embed + layers * (attn + norms) + hidden
+    final_norm = hidden
+    if model_type in LEGACY_TYPES:
+        # GPT-2, GPTBigCode, Falcon: LayerNorms with a bias (Falcon-7B's parallel attention has
+        # one per layer, its new_decoder_architecture and sequential layouts two), biases on
+        # every linear layer unless Falcon's `bias` is false, learned positions for GPT-2's kind.
+        parallel = cfg.get("parallel_attn", True) and not cfg.get("new_decoder_architecture")
+        norms = 2 * hidden * (1 if model_type == "falcon" and parallel else 2)
+        final_norm = 2 * hidden
+        if model_type != "falcon" or cfg.get("bias"):
+            attn += (heads + 2 * kv_heads) * head_dim + hidden
+            mlp += intermediate + hidden
+        if LEGACY_TYPES[model_type]:
+            embed += int(cfg.get("max_position_embeddings") or 0) * hidden
+    text = embed + layers * (attn + norms) + final_norm
     if moe is None:
         text += layers * mlp
     else:

@@ -127,6 +127,54 @@ DEFAULTS: dict[str, dict[str, int | bool]] = {
         "tie_word_embeddings": False,
         "attention_bias": True,
     },
+    # GPT2Config (models/gpt2/configuration_gpt2.py): GPT-2. Its own names (n_layer, n_embd,
+    # n_head, n_positions; its attribute_map) are read into kvsim's by sim.hf_config._legacy_names;
+    # n_inner None means 4 × n_embd (GPT2Block); multi-head (no KV-head field); tie_word_embeddings
+    # is PretrainedConfig's default, True. The context default is kept under its own name,
+    # n_positions, as a file gives it (sim.config.model_context reads either name).
+    "gpt2": {
+        "vocab_size": 50_257,
+        "n_positions": 1024,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "tie_word_embeddings": True,
+    },
+    # GPTBigCodeConfig (models/gpt_bigcode/configuration_gpt_bigcode.py): StarCoder, SantaCoder.
+    # GPT-2's names and defaults; multi_query True (num_key_value_heads = 1 if multi_query else
+    # n_head) and tie_word_embeddings True, both in its __init__.
+    "gpt_bigcode": {
+        "vocab_size": 50_257,
+        "n_positions": 1024,
+        "hidden_size": 768,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "tie_word_embeddings": True,
+    },
+    # FalconConfig (models/falcon/configuration_falcon.py): Falcon. num_kv_heads (default the
+    # query heads) counts only with new_decoder_architecture; otherwise multi_query (default True)
+    # means one KV head (FalconAttention). ffn_hidden_size None means 4 × hidden_size;
+    # tie_word_embeddings is PretrainedConfig's default, True.
+    "falcon": {
+        "vocab_size": 65_024,
+        "hidden_size": 4544,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 71,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    },
+}
+
+#: ``model_type``s whose configs name the fields otherwise (GPT-2's ``n_layer``, Falcon's
+#: ``ffn_hidden_size``) and whose decoders carry LayerNorms with biases (and, but for Falcon
+#: with ``bias: false``, biases on every linear layer): :func:`sim.hf_config._legacy_names`
+#: reads their names, :func:`sim.hf_config._param_count` counts the biases. The value: the
+#: transformers module whose learned position embeddings (``n_positions × n_embd``) the
+#: model has, else ``""`` (Falcon: rotary or ALiBi, nothing stored).
+LEGACY_TYPES: dict[str, str] = {
+    "gpt2": "GPT2Model.wpe",
+    "gpt_bigcode": "GPTBigCodeModel.wpe",
+    "falcon": "",
 }
 
 #: A multimodal wrapper's ``model_type`` -> the ``model_type`` of the config class it builds its
