@@ -126,6 +126,14 @@ def size_hybrid_tail(a: AllocatorConfig, b: Budget) -> Budget:
             f"a static partition of at least one max_model_len request ({max_len} tokens); "
             f"{a.static_fraction} of {cap} tokens is {static_tokens}",
         )
+    if cap - static_tokens < a.block_size:
+        # The paged pool gets what the static partition leaves, in whole blocks: at least one.
+        raise ConfigError(
+            "allocator.static_fraction",
+            a.static_fraction,
+            f"a paged pool of at least one block of allocator.block_size {a.block_size} tokens; "
+            f"{a.static_fraction} of {cap} tokens leaves {cap - static_tokens}",
+        )
     long_threshold = parse_reserve(a.long_threshold, max_len, b.percentile, key="allocator.long_threshold")
     _check_buddy(a, b, static_tokens, _pow2(max_len))
     return replace(b, reserve_tokens=max_len, long_threshold_tokens=long_threshold)

@@ -45,7 +45,15 @@ from sim.cost.model import BatchShape, CostModel
 from sim.engine.simpy_shortcuts import now as clock, retarget
 from sim.engine.stats import ReplicaStats
 from sim.engine.stream import OutputStream
-from sim.request import COMPLETED, EXCEEDS_RESERVATION, PROMPT_EXCEEDS_RESERVATION, REJECTED, STALE, Request
+from sim.request import (
+    CANNOT_FIT_EMPTY_REPLICA,
+    COMPLETED,
+    EXCEEDS_RESERVATION,
+    PROMPT_EXCEEDS_RESERVATION,
+    REJECTED,
+    STALE,
+    Request,
+)
 from sim.sched.continuous import ContinuousScheduler, StepPlan
 from sim.sched.interface import CompletesTogether, Scheduler
 
@@ -579,11 +587,24 @@ class Replica:
             assert self.loads[self.index] == self.outstanding(), "outstanding count drifted"
         return True
 
-    def _stuck(self) -> None:
-        """Nothing was scheduled: fine if requests are running (budget) or none wait; else a bug."""
+    def _stuck(self, plan: StepPlan) -> None:
+        """Nothing was scheduled: fine if requests are running (budget) or none wait, or if ``plan``
+        freed memory (requests overflowed, preempted or turned away after the queue's head was
+        refused): the next schedule tries the head again. Otherwise the head cannot be admitted
+        even into this empty replica, so it never will be: it is rejected
+        (``cannot_fit_empty_replica``) and the queue moves on."""
         sched = self.sched
+        if plan.overflowed or plan.rejected_at_admission or plan.preempted:
+            return
         if not sched.running and sched.waiting:
-            raise RuntimeError(f"replica {self.index}: a waiting request cannot be admitted into an empty replica")
+            req = sched.waiting.popleft()
+            if req.swapped and isinstance(sched, ContinuousScheduler):
+                # Its KV was swapped out at a preemption: the host copy is dropped with it.
+                alloc = self.alloc
+                sched.swap_used_bytes -= req.computed * alloc.token_slots * alloc.bpt
+                req.swapped = False
+            req.reason = CANNOT_FIT_EMPTY_REPLICA
+            self._end(req, REJECTED, clock(self.env))
 
     # --- per-sequence loop (step mode, and allocators without a cohort) -----------------
     def _loop(self) -> Generator[simpy.Event, Any, None]:
@@ -596,7 +617,7 @@ class Replica:
             plan = sched.schedule()
             self._settle(plan, clock(self.env))
             if not plan.items:
-                self._stuck()
+                self._stuck(plan)
                 continue
             if self.fast_forward and plan.pure_decode and plan.preempted == 0:
                 yield from self._decode_window(plan)
@@ -749,7 +770,7 @@ class Replica:
                 plan = sched.schedule()
                 self._settle(plan, clock(env))
                 if not plan.items:
-                    self._stuck()
+                    self._stuck(plan)
                     continue
                 yield from self._single_step(plan)
                 self._rejoin()
@@ -774,7 +795,7 @@ class Replica:
                 plan = sched.schedule(start=n, batch=batch)
                 self._settle(plan, clock(env))
                 if not plan.items and not n:
-                    self._stuck()
+                    self._stuck(plan)
                     continue
                 if plan.items or plan.preempted:
                     it = self._iteration_begin(plan)
