@@ -635,6 +635,10 @@ class Replica:
             # first token does not stop a window: the engine's work does not depend on it, and the
             # window's iteration ends say when it is released.)
             max_steps = 1
+        elif plan.overflowed and self.sched.waiting:
+            # A sequence that outgrew its reservation was just turned away and freed it: stepping
+            # offers that memory to the queue at the next iteration, so the window ends there.
+            max_steps = 1
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
         j = np.arange(k, dtype=np.int64)
