@@ -16,6 +16,27 @@ default (kvsim asks for the field, or keeps its own fallback: ``head_dim = hidde
 
 from __future__ import annotations
 
+#: CohereConfig's defaults, which Cohere2Config shares.
+_COHERE: dict[str, int | bool] = {
+    "vocab_size": 256_000,
+    "hidden_size": 8192,
+    "intermediate_size": 22_528,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 64,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
+#: GPT2Config's defaults, which GPTBigCodeConfig shares.
+_GPT2: dict[str, int | bool] = {
+    "vocab_size": 50_257,
+    "n_positions": 1024,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "tie_word_embeddings": True,
+}
+
 #: Per ``model_type``: the defaults of its transformers config class for the fields kvsim reads
 #: (``num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
 #: num_key_value_heads, head_dim, vocab_size, max_position_embeddings, tie_word_embeddings,
@@ -70,30 +91,11 @@ DEFAULTS: dict[str, dict[str, int | bool]] = {
         "sliding_window_pattern": 6,
     },
     # CohereConfig (models/cohere/configuration_cohere.py): Command-R, Aya 23.
-    "cohere": {
-        "vocab_size": 256_000,
-        "hidden_size": 8192,
-        "intermediate_size": 22_528,
-        "num_hidden_layers": 40,
-        "num_attention_heads": 64,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "attention_bias": False,
-    },
-    # Cohere2Config (models/cohere2/configuration_cohere2.py): Command-R7B, Command-A. Every 4th
-    # layer attends globally (its layer_types default from sliding_window_pattern, default 4).
-    "cohere2": {
-        "vocab_size": 256_000,
-        "hidden_size": 8192,
-        "intermediate_size": 22_528,
-        "num_hidden_layers": 40,
-        "num_attention_heads": 64,
-        "max_position_embeddings": 8192,
-        "tie_word_embeddings": True,
-        "attention_bias": False,
-        "sliding_window": 4096,
-        "sliding_window_pattern": 4,
-    },
+    "cohere": _COHERE,
+    # Cohere2Config (models/cohere2/configuration_cohere2.py): Command-R7B, Command-A: CohereConfig's
+    # defaults, and every 4th layer attends globally (its layer_types default from
+    # sliding_window_pattern, default 4).
+    "cohere2": {**_COHERE, "sliding_window": 4096, "sliding_window_pattern": 4},
     # Starcoder2Config (models/starcoder2/configuration_starcoder2.py): tie_word_embeddings True
     # (bigcode/starcoder2-15b's config sets false; the 3B and 7B tie theirs).
     "starcoder2": {
@@ -132,25 +134,11 @@ DEFAULTS: dict[str, dict[str, int | bool]] = {
     # n_inner None means 4 × n_embd (GPT2Block); multi-head (no KV-head field); tie_word_embeddings
     # is PretrainedConfig's default, True. The context default is kept under its own name,
     # n_positions, as a file gives it (sim.config.model_context reads either name).
-    "gpt2": {
-        "vocab_size": 50_257,
-        "n_positions": 1024,
-        "hidden_size": 768,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "tie_word_embeddings": True,
-    },
+    "gpt2": _GPT2,
     # GPTBigCodeConfig (models/gpt_bigcode/configuration_gpt_bigcode.py): StarCoder, SantaCoder.
     # GPT-2's names and defaults; multi_query True (num_key_value_heads = 1 if multi_query else
     # n_head) and tie_word_embeddings True, both in its __init__.
-    "gpt_bigcode": {
-        "vocab_size": 50_257,
-        "n_positions": 1024,
-        "hidden_size": 768,
-        "num_hidden_layers": 12,
-        "num_attention_heads": 12,
-        "tie_word_embeddings": True,
-    },
+    "gpt_bigcode": _GPT2,
     # FalconConfig (models/falcon/configuration_falcon.py): Falcon. num_kv_heads (default the
     # query heads) counts only with new_decoder_architecture; otherwise multi_query (default True)
     # means one KV head (FalconAttention). ffn_hidden_size None means 4 × hidden_size;

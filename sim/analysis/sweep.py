@@ -506,6 +506,11 @@ def run_point(task: dict) -> dict:
         }
 
 
+def _lost(what: str, exc: Exception) -> dict:
+    """A point's result when the process running it died: failed, with no time measured."""
+    return {"status": "failed", "error": f"{what}: {type(exc).__name__}: {exc}", "metrics": {}, "wall_s": None}
+
+
 def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
     """A pool whose workers die with this process, however it ends
     (:mod:`sim.analysis.worker_lifetime`). By default they start fresh (forkserver, else spawn: no
@@ -941,12 +946,7 @@ def _run_local(points: list[Point], workers: int, address, on_result, budget: Ru
                 try:
                     result = fut.result()
                 except Exception as exc:  # the worker process died (killed, out of memory)
-                    result = {
-                        "status": "failed",
-                        "error": f"worker died: {type(exc).__name__}: {exc}",
-                        "metrics": {},
-                        "wall_s": None,
-                    }
+                    result = _lost("worker died", exc)
                 on_result(futures[fut], result)
     except BaseException:
         # Ctrl-C or SIGTERM: kill the workers and drop queued points now; finished ones are on disk.
@@ -1178,12 +1178,7 @@ def _run_ray(session: _RaySession, points: list[Point], on_result, budget: RunBu
             try:
                 result = ray.get(ref)
             except Exception as exc:  # a worker or node died
-                result = {
-                    "status": "failed",
-                    "error": f"ray task failed: {type(exc).__name__}: {exc}",
-                    "metrics": {},
-                    "wall_s": None,
-                }
+                result = _lost("ray task failed", exc)
             on_result(refs[ref], result)
 
 
