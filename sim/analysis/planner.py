@@ -38,7 +38,7 @@ from sim.analysis.search import (
     interpolated_goodput,
 )
 from sim.analysis.slo import SLO, attainment
-from sim.config import Scenario, apply_overrides, read_scenario_dict, scenario_from_dict
+from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
 from sim.limits import MAX_RATE, MIN_RATE
@@ -714,26 +714,17 @@ _TASK_CPU_S = {
 }
 
 
-def scenario_cost_profile(sc: Scenario, source: dict | None = None) -> dict:
-    """The ``cost_model_profile`` block (:mod:`sim.output.provenance`) for runs of ``sc`` without
-    running it (``plan.json``): whether a profile prices it is learnt by building the cost model as
-    a run does (``auto`` may fall back to the roofline prior). ``source``:
-    :func:`sim.output.provenance.profile_source` taken earlier (read now when None)."""
+def _cost_model_calibrated(sc) -> bool:
+    """Whether a calibrated profile prices the runs of ``sc`` (not the roofline prior: ``auto`` may
+    fall back to it): learnt by building the cost model as a run does."""
     from sim.engine.deployment import Deployment, with_engine_defaults
-    from sim.output.provenance import cost_profile_block
     from sim.workload.generator import build_workload, total_length_percentile
 
-    full = with_engine_defaults(sc)
-    wl = build_workload(full)
-    dep = Deployment.from_scenario(full, lambda q: total_length_percentile(full, wl, q))
-    return cost_profile_block(sc, dep.make_cost_model(full).calibrated, source)
-
-
-def _cost_model_calibrated(sc) -> bool:
-    """Whether a calibrated profile prices the runs of ``sc`` (not the roofline prior): learnt by
-    building the cost model as a run does (:func:`scenario_cost_profile`)."""
     try:
-        return scenario_cost_profile(sc)["kind"] != "roofline"
+        full = with_engine_defaults(sc)
+        wl = build_workload(full)
+        dep = Deployment.from_scenario(full, lambda q: total_length_percentile(full, wl, q))
+        return dep.make_cost_model(full).calibrated
     except ConfigError:  # no run could build it either (every candidate says why): nothing was priced
         return False
 

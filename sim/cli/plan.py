@@ -128,7 +128,7 @@ def plan_command(
                 )
             finally:
                 bar.stop()
-        p["cost_model_profile"] = _cost_profile(scenario, overrides, source)
+        p["cost_model_profile"] = _cost_profile(scenario, overrides, p["cost_model_calibrated"], source)
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
         fail(exc)
@@ -182,14 +182,14 @@ def _profile_source(scenario: str, overrides: dict) -> dict | None:
         return None
 
 
-def _cost_profile(scenario: str, overrides: dict, source: dict | None) -> dict | None:
+def _cost_profile(scenario: str, overrides: dict, calibrated: bool, source: dict | None) -> dict | None:
     """``plan.json``'s ``cost_model_profile`` (:mod:`sim.output.provenance`): the profile that priced
-    every candidate; None where it cannot be told."""
-    from sim.analysis.planner import scenario_cost_profile
+    every candidate (``calibrated``: the plan's ``cost_model_calibrated``); None where it cannot be told."""
     from sim.config import load_scenario
+    from sim.output.provenance import cost_profile_block
 
     try:
-        return scenario_cost_profile(load_scenario(scenario, overrides), source)
+        return cost_profile_block(load_scenario(scenario, overrides), calibrated, source)
     except ConfigError:
         return None
 
