@@ -14,7 +14,7 @@ STALE = "stale"
 #: (``scheduler.max_num_batched_tokens`` with ``chunked_prefill: false``, TensorRT-LLM's default).
 PROMPT_EXCEEDS_TOKEN_BUDGET = "prompt_exceeds_token_budget"
 #: Nothing runs on its replica and it still cannot be admitted: its KV does not fit the memory
-#: it may use even when empty (a static reservation or hybrid_tail pool smaller than its prompt,
+#: it may use even when empty (a static reservation smaller than its prompt,
 #: or an allocator that cannot place it at all), so it would wait for ever.
 CANNOT_FIT_EMPTY_REPLICA = "cannot_fit_empty_replica"
 

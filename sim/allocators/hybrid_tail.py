@@ -11,6 +11,12 @@ hold at most ``long_threshold`` tokens in the pool: when it grows past them it h
 long and moves to a static slot, one copy of its KV (:class:`.tiered.TieredAllocator`); with no
 slot free it is preempted and comes back into a slot. Under the ``oracle`` predictor (the true
 length) nothing ever moves: that is the strategy's upper bound.
+
+A request predicted short that the pool could not hold even empty (its known length, or the
+tokens it asks for, above the pool's capacity: a large ``static_fraction`` leaves a small pool,
+and a short request that filled it alone preempted itself) is placed like a long one, in a static
+slot: it waits while no slot is free, and is refused only where it fits neither region (never,
+as a reservation holds ``max_model_len``), instead of being rejected ``cannot_fit_empty_replica``.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class HybridTailAllocator(TieredAllocator):
         self._long_hint: set[int] = set()
 
     def hint(self, seq: int, total_tokens: int) -> None:
-        if total_tokens > self.long_threshold:
+        # Predicted long, or too long for the pool even when it is empty: a static slot.
+        if total_tokens > self.long_threshold or total_tokens > self.pool.capacity_tokens:
             self._long_hint.add(seq)
         else:
             self._long_hint.discard(seq)
@@ -59,6 +66,9 @@ class HybridTailAllocator(TieredAllocator):
         return self.static if seq in self._long_hint else self.pool
 
     def admit(self, seq: int, tokens: int) -> Grow:
+        if tokens > self.pool.capacity_tokens:
+            # The pool could never hold it (without a hint, or one below what it asks for now).
+            self._long_hint.add(seq)
         r = super().admit(seq, tokens)
         if r is not Grow.NO_SPACE:
             self._long_hint.discard(seq)  # used (or the request is gone): the next admission hints again

@@ -10,7 +10,8 @@ reference). ``fast_forward`` pays per change of batch composition instead:
   allocator grows in aggregate, so an iteration costs O(prefill requests +
   admissions), not O(running sequences).
 * A batch of pure decodes whose composition cannot change before a known
-  iteration (the first completion, the first allocator refusal) runs as one
+  iteration (the first completion, the first allocator refusal, the first
+  queued request to turn stale under ``stale_after_s``) runs as one
   window of ``k`` iterations: their times come from one vectorised cost-model
   call, and the allocator grants the window's growth at once.
 * An arrival that could join the batch interrupts a window at the end of the
@@ -242,6 +243,9 @@ class Replica:
             sched.waiting.append(req)
         if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
             self._cut_window(1 if self._ahead else 0)
+        if self._in_window and self.stale_after_s is not None:
+            # It may turn stale before the window ends: stepping would drop it at that boundary.
+            self._cut_window_stale(req.last_progress)
 
     def _release(self) -> None:
         """At an iteration boundary: the pending requests that reached the engine before the batch
@@ -311,7 +315,8 @@ class Replica:
 
     # --- shared pieces -----------------------------------------------------------------
     def _drop_stale(self, now: float) -> None:
-        """Checked at batch changes: drop queued requests that have not advanced for stale_after_s."""
+        """Between iterations: drop queued requests that have not advanced for stale_after_s (a
+        decode window ends where one turns stale: :meth:`_stale_cut`, :meth:`_cut_window_stale`)."""
         for req in self.sched.now_hint_preempted:
             req.last_progress = now
         self.sched.now_hint_preempted.clear()
@@ -558,10 +563,46 @@ class Replica:
         self._truncated = True
         env, t0, ends = self.env, self._win_t0, self._win_ends
         now = clock(env)
-        m = min(bisect_right(ends, now - t0) + 1 + later, len(ends))
+        m = bisect_right(ends, now - t0) + 1 + later
+        if m >= self._win_m:
+            return  # the window ends there anyway (its last iteration, or a stale request's cut)
         self._win_m = m
-        if m == len(ends):
-            return  # the window ends there anyway
+        retarget(self.proc, env.timeout(max(0.0, t0 + ends[m - 1] - now)))
+
+    def _stale_steps(self, t0: float, ends: list[float], last_progress: float) -> int:
+        """Iterations of a window that began at ``t0`` (its iterations ending at offsets ``ends``)
+        up to the first boundary where a request waiting since ``last_progress`` is stale
+        (``stale_after_s``; stepping drops it there): all of them if it stays fresh."""
+        stale_s = self.stale_after_s
+        assert stale_s is not None
+        # The first end where it is stale, by bisection (the test grows with the end offset).
+        lo, hi = 0, len(ends)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if t0 + ends[mid] - last_progress > stale_s:
+                hi = mid
+            else:
+                lo = mid + 1
+        return min(lo + 1, len(ends))
+
+    def _stale_cut(self, times: list[float]) -> int:
+        """Iterations of a window of ``times`` beginning now to run: up to the boundary where the
+        earliest waiting request turns stale, so that it is dropped there as stepping drops it."""
+        waiting = self.sched.waiting
+        if self.stale_after_s is None or not waiting or len(times) == 1:
+            return len(times)
+        oldest = min(r.last_progress for r in waiting)
+        return self._stale_steps(clock(self.env), list(accumulate(times)), oldest)
+
+    def _cut_window_stale(self, last_progress: float) -> None:
+        """A request waiting since ``last_progress`` joined the queue while a window runs: end the
+        window at the boundary where it turns stale (no earlier than the iteration in progress)."""
+        env, t0, ends = self.env, self._win_t0, self._win_ends
+        now = clock(env)
+        m = max(self._stale_steps(t0, ends, last_progress), bisect_right(ends, now - t0) + 1)
+        if m >= self._win_m:
+            return
+        self._win_m = m
         retarget(self.proc, env.timeout(max(0.0, t0 + ends[m - 1] - now)))
 
     def _at_boundary(self) -> Generator[simpy.Event, Any, bool]:
@@ -662,7 +703,11 @@ class Replica:
             extra_t = self.alloc.window_work_time_s(self.cost, dp.events[1:])
             times[1:] += extra_t
         waiting_at_start = bool(self.sched.waiting)
-        m, ends = yield from self._run_window(times.tolist(), k)
+        tl = times.tolist()
+        if self.stale_after_s is not None and waiting_at_start and k > 1:
+            # A queued request turning stale ends the window there: stepping drops it at that boundary.
+            tl = tl[: self._stale_cut(tl)]
+        m, ends = yield from self._run_window(tl, len(tl))
         if self._after:
             self._after_prefill_ran(m)
         if dp.events is not None and m > 1:
@@ -888,6 +933,11 @@ class Replica:
             events = co.block_events(G + 1, k - 1)
             per_event = alloc.window_event_s(cost)
             times[1:] = [t + e * per_event for t, e in zip(times[1:], events)]
+            if self.stale_after_s is not None and self.sched.waiting:
+                # A queued request turning stale ends the window there: stepping drops it at that boundary.
+                j = self._stale_cut(times)
+                if j < k:
+                    k, times, events = j, times[:j], events[: j - 1] if j > 1 else None
         frag = self._ext_frag()
         return _Window(
             times,
