@@ -631,6 +631,8 @@ def plan(
     t0, cpu0 = time.perf_counter(), time.process_time()
     results: dict[str, dict] = {}
     pool = _Pool(min(workers or default_workers(), max(len(tasks), 1)), start_method)
+    # Before any worker forks: the profile it loads is the one they share (see _cost_model_profile).
+    profile_block = _cost_model_profile(sc)
     try:
         if start_method == "fork" and tasks:
             _prewarm(sc)
@@ -671,8 +673,9 @@ def plan(
             "gpu": sc.gpu.name,
             "model": sc.model.name,
             # From the cost model the runs build: ``auto`` falls back to the roofline prior where no
-            # built-in profile covers the GPU, model or dtypes (as plan.json's cost_model_profile says).
-            "cost_model_calibrated": _cost_model_calibrated(sc),
+            # built-in profile covers the GPU, model or dtypes (as cost_model_profile then says).
+            "cost_model_profile": profile_block,
+            "cost_model_calibrated": profile_block["kind"] != "roofline",
             "candidates": cands,
             "skipped": skipped,
         }
@@ -714,19 +717,22 @@ _TASK_CPU_S = {
 }
 
 
-def _cost_model_calibrated(sc) -> bool:
-    """Whether a calibrated profile prices the runs of ``sc`` (not the roofline prior: ``auto`` may
-    fall back to it): learnt by building the cost model as a run does."""
+def _cost_model_profile(sc) -> dict:
+    """The ``cost_model_profile`` block (:mod:`sim.output.provenance`) of the runs of ``sc``: which
+    profile prices them, or the roofline prior (``auto`` may fall back to it), learnt by building the
+    cost model as a run does, in this process before the workers fork, so the hash is that of the
+    bytes their shared profile was parsed from."""
     from sim.engine.deployment import Deployment, with_engine_defaults
+    from sim.output.provenance import cost_model_block, roofline_block
     from sim.workload.generator import build_workload, total_length_percentile
 
     try:
         full = with_engine_defaults(sc)
         wl = build_workload(full)
         dep = Deployment.from_scenario(full, lambda q: total_length_percentile(full, wl, q))
-        return dep.make_cost_model(full).calibrated
+        return cost_model_block(sc, dep.make_cost_model(full))
     except ConfigError:  # no run could build it either (every candidate says why): nothing was priced
-        return False
+        return roofline_block(sc)
 
 
 def _task_cost(task: dict) -> float:

@@ -155,7 +155,6 @@ def run(
     from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
     from sim.engine.budget import budget_from_options
     from sim.engine.cluster import simulate
-    from sim.output.provenance import profile_source
     from sim.output.results import write_run
 
     warn = _StderrWarnings(logging.WARNING)
@@ -178,8 +177,6 @@ def run(
             data = {**data, "model": section}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
-        # The profile file is read (and hashed for summary.json) as the run loads it: before it starts.
-        source = profile_source(sc)
         # Every file is written into a staging folder and moved into place at the end: an
         # interrupted or failed run leaves an earlier run in ``dest`` as it was.
         with staged(dest) as stage:
@@ -201,7 +198,7 @@ def run(
                     result = simulate(
                         sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage, budget=budget
                     )
-            write_run(result, stage, source)
+            write_run(result, stage)
     except ConfigError as exc:
         _fail(exc)
     finally:

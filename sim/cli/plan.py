@@ -95,8 +95,6 @@ def plan_command(
         import multiprocessing
 
         kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        # The profile file as the candidates will load it (hashed for plan.json's cost_model_profile).
-        source = _profile_source(scenario, overrides)
         if quiet:
             p = plan(scenario, slo_, overrides, names, rate, tolerance, workers, **kw)
         else:
@@ -128,7 +126,6 @@ def plan_command(
                 )
             finally:
                 bar.stop()
-        p["cost_model_profile"] = _cost_profile(scenario, overrides, p["cost_model_calibrated"], source)
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
         fail(exc)
@@ -168,30 +165,6 @@ def plan_command(
         )
     if p["recommendation"]["candidate"] is None:
         raise typer.Exit(1)
-
-
-def _profile_source(scenario: str, overrides: dict) -> dict | None:
-    """The scenario's profile file read before planning; None where the scenario cannot be read yet
-    (the planner reports why, with its own checks first)."""
-    from sim.config import load_scenario
-    from sim.output.provenance import profile_source
-
-    try:
-        return profile_source(load_scenario(scenario, overrides))
-    except ConfigError:
-        return None
-
-
-def _cost_profile(scenario: str, overrides: dict, calibrated: bool, source: dict | None) -> dict | None:
-    """``plan.json``'s ``cost_model_profile`` (:mod:`sim.output.provenance`): the profile that priced
-    every candidate (``calibrated``: the plan's ``cost_model_calibrated``); None where it cannot be told."""
-    from sim.config import load_scenario
-    from sim.output.provenance import cost_profile_block
-
-    try:
-        return cost_profile_block(load_scenario(scenario, overrides), calibrated, source)
-    except ConfigError:
-        return None
 
 
 def _target_rate(raw: str | None) -> float | None:

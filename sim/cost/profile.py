@@ -15,6 +15,11 @@ share them (Llama-2-7B and Llama-3.1-8B share the 4096×4096 output projection):
   ``elementwise``: the memory-bound per-layer ops (norms, RoPE, activation, residual adds);
 * ``provenance`` and ``fit_quality`` (held-out median/p95 relative error per curve family).
 
+A profile loaded from a file keeps the SHA-256 of the exact bytes it was parsed from
+(``Profile.sha256``), and a cost model built on it says which file priced it
+(:class:`ProfileProvenance`, ``ProfileCostModel.provenance``): ``summary.json``'s
+``cost_model_profile`` block is built from that, never from a second read of the file.
+
 Curves are stored on their measured grid and interpolated in log-log space (piecewise
 power laws, exact at grid points). A query beyond the grid is never silently
 extrapolated: it is counted in ``CostModel.out_of_range[curve]`` and answered by
@@ -25,6 +30,7 @@ time ∝ tokens, the compute/bandwidth-bound limit). This module must not import
 from __future__ import annotations
 
 import binascii
+import hashlib
 import importlib.resources
 import json
 import math
@@ -56,7 +62,7 @@ from sim.cost.moe import MoeKernelFit, moe_layer_s, moe_shape_key
 from sim.cost.profile_format import validate_profile
 from sim.engine_presets import EnginePreset
 from sim.errors import ConfigError
-from sim.inputs import is_file, load_json, read_text
+from sim.inputs import decode, is_file, load_json, read_bytes, read_text
 
 FORMAT = "kvsim-profile"
 #: 2 adds fitted kernel families (``kernels``), from which curves of any shape are derived.
@@ -367,6 +373,11 @@ class Profile:
     #: Fitted multi-head latent attention kernels, ``{backend: {"generation"|"context": {KV dtype: ...}}}``
     #: (:class:`sim.cost.mla.MlaKernelFit` plus ``rows``, ``heldout_median``, ...).
     mla: dict[str, dict[str, dict[str, dict]]] = field(default_factory=dict)
+    #: Hex SHA-256 of the bytes this profile was parsed from (:func:`load_profile`); None for a profile
+    #: built in memory (calibration) or from a JSON document.
+    sha256: str | None = None
+    #: The file it was parsed from, as read (:func:`load_profile`); None where ``sha256`` is.
+    loaded_from: str | None = None
 
     def __post_init__(self) -> None:
         # Curves derived from ``kernels``, by (backend, key): shared by every cost model on this profile.
@@ -657,8 +668,8 @@ def _nearest_head_dim_group(fit: FamilyFit, prefix: tuple, head_dim: int) -> tup
     return min(cands, key=lambda g: (abs(math.log(g[-1] / head_dim)), g[-1]))
 
 
-#: Profile files (path, mtime, size) already validated in this process.
-_VALIDATED: set[tuple[str, int, int]] = set()
+#: SHA-256 of the profile files' bytes already validated in this process.
+_VALIDATED: set[str] = set()
 
 
 def list_profiles() -> list[str]:
@@ -680,13 +691,63 @@ def load_profile(name_or_path: str | Path) -> Profile:
             raise ConfigError(
                 KEY, ref, f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file"
             )
-    doc = load_json(read_text(path, KEY, "profile JSON file"), KEY, str(path))
-    st = path.stat()
-    ident = (str(path.resolve()), st.st_mtime_ns, st.st_size)
-    if ident not in _VALIDATED:  # once per file version per process (a plan loads it per simulation)
+    # Read once: the bytes parsed are the bytes hashed (``summary.json``'s ``cost_model_profile``).
+    data = read_bytes(path, KEY, "profile JSON file")
+    doc = load_json(decode(data, str(path), KEY, "profile JSON file"), KEY, str(path))
+    digest = hashlib.sha256(data).hexdigest()
+    if digest not in _VALIDATED:  # once per file content per process (a plan loads it per simulation)
         validate_profile(doc, str(path))  # before from_json, whose compiled signature wants a dict
-        _VALIDATED.add(ident)
-    return Profile.from_json(doc, str(path), checked=True)
+        _VALIDATED.add(digest)
+    profile = Profile.from_json(doc, str(path), checked=True)
+    profile.sha256 = digest
+    profile.loaded_from = str(path)
+    return profile
+
+
+@dataclass(frozen=True)
+class ProfileProvenance:
+    """Which profile file priced a cost model, from the bytes the model's profile was parsed from
+    (the fields of ``summary.json``'s ``cost_model_profile`` block that the file says)."""
+
+    #: ``builtin`` (a profile shipped in ``sim/profiles/``, named by name) or ``file`` (named by path).
+    kind: str
+    #: The file's path as given (``cost_model.profile``); None for a built-in profile.
+    path: str | None
+    #: The profile's ``name``, ``device.name`` (else ``provenance.device``) and its provenance
+    #: ``date``, ``method`` and ``source``, as the file holds them (a hand-written file may hold anything).
+    name: str
+    device: Any
+    date: Any
+    method: Any
+    source: Any
+    #: Hex SHA-256 of the exact bytes parsed.
+    sha256: str
+
+
+def profile_provenance_of(
+    profile: Profile, kind: str | None = None, given: str | None = None
+) -> ProfileProvenance | None:
+    """The :class:`ProfileProvenance` of a profile loaded from a file (None for one built in memory).
+    ``kind`` and ``given``: how the run named it (``builtin``, or ``file`` and the path as given);
+    by default a file in ``sim/profiles/`` is ``builtin`` and any other ``file`` at the path it was read from."""
+    if profile.sha256 is None:
+        return None
+    loaded = profile.loaded_from
+    if kind is None:
+        inside = loaded is not None and Path(loaded).resolve().parent == PROFILE_DIR.resolve()
+        kind = "builtin" if inside else "file"
+    prov = profile.provenance
+    device = profile.device.get("name")
+    return ProfileProvenance(
+        kind=kind,
+        path=None if kind == "builtin" else (given if given is not None else loaded),
+        name=profile.name,
+        device=device if device is not None else prov.get("device"),
+        date=prov.get("date"),
+        method=prov.get("method"),
+        source=prov.get("source"),
+        sha256=profile.sha256,
+    )
 
 
 # --- the cost model -------------------------------------------------------------------------
@@ -812,6 +873,7 @@ class ProfileCostModel(CostModel):
         layout: Layout = Layout(paged=True),
         engine: EnginePreset | None = None,
         source: str | None = None,
+        kind: str | None = None,
     ):
         super().__init__()
         self.profile, self.model, self.gpu, self.tp, self.layout = profile, model, gpu, int(tensor_parallel), layout
@@ -819,6 +881,11 @@ class ProfileCostModel(CostModel):
         #: The profile as the user named it (``cost_model.profile``: a built-in name or a file path), which
         #: errors quote; the profile's own name where it was not loaded by reference.
         self.source: str = profile.name if source is None else str(source)
+        #: Which profile file priced this model, hashed from the bytes its profile was parsed from
+        #: (``kind``: ``builtin`` or ``file``, as ``source`` named it); None for a profile built in memory.
+        self.provenance: ProfileProvenance | None = profile_provenance_of(
+            profile, kind, source if kind == "file" else None
+        )
         #: The serving engine's framework terms (``None``: the profile's own measured overhead, as is).
         self.engine = engine
         #: Which MLA attention fits price a multi-head latent attention model, for ``describe``.
@@ -1465,8 +1532,22 @@ class ProfileCostModel(CostModel):
         return max(int(events), 0) * self._alloc_s
 
     def profile_provenance(self) -> dict | None:
-        p = self.profile.provenance
-        out: dict[str, Any] = {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
+        pv = self.provenance
+        out: dict[str, Any]
+        if pv is not None:
+            out = {
+                "kind": pv.kind,
+                "path": pv.path,
+                "name": pv.name,
+                "device": pv.device,
+                "date": pv.date,
+                "method": pv.method,
+                "source": pv.source,
+                "sha256": pv.sha256,
+            }
+        else:  # a profile built in memory: what it says of itself
+            p = self.profile.provenance
+            out = {"name": self.profile.name, "date": p.get("date"), "source": p.get("source")}
         if self.substitutions:
             out["substitutions"] = list(self.substitutions)
         return out
@@ -1521,9 +1602,11 @@ def build_profile_cost_model(
     """The engine's entry point for ``cost_model.profile``: a built-in name or a JSON path.
 
     The profile is read once per process and file version (a cost model only reads it; the curves
-    it derives are shared): a sweep or a benchmark fit runs many scenarios on one profile."""
+    it derives are shared): a sweep or a benchmark fit runs many scenarios on one profile. The cost
+    model's ``provenance`` hashes the bytes that load parsed."""
+    path, kind = _profile_path(profile_ref)
     return ProfileCostModel(
-        _shared_profile(_profile_path(profile_ref)),
+        _shared_profile(path),
         model,
         gpu,
         tensor_parallel=tensor_parallel,
@@ -1532,16 +1615,18 @@ def build_profile_cost_model(
         layout=layout,
         engine=engine,
         source=str(profile_ref),
+        kind=kind,
     )
 
 
-def _profile_path(ref: str) -> Path:
+def _profile_path(ref: str) -> tuple[Path, str]:
+    """The profile file ``ref`` names and how (``file``: a path; ``builtin``: a built-in's name)."""
     path = Path(str(ref))
     if path.is_file():
-        return path
+        return path, "file"
     builtin = PROFILE_DIR / f"{ref}.json"
     if builtin.is_file():
-        return builtin
+        return builtin, "builtin"
     raise ConfigError(
         KEY, str(ref), f"a built-in profile ({', '.join(list_profiles()) or 'none'}) or a profile JSON file"
     )

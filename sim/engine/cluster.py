@@ -20,6 +20,7 @@ from sim.engine.replica import Later, Replica
 from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled, now as clock
 from sim.output.metrics import Recorder, clean_json, summarize
+from sim.output.provenance import cost_model_block
 from sim.output.results import RunResult
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
 from sim.sched.registry import make_scheduler
@@ -277,7 +278,8 @@ def simulate(
             "engine": sc.engine.kind,  # resolved by with_engine_defaults: the serving engine's preset, or reference
             "cost_model": cost.name,
             "cost_model_calibrated": cost.calibrated,
-            "cost_model_profile": cost.profile_provenance(),
+            # Which profile priced the run, from the bytes the cost model parsed (sim.output.provenance).
+            "cost_model_profile": cost_model_block(sc, cost),
             "cost_model_out_of_range": dict(sorted(cost.out_of_range.items())),
             "kv_bytes_per_token": dep.kv_bytes_per_token,
             "reserve_tokens": dep.reserve_tokens,

@@ -7,58 +7,27 @@ carry the same ``name``: ``kind`` (``builtin``, ``file`` or ``roofline``), ``req
 digits of the SHA-256 of the file's bytes). Nothing in it depends on when or where the run ran, so
 the same scenario and seed still write the same ``summary.json``.
 
-:func:`profile_source` reads the file (before a run, so the hash is that of the bytes the run loads);
-:func:`cost_profile_block` turns it into the block once the run says whether a profile priced it
-(``cost_model: profile: auto`` falls back to the roofline prior where the GPU's profile does not
-cover the model).
+:func:`cost_model_block` builds it from the cost model that priced the run
+(``sim.cost.profile.ProfileCostModel.provenance``: the hash is that of the exact bytes the cost model
+parsed, the file is not read again), so ``simulate()``'s summary, and with it ``kvsim run``, sweep
+points and the explorer's runs, all carry the same block; ``cost_model: profile: auto`` that falls
+back to the roofline prior (the GPU's profile does not cover the model) gets :func:`roofline_block`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from sim.config import Scenario
+    from sim.cost.model import CostModel
 
-#: The scenario key the block describes (errors reading the file are the run's to report).
-KEY = "cost_model.profile"
 #: Hex digits of the SHA-256 kept: enough to tell calibrations apart, short enough to read.
 HASH_DIGITS = 16
 #: The block's keys, present in every kind (``None`` where they do not apply).
 FIELDS = ("kind", "requested", "path", "name", "device", "date", "method", "source", "sha256")
-
-
-def _requested(sc: Scenario) -> str | None:
-    ref = sc.cost_model.profile
-    return None if ref in (None, "none") else ref
-
-
-def _resolve(sc: Scenario) -> tuple[str, Path, str | None] | None:
-    """``(kind, file, path as given)`` of the profile ``sc`` asks for, resolved as the run resolves it
-    (``sim.engine.deployment.Deployment.make_cost_model`` and ``sim.cost.profile``: an existing file
-    first, else a built-in name; ``auto``: the GPU's built-in profile); None for none."""
-    from sim.cost.profile import PROFILE_DIR
-    from sim.inputs import is_file
-
-    ref = _requested(sc)
-    if ref is None:
-        return None
-    if ref == "auto":
-        from sim.catalog import BUILTIN_PROFILE_FOR_GPU
-
-        # ``gpu.name`` holds the catalog name (or ``custom``, which no built-in profile covers).
-        name = BUILTIN_PROFILE_FOR_GPU.get(sc.gpu.name)
-        return None if name is None else ("builtin", PROFILE_DIR / f"{name}.json", None)
-    if is_file(ref):
-        return "file", Path(ref), ref
-    builtin = PROFILE_DIR / f"{ref}.json"
-    return ("builtin", builtin, None) if is_file(builtin) else None
 
 
 def _text(value: Any) -> Any:
@@ -70,78 +39,59 @@ def _text(value: Any) -> Any:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def profile_source(sc: Scenario) -> dict | None:
-    """The profile file ``sc`` asks for, read now: the block's fields but ``kind`` is the file's
-    (``builtin`` or ``file``) whether or not the run ends up using it. None when the scenario asks
-    for no profile, or the file cannot be read (the run reports why)."""
-    from sim.inputs import decode, load_json, read_bytes
-
-    try:
-        found = _resolve(sc)
-        if found is None:
-            return None
-        kind, path, given = found
-        data = read_bytes(path, KEY, "profile JSON file")
-        doc = load_json(decode(data, str(path), KEY, "profile JSON file"), KEY, str(path))
-    except ConfigError:
-        return None
-    if not isinstance(doc, dict):
-        doc = {}
-    raw = doc.get("provenance")
-    prov: dict = raw if isinstance(raw, dict) else {}
-    device = doc.get("device")
-    device_name = device.get("name") if isinstance(device, dict) else None
-    return {
-        "kind": kind,
-        "requested": sc.cost_model.profile,
-        "path": given,
-        "name": _text(doc.get("name")),
-        "device": _text(device_name if device_name is not None else prov.get("device")),
-        "date": _text(prov.get("date")),
-        "method": _text(prov.get("method")),
-        "source": _text(prov.get("source")),
-        "sha256": hashlib.sha256(data).hexdigest()[:HASH_DIGITS],
-    }
-
-
 def roofline_block(sc: Scenario) -> dict:
     """The block of a run priced by the roofline prior (no profile: ``none``, or ``auto`` on a GPU
     or model no built-in profile covers)."""
     return {**dict.fromkeys(FIELDS), "kind": "roofline", "requested": sc.cost_model.profile}
 
 
-def cost_profile_block(sc: Scenario, calibrated: bool, source: dict | None = None) -> dict:
-    """The ``cost_model_profile`` block of a run of ``sc``; ``calibrated``: whether a profile priced
-    it (``summary["cost_model_calibrated"]``); ``source``: :func:`profile_source` taken before the
-    run (read now when None)."""
-    if not calibrated:
+def _unknown_block(sc: Scenario) -> dict:
+    """The block of a calibrated run whose cost model says nothing of a file (a profile built in
+    memory, or a summary written before the block existed): what was asked for."""
+    from sim.cost.profile import list_profiles
+
+    ref = sc.cost_model.profile
+    builtin = ref == "auto" or ref in list_profiles()
+    return {
+        **dict.fromkeys(FIELDS),
+        "kind": "builtin" if builtin else "file",
+        "requested": ref,
+        "path": None if builtin else ref,
+    }
+
+
+def profile_block(sc: Scenario, ran: dict | None) -> dict:
+    """The block of a calibrated run of ``sc`` from its cost model's ``profile_provenance()`` (``ran``:
+    kind, path, name, device, date, method, source, the full hex sha256, and any ``substitutions``)."""
+    if not isinstance(ran, dict):
+        return _unknown_block(sc)
+    block = {**dict.fromkeys(FIELDS), **{k: _text(v) for k, v in ran.items() if k in FIELDS}}
+    if block["kind"] is None:
+        block = {**_unknown_block(sc), **{k: v for k, v in block.items() if v is not None}}
+    block["requested"] = sc.cost_model.profile
+    if isinstance(block["sha256"], str):
+        block["sha256"] = block["sha256"][:HASH_DIGITS]
+    extra = {k: v for k, v in ran.items() if k not in FIELDS}  # substitutions: as the cost model says
+    return {**block, **extra}
+
+
+def cost_model_block(sc: Scenario, cost: CostModel) -> dict:
+    """The ``cost_model_profile`` block of a run of ``sc`` priced by ``cost`` (see the module docstring)."""
+    if not cost.calibrated:
         return roofline_block(sc)
-    if source is None:
-        source = profile_source(sc)
-    if source is None:
-        # The file went away (or became unreadable) since the run read it: say what was asked for.
-        from sim.cost.profile import list_profiles
-
-        ref = sc.cost_model.profile
-        builtin = ref == "auto" or ref in list_profiles()
-        return {
-            **dict.fromkeys(FIELDS),
-            "kind": "builtin" if builtin else "file",
-            "requested": ref,
-            "path": None if builtin else ref,
-        }
-    return dict(source)
+    return profile_block(sc, cost.profile_provenance())
 
 
-def with_cost_profile(summary: dict, sc: Scenario, source: dict | None = None) -> dict:
-    """``summary`` with its ``cost_model_profile`` block filled in (see the module docstring); what the
-    run itself put there (``name``, ``date``, ``source`` of the profile it loaded) is kept where the
-    file no longer says."""
-    block = cost_profile_block(sc, bool(summary.get("cost_model_calibrated")), source)
+def with_cost_profile(summary: dict, sc: Scenario) -> dict:
+    """``summary`` with a complete ``cost_model_profile`` block: the one its run wrote (from the cost
+    model that priced it, see :func:`cost_model_block`) as is; for an older summary, the block told
+    from what it says (nothing is read again)."""
     ran = summary.get("cost_model_profile")
-    if isinstance(ran, dict):
-        block = {**block, **{k: v for k, v in ran.items() if block.get(k) is None}}
-    return {**summary, "cost_model_profile": block}
+    if isinstance(ran, dict) and ran.get("kind") is not None and "requested" in ran:
+        return summary
+    if not summary.get("cost_model_calibrated"):
+        return {**summary, "cost_model_profile": roofline_block(sc)}
+    return {**summary, "cost_model_profile": profile_block(sc, ran)}
 
 
 def describe_block(block: Any) -> str | None:

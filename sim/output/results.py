@@ -52,13 +52,13 @@ def replace_file(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_run(result: RunResult, out: str | Path, profile_source: dict | None = None) -> Path:
+def write_run(result: RunResult, out: str | Path) -> Path:
     """Write the run directory (the Parquet files are already there when the run streamed to ``out``).
 
-    ``summary.json`` gets the full ``cost_model_profile`` block (:mod:`sim.output.provenance`: built-in
-    or file, path, name, device, date, method, content hash), also set on ``result.summary``;
-    ``profile_source``: the profile file as :func:`~sim.output.provenance.profile_source` read it
-    before the run (read now when None).
+    ``summary.json`` holds the full ``cost_model_profile`` block (:mod:`sim.output.provenance`: built-in
+    or file, path, name, device, date, method, content hash) that the run took from the cost model
+    that priced it (the profile file is not read again); an older summary's block is completed from
+    what it says, also on ``result.summary``.
 
     Every file is written under a temporary name and renamed into place."""
     from sim.output.provenance import with_cost_profile
@@ -69,7 +69,7 @@ def write_run(result: RunResult, out: str | Path, profile_source: dict | None = 
     if not streamed:
         replace_file(out / "requests.parquet", lambda p: pq.write_table(result.requests, p))
         replace_file(out / "timeseries.parquet", lambda p: pq.write_table(result.timeseries, p))
-    result.summary = with_cost_profile(result.summary, result.scenario, profile_source)
+    result.summary = with_cost_profile(result.summary, result.scenario)
     summary = json.dumps(result.summary, indent=2, sort_keys=True) + "\n"
     replace_file(out / "summary.json", lambda p: p.write_text(summary))
     replace_file(out / "scenario.yaml", lambda p: p.write_text(result.scenario.to_yaml()))
