@@ -248,6 +248,27 @@ class ArrivalConfig(_Section):
         return self
 
 
+#: The ``workload.arrival`` keys each arrival kind reads besides ``kind`` (the workload generator,
+#: sim/workload/generator.py, and the engine's clients, sim/engine/cluster.py), and
+#: :data:`ARRIVAL_COMMON_KEYS`, which every kind reads. One key per field; tests/test_arrival_use.py
+#: checks each kind against what changes its runs. A sweep axis on a key that the arrival kind of
+#: none of its points reads is refused (sim/workload/arrival_use.py).
+ARRIVAL_KEYS: dict[str, tuple[str, ...]] = {
+    "poisson": ("rate",),
+    "gamma": ("rate", "cv"),
+    "trace": ("path", "format", "time_scale"),
+    "closed_loop": (
+        "concurrency",
+        "think_time_s",
+        "think_time_cv",
+        "start_spread_s",
+        "start_spread_cycles",
+        "completion_per_token_s",
+    ),
+}
+ARRIVAL_COMMON_KEYS: tuple[str, ...] = ("client_s", "client_cv")
+
+
 class LengthsConfig(_Section):
     kind: Literal["fixed", "uniform", "lognormal", "empirical", "mixture", "trace"] = "fixed"
     prompt_tokens: int = Field(512, ge=1, le=MAX_TOKENS)
@@ -706,6 +727,26 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return out
 
 
+_S = typing.TypeVar("_S", bound=BaseModel)
+
+
+def grid_sections(base: _S, prefix: str, grid: typing.Mapping[str, typing.Sequence]) -> list[_S]:
+    """The section ``base`` (the scenario keys under ``prefix``, e.g. ``"allocator."``) of every
+    point of a Cartesian ``grid`` (dotted scenario keys → values) over it: only the axes under
+    ``prefix`` matter. A point whose section is invalid is left out (it fails with its own error)."""
+    import itertools
+
+    axes = {k.removeprefix(prefix): list(v) for k, v in grid.items() if k.startswith(prefix)}
+    data = base.model_dump()
+    out: list[_S] = []
+    for values in itertools.product(*axes.values()):
+        try:
+            out.append(type(base).model_validate(apply_overrides(data, dict(zip(axes, values)))))
+        except (ValueError, TypeError):  # pydantic's ValidationError and ConfigError are ValueErrors
+            continue
+    return out
+
+
 def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError("scenario", type(data).__name__, "a YAML mapping of sections (model, gpu, workload, ...)")
@@ -734,60 +775,23 @@ def scenario_from_dict(data: dict, base_dir: str | Path | None = None) -> Scenar
     return sc
 
 
-#: rope_scaling types vLLM does not stretch the context by (``_get_and_verify_max_len``): Llama 3's
-#: and Phi-3's (su, longrope) already count it in max_position_embeddings; M-RoPE has no factor.
-_UNSCALED_ROPE = ("llama3", "su", "longrope", "default", "mrope")
-
-
 def model_context(sc: Scenario) -> int | None:
     """The longest sequence (tokens) the scenario's model serves, as vLLM derives its largest
     ``max_model_len`` from the model, or ``None`` where kvsim cannot tell. A catalog model's
-    ``max_position``; a Hugging Face config's ``max_position_embeddings`` where the file gives one
-    and no ``rope_scaling`` stretches it (vLLM multiplies it by a linear, dynamic or YaRN factor,
-    which ``sim.hf_config`` does not derive: such a config's context is not known here, unless its
-    YaRN ``original_max_position_embeddings`` times the factor is ``max_position_embeddings``
-    itself, as DeepSeek-V3's, Kimi K2's and gpt-oss's are), or, where the file leaves it out, its
-    architecture's transformers default (``sim.hf_defaults``: Gemma's 8192); ``None`` for explicit
-    dims (``custom``) and a config without one either way."""
+    ``max_position``; a Hugging Face config's context as ``sim.hf_config`` reads it
+    (:attr:`~sim.hf_config.HfModel.context`: ``max_position_embeddings``, or its architecture's
+    transformers default where the file leaves it out, times a linear, dynamic or YaRN
+    ``rope_scaling`` factor as vLLM multiplies it); ``None`` for explicit dims (``custom``) and a
+    config that gives no length."""
     m = sc.model
     if m.hf_config is None:
         from sim.catalog import MODELS
 
         spec = MODELS.get(m.name or "")
         return spec.max_position if spec is not None else None
-    import json
-
     from sim.hf_config import read_hf_config, resolve_hf_config
 
-    top = json.loads(read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).path.read_text())
-    text = top.get("text_config")
-    cfg = text if isinstance(text, dict) else top
-
-    def field(name: str) -> Any:
-        v = cfg.get(name)
-        return top.get(name) if v is None and cfg is not top else v
-
-    # GPT-2 and GPTBigCode configs name it n_positions (their config classes' attribute_map).
-    name = next((n for n in ("max_position_embeddings", "n_positions") if n in cfg or n in top), None)
-    positions = field(name) if name is not None else None
-    if name is None:
-        # Left out of the file: the architecture's config-class default where transformers has one
-        # (sim.hf_defaults, as sim.hf_config reads it), which is what vLLM reads; else unknown.
-        from sim.hf_defaults import TEXT_TOWERS, defaults_for
-
-        kind = str(cfg.get("model_type") or (TEXT_TOWERS.get(str(top.get("model_type"))) if cfg is not top else ""))
-        arch = defaults_for(kind or str(top.get("model_type") or ""))
-        positions = arch.get("max_position_embeddings", arch.get("n_positions"))
-    if not isinstance(positions, int) or isinstance(positions, bool) or positions < 1:
-        return None
-    rope = field("rope_scaling")
-    factor = rope.get("factor") if isinstance(rope, dict) else None
-    kind = str(rope.get("rope_type") or rope.get("type") or "") if isinstance(rope, dict) else ""
-    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor != 1 and kind not in _UNSCALED_ROPE:
-        original = rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None
-        if not (kind == "yarn" and isinstance(original, int) and original * factor == positions):
-            return None
-    return positions
+    return read_hf_config(resolve_hf_config(m.hf_config, sc.base_dir)).context
 
 
 def fit_max_model_len(sc: Scenario) -> None:
@@ -809,7 +813,8 @@ def longer_than_context(sc: Scenario, context: int) -> ConfigError:
     return ConfigError(
         "workload.max_model_len",
         sc.workload.max_model_len,
-        f"at most {context}: the context of {sc.model.name or sc.model.hf_config} (max_position_embeddings); "
+        f"at most {context}: the context of {sc.model.name or sc.model.hf_config} (max_position_embeddings, "
+        "times any rope_scaling factor vLLM applies); "
         "vLLM refuses a longer max_model_len",
     )
 

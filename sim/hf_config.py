@@ -16,8 +16,13 @@ quantisation: ``quantization_config`` in the file or a sibling ``<name>_hf_quant
 dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``). A field the file
 leaves out takes the default of the architecture's transformers config class where
 :mod:`sim.hf_defaults` lists one (Gemma-3: ``sliding_window_pattern`` 6, ``head_dim`` 256,
-``vocab_size`` 262,208, tied embeddings; Cohere: tied embeddings), as transformers, and the
-engines that load configs through it, do.
+``vocab_size`` 262,208, tied embeddings; Cohere: tied embeddings; Mistral: a 4096-token window;
+Qwen2: ``use_sliding_window`` false), as transformers, and the engines that load configs through
+it, do; a field given as ``null`` stays ``null``.
+
+The model's context (:attr:`HfModel.context`, which bounds ``workload.max_model_len``) is derived
+here as vLLM derives its largest ``max_model_len``: ``max_position_embeddings`` (or
+``model_max_length``) times a linear, dynamic or YaRN ``rope_scaling`` factor (:func:`_context`).
 
 ``params`` is counted from the shapes: token embeddings, the LM head unless tied, per layer
 the Q/K/V/O projections (``heads × head_dim`` wide, which need not equal ``hidden_size``:
@@ -99,6 +104,9 @@ class HfModel:
     #: What the reading leaves out that changes the answer (a vision encoder not counted), said on
     #: stderr by ``kvsim run`` (:func:`apply_to_scenario` logs them on the ``kvsim`` logger).
     warnings: tuple[str, ...] = ()
+    #: The longest sequence (tokens) the model serves, as vLLM derives its largest ``max_model_len``
+    #: (:func:`_context`); ``None`` where the config gives no length (kvsim does not guess one).
+    context: int | None = None
 
     @property
     def weights_label(self) -> str:
@@ -250,6 +258,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         )
     intermediate, vocab = whole("intermediate_size"), whole("vocab_size")
     max_position = whole("max_position_embeddings") if field("max_position_embeddings") is not None else 4096
+    context = _context(path, field, model_type, str(top.get("model_type") or ""))
     tied = field("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise ConfigError(KEY, str(path), f"'tie_word_embeddings' must be true or false; got {_shown(tied)!r}")
@@ -343,7 +352,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         tied_embeddings=tied,
     )
     weight = wq or weight16
-    return HfModel(spec, weight, kq or weight16, path, qsrc, tuple(warnings))
+    return HfModel(spec, weight, kq or weight16, path, qsrc, tuple(warnings), context)
 
 
 def _load_json(path: Path) -> dict:
@@ -361,6 +370,68 @@ def _shown(value):
     if isinstance(value, (list, dict, str)) and len(str(value)) > 40:
         return str(value)[:37] + "..."
     return value
+
+
+# --- context length ---------------------------------------------------------------------------
+
+#: ``rope_type``s whose factor vLLM does not stretch the context by (``_get_and_verify_max_len``):
+#: Llama 3's and Phi-3's (``su`` is ``longrope``'s old name) already count it in
+#: ``max_position_embeddings``.
+UNSCALED_ROPE = ("su", "longrope", "llama3")
+
+
+def _context(path: Path, field, model_type: str, top_type: str) -> int | None:
+    """The model's context as vLLM derives its largest ``max_model_len`` from a config
+    (``_get_and_verify_max_len``): ``max_position_embeddings`` (GPT-2's ``n_positions``; the
+    architecture's default where the file leaves it out, :mod:`sim.hf_defaults`), replaced by a
+    ``model_max_length`` the config gives (Command-R); then, unless the model is a Gemma-3 (whose
+    131,072 counts its linear factor already), times the ``rope_scaling`` (transformers 5's
+    ``rope_parameters``, per layer type or not) ``factor`` of every type but ``llama3``,
+    ``longrope`` and ``su``, YaRN's counted from the ``original_max_position_embeddings`` in its
+    block (else one beside it, else the length above, as transformers 5 fills it in): Qwen2.5 with YaRN
+    factor 4 over 32,768 serves 131,072, Qwen3's 40,960 positions with the same block 131,072 too,
+    Llama-3.1 131,072. ``None`` where the config gives no length (vLLM assumes 2048; kvsim does not
+    check what it does not know)."""
+    positions = field("max_position_embeddings")
+    if positions is None:
+        return None
+    positions = _int(path, field, "max_position_embeddings", 1)
+    if field("model_max_length") is not None:
+        positions = _int(path, field, "model_max_length", 1, " (the context vLLM reads over max_position_embeddings)")
+    key = "rope_scaling" if field("rope_scaling") else "rope_parameters"
+    rope = field(key)
+    if not rope or "gemma3" in model_type or "gemma3" in top_type:
+        return positions
+    if not isinstance(rope, dict):
+        raise ConfigError(
+            KEY, str(path), f"'{key}' must be a mapping (rope_type, factor, ...) or null; got {_shown(rope)!r}"
+        )
+    # transformers 5 nests one mapping per layer type (Gemma-3's full_attention, sliding_attention).
+    nested = not ({"rope_type", "type", "factor"} & set(rope)) and all(
+        isinstance(v, dict) or v is None for v in rope.values()
+    )
+    parts = [(f"{key}.{name}", v) for name, v in rope.items() if v is not None] if nested else [(key, rope)]
+    base: float = positions
+    factor: float = 1.0
+    for where, rp in parts:
+        kind = str(rp.get("rope_type") or rp.get("type") or "default")
+        if kind in UNSCALED_ROPE:
+            continue
+        f = factor if rp.get("factor") is None else rp["factor"]  # "default" has none
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0:
+            raise ConfigError(KEY, str(path), f"'{where}.factor' must be a number > 0; got {_shown(f)!r}")
+        factor = float(f)
+        if kind == "yarn":
+            original = rp.get("original_max_position_embeddings", field("original_max_position_embeddings"))
+            if original is not None:
+                if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+                    raise ConfigError(
+                        KEY,
+                        str(path),
+                        f"'{where}.original_max_position_embeddings' must be an integer >= 1; got {_shown(original)!r}",
+                    )
+                base = original
+    return int(base * factor)
 
 
 # --- GPT-2, GPTBigCode and Falcon names -------------------------------------------------------

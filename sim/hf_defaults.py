@@ -9,9 +9,15 @@ before a model is built, and vLLM, SGLang and TensorRT-LLM load configs through 
 kvsim, from :data:`DEFAULTS`, for a key the file does not have at all. A key present with
 ``null`` keeps ``null``, as in transformers.
 
-Every value below is the one the cited class sets; an architecture or field not listed gets no
-default (kvsim asks for the field, or keeps its own fallback: ``head_dim = hidden / heads``,
-``num_key_value_heads = heads``, untied embeddings, ``max_position_embeddings`` 4096).
+Every value below is the one the cited class sets (checked against transformers 5.25); an
+architecture or field not listed gets no default (kvsim asks for the field, or keeps its own
+fallback: ``head_dim = hidden / heads``, ``num_key_value_heads = heads``, untied embeddings,
+``max_position_embeddings`` 4096 for the shape, an unknown context).
+
+"Absent" and ``null`` differ where the class's default is not ``None``: a Mistral config without
+``sliding_window`` slides over MistralConfig's 4096 tokens on every layer, one with
+``"sliding_window": null`` (Mistral-7B-v0.3, Mistral-Nemo) has no window; a Qwen2/Qwen3 config
+without ``use_sliding_window`` has it off (the class's ``False``), whatever ``sliding_window`` says.
 """
 
 from __future__ import annotations
@@ -27,6 +33,29 @@ _COHERE: dict[str, int | bool] = {
     "tie_word_embeddings": True,
     "attention_bias": False,
 }
+#: MistralConfig's defaults, which MixtralConfig shares (but for the window: Mistral's 4096, Mixtral's None).
+_MISTRAL: dict[str, int | bool] = {
+    "vocab_size": 32_000,
+    "hidden_size": 4096,
+    "intermediate_size": 14_336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096 * 32,
+    "tie_word_embeddings": False,
+}
+#: What Qwen2Config, Qwen3Config and their mixture-of-experts classes share: the window declared
+#: (4096 tokens) but off.
+_QWEN: dict[str, int | bool] = {
+    "vocab_size": 151_936,
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 32_768,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": 4096,
+}
 #: GPT2Config's defaults, which GPTBigCodeConfig shares.
 _GPT2: dict[str, int | bool] = {
     "vocab_size": 50_257,
@@ -40,9 +69,11 @@ _GPT2: dict[str, int | bool] = {
 #: Per ``model_type``: the defaults of its transformers config class for the fields kvsim reads
 #: (``num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
 #: num_key_value_heads, head_dim, vocab_size, max_position_embeddings, tie_word_embeddings,
-#: attention_bias, sliding_window, sliding_window_pattern``). ``num_key_value_heads``,
-#: ``head_dim`` and ``sliding_window`` are listed only where the class gives a number (``None``
-#: there means "the query heads", ``hidden / heads`` and "no window", kvsim's own fallbacks).
+#: attention_bias, sliding_window, sliding_window_pattern, use_sliding_window,
+#: max_window_layers`` and the mixture-of-experts counts). ``num_key_value_heads``, ``head_dim``
+#: and ``sliding_window`` are listed only where the class gives a number (``None`` there means
+#: "the query heads", ``hidden / heads`` and "no window", kvsim's own fallbacks: MixtralConfig's
+#: ``sliding_window`` is ``None``, so a Mixtral config without one has no window).
 DEFAULTS: dict[str, dict[str, int | bool]] = {
     # GemmaConfig (models/gemma/configuration_gemma.py).
     "gemma": {
@@ -90,6 +121,54 @@ DEFAULTS: dict[str, dict[str, int | bool]] = {
         "sliding_window": 4096,
         "sliding_window_pattern": 6,
     },
+    # MistralConfig (models/mistral/configuration_mistral.py): sliding_window 4096 on every layer
+    # unless the file says otherwise ("sliding_window": null: none, as Mistral-7B-v0.3's has).
+    "mistral": {**_MISTRAL, "sliding_window": 4096},
+    # MixtralConfig (models/mixtral/configuration_mixtral.py): sliding_window None (no window).
+    "mixtral": {**_MISTRAL, "num_local_experts": 8, "num_experts_per_tok": 2},
+    # Qwen2Config (models/qwen2/configuration_qwen2.py): use_sliding_window False clears the
+    # window (sliding_window = sliding_window if use_sliding_window else None), as vLLM reads it;
+    # switched on, layers from max_window_layers on slide.
+    "qwen2": {**_QWEN, "intermediate_size": 22_016, "num_key_value_heads": 32, "max_window_layers": 28},
+    # Qwen3Config (models/qwen3/configuration_qwen3.py): Qwen2's, with head_dim 128.
+    "qwen3": {
+        **_QWEN,
+        "intermediate_size": 22_016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+        "attention_bias": False,
+        "max_window_layers": 28,
+    },
+    # Qwen2MoeConfig (models/qwen2_moe/configuration_qwen2_moe.py). Its max_window_layers (28) is
+    # left out: switched on, its window covers every other layer below it, a layout kvsim does not
+    # read (sim.hf_config._attention_layout reads Qwen2's).
+    "qwen2_moe": {
+        **_QWEN,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 1,
+    },
+    # Qwen3MoeConfig (models/qwen3_moe/configuration_qwen3_moe.py).
+    "qwen3_moe": {
+        **_QWEN,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "attention_bias": False,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+    },
     # CohereConfig (models/cohere/configuration_cohere.py): Command-R, Aya 23.
     "cohere": _COHERE,
     # Cohere2Config (models/cohere2/configuration_cohere2.py): Command-R7B, Command-A: CohereConfig's
@@ -133,7 +212,7 @@ DEFAULTS: dict[str, dict[str, int | bool]] = {
     # n_head, n_positions; its attribute_map) are read into kvsim's by sim.hf_config._legacy_names;
     # n_inner None means 4 × n_embd (GPT2Block); multi-head (no KV-head field); tie_word_embeddings
     # is PretrainedConfig's default, True. The context default is kept under its own name,
-    # n_positions, as a file gives it (sim.config.model_context reads either name).
+    # n_positions, as a file gives it (sim.hf_config._legacy_names reads either name).
     "gpt2": _GPT2,
     # GPTBigCodeConfig (models/gpt_bigcode/configuration_gpt_bigcode.py): StarCoder, SantaCoder.
     # GPT-2's names and defaults; multi_query True (num_key_value_heads = 1 if multi_query else

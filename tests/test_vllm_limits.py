@@ -116,9 +116,11 @@ def test_a_configs_context_is_its_max_position_embeddings_unless_rope_scaling_st
     assert scenario_from_dict({"model": {"hf_config": short}}).workload.max_model_len == 2048
     with pytest.raises(ConfigError, match="workload.max_model_len.*at most 2048"):
         scenario_from_dict({"model": {"hf_config": short}, "workload": {"max_model_len": 4096}})
-    # A linear factor stretches it (vLLM: 2048 x 4); kvsim does not derive that, so it refuses nothing.
+    # A linear factor stretches it (vLLM: 2048 x 4 = 8192; tests/test_hf_config_context.py has the others).
     linear = _config(tmp_path, max_position_embeddings=2048, rope_scaling={"type": "linear", "factor": 4.0})
     assert scenario_from_dict({"model": {"hf_config": linear}, "workload": {"max_model_len": 8192}})
+    with pytest.raises(ConfigError, match="workload.max_model_len.*at most 8192"):
+        scenario_from_dict({"model": {"hf_config": linear}, "workload": {"max_model_len": 8193}})
     # Nor where the config gives no max_position_embeddings (kvsim reads 4,096 in its place: not the model's).
     unknown = _config(tmp_path, max_position_embeddings=None, rope_scaling=None)
     assert scenario_from_dict({"model": {"hf_config": unknown}}).workload.max_model_len == 8192
