@@ -7,10 +7,8 @@ See docs/app.md.
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 import pandas  # noqa: F401  (first imports before the prewarm thread starts: two threads importing
@@ -23,6 +21,7 @@ from sim.analysis import plots
 from sim.catalog import GPUS
 from sim.config import SCENARIO_DIR, apply_overrides
 from sim.errors import ConfigError
+from sim.explorer import downloads as XD, page_budget as XB, prewarm as XP
 
 st.set_page_config(page_title="kvsim explorer", page_icon="🧮", layout="wide")
 
@@ -97,25 +96,23 @@ def cached_run(key: str, _progress=None) -> X.RunData:
 
 
 @st.cache_resource
-def _prewarmed() -> set:
-    return set()
+def _prewarm_queue() -> XP.PrewarmQueue:
+    """One queue for the whole server: at most one background run at once (sim/explorer/prewarm.py)."""
+    return XP.PrewarmQueue()
+
+
+def session_id() -> str:
+    if "session_id" not in S:
+        S.session_id = uuid.uuid4().hex
+    return S.session_id
 
 
 def prewarm(key: str) -> None:
-    """Start the run of the scenario on screen in the background, before anyone presses Run, so
-    the default view's charts come back at once (set KVSIM_APP_PREWARM=0 to turn off)."""
-    started = _prewarmed()
-    if key in started or os.environ.get("KVSIM_APP_PREWARM", "1") == "0":
-        return
-    started.add(key)
-
-    def work():
-        try:
-            cached_run(key)
-        except Exception:  # noqa: BLE001 - the real run reports errors
-            started.discard(key)
-
-    threading.Thread(target=work, name="kvsim-prewarm", daemon=True).start()
+    """Queue the run of the scenario on screen in the background, before anyone presses Run, so
+    the default view's charts come back at once (set KVSIM_APP_PREWARM=0 to turn off); a newer
+    request of the session replaces its older one that has not started."""
+    if XP.prewarm_enabled():
+        _prewarm_queue().submit(session_id(), key, lambda: cached_run(key))
 
 
 def run_with_progress(key: str, where, label: str = "simulating") -> X.RunData:
@@ -433,7 +430,7 @@ def downloads(rd: X.RunData, figs: dict) -> None:
             )
     cols[5].download_button(
         "summary.json",
-        json.dumps(rd.summary, indent=2, sort_keys=True),
+        XD.summary_download(rd.summary, (str(store().dir),)),
         "summary.json",
         "application/json",
         on_click="ignore",
@@ -462,6 +459,7 @@ def page_explore() -> None:
     bar = st.empty()
     err = st.empty()
     if pressed:
+        _prewarm_queue().cancel(session_id())
         try:
             _, sc = current_scenario()
             key = X.canonical_json(sc)
@@ -663,7 +661,7 @@ def page_sweeps() -> None:
                     store(),
                     progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"),
                 )
-                S.sweep_table = table
+                S.sweep_table = XD.public_table(table, (str(store().dir),))
                 S.sweep_error = (
                     (
                         f"{len(failures)} point(s) failed: "
@@ -691,8 +689,15 @@ def page_sweeps() -> None:
         y = c2.selectbox("y", numeric, index=X.default_index(numeric, "ttft_s.p99"), key="sw_y")
         colors = ["(none)", *[c for c in params if c != x]]
         color = c3.selectbox("color", colors, index=X.default_index(colors, dcolor), key="sw_color")
-        fig = plots.sweep_curves(table, x, y, None if color == "(none)" else color)
-        st.plotly_chart(fig, key="sw_curves", theme=None)
+        note = XB.sweep_note(table, params)
+        if note:
+            st.warning(note, icon="⏱️")
+        try:
+            fig = plots.sweep_curves(table, x, y, None if color == "(none)" else color, max_distinct=plots.MAX_DISTINCT)
+        except plots.TooManyValues as exc:
+            st.info(str(exc))
+        else:
+            st.plotly_chart(fig, key="sw_curves", theme=None)
         if len(params) >= 2:
             c1, c2, c3 = st.columns(3)
             hx = c1.selectbox("heatmap x", params, key="sw_hx")
@@ -700,7 +705,12 @@ def page_sweeps() -> None:
             hz = c3.selectbox(
                 "heatmap value", numeric, index=X.default_index(numeric, "throughput_tokens_per_s"), key="sw_hz"
             )
-            st.plotly_chart(plots.heatmap(table, hx, hy, hz), key="sw_heat", theme=None)
+            try:
+                heat = plots.heatmap(table, hx, hy, hz, max_distinct=plots.MAX_DISTINCT)
+            except plots.TooManyValues as exc:
+                st.info(str(exc))
+            else:
+                st.plotly_chart(heat, key="sw_heat", theme=None)
         st.download_button(
             "sweep.parquet",
             lambda t=table: X.table_bytes(t, "parquet"),
@@ -768,12 +778,19 @@ def page_sweeps() -> None:
                     min(1.0, d / max(n, 1)), text=f"planning… {name} done ({d}/{n})"
                 ),
             )
-            S.plan_error = None
+            S.plan_error, S.plan_partial = None, None
+        except XB.ActionBudgetSpent as exc:  # the candidates that finished are kept
+            S.plan, S.plan_partial = None, X.plan_stream_rows(exc.finished, int(seeds))
+            S.plan_error = X.error_text(exc)
         except ConfigError as exc:
             S.plan_error = X.error_text(exc)
+        except Exception as exc:  # noqa: BLE001 - show, do not crash the page
+            S.plan_error = f"{type(exc).__name__}: {X.error_text(exc)}"
         bar.empty()
         live.empty()
     show_error(st, S.get("plan_error"))
+    if S.get("plan_partial"):
+        st.dataframe(S.plan_partial, key="plan_partial", hide_index=True)
     p = S.get("plan")
     if p:
         st.success(p["recommendation"]["text"])

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import difflib
-import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -488,10 +487,11 @@ def read_vllm_result(
 ) -> BenchRow:
     """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``);
     ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` say what the file does not record."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError("serving_bench", str(path), f"a readable JSON file ({type(exc).__name__})") from None
+    from sim.analysis.bench_results import MAX_RESULT_BYTES
+    from sim.inputs import load_json, read_text
+
+    # Bounded: size, UTF-8 and nesting (a deeply nested file raised RecursionError), one line each.
+    doc = load_json(read_text(path, "serving_bench", "JSON file", MAX_RESULT_BYTES), "serving_bench", str(path))
     if not isinstance(doc, dict):
         raise ConfigError(str(path), type(doc).__name__, "a JSON object written by vllm bench serve --save-result")
     where = "result"

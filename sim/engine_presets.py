@@ -49,7 +49,6 @@ kernels as they are, no engine terms.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -319,11 +318,12 @@ TERM_RANGES = {
 
 def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
     """``{engine: {term: value}}`` from a terms file, validated (ConfigError naming file, key and value)."""
+    from sim.inputs import load_json, read_text
+
     key = "engine.terms_file"
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(key, str(path), f"a readable JSON file ({type(exc).__name__})") from None
+    # Bounded: a regular UTF-8 file of at most MAX_TEXT_BYTES, JSON nested at most MAX_NESTING
+    # levels (a deeply nested file raised RecursionError), each failure one line naming the file.
+    doc = load_json(read_text(path, key, "terms JSON file"), key, str(path))
     if not isinstance(doc, dict) or doc.get("format") != TERMS_FORMAT or not isinstance(doc.get("engines"), dict):
         raise ConfigError(
             key,

@@ -65,3 +65,18 @@ def write_config(folder: Path, cfg: dict, name: str = "m_config.json") -> Path:
     p = folder / name
     p.write_text(json.dumps(cfg))
     return p
+
+
+#: A small explorer scenario (the page's own shape): 150 requests, Llama-3.1-8B, paged.
+SMALL_EXPLORER = {
+    "name": "small",
+    "seed": 2,
+    "model": {"name": "llama-3.1-8b"},
+    "workload": {
+        "num_requests": 150,
+        "max_model_len": 4096,
+        "arrival": {"kind": "poisson", "rate": 20.0},
+        "lengths": {"kind": "uniform", "prompt_min": 50, "prompt_max": 1500, "output_min": 10, "output_max": 400},
+    },
+    "allocator": {"kind": "paged", "block_size": 16},
+}

@@ -11,31 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import SMALL_EXPLORER as SMALL
 from sim import explorer as X
 from sim.config import SCENARIO_DIR, apply_overrides, load_scenario, scenario_from_dict
 from sim.errors import ConfigError
 from sim.explorer import launcher
-
-SMALL = {
-    "name": "small",
-    "seed": 2,
-    "model": {"name": "llama-3.1-8b"},
-    "workload": {
-        "num_requests": 150,
-        "max_model_len": 4096,
-        "arrival": {"kind": "poisson", "rate": 20.0},
-        "lengths": {"kind": "uniform", "prompt_min": 50, "prompt_max": 1500, "output_min": 10, "output_max": 400},
-    },
-    "allocator": {"kind": "paged", "block_size": 16},
-}
-
-
-@pytest.fixture()
-def store():
-    s = X.UploadStore()
-    yield s
-    s.close()
-
 
 # --- knobs -------------------------------------------------------------------------------
 
@@ -379,8 +359,6 @@ def test_sweep_axis_the_allocator_ignores_is_refused(store):
         X.run_small_sweep(SMALL, {"allocator.kind": ["static", "dynamic"], "allocator.block_size": [16, 64]}, 40, store)
 
     # Read at some point of the sweep (another kind, the fallback region, every kind's preemption): allowed.
-    from sim.config import AllocatorConfig
-
     for alloc, grid in (
         ("static", {"allocator.kind": ["static", "paged"], "allocator.block_size": [16, 64]}),
         ("static", {"allocator.overflow": ["reject", "fallback"], "allocator.block_size": [16, 64]}),
@@ -388,10 +366,13 @@ def test_sweep_axis_the_allocator_ignores_is_refused(store):
         ("dynamic", {"allocator.compaction": [{"enabled": True}]}),
         ("static", {"allocator.compaction.enabled": [False, True]}),  # static's arena compacts
     ):
-        X.check_axes_read(AllocatorConfig(kind=alloc), grid)
+        X.check_axes_read(scenario_from_dict({"allocator": {"kind": alloc}}), grid)
     # Compacting needs the arena alone: static's fallback region is not compacted.
     with pytest.raises(ConfigError, match="allocator.kind static with allocator.overflow: fallback ignores it"):
-        X.check_axes_read(AllocatorConfig(kind="static", overflow="fallback"), {"allocator.compaction.enabled": [True]})
+        X.check_axes_read(
+            scenario_from_dict({"allocator": {"kind": "static", "overflow": "fallback"}}),
+            {"allocator.compaction.enabled": [True]},
+        )
 
 
 # --- calibration --------------------------------------------------------------------------------

@@ -41,13 +41,6 @@ def canary(tmp_path):
     _WATCH.discard(str(path))
 
 
-@pytest.fixture()
-def store():
-    s = X.UploadStore()
-    yield s
-    s.close()
-
-
 def _nested_lengths(depth: int, path: str) -> dict:
     """A lengths block whose ``path`` sits ``depth`` levels of mixture ``base`` deep."""
     node: dict = {"kind": "empirical", "path": path}

@@ -17,7 +17,6 @@ runs, each is also scored on the ``offline`` and the ``queued`` overhead runs al
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -54,13 +53,20 @@ MIXES = {
 KERNELS = {"final": "profile-{a}.json", "upfront": "profile-{a}-upfront.json"}
 
 
+def _json_file(path: str | Path):
+    """A JSON file of a run folder, read bounded (size, UTF-8, nesting: sim/inputs.py)."""
+    from sim.inputs import load_json, read_text
+
+    return load_json(read_text(path, "refit", "JSON file"), "refit", str(path))
+
+
 def kernel_profile(path: str | Path):
     """The kernel-route profile under a validation profile: its elementwise bandwidth as measured
     (``with_engine_overhead`` lowered it to carry the per-token overhead); the CPU term is replaced
     by whatever overhead fit comes next."""
     from sim.cost.profile import Profile
 
-    doc = json.loads(Path(path).read_text())
+    doc = _json_file(path)
     ew = doc["elementwise"]
     if "kernel_route_bandwidth_bytes_per_s" in ew:
         ew["bandwidth_bytes_per_s"] = ew.pop("kernel_route_bandwidth_bytes_per_s")
@@ -87,11 +93,11 @@ def refit(
     from .spec import load_spec
 
     run = Path(run)
-    doc = json.loads((run / "validation.json").read_text())
+    doc = _json_file(run / "validation.json")
     rows_path = run / "overhead_rows.json"
     if not rows_path.is_file():
         raise FileNotFoundError(f"{rows_path}: written by kvsim validate with the engine-overhead calibration on")
-    ov_rows = json.loads(rows_path.read_text())
+    ov_rows = _json_file(rows_path)
     spec = load_spec(doc["spec"])
     model = get_model(doc["shape"]["model"])
     device = doc["device"]["kind"]

@@ -103,7 +103,10 @@ def run_sensitivity(folder: str | Path) -> dict:
     carried it): ``{(load, allocator): {metric: sensitivity}}`` from the run's own traces and final
     profiles. Cells whose trace or profile is missing are left out."""
     folder = Path(folder)
-    doc = json.loads((folder / "validation.json").read_text())
+    from sim.inputs import load_json, read_text
+
+    f = folder / "validation.json"
+    doc = load_json(read_text(f, "validate.runs", "validation.json"), "validate.runs", str(f))  # bounded
     cfg = doc.get("config") or {}
     spec = {**cfg, "name": doc.get("name", "validate"), "model": (doc.get("shape") or {}).get("model")}
     device = (doc.get("device") or {}).get("kind", "cpu")

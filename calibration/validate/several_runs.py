@@ -23,7 +23,6 @@ Signed errors are ``(simulated − measured) ÷ measured``: negative means the s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,8 +65,10 @@ def load_run(path: str | Path, recompute_sensitivity: bool = True) -> Run:
     f = p / "validation.json" if p.is_dir() else p
     if not f.is_file():
         raise ConfigError(f"{KEY}.runs", str(path), "a kvsim validate output folder (with validation.json) or the file")
+    from sim.inputs import load_json, read_text
+
     try:
-        doc = json.loads(f.read_text())
+        doc = load_json(read_text(f, f"{KEY}.runs", "validation.json"), f"{KEY}.runs", str(f))  # bounded
         rows = doc["rows"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ConfigError(

@@ -5,17 +5,17 @@ What a kind reads is its registration (:mod:`.registry`): its ``knobs``, narrowe
 ``only_with`` (``static`` reads ``block_size`` only with ``overflow: fallback``), plus
 :data:`~sim.allocators.registry.COMMON_KNOBS`, which every kind takes. Both ``kvsim sweep``
 (:meth:`sim.analysis.sweep.SweepSpec.points`) and the explorer's sweeps
-(:func:`sim.explorer.check_axes_read`) ask :func:`check_axes_read` before any point runs.
+(:func:`sim.explorer.check_axes_read`) ask it through :func:`sim.analysis.sweep.check_sweep_axes`
+before any point runs; the arrival kind's rule is :mod:`sim.workload.arrival_use`.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sim.allocators.registry import COMMON_KNOBS, REGISTRY, AllocatorKind
-from sim.config import AllocatorConfig, apply_overrides
+from sim.config import AllocatorConfig, grid_sections
 from sim.errors import ConfigError
 
 _PREFIX = "allocator."
@@ -61,15 +61,7 @@ def grid_configs(base: AllocatorConfig, grid: Mapping[str, Sequence]) -> list[Al
     """The ``allocator`` section of every point of a Cartesian ``grid`` (dotted scenario keys →
     values) over ``base``: only its ``allocator.*`` axes matter. A point whose section is invalid
     is left out (it fails with its own error)."""
-    axes = {k.removeprefix(_PREFIX): list(v) for k, v in grid.items() if k.startswith(_PREFIX)}
-    data = base.model_dump()
-    out: list[AllocatorConfig] = []
-    for values in itertools.product(*axes.values()):
-        try:
-            out.append(AllocatorConfig.model_validate(apply_overrides(data, dict(zip(axes, values)))))
-        except (ValueError, TypeError):  # pydantic's ValidationError and ConfigError are ValueErrors
-            continue
-    return out
+    return grid_sections(base, _PREFIX, grid)
 
 
 def _show(value: Any) -> str:

@@ -156,7 +156,7 @@ def _cost_constants(sc) -> list[Constant]:
                 "contiguous",
             )
         ]
-    doc = json.loads(Path(path).read_text())
+    doc = _profile_doc(path)
     out = []
     lay, mem = doc.get("layout", {}), doc.get("memory", {})
     src = str(lay.get("paged_overhead_source", ""))
@@ -179,6 +179,13 @@ def _cost_constants(sc) -> list[Constant]:
     return out
 
 
+def _profile_doc(path: str | Path) -> dict:
+    """A profile's JSON, read bounded (size, UTF-8, nesting: sim/inputs.py)."""
+    from sim.inputs import load_json, read_text
+
+    return load_json(read_text(path, "cost_model.profile", "profile JSON file"), "cost_model.profile", str(path))
+
+
 class _Variants:
     """Scenario overrides that set a constant to a value (profile copies in a temporary folder)."""
 
@@ -192,7 +199,7 @@ class _Variants:
             return {c.key: round(v) if c.kind == "kv_capacity" else v}
         doc = self._docs.get(c.profile_path)
         if doc is None:
-            doc = self._docs[c.profile_path] = json.loads(Path(c.profile_path).read_text())
+            doc = self._docs[c.profile_path] = _profile_doc(c.profile_path)
         section, field = c.key.split(".")
         changed = {**doc, section: {**doc[section], field: v}}
         self._n += 1

@@ -32,7 +32,12 @@ from pathlib import Path
 import numpy as np
 
 from sim.errors import ConfigError
+from sim.inputs import check_json_depth, number_error, read_text
 from sim.limits import MAX_CV, MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
+
+#: Bytes of one result file: a detailed run of many requests keeps every inter-token gap (and
+#: possibly the generated texts), far more than the 64 MiB of other input files.
+MAX_RESULT_BYTES = 2**30
 
 #: The per-request lists ``kvsim compare`` needs.
 REQUIRED_LISTS = ("input_lens", "output_lens", "ttfts", "itls")
@@ -180,14 +185,21 @@ def _gaps(path: Path, i: int, row: list) -> np.ndarray:
 
 def read_bench_result(path: Path) -> BenchResult:
     """Read and check one result file (see the module docstring)."""
+    # Bounded (sim/inputs.py): a regular UTF-8 file of at most MAX_RESULT_BYTES, nested at most
+    # MAX_NESTING levels, checked on the text before parsing (a deeply nested file raised
+    # RecursionError).
+    text = read_text(path, str(path), "JSON result file", MAX_RESULT_BYTES)
+    check_json_depth(text, str(path), str(path))
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), type(exc).__name__, "a readable JSON result file") from None
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}", f"a JSON result file ({_DETAILED})"
         ) from None
+    except RecursionError:  # not reached after the depth check; kept one line all the same
+        raise ConfigError(str(path), "JSON nested too deep", f"a JSON result file ({_DETAILED})") from None
+    except ValueError as exc:
+        raise number_error(str(path), str(path), exc) from None
     if not isinstance(doc, dict):
         raise ConfigError(str(path), type(doc).__name__, f"a JSON object ({_DETAILED})")
     inputs = _list(path, doc, "input_lens", None)

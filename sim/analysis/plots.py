@@ -24,6 +24,11 @@ if TYPE_CHECKING:  # pragma: no cover
 GIB = 2.0**30
 #: More points than this in one trace are thinned by striding: a browser draws ~20k SVG points fine.
 MAX_POINTS = 20_000
+#: Distinct values a chart may give a cell row/column (heatmap) or a line of its own (the colour of
+#: :func:`sweep_curves`) when the caller asks for a cap (the explorer does): a heatmap is a
+#: ``len(y) × len(x)`` grid, so 2,000 distinct values per axis already make 4M cells (seconds of
+#: CPU and tens of MB of JSON); a sweep has a handful per axis.
+MAX_DISTINCT = 200
 _COMPLETED = "completed"
 
 
@@ -256,18 +261,49 @@ def _group_mean(keys: list[tuple], values: np.ndarray) -> dict[tuple, float]:
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
+class TooManyValues(ValueError):
+    """A chart declined: a column has more distinct values than the chart may draw (one line)."""
+
+
+def check_distinct(table: pa.Table, columns: dict[str, str], limit: int | None, chart: str) -> None:
+    """Raise :class:`TooManyValues` when a column of ``table`` (``{column: its role}``, e.g.
+    ``{"workload.a": "x"}``) has more than ``limit`` distinct values (``None``: no limit). Counted
+    with Arrow, before any Python list or grid is built."""
+    if limit is None:
+        return
+    import pyarrow.compute as pc
+
+    for col, role in columns.items():
+        if col not in table.column_names:
+            continue
+        n = pc.count_distinct(table.column(col), mode="all").as_py()
+        if n > limit:
+            raise TooManyValues(
+                f"{chart} not drawn: {role} {col!r} has {n:,} distinct values (at most {limit:,}); "
+                "filter the dataset or bin that column into fewer values"
+            )
+
+
 def _sort_key(v):
     return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
 
 
-def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None, by: str | None = None) -> Figure:
+def sweep_curves(
+    table: pa.Table,
+    x: str,
+    y: str,
+    color: str | None = None,
+    by: str | None = None,
+    max_distinct: int | None = None,
+) -> Figure:
     """``y`` against ``x`` over the ok points of a sweep, one line per value of ``color``.
 
     Points sharing (color, ``by``) — seeds, or axes not shown — are averaged, ``x`` and ``y`` alike,
     and the line is drawn in ``by`` order. ``by`` is the sweep axis that identifies a point apart
     from its seed: ``x`` itself by default; a measured ``x`` (throughput, which differs from seed to
     seed) needs the axis the points were swept over, or each seed would be a point of its own.
-    ``by=""``: every point of a line is one (a sweep with no varying axis).
+    ``by=""``: every point of a line is one (a sweep with no varying axis). ``max_distinct``: raise
+    :class:`TooManyValues` instead of drawing more lines than that (one per ``color`` value).
     """
     go = _go()
     t = _ok_rows(table)
@@ -276,6 +312,8 @@ def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None, by: 
     for c in (x, y) + ((color,) if color else ()) + ((by,) if by else ()):
         if c not in t.column_names:
             raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
+    if color:
+        check_distinct(t, {color: "color"}, max_distinct, "Curves")
     xs = t.column(x).to_pylist()
     bs = t.column(by).to_pylist() if by else [None] * t.num_rows
     cs = t.column(color).to_pylist() if color else ["all"] * t.num_rows
@@ -312,13 +350,16 @@ def sweep_curves(table: pa.Table, x: str, y: str, color: str | None = None, by: 
     return fig
 
 
-def heatmap(table: pa.Table, x: str, y: str, z: str) -> Figure:
-    """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid."""
+def heatmap(table: pa.Table, x: str, y: str, z: str, max_distinct: int | None = None) -> Figure:
+    """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid. ``max_distinct``:
+    raise :class:`TooManyValues` instead of building the grid when ``x`` or ``y`` has more distinct
+    values than that (the grid has ``len(y) × len(x)`` cells)."""
     go = _go()
     t = _ok_rows(table)
     for c in (x, y, z):
         if c not in t.column_names:
             raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
+    check_distinct(t, {x: "x", y: "y"}, max_distinct, "Heatmap")
     xs, ys = t.column(x).to_pylist(), t.column(y).to_pylist()
     zs = np.array([np.nan if v is None else v for v in t.column(z).to_pylist()], dtype=np.float64)
     means = _group_mean(list(zip(xs, ys)), zs)

@@ -9,7 +9,6 @@ writes one PNG per figure through kaleido (needs Chromium or Chrome on the machi
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -141,9 +140,19 @@ def run_figures(requests: pa.Table, timeseries: pa.Table) -> dict[str, object]:
     }
 
 
+def _json_file(path: Path, what: str) -> dict:
+    """A JSON object from a folder the user names, bounded (size, UTF-8, nesting: sim/inputs.py)."""
+    from sim.inputs import load_json, read_text
+
+    doc = load_json(read_text(path, str(path), what), str(path), str(path))
+    if not isinstance(doc, dict):
+        raise ConfigError(str(path), type(doc).__name__, f"a JSON object ({what} as kvsim writes it)")
+    return doc
+
+
 def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = None) -> Path:
     d = Path(run_dir)
-    summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").is_file() else {}
+    summary = _json_file(d / "summary.json", "run summary.json") if (d / "summary.json").is_file() else {}
     figs = run_figures(pq.read_table(d / "requests.parquet"), pq.read_table(d / "timeseries.parquet"))
     rows = []
     for key in ("ttft_s", "tpot_s", "e2e_s"):
@@ -290,7 +299,7 @@ def report_sweep(
     from sim.analysis.sweep import META_FILE, read_dataset
 
     d = Path(sweep_dir)
-    meta = json.loads((d / META_FILE).read_text()) if (d / META_FILE).is_file() else {}
+    meta = _json_file(d / META_FILE, "sweep metadata") if (d / META_FILE).is_file() else {}
     table = read_dataset(d)
     axes = meta.get("axes") or [
         c

@@ -25,7 +25,9 @@ zip group) must be distinct, and so must the scenarios they resolve to: ``[4, 4.
 Validation happens before any point runs: the file's structure, every axis key path
 (unknown keys fail the sweep), then every point's scenario, and then each ``allocator.*`` axis:
 one that the allocator of no point reads (``allocator.block_size`` of ``static`` without
-``overflow: fallback``) fails the sweep, since its values would all give the same run. A point whose scenario is
+``overflow: fallback``), or each ``workload.arrival.*`` axis that the arrival kind of no point reads
+(``workload.arrival.rate`` of ``closed_loop``), fails the sweep, since its values would all give the
+same run. A point whose scenario is
 invalid for its *values* (a block size of 0, a model that does not fit the GPU) is recorded
 as ``failed`` with its error, without running, and the sweep exits non-zero after the valid
 points finish: a sweep that maps a feasible region should not abort on its infeasible corner.
@@ -61,7 +63,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,7 +73,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
-from sim.config import AllocatorConfig, Scenario, apply_overrides, check_name, read_scenario_dict, scenario_from_dict
+from sim.config import (
+    AllocatorConfig,
+    ArrivalConfig,
+    Scenario,
+    apply_overrides,
+    check_name,
+    read_scenario_dict,
+    scenario_from_dict,
+)
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError, quote
 from sim.inputs import is_file, load_yaml, read_text
@@ -139,9 +149,9 @@ class SweepSpec:
 
     def points(self) -> list[Point]:
         """Every point with its scenario validated (invalid ones carry their error). An
-        ``allocator.*`` axis that the allocator of no valid point reads raises
-        :class:`ConfigError` (:func:`sim.allocators.knob_use.check_axes_read`)."""
-        from sim.allocators.knob_use import check_axes_read
+        ``allocator.*`` axis that the allocator of no valid point reads, or a ``workload.arrival.*``
+        axis that the arrival kind of none reads, raises :class:`ConfigError`
+        (:func:`check_sweep_axes`)."""
 
         base = apply_overrides(self.base_data, self.fixed)
         base_seed = base.get("seed", 0)
@@ -152,6 +162,7 @@ class SweepSpec:
         #: point id → the value index of each group that gave it.
         seen: dict[str, tuple[int, ...]] = {}
         allocators: list[AllocatorConfig] = []
+        arrivals: list[ArrivalConfig] = []
         for combo in itertools.product(*(range(len(g[0].values)) for g in self.groups)):
             for seed in seed_values:
                 overrides: dict[str, Any] = {}
@@ -172,6 +183,7 @@ class SweepSpec:
                     point = Point(len(out), _hash(data), pseed, params, None, str(self.base_dir), error)
                 else:
                     allocators.append(sc.allocator)
+                    arrivals.append(sc.workload.arrival)
                     dump = canonical_scenario(sc)
                     params = {ax.key: _ran_with(ax, i, dump) for g, i in zip(self.groups, combo) for ax in g}
                     point = Point(len(out), _hash(dump), sc.seed, params, dump, str(self.base_dir))
@@ -181,8 +193,8 @@ class SweepSpec:
                     raise _same_scenario(self.groups, seen[point.point_id], combo, point.scenario or {})
                 seen[point.point_id] = combo
                 out.append(point)
-        # An axis the allocator ignores everywhere would run the same scenario once per value.
-        check_axes_read({a.key: a.values for a in self.axes}, allocators)
+        # An axis the allocator (arrival kind) ignores everywhere would run one scenario per value.
+        check_sweep_axes({a.key: a.values for a in self.axes}, allocators, arrivals)
         return out
 
 
@@ -1235,8 +1247,23 @@ def describe_params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "(base scenario)"
 
 
+def check_sweep_axes(
+    axes: Mapping[str, Sequence], allocators: Sequence[AllocatorConfig], arrivals: Sequence[ArrivalConfig]
+) -> None:
+    """Every check of a sweep's axes against what its points read, before any point runs:
+    :func:`sim.allocators.knob_use.check_axes_read` (``allocators``: the valid points' ``allocator``
+    sections) and :func:`sim.workload.arrival_use.check_arrival_axes_read` (``arrivals``: their
+    ``workload.arrival`` sections). Each raises a one-line :class:`ConfigError` naming the axis."""
+    from sim.allocators.knob_use import check_axes_read
+    from sim.workload.arrival_use import check_arrival_axes_read
+
+    check_axes_read(axes, allocators)
+    check_arrival_axes_read(axes, arrivals)
+
+
 __all__ = [
     "Axis",
+    "check_sweep_axes",
     "Point",
     "SweepSpec",
     "SweepResult",

@@ -20,8 +20,9 @@ The page only wires widgets to the functions here, one module per part of the pa
   (the simulation behind the page's cache), :func:`kpis` (headline numbers of a run),
   :func:`compare_rows` (side by side, best/worst marked).
 * **Sweeps and plans** (:mod:`~sim.explorer.sweeps`): :func:`run_small_sweep`, :func:`run_small_plan`;
-  :func:`check_axes_read` refuses an ``allocator.*`` axis the allocator kind does not read
-  (:mod:`sim.allocators.knob_use`, as ``kvsim sweep`` does).
+  :func:`check_axes_read` refuses an ``allocator.*`` axis the allocator kind does not read, or a
+  ``workload.arrival.*`` axis the arrival kind does not read (:func:`sim.analysis.sweep.check_sweep_axes`,
+  as ``kvsim sweep`` does).
 * **Downloads** (:mod:`~sim.explorer.downloads`): :func:`table_bytes`, :func:`figures_html`.
 * **Calibration** (:mod:`~sim.explorer.calibration_view`): :func:`profile_rows` (provenance and fit
   quality per profile) and :func:`calibration_figure` (measured table points against the profile's

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from sim.config import SCENARIO_DIR, Scenario, scenario_from_dict
-from sim.engine.budget import EXPLORER_BUDGET
+from sim.engine.budget import EXPLORER_BUDGET, BudgetExceeded, RunBudget
 
 
 def canonical_json(sc: Scenario) -> str:
@@ -46,13 +47,65 @@ def empty_run() -> RunData:
     return RunData("", {}, rec.requests_table(), rec.timeseries_table(), 0.0)
 
 
-def run_canonical(key: str, progress: Callable[[int, int], None] | None = None) -> RunData:
-    """Simulate the scenario whose canonical JSON is ``key``, within :data:`EXPLORER_BUDGET`."""
+def run_canonical(
+    key: str, progress: Callable[[int, int], None] | None = None, budget: RunBudget = EXPLORER_BUDGET
+) -> RunData:
+    """Simulate the scenario whose canonical JSON is ``key``, within ``budget`` (the page's:
+    :data:`EXPLORER_BUDGET`), its request cap applied to closed loops too (:func:`closed_loop_bound`)."""
     from sim.engine.cluster import simulate
 
     sc = scenario_from_canonical(key)
-    res = simulate(sc, progress=progress, budget=EXPLORER_BUDGET)
+    run_sc, run_budget = closed_loop_bound(sc, budget)
+    res = simulate(run_sc, progress=progress, budget=run_budget)
+    check_closed_loop_requests(sc, res.summary, budget)
     return RunData(key, res.summary, res.requests, res.timeseries, res.run_info.get("wall_s", 0.0), sc.name)
+
+
+def _closed_loop_unbounded(sc: Scenario) -> bool:
+    """A closed loop whose request count only the run tells (cut by ``duration_s``, no ``num_requests``)."""
+    from sim.workload.generator import request_bound
+
+    return sc.workload.arrival.kind == "closed_loop" and request_bound(sc) is None
+
+
+def closed_loop_bound(sc: Scenario, budget: RunBudget = EXPLORER_BUDGET) -> tuple[Scenario, RunBudget]:
+    """The scenario and budget to run ``sc`` with so that ``budget``'s request cap holds for a
+    closed loop cut by ``duration_s`` as it does for an open loop (refused past it).
+
+    An open loop's count is known before the run and checked then; a closed loop's is not, and the
+    engine would draw a pool of 262,144 requests for it. So: more clients than the cap is refused at
+    once (each client sends a request at the start, naming ``workload.arrival.concurrency``); else
+    the pool is one request past the cap, and :func:`check_closed_loop_requests` refuses a run that
+    sent more than the cap. Any other scenario is returned as it is."""
+    limit = budget.max_requests
+    if limit is None or not _closed_loop_unbounded(sc):
+        return sc, budget
+    clients = sc.workload.arrival.concurrency or 0
+    if clients > limit:
+        raise BudgetExceeded(
+            f"{budget.source}: workload.arrival.concurrency",
+            clients,
+            f"at most {limit} clients: each sends a request at once, and the page runs at most {limit} requests "
+            "per run (lower the clients, or set workload.num_requests)",
+        )
+    wl = sc.workload.model_copy(update={"num_requests": limit + 1})
+    return sc.model_copy(update={"workload": wl}), dataclasses.replace(budget, max_requests=limit + 1)
+
+
+def check_closed_loop_requests(sc: Scenario, summary: dict, budget: RunBudget = EXPLORER_BUDGET) -> None:
+    """Refuse the run of a closed loop cut by ``duration_s`` that sent more requests than
+    ``budget`` allows (see :func:`closed_loop_bound`)."""
+    limit = budget.max_requests
+    if limit is None or not _closed_loop_unbounded(sc):
+        return
+    sent = int(summary.get("requests") or 0)
+    if sent > limit:
+        raise BudgetExceeded(
+            f"{budget.source}: requests",
+            f"more than {limit} (a closed loop of {sc.workload.arrival.concurrency} clients "
+            f"for workload.duration_s = {sc.workload.duration_s:g} s)",
+            f"at most {limit} requests per run (lower workload.duration_s, or set workload.num_requests)",
+        )
 
 
 def check_runnable(sc: Scenario) -> None:

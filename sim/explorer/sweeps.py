@@ -11,9 +11,10 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from sim.config import AllocatorConfig, Scenario, scenario_from_dict
+from sim.config import Scenario, scenario_from_dict
 from sim.engine.budget import EXPLORER_BUDGET
 from sim.errors import ConfigError
+from sim.explorer.page_budget import ACTION_BUDGET_S, plan_within, sweep_within
 from sim.explorer.uploads import UploadStore, resolve_paths
 
 #: Axes a page sweep may vary, with example values (free text is parsed per value, scalars only).
@@ -62,15 +63,19 @@ def parse_axis_values(text: str, key: str) -> list:
     return list(dict.fromkeys(values))
 
 
-def check_axes_read(allocator: AllocatorConfig, grid: Mapping[str, Sequence]) -> None:
-    """Refuse an ``allocator.*`` axis that no point's allocator reads: its values would all give the
-    same run. ``allocator`` is the base scenario's section; ``grid`` the swept values (a swept
-    ``allocator.kind``, or a key a knob depends on such as ``allocator.overflow``, counts point by
-    point). The rule is the allocator registry's (:mod:`sim.allocators.knob_use`), as ``kvsim sweep``
-    applies it."""
-    from sim.allocators import knob_use
+def check_axes_read(base: Scenario, grid: Mapping[str, Sequence]) -> None:
+    """Refuse an axis that no point reads: its values would all give the same run. ``base`` is the
+    base scenario; ``grid`` the swept values. An ``allocator.*`` axis needs a point whose allocator
+    kind reads it, a ``workload.arrival.*`` axis one whose arrival kind does (a swept
+    ``allocator.kind`` or ``workload.arrival.kind``, or a key a knob depends on such as
+    ``allocator.overflow``, counts point by point). The rule is
+    :func:`sim.analysis.sweep.check_sweep_axes`, which ``kvsim sweep`` (and so
+    :func:`run_small_sweep`) applies too: asked here before the scenario is written."""
+    from sim.allocators.knob_use import grid_configs
+    from sim.analysis.sweep import check_sweep_axes
+    from sim.workload.arrival_use import grid_arrivals
 
-    knob_use.check_axes_read(grid, knob_use.grid_configs(allocator, grid))
+    check_sweep_axes(grid, grid_configs(base.allocator, grid), grid_arrivals(base.workload.arrival, grid))
 
 
 def _write_run_scenario(
@@ -97,10 +102,11 @@ def run_small_sweep(
     store: UploadStore,
     progress: Callable[[int, int, int], None] | None = None,
     workers: int = 1,
+    total_wall_s: float | None = ACTION_BUDGET_S,
 ):
-    """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures)."""
-    from sim.analysis.sweep import run_sweep
-
+    """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures).
+    No point starts after ``total_wall_s`` seconds: those not run are rows of status ``skipped``
+    (:func:`sim.explorer.page_budget.sweep_within`)."""
     points = 1
     for values in grid.values():
         points *= len(values)
@@ -109,7 +115,7 @@ def run_small_sweep(
             "sweep", f"{points} points", f"at most {MAX_SWEEP_POINTS} points from the page (use kvsim sweep)"
         )
     _check_page_requests(num_requests)
-    base = _write_run_scenario(data, store, "sweeps", lambda sc: check_axes_read(sc.allocator, grid))
+    base = _write_run_scenario(data, store, "sweeps", lambda sc: check_axes_read(sc, grid))
     spec = {
         "name": "explorer",
         "base": base.name,
@@ -118,10 +124,9 @@ def run_small_sweep(
     }
     sweep_file = base.parent / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
-    res = run_sweep(
-        sweep_file, workers=workers, out=base.parent / "dataset", progress=progress or False, budget=EXPLORER_BUDGET
+    return sweep_within(
+        sweep_file, base.parent / "dataset", total_wall_s, progress, workers=workers, budget=EXPLORER_BUDGET
     )
-    return res.table(), res.failures
 
 
 def run_small_plan(
@@ -137,11 +142,12 @@ def run_small_plan(
     seeds: int = 1,
     break_even: bool = False,
     on_candidate: Callable[[dict], None] | None = None,
+    total_wall_s: float | None = ACTION_BUDGET_S,
 ) -> dict:
     """Goodput per candidate allocator for the edited scenario (``sim.analysis.planner.plan``);
-    ``on_candidate`` receives each candidate as it finishes (the page streams them into its table)."""
-    from sim.analysis.planner import plan
-
+    ``on_candidate`` receives each candidate as it finishes (the page streams them into its table).
+    The plan is ended after ``total_wall_s`` seconds (:class:`~sim.explorer.page_budget.ActionBudgetSpent`
+    names the candidates that finished: :func:`sim.explorer.page_budget.plan_within`)."""
     if not (getattr(slo, "ttft_s", None) or getattr(slo, "tpot_s", None)):
         # Every run meets an SLO without bounds: the plan would recommend "within the SLO" for nothing.
         raise ConfigError(
@@ -149,20 +155,17 @@ def run_small_plan(
         )
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "plans")
-    return plan(
-        base,
-        slo,
-        overrides={"workload.num_requests": int(num_requests)},
-        allocators=candidates or None,
-        tol=tol,
-        workers=workers,
-        progress=progress,
-        max_evals=max_evals,
-        seeds=seeds,
-        break_even=break_even,
-        on_candidate=on_candidate,
-        budget=EXPLORER_BUDGET,
-    )
+    kwargs = {
+        "overrides": {"workload.num_requests": int(num_requests)},
+        "allocators": candidates or None,
+        "tol": tol,
+        "workers": workers,
+        "max_evals": max_evals,
+        "seeds": seeds,
+        "break_even": break_even,
+        "budget": EXPLORER_BUDGET,
+    }
+    return plan_within(base, slo, kwargs, total_wall_s, progress, on_candidate)
 
 
 def plan_stream_rows(cands: list[dict], seeds: int = 1) -> list[dict]:

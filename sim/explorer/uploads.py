@@ -29,7 +29,7 @@ from sim.config import SCENARIO_DIR, Scenario, file_fields, scenario_from_dict
 from sim.errors import ConfigError
 from sim.explorer.shipped import TRACE_EXTENSIONS, builtin_profiles, builtin_traces
 from sim.inputs import decode, load_json, load_yaml, number_error
-from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS
+from sim.limits import MAX_SWEEP_POINTS as _MAX_DATASET_ROWS, MAX_TRACE_ROWS
 
 #: Upload limits (bytes). Scenarios are a few hundred bytes; the largest built-in trace is ~1 MB.
 MAX_SCENARIO_BYTES = 256 * 1024
@@ -37,6 +37,12 @@ MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 MAX_SWEEP_BYTES = 20 * 1024 * 1024
 #: An uploaded sweep dataset once read (its rows are points: at most MAX_SWEEP_POINTS).
 MAX_DATASET_BYTES = 256 * 1024 * 1024
+#: Rows of an uploaded trace: five times the page's per-run budget (200,000 requests); ``kvsim
+#: run`` reads traces of up to MAX_TRACE_ROWS (sim/limits.py).
+MAX_UPLOAD_TRACE_ROWS = 1_000_000
+#: Bytes of uploaded files (traces and profiles) one session keeps at a time; a file replaced by
+#: an upload of the same name no longer counts.
+MAX_SESSION_UPLOAD_BYTES = 64 * 1024 * 1024
 #: A message shown in the page is cut to this many characters (a bad value may be huge).
 MAX_MESSAGE_CHARS = 600
 
@@ -256,7 +262,9 @@ class UploadStore:
     Stored names embed a hash of the content, so a new upload under an old name never hits a
     stale cache entry or a reader's (path, mtime) cache. The folder is made on the first write:
     most sessions never upload, and a server killed without running its exit handlers would
-    leave one empty folder per session behind.
+    leave one empty folder per session behind. A file replaced by a new upload of the same name
+    is deleted (unless the session still refers to it), and the uploaded files a session keeps
+    total at most :data:`MAX_SESSION_UPLOAD_BYTES`.
     """
 
     def __init__(self) -> None:
@@ -280,36 +288,82 @@ class UploadStore:
     def trace_paths(self) -> dict[str, Path]:
         return {k: v.path for k, v in self.traces.items()}
 
-    def _write(self, sub: str, name: str, data: bytes) -> Path:
+    def _referenced(self) -> set[Path]:
+        return {t.path for t in self.traces.values()} | set(self.profiles.values())
+
+    def _discard(self, path: Path) -> None:
+        """Delete an uploaded file (and its content-hash folder once empty) unless the session
+        still refers to it."""
+        if path in self._referenced():
+            return
+        path.unlink(missing_ok=True)
+        try:
+            path.parent.rmdir()
+        except OSError:  # another name with the same content lives there, or already gone
+            pass
+
+    def stored_bytes(self) -> int:
+        """Bytes of the uploaded files (traces and profiles) the session keeps."""
+        if self._dir is None:
+            return 0
+        return sum(f.stat().st_size for sub in ("traces", "profiles") for f in (self._dir / sub).glob("*/*"))
+
+    def _write(self, sub: str, name: str, data: bytes, replaces: Path | None = None) -> Path:
+        """Keep ``data`` as ``sub/<hash>/name``; :class:`ConfigError` when the session's uploads
+        would pass :data:`MAX_SESSION_UPLOAD_BYTES` (``replaces``, the file this upload would
+        replace, does not count)."""
         folder = self.dir / sub / hashlib.sha256(data).hexdigest()[:16]
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / name
+        if not path.is_file():
+            used = self.stored_bytes() - (replaces.stat().st_size if replaces is not None and replaces.is_file() else 0)
+            if used + len(data) > MAX_SESSION_UPLOAD_BYTES:
+                raise ConfigError(
+                    f"{sub.rstrip('s')} upload {name}",
+                    f"{_size(len(data))} with {_size(used)} already uploaded",
+                    f"at most {_size(MAX_SESSION_UPLOAD_BYTES)} of uploaded files per session (start a new "
+                    "session, or upload under an existing name to replace that file)",
+                )
+        folder.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path
 
     def add_trace(self, filename: str, data: bytes, fmt: str = "auto") -> UploadedTrace:
         """Validate an uploaded trace (size, name, columns, token counts) and keep it; bad files are deleted."""
-        from sim.workload.traces import read_trace
+        from sim.engine.budget import EXPLORER_BUDGET
+        from sim.workload.traces import TooManyRows, read_trace
 
         what = "trace upload"
         _check_size(data, MAX_UPLOAD_BYTES, what)
         if fmt not in TRACE_FORMATS:
             raise ConfigError(what, fmt, f"a format among {', '.join(TRACE_FORMATS)}")
         name = safe_filename(filename, TRACE_EXTENSIONS, what)
-        path = self._write("traces", name, data)
+        old = self.traces.get(name)
+        path = self._write("traces", name, data, old.path if old is not None else None)
         try:
-            trace = read_trace(path, fmt, f"trace {name}")
+            # Not cached: a validation read must not pin the trace in the process-wide cache (16
+            # sessions' uploads of 10M rows held 4 GB); a run reads it again, capped by its budget.
+            trace = read_trace(path, fmt, f"trace {name}", max_rows=MAX_UPLOAD_TRACE_ROWS, cache=False)
+        except TooManyRows as exc:
+            self._discard(path)
+            raise ConfigError(
+                f"trace {name}",
+                name,
+                f"a trace upload of at most {MAX_UPLOAD_TRACE_ROWS:,} rows ({exc.detail}; a page run draws at "
+                f"most {EXPLORER_BUDGET.max_requests:,} requests; kvsim run reads traces of up to {MAX_TRACE_ROWS:,} rows)",
+            ) from None
         except ConfigError as exc:
-            shutil.rmtree(path.parent, ignore_errors=True)
+            self._discard(path)
             # The temporary path means nothing to the user: name the file they uploaded.
             raise ConfigError(f"trace {name}", name, exc.allowed) from None
         except Exception as exc:  # noqa: BLE001 - any reader failure on untrusted bytes is a bad file
-            shutil.rmtree(path.parent, ignore_errors=True)
+            self._discard(path)
             if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
                 raise number_error(f"trace {name}", name, exc) from None
             raise ConfigError(f"trace {name}", name, f"a readable trace ({type(exc).__name__})") from None
         info = UploadedTrace(name, path, len(trace), trace.arrival_s is not None, fmt if fmt != "auto" else "auto")
         self.traces[name] = info
+        if old is not None and old.path != path:
+            self._discard(old.path)
         return info
 
     def add_profile(self, filename: str, data: bytes) -> str:
@@ -327,7 +381,10 @@ class UploadStore:
         key = name.removesuffix(".json")
         if key in builtin_profiles() or key in ("none", "auto"):
             key = f"uploaded-{key}"
-        self.profiles[key] = self._write("profiles", name, data)
+        old = self.profiles.get(key)
+        self.profiles[key] = path = self._write("profiles", name, data, old)
+        if old is not None and old != path:
+            self._discard(old)
         return key
 
     def parse_scenario(self, filename: str, data: bytes) -> dict:
@@ -352,8 +409,83 @@ class UploadStore:
         return doc
 
 
+def _dataset_too_big(what: str, got: str) -> ConfigError:
+    return ConfigError(
+        what, got, f"a dataset of at most {_MAX_DATASET_ROWS} rows and {_size(MAX_DATASET_BYTES)} once read"
+    )
+
+
+def _variable_width(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+
+
+def _read_bounded(data: bytes, filename: str, what: str) -> pa.Table:
+    """A Parquet sweep dataset read batch by batch, refused as soon as its decoded size passes
+    :data:`MAX_DATASET_BYTES`.
+
+    The metadata's sizes are those of the stored (encoded) data: a dictionary-encoded string
+    column holds its value once and an index per row, and reading it plainly writes the value into
+    every row (a 5,763-byte upload read as 1 GB). So string and binary columns are read as
+    dictionaries (what is stored), their decoded size is added up batch by batch from the
+    dictionary's value lengths and the indices, and they are decoded only once the whole table is
+    known to fit. Fixed-width columns take their width times the rows, known before anything is
+    read. Other types (lists, structs, maps: a list of dictionary indices would repeat a value any
+    number of times per row) are refused; a sweep dataset has none.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(io.BytesIO(data))
+    schema = pf.schema_arrow
+    rows = pf.metadata.num_rows
+    variable: list[int] = []
+    fixed = 0
+    for i, field in enumerate(schema):
+        t = field.type.value_type if pa.types.is_dictionary(field.type) else field.type
+        if _variable_width(t):
+            variable.append(i)
+        elif pa.types.is_null(t):
+            pass
+        elif pa.types.is_boolean(t):
+            fixed += rows // 8 + 1
+        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_temporal(t):
+            fixed += max(1, t.bit_width // 8) * rows
+        else:
+            raise ConfigError(
+                what,
+                f"{filename}: column {field.name!r} of type {field.type}",
+                "a flat table of numbers, strings, booleans and times",
+            )
+    if fixed > MAX_DATASET_BYTES:
+        raise _dataset_too_big(what, f"{filename}: {rows} rows, {_size(fixed)} of fixed-width columns")
+    if variable:
+        pf = pq.ParquetFile(io.BytesIO(data), read_dictionary=[schema.field(i).name for i in variable])
+    total = fixed
+    batches = []
+    for batch in pf.iter_batches(batch_size=1024):
+        for i in variable:
+            col = batch.column(i)
+            if pa.types.is_dictionary(col.type):
+                lengths = pc.binary_length(col.dictionary)
+                total += int(pc.sum(pc.take(lengths, col.indices)).as_py() or 0) + 8 * len(col)
+            else:  # not expected (read_dictionary), counted as read
+                total += col.nbytes
+        if total > MAX_DATASET_BYTES:
+            raise _dataset_too_big(
+                what, f"{filename}: more than {_size(MAX_DATASET_BYTES)} once decoded (reading stopped)"
+            )
+        batches.append(batch)
+    table = pa.Table.from_batches(batches) if batches else schema.empty_table()
+    for i, field in enumerate(schema):  # decode what was read as dictionaries: it is known to fit
+        col = table.column(i)
+        if pa.types.is_dictionary(col.type) and not pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field, col.cast(field.type))
+    return table
+
+
 def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
-    """A sweep dataset uploaded as one Parquet file."""
+    """A sweep dataset uploaded as one Parquet file: at most :data:`MAX_DATASET_BYTES` once read,
+    checked from its metadata and then while it is read (:func:`_read_bounded`)."""
     import pyarrow.parquet as pq
 
     what = "sweep upload"
@@ -365,12 +497,8 @@ def read_sweep_upload(filename: str, data: bytes) -> pa.Table:
         meta = pf.metadata
         size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
         if meta.num_rows > _MAX_DATASET_ROWS or size > MAX_DATASET_BYTES:
-            raise ConfigError(
-                what,
-                f"{meta.num_rows} rows, {_size(size)}",
-                f"a dataset of at most {_MAX_DATASET_ROWS} rows and {_size(MAX_DATASET_BYTES)} once read",
-            )
-        table = pf.read()
+            raise _dataset_too_big(what, f"{meta.num_rows} rows, {_size(size)}")
+        table = _read_bounded(data, filename, what)
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001 - untrusted bytes

@@ -74,12 +74,21 @@ def detect_format(path: Path, key: str = "workload.arrival.path") -> str:
     return "csv"
 
 
-def _too_many_rows(key: str, path: Path, what: str) -> ConfigError:
-    return ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_ROWS} rows ({what})")
+class TooManyRows(ConfigError):
+    """A trace with more rows than the reader was allowed (``max_rows``); ``limit`` is that cap."""
+
+    def __init__(self, key: str, path: Path, limit: int, what: str):
+        self.limit = limit
+        self.detail = what
+        super().__init__(key, str(path), f"a trace of at most {limit} rows ({what})")
 
 
-def _csv_table(path: Path, key: str) -> pa.Table:
-    """A CSV trace, streamed: refused as soon as it passes MAX_TRACE_ROWS rows or MAX_TRACE_BYTES
+def _too_many_rows(key: str, path: Path, what: str, limit: int) -> ConfigError:
+    return TooManyRows(key, path, limit, what)
+
+
+def _csv_table(path: Path, key: str, max_rows: int) -> pa.Table:
+    """A CSV trace, streamed: refused as soon as it passes ``max_rows`` rows or MAX_TRACE_BYTES
     (a compressed file can expand a thousandfold)."""
     head = _head(path, key)
     decode(head[: head.rfind(b"\n") + 1] if len(head) == 65536 else head, str(path), key, "CSV trace")
@@ -88,25 +97,66 @@ def _csv_table(path: Path, key: str) -> pa.Table:
     for batch in reader:
         rows += batch.num_rows
         nbytes += batch.nbytes
-        if rows > MAX_TRACE_ROWS:
-            raise _too_many_rows(key, path, f"this one has more than {MAX_TRACE_ROWS}")
+        if rows > max_rows:
+            raise _too_many_rows(key, path, f"this one has more than {max_rows}", max_rows)
         if nbytes > MAX_TRACE_BYTES:
             raise ConfigError(key, str(path), f"a trace of at most {MAX_TRACE_BYTES // 2**20} MiB once read")
         batches.append(batch)
     return pa.Table.from_batches(batches, schema=reader.schema)
 
 
-def _parquet_table(path: Path, fmt: str, key: str) -> pa.Table:
-    """The needed columns of a Parquet trace; the row count and sizes come from its metadata first."""
+#: Parquet physical types of the columns a trace is read from: numbers only. A string or binary
+#: column may be dictionary-encoded (one value stored once, an index per row) and be materialised
+#: into every row by the reader: an 824-byte file asked for 20 GB.
+_NUMERIC_PHYSICAL = frozenset({"INT32", "INT64", "FLOAT", "DOUBLE", "INT96"})
+
+
+def _numeric(t: pa.DataType, arrival: bool) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return True
+    return arrival and pa.types.is_timestamp(t)
+
+
+def _check_column_types(pf: pq.ParquetFile, fmt: str, path: Path, key: str) -> None:
+    """:class:`ConfigError` (file, column, type, what is allowed) for a needed column that is not a
+    plain numeric column, decided from the schema before any data is read."""
+    arr_col = FORMATS[fmt][0]
+    needed = [c for c in FORMATS[fmt] if c]
+    physical: dict[str, list[str]] = {}
+    for i in range(len(pf.schema)):
+        col = pf.schema.column(i)
+        physical.setdefault(col.path.split(".")[0], []).append(col.physical_type)
+    for field in pf.schema_arrow:
+        if field.name not in needed:
+            continue
+        arrival = field.name == arr_col
+        kinds = physical.get(field.name, [])
+        if not _numeric(field.type, arrival) or len(kinds) != 1 or kinds[0] not in _NUMERIC_PHYSICAL:
+            stored = "/".join(kinds) or "no data"
+            allowed = "an integer or floating-point column" + (" (or a timestamp)" if arrival else "")
+            raise ConfigError(
+                key,
+                str(path),
+                f"column {field.name!r} is {field.type} (Parquet {stored}); {allowed}: string, binary and "
+                "nested columns are refused before any data is read",
+            )
+
+
+def _parquet_table(path: Path, fmt: str, key: str, max_rows: int) -> pa.Table:
+    """The needed columns of a Parquet trace; the row count, column types and sizes come from its
+    metadata first, and only the needed columns are read."""
     pf = pq.ParquetFile(str(path))
     meta = pf.metadata
-    if meta.num_rows > MAX_TRACE_ROWS:
-        raise _too_many_rows(key, path, f"its metadata says {meta.num_rows}")
+    if meta.num_rows > max_rows:
+        raise _too_many_rows(key, path, f"its metadata says {meta.num_rows}", max_rows)
     names = pf.schema_arrow.names
     needed = [c for c in FORMATS[fmt] if c]
     missing = [c for c in needed if c not in names]
     if missing:
         raise ConfigError(key, str(path), f"{fmt} trace needs columns {needed}; missing {missing} (found {names})")
+    _check_column_types(pf, fmt, path, key)
     size = sum(
         meta.row_group(i).column(j).total_uncompressed_size
         for i in range(meta.num_row_groups)
@@ -126,7 +176,7 @@ def _parquet_table(path: Path, fmt: str, key: str) -> pa.Table:
 _MOONCAKE = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def _jsonl_table(path: Path, key: str) -> pa.Table:
+def _jsonl_table(path: Path, key: str, max_rows: int) -> pa.Table:
     """A Mooncake JSONL trace, line by line: each line one JSON object (errors name the line)."""
     check_file(path, key, "JSONL trace")
     cols: dict[str, list] = {c: [] for c in _MOONCAKE}
@@ -159,8 +209,8 @@ def _jsonl_table(path: Path, key: str) -> pa.Table:
                     key, str(path), f"a JSON object on every line; line {lineno} holds a {type(row).__name__}"
                 )
             rows += 1
-            if rows > MAX_TRACE_ROWS:
-                raise _too_many_rows(key, path, f"this one has more than {MAX_TRACE_ROWS}")
+            if rows > max_rows:
+                raise _too_many_rows(key, path, f"this one has more than {max_rows}", max_rows)
             present.update(c for c in _MOONCAKE if c in row)
             for c in _MOONCAKE:
                 cols[c].append(row.get(c))
@@ -197,13 +247,13 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def _table(path: Path, fmt: str, key: str) -> pa.Table:
+def _table(path: Path, fmt: str, key: str, max_rows: int) -> pa.Table:
     try:
         if fmt == "mooncake":
-            return _jsonl_table(path, key)
+            return _jsonl_table(path, key, max_rows)
         if fmt == "parquet":
-            return _parquet_table(path, fmt, key)
-        return _csv_table(path, key)
+            return _parquet_table(path, fmt, key, max_rows)
+        return _csv_table(path, key, max_rows)
     except ConfigError:
         raise
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
@@ -236,11 +286,10 @@ def _tokens(table: pa.Table, col: str, path: Path, key: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
-@lru_cache(maxsize=16)
-def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
+def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
     p = Path(path)
     arr_col, p_col, o_col = FORMATS[fmt]
-    table = _table(p, fmt, key)
+    table = _table(p, fmt, key, max_rows)
     needed = [c for c in (arr_col, p_col, o_col) if c]
     missing = [c for c in needed if c not in table.column_names]
     if missing:
@@ -285,11 +334,26 @@ def _read_cached(path: str, fmt: str, mtime: float, key: str) -> Trace:
     return Trace(arrival, prompt, output, hashes, source=p.name)
 
 
-def read_trace(path: Path, fmt: str = "auto", key: str = "workload.arrival.path") -> Trace:
-    """Read and validate a trace file (cached on path and modification time)."""
+#: Traces read for runs, kept per (path, modification time): a sweep reads one trace per point.
+_read_cached = lru_cache(maxsize=16)(_read)
+
+
+def read_trace(
+    path: Path,
+    fmt: str = "auto",
+    key: str = "workload.arrival.path",
+    *,
+    max_rows: int | None = None,
+    cache: bool = True,
+) -> Trace:
+    """Read and validate a trace file (cached on path and modification time unless ``cache`` is
+    false: a one-off validation, such as an upload's, should not pin the trace in the process).
+    More than ``max_rows`` rows (default :data:`MAX_TRACE_ROWS`) is :class:`TooManyRows`, refused
+    before the rows are held."""
     check_file(path, key, "trace file")
     if fmt == "auto":
         fmt = detect_format(path, key)
     if fmt not in FORMATS:
         raise ConfigError(key, fmt, f"allowed formats: {', '.join(FORMATS)}")
-    return _read_cached(str(path.resolve()), fmt, path.stat().st_mtime, key)
+    args = (str(path.resolve()), fmt, path.stat().st_mtime, key, MAX_TRACE_ROWS if max_rows is None else max_rows)
+    return _read_cached(*args) if cache else _read(*args)
