@@ -84,7 +84,7 @@ from sim.config import (
 )
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError, quote
-from sim.inputs import is_file, load_yaml, read_text
+from sim.inputs import is_file, load_json, load_yaml, read_text
 from sim.limits import MAX_SEED, MAX_SWEEP_POINTS, MAX_SWEEP_SEEDS, MAX_WORKERS
 from sim.output.results import replace_file
 from sim.output.staging import out_dir
@@ -694,6 +694,18 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(fixed, promote_options="permissive")
 
 
+def _meta_point_ids(meta: Path) -> set[str]:
+    """The ``point_ids`` of a sweep folder's metadata file, read bounded (size, UTF-8, nesting:
+    sim/inputs.py): the folder is the user's, so a damaged file is one ConfigError line."""
+    key = str(meta)
+    doc = load_json(read_text(meta, key, "sweep metadata file"), key, key)
+    ids = doc.get("point_ids", []) if isinstance(doc, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        got = ids if isinstance(doc, dict) else type(doc).__name__
+        raise ConfigError(key, got, "a JSON object with a point_ids list of strings (as kvsim writes it)")
+    return set(ids)
+
+
 def read_dataset(out: str | Path, all_points: bool = False) -> pa.Table:
     """The sweep dataset at ``out`` as one table (one row per point, sorted by point index).
 
@@ -711,7 +723,7 @@ def read_dataset(out: str | Path, all_points: bool = False) -> pa.Table:
     table = _concat([pq.read_table(f) for f in files])
     meta = out / META_FILE
     if not all_points and meta.is_file():
-        keep = set(json.loads(meta.read_text()).get("point_ids", []))
+        keep = _meta_point_ids(meta)
         mask = pa.array([pid in keep for pid in table.column("point_id").to_pylist()])
         table = table.filter(mask)
     if "point" in table.column_names:

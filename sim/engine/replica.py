@@ -168,6 +168,10 @@ class Replica:
         # The running window (``_run_window``): its start, iteration end offsets, iterations to run.
         self._win_t0 = 0.0
         self._win_ends: list[float] = []
+        #: The first of the running window's iterations scheduled with a request queued that arrived
+        #: into an empty queue while it ran (one that could not join: no free sequence slot, so the
+        #: window ran on); past its last iteration when none did (:meth:`_queued_from`).
+        self._win_queued = 0
         self._win_m = 0
         #: Totals of the run (time integrals, iterations, allocator work, compactions…).
         self.stats = ReplicaStats(self, recorder)
@@ -241,6 +245,12 @@ class Replica:
             self._pending.append((clock(self.env), req))
         else:
             sched.waiting.append(req)
+        if self._in_window and was_empty and self._breaker is not None:
+            # Stepping counts the breaker's paused time from the first iteration scheduled with
+            # ``req`` queued (the one after the iteration in progress, or after the next with the
+            # batch formed ahead); the window counts it from there (``_paused_s``), cut or not.
+            now = clock(self.env)
+            self._win_queued = bisect_right(self._win_ends, now - self._win_t0) + 1 + (1 if self._ahead else 0)
         if self._in_window and not self._truncated and was_empty and sched.can_admit_more():
             self._cut_window(1 if self._ahead else 0)
         if self._in_window and self.stale_after_s is not None:
@@ -345,14 +355,26 @@ class Replica:
                 req.reason = EXCEEDS_RESERVATION
                 self._end(req, REJECTED, now)
 
-    def _paused_s(self, plan: StepPlan | None, reserved: np.ndarray, times: np.ndarray, waiting: bool) -> float:
-        """Breaker time in a window: it opens mid-window when free memory crosses its threshold
-        (``waiting``: requests were queued when the window began; later arrivals end it)."""
+    def _paused_s(self, plan: StepPlan | None, reserved: np.ndarray, times: np.ndarray, queued_from: int) -> float:
+        """Breaker time in a window of ``times``: it opens mid-window when free memory crosses its
+        threshold, in the iterations from ``queued_from`` on (those scheduled with requests queued:
+        :meth:`_queued_from`)."""
         if plan is not None and plan.paused:
             return float(times.sum())
-        if waiting and self._breaker is not None:
+        if queued_from < len(times) and self._breaker is not None:
+            if queued_from:
+                times, reserved = times[queued_from:], reserved[queued_from:]
             return float(times[self._breaker.paused_at(reserved)].sum())
         return 0.0
+
+    def _queued_from(self, waiting_at_start: bool, m: int) -> int:
+        """The first of the ``m`` iterations a window ran that was scheduled with requests queued:
+        ``0`` when some were queued as it began; else where the first arrival into the empty queue
+        was first seen (:meth:`submit`); ``m`` when none arrived. A window of one iteration is not
+        armed (arrivals wait for the next schedule), so ``_win_queued`` is left from another."""
+        if waiting_at_start:
+            return 0
+        return min(self._win_queued, m) if m > 1 else m
 
     def _ext_frag(self) -> float:
         if self._one_extent:
@@ -540,6 +562,7 @@ class Replica:
         self._win_t0 = clock(self.env)
         self._win_ends = ends
         self._win_m = len(ends)
+        self._win_queued = len(ends)
         self._in_window = True
         self._truncated = False
         return ends
@@ -722,7 +745,7 @@ class Replica:
                 free = self.alloc.capacity_tokens - reserved
                 per = np.where(free > 0, 1.0 - largest / np.maximum(free, 1.0), 0.0)
                 frag = float(np.dot(per, tm)) / float(ends[m - 1])
-        paused_s = self._paused_s(plan, dp.reserved_tokens[:m], tm, waiting_at_start)
+        paused_s = self._paused_s(plan, dp.reserved_tokens[:m], tm, self._queued_from(waiting_at_start, m))
         if m > 1:
             self.alloc.advance_decode(ids, tokens_now + (m - 1))
             self.alloc.take_work()  # into the totals; its time was charged above through extra_t
@@ -958,8 +981,9 @@ class Replica:
             self._after_prefill_ran(m)
         used_s, reserved_s, reserved = self._advance_window(m, w)
         paused_s = 0.0
-        if (plan is not None and plan.paused) or (w.waiting_at_start and self._breaker is not None):
-            paused_s = self._paused_s(plan, np.array(reserved), np.array(w.times[:m]), w.waiting_at_start)
+        queued_from = self._queued_from(w.waiting_at_start, m)
+        if (plan is not None and plan.paused) or (queued_from < m and self._breaker is not None):
+            paused_s = self._paused_s(plan, np.array(reserved), np.array(w.times[:m]), queued_from)
         now = clock(self.env)
         self.stats.window(now, m, ends[m - 1], w.times[0], used_s, reserved_s, w.frag, paused_s, w.members)
         self.G += m
