@@ -540,7 +540,44 @@ class Scenario(_Section):
         raise ConfigError(key, path, "a readable file (absolute, or relative to the scenario file or scenarios/)")
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False)
+        """The scenario as YAML that reruns it exactly: the keys it sets (:func:`set_keys`), since
+        which keys are set changes a run, not only their values (the serving engine fills the
+        scheduler and client keys a scenario leaves unset; ``num_requests`` caps a ``duration_s``
+        workload only where given). Every key with the value it runs with, defaults included,
+        follows as comments, for reading (what :func:`sim.output.results.write_run` writes runs
+        with the serving engine's defaults already filled in, so those are keys it sets)."""
+        body = yaml.safe_dump(set_keys(self), sort_keys=False)
+        full = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        return (
+            body
+            + "\n# Every key with the value it ran with, for reading only: a key not set above is left to\n"
+            + "# its default when this file runs (editing these lines changes nothing).\n"
+            + "".join(f"#   {line}\n" for line in full.splitlines())
+        )
+
+
+def set_keys(model: BaseModel) -> dict[str, Any]:
+    """The keys set in ``model`` at every depth (its ``model_fields_set``, and each section's) as
+    JSON-able data, leaving out every key never set: the data that validates to a model
+    that runs as ``model`` does. A full dump would not: every key in it counts as set, so what
+    depends on which keys a scenario sets changes (``with_engine_defaults`` fills only unset keys;
+    ``num_requests`` caps a ``duration_s`` workload only where given). Values kvsim assigned while
+    resolving the scenario (a ``max_model_len`` cut to the model's context, a Hugging Face config's
+    dtypes, the serving engine's defaults) count as set. A section some key of which is set is kept
+    even where its parent did not mark it set (pydantic's ``exclude_unset`` would drop it)."""
+    out: dict[str, Any] = {}
+    given = model.model_fields_set
+    for name, f in type(model).model_fields.items():
+        if f.exclude:
+            continue
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            inner = set_keys(value)
+            if inner or name in given:
+                out[name] = inner
+        elif name in given:
+            out[name] = model.model_dump(mode="json", include={name})[name]
+    return out
 
 
 def file_fields() -> set[str]:

@@ -35,8 +35,10 @@ points finish: a sweep that maps a feasible region should not abort on its infea
 Each point runs in its own process (a ``spawn``/``forkserver`` process pool, or a Ray task) and
 is written as one Parquet file ``part-<point id>.parquet`` as soon as it finishes (written to a
 hidden temporary name, then renamed, so a kill never leaves a partial file). The point id is a
-hash of the resolved scenario (every key, defaults filled), so it is stable across runs and
-machines and independent of how the sweep file spells the point.
+hash of the resolved scenario (every key, defaults filled) and of the keys it sets
+(:func:`point_id`), so it is stable across runs and machines and independent of how the sweep
+file spells the point. The worker gets the keys set, not a full dump (:func:`canonical_scenario`):
+which keys are set changes a run, so a point runs exactly as ``kvsim run`` of its overrides.
 
 Rerunning into the same folder (:func:`run_sweep`) makes the dataset describe exactly the
 current sweep file's points: a point already ``ok`` there is reused only when its id is that
@@ -81,6 +83,7 @@ from sim.config import (
     check_name,
     read_scenario_dict,
     scenario_from_dict,
+    set_keys,
 )
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError, quote
@@ -125,7 +128,8 @@ class Point:
     #: validated config value the scenario runs with (the value as given for an invalid point;
     #: JSON text for a mapping or list value).
     params: dict[str, Any]
-    #: ``Scenario.model_dump(mode="json")`` of the resolved scenario; ``None`` when invalid.
+    #: :func:`canonical_scenario` of the resolved scenario (what the worker validates again);
+    #: ``None`` when invalid.
     scenario: dict | None
     base_dir: str
     error: str | None = None
@@ -186,7 +190,7 @@ class SweepSpec:
                     arrivals.append(sc.workload.arrival)
                     dump = canonical_scenario(sc)
                     params = {ax.key: _ran_with(ax, i, dump) for g, i in zip(self.groups, combo) for ax in g}
-                    point = Point(len(out), _hash(dump), sc.seed, params, dump, str(self.base_dir))
+                    point = Point(len(out), point_id(sc), sc.seed, params, dump, str(self.base_dir))
                 if point.point_id in seen:
                     # Two spellings of one scenario ([8, "8"], gpu names that alias): one point run
                     # twice under two labels, or silently once. Distinct values are asked for.
@@ -261,13 +265,21 @@ def _check_fits(sc: Scenario) -> None:
 
 
 def canonical_scenario(sc: Scenario) -> dict:
-    """The resolved scenario as JSON-able data (``base_dir`` is excluded: it is not a key)."""
-    return sc.model_dump(mode="json")
+    """The resolved scenario as JSON-able data that a worker validates back into a scenario that runs
+    as ``sc``: the keys it sets at every depth (:func:`sim.config.set_keys`; ``base_dir`` is not a
+    key, the task carries it). Not a full dump: every key of one counts as set, and a run depends on
+    which keys are set (the serving engine fills only the scheduler and client keys left unset;
+    ``num_requests`` caps a ``duration_s`` workload only where given)."""
+    return set_keys(sc)
 
 
 def point_id(sc: Scenario) -> str:
-    """Stable id of a scenario: 16 hex digits of the SHA-256 of its canonical JSON."""
-    return _hash(canonical_scenario(sc))
+    """Stable id of a scenario: 16 hex digits of the SHA-256 of the canonical JSON of its resolved
+    values (every key, defaults filled) together with the keys it sets (:func:`canonical_scenario`).
+    Points that differ in a value, or in whether a key is set, get different ids. Before this
+    version the id hashed the resolved values alone: a sweep rerun into an older dataset finds none
+    of its points there and runs them all (the old rows move to ``_dropped/``)."""
+    return _hash({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})
 
 
 def _hash(data: dict) -> str:
