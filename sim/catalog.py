@@ -6,6 +6,7 @@ model and a GPU into bytes per token and KV capacity per replica.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from sim.errors import ConfigError
@@ -538,14 +539,65 @@ _GPU_PREFIXES = (
 )
 
 
+#: The memory sizes (GB, as a part's name states them) of each catalog GPU: a spelling that states
+#: another size is another part (``H100 64GB HBM2e``, ``H100 SXM5 94GB``, ``A100-SXM-64GB``).
+_GPU_NAMED_GB: dict[str, tuple[float, ...]] = {
+    "H100-SXM-80GB": (80,),
+    "H200-SXM-141GB": (141, 144),
+    "A100-SXM-80GB": (80,),
+    "A100-40GB": (40,),
+    "B200-SXM-180GB": (180, 192),
+    "GB200-186GB": (186, 192),
+    "B300-SXM-288GB": (288,),
+    "GB300-288GB": (288,),
+    "L40S": (48,),
+    "A10G": (24,),
+    "L4": (24,),
+}
+#: A memory size in a GPU's name: ``80GB``, ``94 GB``, ``64GiB`` (not the ``GB`` of ``GB200``).
+_NAMED_GB = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)\s*gi?b(?![a-z0-9])")
+
+
+def _stated_gb(name: str) -> list[float]:
+    """The memory sizes (GB) ``name`` states."""
+    return [float(m) for m in _NAMED_GB.findall(str(name).lower())]
+
+
+def memory_mismatch(name: str) -> str | None:
+    """Why ``name`` is not the catalog part its spelling starts like: it states another memory size
+    (``NVIDIA H100 64GB HBM2e`` is not the 80 GB H100 SXM), or ``None``."""
+    part = _find_gpu_by_spelling(name)
+    if part is None or part not in _GPU_NAMED_GB:
+        return None
+    sizes = _GPU_NAMED_GB[part]
+    other = [g for g in _stated_gb(name) if g not in sizes]
+    if not other:
+        return None
+    return (
+        f"{str(name).strip()} states {other[0]:g} GB; {part} has {sizes[0]:g} GB: it is another part. Describe it "
+        f"with gpu.name={CUSTOM_GPU} and its memory_gib, hbm_tbps, bf16_tflops, pcie_gbps, or run {part} with "
+        "gpu.kv_cache_tokens set to the server's KV capacity"
+    )
+
+
 def find_gpu(name: str) -> str | None:
     """The catalog GPU that ``name`` spells, or ``None``.
 
     Accepts catalog names in any case and the common other spellings of the same parts (``H100``,
     ``h100_sxm``, ``NVIDIA H100 80GB HBM3``, ``A100-SXM4-80GB``, ``nvidia l4``). Other parts of a
     generation differ in memory, bandwidth or power and are not matched to these: H100 PCIe and
-    NVL, H200 NVL, GH200, L40 (not L40S); an A100 of 40 GB is ``A100-40GB``, any other the 80 GB SXM part.
+    NVL, H200 NVL, GH200, L40 (not L40S); an A100 of 40 GB is ``A100-40GB``, one of 80 GB or that
+    names no size the 80 GB SXM part; a spelling that states another memory size than the part's
+    (``H100 64GB HBM2e``, ``H100 SXM5 94GB``, ``A100-SXM-64GB``: :func:`memory_mismatch`) is none.
     """
+    found = _find_gpu_by_spelling(name)
+    if found is not None and memory_mismatch(name) is not None:
+        return None
+    return found
+
+
+def _find_gpu_by_spelling(name: str) -> str | None:
+    """:func:`find_gpu` without the memory-size check."""
     s = str(name).strip()
     if s in GPUS:
         return s
@@ -569,6 +621,9 @@ def get_gpu(name: str) -> GpuSpec:
     """The catalog entry of ``name`` or of a spelling :func:`find_gpu` matches (ConfigError otherwise)."""
     found = find_gpu(name)
     if found is None:
+        why = memory_mismatch(name)
+        if why is not None:
+            raise ConfigError("gpu.name", name, why)
         raise ConfigError(
             "gpu.name",
             name,

@@ -11,7 +11,7 @@ guesses across sizes or versions: an id whose key matches no shape is ``None``.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from sim.catalog import MODELS
 
@@ -74,7 +74,13 @@ SAME_SHAPE = {
 }
 #: Name parts that say how the same weights were tuned, quantized or re-released (a date such as
 #: Qwen3's ``-2507`` or DeepSeek-V3's ``-0324``), not what shape they have.
-_TAGS = frozenset("instruct chat hf it base thinking fp8 fp4 nvfp4 dynamic static pertensor block bf16".split())
+_TAGS = frozenset("instruct chat hf it base thinking fp8 fp4 nvfp4 dynamic static pertensor block bf16 kv".split())
+#: Name parts of quantizations kvsim cannot price (weight-only integer formats, GGUF, bitsandbytes):
+#: an id carrying one names a shape (:func:`model_key` drops them) but resolves to no model
+#: (:func:`format_problem` says why), as a config declaring one is refused (``sim.hf_config``).
+_UNPRICED_TAGS = frozenset(
+    "awq gptq int4 int8 w4a16 w8a16 w4a8 w8a8 gguf bnb 4bit 8bit exl2 hqq aqlm marlin squeezellm eetq".split()
+)
 _DATE = re.compile(r"\d{4}")
 
 
@@ -86,7 +92,9 @@ def model_key(ident: str) -> str:
     ``nvidia/Llama-3.1-405B-Instruct-FP8`` and ``meta-llama/Meta-Llama-3.1-405B`` are both
     ``llama-3.1-405b``."""
     parts = _name_parts(ident)
-    k = "-".join(p for i, p in enumerate(parts) if not (i and (p in _TAGS or _DATE.fullmatch(p))))
+    k = "-".join(
+        p for i, p in enumerate(parts) if not (i and (p in _TAGS or p in _UNPRICED_TAGS or _DATE.fullmatch(p)))
+    )
     return SAME_SHAPE.get(k, k)
 
 
@@ -99,11 +107,47 @@ def _name_parts(ident: str) -> list[str]:
 #: Name parts that say how the weights are quantized: an id that shares them exactly with a shipped
 #: config of its shape is that checkpoint's format (``Qwen3-235B-A22B-Instruct-2507-FP8`` is
 #: block-scaled fp8 as ``Qwen3-235B-A22B-FP8`` is).
-_QUANT_TAGS = frozenset("fp8 fp4 nvfp4 dynamic static pertensor block".split())
+_QUANT_TAGS = frozenset("fp8 fp4 nvfp4 dynamic static pertensor block kv".split())
 
 
 def _quant_tags(ident: str) -> frozenset[str]:
     return frozenset(_name_parts(ident)) & _QUANT_TAGS
+
+
+def _org(ident: str) -> str:
+    """The organisation of an id (``""`` without one), in lower case."""
+    s = str(ident).strip()
+    return s.rsplit("/", 1)[0].lower() if "/" in s else ""
+
+
+def _tag_format(tags: frozenset[str]) -> tuple[str, str] | None:
+    """(weight dtype, KV dtype) an id's quantization tags name by themselves, or ``None`` (no weight
+    format among them): ``FP8`` (``-FP8-dynamic``, ``-FP8-Static`` …) per-tensor/per-channel fp8,
+    ``FP8-block`` block-scaled fp8, ``FP4``/``NVFP4`` NVIDIA's 4-bit format. The KV cache stays
+    16-bit unless the name says the checkpoint carries KV scales (``-FP8-KV``, Neural Magic's
+    naming): a checkpoint quantizes its KV cache only with a scale for it, which most FP8 releases
+    (compressed-tensors ``kv_cache_scheme: null``) do not have."""
+    if tags & {"fp4", "nvfp4"}:
+        weight = "nvfp4"
+    elif "fp8" in tags:
+        weight = "fp8_block" if "block" in tags else "fp8"
+    else:
+        return None
+    return weight, "fp8" if "kv" in tags else "bf16"
+
+
+def format_problem(ident: str) -> str | None:
+    """Why an id of a shape kvsim has resolves to no model: it names a quantization kvsim cannot
+    price (``Qwen/Qwen3-8B-AWQ``), or ``None``."""
+    found = [p for p in _name_parts(ident)[1:] if p in _UNPRICED_TAGS]
+    if not found or model_key(ident) not in _by_key():
+        return None
+    fmt = "-".join(found).upper()
+    return (
+        f"{ident}: {fmt} weights of {model_key(ident)}, a format kvsim cannot price (it prices bf16/fp16, "
+        "fp8 per-tensor or block-scaled, and nvfp4 weights; bf16 or fp8 KV cache); pass --model "
+        f"{model_key(ident)} to simulate the shape in bf16, or with --set model.weight_dtype=fp8 the nearest format"
+    )
 
 
 @lru_cache(maxsize=1)
@@ -131,20 +175,71 @@ def _exact(ident: str) -> dict | None:
     return None
 
 
-def model_of_id(ident: str, *, variants: bool = True) -> dict | None:
+def model_of_id(ident: str, *, variants: bool = True, formats: bool = True) -> dict | None:
     """The scenario ``model`` section (``name`` of a catalog model, or ``hf_config`` of a shipped
     config) of a published id, or ``None``; ``variants``: also ids that name the same shape
-    (:func:`model_key`), as the shipped config whose quantization tags are the id's where one is,
-    else the shape's first id (unquantized)."""
+    (:func:`model_key`). An id whose name carries a quantization kvsim cannot price (AWQ, GPTQ,
+    INT4 …: :func:`format_problem`) is ``None``.
+
+    ``formats``: a quantized variant runs its own format, as the id it is of does not say it: the
+    format of a checkpoint of the same publisher with the same quantization tags (NVIDIA's FP8
+    Llama releases quantize the KV cache too: ``nvidia/Llama-3.3-70B-Instruct-FP8`` is
+    ``nvidia/Llama-3.1-70B-Instruct-FP8``'s format), else the format its tags name on the
+    unquantized shape (:func:`_tag_format`: ``RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic`` is fp8
+    weights and a bf16 KV cache). Without ``formats`` (a benchmark row, whose weights and KV
+    columns set the format): the shipped config whose quantization tags are the id's where one is,
+    else the shape's first id."""
     exact = _exact(ident)
     if exact is not None or not variants:
         return exact
     same = _by_key().get(model_key(ident))
-    if not same:
+    if not same or set(_name_parts(ident)[1:]) & _UNPRICED_TAGS:
         return None
     tags = _quant_tags(ident)
-    quantized_alike = [i for i in same if tags and _quant_tags(i) == tags]
-    return _exact((quantized_alike or same)[0])
+    if not formats:
+        quantized_alike = [i for i in same if tags and _quant_tags(i) == tags]
+        return _exact((quantized_alike or same)[0])
+    fmt = _tag_format(tags)
+    if fmt is None:
+        return _exact(same[0])
+    org = _org(ident)
+    sibling = [i for i in same if _quant_tags(i) == tags and _org(i) == org]
+    if sibling:
+        return _exact(sibling[0])
+    # The publisher's recipe for these tags on another shape (NVIDIA's FP8 Llama releases), else the tags'.
+    fmt = _publisher_format(org, tags) or fmt
+    base = _exact(next((i for i in same if not _quant_tags(i) and i not in CHECKPOINT_FORMATS), same[0]))
+    assert base is not None  # every id of _by_key is exact
+    keep = {k: v for k, v in base.items() if k not in ("weight_dtype", "kv_dtype")}
+    return {**keep, "weight_dtype": fmt[0], "kv_dtype": fmt[1]}
+
+
+def _publisher_format(org: str, tags: frozenset[str]) -> tuple[str, str] | None:
+    """(weight dtype, KV dtype) of the checkpoints kvsim knows (:data:`CHECKPOINT_FORMATS`, shipped
+    configs) that ``org`` published with exactly these quantization tags, where they all agree
+    (``nvidia`` and ``FP8``: fp8 weights and KV cache), else ``None``."""
+    if not org:
+        return None
+    found = {
+        _checkpoint_format(i) for ids in _by_key().values() for i in ids if _org(i) == org and _quant_tags(i) == tags
+    }
+    found.discard(None)
+    return found.pop() if len(found) == 1 else None
+
+
+@cache
+def _checkpoint_format(ident: str) -> tuple[str, str] | None:
+    """(weight dtype, KV dtype) of a quantized id kvsim knows exactly (``None`` for another)."""
+    if not _quant_tags(ident):
+        return None
+    if ident in CHECKPOINT_FORMATS:
+        return CHECKPOINT_FORMATS[ident]
+    from sim.hf_config import read_hf_config, resolve_hf_config, shipped_config
+
+    if shipped_config(ident) is None:
+        return None
+    hf = read_hf_config(resolve_hf_config(ident))
+    return hf.weight_dtype, hf.kv_dtype
 
 
 def model_argument(model: str) -> dict:
@@ -175,12 +270,27 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
         return None
     dtypes = "bf16 weights"
     if "weight_dtype" in section:
-        # A catalog shape in the format of a quantized id of it (CHECKPOINT_FORMATS).
+        # A shape in the format its publisher's checkpoints with these tags have, or the one its tags name.
         dtypes = f"{section['weight_dtype']} weights" + (f", {section['kv_dtype']} KV cache" if with_kv else "")
-        same = [i for i in CHECKPOINT_FORMATS if MODEL_IDS.get(i) == target and _quant_tags(i) == _quant_tags(ident)]
+        fmt = (section["weight_dtype"], section["kv_dtype"])
+        same = sorted(
+            i
+            for ids in _by_key().values()
+            for i in ids
+            if _org(i) == _org(ident) and _quant_tags(i) == _quant_tags(ident) and _checkpoint_format(i) == fmt
+        )
         if same:
             dtypes += f" (the format of {same[0]})"
-    if section.get("hf_config"):
+        elif _tag_format(_quant_tags(ident)) == fmt and not with_kv:
+            dtypes += " (the format its name's tags give)"
+        elif _tag_format(_quant_tags(ident)) == fmt:
+            dtypes += (
+                " (the format its name's tags give; -KV: a checkpoint with a KV cache scale)"
+                if section["kv_dtype"] == "fp8"
+                else " (the format its name's tags give; 16-bit KV: no KV cache scale of the checkpoint is known)"
+            )
+        return f"{ident}: no config of it ships; simulated with the shape of {target}, {dtypes} ({hint})"
+    elif section.get("hf_config"):
         from sim.hf_config import read_hf_config, resolve_hf_config
 
         hf = read_hf_config(resolve_hf_config(section["hf_config"]))
@@ -188,12 +298,13 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
     return f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} ({hint})"
 
 
-def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | None:
+def section_of(ident: str, base_dir=None, *, absolute: bool = False, formats: bool = False) -> dict | None:
     """The scenario ``model`` section for a published id or a ``config.json`` path, or ``None``:
     the id exactly (:func:`model_of_id` without variants), else a config file or a folder holding
     one (relative: to ``base_dir``, ``scenarios/`` or the working directory; written as given, or as
     an absolute path with ``absolute``), else an id of the same shape. A path wins over a same-shape
-    guess, so a local config of a fine-tune is read rather than matched to its base model."""
+    guess, so a local config of a fine-tune is read rather than matched to its base model. ``formats``:
+    a quantized variant runs its own format (:func:`model_of_id`); a benchmark row's columns set it."""
     from sim.errors import ConfigError
     from sim.hf_config import resolve_hf_config
 
@@ -203,7 +314,7 @@ def section_of(ident: str, base_dir=None, *, absolute: bool = False) -> dict | N
     try:
         path = resolve_hf_config(ident, base_dir)
     except ConfigError:
-        return model_of_id(ident)
+        return model_of_id(ident, formats=formats)
     return {"name": None, "hf_config": str(path.resolve()) if absolute else ident}
 
 

@@ -71,8 +71,21 @@ def test_a_run_of_the_catalog_fp8_id_holds_fp8_kv_and_explicit_dtypes_still_win(
 
 
 def test_a_variant_of_a_catalog_fp8_id_says_whose_format_it_runs():
+    # Another publisher's FP8 checkpoint has fp8 weights but no KV cache scale (compressed-tensors
+    # kv_cache_scheme null): NVIDIA's fp8 KV cache is its own checkpoints' (tests/test_compare_formats.py).
     section = model_argument("RedHatAI/Llama-3.1-8B-Instruct-FP8")
-    assert section == {"name": "llama-3.1-8b", "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    assert section == {
+        "name": None,
+        "hf_config": "meta-llama/Meta-Llama-3.1-8B",
+        "weight_dtype": "fp8",
+        "kv_dtype": "bf16",
+    }
     note = variant_note("RedHatAI/Llama-3.1-8B-Instruct-FP8", section)
-    assert note is not None and "fp8 weights, fp8 KV cache (the format of nvidia/Llama-3.1-8B-Instruct-FP8)" in note
+    assert note is not None and "fp8 weights, bf16 KV cache (the format its name's tags give" in note
+    section = model_argument("nvidia/Llama-3.1-8B-Instruct-FP8-dynamic")  # no such release: the tags' format
+    assert (section["weight_dtype"], section["kv_dtype"]) == ("fp8", "bf16")
+    assert model_argument("nvidia/Llama-3.3-70B-Instruct-FP8") == {
+        "name": None,
+        "hf_config": "nvidia/Llama-3.1-70B-Instruct-FP8",
+    }
     assert variant_note("nvidia/Llama-3.1-8B-Instruct-FP8", model_argument("nvidia/Llama-3.1-8B-Instruct-FP8")) is None

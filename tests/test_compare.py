@@ -118,7 +118,6 @@ MALFORMED = [
     (_item("errors", 0, 7), "errors[0]", "a string"),
     (_set("errors", ["boom"] * 48), "errors", "at least one successful request"),
     (_set("output_lens", [0] * 48), "output_lens", "at least one request with an output token"),
-    (_set("num_prompts", 100), "num_prompts", "input_lens (48)"),
     (_set("request_rate", "fast"), "request_rate", '"inf"'),
     (_set("request_rate", 0), "request_rate", '"inf"'),
     (_set("request_rate", None), "request_rate", "the arrival process"),
@@ -337,7 +336,11 @@ def test_cli_option_errors_exit_2(tmp_path, args, key):
     [
         ("meta-llama/Llama-3.1-8B-Instruct", {"name": "llama-3.1-8b"}),
         ("Qwen/Qwen3-8B", {"hf_config": "Qwen/Qwen3-8B"}),
-        ("nvidia/Llama-3.1-405B-Instruct-FP8", {"hf_config": "meta-llama/Meta-Llama-3.1-405B"}),
+        # NVIDIA's FP8 recipe (nvidia/Llama-3.1-70B-Instruct-FP8's) on the 405B shape.
+        (
+            "nvidia/Llama-3.1-405B-Instruct-FP8",
+            {"hf_config": "meta-llama/Meta-Llama-3.1-405B", "weight_dtype": "fp8", "kv_dtype": "fp8"},
+        ),
     ],
 )
 def test_model_id_of_a_shape_kvsim_has_is_simulated_as_it(tmp_path, model_id, section):

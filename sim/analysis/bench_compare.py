@@ -4,9 +4,10 @@
 
 1. builds a scenario that sends the same requests (prompt and output lengths of the successful
    requests with at least one output token, in the file's order) with the same arrival process, chosen in this order:
-   ``start_times`` in the file → a trace of those send times; ``max_concurrency`` → a closed
-   loop of that many clients, each sending its next request when its last one ended (the
-   benchmark's semaphore); ``request_rate: inf`` → every request at t = 0; a finite rate →
+   ``max_concurrency`` → a closed loop of that many clients, each sending its next request when
+   its last one ended (the benchmark's semaphore; the file's ``start_times``, taken after a slot
+   freed, are not replayed: a slower simulated server would have more requests in flight than the
+   cap); ``start_times`` in the file → a trace of those send times; ``request_rate: inf`` → every request at t = 0; a finite rate →
    vLLM's generator: gamma gaps of shape ``burstiness`` and mean ``1/rate`` (constant gaps for
    ``burstiness: inf``), scaled so the last request is sent at ``N / rate``, drawn with the
    scenario's seed (the same process, not the same draw);
@@ -35,6 +36,7 @@ context, which the even spread flattens.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -75,13 +77,63 @@ def stats(values: np.ndarray) -> dict[str, float | None]:
 # --- the scenario ----------------------------------------------------------------------------
 
 
+#: ``backend`` of a result file → kvsim's engine preset (vLLM's and SGLang's benchmark clients'
+#: names of those servers); another backend (``openai-chat``, ``tgi`` …) names a protocol or a
+#: server kvsim has no preset for, and is simulated as vLLM with a note.
+BACKEND_ENGINES = {
+    "vllm": "vllm",
+    "vllm-chat": "vllm",
+    "sglang": "sglang",
+    "sglang-native": "sglang",
+    "sglang-oai": "sglang",
+    "sglang-oai-chat": "sglang",
+    "tensorrt-llm": "trtllm",
+    "tensorrt_llm": "trtllm",
+    "trtllm": "trtllm",
+    "trt-llm": "trtllm",
+    "trt": "trtllm",
+}
+#: How a ``kvsim compare`` user picks another format than the one a variant id is simulated with.
+COMPARE_FORMAT_HINT = "--model NAME, or --set model.weight_dtype=... / model.kv_dtype=..., for another model or format"
+
+
+def engine_of(res: BenchResult) -> tuple[str, str | None]:
+    """The engine preset the file's ``backend`` names, and a note where it names none kvsim has."""
+    backend = res.header.get("backend")
+    if backend is None or (isinstance(backend, str) and not backend.strip()):
+        return "vllm", None
+    kind = BACKEND_ENGINES.get(str(backend).strip().lower())
+    if kind is not None:
+        return kind, None
+    return "vllm", f"backend {backend!r} names no serving engine kvsim has a preset for; simulated as vllm (--engine)"
+
+
+def strict_json(doc) -> str:
+    """``doc`` as strict JSON (indented, one newline at the end): an infinity (a header's
+    ``request_rate: Infinity``) as the string ``"inf"`` (``"-inf"``), as vLLM writes an unbounded
+    rate, and NaN as null; ``json.dumps`` would write the bare ``Infinity`` that strict readers refuse."""
+
+    def fix(x):
+        if isinstance(x, dict):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        if isinstance(x, (float, np.floating)) and not math.isfinite(x):
+            return None if math.isnan(x) else ("inf" if x > 0 else "-inf")
+        if isinstance(x, np.generic):
+            return x.item()
+        return x
+
+    return json.dumps(fix(doc), indent=1, allow_nan=False) + "\n"
+
+
 def send_times(res: BenchResult, seed: int) -> np.ndarray | None:
     """Send times in seconds from the benchmark's start, one per request; ``None`` for a closed loop."""
     n = len(res)
-    if res.start_s is not None:
-        return res.start_s
     if res.max_concurrency is not None:
         return None
+    if res.start_s is not None:
+        return res.start_s
     rate, b = res.request_rate, res.burstiness
     if math.isinf(rate):
         return np.zeros(n)
@@ -96,11 +148,12 @@ def send_times(res: BenchResult, seed: int) -> np.ndarray | None:
 
 def arrival_text(res: BenchResult) -> str:
     """How the replay sends requests, for the table's title and the JSON."""
-    if res.start_s is not None:
-        return "the file's start_times (trace)"
     if res.max_concurrency is not None:
         rate = "" if math.isinf(res.request_rate) else f" (request_rate {res.request_rate:g} not modelled with it)"
-        return f"closed loop, {res.max_concurrency} clients{rate}"
+        starts = "" if res.start_s is None else " (max_concurrency; the file's start_times are not replayed)"
+        return f"closed loop, {res.max_concurrency} clients{rate}{starts}"
+    if res.start_s is not None:
+        return "the file's start_times (trace)"
     if math.isinf(res.request_rate):
         return "all requests at t = 0 (request_rate inf)"
     kind = "Poisson" if res.burstiness == 1.0 else f"gamma, burstiness {res.burstiness:g}"
@@ -111,18 +164,20 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
     """``--model``, else the file's ``model_id`` when kvsim has its shape (a catalog model, a shipped
     config, a config path, or an id naming one of them: ``meta-llama/Llama-3.1-8B-Instruct``;
     :func:`sim.model_ids.section_of`)."""
-    from sim.model_ids import known_ids, model_argument, section_of
+    from sim.model_ids import format_problem, known_ids, model_argument, section_of
 
     if model is not None:
         return model_argument(model)
     mid = res.header.get("model_id")
-    section = section_of(mid) if isinstance(mid, str) and mid else None
+    # A quantized variant runs its own format (sim.model_ids.model_of_id): the file says no other.
+    section = section_of(mid, formats=True) if isinstance(mid, str) and mid else None
     if section is None:
         # Keyed by the file: in a folder, the other files' model_id may be known, and they are still compared.
+        why = format_problem(mid) if isinstance(mid, str) and mid else None
         raise ConfigError(
             f"{res.path}: model_id",
             mid,
-            f"{known_ids()}; else pass --model NAME or --model path/to/config.json (kvsim list models)",
+            why or f"{known_ids()}; else pass --model NAME or --model path/to/config.json (kvsim list models)",
         )
     return {k: v for k, v in section.items() if v is not None}
 
@@ -130,7 +185,7 @@ def _model_section(res: BenchResult, model: str | None) -> dict:
 def scenario_dict(
     res: BenchResult,
     *,
-    engine: str = "vllm",
+    engine: str | None = None,
     model: str | None = None,
     gpu: str | None = None,
     tp: int | None = None,
@@ -138,7 +193,8 @@ def scenario_dict(
     seed: int = 0,
 ) -> dict:
     """The scenario (as YAML data) that replays ``res``; its requests are in :data:`TRACE_NAME`
-    beside it (:func:`write_trace`)."""
+    beside it (:func:`write_trace`). ``engine``: the preset, else the one the file's ``backend``
+    names (:func:`engine_of`)."""
     n = len(res)
     times = send_times(res, seed)
     if times is None:
@@ -166,7 +222,7 @@ def scenario_dict(
         "model": _model_section(res, model),
         "workload": workload,
         # Step mode records every iteration (same results as fast-forward): exact simulated ITLs.
-        "engine": {"kind": engine, "mode": "step"},
+        "engine": {"kind": engine or engine_of(res)[0], "mode": "step"},
     }
     if gpu is not None or tp is not None:
         data["gpu"] = {
@@ -324,7 +380,7 @@ def compare_result(
     res: BenchResult,
     run_dir: Path,
     *,
-    engine: str = "vllm",
+    engine: str | None = None,
     model: str | None = None,
     gpu: str | None = None,
     tp: int | None = None,
@@ -332,14 +388,32 @@ def compare_result(
     overrides: dict | None = None,
     seed: int = 0,
 ) -> dict:
-    """Simulate ``res`` (run directory ``run_dir``) and compare; the JSON document of one file."""
+    """Simulate ``res`` (run directory ``run_dir``) and compare; the JSON document of one file.
+    ``engine``: the preset, else the file's ``backend``'s (:func:`engine_of`)."""
     from sim.config import apply_overrides, scenario_from_dict
     from sim.engine.cluster import simulate
+    from sim.model_ids import variant_note
     from sim.output.results import write_run
 
-    data = apply_overrides(
-        scenario_dict(res, engine=engine, model=model, gpu=gpu, tp=tp, profile=profile, seed=seed), overrides or {}
-    )
+    plain = scenario_dict(res, engine=engine, model=model, gpu=gpu, tp=tp, profile=profile, seed=seed)
+    data = apply_overrides(plain, overrides or {})
+    # What the replay took that the file does not say, one line each (printed before the table).
+    notes: list[str] = []
+    ident = model if model is not None else res.header.get("model_id")
+    if isinstance(ident, str) and not any(k == "model" or k.startswith("model.") for k in overrides or {}):
+        note = variant_note(ident, plain["model"], COMPARE_FORMAT_HINT)
+        if note is not None:
+            notes.append(note)
+    if engine is None and "engine.kind" not in (overrides or {}):
+        why = engine_of(res)[1]
+        if why is not None:
+            notes.append(why)
+    if res.max_concurrency is not None and res.start_s is not None:
+        notes.append(
+            f"the file's start_times are not replayed: with max_concurrency {res.max_concurrency} they were "
+            "taken after a slot freed, so the replay is a closed loop of as many clients (kvsim cannot send "
+            "a request at the later of its start time and a free slot)"
+        )
     write_trace(res, seed, run_dir / TRACE_NAME)
     sc = scenario_from_dict(data, base_dir=run_dir)
     if sc.timeseries.every_s is not None:
@@ -395,7 +469,7 @@ def compare_result(
         }
         for k, _ in THROUGHPUTS
     ]
-    warnings = header_check(res)
+    warnings = [*res.warnings, *header_check(res)]
     rejected = int((~ok).sum())
     if rejected:
         warnings.append(
@@ -447,5 +521,6 @@ def compare_result(
             "itl_iterations_without_token": extra,
         },
         "rows": rows,
+        "notes": notes,
         "warnings": warnings,
     }

@@ -17,7 +17,10 @@ of the request's ITLs when ``latencies`` is absent.
 Left out and counted, besides failed requests: requests with ``output_lens[i] = 0``. A request
 that ended before its first token has no TTFT or TPOT to compare; it is what vLLM records for a
 failed request, which a file without ``errors`` (or with ``errors: null``) cannot tell apart from
-a successful one. A file with no request left is refused.
+a successful one. A file with no request left is refused. A ``num_prompts`` other than the
+number of entries is a warning (:attr:`BenchResult.warnings`); the entries are read. A file of
+several results, one JSON document per line (``--append-result``, SGLang's JSONL), is read with an
+``index``, and refused without one.
 
 Every problem is a :class:`ConfigError` whose key names the file and the field.
 """
@@ -71,6 +74,8 @@ class BenchResult:
     #: Send times from the first send, when the file has ``start_times``.
     start_s: np.ndarray | None
     duration_s: float | None
+    #: What was read despite a doubt (one line each): a ``num_prompts`` that differs from the entries.
+    warnings: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -183,15 +188,37 @@ def _gaps(path: Path, i: int, row: list) -> np.ndarray:
     )  # not reached: a bad value is named above
 
 
-def read_bench_result(path: Path) -> BenchResult:
-    """Read and check one result file (see the module docstring)."""
+def _documents(text: str) -> list:
+    """The JSON values of ``text`` one after another (``--append-result`` appends a result per line,
+    SGLang's ``bench_serving`` writes JSONL); raises the first value's JSONDecodeError when the
+    text does not split into whole values."""
+    dec = json.JSONDecoder()
+    out: list = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n\ufeff":
+            i += 1
+        if i >= n:
+            return out
+        doc, i = dec.raw_decode(text, i)
+        out.append(doc)
+
+
+def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
+    """Read and check one result file (see the module docstring); ``index``: which result of a file
+    holding several, one per line (0-based; a file with more than one needs it)."""
     # Bounded (sim/inputs.py): a regular UTF-8 file of at most MAX_RESULT_BYTES, nested at most
     # MAX_NESTING levels, checked on the text before parsing (a deeply nested file raised
     # RecursionError).
     text = read_text(path, str(path), "JSON result file", MAX_RESULT_BYTES)
     check_json_depth(text, str(path), str(path))
     try:
-        doc = json.loads(text)
+        try:
+            docs = [json.loads(text)]
+        except json.JSONDecodeError as first:
+            if first.msg != "Extra data":
+                raise
+            docs = _documents(text)  # several results, one per line
     except json.JSONDecodeError as exc:
         raise ConfigError(
             str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}", f"a JSON result file ({_DETAILED})"
@@ -200,6 +227,19 @@ def read_bench_result(path: Path) -> BenchResult:
         raise ConfigError(str(path), "JSON nested too deep", f"a JSON result file ({_DETAILED})") from None
     except ValueError as exc:
         raise number_error(str(path), str(path), exc) from None
+    if index is not None and not 0 <= index < len(docs):
+        raise ConfigError(
+            f"{path}: --index",
+            index,
+            f"0 to {len(docs) - 1} (the file holds {len(docs)} result{'s' if len(docs) > 1 else ''})",
+        )
+    if index is None and len(docs) > 1:
+        raise ConfigError(
+            str(path),
+            f"{len(docs)} results, one per line (--append-result, or JSONL)",
+            f"one result: pass --index K (0-based, 0 to {len(docs) - 1}) to compare the K-th",
+        )
+    doc = docs[index or 0]
     if not isinstance(doc, dict):
         raise ConfigError(str(path), type(doc).__name__, f"a JSON object ({_DETAILED})")
     inputs = _list(path, doc, "input_lens", None)
@@ -218,9 +258,12 @@ def read_bench_result(path: Path) -> BenchResult:
             succeeded.append(i)
     if not succeeded:
         raise ConfigError(f"{path}: errors", f"all {n} requests failed", "at least one successful request")
+    warnings: list[str] = []
     num_prompts = doc.get("num_prompts")
     if num_prompts is not None and num_prompts != n:
-        raise ConfigError(f"{path}: num_prompts", num_prompts, f"the number of entries in input_lens ({n})")
+        # The entries are the requests the benchmark sent (vLLM counts a dataset short of num_prompts,
+        # a result edited or cut short): they are replayed, whatever the header says.
+        warnings.append(f"num_prompts is {num_prompts!r} but input_lens has {n} entries; the {n} entries are replayed")
 
     # Output counts pick the requests to compare, so they are checked before the other lists: a
     # request without an output token (a failed one, when the file has no errors) may have a TTFT
@@ -341,4 +384,5 @@ def read_bench_result(path: Path) -> BenchResult:
         decode_s=decode,
         start_s=start,
         duration_s=float(duration) if duration is not None else None,
+        warnings=tuple(warnings),
     )

@@ -8,7 +8,6 @@ that could be compared.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -81,6 +80,7 @@ def _blame(exc: ConfigError, path: Path, given: dict[str, object], overrides: di
 
 def _write_out(out: Path, docs: list[dict], problems: list[tuple[Path, ConfigError]]) -> None:
     from sim import __version__
+    from sim.analysis.bench_compare import strict_json
 
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -88,7 +88,7 @@ def _write_out(out: Path, docs: list[dict], problems: list[tuple[Path, ConfigErr
         "comparisons": docs,
         "not_compared": [{"file": str(p), "error": str(e)} for p, e in problems],
     }
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    out.write_text(strict_json(doc))
     stdout_console().print(f"wrote {out}")
 
 
@@ -96,8 +96,11 @@ def compare_command(
     results: list[Path] = typer.Argument(
         ..., help="Result JSON files of vllm bench serve --save-result --save-detailed, or folders of them."
     ),
-    engine: str = typer.Option(
-        "vllm", "--engine", help="Serving engine preset: vllm, sglang, trtllm (TensorRT-LLM), reference."
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="Serving engine preset: vllm, sglang, trtllm (TensorRT-LLM), reference; default: the file's backend "
+        "(vllm where it names no other preset).",
     ),
     model: str | None = typer.Option(
         None,
@@ -114,12 +117,18 @@ def compare_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the simulation (and of Poisson/gamma send times)."),
     runs: Path = typer.Option(Path("runs"), "--runs", help="Each file's simulation goes to RUNS/compare-<file name>/."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Also write every comparison into this JSON file."),
+    index: int | None = typer.Option(
+        None,
+        "--index",
+        help="Which result of a file holding several, one per line (--append-result, JSONL), 0-based; "
+        "a file with more than one needs it.",
+    ),
 ):
     """Simulate the requests of serving-benchmark results with the same arrivals; measured vs simulated latencies."""
     from typing import get_args
 
     from calibration.serving_bench import normalize_engine
-    from sim.analysis.bench_compare import compare_result, run_name
+    from sim.analysis.bench_compare import compare_result, run_name, strict_json
     from sim.analysis.bench_results import BenchResult, read_bench_result, result_files
     from sim.config import GpuConfig, parse_override
     from sim.engine_presets import ENGINE_KINDS
@@ -128,8 +137,8 @@ def compare_command(
     try:
         # The spellings serving-bench files' engine column accepts (TensorRT-LLM, trt-llm, any case);
         # sim.cli already depends on calibration (sim.cli.main mounts its commands).
-        kind = normalize_engine(engine)
-        if kind not in ENGINE_KINDS:
+        kind = normalize_engine(engine) if engine is not None else None
+        if kind is not None and kind not in ENGINE_KINDS:
             raise ConfigError(
                 "--engine", engine, f"one of {', '.join(ENGINE_KINDS)} (any case; TensorRT-LLM and trt-llm for trtllm)"
             )
@@ -157,7 +166,7 @@ def compare_command(
     parsed: list[BenchResult] = []
     for f in files:  # every file checked before any simulation
         try:
-            parsed.append(read_bench_result(f))
+            parsed.append(read_bench_result(f, index))
         except ConfigError as exc:
             bad(f, exc)
     docs: list[dict] = []
@@ -188,8 +197,10 @@ def compare_command(
                 break
             bad(res.path, err)
             continue
-        (run_dir / "compare.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (run_dir / "compare.json").write_text(strict_json(doc))
         docs.append(doc)
+        for n in doc["notes"]:
+            sys.stderr.write(f"note: {res.name}: {n}\n")
         print_comparison(doc)
         for w in doc["warnings"]:
             sys.stderr.write(f"warning: {res.name}: {w}\n")
