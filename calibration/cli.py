@@ -92,6 +92,7 @@ def _serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
+    model: str | None = None,
     treat: Treatments | None = None,
     served_by: str | None = None,
     clients: str | None = None,
@@ -126,6 +127,7 @@ def _serving_bench(
         weights=weights,
         kv=kv,
         kv_cache_tokens=kv_cache_tokens,
+        model=model,
         max_evals=max_evals,
         workers=workers,
         exclude=exclude,
@@ -154,7 +156,11 @@ def calibrate_command(
     out: Path = typer.Option(
         ..., "--out", help="Profile JSON to write (with --from-serving-bench: the engine terms file)."
     ),
-    model: str | None = typer.Option(None, "--model", help=f"Model whose kernel shapes to calibrate: {MODEL_HELP}."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help=f"Model whose kernel shapes to calibrate: {MODEL_HELP}. {_FSB} {opt.MODEL_FOR_RESULTS}.",
+    ),
     from_tables: Path | None = typer.Option(None, "--from-tables", help="Folder of aiconfigurator-format tables."),
     system: str = typer.Option("h200_sxm", "--system", help="System folder under --from-tables."),
     backend: str = typer.Option("trtllm", "--backend", help="Serving backend whose tables to use."),
@@ -236,6 +242,7 @@ def calibrate_command(
             weights=weights,
             kv=kv,
             kv_cache_tokens=kv_cache_tokens,
+            model=model,
             treat=Treatments(hold_back_flagged, spread_flagged, cache_flagged, kv_from_runs),
             served_by=served_by,
             clients=clients,

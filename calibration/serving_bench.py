@@ -11,9 +11,12 @@ benchmark reports the mean time to first token and time per output token. Two fo
   layout of ``calibration/data/serving-bench/silicon_dense_train.csv``. ``model`` is a Hugging
   Face id kvsim knows, a catalog model, or a ``config.json`` path (relative: to the CSV's folder);
   it is checked when the file is read;
-* the JSON ``vllm bench serve --save-result`` writes (one file, or a folder of them): the model
-  id, ``max_concurrency``, the mean TTFT/TPOT and the token totals give a row; the GPU, tensor
-  parallelism and engine come from the command line (the file does not record them).
+* the JSON ``vllm bench serve --save-result`` (or SGLang's ``bench_serving``) writes: one file,
+  one run per line (``--append-result``, ``.jsonl``), or a folder of them (other JSON skipped):
+  the model id (or ``--model``), ``max_concurrency`` (a run at a finite ``request_rate`` or
+  ramped up is refused: not a closed loop), the mean TTFT/TPOT and the token totals give a row;
+  the engine is the one its ``backend`` names unless the command line names one; the GPU and
+  tensor parallelism come from the command line (the file does not record them).
 
 :func:`row_scenario` turns a row into a kvsim scenario (closed loop, fixed lengths, the engine
 preset of the row's engine with its server defaults, the benchmark's clients), :func:`simulate_row`
@@ -37,7 +40,7 @@ import numpy as np
 from sim.catalog import GPUS, find_gpu
 from sim.config import APART_SPREAD_CYCLES
 from sim.engine_presets import get_preset
-from sim.errors import ConfigError
+from sim.errors import ConfigError, quote
 from sim.hf_config import HfModel, read_hf_config, resolve_hf_config
 from sim.model_ids import known_ids, section_of
 
@@ -100,6 +103,11 @@ DTYPE_ALIASES = {
     "e4m3": "fp8",
     "fp8_e4m3fn": "fp8",
     "e4m3fn": "fp8",
+    "float8_e4m3fn": "fp8",
+    # E5M2 (vLLM's --kv-cache-dtype fp8_e5m2, torch's float8_e5m2) holds a byte a value too, priced as fp8.
+    "fp8_e5m2": "fp8",
+    "float8_e5m2": "fp8",
+    "e5m2": "fp8",
     "fp8_static": "fp8",
     "fp8_dynamic": "fp8",
     "fp8_per_tensor": "fp8",
@@ -107,7 +115,16 @@ DTYPE_ALIASES = {
     "fp8_blockwise": "fp8_block",
     "fp4": "nvfp4",
     "w4a16_mxfp4": "mxfp4",
+    # The engines' "auto": weights as the checkpoint has them, the KV cache as the engine makes it of
+    # them (:func:`default_kv`): what an empty cell means.
+    "auto": "",
 }
+
+
+def _spellings(allowed: Iterable[str]) -> str:
+    """The other spellings :data:`DTYPE_ALIASES` reads as one of ``allowed``, for an error message."""
+    keep = set(allowed)
+    return ", ".join(k for k, v in DTYPE_ALIASES.items() if v in keep)
 
 
 def normalize_engine(name: str) -> str:
@@ -270,11 +287,24 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     weights = str(d.get("weights") or "").strip().lower()
     weights = DTYPE_ALIASES.get(weights, weights)
     if weights and weights not in WEIGHTS:
-        raise _bad(path, where, "weights", d.get("weights"), f"one of {', '.join(WEIGHTS)}")
+        raise _bad(
+            path,
+            where,
+            "weights",
+            d.get("weights"),
+            f"one of {', '.join(WEIGHTS)}, or empty or auto for the checkpoint's (also read: {_spellings(WEIGHTS)})",
+        )
     kv = str(d.get("kv") or "").strip().lower()
     kv = DTYPE_ALIASES.get(kv, kv)
     if kv and kv not in KV_DTYPES:
-        raise _bad(path, where, "kv", d.get("kv"), f"one of {', '.join(KV_DTYPES)}, or empty for the engine's default")
+        raise _bad(
+            path,
+            where,
+            "kv",
+            d.get("kv"),
+            f"one of {', '.join(KV_DTYPES)}, or empty or auto for the engine's default (also read: "
+            f"{_spellings(KV_DTYPES)})",
+        )
     model = str(d.get("model", "")).strip()
     if not model:
         raise _bad(path, where, "model", d.get("model"), "a Hugging Face id or a kvsim catalog model")
@@ -294,11 +324,7 @@ def _row(path: Path, where: str, d: dict) -> BenchRow:
     experts = hf.spec.moe.expert_dtype if hf is not None and hf.spec.moe is not None else None
     if not weights:
         # A row that gives no weights means its checkpoint's (quantised experts: gpt-oss, Kimi K2.5), else bf16.
-        weights = "bf16"
-        if experts in EXPERT_WEIGHTS:
-            weights = experts
-        elif hf is not None and hf.weight_dtype in WEIGHTS:
-            weights = hf.weight_dtype
+        weights = checkpoint_weights(section, hf, model)
     if weights in EXPERT_WEIGHTS and experts != weights:
         raise _bad(
             path,
@@ -364,6 +390,29 @@ def checkpoint_config(section: dict) -> HfModel | None:
     return read_hf_config(resolve_hf_config(section["hf_config"])) if section.get("hf_config") else None
 
 
+def checkpoint_weights(section: dict, hf: HfModel | None, ident: str | None = None) -> str:
+    """The weights of the checkpoint a model ``section`` (:func:`resolve_model`) names, as ``kvsim
+    run --model`` runs it: its config's (``hf``: :func:`checkpoint_config`; quantised routed experts
+    by their dtype), else the format the section brings for a quantised id of a catalog shape
+    (``nvidia/Llama-3.1-8B-Instruct-FP8``: :data:`sim.model_ids.CHECKPOINT_FORMATS`), else the
+    format the id's own tags name (``ident``: ``RedHatAI/Llama-3.1-8B-Instruct-FP8-dynamic`` is fp8,
+    :func:`sim.model_ids.model_of_id`), else bf16. Its KV cache is not taken along: a row's follows
+    its engine (:func:`default_kv`)."""
+    experts = hf.spec.moe.expert_dtype if hf is not None and hf.spec.moe is not None else None
+    if experts in EXPERT_WEIGHTS:
+        return str(experts)
+    given = section.get("weight_dtype")
+    if given is None and ident:
+        # A variant id resolves to its shape's config (bf16): its own tags name its format.
+        from sim.model_ids import model_of_id
+
+        tagged = model_of_id(ident)
+        given = tagged.get("weight_dtype") if tagged is not None else None
+    if given is None and hf is not None:
+        given = hf.weight_dtype
+    return given if given in WEIGHTS else "bf16"
+
+
 def _opt_int(path: Path, where: str, d: dict, col: str, lo: int = 1, hi: int = 1 << 24) -> int | None:
     """An optional integer column: ``None`` where the row leaves it empty."""
     return _int(path, where, d, col, lo, hi) if str(d.get(col) or "").strip() else None
@@ -417,6 +466,38 @@ def _flag(path: Path, where: str, d: dict, col: str) -> bool | None:
     raise _bad(path, where, col, d.get(col), "true or false (or empty for the engine's default)")
 
 
+#: Names other tools give the required columns, for a header that lacks one (a hint, not read as it).
+COLUMN_NAMES_ELSEWHERE = {
+    "model": ("model_id", "model_name", "model_path"),
+    "gpu": ("system", "hardware", "gpu_type", "device"),
+    "engine": ("backend", "framework"),
+    "tp": ("tensor_parallel_size", "tensor_parallel", "tp_size", "tensor_parallelism", "tensor_parallel_degree"),
+    "isl": ("input_len", "input_length", "input_tokens", "prompt_len", "prompt_tokens", "random_input_len"),
+    "osl": ("output_len", "output_length", "output_tokens", "max_tokens", "random_output_len"),
+    "concurrency": ("max_concurrency", "num_clients", "clients", "concurrent_requests"),
+    "ttft_ms": ("mean_ttft_ms", "ttft", "avg_ttft_ms"),
+    "tpot_ms": ("mean_tpot_ms", "tpot", "avg_tpot_ms", "mean_itl_ms", "itl_ms"),
+}
+
+
+def _squash(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _near_column(column: str, names: list[str]) -> str | None:
+    """The one of ``names`` (header cells kvsim does not read) that looks like ``column``: the same
+    letters and digits (``TTFT (ms)``), a name other tools use (:data:`COLUMN_NAMES_ELSEWHERE`:
+    ``tensor_parallel_size``), or a close spelling; ``None``."""
+    want = _squash(column)
+    elsewhere = {_squash(n) for n in COLUMN_NAMES_ELSEWHERE.get(column, ())}
+    for n in names:
+        if _squash(n) == want or _squash(n) in elsewhere:
+            return n
+    squashed = {_squash(n): n for n in names if _squash(n)}
+    close = difflib.get_close_matches(want, list(squashed), n=1, cutoff=0.8)
+    return squashed[close[0]] if close else None
+
+
 def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
     """The file's rows. A row with a value kvsim cannot read or simulate (a model, GPU or engine it
     does not know, a malformed number) is a ConfigError naming file, row, column and value; with
@@ -439,19 +520,37 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
             "line's CR?): convert the file to one kind of line ending (e.g. tr -d '\\r')",
         )
     reader = csv.reader(text.splitlines())
-    header = [c.strip() for c in next(reader, [])]
+    given = [c.strip() for c in next(reader, [])]
+    # Names as a spreadsheet may write them: in any case, padded (``Model``, `` TTFT_ms``).
+    header = [c.lower() for c in given]
     columns = f"columns {', '.join(REQUIRED)} (optional: {', '.join(OPTIONAL)})"
+    for c in REQUIRED + OPTIONAL:
+        at = [i for i, h in enumerate(header) if h == c]
+        if len(at) > 1:
+            # Read as a dict, the last copy would win and the others be dropped unsaid.
+            raise ConfigError(
+                f"{path}: header, {c}",
+                given[at[1]],
+                f"each column once: {c} is columns {' and '.join(str(i + 1) for i in at)} "
+                f"({', '.join(repr(given[i]) for i in at)})",
+            )
     missing = [c for c in REQUIRED if c not in header]
     if missing:
-        raw = ",".join(header)
+        raw = ",".join(given)
         sep = next((s for s in (";", "\t", "|") if s in raw), None)
         hint = f"; the header is one column holding {sep!r}: kvsim reads comma-separated files" if sep else ""
-        raise ConfigError(f"{path}: header", raw, f"{columns}; missing {', '.join(missing)}{hint}")
-    for c in header:
+        others = [g for g, h in zip(given, header) if h not in REQUIRED + OPTIONAL]
+        said = []
+        for c in missing:
+            like = _near_column(c, others)
+            unit = ", in milliseconds" if c.endswith("_ms") else ""
+            said.append(f"{c} (did you mean {like}? kvsim reads it as {c}{unit})" if like else c)
+        raise ConfigError(f"{path}: header", raw, f"{columns}; missing {', '.join(said)}{hint}")
+    for g, c in zip(given, header):
         near = [] if c in REQUIRED + OPTIONAL else difflib.get_close_matches(c, REQUIRED + OPTIONAL, n=1, cutoff=0.8)
         if near:
             # A misspelt optional column would be read as absent: the run simulated at the engine's defaults.
-            raise ConfigError(f"{path}: header", c, f"did you mean {near[0]}? ({columns}; any other is left alone)")
+            raise ConfigError(f"{path}: header", g, f"did you mean {near[0]}? ({columns}; any other is left alone)")
     rows = []
     while True:
         start = reader.line_num + 1
@@ -474,27 +573,134 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
     return rows
 
 
-def read_vllm_result(
-    path: Path,
-    *,
-    gpu: str | None = None,
-    tp: int | None = None,
-    engine: str = "vllm",
-    weights: str | None = None,
-    kv: str | None = None,
-    model: str | None = None,
-    kv_cache_tokens: int | None = None,
-) -> BenchRow:
-    """One ``vllm bench serve --save-result`` JSON file as a row (closed loop at ``max_concurrency``);
-    ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` say what the file does not record."""
+#: Keys only a benchmark result has (vllm bench serve, SGLang bench_serving): a JSON file in a folder
+#: without any of them (a model's config.json, a server's arguments) is not one, and is skipped.
+RESULT_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "ttfts", "mean_tpot_ms")
+#: What a result file is, for the errors about one.
+RESULT_FILE = "a JSON object written by vllm bench serve --save-result (or SGLang's bench_serving)"
+#: ``backend`` values of vllm bench serve and SGLang bench_serving results that name an engine kvsim
+#: has a preset for, beside its own spellings (:func:`normalize_engine`): the client each tool uses
+#: for that server. Any other (``openai``, ``openai-chat``, ``tgi``, ``lmdeploy``) says how requests
+#: were sent, not which engine served them.
+BACKEND_ENGINES = {
+    "vllm-chat": "vllm",
+    "sglang-native": "sglang",
+    "sglang-oai": "sglang",
+    "sglang-oai-chat": "sglang",
+    "trt": "trtllm",
+}
+
+
+def engine_of_backend(backend: Any) -> str | None:
+    """The engine a result's ``backend`` names (:data:`BACKEND_ENGINES`, :data:`ENGINES`), or ``None``."""
+    if not isinstance(backend, str):
+        return None
+    key = backend.strip().lower()
+    engine = BACKEND_ENGINES.get(key, normalize_engine(key))
+    return engine if engine in ENGINES else None
+
+
+@dataclass
+class ReadNotes:
+    """What reading result files passed over without an error, said once per kind by :meth:`lines`:
+    files that are not benchmark results (skipped), and results whose ``backend`` names no engine
+    (simulated as vLLM)."""
+
+    not_results: list[Path] = field(default_factory=list)
+    backends: dict[str, list[Path]] = field(default_factory=dict)
+
+    def lines(self, where: Path) -> list[str]:
+        out = []
+        if self.not_results:
+            n = len(self.not_results)
+            traces = sum(f.name.endswith(".pytorch.json") for f in self.not_results)
+            out.append(
+                f"{n} file{'s' if n > 1 else ''} of {where} {'are not benchmark results' if n > 1 else 'is not a benchmark result'}, "
+                f"skipped: {', '.join(f.name for f in self.not_results)} (no {', '.join(RESULT_KEYS)}"
+                + ("; *.pytorch.json: vLLM's torch-trace side files" if traces else "")
+                + ")"
+            )
+        for backend, files in self.backends.items():
+            named = str(files[0]) if len(files) == 1 else f"{len(files)} files of {where}"
+            out.append(
+                f"{named}: backend {backend} names no engine kvsim has a preset for ({', '.join(ENGINES)}): "
+                "simulated as vllm; --engine names the server's"
+            )
+        return out
+
+
+def _infinite(rate: Any) -> bool:
+    """Whether a result's ``request_rate`` is infinite: ``"inf"`` as vLLM writes it, or a float
+    infinity (SGLang's ``Infinity``)."""
+    if isinstance(rate, str):
+        return rate.strip().lower() in ("inf", "+inf", "infinity", "+infinity")
+    return isinstance(rate, float) and rate == math.inf
+
+
+def _result_documents(path: Path) -> list[tuple[str, Any]]:
+    """The JSON documents of a result file with where each is: the file's one (``result``), or one
+    per line (``line N``: ``vllm bench serve --append-result``, SGLang's ``bench_serving`` JSONL)
+    where the file holds several, each line an object of its own."""
     from sim.analysis.bench_results import MAX_RESULT_BYTES
     from sim.inputs import load_json, read_text
 
     # Bounded: size, UTF-8 and nesting (a deeply nested file raised RecursionError), one line each.
-    doc = load_json(read_text(path, "serving_bench", "JSON file", MAX_RESULT_BYTES), "serving_bench", str(path))
-    if not isinstance(doc, dict):
-        raise ConfigError(str(path), type(doc).__name__, "a JSON object written by vllm bench serve --save-result")
-    where = "result"
+    text = read_text(path, "serving_bench", "JSON file", MAX_RESULT_BYTES)
+    try:
+        return [("result", load_json(text, "serving_bench", str(path)))]
+    except ConfigError:
+        lines = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip()]
+        try:
+            # Bounded as the whole was (nesting): the first line alone an object says one run per line.
+            one_per_line = len(lines) > 1 and isinstance(load_json(lines[0][1], "serving_bench", str(path)), dict)
+        except ConfigError:
+            one_per_line = False
+        if not one_per_line:
+            raise
+    docs = []
+    for n, ln in lines:
+        doc = load_json(ln, f"{path}: line {n}", ln.strip()[:60])
+        if not isinstance(doc, dict):
+            raise ConfigError(
+                f"{path}: line {n}",
+                type(doc).__name__,
+                f"{RESULT_FILE}: a file of several runs holds one object per line",
+            )
+        docs.append((f"line {n}", doc))
+    return docs
+
+
+def _is_result(doc: Any) -> bool:
+    return isinstance(doc, dict) and any(k in doc for k in RESULT_KEYS)
+
+
+def _not_a_result(path: Path, where: str, doc: Any) -> ConfigError:
+    kind = "a list" if isinstance(doc, list) else f"an object without {', '.join(RESULT_KEYS)}"
+    if not isinstance(doc, (list, dict)):
+        kind = f"a JSON {type(doc).__name__}"
+    trace = " (vLLM's torch-trace side file: read the .json beside it)" if path.name.endswith(".pytorch.json") else ""
+    return ConfigError(
+        str(path) if where == "result" else f"{path}: {where}",
+        "not a benchmark result",
+        f"{RESULT_FILE}; this is {kind}{trace}",
+    )
+
+
+def _result_row(
+    path: Path,
+    where: str,
+    doc: dict,
+    *,
+    gpu: str | None = None,
+    tp: int | None = None,
+    engine: str | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
+    model: str | None = None,
+    kv_cache_tokens: int | None = None,
+    notes: ReadNotes | None = None,
+) -> BenchRow:
+    """One run of a result file (``doc``, found at ``where``) as a row; see :func:`read_vllm_result`."""
     conc = doc.get("max_concurrency")
     if conc is None:
         raise _bad(
@@ -510,16 +716,49 @@ def read_vllm_result(
     for col in ("total_input_tokens", "total_output_tokens", "mean_ttft_ms", "mean_tpot_ms"):
         if not isinstance(doc.get(col), (int, float)) or isinstance(doc.get(col), bool):
             raise _bad(path, where, col, doc.get(col), "a number (vllm bench serve --save-result writes it)")
+    rate = doc.get("request_rate")
+    if rate is not None and not _infinite(rate):
+        # Requests sent at a rate, at most max_concurrency at a time, are not a closed loop of that many
+        # clients: each waits for its send time, not for the client's last request.
+        raise _bad(
+            path,
+            where,
+            "request_rate",
+            rate,
+            "inf: a closed-loop run (vllm bench serve --max-concurrency N) has request_rate inf; a run at a rate "
+            "is open-loop, which kvsim compare replays",
+        )
+    if doc.get("ramp_up_strategy"):
+        raise _bad(
+            path,
+            where,
+            "ramp_up_strategy",
+            doc["ramp_up_strategy"],
+            "null: a closed-loop run starts its clients at once; a ramped-up run's sends are kvsim compare's "
+            "to replay (from its start_times)",
+        )
     if gpu is None:
         raise ConfigError("--gpu", None, f"the GPU {path.name} ran on (the file does not record it; kvsim list gpus)")
     if tp is None:
         raise ConfigError(
             "--tp", None, f"the tensor-parallel degree {path.name} ran at: 1, 2, 4 or 8 (the file does not record it)"
         )
+    ident = model or doc.get("model_id") or doc.get("tokenizer_id")
+    if not isinstance(ident, str) or not ident.strip():
+        raise _bad(
+            path,
+            where,
+            "model_id",
+            doc.get("model_id"),
+            "the model the run served (the file names none: SGLang's bench_serving does not write it); pass "
+            "--model ID (a Hugging Face id, a kvsim catalog model or a config.json path)",
+        )
+    backend = doc.get("backend")
+    run_on = engine if engine is not None else (engine_of_backend(backend) or "vllm")
     d = {
-        "model": model or doc.get("model_id") or doc.get("tokenizer_id"),
+        "model": ident,
         "gpu": gpu,
-        "engine": engine,
+        "engine": run_on,
         "tp": tp,
         "isl": round(doc["total_input_tokens"] / completed),
         "osl": round(doc["total_output_tokens"] / completed),
@@ -528,32 +767,140 @@ def read_vllm_result(
         "tpot_ms": doc["mean_tpot_ms"],
         "weights": weights or "",
         "kv": kv or "",
-        "engine_version": doc.get("backend", ""),
-        "source_id": path.name,
+        # A result records its client (backend), not the engine's version.
+        "engine_version": "",
+        "source_id": path.name if where == "result" else f"{path.name} {where}",
         "requests": int(completed),
         "kv_cache_tokens": kv_cache_tokens or "",
     }
-    return _row(path, where, d)
+    row = _row(path, where, d)
+    if engine is None and engine_of_backend(backend) is None and notes is not None:
+        files = notes.backends.setdefault(quote(backend), [])
+        if path not in files:
+            files.append(path)
+    return row
 
 
-def read_bench(path: str | Path, problems: list[str] | None = None, **vllm_args) -> list[BenchRow]:
-    """Rows of a CSV file, a vLLM result JSON, or a folder of either (``vllm_args``: see
-    :func:`read_vllm_result`). With ``problems``, a row or result file that cannot be read or
-    simulated is a one-line message appended there (file, row, column, value and what is allowed)
-    and the rest are read; a file or folder that cannot be read at all is a ConfigError, and so is
-    one where no row is left."""
+def _model_argument(model: str | None) -> str | None:
+    """``--model`` as given, or made absolute where it is a path from the working directory (a row's
+    own model is read relative to its file)."""
+    if model is None:
+        return None
+    p = Path(model).expanduser()
+    return str(p.resolve()) if p.exists() else model
+
+
+def read_vllm_results(
+    path: Path,
+    problems: list[str] | None = None,
+    notes: ReadNotes | None = None,
+    *,
+    gpu: str | None = None,
+    tp: int | None = None,
+    engine: str | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
+    model: str | None = None,
+    kv_cache_tokens: int | None = None,
+) -> list[BenchRow]:
+    """Every run of a result file (one, or one per line: :func:`_result_documents`) as a row
+    (:func:`read_vllm_result`). With ``problems``, a run that cannot be read is a line there and the
+    others are read; a file that cannot be read at all is a ConfigError."""
+    args = dict(gpu=gpu, tp=tp, engine=engine, weights=weights, kv=kv, model=model, kv_cache_tokens=kv_cache_tokens)
+    return _runs(path, _result_documents(path), problems, notes, args)
+
+
+def _runs(
+    path: Path, docs: list[tuple[str, Any]], problems: list[str] | None, notes: ReadNotes | None, args: dict
+) -> list[BenchRow]:
+    """The rows of a result file's documents (:func:`read_vllm_results`)."""
+    args = {**args, "model": _model_argument(args.get("model"))}
+    rows = []
+    for where, doc in docs:
+        try:
+            if not _is_result(doc):
+                raise _not_a_result(path, where, doc)
+            rows.append(_result_row(path, where, doc, notes=notes, **args))
+        except ConfigError as exc:
+            if problems is None or exc.key in ("--gpu", "--tp"):
+                raise  # the command line is missing what every result file needs
+            problems.append(str(exc))
+    return rows
+
+
+def read_vllm_result(
+    path: Path,
+    *,
+    gpu: str | None = None,
+    tp: int | None = None,
+    engine: str | None = None,
+    weights: str | None = None,
+    kv: str | None = None,
+    model: str | None = None,
+    kv_cache_tokens: int | None = None,
+    notes: list[str] | None = None,
+) -> BenchRow:
+    """One ``vllm bench serve --save-result`` JSON file (or SGLang ``bench_serving``'s) as a row:
+    a closed loop at ``max_concurrency``; a run at a finite ``request_rate`` or ramped up is not one,
+    and is refused. ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` say what the file
+    does not record; ``model`` fills or replaces its ``model_id``; ``engine`` replaces the one its
+    ``backend`` names (``None``: that one, vLLM where it names none, which ``notes`` hears)."""
+    seen = ReadNotes()
+    (where, doc), *more = _result_documents(path)
+    if more:
+        raise ConfigError(str(path), f"{len(more) + 1} runs", "one run (read_bench reads a file of several)")
+    if not _is_result(doc):
+        raise _not_a_result(path, where, doc)
+    row = _result_row(
+        path,
+        where,
+        doc,
+        gpu=gpu,
+        tp=tp,
+        engine=engine,
+        weights=weights,
+        kv=kv,
+        model=_model_argument(model),
+        kv_cache_tokens=kv_cache_tokens,
+        notes=seen,
+    )
+    if notes is not None:
+        notes.extend(seen.lines(path))
+    return row
+
+
+#: The suffixes of the files :func:`read_bench` reads in a folder.
+BENCH_SUFFIXES = (".csv", ".json", ".jsonl")
+
+
+def read_bench(
+    path: str | Path, problems: list[str] | None = None, notes: list[str] | None = None, **vllm_args
+) -> list[BenchRow]:
+    """Rows of a CSV file, a result JSON (vLLM's or SGLang's; one run, or one per line), or a folder
+    of them (``vllm_args``: see :func:`read_vllm_result`). With ``problems``, a row or result that
+    cannot be read or simulated is a one-line message appended there (file, row, column, value and
+    what is allowed) and the rest are read; a file or folder that cannot be read at all is a
+    ConfigError, and so is one where no row is left. ``notes`` hears, one line each, what was passed
+    over without an error: a folder's JSON files that are not benchmark results (skipped, vLLM's
+    ``*.pytorch.json`` side files among them), results whose ``backend`` names no engine."""
     p = Path(path)
+    seen = ReadNotes()
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix.lower() in (".csv", ".json"))
+        files = sorted(f for f in p.iterdir() if f.suffix.lower() in BENCH_SUFFIXES and f.is_file())
         if not files:
-            raise ConfigError("serving_bench", str(p), "a folder holding .csv or .json benchmark results")
-        rows = [r for f in files for r in _read_one(f, problems, vllm_args)]
+            raise ConfigError("serving_bench", str(p), "a folder holding .csv or .json (or .jsonl) benchmark results")
+        rows = [r for f in files for r in _read_one(f, problems, vllm_args, seen, in_folder=True)]
     elif not p.is_file():
         raise ConfigError("serving_bench", str(p), "a CSV file, a vllm bench serve JSON file, or a folder of them")
     else:
-        rows = _read_one(p, problems, vllm_args)
+        rows = _read_one(p, problems, vllm_args, seen, in_folder=False)
+    said = seen.lines(p)
+    if notes is not None:
+        notes.extend(said)
     if not rows and problems:
         raise none_left(p, problems)
+    if not rows and seen.not_results:
+        raise ConfigError(str(p), "no benchmark result", f"a folder holding benchmark results; {said[0]}")
     return rows
 
 
@@ -567,16 +914,25 @@ def none_left(path: Path, problems: list[str]) -> ConfigError:
     )
 
 
-def _read_one(p: Path, problems: list[str] | None, vllm_args: dict) -> list[BenchRow]:
-    if p.suffix.lower() != ".json":
+def _read_one(p: Path, problems: list[str] | None, vllm_args: dict, seen: ReadNotes, in_folder: bool) -> list[BenchRow]:
+    if p.suffix.lower() == ".csv":
         return read_csv(p, problems)
+    if in_folder and p.name.lower().endswith(".pytorch.json"):
+        seen.not_results.append(p)  # vLLM's torch-trace side file of the result beside it (as kvsim compare skips it)
+        return []
     try:
-        return [read_vllm_result(p, **vllm_args)]
+        docs = _result_documents(p)
     except ConfigError as exc:
-        if problems is None or exc.key in ("--gpu", "--tp"):
-            raise  # the command line is missing what every result file needs
+        if problems is None:
+            raise
         problems.append(str(exc))
         return []
+    if len(docs) == 1 and not _is_result(docs[0][1]):
+        if not in_folder:
+            raise _not_a_result(p, *docs[0])  # the whole input: not a row left out
+        seen.not_results.append(p)  # a model's config.json, a server's arguments: not a run
+        return []
+    return _runs(p, docs, problems, seen, vllm_args)
 
 
 def completion_gap_ratios(rows: Iterable[BenchRow], max_concurrency: int = 32) -> dict[tuple[str, int, int], float]:

@@ -12,14 +12,31 @@ WEIGHT_DTYPES = "bf16|fp16|fp8|fp8_block|nvfp4|mxfp4|w4a16"
 
 
 def engine_option(mode: str, what: str):
-    return typer.Option(None, "--engine", help=f"{mode}: {what} (vllm|sglang|trtllm); for JSON results, their engine.")
+    return typer.Option(
+        None,
+        "--engine",
+        help=f"{mode}: {what} (vllm|sglang|trtllm); for JSON results, their engine (default: the one their "
+        "backend names, else vllm).",
+    )
+
+
+#: What ``--model`` is for JSON results, in ``validate`` and ``calibrate`` alike.
+MODEL_FOR_RESULTS = (
+    "with JSON results: the model they ran (a Hugging Face id, a catalog model or a config.json path), in "
+    "place of their model_id (SGLang's bench_serving writes none)"
+)
+
+
+def model_option(mode: str):
+    return typer.Option(None, "--model", help=f"{mode} {MODEL_FOR_RESULTS}.")
 
 
 def weights_option(mode: str):
     return typer.Option(
         None,
         "--weights",
-        help=f"{mode} with vllm JSON results: their weights ({WEIGHT_DTYPES}; default: the checkpoint's, as its config declares them, else bf16).",
+        help=f"{mode} with JSON results: their weights ({WEIGHT_DTYPES}; default or auto: the checkpoint's, as kvsim run "
+        "--model takes it, else bf16).",
     )
 
 
@@ -27,7 +44,7 @@ def kv_option(mode: str):
     return typer.Option(
         None,
         "--kv",
-        help=f"{mode} with vllm JSON results: their KV cache dtype (bf16|fp16|fp8; default: the engine's).",
+        help=f"{mode} with JSON results: their KV cache dtype (bf16|fp16|fp8; default or auto: the engine's).",
     )
 
 

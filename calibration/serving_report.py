@@ -86,24 +86,30 @@ def _rows(
     problems: list[str] | None = None,
     served_by: str | None = None,
     kv_cache_tokens: int | None = None,
+    *,
+    model: str | None = None,
+    notes: list[str] | None = None,
 ) -> list[BenchRow]:
     """The file's rows (``engine``: only that engine's), or a ConfigError when none is left.
-    ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` describe vLLM result JSON files, which
-    do not record them.
-    ``problems``: rows that cannot be read or simulated are said there, one line each (file, row,
-    column, value), and the others kept. ``served_by``: how the servers were configured where a row
-    does not say (:func:`served_by_rows`)."""
+    ``gpu``, ``tp``, ``weights``, ``kv`` and ``kv_cache_tokens`` describe result JSON files, which
+    do not record them; ``model`` fills or replaces their ``model_id``, ``engine`` the engine their
+    ``backend`` names. ``problems``: rows that cannot be read or simulated are said there, one line
+    each (file, row, column, value), and the others kept; ``notes``: what was passed over without an
+    error (:func:`calibration.serving_bench.read_bench`). ``served_by``: how the servers were
+    configured where a row does not say (:func:`served_by_rows`)."""
     if engine:
         engine = normalize_engine(engine)
     rows = served_by_rows(
         read_bench(
             path,
             problems,
+            notes,
             gpu=gpu,
             tp=tp,
-            engine=engine or "vllm",
+            engine=engine or None,
             weights=weights,
             kv=kv,
+            model=model,
             kv_cache_tokens=kv_cache_tokens,
         ),
         served_by if served_by is not None else "auto",
@@ -231,10 +237,15 @@ def variant_lines(rows: list[BenchRow]) -> list[str]:
     and formats it is simulated with (:func:`sim.model_ids.variant_note`): an untagged id whose
     only shipped config is a quantised re-release takes that release's weights where the row gives
     none, which the row's own columns do not show."""
-    from sim.model_ids import variant_note
+    from sim.model_ids import model_of_id, variant_note
 
-    # Every row's model resolved when it was read (a config path made absolute), so it resolves again.
-    notes = (variant_note(m, resolve_model(m), ROW_FORMAT_HINT, with_kv=False) for m in sorted({r.model for r in rows}))
+    # Every row's model resolved when it was read (a config path made absolute), so it resolves again;
+    # a tagged variant with its tags' weights, as a row that leaves them empty runs it
+    # (serving_bench.checkpoint_weights).
+    notes = (
+        variant_note(m, model_of_id(m) or resolve_model(m), ROW_FORMAT_HINT, with_kv=False)
+        for m in sorted({r.model for r in rows})
+    )
     return [n for n in notes if n is not None]
 
 
@@ -742,6 +753,7 @@ def validate_serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
+    model: str | None = None,
     treat: Treatments = Treatments(),
     sensitivity: bool = False,
     pooled_prior: bool = True,
@@ -780,11 +792,12 @@ def validate_serving_bench(
         )
     t0 = time.perf_counter()
     skipped: list[str] = []
+    notes: list[str] = []
     served = served_by if served_by is not None else "auto"
     meet = clients_mode(clients)
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
     if log is not None:
-        for line in skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
+        for line in notes + skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     # Every treatment keeps the rows' order, so the file's own rows line up with the treated ones.
@@ -839,6 +852,9 @@ def validate_serving_bench(
         "file": str(path),
         "rows": len(rows),
         "skipped_rows": skipped,
+        # What the reader passed over without an error: files that are not benchmark results, results
+        # whose backend names no engine.
+        "read_notes": notes,
         "protocol": (
             "leave-one-group-out: each (model, GPU, engine) group predicted by engine terms fitted on the "
             "other groups of its engine (where it has none, on the other engines' groups, shared)"
@@ -1124,6 +1140,7 @@ def calibrate_from_serving_bench(
     weights: str | None = None,
     kv: str | None = None,
     kv_cache_tokens: int | None = None,
+    model: str | None = None,
     exclude: tuple[str, ...] = (),
     treat: Treatments = Treatments(),
     served_by: str | None = None,
@@ -1142,14 +1159,16 @@ def calibrate_from_serving_bench(
     ``prior``: each engine's fit is pulled towards its starting terms (the presets', or
     ``terms_file``'s; :func:`calibration.serving_fit.prior_penalty`)."""
     skipped: list[str] = []
+    notes: list[str] = []
     served = served_by if served_by is not None else "auto"
     meet = clients_mode(clients)
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens)
+    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:
         for line in (
-            skipped_lines(skipped)
+            notes
+            + skipped_lines(skipped)
             + served_by_line(path, rows, served)
             + clients_line(path, checked.given, meet, served)
             + variant_lines(rows)
