@@ -224,7 +224,7 @@ def calibrate_command(
 ) -> None:
     """Fit a kvsim profile from kernel tables or from kernels timed on this machine; or fit serving-engine
     terms to end-to-end benchmarks (--from-serving-bench)."""
-    from sim.output.staging import out_file
+    from sim.output.staging import out_file, staged
 
     if from_serving_bench is not None:
         from .serving_report import Treatments
@@ -328,7 +328,13 @@ def calibrate_command(
                 if files["report"]
                 else ("; fit report skipped (plotly not installed)" if report else "")
             )
+            + (
+                f"; removed {files['removed']}, an earlier run's report (it described another calibration)"
+                if files.get("removed")
+                else ""
+            )
         )
+        path = files["profile"]
     else:
         from .profile_builder import build_profile
         from .tables import load_kernel_tables
@@ -340,7 +346,9 @@ def calibrate_command(
         assert from_tables is not None  # exactly one of --from-tables and --device, checked above
         kt = load_kernel_tables(from_tables, system, backend)
         built = build_profile(kt, models=pairs, name=name, dtype=dtype)
-    path = built.write(out)
+        with staged(out.parent) as stage:  # the file appears whole or not at all (Ctrl-C included)
+            built.write(stage / out.name)
+        path = out
     q = built.fit_quality
     typer.echo(f"wrote {path} ({built.name}; models {', '.join(built.models)})")
     for fam, v in q.items():
@@ -368,15 +376,22 @@ def profile_diff(
         ..., help="Profile A: a JSON path (e.g. from kvsim calibrate --device cuda) or built-in name."
     ),
     b: str = typer.Argument(..., help="Profile B, the reference (e.g. the built-in for that GPU: h200-sxm)."),
-    model: str = typer.Option("llama-3.1-8b", "--model", help=f"Model whose GEMM shapes are priced: {MODEL_HELP}."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help=f"Model whose GEMM shapes are priced: {MODEL_HELP} (default: the one model profile A, else B, "
+        "was calibrated for; else llama-3.1-8b).",
+    ),
     tensor_parallel: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size (shards the GEMMs)."),
     weight_dtype: str = typer.Option("bf16", "--weight-dtype", help="Weight dtype of the GEMMs."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows and summary as JSON."),
 ) -> None:
     """One model's GEMMs priced by two profiles side by side: A / B per projection and token count,
     and the median |A/B - 1| over the points both measured (docs/calibration.md)."""
-    from calibration.profile_diff import gemm_rows, summary
+    from calibration.profile_diff import default_model, gemm_rows, summary
 
+    if model is None:
+        model = default_model(a, b)
     spec = model_option(model)
     rows = gemm_rows(a, b, spec, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype)
     s = summary(rows)

@@ -45,6 +45,30 @@ def _gpu_for(profile: str) -> str:
     return "H100-SXM-80GB"  # any: a GEMM curve does not read the GPU spec
 
 
+#: ``kvsim profile diff``'s model when neither profile was calibrated for exactly one.
+DEFAULT_MODEL = "llama-3.1-8b"
+
+
+def default_model(a: str, b: str) -> str:
+    """The model ``kvsim profile diff`` prices without ``--model``: the one model profile A (else B)
+    was calibrated for, when it holds exactly one (a device calibration holds the model it timed:
+    ``kvsim calibrate --device cpu --model tiny-llama`` prices tiny-llama only); else
+    :data:`DEFAULT_MODEL`. A profile that does not load is left for :func:`gemm_rows` to name."""
+    from calibration.cli import model_option
+    from sim.cost.profile import load_profile
+
+    for ref in (a, b):
+        try:
+            names = {key.rsplit("@", 1)[0] for key in load_profile(ref).models}
+            if len(names) == 1:
+                name = names.pop()
+                model_option(name)  # a name kvsim resolves (not a config file's path elsewhere)
+                return name
+        except ConfigError:
+            continue
+    return DEFAULT_MODEL
+
+
 def gemm_rows(
     a: str,
     b: str,

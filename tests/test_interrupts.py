@@ -99,6 +99,7 @@ def test_an_interrupted_run_leaves_the_earlier_run_intact(tmp_path, sig):
     assert p.returncode == 128 + sig, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert lines == [lines[0]] and lines[0].startswith(f"error: interrupted by {sig.name}"), err
+    assert "a sweep resumes" not in err  # only a sweep's line says so
     assert "Traceback" not in err
     assert _files(out) == before  # same names (no staging folder or temporary file left), same bytes
     pq.read_table(out / "requests.parquet")
@@ -171,5 +172,6 @@ def test_an_interrupted_sweep_is_one_line_and_stops_its_workers(tmp_path, sig):
     assert p.returncode == 128 + sig, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: interrupted by {sig.name}") and "Traceback" not in err
+    assert lines[0].endswith("(a sweep resumes from its finished points)"), lines[0]
     for part in (tmp_path / "ds").glob("part-*.parquet"):  # whatever finished is whole
         pq.read_table(part)

@@ -4,6 +4,8 @@ importable)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,14 +84,37 @@ def calibrate_device(
 def write_outputs(
     result: DeviceResult, out: Path | str, model: ModelSpec, report: bool = True
 ) -> dict[str, Path | None]:
-    """Write the profile, the Parquet sidecar of raw timings and (with plotly) the HTML fit report."""
+    """Write the profile, the Parquet sidecar of raw timings and (with plotly) the HTML fit report.
+
+    The files appear together or not at all: they are written into a staging folder beside ``out``
+    and moved into place with SIGINT/SIGTERM held back (as :func:`sim.output.staging.staged` does),
+    so an interruption or a failure while writing leaves an earlier run's files as they were. A report
+    an earlier run left at this ``out`` is removed in the same step when this run writes none
+    (``report=False``, or plotly missing): it described another calibration (``written["removed"]``).
+    """
     import pyarrow.parquet as pq
 
+    from sim.output.staging import _move, _signals_held
+
     out = Path(out)
-    path = result.profile.write(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     pq_path, html_path = sidecar_paths(out)
-    pq.write_table(result.measurements.to_arrow(), pq_path, compression="zstd")
-    written = {"profile": path, "measurements": pq_path, "report": None}
-    if report:
-        written["report"] = write_report(html_path, result.profile, result.measurements, result.fits, model)
+    written: dict[str, Path | None] = {"profile": out, "measurements": pq_path, "report": None, "removed": None}
+    stage = out.parent / f".staging-calibrate-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    try:
+        result.profile.write(stage / out.name)
+        pq.write_table(result.measurements.to_arrow(), stage / pq_path.name, compression="zstd")
+        if report and write_report(stage / html_path.name, result.profile, result.measurements, result.fits, model):
+            written["report"] = html_path
+        with _signals_held():
+            for f in (out, pq_path, html_path):
+                if (stage / f.name).exists():
+                    _move(stage / f.name, f)
+            if written["report"] is None and html_path.is_file():
+                html_path.unlink()
+                written["removed"] = html_path
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return written

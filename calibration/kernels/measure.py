@@ -182,7 +182,7 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
     paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
     paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
     bench.reserve_paged(paged_cells, h, kvh, d)
-    timings = _run_jobs(bench, jobs, plan.passes, progress)
+    timings = _run_jobs(bench, jobs, plan.passes, progress, model.name)
     meas = Measurements()
     for (_, _, fam, kern, coords), t in zip(jobs, timings):
         meas.add(fam, kern, t, **coords)
@@ -200,8 +200,45 @@ def skipped_block_sizes(backend: AB.AttentionBackend, plan: Plan) -> dict[int, s
     return out
 
 
-def _run_jobs(bench: Bench, jobs, passes: int, progress: bool) -> list[Timing]:
-    setups = [j[1] for j in jobs]
+#: How torch says an allocation failed (CPU allocator, CUDA caching allocator, other backends).
+_OOM_TEXT = ("out of memory", "not enough memory", "can't allocate memory", "cannot allocate memory")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """``exc`` is an allocation failure (torch's ``OutOfMemoryError``, a ``MemoryError``, or a
+    ``RuntimeError`` from the CPU allocator), not a bug."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT)
+
+
+def _run_jobs(bench: Bench, jobs, passes: int, progress: bool, model: str = "") -> list[Timing]:
+    """Time ``jobs``; a point whose buffers do not fit the device's memory is one ConfigError line
+    naming the point, not a traceback (a model too big for this device)."""
+    current = {"i": 0}
+
+    def track(i: int, setup: Callable[[], Setup]) -> Setup:
+        current["i"] = i
+        return setup()
+
+    setups: list[Callable[[], Setup]] = [partial(track, i, j[1]) for i, j in enumerate(jobs)]
+    try:
+        return _time_jobs(bench, jobs, setups, passes, progress)
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if bench.ops.kind == "cuda":
+            bench.ops.torch.cuda.empty_cache()
+        raise ConfigError(
+            "calibrate.model",
+            model or "?",
+            f"a model whose kernels fit this device's memory: timing {jobs[current['i']][0]} ran out of memory "
+            f"({first[:200]}); calibrate a smaller model, or on a device with more memory",
+        ) from None
+
+
+def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
     if not progress:
         return bench.measure(setups, passes)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -64,12 +64,12 @@ def _line(text: str) -> None:
     sys.stderr.flush()
 
 
-def _interrupted() -> int:
+def _interrupted(args: list[str] | None = None) -> int:
+    """The one line of an interrupted command (``args``: its command line; only a sweep resumes)."""
     sig = RECEIVED[0] if RECEIVED else signal.SIGINT
-    _line(
-        f"interrupted by {signal.Signals(sig).name}; results already in place are unchanged "
-        "(a sweep resumes from its finished points)"
-    )
+    words = [a for a in (sys.argv[1:] if args is None else args) if not a.startswith("-")]
+    resumes = " (a sweep resumes from its finished points)" if words[:1] == ["sweep"] else ""
+    _line(f"interrupted by {signal.Signals(sig).name}; results already in place are unchanged{resumes}")
     return 128 + int(sig)
 
 
@@ -94,7 +94,7 @@ def run_app(app: Any, args: list[str] | None = None) -> int:
         _line(f"{where}: {message} (see {where} --help)")
         return int(getattr(exc, "exit_code", 2))
     except _ABORT + (KeyboardInterrupt,):
-        return _interrupted()
+        return _interrupted(args)
     except OSError as exc:
         if exc.filename is None:
             raise
@@ -102,6 +102,6 @@ def run_app(app: Any, args: list[str] | None = None) -> int:
         return 2
     if isinstance(rv, int) and not isinstance(rv, bool):
         if rv == 130 and RECEIVED:  # typer's answer to a KeyboardInterrupt inside a command
-            return _interrupted()
+            return _interrupted(args)
         return rv
     return 0

@@ -18,6 +18,7 @@ from sim.catalog import (
     activation_reserve_bytes,
     check_tensor_parallel,
     custom_gpu,
+    find_gpu,
     get_gpu,
     get_model,
     kv_capacity_bytes,
@@ -71,6 +72,33 @@ def _reported_token_bytes(model: ModelSpec, bpt: int, group_bpt: int) -> int:
     already count the replicated heads."""
     n = model.kv_groups.count
     return bpt if n == 1 else n * group_bpt
+
+
+def measured_elsewhere(profile, gpu_name: str, ref: str) -> str | None:
+    """Why a profile a scenario names (``ref``: ``cost_model.profile``) prices another device than
+    the scenario's GPU (``gpu_name``: a catalog name, ``cpu`` or ``custom``), or ``None``. Its kernel
+    times are the device's it measured, while memory and engine terms come from ``gpu.name``: a CPU
+    profile on an H100 runs H100 memory at CPU speed. A ``custom`` GPU takes any profile (the user
+    describes the part); a built-in profile the catalog prices that GPU with (GB200 on the B200's
+    tables) is its own."""
+    device = getattr(profile, "device", None)
+    if gpu_name == CUSTOM_GPU or not isinstance(device, dict):
+        return None
+    if BUILTIN_PROFILE_FOR_GPU.get(gpu_name) == ref:
+        return None
+    name = str(device.get("name") or "an unnamed device")
+    on_cpu = device.get("system") == "cpu"
+    if gpu_name == "cpu":
+        same = on_cpu
+    else:
+        same = not on_cpu and find_gpu(name) == gpu_name
+    if same:
+        return None
+    return (
+        f"profile {ref} was measured on {name} ({'CPU' if on_cpu else 'GPU'}), not on gpu.name {gpu_name}: "
+        "its kernel times are that device's, while memory and engine terms are the scenario's GPU's "
+        "(set gpu.name to the device it measured, or calibrate this one: kvsim calibrate)"
+    )
 
 
 @dataclass(frozen=True)
@@ -260,6 +288,10 @@ class Deployment:
                     layout=layout,
                     engine=self.engine,
                 )
+                if not auto:
+                    other = measured_elsewhere(getattr(cost, "profile", None), self.gpu.name, str(ref))
+                    if other is not None:
+                        log.warning("cost model: %s", other)
                 for note in cost.substitutions:
                     # Calibrated, but not on this model's own shape: said, as the fallbacks below are.
                     log.warning(
