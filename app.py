@@ -64,7 +64,7 @@ def knob(widget, label: str, k: str, where=None, **kw):
 
 def show_error(where, msg: str | None) -> None:
     if msg:
-        where.error(msg, icon="⚠️")
+        where.error(X.plain_markdown(msg), icon="⚠️")
 
 
 def accept_upload(up, seen_key: str, error_key: str, parse, rejected: str, seen=None):
@@ -377,6 +377,20 @@ def simulated_dtypes(where) -> None:
     where.caption(f"Simulated dtypes: weights `{m.weight_dtype}` · KV cache `{m.kv_dtype}`")
 
 
+def action_inputs(*parts):
+    """What a Compare / sweep / plan press runs on (the edited scenario and ``parts``): kept with its
+    results, which are marked stale when the inputs on screen differ; ``None`` when invalid."""
+    try:
+        return X.inputs_key(X.edited_scenario(S.base, S.knobs), *parts)
+    except ConfigError:
+        return None
+
+
+def stale_caption(stored_key: str, now, what: str) -> None:
+    if S.get(stored_key) is not None and S.get(stored_key) != now:
+        st.caption(f"⚠️ knobs changed since this {what} — press {'Plan' if what == 'plan' else 'Run ' + what} again.")
+
+
 # --- Explore --------------------------------------------------------------------------------
 
 
@@ -413,7 +427,7 @@ def downloads(rd: X.RunData, figs: dict) -> None:
     st.subheader("Downloads")
     cols = st.columns(7)
     try:
-        yaml_text = X.edited_scenario_yaml(S.base, S.knobs, [n for n in store().traces])
+        yaml_text = X.edited_scenario_yaml(S.base, S.knobs, [n for n in store().traces], store().profiles)
     except ConfigError as exc:
         yaml_text = f"# invalid scenario: {exc}\n"
     name = rd.scenario_name or "scenario"
@@ -567,6 +581,7 @@ def page_compare() -> None:
     labels = X.unique_labels(cfgs)
     pressed = st.button("▶ Run comparison", type="primary", key="compare_run")
     bar = st.empty()
+    inputs = action_inputs(cfgs)
     if pressed:
         try:
             data, _ = current_scenario()
@@ -585,12 +600,13 @@ def page_compare() -> None:
             S.compare_error = f"{type(exc).__name__}: {X.error_text(exc)}"
         else:
             S.compare_error = None
-            S.compare = results
+            S.compare, S.compare_inputs = results, inputs
     show_error(st, S.get("compare_error"))
     results = S.get("compare")
     if not results:
         st.info("Pick 2–4 allocator configurations and press **Run comparison**.")
         return
+    stale_caption("compare_inputs", inputs, "comparison")
     slo = X.slo_from_knobs(S.knobs)
     kp = {lb: X.kpis(rd.summary, rd.requests, slo) for lb, rd in results.items()}
     rows = X.compare_rows(kp)
@@ -634,7 +650,7 @@ def page_sweeps() -> None:
             up, "sweep_upload_seen", "sweep_error", X.read_sweep_upload, "Upload rejected, previous dataset kept"
         )
         if table is not None:
-            S.sweep_table = table
+            S.sweep_table, S.sweep_inputs = table, None
     else:
         st.caption(
             f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
@@ -647,6 +663,7 @@ def page_sweeps() -> None:
         a2 = c2.selectbox("Axis 2", ["(none)", *axes], index=2, key="sw_a2")
         v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}", disabled=a2 == "(none)")
         n_req = st.number_input("Requests per point", 50, 5000, 300, 50, key="sw_n")
+        sweep_inputs = action_inputs(a1, v1, a2, v2 if a2 != "(none)" else "", int(n_req))
         if st.button("▶ Run sweep", type="primary", key="sweep_run"):
             bar = st.progress(0.0, text="sweeping…")
             try:
@@ -662,6 +679,7 @@ def page_sweeps() -> None:
                     progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"),
                 )
                 S.sweep_table = XD.public_table(table, (str(store().dir),))
+                S.sweep_inputs = sweep_inputs
                 S.sweep_error = (
                     (
                         f"{len(failures)} point(s) failed: "
@@ -673,6 +691,7 @@ def page_sweeps() -> None:
             except ConfigError as exc:
                 S.sweep_error = X.error_text(exc)
             bar.empty()
+        stale_caption("sweep_inputs", sweep_inputs, "sweep")
     show_error(st, S.get("sweep_error"))
     table = S.get("sweep_table")
     if table is not None and not X.numeric_columns(table):
@@ -691,11 +710,11 @@ def page_sweeps() -> None:
         color = c3.selectbox("color", colors, index=X.default_index(colors, dcolor), key="sw_color")
         note = XB.sweep_note(table, params)
         if note:
-            st.warning(note, icon="⏱️")
+            st.warning(X.plain_markdown(note), icon="⏱️")
         try:
             fig = plots.sweep_curves(table, x, y, None if color == "(none)" else color, max_distinct=plots.MAX_DISTINCT)
         except plots.TooManyValues as exc:
-            st.info(str(exc))
+            st.info(X.plain_markdown(str(exc)))
         else:
             st.plotly_chart(fig, key="sw_curves", theme=None)
         if len(params) >= 2:
@@ -708,7 +727,7 @@ def page_sweeps() -> None:
             try:
                 heat = plots.heatmap(table, hx, hy, hz, max_distinct=plots.MAX_DISTINCT)
             except plots.TooManyValues as exc:
-                st.info(str(exc))
+                st.info(X.plain_markdown(str(exc)))
             else:
                 st.plotly_chart(heat, key="sw_heat", theme=None)
         st.download_button(
@@ -754,6 +773,8 @@ def page_sweeps() -> None:
         help="Find the value of each unmeasured cost-model constant, and of the KV capacity derived "
         "from memory, at which the recommendation would flip (more simulations).",
     )
+    slo_knobs = {k: S.knobs[k] for k in X.DEFAULT_SLO}  # the KPIs of Compare follow the SLO; a plan's do not
+    plan_inputs = action_inputs(slo_knobs, sorted(cands), int(n_req), int(seeds), bool(break_even))
     if st.button("▶ Plan", type="primary", key="plan_run"):
         bar = st.progress(0.0, text="planning…")
         live = st.empty()
@@ -778,9 +799,10 @@ def page_sweeps() -> None:
                     min(1.0, d / max(n, 1)), text=f"planning… {name} done ({d}/{n})"
                 ),
             )
-            S.plan_error, S.plan_partial = None, None
+            S.plan_error, S.plan_partial, S.plan_inputs = None, None, plan_inputs
         except XB.ActionBudgetSpent as exc:  # the candidates that finished are kept
             S.plan, S.plan_partial = None, X.plan_stream_rows(exc.finished, int(seeds))
+            S.plan_inputs = plan_inputs
             S.plan_error = X.error_text(exc)
         except ConfigError as exc:
             S.plan_error = X.error_text(exc)
@@ -789,6 +811,8 @@ def page_sweeps() -> None:
         bar.empty()
         live.empty()
     show_error(st, S.get("plan_error"))
+    if S.get("plan") or S.get("plan_partial"):
+        stale_caption("plan_inputs", plan_inputs, "plan")
     if S.get("plan_partial"):
         st.dataframe(S.plan_partial, key="plan_partial", hide_index=True)
     p = S.get("plan")
@@ -841,9 +865,11 @@ def page_calibration() -> None:
         "Upload a profile JSON (≤ 5 MB; made with `kvsim calibrate`)", type=["json"], key="profile_upload"
     )
     name = accept_upload(up, "profile_upload_seen", "profile_error", store().add_profile, "Profile rejected")
-    if name is not None:
-        st.success(f"Profile **{name}** added: pick it below, or use it in Explore.")
+    if name is not None:  # shown after the rerun that puts it in the table and the picker
+        S.profile_added = f"Profile **{name}** added: pick it below, or use it in Explore."
         st.rerun()
+    if S.get("profile_added"):
+        st.success(S.pop("profile_added"))
     show_error(st, S.get("profile_error"))
     names = [*X.builtin_profiles(), *uploaded]
     if not names:

@@ -305,7 +305,7 @@ def test_allocator_configs_and_compare_rows():
         kp[lb] = X.kpis(rd.summary, rd.requests, X.slo_from_knobs({}))
     rows = {r["KPI"]: r for r in X.compare_rows(kp)}
     waste = rows["KV waste"]
-    assert waste["_differs"] and waste["_best"] == "paged b=16" and waste["_worst"] == labels[1]
+    assert waste["_differs"] and waste["_best"] == ["paged b=16"] and waste["_worst"] == [labels[1]]
     same = {"a": {"preemptions": 0}, "b": {"preemptions": 0}}
     assert not {r["KPI"]: r for r in X.compare_rows(same)}["preemptions"]["_differs"]
 

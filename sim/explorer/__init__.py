@@ -43,7 +43,15 @@ from sim.explorer.calibration_view import (
     preferred_curve,
     profile_rows,
 )
-from sim.explorer.compare import ALLOCATOR_KNOBS, allocator_label, allocator_overrides, compare_rows, unique_labels
+from sim.explorer.compare import (
+    ALLOCATOR_KNOBS,
+    allocator_label,
+    allocator_overrides,
+    compare_inputs_key,
+    compare_rows,
+    inputs_key,
+    unique_labels,
+)
 from sim.explorer.downloads import figures_html, plan_download, table_bytes
 from sim.explorer.knobs import (
     ARRIVAL_KNOBS,
@@ -93,6 +101,7 @@ from sim.explorer.uploads import (
     UploadedTrace,
     UploadStore,
     error_text,
+    plain_markdown,
     read_sweep_upload,
     resolve_paths,
     resolve_scenario,
@@ -139,6 +148,7 @@ __all__ = [
     "calibration_figure",
     "canonical_json",
     "check_axes_read",
+    "compare_inputs_key",
     "compare_rows",
     "curve_keys",
     "default_curve",
@@ -152,11 +162,13 @@ __all__ = [
     "format_kpi",
     "knobs_from_scenario",
     "model_choices",
+    "inputs_key",
     "kpi_delta",
     "kpis",
     "measured_points",
     "numeric_columns",
     "overrides_from_knobs",
+    "plain_markdown",
     "parse_axis_values",
     "preferred_curve",
     "profile_rows",

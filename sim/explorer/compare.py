@@ -3,7 +3,8 @@ by side, best and worst marked."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sim.explorer.knobs import _reserve_value, allocator_knobs
@@ -11,8 +12,9 @@ from sim.explorer.kpi import KPI_SPEC, format_kpi
 
 
 def compare_rows(kpis_by_label: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per KPI: ``{"KPI": label, <run label>: formatted value, ..., "best": label|""}``
-    plus ``_best``/``_worst`` (labels) and ``_differs`` for highlighting."""
+    """One row per KPI: ``{"KPI": label, <run label>: formatted value, ...}`` plus ``_best``/``_worst``
+    (the labels of every column holding the best / worst value: tied columns are all marked; empty
+    when every value is the same) and ``_differs`` for highlighting."""
     labels = list(kpis_by_label)
     rows = []
     for key, label, _, better in KPI_SPEC:
@@ -21,11 +23,14 @@ def compare_rows(kpis_by_label: Mapping[str, Mapping[str, Any]]) -> list[dict[st
         row.update({lb: format_kpi(key, v) for lb, v in vals.items()})
         present = {lb: v for lb, v in vals.items() if v is not None}
         differs = len(set(row[lb] for lb in labels)) > 1
-        best = worst = ""
+        best: list[str] = []
+        worst: list[str] = []
         if better and differs and len(present) > 1:
-            order = sorted(present, key=lambda lb: present[lb], reverse=better == "high")
-            if present[order[0]] != present[order[-1]]:
-                best, worst = order[0], order[-1]
+            hi, lo = max(present.values()), min(present.values())
+            if hi != lo:
+                top, bottom = (hi, lo) if better == "high" else (lo, hi)
+                best = [lb for lb, v in present.items() if v == top]
+                worst = [lb for lb, v in present.items() if v == bottom]
         row["_best"], row["_worst"], row["_differs"] = best, worst, differs
         rows.append(row)
     return rows
@@ -35,14 +40,24 @@ ALLOCATOR_KNOBS = ("kind", "block_size", "reserve", "overflow")
 
 
 def allocator_label(cfg: Mapping[str, Any]) -> str:
+    """A Compare column's name: the kind, its main knobs, and every other knob not at its default
+    (two paged columns that differ only in ``page_reuse`` must not both read ``paged b=16``)."""
     kind = cfg.get("kind", "paged")
-    if kind == "paged":
-        return f"paged b={cfg.get('block_size', 16)}"
-    if kind == "static":
-        return f"static {cfg.get('reserve', 'max_model_len')} ({cfg.get('overflow', 'reject')})"
     knobs = allocator_knobs(kind)
-    extra = " ".join(f"{k}={cfg[k]}" for k in knobs if k in cfg and cfg[k] != knobs[k])
-    return f"{kind} {extra}".strip()
+    if kind == "paged":
+        head, shown = f"paged b={cfg.get('block_size', 16)}", {"block_size"}
+    elif kind == "static":
+        head, shown = (
+            f"static {cfg.get('reserve', 'max_model_len')} ({cfg.get('overflow', 'reject')})",
+            {
+                "reserve",
+                "overflow",
+            },
+        )
+    else:
+        head, shown = kind, set()
+    extra = " ".join(f"{k}={cfg[k]}" for k in knobs if k not in shown and k in cfg and cfg[k] != knobs[k])
+    return f"{head} {extra}".strip()
 
 
 def allocator_overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,6 +68,18 @@ def allocator_overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
         v = cfg.get(k, default)
         out[f"allocator.{k}"] = _reserve_value(v) if k == "reserve" else v
     return out
+
+
+def inputs_key(*parts: Any) -> str:
+    """What a page action (a comparison, a sweep, a plan) was run on, as one string: the edited
+    Explore scenario and the action's own widgets. The page keeps it with the results and marks them
+    stale ("press Run again") when the inputs on screen give another key."""
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def compare_inputs_key(data: Mapping[str, Any], cfgs: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`inputs_key` of a comparison: the edited scenario (``data``) and the configurations."""
+    return inputs_key(data, list(cfgs))
 
 
 def unique_labels(cfgs: list[Mapping[str, Any]]) -> list[str]:

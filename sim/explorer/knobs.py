@@ -8,6 +8,7 @@ stay unset); :func:`edited_scenario_yaml` writes the result as YAML that ``kvsim
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -208,11 +209,24 @@ def edited_scenario(base: dict, knobs: Mapping[str, Any]) -> dict:
     return data
 
 
-def edited_scenario_yaml(base: dict, knobs: Mapping[str, Any], uploaded_traces: Sequence[str] = ()) -> str:
-    """YAML of the edited scenario, runnable by ``kvsim run`` (validated first)."""
+def edited_scenario_yaml(
+    base: dict,
+    knobs: Mapping[str, Any],
+    uploaded_traces: Sequence[str] = (),
+    uploaded_profiles: Mapping[str, Any] | None = None,
+) -> str:
+    """YAML of the edited scenario, runnable by ``kvsim run`` (validated first). ``uploaded_profiles``
+    (name → file of the session's uploaded profiles): a ``cost_model.profile`` naming one is written
+    as its file name, a path ``kvsim run`` opens (relative to the folder it runs in), since the
+    upload's name alone is neither a built-in profile nor a file there."""
     data = edited_scenario(base, knobs)
     scenario_from_dict(data)
     head = "# Edited in the kvsim explorer; run with: kvsim run <this file>\n"
     if uploaded_traces:
         head += "# Uploaded traces referenced here must sit next to this file: " + ", ".join(uploaded_traces) + "\n"
+    profile = (data.get("cost_model") or {}).get("profile")
+    if uploaded_profiles and isinstance(profile, str) and profile in uploaded_profiles:
+        file = Path(str(uploaded_profiles[profile])).name
+        data = {**data, "cost_model": {**data["cost_model"], "profile": file}}
+        head += f"# Uploaded profile referenced here: run kvsim from the folder that holds {file}\n"
     return head + yaml.safe_dump(data, sort_keys=False)

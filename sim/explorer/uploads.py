@@ -65,6 +65,19 @@ def error_text(exc: BaseException) -> str:
     return text
 
 
+#: What Streamlit's Markdown would read as markup in a one-line message: emphasis (``*``; ``_`` only
+#: at a word's edge, as in CommonMark), code, math, strike-through (a single ``~``), links and colour
+#: directives (``[``), HTML, and the escape character itself.
+_MARKDOWN_SPECIAL = re.compile(r"[\\`*$~\[\]<>]|(?<!\w)_|_(?!\w)")
+
+
+def plain_markdown(text: str) -> str:
+    """``text`` shown as it is by a Streamlit element that renders Markdown (``st.error``, ``st.info``,
+    ...): a message naming ``allocator.prefix_caching.*`` (twice) or a value with ``$`` must not turn
+    into italics or math. Each markup character is backslash-escaped."""
+    return _MARKDOWN_SPECIAL.sub(lambda m: "\\" + m.group(0), str(text))
+
+
 def _check_size(data: bytes, limit: int, what: str) -> None:
     if len(data) > limit:
         raise ConfigError(what, f"{len(data):,} bytes", f"a file of at most {_size(limit)} ({limit:,} bytes)")
