@@ -309,3 +309,25 @@ def test_cli_prints_each_failed_candidates_cause(monkeypatch, tmp_path):
     for name in ("paged", "static"):
         assert f"failed {name}: RuntimeError: injected fault in the engine\n" in out, out
     assert "relax the SLO" not in out and "for a cause other than the SLO" in out
+
+
+def test_the_capacity_sentence_says_why_its_rate_differs_from_the_ranked_edge():
+    """ "serve up to" quotes the verified rate; the reasons compare the interpolated edge. Where the
+    two differ, the sentence names both, so a reader does not see two unexplained rates."""
+    cands = [
+        _cand("paged", "paged", 38.7, 41.7, [41.7], _op()),
+        _cand("static", "static", 30.0, 31.0, [31.0], _op()),
+    ]
+    for c in cands:
+        c.pop("seed_goodputs")
+    p = {**_seeded_plan(), "candidates": cands, "target_rate": None, "seeds": None}
+    rec = recommend(p)
+    assert rec["candidate"] == "paged" and rec["basis"] == "goodput_est_rps"
+    assert (
+        "serve up to 38.7 req/s within the SLO (the highest rate a complete run met; the reasons compare the edge, 41.7 req/s"
+        in rec["text"]
+    ), rec["text"]
+    assert any(r.startswith("goodput (edge) 41.7 req/s vs static") for r in rec["reasons"]), rec["reasons"]
+    # Equal to three digits: nothing to explain.
+    cands[0]["goodput_est_rps"] = 38.71
+    assert "the reasons compare" not in recommend(p)["text"]

@@ -1295,8 +1295,16 @@ def recommend(p: dict) -> dict:
         )
     else:
         # The verified goodput, not the ranking basis: a complete run at this rate met the target.
+        edge = _basis_value(best, basis)
+        # The reasons compare the ranking statistic (the interpolated edge): say why two rates appear.
+        edge_note = (
+            f" (the highest rate a complete run met; the reasons compare the {basis_label(basis, p)}, "
+            f"{edge:.3g} req/s, interpolated between it and the first rate that missed)"
+            if basis != "goodput_rps" and f"{edge:.3g}" != f"{best['goodput_rps']:.3g}"
+            else ""
+        )
         how_many = (
-            f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO; "
+            f"{best['gpus']} GPU(s) serve up to {best['goodput_rps']:.3g} req/s within the SLO{edge_note}; "
             f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)"
         )
     text = f"Use {best['name']} — {best['strategy']} (set {knobs}) on {p['gpu']}: {how_many}."
