@@ -415,6 +415,15 @@ def profile_diff(
         )
 
 
+def _versions_text(versions) -> str:
+    """A profile's ``backend_versions`` as one readable clause (``gemm 2.13.0, …``); those it does not
+    record (``nccl`` on one device: null) are left out."""
+    if not isinstance(versions, dict):
+        return "" if versions in (None, "") else f" ({versions})"
+    parts = [f"{k} {v}" for k, v in versions.items() if v not in (None, "")]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 @profile_app.command("show")
 def profile_show(
     name: str = typer.Argument(..., help="Built-in profile name or JSON path."),
@@ -441,8 +450,8 @@ def profile_show(
         return
     prov = p.provenance
     typer.echo(
-        f"profile {p.name}: {p.device.get('name')} ({prov.get('system', '')}), backend {prov.get('backend')} "
-        f"{prov.get('backend_versions')}, built {prov.get('date')}"
+        f"profile {p.name}: {p.device.get('name')} ({prov.get('system', '')}), backend {prov.get('backend')}"
+        f"{_versions_text(prov.get('backend_versions'))}, built {prov.get('date')}"
     )
     typer.echo(f"method: {prov.get('method')}")
     typer.echo("held-out fit quality:")

@@ -432,6 +432,10 @@ def test_cli_profile_list_and_show():
     assert r.exit_code == 0 and "h100-sxm" in r.output
     r = CliRunner().invoke(_app(), ["profile", "show", "a100-sxm"])
     assert r.exit_code == 0 and "held-out" in r.output
+    # Backend versions as a clause, not a Python dict; a device's null entries (nccl) left out.
+    r = CliRunner().invoke(_app(), ["profile", "show", "cpu-reference"])
+    first = r.output.splitlines()[0]
+    assert r.exit_code == 0 and "gemm " in first and "{" not in first and "None" not in first, first
 
 
 def test_cli_calibrate_from_tables(tmp_path):

@@ -164,6 +164,8 @@ def test_bad_input_is_one_line_exit_2(args, key, value):
     "text,needle",
     [
         ("arrival_s,prompt_tokens\n0,5\n", "missing ['output_tokens']"),
+        # The other layouts a CSV is read in, for a user whose Azure header is misspelt.
+        ("TIMESTAMP,ContextToken,GeneratedTokens\n0,5,3\n", "read as an Azure trace (TIMESTAMP, ContextTokens"),
         ("arrival_s,prompt_tokens,output_tokens\n0,5,3\n1,-5,3\n", "row 1 is -5"),
     ],
 )

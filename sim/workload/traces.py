@@ -74,6 +74,19 @@ def detect_format(path: Path, key: str = "workload.arrival.path") -> str:
     return "csv"
 
 
+def _needs(fmt: str, needed: list[str], missing: list[str], found: list[str]) -> str:
+    """What a trace of ``fmt`` lacks; for a plain CSV, also the other layouts a CSV is read in (by
+    its header: :func:`detect_format`), which a user with an Azure or length-stats file looks for."""
+    text = f"{fmt} trace needs columns {needed}; missing {missing} (found {found})"
+    if fmt == "csv":
+        text += (
+            "; a CSV whose header has ContextTokens is read as an Azure trace (TIMESTAMP, ContextTokens, "
+            "GeneratedTokens), one with num_prefill_tokens as length statistics (num_prefill_tokens, "
+            "num_decode_tokens)"
+        )
+    return text
+
+
 class TooManyRows(ConfigError):
     """A trace with more rows than the reader was allowed (``max_rows``); ``limit`` is that cap."""
 
@@ -155,7 +168,7 @@ def _parquet_table(path: Path, fmt: str, key: str, max_rows: int) -> pa.Table:
     needed = [c for c in FORMATS[fmt] if c]
     missing = [c for c in needed if c not in names]
     if missing:
-        raise ConfigError(key, str(path), f"{fmt} trace needs columns {needed}; missing {missing} (found {names})")
+        raise ConfigError(key, str(path), _needs(fmt, needed, missing, names))
     _check_column_types(pf, fmt, path, key)
     size = sum(
         meta.row_group(i).column(j).total_uncompressed_size
@@ -293,9 +306,7 @@ def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
     needed = [c for c in (arr_col, p_col, o_col) if c]
     missing = [c for c in needed if c not in table.column_names]
     if missing:
-        raise ConfigError(
-            key, str(p), f"{fmt} trace needs columns {needed}; missing {missing} (found {table.column_names})"
-        )
+        raise ConfigError(key, str(p), _needs(fmt, needed, missing, table.column_names))
     if table.num_rows == 0:
         raise ConfigError(key, str(p), "a trace with at least one row")
     prompt = _tokens(table, p_col, p, key)
