@@ -132,3 +132,24 @@ def test_profile_diff_defaults_to_the_profiles_own_model(capsys):
     # several models in A: still llama-3.1-8b
     assert run_app(app, ["profile", "diff", "h100-sxm", "h200-sxm"]) == 0
     assert capsys.readouterr().out.startswith("llama-3.1-8b TP1")
+
+
+def test_out_of_memory_reserving_the_kv_pool_is_one_line(tmp_path, monkeypatch, capsys):
+    """The paged KV pool is reserved before any point is timed: running out of memory there is the
+    same one line, naming what ran out."""
+    pytest.importorskip("torch")
+    from calibration.kernels import timing
+    from sim.cli.main import app
+
+    def no_memory(self, *args, **kw):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 40.00 GiB\nmore detail")
+
+    monkeypatch.setattr(timing.Bench, "reserve_paged", no_memory)
+    out = tmp_path / "cpu.json"
+    args = ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick", "--no-report", "--out", str(out)]
+    rc = run_app(app, args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert len(err) == 1 and err[0].startswith("error: calibrate.model: got 'tiny-llama'; ")
+    assert "reserving the paged KV pool ran out of memory (CUDA out of memory" in err[0], err[0]
+    assert not any(tmp_path.iterdir())

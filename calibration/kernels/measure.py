@@ -181,7 +181,12 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
         )
     paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
     paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
-    bench.reserve_paged(paged_cells, h, kvh, d)
+    try:
+        bench.reserve_paged(paged_cells, h, kvh, d)
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        raise _no_memory(bench, exc, model.name, "reserving the paged KV pool") from None
     timings = _run_jobs(bench, jobs, plan.passes, progress, model.name)
     meas = Measurements()
     for (_, _, fam, kern, coords), t in zip(jobs, timings):
@@ -227,15 +232,20 @@ def _run_jobs(bench: Bench, jobs, passes: int, progress: bool, model: str = "") 
     except Exception as exc:
         if not out_of_memory(exc):
             raise
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if bench.ops.kind == "cuda":
-            bench.ops.torch.cuda.empty_cache()
-        raise ConfigError(
-            "calibrate.model",
-            model or "?",
-            f"a model whose kernels fit this device's memory: timing {jobs[current['i']][0]} ran out of memory "
-            f"({first[:200]}); calibrate a smaller model, or on a device with more memory",
-        ) from None
+        raise _no_memory(bench, exc, model, f"timing {jobs[current['i']][0]}") from None
+
+
+def _no_memory(bench: Bench, exc: BaseException, model: str, doing: str) -> ConfigError:
+    """The one line of an allocation failure while ``doing`` (a model too big for this device)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if bench.ops.kind == "cuda":
+        bench.ops.torch.cuda.empty_cache()
+    return ConfigError(
+        "calibrate.model",
+        model or "?",
+        f"a model whose kernels fit this device's memory: {doing} ran out of memory ({first[:200]}); "
+        "calibrate a smaller model, or on a device with more memory",
+    )
 
 
 def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
