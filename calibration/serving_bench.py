@@ -578,21 +578,16 @@ def read_csv(path: Path, problems: list[str] | None = None) -> list[BenchRow]:
 RESULT_KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "ttfts", "mean_tpot_ms")
 #: What a result file is, for the errors about one.
 RESULT_FILE = "a JSON object written by vllm bench serve --save-result (or SGLang's bench_serving)"
-#: ``backend`` values of vllm bench serve and SGLang bench_serving results that name an engine kvsim
-#: has a preset for, beside its own spellings (:func:`normalize_engine`): the client each tool uses
-#: for that server. Any other (``openai``, ``openai-chat``, ``tgi``, ``lmdeploy``) says how requests
-#: were sent, not which engine served them.
-BACKEND_ENGINES = {
-    "vllm-chat": "vllm",
-    "sglang-native": "sglang",
-    "sglang-oai": "sglang",
-    "sglang-oai-chat": "sglang",
-    "trt": "trtllm",
-}
 
 
 def engine_of_backend(backend: Any) -> str | None:
-    """The engine a result's ``backend`` names (:data:`BACKEND_ENGINES`, :data:`ENGINES`), or ``None``."""
+    """The engine a result's ``backend`` names, or ``None``: the benchmark clients' names of the
+    servers kvsim has presets for (:data:`sim.analysis.bench_compare.BACKEND_ENGINES`, which
+    ``kvsim compare`` reads too), beside the engine column's own spellings (:func:`normalize_engine`).
+    Any other (``openai``, ``openai-chat``, ``tgi``) says how requests were sent, not which engine
+    served them."""
+    from sim.analysis.bench_compare import BACKEND_ENGINES
+
     if not isinstance(backend, str):
         return None
     key = backend.strip().lower()
