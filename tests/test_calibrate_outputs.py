@@ -92,25 +92,40 @@ def test_tables_route_interrupted_write_keeps_the_earlier_profile(tmp_path, monk
     assert out.read_text() == "earlier\n" and [p.name for p in tmp_path.iterdir()] == ["p.json"]
 
 
-def test_out_of_memory_is_one_line_naming_the_point(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("method", "error", "said"),
+    [
+        # A point's buffers: the point named.
+        (
+            "gemm_calls",
+            "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: not enough memory: "
+            "you tried to allocate 3489660928 bytes.\nmore detail",
+            ("timing GEMM qkv m=1 ran out of memory", "not enough memory"),
+        ),
+        # The paged KV pool, reserved before any point is timed.
+        (
+            "reserve_paged",
+            "CUDA out of memory. Tried to allocate 40.00 GiB\nmore detail",
+            ("reserving the paged KV pool ran out of memory (CUDA out of memory",),
+        ),
+    ],
+)
+def test_out_of_memory_is_one_line_naming_what_ran_out(tmp_path, monkeypatch, capsys, method, error, said):
     pytest.importorskip("torch")
     from calibration.kernels import timing
     from sim.cli.main import app
 
-    def no_memory(self, m, n, k):
-        raise RuntimeError(
-            "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: not enough memory: "
-            "you tried to allocate 3489660928 bytes.\nmore detail"
-        )
+    def no_memory(self, *args, **kw):
+        raise RuntimeError(error)
 
-    monkeypatch.setattr(timing.Bench, "gemm_calls", no_memory)
+    monkeypatch.setattr(timing.Bench, method, no_memory)
     out = tmp_path / "cpu.json"
     args = ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick", "--no-report", "--out", str(out)]
     rc = run_app(app, args)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2, err
     assert len(err) == 1 and err[0].startswith("error: calibrate.model: got 'tiny-llama'; ")
-    assert "timing GEMM qkv m=1 ran out of memory" in err[0] and "not enough memory" in err[0]
+    assert all(s in err[0] for s in said) and "more detail" not in err[0], err[0]
     assert not any(tmp_path.iterdir())
 
 
@@ -132,24 +147,3 @@ def test_profile_diff_defaults_to_the_profiles_own_model(capsys):
     # several models in A: still llama-3.1-8b
     assert run_app(app, ["profile", "diff", "h100-sxm", "h200-sxm"]) == 0
     assert capsys.readouterr().out.startswith("llama-3.1-8b TP1")
-
-
-def test_out_of_memory_reserving_the_kv_pool_is_one_line(tmp_path, monkeypatch, capsys):
-    """The paged KV pool is reserved before any point is timed: running out of memory there is the
-    same one line, naming what ran out."""
-    pytest.importorskip("torch")
-    from calibration.kernels import timing
-    from sim.cli.main import app
-
-    def no_memory(self, *args, **kw):
-        raise RuntimeError("CUDA out of memory. Tried to allocate 40.00 GiB\nmore detail")
-
-    monkeypatch.setattr(timing.Bench, "reserve_paged", no_memory)
-    out = tmp_path / "cpu.json"
-    args = ["calibrate", "--device", "cpu", "--model", "tiny-llama", "--quick", "--no-report", "--out", str(out)]
-    rc = run_app(app, args)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2, err
-    assert len(err) == 1 and err[0].startswith("error: calibrate.model: got 'tiny-llama'; ")
-    assert "reserving the paged KV pool ran out of memory (CUDA out of memory" in err[0], err[0]
-    assert not any(tmp_path.iterdir())
