@@ -636,7 +636,7 @@ def _result_documents(path: Path) -> list[tuple[str, Any]]:
     """The JSON documents of a result file with where each is: the file's one (``result``), or one
     per line (``line N``: ``vllm bench serve --append-result``, SGLang's ``bench_serving`` JSONL)
     where the file holds several, each line an object of its own."""
-    from sim.analysis.bench_results import MAX_RESULT_BYTES
+    from sim.analysis.bench_results import MAX_RESULT_BYTES, json_documents
     from sim.inputs import load_json, read_text
 
     # Bounded: size, UTF-8 and nesting (a deeply nested file raised RecursionError), one line each.
@@ -652,8 +652,9 @@ def _result_documents(path: Path) -> list[tuple[str, Any]]:
             one_per_line = False
         if not one_per_line:
             raise
-    docs = []
-    for n, ln in lines:
+
+    def one_run(ln: str, n: int) -> Any:
+        # checked line by line, so a line that is not an object is said before a later broken line
         doc = load_json(ln, f"{path}: line {n}", ln.strip()[:60])
         if not isinstance(doc, dict):
             raise ConfigError(
@@ -661,8 +662,9 @@ def _result_documents(path: Path) -> list[tuple[str, Any]]:
                 type(doc).__name__,
                 f"{RESULT_FILE}: a file of several runs holds one object per line",
             )
-        docs.append((f"line {n}", doc))
-    return docs
+        return doc
+
+    return [(f"line {n}", doc) for n, doc in json_documents(text, one_per_line=True, parse=one_run)]
 
 
 def _is_result(doc: Any) -> bool:

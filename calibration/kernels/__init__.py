@@ -34,6 +34,7 @@ The modules, in the order the data flows:
 
 * :mod:`~calibration.kernels.plan`: the grids and timing effort of a run (:class:`Plan`);
 * :mod:`~calibration.kernels.timing`: how one point is timed (:class:`Bench`, :class:`Timing`);
+* :mod:`~calibration.kernels.estimate`: how long a plan's timing will take, said before it starts;
 * :mod:`~calibration.kernels.measure`: a plan timed into :class:`Measurements`, runs pooled;
 * :mod:`~calibration.kernels.device_profile`: measurements fitted into a profile;
 * :mod:`~calibration.kernels.report`: the HTML fit report;

@@ -4,8 +4,6 @@ importable)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +13,7 @@ from sim.cost.profile import Profile
 
 from ..devices import Device
 from .device_profile import build_device_profile
+from .estimate import Estimate
 from .measure import Measurements, measure_device
 from .plan import Plan, make_plan
 from .report import write_report
@@ -57,10 +56,18 @@ def calibrate_device(
     wall time. ``speed``: a host-speed normaliser (:attr:`Bench.speed`; ``kvsim validate``'s
     :class:`calibration.validate.HostSpeed`) that puts every sample at its reference speed.
     ``kernels``: the attention backend (:data:`calibration.attention_backends.KERNELS`); ``ops`` and
-    ``registry``: a stand-in device and set of backends (:meth:`Bench.open`).
+    ``registry``: a stand-in device and set of backends (:meth:`Bench.open`). With ``progress``, one
+    line before timing gives the number of points and the estimated timing
+    (:mod:`calibration.kernels.estimate`; a second line warns of a run over
+    :data:`~calibration.kernels.estimate.LONG_RUN_MIN` minutes), then a progress bar with an ETA.
     """
     t0 = time.perf_counter()
     plan = plan or make_plan(device, model, quick)
+
+    def announce(est: Estimate) -> None:
+        for line in est.lines(device=device, quick=quick):
+            print(line, flush=True)
+
     meas, info = measure_device(
         device,
         model,
@@ -73,6 +80,7 @@ def calibrate_device(
         kernels=kernels,
         ops=ops,
         registry=registry,
+        announce=announce if progress else None,
     )
     elapsed = time.perf_counter() - t0
     profile, fits = build_device_profile(
@@ -87,34 +95,27 @@ def write_outputs(
     """Write the profile, the Parquet sidecar of raw timings and (with plotly) the HTML fit report.
 
     The files appear together or not at all: they are written into a staging folder beside ``out``
-    and moved into place with SIGINT/SIGTERM held back (as :func:`sim.output.staging.staged` does),
+    and moved into place with SIGINT/SIGTERM held back (:func:`sim.output.staging.staged`),
     so an interruption or a failure while writing leaves an earlier run's files as they were. A report
     an earlier run left at this ``out`` is removed in the same step when this run writes none
     (``report=False``, or plotly missing): it described another calibration (``written["removed"]``).
     """
     import pyarrow.parquet as pq
 
-    from sim.output.staging import _move, _signals_held
+    from sim.output.staging import staged
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pq_path, html_path = sidecar_paths(out)
     written: dict[str, Path | None] = {"profile": out, "measurements": pq_path, "report": None, "removed": None}
-    stage = out.parent / f".staging-calibrate-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    try:
+    stale: list[Path] = []
+    # the three names exactly: a profile named ``.x.json`` (and its dot-named sidecars) is moved too
+    with staged(out.parent, only=[out.name, pq_path.name, html_path.name], remove=stale) as stage:
         result.profile.write(stage / out.name)
         pq.write_table(result.measurements.to_arrow(), stage / pq_path.name, compression="zstd")
         if report and write_report(stage / html_path.name, result.profile, result.measurements, result.fits, model):
             written["report"] = html_path
-        with _signals_held():
-            for f in (out, pq_path, html_path):
-                if (stage / f.name).exists():
-                    _move(stage / f.name, f)
-            if written["report"] is None and html_path.is_file():
-                html_path.unlink()
-                written["removed"] = html_path
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        elif html_path.is_file():
+            stale.append(html_path)
+            written["removed"] = html_path
     return written

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,8 +19,9 @@ from sim.errors import ConfigError
 
 from .. import attention_backends as AB
 from ..devices import Device
+from .estimate import Estimate, Work, estimate_run, probe_rates
 from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan
-from .timing import _TORCH_DTYPE, DEVICES, Bench, Setup, Timing, describe_device
+from .timing import _TORCH_DTYPE, DEVICES, POOL_ELEMS, Bench, Setup, Timing, describe_device
 
 
 @dataclass
@@ -64,123 +66,189 @@ def _gemm_shapes(model: ModelSpec, dtype: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool = True) -> Measurements:
-    """Time every point of ``plan`` at ``model``'s TP-1 shapes, in ``plan.passes`` interleaved passes."""
+def _ctx_cells(plan: Plan) -> list[tuple[int, int]]:
+    """The prefill (batch, prompt length) cells within the plan's token cap."""
+    return [(b, s) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
+
+
+def _gen_cells(plan: Plan, kv_tok_bytes: int) -> list[tuple[int, int]]:
+    """The decode (batch, KV length) cells whose one-layer KV (``kv_tok_bytes`` a token) fits the plan's cap."""
+    return [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
+
+
+def _other_block_sizes(backend: AB.AttentionBackend, plan: Plan) -> list[int]:
+    """The plan's block sizes besides the reference one that the backend can page with."""
+    skipped = skipped_block_sizes(backend, plan)
+    return [x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE and x not in skipped]
+
+
+class Job(NamedTuple):
+    """One planned point: its progress label, buffer builder, row coordinates and the work of one call."""
+
+    label: str
+    setup: Callable[[], Setup]
+    family: str
+    kernel: str
+    coords: dict
+    work: Work
+
+
+def plan_jobs(bench: Bench, model: ModelSpec, plan: Plan) -> list[Job]:
+    """Every point of ``plan`` at ``model``'s TP-1 shapes, in timing order; nothing is allocated yet."""
     h, kvh = per_gpu_heads(model, 1)
     d = model.head_dim
-    kv_tok_bytes = 2 * kvh * d * bench.elem
+    el = bench.elem
+    kv_tok_bytes = 2 * kvh * d * el
     be = bench.kernels
-    # (label, setup, family, kernel, coordinates)
-    jobs: list[tuple[str, Callable[[], Setup], str, str, dict]] = []
+    # the CPU sdpa backend gathers and attends one sequence at a time (attention_backends.SdpaBackend)
+    per_seq = bench.ops.kind == "cpu" and be.name == "sdpa"
+    jobs: list[Job] = []
     for proj, (n, k) in _gemm_shapes(model, bench.dtype_name).items():
         for m in plan.gemm_m:
             jobs.append(
-                (f"GEMM {proj} m={m}", partial(bench.gemm_calls, m, n, k), "gemm", proj, {"m": m, "n": n, "k": k})
-            )
-    for b in plan.ctx_batch:
-        for s in plan.ctx_len:
-            if b * s <= plan.ctx_max_tokens:
-                jobs.append(
-                    (
-                        f"prefill b={b} s={s}",
-                        partial(bench.context_calls, b, s, h, kvh, d),
-                        "context_attention",
-                        be.prefill_kernel,
-                        {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": be.name},
-                    )
+                Job(
+                    f"GEMM {proj} m={m}",
+                    partial(bench.gemm_calls, m, n, k),
+                    "gemm",
+                    proj,
+                    {"m": m, "n": n, "k": k},
+                    Work.gemm(m, n, k, el),
                 )
-    gen_cells = [(b, s) for b in plan.gen_batch for s in plan.gen_len if b * s * kv_tok_bytes <= plan.gen_max_kv_bytes]
+            )
+
+    def prefill(b: int, s: int, kernel: str, kernels: AB.AttentionBackend | None = None) -> Job:
+        backend = kernels.name if kernels is not None else be.name
+        return Job(
+            f"{kernel if kernels is not None else 'prefill'} b={b} s={s}",
+            partial(bench.context_calls, b, s, h, kvh, d, **({"kernels": kernels} if kernels is not None else {})),
+            "context_attention",
+            kernel,
+            {"batch": b, "length": s, "heads": h, "kv_heads": kvh, "head_dim": d, "backend": backend},
+            Work.prefill(b, s, h, kvh, d, el),
+        )
+
+    jobs += [prefill(b, s, be.prefill_kernel) for b, s in _ctx_cells(plan)]
+    gen_cells = _gen_cells(plan, kv_tok_bytes)
     sub_b = {plan.gen_batch[len(plan.gen_batch) // 2], plan.gen_batch[-1]}
     sub_l = {plan.gen_len[len(plan.gen_len) // 2], plan.gen_len[-1]}
-    other_bs = [x for x in plan.block_sizes if x != REFERENCE_BLOCK_SIZE and x not in skipped_block_sizes(be, plan)]
+    other_bs = _other_block_sizes(be, plan)
+
+    def decode(b: int, s: int, name: str, bs: int | None, setup: Callable[[], Setup], backend: str, work: Work) -> Job:
+        return Job(
+            f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
+            setup,
+            "generation_attention",
+            name,
+            {
+                "batch": b,
+                "length": s,
+                "heads": h,
+                "kv_heads": kvh,
+                "head_dim": d,
+                "block_size": bs or 0,
+                "backend": backend,
+            },
+            work,
+        )
+
     for b, s in gen_cells:
         sizes = [None, REFERENCE_BLOCK_SIZE] + (other_bs if b in sub_b and s in sub_l else [])
         for bs in sizes:
             name = "decode_contiguous" if bs is None else "decode_paged"
-            jobs.append(
-                (
-                    f"{name} b={b} L={s}" + (f" bs={bs}" if bs else ""),
-                    partial(bench.decode_calls, b, s, h, kvh, d, bs),
-                    "generation_attention",
-                    name,
-                    {
-                        "batch": b,
-                        "length": s,
-                        "heads": h,
-                        "kv_heads": kvh,
-                        "head_dim": d,
-                        "block_size": bs or 0,
-                        "backend": be.name,
-                    },
-                )
-            )
+            if bs is not None and per_seq:  # per sequence: two block gathers, one SDPA
+                work = Work.decode(b, s, h, kvh, d, el, kernels=b, ops=2 * b, gathered=True)
+            else:
+                work = Work.decode(b, s, h, kvh, d, el)
+            jobs.append(decode(b, s, name, bs, partial(bench.decode_calls, b, s, h, kvh, d, bs), be.name, work))
     if plan.static_decode:
         # the reference engine's static (contiguous-arena) layout runs SDPA on every backend: its decode
         # kernel, and (other backends) its prefill, timed for the static profile (with_static_decode)
         for b, s in gen_cells:
-            jobs.append(
-                (
-                    f"decode_static b={b} L={s}",
-                    partial(bench.decode_static_calls, b, s, h, kvh, d),
-                    "generation_attention",
-                    "decode_static",
-                    {
-                        "batch": b,
-                        "length": s,
-                        "heads": h,
-                        "kv_heads": kvh,
-                        "head_dim": d,
-                        "block_size": 0,
-                        "backend": "sdpa",
-                    },
-                )
-            )
+            setup = partial(bench.decode_static_calls, b, s, h, kvh, d)
+            # per sequence: a view, a mask and one SDPA; then one concatenation
+            work = Work.decode(b, s, h, kvh, d, el, kernels=b, ops=2 * b + 1)
+            jobs.append(decode(b, s, "decode_static", None, setup, "sdpa", work))
         if be.name != "sdpa":
             sdpa = AB.SdpaBackend(bench.torch, bench.device)
-            for b in plan.ctx_batch:
-                for s in plan.ctx_len:
-                    if b * s <= plan.ctx_max_tokens:
-                        jobs.append(
-                            (
-                                f"prefill_static b={b} s={s}",
-                                partial(bench.context_calls, b, s, h, kvh, d, kernels=sdpa),
-                                "context_attention",
-                                STATIC_PREFILL,
-                                {
-                                    "batch": b,
-                                    "length": s,
-                                    "heads": h,
-                                    "kv_heads": kvh,
-                                    "head_dim": d,
-                                    "backend": "sdpa",
-                                },
-                            )
-                        )
+            jobs += [prefill(b, s, STATIC_PREFILL, sdpa) for b, s in _ctx_cells(plan)]
     for nb in plan.mem_bytes:
-        jobs.append((f"zero_ {nb} B", partial(bench.zero_fill_calls, nb), "memory", "zero_fill", {"nbytes": nb}))
-        jobs.append((f"copy_ {nb} B", partial(bench.copy_calls, nb), "memory", "copy", {"nbytes": nb}))
-        if bench.ops.pinned_host:
-            for di in ("h2d", "d2h"):
-                jobs.append(
-                    (f"{di} {nb} B", partial(bench.host_transfer_calls, nb, di), "memory", f"host_{di}", {"nbytes": nb})
-                )
-    for tok in plan.ew_tokens:
+        # zero_ fills buffers from torch.empty; a copy's source is random, drawn anew past the pool's size
+        fresh = nb // el > POOL_ELEMS // 2
         jobs.append(
-            (
-                f"add_ {tok} tokens",
-                partial(bench.elementwise_calls, tok, model.hidden),
-                "elementwise",
-                "add_",
-                {"tokens": tok, "nbytes": 3 * tok * model.hidden * bench.elem},
+            Job(
+                f"zero_ {nb} B",
+                partial(bench.zero_fill_calls, nb),
+                "memory",
+                "zero_fill",
+                {"nbytes": nb},
+                Work.stream(nb),
             )
         )
-    jobs.append(("block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}))
+        jobs.append(
+            Job(
+                f"copy_ {nb} B",
+                partial(bench.copy_calls, nb),
+                "memory",
+                "copy",
+                {"nbytes": nb},
+                Work.stream(2 * nb, fresh=fresh),
+            )
+        )
+        if bench.ops.pinned_host:
+            for di in ("h2d", "d2h"):
+                setup = partial(bench.host_transfer_calls, nb, di)
+                jobs.append(Job(f"{di} {nb} B", setup, "memory", f"host_{di}", {"nbytes": nb}, Work.stream(2 * nb)))
+    for tok in plan.ew_tokens:
+        nbytes = 3 * tok * model.hidden * el
+        setup = partial(bench.elementwise_calls, tok, model.hidden)
+        jobs.append(
+            Job(
+                f"add_ {tok} tokens",
+                setup,
+                "elementwise",
+                "add_",
+                {"tokens": tok, "nbytes": nbytes},
+                Work.stream(nbytes),
+            )
+        )
+    jobs.append(
+        Job(
+            "block allocation", lambda: bench.alloc_events_calls(), "alloc", "block_alloc", {"events": 1}, Work.host(64)
+        )
+    )
     for b in plan.overhead_batch:
         jobs.append(
-            (f"CPU step b={b}", partial(bench.step_cpu_calls, b, model.vocab), "cpu_overhead", "step_cpu", {"batch": b})
+            Job(
+                f"CPU step b={b}",
+                partial(bench.step_cpu_calls, b, model.vocab),
+                "cpu_overhead",
+                "step_cpu",
+                {"batch": b},
+                Work.host(8 + 2 * b, nbytes=4 * b * model.vocab),
+            )
         )
-    paged_cells = [(b, s, bs) for b, s in gen_cells for bs in [REFERENCE_BLOCK_SIZE, *other_bs]]
-    paged_cells += [(b, s, 16) for b in plan.ctx_batch for s in plan.ctx_len if b * s <= plan.ctx_max_tokens]
+    return jobs
+
+
+def run_measurements(
+    bench: Bench,
+    model: ModelSpec,
+    plan: Plan,
+    progress: bool = True,
+    announce: Callable[[Estimate], None] | None = None,
+) -> Measurements:
+    """Time every point of ``plan`` at ``model``'s TP-1 shapes, in ``plan.passes`` interleaved passes.
+
+    ``announce``: called before any buffer is built with the run's :class:`Estimate` (a short probe of
+    the device's rates, then the plan's arithmetic: :func:`estimate_run`)."""
+    h, kvh = per_gpu_heads(model, 1)
+    d = model.head_dim
+    jobs = plan_jobs(bench, model, plan)
+    if announce is not None:
+        announce(estimate_run([j.work for j in jobs], plan, probe_rates(bench, h, kvh, d), bench.rotate_bytes))
+    block_sizes = [REFERENCE_BLOCK_SIZE, *_other_block_sizes(bench.kernels, plan)]
+    paged_cells = [(b, s, bs) for b, s in _gen_cells(plan, 2 * kvh * d * bench.elem) for bs in block_sizes]
+    paged_cells += [(b, s, 16) for b, s in _ctx_cells(plan)]
     try:
         bench.reserve_paged(paged_cells, h, kvh, d)
     except Exception as exc:
@@ -189,8 +257,8 @@ def run_measurements(bench: Bench, model: ModelSpec, plan: Plan, progress: bool 
         raise _no_memory(bench, exc, model.name, "reserving the paged KV pool") from None
     timings = _run_jobs(bench, jobs, plan.passes, progress, model.name)
     meas = Measurements()
-    for (_, _, fam, kern, coords), t in zip(jobs, timings):
-        meas.add(fam, kern, t, **coords)
+    for j, t in zip(jobs, timings):
+        meas.add(j.family, j.kernel, t, **j.coords)
     return meas
 
 
@@ -226,13 +294,13 @@ def _run_jobs(bench: Bench, jobs, passes: int, progress: bool, model: str = "") 
         current["i"] = i
         return setup()
 
-    setups: list[Callable[[], Setup]] = [partial(track, i, j[1]) for i, j in enumerate(jobs)]
+    setups: list[Callable[[], Setup]] = [partial(track, i, j.setup) for i, j in enumerate(jobs)]
     try:
         return _time_jobs(bench, jobs, setups, passes, progress)
     except Exception as exc:
         if not out_of_memory(exc):
             raise
-        raise _no_memory(bench, exc, model, f"timing {jobs[current['i']][0]}") from None
+        raise _no_memory(bench, exc, model, f"timing {jobs[current['i']].label}") from None
 
 
 def _no_memory(bench: Bench, exc: BaseException, model: str, doing: str) -> ConfigError:
@@ -251,13 +319,21 @@ def _no_memory(bench: Bench, exc: BaseException, model: str, doing: str) -> Conf
 def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
     if not progress:
         return bench.measure(setups, passes)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     with Progress(
-        TextColumn("[bold]calibrate[/] {task.description:<40}"),
-        BarColumn(),
+        TextColumn("[bold]calibrate[/] {task.description:<38}"),
+        # no bar: an 80-column log (no terminal) then keeps the count, elapsed time and ETA whole
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
         transient=False,
     ) as bar:
         task = bar.add_task("", total=len(jobs) * passes)
@@ -269,7 +345,7 @@ def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[
             bar.update(
                 task,
                 advance=1,
-                description=f"pass {min(state['pass'], passes)}/{passes} {jobs[(i + 1) % len(jobs)][0]}",
+                description=f"pass {min(state['pass'], passes)}/{passes} {jobs[(i + 1) % len(jobs)].label}",
             )
 
         return bench.measure(setups, passes, on_done=done)
@@ -288,10 +364,12 @@ def measure_device(
     kernels: str = "auto",
     ops: Device | None = None,
     registry: dict | None = None,
+    announce: Callable[[Estimate], None] | None = None,
 ) -> tuple[Measurements, dict]:
     """Time every point of ``plan`` (no fitting): the measurements and the device's description
     (``attention``: the backend's :meth:`~calibration.attention_backends.AttentionBackend.describe`, the
-    block sizes it skipped, its counters). Arguments as :func:`calibrate_device`."""
+    block sizes it skipped, its counters). Arguments as :func:`calibrate_device`; ``announce`` as
+    :func:`run_measurements`."""
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
     if dtype not in _TORCH_DTYPE:
@@ -304,7 +382,7 @@ def measure_device(
         bench.speed = speed
         info = describe_device(bench)
         t0 = time.perf_counter()
-        meas = run_measurements(bench, model, plan, progress)
+        meas = run_measurements(bench, model, plan, progress, announce)
         info["attention"] = {
             **bench.kernels.describe(),
             "prefill_kernel": bench.kernels.prefill_kernel,

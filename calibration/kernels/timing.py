@@ -77,6 +77,14 @@ POOL_ELEMS = 1 << 23
 MAX_POINT_S = 0.15
 
 
+def rotations(set_bytes: float, rotate_bytes: float) -> int:
+    """Distinct operand sets of ``set_bytes`` each to cycle so their total exceeds ``rotate_bytes``
+    (the flushable cache, bytes): 1 for a set at least that large, else 2 to :data:`MAX_ROTATIONS`."""
+    if set_bytes >= rotate_bytes:
+        return 1
+    return int(min(MAX_ROTATIONS, max(2, math.ceil(rotate_bytes / max(set_bytes, 1.0)))))
+
+
 @dataclass
 class Timing:
     median_s: float
@@ -184,10 +192,8 @@ class Bench:
         return pool[off : off + numel].clone().view(*shape)
 
     def rotations(self, set_bytes: float) -> int:
-        """Distinct operand sets to cycle so their total exceeds the flushable cache."""
-        if set_bytes >= self.rotate_bytes:
-            return 1
-        return int(min(MAX_ROTATIONS, max(2, math.ceil(self.rotate_bytes / max(set_bytes, 1.0)))))
+        """Distinct operand sets to cycle so their total exceeds the flushable cache (:func:`rotations`)."""
+        return rotations(set_bytes, self.rotate_bytes)
 
     def samples(self, calls: list[Callable[[], object]], repeats: int | None = None) -> tuple[list[float], int]:
         """Per-call seconds of ``repeats`` timed loops cycling ``calls`` (after warming every buffer), and the loop length."""

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -188,20 +190,33 @@ def _gaps(path: Path, i: int, row: list) -> np.ndarray:
     )  # not reached: a bad value is named above
 
 
-def _documents(text: str) -> list:
-    """The JSON values of ``text`` one after another (``--append-result`` appends a result per line,
-    SGLang's ``bench_serving`` writes JSONL); raises the first value's JSONDecodeError when the
-    text does not split into whole values."""
+def json_documents(
+    text: str, *, one_per_line: bool = False, parse: Callable[[str, int], Any] | None = None
+) -> list[tuple[int, Any]]:
+    """The JSON documents of a file holding several (``--append-result`` appends a result per line,
+    SGLang's ``bench_serving`` writes JSONL), each with the 1-based line it starts on.
+
+    Default: values one after another anywhere in ``text`` (white space between), parsed by
+    ``json.JSONDecoder.raw_decode``; the first that does not parse raises its JSONDecodeError (line
+    and column in the whole text). ``one_per_line``: each non-blank line is one document, parsed by
+    ``parse(line, number)`` (default ``json.loads``), so a caller's bounded parser names the line in
+    its own errors.
+    """
+    if one_per_line:
+        load = parse or (lambda line, number: json.loads(line))
+        return [(i + 1, load(ln, i + 1)) for i, ln in enumerate(text.splitlines()) if ln.strip()]
     dec = json.JSONDecoder()
-    out: list = []
-    i, n = 0, len(text)
+    out: list[tuple[int, Any]] = []
+    i, n, line, counted = 0, len(text), 1, 0
     while True:
         while i < n and text[i] in " \t\r\n\ufeff":
             i += 1
         if i >= n:
             return out
+        line += text.count("\n", counted, i)  # counted from the last value's start: linear in the text
+        counted = i
         doc, i = dec.raw_decode(text, i)
-        out.append(doc)
+        out.append((line, doc))
 
 
 def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
@@ -218,7 +233,7 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
         except json.JSONDecodeError as first:
             if first.msg != "Extra data":
                 raise
-            docs = _documents(text)  # several results, one per line
+            docs = [doc for _, doc in json_documents(text)]  # several results, one per line
     except json.JSONDecodeError as exc:
         raise ConfigError(
             str(path), f"invalid JSON at line {exc.lineno} column {exc.colno}", f"a JSON result file ({_DETAILED})"

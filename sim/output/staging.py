@@ -5,9 +5,10 @@
   read-only, a name longer than the file system allows, ``/proc``...). It runs before any
   simulation, so a bad path costs nothing.
 * :func:`staged` gives a hidden staging folder inside the destination; every file of a run is
-  written there, then moved into place with SIGINT/SIGTERM held back for those few renames. A
-  run that fails or is interrupted before that leaves the destination as it was (an earlier
-  run's files included) and removes the staging folder.
+  written there, then moved into place with SIGINT/SIGTERM held back for those few renames (and
+  for deleting what an earlier run left that this one does not replace). A run that fails or is
+  interrupted before that leaves the destination as it was (an earlier run's files included) and
+  removes the staging folder.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import errno
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -99,16 +100,25 @@ def _move(src: Path, dst: Path) -> None:
 
 
 @contextmanager
-def staged(dest: Path) -> Iterator[Path]:
-    """A staging folder inside ``dest`` whose files replace ``dest``'s when the block succeeds."""
+def staged(dest: Path, *, only: Iterable[str] | None = None, remove: list[Path] | None = None) -> Iterator[Path]:
+    """A staging folder inside ``dest`` whose files replace ``dest``'s when the block succeeds.
+
+    ``only``: the file names to move when staged, dot-named ones included (default: every staged file
+    whose name does not start with a dot; a writer's hidden temporary files stay behind). ``remove``:
+    files deleted in the same step, with signals held as for the moves (what an earlier run left that
+    this one does not replace); the block may still add to the list, and a file already gone is skipped.
+    """
     stage = Path(dest) / f".staging-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     try:
         yield stage
+        names = sorted(f.name for f in stage.iterdir() if not f.name.startswith(".")) if only is None else only
         with _signals_held():
-            for f in sorted(stage.iterdir()):
-                if not f.name.startswith("."):
-                    _move(f, Path(dest) / f.name)
+            for name in names:
+                if (stage / name).exists():
+                    _move(stage / name, Path(dest) / name)
+            for gone in remove or ():
+                Path(gone).unlink(missing_ok=True)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
