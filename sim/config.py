@@ -235,6 +235,12 @@ class ArrivalConfig(_Section):
     #: whose requests finish in the same iteration so send again apart: how fixed-length benchmark
     #: clients drift apart, the more so the longer the outputs. Not in TTFT (it is before the send).
     completion_per_token_s: float = Field(0.0, ge=0, le=0.01)
+    #: poisson, gamma and trace: the client's cap on requests in flight (sent and not yet finished
+    #: or rejected), as ``vllm bench serve --max-concurrency``. A request due (at its drawn or trace
+    #: time) while the cap is reached waits in the client, first come first served, and is sent when
+    #: one ends; its arrival at the server, from which TTFT and end-to-end latency are measured, is
+    #: that send time. ``None``: no cap.
+    max_concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS)
 
     @model_validator(mode="after")
     def _needs(self):
@@ -245,6 +251,14 @@ class ArrivalConfig(_Section):
             raise FieldError("path", None, "a trace file (arrival kind 'trace' needs it)")
         if self.kind == "closed_loop" and self.concurrency is None:
             raise FieldError("concurrency", None, "clients, >= 1 (arrival kind 'closed_loop' needs it)")
+        if self.kind == "closed_loop" and self.max_concurrency is not None:
+            # A closed loop's clients are its cap already; a second one would silently do nothing.
+            raise FieldError(
+                "max_concurrency",
+                self.max_concurrency,
+                "unset with arrival kind 'closed_loop' (its concurrency, the number of clients, is its cap); "
+                "a cap for arrival kinds poisson, gamma and trace",
+            )
         return self
 
 
@@ -254,9 +268,9 @@ class ArrivalConfig(_Section):
 #: checks each kind against what changes its runs. A sweep axis on a key that the arrival kind of
 #: none of its points reads is refused (sim/workload/arrival_use.py).
 ARRIVAL_KEYS: dict[str, tuple[str, ...]] = {
-    "poisson": ("rate",),
-    "gamma": ("rate", "cv"),
-    "trace": ("path", "format", "time_scale"),
+    "poisson": ("rate", "max_concurrency"),
+    "gamma": ("rate", "cv", "max_concurrency"),
+    "trace": ("path", "format", "time_scale", "max_concurrency"),
     "closed_loop": (
         "concurrency",
         "think_time_s",

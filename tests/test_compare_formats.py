@@ -143,14 +143,72 @@ def _in_flight(run_dir: Path) -> int:
 @pytest.mark.parametrize("rate", ["inf", 50.0])
 def test_max_concurrency_caps_the_replay_of_a_file_with_start_times(tmp_path, rate):
     # Every request "sent" at once: a replay of the start times alone would have all 16 in flight.
+    # They are replayed as due times under the cap, whatever the rate (the start times say more).
     p = _file(tmp_path, max_concurrency=2, request_rate=rate, start_times=[100.0] * 16)
     res = read_bench_result(p)
-    assert send_times(res, 0) is None
-    assert scenario_dict(res)["workload"]["arrival"]["kind"] == "closed_loop"
-    assert "closed loop, 2 clients" in arrival_text(res) and "start_times are not replayed" in arrival_text(res)
+    assert send_times(res, 0) is res.start_s
+    assert scenario_dict(res)["workload"]["arrival"] == {
+        "kind": "trace",
+        "path": "bench_requests.csv",
+        "format": "csv",
+        "max_concurrency": 2,
+    }
+    assert arrival_text(res) == "the file's start_times (trace), at most 2 in flight (max_concurrency)"
     doc = compare_result(res, tmp_path / "run")
-    assert _in_flight(tmp_path / "run") <= 2
-    assert any("start_times are not replayed" in n for n in doc["notes"])
+    assert _in_flight(tmp_path / "run") == 2
+    assert not any("start_times" in n for n in doc["notes"])
+
+
+def test_start_times_under_max_concurrency_are_sent_at_the_later_of_the_time_and_a_free_slot(tmp_path):
+    """The exact model of the benchmark's semaphore: a start time that finds a free slot is the
+    simulated send (and TTFT runs from it); one that does not waits for the next request to end."""
+    apart = [20.0 * i for i in range(16)]  # far apart: every request has ended before the next is due
+    res = read_bench_result(_file(tmp_path, "apart.json", max_concurrency=1, start_times=apart))
+    compare_result(res, tmp_path / "apart")
+    rq = pq.read_table(tmp_path / "apart" / "requests.parquet").sort_by("id")
+    assert np.array_equal(rq["arrival_s"].to_numpy(), np.asarray(apart))
+    summary = json.loads((tmp_path / "apart" / "summary.json").read_text())
+    assert summary["client_wait_s"]["max"] == 0.0
+
+    close = [0.01 * i for i in range(16)]  # due faster than two slots serve them
+    res = read_bench_result(_file(tmp_path, "close.json", max_concurrency=2, start_times=close))
+    compare_result(res, tmp_path / "close")
+    rq = pq.read_table(tmp_path / "close" / "requests.parquet").sort_by("id")
+    arr, fin = rq["arrival_s"].to_numpy(), rq["finish_s"].to_numpy()
+    assert _in_flight(tmp_path / "close") == 2
+    assert np.all(arr >= np.asarray(close)) and np.all(np.diff(arr) >= 0)  # first due, first sent
+    assert arr[0] == 0.0 and arr[1] == pytest.approx(0.01)
+    # Each later request goes out the moment an earlier one ends.
+    assert all(np.any(fin[:i] == arr[i]) for i in range(2, 16))
+
+
+def test_a_finite_rate_with_max_concurrency_draws_due_times_under_the_cap(tmp_path):
+    """No start_times: the rate's generator gives the due times (the same draw as without the cap)
+    and the cap holds the sends back."""
+    res = read_bench_result(_file(tmp_path, max_concurrency=2, request_rate=50.0, start_times=None))
+    free = read_bench_result(_file(tmp_path, "free.json", max_concurrency=None, request_rate=50.0, start_times=None))
+    due = send_times(res, 0)
+    assert due is not None and np.array_equal(due, send_times(free, 0))
+    assert scenario_dict(res)["workload"]["arrival"] == {
+        "kind": "trace",
+        "path": "bench_requests.csv",
+        "format": "csv",
+        "max_concurrency": 2,
+    }
+    assert arrival_text(res) == "Poisson at 50 requests/s, at most 2 in flight (max_concurrency)"
+    doc = compare_result(res, tmp_path / "run")
+    assert doc["arrival"] == arrival_text(res)
+    assert _in_flight(tmp_path / "run") == 2
+    arr = pq.read_table(tmp_path / "run" / "requests.parquet").sort_by("id")["arrival_s"].to_numpy()
+    due = due - due[0]  # a trace's times run from its first request, with or without the cap
+    assert np.all(arr >= due - 1e-12) and arr[-1] > due[-1]
+    # The rate now draws the sends: a burstiness too small to draw from is refused with the cap too.
+    with pytest.raises(ConfigError, match="burstiness"):
+        read_bench_result(_file(tmp_path, "b.json", max_concurrency=2, request_rate=50.0, burstiness=1e-9))
+    # No rate either: still a closed loop of as many clients.
+    res = read_bench_result(_file(tmp_path, "inf.json", max_concurrency=3, request_rate="inf", start_times=None))
+    assert send_times(res, 0) is None and arrival_text(res) == "closed loop, 3 clients"
+    assert scenario_dict(res)["workload"]["arrival"]["kind"] == "closed_loop"
 
 
 def test_start_times_without_max_concurrency_are_still_a_trace(tmp_path):

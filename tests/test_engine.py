@@ -211,6 +211,7 @@ def _compare(a, b):
     overflow=st.sampled_from(["reject", "truncate", "fallback"]),
     ahead=st.booleans(),
     lag=st.sampled_from([0, 0, 1, 2]),
+    cap=st.sampled_from([None, None, 1, 3]),
 )
 def test_fast_forward_equals_stepping(
     kind,
@@ -233,6 +234,7 @@ def test_fast_forward_equals_stepping(
     overflow,
     ahead,
     lag,
+    cap,
 ):
     kv = max(kv, {"hybrid_tail": 2200, "hybrid_reserve": 1400}.get(kind, 0))  # room for one max-length request
     if mixed and overflow == "fallback":
@@ -265,6 +267,8 @@ def test_fast_forward_equals_stepping(
     }
     if closed:
         over["workload.arrival"] = {"kind": "closed_loop", "concurrency": 6, "think_time_s": rate / 100}
+    elif cap is not None:  # the client's cap: sends wait for requests to end, inside windows as between steps
+        over["workload.arrival.max_concurrency"] = cap
     if ahead:  # batches formed one iteration ahead (an overlap scheduler): arrivals join one later
         over["engine.kind"] = "vllm"
         over["engine.schedule_ahead"] = True

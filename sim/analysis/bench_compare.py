@@ -4,13 +4,17 @@
 
 1. builds a scenario that sends the same requests (prompt and output lengths of the successful
    requests with at least one output token, in the file's order) with the same arrival process, chosen in this order:
-   ``max_concurrency`` → a closed loop of that many clients, each sending its next request when
-   its last one ended (the benchmark's semaphore; the file's ``start_times``, taken after a slot
-   freed, are not replayed: a slower simulated server would have more requests in flight than the
-   cap); ``start_times`` in the file → a trace of those send times; ``request_rate: inf`` → every request at t = 0; a finite rate →
-   vLLM's generator: gamma gaps of shape ``burstiness`` and mean ``1/rate`` (constant gaps for
-   ``burstiness: inf``), scaled so the last request is sent at ``N / rate``, drawn with the
-   scenario's seed (the same process, not the same draw);
+   ``start_times`` in the file → a trace of those send times; ``request_rate: inf`` → every request
+   at t = 0; a finite rate → vLLM's generator: gamma gaps of shape ``burstiness`` and mean
+   ``1/rate`` (constant gaps for ``burstiness: inf``), scaled so the last request is sent at
+   ``N / rate``, drawn with the scenario's seed (the same process, not the same draw). With
+   ``max_concurrency`` (the benchmark's semaphore) those times are when requests become due and
+   the scenario caps requests in flight (``workload.arrival.max_concurrency``): each is sent at
+   the later of its time and a free slot, as the benchmark sends it; vLLM takes ``start_times``
+   after the slot is acquired, so replaying them under the cap is exact where the simulated
+   server is as fast, and holds the cap where it is slower. The exception is ``max_concurrency``
+   with ``request_rate: inf`` and no ``start_times``: a closed loop of that many clients, each
+   sending its next request when its last one ended, started apart (see :func:`scenario_dict`);
 2. simulates it (the run directory holds the trace, ``scenario.yaml`` runnable with
    ``kvsim run``, and the usual Parquet files);
 3. reports mean, p50, p90 and p99 of TTFT, TPOT, ITL and end-to-end latency (milliseconds)
@@ -128,15 +132,15 @@ def strict_json(doc) -> str:
 
 
 def send_times(res: BenchResult, seed: int) -> np.ndarray | None:
-    """Send times in seconds from the benchmark's start, one per request; ``None`` for a closed loop."""
+    """Send times in seconds from the benchmark's start, one per request; with ``max_concurrency``
+    the times requests become due (each is sent at the later of it and a free slot). ``None`` for a
+    closed loop: ``max_concurrency`` with ``request_rate: inf`` and no ``start_times``."""
     n = len(res)
-    if res.max_concurrency is not None:
-        return None
     if res.start_s is not None:
         return res.start_s
     rate, b = res.request_rate, res.burstiness
     if math.isinf(rate):
-        return np.zeros(n)
+        return None if res.max_concurrency is not None else np.zeros(n)
     if math.isinf(b):
         delays = np.full(n, 1.0 / rate)
     else:
@@ -148,16 +152,16 @@ def send_times(res: BenchResult, seed: int) -> np.ndarray | None:
 
 def arrival_text(res: BenchResult) -> str:
     """How the replay sends requests, for the table's title and the JSON."""
-    if res.max_concurrency is not None:
-        rate = "" if math.isinf(res.request_rate) else f" (request_rate {res.request_rate:g} not modelled with it)"
-        starts = "" if res.start_s is None else " (max_concurrency; the file's start_times are not replayed)"
-        return f"closed loop, {res.max_concurrency} clients{rate}{starts}"
+    mc = res.max_concurrency
+    if mc is not None and res.start_s is None and math.isinf(res.request_rate):
+        return f"closed loop, {mc} clients"
+    cap = "" if mc is None else f", at most {mc} in flight (max_concurrency)"
     if res.start_s is not None:
-        return "the file's start_times (trace)"
+        return f"the file's start_times (trace){cap}"
     if math.isinf(res.request_rate):
         return "all requests at t = 0 (request_rate inf)"
     kind = "Poisson" if res.burstiness == 1.0 else f"gamma, burstiness {res.burstiness:g}"
-    return f"{kind} at {res.request_rate:g} requests/s"
+    return f"{kind} at {res.request_rate:g} requests/s{cap}"
 
 
 def _model_section(res: BenchResult, model: str | None) -> dict:
@@ -210,6 +214,9 @@ def scenario_dict(
         lengths: dict | None = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
     else:
         arrival = {"kind": "trace", "path": TRACE_NAME, "format": "csv"}
+        if res.max_concurrency is not None:
+            # The benchmark's semaphore: each request is sent at the later of its time and a free slot.
+            arrival["max_concurrency"] = int(res.max_concurrency)
         lengths = None
     longest = int((res.prompt_tokens + res.output_tokens).max())
     workload: dict = {"num_requests": n, "max_model_len": max(2, longest), "arrival": arrival}
@@ -408,12 +415,6 @@ def compare_result(
         why = engine_of(res)[1]
         if why is not None:
             notes.append(why)
-    if res.max_concurrency is not None and res.start_s is not None:
-        notes.append(
-            f"the file's start_times are not replayed: with max_concurrency {res.max_concurrency} they were "
-            "taken after a slot freed, so the replay is a closed loop of as many clients (kvsim cannot send "
-            "a request at the later of its start time and a free slot)"
-        )
     write_trace(res, seed, run_dir / TRACE_NAME)
     sc = scenario_from_dict(data, base_dir=run_dir)
     if sc.timeseries.every_s is not None:

@@ -365,13 +365,14 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
             )
         # Gamma gaps of shape b have a coefficient of variation of 1 / sqrt(b); a shape far below
         # kvsim's gamma arrivals' bound draws all-zero gaps, which vLLM's rescaling divides by.
-        if mc is None and rate is not None and math.isfinite(rate) and burst is not None and burst < 1 / MAX_CV**2:
+        # With max_concurrency the rate still draws the due times (each is sent when a slot frees).
+        if rate is not None and math.isfinite(rate) and burst is not None and burst < 1 / MAX_CV**2:
             raise ConfigError(
                 f"{path}: burstiness",
                 doc["burstiness"],
                 f'a number >= {1 / MAX_CV**2:g} or "inf" (gaps with a coefficient of variation of at most {MAX_CV:g})',
             )
-        if mc is None and rate is not None and len(ok_rows) / rate > MAX_TIME_S:
+        if rate is not None and len(ok_rows) / rate > MAX_TIME_S:
             # vLLM sends the last request at N / rate, and so does the replay.
             raise ConfigError(
                 f"{path}: request_rate",

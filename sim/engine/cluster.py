@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,16 @@ def request_cycle_s(cost: CostModel, wl: Workload, sched: SchedulerConfig) -> fl
     cost.out_of_range.clear()
     cost.out_of_range.update(counted)
     return prefill + o * decode
+
+
+def client_wait_stats(waits: list[float]) -> dict[str, float | None]:
+    """p50, p90, p99, mean and max of the seconds requests waited in the client for a free slot
+    (``workload.arrival.max_concurrency``); ``None`` each with no request sent."""
+    if not waits:
+        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
+    w = np.asarray(waits)
+    p50, p90, p99 = np.percentile(w, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(w.mean()), "max": float(w.max())}
 
 
 class _ToEngine:
@@ -115,6 +126,10 @@ def simulate(
             halt.succeed()
         if progress is not None and done_count[0] % step == 0:
             progress(done_count[0], total)
+        if cap is not None:
+            # Its end frees the client's slot: the longest-waiting due request goes out now.
+            in_flight[0] -= 1
+            release_held()
         if closed_loop and req.client >= 0:
             if per_token_s > 0:
                 # One finished request at a time: a response waits for those before it.
@@ -217,6 +232,28 @@ def simulate(
 
     arrivals: list[float] = wl.arrival_s.tolist() if wl.arrival_s is not None else []
     next_arrival = [0]
+    # The client's cap on requests in flight (open loop only): requests due while it is reached
+    # wait in ``held``, first come first served; each is sent (its arrival at the server) when a
+    # request in flight ends. ``client_wait`` is each sent request's seconds from due to sent.
+    cap = None if closed_loop else wl.max_concurrency
+    held: deque[int] = deque()
+    in_flight = [0]
+    releasing = [False]
+    client_wait: list[float] = []
+
+    def release_held() -> None:
+        # A request rejected as it is sent ends inside ``submit`` and lands here again: the outer
+        # loop goes on sending instead, so the order stays FIFO and the stack flat.
+        if releasing[0] or cap is None:
+            return
+        releasing[0] = True
+        now = clock(env)
+        while held and in_flight[0] < cap:
+            rid = held.popleft()
+            in_flight[0] += 1
+            client_wait.append(max(0.0, now - arrivals[rid]))
+            submit(rid)
+        releasing[0] = False
 
     def arrive(_event: object = None) -> None:
         # A callback chain, not a process: one timeout per distinct arrival time and no generator
@@ -224,9 +261,13 @@ def simulate(
         rid = next_arrival[0]
         now = clock(env)
         while rid < len(arrivals) and arrivals[rid] <= now:
-            submit(rid)
+            if cap is None:
+                submit(rid)
+            else:
+                held.append(rid)
             rid += 1
         next_arrival[0] = rid
+        release_held()
         if rid < len(arrivals):
             env.timeout(arrivals[rid] - now).callbacks.append(arrive)
 
@@ -287,6 +328,9 @@ def simulate(
             "windows": int(sum(r.stats.windows for r in replicas)),
         }
     )
+    if cap is not None:
+        # Seconds each sent request waited in the client for a slot (not in TTFT or latency).
+        summary["client_wait_s"] = client_wait_stats(client_wait)
     groups = dep.kv_layer_groups()
     if groups is not None:
         summary["kv_layer_groups"] = groups

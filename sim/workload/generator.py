@@ -4,7 +4,8 @@ A :class:`Workload` is fully determined by the scenario and its seed. Open-loop
 arrivals (Poisson, gamma, trace replay) are drawn up front as arrays; a
 closed-loop workload draws lengths up front and lets the engine decide arrival
 times (each client sends its next request ``think_time_s`` after its last
-one finished).
+one finished). With ``max_concurrency``, open-loop arrival times are when requests
+become due; the engine sends each when fewer than that many are in flight.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class Workload:
     think_s: np.ndarray | None = None
     #: Per request, the factor (mean 1) that spreads its client and front-end time; ``None`` = 1.
     frontend_jitter: np.ndarray | None = None
+    #: Open loop: the client's cap on requests in flight (``workload.arrival.max_concurrency``); a
+    #: request due at ``arrival_s`` is sent when fewer are in flight. ``None``: no cap.
+    max_concurrency: int | None = None
     #: What the lengths were drawn from, and the scenario (for :meth:`reference_lengths`).
     sampler: LengthSampler | None = None
     scenario: Scenario | None = None
@@ -264,7 +268,7 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
         if w.duration_s is not None:
             keep = min(keep, int(np.searchsorted(t, w.duration_s, side="right")))
         p, o = sampler.sample(rng_len, keep)
-        return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s), sampler
+        return Workload(p, o, t[:keep].copy(), duration_s=w.duration_s, max_concurrency=arr.max_concurrency), sampler
 
     rate = arr.rate
     assert rate is not None  # the config requires it for poisson and gamma arrivals
@@ -300,7 +304,7 @@ def _draw(sc: Scenario) -> tuple[Workload, LengthSampler]:
     if len(t) == 0:
         raise ConfigError("workload.duration_s", w.duration_s, "a duration long enough for at least one arrival")
     p, o = sampler.sample(rng_len, len(t))
-    return Workload(p, o, t, duration_s=w.duration_s), sampler
+    return Workload(p, o, t, duration_s=w.duration_s, max_concurrency=arr.max_concurrency), sampler
 
 
 def _gamma(rng: np.random.Generator, mean: float, cv: float, n: int) -> np.ndarray:
