@@ -464,9 +464,7 @@ def page_explore() -> None:
     # The element layout is the same before and after a run (placeholders, KPI grid, chart
     # slots), so a run updates the charts in place instead of rebuilding the page.
     st.title("Explore")
-    st.caption(
-        f"Scenario **{S.base_label}** — {S.base.get('description', '')}  ·  edit the knobs in the sidebar, then run."
-    )
+    st.caption(X.scenario_caption(S.base_label, S.base, S.knobs))
     c1, c2 = st.columns([1, 5])
     pressed = c1.button("▶ Run", type="primary", key="run")
     status = c2.empty()

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.config import JsonDict
+from pydantic_core import to_jsonable_python
 
 from sim.catalog import CUSTOM_GPU, find_gpu
 from sim.errors import ConfigError
@@ -578,7 +579,8 @@ def set_keys(model: BaseModel) -> dict[str, Any]:
     ``num_requests`` caps a ``duration_s`` workload only where given). Values kvsim assigned while
     resolving the scenario (a ``max_model_len`` cut to the model's context, a Hugging Face config's
     dtypes, the serving engine's defaults) count as set. A section some key of which is set is kept
-    even where its parent did not mark it set (pydantic's ``exclude_unset`` would drop it)."""
+    even where its parent did not mark it set (pydantic's ``exclude_unset`` would drop it). A list
+    (or mapping) of sections keeps each element's set keys, not its full dump."""
     out: dict[str, Any] = {}
     given = model.model_fields_set
     for name, f in type(model).model_fields.items():
@@ -589,9 +591,43 @@ def set_keys(model: BaseModel) -> dict[str, Any]:
             inner = set_keys(value)
             if inner or name in given:
                 out[name] = inner
+        elif _holds_sections(value):
+            # A full dump would mark every key of every element set once loaded again.
+            data = _set_data(value)
+            if name in given or _sets_any(data):
+                out[name] = data
         elif name in given:
             out[name] = model.model_dump(mode="json", include={name})[name]
     return out
+
+
+def _holds_sections(value: Any) -> bool:
+    """Whether ``value`` is a list, tuple or mapping with a section (a pydantic model) in it, at any depth."""
+    if isinstance(value, BaseModel):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_sections(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_sections(v) for v in value.values())
+    return False
+
+
+def _sets_any(data: Any) -> bool:
+    """Whether :func:`_set_data`'s ``data`` holds any key set in a section."""
+    if isinstance(data, dict):
+        return bool(data)
+    return isinstance(data, list) and any(_sets_any(v) for v in data)
+
+
+def _set_data(value: Any) -> Any:
+    """:func:`set_keys` of each section in a list, tuple or mapping; anything else as JSON data."""
+    if isinstance(value, BaseModel):
+        return set_keys(value)
+    if isinstance(value, (list, tuple)):
+        return [_set_data(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _set_data(v) for k, v in value.items()}
+    return to_jsonable_python(value)
 
 
 def file_fields() -> set[str]:

@@ -254,10 +254,13 @@ def test_explore_a_shipped_mixture_of_experts_config(at):
 
 
 def test_model_picker_simulates_the_checkpoint_dtypes(at):
+    assert "changed in the sidebar" not in " ".join(c.value for c in at.caption)
     at.selectbox(key="knob.model.name").set_value("Qwen/Qwen3-32B-FP8").run()
     assert not at.exception, at.exception
     shown = " ".join(c.value for c in at.caption)
     assert "Simulated dtypes: weights `fp8_block`" in shown, shown
+    # The scenario's own description (llama-3.1-8b) is marked as the file's, not what runs.
+    assert "changed in the sidebar (model) — as loaded: llama-3.1-8b" in shown, shown
 
 
 def test_malformed_fit_quality_upload_keeps_calibration_page(at):

@@ -540,3 +540,52 @@ def test_upload_limits_are_said_in_the_units_they_are_set_in(store):
     with pytest.raises(ConfigError) as e:
         store.add_trace("big.csv", b"x" * (5 * 1024 * 1024 + 1))
     assert str(e.value).endswith("got '5,242,881 bytes'; a file of at most 5 MiB (5,242,880 bytes)")
+
+
+def test_canonical_json_is_the_set_keys_a_sweep_sends():
+    """The cache key holds the keys the scenario sets at every depth, as a sweep's point does
+    (``set_keys``): pydantic's ``exclude_unset`` dropped a section its parent never marked set, so
+    keys kvsim assigned (a ``max_model_len`` cut to the model's context) or set inside it were lost."""
+    from sim.analysis.sweep import canonical_scenario
+
+    # No workload section: fit_max_model_len cuts max_model_len to llama-2-7b's 4096 in place.
+    short = X.resolve_scenario({"model": {"name": "llama-2-7b"}})
+    assert json.loads(X.canonical_json(short)) == canonical_scenario(short)
+    assert json.loads(X.canonical_json(short))["workload"]["max_model_len"] == 4096
+    # A key set inside a section whose parent does not say so: another scenario, another key.
+    sc = X.resolve_scenario(SMALL)
+    edited = sc.model_copy(deep=True)
+    edited.engine.host_s = 0.01
+    assert "engine" not in edited.model_fields_set
+    assert X.canonical_json(edited) != X.canonical_json(sc)
+    assert X.scenario_from_canonical(X.canonical_json(edited)).engine.host_s == 0.01
+    for s in (short, sc, edited):
+        assert json.loads(X.canonical_json(s)) == canonical_scenario(s)
+
+
+# --- the scenario caption ------------------------------------------------------------------
+
+
+def test_scenario_caption_says_which_parts_the_knobs_changed():
+    base = X.builtin_scenario("chat-api")
+    knobs = X.knobs_from_scenario(base)
+    desc = base["description"]
+    assert "llama-3.1-8b on one H100" in desc
+    plain = X.scenario_caption("chat-api", base, knobs)
+    assert "**chat-api**" in plain and "llama-3.1-8b on one H100" in plain and "changed" not in plain
+    assert X.changed_sections(base, knobs) == []
+
+    edited = {**knobs, "model.name": "Qwen/Qwen3-30B-A3B", "gpu.name": "A100-SXM-80GB"}
+    assert X.changed_sections(base, edited) == ["model", "gpu"]
+    text = X.scenario_caption("chat-api", base, edited)
+    # The file's description no longer says what runs: the line names the changed parts and
+    # marks the description as the file's.
+    assert "changed in the sidebar (model, gpu)" in text and "as loaded: llama-3.1-8b on one H100" in text
+
+    more = {**edited, "workload.arrival.rate": 3.0, "allocator.kind": "static", "seed": 9}
+    assert X.changed_sections(base, more) == ["model", "gpu", "workload.arrival", "allocator", "seed"]
+    # Knobs set back to the file's values: the caption is the file's again.
+    assert X.scenario_caption("chat-api", base, {**more, **knobs}) == plain
+    # No description: the changed parts still show.
+    bare = {k: v for k, v in base.items() if k != "description"}
+    assert X.scenario_caption("up.yaml", bare, edited).startswith("Scenario **up.yaml**, changed in the sidebar")

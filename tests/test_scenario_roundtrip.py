@@ -13,11 +13,12 @@ import textwrap
 
 import pytest
 import yaml
+from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from sim.analysis.sweep import canonical_scenario, flatten_summary, load_sweep, point_id, read_dataset, run_sweep
 from sim.cli.main import app
-from sim.config import SCENARIO_DIR, Scenario, load_scenario, scenario_from_dict
+from sim.config import SCENARIO_DIR, Scenario, load_scenario, scenario_from_dict, set_keys
 from sim.engine.deployment import with_engine_defaults
 from sim.workload.generator import request_bound
 
@@ -43,6 +44,8 @@ CASES = {
     "trtllm": ("chat-api", {"workload.num_requests": 40, "engine.kind": "trtllm"}),
     "closed_loop": ("hard-memory-budget", {"workload.num_requests": 60}),
     "duration": ("DURATION", {}),
+    # A length mixture: a lengths block inside the lengths block.
+    "mixture": ("worst-case-outliers", {"workload.num_requests": 60}),
 }
 
 
@@ -91,8 +94,9 @@ def test_a_sweep_point_runs_as_kvsim_run_of_the_same_overrides(case, tmp_path):
 def test_rerunning_a_runs_scenario_yaml_gives_a_byte_identical_summary(case, tmp_path, monkeypatch):
     base = _base(case, tmp_path)
     _kvsim_run(base, CASES[case][1], tmp_path / "run")
-    if case == "duration":
-        monkeypatch.chdir(tmp_path / "scn")  # lens.csv is relative to the scenario's folder, not the run's
+    # lens.csv is relative to the scenario's folder: the run's file names it so that it reads it
+    # from the run's folder, whatever the working directory.
+    monkeypatch.chdir(tmp_path)
     _kvsim_run(str(tmp_path / "run" / "scenario.yaml"), {}, tmp_path / "again")
     assert (tmp_path / "again" / "summary.json").read_bytes() == (tmp_path / "run" / "summary.json").read_bytes()
     # What ran is what the file says: rerunning the rerun's file writes the same file.
@@ -131,6 +135,19 @@ def _scenarios():
     # max_model_len (set by fit_max_model_len).
     yield "hf_config", {"model": {"hf_config": "Qwen/Qwen3-8B"}, "workload": {"num_requests": 10}}
     yield "short_context", {"model": {"name": "llama-2-7b"}, "workload": {"duration_s": 10.0}}
+    yield (
+        "mixture",
+        {
+            "workload": {
+                "num_requests": 20,
+                "lengths": {
+                    "kind": "mixture",
+                    "outlier_fraction": 0.2,
+                    "base": {"kind": "lognormal", "prompt_sigma": 0.4},
+                },
+            }
+        },
+    )
 
 
 def _behaviour(sc: Scenario) -> tuple:
@@ -219,3 +236,102 @@ def test_a_sweep_resumed_over_a_dataset_of_old_point_ids_reruns_its_points(tmp_p
     # Run again: every point is reused.
     again = run_sweep(f, workers=1, out=out, progress=False)
     assert (again.ran, again.skipped) == (0, 2)
+
+
+# --- lists of sections ------------------------------------------------------------------------
+
+
+class _Part(BaseModel):
+    a: int = 1
+    b: int = 2
+
+
+class _Holder(BaseModel):
+    name: str = "h"
+    parts: list[_Part] = []
+    by_name: dict[str, _Part] = {}
+
+
+def test_set_keys_keeps_each_listed_sections_own_set_keys():
+    """A list of sections (or a mapping of them) keeps only each element's set keys: a full dump of
+    the list would mark every key of every element set once loaded again."""
+    h = _Holder.model_validate({"parts": [{"a": 5}, {}, {"b": 7}], "by_name": {"x": {"b": 3}}})
+    dump = set_keys(h)
+    assert dump == {"parts": [{"a": 5}, {}, {"b": 7}], "by_name": {"x": {"b": 3}}}
+    back = _Holder.model_validate(dump)
+    assert [p.model_fields_set for p in back.parts] == [{"a"}, set(), {"b"}]
+    assert set_keys(back) == dump and back == h
+    # An empty list given is kept; a list never set is left out.
+    assert set_keys(_Holder.model_validate({"parts": []})) == {"parts": []}
+    assert set_keys(_Holder()) == {}
+
+
+def test_a_mixture_round_trips_with_its_set_keys_and_runs_the_same():
+    from sim.engine.cluster import simulate
+
+    sc = load_scenario("worst-case-outliers", {"workload.num_requests": 60})
+    dump = canonical_scenario(sc)
+    assert dump["workload"]["lengths"]["base"] == {
+        "kind": "lognormal",
+        "prompt_median": 1024,
+        "prompt_sigma": 0.5,
+        "output_median": 256,
+        "output_sigma": 0.5,
+    }
+    back = scenario_from_dict(json.loads(json.dumps(dump)), base_dir=SCENARIO_DIR)
+    assert canonical_scenario(back) == dump
+    assert back.workload.lengths.base.model_fields_set == sc.workload.lengths.base.model_fields_set
+    assert simulate(back).summary == simulate(sc).summary
+
+
+# --- file paths in a run's scenario.yaml ----------------------------------------------------------
+
+
+def test_a_runs_scenario_yaml_reads_its_files_from_any_working_directory(tmp_path, monkeypatch):
+    """Relative paths in a scenario (a trace and a model config.json beside the scenario file, a
+    profile JSON and an engine terms file in the working directory) are written into the run's
+    scenario.yaml so that they name the same files from the run folder: rerunning it from another
+    working directory runs the same."""
+    import shutil
+
+    from sim.cost.profile import PROFILE_DIR
+    from sim.engine_presets import TERMS_FORMAT
+    from sim.hf_config import shipped_config
+
+    scn, work, other = tmp_path / "scn", tmp_path / "work", tmp_path / "other"
+    for d in (scn / "cfg", work, other):
+        d.mkdir(parents=True)
+    (scn / "lens.csv").write_text(LENGTHS)
+    shutil.copy(shipped_config("Qwen/Qwen2.5-0.5B"), scn / "cfg" / "config.json")
+    shutil.copy(PROFILE_DIR / "h100-sxm.json", work / "prof.json")
+    (work / "terms.json").write_text(json.dumps({"format": TERMS_FORMAT, "engines": {"vllm": {"host_s": 0.004}}}))
+    (scn / "s.yaml").write_text(
+        textwrap.dedent("""
+        name: paths
+        seed: 4
+        model: {hf_config: cfg}
+        workload:
+          num_requests: 40
+          arrival: {kind: poisson, rate: 20}
+          lengths: {kind: empirical, path: lens.csv}
+        cost_model: {profile: prof.json}
+        engine: {kind: vllm, terms_file: terms.json}
+        """)
+    )
+    monkeypatch.chdir(work)
+    first = _kvsim_run(str(scn / "s.yaml"), {}, tmp_path / "out" / "run")
+    written = yaml.safe_load((tmp_path / "out" / "run" / "scenario.yaml").read_text())
+    assert written["model"]["hf_config"] == "../../scn/cfg"
+    assert written["workload"]["lengths"]["path"] == "../../scn/lens.csv"
+    assert written["engine"]["terms_file"] == "../../work/terms.json"
+    # Read from the working directory only (sim.cost.profile.load_profile): absolute.
+    assert written["cost_model"]["profile"] == str((work / "prof.json").resolve())
+
+    monkeypatch.chdir(other)
+    again = _kvsim_run(str(tmp_path / "out" / "run" / "scenario.yaml"), {}, tmp_path / "again")
+    for s in (first, again):
+        s.pop("cost_model_profile")  # names the profile path as the scenario gave it
+    assert again == first and first["cost_model_calibrated"]
+    assert (tmp_path / "again" / "requests.parquet").read_bytes() == (
+        tmp_path / "out" / "run" / "requests.parquet"
+    ).read_bytes()

@@ -198,7 +198,7 @@ def run(
                     result = simulate(
                         sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage, budget=budget
                     )
-            write_run(result, stage)
+            write_run(result, stage, run_dir=dest)
     except ConfigError as exc:
         _fail(exc)
     finally:

@@ -6,7 +6,8 @@ The page only wires widgets to the functions here, one module per part of the pa
   (model, GPU, traffic, lengths, allocator, scheduler, cost model) out of a scenario;
   :func:`overrides_from_knobs` turns edited widget values back into dotted overrides (only those
   that changed, so keys a scenario left unset stay unset); :func:`edited_scenario_yaml` writes the
-  result as YAML that ``kvsim run`` accepts.
+  result as YAML that ``kvsim run`` accepts; :func:`scenario_caption` is the page's line about the
+  scenario, naming the parts the knobs changed (:func:`changed_sections`).
 * **Shipped files** (:mod:`~sim.explorer.shipped`): the built-in scenarios, traces and profiles.
 * **Untrusted uploads** (:mod:`~sim.explorer.uploads`, :class:`UploadStore`): size limits,
   ``yaml.safe_load`` after refusing anchors/aliases, schema validation with one readable line on
@@ -59,11 +60,13 @@ from sim.explorer.knobs import (
     allocator_choices,
     allocator_fields,
     allocator_knobs,
+    changed_sections,
     edited_scenario,
     edited_scenario_yaml,
     knobs_from_scenario,
     model_choices,
     overrides_from_knobs,
+    scenario_caption,
 )
 from sim.explorer.kpi import DEFAULT_SLO, KPI_LABELS, KPI_SPEC, format_kpi, kpi_delta, kpis, slo_from_knobs
 from sim.explorer.launcher import APP_PATH, app_command
@@ -147,6 +150,7 @@ __all__ = [
     "builtin_traces",
     "calibration_figure",
     "canonical_json",
+    "changed_sections",
     "check_axes_read",
     "compare_inputs_key",
     "compare_rows",
@@ -180,6 +184,7 @@ __all__ = [
     "run_small_sweep",
     "safe_filename",
     "safe_yaml",
+    "scenario_caption",
     "scenario_from_canonical",
     "slo_from_knobs",
     "sweep_param_columns",

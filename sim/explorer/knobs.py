@@ -15,6 +15,7 @@ import yaml
 
 from sim.catalog import MODELS
 from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict
+from sim.errors import ConfigError
 from sim.hf_config import shipped_models
 
 #: Knobs shown in Explore, as dotted scenario keys (plus the ``slo.*`` keys, which are not).
@@ -230,3 +231,55 @@ def edited_scenario_yaml(
         data = {**data, "cost_model": {**data["cost_model"], "profile": file}}
         head += f"# Uploaded profile referenced here: run kvsim from the folder that holds {file}\n"
     return head + yaml.safe_dump(data, sort_keys=False)
+
+
+#: The parts of a scenario :func:`changed_sections` names, in the order of the scenario file.
+_SECTION_ORDER = (
+    "model",
+    "gpu",
+    "workload",
+    "workload.arrival",
+    "workload.lengths",
+    "scheduler",
+    "allocator",
+    "cost_model",
+    "seed",
+)
+
+
+def _section_of(key: str) -> str:
+    for nested in ("workload.arrival.", "workload.lengths."):
+        if key.startswith(nested):
+            return nested[:-1]
+    return key.split(".", 1)[0]
+
+
+def changed_sections(base: Scenario | dict, knobs: Mapping[str, Any]) -> list[str]:
+    """The parts of ``base`` (``model``, ``gpu``, ``workload.arrival``, ``allocator``, ``seed`` ...)
+    that the knobs changed, in the scenario file's order; empty when the knobs still say what
+    ``base`` says. Read from :func:`overrides_from_knobs`, so it counts what a run would change."""
+    found = {_section_of(k) for k in overrides_from_knobs(knobs, base)}
+    return [s for s in _SECTION_ORDER if s in found] + sorted(found - set(_SECTION_ORDER))
+
+
+def scenario_caption(label: str, base: dict, knobs: Mapping[str, Any]) -> str:
+    """The Explore page's line about the scenario on screen (Markdown).
+
+    A scenario file's ``description`` speaks of the file's own model, GPU and traffic; once the
+    knobs change any of them it would describe a scenario that is no longer the one that runs, so
+    the line then says which parts changed and marks the description as the file's as loaded."""
+    from sim.explorer.uploads import plain_markdown
+
+    desc = str(base.get("description") or "").strip()
+    try:
+        changed = changed_sections(base, knobs)
+    except ConfigError:  # the page shows the error where it runs the scenario
+        changed = []
+    head = f"Scenario **{plain_markdown(label)}**"
+    if changed:
+        head += f", changed in the sidebar ({', '.join(changed)})"
+        if desc:
+            head += f" — as loaded: {plain_markdown(desc)}"
+    elif desc:
+        head += f" — {plain_markdown(desc)}"
+    return head + "  ·  edit the knobs in the sidebar, then run."

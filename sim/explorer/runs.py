@@ -10,17 +10,20 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from sim.config import SCENARIO_DIR, Scenario, scenario_from_dict
+from sim.config import SCENARIO_DIR, Scenario, scenario_from_dict, set_keys
 from sim.engine.budget import EXPLORER_BUDGET, BudgetExceeded, RunBudget
 
 
 def canonical_json(sc: Scenario) -> str:
     """Canonical JSON of a resolved scenario: the cache key of its run.
 
-    Only explicitly set keys are kept (``exclude_unset``): whether ``num_requests`` was given
-    changes what a ``duration_s`` run does, so a full dump would not round-trip.
+    The keys it sets at every depth (:func:`sim.config.set_keys`, what a sweep sends its workers and
+    a run writes): whether ``num_requests`` was given changes what a ``duration_s`` run does, so a
+    full dump would not round-trip. Pydantic's ``exclude_unset`` would not either: it drops a
+    section its parent never marked set even where keys inside it were set, so two scenarios that
+    run differently could share one key and one cached run.
     """
-    return json.dumps(sc.model_dump(mode="json", exclude_unset=True), sort_keys=True, separators=(",", ":"))
+    return json.dumps(set_keys(sc), sort_keys=True, separators=(",", ":"))
 
 
 def scenario_from_canonical(key: str) -> Scenario:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel
 
-from sim.config import Scenario
+from sim.config import SCENARIO_DIR, Scenario, file_fields
+from sim.inputs import is_file
 from sim.output.metrics import Recorder
 
 
@@ -52,8 +54,11 @@ def replace_file(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def write_run(result: RunResult, out: str | Path) -> Path:
+def write_run(result: RunResult, out: str | Path, run_dir: str | Path | None = None) -> Path:
     """Write the run directory (the Parquet files are already there when the run streamed to ``out``).
+    ``run_dir``: the folder the files end up in when ``out`` is a staging folder moved there
+    (``kvsim run``); the file paths in ``scenario.yaml`` are written to be read from it
+    (:func:`rerunnable_scenario`).
 
     ``summary.json`` holds the full ``cost_model_profile`` block (:mod:`sim.output.provenance`: built-in
     or file, path, name, device, date, method, content hash) that the run took from the cost model
@@ -72,5 +77,71 @@ def write_run(result: RunResult, out: str | Path) -> Path:
     result.summary = with_cost_profile(result.summary, result.scenario)
     summary = json.dumps(result.summary, indent=2, sort_keys=True) + "\n"
     replace_file(out / "summary.json", lambda p: p.write_text(summary))
-    replace_file(out / "scenario.yaml", lambda p: p.write_text(result.scenario.to_yaml()))
+    rerun = rerunnable_scenario(result.scenario, Path(run_dir) if run_dir is not None else out)
+    replace_file(out / "scenario.yaml", lambda p: p.write_text(rerun.to_yaml()))
     return out
+
+
+def rerunnable_scenario(sc: Scenario, run_dir: Path) -> Scenario:
+    """``sc`` with every file it names by a relative path (a trace, a profile JSON, a model's
+    ``config.json``, an engine terms file: the fields :func:`sim.config.file_fields` lists, at any
+    depth) named so that ``run_dir/scenario.yaml`` reads the same file from any working directory.
+
+    A rerun resolves a relative path against the file's own folder (the run folder), then
+    ``scenarios/``, then the working directory; the path as the scenario gave it was relative to
+    the scenario's folder or to the working directory of the run, neither of which the run folder
+    remembers. So each such path becomes relative to the run folder where the two share a folder
+    below the file system's root, else absolute; ``cost_model.profile``, which is read from the
+    working directory only, always becomes absolute. Names of shipped files (a built-in trace or
+    profile, a shipped model's id, ``auto``) and absolute paths are kept as they are. ``sc`` itself
+    is not changed: the run's summary keeps the paths as given."""
+    out = sc.model_copy(deep=True)
+    base = Path(sc.base_dir)
+    _rewrite_paths(out, file_fields(), base, Path(run_dir))
+    return out
+
+
+def _rewrite_paths(section: BaseModel, names: set[str], base: Path, run_dir: Path) -> None:
+    for name in type(section).model_fields:
+        value = getattr(section, name)
+        if isinstance(value, BaseModel):
+            _rewrite_paths(value, names, base, run_dir)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                if isinstance(v, BaseModel):
+                    _rewrite_paths(v, names, base, run_dir)
+        elif name in names and isinstance(value, str):
+            new = _rerun_path(name, value, base, run_dir)
+            if new != value:
+                setattr(section, name, new)
+
+
+def _rerun_path(field: str, value: str, base: Path, run_dir: Path) -> str:
+    """``value`` of the file-naming ``field`` as ``run_dir``'s scenario.yaml should name it."""
+    p = Path(value).expanduser() if field == "hf_config" else Path(value)
+    if p.is_absolute():
+        return value
+    if field == "profile":
+        # sim.cost.profile.load_profile: a file relative to the working directory, else a built-in name.
+        return str(p.resolve()) if is_file(p) else value
+    found = next((c for c in (base / p, SCENARIO_DIR / p, Path.cwd() / p) if _names_file(field, c)), None)
+    if found is None or found == SCENARIO_DIR / p:
+        return value  # a shipped model's id, or a file shipped under scenarios/: found from anywhere
+    target, folder = found.resolve(), run_dir.resolve()
+    try:
+        shared = os.path.commonpath([target, folder]) != target.anchor
+    except ValueError:  # on different drives (Windows): no relative path joins them
+        shared = False
+    if shared:
+        rel = os.path.relpath(target, folder)
+        # Checked, not assumed: a symlinked folder on the way makes ``..`` climb elsewhere.
+        if (folder / rel).resolve() == target:
+            return rel
+    return str(target)
+
+
+def _names_file(field: str, cand: Path) -> bool:
+    # model.hf_config may name the folder of a checkpoint (sim.hf_config.resolve_hf_config).
+    if field == "hf_config" and cand.is_dir():
+        return is_file(cand / "config.json")
+    return is_file(cand)
