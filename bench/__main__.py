@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "name",
         choices=NAMES + ["all"],
-        help="benchmark to run ('all': every one but attention and hostile, in this order)",
+        help=f"benchmark to run ('all': every one but {', '.join(sorted(NOT_IN_ALL))}, in this order)",
     )
     ap.add_argument("--quick", action="store_true", help="small variants (each under a minute)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for <name>.json (default runs/bench)")

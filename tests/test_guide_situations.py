@@ -82,3 +82,29 @@ def test_duplicate_numbers_are_refused(tmp_path):
     (d / "other.yaml").write_text((GUIDE_DIR / "small-batch.yaml").read_text())
     with pytest.raises(ConfigError, match="number"):
         load_situations(d)
+
+
+def test_recommendation_quotes_goodput_per_gpu_and_attainment_as_the_table_does():
+    """The reasons' goodputs are per GPU, as the headline and the table's column: on a
+    four-replica situation a deployment figure would read 4× the table's."""
+    import re
+
+    from sim.analysis.guide import recommendation, run_situation
+
+    r = run_situation("shared-prefix", num_requests=60)
+    assert {run.gpus for run in r.runs.values()} == {4}
+    rec = recommendation(r)
+    quoted = [
+        (name, float(g))
+        for reason in rec["reasons"]
+        for g, name in re.findall(r"goodput ([\d.]+) req/s vs (\S+) [\d.]+ req/s", reason)
+    ]
+    others = re.findall(r"vs (\S+) ([\d.]+) req/s", " ".join(rec["reasons"]))
+    assert quoted and others
+    best = r.runs[rec["candidate"]]
+    for _, g in quoted:
+        assert g == pytest.approx(best.goodput_per_gpu, rel=5e-3)
+    for name, g in others:
+        if name in r.runs:
+            assert float(g) == pytest.approx(r.runs[name].goodput_per_gpu, rel=5e-3)
+    assert f"{best.attainment * 100:.1f}% of requests meet the SLO" in rec["text"]

@@ -27,7 +27,7 @@ from typing import Any
 
 from sim.analysis.guide.claims import NOT_REPRODUCED, PARTLY, REPRODUCED, SKIPPED, ClaimResult
 from sim.analysis.guide.render import render
-from sim.analysis.guide.runs import Run, SituationResult
+from sim.analysis.guide.runs import Run, SituationResult, fmt_pct
 from sim.analysis.guide.situations import Claim, Situation, Variant, by_key, situations
 from sim.analysis.planner import measure, recommend
 from sim.catalog import MODELS
@@ -144,7 +144,8 @@ def recommendation(r: SituationResult) -> dict:
         if v.contrast:
             continue
         run = r.runs[v.name]
-        g = run.goodput_per_gpu * run.gpus
+        # Per GPU, the figure the headline and the table quote, so the reasons' goodputs read against them.
+        g = run.goodput_per_gpu
         op = {"rate": None, "replicas": None, **run.measure}
         c: dict[str, Any] = {
             "name": v.name,
@@ -159,7 +160,7 @@ def recommendation(r: SituationResult) -> dict:
             "message": ""
             if g > 0
             else (
-                f"at the scenario's load only {run.attainment:.0%} of requests meet the SLO "
+                f"at the scenario's load only {fmt_pct(run.attainment, 1)} of requests meet the SLO "
                 f"({op['rejected']} rejected, {op['truncated']} truncated)"
             ),
         }
@@ -178,7 +179,7 @@ def recommendation(r: SituationResult) -> dict:
         run = r.runs[best["name"]]
         knobs = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
         rec["text"] = (
-            f"Use {best['name']} — {best['strategy']} (set {knobs}): {run.attainment:.0%} of requests meet the "
+            f"Use {best['name']} — {best['strategy']} (set {knobs}): {fmt_pct(run.attainment, 1)} of requests meet the "
             f"SLO at the scenario's load, goodput at load {run.goodput_per_gpu:.3g} req/s per GPU."
         )
     else:
