@@ -7,7 +7,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from sim.analysis.planner import CANDIDATES, fewest_replicas, find_goodput
+from sim.analysis.planner import CANDIDATES, fewest_replicas, find_goodput, plan
 from sim.analysis.slo import SLO, attainment, parse_slos
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.cluster import simulate
@@ -72,6 +72,47 @@ def test_fewest_replicas():
         n, seen = fewest_replicas(lambda k: k >= 5, start)
         assert n == 5 and seen[5] and not seen[4]
     assert fewest_replicas(lambda k: False, 2, limit=16)[0] is None
+
+
+def test_fewest_replicas_bisects_down_from_an_overshooting_start():
+    # A start ~2.7× the answer (one replica's goodput understates pooled replicas) stepped down one
+    # replica at a time: 41, 40, …, 14 was 28 runs, each over n replicas' requests.
+    calls: list[int] = []
+    n, seen = fewest_replicas(lambda k: calls.append(k) or k >= 15, 41)
+    assert n == 15 and seen[15] and not seen[14]
+    assert len(calls) <= 10 and len(calls) == len(set(calls))
+    # A good start still settles in two runs.
+    calls.clear()
+    assert fewest_replicas(lambda k: calls.append(k) or k >= 15, 15)[0] == 15 and calls == [15, 14]
+    # The same answer as stepping by one, for every start and monotone threshold.
+    for threshold in range(1, 40):
+        for start in range(1, 50):
+            got, seen = fewest_replicas(lambda k, t=threshold: k >= t, start, limit=32)
+            assert got == (threshold if threshold <= 32 else None), (threshold, start)
+            if got and got > 1:
+                assert seen[got] and not seen[got - 1]
+        calls.clear()
+        fewest_replicas(lambda k, t=threshold: calls.append(k) or k >= t, 203, limit=4096)
+        assert len(calls) <= 2 * 8 + 2, (threshold, calls)
+
+
+def test_plan_operating_point_is_the_replica_search_scale(tmp_path):
+    # The passing replica probe is a run stopped early (a tested pass): the operating point must
+    # still be n × the base request count, as in the search, not the base count over n replicas.
+    p = plan(
+        "chat-api",
+        SLO(ttft_s=1.0, tpot_s=0.1, attainment=0.9),
+        {"model.name": "qwen3-32b", "workload.num_requests": 200},
+        ["static"],
+        target_rate=0.5,
+        workers=1,
+    )
+    c = p["candidates"][0]
+    n = c["replicas_needed"]
+    assert n and n > 1
+    assert not next(r for r in c["replica_probes"] if r["replicas"] == n)["exact"]
+    op = c["operating_point"]
+    assert (op["replicas"], op["requests"]) == (n, n * 200)
 
 
 def test_plan_default_scenario(tmp_path):

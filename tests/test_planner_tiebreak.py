@@ -204,3 +204,42 @@ def test_cost_model_calibrated_follows_the_built_cost_model():
     assert p["cost_model_calibrated"] is False
     p = plan("chat-api", slo, small, ["paged"], workers=1, max_evals=4)
     assert p["cost_model_calibrated"] is True
+
+
+def test_jitter_rule_decides_between_goodput_ties():
+    # The decision guide's streaming chatbot: equal goodputs, dynamic-token above the article's
+    # 10 % rule by a hair (1.1004) but within 0.05 of the others, and the least waste. Within the
+    # jitter resolution it won on waste, against the rule its own reasons then quoted.
+    p = _plan(
+        [
+            _cand("paged", 24.7, _op(waste=0.02, jitter=1.07)),
+            _cand("dynamic-token", 24.7, _op(waste=0.001, jitter=1.1004)),
+            _cand("dynamic-chunk", 24.7, _op(waste=0.005, jitter=1.08)),
+        ]
+    )
+    rec = recommend(p)
+    assert rec["candidate"] == "dynamic-chunk", rec["text"]
+    tie = _tie_line(rec)
+    assert "dynamic-token (1.1004) is out, above the rule, unlike paged (1.0700)" in tie
+    assert "less memory waste: paged (2%) is out" in tie, tie
+    assert not any("matter more than goodput" in r for r in rec["reasons"])
+
+
+def test_no_goodput_trade_off_is_offered_when_goodputs_are_equal():
+    # The candidate within the jitter rule lost on refused requests, not on goodput: its reason
+    # must not ask whether steady steps matter more than a goodput that is the same.
+    p = _plan(
+        [
+            _cand("paged", 24.7, _op(jitter=1.3)),
+            _cand("static-p95", 24.7, _op(jitter=1.02, truncated=5)),
+        ]
+    )
+    rec = recommend(p)
+    assert rec["candidate"] == "paged"
+    jit = next(r for r in rec["reasons"] if r.startswith("decode-step jitter"))
+    assert "matter more than goodput" not in jit
+    assert "static-p95 stays within the rule at the same goodput" in jit
+    # Where the goodputs differ, the trade-off stays.
+    p = _plan([_cand("paged", 30.0, _op(jitter=1.3)), _cand("static-p95", 20.0, _op(jitter=1.02))])
+    jit = next(r for r in recommend(p)["reasons"] if r.startswith("decode-step jitter"))
+    assert "choose it only if steady decode steps matter more than goodput" in jit

@@ -11,11 +11,12 @@ passes there, the search continues above). With a target rate it also finds the 
 ``gpu.replicas`` (n passes, n − 1 does not) that sustain that rate; ``workload.num_requests`` is
 scaled with the replica count so each replica sees as many requests as in the base scenario.
 
-At the operating point (the goodput, or the target rate on the chosen replica count) it
-measures what the seed article reasons with: memory waste (1 − KV token utilization),
-internal and external fragmentation over time, decode-step jitter (p99/p50 of the iteration
-latency of decode-only iterations; the article's rule: a spike above 10 % of p50), preemptions
-and rejections, and turns them into a recommendation.
+At the operating point (the goodput, or the target rate on the chosen replica count, over the
+same scaled request count the replica search ran) it measures what the seed article reasons
+with: memory waste (1 − KV token utilization), internal and external fragmentation over time,
+decode-step jitter (p99/p50 of the iteration latency of decode-only iterations; the article's
+rule: a spike above 10 % of p50), preemptions and rejections, and turns them into a
+recommendation.
 """
 
 from __future__ import annotations
@@ -256,12 +257,12 @@ class _Runner:
         #: Limits on every simulation (the explorer's; none from the CLI).
         self.budget: RunBudget | None = RunBudget(**budget) if budget else None
 
-    def scenario(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True):
-        """The candidate at ``rate`` on ``replicas``; ``scaled``: requests × replicas ÷ base replicas."""
+    def scenario(self, rate: float, replicas: int, seed: int = 0):
+        """The candidate at ``rate`` on ``replicas``, with requests × replicas ÷ base replicas."""
         over = dict(self.overrides)
         over["workload.arrival.rate"] = rate
         over["gpu.replicas"] = replicas
-        if scaled and self.base_requests is not None and replicas != self.base_replicas:
+        if self.base_requests is not None and replicas != self.base_replicas:
             over["workload.num_requests"] = max(1, round(self.base_requests * replicas / self.base_replicas))
         if seed:
             over["seed"] = self.task["base_seed"] + seed
@@ -287,13 +288,13 @@ class _Runner:
             "preemptions": s["preemptions"],
         }
 
-    def full(self, rate: float, replicas: int, seed: int = 0, scaled: bool = True) -> tuple[dict, Any]:
+    def full(self, rate: float, replicas: int, seed: int = 0) -> tuple[dict, Any]:
         """A complete run: its probe record and result (the latest two are kept for the operating point)."""
         from sim.engine.cluster import simulate
 
-        key = (rate, replicas, seed) if scaled else (rate, replicas, seed, "unscaled")
+        key = (rate, replicas, seed)
         if key not in self._results:
-            res = simulate(self.scenario(rate, replicas, seed, scaled), budget=self.budget)
+            res = simulate(self.scenario(rate, replicas, seed), budget=self.budget)
             self.sims += 1
             self.requests += res.requests.num_rows
             att = attainment(res.requests, self.slo)
@@ -466,11 +467,11 @@ def plan_candidate(task: dict) -> dict:
             if n is not None:
                 op_rate, op_replicas = target_rate, n
         if task.get("operating_point", True):
-            # Guided, at a target rate: the replica search's runs stop early, so the operating point
-            # gets its own complete run, over the base scenario's request count (spread over the
-            # replicas: the facts measured there are per-replica averages and percentiles).
-            scaled = not (guided and target_rate and (target_rate, op_replicas, 0) not in runner._results)
-            rec, res = runner.full(op_rate, op_replicas, scaled=scaled)
+            # The run at the scale that decided the GPU count (n × base requests): the probe's own
+            # result when it ran to the end, else that run completed. A shorter run can miss the
+            # queue episodes that the search's run saw (one outlier-slot wait in 800 requests over
+            # 6 replicas against 4800), and every candidate of a table is measured alike.
+            rec, res = runner.full(op_rate, op_replicas)
             out["operating_point"] = {"rate": op_rate, "replicas": op_replicas, **measure(res, slo)}
             out["kv_series"] = _kv_series(res.timeseries)
     except ConfigError as exc:
@@ -944,6 +945,8 @@ def _list_order_clause(keep: list[dict], steps: list[_TieStep]) -> str:
     first, rest = keep[0], keep[1:]
     facts = []
     for step in steps:
+        if not step.short:
+            continue  # a step that only restates another's value (the jitter rule and the jitter)
         vals = step.show(keep, first)
         facts.append(f"{step.short} " + ", ".join(f"{c['name']} {vals[c['name']]}" for c in keep))
     return (
@@ -1105,6 +1108,14 @@ def recommend(p: dict) -> dict:
         j = c["operating_point"].get("decode_jitter")
         return j if j is not None else math.inf
 
+    def over_rule(c) -> bool:
+        return jitter(c) > JITTER_RULE
+
+    def rule_text(cs, ref):
+        # At digits that print every jitter apart from the rule's 1.10 (1.1004 is above it, not at it).
+        rule = {"name": "", "operating_point": {"decode_jitter": JITTER_RULE}}
+        return _apart([*cs, rule], rule, jitter, "", JITTER_RESOLUTION, decimals=2)
+
     def waste(c):
         return c["operating_point"].get("memory_waste") or 0.0
 
@@ -1119,7 +1130,9 @@ def recommend(p: dict) -> dict:
         return bool(n and n["within_noise"])
 
     # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
-    # edges, since the brackets are only known to the tolerance); the article's preference for
+    # edges, since the brackets are only known to the tolerance); the article's jitter rule (a
+    # candidate within it over one above it, however close their jitters: the rule is the
+    # article's line, the resolution only says which gaps are noise); the article's preference for
     # steady decode steps; less reserved-but-unused memory; the order of the candidate list (the
     # simpler strategy first). Each step keeps the best of the candidates still in the running and
     # every one that measures the same as that best (within the step's resolution of it: judged
@@ -1147,6 +1160,15 @@ def recommend(p: dict) -> dict:
             out=f"more than {GOODPUT_RESOLUTION:.0%} below"
             + (" and not within noise of" if basis == "goodput_mean_rps" else ""),
             within=f"within {GOODPUT_RESOLUTION:.0%}" + (" or within noise" if basis == "goodput_mean_rps" else ""),
+        ),
+        _TieStep(
+            f"the article's 10 % rule on decode jitter (p99/p50 at most {JITTER_RULE:.2f})",
+            "",
+            best=lambda cs: min(cs, key=jitter),
+            same=lambda b, c: over_rule(b) == over_rule(c),
+            show=rule_text,
+            out="above the rule, unlike",
+            within="",
         ),
         _TieStep(
             "steadier decode steps (p99/p50)",
@@ -1259,12 +1281,27 @@ def recommend(p: dict) -> dict:
             note = f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}"
         else:
             u = max(under, key=value)
+            if goodput_same(best, u):
+                # No goodput to trade: what kept u out is a tie-break before the rule, or its GPU count.
+                if any(c is u for c in tied):
+                    why_not = f"; {best['name']} is picked on the tie-break above"
+                elif target and u.get("gpus_needed") != best.get("gpus_needed"):
+                    why_not = f", but needs {u.get('gpus_needed') or 'more'} GPU(s) against {gpus}"
+                else:
+                    why_not = ""
+                trade = (
+                    f"{u['name']} stays within the rule at the same goodput{named} ({value(u):.3g} vs "
+                    f"{value(best):.3g} req/s, within {GOODPUT_RESOLUTION:.0%}){why_not}"
+                )
+            else:
+                trade = (
+                    f"{u['name']} stays within the rule; choose it only if steady decode steps matter more "
+                    f"than goodput{named} ({value(u):.3g} vs {value(best):.3g} req/s)"
+                )
             note = (
                 f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
                 + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
-                + f": the step time follows the batch size; {alloc_note}. {u['name']} stays within the rule; "
-                f"choose it only if steady "
-                f"decode steps matter more than goodput{named} ({value(u):.3g} vs {value(best):.3g} req/s)"
+                + f": the step time follows the batch size; {alloc_note}. {trade}"
             )
         reasons.append(f"decode-step jitter p99/p50: {jit} — {note}")
     for c in others:
