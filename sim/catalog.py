@@ -122,6 +122,11 @@ class ModelSpec:
     #: The LM head shares the token-embedding matrix (``tie_word_embeddings``): one vocab × hidden
     #: matrix in ``params`` instead of two.
     tied_embeddings: bool = False
+    #: Weights (a count, not bytes) a checkpoint quantised below 16 bits keeps in 16 bits besides its
+    #: token embedding and LM head: the modules its quantisation excludes (ModelOpt's
+    #: ``exclude_modules`` / ``ignore``: NVIDIA's NVFP4 DeepSeek-V3.1 keeps its attention projections in
+    #: bf16). :meth:`weight_bytes` counts them at 2 bytes; GEMMs are still priced at the weight dtype.
+    unquantized_params: float = 0.0
 
     @property
     def kv_width(self) -> int:
@@ -219,14 +224,18 @@ class ModelSpec:
         ``moe.expert_dtype`` when the checkpoint sets one). A checkpoint quantized below 16 bits
         (fp8, NVFP4, int4) keeps its token embedding and LM head in 16 bits: vLLM's, SGLang's and
         TensorRT-LLM's fp8 and fp4 schemes quantize the linear layers only (ModelOpt's default
-        excludes ``lm_head``; the embedding is a lookup, not a GEMM)."""
+        excludes ``lm_head``; the embedding is a lookup, not a GEMM), and so does it the
+        ``unquantized_params`` its quantisation excludes."""
         per = dtype_bytes(weight_dtype, "model.weight_dtype")
         experts = 0.0
         expert_bytes = 0.0
         if self.moe is not None and self.moe.expert_dtype is not None:
             experts = self.moe.moe_layers * self.moe.experts * self.moe.expert_params(self.hidden)
             expert_bytes = experts * dtype_bytes(self.moe.expert_dtype, "model.moe")
-        embed = min(float(self.embedding_params), self.params - experts) if quantized_head(weight_dtype) else 0.0
+        embed = 0.0
+        if quantized_head(weight_dtype):
+            embed = min(float(self.embedding_params), self.params - experts)
+            embed += min(self.unquantized_params, self.params - experts - embed)
         return int((self.params - experts - embed) * per + embed * 2 + expert_bytes)
 
     def kv_tokens_held(self, context_tokens: int) -> int:

@@ -13,7 +13,10 @@ them, ``layer_types``, ``sliding_window_pattern``), ``torch_dtype``/``dtype``, a
 ``text_config`` (vision-language models: the text tower is the model served), and the
 quantisation: ``quantization_config`` in the file or a sibling ``<name>_hf_quant_config.json``
 / ``hf_quant_config.json`` (NVIDIA ModelOpt) give the weight dtype (fp8) and the KV-cache
-dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``). A field the file
+dtype where one is declared (``kv_cache_scheme``, ``kv_cache_quant_algo``); a ModelOpt
+quantisation's ``exclude_modules`` / ``ignore`` patterns are matched against each layer's linear
+weights, and the weights they cover are counted in 16 bits (:attr:`ModelSpec.unquantized_params`;
+:func:`_unquantized`), a pattern matching none of them said on stderr. A field the file
 leaves out takes the default of the architecture's transformers config class where
 :mod:`sim.hf_defaults` lists one (Gemma-3: ``sliding_window_pattern`` 6, ``head_dim`` 256,
 ``vocab_size`` 262,208, tied embeddings; Cohere: tied embeddings; Mistral: a 4096-token window;
@@ -54,6 +57,7 @@ low-rank projections.
 
 Sparse attention over an indexer's top-k tokens (``index_topk``), chunked local attention,
 linear-attention / state-space layers (``layer_types`` naming ``linear_attention`` or ``mamba``,
+an ``attn_type_list`` with a 0, a ``linear_attn_config`` with ``kda_layers``,
 ``hybrid_override_pattern``, ``layers_block_type``, Jamba's ``attn_layer_period``, Bamba's
 ``attn_layer_indices``, any ``mamba_*`` field), per-layer block shapes and quantisations kvsim has
 no dtype for are refused with one :class:`~sim.errors.ConfigError` line naming the field; so is a
@@ -305,6 +309,32 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     )
     notes = [f"Hugging Face config {path.name}"]
     warnings: list[str] = []
+    kept = 0
+    if wq is not None and wq not in _DTYPE16.values():
+        # ModelOpt checkpoints keep the modules their exclusion list names in 16 bits (NVIDIA's NVFP4
+        # DeepSeek-V3.1: every attention projection but o_proj; Kimi-K2.6: attention, shared experts
+        # and layer 0), and the engines load them so: weight memory counts them at 2 bytes.
+        patterns = _excluded_patterns(path, qtop)
+        dense = _dense_layers(path, field, layers) if moe is not None else set()
+        nextn = field("num_nextn_predict_layers")
+        kept, covered, unmapped = _unquantized(
+            patterns,
+            layers,
+            nextn if isinstance(nextn, int) and not isinstance(nextn, bool) and nextn > 0 else 0,
+            vision > 0,
+            lambda i: _layer_modules(
+                model_type, arch, hidden, heads, kv_heads, head_dim, intermediate, i in dense, moe, mla
+            ),
+        )
+        if kept:
+            notes.append(f"{kept / 1e9:.2f}B weights left unquantised ({', '.join(covered)}) counted in 16 bits")
+        if unmapped:
+            shown = ", ".join(unmapped[:3]) + (f" and {len(unmapped) - 3} more" if len(unmapped) > 3 else "")
+            warnings.append(
+                f"{path.name}: {len(unmapped)} quantisation exclusion pattern(s) kvsim cannot map to the "
+                f"model's weights ({shown}) are counted at the checkpoint's {wq}, so their 16-bit weights "
+                "are understated"
+            )
     vc = top.get("vision_config")
     if cfg is not top or (isinstance(vc, dict) and vc):
         notes.append(
@@ -350,6 +380,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         moe=moe,
         mla=mla,
         tied_embeddings=tied,
+        unquantized_params=float(kept),
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc, tuple(warnings), context)
@@ -521,6 +552,31 @@ def _refuse(path: Path, field: str, value, what: str):
     raise ConfigError(KEY, str(path), f"{field}={_shown(value)!r}: {what} not supported yet ({_DENSE_ONLY})")
 
 
+def _linear_layers(path: Path, key: str, value) -> str | None:
+    """What of ``value`` (a :data:`_LINEAR_KEYS` field) is not full attention: ``""`` when every layer
+    it lists attends in full, ``"k of n"`` when some do not, ``None`` where the field's presence alone
+    says the model has such layers (its convention names no all-attention form kvsim reads).
+
+    * ``attn_type_list`` (MiniMax-Text-01, MiniMax-M2): one entry per layer, 0 lightning (linear)
+      attention, 1 softmax (full) attention, as vLLM's ``minimax_text_01`` reads it; MiniMax-M2.5/M2.7
+      list 1 on all 62 layers.
+    * ``linear_attn_config`` (Kimi Linear, Kimi-K3): ``kda_layers`` lists the linear (KDA) layers."""
+    if key == "attn_type_list":
+        if not isinstance(value, list) or any(isinstance(t, bool) or t not in (0, 1) for t in value):
+            raise ConfigError(
+                KEY,
+                str(path),
+                f"'attn_type_list' must list 0 (linear attention) or 1 (full attention) per layer; "
+                f"got {_shown(value)!r}",
+            )
+        linear = value.count(0)
+        return f"{linear} of {len(value)}" if linear else ""
+    if key == "linear_attn_config" and isinstance(value, dict) and isinstance(value.get("kda_layers"), list):
+        kda = value["kda_layers"]
+        return f"{len(kda)} (linear_attn_config.kda_layers)" if kda else ""
+    return None
+
+
 def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
     """One ConfigError for the first feature kvsim does not model (in either config level)."""
     levels = [cfg] if cfg is top else [cfg, top]
@@ -574,8 +630,14 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
             kind = _SSM if ssm else "linear-attention layers" if linear else f"'{shown}' layers"
             _refuse(path, "layer_types", shown, f"{kind} are")
     for key, what in _LINEAR_KEYS.items():
-        if first(key) is not None:
-            _refuse(path, key, first(key), f"{what} are")
+        value = first(key)
+        if value is None:
+            continue
+        which = _linear_layers(path, key, value)
+        if which is None:
+            _refuse(path, key, value, f"{what} are")
+        elif which:
+            _refuse(path, key, value, f"{which} {what} are")
     mamba = next((k for level in levels for k in level if k.startswith("mamba_") and first(k) is not None), None)
     if mamba is not None:  # Jamba, Bamba, Falcon-H1, Zamba: the state-space layers' shape
         _refuse(path, mamba, first(mamba), f"{_SSM} are")
@@ -632,6 +694,18 @@ def _moe(path: Path, field, layers: int, intermediate: int) -> MoeSpec | None:
         shared = count("n_shared_experts", 0) * each
     elif field("shared_intermediate_size"):
         shared = count("shared_intermediate_size", 0)
+    dense = _dense_layers(path, field, layers)
+    if len(dense) >= layers:
+        return None  # every layer dense: the experts are never used
+    return MoeSpec(experts, top_k, width, layers - len(dense), shared)
+
+
+def _dense_layers(path: Path, field, layers: int) -> set[int]:
+    """Indices of the layers of a mixture-of-experts model that keep the dense MLP."""
+
+    def count(key: str, minimum: int) -> int:
+        return _int(path, field, key, minimum)
+
     dense: set[int] = set()
     first_dense = field("first_k_dense_replace")
     if first_dense:
@@ -644,9 +718,7 @@ def _moe(path: Path, field, layers: int, intermediate: int) -> MoeSpec | None:
     if step not in (None, 0, 1):
         step = count("decoder_sparse_step", 1)
         dense.update(i for i in range(layers) if (i + 1) % step)
-    if len(dense) >= layers:
-        return None  # every layer dense: the experts are never used
-    return MoeSpec(experts, top_k, width, layers - len(dense), shared)
+    return dense
 
 
 # --- multi-head latent attention ------------------------------------------------------------
@@ -885,6 +957,155 @@ def _experts_only(qc: dict, moe: MoeSpec, layers: int) -> bool:
     )
 
 
+def _excluded_patterns(path: Path, top: dict) -> list[str]:
+    """The module-name patterns a ModelOpt quantisation leaves in 16 bits: ``ignore`` in a
+    ``quantization_config`` whose ``quant_method`` is ``modelopt`` (or that carries ModelOpt's
+    ``quant_algo``), and ``exclude_modules`` in it or in the sibling hf_quant_config.json."""
+    out: list[str] = []
+    sections: list[tuple[Path, str, dict]] = []
+    qc = top.get("quantization_config")
+    if isinstance(qc, dict) and (str(qc.get("quant_method") or "").lower() == "modelopt" or "quant_algo" in qc):
+        sections.append((path, "quantization_config", qc))
+    for q in _quant_files(path):
+        if q.is_file():
+            doc = _load_json(q)
+            section = doc.get("quantization", doc)
+            if isinstance(section, dict):
+                sections.append((q, "quantization", section))
+            break
+    for src, where, section in sections:
+        for key in ("exclude_modules", "ignore"):
+            names = section.get(key)
+            if names is None:
+                continue
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ConfigError(
+                    KEY,
+                    str(src),
+                    f"'{where}.{key}' must be a list of module names or glob patterns "
+                    f'("model.layers.*.self_attn*"); got {_shown(names)!r}',
+                )
+            out.extend(n for n in names if n not in out)
+    return out
+
+
+#: How the Hugging Face implementations name a decoder layer's modules, under each of these prefixes
+#: (a vision-language model's text tower is ``language_model``).
+_LAYER_PREFIXES = ("model.layers.{i}.", "language_model.model.layers.{i}.", "model.language_model.layers.{i}.")
+#: Weights kvsim counts in 16 bits already, or does not count: a pattern naming only these changes nothing.
+_OUTSIDE_LAYERS = tuple(
+    f"{pre}{name}"
+    for pre in ("", "language_model.", "model.language_model.")
+    for name in ("lm_head", "model.embed_tokens", "embed_tokens")
+)
+_VISION_NAMES = tuple(
+    f"{pre}{tower}.blocks.0.attn.qkv"
+    for pre in ("", "model.")
+    for tower in ("visual", "vision_tower", "vision_model", "mm_projector", "multi_modal_projector")
+)
+
+
+def _glob(pattern: str) -> str:
+    """A ModelOpt exclusion pattern as a regular expression: ``*`` any run of characters, the rest literal."""
+    return ".*".join(re.escape(part) for part in pattern.split("*"))
+
+
+def _layer_modules(
+    model_type: str,
+    cfg: dict,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    dense: bool,
+    moe: MoeSpec | None,
+    mla: MlaSpec | None,
+) -> list[tuple[str, tuple[str, ...], int]]:
+    """One decoder layer's linear weights: (group, names the implementations give the module, weights),
+    the counts :func:`_param_count` sums (norms left out: a few kB a layer)."""
+    if mla is not None:
+        q_out = heads * (mla.nope_dim + mla.rope_dim)
+        q = (
+            [("self_attn.q_a_proj", hidden * mla.q_lora_rank), ("self_attn.q_b_proj", mla.q_lora_rank * q_out)]
+            if mla.q_lora_rank
+            else [("self_attn.q_proj", hidden * q_out)]
+        )
+        attn = q + [
+            ("self_attn.kv_a_proj_with_mqa", hidden * mla.latent_width),
+            ("self_attn.kv_b_proj", mla.kv_lora_rank * heads * (mla.nope_dim + mla.v_dim)),
+            ("self_attn.o_proj", heads * mla.v_dim * hidden),
+        ]
+    else:
+        bias = 1 if cfg.get("attention_bias") or model_type.startswith("qwen2") else 0
+        attn = [
+            ("self_attn.q_proj", (hidden + bias) * heads * head_dim),
+            ("self_attn.k_proj", (hidden + bias) * kv_heads * head_dim),
+            ("self_attn.v_proj", (hidden + bias) * kv_heads * head_dim),
+            ("self_attn.o_proj", heads * head_dim * hidden),
+        ]
+    out: list[tuple[str, tuple[str, ...], int]] = [("attention", (name,), n) for name, n in attn]
+    projections = ("gate_proj", "up_proj", "down_proj") if gated_mlp(model_type) else ("up_proj", "down_proj")
+    if dense or moe is None:
+        return out + [("dense MLP", (f"mlp.{p}",), hidden * intermediate) for p in projections]
+    out.append(("routers", ("mlp.gate", "block_sparse_moe.gate"), moe.experts * hidden))
+    if moe.shared_intermediate:
+        out += [
+            ("shared experts", (f"mlp.shared_experts.{p}", f"mlp.shared_expert.{p}"), hidden * moe.shared_intermediate)
+            for p in ("gate_proj", "up_proj", "down_proj")
+        ]
+    if moe.expert_dtype is None:  # experts quantised apart keep the dtype the config gives them
+        each = moe.experts * hidden * moe.expert_intermediate
+        out += [
+            ("routed experts", (f"mlp.experts.0.{p}", f"block_sparse_moe.experts.0.{w}"), each)
+            for p, w in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2"))
+        ]
+    return out
+
+
+def _unquantized(
+    patterns: list[str],
+    layers: int,
+    extra_layers: int,
+    vision_counted: bool,
+    modules,
+) -> tuple[int, list[str], list[str]]:
+    """(weights the ``patterns`` keep in 16 bits, the groups they cover, the patterns kvsim cannot map).
+
+    ``modules(i)`` lists layer ``i``'s linear weights (:func:`_layer_modules`); a routed expert's names
+    stand for all of them. A pattern that matches only the LM head or embeddings (16-bit already), the
+    ``extra_layers`` past the last (multi-token prediction, not counted) or an uncounted vision
+    encoder changes nothing; one that matches none of these, or a counted vision encoder's names, is
+    returned as unmapped (its weights stay at the checkpoint's dtype)."""
+    if not patterns:
+        return 0, [], []
+    combined = re.compile("|".join(f"(?P<p{k}>{_glob(p)})" for k, p in enumerate(patterns)))
+    hit: set[str] = set()
+    groups: list[str] = []
+    kept = 0
+    for i in range(layers):
+        prefixes = [pre.format(i=i) for pre in _LAYER_PREFIXES]
+        for group, names, n in modules(i):
+            match = next((m for pre in prefixes for name in names if (m := combined.fullmatch(pre + name))), None)
+            if match is not None:
+                assert match.lastgroup is not None
+                hit.add(match.lastgroup)
+                kept += n
+                if group not in groups:
+                    groups.append(group)
+    known = list(_OUTSIDE_LAYERS) + ([] if vision_counted else list(_VISION_NAMES))
+    for i in range(layers, layers + extra_layers):
+        known += [pre.format(i=i) + names[0] for pre in _LAYER_PREFIXES for _, names, _ in modules(layers - 1)]
+    unmapped = []
+    for k, p in enumerate(patterns):
+        if f"p{k}" in hit:
+            continue
+        rx = re.compile(_glob(p))
+        if not any(rx.fullmatch(name) for name in known):
+            unmapped.append(p)
+    return kept, groups, unmapped
+
+
 def _block_scaled(top: dict) -> bool:
     qc = top.get("quantization_config")
     return isinstance(qc, dict) and bool(qc.get("weight_block_size"))
@@ -1038,6 +1259,9 @@ def scenario_model(sc) -> ModelSpec:
         # A weight dtype the scenario names over the checkpoint's (an NVFP4 build of an fp8 release):
         # the experts are served in it too, not in the format the config declares for them.
         spec = replace(spec, moe=replace(spec.moe, expert_dtype=None))
+    if spec.unquantized_params and m.weight_dtype != hf.weight_dtype:
+        # Another build of the model: the modules this checkpoint leaves in 16 bits are not known to be its.
+        spec = replace(spec, unquantized_params=0.0)
     dims = {
         f.name: getattr(m, f.name)
         for f in fields(ModelSpec)

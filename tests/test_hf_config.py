@@ -91,6 +91,7 @@ QUANTISED = {
     "deepseek-ai/DeepSeek-R1": ("fp8_block", "bf16"),
     "moonshotai/Kimi-K2-Instruct": ("fp8_block", "bf16"),
     "MiniMaxAI/MiniMax-M2.5": ("fp8_block", "bf16"),
+    "MiniMaxAI/MiniMax-M2.7": ("fp8_block", "bf16"),
     "Qwen/Qwen3-235B-A22B-FP8": ("fp8_block", "bf16"),
     "stepfun-ai/Step-3.7-Flash-FP8": ("fp8_block", "bf16"),
     # NVIDIA ModelOpt NVFP4 checkpoints: 4-bit weights, fp8 KV cache.
@@ -99,6 +100,8 @@ QUANTISED = {
     "nvidia/Kimi-K2.6-NVFP4": ("nvfp4", "fp8"),
     "nvidia/Kimi-K2.7-Code-NVFP4": ("nvfp4", "fp8"),
     "nvidia/Qwen3-235B-A22B-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/MiniMax-M2.5-NVFP4": ("nvfp4", "fp8"),
+    "nvidia/MiniMax-M2.7-NVFP4": ("nvfp4", "fp8"),
 }
 
 
@@ -107,7 +110,7 @@ def _config_file(ident: str) -> Path:
 
 
 def test_the_shipped_set():
-    assert len(shipped_models()) == 53
+    assert len(shipped_models()) == 56
     assert {
         "Qwen/Qwen3-8B",
         "Qwen/Qwen3-32B",

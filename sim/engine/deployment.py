@@ -157,12 +157,44 @@ class Deployment:
         reported_bpt = _reported_token_bytes(model, bpt, group_bpt)
         if cap <= 0:
             # The weights (and activations) must fit whether or not gpu.kv_cache_tokens pins the KV.
+            # Suggest only what the scenario may change to: a degree vLLM accepts for this model, a
+            # narrower dtype than 16-bit weights (NVFP4 needs Blackwell's FP4 units), a catalog GPU
+            # with more memory.
+            from sim.catalog import DTYPE_BYTES, GPUS, TP_DEGREES, dtype_bytes, tensor_parallel_problem
+
+            wider = [t for t in TP_DEGREES if t > g.tensor_parallel and tensor_parallel_problem(model, t) is None]
+            bigger = sorted(
+                (s for s in GPUS.values() if s.memory_bytes > gpu.memory_bytes and s.name != "cpu"),
+                key=lambda s: s.memory_bytes,
+            )
+            per = dtype_bytes(sc.model.weight_dtype, "model.weight_dtype")
+            narrower = ["fp8"] if per >= 2 else []
+            if gpu.peak_fp4_flops > 0 and per > DTYPE_BYTES["nvfp4"]:
+                narrower.append("nvfp4")
+            remedies = []
+            if wider:
+                shown = ", ".join(map(str, wider[:-1])) + (" or " if len(wider) > 1 else "") + str(wider[-1])
+                remedies.append(f"gpu.tensor_parallel {shown}")
+            if narrower:
+                remedies.append(f"model.weight_dtype {' or '.join(narrower)}")
+            if bigger:
+                remedies.append(f"a GPU with more memory ({', '.join(s.name for s in bigger)})")
+            limits = []
+            if not wider:
+                limits.append(
+                    f"tensor_parallel {g.tensor_parallel} is the largest that splits {model.name}"
+                    if g.tensor_parallel < TP_DEGREES[-1]
+                    else f"tensor_parallel {g.tensor_parallel} is the largest allowed"
+                )
             raise ConfigError(
                 "gpu",
                 f"{g.name} x TP{g.tensor_parallel}",
                 f"KV capacity per replica is {cap / GiB:.1f} GiB: {g.gpu_memory_utilization} x "
                 f"{g.tensor_parallel} x {gpu.memory_bytes / GiB:.1f} GiB minus weights {weights / GiB:.1f} GiB "
-                f"and activations {act / GiB:.1f} GiB leaves nothing; raise tensor_parallel or pick a larger GPU",
+                f"({sc.model.weight_dtype}) and activations {act / GiB:.1f} GiB leaves nothing; "
+                + ("; ".join(limits) + "; " if limits else "")
+                + ("try " + ", or ".join(remedies) if remedies else "no larger GPU or degree is available")
+                + (", or several together" if len(remedies) > 1 else ""),
             )
         if g.kv_cache_tokens is not None:
             cap = g.kv_cache_tokens * reported_bpt
