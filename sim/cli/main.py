@@ -208,6 +208,23 @@ def run(
     else:
         print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"), can_truncate(sc))
         console.print(f"wrote {dest}/ (requests.parquet, timeseries.parquet, summary.json)")
+    _warn_preemption(result.summary, sc, dest)
+
+
+def _warn_preemption(summary: dict, sc: Scenario, dest: Path) -> None:
+    """One ``warning:`` line on stderr when the run preempted heavily (sim.output.diagnostics): a
+    thrashing run otherwise finishes quietly, with only its makespan to show for it."""
+    from sim.output.diagnostics import heavy_preemption, preemption_warning
+
+    if not heavy_preemption(summary):
+        return
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    # The longest prompt among completed requests names the cause; one column of the streamed file.
+    t = pq.read_table(dest / "requests.parquet", columns=["status", "prompt_tokens"])
+    longest = pc.max(pc.filter(t["prompt_tokens"], pc.equal(t["status"], "completed"))).as_py()
+    sys.stderr.write(f"warning: {preemption_warning(summary, longest, sc)}\n")
 
 
 list_app = typer.Typer(help="List catalogs: models, gpus, scenarios, allocators.", no_args_is_help=True)
