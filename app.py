@@ -21,7 +21,8 @@ from sim.analysis import plots
 from sim.catalog import GPUS
 from sim.config import SCENARIO_DIR, apply_overrides
 from sim.errors import ConfigError
-from sim.explorer import downloads as XD, page_budget as XB, prewarm as XP
+from sim.explorer import downloads as XD, knobs as XK, kpi as XKPI, page_budget as XB, prewarm as XP
+from sim.limits import MAX_REQUESTS
 
 st.set_page_config(page_title="kvsim explorer", page_icon="🧮", layout="wide")
 
@@ -296,6 +297,8 @@ def knob_widgets(allocator: bool = True) -> None:
             knob(
                 "number_input", "Time scale", "workload.arrival.time_scale", st, min_value=0.01, step=0.1, format="%.2f"
             )
+        if kind != "closed_loop":
+            client_cap_widgets()
         if kind == "closed_loop":
             knob("number_input", "Clients", "workload.arrival.concurrency", st, min_value=1, step=1)
             knob("number_input", "Think time (s)", "workload.arrival.think_time_s", st, min_value=0.0, step=0.5)
@@ -367,6 +370,28 @@ def knob_widgets(allocator: bool = True) -> None:
     simulated_dtypes(dtypes)
 
 
+def client_cap_widgets() -> None:
+    """The open-loop client's cap on requests in flight (``workload.arrival.max_concurrency``): a
+    checkbox, off unless the scenario sets one, so an untouched page runs the scenario as loaded.
+    Not shown for closed_loop: the config refuses a cap there (its clients are its cap)."""
+    k = "workload.arrival.max_concurrency"
+    on_key = f"knob.{k}.on"
+    if on_key not in S:
+        S[on_key] = S.knobs[k] is not None
+    on = st.checkbox(
+        "Client cap (max concurrency)",
+        key=on_key,
+        help="at most this many requests in flight, as vllm bench serve --max-concurrency: a request due "
+        "while the cap is reached waits in the client and is sent when one ends (TTFT counts from the send)",
+    )
+    if not on:
+        set_knob(k, None)
+        return
+    if S.knobs[k] is None:
+        set_knob(k, XK.DEFAULT_CLIENT_CAP)
+    knob("number_input", "Max requests in flight", k, st, min_value=1, max_value=MAX_REQUESTS, step=1)
+
+
 def simulated_dtypes(where) -> None:
     """The dtypes the run will use: a picked model brings its checkpoint's, which the KV dtype
     widget (still showing the scenario's value) does not."""
@@ -414,10 +439,16 @@ def render_charts(figs: dict) -> None:
             col.plotly_chart(fig, key=f"chart_{name}", theme=None)
 
 
-def kpi_grid(values: dict, previous: dict | None) -> None:
+def kpi_grid(values: dict, previous: dict | None, client_cap: bool = False) -> None:
+    """The KPI metrics, six a row; ``client_cap``: a third row with the client wait, shown while a
+    cap is set (before a run too, so the layout holds) or when the run on screen had one."""
     keys = [k for k, *_ in X.KPI_SPEC]
-    for row in (keys[:6], keys[6:]):
-        cols = st.columns(len(row))
+    rows = [keys[:6], keys[6:]]
+    wait = [k for k, *_ in XKPI.CLIENT_WAIT_KPI_SPEC]
+    if client_cap or any(k in values for k in wait):
+        rows.append(wait)
+    for row in rows:
+        cols = st.columns(6)
         for c, k in zip(cols, row):
             delta, color = X.kpi_delta(k, values.get(k), (previous or {}).get(k))
             c.metric(X.KPI_LABELS[k], X.format_kpi(k, values.get(k)), delta=delta, delta_color=color)
@@ -493,11 +524,14 @@ def page_explore() -> None:
     except ConfigError:
         key_now = None
     slo = X.slo_from_knobs(S.knobs)
+    cap_on = (
+        S.knobs["workload.arrival.kind"] != "closed_loop" and S.knobs["workload.arrival.max_concurrency"] is not None
+    )
     if rd is None:
         status.info("Press **Run** to simulate the scenario.")
         if key_now is not None:
             prewarm(key_now)
-        kpi_grid({}, None)
+        kpi_grid({}, None, cap_on)
     else:
         s = rd.summary
         status.caption(
@@ -507,7 +541,7 @@ def page_explore() -> None:
             + f" · simulated {s['makespan_s']:.0f} s in {rd.wall_s:.2f} s wall · run #{S.get('run_count', 0)}"
         )
         prev = S.get("explore_prev")
-        kpi_grid(X.kpis(s, rd.requests, slo), X.kpis(prev.summary, prev.requests, slo) if prev else None)
+        kpi_grid(X.kpis(s, rd.requests, slo), X.kpis(prev.summary, prev.requests, slo) if prev else None, cap_on)
     st.caption(
         f"SLO: {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'none'} · KV waste = 1 − used/reserved "
         "KV token-seconds · deltas against the previous run"

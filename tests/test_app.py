@@ -279,3 +279,62 @@ def test_malformed_fit_quality_upload_keeps_calibration_page(at):
     assert "fit_quality.gemm.overall.median_rel_err" in " ".join(e.value for e in at.error)
     at.run()
     assert not at.exception and "mine" not in at.selectbox(key="prof_name").options
+
+
+CAP = "knob.workload.arrival.max_concurrency"
+
+
+def test_client_cap_is_offered_for_open_loop_arrivals_only(at):
+    assert at.session_state["knobs"]["workload.arrival.kind"] == "poisson"
+    assert at.checkbox(key=CAP + ".on").value is False
+    assert CAP not in [n.key for n in at.number_input]  # off: no cap value to edit
+    at.selectbox(key="knob.workload.arrival.kind").set_value("closed_loop").run()
+    assert not at.exception, at.exception
+    assert CAP + ".on" not in [c.key for c in at.checkbox]
+    assert CAP not in [n.key for n in at.number_input]
+
+
+def test_client_cap_reaches_the_run_and_shows_the_client_wait(at):
+    import json
+
+    from sim import explorer as X
+
+    at.checkbox(key=CAP + ".on").check().run()
+    at.number_input(key=CAP).set_value(2).run()
+    before = metrics(at)
+    assert before["client wait p90 (s)"] == "–" and before["client wait mean (s)"] == "–"
+    m = small_run(at)
+    key = json.loads(at.session_state["explore_result"].key)
+    assert key["workload"]["arrival"]["max_concurrency"] == 2
+    # Two in flight at 14 requests/s: requests queue in the client.
+    assert float(m["client wait p90 (s)"]) > 0 and float(m["client wait mean (s)"]) > 0
+    text = X.edited_scenario_yaml(at.session_state["base"], at.session_state["knobs"])
+    assert "max_concurrency: 2" in text
+
+    # A closed loop refuses a cap: the page drops it instead of building that scenario.
+    at.selectbox(key="knob.workload.arrival.kind").set_value("closed_loop").run()
+    at.button(key="run").click().run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert "max_concurrency" not in json.loads(at.session_state["explore_result"].key)["workload"]["arrival"]
+    assert "client wait p90 (s)" not in metrics(at)
+
+
+def test_client_cap_off_leaves_the_default_scenario_as_loaded(at):
+    import json
+
+    from sim import explorer as X
+
+    def canonical() -> str:
+        return X.canonical_json(
+            X.resolve_scenario(X.edited_scenario(at.session_state["base"], at.session_state["knobs"]))
+        )
+
+    default = X.canonical_json(X.resolve_scenario(X.builtin_scenario("chat-api")))
+    assert canonical() == default
+    assert "max_concurrency" not in json.loads(default)["workload"]["arrival"]
+    at.checkbox(key=CAP + ".on").check().run()
+    assert canonical() != default
+    at.checkbox(key=CAP + ".on").uncheck().run()
+    assert not at.exception, at.exception
+    assert canonical() == default
+    assert "client wait p90 (s)" not in metrics(at)

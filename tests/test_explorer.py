@@ -60,6 +60,48 @@ def test_overrides_only_for_changed_and_relevant_knobs():
     X.resolve_scenario(apply_overrides(base, over))
 
 
+def test_client_cap_is_an_override_of_open_loop_arrivals_only():
+    base = X.builtin_scenario("chat-api")
+    k = X.knobs_from_scenario(base)
+    assert k["workload.arrival.max_concurrency"] is None  # off unless the scenario sets one
+    k["workload.arrival.max_concurrency"] = 4
+    assert X.overrides_from_knobs(k, base) == {"workload.arrival.max_concurrency": 4}
+    text = X.edited_scenario_yaml(base, k)
+    assert yaml_arrival(text)["max_concurrency"] == 4
+    k["workload.arrival.kind"] = "gamma"
+    assert X.overrides_from_knobs(k, base)["workload.arrival.max_concurrency"] == 4
+    # The config refuses a cap with a closed loop: the knob left set must not reach that scenario.
+    k["workload.arrival.kind"] = "closed_loop"
+    assert "workload.arrival.max_concurrency" not in X.overrides_from_knobs(k, base)
+    capped = apply_overrides(base, {"workload.arrival.max_concurrency": 4})
+    kc = X.knobs_from_scenario(capped)
+    assert kc["workload.arrival.max_concurrency"] == 4
+    kc["workload.arrival.kind"] = "closed_loop"
+    assert "max_concurrency" not in yaml_arrival(X.edited_scenario_yaml(capped, kc))
+    # Switching the cap off in the page removes the scenario's own.
+    kc = X.knobs_from_scenario(capped)
+    kc["workload.arrival.max_concurrency"] = None
+    assert X.resolve_scenario(X.edited_scenario(capped, kc)).workload.arrival.max_concurrency is None
+
+
+def yaml_arrival(text: str) -> dict:
+    import yaml
+
+    sc = scenario_from_dict(yaml.safe_load(text))  # what kvsim run would accept
+    return sc.workload.arrival.model_dump(exclude_unset=True)
+
+
+def test_client_wait_kpis_only_with_a_client_cap():
+    capped = apply_overrides(SMALL, {"workload.arrival.max_concurrency": 2})
+    rd = X.run_canonical(X.canonical_json(X.resolve_scenario(capped)))
+    k = X.kpis(rd.summary, rd.requests)
+    assert k["client_wait_p90_s"] == rd.summary["client_wait_s"]["p90"] > 0
+    assert k["client_wait_mean_s"] == rd.summary["client_wait_s"]["mean"]
+    assert X.format_kpi("client_wait_mean_s", 0.25) == "0.250"
+    assert X.kpi_delta("client_wait_p90_s", 2.0, 1.0) == ("+1.000", "inverse")
+    assert X.KPI_LABELS["client_wait_p90_s"] == "client wait p90 (s)"
+
+
 def test_edited_yaml_is_runnable_by_kvsim_run(tmp_path):
     from typer.testing import CliRunner
 

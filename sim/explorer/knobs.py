@@ -28,11 +28,14 @@ LENGTH_KNOBS = {
     "trace": (),
 }
 ARRIVAL_KNOBS = {
-    "poisson": ("rate",),
-    "gamma": ("rate", "cv"),
-    "trace": ("path", "format", "time_scale"),
+    "poisson": ("rate", "max_concurrency"),
+    "gamma": ("rate", "cv", "max_concurrency"),
+    "trace": ("path", "format", "time_scale", "max_concurrency"),
     "closed_loop": ("concurrency", "think_time_s"),
 }
+#: The client cap's widget value when it is switched on and the scenario set none (the closed
+#: loop's default number of clients, so switching kinds keeps a comparable load in flight).
+DEFAULT_CLIENT_CAP = 16
 _ALL_LENGTH_FIELDS = sorted({f for v in LENGTH_KNOBS.values() for f in v})
 _ALL_ARRIVAL_FIELDS = sorted({f for v in ARRIVAL_KNOBS.values() for f in v})
 

@@ -27,7 +27,14 @@ KPI_SPEC: list[tuple[str, str, str, str]] = [
     ("preemptions", "preemptions", "{:,}", "low"),
     ("rejected", "rejections", "{:,}", "low"),
 ]
-KPI_LABELS = {k: label for k, label, _, _ in KPI_SPEC}
+#: The client's wait for a free slot (``summary.json`` ``client_wait_s``), only in runs whose
+#: scenario sets ``workload.arrival.max_concurrency``: apart from :data:`KPI_SPEC` so that runs
+#: without a cap keep the same KPIs (and Compare rows) as before.
+CLIENT_WAIT_KPI_SPEC: list[tuple[str, str, str, str]] = [
+    ("client_wait_p90_s", "client wait p90 (s)", "{:.3f}", "low"),
+    ("client_wait_mean_s", "client wait mean (s)", "{:.3f}", "low"),
+]
+KPI_LABELS = {k: label for k, label, _, _ in KPI_SPEC + CLIENT_WAIT_KPI_SPEC}
 
 
 def slo_from_knobs(knobs: Mapping[str, Any]):
@@ -46,7 +53,8 @@ def slo_from_knobs(knobs: Mapping[str, Any]):
 
 
 def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str, Any]:
-    """Headline numbers of a run. KV waste = 1 − kv_token_utilization (reserved but unused)."""
+    """Headline numbers of a run. KV waste = 1 − kv_token_utilization (reserved but unused). With a
+    client cap (``client_wait_s`` in the summary) also the client wait's p90 and mean."""
     util = summary.get("kv_token_utilization")
     out = {
         "ttft_p50_s": summary["ttft_s"]["p50"],
@@ -66,13 +74,17 @@ def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str,
         from sim.analysis.slo import attainment
 
         out["slo_attainment"] = attainment(requests, slo)
+    wait = summary.get("client_wait_s")
+    if isinstance(wait, dict):
+        out["client_wait_p90_s"] = wait.get("p90")
+        out["client_wait_mean_s"] = wait.get("mean")
     return out
 
 
 def format_kpi(key: str, value: Any) -> str:
     if value is None:
         return "–"
-    fmt = next(f for k, _, f, _ in KPI_SPEC if k == key)
+    fmt = next(f for k, _, f, _ in KPI_SPEC + CLIENT_WAIT_KPI_SPEC if k == key)
     return fmt.format(value)
 
 
@@ -80,7 +92,7 @@ def kpi_delta(key: str, value: Any, previous: Any) -> tuple[str | None, str]:
     """(delta text, Streamlit delta_color) of a KPI against the previous run."""
     if value is None or previous is None or value == previous:
         return None, "off"
-    better = next(b for k, _, _, b in KPI_SPEC if k == key)
+    better = next(b for k, _, _, b in KPI_SPEC + CLIENT_WAIT_KPI_SPEC if k == key)
     d = value - previous
     text = format_kpi(key, abs(d)) if key not in ("slo_attainment", "kv_waste") else f"{abs(d) * 100:.1f} pp"
     text = ("+" if d > 0 else "-") + text  # an ASCII sign: Streamlit picks the arrow from it
