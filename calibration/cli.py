@@ -496,3 +496,7 @@ def profile_show(
                     )
     for note in prov.get("notes", []):
         typer.echo(f"note: {note}")
+    from calibration.curve_checks import report_lines
+
+    for line in report_lines(p):
+        typer.echo(line)
