@@ -115,6 +115,22 @@ def test_plan_operating_point_is_the_replica_search_scale(tmp_path):
     assert (op["replicas"], op["requests"]) == (n, n * 200)
 
 
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"workload.arrival.max_concurrency": 4},
+        {"workload.arrival.kind": "closed_loop", "workload.arrival.concurrency": 8},
+    ],
+)
+def test_plan_refuses_arrivals_that_hold_the_rate_back(over):
+    # With a client cap of 4, chat-api at 40 req/s was answered with one GPU at 100 % attainment
+    # while it served 2.2 req/s: the cap, not the server, set the load.
+    key = next(iter(over)) if "workload.arrival.kind" not in over else "workload.arrival.kind"
+    with pytest.raises(ConfigError) as exc:
+        plan("chat-api", SLO(ttft_s=0.5, tpot_s=0.05), over, ["paged"], target_rate=40, workers=1)
+    assert exc.value.key == key
+
+
 def test_plan_default_scenario(tmp_path):
     out = tmp_path / "plan"
     r = subprocess.run(

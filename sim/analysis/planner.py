@@ -594,6 +594,15 @@ def plan(
             sc.workload.arrival.kind,
             "poisson or gamma: the planner varies workload.arrival.rate",
         )
+    if sc.workload.arrival.max_concurrency is not None:
+        # A client cap holds back what the client offers: at any rate the server sees at most that
+        # many requests, every one within the SLO, so the search would answer one GPU for any load.
+        raise ConfigError(
+            "workload.arrival.max_concurrency",
+            sc.workload.arrival.max_concurrency,
+            "unset (--set workload.arrival.max_concurrency=null): the planner offers the whole rate to "
+            "the servers, and a client cap would hold it back",
+        )
     names = select_candidates(allocators)
     base_requests = sc.workload.num_requests if sc.workload.duration_s is None else None
     common = {
