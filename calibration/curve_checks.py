@@ -21,7 +21,9 @@ counts; and the baked ``gemm`` curves of device profiles.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -173,28 +175,32 @@ def report_lines(profile: Profile, threshold: float = THRESHOLD) -> list[str]:
         f"  smaller GEMM dearer than a larger one of the same shape (t(m) > {threshold:g}× the cheapest t at a "
         f"larger m): {len(steps)} points"
     )
-    for (engine, dtype), fs in _by_group(steps):
-        w = fs[0]
-        small = sum(f.m <= DECODE_M for f in fs)
-        lines.append(
-            f"    {engine} {dtype}: {len(fs)} ({small} at m ≤ {DECODE_M}; most {_common_m(fs)}); worst {w.shape} "
-            f"m={w.m} {_us(w.t_s)} vs m={w.ref_m} {_us(w.ref_t_s)} ({w.ratio:.2f}×)"
-        )
+    lines += _group_lines(steps, lambda w: f"vs m={w.ref_m} {_us(w.ref_t_s)} ({w.ratio:.2f}×)")
     if inversions:
         lines.append(
             f"  heuristic, fp8/fp8_block/nvfp4 over {threshold:g}× bf16 at the same m and shape (net of the "
             f"table's fixed input-quantization cost): {len(inversions)} points"
         )
-        for (engine, dtype), fs in _by_group(inversions):
-            w = fs[0]
-            small = sum(f.m <= DECODE_M for f in fs)
-            lines.append(
-                f"    {engine} {dtype}: {len(fs)} ({small} at m ≤ {DECODE_M}; most {_common_m(fs)}); worst "
-                f"{w.shape} m={w.m} {_us(w.t_s)} vs bf16 {_us(w.ref_t_s)} ({w.ratio:.2f}× net of {_us(w.excess_s)})"
-            )
+        lines += _group_lines(
+            inversions, lambda w: f"vs bf16 {_us(w.ref_t_s)} ({w.ratio:.2f}× net of {_us(w.excess_s)})"
+        )
     lines.append(
         f"  Not smoothed (noise or a real kernel choice cannot be told without the GPU): a decode step of m "
         f"sequences pays such a point, so at those small batches (m ≤ {DECODE_M}) that engine and dtype price "
         "TPOT above a larger batch's or bf16's."
     )
     return lines
+
+
+def _group_lines(findings: list, against: Callable[[Any], str]) -> list[str]:
+    """One line per engine and dtype: the count, how many at decode batches, the commonest m and the
+    worst point (``against``: what it is compared with)."""
+    out = []
+    for (engine, dtype), fs in _by_group(findings):
+        w = fs[0]
+        small = sum(f.m <= DECODE_M for f in fs)
+        out.append(
+            f"    {engine} {dtype}: {len(fs)} ({small} at m ≤ {DECODE_M}; most {_common_m(fs)}); worst {w.shape} "
+            f"m={w.m} {_us(w.t_s)} {against(w)}"
+        )
+    return out
