@@ -127,6 +127,11 @@ class ModelSpec:
     #: ``exclude_modules`` / ``ignore``: NVIDIA's NVFP4 DeepSeek-V3.1 keeps its attention projections in
     #: bf16). :meth:`weight_bytes` counts them at 2 bytes; GEMMs are still priced at the weight dtype.
     unquantized_params: float = 0.0
+    #: ``(block_n, block_k)`` of a block-scaled fp8 checkpoint (``quantization_config.weight_block_size``):
+    #: one scale per block of block_n output by block_k input values, so every tensor-parallel shard
+    #: must hold whole blocks (:func:`block_fp8_shard_problem`). ``None``: not declared (``fp8_block``
+    #: weights are then taken as :data:`FP8_BLOCK`).
+    weight_block: tuple[int, int] | None = None
 
     @property
     def kv_width(self) -> int:
@@ -697,6 +702,86 @@ def check_tensor_parallel(model: ModelSpec, tp: int, key: str = "gpu.tensor_para
         tp,
         f"one of {', '.join(map(str, ok))} for {model.name} ({model.heads} attention heads, "
         f"{model.kv_heads} KV heads): {why}, which vLLM refuses",
+    )
+
+
+#: The ``weight_block_size`` block-scaled fp8 checkpoints (DeepSeek-V3, Qwen3 FP8) declare, assumed
+#: for ``fp8_block`` weights whose checkpoint does not say.
+FP8_BLOCK = (128, 128)
+
+
+def _block_fp8_shards(model: ModelSpec, tp: int) -> list[tuple[str, int, int, str]]:
+    """(weight, width, shard, block side) of every weight vLLM checks against its quantisation block
+    once tensor parallelism splits it: a column-parallel shard's output rows (``block_n``, width / tp)
+    and a row-parallel shard's input columns (``block_k``, width / tp). Merged column-parallel layers
+    (``qkv_proj``, ``gate_up_proj``) are left out, as vLLM lets their partitions straddle a block
+    (``_maybe_allow_fp8_block_shape_mismatch``); the row-parallel projection after each is not."""
+    shards: list[tuple[str, int, int, str]] = []
+    moe = model.moe
+    if moe is not None and moe.expert_dtype in (None, "fp8_block"):
+        # The fused-MoE fp8 method checks each expert's shard on both sides, merged or not.
+        per = moe.expert_intermediate // tp
+        shards.append(("routed experts' gate/up_proj", moe.expert_intermediate, per, "n"))
+        shards.append(("routed experts' down_proj", moe.expert_intermediate, per, "k"))
+        if moe.shared_intermediate:
+            shards.append(("shared experts' down_proj", moe.shared_intermediate, moe.shared_intermediate // tp, "k"))
+    if model.dense_layers:
+        shards.append(("dense MLP's down_proj", model.intermediate, model.intermediate // tp, "k"))
+    mla = model.mla
+    if mla is not None:
+        q = model.heads * (mla.nope_dim + mla.rope_dim)
+        kv = model.heads * (mla.nope_dim + mla.v_dim)
+        shards.append(("q_b_proj" if mla.q_lora_rank else "q_proj", q, q // tp, "n"))
+        shards.append(("kv_b_proj", kv, kv // tp, "n"))
+        shards.append(("o_proj", model.heads * mla.v_dim, model.heads * mla.v_dim // tp, "k"))
+    else:
+        width = model.heads * model.head_dim
+        shards.append(("o_proj", width, width // tp, "k"))
+    return shards
+
+
+def block_fp8_shard_problem(model: ModelSpec, tp: int) -> str | None:
+    """Why vLLM (and SGLang) refuse to load ``model``'s block-scaled fp8 weights split over ``tp`` GPUs, or ``None``:
+    a shard narrower than, or not a whole number of, quantisation blocks has no scales of its own
+    (``validate_fp8_block_shape``; the fused-MoE ``Fp8MoEMethod.create_weights``)."""
+    if tp == 1:
+        return None
+    block_n, block_k = model.weight_block or FP8_BLOCK
+    for weight, width, shard, side in _block_fp8_shards(model, tp):
+        block = block_n if side == "n" else block_k
+        if shard % block:
+            declared = "" if model.weight_block else ", assumed"
+            return (
+                f"its {weight} shard is {width}/{tp} = {shard} wide, not a multiple of the quantisation "
+                f"block's block_{side} = {block} (weight_block_size [{block_n}, {block_k}]{declared})"
+            )
+    return None
+
+
+#: The engines that refuse a block-scaled fp8 shard of partial blocks at model load, with the report.
+#: TensorRT-LLM is left out: its kernel tables stop at the same shard widths, but no refusal was found.
+BLOCK_FP8_REFUSED_BY = {
+    "vllm": ("vLLM", "vllm-project/vllm#17569"),
+    "sglang": ("SGLang", "sgl-project/sglang#26107"),
+}
+
+
+def check_block_fp8_shards(model: ModelSpec, tp: int, engine: str = "vllm", key: str = "gpu.tensor_parallel") -> None:
+    """ConfigError naming ``key``, ``tp`` and the degrees whose shards hold whole blocks
+    (:func:`block_fp8_shard_problem`), as ``engine`` (a key of :data:`BLOCK_FP8_REFUSED_BY`) refuses
+    such a tensor-parallel degree for a block-scaled fp8 checkpoint."""
+    why = block_fp8_shard_problem(model, tp)
+    if why is None:
+        return
+    name, report = BLOCK_FP8_REFUSED_BY[engine]
+    ok = [
+        t for t in TP_DEGREES if tensor_parallel_problem(model, t) is None and block_fp8_shard_problem(model, t) is None
+    ]
+    raise ConfigError(
+        key,
+        tp,
+        f"one of {', '.join(map(str, ok))} for {model.name} with block-scaled fp8 weights under {name}: {why}, "
+        f"and {name} refuses to load a shard of partial blocks (a ValueError at model load, {report})",
     )
 
 

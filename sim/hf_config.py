@@ -285,6 +285,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
             )
         moe = replace(moe, expert_dtype="mxfp4")
     wq, kq, qsrc = _quantisation(path, qtop)
+    block: tuple[int, int] | None = None
     if wq == "w4a16":
         # Kimi K2.5: 4-bit integer routed experts, everything else (attention, shared experts, dense
         # MLPs) 16-bit, as gpt-oss's MXFP4 experts are.
@@ -302,6 +303,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         # fused MoE), timed apart from per-tensor fp8 ones: each engine prices them from its block
         # table where it has one, from its per-tensor table where it does not (sim/cost/profile.py).
         wq = "fp8_block"
+        block = _weight_block(path, qtop)
         if moe is not None:
             moe = replace(moe, expert_dtype="fp8_block")
     params, vision = _param_count(
@@ -381,6 +383,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         mla=mla,
         tied_embeddings=tied,
         unquantized_params=float(kept),
+        weight_block=block,
     )
     weight = wq or weight16
     return HfModel(spec, weight, kq or weight16, path, qsrc, tuple(warnings), context)
@@ -1109,6 +1112,23 @@ def _unquantized(
 def _block_scaled(top: dict) -> bool:
     qc = top.get("quantization_config")
     return isinstance(qc, dict) and bool(qc.get("weight_block_size"))
+
+
+def _weight_block(path: Path, top: dict) -> tuple[int, int]:
+    """``(block_n, block_k)`` of a block-scaled checkpoint's ``weight_block_size``: which tensor-parallel
+    degrees vLLM loads it at depends on them (:func:`sim.catalog.block_fp8_shard_problem`)."""
+    size = top["quantization_config"]["weight_block_size"]
+    if (
+        not isinstance(size, list)
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
+        raise ConfigError(
+            KEY,
+            str(path),
+            f"quantization_config.weight_block_size as two positive integers [block_n, block_k]; got {_shown(size)!r}",
+        )
+    return size[0], size[1]
 
 
 # --- parameters -----------------------------------------------------------------------------

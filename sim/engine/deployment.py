@@ -9,6 +9,7 @@ from sim.allocators import make_allocator
 from sim.allocators.base import Allocator
 from sim.allocators.registry import Budget, get as allocator_kind
 from sim.catalog import (
+    BLOCK_FP8_REFUSED_BY,
     BUILTIN_PROFILE_FOR_GPU,
     CUSTOM_GPU,
     GiB,
@@ -16,6 +17,7 @@ from sim.catalog import (
     KVGroups,
     ModelSpec,
     activation_reserve_bytes,
+    check_block_fp8_shards,
     check_tensor_parallel,
     custom_gpu,
     find_gpu,
@@ -137,6 +139,12 @@ class Deployment:
         g = sc.gpu
         # vLLM refuses a tensor_parallel_size that does not split the heads (and KV heads) evenly.
         check_tensor_parallel(model, g.tensor_parallel)
+        # vLLM and SGLang also refuse a block-scaled fp8 checkpoint whose shards do not hold whole
+        # quantisation blocks: they have no scales for a partial block.
+        serving = engine_kind(sc)
+        block_rule = sc.model.weight_dtype == "fp8_block" and serving in BLOCK_FP8_REFUSED_BY
+        if block_rule:
+            check_block_fp8_shards(model, g.tensor_parallel, serving)
         max_len = sc.workload.max_model_len
         context = model_context(sc)
         if context is not None and max_len > context:
@@ -160,9 +168,22 @@ class Deployment:
             # Suggest only what the scenario may change to: a degree vLLM accepts for this model, a
             # narrower dtype than 16-bit weights (NVFP4 needs Blackwell's FP4 units), a catalog GPU
             # with more memory.
-            from sim.catalog import DTYPE_BYTES, GPUS, TP_DEGREES, dtype_bytes, tensor_parallel_problem
+            from sim.catalog import (
+                DTYPE_BYTES,
+                GPUS,
+                TP_DEGREES,
+                block_fp8_shard_problem,
+                dtype_bytes,
+                tensor_parallel_problem,
+            )
 
-            wider = [t for t in TP_DEGREES if t > g.tensor_parallel and tensor_parallel_problem(model, t) is None]
+            wider = [
+                t
+                for t in TP_DEGREES
+                if t > g.tensor_parallel
+                and tensor_parallel_problem(model, t) is None
+                and not (block_rule and block_fp8_shard_problem(model, t))
+            ]
             bigger = sorted(
                 (s for s in GPUS.values() if s.memory_bytes > gpu.memory_bytes and s.name != "cpu"),
                 key=lambda s: s.memory_bytes,
