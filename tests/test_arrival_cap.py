@@ -63,6 +63,22 @@ def test_a_sweep_over_the_cap_runs_one_point_per_value(tmp_path):
     assert [p.scenario["workload"]["arrival"]["max_concurrency"] for p in pts] == [1, 4, 16]
 
 
+def test_a_swept_cap_gives_client_wait_columns(tmp_path):
+    # The wait is a distribution like ttft_s: one column per statistic, which `kvsim report --z`
+    # and the dataset's readers take by name (a JSON string column would not plot).
+    from sim.analysis.sweep import read_dataset, run_sweep
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text(
+        "base: chat-api\nset: {workload.num_requests: 20}\ngrid:\n  workload.arrival.max_concurrency: [null, 2]\n"
+    )
+    run_sweep(f, workers=1, out=tmp_path / "out", progress=False)
+    t = read_dataset(tmp_path / "out").to_pydict()
+    assert {"client_wait_s.p90", "client_wait_s.max", "client_wait_s.mean"} <= set(t)
+    by_cap = dict(zip(t["workload.arrival.max_concurrency"], t["client_wait_s.max"]))
+    assert by_cap[None] is None and by_cap[2] > 0
+
+
 # --- the runs ----------------------------------------------------------------------------------
 
 

@@ -101,7 +101,8 @@ META_FILE = "_sweep.json"
 DROPPED_DIR = "_dropped"
 #: Metric columns are the run summary flattened; these keys are already columns of the row.
 _ROW_KEYS = ("point", "point_id", "status", "error", "seed", "wall_s")
-_PCT_KEYS = {"p50", "p90", "p99", "mean"}
+#: A summary dict of these keys only is a distribution: one column each (``client_wait_s`` adds ``max``).
+_PCT_KEYS = {"p50", "p90", "p99", "mean", "max"}
 
 
 # --- the sweep file -------------------------------------------------------------------
