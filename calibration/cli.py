@@ -117,28 +117,31 @@ def _serving_bench(
                 f"after each completion, {terms.get('stream_per_token_s', 0.0) * 1e6:.1f} us per streamed token)"
             )
 
-    terms = calibrate_from_serving_bench(
-        src,
-        out,
-        profile=profile,
-        engine=engine,
-        gpu=gpu,
-        tp=tp,
-        weights=weights,
-        kv=kv,
-        kv_cache_tokens=kv_cache_tokens,
-        model=model,
-        max_evals=max_evals,
-        workers=workers,
-        exclude=exclude,
-        treat=treat or Treatments(),
-        served_by=served_by,
-        clients=clients,
-        sensitivity=sensitivity,
-        prior=prior,
-        progress=progress,
-        warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
-    )
+    from .fit_progress import progress_display
+
+    with progress_display("calibrate", err):
+        terms = calibrate_from_serving_bench(
+            src,
+            out,
+            profile=profile,
+            engine=engine,
+            gpu=gpu,
+            tp=tp,
+            weights=weights,
+            kv=kv,
+            kv_cache_tokens=kv_cache_tokens,
+            model=model,
+            max_evals=max_evals,
+            workers=workers,
+            exclude=exclude,
+            treat=treat or Treatments(),
+            served_by=served_by,
+            clients=clients,
+            sensitivity=sensitivity,
+            prior=prior,
+            progress=progress,
+            warn=lambda line: err.print(f"[bold yellow]calibrate warning[/] {line}"),
+        )
     typer.echo(
         f"wrote {out}: terms of {', '.join(sorted(terms.engines))} fitted on {len(terms.groups)} group{'s' if len(terms.groups) != 1 else ''}, "
         f"objective {terms.loss:.3f} after {terms.evals} simulations; use it with engine.terms_file: {out}"

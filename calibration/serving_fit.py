@@ -22,9 +22,12 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -148,6 +151,56 @@ UNFITTED_START: dict[str, dict[str, float]] = {
 }
 
 
+class FitReporter(Protocol):
+    """What a fit says of its progress while it runs (:func:`reporting`): the fold it is in, the
+    phase (a fit, a sensitivity probe, a prediction) and how many of its evaluations are done. It
+    only watches: it is told after each evaluation and never changes what is simulated."""
+
+    def fold(self, index: int, count: int, label: str) -> None: ...
+
+    def phase(self, label: str, total: int | None) -> None: ...
+
+    def evals(self, done: int) -> None: ...
+
+
+# A context variable rather than an argument: the commands reach these fits through
+# calibration.serving_report, whose signatures stay as they are.
+_REPORTER: ContextVar[FitReporter | None] = ContextVar("kvsim_serving_fit_reporter", default=None)
+
+
+@contextmanager
+def reporting(reporter: FitReporter | None) -> Iterator[None]:
+    """Fits run inside this block tell ``reporter`` their progress (none with ``None``)."""
+    token = _REPORTER.set(reporter)
+    try:
+        yield
+    finally:
+        _REPORTER.reset(token)
+
+
+def _fold(index: int, count: int, label: str) -> None:
+    rep = _REPORTER.get()
+    if rep is not None:
+        rep.fold(index, count, label)
+
+
+def _phase(label: str, total: int | None) -> None:
+    rep = _REPORTER.get()
+    if rep is not None:
+        rep.phase(label, total)
+
+
+def _evals(done: int) -> None:
+    rep = _REPORTER.get()
+    if rep is not None:
+        rep.evals(done)
+
+
+def _fold_label(row: BenchRow) -> str:
+    """``Llama-3.1-70B / h200_sxm / trtllm``: the model without its organisation, to stay short."""
+    return f"{row.model.rsplit('/', 1)[-1]} / {row.gpu} / {row.engine}"
+
+
 def unfitted_terms() -> EngineTerms:
     """:data:`UNFITTED_START` as terms."""
     return EngineTerms({e: dict(t) for e, t in UNFITTED_START.items()})
@@ -254,6 +307,7 @@ def fit(
                 out.engines[engine] = _start_of(start, engine)
                 continue
             pe = None if prior is None else prior.engines.get(engine)
+            _phase(f"{engine} fit", max_evals)
             terms_e, loss, n = _fit_engine(
                 mine, engine, start, clients, terms, max_evals, profile, pool, progress, prior=pe
             )
@@ -275,13 +329,16 @@ def fit_shared(
     profile: str | None = None,
     workers: int = 1,
     progress: Callable[[str, int, float, dict], None] | None = None,
+    phase: str | None = None,
 ) -> EngineTerms:
     """One set of terms for ``engine`` fitted on rows of any engine, each row simulated with its own
     engine's scheduler and kernels but these terms: the estimate for an engine the data hold no
-    run of (the terms of the engines that were measured, pooled)."""
+    run of (the terms of the engines that were measured, pooled). ``phase``: what a progress display
+    (:func:`reporting`) calls the fit."""
     if not rows:
         raise ConfigError("serving_bench", "no rows", "at least one benchmark row to fit on")
     start = start or builtin_terms()
+    _phase(phase or f"shared fit for {engine}", max_evals)
     with _Pool(workers) as pool:
         t, loss, n = _fit_engine(
             rows,
@@ -369,12 +426,19 @@ def term_sensitivity(
             pe = None if prior is None else prior.engines.get(engine)
             pull0 = 0.0 if pe is None else prior_penalty(fitted, pe)
             per: dict[str, dict] = {}
+            probed = 0
+            _phase(
+                f"{engine} sensitivity",
+                sum(len(_probes(k, float(fitted.get(k, getattr(PRESETS[engine], k))), engine)) for k in FITTED_TERMS),
+            )
             for name in FITTED_TERMS:
                 v = float(fitted.get(name, getattr(PRESETS[engine], name)))
                 probes = []
                 for x in _probes(name, v, engine):
                     moved = EngineTerms({engine: {**fitted, name: x}})
                     loss = objective(evaluate(mine, moved, clients, profile=profile, pool=pool))
+                    probed += 1
+                    _evals(probed)
                     probe = {"value": x, "objective_change": loss - base}
                     if pe is not None:
                         probe["pull_change"] = prior_penalty(moved.engines[engine], pe) - pull0
@@ -465,6 +529,7 @@ def _fit_engine(rows, engine, start, clients, terms, max_evals, profile, pool, p
             state["best"] = (v, np.array(x))
         if progress:
             progress(engine, state["n"], v, unpack(x))
+        _evals(state["n"])
         return v
 
     # The front end (and, where fitted, the clients' start spread) moves TTFT in steps (clients merge
@@ -556,10 +621,11 @@ def leave_one_group_out(
     folds: dict[str, EngineTerms] = {}
     sens: dict[str, dict] = {}
     priors: dict[str, EngineTerms] = {}
-    for g in groups:
+    for i, g in enumerate(groups, 1):
         t0 = time.perf_counter()
         held = [p for r, p in zip(rows, predict) if r.group == g]
         engine = held[0].engine
+        _fold(i, len(groups), _fold_label(held[0]))
         train = [r for r in rows if r.engine == engine and r.group != g and r.group not in exclude_from_training]
         pooled = [r for r in rows if r.group != g and r.group not in exclude_from_training]
         if train:
@@ -569,7 +635,14 @@ def leave_one_group_out(
                 # own runs leave free, and the pooled fit is the fold's costliest.
                 thin = _every_nth_of_each_group(pooled, PRIOR_THIN)
                 prior = priors[g] = fit_shared(
-                    thin, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+                    thin,
+                    engine,
+                    start,
+                    fit_clients,
+                    max_evals=max_evals,
+                    profile=profile,
+                    workers=workers,
+                    phase="shared prior fit",
                 )
             terms = fit(
                 train, prior or start, fit_clients, max_evals=max_evals, profile=profile, workers=workers, prior=prior
@@ -589,13 +662,21 @@ def leave_one_group_out(
                 note = "no other group to fit on: starting terms"
             else:
                 terms = fit_shared(
-                    pooled, engine, start, fit_clients, max_evals=max_evals, profile=profile, workers=workers
+                    pooled,
+                    engine,
+                    start,
+                    fit_clients,
+                    max_evals=max_evals,
+                    profile=profile,
+                    workers=workers,
+                    phase=f"shared fit (no other group of {engine})",
                 )
                 note = (
                     f"no other group of {engine}: terms shared by the other engines, {len(pooled)} training rows, "
                     f"loss {terms.loss:.3f}, {terms.evals} evaluations"
                 )
         folds[g] = terms
+        _phase("predicting the held-out group", None)
         preds += evaluate(held, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"fold {g}: {note}, {time.perf_counter() - t0:.0f} s")
@@ -625,10 +706,12 @@ def fit_each_group(
     preds: list[RowResult] = []
     folds: dict[str, EngineTerms] = {}
     sens: dict[str, dict] = {}
-    for g in sorted({r.group for r in rows}):
+    groups = sorted({r.group for r in rows})
+    for i, g in enumerate(groups, 1):
         t0 = time.perf_counter()
         mine = [r for r in rows if r.group == g]
         engine = mine[0].engine
+        _fold(i, len(groups), _fold_label(mine[0]))
         if g in exclude_from_training:
             terms = EngineTerms({engine: _start_of(start, engine)})
             note = "excluded: starting terms"
@@ -638,6 +721,7 @@ def fit_each_group(
             if sensitivity:
                 sens[g] = term_sensitivity(mine, terms, clients, profile=profile, workers=workers)
         folds[g] = terms
+        _phase("simulating the group", None)
         preds += evaluate(mine, terms, clients, profile=profile, workers=workers)
         if log:
             log(f"group {g}: {note}, {time.perf_counter() - t0:.0f} s")

@@ -327,6 +327,7 @@ def _serving(
     from rich.table import Table
 
     from .serving_bench import TRAINING_FILE
+    from .fit_progress import progress_display
     from .serving_report import (
         HEADER,
         SCALING_HEADER,
@@ -350,32 +351,33 @@ def _serving(
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
-    doc = validate_serving_bench(
-        src,
-        profile=profile,
-        engine=engine,
-        terms_file=terms,
-        logo=logo,
-        own_fit=own_fit,
-        requests_per_client=requests_per_client,
-        workers=workers,
-        out=out,
-        gpu=gpu,
-        tp=tp,
-        weights=weights,
-        kv=kv,
-        kv_cache_tokens=kv_cache_tokens,
-        model=model,
-        max_evals=max_evals,
-        exclude=exclude,
-        treat=treat or Treatments(),
-        served_by=served_by,
-        clients=clients,
-        sensitivity=sensitivity,
-        pooled_prior=pooled_prior,
-        client_timings=client_timing,
-        log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
-    )
+    with progress_display("validate", err):
+        doc = validate_serving_bench(
+            src,
+            profile=profile,
+            engine=engine,
+            terms_file=terms,
+            logo=logo,
+            own_fit=own_fit,
+            requests_per_client=requests_per_client,
+            workers=workers,
+            out=out,
+            gpu=gpu,
+            tp=tp,
+            weights=weights,
+            kv=kv,
+            kv_cache_tokens=kv_cache_tokens,
+            model=model,
+            max_evals=max_evals,
+            exclude=exclude,
+            treat=treat or Treatments(),
+            served_by=served_by,
+            clients=clients,
+            sensitivity=sensitivity,
+            pooled_prior=pooled_prior,
+            client_timings=client_timing,
+            log=lambda msg: err.print(f"[bold]validate[/] {msg}"),
+        )
 
     def table(title: str, caption: str, header, rows: list[list[str]]) -> Table:
         t = Table(title=title, caption=caption)
