@@ -175,3 +175,81 @@ def test_an_interrupted_sweep_is_one_line_and_stops_its_workers(tmp_path, sig):
     assert lines[0].endswith("(a sweep resumes from its finished points)"), lines[0]
     for part in (tmp_path / "ds").glob("part-*.parquet"):  # whatever finished is whole
         pq.read_table(part)
+
+
+_PLAN = ["plan", "chat-api", "--slo", "ttft_p90_s=0.5", "-q", "-w", "2", "--out", "pl"]
+_PLAN += ["--set", "workload.num_requests=60000"]  # minutes of candidates: an exit soon after is the stop
+
+
+def _children_gone(kids: set[int], within_s: float) -> list[int]:
+    t0 = time.time()
+    while time.time() - t0 < within_s and any(alive(k) for k in kids):
+        time.sleep(0.1)
+    return [k for k in kids if alive(k)]
+
+
+def _interrupt_plan(tmp_path: Path, sigs: list[signal.Signals]) -> tuple[subprocess.Popen, str, float, list[int]]:
+    """Signal a running ``kvsim plan`` (``sigs`` 0.3 s apart); (process, stderr, exit seconds, survivors)."""
+    p = _kvsim(tmp_path, *_PLAN)
+    kids: set[int] = set()
+    try:
+        _wait_for(lambda: len(descendants(p.pid)) >= 2, 120, "worker processes", p)
+        time.sleep(1.5)  # the workers are running candidates
+        kids = descendants(p.pid)
+        t0 = time.time()
+        for i, sig in enumerate(sigs):
+            if i:
+                time.sleep(0.3)
+            if p.poll() is None:
+                p.send_signal(sig)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"kvsim plan still running 60 s after {[s.name for s in sigs]}")
+        took = time.time() - t0
+        return p, err, took, _children_gone(kids, 10)
+    finally:
+        _kill_all([p.pid, *kids])
+        if p.poll() is None:
+            p.communicate(timeout=30)
+
+
+def test_an_interrupted_plan_stops_at_once_and_keeps_the_earlier_plan(tmp_path):
+    # An earlier plan's files in --out: the interrupted plan must leave them as they were.
+    (tmp_path / "pl").mkdir()
+    (tmp_path / "pl" / "plan.json").write_text('{"earlier": true}\n')
+    before = _files(tmp_path / "pl")
+    p, err, took, survivors = _interrupt_plan(tmp_path, [signal.SIGINT])
+    assert p.returncode == 130, err
+    # The workers are killed, not awaited (their candidates would take minutes).
+    assert took < 15, f"exit {took:.1f} s after SIGINT"
+    assert not survivors, f"{len(survivors)} worker(s) alive after the plan exited"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted by SIGINT") and "Traceback" not in err
+    assert _files(tmp_path / "pl") == before
+
+
+def test_a_plan_signalled_twice_exits(tmp_path):
+    # The second signal lands while the first unwinds: it must not interrupt the cleanup.
+    p, err, took, survivors = _interrupt_plan(tmp_path, [signal.SIGTERM, signal.SIGTERM])
+    assert p.returncode == 143, err
+    assert took < 15, f"exit {took:.1f} s after the first SIGTERM"
+    assert not survivors
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: interrupted by SIGTERM") and "Traceback" not in err
+
+
+def test_a_signal_during_start_up_is_one_line(tmp_path):
+    # 0.3 s: inside the imports of the command line (typer, rich, the commands' modules).
+    p = _kvsim(tmp_path, "run", "chat-api", "-q", "--out", "out")
+    try:
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        _kill_all([p.pid])
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("error: interrupted by SIGINT"), err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

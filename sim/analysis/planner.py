@@ -22,6 +22,7 @@ recommendation.
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -697,8 +698,12 @@ def plan(
             out["assumptions"] = break_evens(out, common, pool, kinds)
         else:
             out["assumptions"] = listed(sc, out)
-    finally:
-        pool.close()
+    except BaseException:
+        # Ctrl-C, SIGTERM or a failed task: kill the workers now rather than wait for every
+        # queued candidate (the plan is discarded, whatever they would still compute).
+        pool.stop()
+        raise
+    pool.close()
     everyone = [*cands, *(a.get("runs", {}) for a in out.get("assumptions", []))]
     out["simulations"] = sum(c.get("simulations", 0) for c in everyone)
     out["quick_simulations"] = sum(c.get("quick_simulations", 0) for c in everyone)
@@ -762,6 +767,18 @@ def _noop() -> None:
     return None
 
 
+def _init_worker(parent_pid: int) -> None:
+    """Pool initializer: :func:`~sim.analysis.worker_lifetime.init_worker`, and SIGTERM's default.
+
+    A forked worker inherits the command's SIGTERM handler, which raises; a SIGTERM to the process
+    group would then end an idle worker with a traceback on stderr instead of just ending it.
+    """
+    from sim.analysis.worker_lifetime import init_worker
+
+    init_worker(parent_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 class _Pool:
     """Worker processes for candidate tasks, started once per plan (forkserver or spawn by default)."""
 
@@ -774,7 +791,7 @@ class _Pool:
         if self._pool is None:
             from sim.analysis.sweep import process_pool
 
-            self._pool = process_pool(self.workers, self.start_method)
+            self._pool = process_pool(self.workers, self.start_method, initializer=_init_worker)
         return self._pool
 
     def start(self) -> None:
@@ -793,9 +810,16 @@ class _Pool:
             yield futs[f], f.result()
 
     def close(self) -> None:
+        """Let the workers go once the plan is done (every task has delivered its result)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+    def stop(self) -> None:
+        """Cancel the queued tasks and kill the workers (:meth:`WorkerPool.stop`), without waiting."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
 
 
 def mean_interval(values: list[float], confidence: float) -> tuple[float, float, float]:

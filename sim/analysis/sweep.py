@@ -536,18 +536,24 @@ def _lost(what: str, exc: Exception) -> dict:
     return {"status": "failed", "error": f"{what}: {type(exc).__name__}: {exc}", "metrics": {}, "wall_s": None}
 
 
-def process_pool(workers: int, start_method: str | None = None) -> WorkerPool:
+def process_pool(
+    workers: int, start_method: str | None = None, initializer: Callable[[int], None] | None = None
+) -> WorkerPool:
     """A pool whose workers die with this process, however it ends
     (:mod:`sim.analysis.worker_lifetime`). By default they start fresh (forkserver, else spawn: no
     fork of a parent that may hold threads or a bar); ``start_method="fork"`` is for a caller
-    that knows it holds no threads yet and wants workers with its imports already loaded."""
+    that knows it holds no threads yet and wants workers with its imports already loaded.
+    ``initializer``: called with this process's id in each worker; it must do what
+    :func:`~sim.analysis.worker_lifetime.init_worker` does (the default)."""
     from sim.analysis.worker_lifetime import WorkerPool, init_worker
 
     methods = multiprocessing.get_all_start_methods()
     if start_method is None:
         start_method = "forkserver" if "forkserver" in methods else "spawn"
     ctx = multiprocessing.get_context(start_method)
-    return WorkerPool(max_workers=workers, mp_context=ctx, initializer=init_worker, initargs=(os.getpid(),))
+    return WorkerPool(
+        max_workers=workers, mp_context=ctx, initializer=initializer or init_worker, initargs=(os.getpid(),)
+    )
 
 
 def default_workers() -> int:

@@ -7,11 +7,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import typer
-from rich.console import Console
-from rich.table import Table
+from sim.cli.interrupts import hold_early
 
-from sim.errors import ConfigError
+# Before the imports below (most of a second): a Ctrl-C during them is one line, not a traceback.
+_release_signals = hold_early()
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from sim.errors import ConfigError  # noqa: E402
 
 if TYPE_CHECKING:
     from sim.config import Scenario
@@ -188,15 +193,19 @@ def run(
                 with Progress(
                     TextColumn("simulating"),
                     BarColumn(),
-                    TextColumn("{task.completed}/{task.total} requests"),
+                    # The total is known from the first progress report on; "?" until then.
+                    TextColumn("{task.completed}/{task.fields[of]} requests"),
                     TimeElapsedColumn(),
                     TimeRemainingColumn(),
                     console=err_console,
                     transient=True,
                 ) as bar:
-                    task = bar.add_task("run", total=None)
+                    task = bar.add_task("run", total=None, of="?")
                     result = simulate(
-                        sc, progress=lambda d, n: bar.update(task, completed=d, total=n), out_dir=stage, budget=budget
+                        sc,
+                        progress=lambda d, n: bar.update(task, completed=d, total=n, of="?" if n is None else n),
+                        out_dir=stage,
+                        budget=budget,
                     )
             write_run(result, stage, run_dir=dest)
     except ConfigError as exc:
@@ -422,7 +431,10 @@ def _mount_optional() -> None:
     app.command("validate-runs")(validate_runs_command)
 
 
-_mount_optional()
+try:
+    _mount_optional()
+finally:
+    _release_signals()  # main() installs the handlers of a running command (sim/cli/interrupts.py)
 
 
 def _print_version(value: bool) -> None:
@@ -444,9 +456,11 @@ def _root(
 
 def main() -> None:
     # One error line and exit 2 for bad input, 130/143 for Ctrl-C/SIGTERM (sim/cli/interrupts.py).
-    from sim.cli.interrupts import run_app
+    from sim.cli.interrupts import ignore_late, run_app
 
-    sys.exit(run_app(app))
+    status = run_app(app)
+    ignore_late()
+    sys.exit(status)
 
 
 if __name__ == "__main__":
