@@ -326,8 +326,8 @@ def _serving(
     from rich.console import Console
     from rich.table import Table
 
-    from .serving_bench import TRAINING_FILE
     from .fit_progress import progress_display
+    from .serving_bench import TRAINING_FILE
     from .serving_report import (
         HEADER,
         SCALING_HEADER,
