@@ -43,10 +43,16 @@ class PrefixLookup(Protocol):
     """Reports how much of a prompt is already cached, without changing anything."""
 
     def cached_prefix_tokens(
-        self, hashes: Sequence[Hashable], hash_block_tokens: int, prompt_tokens: int | None = None
+        self,
+        hashes: Sequence[Hashable],
+        hash_block_tokens: int,
+        prompt_tokens: int | None = None,
+        *,
+        tokens: int | None = None,
     ) -> int:
         """Prompt tokens (a multiple of the block size) a request with these block hashes would
-        find cached now; at least one prompt token is always left to compute."""
+        find cached now; at least one of ``tokens`` (default the prompt; prompt and generated
+        tokens for a recomputed request) is always left to compute."""
         ...
 
 

@@ -311,15 +311,25 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         return min(prompt, len(hashes) * hbt) // self.block_size
 
     def cached_prefix_tokens(
-        self, hashes: Sequence[Hashable], hash_block_tokens: int, prompt_tokens: int | None = None
+        self,
+        hashes: Sequence[Hashable],
+        hash_block_tokens: int,
+        prompt_tokens: int | None = None,
+        *,
+        tokens: int | None = None,
     ) -> int:
         """Prompt tokens a request with these hashes would find cached now (read-only).
 
-        ``prompt_tokens`` defaults to ``len(hashes) · hash_block_tokens``; the hit
-        leaves at least one prompt token to compute, as :meth:`admit_prefix` does.
+        ``prompt_tokens`` defaults to ``len(hashes) · hash_block_tokens``; ``tokens``
+        (default the prompt) are all the tokens the request will hold once admitted,
+        prompt and generated ones for a preempted request that is recomputed. The hit
+        leaves at least one of ``tokens`` to compute, as :meth:`admit_prefix` does with
+        the same ``tokens``: a resumed request whose prompt is a whole number of blocks
+        may reuse all of them, since its last generated token is the one computed.
         """
         prompt = len(hashes) * hash_block_tokens if prompt_tokens is None else prompt_tokens
-        cap = min(self._limit(hashes, hash_block_tokens, prompt), max(0, (prompt - 1) // self.block_size))
+        held = prompt if tokens is None else tokens
+        cap = min(self._limit(hashes, hash_block_tokens, prompt), max(0, (held - 1) // self.block_size))
         return len(self._lookup(hashes, hash_block_tokens, cap)) * self.block_size
 
     # --- the interface ----------------------------------------------------------------

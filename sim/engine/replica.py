@@ -149,6 +149,9 @@ class Replica:
         self.on_finish = on_finish
         #: The server's token-streaming process (``None``: clients see each token when it is made).
         self._stream: OutputStream | None = OutputStream(stream_per_token_s) if stream_per_token_s > 0 else None
+        #: When clients see the tokens of the latest iteration (or window's last one) through the
+        #: stream; ``-1`` before any or without a stream.
+        self._last_out = -1.0
         #: The engine forms each iteration's batch while the one before it runs (an overlap
         #: scheduler, async scheduling): a request that reaches the engine while an iteration runs
         #: misses the batch already formed for the next one and joins the one after. Such requests
@@ -165,6 +168,13 @@ class Replica:
         self._idle: simpy.Event | None = None
         self._in_window = False
         self._truncated = False
+        #: Inside :meth:`_settle`, the iteration about to run is already formed; a request that
+        #: reaches the queue then (a held client request sent as one ends there) waits for the
+        #: next schedule, as an arrival during that iteration would.
+        self._settling = False
+        #: Such a request reached an empty queue: a window starting now stops after one
+        #: iteration, where stepping first schedules it (an arrival would cut it there).
+        self._late = False
         # The running window (``_run_window``): its start, iteration end offsets, iterations to run.
         self._win_t0 = 0.0
         self._win_ends: list[float] = []
@@ -240,6 +250,8 @@ class Replica:
             if not self._idle.triggered:
                 self._idle.succeed()
             return
+        if self._settling and not self._ahead and was_empty and sched.can_admit_more():
+            self._late = True
         if self._ahead:
             # The next iteration's batch is already formed: ``req`` can first join the one after.
             self._pending.append((clock(self.env), req))
@@ -337,6 +349,11 @@ class Replica:
 
     def _settle(self, plan: StepPlan, now: float) -> None:
         """Record admissions and end requests the scheduler turned away."""
+        self._settling = True
+        self._settle_ends(plan, now)
+        self._settling = False
+
+    def _settle_ends(self, plan: StepPlan, now: float) -> None:
         for req in plan.admitted:
             if req.admitted < 0:
                 req.admitted = now
@@ -349,8 +366,10 @@ class Replica:
                 req.reason = PROMPT_EXCEEDS_RESERVATION
                 self._end(req, REJECTED, now)
             elif self.overflow == "truncate":
+                # Its output ends at the token the latest iteration made; like a request that
+                # completes there, it ends when the stream has sent that token to its client.
                 req.truncated = True
-                self._end(req, COMPLETED, now)
+                self._end(req, COMPLETED, now, self._last_out)
             else:
                 req.reason = EXCEEDS_RESERVATION
                 self._end(req, REJECTED, now)
@@ -420,6 +439,7 @@ class Replica:
         firsts: list[Request] = []
         made += self._advance_items(items, now, done, firsts)
         out = stream.deliver(now, made) if stream is not None else -1.0
+        self._last_out = out
         for req in firsts:
             if out > now:
                 req.first_token = out
@@ -446,7 +466,11 @@ class Replica:
         """When clients see the last of ``m`` window iterations of ``k`` tokens each that ended at
         ``now`` (``ends``: their end offsets); ``-1`` without a token stream."""
         stream = self._stream
-        return -1.0 if stream is None else stream.deliver_window(now - float(ends[m - 1]), ends, m, k)
+        if stream is None:
+            return -1.0
+        out = stream.deliver_window(now - float(ends[m - 1]), ends, m, k)
+        self._last_out = out
+        return out
 
     def _finish(self, done: list[Request], now: float, out: float = -1.0) -> None:
         if self._completing is not None:
@@ -674,6 +698,7 @@ class Replica:
     def _loop(self) -> Generator[simpy.Event, Any, None]:
         sched = self.sched
         while True:
+            self._late = False  # a boundary: whatever reached the queue is scheduled now
             if self._pending:
                 self._release()
             if not (yield from self._at_boundary()):
@@ -694,8 +719,8 @@ class Replica:
         ids = [r.id for r in reqs]
         tokens_now = np.fromiter((r.computed + 1 for r in reqs), dtype=np.int64, count=n)
         max_steps = min(r.output - r.generated for r in reqs)
-        if self._bg_copy_left_s > 0 or self._pending:
-            # Background copies slow each iteration; pending requests join after this one. (A held
+        if self._bg_copy_left_s > 0 or self._pending or self._late:
+            # Background copies slow each iteration; pending (or late) requests join after this one. (A held
             # first token does not stop a window: the engine's work does not depend on it, and the
             # window's iteration ends say when it is released.)
             max_steps = 1
@@ -725,7 +750,8 @@ class Replica:
         if dp.events is not None and k > 1:
             extra_t = self.alloc.window_work_time_s(self.cost, dp.events[1:])
             times[1:] += extra_t
-        waiting_at_start = bool(self.sched.waiting)
+        # Late requests were queued after this window's first iteration was formed.
+        waiting_at_start = bool(self.sched.waiting) and not self._late
         tl = times.tolist()
         if self.stale_after_s is not None and waiting_at_start and k > 1:
             # A queued request turning stale ends the window there: stepping drops it at that boundary.
@@ -824,6 +850,7 @@ class Replica:
         kv_cap = sched.kv_cap
         plan: StepPlan | None
         while True:
+            self._late = False  # a boundary: whatever reached the queue is scheduled now
             if self._pending:
                 self._release()
             if not running and not waiting:
@@ -933,7 +960,7 @@ class Replica:
         co, alloc, G, cost = self._co, self.alloc, self.G, self.cost
         n = len(co.a)
         k_fin = self._fin[0][0] - G  # iterations until the first member finishes (≥ 1)
-        if self._bg_copy_left_s > 0 or self._pending:
+        if self._bg_copy_left_s > 0 or self._pending or self._late:
             # As in the decode plan above: one iteration at a time.
             k_fin = 1
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
@@ -970,7 +997,7 @@ class Replica:
             events,
             per_event,
             frag,
-            bool(self.sched.waiting),
+            bool(self.sched.waiting) and not self._late,
             n,
         )
 

@@ -324,8 +324,12 @@ class ContinuousScheduler:
                     break
                 cached = 0
                 if prefix is not None and req.hashes and not req.computed:
-                    # Cached prefix blocks are shared, not computed: the chunk starts after them.
-                    cached = prefix.cached_prefix_tokens(req.hashes, self.hash_block_tokens, req.prompt)
+                    # Cached prefix blocks are shared, not computed: the chunk starts after them. A
+                    # recomputed request (generated > 0) may reuse every cached prompt block but must
+                    # compute its last token, the same cap admit_prefix applies to the tokens it holds.
+                    cached = prefix.cached_prefix_tokens(
+                        req.hashes, self.hash_block_tokens, req.prompt, tokens=req.prompt + req.generated
+                    )
                     need = min(req.prompt + req.generated - cached, budget)
                 if self._refused == (req.id, need, alloc.releases):
                     break
