@@ -107,6 +107,16 @@ def test_swap_already_on_is_not_suggested():
     assert text is not None and "preemption.mode=swap" not in text
 
 
+def test_knobs_already_at_their_floor_are_not_suggested():
+    # A fuzzed run at max_num_seqs 1 and a 16-token budget was told to lower both.
+    sc = Scenario.model_validate({"scheduler": {"max_num_seqs": 1, "max_num_batched_tokens": 16}})
+    text = preemption_warning(summary(preemptions=50), scenario=sc)
+    assert text is not None and "max_num_seqs" not in text and "max_num_batched_tokens" not in text
+    roomy = Scenario.model_validate({"scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 8192}})
+    text = preemption_warning(summary(preemptions=50), scenario=roomy)
+    assert "scheduler.max_num_seqs, 8 now" in text and "scheduler.max_num_batched_tokens, 8192 now" in text
+
+
 def kvsim(*args):
     return subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, timeout=120)
 

@@ -22,6 +22,9 @@ PREEMPTIONS_PER_COMPLETED = 1.0
 #: 0.56 preemptions per request, recompute 0.57 of the prompt tokens) stays below both; a run that
 #: thrashes (a prompt near the KV capacity) is two orders of magnitude above.
 RECOMPUTED_PER_SERVED_PROMPT = 1.0
+#: A token budget at or below this (tokens per iteration) is not suggested smaller: chunks that
+#: small already cost more in iterations than they save in KV.
+MIN_SUGGESTED_BUDGET = 512
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,13 @@ def _remedies(sc: Scenario | None, longest: int | None, cap: int | None) -> list
     if gpu.tensor_parallel < 8:
         memory += f"; gpu.tensor_parallel={2 * gpu.tensor_parallel}"
     out = [memory + ")"]
-    seqs = f"fewer concurrent sequences (scheduler.max_num_seqs, {sched.max_num_seqs} now"
-    if longest and cap and 1 <= cap // longest < sched.max_num_seqs:
-        seqs += f"; down to {cap // longest} for prompts this long"
-    out.append(seqs + ")")
-    out.append(f"a smaller token budget (scheduler.max_num_batched_tokens, {sched.max_num_batched_tokens} now)")
+    if sched.max_num_seqs > 1:
+        seqs = f"fewer concurrent sequences (scheduler.max_num_seqs, {sched.max_num_seqs} now"
+        if longest and cap and 1 <= cap // longest < sched.max_num_seqs:
+            seqs += f"; down to {cap // longest} for prompts this long"
+        out.append(seqs + ")")
+    if sched.max_num_batched_tokens > MIN_SUGGESTED_BUDGET:
+        out.append(f"a smaller token budget (scheduler.max_num_batched_tokens, {sched.max_num_batched_tokens} now)")
     if sched.kind == "continuous" and not sched.reserve_output:
         out.append("scheduler.reserve_output=true (admit a request only when its prompt and whole output fit)")
     if sc.allocator.preemption.mode != "swap":
