@@ -22,7 +22,7 @@ from pydantic_core import to_jsonable_python
 
 from sim.catalog import CUSTOM_GPU, find_gpu
 from sim.errors import ConfigError
-from sim.inputs import is_file, load_yaml, read_text
+from sim.inputs import candidate_paths, is_file, load_yaml, read_text
 from sim.limits import (
     MAX_BYTES,
     MAX_CV,
@@ -548,8 +548,7 @@ class Scenario(_Section):
 
     def resolve_path(self, path: str, key: str) -> Path:
         """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""
-        p = Path(path)
-        for cand in [p] if p.is_absolute() else [Path(self.base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]:
+        for cand in candidate_paths(path, self.base_dir):
             if is_file(cand):
                 return cand
         raise ConfigError(key, path, "a readable file (absolute, or relative to the scenario file or scenarios/)")

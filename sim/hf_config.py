@@ -76,6 +76,7 @@ from pathlib import Path
 from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
 from sim.errors import ConfigError
 from sim.hf_defaults import LEGACY_TYPES, TEXT_TOWERS, defaults_for, gated_mlp
+from sim.inputs import candidate_paths
 from sim.package_data import SCENARIO_DIR
 
 KEY = "model.hf_config"
@@ -141,9 +142,7 @@ def shipped_config(ident: str) -> Path | None:
 
 def resolve_hf_config(ref: str, base_dir: str | Path | None = None) -> Path:
     """The ``config.json`` that ``ref`` names (see the module docstring), or a ConfigError."""
-    p = Path(str(ref)).expanduser()
-    cands = [p] if p.is_absolute() else [Path(base_dir or SCENARIO_DIR) / p, SCENARIO_DIR / p, Path.cwd() / p]
-    for cand in cands:
+    for cand in candidate_paths(Path(str(ref)).expanduser(), base_dir or SCENARIO_DIR):
         if cand.is_file():
             return cand
         if cand.is_dir() and (cand / "config.json").is_file():

@@ -42,6 +42,15 @@ def is_file(path: str | Path) -> bool:
         return False
 
 
+def candidate_paths(path: str | Path, base_dir: str | Path) -> list[Path]:
+    """Where a file a scenario names is looked for, in order: as given when absolute, else in the
+    scenario file's folder (``base_dir``), in ``scenarios/`` (shipped files), in the working directory."""
+    from sim.package_data import SCENARIO_DIR
+
+    p = Path(path)
+    return [p] if p.is_absolute() else [Path(base_dir) / p, SCENARIO_DIR / p, Path.cwd() / p]
+
+
 def check_file(path: str | Path, key: str, what: str) -> Path:
     """``path`` if it is an existing regular file, else a :class:`ConfigError` saying what it is."""
     p = Path(path)

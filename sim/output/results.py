@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from sim.config import SCENARIO_DIR, Scenario, file_fields
-from sim.inputs import is_file
+from sim.inputs import candidate_paths, is_file
 from sim.output.metrics import Recorder
 
 
@@ -124,7 +124,7 @@ def _rerun_path(field: str, value: str, base: Path, run_dir: Path) -> str:
     if field == "profile":
         # sim.cost.profile.load_profile: a file relative to the working directory, else a built-in name.
         return str(p.resolve()) if is_file(p) else value
-    found = next((c for c in (base / p, SCENARIO_DIR / p, Path.cwd() / p) if _names_file(field, c)), None)
+    found = next((c for c in candidate_paths(p, base) if _names_file(field, c)), None)
     if found is None or found == SCENARIO_DIR / p:
         return value  # a shipped model's id, or a file shipped under scenarios/: found from anywhere
     target, folder = found.resolve(), run_dir.resolve()
