@@ -34,7 +34,9 @@ CLIENT_WAIT_KPI_SPEC: list[tuple[str, str, str, str]] = [
     ("client_wait_p90_s", "client wait p90 (s)", "{:.3f}", "low"),
     ("client_wait_mean_s", "client wait mean (s)", "{:.3f}", "low"),
 ]
-KPI_LABELS = {k: label for k, label, _, _ in KPI_SPEC + CLIENT_WAIT_KPI_SPEC}
+#: Every KPI's (label, format, which way is better), by key.
+_SPECS = {k: (label, fmt, better) for k, label, fmt, better in KPI_SPEC + CLIENT_WAIT_KPI_SPEC}
+KPI_LABELS = {k: label for k, (label, _, _) in _SPECS.items()}
 
 
 def slo_from_knobs(knobs: Mapping[str, Any]):
@@ -84,7 +86,7 @@ def kpis(summary: dict, requests: pa.Table | None = None, slo=None) -> dict[str,
 def format_kpi(key: str, value: Any) -> str:
     if value is None:
         return "–"
-    fmt = next(f for k, _, f, _ in KPI_SPEC + CLIENT_WAIT_KPI_SPEC if k == key)
+    fmt = _SPECS[key][1]
     return fmt.format(value)
 
 
@@ -92,7 +94,7 @@ def kpi_delta(key: str, value: Any, previous: Any) -> tuple[str | None, str]:
     """(delta text, Streamlit delta_color) of a KPI against the previous run."""
     if value is None or previous is None or value == previous:
         return None, "off"
-    better = next(b for k, _, _, b in KPI_SPEC + CLIENT_WAIT_KPI_SPEC if k == key)
+    better = _SPECS[key][2]
     d = value - previous
     text = format_kpi(key, abs(d)) if key not in ("slo_attainment", "kv_waste") else f"{abs(d) * 100:.1f} pp"
     text = ("+" if d > 0 else "-") + text  # an ASCII sign: Streamlit picks the arrow from it
