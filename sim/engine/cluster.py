@@ -20,7 +20,7 @@ from sim.engine.deployment import Deployment, with_engine_defaults
 from sim.engine.replica import Later, Replica
 from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled, now as clock
-from sim.output.metrics import Recorder, clean_json, summarize
+from sim.output.metrics import Recorder, clean_json, percentiles, summarize
 from sim.output.provenance import cost_model_block
 from sim.output.results import RunResult
 from sim.request import EXCEEDS_MAX_MODEL_LEN, REJECTED, Request
@@ -56,11 +56,8 @@ def request_cycle_s(cost: CostModel, wl: Workload, sched: SchedulerConfig) -> fl
 def client_wait_stats(waits: list[float]) -> dict[str, float | None]:
     """p50, p90, p99, mean and max of the seconds requests waited in the client for a free slot
     (``workload.arrival.max_concurrency``); ``None`` each with no request sent."""
-    if not waits:
-        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
-    w = np.asarray(waits)
-    p50, p90, p99 = np.percentile(w, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(w.mean()), "max": float(w.max())}
+    w = np.asarray(waits, dtype=np.float64)
+    return {**percentiles(w), "max": float(w.max()) if w.size else None}
 
 
 class _ToEngine:

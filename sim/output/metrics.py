@@ -409,7 +409,8 @@ class Recorder:
         return self.timeseries.table()
 
 
-def _pct(values: np.ndarray) -> dict[str, float | None]:
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    """p50, p90, p99 and mean of ``values`` (in their unit); ``None`` each when empty."""
     if values.size == 0:
         return {"p50": None, "p90": None, "p99": None, "mean": None}
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
@@ -450,9 +451,9 @@ def summarize(rec: Recorder, replicas: list[Replica], bpt: int) -> dict:
         "rejected_by_reason": dict(sorted(reasons.items())),
         "truncated": int(rec.truncated),
         "preemptions": int(sum(r.sched.preemptions for r in replicas)),
-        "ttft_s": _pct(ttft),
-        "tpot_s": _pct(tpot),
-        "e2e_s": _pct(e2e),
+        "ttft_s": percentiles(ttft),
+        "tpot_s": percentiles(tpot),
+        "e2e_s": percentiles(e2e),
         "makespan_s": makespan,
         "throughput_tokens_per_s": (out_tokens + int(prompt[ok].sum())) / makespan,
         "output_tokens_per_s": out_tokens / makespan,
