@@ -61,6 +61,47 @@ def test_the_pin_counts_every_gpu_of_the_replica():
         Deployment.from_scenario(_chat(**{"gpu.name": "L4", "gpu.tensor_parallel": 2, "gpu.kv_cache_tokens": most + 1}))
 
 
+def test_a_pinned_capacity_too_small_for_max_model_len_names_the_pin_as_the_limit():
+    with pytest.raises(ConfigError) as err:
+        Deployment.from_scenario(_chat(**{"gpu.kv_cache_tokens": 100}))
+    assert err.value.key == "workload.max_model_len"
+    assert "pinned by gpu.kv_cache_tokens=100" in err.value.allowed
+    assert "raise gpu.kv_cache_tokens" in err.value.allowed and "add memory" not in err.value.allowed
+
+
+def test_a_block_larger_than_half_the_capacity_says_what_the_capacity_is():
+    with pytest.raises(ConfigError) as err:
+        simulate(
+            _chat(
+                **{
+                    "gpu.kv_cache_tokens": 100,
+                    "workload.max_model_len": 64,
+                    "allocator.block_size": 128,
+                    "workload.num_requests": 1,
+                }
+            )
+        )
+    assert err.value.key == "allocator.block_size"
+    assert err.value.allowed == "at most 50 tokens (half the KV capacity of one replica, 100 tokens)"
+
+
+def test_a_reservation_beyond_max_model_len_gives_the_max_model_len():
+    with pytest.raises(ConfigError) as err:
+        Deployment.from_scenario(_chat(**{"allocator.kind": "static", "allocator.reserve": 99_999}))
+    assert err.value.key == "allocator.reserve" and "a token count in [1, 16384]" in err.value.allowed
+
+
+def test_out_of_memory_names_only_larger_gpus_that_hold_the_weights_at_this_degree():
+    # 70B bf16 on a 16 GB card: A10G, L4, the A100-40/80, L40S, H100 and H200 are larger yet cannot
+    # hold its 131.4 GiB at one GPU; the message names the ones that can.
+    with pytest.raises(ConfigError) as err:
+        Deployment.from_scenario(_chat("meta-llama/Meta-Llama-3.1-70B", **{"gpu.name": "cpu"}))
+    named = err.value.allowed.split("a GPU with more memory (")[1].split(")")[0].split(", ")
+    weights = MODELS["llama-3.1-70b"].weight_bytes("bf16")
+    assert named and all(0.9 * GPUS[n].memory_bytes > weights for n in named), named
+    assert "H100-SXM-80GB" not in named and "A10G" not in named
+
+
 # --- workload.max_model_len and the model's context -------------------------------------------
 
 SIX_K = {

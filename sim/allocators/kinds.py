@@ -30,7 +30,10 @@ _PCT = re.compile(r"^p(\d+(?:\.\d+)?)$")
 
 def parse_reserve(value, max_model_len: int, percentile_fn, key: str = "allocator.reserve") -> int:
     """Tokens for ``allocator.reserve`` (or ``long_threshold``): ``max_model_len``, an int, or ``pNN``."""
-    allowed = "max_model_len, a token count in [1, max_model_len], or a percentile like p95 of total request length"
+    allowed = (
+        f"max_model_len ({max_model_len}), a token count in [1, {max_model_len}], "
+        "or a percentile like p95 of total request length"
+    )
     if value == "max_model_len":
         return max_model_len
     if isinstance(value, bool):
@@ -154,7 +157,12 @@ def size_hybrid_reserve(a: AllocatorConfig, b: Budget) -> Budget:
 
 def _check_block_size(a: AllocatorConfig, b: Budget) -> None:
     if a.block_size > b.capacity_tokens // 2:
-        raise ConfigError("allocator.block_size", a.block_size, f"at most {b.capacity_tokens // 2} tokens")
+        raise ConfigError(
+            "allocator.block_size",
+            a.block_size,
+            f"at most {b.capacity_tokens // 2} tokens (half the KV capacity of one replica, "
+            f"{b.capacity_tokens} tokens)",
+        )
 
 
 def _sliding_groups(b: Budget) -> KVGroups | None:

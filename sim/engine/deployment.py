@@ -188,6 +188,10 @@ class Deployment:
                 (s for s in GPUS.values() if s.memory_bytes > gpu.memory_bytes and s.name != "cpu"),
                 key=lambda s: s.memory_bytes,
             )
+            # Name the larger GPUs that hold the weights at this degree alone, when some do: one that
+            # still leaves nothing is a remedy only together with another.
+            alone = [s for s in bigger if g.gpu_memory_utilization * g.tensor_parallel * s.memory_bytes > weights + act]
+            bigger = alone or bigger
             per = dtype_bytes(sc.model.weight_dtype, "model.weight_dtype")
             narrower = ["fp8"] if per >= 2 else []
             if gpu.peak_fp4_flops > 0 and per > DTYPE_BYTES["nvfp4"]:
@@ -248,11 +252,15 @@ class Deployment:
             cap_tokens, needed = cap // slot_bytes, groups.slots_held(max_len)
         if cap_tokens < needed:
             fit = cap_tokens if groups is None else groups.tokens_fitting(cap_tokens)
+            pinned = g.kv_cache_tokens is not None
             raise ConfigError(
                 "workload.max_model_len",
                 max_len,
                 f"at most {fit} tokens fit in the KV capacity of one replica "
-                f"({cap / GiB:.2f} GiB at {bpt} B/token); lower max_model_len or add memory",
+                f"({cap / GiB:.2f} GiB at {bpt} B/token"
+                + (f", pinned by gpu.kv_cache_tokens={g.kv_cache_tokens}" if pinned else "")
+                + "); lower max_model_len or "
+                + ("raise gpu.kv_cache_tokens" if pinned else "add memory"),
             )
         # The allocator kind resolves its own sizes (a reservation, a threshold) and refuses what cannot fit.
         budget = kind.size(
