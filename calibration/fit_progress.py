@@ -1,35 +1,32 @@
 """Progress of the serving-benchmark fits on a console (``kvsim calibrate --from-serving-bench``,
 ``kvsim validate --serving-bench``): rich bars on a terminal, plain lines in a log. The fits report
-through :func:`calibration.serving_fit.reporting`; this module only shows what they report."""
+through :func:`calibration.serving_fit.reporting`; this module only shows what they report, in the
+fits' own words (folds, phases, evaluations). When a bar or a line is shown, and how a line is
+written, is :mod:`sim.output.progress`'s, as for every other command."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sim.output.progress import countdown_eta, duration, line_writer, live_bars, log_every
+
 from .serving_fit import reporting
-
-
-def _duration(s: float) -> str:
-    s = max(0, int(round(s)))
-    h, m = divmod(s, 3600)
-    m, sec = divmod(m, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
 class PlainReporter:
     """Progress as plain lines, for a log or CI (stderr not a terminal): one at each fold and phase,
-    and one at most every ``every`` seconds while evaluations go on. The ETA of a fit is its
-    evaluations left at the mean time of those done (an upper bound: a fit may converge before
-    ``--max-evals``); of all the folds, the folds left at the mean time of those done."""
+    and one at most every ``every`` seconds (:func:`sim.output.progress.log_every`: 10 s) while
+    evaluations go on. The ETA of a fit is its evaluations left at the mean time of those done (an
+    upper bound: a fit may converge before ``--max-evals``); of all the folds, the folds left at the
+    mean time of those done, counting down within a fold (:func:`sim.output.progress.countdown_eta`)."""
 
-    def __init__(self, command: str, write: Callable[[str], None] | None = None, every: float = 10.0):
+    def __init__(self, command: str, write: Callable[[str], None] | None = None, every: float | None = None):
         self.command = command
-        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.every = every
+        self.write = write or line_writer()
+        self.every = log_every() if every is None else every
         self.t0 = time.perf_counter()
         self.fold_no = 0
         self.fold_count = 0
@@ -49,14 +46,13 @@ class PlainReporter:
         parts.append(self.label)
         if self.total:
             parts[-1] += f", {self.done}/{self.total} evaluations"
-        parts[-1] += f", {_duration(now - self.t0)} elapsed"
+        parts[-1] += f", {duration(now - self.t0)} elapsed"
         if self.total and self.done:
             left = (now - self.phase_t0) / self.done * max(0, self.total - self.done)
-            parts[-1] += f", this fit at most {_duration(left)} more"
+            parts[-1] += f", this fit at most {duration(left)} more"
         if self.fold_count and self.fold_no > 1:
-            per = (self.fold_t0 - self.t0) / (self.fold_no - 1)
-            left = per * (self.fold_count - self.fold_no + 1) - (now - self.fold_t0)
-            parts[-1] += f", all folds about {_duration(max(left, 0.0))} more"
+            folds_left = countdown_eta(self.fold_no - 1, self.fold_count, self.t0, self.fold_t0, now) or 0.0
+            parts[-1] += f", all folds about {duration(folds_left)} more"
         return " ".join(parts)
 
     def _emit(self) -> None:
@@ -128,20 +124,16 @@ class RichReporter:
 @contextmanager
 def progress_display(command: str, console: Any, quiet: bool = False) -> Iterator[None]:
     """Fits run inside this block show their progress on ``console`` (stderr): rich bars on a
-    terminal, else :class:`PlainReporter` lines; nothing with ``quiet``."""
+    terminal (:func:`sim.output.progress.live_bars`), else :class:`PlainReporter` lines; nothing
+    with ``quiet``."""
     if quiet:
         with reporting(None):
             yield
         return
-    if getattr(console, "is_terminal", False):
+    if live_bars(console):
         with RichReporter(command, console) as rich_rep, reporting(rich_rep):
             yield
         return
 
-    def write(line: str) -> None:
-        # Straight to the file, not console.print: a log's line stays whole, not wrapped at 80 columns.
-        console.file.write(line + "\n")
-        console.file.flush()
-
-    with reporting(PlainReporter(command, write=write)):
+    with reporting(PlainReporter(command, write=line_writer(console))):
         yield

@@ -319,34 +319,21 @@ def _no_memory(bench: Bench, exc: BaseException, model: str, doing: str) -> Conf
 def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
     if not progress:
         return bench.measure(setups, passes)
-    from rich.progress import (
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from sim.output.progress import Progress
 
-    with Progress(
-        TextColumn("[bold]calibrate[/] {task.description:<38}"),
-        # no bar: an 80-column log (no terminal) then keeps the count, elapsed time and ETA whole
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        transient=False,
-    ) as bar:
-        task = bar.add_task("", total=len(jobs) * passes)
-        state = {"pass": 1}
+    # A bar on a terminal, plain lines in a log (sim.output.progress); its last state stays on screen.
+    state = {"pass": 1, "done": 0}
+
+    def label(i: int) -> str:
+        return f"pass {min(state['pass'], passes)}/{passes} {jobs[i % len(jobs)].label}"
+
+    with Progress("calibrate", "kernel timings", len(jobs) * passes, transient=False, note=label(0)) as shown:
 
         def done(i):
             if i == len(jobs) - 1:
                 state["pass"] += 1
-            bar.update(
-                task,
-                advance=1,
-                description=f"pass {min(state['pass'], passes)}/{passes} {jobs[(i + 1) % len(jobs)].label}",
-            )
+            state["done"] += 1
+            shown.update(state["done"], note=label(i + 1))
 
         return bench.measure(setups, passes, on_done=done)
 

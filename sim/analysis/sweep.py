@@ -804,10 +804,11 @@ def run_sweep(
     whose nodes need kvsim installed and trace files at the same paths; Ray is connected to
     before anything in ``out`` changes, and an address where no Ray answers raises
     :class:`ConfigError` within about 20 s). ``out``: dataset directory (default
-    ``sweeps/<sweep name>``). ``progress``: a rich bar on stderr, ``False``, or a callable
-    ``(done, total, failed)``. ``budget``: limits of each point's run (:mod:`sim.engine.budget`;
-    a point past it is recorded failed). Bad sweep files raise :class:`ConfigError` before any
-    point runs.
+    ``sweeps/<sweep name>``). ``progress``: ``True`` shows it on stderr (a bar on a terminal, plain
+    lines in a log: :mod:`sim.output.progress`), ``False`` nothing, a callable ``(done, total,
+    failed)`` is called instead (once before any point runs, then as each finishes). ``budget``:
+    limits of each point's run (:mod:`sim.engine.budget`; a point past it is recorded failed). Bad
+    sweep files raise :class:`ConfigError` before any point runs.
     """
     t0 = time.perf_counter()
     if backend not in ("local", "ray"):
@@ -1226,51 +1227,32 @@ def _run_ray(session: _RaySession, points: list[Point], on_result, budget: RunBu
 
 
 class _Progress:
-    """A rich progress bar with ETA on stderr, a user callback, or nothing."""
+    """The sweep's progress (:mod:`sim.output.progress`: a bar on a terminal, plain lines in a log),
+    a user callback ``(done, total, failed)``, or nothing."""
 
     def __init__(self, progress: bool | ProgressHook, name: str, total: int):
+        from sim.output.progress import Progress
+
         self.hook = progress if callable(progress) else None
         self.total = total
         self.done = 0
-        self.bar = None
-        if progress is True:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn(f"sweep {name}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("points, {task.fields[failed]} failed"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-            )
-            self.task = self.bar.add_task("sweep", total=total, failed=0)
+        # The last state of the bar stays on the terminal (not transient), as it always has.
+        self.shown = Progress(
+            f"sweep {name}", "points", total, show=progress is True, transient=False, extra=", 0 failed"
+        )
 
     def __enter__(self):
-        if self.bar is not None:
-            self.bar.start()
+        self.shown.start()
         return self
 
     def update(self, advance: int, failed: int) -> None:
         self.done += advance
-        if self.bar is not None:
-            self.bar.update(self.task, advance=advance, failed=failed)
+        self.shown.update(self.done, extra=f", {failed} failed")
         if self.hook is not None:
             self.hook(self.done, self.total, failed)
 
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
+    def __exit__(self, exc_type, *exc):
+        self.shown.stop(ok=exc_type is None)
         return False
 
 

@@ -185,28 +185,16 @@ def run(
         # Every file is written into a staging folder and moved into place at the end: an
         # interrupted or failed run leaves an earlier run in ``dest`` as it was.
         with staged(dest) as stage:
-            if quiet:
-                result = simulate(sc, out_dir=stage, budget=budget)
-            else:
-                from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from sim.output.progress import Progress
 
-                with Progress(
-                    TextColumn("simulating"),
-                    BarColumn(),
-                    # The total is known from the first progress report on; "?" until then.
-                    TextColumn("{task.completed}/{task.fields[of]} requests"),
-                    TimeElapsedColumn(),
-                    TimeRemainingColumn(),
-                    console=err_console,
-                    transient=True,
-                ) as bar:
-                    task = bar.add_task("run", total=None, of="?")
-                    result = simulate(
-                        sc,
-                        progress=lambda d, n: bar.update(task, completed=d, total=n, of="?" if n is None else n),
-                        out_dir=stage,
-                        budget=budget,
-                    )
+            # The total is known from the first progress report on; "?" until then.
+            with Progress(f"run {sc.name}", "requests", show=not quiet, console=err_console, lazy=True) as shown:
+                result = simulate(
+                    sc,
+                    progress=None if quiet else lambda d, n: shown.update(d, total=n),
+                    out_dir=stage,
+                    budget=budget,
+                )
             write_run(result, stage, run_dir=dest)
     except ConfigError as exc:
         _fail(exc)

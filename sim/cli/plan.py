@@ -95,37 +95,27 @@ def plan_command(
         import multiprocessing
 
         kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-        if quiet:
-            p = plan(scenario, slo_, overrides, names, rate, tolerance, workers, **kw)
-        else:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from sim.output.progress import Progress
 
-            bar = Progress(
-                TextColumn("planning: {task.fields[last]}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("candidates"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-                transient=True,
+        # Started (bar thread, first line) only once the workers exist: on_start.
+        shown = Progress("plan", "candidates", show=not quiet, note="searching goodput")
+        try:
+            p = plan(
+                scenario,
+                slo_,
+                overrides,
+                names,
+                rate,
+                tolerance,
+                workers,
+                **kw,
+                on_start=shown.start,
+                progress=lambda d, n, name: shown.update(d, total=n, note=f"{name} done"),
             )
-            task = bar.add_task("plan", total=None, last="searching goodput")
-            try:
-                p = plan(
-                    scenario,
-                    slo_,
-                    overrides,
-                    names,
-                    rate,
-                    tolerance,
-                    workers,
-                    **kw,
-                    on_start=bar.start,
-                    progress=lambda d, n, name: bar.update(task, completed=d, total=n, last=f"{name} done"),
-                )
-            finally:
-                bar.stop()
+        except BaseException:
+            shown.stop(ok=False)
+            raise
+        shown.stop()
         dest = write_plan(p, out or Path("plans") / p["scenario"])
     except ConfigError as exc:
         fail(exc)
