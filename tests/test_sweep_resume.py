@@ -98,7 +98,10 @@ def test_relabelled_mapping_axis_and_the_counts_on_stderr(tmp_path):
     r = sweep_cli(third, out)
     assert r.returncode == 0, r.stderr
     assert "reused 1 finished point(s) of 1" in r.stderr, r.stderr
-    assert f"dropped 2 point(s) no longer in the sweep file (2 finished, kept in {out / DROPPED_DIR}/)" in r.stderr
+    assert (
+        f"dropped 2 point(s) no longer in the sweep file or whose named files changed (2 finished, kept in {out / DROPPED_DIR}/)"
+        in r.stderr
+    )
     assert [row["workload.arrival.rate"] for row in rows(out)] == ["four"]
 
 
@@ -207,3 +210,32 @@ def test_a_value_given_twice_is_refused_before_any_point(tmp_path, body, message
 def test_zip_pairs_may_repeat_a_value_of_one_axis(tmp_path):
     f = write(tmp_path, "zip:\n  workload.arrival.rate: [4, 4]\n  scheduler.max_num_seqs: [64, 128]\n")
     assert len(load_sweep(f).points()) == 2
+
+
+def test_a_point_whose_named_file_changed_runs_again_and_one_reading_shipped_files_keeps_its_id(tmp_path):
+    from sim.analysis.sweep import point_id
+    from sim.config import load_scenario
+
+    # The trace is the user's: what it holds is part of the point, not only its path.
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,500,20\n1,500,20\n2,500,20\n")
+    f = tmp_path / "sweep.yaml"
+    f.write_text(
+        "base: chat-api\n"
+        f"set: {{workload.num_requests: 3, workload.arrival: {{kind: trace, path: {tmp_path / 'trace.csv'}}}}}\n"
+        "grid:\n  scheduler.max_num_seqs: [8, 16]\n"
+    )
+    out = tmp_path / "ds"
+    assert sweep(f, out).ran == 2
+    assert sweep(f, out).ran == 0  # unchanged: reused
+    before = rows(out)
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,500,20\n0,500,20\n0,500,20\n")
+    res = sweep(f, out)
+    assert res.ran == 2 and res.dropped == 2
+    after = rows(out)
+    assert [r["ttft_s.mean"] for r in after] != [r["ttft_s.mean"] for r in before]
+    assert after == rows(out) and len(after) == 2
+    # A scenario naming only shipped files hashes as it did: ids of older datasets stay valid.
+    sc = load_scenario("chat-api")
+    from sim.analysis.sweep import _hash, canonical_scenario
+
+    assert point_id(sc) == _hash({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})

@@ -89,7 +89,7 @@ from sim.engine.budget import RunBudget
 from sim.errors import ConfigError, quote
 from sim.inputs import is_file, load_json, load_yaml, read_text
 from sim.limits import MAX_SEED, MAX_SWEEP_POINTS, MAX_SWEEP_SEEDS, MAX_WORKERS
-from sim.output.results import replace_file
+from sim.output.results import replace_file, user_files
 from sim.output.staging import out_dir
 
 if TYPE_CHECKING:
@@ -276,11 +276,38 @@ def canonical_scenario(sc: Scenario) -> dict:
 
 def point_id(sc: Scenario) -> str:
     """Stable id of a scenario: 16 hex digits of the SHA-256 of the canonical JSON of its resolved
-    values (every key, defaults filled) together with the keys it sets (:func:`canonical_scenario`).
-    Points that differ in a value, or in whether a key is set, get different ids. Before this
+    values (every key, defaults filled) together with the keys it sets (:func:`canonical_scenario`)
+    and, where it names files of the user's (a trace, a terms file, a model's config, a profile;
+    :func:`sim.output.results.user_files`), their contents' SHA-256. Points that differ in a value,
+    in whether a key is set or in what a named file holds get different ids: a sweep rerun after such
+    a file was edited runs those points again instead of reusing what the old file gave. Before this
     version the id hashed the resolved values alone: a sweep rerun into an older dataset finds none
     of its points there and runs them all (the old rows move to ``_dropped/``)."""
-    return _hash({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})
+    data: dict[str, Any] = {"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)}
+    files = {key: _file_digest(path) for key, path in user_files(sc).items()}
+    if files:  # scenarios naming no such file keep the ids they had
+        data["files"] = files
+    return _hash(data)
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of ``path``'s bytes, remembered per (resolved path, size, mtime): every point of a
+    sweep names the same trace."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"  # the point fails when it runs, naming the file
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def _hash(data: dict) -> str:

@@ -53,7 +53,7 @@ def sweep_command(
         apart = f" ({res.kept_apart} finished, kept in {res.out / DROPPED_DIR}/)" if res.kept_apart else ""
         sys.stderr.write(
             f"{res.out}: reused {res.skipped} finished point(s) of {res.total} ({res.relabelled} rewritten "
-            f"with this file's axis values); dropped {res.dropped} point(s) no longer in the sweep file{apart}\n"
+            f"with this file's axis values); dropped {res.dropped} point(s) no longer in the sweep file or whose named files changed{apart}\n"
         )
     if quiet:
         print(res.out)

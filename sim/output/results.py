@@ -96,24 +96,44 @@ def rerunnable_scenario(sc: Scenario, run_dir: Path) -> Scenario:
     profile, a shipped model's id, ``auto``) and absolute paths are kept as they are. ``sc`` itself
     is not changed: the run's summary keeps the paths as given."""
     out = sc.model_copy(deep=True)
-    base = Path(sc.base_dir)
-    _rewrite_paths(out, file_fields(), base, Path(run_dir))
+    base, run_dir = Path(sc.base_dir), Path(run_dir)
+    for _key, section, name, value in _file_values(out, file_fields()):
+        new = _rerun_path(name, value, base, run_dir)
+        if new != value:
+            setattr(section, name, new)
     return out
 
 
-def _rewrite_paths(section: BaseModel, names: set[str], base: Path, run_dir: Path) -> None:
+def user_files(sc: Scenario) -> dict[str, Path]:
+    """The files ``sc`` names that are neither shipped nor built in, by dotted key (a list's
+    sections by index: ``workload.lengths.components.0.path``), as a run finds them; a name that
+    finds no file (a built-in profile, a shipped model's id) is left out. What a run reads from
+    them is not in the scenario's values, so a sweep hashes their content into its point ids."""
+    base, out = Path(sc.base_dir), {}
+    for key, _section, name, value in _file_values(sc, file_fields()):
+        p = Path(value).expanduser() if name == "hf_config" else Path(value)
+        if name == "profile":
+            found = p if is_file(p) else None
+        else:
+            found = next((c for c in candidate_paths(p, base) if _names_file(name, c)), None)
+        if found is None or (not p.is_absolute() and found == SCENARIO_DIR / p):
+            continue
+        out[key] = found / "config.json" if found.is_dir() else found
+    return out
+
+
+def _file_values(section: BaseModel, names: set[str], prefix: str = ""):
+    """``(dotted key, section, field name, value)`` of every string field in ``names`` at any depth."""
     for name in type(section).model_fields:
         value = getattr(section, name)
         if isinstance(value, BaseModel):
-            _rewrite_paths(value, names, base, run_dir)
+            yield from _file_values(value, names, f"{prefix}{name}.")
         elif isinstance(value, (list, tuple)):
-            for v in value:
+            for i, v in enumerate(value):
                 if isinstance(v, BaseModel):
-                    _rewrite_paths(v, names, base, run_dir)
+                    yield from _file_values(v, names, f"{prefix}{name}.{i}.")
         elif name in names and isinstance(value, str):
-            new = _rerun_path(name, value, base, run_dir)
-            if new != value:
-                setattr(section, name, new)
+            yield f"{prefix}{name}", section, name, value
 
 
 def _rerun_path(field: str, value: str, base: Path, run_dir: Path) -> str:
