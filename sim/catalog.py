@@ -642,7 +642,8 @@ def get_gpu(name: str) -> GpuSpec:
             "gpu.name",
             name,
             f"allowed: {', '.join(GPUS)} (any case; H100, h100_sxm and nvidia-smi's names match too), "
-            f"or {CUSTOM_GPU} with memory_gib, hbm_tbps, bf16_tflops, pcie_gbps (and fp8_tflops, nvlink_gbps)",
+            f"or {CUSTOM_GPU} with memory_gib, hbm_tbps, bf16_tflops, pcie_gbps "
+            "(and fp8_tflops, fp4_tflops, nvlink_gbps)",
         )
     return GPUS[found]
 
@@ -654,6 +655,7 @@ def custom_gpu(
     pcie_gbps: float,
     fp8_tflops: float = 0.0,
     nvlink_gbps: float = 0.0,
+    fp4_tflops: float = 0.0,
 ) -> GpuSpec:
     """A card with no catalog entry, from its datasheet figures (GiB, TB/s, dense TFLOP/s, GB/s)."""
     return GpuSpec(
@@ -665,7 +667,22 @@ def custom_gpu(
         nvlink_gbps * 1e9,
         "scenario gpu section (user figures)",
         peak_fp8_flops=fp8_tflops * 1e12,
+        peak_fp4_flops=fp4_tflops * 1e12,
     )
+
+
+def check_kv_heads(heads: int, kv_heads: int, key: str, value: object, heads_name: str, kv_name: str = "") -> None:
+    """ConfigError naming ``key`` and ``value`` unless ``kv_heads`` divides ``heads`` (and so is at
+    most ``heads``): grouped-query attention gives each KV head an equal share of the query heads,
+    and vLLM and transformers refuse another shape. One rule for a config.json's
+    ``num_key_value_heads`` and an explicit ``model.kv_heads``; ``kv_name`` leads the message where
+    ``key`` is not the KV heads' own (a config file)."""
+    if kv_heads <= heads and heads % kv_heads == 0:
+        return
+    divisors = [str(d) for d in range(1, heads + 1) if heads % d == 0]
+    listed = divisors[0] if len(divisors) == 1 else f"{', '.join(divisors[:-1])} or {divisors[-1]}"
+    lead = f"{kv_name} ({kv_heads}) must be " if kv_name else ""
+    raise ConfigError(key, value, f"{lead}a divisor of {heads_name} ({heads}): {listed}")
 
 
 #: ``gpu.tensor_parallel`` values a scenario may give.

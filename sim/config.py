@@ -140,9 +140,11 @@ class ModelConfig(_Section):
     kv_dtype: Literal["bf16", "fp16", "fp8", "int4"] = "bf16"
 
 
-#: ``gpu.name: custom`` needs these figures (units in the names); fp8_tflops and nvlink_gbps may be 0.
+#: ``gpu.name: custom`` needs these figures (units in the names); fp8_tflops, fp4_tflops and
+#: nvlink_gbps may be 0 (and are, left out).
 CUSTOM_GPU_REQUIRED = ("memory_gib", "hbm_tbps", "bf16_tflops", "pcie_gbps")
-CUSTOM_GPU_FIELDS = (*CUSTOM_GPU_REQUIRED, "fp8_tflops", "nvlink_gbps")
+CUSTOM_GPU_OPTIONAL = ("fp8_tflops", "fp4_tflops", "nvlink_gbps")
+CUSTOM_GPU_FIELDS = (*CUSTOM_GPU_REQUIRED, *CUSTOM_GPU_OPTIONAL)
 
 
 class GpuConfig(_Section):
@@ -160,6 +162,8 @@ class GpuConfig(_Section):
     hbm_tbps: float | None = Field(None, gt=0, le=1000)
     bf16_tflops: float | None = Field(None, gt=0, le=1e6)
     fp8_tflops: float | None = Field(None, ge=0, le=1e6)
+    #: Dense FP4 (NVFP4) tensor-core peak: 0 = no FP4 units (nvfp4 weights then run at the fp8 peak).
+    fp4_tflops: float | None = Field(None, ge=0, le=1e6)
     nvlink_gbps: float | None = Field(None, ge=0, le=1e5)
     pcie_gbps: float | None = Field(None, gt=0, le=1e5)
 
@@ -179,7 +183,7 @@ class GpuConfig(_Section):
                         f"gpu.{f}",
                         None,
                         f"gpu.name 'custom' needs {', '.join(CUSTOM_GPU_REQUIRED)} "
-                        "(optional: fp8_tflops, nvlink_gbps; docs/scenario.md)",
+                        f"(optional: {', '.join(CUSTOM_GPU_OPTIONAL)}; docs/scenario.md)",
                     )
             return
         for f in CUSTOM_GPU_FIELDS:
@@ -191,7 +195,7 @@ class GpuConfig(_Section):
                         self.name,
                         f"a catalog GPU (kvsim list gpus) or '{CUSTOM_GPU}'; {self.name} is not in the catalog "
                         f"(gpu.{f} is given for it): describe it with gpu.name={CUSTOM_GPU} and its "
-                        f"{', '.join(CUSTOM_GPU_REQUIRED)} (optional: fp8_tflops, nvlink_gbps)",
+                        f"{', '.join(CUSTOM_GPU_REQUIRED)} (optional: {', '.join(CUSTOM_GPU_OPTIONAL)})",
                     )
                 raise ConfigError(
                     f"gpu.{f}",
@@ -521,7 +525,7 @@ class EngineConfig(_Section):
     completion_per_token_s: float | None = Field(None, ge=0, le=0.01)
     #: A file of fitted terms (``kvsim calibrate --from-serving-bench``): its values for this engine
     #: replace the preset's; the keys above still win.
-    terms_file: str | None = Field(None, json_schema_extra=NAMES_FILE)
+    terms_file: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
 
 
 class Scenario(_Section):
@@ -775,6 +779,9 @@ def _error_from_pydantic(err: ValidationError) -> ConfigError:
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "string_too_short":
         msg = "a non-empty string"
+    if e["type"] == "string_type":
+        extra = getattr(_field_info(loc), "json_schema_extra", None)
+        msg = "a file path (a non-empty string)" if isinstance(extra, dict) and extra.get("names_file") else "a string"
     if e["type"] in _RANGE_ERRORS:
         rng = range_text(_field_info(loc))
         if rng is not None:

@@ -73,10 +73,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec
+from sim.catalog import FULL, SLIDING, MlaSpec, ModelSpec, MoeSpec, check_kv_heads
 from sim.errors import ConfigError
 from sim.hf_defaults import LEGACY_TYPES, TEXT_TOWERS, defaults_for, gated_mlp
 from sim.inputs import candidate_paths
+from sim.limits import MAX_LAYERS
 from sim.package_data import SCENARIO_DIR
 
 KEY = "model.hf_config"
@@ -236,13 +237,15 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
             v = defaults.get(name)
         return default if v is None else v
 
-    def whole(name: str, minimum: int = 1) -> int:
+    def whole(name: str, minimum: int = 1, maximum: int | None = None, purpose: str = "") -> int:
         v = field(name)
         if v is None:
             raise ConfigError(KEY, str(path), f"a decoder-only transformer config.json with '{name}' ({_DENSE_ONLY})")
-        return _int(path, field, name, minimum)
+        return _int(path, field, name, minimum, purpose, maximum)
 
-    layers, hidden, heads = whole("num_hidden_layers"), whole("hidden_size"), whole("num_attention_heads")
+    # At most model.layers' cap: a per-layer layout is built before any capacity check.
+    layers = whole("num_hidden_layers", maximum=MAX_LAYERS, purpose=" (the cap of model.layers)")
+    hidden, heads = whole("hidden_size"), whole("num_attention_heads")
     kv_heads = whole("num_key_value_heads") if field("num_key_value_heads") is not None else heads
     mla = _mla(path, field)
     if mla is not None:
@@ -255,10 +258,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
         )
     else:
         head_dim = hidden // heads
-    if heads % kv_heads:
-        raise ConfigError(
-            KEY, str(path), f"num_attention_heads ({heads}) divisible by num_key_value_heads ({kv_heads})"
-        )
+    check_kv_heads(heads, kv_heads, KEY, str(path), "num_attention_heads", "num_key_value_heads")
     intermediate, vocab = whole("intermediate_size"), whole("vocab_size")
     max_position = whole("max_position_embeddings") if field("max_position_embeddings") is not None else 4096
     context = _context(path, field, model_type, str(top.get("model_type") or ""))
@@ -653,11 +653,13 @@ def _refuse_unsupported(path: Path, top: dict, cfg: dict) -> None:
         _refuse(path, "is_encoder_decoder", True, "encoder-decoder models read from config.json are")
 
 
-def _int(path: Path, field, key: str, minimum: int, purpose: str = "") -> int:
-    """The config's integer ``key`` (``field`` reads it), at least ``minimum``, else a ConfigError naming it."""
+def _int(path: Path, field, key: str, minimum: int, purpose: str = "", maximum: int | None = None) -> int:
+    """The config's integer ``key`` (``field`` reads it), at least ``minimum`` (and at most
+    ``maximum`` where given), else a ConfigError naming it."""
     v = field(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(KEY, str(path), f"'{key}' must be an integer >= {minimum}{purpose}; got {_shown(v)!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum or (maximum is not None and v > maximum):
+        what = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ConfigError(KEY, str(path), f"'{key}' must be an integer {what}{purpose}; got {_shown(v)!r}")
     return v
 
 

@@ -315,15 +315,28 @@ def load_yaml(text: str, key: str, source: str, syntax_error: Any = _RAISE) -> A
     return data
 
 
-def load_json(text: str, key: str, source: str) -> Any:
-    """``json.loads(text)`` nested at most :data:`MAX_NESTING` levels; errors name line and column."""
+def load_json(text: str, key: str, source: str, *, unique_keys: bool = False) -> Any:
+    """``json.loads(text)`` nested at most :data:`MAX_NESTING` levels; errors name line and column.
+    ``unique_keys``: a key given twice in one object is an error (``json`` keeps the last one
+    silently), as it is in a scenario's YAML (:func:`load_yaml`), for a file people edit by hand."""
     check_json_depth(text, key, source)
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise ConfigError(key, source, f"JSON with each key at most once per object ({k!r} is given twice)")
+            out[k] = v
+        return out
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique if unique_keys else None)
     except json.JSONDecodeError as exc:
         raise ConfigError(key, source, f"valid JSON ({exc.msg}; line {exc.lineno}, column {exc.colno})") from None
     except RecursionError:
         raise _too_deep(key, source, "JSON") from None
+    except ConfigError:
+        raise  # a key given twice, said as such
     except ValueError as exc:
         raise number_error(key, source, exc) from None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from functools import cache, lru_cache
+from pathlib import Path
 
 from sim.catalog import MODELS
 
@@ -266,7 +267,7 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
     ``hint`` closes the line: how to choose another format where the note is read; ``with_kv``:
     name the config's KV cache dtype too (a benchmark row's follows its engine instead)."""
     target = section.get("hf_config") or section.get("name")
-    if not target or target == ident or str(target).endswith(".json") or _exact(ident) is not None:
+    if not target or target == ident or _local_config(str(target)) or _exact(ident) is not None:
         return None
     dtypes = "bf16 weights"
     if "weight_dtype" in section:
@@ -296,6 +297,12 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
         hf = read_hf_config(resolve_hf_config(section["hf_config"]))
         dtypes = f"{hf.weights_label} weights" + (f", {hf.kv_dtype} KV cache" if with_kv else "")
     return f"{ident}: no config of it ships; simulated with the shape of {target} and its {dtypes} ({hint})"
+
+
+def _local_config(target: str) -> bool:
+    """Whether a section's ``hf_config`` is a local config: a ``.json`` file, or a folder holding
+    one (``--model DIR/``, resolved without its slash), rather than an id matched to a shipped shape."""
+    return target.endswith(".json") or Path(target).expanduser().is_dir()
 
 
 def section_of(ident: str, base_dir=None, *, absolute: bool = False, formats: bool = False) -> dict | None:

@@ -197,6 +197,44 @@ def test_custom_gpu_is_priced_by_the_labelled_roofline():
     assert Deployment.from_scenario(block).make_cost_model(block).mixed_step_time_s(prefill) == pytest.approx(fp8_step)
 
 
+def _as_custom(name: str, **extra) -> dict:
+    """A ``custom`` GPU section with the catalog card ``name``'s figures."""
+    g = GPUS[name]
+    return {
+        "name": "custom",
+        "memory_gib": g.memory_bytes / 2**30,
+        "hbm_tbps": g.hbm_bandwidth / 1e12,
+        "bf16_tflops": g.peak_bf16_flops / 1e12,
+        "fp8_tflops": g.peak_fp8_flops / 1e12,
+        "nvlink_gbps": g.nvlink_bandwidth / 1e9,
+        "pcie_gbps": g.pcie_bandwidth / 1e9,
+        **extra,
+    }
+
+
+def test_custom_gpu_states_an_fp4_peak():
+    """nvfp4 weights on a custom card with a B200's figures, its FP4 peak included, run as on the
+    catalog B200; without an FP4 peak (the default, 0) they run at the fp8 peak, as on an H100."""
+    b200 = GPUS["B200-SXM-180GB"]
+    cost = {"profile": "none"}
+    catalog = _sc(gpu={"name": "B200-SXM-180GB"}, model={"weight_dtype": "nvfp4"}, cost_model=cost)
+    custom = _sc(
+        gpu=_as_custom("B200-SXM-180GB", fp4_tflops=b200.peak_fp4_flops / 1e12),
+        model={"weight_dtype": "nvfp4"},
+        cost_model=cost,
+    )
+    assert Deployment.from_scenario(custom).gpu.peak_fp4_flops == b200.peak_fp4_flops
+    want, got = simulate(catalog).summary, simulate(custom).summary
+    assert {k: v for k, v in got.items() if k not in ("gpu", "scenario")} == {
+        k: v for k, v in want.items() if k not in ("gpu", "scenario")
+    }
+    no_fp4 = _sc(gpu=_as_custom("B200-SXM-180GB"), model={"weight_dtype": "nvfp4"}, cost_model=cost)
+    assert Deployment.from_scenario(no_fp4).gpu.peak_fp4_flops == 0.0
+    prefill = BatchShape([(8192, 0)], 0, 0)
+    slower = Deployment.from_scenario(no_fp4).make_cost_model(no_fp4).mixed_step_time_s(prefill)
+    assert slower > Deployment.from_scenario(custom).make_cost_model(custom).mixed_step_time_s(prefill)
+
+
 @pytest.mark.parametrize(
     "dtype,peaks,want",
     [
@@ -231,6 +269,8 @@ def test_one_tensor_core_peak_per_dtype(dtype, peaks, want):
         ({**CUSTOM, "pcie_gbps": None}, "gpu.pcie_gbps", "needs memory_gib"),
         ({**CUSTOM, "memory_gib": -1}, "gpu.memory_gib", "a finite number in (0, 4096]"),
         ({**CUSTOM, "fp8_tflops": -5}, "gpu.fp8_tflops", "a finite number in [0, 1e+06]"),
+        ({**CUSTOM, "fp4_tflops": -5}, "gpu.fp4_tflops", "a finite number in [0, 1e+06]"),
+        ({"name": "H100-SXM-80GB", "fp4_tflops": 9000}, "gpu.fp4_tflops", "only with gpu.name 'custom'"),
         ({"name": "H100-SXM-80GB", "hbm_tbps": 4}, "gpu.hbm_tbps", "only with gpu.name 'custom'"),
         ({"name": "custom-gpu"}, "gpu.name", "or custom with memory_gib"),
     ],

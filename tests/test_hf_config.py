@@ -551,6 +551,61 @@ def test_a_variant_id_says_which_shape_and_dtypes_it_runs_as(tmp_path):
     assert "simulated with the shape of Qwen/Qwen3-30B-A3B" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("given", ["folder", "folder/", "file"])
+def test_a_local_config_says_no_variant_note(tmp_path, monkeypatch, given):
+    """A folder holding config.json (with or without its slash, relative or not) is the config itself,
+    not an id matched to a shipped shape."""
+    from sim.model_ids import model_argument, variant_note
+
+    (tmp_path / "myft").mkdir()
+    write_config(tmp_path / "myft", DENSE, "config.json")
+    monkeypatch.chdir(tmp_path)
+    arg = {"folder": "myft", "folder/": "myft/", "file": "myft/config.json"}[given]
+    for ident in (arg, str(tmp_path / arg)):
+        section = model_argument(ident)
+        assert Path(section["hf_config"]).resolve() == (tmp_path / arg).resolve()
+        assert variant_note(ident, section) is None
+
+
+def test_explicit_kv_heads_must_divide_the_heads(tmp_path):
+    """Explicit dims meet the same rule as a config's (grouped-query attention: each KV head serves
+    an equal share of the query heads), one check for both."""
+    dims = {"layers": 4, "hidden": 512, "heads": 8, "head_dim": 64, "intermediate": 1024, "params": 1e8}
+    for bad in (3, 16):
+        for model in (
+            {"name": "custom", **dims, "kv_heads": bad},
+            {"name": "llama-3.1-8b", "kv_heads": bad * 4},  # 32 query heads
+            {"hf_config": "Qwen/Qwen3-8B", "kv_heads": bad * 4},  # 32 query heads
+        ):
+            with pytest.raises(ConfigError) as e:
+                model_spec(_scenario(model))
+            msg = str(e.value)
+            assert msg.startswith(f"model.kv_heads: got {model['kv_heads']}; a divisor of model.heads"), msg
+            assert "\n" not in msg
+    assert model_spec(_scenario({"name": "custom", **dims, "kv_heads": 2})).kv_heads == 2
+    # Query heads changed under the catalog's KV heads: the KV heads are named, with what divides.
+    with pytest.raises(ConfigError, match=r"^model\.kv_heads: got 8; a divisor of model\.heads \(12\)"):
+        model_spec(_scenario({"name": "llama-3.1-8b", "heads": 12}))
+    # The config reader says the same of a config.json.
+    with pytest.raises(ConfigError, match=r"num_key_value_heads \(16\) must be a divisor of num_attention_heads \(8\)"):
+        read_hf_config(write_config(tmp_path, {**DENSE, "num_key_value_heads": 16}))
+
+
+def test_config_layers_have_the_cap_of_model_layers(tmp_path):
+    from sim.limits import MAX_LAYERS
+
+    assert MAX_LAYERS == 4096
+    cfg = {**DENSE, "model_type": "gemma3_text", "sliding_window": 512, "num_hidden_layers": 10**8}
+    with pytest.raises(ConfigError) as e:
+        read_hf_config(write_config(tmp_path, cfg))
+    msg = str(e.value)
+    assert "'num_hidden_layers' must be an integer in [1, 4096]" in msg and "100000000" in msg, msg
+    assert (
+        read_hf_config(write_config(tmp_path, {**DENSE, "num_hidden_layers": 4096}, "ok_config.json")).spec.layers
+        == 4096
+    )
+
+
 def test_command_line_model_takes_variant_ids():
     """``--model`` with an id that names a variant of a shipped or catalog shape runs that shape; an
     id of no known shape is left for the config reader to refuse with its list."""

@@ -149,11 +149,22 @@ def test_yaml_1_1_exponent_strings_are_numbers():
     [
         {"cost_model.profile": ""},
         {"workload.lengths.path": ""},
+        {"engine.terms_file": ""},
         {"allocator.kind": "static", "allocator.reserve": True},
     ],
 )
 def test_empty_paths_and_bool_reserve_are_refused(over):
     _error(**over)
+
+
+def test_an_empty_terms_file_is_refused_as_other_paths_are():
+    assert _error(**{"engine.terms_file": ""}) == "engine.terms_file: got ''; a non-empty string"
+
+
+@pytest.mark.parametrize("key", ["engine.terms_file", "model.hf_config", "workload.lengths.path", "cost_model.profile"])
+def test_a_path_that_is_not_a_string_is_one_standard_line(key):
+    msg = _error(**{key: 5})
+    assert msg == f"{key}: got 5; a file path (a non-empty string)", msg
 
 
 def test_base_dir_is_not_settable(tmp_path):
@@ -256,6 +267,33 @@ def test_jsonl_errors_name_the_line(tmp_path):
         p.write_text("\n".join(lines) + "\n")
         with pytest.raises(ConfigError, match=re.escape(needle)):
             read_trace(p)
+
+
+def test_mooncake_hash_ids_follow_their_rows_when_sorted(tmp_path):
+    rows = [
+        {"timestamp": 0, "input_length": 2048, "output_length": 10, "hash_ids": [1, 2, 3, 4]},
+        {"timestamp": 1000, "input_length": 2048, "output_length": 10, "hash_ids": [5, 6, 7, 8]},
+        {"timestamp": 500, "input_length": 512, "output_length": 10, "hash_ids": [9]},
+    ]
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    tr = read_trace(p, cache=False)
+    assert tr.arrival_s.tolist() == [0.0, 0.5, 1.0] and tr.prompt_tokens.tolist() == [2048, 512, 2048]
+    assert tr.hash_ids == ((1, 2, 3, 4), (9,), (5, 6, 7, 8))
+    # The same rows in time order read the same.
+    s = tmp_path / "s.jsonl"
+    s.write_text("\n".join(json.dumps(r) for r in sorted(rows, key=lambda r: r["timestamp"])) + "\n")
+    assert read_trace(s, cache=False).hash_ids == tr.hash_ids
+
+
+@pytest.mark.parametrize("tz", [None, "UTC", "Europe/Paris"])
+@pytest.mark.parametrize("unit,scale", [("s", 1), ("ms", 10**3), ("us", 10**6), ("ns", 10**9)])
+def test_parquet_timestamp_arrivals_are_read_in_their_unit(tmp_path, unit, scale, tz):
+    p = tmp_path / "t.parquet"
+    start = 1_700_000_000 * scale  # a date, as a logged timestamp column holds
+    arrivals = pa.array([start, start + 10 * scale, start + 3 * scale], pa.timestamp(unit, tz=tz))
+    pq.write_table(pa.table({"arrival_s": arrivals, "prompt_tokens": [100] * 3, "output_tokens": [10] * 3}), p)
+    assert read_trace(p, cache=False).arrival_s.tolist() == pytest.approx([0.0, 3.0, 10.0], abs=1e-6)
 
 
 @pytest.mark.parametrize(

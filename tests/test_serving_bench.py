@@ -9,6 +9,7 @@ builtin --logo``, not here.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import shutil
@@ -1793,6 +1794,34 @@ def test_terms_file_round_trip_and_errors(tmp_path):
         bad.write_text(json.dumps(doc))
         with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
             read_terms_file(bad)
+
+
+def test_terms_file_refuses_a_key_given_twice(tmp_path):
+    p = tmp_path / "t.json"
+    p.write_text('{"format": "kvsim-engine-terms", "engines": {"vllm": {"host_s": 0.001, "host_s": 0.002}}}')
+    with pytest.raises(ConfigError) as e:
+        read_terms_file(p)
+    msg = str(e.value)
+    assert msg.startswith("engine.terms_file: ") and "'host_s' is given twice" in msg and "\n" not in msg, msg
+
+
+def test_a_terms_file_without_the_running_engine_says_so(tmp_path, caplog):
+    from sim.engine.deployment import Deployment
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"format": "kvsim-engine-terms", "engines": {"sglang": {"host_s": 0.002}}}))
+
+    def warnings(engine: dict) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="kvsim"):
+            Deployment.from_scenario(scenario_from_dict({"engine": {**engine, "terms_file": str(p)}}))
+        return [r.getMessage() for r in caplog.records]
+
+    (line,) = warnings({"kind": "vllm"})
+    assert str(p) in line and "sglang" in line and "vllm" in line and "\n" not in line, line
+    (line,) = warnings({"kind": "reference"})
+    assert str(p) in line and "sglang" in line and "reference" in line, line
+    assert warnings({"kind": "sglang"}) == []
 
 
 # --- command line ----------------------------------------------------------------------------

@@ -306,7 +306,7 @@ def list_gpus():
     from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
 
     t = Table(
-        title="gpus (gpu.name; or name: custom with memory_gib, hbm_tbps, bf16_tflops, fp8_tflops, nvlink_gbps, "
+        title="gpus (gpu.name; or name: custom with memory_gib, hbm_tbps, bf16_tflops, fp8_tflops, fp4_tflops, nvlink_gbps, "
         "pcie_gbps)"
     )
     for c in (

@@ -18,6 +18,7 @@ from sim.catalog import (
     ModelSpec,
     activation_reserve_bytes,
     check_block_fp8_shards,
+    check_kv_heads,
     check_tensor_parallel,
     custom_gpu,
     find_gpu,
@@ -36,6 +37,9 @@ log = logging.getLogger("kvsim.cost_model")
 #: Says when an allocator kind holds a model's sliding-window layers at full length (silent in library
 #: use, on stderr from ``kvsim run``, like ``log``).
 kv_log = logging.getLogger("kvsim.kv_cache")
+#: Says when ``engine.terms_file`` holds no terms for the engine that runs (silent in library use).
+engine_log = logging.getLogger("kvsim.engine")
+_SAID: set[str] = set()
 
 _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "params")
 
@@ -43,28 +47,39 @@ _DIMS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "p
 def model_spec(sc: Scenario) -> ModelSpec:
     """Catalog entry or Hugging Face config with any explicit dims applied, or a fully explicit shape."""
     m = sc.model
-    if m.hf_config is not None:
-        from sim.hf_config import scenario_model
-
-        return scenario_model(sc)
     given = {
         f.name: getattr(m, f.name)
         for f in fields(ModelSpec)
         if f.name != "name" and getattr(m, f.name, None) is not None
     }
+    if m.hf_config is not None:
+        from sim.hf_config import scenario_model
+
+        return _checked_dims(scenario_model(sc), given)
     if m.name is None or m.name == "custom":
         missing = [d for d in _DIMS if d not in given]
         if missing:
             raise ConfigError(
                 "model", "custom", f"explicit dims need all of {', '.join(_DIMS)}; missing {', '.join(missing)}"
             )
-        return ModelSpec(name="custom", **given)
+        return _checked_dims(ModelSpec(name="custom", **given), given)
     base = get_model(m.name)
     if given:
-        return ModelSpec(
-            **{**{f.name: getattr(base, f.name) for f in fields(ModelSpec)}, **given, "name": base.name + "*"}
+        return _checked_dims(
+            ModelSpec(
+                **{**{f.name: getattr(base, f.name) for f in fields(ModelSpec)}, **given, "name": base.name + "*"}
+            ),
+            given,
         )
     return base
+
+
+def _checked_dims(spec: ModelSpec, given: dict) -> ModelSpec:
+    """``spec`` (explicit dims applied) if its KV heads divide its query heads, as a config.json's
+    must (:func:`check_kv_heads`), else a ConfigError naming ``model.kv_heads``."""
+    if "heads" in given or "kv_heads" in given:
+        check_kv_heads(spec.heads, spec.kv_heads, "model.kv_heads", spec.kv_heads, "model.heads")
+    return spec
 
 
 def _reported_token_bytes(model: ModelSpec, bpt: int, group_bpt: int) -> int:
@@ -152,6 +167,10 @@ class Deployment:
             # catches one built or changed in code.
             raise longer_than_context(sc, context)
         engine = engine_preset(sc)
+        unused = unused_terms_file(sc)
+        if unused is not None and unused not in _SAID:
+            _SAID.add(unused)  # once per process: a plan or sweep builds a deployment per candidate
+            engine_log.warning("%s", unused)
         sched = sc.scheduler
         # Bytes a token's KV takes across the replica's GPUs, replicated heads counted (kv_replicas).
         copies = model.kv_replicas(g.tensor_parallel)
@@ -426,6 +445,25 @@ def engine_preset(sc: Scenario) -> EnginePreset | None:
     return preset.with_overrides(**overrides) if overrides else preset
 
 
+def unused_terms_file(sc: Scenario) -> str | None:
+    """One line saying that ``engine.terms_file`` holds no terms for the engine that runs (the
+    preset's terms are used; ``reference`` takes none), naming the file and the engines it holds;
+    ``None`` when it does, or names no file. Terms of other engines are not an error: one file may
+    hold the fits of several (docs/calibration.md)."""
+    if not sc.engine.terms_file:
+        return None
+    kind = engine_kind(sc)
+    path = sc.resolve_path(sc.engine.terms_file, "engine.terms_file")
+    held = sorted(read_terms_file(path))
+    if kind in held:
+        return None
+    used = "kvsim's own engine takes no terms" if get_preset(kind) is None else f"the run uses {kind}'s preset terms"
+    return (
+        f"engine.terms_file {path} holds terms for {', '.join(held) or 'no engine'}, none for {kind}, "
+        f"the engine that runs: {used} (engine.kind picks the engine)"
+    )
+
+
 #: What ``engine.kind: auto`` runs on a GPU (``reference`` on ``gpu.name: cpu``): vLLM's preset, fitted to
 #: published serving benchmarks, so every answer (run, sweep, plan, guide) prices a real server.
 AUTO_ENGINE = "vllm"
@@ -521,5 +559,6 @@ def gpu_spec(g: GpuConfig) -> GpuSpec:
             g.pcie_gbps,
             fp8_tflops=g.fp8_tflops or 0.0,
             nvlink_gbps=g.nvlink_gbps or 0.0,
+            fp4_tflops=g.fp4_tflops or 0.0,
         )
     return get_gpu(g.name)

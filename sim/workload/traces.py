@@ -299,6 +299,10 @@ def _tokens(table: pa.Table, col: str, path: Path, key: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
+#: Ticks per second of each Arrow timestamp unit.
+_TICKS_PER_S = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
 def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
     p = Path(path)
     arr_col, p_col, o_col = FORMATS[fmt]
@@ -312,12 +316,15 @@ def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
     prompt = _tokens(table, p_col, p, key)
     output = _tokens(table, o_col, p, key)
     arrival = None
+    order: np.ndarray | None = None
     if arr_col:
         col = table[arr_col]
         if col.null_count:
             raise ConfigError(key, str(p), f"column {arr_col!r} has {col.null_count} empty values")
         if pa.types.is_timestamp(col.type):
-            t = _float64(col.cast(pa.int64()), safe=False) / 1e9  # ns beyond 2**53: rounded, as astype did
+            # Ticks of the column's own unit since the epoch (UTC for a zoned column), not always ns:
+            # Parquet stores s as ms, Spark writes us. Beyond 2**53 ticks: rounded, as astype did.
+            t = _float64(col.cast(pa.int64()), safe=False) / _TICKS_PER_S[col.type.unit]
         else:
             try:
                 t = _float64(col)
@@ -341,7 +348,9 @@ def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
         arrival = t
     hashes = None
     if fmt == "mooncake" and "hash_ids" in table.column_names:
-        hashes = tuple(tuple(h or ()) for h in table["hash_ids"].to_pylist())
+        rows = table["hash_ids"].to_pylist()
+        # Each row's prefix ids go with its lengths, in the arrival order the rows were sorted to.
+        hashes = tuple(tuple(rows[i] or ()) for i in (order if order is not None else range(len(rows))))
     return Trace(arrival, prompt, output, hashes, source=p.name)
 
 
