@@ -17,14 +17,16 @@
   spread lengths, in three layouts (does it cost what the cost model prices?).
 * ``hostile``: 749 hostile and careless inputs in nine classes (bombs, hangs, non-finite numbers,
   profiles, I/O, coercion, conservation, interrupts, security), each judged handled or not
-  (``--quick``: the fixed corpus CI runs; not part of ``all``); see ``bench/hostile.py``.
+  (``--quick``: the fixed corpus CI runs, written to ``hostile-quick.json``; ``--classes 2,5``: those
+  classes only, ``hostile-classes-2-5.json``; not part of ``all``); see ``bench/hostile.py``.
 * ``attention``: paged vs contiguous decode attention at several block sizes on every attention
   backend that runs on this device (sdpa, flex; flashinfer and vllm on CUDA when installed), side by side
   (docs/calibration.md, "Attention kernel backends"; not part of ``all``: compiling flex on a CPU takes
   minutes).
 * ``planner``: the planner's guided goodput search against the exhaustive one on every plannable
   built-in scenario (same recommendation, goodputs within the tolerance; wall and CPU seconds,
-  simulations; ``--quick``: four scenarios, medians of three, the table in docs/sweeps.md; not
+  simulations; ``--quick``: four scenarios, medians of three, the table in docs/sweeps.md, about
+  1.5 minutes compiled and 6 interpreted on 2 cores, a line on stderr per finished candidate; not
   part of ``all``: it plans every scenario twice).
 
 Two helpers run on their own: ``python -m bench.identity`` fingerprints every built-in
@@ -35,6 +37,7 @@ SimPy's public API.
 ``profile`` and ``opcount`` look inside the Python, so they measure the interpreted engine
 (``KVSIM_NATIVE=0``); the others run whichever engine ``import sim`` finds (``kvsim native status``).
 
-Each prints a rich table and writes ``<out>/<name>.json`` with the machine's load average, since
-wall times on a shared machine are only comparable side by side. See docs/performance.md.
+Each prints a rich table and writes ``<out>/<name>.json`` (``hostile``: see above) with the
+machine's load average, since wall times on a shared machine are only comparable side by side. See
+docs/performance.md.
 """

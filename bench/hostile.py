@@ -1,4 +1,5 @@
-"""Hostile and careless input, class by class: ``python -m bench hostile [--quick] [--classes 2,5]``.
+"""Hostile and careless input, class by class: ``python -m bench hostile [--quick] [--classes 2,5]``
+(or ``python -m bench.hostile``, which also takes ``--timeout S`` per case).
 
 Builds a corpus of bad inputs in nine classes (1 security, 2 decompression and expansion bombs,
 3 values that pass validation and then hang or exhaust memory, 4 non-finite and absurd numbers,
@@ -25,7 +26,9 @@ they are recorded ``failed``), provided every listed failure is a ``ConfigError`
 ``reject`` case, or results that are not finite and conserved.
 
 Writes ``<out>/hostile.json`` (per class: cases tried and mishandled, each mishandled case with its
-symptom) and prints the table. ``tests/test_hostile_corpus.py`` runs the fixed corpus of the
+symptom) and prints the table; a ``--quick`` or ``--classes`` run writes a name of its own
+(``hostile-quick.json``, ``hostile-classes-2-5.json``, ``hostile-quick-classes-2-5.json``:
+:func:`result_name`), so it never replaces the full corpus's result. ``tests/test_hostile_corpus.py`` runs the fixed corpus of the
 issue's concrete cases (:func:`corpus` with ``quick=True``) in CI; class 9 runs there as
 ``tests/test_interrupts.py``.
 """
@@ -2423,6 +2426,31 @@ def warm() -> None:
     import sim.explorer  # noqa: F401
 
 
+def parse_classes(text: str) -> set[int] | None:
+    """``--classes``: comma-separated class numbers (``None``: every class); an argparse type."""
+    out = set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            n = int(part)
+        except ValueError:
+            n = 0
+        if n not in CLASSES:
+            raise argparse.ArgumentTypeError(
+                f"got {text!r}; comma-separated class numbers, {min(CLASSES)} to {max(CLASSES)} (e.g. 2,5)"
+            )
+        out.add(n)
+    return out or None
+
+
+def result_name(quick: bool, classes: set[int] | None) -> str:
+    """The JSON file's name without ``.json``, the same from ``python -m bench hostile`` and
+    ``python -m bench.hostile``: ``hostile`` only for the whole corpus."""
+    name = "hostile-quick" if quick else "hostile"
+    return name + (f"-classes-{'-'.join(map(str, sorted(classes)))}" if classes else "")
+
+
 def run(quick: bool, out: Path, classes: set[int] | None = None, timeout_s: float = TIMEOUT_S) -> dict:
     warm()
     cases = corpus(quick, classes)
@@ -2443,17 +2471,20 @@ def run(quick: bool, out: Path, classes: set[int] | None = None, timeout_s: floa
     }
 
 
+CLASSES_HELP = "comma-separated class numbers, 1 to 9 (default: all)"
+OUT_HELP = "folder for hostile.json (hostile-quick.json with --quick; -classes-2-5 added with --classes 2,5)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="only the fixed CI corpus")
-    ap.add_argument("--classes", default="", help="comma-separated class numbers (default: all)")
+    ap.add_argument("--classes", type=parse_classes, default=None, help=CLASSES_HELP)
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="wall-clock limit per case (s)")
-    ap.add_argument("--out", type=Path, default=Path("runs/bench"), help="folder for hostile.json")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench"), help=OUT_HELP)
     args = ap.parse_args(argv)
-    classes = {int(c) for c in args.classes.split(",") if c.strip()} or None
-    data = run(args.quick, args.out, classes, args.timeout)
+    data = run(args.quick, args.out, args.classes, args.timeout)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / ("hostile-quick.json" if args.quick else "hostile.json")
+    path = args.out / f"{result_name(args.quick, args.classes)}.json"
     path.write_text(json.dumps(data, indent=1) + "\n")
     print(f"\n{'class':>5}  {'tried':>5}  {'mishandled':>10}  what")
     for r in data["table"]:

@@ -10,12 +10,15 @@ relative difference between a candidate's goodputs (same answer: below the searc
     python -m bench planner --quick    # chat-api at 40 req/s and three more scenarios at their own size, 3 repeats
     python -m bench planner            # every scenario at its own size, once (tens of minutes on 2 cores)
 
-The ``--quick`` table is the one in docs/sweeps.md.
+The ``--quick`` table is the one in docs/sweeps.md: about 1.5 minutes with the compiled engine on an
+idle 2-core machine, 6 minutes interpreted (``KVSIM_NATIVE=0``) at load 1-5. A line on stderr per
+scenario, per finished candidate and per finished plan shows where a run is.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -47,20 +50,28 @@ def compare(
     allocators: list[str] | None = None,
     repeats: int = 1,
     start_method: str | None = None,
+    quiet: bool = False,
 ) -> dict:
     """Plan ``scenario`` with both searches (exhaustive first, then guided, ``repeats`` times
     interleaved) and compare their answers. ``start_method="fork"``: workers forked from this
-    process, as ``kvsim plan`` starts them (only for a caller that holds no threads)."""
+    process, as ``kvsim plan`` starts them (only for a caller that holds no threads). Unless
+    ``quiet``, one line on stderr per finished candidate and per finished plan, so a slow run can be
+    told from a hung one."""
     from sim.analysis.planner import plan
     from sim.analysis.slo import parse_slos
 
     slo = parse_slos(slo_items)
     runs: dict[str, list[dict]] = {"exhaustive": [], "guided": []}
     plans: dict[str, dict] = {}
-    for _ in range(repeats):
+    for rep in range(repeats):
         for search in ("exhaustive", "guided"):
             load = load_avg()[0]
             t0 = time.perf_counter()
+            what = f"{scenario} {search}" + (f" {rep + 1}/{repeats}" if repeats > 1 else "")
+
+            def progress(done: int, total: int, name: str, what: str = what, t0: float = t0) -> None:
+                _say(f"{what}: candidate {done}/{total} ({name}) done, {time.perf_counter() - t0:.0f} s")
+
             p = plan(
                 scenario,
                 slo,
@@ -70,7 +81,10 @@ def compare(
                 workers=workers,
                 search=search,
                 start_method=start_method,
+                progress=None if quiet else progress,
             )
+            if not quiet:
+                _say(f"{what}: planned in {time.perf_counter() - t0:.1f} s")
             runs[search].append(
                 {
                     "wall_s": time.perf_counter() - t0,
@@ -119,6 +133,12 @@ def compare(
         "all_within_tolerance": all(c["within_tolerance"] for c in cands),
         "max_ratio_dev": max((abs(c["ratio"] - 1) for c in cands if c["ratio"] not in (0, float("inf"))), default=0.0),
     }
+
+
+def _say(line: str) -> None:
+    """A progress line on stderr (the table and the JSON are the results)."""
+    sys.stderr.write(f"planner: {line}\n")
+    sys.stderr.flush()
 
 
 def _median(xs: list[float]) -> float:
@@ -173,8 +193,9 @@ def run(quick: bool, out: Path) -> dict:
     workers = min(2, os.cpu_count() or 1)
     repeats = QUICK_REPEATS if quick else 1
     results = []
-    for name in names:
+    for i, name in enumerate(names):
         slo, target = SCENARIOS[name]
+        _say(f"scenario {i + 1}/{len(names)}: {name}" + (f" @ {target:g} req/s" if target else ""))
         results.append(compare(name, slo, None, target, workers, repeats=repeats, start_method=fork))
     title = f"planner: exhaustive / guided search ({'median of ' + str(repeats) if repeats > 1 else 'one run'} each)"
     table(title, COLUMNS, rows(results))

@@ -113,3 +113,104 @@ def test_calibration_torch_leaves_cudnn_attention_off():
     torch = import_torch()
     torch.backends.cuda.enable_cudnn_sdp(True)
     assert import_torch().backends.cuda.cudnn_sdp_enabled() is False
+
+
+# --- entry points: python -m bench NAME and python -m bench.hostile ---------------------------------
+
+
+def _fake_hostile(monkeypatch):
+    """``bench.hostile.run`` replaced by a recorder: the entry points, not the corpus, are tested."""
+    sys.path.insert(0, str(ROOT))
+    import bench.hostile as hostile
+
+    calls = []
+
+    def run(quick, out, classes=None, timeout_s=hostile.TIMEOUT_S):
+        calls.append((quick, classes))
+        return {"quick": quick, "wall_s": 0.0, "table": [], "cases": []}
+
+    monkeypatch.setattr(hostile, "run", run)
+    return hostile, calls
+
+
+@pytest.mark.parametrize(
+    "args,classes,name",
+    [
+        ([], None, "hostile.json"),
+        (["--quick"], None, "hostile-quick.json"),
+        (["--classes", "2,5"], {2, 5}, "hostile-classes-2-5.json"),
+        (["--quick", "--classes", "5, 2"], {2, 5}, "hostile-quick-classes-2-5.json"),
+    ],
+)
+def test_both_hostile_entry_points_take_the_same_options_and_write_the_same_file(
+    monkeypatch, tmp_path, args, classes, name
+):
+    """The docstring's ``python -m bench hostile [--quick] [--classes 2,5]`` runs, and only the full
+    corpus writes hostile.json (the result docs/scenario.md points to): a quick or partial run of
+    either entry point writes a name of its own."""
+    from bench.__main__ import main as bench_main
+
+    hostile, calls = _fake_hostile(monkeypatch)
+    assert hostile.__doc__.splitlines()[0].count("python -m bench hostile [--quick] [--classes 2,5]") == 1
+    assert bench_main(["hostile", *args, "--out", str(tmp_path / "a")]) == 0
+    assert hostile.main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert calls == [(("--quick" in args), classes)] * 2
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [name]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [name]
+
+
+@pytest.mark.parametrize(
+    "args", [["hostile", "--classes", "2,x"], ["hostile", "--classes", "10"], ["scale", "--classes", "2"]]
+)
+def test_bench_classes_option_is_checked(monkeypatch, capsys, args):
+    from bench.__main__ import main as bench_main
+
+    _, calls = _fake_hostile(monkeypatch)
+    with pytest.raises(SystemExit) as e:
+        bench_main(args)
+    assert e.value.code == 2 and calls == []
+    assert "--classes" in capsys.readouterr().err
+
+
+def test_planner_bench_prints_a_line_per_scenario_and_candidate(monkeypatch, tmp_path, capsys):
+    """``python -m bench planner`` runs for minutes: a line on stderr per scenario, per finished
+    candidate and per plan tells a slow run from a hung one (plans replaced by a stub here)."""
+    sys.path.insert(0, str(ROOT))
+    import sim.analysis.planner as planner_mod
+    from bench import planner
+
+    def plan(scenario, slo, *, progress=None, search="guided", **kw):
+        for i, name in enumerate(("paged", "static")):
+            if progress:
+                progress(i + 1, 2, name)
+        cands = [{"name": n, "goodput_rps": 1.0, "status": "ok", "gpus_needed": 1} for n in ("paged", "static")]
+        return {
+            "cpu_s": 0.0,
+            "simulations": 2,
+            "simulated_requests": 20,
+            "tolerance": 0.05,
+            "candidates": cands,
+            "recommendation": {"candidate": "paged"},
+        }
+
+    monkeypatch.setattr(planner_mod, "plan", plan)
+    data = planner.run(True, tmp_path)
+    assert data["all_same"] and (tmp_path / "planner.json").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "planner: scenario 1/4: chat-api @ 40 req/s"
+    assert sum(x.startswith("planner: scenario ") for x in err) == len(planner.QUICK)
+    per_plan = 2 * planner.QUICK_REPEATS * len(planner.QUICK)
+    assert sum(" candidate " in x for x in err) == 2 * per_plan
+    assert sum(": planned in " in x for x in err) == per_plan
+    assert err[1].startswith("planner: chat-api exhaustive 1/3: candidate 1/2 (paged) done, ")
+
+
+def test_bench_help_does_not_promise_a_minute_for_the_planner(capsys):
+    """``--quick`` of ``planner`` plans four scenarios six times each: minutes, which the help says."""
+    sys.path.insert(0, str(ROOT))
+    from bench.__main__ import main as bench_main
+
+    with pytest.raises(SystemExit):
+        bench_main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "small variants (each under a minute)" not in text and "planner --quick about 1.5 min" in text

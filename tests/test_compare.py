@@ -129,9 +129,23 @@ MALFORMED = [
     (_set("burstiness", 1e-300), "burstiness", "coefficient of variation"),
     (_set("ramp_up_strategy", "linear"), "ramp_up_strategy", "start_times"),
     (_set("start_times", [0.0] * 47), "start_times", "one per request"),
-    (_set("start_times", [0.0] * 47 + [2e9]), "start_times", "within 1e+09 s of the first"),
+    (_set("start_times", [0.0] * 47 + [2e9]), "start_times[47]", "within 1e+09 s of the first"),
+    (_set("start_times", [1e308] + [0.0] * 47), "start_times[0]", "within 1e+09 s of the first"),
     (_set("latencies", [0.001] * 48), "latencies[0]", "latency >= its ttft"),
     (_set("duration", "long"), "duration", "seconds"),
+    (_set("duration", math.inf), "duration", "in (0, 1e+09]"),
+    # Finite but absurd per-request times: numpy's sums and products overflowed into inf and nan.
+    (_item("ttfts", 2, 1e308), "ttfts[2]", "at most 1e+09"),
+    (_item("itls", 3, [0.01, 1e308]), "itls[3][1]", "at most 1e+09"),
+    (_set("latencies", [0.5] * 47 + [1e308]), "latencies[47]", "at most 1e+09"),
+    # The header's throughputs are printed as the measured values: checked as duration is.
+    (_set("request_throughput", math.nan), "request_throughput", "a number in (0, 1e+06] requests/s"),
+    (_set("request_throughput", -1.0), "request_throughput", "a number in (0, 1e+06] requests/s"),
+    (_set("request_throughput", "fast"), "request_throughput", "a number in (0, 1e+06] requests/s"),
+    (_set("request_throughput", True), "request_throughput", "a number in (0, 1e+06] requests/s"),
+    (_set("output_throughput", 0), "output_throughput", "output tokens/s"),
+    (_set("total_token_throughput", 1e308), "total_token_throughput", "total tokens/s"),
+    (_set("total_token_throughput", math.inf), "total_token_throughput", "computed from the per-request lists"),
 ]
 
 
@@ -165,8 +179,14 @@ def test_unreadable_files(tmp_path, text, what):
         ),
         # A value the replay's scenario would refuse is named as the file's field, not as the scenario's key.
         (_set("max_concurrency", 10**9), "max_concurrency: got 1000000000; null or an integer in [1, 10000000]"),
+        (
+            _set("request_throughput", math.nan),
+            "request_throughput: got nan; a number in (0, 1e+06] requests/s (null or absent: computed from the "
+            "per-request lists over duration)",
+        ),
+        (_item("ttfts", 2, 1e308), "ttfts[2]: got 1e+308; a finite time in seconds > 0, at most 1e+09"),
     ],
-    ids=["output_lens", "max_concurrency"],
+    ids=["output_lens", "max_concurrency", "request_throughput", "ttfts"],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, change, line):
     p = _mutate(tmp_path, change)
@@ -174,6 +194,33 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, change, line):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: {p}: {line}"]
     assert "Traceback" not in r.stderr
+
+
+def test_a_throughput_missing_from_the_header_is_computed_from_the_lists_and_said(tmp_path):
+    """One note names the header's missing throughputs and where their measured values came from."""
+    p = _mutate(tmp_path, lambda d: [d.pop("request_throughput"), d.__setitem__("output_throughput", None)])
+    res = read_bench_result(p)
+    doc = compare_result(res, tmp_path / "run")
+    notes = [n for n in doc["notes"] if "throughput" in n]
+    assert notes == [
+        "request_throughput, output_throughput not in the header: computed from the per-request lists "
+        "over duration (12.12 s)"
+    ]
+    meas = {r["metric"]: r["measured"] for r in doc["rows"] if r["stat"] == "-"}
+    assert meas["request_throughput"] == pytest.approx(len(res) / 12.120149)
+    assert meas["output_throughput"] == pytest.approx(float(res.output_tokens.sum()) / 12.120149)
+    assert meas["total_token_throughput"] == json.loads(POISSON.read_text())["total_token_throughput"]
+    # Without duration either, nothing measured to compare with: said too.
+    keys = ("request_throughput", "output_throughput", "total_token_throughput", "duration")
+    p = _mutate(tmp_path, lambda d: [d.pop(k) for k in keys])
+    doc = compare_result(read_bench_result(p), tmp_path / "run2")
+    assert [n for n in doc["notes"] if "throughput" in n] == [
+        "request_throughput, output_throughput, total_token_throughput not in the header, nor duration: "
+        "no measured throughput to compare"
+    ]
+    assert all(r["measured"] is None for r in doc["rows"] if r["stat"] == "-")
+    # All three in the header: no note.
+    assert not [n for n in compare_result(read_bench_result(POISSON), tmp_path / "run3")["notes"] if "throughput" in n]
 
 
 # --- requests without an output token -------------------------------------------------------
@@ -329,6 +376,33 @@ def test_cli_option_errors_exit_2(tmp_path, args, key):
     r = CliRunner().invoke(app, ["compare", *args, "--runs", str(tmp_path / "runs")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1 and key in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("which", ["--out folder", "--out under a file", "--runs file"])
+def test_a_bad_out_or_runs_path_is_refused_before_any_simulation(tmp_path, which):
+    """As kvsim sweep and kvsim report: the option named on one line, before any file is simulated."""
+    from typer.testing import CliRunner
+
+    from sim.cli.main import app
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    runs = tmp_path / "runs"
+    args, line = {
+        "--out folder": (
+            ["--runs", str(runs), "--out", str(tmp_path)],
+            f"error: --out: got '{tmp_path}'; a file path (this is a folder)",
+        ),
+        "--out under a file": (
+            ["--runs", str(runs), "--out", str(afile / "cmp.json")],
+            f"error: --out: got '{afile / 'cmp.json'}'; a folder; this path is a file",
+        ),
+        "--runs file": (["--runs", str(afile)], f"error: --runs: got '{afile}'; a folder; this path is a file"),
+    }[which]
+    r = CliRunner().invoke(app, ["compare", str(POISSON), *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [line]
+    assert not (runs / "compare-vllm-4.0qps-Qwen3-8B-synthetic").exists() and "wrote" not in r.stdout
 
 
 @pytest.mark.parametrize(

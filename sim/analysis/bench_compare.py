@@ -19,7 +19,9 @@
    ``kvsim run``, and the usual Parquet files);
 3. reports mean, p50, p90 and p99 of TTFT, TPOT, ITL and end-to-end latency (milliseconds)
    and the throughputs, measured and simulated, with the relative error
-   ``(simulated − measured) / measured``.
+   ``(simulated − measured) / measured``. The measured throughputs are the header's; one the
+   header lacks is computed from the per-request lists over ``duration``, which a note says
+   (:func:`throughput_note`).
 
 The measured statistics are computed from the per-request lists as vLLM computes its own
 (``numpy.percentile``, linear interpolation, over successful requests); aggregates in the
@@ -331,8 +333,8 @@ def measured_metrics(res: BenchResult) -> dict[str, dict]:
 
 
 def measured_throughput(res: BenchResult) -> dict[str, float | None]:
-    """The header's throughputs, else the lists' totals over ``duration`` (``None`` without it)."""
-    h = res.header
+    """The header's throughputs (checked when the file was read), else the lists' totals over
+    ``duration`` (``None`` without it): :func:`throughput_note` says which."""
     d = res.duration_s
     computed = {
         "request_throughput": len(res) / d if d else None,
@@ -341,9 +343,26 @@ def measured_throughput(res: BenchResult) -> dict[str, float | None]:
     }
     out = {}
     for k, v in computed.items():
-        hv = h.get(k)
-        out[k] = float(hv) if isinstance(hv, (int, float)) and not isinstance(hv, bool) else v
+        hv = _header_throughput(res.header, k)
+        out[k] = hv if hv is not None else v
     return out
+
+
+def _header_throughput(header: dict, key: str) -> float | None:
+    v = header.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def throughput_note(res: BenchResult) -> str | None:
+    """One line naming the throughputs the header lacks and what is reported instead; ``None``
+    when it has all three."""
+    missing = [k for k, _ in THROUGHPUTS if _header_throughput(res.header, k) is None]
+    if not missing:
+        return None
+    names = ", ".join(missing)
+    if res.duration_s is None:
+        return f"{names} not in the header, nor duration: no measured throughput to compare"
+    return f"{names} not in the header: computed from the per-request lists over duration ({res.duration_s:.4g} s)"
 
 
 def header_check(res: BenchResult) -> list[str]:
@@ -415,6 +434,9 @@ def compare_result(
         why = engine_of(res)[1]
         if why is not None:
             notes.append(why)
+    tp_note = throughput_note(res)
+    if tp_note is not None:
+        notes.append(tp_note)
     write_trace(res, seed, run_dir / TRACE_NAME)
     sc = scenario_from_dict(data, base_dir=run_dir)
     if sc.timeseries.every_s is not None:

@@ -22,6 +22,11 @@ number of entries is a warning (:attr:`BenchResult.warnings`); the entries are r
 several results, one JSON document per line (``--append-result``, SGLang's JSONL), is read with an
 ``index``, and refused without one.
 
+Times (per-request ones and ``duration``) are at most :data:`~sim.limits.MAX_TIME_S`; a larger
+finite one overflowed the statistics into inf and nan. The header's throughputs
+(:data:`THROUGHPUT_FIELDS`), which ``kvsim compare`` reports as measured, are positive numbers when
+present (absent or null: computed from the lists over ``duration``).
+
 Every problem is a :class:`ConfigError` whose key names the file and the field.
 """
 
@@ -38,7 +43,7 @@ import numpy as np
 
 from sim.errors import ConfigError
 from sim.inputs import check_json_depth, number_error, read_text
-from sim.limits import MAX_CV, MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
+from sim.limits import MAX_CV, MAX_RATE, MAX_REQUESTS, MAX_TIME_S, MAX_TOKENS
 
 #: Bytes of one result file: a detailed run of many requests keeps every inter-token gap (and
 #: possibly the generated texts), far more than the 64 MiB of other input files.
@@ -46,6 +51,13 @@ MAX_RESULT_BYTES = 2**30
 
 #: The per-request lists ``kvsim compare`` needs.
 REQUIRED_LISTS = ("input_lens", "output_lens", "ttfts", "itls")
+#: The header's throughputs ``kvsim compare`` reports as measured: unit and largest value (a fleet's
+#: request rate, and that many requests of the longest length per second).
+THROUGHPUT_FIELDS = {
+    "request_throughput": ("requests/s", MAX_RATE),
+    "output_throughput": ("output tokens/s", MAX_RATE * MAX_TOKENS),
+    "total_token_throughput": ("total tokens/s", MAX_RATE * MAX_TOKENS),
+}
 _DETAILED = "a result saved with vllm bench serve --save-result --save-detailed"
 
 
@@ -167,21 +179,37 @@ def _tokens(path: Path, field: str, values: list, rows: list[int], minimum: int,
 
 
 def _seconds(path: Path, field: str, v, i, positive: bool) -> float:
+    """A time of one request, at most :data:`MAX_TIME_S` (a larger one overflowed the statistics)."""
     f = _number(v)
-    if f is None or not math.isfinite(f) or f < 0 or (positive and f == 0):
-        raise ConfigError(f"{path}: {field}[{i}]", v, f"a finite time in seconds {'> 0' if positive else '>= 0'}")
+    if f is None or not math.isfinite(f) or f < 0 or (positive and f == 0) or f > MAX_TIME_S:
+        raise ConfigError(
+            f"{path}: {field}[{i}]",
+            v,
+            f"a finite time in seconds {'> 0' if positive else '>= 0'}, at most {MAX_TIME_S:g}",
+        )
+    return f
+
+
+def _header_number(path: Path, doc: dict, field: str, upper: float, what: str) -> float | None:
+    """A header number in ``(0, upper]``; ``None`` when absent or null."""
+    v = doc.get(field)
+    if v is None:
+        return None
+    f = _number(v)
+    if f is None or not 0 < f <= upper:  # NaN compares false
+        raise ConfigError(f"{path}: {field}", v, f"a number in (0, {upper:g}] {what}")
     return f
 
 
 def _gaps(path: Path, i: int, row: list) -> np.ndarray:
-    """``itls[i]`` as float64 seconds; a value that is not a finite number >= 0 is named."""
+    """``itls[i]`` as float64 seconds; a value that is not a number in ``[0, MAX_TIME_S]`` is named."""
     try:
         arr = np.asarray(row) if row else np.zeros(0)
     except (ValueError, TypeError):  # ragged nesting
         arr = np.zeros((0, 0))
     if arr.ndim == 1 and arr.dtype.kind in "iuf":
         arr = arr.astype(np.float64)
-        if np.isfinite(arr).all() and (arr >= 0).all():
+        if np.isfinite(arr).all() and (arr >= 0).all() and (arr <= MAX_TIME_S).all():
             return arr
     for j, g in enumerate(row):  # find the first bad one for the message
         _seconds(path, f"itls[{i}]", g, j, False)
@@ -334,12 +362,15 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
             if f is None or not math.isfinite(f):
                 raise ConfigError(f"{path}: start_times[{i}]", st[i], "a finite send time in seconds")
             raw.append(f)
-        start = np.array(raw) - min(raw)
-        if start.max() > MAX_TIME_S:
+        origin = min(raw)
+        start = np.array(raw) - origin
+        if start.max() > MAX_TIME_S:  # also where a difference overflowed to inf
+            j = int(np.argmax(start))
+            i = ok_rows[j]
             raise ConfigError(
-                f"{path}: start_times",
-                f"sends {start.max():g} s apart",
-                f"send times within {MAX_TIME_S:g} s of the first",
+                f"{path}: start_times[{i}]",
+                st[i],
+                f"a send time within {MAX_TIME_S:g} s of the first ({origin:g})",
             )
 
     rate = _rate(path, doc, "request_rate", None)
@@ -380,9 +411,11 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
                 f'"inf" or a number >= {len(ok_rows) / MAX_TIME_S:g} (the last of the {len(ok_rows)} requests '
                 f"is sent at N / rate, within {MAX_TIME_S:g} s)",
             )
-    duration = doc.get("duration")
-    if duration is not None and (_number(duration) is None or not duration > 0):
-        raise ConfigError(f"{path}: duration", duration, "a positive number of seconds")
+    duration = _header_number(path, doc, "duration", MAX_TIME_S, "seconds")
+    for field, (unit, upper) in THROUGHPUT_FIELDS.items():
+        _header_number(
+            path, doc, field, upper, f"{unit} (null or absent: computed from the per-request lists over duration)"
+        )
     header = {k: v for k, v in doc.items() if not isinstance(v, (list, dict))}
     return BenchResult(
         path=Path(path),
@@ -399,6 +432,6 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
         itl_s=tuple(itls),
         decode_s=decode,
         start_s=start,
-        duration_s=float(duration) if duration is not None else None,
+        duration_s=duration,
         warnings=tuple(warnings),
     )

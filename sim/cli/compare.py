@@ -132,6 +132,7 @@ def compare_command(
     from sim.analysis.bench_results import BenchResult, read_bench_result, result_files
     from sim.config import GpuConfig, parse_override
     from sim.engine_presets import ENGINE_KINDS
+    from sim.output.staging import out_dir, out_file
 
     # Options first: a bad one would refuse every file the same way, so it stops the command at once.
     try:
@@ -146,6 +147,11 @@ def compare_command(
         if tp is not None and tp not in degrees:
             raise ConfigError("--tp", tp, f"one of {', '.join(map(str, degrees))}")
         overrides = dict(parse_override(i) for i in set_ or [])
+        # Where the results go, as kvsim sweep and kvsim report check it: a folder given as --out, or
+        # a file as --runs, is named now rather than after every file was simulated.
+        if out is not None:
+            out = out_file(out)
+        out_dir(runs, "--runs")
     except ConfigError as exc:
         fail(exc)
     given: dict[str, object] = {"--engine": engine, "--gpu": gpu, "--tp": tp, "--profile": profile, "--model": model}
