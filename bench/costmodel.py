@@ -47,6 +47,14 @@ def _recording(inner):
                 ("decode_list", n, np.array(kv, dtype=np.float64), list(kv)), super().decode_times_list, n, kv
             )
 
+        def take_back_out_of_range(self, reprice):
+            # Not pricing: the engine recounts a cut window's diagnostics; its calls are not kept.
+            self.depth += 1
+            try:
+                return super().take_back_out_of_range(reprice)
+            finally:
+                self.depth -= 1
+
         def decode_window_times(self, n, kv_first, k):
             # The engine's cohort windows without a sliding-window cap: KV from kv_first, n more each.
             kv = np.array([float(kv_first + n * j) for j in range(k)], dtype=np.float64)

@@ -57,7 +57,7 @@ policy order, parked in a spare list that members draw from when they leave).
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from itertools import chain
 
 import numpy as np
@@ -331,6 +331,37 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         held = prompt if tokens is None else tokens
         cap = min(self._limit(hashes, hash_block_tokens, prompt), max(0, (held - 1) // self.block_size))
         return len(self._lookup(hashes, hash_block_tokens, cap)) * self.block_size
+
+    def blocks_before_evicting(
+        self, hashes: Sequence[Hashable], hash_block_tokens: int, prompt_tokens: int, tokens: int, within: int
+    ) -> tuple[int, int] | None:
+        """Blocks :meth:`_take` hands out before it evicts a cached-free block of the prefix a
+        request with these hashes finds cached now, with the tokens it finds cached
+        (:meth:`cached_prefix_tokens` with the same arguments): that prefix stays cached while no
+        more blocks are taken and is cut short by the next one. ``None`` when none of its blocks is
+        cached-free, or more than ``within`` blocks would be handed out first (the scan of the
+        eviction order stops there). Read-only."""
+        # Plain free blocks and never-used ones go first, then cached-free ones in eviction order.
+        i = len(self._plain) + self.num_blocks - self._fresh
+        if i > within:
+            return None
+        cap = min(self._limit(hashes, hash_block_tokens, prompt_tokens), max(0, (tokens - 1) // self.block_size))
+        hits = self._lookup(hashes, hash_block_tokens, cap)
+        ref = self._ref
+        parked = {b for b in hits if ref[b] == 0}
+        if not parked:
+            return None
+        if self.eviction == "lru":
+            order: Iterable[int] = self._lru
+        else:
+            order = chain.from_iterable(self._lfu[c] for c in sorted(self._lfu))
+        for b in order:
+            if b in parked:
+                return len(hits) * self.block_size, i
+            i += 1
+            if i > within:
+                return None
+        raise AssertionError("a cached-free block of the prefix is not in the eviction order")
 
     # --- the interface ----------------------------------------------------------------
     def admit_prefix(

@@ -11,6 +11,7 @@ when no profile exists, and says so in every output.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,6 +113,21 @@ class CostModel(ABC):
             # A long window's KV ramp as an array: the same integers (exact in float64), no list.
             return self.decode_times_s(num_seqs, np.arange(k, dtype=np.float64) * num_seqs + kv_first).tolist()
         return self.decode_times_list(num_seqs, [float(kv_first + num_seqs * j) for j in range(k)])
+
+    def take_back_out_of_range(self, reprice: Callable[[], object]) -> None:
+        """Take back the :attr:`out_of_range` counts of iterations priced but not run (a decode
+        window cut short), as per-iteration stepping never prices them: ``reprice()`` prices those
+        iterations again, and what it adds is taken off twice (once for the window, once now).
+        What a model counts once per shape it already counted is not added again, nor taken."""
+        before = dict(self.out_of_range)
+        reprice()
+        oor = self.out_of_range
+        for curve, c in list(oor.items()):
+            left = 2 * before.get(curve, 0) - c
+            if left > 0:
+                oor[curve] = left
+            else:
+                del oor[curve]
 
     @abstractmethod
     def mixed_step_time_s(self, batch: BatchShape) -> float:

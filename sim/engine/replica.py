@@ -11,9 +11,18 @@ reference). ``fast_forward`` pays per change of batch composition instead:
   admissions), not O(running sequences).
 * A batch of pure decodes whose composition cannot change before a known
   iteration (the first completion, the first allocator refusal, the first
-  queued request to turn stale under ``stale_after_s``) runs as one
+  queued request to turn stale under ``stale_after_s``, the first schedule
+  that would ask again to admit the queue's head it refused) runs as one
   window of ``k`` iterations: their times come from one vectorised cost-model
-  call, and the allocator grants the window's growth at once.
+  call, and the allocator grants the window's growth at once. The cost model's
+  out-of-range counts are those of the iterations that ran.
+* A schedule asks to admit the queue's head again when memory was released
+  since its refusal or it asks for other tokens. With prefill iterations apart
+  (``mixed_batches: false``) admission comes before the decodes grow, so memory
+  their growth frees (a move between regions, a relocated extent) reaches the
+  queue at the next iteration: the window ends after one. With prefix caching,
+  growth that evicts a cached block of the head's prefix lengthens its chunk:
+  the window ends where stepping would ask again (and be refused again).
 * An arrival that could join the batch interrupts a window at the end of the
   iteration in progress, exactly when per-iteration stepping would have seen it.
   With ``schedule_ahead`` (batches formed one iteration ahead) it joins, and
@@ -22,7 +31,8 @@ reference). ``fast_forward`` pays per change of batch composition instead:
   overflowing, a token budget smaller than the cohort) dissolves the cohort
   and runs that iteration through the per-sequence scheduler.
 
-The equivalence of the modes is a property test (``tests/test_engine.py``).
+The equivalence of the modes is a property test (``tests/test_engine.py``,
+``tests/test_ff_step_equivalence.py``).
 """
 
 from __future__ import annotations
@@ -96,6 +106,13 @@ class _Window:
     frag: float
     waiting_at_start: bool
     members: int
+    #: The cost model's out-of-range counts before the window was priced, the iterations priced
+    #: and what they attended (``kv_first`` tokens in the first, ``members`` more in each next one;
+    #: or ``kv_list``): iterations priced but not run are not counted (:meth:`Replica._oor_ran`).
+    oor: dict[str, int]
+    priced: int
+    kv_first: int
+    kv_list: list[float] | None
 
     # An explicit __init__ (``init=False``): the compiled build (sim/native.py) runs it natively, a
     # generated dataclass __init__ would stay interpreted. Same parameters as the fields.
@@ -110,10 +127,15 @@ class _Window:
         frag: float,
         waiting_at_start: bool,
         members: int,
+        oor: dict[str, int],
+        priced: int,
+        kv_first: int,
+        kv_list: list[float] | None,
     ):
         self.times, self.k, self.reserved0, self.used0 = times, k, reserved0, used0
         self.events, self.per_event_s, self.frag = events, per_event_s, frag
         self.waiting_at_start, self.members = waiting_at_start, members
+        self.oor, self.priced, self.kv_first, self.kv_list = oor, priced, kv_first, kv_list
 
 
 class Replica:
@@ -187,6 +209,12 @@ class Replica:
         self.stats = ReplicaStats(self, recorder)
         # The allocator's and scheduler's optional features, looked up once.
         self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
+        #: The continuous scheduler (``None``: another kind), whose admission retries windows heed.
+        self._cs: ContinuousScheduler | None = scheduler if isinstance(scheduler, ContinuousScheduler) else None
+        #: Prefill iterations apart from decodes: a schedule asks to admit before the decodes grow.
+        self._admits_first = self._cs is not None and not self._cs.mixed
+        #: Prefix caching: growth inside a window may evict the queue head's cached prefix.
+        self._evict_guard = self._cs is not None and self._cs._evict_guard is not None
         completes = scheduler if isinstance(scheduler, CompletesTogether) else None
         #: Static batching returns a batch's members together (``None``: each request alone).
         self._completing: Callable[[list[Request]], list[Request]] | None = (
@@ -566,6 +594,55 @@ class Replica:
         yield from self._one_iteration(plan)
         self._advance_and_finish(plan.items, clock(self.env), [])
 
+    def _oor_ran(self, n: int, m: int, priced: int, kv_first: int, kv_list: list[float] | None) -> None:
+        """A decode window of ``n`` sequences was priced for ``priced`` iterations, more than the
+        ``m`` that ran (an arrival, a stale request or a compaction cut it), and the cost model
+        counted queries outside its measured range: take back the counts of the iterations that did
+        not run (:meth:`CostModel.take_back_out_of_range`). The iterations attended ``kv_first`` KV
+        tokens in the first and ``n`` more in each next one, or ``kv_list``."""
+        cost = self.cost
+        if kv_list is None:
+            cost.take_back_out_of_range(lambda: cost.decode_window_times(n, kv_first + n * m, priced - m))
+        else:
+            rest = kv_list[m:priced]
+            cost.take_back_out_of_range(lambda: cost.decode_times_list(n, rest))
+
+    def _retry_due(self, start: int) -> bool:
+        """The next schedule would ask again to admit the queue's head it refused
+        (:meth:`ContinuousScheduler.admission_retry_due`), unless the admission breaker holds
+        admissions back then (it stays open inside a window: reservations only grow there)."""
+        cs = self._cs
+        if cs is None or not cs.waiting:
+            return False
+        if self._breaker is not None and self._breaker.admission_paused():
+            return False
+        return cs.admission_retry_due(start)
+
+    def _steady_steps(self, start: int, blocks: list[int]) -> int:
+        """Iterations of a decode window (its first granted, the next ones taking ``blocks`` from
+        the free pool each) to run before the next schedule would ask again to admit the queue's
+        head it refused, as stepping would: with prefix caching, a block taken past
+        :meth:`ContinuousScheduler.admission_steady_blocks` evicts part of the head's cached
+        prefix, so its chunk grows. With mixed batches a schedule grows the decodes, then admits:
+        the window ends before the iteration whose growth evicts; with prefill iterations apart it
+        admits first, so that iteration still runs in the window."""
+        k = 1 + len(blocks)
+        cs = self._cs
+        if cs is None or not cs.waiting:
+            return k
+        if self._breaker is not None and self._breaker.admission_paused():
+            return k
+        steady = cs.admission_steady_blocks(start, sum(blocks))
+        if steady is None:
+            return k
+        c = 0
+        for b in blocks:
+            steady -= b
+            if steady < 0:
+                break
+            c += 1
+        return min(k, 1 + c + (1 if self._admits_first else 0))
+
     def _run_window(self, times: list[float], k: int) -> Generator[simpy.Event, Any, tuple[int, list[float]]]:
         """Yield through ``k`` iterations of ``times``; returns how many ran (an arrival may cut it
         short, see :meth:`_cut_window`) and the iterations' end offsets (running sums, left to right
@@ -728,8 +805,18 @@ class Replica:
             # A sequence that outgrew its reservation was just turned away and freed it: stepping
             # offers that memory to the queue at the next iteration, so the window ends there.
             max_steps = 1
+        elif self._admits_first and self._retry_due(0):
+            # Prefill iterations apart: this plan asked to admit the queue's head before its decodes
+            # grew, and their growth freed memory (a move to another region, a relocation) or
+            # evicted blocks of the head's cached prefix. Stepping asks again at the next iteration.
+            max_steps = 1
         dp = self.alloc.decode_plan(ids, tokens_now, max_steps)
         k = dp.steps
+        if k > 1 and dp.events is not None and self._evict_guard:
+            cut = self._steady_steps(0 if self._admits_first else n, [int(e) for e in dp.events[1:k].tolist()])
+            if cut < k:
+                dp = self.alloc.decode_plan(ids, tokens_now, cut)
+                k = dp.steps
         j = np.arange(k, dtype=np.int64)
         cap = self.sched.kv_cap
         if cap is None:
@@ -737,6 +824,8 @@ class Replica:
         else:
             kv = np.minimum(tokens_now[None, :] + j[:, None], cap).sum(axis=1).astype(np.float64)
         wcap = self.sched.window_kv_cap
+        oor = dict(self.cost.out_of_range)
+        kvw = None
         if wcap is None:
             times = self.cost.decode_times_s(n, kv)
         else:
@@ -757,6 +846,11 @@ class Replica:
             # A queued request turning stale ends the window there: stepping drops it at that boundary.
             tl = tl[: self._stale_cut(tl)]
         m, ends = yield from self._run_window(tl, len(tl))
+        if m < k and self.cost.out_of_range != oor:
+            # Count the cost model's out-of-range queries of the iterations that ran only (see _oor_ran).
+            cost = self.cost
+            kv_rest, kvw_rest = kv[m:k], None if kvw is None else kvw[m:k]
+            cost.take_back_out_of_range(lambda: cost.decode_times_s(n, kv_rest, kvw_rest))
         if self._after:
             self._after_prefill_ran(m)
         if dp.events is not None and m > 1:
@@ -965,12 +1059,23 @@ class Replica:
             k_fin = 1
         # The first iteration is granted; the rest of the window must be grantable from G + 1.
         k = 1 + (co.grantable_steps(G + 1, k_fin - 1) if k_fin > 1 else 0)
+        events: list[int] | None = None
+        if k > 1:
+            events = co.block_events(G + 1, k - 1)
+            if self._evict_guard:
+                k = self._steady_steps(n, events)
+                events = events[: k - 1] if k > 1 else None
         # Python lists, not arrays: most windows are a few iterations, where numpy's per-call
         # overhead was the engine's largest cost (the floats are the same).
+        oor = dict(cost.out_of_range)
+        kv_first = co.sum_a + n * (G + 1)
+        kv_list = None
         if self.sched.kv_cap is None:
-            times = cost.decode_window_times(n, co.sum_a + n * (G + 1), k)
+            times = cost.decode_window_times(n, kv_first, k)
         else:
-            times = cost.decode_times_list(n, self._kv_attended(k))
+            kv_list = self._kv_attended(k)
+            times = cost.decode_times_list(n, kv_list)
+        priced = k
         if self._after:
             self._after_prefill_window(times)
         times[0] += self._work_s()
@@ -978,9 +1083,8 @@ class Replica:
             arr = np.array(times)
             self._background_penalty(arr)
             times = arr.tolist()
-        events, per_event = None, 0.0
-        if k > 1:
-            events = co.block_events(G + 1, k - 1)
+        per_event = 0.0
+        if events is not None:
             per_event = alloc.window_event_s(cost)
             times[1:] = [t + e * per_event for t, e in zip(times[1:], events)]
             if self.stale_after_s is not None and self.sched.waiting:
@@ -999,6 +1103,10 @@ class Replica:
             frag,
             bool(self.sched.waiting) and not self._late,
             n,
+            oor,
+            priced,
+            kv_first,
+            kv_list,
         )
 
     def _window_end(self, plan: StepPlan | None, w: _Window, m: int, ends: list) -> None:
@@ -1006,6 +1114,8 @@ class Replica:
         cohort was all that ran and the queue could not move), then end what completed."""
         if self._after:
             self._after_prefill_ran(m)
+        if m < w.priced and self.cost.out_of_range != w.oor:
+            self._oor_ran(w.members, m, w.priced, w.kv_first, w.kv_list)
         used_s, reserved_s, reserved = self._advance_window(m, w)
         paused_s = 0.0
         queued_from = self._queued_from(w.waiting_at_start, m)

@@ -13,6 +13,7 @@ that does not fit stops admission (no overtaking).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from sim.allocators.base import Allocator, Grow
@@ -124,6 +125,11 @@ class ContinuousScheduler:
             self.predictions = PredictionTally(self._hints.long_threshold)
         self._breaker: AdmissionBreaker | None = allocator if isinstance(allocator, AdmissionBreaker) else None
         self._regions: Regions | None = allocator if isinstance(allocator, Regions) else None
+        #: Prefix caching: blocks the pool hands out before it evicts a cached-free block of a prefix
+        #: (``PrefixCachingPagedAllocator.blocks_before_evicting``; ``None``: no prefix caching).
+        self._evict_guard: Callable[[Sequence[Hashable], int, int, int, int], tuple[int, int] | None] | None = (
+            getattr(allocator, "blocks_before_evicting", None) if self._prefix is not None else None
+        )
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
@@ -164,6 +170,74 @@ class ContinuousScheduler:
         if need is None:
             return not self._never_fits(req)  # schedule() turns such a request away
         return self._refused == (req.id, need, self.alloc.releases)
+
+    def _admission_need(self, req: Request, need: int, budget: int) -> int:
+        """The tokens ``schedule`` asks the allocator to admit ``req`` with (its refusal key):
+        ``need`` (its chunk under ``budget``), or with prefix caching the chunk after what it finds
+        cached now (read-only)."""
+        prefix = self._prefix
+        if prefix is not None and req.hashes and not req.computed:
+            cached = prefix.cached_prefix_tokens(
+                req.hashes, self.hash_block_tokens, req.prompt, tokens=req.prompt + req.generated
+            )
+            return min(req.prompt + req.generated - cached, budget)
+        return need
+
+    def _head_refused(self, start: int) -> tuple[Request, int, int] | None:
+        """The queue's head, its chunk and the budget of the next ``schedule(start=start)``, when
+        that schedule would come to it (a free sequence slot, budget, a chunk that fits, room for
+        its whole output under ``reserve_output``) and it is the request refused last; ``None``
+        otherwise."""
+        waiting, refused = self.waiting, self._refused
+        if not waiting or refused is None or refused[0] != waiting[0].id:
+            return None
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens - start
+        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return None
+        req = waiting[0]
+        need = self._chunk(req, budget)
+        if need is None or (self.reserve_output and not self._fits_whole_output(req)):
+            return None
+        return req, need, budget
+
+    def admission_retry_due(self, start: int) -> bool:
+        """The next ``schedule(start=start)`` (nothing else changing) would ask the allocator again
+        to admit the head of the queue it refused last: memory was released since, or the head
+        asks for other tokens (prefix caching: cached blocks it would have shared were evicted).
+        Stepping retries there, so a decode window must end before it. Whether an admission
+        breaker holds admissions back then is the caller's to check."""
+        head = self._head_refused(start)
+        if head is None:
+            return False
+        req, need, budget = head
+        return self._refused != (req.id, self._admission_need(req, need, budget), self.alloc.releases)
+
+    def admission_steady_blocks(self, start: int, within: int) -> int | None:
+        """Blocks running sequences may take from the free pool before the head of the queue,
+        refused last and unchanged since, would ask for other tokens at ``schedule(start=start)``:
+        with prefix caching, the next block taken after these evicts a cached-free block of the
+        prefix it finds cached, so its chunk grows and stepping asks again (a refusal each time,
+        nothing having been freed). ``None``: no such limit (no prefix caching, the chunk is the
+        whole budget either way, or no cached-free block of its prefix is that close in the
+        eviction order: within ``within`` blocks)."""
+        if self._evict_guard is None:
+            return None
+        head = self._head_refused(start)
+        if head is None:
+            return None
+        req, need, budget = head
+        if not req.hashes or req.computed:
+            return None
+        tokens = req.prompt + req.generated
+        found = self._evict_guard(req.hashes, self.hash_block_tokens, req.prompt, tokens, within)
+        if found is None:
+            return None
+        cached, steady = found
+        need = min(tokens - cached, budget)
+        if need >= budget or self._refused != (req.id, need, self.alloc.releases):
+            return None  # a shorter cached prefix leaves the chunk at the budget; or it asks again anyway
+        return steady
 
     def _pick_victim(self, req: Request) -> int:
         """Index in ``running`` of the request to preempt so that ``req`` can grow."""
