@@ -110,6 +110,31 @@ def test_an_unreachable_address_fails_at_once_in_one_line(tmp_path):
 
 
 @pytest.mark.timing
+@pytest.mark.parametrize(
+    "address, why",
+    [
+        (":6379", "the host before ':6379' is empty"),
+        ("127.0.0.1:99999", "'99999' is not a port (an integer in 1-65535)"),
+        ("head:", "no port after 'head:'"),
+        ("ray://:10001", "the host before ':10001' is empty"),
+    ],
+)
+def test_a_malformed_address_is_one_line_saying_what_is_wrong(tmp_path, address, why):
+    # ":6379" printed Ray's logged ERROR line and a traceback, then ended in a blank "Malformed host: ".
+    _sweep_file(tmp_path)
+    prelude = (
+        "sys.modules['grpc'] = __import__('types').ModuleType('grpc')  # Ray Client present" if "://" in address else ""
+    )
+    r = _kvsim(
+        tmp_path, "sweep", "sw.yaml", "--backend", "ray", "--address", address, "--out", "ds", "-q", prelude=prelude
+    )
+    assert r.returncode == 2, r.stderr
+    line = _one_line(r.stderr)
+    assert line.startswith(f"error: --address: got {address!r}; ") and line.endswith(why), line
+    assert "Malformed" not in line and "ERROR" not in r.stderr
+    assert not (tmp_path / "ds").exists()
+
+
 def test_an_address_where_no_ray_answers_fails_within_30_s(tmp_path):
     # A port that accepts connections but is not a Ray head (the dashboard's, say): Ray's GCS
     # client waits and retries (20 attempts of ~40 s by default); bounded to one of ~20 s, and

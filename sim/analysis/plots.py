@@ -10,7 +10,7 @@ seconds of simulated time; memory is plotted in GiB.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -295,6 +295,8 @@ def sweep_curves(
     color: str | None = None,
     by: str | None = None,
     max_distinct: int | None = None,
+    with_by: Sequence[str] = (),
+    order: Sequence | None = None,
 ) -> Figure:
     """``y`` against ``x`` over the ok points of a sweep, one line per value of ``color``.
 
@@ -304,6 +306,8 @@ def sweep_curves(
     seed) needs the axis the points were swept over, or each seed would be a point of its own.
     ``by=""``: every point of a line is one (a sweep with no varying axis). ``max_distinct``: raise
     :class:`TooManyValues` instead of drawing more lines than that (one per ``color`` value).
+    ``with_by``: columns whose values go with ``by`` (its partners in a sweep's ``zip`` group), named
+    on each point's hover text. ``order``: the ``color`` values in the order to draw (default: sorted).
     """
     go = _go()
     t = _ok_rows(table)
@@ -329,7 +333,14 @@ def sweep_curves(
         rows = [k for k, ok in zip(keys, both) if ok]
         xmeans = _group_mean(rows, xv[both])
         ymeans = _group_mean(rows, ys[both])
-    for cval in sorted(set(cs), key=_sort_key):
+    partners = _values_with(t, by, with_by) if by and with_by else {}
+
+    def hover(b) -> str:
+        parts = [f"{by}={b}"] if by and by != x else []
+        return ", ".join(parts + ([partners[b]] if b in partners else []))
+
+    colors = set(cs)
+    for cval in [c for c in order if c in colors] if order is not None else sorted(colors, key=_sort_key):
         pts = sorted(
             ((b, xmeans[(cv, b)], m) for (cv, b), m in ymeans.items() if cv == cval), key=lambda p: _sort_key(p[0])
         )
@@ -341,7 +352,7 @@ def sweep_curves(
                 y=[p[2] for p in pts],
                 mode="lines+markers",
                 name=f"{color}={cval}" if color else y,
-                **({} if by == x else {"text": [f"{by}={p[0]}" if by else "" for p in pts]}),
+                **({} if by == x and not partners else {"text": [hover(p[0]) for p in pts]}),
             )
         )
     fig.update_layout(
@@ -350,33 +361,114 @@ def sweep_curves(
     return fig
 
 
-def heatmap(table: pa.Table, x: str, y: str, z: str, max_distinct: int | None = None) -> Figure:
-    """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid. ``max_distinct``:
-    raise :class:`TooManyValues` instead of building the grid when ``x`` or ``y`` has more distinct
-    values than that (the grid has ``len(y) × len(x)`` cells)."""
+def _values_with(t: pa.Table, col: str, others: Sequence[str], short: bool = False) -> dict:
+    """Each value of ``col`` → the values ``others`` take with it, as text (``a=1, b=2``; several
+    combinations joined by `` / ``). ``short``: only the last part of each dotted name."""
+    seen: dict = {}
+    cols = [t.column(c).to_pylist() for c in others if c in t.column_names]
+    names = [c.rsplit(".", 1)[-1] if short else c for c in others if c in t.column_names]
+    for v, *vals in zip(t.column(col).to_pylist(), *cols):
+        seen.setdefault(v, {})[", ".join(f"{n}={w}" for n, w in zip(names, vals))] = None
+    return {v: " / ".join(texts) for v, texts in seen.items() if any(texts)}
+
+
+def _combo_key(values: tuple) -> tuple:
+    return tuple(_sort_key(v) for v in values)
+
+
+def heatmap(
+    table: pa.Table,
+    x: str,
+    y: str,
+    z: str,
+    max_distinct: int | None = None,
+    facets: Sequence[str] = (),
+    x_with: Sequence[str] = (),
+    mean_of: str = "points",
+) -> Figure:
+    """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid, one panel per
+    combination of the ``facets`` columns (every panel the same ``x`` and ``y`` categories and one
+    colour scale). A cell averages the points that share its ``x``, ``y`` and panel: pass every other
+    varying axis of the sweep as a facet and only seeds are averaged (``mean_of`` names what a cell
+    averages, ``"seeds"`` then). Where a cell averages several points, the title says how many and the
+    hover gives each cell's count. ``x_with``: columns that go with ``x`` (its ``zip`` partners),
+    named in its category labels. ``max_distinct``: raise :class:`TooManyValues` instead of building
+    the grid when ``x`` or ``y`` has more distinct values than that (the grid has ``len(y) ×
+    len(x)`` cells)."""
     go = _go()
     t = _ok_rows(table)
-    for c in (x, y, z):
+    facets = [f for f in facets if f not in (x, y)]
+    for c in (x, y, z, *facets, *x_with):
         if c not in t.column_names:
             raise KeyError(f"column {c!r} not in the sweep table (columns: {', '.join(t.column_names)})")
     check_distinct(t, {x: "x", y: "y"}, max_distinct, "Heatmap")
     xs, ys = t.column(x).to_pylist(), t.column(y).to_pylist()
+    fs = list(zip(*(t.column(f).to_pylist() for f in facets))) if facets else [()] * t.num_rows
     zs = np.array([np.nan if v is None else v for v in t.column(z).to_pylist()], dtype=np.float64)
-    means = _group_mean(list(zip(xs, ys)), zs)
+    keys = list(zip(fs, xs, ys))
+    means = _group_mean(keys, zs)
+    counts: dict[tuple, int] = {}
+    for k, v in zip(keys, zs):
+        if not np.isnan(v):
+            counts[k] = counts.get(k, 0) + 1
     xu = sorted(set(xs), key=_sort_key)
     yu = sorted(set(ys), key=_sort_key)
-    grid = [[means.get((xv, yv)) for xv in xu] for yv in yu]
-    fig = go.Figure(
-        go.Heatmap(
-            x=[str(v) for v in xu],
-            y=[str(v) for v in yu],
-            z=grid,
-            colorbar=dict(title=z),
-            texttemplate="%{z:.3g}",
-            hovertemplate=f"{x}=%{{x}}<br>{y}=%{{y}}<br>{z}=%{{z}}<extra></extra>",
+    xlabel = _values_with(t, x, x_with, short=True) if x_with else {}
+    xcats = [f"{v} ({xlabel[v]})" if v in xlabel else str(v) for v in xu]
+    combos = sorted(set(fs), key=_combo_key) or [()]  # no ok point: one empty panel
+    labels = [", ".join(f"{f}={v}" for f, v in zip(facets, combo)) for combo in combos]
+    xname = x + (f" (with {', '.join(x_with)})" if x_with else "")
+    n = len(combos)
+    ncols = 1 if n == 1 else 2 if n <= 4 else 3
+    nrows = -(-n // ncols)
+    fig = (
+        go.Figure()
+        if n == 1
+        else _subplots(
+            rows=nrows,
+            cols=ncols,
+            subplot_titles=labels,
+            horizontal_spacing=0.08,
+            vertical_spacing=min(0.3 / nrows, 0.12),
         )
     )
-    fig.update_layout(title=f"{z} over {x} × {y}", xaxis_title=x, yaxis_title=y)
+    for i, (combo, label) in enumerate(zip(combos, labels)):
+        grid = [[means.get((combo, xv, yv)) for xv in xu] for yv in yu]
+        count = [[counts.get((combo, xv, yv), 0) for xv in xu] for yv in yu]
+        where = f"{label}<br>" if label else ""
+        trace = go.Heatmap(
+            x=xcats,
+            y=[str(v) for v in yu],
+            z=grid,
+            customdata=count,
+            coloraxis="coloraxis",
+            name=label or None,
+            texttemplate="%{z:.3g}",
+            hovertemplate=f"{xname}=%{{x}}<br>{y}=%{{y}}<br>{where}{z}=%{{z}}<br>points: %{{customdata}}<extra></extra>",
+        )
+        if n == 1:
+            fig.add_trace(trace)
+        else:
+            fig.add_trace(trace, row=i // ncols + 1, col=i % ncols + 1)
+    title = f"{z} over {x} × {y}"
+    if n > 1:
+        title += f", one panel per {' × '.join(facets)}"
+    elif labels[0]:
+        title += f" at {labels[0]}"
+    most = max(counts.values(), default=0)
+    if most > 1:
+        some = "" if min(counts.values()) == most else "up to "
+        title += f" (each cell the mean of {some}{most} {mean_of})"
+    fig.update_layout(title=title, coloraxis=dict(colorbar=dict(title=z)))
+    if n == 1:
+        fig.update_layout(xaxis_title=xname, yaxis_title=y)
+    else:
+        fig.update_layout(height=150 + 330 * nrows)
+        for i in range(n):
+            fig.update_xaxes(
+                title_text=xname if i // ncols == nrows - 1 else None, row=i // ncols + 1, col=i % ncols + 1
+            )
+            fig.update_yaxes(title_text=y if i % ncols == 0 else None, row=i // ncols + 1, col=i % ncols + 1)
     fig.update_xaxes(type="category")
     fig.update_yaxes(type="category")
     return fig

@@ -2,7 +2,8 @@
 
 ``kvsim report RUN_DIR`` — latency CDFs, KV reserved/used/free over time, fragmentation over
 time, queue length, iteration latency. ``kvsim report SWEEP_DIR`` — throughput–latency
-curves, metric-vs-axis curves and heatmaps over two axes (``--x``, ``--y``). ``--png`` also
+curves, metric-vs-axis curves and heatmaps over two axes (``--x``, ``--y``; a panel per
+combination of the other axes, so that only seeds are averaged). ``--png`` also
 writes one PNG per figure through kaleido (needs Chromium or Chrome on the machine).
 """
 
@@ -63,21 +64,23 @@ def write_html(
 
 
 def write_pngs(figs: Sequence, names: Sequence[str], out: Path, width: int = 1100, height: int = 500) -> list[Path]:
-    """PNG of each figure via kaleido (Chromium/Chrome must be installed)."""
+    """PNG of each figure via kaleido (Chromium/Chrome must be installed); ``height`` unless the
+    figure sets its own (a heatmap of several panels)."""
     import plotly.io as pio
 
     paths = [out / f"{n}.png" for n in names]
+    heights = [getattr(getattr(f, "layout", None), "height", None) or height for f in figs]
     try:
         if hasattr(pio, "write_images"):  # plotly ≥ 6.1: one browser for all figures
-            pio.write_images(list(figs), paths, width=width, height=height)
+            pio.write_images(list(figs), paths, width=width, height=heights)
         else:  # pragma: no cover - older plotly
-            for f, p in zip(figs, paths):
-                f.write_image(p, width=width, height=height)
+            for f, p, h in zip(figs, paths, heights):
+                f.write_image(p, width=width, height=h)
         # The batch export can return with some figures unwritten when the browser is slow to
         # answer (seen on a loaded 2-core host): those are exported once more, one at a time.
-        for f, p in zip(figs, paths):
+        for f, p, h in zip(figs, paths, heights):
             if not p.is_file():
-                f.write_image(p, width=width, height=height)
+                f.write_image(p, width=width, height=h)
         missing = [p.name for p in paths if not p.is_file()]
         if missing:
             raise RuntimeError(f"no image written for {', '.join(missing)}")
@@ -228,21 +231,50 @@ def _column_list(cols: Sequence[str]) -> str:
     return ", ".join(f"{h}{{{','.join(t)}}}" if t else h for h, t in groups.items()) or "-"
 
 
-def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None]:
-    """Add a ``series`` column naming the combination of ``axes`` (None when there are none)."""
+def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None, list | None]:
+    """Add a ``series`` column naming the combination of ``axes`` (None when there are none), and
+    the order to draw the series in (each axis's values in order, numbers as numbers)."""
+    from sim.analysis.plots import _sort_key
+
     if not axes:
-        return table, None
-    if len(axes) == 1:
-        return table, axes[0]
+        return table, None, None
     cols = [table.column(a).to_pylist() for a in axes]
-    labels = [", ".join(f"{a.split('.')[-1]}={v}" for a, v in zip(axes, vals)) for vals in zip(*cols)]
-    return table.append_column("series", pa.array(labels, pa.string())), "series"
+    combos = sorted(set(zip(*cols)), key=lambda c: tuple(_sort_key(v) for v in c))
+    if len(axes) == 1:
+        return table, axes[0], [c[0] for c in combos]
+
+    def label(vals: tuple) -> str:
+        return ", ".join(f"{a.split('.')[-1]}={v}" for a, v in zip(axes, vals))
+
+    labels = [label(vals) for vals in zip(*cols)]
+    return table.append_column("series", pa.array(labels, pa.string())), "series", [label(c) for c in combos]
+
+
+#: Panels a heatmap may have (one per combination of the axes other than ``--x`` and ``--y``): past
+#: this the heatmaps are not drawn, and a figure in their place says why.
+MAX_HEATMAP_PANELS = 36
+
+
+def _partners(zips: Sequence[Sequence[str]], col: str | None, vary: Sequence[str]) -> list[str]:
+    """The varying axes paired with ``col`` in a ``zip`` group of the sweep."""
+    return [a for g in zips if col in g for a in g if a != col and a in vary]
 
 
 def sweep_figures(
-    table: pa.Table, axes: list[str], x: str | None = None, y: str | None = None, z: Sequence[str] | None = None
+    table: pa.Table,
+    axes: list[str],
+    x: str | None = None,
+    y: str | None = None,
+    z: Sequence[str] | None = None,
+    zips: Sequence[Sequence[str]] = (),
 ) -> dict[str, object]:
-    """Throughput–latency curves, metric-vs-``x`` curves and heatmaps over (``x``, ``y``)."""
+    """Throughput–latency curves, metric-vs-``x`` curves and heatmaps over (``x``, ``y``).
+
+    Only points that differ in nothing but their seed are averaged: a curve per combination of the
+    varying axes other than ``x``, a heatmap panel per combination of those other than ``x`` and
+    ``y``. ``zips``: the sweep's ``zip`` groups (axis names); an axis paired with ``x`` (``y``)
+    goes along with it, named on hover and in its labels, instead of making series or panels of its own.
+    """
     from sim.analysis import plots
 
     for name, col in (("--x", x), ("--y", y)):
@@ -262,8 +294,9 @@ def sweep_figures(
             if "workload.arrival.rate" in vary
             else (num[0] if num else (vary[0] if vary else None))
         )
+    with_x = _partners(zips, x, vary)
     if y is None:
-        rest = [a for a in vary if a != x]
+        rest = [a for a in vary if a != x and a not in with_x]
         y = rest[0] if rest else None
     figs: dict[str, object] = {}
     ok = table
@@ -273,19 +306,45 @@ def sweep_figures(
         ok = table.filter(pc.equal(table.column("status"), "ok"))
     if ok.num_rows == 0 or "ttft_s.p90" not in ok.column_names:
         return figs
-    # Curves: one line per combination of the axes other than x, seeds averaged: a throughput–latency
-    # point is the mean throughput and mean latency of the seeds of one x (the swept axis), drawn in
-    # x order, as the metric-vs-x curves average them.
-    t_series, color = _with_series(ok, [a for a in vary if a != x])
+    # Curves: one line per combination of the axes other than x (and x's zip partners), seeds
+    # averaged: a throughput–latency point is the mean throughput and mean latency of the seeds of
+    # one x (the swept axis), drawn in x order, as the metric-vs-x curves average them.
+    t_series, color, order = _with_series(ok, [a for a in vary if a != x and a not in with_x])
     for metric, name in (("ttft_s.p90", "throughput_ttft"), ("tpot_s.p90", "throughput_tpot")):
-        figs[name] = plots.sweep_curves(t_series, "throughput_tokens_per_s", metric, color, by=x or "")
+        figs[name] = plots.sweep_curves(
+            t_series, "throughput_tokens_per_s", metric, color, by=x or "", with_by=with_x, order=order
+        )
     if x is not None:
         for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s"):
-            figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color)
+            figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color, with_by=with_x, order=order)
     if x is not None and y is not None:
-        for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
-            figs[f"heatmap_{metric}"] = plots.heatmap(ok, x, y, metric)
+        shown = {x, y, *with_x, *_partners(zips, y, vary)}
+        facets = [a for a in vary if a not in shown]
+        panels = len(set(zip(*(ok.column(f).to_pylist() for f in facets)))) if facets else 1
+        if panels > MAX_HEATMAP_PANELS:
+            figs["heatmaps"] = (
+                plots._go()
+                .Figure()
+                .update_layout(
+                    title=f"Heatmaps not drawn: {panels} combinations of {' × '.join(facets)} would each need a panel "
+                    f"(at most {MAX_HEATMAP_PANELS}); choose as --x and --y the axes with the most values, or read the "
+                    "dataset (sim.analysis.sweep.read_dataset) and draw plots.heatmap of the rows you want"
+                )
+            )
+        else:
+            for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
+                figs[f"heatmap_{metric}"] = plots.heatmap(
+                    ok, x, y, metric, facets=facets, x_with=with_x, mean_of="seeds"
+                )
     return figs
+
+
+def _zip_groups(meta: dict, where: str) -> list[list[str]]:
+    """The ``zip`` groups a sweep's ``_sweep.json`` records (none in one written before kvsim recorded them)."""
+    zips = meta.get("zip", [])
+    if not isinstance(zips, list) or not all(isinstance(g, list) and all(isinstance(k, str) for k in g) for g in zips):
+        raise ConfigError(f"{where} zip", zips, "a list of lists of axis names (as kvsim writes it)")
+    return zips
 
 
 def report_sweep(
@@ -300,6 +359,7 @@ def report_sweep(
 
     d = Path(sweep_dir)
     meta = _json_file(d / META_FILE, "sweep metadata") if (d / META_FILE).is_file() else {}
+    zips = _zip_groups(meta, str(d / META_FILE))
     table = read_dataset(d)
     axes = meta.get("axes") or [
         c
@@ -307,12 +367,15 @@ def report_sweep(
         if "." in c
         and c.split(".")[0] in ("model", "gpu", "workload", "scheduler", "allocator", "cost_model", "engine")
     ]
-    figs = sweep_figures(table, axes, x, y, z)
+    figs = sweep_figures(table, axes, x, y, z, zips)
     status = table.column("status").to_pylist() if table.num_rows else []
     failed = [r for r in table.to_pylist() if r.get("status") != "ok"]
+    paired = "".join(f"; zip: {' with '.join(g)} (paired values go along together)" for g in zips if len(g) > 1)
     intro = (
         f"<p>{len(status)} points ({status.count('ok')} ok, {len(failed)} failed); axes: "
-        f"{html.escape(', '.join(axes) or '-')}. Curves average points that differ only in seed.</p>"
+        f"{html.escape(', '.join(axes) or '-')}{html.escape(paired)}. Only points that differ in nothing "
+        "but their seed are averaged: a curve per combination of the other axes, a heatmap panel per "
+        "combination of the axes other than its x and y.</p>"
     )
     tab = None
     if failed:
@@ -341,6 +404,14 @@ def report(
         raise ConfigError(
             "report", str(path), "a run directory (kvsim run --out) or a sweep dataset (kvsim sweep --out)"
         )
+    if is_run_dir(d):  # before --out is made: a run report has no axes to choose
+        for option, value in (("--x", x), ("--y", y), ("--z", list(z) if z else None)):
+            if value is not None:
+                raise ConfigError(
+                    option,
+                    value,
+                    f"only for a sweep dataset (kvsim sweep --out); {path} is a run directory (kvsim run --out)",
+                )
     if out is not None:
         out = out_dir(out)
     try:

@@ -34,7 +34,10 @@ points finish: a sweep that maps a feasible region should not abort on its infea
 
 Each point runs in its own process (a ``spawn``/``forkserver`` process pool, or a Ray task) and
 is written as one Parquet file ``part-<point id>.parquet`` as soon as it finishes (written to a
-hidden temporary name, then renamed, so a kill never leaves a partial file). The point id is a
+hidden temporary name, then renamed, so a kill never leaves a partial file). A pool worker that
+dies (out of memory, ``kill -9``, a native crash) fails only the point it ran, and only once that
+point, run again alone, kills its worker again; the points beside it run in a fresh pool
+(:func:`_run_local`). The point id is a
 hash of the resolved scenario (every key, defaults filled) and of the keys it sets
 (:func:`point_id`), so it is stable across runs and machines and independent of how the sweep
 file spells the point. The worker gets the keys set, not a full dump (:func:`canonical_scenario`):
@@ -59,6 +62,7 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -66,7 +70,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -891,6 +896,8 @@ def _sweep_into(
                 "sweep_file": str(Path(sweep_path).resolve()),
                 "base": spec.base,
                 "axes": [a.key for a in spec.axes],
+                # Paired axes (each zip group of two or more): the report draws them as one axis.
+                "zip": [[a.key for a in g] for g in spec.groups if len(g) > 1],
                 "seeds": spec.seeds,
                 "points": len(points),
                 "point_ids": [p.point_id for p in points],
@@ -1006,24 +1013,168 @@ def _task(p: Point, budget: RunBudget | None = None) -> dict:
     }
 
 
-def _run_local(points: list[Point], workers: int, address, on_result, budget: RunBudget | None = None) -> None:
-    pool = process_pool(min(workers, len(points)))
+def _run_local(
+    points: list[Point],
+    workers: int,
+    address,
+    on_result,
+    budget: RunBudget | None = None,
+) -> None:
+    """Run ``points`` in a process pool of ``workers``, calling ``on_result(point, result)`` as each
+    finishes (once per point).
+
+    A worker process that dies (the out-of-memory killer, ``kill -9``, a crash in native code) breaks
+    a ``concurrent.futures`` pool: every point still running or queued in it fails with
+    ``BrokenProcessPool``. Those points are not recorded; a fresh pool runs them. The point whose worker
+    died is told by the workers' exit statuses and the marker each worker keeps of the point it runs
+    (:func:`_run_marked`); where that cannot be told (the worker died of SIGTERM, which the pool's own
+    clean-up sends the others too), every point then running is suspect. A suspect runs once more, alone
+    (no other point running, a pool of its own), after the others: it is recorded failed, with how its
+    worker ended, only when it breaks that pool too. Workers run :func:`run_point` (looked up when this
+    is called)."""
+    fn = run_point
+    marks = Path(tempfile.mkdtemp(prefix="kvsim-sweep-"))
+    pool: WorkerPool | None = None
     try:
-        futures = {pool.submit(run_point, _task(p, budget)): p for p in points}
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                try:
-                    result = fut.result()
-                except Exception as exc:  # the worker process died (killed, out of memory)
-                    result = _lost("worker died", exc)
-                on_result(futures[fut], result)
+        queue = list(points)
+        suspects: list[Point] = []
+        fruitless = 0  # pools in a row that broke before any point finished or a suspect was found
+        while queue:
+            pool = process_pool(min(workers, len(queue)))
+            broke = _pool_round(pool, queue, fn, marks, budget, on_result)
+            pool = None
+            if broke is None:
+                break
+            unfinished, suspect_ids, how, delivered = broke
+            suspects += [p for p in unfinished if p.point_id in suspect_ids]
+            queue = [p for p in unfinished if p.point_id not in suspect_ids]
+            fruitless = 0 if delivered or suspect_ids else fruitless + 1
+            if fruitless >= _MAX_FRUITLESS_BREAKS:
+                for p in queue:  # a pool that cannot run anything (workers dying at start)
+                    on_result(
+                        p, _died(f"{how}; the process pool broke {fruitless} times in a row before any point finished")
+                    )
+                queue = []
+        for p in sorted(suspects, key=lambda p: p.index):
+            pool = process_pool(1)
+            broke = _pool_round(pool, [p], fn, marks, budget, on_result)
+            pool = None
+            if broke is not None:
+                on_result(p, _died(f"{broke[2]} while running this point, in the pool and again when run alone"))
     except BaseException:
         # Ctrl-C or SIGTERM: kill the workers and drop queued points now; finished ones are on disk.
-        pool.stop()
+        if pool is not None:
+            pool.stop()
         raise
-    pool.shutdown(wait=True)
+    finally:
+        shutil.rmtree(marks, ignore_errors=True)
+
+
+#: Pools in a row that may break with no point finished and no point to blame before the points
+#: left are recorded failed (workers that die however they start would otherwise loop for ever).
+_MAX_FRUITLESS_BREAKS = 3
+
+
+def _run_marked(fn: Callable[[dict], dict], task: dict, marks: str) -> dict:
+    """In a pool worker: ``fn(task)``, with a file ``marks/<this process id>`` naming the task's point
+    while it runs, so that the sweep knows which point a worker that died was running."""
+    mark = os.path.join(marks, str(os.getpid()))
+    with open(mark + ".tmp", "w") as f:
+        f.write(task["point_id"])
+    os.replace(mark + ".tmp", mark)
+    try:
+        return fn(task)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(mark)
+
+
+def _pool_round(
+    pool: WorkerPool,
+    points: list[Point],
+    fn: Callable[[dict], dict],
+    marks: Path,
+    budget: RunBudget | None,
+    on_result,
+) -> tuple[list[Point], set[str], str, int] | None:
+    """Run ``points`` in ``pool`` (shut down after). ``None`` when every point delivered a result;
+    when a worker died, (the points that did not, the ids of those to blame, how the worker ended,
+    results delivered)."""
+    futures: dict[Future, Point] = {}
+    for p in points:
+        try:
+            futures[pool.submit(_run_marked, fn, _task(p, budget), str(marks))] = p
+        except BrokenProcessPool:  # a worker died while the points were being submitted
+            break
+    pending = set(futures)
+    unfinished = points[len(futures) :]
+    delivered = 0
+    while pending:
+        # Once a worker has died, every future not done fails at once: wait for them all.
+        done, pending = wait(pending, return_when=ALL_COMPLETED if unfinished else FIRST_COMPLETED)
+        for fut in sorted(done, key=lambda f: futures[f].index):
+            try:
+                result = fut.result()
+            except BrokenProcessPool:  # a worker died: every future not done fails alike
+                unfinished.append(futures[fut])
+                continue
+            except Exception as exc:  # the task could not be sent or its result not read back
+                result = _lost("worker failed", exc)
+            delivered += 1
+            on_result(futures[fut], result)
+    if not unfinished:
+        pool.shutdown(wait=True)
+        return None
+    procs = dict(getattr(pool, "_processes", None) or {})
+    pool.shutdown(wait=True)  # the pool has ended its workers: their exit statuses are known
+    exits = {pid: proc.exitcode for pid, proc in procs.items()}
+    running: dict[int, str] = {}
+    for mark in marks.iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if mark.suffix != ".tmp":
+                running[int(mark.name)] = mark.read_text()
+        mark.unlink(missing_ok=True)
+    # The pool ends the workers it did not lose with SIGTERM: any other end is a death.
+    dead = {pid: code for pid, code in exits.items() if code is not None and code != -signal.SIGTERM}
+    if dead:
+        blamed = {running[pid] for pid in dead if pid in running}
+        how = _how_it_ended(next(iter(dead.values())))
+    else:  # died of SIGTERM, or no status to read: each point then running is suspect
+        blamed = set(running.values())
+        how = _how_it_ended(-signal.SIGTERM if any(c == -signal.SIGTERM for c in exits.values()) else None)
+    unfinished.sort(key=lambda p: p.index)
+    return unfinished, blamed & {p.point_id for p in unfinished}, how, delivered
+
+
+#: What a signal that ends a worker usually means.
+_SIGNAL_CAUSES = {
+    signal.SIGKILL: "out of memory, or kill -9",
+    signal.SIGSEGV: "a segmentation fault",
+    signal.SIGBUS: "a bus error",
+    signal.SIGABRT: "aborted",
+    signal.SIGFPE: "a floating-point exception",
+    signal.SIGILL: "an illegal instruction",
+    signal.SIGTERM: "terminated",
+}
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    """How a worker process ended, from its exit code (``-N``: signal N), in words."""
+    if exitcode is None:
+        return "its process ended abruptly"
+    if exitcode < 0:
+        try:
+            sig = signal.Signals(-exitcode)
+        except ValueError:
+            return f"its process was killed by signal {-exitcode}"
+        cause = _SIGNAL_CAUSES.get(sig)
+        return f"its process was killed by signal {-exitcode} ({sig.name}{': ' + cause if cause else ''})"
+    return f"its process exited with status {exitcode}"
+
+
+def _died(why: str) -> dict:
+    """A point's result when the process running it died: failed, with no time measured."""
+    return {"status": "failed", "error": f"worker died: {why}", "metrics": {}, "wall_s": None}
 
 
 def _runs_any(out: Path, points: list[Point]) -> bool:
@@ -1063,14 +1214,52 @@ def _ray_client_missing() -> str | None:
     return None
 
 
+def _address_problem(target: str, default_port: int | None) -> str | None:
+    """What is wrong with ``target``, a ``host:port`` (``default_port``: the port may be left out),
+    or ``None``: an empty host (``:6379``), a missing port, a port that is no TCP port."""
+    host, sep, port = target.rpartition(":")
+    if not sep:
+        return None if default_port is not None else f"no port: host:port, such as {target}:6379"
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):  # an IPv6 address
+        host = host[1:-1]
+    if not host:
+        return f"the host before ':{port}' is empty"
+    if not port:
+        return f"no port after '{host}:'"
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{port!r} is not a port (an integer in 1-65535)"
+    return None
+
+
+@contextlib.contextmanager
+def _ray_quiet():
+    """Ray's Python loggers muted and file descriptor 2 held (:func:`_stderr_held`): Ray logs an
+    exception with its traceback before it raises it, which kvsim reports in one line."""
+    loggers = [logging.getLogger(name) for name in ("ray", "ray._private.services")]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        with _stderr_held():
+            yield
+    finally:
+        for lg, was in zip(loggers, before):
+            lg.disabled = was
+
+
 def _check_reachable(address: str) -> None:
-    """Fail at once (one :class:`ConfigError` naming ``--address``) when nothing can answer at
-    ``address``, instead of Ray's connection retries; an address Ray resolves itself (``auto``,
-    a scheme other than ``ray://``) is left to ``ray.init``."""
+    """Fail at once (one :class:`ConfigError` naming ``--address``) when the address is malformed or
+    nothing can answer at it, instead of Ray's connection retries; an address Ray resolves itself
+    (``auto``, a scheme other than ``ray://``) is left to ``ray.init``."""
     if "://" in address:
         scheme, _, rest = address.partition("://")
         if scheme != "ray":
             return
+        target = rest.split("/", 1)[0]
+        problem = _address_problem(target, 10001)
+        if problem is not None:
+            raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; {problem}")
         missing = _ray_client_missing()
         if missing is not None:
             raise ConfigError(
@@ -1080,16 +1269,20 @@ def _check_reachable(address: str) -> None:
                 f"(the kvsim cluster extra installs it; here: {missing}); or give the head's GCS "
                 "address host:6379 from a machine of the cluster",
             )
-        target = rest.split("/", 1)[0]
         default_port = 10001
     else:
+        if address.strip() not in ("auto", "local"):
+            problem = _address_problem(address.strip(), None)
+            if problem is not None:
+                raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; {problem}")
         try:
             from ray._private.services import canonicalize_bootstrap_address
         except ImportError:  # another Ray layout: ray.init says what is wrong
             return
         try:
             # As ray.init resolves it: 127.0.0.1 and localhost become this node's address.
-            target = canonicalize_bootstrap_address(address) or ""
+            with _ray_quiet():
+                target = canonicalize_bootstrap_address(address) or ""
         except Exception as exc:  # "auto" with no cluster, a malformed address
             raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; {_first_line(exc)}") from None
         default_port = 6379
@@ -1105,11 +1298,13 @@ def _check_reachable(address: str) -> None:
         return
     try:
         socket.create_connection((host, port), timeout=RAY_REACH_TIMEOUT_S).close()
-    except OSError as exc:
-        why = exc.strerror or _first_line(exc) or type(exc).__name__
-        raise ConfigError(
-            "--address", address, f"{_RAY_ADDRESS_NEEDS}; nothing answers at {host}:{port} ({why})"
-        ) from None
+    except (OSError, OverflowError) as exc:
+        why = getattr(exc, "strerror", None) or _first_line(exc) or type(exc).__name__
+        given = address.split("://", 1)[-1].split("/", 1)[0]
+        where = (
+            f"{host}:{port}" if given in (f"{host}:{port}", host) else f"{given} (which Ray resolves to {host}:{port})"
+        )
+        raise ConfigError("--address", address, f"{_RAY_ADDRESS_NEEDS}; nothing answers at {where} ({why})") from None
 
 
 @contextlib.contextmanager

@@ -16,7 +16,11 @@ def report_command(
     x: str | None = typer.Option(
         None, "--x", help="Sweep: axis for curves and heatmap columns (default: the rate axis)."
     ),
-    y: str | None = typer.Option(None, "--y", help="Sweep: axis for heatmap rows (default: the next varying axis)."),
+    y: str | None = typer.Option(
+        None,
+        "--y",
+        help="Sweep: axis for heatmap rows (default: the next varying axis); other varying axes get a panel each.",
+    ),
     z: list[str] | None = typer.Option(
         None, "--z", help="Sweep: heatmap metric (repeatable; default TTFT/TPOT p90, throughput, KV utilization)."
     ),
