@@ -757,7 +757,17 @@ def page_sweeps() -> None:
                 "heatmap value", numeric, index=X.default_index(numeric, "throughput_tokens_per_s"), key="sw_hz"
             )
             try:
-                heat = plots.heatmap(table, hx, hy, hz, max_distinct=plots.MAX_DISTINCT)
+                heat = plots.heatmap(
+                    table,
+                    hx,
+                    hy,
+                    hz,
+                    max_distinct=plots.MAX_DISTINCT,
+                    # A panel per value of each other axis: a cell averages seeds only.
+                    facets=[p for p in params if p not in (hx, hy, "seed")],
+                    mean_of="seeds" if "seed" in params and "seed" not in (hx, hy) else "points",
+                    max_panels=plots.MAX_PANELS,
+                )
             except plots.TooManyValues as exc:
                 st.info(X.plain_markdown(str(exc)))
             else:

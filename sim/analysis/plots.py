@@ -261,6 +261,10 @@ def _group_mean(keys: list[tuple], values: np.ndarray) -> dict[tuple, float]:
     return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
+#: Panels a faceted heatmap may have (one per combination of the axes other than its x and y).
+MAX_PANELS = 36
+
+
 class TooManyValues(ValueError):
     """A chart declined: a column has more distinct values than the chart may draw (one line)."""
 
@@ -385,6 +389,7 @@ def heatmap(
     facets: Sequence[str] = (),
     x_with: Sequence[str] = (),
     mean_of: str = "points",
+    max_panels: int | None = None,
 ) -> Figure:
     """Mean of ``z`` over the ok points of a sweep on the (``x``, ``y``) grid, one panel per
     combination of the ``facets`` columns (every panel the same ``x`` and ``y`` categories and one
@@ -394,7 +399,7 @@ def heatmap(
     hover gives each cell's count. ``x_with``: columns that go with ``x`` (its ``zip`` partners),
     named in its category labels. ``max_distinct``: raise :class:`TooManyValues` instead of building
     the grid when ``x`` or ``y`` has more distinct values than that (the grid has ``len(y) ×
-    len(x)`` cells)."""
+    len(x)`` cells); ``max_panels``: the same when the facets have more combinations than that."""
     go = _go()
     t = _ok_rows(table)
     facets = [f for f in facets if f not in (x, y)]
@@ -416,6 +421,12 @@ def heatmap(
     xlabel = _values_with(t, x, x_with, short=True) if x_with else {}
     xcats = [f"{v} ({xlabel[v]})" if v in xlabel else str(v) for v in xu]
     combos = sorted(set(fs), key=_combo_key) or [()]  # no ok point: one empty panel
+    if max_panels is not None and len(combos) > max_panels:
+        raise TooManyValues(
+            f"Heatmap not drawn: {len(combos)} combinations of {' × '.join(facets)} would each need a panel "
+            f"(at most {max_panels}, so that no cell averages over another axis); choose as x and y the axes "
+            "with the most values"
+        )
     labels = [", ".join(f"{f}={v}" for f, v in zip(facets, combo)) for combo in combos]
     xname = x + (f" (with {', '.join(x_with)})" if x_with else "")
     n = len(combos)

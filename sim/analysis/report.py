@@ -250,11 +250,6 @@ def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None
     return table.append_column("series", pa.array(labels, pa.string())), "series", [label(c) for c in combos]
 
 
-#: Panels a heatmap may have (one per combination of the axes other than ``--x`` and ``--y``): past
-#: this the heatmaps are not drawn, and a figure in their place says why.
-MAX_HEATMAP_PANELS = 36
-
-
 def _partners(zips: Sequence[Sequence[str]], col: str | None, vary: Sequence[str]) -> list[str]:
     """The varying axes paired with ``col`` in a ``zip`` group of the sweep."""
     return [a for g in zips if col in g for a in g if a != col and a in vary]
@@ -320,22 +315,21 @@ def sweep_figures(
     if x is not None and y is not None:
         shown = {x, y, *with_x, *_partners(zips, y, vary)}
         facets = [a for a in vary if a not in shown]
-        panels = len(set(zip(*(ok.column(f).to_pylist() for f in facets)))) if facets else 1
-        if panels > MAX_HEATMAP_PANELS:
-            figs["heatmaps"] = (
-                plots._go()
-                .Figure()
-                .update_layout(
-                    title=f"Heatmaps not drawn: {panels} combinations of {' × '.join(facets)} would each need a panel "
-                    f"(at most {MAX_HEATMAP_PANELS}); choose as --x and --y the axes with the most values, or read the "
-                    "dataset (sim.analysis.sweep.read_dataset) and draw plots.heatmap of the rows you want"
-                )
-            )
-        else:
-            for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
+        for metric in z or [m for m in DEFAULT_Z if m in ok.column_names]:
+            try:
                 figs[f"heatmap_{metric}"] = plots.heatmap(
-                    ok, x, y, metric, facets=facets, x_with=with_x, mean_of="seeds"
+                    ok, x, y, metric, facets=facets, x_with=with_x, mean_of="seeds", max_panels=plots.MAX_PANELS
                 )
+            except plots.TooManyValues as exc:
+                # Said once, where the heatmaps would be: or read the dataset and draw the rows you want.
+                figs["heatmaps"] = (
+                    plots._go()
+                    .Figure()
+                    .update_layout(
+                        title=f"{exc} (kvsim report --x, --y; or read_dataset and plots.heatmap of the rows you want)"
+                    )
+                )
+                break
     return figs
 
 
