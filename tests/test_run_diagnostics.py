@@ -133,6 +133,37 @@ def test_run_warns_on_a_thrashing_run(tmp_path):
     assert "gpu.gpu_memory_utilization, 0.25 now" in line and "scheduler.max_num_seqs" in line
 
 
+def test_the_warning_names_the_knobs_as_the_engine_filled_them(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sim.cli.main import _warn_preemption
+    from sim.engine.deployment import with_engine_defaults
+
+    # No scheduler key set: the vLLM preset fills max_num_seqs (1,024 on an H100), which the warning
+    # must quote rather than the scenario's unset default.
+    sc = Scenario.model_validate({"model": {"name": "llama-3.1-8b"}, "gpu": {"name": "H100-SXM-80GB"}})
+    ran = with_engine_defaults(sc).scheduler
+    assert sc.scheduler.max_num_seqs != ran.max_num_seqs
+    pq.write_table(pa.table({"status": ["completed"], "prompt_tokens": [16_000]}), tmp_path / "requests.parquet")
+    _warn_preemption(summary(completed=30, preemptions=5539), sc, tmp_path)
+    line = capsys.readouterr().err
+    assert line.startswith("warning: heavy preemption") and f"scheduler.max_num_seqs, {ran.max_num_seqs} now" in line
+
+
+def test_with_a_static_fallback_the_cause_is_the_fallback_region():
+    s = summary(completed=30, preemptions=500, recomputed=45_381_057, prompt=480_000)
+    sc = Scenario.model_validate(
+        {"allocator": {"kind": "static", "reserve": 2048, "overflow": "fallback", "fallback_fraction": 0.1}}
+    )
+    text = preemption_warning(s, longest_prompt_tokens=2_000, scenario=sc)
+    assert text is not None
+    # 2,000 tokens are 8% of the 26,480-token capacity but 75% of its 2,648-token fallback region.
+    assert "is 76% of the fallback region that holds requests beyond their reservation (2,648 tokens" in text, text
+    assert "room for 1 such prompt" in text and "allocator.fallback_fraction, 0.1 now" in text
+    assert "down to" not in text  # fewer sequences would not help the reservations beside it
+
+
 def test_run_is_quiet_on_the_default_scenario(tmp_path):
     r = kvsim("run", "chat-api", "-q", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr

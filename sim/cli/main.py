@@ -221,7 +221,10 @@ def _warn_preemption(summary: dict, sc: Scenario, dest: Path) -> None:
     # The longest prompt among completed requests names the cause; one column of the streamed file.
     t = pq.read_table(dest / "requests.parquet", columns=["status", "prompt_tokens"])
     longest = pc.max(pc.filter(t["prompt_tokens"], pc.equal(t["status"], "completed"))).as_py()
-    sys.stderr.write(f"warning: {preemption_warning(summary, longest, sc)}\n")
+    from sim.engine.deployment import with_engine_defaults
+
+    # The knobs as the run used them: the serving engine fills the scheduler keys the scenario left unset.
+    sys.stderr.write(f"warning: {preemption_warning(summary, longest, with_engine_defaults(sc))}\n")
 
 
 list_app = typer.Typer(help="List catalogs: models, gpus, scenarios, allocators.", no_args_is_help=True)

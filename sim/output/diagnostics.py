@@ -102,7 +102,8 @@ def preemption_warning(
 ) -> str | None:
     """One line (no ``warning:`` prefix) saying the run preempted heavily, why it likely did and what
     to change, or ``None`` when it did not. ``longest_prompt_tokens``: the longest prompt among the
-    completed requests (tokens), for the cause; ``scenario``: the run's, for the current knob values."""
+    completed requests (tokens), for the cause; ``scenario``: the run's as it ran (the serving
+    engine's defaults filled in: ``with_engine_defaults``), for the current knob values."""
     load = preemption_load(summary)
     if load is None or not load.heavy:
         return None
@@ -113,11 +114,22 @@ def preemption_warning(
         f"{load.recomputed_share:.1%} of all prefill work ({load.served_prompt_tokens:,} prompt tokens served)"
     )
     cap = load.capacity_tokens
+    fallback = _fallback_region(scenario, cap)
+    region = None if fallback is None else fallback[0]
     if longest_prompt_tokens and cap:
-        fit = cap // longest_prompt_tokens
+        # A static arena with a paged fallback holds what outgrows its reservation in the fallback
+        # region alone: that region, not the whole capacity, is what the longest prompt competes for.
+        room = cap if region is None else region
+        where = (
+            f"the KV capacity ({cap:,} tokens per replica)"
+            if fallback is None
+            else f"the fallback region that holds requests beyond their reservation ({region:,} tokens: "
+            f"allocator.fallback_fraction {fallback[1]:g} of {cap:,})"
+        )
+        fit = room // longest_prompt_tokens
         text += (
             f". Likely cause: the longest prompt ({longest_prompt_tokens:,} tokens) is "
-            f"{longest_prompt_tokens / cap:.0%} of the KV capacity ({cap:,} tokens per replica), "
+            f"{longest_prompt_tokens / room:.0%} of {where}, "
             f"room for {fit} such prompt{'' if fit == 1 else 's'} at a time"
         )
         if fit < 2:
@@ -126,7 +138,17 @@ def preemption_warning(
             text += ": each request admitted beside it is preempted when its next prefill chunk does not fit"
     elif cap:
         text += f". The running requests' KV outgrows the capacity ({cap:,} tokens per replica)"
-    return text + ". Remedies: " + ", ".join(_remedies(scenario, longest_prompt_tokens, cap))
+    # Fewer sequences beside a long prompt help where they share its memory, not the reservations'.
+    longest = longest_prompt_tokens if fallback is None else None
+    return text + ". Remedies: " + ", ".join(_remedies(scenario, longest, cap))
+
+
+def _fallback_region(sc: Scenario | None, cap: int | None) -> tuple[int, float] | None:
+    """Tokens of a static allocator's paged fallback region (``overflow: fallback``) and its share of
+    the capacity, else ``None``."""
+    if sc is None or cap is None or sc.allocator.kind != "static" or sc.allocator.overflow != "fallback":
+        return None
+    return int(cap * sc.allocator.fallback_fraction), sc.allocator.fallback_fraction
 
 
 def _remedies(sc: Scenario | None, longest: int | None, cap: int | None) -> list[str]:
@@ -145,6 +167,11 @@ def _remedies(sc: Scenario | None, longest: int | None, cap: int | None) -> list
     if gpu.tensor_parallel < 8:
         memory += f"; gpu.tensor_parallel={2 * gpu.tensor_parallel}"
     out = [memory + ")"]
+    if sc.allocator.kind == "static" and sc.allocator.overflow == "fallback":
+        out.append(
+            f"a larger fallback region (allocator.fallback_fraction, {sc.allocator.fallback_fraction:g} now) "
+            "or a larger reservation (allocator.reserve)"
+        )
     if sched.max_num_seqs > 1:
         seqs = f"fewer concurrent sequences (scheduler.max_num_seqs, {sched.max_num_seqs} now"
         if longest and cap and 1 <= cap // longest < sched.max_num_seqs:
