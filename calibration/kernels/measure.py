@@ -327,7 +327,9 @@ def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[
     def label(i: int) -> str:
         return f"pass {min(state['pass'], passes)}/{passes} {jobs[i % len(jobs)].label}"
 
-    with Progress("calibrate", "kernel timings", len(jobs) * passes, transient=False, note=label(0)) as shown:
+    with Progress(
+        "calibrate", "kernel timings", len(jobs) * passes, transient=False, note=label(0), lazy=True
+    ) as shown:
 
         def done(i):
             if i == len(jobs) - 1:
