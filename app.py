@@ -781,11 +781,8 @@ def page_sweeps() -> None:
         )
     st.divider()
     st.subheader("Goodput plan")
-    try:
-        from sim.analysis import planner as PL
-    except ImportError as exc:
-        st.info(f"The goodput planner is not available yet in this build ({exc}).")
-        return
+    from sim.analysis import planner as PL
+
     slo = X.slo_from_knobs(S.knobs)
     st.caption(
         f"Highest arrival rate per allocator at which {slo.describe() if (slo.ttft_s or slo.tpot_s) else 'the SLO'}"
@@ -889,11 +886,8 @@ def page_sweeps() -> None:
 
 def page_calibration() -> None:
     st.title("Calibration")
-    try:
-        from sim.cost.profile import load_profile
-    except ImportError as exc:
-        st.info(f"Calibrated profiles are not available yet in this build ({exc}).")
-        return
+    from sim.cost.profile import load_profile
+
     uploaded = store().profiles
     st.subheader("Profiles")
     try:

@@ -149,7 +149,7 @@ def _churn(engine, decodes: int, kv0: int, vocab: int, sync, reps: int) -> list[
     return out
 
 
-def _priced_ms(cost, chunks, decodes: int, decode_kv: int) -> float:
+def priced_ms(cost, chunks, decodes: int, decode_kv: int) -> float:
     """One batch priced by ``cost`` (:func:`calibration.kernels.engine_overhead.kernel_cost`: a profile's
     kernel curves alone, no CPU step overhead), milliseconds."""
     from sim.cost.model import BatchShape
@@ -215,7 +215,7 @@ def measure(
                 items = _items(eng, chunks, decodes, kv, vocab)
                 row[f"{alloc}_ms"] = _timed(lambda eng=eng, items=items: eng.execute(items), sync, reps) * 1e3
                 if costs:
-                    row[f"{alloc}_priced_ms"] = _priced_ms(costs[alloc], chunks, decodes, kv)
+                    row[f"{alloc}_priced_ms"] = priced_ms(costs[alloc], chunks, decodes, kv)
             out["rows"].append(row)
             progress(
                 f"{name}: plain {row['plain_forward_ms']:.2f} ms, paged {row['paged_ms']:.2f} ms, "

@@ -28,8 +28,8 @@ they are recorded ``failed``), provided every listed failure is a ``ConfigError`
 Writes ``<out>/hostile.json`` (per class: cases tried and mishandled, each mishandled case with its
 symptom) and prints the table; a ``--quick`` or ``--classes`` run writes a name of its own
 (``hostile-quick.json``, ``hostile-classes-2-5.json``, ``hostile-quick-classes-2-5.json``:
-:func:`result_name`), so it never replaces the full corpus's result. ``tests/test_hostile_corpus.py`` runs the fixed corpus of the
-issue's concrete cases (:func:`corpus` with ``quick=True``) in CI; class 9 runs there as
+:func:`result_name`), so it never replaces the full corpus's result. ``tests/test_hostile_corpus.py`` runs the fixed corpus of
+concrete hostile cases (:func:`corpus` with ``quick=True``) in CI; class 9 runs there as
 ``tests/test_interrupts.py``.
 """
 
@@ -59,8 +59,8 @@ TIMEOUT_S = 30.0
 #: The explorer stops a run after this many seconds (sim.engine.budget.EXPLORER_BUDGET).
 EXPLORER_WALL_S = 60.0
 #: Address space each case's child may add to what it maps when forked (``RLIMIT_AS``): far above
-#: what a 40-request run needs (~0.5 GB), far below what the bombs of the issue reached (6 GB,
-#: 74.5 GiB).
+#: what a 40-request run needs (~0.5 GB), far below what an unbounded memory bomb takes (6 GB,
+#: 74.5 GiB): such a case fails alone, at the memory limit, instead of the host.
 MEM_BYTES = 3 * 2**30
 
 
@@ -110,7 +110,7 @@ class Case:
     verify: Callable[[Path, Outcome], str | None] | None = None
     #: Class 9: a function of the case folder that runs real processes and returns a problem or None.
     live: Callable[[Path], str | None] | None = None
-    #: Part of the fixed corpus that CI runs (the issue's concrete cases).
+    #: Part of the fixed corpus of concrete hostile cases that CI runs.
     ci: bool = False
     #: Run as ``nobody`` when started as root (unreadable files and read-only folders mean
     #: nothing to root). Other cases keep the user: this Python may be unreachable for nobody.
@@ -1165,10 +1165,6 @@ def _class3() -> list[Case]:
     return cases
 
 
-def _num_text(v) -> str:
-    return v if isinstance(v, str) else repr(v)
-
-
 def _class4() -> list[Case]:
     cases: list[Case] = []
     for key, ctx in FLOAT_KEYS.items():
@@ -2057,16 +2053,14 @@ def _class7() -> list[Case]:
 
 def _class8() -> list[Case]:
     cases: list[Case] = []
-    issue = [
+    pressure = [
         "allocator.kind=static",
         "allocator.reserve=p50",
         "allocator.overflow=truncate",
         "workload.num_requests=1000",
         "workload.arrival.rate=100",
     ]
-    cases.append(
-        Case(8, "static p50 truncate under memory pressure (the issue's case)", argv=run_argv(*issue), ci=True)
-    )
+    cases.append(Case(8, "static p50 truncate under memory pressure", argv=run_argv(*pressure), ci=True))
     for reserve in ("p10", "p50", "p90", "1424"):
         for overflow in ("truncate", "reject"):
             for chunked in ("true", "false"):
@@ -2099,11 +2093,13 @@ def _class8() -> list[Case]:
                 )
             )
     cases.append(
-        Case(8, "static p50 truncate, swap preemption", argv=run_argv(*issue, "allocator.preemption.mode=swap"))
+        Case(8, "static p50 truncate, swap preemption", argv=run_argv(*pressure, "allocator.preemption.mode=swap"))
     )
-    cases.append(Case(8, "static p50 truncate, step mode", argv=run_argv(*issue, "engine.mode=step")))
-    cases.append(Case(8, "static p50 truncate, 40% of memory", argv=run_argv(*issue, "gpu.gpu_memory_utilization=0.4")))
-    cases.append(Case(8, "static p50 truncate at 300 req/s", argv=run_argv(*issue, "workload.arrival.rate=300")))
+    cases.append(Case(8, "static p50 truncate, step mode", argv=run_argv(*pressure, "engine.mode=step")))
+    cases.append(
+        Case(8, "static p50 truncate, 40% of memory", argv=run_argv(*pressure, "gpu.gpu_memory_utilization=0.4"))
+    )
+    cases.append(Case(8, "static p50 truncate at 300 req/s", argv=run_argv(*pressure, "workload.arrival.rate=300")))
     cases.append(
         Case(
             8,
@@ -2321,7 +2317,7 @@ def _class9() -> list[Case]:
 
 
 def corpus(quick: bool = False, classes: set[int] | None = None) -> list[Case]:
-    """Every case, or (``quick``) the fixed CI corpus of the issue's concrete cases."""
+    """Every case, or (``quick``) the fixed CI corpus of concrete hostile cases."""
     out: list[Case] = []
     for n, make in (
         (1, _class1),

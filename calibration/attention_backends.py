@@ -99,7 +99,7 @@ def _bucket(n: int) -> int:
     return 1 << max(0, int(n - 1).bit_length())
 
 
-def _pow2_upto(n: int) -> list[int]:
+def pow2_upto(n: int) -> list[int]:
     """1, 2, 4, … up to the power of two ≥ n."""
     return [1 << k for k in range(_bucket(n).bit_length())]
 
@@ -427,8 +427,8 @@ class FlexBackend(AttentionBackend):
             return 0
         B, N = k_pool.shape[1], k_pool.shape[0]
         tile = FLEX_QUERY_TILE
-        shapes = [(r, 1) for r in _pow2_upto(max_seqs)]
-        shapes += [(r, tile) for r in _pow2_upto(-(-max_tokens // tile) + max_seqs)]
+        shapes = [(r, 1) for r in pow2_upto(max_seqs)]
+        shapes += [(r, tile) for r in pow2_upto(-(-max_tokens // tile) + max_seqs)]
         for rows, new in shapes:
             nblk = -(-new // B)
             batch = PagedBatch.of(

@@ -102,7 +102,7 @@ class CudaDevice(Device):
             "name": torch.cuda.get_device_name(idx),
             "memory_bytes": int(props.total_memory),
             "compute_capability": f"{props.major}.{props.minor}",
-            # copies that fit in L2 time its bandwidth, not HBM's (device_profile._hbm_bandwidth)
+            # copies that fit in L2 time its bandwidth, not HBM's (device_profile.hbm_bandwidth)
             "l2_cache_bytes": int(getattr(props, "L2_cache_size", 0)),
             "cuda_runtime": torch.version.cuda,
             "cudnn": str(torch.backends.cudnn.version()),

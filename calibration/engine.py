@@ -132,7 +132,7 @@ class Transformer:
         self.dtype = getattr(torch, DTYPES[dtype])
         self.device = torch.device(device)
         # Drawn where they live: an 8B shape's 8e9 numbers take a minute on a CPU generator and a
-        # fraction of a second on the GPU's (on a CPU engine this is the same generator as before).
+        # fraction of a second on the GPU's (so the weights a seed gives depend on the engine's device).
         g = torch.Generator(device=self.device).manual_seed(seed)
         H, KVH, d, hid, inter = model.heads, model.kv_heads, model.head_dim, model.hidden, model.intermediate
 

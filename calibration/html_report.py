@@ -1,7 +1,7 @@
 """HTML files of calibration and validation: one plotly figure per page, plotly.js embedded.
 
 GPU hosts that calibrate are often offline, so a page must not load plotly.js from a CDN: it would
-render blank there. The library is inlined (about 4.7 MB per page), as ``sim.report`` does for run
+render blank there. The library is inlined (about 4.7 MB per page), as ``sim.analysis.report`` does for run
 and sweep reports.
 """
 

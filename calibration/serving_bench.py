@@ -624,22 +624,26 @@ class ReadNotes:
         return out
 
 
-def _infinite(rate: Any) -> bool:
-    """Whether a result's ``request_rate`` is infinite: ``"inf"`` as vLLM writes it, or a float
-    infinity (SGLang's ``Infinity``)."""
-    if isinstance(rate, str):
-        return rate.strip().lower() in ("inf", "+inf", "infinity", "+infinity")
-    return isinstance(rate, float) and rate == math.inf
+def _closed_loop_rate(path: Path, doc: dict) -> bool:
+    """Whether ``doc``'s ``request_rate`` is absent or infinite, read as kvsim compare reads it
+    (:func:`sim.analysis.bench_results.parse_request_rate`: ``"inf"`` as vLLM writes it, or JSON's
+    ``Infinity`` as SGLang does); a rate that rule refuses is not a closed loop either."""
+    from sim.analysis.bench_results import parse_request_rate
+
+    try:
+        return parse_request_rate(path, doc, "request_rate", None) in (None, math.inf)
+    except ConfigError:
+        return False
 
 
-def _result_documents(path: Path) -> list[tuple[str, Any]]:
+def result_documents(path: Path) -> list[tuple[str, Any]]:
     """The JSON documents of a result file with where each is: the file's one (``result``), or one
     per line (``line N``: ``vllm bench serve --append-result``, SGLang's ``bench_serving`` JSONL)
     where the file holds several, each line an object of its own."""
     from sim.analysis.bench_results import MAX_RESULT_BYTES, json_documents
     from sim.inputs import load_json, read_text
 
-    # Bounded: size, UTF-8 and nesting (a deeply nested file raised RecursionError), one line each.
+    # Bounded: size, UTF-8 and nesting (deep nesting would overflow the parser's recursion), one line each.
     text = read_text(path, "serving_bench", "JSON file", MAX_RESULT_BYTES)
     try:
         return [("result", load_json(text, "serving_bench", str(path)))]
@@ -713,15 +717,14 @@ def _result_row(
     for col in ("total_input_tokens", "total_output_tokens", "mean_ttft_ms", "mean_tpot_ms"):
         if not isinstance(doc.get(col), (int, float)) or isinstance(doc.get(col), bool):
             raise _bad(path, where, col, doc.get(col), "a number (vllm bench serve --save-result writes it)")
-    rate = doc.get("request_rate")
-    if rate is not None and not _infinite(rate):
+    if not _closed_loop_rate(path, doc):
         # Requests sent at a rate, at most max_concurrency at a time, are not a closed loop of that many
         # clients: each waits for its send time, not for the client's last request.
         raise _bad(
             path,
             where,
             "request_rate",
-            rate,
+            doc["request_rate"],
             "inf: a closed-loop run (vllm bench serve --max-concurrency N) has request_rate inf; a run at a rate "
             "is open-loop, which kvsim compare replays",
         )
@@ -800,11 +803,11 @@ def read_vllm_results(
     model: str | None = None,
     kv_cache_tokens: int | None = None,
 ) -> list[BenchRow]:
-    """Every run of a result file (one, or one per line: :func:`_result_documents`) as a row
+    """Every run of a result file (one, or one per line: :func:`result_documents`) as a row
     (:func:`read_vllm_result`). With ``problems``, a run that cannot be read is a line there and the
     others are read; a file that cannot be read at all is a ConfigError."""
     args = dict(gpu=gpu, tp=tp, engine=engine, weights=weights, kv=kv, model=model, kv_cache_tokens=kv_cache_tokens)
-    return _runs(path, _result_documents(path), problems, notes, args)
+    return _runs(path, result_documents(path), problems, notes, args)
 
 
 def _runs(
@@ -843,7 +846,7 @@ def read_vllm_result(
     does not record; ``model`` fills or replaces its ``model_id``; ``engine`` replaces the one its
     ``backend`` names (``None``: that one, vLLM where it names none, which ``notes`` hears)."""
     seen = ReadNotes()
-    (where, doc), *more = _result_documents(path)
+    (where, doc), *more = result_documents(path)
     if more:
         raise ConfigError(str(path), f"{len(more) + 1} runs", "one run (read_bench reads a file of several)")
     if not _is_result(doc):
@@ -918,7 +921,7 @@ def _read_one(p: Path, problems: list[str] | None, vllm_args: dict, seen: ReadNo
         seen.not_results.append(p)  # vLLM's torch-trace side file of the result beside it (as kvsim compare skips it)
         return []
     try:
-        docs = _result_documents(p)
+        docs = result_documents(p)
     except ConfigError as exc:
         if problems is None:
             raise
@@ -1710,41 +1713,6 @@ def setup_error(row: BenchRow) -> str | None:
     except ConfigError as exc:
         return str(exc)
     return None
-
-
-def _simulate_task(args) -> RowResult:
-    row, clients, engine, profile, seed = args
-    return simulate_row(row, clients, engine=engine, profile=profile, seed=seed)
-
-
-def simulate_rows(
-    rows: Iterable[BenchRow],
-    clients: Clients = Clients(),
-    *,
-    engine_terms: Callable[[BenchRow], dict] | None = None,
-    profile: str | None = None,
-    seed: int = 0,
-    workers: int = 1,
-    progress: Callable[[int, int], None] | None = None,
-) -> list[RowResult]:
-    """Every row simulated (in ``workers`` processes); ``engine_terms(row)`` gives its ``engine.*`` keys."""
-    rows = list(rows)
-    tasks = [(r, clients, engine_terms(r) if engine_terms else None, profile, seed) for r in rows]
-    out: list[RowResult] = []
-    if workers <= 1:
-        for i, t in enumerate(tasks):
-            out.append(_simulate_task(t))
-            if progress:
-                progress(i + 1, len(tasks))
-        return out
-    from sim.analysis.sweep import process_pool
-
-    with process_pool(workers) as pool:  # workers that die with this process (sim.analysis.worker_lifetime)
-        for i, r in enumerate(pool.map(_simulate_task, tasks, chunksize=4)):
-            out.append(r)
-            if progress:
-                progress(i + 1, len(tasks))
-    return out
 
 
 # --- scoring ---------------------------------------------------------------------------------

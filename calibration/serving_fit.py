@@ -165,33 +165,33 @@ class FitReporter(Protocol):
 
 # A context variable rather than an argument: the commands reach these fits through
 # calibration.serving_report, whose signatures stay as they are.
-_REPORTER: ContextVar[FitReporter | None] = ContextVar("kvsim_serving_fit_reporter", default=None)
+FIT_REPORTER: ContextVar[FitReporter | None] = ContextVar("kvsim_serving_fit_reporter", default=None)
 
 
 @contextmanager
 def reporting(reporter: FitReporter | None) -> Iterator[None]:
     """Fits run inside this block tell ``reporter`` their progress (none with ``None``)."""
-    token = _REPORTER.set(reporter)
+    token = FIT_REPORTER.set(reporter)
     try:
         yield
     finally:
-        _REPORTER.reset(token)
+        FIT_REPORTER.reset(token)
 
 
 def _fold(index: int, count: int, label: str) -> None:
-    rep = _REPORTER.get()
+    rep = FIT_REPORTER.get()
     if rep is not None:
         rep.fold(index, count, label)
 
 
 def _phase(label: str, total: int | None) -> None:
-    rep = _REPORTER.get()
+    rep = FIT_REPORTER.get()
     if rep is not None:
         rep.phase(label, total)
 
 
 def _evals(done: int) -> None:
-    rep = _REPORTER.get()
+    rep = FIT_REPORTER.get()
     if rep is not None:
         rep.evals(done)
 

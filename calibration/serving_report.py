@@ -76,7 +76,7 @@ def _terms_from(path: str | None) -> EngineTerms:
     return base
 
 
-def _rows(
+def selected_rows(
     path: str,
     engine: str | None,
     gpu: str | None,
@@ -795,7 +795,7 @@ def validate_serving_bench(
     notes: list[str] = []
     served = served_by if served_by is not None else "auto"
     meet = clients_mode(clients)
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
+    rows = selected_rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
     if log is not None:
         for line in notes + skipped_lines(skipped) + served_by_line(path, rows, served) + variant_lines(rows):
             log(line)
@@ -1162,7 +1162,7 @@ def calibrate_from_serving_bench(
     notes: list[str] = []
     served = served_by if served_by is not None else "auto"
     meet = clients_mode(clients)
-    rows = _rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
+    rows = selected_rows(path, engine, gpu, tp, weights, kv, skipped, served, kv_cache_tokens, model=model, notes=notes)
     checked = check_rows(rows, profile, exclude, treat, meet, served)
     out = out_file(out)  # a bad --out is said before the fit, which can take an hour, not after it
     if warn is not None:

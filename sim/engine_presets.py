@@ -322,7 +322,8 @@ def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
 
     key = "engine.terms_file"
     # Bounded: a regular UTF-8 file of at most MAX_TEXT_BYTES, JSON nested at most MAX_NESTING
-    # levels (a deeply nested file raised RecursionError), each failure one line naming the file.
+    # levels (deeper nesting would overflow the JSON parser's recursion), each failure one line
+    # naming the file.
     doc = load_json(read_text(path, key, "terms JSON file"), key, str(path), unique_keys=True)
     if not isinstance(doc, dict) or doc.get("format") != TERMS_FORMAT or not isinstance(doc.get("engines"), dict):
         raise ConfigError(

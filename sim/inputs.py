@@ -131,17 +131,17 @@ def bracket_depth(text: str) -> int:
 
 #: Bytes :func:`json_depth` scans at a time: its temporaries take ~20 bytes per byte scanned, so a
 #: large file (a benchmark result of hundreds of MB) is scanned in pieces.
-_DEPTH_CHUNK = 1 << 22
+DEPTH_CHUNK_BYTES = 1 << 22
 
 
 def json_depth(text: str) -> int:
     """Deepest ``[``/``{`` nesting of JSON text outside strings, vectorised (a profile is ~400 kB)
-    and scanned in pieces of :data:`_DEPTH_CHUNK` bytes. A quote preceded by a backslash counts as
+    and scanned in pieces of :data:`DEPTH_CHUNK_BYTES` bytes. A quote preceded by a backslash counts as
     escaped."""
     b = np.frombuffer(text.encode("utf-8", "replace"), dtype=np.uint8)
     deepest = depth = quotes = 0
-    for start in range(0, b.size, _DEPTH_CHUNK):
-        seg = b[start : start + _DEPTH_CHUNK]
+    for start in range(0, b.size, DEPTH_CHUNK_BYTES):
+        seg = b[start : start + DEPTH_CHUNK_BYTES]
         quote = seg == ord('"')
         quote[1:] &= seg[:-1] != ord("\\")
         if start and b[start - 1] == ord("\\"):

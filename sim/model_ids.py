@@ -111,7 +111,8 @@ def _name_parts(ident: str) -> list[str]:
 _QUANT_TAGS = frozenset("fp8 fp4 nvfp4 dynamic static pertensor block kv".split())
 
 
-def _quant_tags(ident: str) -> frozenset[str]:
+def quant_tags(ident: str) -> frozenset[str]:
+    """The quantisation words in a model id's name (``fp8``, ``dynamic``, ``kv``…; empty when none)."""
     return frozenset(_name_parts(ident)) & _QUANT_TAGS
 
 
@@ -196,20 +197,20 @@ def model_of_id(ident: str, *, variants: bool = True, formats: bool = True) -> d
     same = _by_key().get(model_key(ident))
     if not same or set(_name_parts(ident)[1:]) & _UNPRICED_TAGS:
         return None
-    tags = _quant_tags(ident)
+    tags = quant_tags(ident)
     if not formats:
-        quantized_alike = [i for i in same if tags and _quant_tags(i) == tags]
+        quantized_alike = [i for i in same if tags and quant_tags(i) == tags]
         return _exact((quantized_alike or same)[0])
     fmt = _tag_format(tags)
     if fmt is None:
         return _exact(same[0])
     org = _org(ident)
-    sibling = [i for i in same if _quant_tags(i) == tags and _org(i) == org]
+    sibling = [i for i in same if quant_tags(i) == tags and _org(i) == org]
     if sibling:
         return _exact(sibling[0])
     # The publisher's recipe for these tags on another shape (NVIDIA's FP8 Llama releases), else the tags'.
     fmt = _publisher_format(org, tags) or fmt
-    base = _exact(next((i for i in same if not _quant_tags(i) and i not in CHECKPOINT_FORMATS), same[0]))
+    base = _exact(next((i for i in same if not quant_tags(i) and i not in CHECKPOINT_FORMATS), same[0]))
     assert base is not None  # every id of _by_key is exact
     keep = {k: v for k, v in base.items() if k not in ("weight_dtype", "kv_dtype")}
     return {**keep, "weight_dtype": fmt[0], "kv_dtype": fmt[1]}
@@ -222,7 +223,7 @@ def _publisher_format(org: str, tags: frozenset[str]) -> tuple[str, str] | None:
     if not org:
         return None
     found = {
-        _checkpoint_format(i) for ids in _by_key().values() for i in ids if _org(i) == org and _quant_tags(i) == tags
+        _checkpoint_format(i) for ids in _by_key().values() for i in ids if _org(i) == org and quant_tags(i) == tags
     }
     found.discard(None)
     return found.pop() if len(found) == 1 else None
@@ -231,7 +232,7 @@ def _publisher_format(org: str, tags: frozenset[str]) -> tuple[str, str] | None:
 @cache
 def _checkpoint_format(ident: str) -> tuple[str, str] | None:
     """(weight dtype, KV dtype) of a quantized id kvsim knows exactly (``None`` for another)."""
-    if not _quant_tags(ident):
+    if not quant_tags(ident):
         return None
     if ident in CHECKPOINT_FORMATS:
         return CHECKPOINT_FORMATS[ident]
@@ -278,13 +279,13 @@ def variant_note(ident: str, section: dict, hint: str = RUN_FORMAT_HINT, with_kv
             i
             for ids in _by_key().values()
             for i in ids
-            if _org(i) == _org(ident) and _quant_tags(i) == _quant_tags(ident) and _checkpoint_format(i) == fmt
+            if _org(i) == _org(ident) and quant_tags(i) == quant_tags(ident) and _checkpoint_format(i) == fmt
         )
         if same:
             dtypes += f" (the format of {same[0]})"
-        elif _tag_format(_quant_tags(ident)) == fmt and not with_kv:
+        elif _tag_format(quant_tags(ident)) == fmt and not with_kv:
             dtypes += " (the format its name's tags give)"
-        elif _tag_format(_quant_tags(ident)) == fmt:
+        elif _tag_format(quant_tags(ident)) == fmt:
             dtypes += (
                 " (the format its name's tags give; -KV: a checkpoint with a KV cache scale)"
                 if section["kv_dtype"] == "fp8"

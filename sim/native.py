@@ -116,7 +116,7 @@ def active() -> bool:
     return origin is not None and not str(origin).endswith(".py")
 
 
-class _SourceFinder(importlib.abc.MetaPathFinder):
+class SourceFinder(importlib.abc.MetaPathFinder):
     """Imports the compiled modules from their ``.py`` files, ahead of any extension."""
 
     def find_spec(self, name, path=None, target=None):
@@ -137,8 +137,8 @@ def guard() -> str:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _SourceFinder())
+        if not any(isinstance(f, SourceFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, SourceFinder())
     return st
 
 

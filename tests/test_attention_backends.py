@@ -399,7 +399,7 @@ def test_engine_warms_its_backend_up_once_before_timing():
     flex = AB.FlexBackend(torch, torch.device("cpu"), compile=False)
     assert flex.pool_blocks(40) == 64 and AB.SdpaBackend(torch, torch.device("cpu")).pool_blocks(40) == 40
     assert Engine(cfg, model=net, attention=flex).k_cache[0].shape[0] == 64
-    assert AB._pow2_upto(4) == [1, 2, 4] and AB._pow2_upto(64 // 16 + 4) == [1, 2, 4, 8]
+    assert AB.pow2_upto(4) == [1, 2, 4] and AB.pow2_upto(64 // 16 + 4) == [1, 2, 4, 8]
 
 
 @pytest.mark.parametrize("heads, kv_heads", [(8, 4), (32, 8), (64, 8), (32, 32)])

@@ -83,7 +83,7 @@ def test_engine_profile_bench_times_every_shape_on_both_layouts():
     plain forward, the decode batch whose length changes every call is timed call by call, and the
     profiler names the operators (the GEMMs lead a prefill on any host)."""
     pytest.importorskip("torch")
-    from bench.engine_profile import BLOCK, SHAPES, _priced_ms, measure
+    from bench.engine_profile import BLOCK, SHAPES, measure, priced_ms
     from calibration.kernels.engine_overhead import kernel_cost
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
@@ -95,7 +95,7 @@ def test_engine_profile_bench_times_every_shape_on_both_layouts():
         assert r["new_tokens"] == sum(n for _, n in chunks) + decodes
         assert r["plain_forward_ms"] > 0 and r["paged_ms"] > 0 and r["static_ms"] > 0
         # the kernel price is the profile's step time for this very batch
-        assert r["paged_priced_ms"] == pytest.approx(_priced_ms(cost, chunks, decodes, kv))
+        assert r["paged_priced_ms"] == pytest.approx(priced_ms(cost, chunks, decodes, kv))
     prices = [r["paged_priced_ms"] for r in res["rows"]]
     assert prices[0] > prices[2] > 0  # a 256-token prefill costs more than 8 decodes on any profile
     assert len(res["churn_paged_ms"]) == len(res["churn_static_ms"]) == 12

@@ -157,12 +157,12 @@ def test_json_documents_anywhere_or_one_per_line():
 
 
 def test_serving_runs_name_a_line_that_is_no_object_before_a_later_broken_one(tmp_path):
-    from calibration.serving_bench import _result_documents
+    from calibration.serving_bench import result_documents
     from sim.errors import ConfigError
 
     p = tmp_path / "runs.json"
     p.write_text('{"a": 1}\n[1, 2]\n{broken\n')
     with pytest.raises(ConfigError, match=r"runs\.json: line 2: got 'list'"):
-        _result_documents(p)
+        result_documents(p)
     p.write_text('{"a": 1}\n\n{"b": 2}\n')
-    assert _result_documents(p) == [("line 1", {"a": 1}), ("line 3", {"b": 2})]
+    assert result_documents(p) == [("line 1", {"a": 1}), ("line 3", {"b": 2})]

@@ -314,14 +314,14 @@ def test_host_speed_applies_per_sample_when_passes_differ_in_length():
 def test_elementwise_fit_survives_times_flat_in_the_bytes():
     """On a loaded host the quick grid's elementwise times can come out flat or falling (launch-bound):
     no slope to invert. The bandwidth is then the fastest observed, not a division by zero."""
-    from calibration.kernels.device_profile import _elementwise_fit
+    from calibration.kernels.device_profile import elementwise_fit
 
     # Noise makes the larger sizes a little faster: the fitted slope is negative, clipped to 0.
     rows = [{"nbytes": n, "median_s": s} for n, s in ((1 << 12, 6e-6), (1 << 14, 5.5e-6), (1 << 16, 5e-6))]
-    got = _elementwise_fit(rows)
+    got = elementwise_fit(rows)
     assert got["bandwidth_bytes_per_s"] == pytest.approx((1 << 16) / 5e-6)
     sloped = [{"nbytes": n, "median_s": 2e-6 + n / 1e10} for n in (1 << 12, 1 << 20, 1 << 24)]
-    assert _elementwise_fit(sloped)["bandwidth_bytes_per_s"] == pytest.approx(1e10, rel=1e-6)
+    assert elementwise_fit(sloped)["bandwidth_bytes_per_s"] == pytest.approx(1e10, rel=1e-6)
 
 
 def test_hbm_bandwidth_comes_from_copies_that_overflow_the_cache():
@@ -329,7 +329,7 @@ def test_hbm_bandwidth_comes_from_copies_that_overflow_the_cache():
     copy line ran at ~2x HBM's rate; a 256 MB copy runs at HBM's. The device's bandwidth is read off
     the copies of at least twice the cache (launch latency taken off), not the fit over every size;
     without such a copy, or without a cache size, the fit is kept and said to be an upper bound."""
-    from calibration.kernels.device_profile import _hbm_bandwidth, _mem_fit
+    from calibration.kernels.device_profile import hbm_bandwidth, memory_fit
     from calibration.kernels.measure import Measurements
     from calibration.kernels.timing import Timing
 
@@ -339,14 +339,14 @@ def test_hbm_bandwidth_comes_from_copies_that_overflow_the_cache():
         bw = cache_bw if nb < l2 else hbm_bw
         t = lat + 2 * nb / bw
         meas.add("memory", "copy", Timing(t, t, t, 5, 1, 1), nbytes=nb)
-    copy = _mem_fit(meas, ("copy",))
-    bw, src = _hbm_bandwidth(meas, copy, l2)
+    copy = memory_fit(meas, ("copy",))
+    bw, src = hbm_bandwidth(meas, copy, l2)
     assert bw == pytest.approx(hbm_bw, rel=0.01) and "L2" in src and "1 sizes" in src
-    fit_bw, fit_src = _hbm_bandwidth(meas, copy, 0)
+    fit_bw, fit_src = hbm_bandwidth(meas, copy, 0)
     assert fit_bw == 2 * copy["bandwidth_bytes_per_s"] and fit_bw > 1.1 * hbm_bw and "unknown" in fit_src
     # the validation grid's sizes before (4 KB - 16 MB): the cache's rate, said to be so
     small = Measurements(rows=[r for r in meas.rows if r["nbytes"] < l2])
-    bw, src = _hbm_bandwidth(small, _mem_fit(small, ("copy",)), l2)
+    bw, src = hbm_bandwidth(small, memory_fit(small, ("copy",)), l2)
     assert bw == pytest.approx(cache_bw, rel=0.05) and "no copy reached" in src
 
 
@@ -359,7 +359,7 @@ def test_validation_grid_on_a_gpu_times_adds_past_launch_bound_sizes():
 
     import yaml
 
-    from calibration.kernels.device_profile import _elementwise_fit
+    from calibration.kernels.device_profile import elementwise_fit
     from calibration.validate.rounds import validation_plan
     from sim.catalog import get_model
 
@@ -376,5 +376,5 @@ def test_validation_grid_on_a_gpu_times_adds_past_launch_bound_sizes():
             for i, t in enumerate(tokens)
         ]
 
-    assert _elementwise_fit(rows(gpu.ew_tokens))["bandwidth_bytes_per_s"] == pytest.approx(4e12, rel=0.05)
-    assert abs(_elementwise_fit(rows(cpu.ew_tokens))["bandwidth_bytes_per_s"] / 4e12 - 1) > 0.25
+    assert elementwise_fit(rows(gpu.ew_tokens))["bandwidth_bytes_per_s"] == pytest.approx(4e12, rel=0.05)
+    assert abs(elementwise_fit(rows(cpu.ew_tokens))["bandwidth_bytes_per_s"] / 4e12 - 1) > 0.25

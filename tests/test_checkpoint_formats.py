@@ -11,10 +11,10 @@ import pytest
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.deployment import Deployment
 from sim.hf_config import shipped_models
-from sim.model_ids import CHECKPOINT_FORMATS, MODEL_IDS, _quant_tags, model_argument, variant_note
+from sim.model_ids import CHECKPOINT_FORMATS, MODEL_IDS, model_argument, quant_tags, variant_note
 
 #: Every id kvsim knows exactly whose name says FP8: the catalog ids and the shipped configs.
-FP8_IDS = sorted({i for i in [*MODEL_IDS, *shipped_models()] if "fp8" in _quant_tags(i)})
+FP8_IDS = sorted({i for i in [*MODEL_IDS, *shipped_models()] if "fp8" in quant_tags(i)})
 
 
 def _format(ident: str) -> tuple[str, str]:
@@ -26,9 +26,7 @@ def _format(ident: str) -> tuple[str, str]:
 def _siblings(ident: str) -> list[str]:
     """Shipped configs of the same organisation with the same quantization tags."""
     org = ident.split("/")[0]
-    return [
-        s for s in shipped_models() if s != ident and s.split("/")[0] == org and _quant_tags(s) == _quant_tags(ident)
-    ]
+    return [s for s in shipped_models() if s != ident and s.split("/")[0] == org and quant_tags(s) == quant_tags(ident)]
 
 
 def test_the_fp8_ids_include_the_catalog_ones():
@@ -51,7 +49,7 @@ def test_the_catalog_fp8_ids_have_their_siblings_format():
 
 def test_every_quantized_catalog_id_has_a_format_and_agrees_with_a_shipped_config():
     for ident in MODEL_IDS:
-        if _quant_tags(ident):
+        if quant_tags(ident):
             assert ident in CHECKPOINT_FORMATS, ident
     for ident, fmt in CHECKPOINT_FORMATS.items():
         assert ident in MODEL_IDS

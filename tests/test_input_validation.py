@@ -444,7 +444,7 @@ def test_staged_outputs_replace_all_or_nothing(tmp_path):
 
 
 def test_a_prompt_beyond_its_reservation_is_rejected_not_truncated():
-    # The case: static p50 reservation, truncate, memory pressure (many prefills share
+    # bench/hostile.py's class-8 CI case: static p50 reservation, truncate, memory pressure (many prefills share
     # the token budget, so a long prompt is admitted one chunk at a time).
     sc = _load(
         **{

@@ -160,9 +160,9 @@ def test_sources_forced_with_env_and_when_stale():
     assert state == "off" and all(f.endswith(".py") for f in files), out.stdout
     # The finder guard() installs for a stale build imports every compiled module from its source.
     for mod in native.MODULES:
-        spec = native._SourceFinder().find_spec(mod)
+        spec = native.SourceFinder().find_spec(mod)
         assert spec is not None and spec.origin.endswith(mod.split(".")[-1] + ".py") and Path(spec.origin).exists()
-    assert native._SourceFinder().find_spec("sim.config") is None
+    assert native.SourceFinder().find_spec("sim.config") is None
 
 
 def test_build_refuses_clearly_without_a_compiler_and_keeps_the_build(monkeypatch):

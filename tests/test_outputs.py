@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, strategies as st
 
-from sim.output.metrics import REQUEST_SCHEMA, TIMESERIES_SCHEMA, _arrow_column
+from sim.output.metrics import REQUEST_SCHEMA, TIMESERIES_SCHEMA, arrow_column
 
 TYPES = sorted({f.type for f in (*REQUEST_SCHEMA, *TIMESERIES_SCHEMA)}, key=str)
 
@@ -30,15 +30,15 @@ def _values(typ):
 def test_arrow_column_equals_pa_array(typ):
     @given(st.lists(_values(typ), max_size=40).map(tuple))
     def check(values):
-        got = _arrow_column(values, typ)
+        got = arrow_column(values, typ)
         assert got.type == typ and got.equals(pa.array(values, type=typ))
 
     check()
 
 
 def test_arrow_column_falls_back_for_nulls():
-    assert _arrow_column((1, None, 3), pa.int64()).to_pylist() == [1, None, 3]
-    assert _arrow_column(("a", None), pa.string()).to_pylist() == ["a", None]
+    assert arrow_column((1, None, 3), pa.int64()).to_pylist() == [1, None, 3]
+    assert arrow_column(("a", None), pa.string()).to_pylist() == ["a", None]
 
 
 def test_a_run_does_not_import_pandas(tmp_path):

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from sim.analysis.planner import (
-    _seed_intervals,
     candidate_row,
     plan,
     plan_columns,
     problem_lines,
     recommend,
+    seed_intervals,
     write_plan,
 )
 from sim.analysis.slo import SLO, parse_slos
@@ -83,7 +83,7 @@ def _seeded_plan() -> dict:
         _cand("static-p95", "static", 37.58, 38.51, [38.51, 72.88, 41.19], _op(rejected=1, truncated=8)),
         _cand("paged", "paged", 42.69, 42.80, [42.80, 53.49, 32.04], _op()),
     ]
-    _seed_intervals(cands, 0.95)
+    seed_intervals(cands, 0.95)
     return {
         "tolerance": 0.05,
         "target_rate": 50.0,
@@ -142,7 +142,7 @@ def test_seeds_a_real_difference_is_not_a_tie():
     ]
     p["candidates"][0]["operating_point"] = _op()
     p["candidates"][1]["operating_point"] = _op(rejected=5)
-    _seed_intervals(p["candidates"], 0.95)
+    seed_intervals(p["candidates"], 0.95)
     rec = recommend(p)
     assert rec["candidate"] == "paged" and not any(r.startswith("a tie") for r in rec["reasons"])
     assert [n["within_noise"] for n in rec["noise"]] == [False]

@@ -17,7 +17,7 @@ Regression tests for defects a tester reproduced:
 
 import re
 
-from sim.analysis.planner import _seed_intervals, candidate_row, plan, plan_columns, recommend
+from sim.analysis.planner import candidate_row, plan, plan_columns, recommend, seed_intervals
 from sim.analysis.slo import SLO
 
 
@@ -64,7 +64,7 @@ def _cand(name: str, edge: float, op: dict, seed_edges: list[float] | None = Non
 
 
 def _plan(cands: list[dict], seeds: int = 1) -> dict:
-    _seed_intervals(cands, 0.95)
+    seed_intervals(cands, 0.95)
     return {
         "tolerance": 0.05,
         "target_rate": None,

@@ -166,7 +166,7 @@ def test_calibrate_device_timings_print_plain_lines(capsys, monkeypatch):
             return ["t"] * len(setups)
 
     jobs = [Job("gemm 1"), Job("decode 2")]
-    assert measure._time_jobs(Bench(), jobs, [None, None], 2, True) == ["t", "t"]
+    assert measure.time_jobs(Bench(), jobs, [None, None], 2, True) == ["t", "t"]
     err = capsys.readouterr().err.splitlines()
     # Lines begin once the interval (0 s here) has passed: a calibration that fails at its first
     # point (out of memory) is its one error line.

@@ -137,7 +137,7 @@ def test_the_warning_names_the_knobs_as_the_engine_filled_them(tmp_path, capsys)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sim.cli.main import _warn_preemption
+    from sim.cli.main import warn_preemption
     from sim.engine.deployment import with_engine_defaults
 
     # No scheduler key set: the vLLM preset fills max_num_seqs (1,024 on an H100), which the warning
@@ -146,7 +146,7 @@ def test_the_warning_names_the_knobs_as_the_engine_filled_them(tmp_path, capsys)
     ran = with_engine_defaults(sc).scheduler
     assert sc.scheduler.max_num_seqs != ran.max_num_seqs
     pq.write_table(pa.table({"status": ["completed"], "prompt_tokens": [16_000]}), tmp_path / "requests.parquet")
-    _warn_preemption(summary(completed=30, preemptions=5539), sc, tmp_path)
+    warn_preemption(summary(completed=30, preemptions=5539), sc, tmp_path)
     line = capsys.readouterr().err
     assert line.startswith("warning: heavy preemption") and f"scheduler.max_num_seqs, {ran.max_num_seqs} now" in line
 

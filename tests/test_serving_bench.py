@@ -76,13 +76,13 @@ from calibration.serving_fit import (
 )
 from calibration.serving_report import (
     CLIENT_MODES,
-    _rows,
     check_rows,
     clients_rows,
     fast_run_warnings,
     few_runs_lines,
     kernel_warnings,
     kv_warnings,
+    selected_rows,
     served_by_line,
     served_by_rows,
     variant_lines,
@@ -2477,7 +2477,7 @@ def test_rows_no_terms_can_simulate_are_said_and_left_out_before_any_fit(tmp_pat
     p = tmp_path / "runs.csv"
     p.write_text(f"{HEADER}\n{GOOD}\nmeta-llama/Llama-3.1-70B-Instruct,l40s,vllm,1,1024,128,4,50,8\n")
     problems: list[str] = []
-    (r,) = _rows(str(p), None, None, None, problems=problems)
+    (r,) = selected_rows(str(p), None, None, None, problems=problems)
     assert r.model == LLAMA
     (line,) = problems
     assert line.startswith(f"{p}: row 3: gpu: got 'L40S x TP1'; KV capacity per replica is -")
@@ -2485,7 +2485,7 @@ def test_rows_no_terms_can_simulate_are_said_and_left_out_before_any_fit(tmp_pat
     with pytest.raises(
         ConfigError, match=r"runs.csv: got '1 row, none that kvsim can simulate'; at least one; row 2: gpu"
     ):
-        _rows(str(p), None, None, None, problems=[])
+        selected_rows(str(p), None, None, None, problems=[])
 
 
 def test_a_run_of_one_output_token_is_fitted_on_its_ttft():
@@ -2501,7 +2501,7 @@ def test_runs_longer_than_the_models_context_are_left_out_as_vllm_refuses_them(t
         f"{HEADER}\nQwen/Qwen3-8B,h100_sxm,vllm,1,200000,128,4,50,8\nQwen/Qwen3-8B,h100_sxm,vllm,1,1024,128,4,50,8\n"
     )
     skipped: list[str] = []
-    rows = _rows(str(p), None, None, None, problems=skipped)
+    rows = selected_rows(str(p), None, None, None, problems=skipped)
     assert [(r.isl, r.osl) for r in rows] == [(1024, 128)]
     (line,) = skipped
     assert "row 2: workload.max_model_len: got 200128; at most 40960: the context of Qwen/Qwen3-8B" in line

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from calibration.serving_bench import read_bench, read_csv, read_vllm_result, row_scenario
+from sim.analysis.bench_results import parse_request_rate
 from sim.config import scenario_from_dict
 from sim.errors import ConfigError
 from sim.model_ids import model_argument
@@ -112,12 +113,13 @@ def test_a_known_quantized_id_runs_its_checkpoint_weights_where_the_row_gives_no
         ("request_rate", 0.5, "request_rate: got 0.5; inf"),
         ("request_rate", "2", "request_rate: got '2'; inf"),
         ("request_rate", True, "request_rate: got True; inf"),
+        ("request_rate", "+inf", "request_rate: got '+inf'; inf"),
         ("ramp_up_strategy", "linear", "ramp_up_strategy: got 'linear'; null"),
     ],
 )
 def test_a_rate_limited_or_ramped_run_is_refused_and_a_folder_reads_the_others(tmp_path, field, value, said):
     bad = write(tmp_path / "limited.json", result(**{field: value}))
-    with pytest.raises(ConfigError, match=rf"limited\.json: result, {said}.*kvsim compare") as err:
+    with pytest.raises(ConfigError, match=rf"limited\.json: result, {re.escape(said)}.*kvsim compare") as err:
         read_vllm_result(bad, **ON)
     assert "\n" not in str(err.value)
     write(tmp_path / "ok.json", result())
@@ -130,6 +132,27 @@ def test_a_rate_limited_or_ramped_run_is_refused_and_a_folder_reads_the_others(t
 def test_a_closed_loop_has_an_infinite_or_no_request_rate(tmp_path, rate):
     p = write(tmp_path / "r.json", result(request_rate=rate))
     assert read_vllm_result(p, **ON).concurrency == 4
+
+
+@pytest.mark.parametrize(
+    "rate", ["inf", " INF ", "Infinity", math.inf, "+inf", "+infinity", "-inf", -math.inf, 4.0, "4", "fast", True]
+)
+def test_calibrate_reads_a_request_rate_as_compare_does(tmp_path, rate):
+    """One rule for a result's ``request_rate`` (:func:`sim.analysis.bench_results.parse_request_rate`):
+    infinite is ``"inf"`` (any case), as ``vllm bench serve`` writes it, ``"infinity"``, or JSON's
+    ``Infinity`` (SGLang's float). A closed loop for calibrate is exactly a rate compare reads as
+    infinite; ``"+inf"``, which no benchmark writes, is refused by both."""
+    p = write(tmp_path / "r.json", result(request_rate=rate))
+    try:
+        infinite = parse_request_rate(p, json.loads(p.read_text()), "request_rate", None) == math.inf
+    except ConfigError:
+        infinite = False
+    try:
+        closed = read_vllm_result(p, **ON).concurrency == 4
+    except ConfigError as exc:
+        assert "request_rate" in str(exc)
+        closed = False
+    assert closed == infinite
 
 
 # --- 3. a column given twice ------------------------------------------------------------------

@@ -79,7 +79,7 @@ def test_reporting_changes_no_fitted_number(tmp_path, monkeypatch):
     with sf.reporting(Recorder()):
         watched = sf.fit(rows, max_evals=12)
     assert watched.to_json() == bare.to_json()
-    assert sf._REPORTER.get() is None
+    assert sf.FIT_REPORTER.get() is None
 
 
 def test_plain_reporter_says_each_phase_and_throttles_evaluations():

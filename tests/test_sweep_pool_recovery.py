@@ -52,7 +52,7 @@ def _run(monkeypatch, points: list[Point], workers: int = 2) -> dict[str, list[d
     """point id → every result recorded for it."""
     monkeypatch.setattr(sweep, "run_point", _stand_in)
     got: dict[str, list[dict]] = {}
-    sweep._run_local(points, workers, None, lambda p, r: got.setdefault(p.point_id, []).append(r))
+    sweep.run_points_locally(points, workers, None, lambda p, r: got.setdefault(p.point_id, []).append(r))
     return got
 
 

@@ -236,6 +236,6 @@ def test_a_point_whose_named_file_changed_runs_again_and_one_reading_shipped_fil
     assert after == rows(out) and len(after) == 2
     # A scenario naming only shipped files hashes as it did: ids of older datasets stay valid.
     sc = load_scenario("chat-api")
-    from sim.analysis.sweep import _hash, canonical_scenario
+    from sim.analysis.sweep import canonical_scenario, json_digest
 
-    assert point_id(sc) == _hash({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})
+    assert point_id(sc) == json_digest({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})

@@ -242,18 +242,18 @@ def test_trace_upload_row_cap(tmp_path):
 
 
 def test_upload_validation_does_not_fill_the_trace_cache():
-    T._read_cached.cache_clear()  # other tests in this process may have filled it to its bound
-    before = T._read_cached.cache_info().currsize
+    T.read_trace_cached.cache_clear()  # other tests in this process may have filled it to its bound
+    before = T.read_trace_cached.cache_info().currsize
     store = U.UploadStore()
     try:
         for i in range(3):
             store.add_trace(f"t{i}.parquet", _rows_parquet(1000 + i))
-        assert T._read_cached.cache_info().currsize == before
+        assert T.read_trace_cached.cache_info().currsize == before
         # A run reads it through the cache as before.
         T.read_trace(store.traces["t0.parquet"].path)
-        assert T._read_cached.cache_info().currsize == before + 1
+        assert T.read_trace_cached.cache_info().currsize == before + 1
     finally:
-        T._read_cached.cache_clear()
+        T.read_trace_cached.cache_clear()
         store.close()
 
 
@@ -377,5 +377,5 @@ def test_json_depth_in_pieces_matches_one_pass(monkeypatch):
     texts = ["".join(rng.choice('[]{}"\\ab') for _ in range(rng.randint(0, 60))) for _ in range(2000)]
     whole = [inputs.json_depth(t) for t in texts]
     for chunk in (1, 2, 3, 7):
-        monkeypatch.setattr(inputs, "_DEPTH_CHUNK", chunk)
+        monkeypatch.setattr(inputs, "DEPTH_CHUNK_BYTES", chunk)
         assert [inputs.json_depth(t) for t in texts] == whole

@@ -103,7 +103,7 @@ def test_overhead_rounds_pool_every_pass(monkeypatch):
                 )
         return {
             a: {
-                **kernels._fit_overhead(rows, "cpu_norm"),
+                **kernels.fit_overhead(rows, "cpu_norm"),
                 "allocator": a,
                 "block_size": 16,
                 "dtype": "fp32",
@@ -224,7 +224,7 @@ def test_overhead_rounds_refit_on_pooled_kernel_rounds(monkeypatch):
         assert row["predicted_s"] == pytest.approx(pred, rel=1e-12) and pred > 0
         assert row["residual_s"] == pytest.approx(row["measured_s"] - pred, rel=1e-12)
     # the fit is the plain fit of those re-priced rows
-    again = kernels._fit_overhead(r.rows["paged"], "cpu_norm")
+    again = kernels.fit_overhead(r.rows["paged"], "cpu_norm")
     assert (fit["intercept_s"], fit["per_seq_s"]) == (again["intercept_s"], again["per_seq_s"])
 
 
@@ -413,26 +413,26 @@ def _run_rows(a, b, c, excess, runs=12, decodes=20, rng=None):
 def test_overhead_fit_steady_state_and_after_prefill():
     """The decode term is fitted on steady-state iterations; the k-th decode iteration after a prefill
     gets its own excess over it (after_prefill_s), which the all-decode fit averages into a + b·S."""
-    from calibration.kernels import _fit_overhead
+    from calibration.kernels import fit_overhead
 
     a, b, c = 1e-3, 2e-4, 20e-6
     excess = [6e-4, 3e-4, 1e-4, 0.0, 0.0]  # seconds, decode iterations 1..5 after a prefill
-    fit = _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm")
+    fit = fit_overhead(_run_rows(a, b, c, excess), "cpu_norm")
     # the mixed iteration counts one more sequence (the chunk) than the decodes around it
     assert fit["intercept_s"] == pytest.approx(a, rel=1e-6) and fit["per_seq_s"] == pytest.approx(b, rel=1e-6)
     assert fit["per_token_s"] == pytest.approx(c, rel=1e-6)
     assert fit["after_prefill_s"] == pytest.approx(excess[:3], rel=1e-6)  # trailing zeros dropped
     assert fit["after_prefill_samples"] == [12] * 5 and fit["steady_decode_iterations"] == 12 * 15
     assert fit["fit_p90_rel_err"] < 1e-6  # with the excess, the fit prices every row
-    assert _fit_overhead(_run_rows(a, b, c, excess), "cpu_norm", after_prefill=False)["after_prefill_s"] == []
+    assert fit_overhead(_run_rows(a, b, c, excess), "cpu_norm", after_prefill=False)["after_prefill_s"] == []
     # short runs (most decode iterations right after a prefill): the all-decode fit lifts a + b·S instead
     long_excess = [6e-4, 5e-4, 4e-4, 3e-4, 2e-4]
     short = _run_rows(a, b, c, long_excess, decodes=8)
-    alld = _fit_overhead(short, "cpu_norm", steady=False)
+    alld = fit_overhead(short, "cpu_norm", steady=False)
     assert alld["intercept_s"] > a * 1.01 and alld["after_prefill_s"] == []
-    assert _fit_overhead(short, "cpu_norm")["intercept_s"] == pytest.approx(a, rel=1e-6)
-    assert _fit_overhead(_run_rows(a, b, c, [0.0] * 5), "cpu_norm")["after_prefill_s"] == []
-    noisy = _fit_overhead(_run_rows(a, b, c, excess, rng=np.random.default_rng(0)), "cpu_norm")
+    assert fit_overhead(short, "cpu_norm")["intercept_s"] == pytest.approx(a, rel=1e-6)
+    assert fit_overhead(_run_rows(a, b, c, [0.0] * 5), "cpu_norm")["after_prefill_s"] == []
+    noisy = fit_overhead(_run_rows(a, b, c, excess, rng=np.random.default_rng(0)), "cpu_norm")
     assert noisy["after_prefill_s"][0] == pytest.approx(excess[0], rel=0.1)
     assert noisy["intercept_s"] + noisy["per_seq_s"] == pytest.approx(a + b, rel=0.03)
     # into the profile as is
@@ -453,7 +453,7 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
     so the fit prices those counts exactly (the line alone misses them); a count with fewer gets none;
     the per-prefill-token part is measured against the line with its departures; the profile and
     ``step_overhead_s`` charge the same; without ``by_seqs`` nothing departs."""
-    from calibration.kernels import BY_SEQS_MIN, _fit_overhead, step_overhead_s, with_engine_overhead
+    from calibration.kernels import BY_SEQS_MIN, fit_overhead, step_overhead_s, with_engine_overhead
     from sim.catalog import get_model
     from sim.cost.profile import load_profile
 
@@ -489,8 +489,8 @@ def test_overhead_fit_by_seqs_prices_each_measured_count():
                 "cpu_s": 1e-3 + over,
             }
         )
-    line = _fit_overhead(rows, "cpu_norm", by_seqs=False)
-    fit = _fit_overhead(rows, "cpu_norm")
+    line = fit_overhead(rows, "cpu_norm", by_seqs=False)
+    fit = fit_overhead(rows, "cpu_norm")
     assert "per_seq_delta_s" not in line and line["fit_p90_rel_err"] > 0.02
     assert fit["per_seq_delta_s"]["seqs"] == [1, 2, 3, 4]  # 6: one iteration too few
     assert step_overhead_s(fit, [1, 2, 3, 4]) == pytest.approx([a + b * S + bump[S] for S in (1, 2, 3, 4)], rel=1e-9)
@@ -515,7 +515,7 @@ def test_overhead_fit_mixed_decode_cost():
     """``mixed_decode``: iterations with prefill are fitted ``c·P + g·D``, recovering both from rows
     built so; without a per-decode cost the fit's ``c`` is the sum ratio the fit used before; the
     profile carries ``g`` and the simulator charges it per decoding sequence in a mixed iteration only."""
-    from calibration.kernels import _fit_overhead, with_engine_overhead
+    from calibration.kernels import fit_overhead, with_engine_overhead
     from sim.catalog import GPUS, get_model
     from sim.cost.model import BatchShape
     from sim.cost.profile import ProfileCostModel, load_profile
@@ -560,12 +560,12 @@ def test_overhead_fit_mixed_decode_cost():
             )
         return rows
 
-    fit = _fit_overhead(rows_with(g), "cpu_norm")
+    fit = fit_overhead(rows_with(g), "cpu_norm")
     assert fit["per_token_s"] == pytest.approx(c, rel=1e-6) and fit["mixed_per_decode_s"] == pytest.approx(g, rel=1e-6)
     assert fit["fit_p90_rel_err"] < 1e-9
-    assert _fit_overhead(rows_with(g), "cpu_norm", mixed_decode=False)["mixed_per_decode_s"] == 0.0
+    assert fit_overhead(rows_with(g), "cpu_norm", mixed_decode=False)["mixed_per_decode_s"] == 0.0
     flat = rows_with(0.0)
-    both, ratio = _fit_overhead(flat, "cpu_norm"), _fit_overhead(flat, "cpu_norm", mixed_decode=False)
+    both, ratio = fit_overhead(flat, "cpu_norm"), fit_overhead(flat, "cpu_norm", mixed_decode=False)
     assert both["mixed_per_decode_s"] == pytest.approx(0.0, abs=1e-12)
     assert both["per_token_s"] == pytest.approx(ratio["per_token_s"], rel=1e-9)
     model = get_model("tiny-llama")
@@ -609,7 +609,7 @@ def test_overhead_fit_center_prices_the_mean_iteration():
     """Right-skewed iteration times (a few slow ones): the default trimmed centre lands between the
     median and the mean, so a sum of iterations is priced closer to its measured total than with
     medians; the trim keeps one huge outlier out; a bad centre is refused."""
-    from calibration.kernels import _fit_overhead
+    from calibration.kernels import fit_overhead
 
     rng = np.random.default_rng(1)
     rows = []
@@ -630,16 +630,16 @@ def test_overhead_fit_center_prices_the_mean_iteration():
                     "predicted_s": base,
                 }
             )
-    fits = {c: _fit_overhead(rows, "cpu_norm", center=c) for c in ("median", "trimmed", "mean")}
+    fits = {c: fit_overhead(rows, "cpu_norm", center=c) for c in ("median", "trimmed", "mean")}
     at = {c: f["intercept_s"] + 4 * f["per_seq_s"] for c, f in fits.items()}
     assert at["median"] < at["trimmed"] < at["mean"]
     total = sum(r["residual_s"] for r in rows if r["seqs"] == 4 and r["residual_s"] < 50 * 1.8e-3) / 399
     assert abs(at["trimmed"] - total) < abs(at["median"] - total)
     with pytest.raises(ValueError, match="center"):
-        _fit_overhead(rows, "cpu_norm", center="mode")
+        fit_overhead(rows, "cpu_norm", center="mode")
     # groups too small to trim (two iterations at S = 3) take their median, never NaN
     few = rows + [dict(rows[0], seqs=3, residual_s=1.7e-3), dict(rows[0], seqs=3, residual_s=1.9e-3)]
-    small = _fit_overhead(few, "cpu_norm")
+    small = fit_overhead(few, "cpu_norm")
     assert np.isfinite(small["intercept_s"]) and np.isfinite(small["per_seq_s"])
 
 

@@ -56,9 +56,9 @@ from .engine_overhead import (
     FIT_CENTERS,
     OVERHEAD_MIXES,
     TRIM_MIN,
-    _fit_overhead as _fit_overhead,  # refitted by calibration.validate and its tests
     decode_since_prefill,
     engine_iteration_rows,
+    fit_overhead,
     kernel_cost,
     kernels_only,
     measure_engine_overhead,
@@ -72,8 +72,8 @@ from .plan import (
     REFERENCE_BLOCK_SIZE,
     STATIC_PREFILL,
     Plan,
-    _pow2 as _pow2,  # calibration.validate builds its grid with it
     make_plan,
+    pow2_grid,
 )
 from .report import write_report
 from .timing import (
@@ -118,6 +118,7 @@ __all__ = [
     "decode_since_prefill",
     "describe_device",
     "engine_iteration_rows",
+    "fit_overhead",
     "import_torch",
     "kernel_cost",
     "kernels_only",
@@ -125,6 +126,7 @@ __all__ = [
     "measure_device",
     "measure_engine_overhead",
     "pool_measurements",
+    "pow2_grid",
     "repredict",
     "row_time_s",
     "run_measurements",

@@ -68,7 +68,7 @@ def _linear_fit(x: np.ndarray, t: np.ndarray) -> tuple[float, float, dict]:
     return a, b, F.error_summary(a + b * x, t)
 
 
-def _elementwise_fit(rows: list[dict]) -> dict:
+def elementwise_fit(rows: list[dict]) -> dict:
     """The elementwise kernel's latency (s) and bandwidth (bytes/s) from its timed sizes."""
     x = np.array([r["nbytes"] for r in rows], dtype=float)
     t = np.array([r["median_s"] for r in rows])
@@ -85,7 +85,8 @@ def _elementwise_fit(rows: list[dict]) -> dict:
     }
 
 
-def _mem_fit(meas: Measurements, kinds: tuple[str, ...]) -> dict:
+def memory_fit(meas: Measurements, kinds: tuple[str, ...]) -> dict:
+    """Latency (s) and bandwidth (bytes/s) fitted over the memory operations ``kinds``' timed sizes."""
     rows = [r for k in kinds for r in meas.select("memory", kernel=k)]
     x = np.array([r["nbytes"] for r in rows], dtype=float)
     t = np.array([r["median_s"] for r in rows])
@@ -99,7 +100,7 @@ def _mem_fit(meas: Measurements, kinds: tuple[str, ...]) -> dict:
     }
 
 
-def _hbm_bandwidth(meas: Measurements, copy: dict, cache_bytes: int) -> tuple[float, str]:
+def hbm_bandwidth(meas: Measurements, copy: dict, cache_bytes: int) -> tuple[float, str]:
     """The device memory's bandwidth (bytes read + written per second) and how it was read. Copies that
     fit in the last-level cache time the cache: on an H200 (60 MB L2) copies of up to 16 MB fitted a
     line of 9.1 TB/s, about twice HBM's. So the copies of at least twice ``cache_bytes`` give it,
@@ -267,9 +268,9 @@ def build_device_profile(
     if attn.get("skipped_block_sizes"):
         layout["skipped_block_sizes"] = attn["skipped_block_sizes"]
 
-    zero, copy = _mem_fit(meas, ("zero_fill",)), _mem_fit(meas, ("copy",))
+    zero, copy = memory_fit(meas, ("zero_fill",)), memory_fit(meas, ("copy",))
     pinned = bool(meas.select("memory", kernel="host_h2d"))  # host transfers timed with pinned memory (CUDA)
-    host = _mem_fit(meas, ("host_h2d", "host_d2h")) if pinned else dict(copy)
+    host = memory_fit(meas, ("host_h2d", "host_d2h")) if pinned else dict(copy)
     alloc = meas.select("alloc")[0]["median_s"]
 
     def size_curve(kinds):
@@ -309,7 +310,7 @@ def build_device_profile(
         + "; alloc_event_s: pop from a free list + extend a block-table row + write it into the "
         "block-table tensor, per block",
     }
-    elementwise = _elementwise_fit(meas.select("elementwise"))
+    elementwise = elementwise_fit(meas.select("elementwise"))
     ov_rows = meas.select("cpu_overhead")
     xb = np.array([r["batch"] for r in ov_rows], dtype=float)
     a, b, q = _linear_fit(xb, np.array([r["median_s"] for r in ov_rows]))
@@ -380,7 +381,7 @@ def build_device_profile(
             "paged_overhead)",
         ],
     }
-    hbm_bw, hbm_src = _hbm_bandwidth(meas, copy, int(device_info.get("l2_cache_bytes") or 0))
+    hbm_bw, hbm_src = hbm_bandwidth(meas, copy, int(device_info.get("l2_cache_bytes") or 0))
     device = {
         "name": dev_name,
         "system": device_info["kind"],

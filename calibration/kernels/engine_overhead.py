@@ -2,7 +2,7 @@
 
 What isolated kernels miss (scheduling, block tables, metadata tensors, the forward's small ops,
 sampling, bookkeeping): each engine iteration's time minus what the profile's kernel curves
-predict for the same batch shape, fitted ``a + b·S + c·P`` (:func:`_fit_overhead`) and put into a
+predict for the same batch shape, fitted ``a + b·S + c·P`` (:func:`fit_overhead`) and put into a
 profile's CPU-step term (:func:`with_engine_overhead`).
 """
 
@@ -109,8 +109,8 @@ def engine_iteration_rows(result, cost) -> list[dict]:
 def repredict(rows: list[dict], cost, clock: str) -> list[dict]:
     """``rows`` (engine overhead rows) with ``predicted_s`` and ``residual_s`` recomputed against
     ``cost`` (kernels only, :func:`kernel_cost`): how the overhead rounds are refitted on kernel
-    curves re-timed after they ran. Rows without ``chunks`` (runs before it was stored) are
-    returned unchanged."""
+    curves re-timed after they ran. Rows without ``chunks`` (overhead rows that do not record
+    their prefill chunks) are returned unchanged."""
     out = []
     for r in rows:
         if "chunks" not in r:
@@ -167,7 +167,7 @@ def measure_engine_overhead(
     profile's kernel curves predict for the same batch shape (GEMMs, attention,
     elementwise, allocations; CPU overhead zeroed) is the overhead route 1's isolated
     kernels miss. It is fitted ``a + b·S + c·P`` (``S`` sequences, ``P`` prefill tokens) by
-    :func:`_fit_overhead`: ``a + b·S`` on steady-state decode iterations, ``c`` = what an iteration
+    :func:`fit_overhead`: ``a + b·S`` on steady-state decode iterations, ``c`` = what an iteration
     with prefill leaves per prefill token (see there). The layouts' runs are interleaved
     (pass by pass, batch by batch) so a slow episode of a shared host hits all of them alike.
     ``mixes`` (:data:`OVERHEAD_MIXES`, each row tagged ``mix``): how each batch is filled;
@@ -261,7 +261,7 @@ def measure_engine_overhead(
         "mixes": list(mixes),
         **({"output_range": list(output_range)} if "queued" in mixes else {}),
     }
-    out = {a: {**_fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
+    out = {a: {**fit_overhead(rows[a], clock), "allocator": a, **meta} for a in allocators}
     for a in allocators:
         if probe_log[a]:  # cpu_norm only
             assert probe_ref_s is not None
@@ -278,7 +278,7 @@ def measure_engine_overhead(
 AFTER_PREFILL = 5
 
 
-#: how the overhead fit summarises the residuals of a group of iterations (``_fit_overhead``)
+#: how the overhead fit summarises the residuals of a group of iterations (``fit_overhead``)
 FIT_CENTERS = ("trimmed", "median", "mean")
 
 
@@ -287,7 +287,7 @@ TRIM_MIN = 20
 
 
 #: the fewest steady-state decode iterations at one sequence count for the overhead fit to measure
-#: that count's departure from its line (``_fit_overhead``'s ``by_seqs``)
+#: that count's departure from its line (``fit_overhead``'s ``by_seqs``)
 BY_SEQS_MIN = 20
 
 
@@ -321,7 +321,7 @@ def _center(x: np.ndarray, how: str) -> float:
     return float(np.mean(x[_untrimmed(x)]))
 
 
-def _fit_overhead(
+def fit_overhead(
     rows: list[dict],
     clock: str,
     *,
@@ -477,7 +477,7 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
     if c > 0:
         kd = p.dtypes["weight"][0]
         cm = ProfileCostModel(p, model, GPUS["cpu"], weight_dtype=kd, kv_dtype=kd)
-        old = cm._ew_per_token * model.layers  # seconds per token through the elementwise channel
+        old = cm.elementwise_per_token_s * model.layers  # seconds per token through the elementwise channel
         ew = dict(p.elementwise)
         ew["kernel_route_bandwidth_bytes_per_s"] = ew["bandwidth_bytes_per_s"]
         ew["bandwidth_bytes_per_s"] = float(ew["bandwidth_bytes_per_s"]) * old / (old + c)

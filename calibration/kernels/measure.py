@@ -21,7 +21,7 @@ from .. import attention_backends as AB
 from ..devices import Device
 from .estimate import Estimate, Work, estimate_run, probe_rates
 from .plan import REFERENCE_BLOCK_SIZE, STATIC_PREFILL, Plan
-from .timing import _TORCH_DTYPE, DEVICES, POOL_ELEMS, Bench, Setup, Timing, describe_device
+from .timing import DEVICES, POOL_ELEMS, TORCH_DTYPES, Bench, Setup, Timing, describe_device
 
 
 @dataclass
@@ -296,7 +296,7 @@ def _run_jobs(bench: Bench, jobs, passes: int, progress: bool, model: str = "") 
 
     setups: list[Callable[[], Setup]] = [partial(track, i, j.setup) for i, j in enumerate(jobs)]
     try:
-        return _time_jobs(bench, jobs, setups, passes, progress)
+        return time_jobs(bench, jobs, setups, passes, progress)
     except Exception as exc:
         if not out_of_memory(exc):
             raise
@@ -316,7 +316,8 @@ def _no_memory(bench: Bench, exc: BaseException, model: str, doing: str) -> Conf
     )
 
 
-def _time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
+def time_jobs(bench: Bench, jobs, setups, passes: int, progress: bool) -> list[Timing]:
+    """``bench.measure`` of ``setups`` over ``passes``, with a progress bar (or log lines) when ``progress``."""
     if not progress:
         return bench.measure(setups, passes)
     from sim.output.progress import Progress
@@ -361,8 +362,8 @@ def measure_device(
     :func:`run_measurements`."""
     if device not in DEVICES:
         raise ConfigError("calibrate.device", device, f"one of {', '.join(DEVICES)}")
-    if dtype not in _TORCH_DTYPE:
-        raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(_TORCH_DTYPE)} on the --device route")
+    if dtype not in TORCH_DTYPES:
+        raise ConfigError("calibrate.dtype", dtype, f"one of {', '.join(TORCH_DTYPES)} on the --device route")
     bench = Bench.open(device, dtype, threads=threads, kernels=kernels, ops=ops, registry=registry)
     try:
         bench.repeats, bench.warmup, bench.target = plan.repeats, plan.warmup, plan.target_repeat_s

@@ -17,7 +17,8 @@ REFERENCE_BLOCK_SIZE = 16
 STATIC_PREFILL = "prefill_static"
 
 
-def _pow2(lo: int, hi: int, step: int = 1) -> tuple[int, ...]:
+def pow2_grid(lo: int, hi: int, step: int = 1) -> tuple[int, ...]:
+    """A timing grid's sizes: ``lo`` up to ``hi``, each point ``2**step`` times the one before."""
     out, x = [], lo
     while x <= hi:
         out.append(x)
@@ -28,7 +29,7 @@ def _pow2(lo: int, hi: int, step: int = 1) -> tuple[int, ...]:
 def _halfsteps(lo: int, hi: int) -> tuple[int, ...]:
     """Powers of two and 1.5× powers of two in [lo, hi]."""
     s = set()
-    for p in _pow2(1, hi):
+    for p in pow2_grid(1, hi):
         for v in (p, p * 3 // 2):
             if lo <= v <= hi:
                 s.add(v)
@@ -67,16 +68,16 @@ def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
     if device == "cpu":
         if quick:
             return Plan(
-                gemm_m=_pow2(1, 2048),
+                gemm_m=pow2_grid(1, 2048),
                 ctx_batch=(1, 2, 4, 8),
-                ctx_len=_pow2(16, min(2048, maxpos)),
+                ctx_len=pow2_grid(16, min(2048, maxpos)),
                 ctx_max_tokens=4096,
-                gen_batch=_pow2(1, 32),
-                gen_len=_pow2(16, min(4096, maxpos)),
+                gen_batch=pow2_grid(1, 32),
+                gen_len=pow2_grid(16, min(4096, maxpos)),
                 gen_max_kv_bytes=32 << 20,
                 block_sizes=(8, 32),
-                overhead_batch=_pow2(1, 256, 2),
-                mem_bytes=_pow2(1 << 12, 1 << 26, 2),
+                overhead_batch=pow2_grid(1, 256, 2),
+                mem_bytes=pow2_grid(1 << 12, 1 << 26, 2),
                 ew_tokens=(1, 16, 256, 4096),
                 repeats=7,
                 warmup=2,
@@ -85,15 +86,15 @@ def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
             )
         return Plan(
             gemm_m=_halfsteps(1, 4096),
-            ctx_batch=_pow2(1, 16),
-            ctx_len=_pow2(16, min(2048, maxpos)),
+            ctx_batch=pow2_grid(1, 16),
+            ctx_len=pow2_grid(16, min(2048, maxpos)),
             ctx_max_tokens=8192,
-            gen_batch=_pow2(1, 64),
-            gen_len=_pow2(16, min(8192, maxpos)),
+            gen_batch=pow2_grid(1, 64),
+            gen_len=pow2_grid(16, min(8192, maxpos)),
             gen_max_kv_bytes=64 << 20,
             block_sizes=(8, 32, 64),
-            overhead_batch=_pow2(1, 512),
-            mem_bytes=_pow2(1 << 12, 1 << 27),
+            overhead_batch=pow2_grid(1, 512),
+            mem_bytes=pow2_grid(1 << 12, 1 << 27),
             ew_tokens=(1, 4, 16, 64, 256, 1024, 4096),
             repeats=9,
             warmup=2,
@@ -102,16 +103,16 @@ def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
         )
     if quick:
         return Plan(
-            gemm_m=_pow2(1, 16384),
+            gemm_m=pow2_grid(1, 16384),
             ctx_batch=(1, 4, 16, 64),
-            ctx_len=_pow2(64, min(16384, maxpos), 2),
+            ctx_len=pow2_grid(64, min(16384, maxpos), 2),
             ctx_max_tokens=65536,
-            gen_batch=_pow2(1, 256, 2),
-            gen_len=_pow2(64, min(131072, maxpos), 2),
+            gen_batch=pow2_grid(1, 256, 2),
+            gen_len=pow2_grid(64, min(131072, maxpos), 2),
             gen_max_kv_bytes=1 << 30,
             block_sizes=(32,),
-            overhead_batch=_pow2(1, 256, 2),
-            mem_bytes=_pow2(1 << 14, 1 << 30, 2),
+            overhead_batch=pow2_grid(1, 256, 2),
+            mem_bytes=pow2_grid(1 << 14, 1 << 30, 2),
             ew_tokens=(1, 64, 4096, 16384),
             repeats=7,
             warmup=3,
@@ -120,15 +121,15 @@ def make_plan(device: str, model: ModelSpec, quick: bool) -> Plan:
         )
     return Plan(
         gemm_m=_halfsteps(1, 32768),
-        ctx_batch=_pow2(1, 128),
-        ctx_len=_pow2(32, min(32768, maxpos)),
+        ctx_batch=pow2_grid(1, 128),
+        ctx_len=pow2_grid(32, min(32768, maxpos)),
         ctx_max_tokens=262144,
-        gen_batch=_pow2(1, 512),
-        gen_len=_pow2(16, min(131072, maxpos)),
+        gen_batch=pow2_grid(1, 512),
+        gen_len=pow2_grid(16, min(131072, maxpos)),
         gen_max_kv_bytes=2 << 30,
         block_sizes=(8, 32, 64, 128),
-        overhead_batch=_pow2(1, 1024),
-        mem_bytes=_pow2(1 << 12, 1 << 31),
+        overhead_batch=pow2_grid(1, 1024),
+        mem_bytes=pow2_grid(1 << 12, 1 << 31),
         ew_tokens=(1, 16, 256, 4096, 16384, 65536),
         repeats=11,
         warmup=5,

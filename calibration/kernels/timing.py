@@ -32,7 +32,8 @@ DEVICES = ("cpu", "cuda")
 ROTATE_BYTES = {"cpu": 8 << 20, "cuda": 128 << 20}
 MAX_ROTATIONS = 8
 
-_TORCH_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
+#: The ``--dtype`` names the kernels are timed in, each with its torch dtype's attribute name.
+TORCH_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
 def import_torch():
@@ -117,7 +118,7 @@ class Bench:
         kernels: AB.AttentionBackend | None = None,
     ):
         self.torch, self.device, self.dtype_name = torch, device, dtype
-        self.dtype = getattr(torch, _TORCH_DTYPE[dtype])
+        self.dtype = getattr(torch, TORCH_DTYPES[dtype])
         self.elem = torch.tensor([], dtype=self.dtype).element_size()
         #: the device side of timing (:mod:`calibration.devices`; a test may stand in a fake)
         self.ops = ops or open_device(torch, device)
@@ -156,17 +157,17 @@ class Bench:
         """A Bench on ``device`` (``ops``: a stand-in device, whose tensors live where it says and whose
         ``kind`` replaces ``device``) timing the ``kernels`` attention backend (``auto``: see
         :func:`calibration.attention_backends.select`; ``registry``: a stand-in set of backends)."""
-        if dtype not in _TORCH_DTYPE:
+        if dtype not in TORCH_DTYPES:
             raise ConfigError(
                 "calibrate.dtype",
                 dtype,
-                f"one of {', '.join(_TORCH_DTYPE)} on the --device route (fp8 kernels are not timed)",
+                f"one of {', '.join(TORCH_DTYPES)} on the --device route (fp8 kernels are not timed)",
             )
         torch = import_torch()
         dev = ops.tensor_device if ops is not None else check_device(device)
         kind = ops.kind if ops is not None else dev.type
         backend = AB.make(kernels, torch, dev, device_kind=kind, registry=registry)
-        why = backend.dtype_problem(getattr(torch, _TORCH_DTYPE[dtype]))
+        why = backend.dtype_problem(getattr(torch, TORCH_DTYPES[dtype]))
         if why:
             raise ConfigError("calibrate.kernels", backend.name, f"a backend that computes in {dtype} ({why})")
         return cls(torch, dev, dtype, ops=ops, kernels=backend, **kw)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .metrics import _pcts
+from .metrics import percentiles
 
 
 class _LoggedProbe:
@@ -168,7 +168,7 @@ class HostSpeed:
                 "reference_s": self.reference(a),
                 "reference_phase": self.reference_phase(a),
                 "probes": len(v),
-                "probe_s": _pcts(v),
+                "probe_s": percentiles(v),
                 "by_phase_median_s": {ph: float(np.median([x[2] for x in ser if x[0] == ph])) for ph in phases},
                 "by_phase_p10_p90_s": {
                     ph: [float(np.percentile([x[2] for x in ser if x[0] == ph], q)) for q in (10, 90)] for ph in phases
@@ -181,7 +181,7 @@ class HostSpeed:
                 out[a]["prefill_probe"] = {
                     "reference_s": self.prefill_reference(a),
                     "shape": self.prefill_probes[a].shape,
-                    "probe_s": _pcts(np.array([x[2] for x in pser])),
+                    "probe_s": percentiles(np.array([x[2] for x in pser])),
                     "by_phase_median_s": {
                         ph: float(np.median([x[2] for x in pser if x[0] == ph]))
                         for ph in dict.fromkeys(x[0] for x in pser)
@@ -204,8 +204,8 @@ def probe_diagnostics(res) -> dict:
         "every_s": res.config["probe_every_s"],
         "window": res.config["probe_window"],
         "probes": len(pr),
-        "probe_s": _pcts(ps),
-        "scale": _pcts(sc),
+        "probe_s": percentiles(ps),
+        "scale": percentiles(sc),
         "probe_p90_over_p10": float(np.percentile(ps, 90) / np.percentile(ps, 10)),
         "probe_cpu_over_engine_cpu": float(ps.sum() / busy) if busy > 0 else None,
         "series": [
@@ -214,8 +214,8 @@ def probe_diagnostics(res) -> dict:
         **(
             {
                 "prefill_reference_s": res.config["prefill_probe_ref_s"],
-                "prefill_probe_s": _pcts(np.array([p["prefill_probe_s"] for p in pr])),
-                "prefill_scale": _pcts(np.array([p["prefill_scale"] for p in pr])),
+                "prefill_probe_s": percentiles(np.array([p["prefill_probe_s"] for p in pr])),
+                "prefill_scale": percentiles(np.array([p["prefill_scale"] for p in pr])),
                 "prefill_probe_cpu_over_engine_cpu": float(sum(p["prefill_probe_s"] for p in pr) / busy)
                 if busy > 0
                 else None,

@@ -48,7 +48,8 @@ def rel_error(measured, simulated) -> float | None:
     return float(abs(simulated - measured) / abs(measured))
 
 
-def _engine_metrics(res) -> dict:
+def engine_metrics(res) -> dict:
+    """The latency metrics, peak KV blocks and preemptions of one reference-engine run ``res``."""
     ok = [r for r in res.requests if r["status"] == "completed"]
     m = latency_metrics(
         [r["arrival_s"] for r in ok],
@@ -62,7 +63,8 @@ def _engine_metrics(res) -> dict:
     return m
 
 
-def _sim_metrics(result, block_size: int) -> dict:
+def sim_metrics(result, block_size: int) -> dict:
+    """The same metrics as :func:`engine_metrics` of a simulated run (``block_size``: tokens per KV block)."""
     req = result.requests
     ok = np.asarray(req["status"].to_pylist()) == "completed"
     col = lambda c: req[c].to_numpy()[ok]  # noqa: E731
@@ -76,7 +78,8 @@ def _sim_metrics(result, block_size: int) -> dict:
     return m
 
 
-def _pcts(x) -> dict:
+def percentiles(x) -> dict:
+    """``p10``, ``p50``, ``p90`` and ``p99`` of ``x`` (empty for no values)."""
     x = np.asarray(x, dtype=np.float64)
     if not x.size:
         return {}

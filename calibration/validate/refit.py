@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sim.catalog import get_model
 
-#: fit variants (keyword arguments of ``kernels._fit_overhead``); the first is what validate uses
+#: fit variants (keyword arguments of ``kernels.fit_overhead``); the first is what validate uses
 VARIANTS = {
     "steady": {"steady": True, "after_prefill": True},
     "steady-no-mixed-decode": {"steady": True, "after_prefill": True, "mixed_decode": False},
@@ -88,7 +88,7 @@ def refit(
     from sim.engine.cluster import simulate
 
     from .. import kernels
-    from .metrics import TARGET_METRICS, _sim_metrics, error_summary, rel_error
+    from .metrics import TARGET_METRICS, error_summary, rel_error, sim_metrics
     from .simulator import sim_scenario
     from .spec import load_spec
 
@@ -130,7 +130,7 @@ def refit(
         ):
             paths = {}
             for alloc, rows in krows.items():
-                fit = kernels._fit_overhead([r for r in rows if sel(r) and msel(r)], fits0[alloc]["clock"], **kw)
+                fit = kernels.fit_overhead([r for r in rows if sel(r) and msel(r)], fits0[alloc]["clock"], **kw)
                 fit.update({k: fits0[alloc][k] for k in ("allocator", "block_size", "dtype", "threads", "clock")})
                 path = Path(tmp) / f"profile-{alloc}.json"
                 kernels.with_engine_overhead(profs[alloc], fit, model).write(path)
@@ -140,7 +140,7 @@ def refit(
                 sc = sim_scenario(
                     spec, alloc, trace_path=str(run / f"trace-{load}-{alloc}.csv"), profile=paths[alloc], device=device
                 )
-                sm = _sim_metrics(simulate(sc), B)
+                sm = sim_metrics(simulate(sc), B)
                 for m in TARGET_METRICS:
                     meas = measured[(load, alloc, m)]
                     scored.append(

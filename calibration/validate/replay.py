@@ -16,7 +16,7 @@ from sim.catalog import get_model
 from sim.errors import ConfigError
 
 from .host_speed import HostProbeRun, host_probe, host_probe_run, probe_diagnostics
-from .metrics import _engine_metrics, _pcts, _sim_metrics, median_metrics
+from .metrics import engine_metrics, median_metrics, percentiles, sim_metrics
 from .sensitivity import cell_sensitivity, scale_profile
 from .simulator import make_requests, sim_scenario, write_trace
 from .spec import KEY
@@ -88,12 +88,12 @@ def iteration_diagnostics(res, cost) -> dict:
         cpu = np.array([r["cpu_s"] for r in rs])
         out[name] = {
             "iterations": len(rs),
-            "measured_s": _pcts(meas),
-            "predicted_s": _pcts(pred),
-            "signed_rel_error": _pcts((pred - meas) / meas),
+            "measured_s": percentiles(meas),
+            "predicted_s": percentiles(pred),
+            "signed_rel_error": percentiles((pred - meas) / meas),
             "abs_rel_error_median": float(np.median(np.abs(pred - meas) / meas)),
             "sum_predicted_over_measured": float(pred.sum() / meas.sum()),
-            "cpu_over_wall": _pcts(cpu / meas),
+            "cpu_over_wall": percentiles(cpu / meas),
             "sum_cpu_over_wall": float(cpu.sum() / meas.sum()),
             "sum_predicted_over_cpu": float(pred.sum() / cpu.sum()) if cpu.sum() > 0 else None,
         }
@@ -127,7 +127,7 @@ def iteration_diagnostics(res, cost) -> dict:
     span = max((r["finish_s"] for r in res.requests), default=0.0)
     out["busy_s"] = busy
     out["makespan_s"] = span
-    out["feeder_lag_s"] = _pcts(lag)
+    out["feeder_lag_s"] = percentiles(lag)
     out["rows"] = [{k: (round(v, 7) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     return out
 
@@ -207,7 +207,7 @@ def write_measured(out: Path, cells: list[Replayed]) -> Path:
                 "rate_per_s": c.rate,
                 "requests": len(c.rows),
                 "trace": c.trace.name,
-                "replays": {clock: [_engine_metrics(r) for r in res] for clock, res in c.results.items()},
+                "replays": {clock: [engine_metrics(r) for r in res] for clock, res in c.results.items()},
             }
             for c in cells
         ],
@@ -291,7 +291,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
     B = int(spec["kv"]["block_size"])
-    raw = _sim_metrics(sim_raw, B)
+    raw = sim_metrics(sim_raw, B)
     cost = Deployment.from_scenario(sc).make_cost_model(sc)
     simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
     per_replay: dict[str, list[dict]] = {}
@@ -313,12 +313,12 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
                 cost_c = Deployment.from_scenario(sc_c).make_cost_model(sc_c)
             else:
                 sims[clock], cost_c = sim_raw, cost
-            simulated[clock] = _sim_metrics(sims[clock], B)
+            simulated[clock] = sim_metrics(sims[clock], B)
             diags[clock] = iteration_diagnostics(res, cost_c)
             diags[clock]["host_probe_before"] = probe
             diags[clock]["host_probe_after"] = probe_after
             diags[clock]["unscaled"] = {k: v for k, v in iteration_diagnostics(res, cost).items() if k in ("all",)}
-        per = [_engine_metrics(r) for r in ress]
+        per = [engine_metrics(r) for r in ress]
         measured[clock], results[clock] = median_metrics(per), res
         if len(ress) > 1:
             per_replay[clock], more[clock] = per, ress[1:]

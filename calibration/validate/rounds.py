@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def validation_plan(spec: dict, device: str):
     """A route-1 grid covering the spec's batch shapes only (seconds, not minutes)."""
-    from ..kernels import Plan, _pow2
+    from ..kernels import Plan, pow2_grid
 
     model = get_model(spec["model"])
     T = int(spec["scheduler"]["max_num_batched_tokens"])
@@ -28,17 +28,17 @@ def validation_plan(spec: dict, device: str):
     top = 1 << max(1, (max(T, S) - 1).bit_length())
     ltop = 1 << max(5, (L - 1).bit_length())
     return Plan(
-        gemm_m=_pow2(1, top),
+        gemm_m=pow2_grid(1, top),
         ctx_batch=(1, 2, 4),
-        ctx_len=_pow2(16, min(ltop, model.max_position), 1),
+        ctx_len=pow2_grid(16, min(ltop, model.max_position), 1),
         ctx_max_tokens=4 * top,
-        gen_batch=_pow2(1, 1 << (S - 1).bit_length()),
-        gen_len=_pow2(16, min(ltop, model.max_position)),
+        gen_batch=pow2_grid(1, 1 << (S - 1).bit_length()),
+        gen_len=pow2_grid(16, min(ltop, model.max_position)),
         gen_max_kv_bytes=256 << 20,
         block_sizes=(8, 32),
-        overhead_batch=_pow2(1, 64, 2),
+        overhead_batch=pow2_grid(1, 64, 2),
         # on a GPU up to 256 MB: past an H100/H200's 50-60 MB L2, so the copies time HBM too
-        mem_bytes=_pow2(1 << 12, 1 << 24 if device == "cpu" else 1 << 28, 4),
+        mem_bytes=pow2_grid(1 << 12, 1 << 24 if device == "cpu" else 1 << 28, 4),
         # on a GPU 256 tokens of adds are launch-bound: a fit on them alone put the H200's elementwise
         # bandwidth anywhere from 0.65 to 138 TB/s, and at 0.65 priced an 8B 1,536-token
         # prefill's adds at 16 ms. Up to 16,384 tokens (128 MB at hidden 4096, past the L2) as
@@ -337,9 +337,9 @@ class OverheadRounds:
             self.rows[a] = repredict(self.rows[a], cost, self._meta["clock"])
 
     def fits(self) -> dict[str, dict]:
-        """Per allocator, :func:`calibration.kernels._fit_overhead` on every round's rows pooled
+        """Per allocator, :func:`calibration.kernels.fit_overhead` on every round's rows pooled
         (against the pooled kernel curves, with kernel rounds)."""
-        from ..kernels import _fit_overhead
+        from ..kernels import fit_overhead
 
         if self._fits is None:
             self._rebase()
@@ -347,7 +347,7 @@ class OverheadRounds:
             elapsed = round(sum(x["elapsed_s"] for x in self.log), 2)
             self._fits = {
                 a: {
-                    **_fit_overhead(rows, self._meta["clock"]),
+                    **fit_overhead(rows, self._meta["clock"]),
                     "allocator": a,
                     **self._meta,
                     "passes": passes,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .metrics import _sim_metrics
+from .metrics import sim_metrics
 from .simulator import sim_scenario
 
 
@@ -85,7 +85,7 @@ def cell_sensitivity(
             path = Path(tmp) / f"profile-{f}.json"
             scale_profile(base, f).write(path)
             sc = sim_scenario(spec, allocator, trace_path=str(trace), profile=str(path), device=device)
-            per.append(_sim_metrics(simulate(sc), B))
+            per.append(sim_metrics(simulate(sc), B))
     x = np.log(np.asarray(factors, dtype=np.float64))
     out: dict[str, float | None] = {}
     for m in per[0]:

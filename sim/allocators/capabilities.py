@@ -23,8 +23,8 @@ Regions             ``region_of``                               scheduler (preem
 ==================  ==========================================  =========================  ============================
 
 What each one means to the engine is in the class docstrings. A scenario that asks for a
-feature the allocator lacks gets the plain behaviour (compaction is not run, prefix-affinity
-routing sees no cached prefix), as before.
+feature the allocator lacks still runs, with the plain behaviour (compaction is not run,
+prefix-affinity routing sees no cached prefix).
 """
 
 from __future__ import annotations

@@ -141,18 +141,6 @@ class PrefixCachingPagedAllocator(PagedAllocator):
         """Free blocks that still hold a cached prefix (evictable)."""
         return len(self._lru) if self.eviction == "lru" else self._lfu_n
 
-    def prefix_stats(self) -> dict[str, float]:
-        return {
-            "hit_blocks": self.hit_blocks,
-            "queried_blocks": self.queried_blocks,
-            "hit_tokens": self.hit_tokens,
-            "queried_tokens": self.queried_tokens,
-            "hit_rate": self.hit_rate,
-            "evictions": self.evictions,
-            "cached_free_blocks": self.cached_free_blocks,
-            "cached_blocks": len(self._cache),
-        }
-
     # --- the cached-free pool ------------------------------------------------------
     def _park_all(self, blocks: list[int]) -> None:
         """``blocks`` (ref just reached 0, keyed), oldest first, become cached-free."""

@@ -141,8 +141,10 @@ def _number(x) -> float | None:
     return float(x)
 
 
-def _rate(path: Path, doc: dict, field: str, default: float | None) -> float | None:
-    """A positive number or ``"inf"`` (as vLLM writes an infinite rate)."""
+def parse_request_rate(path: Path, doc: dict, field: str, default: float | None) -> float | None:
+    """``doc[field]``, a result's request rate (or burstiness) as every reader of result files takes
+    it (``kvsim compare``, ``kvsim calibrate``): a positive number or ``"inf"`` (as vLLM writes an
+    infinite rate); ``default`` where absent or null."""
     if field not in doc or doc[field] is None:
         return default
     v = doc[field]
@@ -373,8 +375,8 @@ def read_bench_result(path: Path, index: int | None = None) -> BenchResult:
                 f"a send time within {MAX_TIME_S:g} s of the first ({origin:g})",
             )
 
-    rate = _rate(path, doc, "request_rate", None)
-    burst = _rate(path, doc, "burstiness", 1.0)
+    rate = parse_request_rate(path, doc, "request_rate", None)
+    burst = parse_request_rate(path, doc, "burstiness", 1.0)
     mc = doc.get("max_concurrency")
     if mc is not None:
         f = _number(mc)

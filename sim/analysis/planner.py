@@ -67,6 +67,7 @@ __all__ = [
     "plan_rows",
     "problem_lines",
     "recommend",
+    "seed_intervals",
     "write_plan",
 ]
 
@@ -654,7 +655,7 @@ def plan(
         order = sorted(tasks, key=_task_cost, reverse=True)
         for t, r in pool.map_unordered(plan_candidate, order):
             results[t["name"]] = r
-            _seed_intervals([r], confidence)
+            seed_intervals([r], confidence)
             if on_candidate:
                 on_candidate(r)
             if progress:
@@ -834,7 +835,7 @@ def mean_interval(values: list[float], confidence: float) -> tuple[float, float,
     return m, m - h, m + h
 
 
-def _seed_intervals(cands: list[dict], confidence: float) -> None:
+def seed_intervals(cands: list[dict], confidence: float) -> None:
     """Each candidate's goodput over seeds: mean and confidence interval (of the interpolated goodputs)."""
     for c in cands:
         seeds = c.get("seed_goodputs") or []

@@ -32,7 +32,9 @@ MAX_DISTINCT = 200
 _COMPLETED = "completed"
 
 
-def _go():
+def graph_objects():
+    """``plotly.graph_objects``, imported on first use (an ImportError naming the extra to install
+    when plotly is missing)."""
     try:
         import plotly.graph_objects as go
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -76,10 +78,10 @@ def request_latencies(requests: pa.Table) -> dict[str, np.ndarray]:
 
 def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> Figure:
     """Empirical CDFs of TTFT, TPOT and e2e latency; a dict compares label → requests table."""
-    go = _go()
+    go = graph_objects()
     runs = {"run": requests} if isinstance(requests, pa.Table) else dict(requests)
     fig = _subplots(rows=1, cols=3, subplot_titles=("TTFT (s)", "TPOT (s)", "end-to-end latency (s)"))
-    palette = _palette(len(runs))
+    colors = palette(len(runs))
     for i, (label, table) in enumerate(runs.items()):
         lat = request_latencies(table)
         for j, key in enumerate(("ttft_s", "tpot_s", "e2e_s")):
@@ -95,7 +97,7 @@ def latency_cdf(requests: pa.Table | Mapping[str, pa.Table]) -> Figure:
                     name=str(label),
                     legendgroup=str(label),
                     showlegend=j == 0,
-                    line=dict(color=palette[i], shape="hv"),
+                    line=dict(color=colors[i], shape="hv"),
                 ),
                 row=1,
                 col=j + 1,
@@ -138,7 +140,7 @@ def _step_lines(
     title: str, t: np.ndarray, lines: list[tuple[str, np.ndarray, dict]], yaxis_title: str, **layout
 ) -> Figure:
     """Time-series lines held between samples (``shape="hv"``): ``(name, values, line style)`` each."""
-    go = _go()
+    go = graph_objects()
     fig = go.Figure()
     for name, v, style in lines:
         fig.add_trace(go.Scatter(x=t, y=v, mode="lines", name=name, line=dict(shape="hv", **style)))
@@ -151,7 +153,7 @@ def _step_lines(
 def kv_memory(timeseries: pa.Table, title: str = "KV cache memory (all replicas)") -> Figure:
     """Reserved, used and free KV bytes over time (GiB), summed over replicas; capacity dashed."""
     if timeseries.num_rows == 0:
-        return _empty(_go().Figure(), title)
+        return _empty(graph_objects().Figure(), title)
     cols = ["kv_capacity_bytes", "kv_reserved_bytes", "kv_used_bytes", "kv_free_bytes"]
     t, s = summed_over_replicas(timeseries, cols)
     t, cap, res, used, free = _thin(
@@ -191,7 +193,7 @@ def fragmentation(timeseries: pa.Table) -> Figure:
     """Internal and external KV fragmentation over time (see :func:`fragmentation_series`)."""
     title = "KV fragmentation: internal = (reserved − used)/reserved, external = 1 − largest free/free"
     if timeseries.num_rows == 0:
-        return _empty(_go().Figure(), title)
+        return _empty(graph_objects().Figure(), title)
     t, internal, external = _thin(*fragmentation_series(timeseries))
     return _step_lines(
         title,
@@ -206,7 +208,7 @@ def queue_length(timeseries: pa.Table) -> Figure:
     """Running and waiting requests over time, summed over replicas."""
     title = "Requests running and waiting (all replicas)"
     if timeseries.num_rows == 0:
-        return _empty(_go().Figure(), title)
+        return _empty(graph_objects().Figure(), title)
     t, s = summed_over_replicas(timeseries, ["running", "waiting"])
     t, running, waiting = _thin(t, s["running"], s["waiting"])
     return _step_lines(title, t, [("running", running, {}), ("waiting", waiting, {})], "requests")
@@ -215,7 +217,7 @@ def queue_length(timeseries: pa.Table) -> Figure:
 def step_latency(timeseries: pa.Table) -> Figure:
     """Per-iteration latency (``first_step_s``, ms) over time, one marker series per replica,
     decode-only iterations apart from those with prefill work (the seed article's sawtooth)."""
-    go = _go()
+    go = graph_objects()
     fig = go.Figure()
     title = "Iteration latency (first iteration of each recorded window)"
     if timeseries.num_rows == 0:
@@ -288,7 +290,8 @@ def check_distinct(table: pa.Table, columns: dict[str, str], limit: int | None, 
             )
 
 
-def _sort_key(v):
+def sort_key(v):
+    """Order of axis values in charts: numbers first, by value, then everything else by its text."""
     return (0, float(v), "") if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, 0.0, str(v))
 
 
@@ -313,7 +316,7 @@ def sweep_curves(
     ``with_by``: columns whose values go with ``by`` (its partners in a sweep's ``zip`` group), named
     on each point's hover text. ``order``: the ``color`` values in the order to draw (default: sorted).
     """
-    go = _go()
+    go = graph_objects()
     t = _ok_rows(table)
     fig = go.Figure()
     by = x if by is None else by
@@ -344,9 +347,9 @@ def sweep_curves(
         return ", ".join(parts + ([partners[b]] if b in partners else []))
 
     colors = set(cs)
-    for cval in [c for c in order if c in colors] if order is not None else sorted(colors, key=_sort_key):
+    for cval in [c for c in order if c in colors] if order is not None else sorted(colors, key=sort_key):
         pts = sorted(
-            ((b, xmeans[(cv, b)], m) for (cv, b), m in ymeans.items() if cv == cval), key=lambda p: _sort_key(p[0])
+            ((b, xmeans[(cv, b)], m) for (cv, b), m in ymeans.items() if cv == cval), key=lambda p: sort_key(p[0])
         )
         if not pts:
             continue
@@ -377,7 +380,7 @@ def _values_with(t: pa.Table, col: str, others: Sequence[str], short: bool = Fal
 
 
 def _combo_key(values: tuple) -> tuple:
-    return tuple(_sort_key(v) for v in values)
+    return tuple(sort_key(v) for v in values)
 
 
 def heatmap(
@@ -400,7 +403,7 @@ def heatmap(
     named in its category labels. ``max_distinct``: raise :class:`TooManyValues` instead of building
     the grid when ``x`` or ``y`` has more distinct values than that (the grid has ``len(y) ×
     len(x)`` cells); ``max_panels``: the same when the facets have more combinations than that."""
-    go = _go()
+    go = graph_objects()
     t = _ok_rows(table)
     facets = [f for f in facets if f not in (x, y)]
     for c in (x, y, z, *facets, *x_with):
@@ -416,8 +419,8 @@ def heatmap(
     for k, v in zip(keys, zs):
         if not np.isnan(v):
             counts[k] = counts.get(k, 0) + 1
-    xu = sorted(set(xs), key=_sort_key)
-    yu = sorted(set(ys), key=_sort_key)
+    xu = sorted(set(xs), key=sort_key)
+    yu = sorted(set(ys), key=sort_key)
     xlabel = _values_with(t, x, x_with, short=True) if x_with else {}
     xcats = [f"{v} ({xlabel[v]})" if v in xlabel else str(v) for v in xu]
     combos = sorted(set(fs), key=_combo_key) or [()]  # no ok point: one empty panel
@@ -491,10 +494,10 @@ def heatmap(
 def attainment_vs_rate(plan: dict) -> Figure:
     """SLO attainment against arrival rate for each candidate of a plan, with the target and
     each candidate's goodput marked."""
-    go = _go()
+    go = graph_objects()
     fig = go.Figure()
     cands = plan.get("candidates", [])
-    palette = _palette(len(cands))
+    colors = palette(len(cands))
     lines = []
     for i, c in enumerate(cands):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
@@ -507,7 +510,7 @@ def attainment_vs_rate(plan: dict) -> Figure:
                 mode="lines+markers",
                 name=c["name"],
                 legendgroup=c["name"],
-                line=dict(color=palette[i]),
+                line=dict(color=colors[i]),
             )
         )
         g = c.get("goodput_rps")
@@ -522,7 +525,7 @@ def attainment_vs_rate(plan: dict) -> Figure:
                     x1=g,
                     y0=0,
                     y1=1,
-                    line=dict(color=palette[i], dash="dot", width=1),
+                    line=dict(color=colors[i], dash="dot", width=1),
                 )
             )
     fig.update_layout(shapes=lines)
@@ -541,10 +544,10 @@ def attainment_vs_rate(plan: dict) -> Figure:
 
 def latency_throughput(plan: dict) -> Figure:
     """TTFT and TPOT p90 against achieved throughput (requests/s) for each candidate of a plan."""
-    go = _go()
+    go = graph_objects()
     fig = _subplots(rows=1, cols=2, subplot_titles=("TTFT p90 (s)", "TPOT p90 (s)"))
     cands = plan.get("candidates", [])
-    palette = _palette(len(cands))
+    colors = palette(len(cands))
     for i, c in enumerate(cands):
         probes = sorted(c.get("probes", []), key=lambda p: p["rate"])
         if not probes:
@@ -559,7 +562,7 @@ def latency_throughput(plan: dict) -> Figure:
                     name=c["name"],
                     legendgroup=c["name"],
                     showlegend=j == 0,
-                    line=dict(color=palette[i]),
+                    line=dict(color=colors[i]),
                 ),
                 row=1,
                 col=j + 1,
@@ -570,7 +573,8 @@ def latency_throughput(plan: dict) -> Figure:
     return fig
 
 
-def _palette(n: int) -> list[str]:
+def palette(n: int) -> list[str]:
+    """``n`` line colours (at least one): plotly's ten default colours, repeated."""
     base = [
         "#1f77b4",
         "#ff7f0e",
@@ -593,10 +597,10 @@ def _empty(fig, title: str):
 
 def plan_kv_memory(plan: dict) -> Figure:
     """KV memory over time at each candidate's operating point (reserved solid, used dotted, GiB)."""
-    go = _go()
+    go = graph_objects()
     fig = go.Figure()
     cands = [c for c in plan.get("candidates", []) if c.get("kv_series")]
-    palette = _palette(len(cands))
+    colors = palette(len(cands))
     for i, c in enumerate(cands):
         # Arrays, not lists: plotly checks a list element by element (most of a plan page's CPU).
         s = {k: np.asarray(v, dtype=np.float64) for k, v in c["kv_series"].items()}
@@ -609,7 +613,7 @@ def plan_kv_memory(plan: dict) -> Figure:
                 mode="lines",
                 name=f"{label} reserved",
                 legendgroup=c["name"],
-                line=dict(color=palette[i], shape="hv"),
+                line=dict(color=colors[i], shape="hv"),
             )
         )
         fig.add_trace(
@@ -619,7 +623,7 @@ def plan_kv_memory(plan: dict) -> Figure:
                 mode="lines",
                 name=f"{label} used",
                 legendgroup=c["name"],
-                line=dict(color=palette[i], dash="dot", shape="hv"),
+                line=dict(color=colors[i], dash="dot", shape="hv"),
             )
         )
     if cands and cands[0]["kv_series"]["capacity_gib"]:

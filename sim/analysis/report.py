@@ -234,12 +234,12 @@ def _column_list(cols: Sequence[str]) -> str:
 def _with_series(table: pa.Table, axes: list[str]) -> tuple[pa.Table, str | None, list | None]:
     """Add a ``series`` column naming the combination of ``axes`` (None when there are none), and
     the order to draw the series in (each axis's values in order, numbers as numbers)."""
-    from sim.analysis.plots import _sort_key
+    from sim.analysis.plots import sort_key
 
     if not axes:
         return table, None, None
     cols = [table.column(a).to_pylist() for a in axes]
-    combos = sorted(set(zip(*cols)), key=lambda c: tuple(_sort_key(v) for v in c))
+    combos = sorted(set(zip(*cols)), key=lambda c: tuple(sort_key(v) for v in c))
     if len(axes) == 1:
         return table, axes[0], [c[0] for c in combos]
 
@@ -323,7 +323,7 @@ def sweep_figures(
             except plots.TooManyValues as exc:
                 # Said once, where the heatmaps would be: or read the dataset and draw the rows you want.
                 figs["heatmaps"] = (
-                    plots._go()
+                    plots.graph_objects()
                     .Figure()
                     .update_layout(
                         title=f"{exc} (kvsim report --x, --y; or read_dataset and plots.heatmap of the rows you want)"

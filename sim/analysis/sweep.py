@@ -37,11 +37,11 @@ is written as one Parquet file ``part-<point id>.parquet`` as soon as it finishe
 hidden temporary name, then renamed, so a kill never leaves a partial file). A pool worker that
 dies (out of memory, ``kill -9``, a native crash) fails only the point it ran, and only once that
 point, run again alone, kills its worker again; the points beside it run in a fresh pool
-(:func:`_run_local`). The point id is a
-hash of the resolved scenario (every key, defaults filled) and of the keys it sets
-(:func:`point_id`), so it is stable across runs and machines and independent of how the sweep
-file spells the point. The worker gets the keys set, not a full dump (:func:`canonical_scenario`):
-which keys are set changes a run, so a point runs exactly as ``kvsim run`` of its overrides.
+(:func:`run_points_locally`). The point id is a hash of the resolved scenario (every key,
+defaults filled) and of the keys it sets (:func:`point_id`), so it is stable across runs and
+machines and independent of how the sweep file spells the point. The worker gets the keys set,
+not a full dump (:func:`canonical_scenario`): which keys are set changes a run, so a point runs
+exactly as ``kvsim run`` of its overrides.
 
 Rerunning into the same folder (:func:`run_sweep`) makes the dataset describe exactly the
 current sweep file's points: a point already ``ok`` there is reused only when its id is that
@@ -190,7 +190,7 @@ class SweepSpec:
                     pseed = data.get("seed", 0)
                     pseed = pseed if _fits_int64(pseed) else None
                     error = f"ConfigError: {exc}"
-                    point = Point(len(out), _hash(data), pseed, params, None, str(self.base_dir), error)
+                    point = Point(len(out), json_digest(data), pseed, params, None, str(self.base_dir), error)
                 else:
                     allocators.append(sc.allocator)
                     arrivals.append(sc.workload.arrival)
@@ -285,14 +285,14 @@ def point_id(sc: Scenario) -> str:
     and, where it names files of the user's (a trace, a terms file, a model's config, a profile;
     :func:`sim.output.results.user_files`), their contents' SHA-256. Points that differ in a value,
     in whether a key is set or in what a named file holds get different ids: a sweep rerun after such
-    a file was edited runs those points again instead of reusing what the old file gave. Before this
-    version the id hashed the resolved values alone: a sweep rerun into an older dataset finds none
-    of its points there and runs them all (the old rows move to ``_dropped/``)."""
+    a file was edited runs those points again instead of reusing what the old file gave. A dataset
+    whose ids hash the resolved values alone (as older kvsim releases wrote them) shares no id with
+    these: a sweep rerun into it runs every point again and moves its rows to ``_dropped/``."""
     data: dict[str, Any] = {"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)}
     files = {key: _file_digest(path) for key, path in user_files(sc).items()}
-    if files:  # scenarios naming no such file keep the ids they had
+    if files:  # only then: a scenario naming none has the same id in datasets whose ids leave files out
         data["files"] = files
-    return _hash(data)
+    return json_digest(data)
 
 
 _DIGESTS: dict[tuple[str, int, int], str] = {}
@@ -315,7 +315,8 @@ def _file_digest(path: Path) -> str:
     return _DIGESTS[key]
 
 
-def _hash(data: dict) -> str:
+def json_digest(data: dict) -> str:
+    """16 hex digits of the SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces)."""
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -716,11 +717,6 @@ def _parts(folder: Path) -> dict[str, tuple[str, Path]]:
     return found
 
 
-def existing_status(out: Path) -> dict[str, str]:
-    """point id → status of every point in the dataset at ``out``."""
-    return {pid: st for pid, (st, _) in _parts(out).items()}
-
-
 def _concat(tables: list[pa.Table]) -> pa.Table:
     """Tables unified by column name (null → any type, int64 + float64 → float64); a column whose
     types do not unify (an axis that was a number in one file and a label in another, left by a
@@ -937,7 +933,7 @@ def _sweep_into(
             if ray_session is not None:
                 _run_ray(ray_session, runnable, on_result, budget)
             else:
-                _run_local(runnable, n_workers, None, on_result, budget)
+                run_points_locally(runnable, n_workers, None, on_result, budget)
     return SweepResult(
         out,
         spec.name,
@@ -1013,7 +1009,7 @@ def _task(p: Point, budget: RunBudget | None = None) -> dict:
     }
 
 
-def _run_local(
+def run_points_locally(
     points: list[Point],
     workers: int,
     address,
@@ -1508,6 +1504,8 @@ __all__ = [
     "run_point",
     "flatten_summary",
     "point_id",
+    "json_digest",
+    "run_points_locally",
     "check_key_path",
     "process_pool",
     "default_workers",

@@ -135,7 +135,7 @@ def run_app(app: Any, args: list[str] | None = None) -> int:
     except ConfigError as exc:
         _line(str(exc))
         return 2
-    except no_args as exc:  # bare ``kvsim`` or ``kvsim list``: the help, as before
+    except no_args as exc:  # bare ``kvsim`` or ``kvsim list``: the command's help, exit status 2
         ctx = getattr(exc, "ctx", None)
         text = ctx.get_help() if ctx is not None else getattr(exc, "format_message", lambda: "")()
         if text:

@@ -205,10 +205,10 @@ def run(
     else:
         print_summary(result.summary, result.run_info["wall_s"], result.run_info.get("hot_path"), can_truncate(sc))
         console.print(f"wrote {dest}/ (requests.parquet, timeseries.parquet, summary.json)")
-    _warn_preemption(result.summary, sc, dest)
+    warn_preemption(result.summary, sc, dest)
 
 
-def _warn_preemption(summary: dict, sc: Scenario, dest: Path) -> None:
+def warn_preemption(summary: dict, sc: Scenario, dest: Path) -> None:
     """One ``warning:`` line on stderr when the run preempted heavily (sim.output.diagnostics): a
     thrashing run otherwise finishes quietly, with only its makespan to show for it."""
     from sim.output.diagnostics import heavy_preemption, preemption_warning

@@ -159,13 +159,6 @@ class GridCorrection:
             self._interp = RegularGridInterpolator(axes, vals, method="linear")
         return self._interp(pts)
 
-    def in_range(self, coords_log: np.ndarray) -> np.ndarray:
-        """True where every coordinate lies inside the measured grid (tolerance 1e-9 in log)."""
-        ok = np.ones(coords_log.shape[0], dtype=bool)
-        for d, a in enumerate(self.axes):
-            ok &= (coords_log[:, d] >= a[0] - 1e-9) & (coords_log[:, d] <= a[-1] + 1e-9)
-        return ok
-
 
 # --- kernel families ------------------------------------------------------------------------
 

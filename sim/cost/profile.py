@@ -1055,6 +1055,12 @@ class ProfileCostModel(CostModel):
         # Measured device profiles carry size curves (seconds vs bytes) per operation.
         self._mem_curves = {k: Curve1D.from_json(v) for k, v in mem.get("curves", {}).items()}
 
+    @property
+    def elementwise_per_token_s(self) -> float:
+        """Seconds each token adds per layer through the memory-bound elementwise kernels (norms,
+        RoPE, SiLU·mul, residual adds): the bytes it moves over the profile's elementwise bandwidth."""
+        return self._ew_per_token
+
     def _mla_grids(self, model: ModelSpec, wd: str, kd: str) -> tuple[Grid2D, Grid2D]:
         """Decode and prefill attention grids of a multi-head latent attention model: the fitted MLA
         kernels (``sim/cost/mla.py``) plus, per decoding sequence, the absorbed per-head up-projections

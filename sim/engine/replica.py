@@ -214,7 +214,7 @@ class Replica:
         #: Prefill iterations apart from decodes: a schedule asks to admit before the decodes grow.
         self._admits_first = self._cs is not None and not self._cs.mixed
         #: Prefix caching: growth inside a window may evict the queue head's cached prefix.
-        self._evict_guard = self._cs is not None and self._cs._evict_guard is not None
+        self._evict_guard = self._cs is not None and self._cs.evicts_queue_head_prefix
         completes = scheduler if isinstance(scheduler, CompletesTogether) else None
         #: Static batching returns a batch's members together (``None``: each request alone).
         self._completing: Callable[[list[Request]], list[Request]] | None = (

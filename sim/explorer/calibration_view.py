@@ -133,7 +133,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     import numpy as np
     import plotly.graph_objects as go
 
-    from sim.analysis.plots import _palette
+    from sim.analysis.plots import palette
 
     fig = go.Figure()
     pts = measured_points(profile, family, key)
@@ -154,7 +154,7 @@ def calibration_figure(profile, family: str, key: str, max_batches: int = 6):
     else:
         xlab = "KV tokens per sequence" if family.startswith("generation") else "prompt length (tokens)"
         idx = np.unique(np.linspace(0, len(curve.batch) - 1, min(max_batches, len(curve.batch))).round().astype(int))
-        colors = _palette(len(idx))
+        colors = palette(len(idx))
         for c, i in zip(colors, idx):
             b = curve.batch[i]
             fig.add_trace(

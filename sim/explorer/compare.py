@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sim.explorer.knobs import _reserve_value, allocator_knobs
+from sim.explorer.knobs import allocator_knobs, reserve_value
 from sim.explorer.kpi import KPI_SPEC, format_kpi
 
 
@@ -66,7 +66,7 @@ def allocator_overrides(cfg: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"allocator.kind": kind}
     for k, default in allocator_knobs(kind).items():
         v = cfg.get(k, default)
-        out[f"allocator.{k}"] = _reserve_value(v) if k == "reserve" else v
+        out[f"allocator.{k}"] = reserve_value(v) if k == "reserve" else v
     return out
 
 

@@ -112,7 +112,7 @@ def knobs_from_scenario(sc: Scenario | dict) -> dict[str, Any]:
     return out
 
 
-def _reserve_value(v: Any) -> Any:
+def reserve_value(v: Any) -> Any:
     """``allocator.reserve`` from a text box: an int when it is digits, else the string (``p95``)."""
     s = str(v).strip()
     return int(s) if s.isdigit() else s
@@ -152,10 +152,10 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
             continue
         v = knobs[k]
         if k in forced and v is not None:
-            out[k] = _reserve_value(v) if k == "allocator.reserve" else v
+            out[k] = reserve_value(v) if k == "allocator.reserve" else v
             continue
         if k == "allocator.reserve":
-            v = _reserve_value(v)
+            v = reserve_value(v)
             if str(v) == ref[k]:
                 continue
         elif v == ref[k]:

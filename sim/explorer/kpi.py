@@ -28,8 +28,8 @@ KPI_SPEC: list[tuple[str, str, str, str]] = [
     ("rejected", "rejections", "{:,}", "low"),
 ]
 #: The client's wait for a free slot (``summary.json`` ``client_wait_s``), only in runs whose
-#: scenario sets ``workload.arrival.max_concurrency``: apart from :data:`KPI_SPEC` so that runs
-#: without a cap keep the same KPIs (and Compare rows) as before.
+#: scenario sets ``workload.arrival.max_concurrency``: apart from :data:`KPI_SPEC` so that a run
+#: without a cap, where no client waits, shows no client-wait KPI (or Compare row).
 CLIENT_WAIT_KPI_SPEC: list[tuple[str, str, str, str]] = [
     ("client_wait_p90_s", "client wait p90 (s)", "{:.3f}", "low"),
     ("client_wait_mean_s", "client wait mean (s)", "{:.3f}", "low"),

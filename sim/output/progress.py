@@ -14,7 +14,12 @@
 A line reads ``COMMAND: DONE/TOTAL UNIT[EXTRA] (NOTE), ELAPSED elapsed, about ETA more``, e.g.
 ``sweep alloc-vs-rate: 12/64 points, 1 failed, 2m10s elapsed, about 9m23s more``.
 
-``sim`` must not import ``calibration``; calibration imports this module.
+Which layer imports which: ``calibration`` imports this module (and the rest of ``sim``). The
+simulator itself (everything in ``sim`` outside ``sim/cli`` and ``sim/explorer``) imports nothing
+from ``calibration``, so using it as a library loads none of calibration. Three front-end
+modules do import it: ``sim/cli/main.py`` mounts calibration's commands on ``kvsim``,
+``sim/cli/compare.py`` takes its engine-name spellings (``normalize_engine``), and
+``sim/explorer/calibration_view.py`` reads the measured kernel tables behind a profile's curves.
 """
 
 from __future__ import annotations

@@ -133,6 +133,13 @@ class ContinuousScheduler:
         #: Requests preempted since the engine last looked (it stamps their last progress).
         self.now_hint_preempted: list[Request] = []
 
+    @property
+    def evicts_queue_head_prefix(self) -> bool:
+        """Prefix caching: blocks running sequences take may evict a cached-free block of the prefix
+        the head of the queue finds cached, so a decode window must heed
+        :meth:`admission_steady_blocks` (``False``: no prefix caching)."""
+        return self._evict_guard is not None
+
     def can_admit_more(self) -> bool:
         return len(self.running) < self.cfg.max_num_seqs
 

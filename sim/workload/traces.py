@@ -355,7 +355,7 @@ def _read(path: str, fmt: str, mtime: float, key: str, max_rows: int) -> Trace:
 
 
 #: Traces read for runs, kept per (path, modification time): a sweep reads one trace per point.
-_read_cached = lru_cache(maxsize=16)(_read)
+read_trace_cached = lru_cache(maxsize=16)(_read)
 
 
 def read_trace(
@@ -376,4 +376,4 @@ def read_trace(
     if fmt not in FORMATS:
         raise ConfigError(key, fmt, f"allowed formats: {', '.join(FORMATS)}")
     args = (str(path.resolve()), fmt, path.stat().st_mtime, key, MAX_TRACE_ROWS if max_rows is None else max_rows)
-    return _read_cached(*args) if cache else _read(*args)
+    return read_trace_cached(*args) if cache else _read(*args)

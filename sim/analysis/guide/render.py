@@ -192,8 +192,9 @@ def render(results: list[SituationResult], num_requests: int | None = None) -> s
         "",
         "**Verdicts.** *reproduced*: the simulation finds the article's direction and magnitude; *partly*: the "
         "direction but not the magnitude, or only for some of the strategies; *did not reproduce*: no effect or the "
-        "opposite; *skipped*: the feature is not in this build yet. The simulator was not tuned to agree: each "
-        "scenario's load puts it in the article's situation (its header says how) and runs with its defaults, seed 1.",
+        "opposite; *skipped*: the situation needs a model the catalog lacks (its row says which). The simulator "
+        "was not tuned to agree: each scenario's load puts it in the article's situation (its header says how) and "
+        "runs with its defaults, seed 1.",
         "",
     ]
     L += ["## Claims at a glance", ""]

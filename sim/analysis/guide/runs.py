@@ -129,7 +129,7 @@ class Run:
 @dataclass
 class SituationResult:
     """A situation's runs by variant name, its claims' verdicts and the planner's recommendation
-    (``skipped``: why the situation could not run in this build)."""
+    (``skipped``: why the situation did not run: a model it needs is missing from the catalog)."""
 
     situation: Situation
     runs: dict[str, Run]
