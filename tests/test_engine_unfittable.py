@@ -34,7 +34,7 @@ CASES = {
             "lengths": {"kind": "lognormal", "prompt_sigma": 0},
         },
         "scheduler": {"mixed_batches": False},
-        "allocator": {"kind": "static", "reserve": "p50"},
+        "allocator": {"kind": "static", "reserve": 681},  # the median of these nine requests' lengths
     },
     # static p90 reservation, one sequence per replica, two replicas: as above.
     "static_p90_two_replicas": {
@@ -46,7 +46,7 @@ CASES = {
             "lengths": {"kind": "lognormal", "prompt_sigma": 0.5},
         },
         "scheduler": {"max_num_seqs": 1, "mixed_batches": False},
-        "allocator": {"kind": "static", "reserve": "p90"},
+        "allocator": {"kind": "static", "reserve": 905},  # the p90 of these six requests' lengths
     },
     # dynamic allocator on a cache barely above max_model_len: the only running request preempts
     # itself (it cannot grow in place); re-admitted from an empty cache it fits.

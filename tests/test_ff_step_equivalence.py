@@ -54,7 +54,8 @@ def test_fallback_move_frees_the_reservation_for_the_queue_at_the_next_iteration
             "workload.max_model_len=2048",
             "gpu.kv_cache_tokens=4096",
             "allocator.kind=static",
-            "allocator.reserve=p90",
+            # The p90 of these two requests' lengths: request 0 (1105 + 422 tokens) outgrows it.
+            "allocator.reserve=1517",
             "allocator.overflow=fallback",
             "allocator.fallback_fraction=0.5",
             "scheduler.mixed_batches=false",
@@ -96,6 +97,7 @@ def test_hybrid_tail_move_with_prefill_apart():
             "workload.lengths={kind: uniform, output_max: 1000}",
             "allocator.kind=hybrid_tail",
             "allocator.static_fraction=0.5",
+            "allocator.long_threshold=1301",  # the p90 of these 30 requests' lengths
             "scheduler.mixed_batches=false",
         ]
     )
