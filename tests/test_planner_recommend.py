@@ -331,3 +331,18 @@ def test_the_capacity_sentence_says_why_its_rate_differs_from_the_ranked_edge():
     # Equal to three digits: nothing to explain.
     cands[0]["goodput_est_rps"] = 38.71
     assert "the reasons compare" not in recommend(p)["text"]
+
+
+def test_a_recommendation_that_refuses_requests_says_so_in_its_headline():
+    # A p95 ceiling that wins within the SLO's slack by refusing its longest requests: the headline
+    # names what it does not serve, not only the reasons further down.
+    cands = [
+        _cand("static-p95", "static", 40.0, 40.0, [40.0], _op(rejected=76, truncated=4, requests=1600)),
+        _cand("paged", "paged", 20.0, 20.0, [20.0], _op()),
+    ]
+    p = {**_seeded_plan(), "seeds": 1, "candidates": cands}
+    rec = recommend(p)
+    assert rec["candidate"] == "static-p95", rec["text"]
+    assert "by refusing 76 and truncating 4 of 1600 requests at its operating point" in rec["text"]
+    paged = recommend({**p, "candidates": [cands[1]]})
+    assert "refusing" not in paged["text"]

@@ -83,7 +83,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     },
     "static-p95": {
         "overrides": {"allocator.kind": "static", "allocator.reserve": "p95", "allocator.overflow": "truncate"},
-        "strategy": "static at the p95 length ceiling, longer requests truncated",
+        "strategy": "static at the p95 length ceiling, longer prompts refused and longer answers truncated",
     },
     "static-p95-fallback": {
         "overrides": {"allocator.kind": "static", "allocator.reserve": "p95", "allocator.overflow": "fallback"},
@@ -1379,6 +1379,14 @@ def recommend(p: dict) -> dict:
             f"for a rate R plan ⌈R / {best['goodput_per_gpu_rps']:.3g}⌉ GPUs (check with --target-rate)"
         )
     text = f"Use {best['name']} — {best['strategy']} (set {knobs}) on {p['gpu']}: {how_many}."
+    o = best.get("operating_point") or {}
+    if o.get("rejected") or o.get("truncated"):
+        # Refused and truncated requests only count as SLO misses: a length ceiling can win within
+        # the SLO's slack by not serving its longest requests, which the headline must say.
+        text += (
+            f" It does so by refusing {o.get('rejected') or 0} and truncating {o.get('truncated') or 0} of "
+            f"{o.get('requests')} requests at its operating point: serve them and compare the others."
+        )
     noise = [n for n in (noise_comparison(best, c, conf) for c in pool if c is not best) if n is not None]
     close = [n for n in noise if n["within_noise"]]
     if close:
