@@ -1,6 +1,6 @@
 """``engine.mode: fast_forward`` against ``step``: the same counts and the same times (to rounding).
 
-Each reproducer is a case the modes once disagreed on (the fuzz hunt's findings 3, 6 and 7):
+Each case is one where a window could run past the iteration at which stepping sees a change:
 
 * prefill iterations apart from decodes (``scheduler.mixed_batches: false``) schedule admissions
   before the decodes grow, so memory a decode's growth frees (a move to the fallback region, a
@@ -45,7 +45,7 @@ def _same(ff, step) -> None:
 
 
 def test_fallback_move_frees_the_reservation_for_the_queue_at_the_next_iteration():
-    """Finding 3a: request 0 outgrows its reservation and moves to the fallback region; with
+    """Request 0 outgrows its reservation and moves to the fallback region; with
     prefill iterations apart, stepping admits request 1 at the next iteration (not when request 0
     finishes)."""
     ff, step = _both(
@@ -68,7 +68,7 @@ def test_fallback_move_frees_the_reservation_for_the_queue_at_the_next_iteration
 
 @pytest.mark.parametrize("engine", ["reference", "sglang"])
 def test_dynamic_relocation_frees_memory_for_the_queue_at_the_next_iteration(engine):
-    """Finding 3b: a dynamic extent relocated by a decode's growth frees its old extent."""
+    """A dynamic extent relocated by a decode's growth frees its old extent."""
     ff, step = _both(
         [
             "workload.num_requests=12",
@@ -106,7 +106,7 @@ def test_hybrid_tail_move_with_prefill_apart():
 
 
 def test_cost_model_out_of_range_counts_the_iterations_that_ran():
-    """Finding 6: windows cut by arrivals were counted for every iteration priced."""
+    """Out-of-range counts are those of the iterations that ran, not of a window priced further."""
     ff, step = _both(
         [
             "workload.num_requests=8",
@@ -138,7 +138,7 @@ def test_cost_model_out_of_range_per_sequence_windows(kind):
 
 @pytest.mark.parametrize("mixed", ["true", "false"])
 def test_prefix_cache_evictions_make_stepping_retry_the_head(mixed):
-    """Finding 7: decode growth evicts cached blocks of the waiting head's prefix, its chunk grows
+    """Decode growth evicts cached blocks of the waiting head's prefix, its chunk grows
     and stepping asks to admit it again (refused: nothing was freed); the window ends there."""
     ff, step = _both(
         [

@@ -1,4 +1,4 @@
-"""Regressions for defects a fuzz hunt found: crashes, fast-forward ≠ step, broken invariants."""
+"""Regressions for defects a fuzz of the configuration space found: crashes, fast-forward ≠ step, broken invariants."""
 
 import numpy as np
 import pytest
