@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 from pathlib import Path
 
 from sim.errors import ConfigError
@@ -317,14 +318,23 @@ TERM_RANGES = {
 
 
 def read_terms_file(path: Path) -> dict[str, dict[str, float]]:
-    """``{engine: {term: value}}`` from a terms file, validated (ConfigError naming file, key and value)."""
-    from sim.inputs import load_json, read_text
+    """``{engine: {term: value}}`` from a terms file, validated (ConfigError naming file, key and value).
+    Parsed and validated once per content: a deployment, its engine defaults and its unused-terms
+    check each ask, and a plan or sweep builds a deployment per run."""
+    from sim.inputs import read_text
+
+    # Bounded: a regular UTF-8 file of at most MAX_TEXT_BYTES, each failure one line naming the file.
+    text = read_text(path, "engine.terms_file", "terms JSON file")
+    return {engine: dict(terms) for engine, terms in _parse_terms(str(path), text).items()}
+
+
+@lru_cache(maxsize=16)
+def _parse_terms(path: str, text: str) -> dict[str, dict[str, float]]:
+    from sim.inputs import load_json
 
     key = "engine.terms_file"
-    # Bounded: a regular UTF-8 file of at most MAX_TEXT_BYTES, JSON nested at most MAX_NESTING
-    # levels (deeper nesting would overflow the JSON parser's recursion), each failure one line
-    # naming the file.
-    doc = load_json(read_text(path, key, "terms JSON file"), key, str(path), unique_keys=True)
+    # JSON nested at most MAX_NESTING levels (deeper nesting would overflow the JSON parser's recursion).
+    doc = load_json(text, key, path, unique_keys=True)
     if not isinstance(doc, dict) or doc.get("format") != TERMS_FORMAT or not isinstance(doc.get("engines"), dict):
         raise ConfigError(
             key,

@@ -1796,6 +1796,25 @@ def test_terms_file_round_trip_and_errors(tmp_path):
             read_terms_file(bad)
 
 
+def test_a_terms_file_is_validated_once_per_content(tmp_path):
+    """A deployment asks for the terms more than once (its preset, its engine defaults, the
+    unused-terms check): the file is parsed once, and an edit is read, never a stale copy."""
+    from sim.engine.deployment import Deployment, with_engine_defaults
+    from sim.engine_presets import _parse_terms
+
+    p = with_terms(vllm={"host_s": 2.5e-3}).write(tmp_path / "t.json")
+    sc = with_engine_defaults(scenario_from_dict({"engine": {"kind": "vllm", "terms_file": str(p)}}))
+    _parse_terms.cache_clear()
+    Deployment.from_scenario(sc)
+    info = _parse_terms.cache_info()
+    assert info.misses == 1 and info.hits >= 1, info
+    with_terms(vllm={"host_s": 3.5e-3}).write(p)
+    assert engine_preset(sc).host_s == 3.5e-3
+    # Callers get their own dicts: changing one does not change the next read.
+    read_terms_file(p)["vllm"]["host_s"] = 1.0
+    assert read_terms_file(p)["vllm"]["host_s"] == 3.5e-3
+
+
 def test_terms_file_refuses_a_key_given_twice(tmp_path):
     p = tmp_path / "t.json"
     p.write_text('{"format": "kvsim-engine-terms", "engines": {"vllm": {"host_s": 0.001, "host_s": 0.002}}}')
