@@ -434,7 +434,8 @@ class AllocatorConfig(_Section):
     #: names them; ``kvsim list allocators``) and ignores the rest; the defaults are these.
     kind: str = "paged"
     block_size: int = Field(16, ge=1, le=4096)
-    #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length.
+    #: static: ``max_model_len``, a token count, or a percentile ``pNN`` of total request length over
+    #: the lengths the workload draws from (``Workload.reference_lengths``), not the run's own draws.
     reserve: int | str = "max_model_len"
     #: static: a sequence that outgrows its reservation is rejected, truncated (completed early), or
     #: moved to a paged fallback region of ``fallback_fraction`` of KV memory (one copy of its KV).

@@ -20,8 +20,10 @@ def test_parse_slos_meaning():
     assert parse_slos(["ttft_p99_s=1"]).attainment == 0.99
     assert parse_slos(["ttft_s=1"]).attainment == 0.9
     assert parse_slos(["ttft_p90_s=1", "tpot_p99_s=0.1"], attainment=0.95).attainment == 0.95
-    with pytest.raises(ConfigError, match="one attainment target"):
+    # Two percentiles: the error names the entries as typed, not the fractions they became.
+    with pytest.raises(ConfigError) as e:
         parse_slos(["ttft_p90_s=1", "tpot_p99_s=0.1"])
+    assert str(e.value).startswith("--slo: got 'ttft_p90_s, tpot_p99_s'; one percentile for all bounds"), str(e.value)
     for bad in (["ttft=1"], ["ttft_p90_s=-1"], ["ttft_p90_s=x"], [], ["ttft_s=1", "ttft_p90_s=2"]):
         with pytest.raises(ConfigError):
             parse_slos(bad)
@@ -160,6 +162,9 @@ def test_plan_default_scenario(tmp_path):
     assert "goodput" in r.stdout and "Use " in r.stdout
     p = json.loads((out / "plan.json").read_text())
     assert (out / "plan.html").is_file() and "js-plotly-plot" in (out / "plan.html").read_text()
+    # The plan says how far its absolute figures may be from a real server's, in each output.
+    assert "17.7 % on TTFT" in p["accuracy"] and "vllm serving llama-3.1-8b bf16" in p["accuracy"]
+    assert "Accuracy:" in " ".join(r.stdout.split()) and "Accuracy: " in (out / "plan.html").read_text()
     by = {c["name"]: c for c in p["candidates"]}
     # Every candidate is either planned or skipped with a reason (kinds this build lacks).
     assert set(by) | {s["name"] for s in p["skipped"]} == {n for n, c in CANDIDATES.items() if c.get("default", True)}

@@ -199,3 +199,57 @@ def test_candidates_and_rates_share_their_random_draws():
             assert np.array_equal(wl.prompt_tokens, base.prompt_tokens)
             assert np.array_equal(wl.output_tokens, base.output_tokens)
             np.testing.assert_allclose(wl.arrival_s * rate, base.arrival_s * 14.0, rtol=1e-12)
+
+
+def test_tail_room_counts_the_longest_requests_where_they_are_held():
+    from sim.analysis.saturation import tail_room
+    from sim.engine.deployment import derived_kv_cache_tokens
+
+    # Requests of 2,048 + 128 tokens, 5 % of them ten times as long (21,760 tokens).
+    data, base_dir = read_scenario_dict("variable-length-batch")
+    data = apply_overrides(
+        data,
+        {
+            "workload.max_model_len": 32768,
+            "workload.lengths.outlier_fraction": 0.05,
+            "workload.lengths.outlier_multiplier": 10.0,
+            "workload.lengths.base.outlier_fraction": 0.0,
+        },
+    )
+
+    def room(**over):
+        return tail_room(scenario_from_dict(apply_overrides(data, over), base_dir))
+
+    cap = derived_kv_cache_tokens(scenario_from_dict(data, base_dir))
+    assert room(**{"allocator.kind": "paged"}) == pytest.approx(cap / 21760)
+    # A p90 reservation holds the short ones; the long ones share the fallback region (10 % of KV).
+    fb = {"allocator.kind": "static", "allocator.reserve": "p90", "allocator.overflow": "fallback"}
+    assert room(**fb) == pytest.approx(int(cap * 0.1) / 21760)
+    assert room(**{**fb, "allocator.overflow": "truncate"}) == cap // 2176
+    assert room(**{"allocator.kind": "hybrid_tail"}) == int(cap * 0.3) // 32768
+    # Nothing outgrows a reservation of max_model_len: the region holds no one.
+    assert room(**{**fb, "allocator.reserve": "max_model_len"}) == math.inf
+
+
+def test_a_quick_run_passes_early_only_where_the_longest_requests_fit():
+    """Where fewer than MIN_TAIL_ROOM of the longest requests fit at once, their rare coincidences
+    decide a run, so only a miss may stop it early; the same run otherwise passes on the test."""
+    from sim.analysis.planner import MIN_TAIL_ROOM, _Runner
+
+    data, base_dir = read_scenario_dict("chat-api")
+    task = {
+        "slo": SLO(ttft_s=0.5, tpot_s=0.05).as_dict(),
+        "base": data,
+        "base_dir": str(base_dir),
+        "base_replicas": 1,
+        "base_requests": 2000,
+        "base_seed": 0,
+        "overrides": {},
+        "confidence": 0.95,
+        "start_rate": 14.0,
+        "saturation": 22.0,
+    }
+    roomy = _Runner({**task, "tail_room": math.inf}).quick(8.0, 1)
+    assert (roomy["decision"], roomy["how"]) == ("pass", "tested") and roomy["ended"] < 1000
+    tight = _Runner({**task, "tail_room": MIN_TAIL_ROOM / 2}).quick(8.0, 1)
+    assert tight["decision"] == "pass" and tight["how"] == "complete" and tight["ended"] == 2000

@@ -129,6 +129,35 @@ def test_quantile_is_fitted_on_the_distribution_not_on_the_run():
     assert len(wl.reference_lengths()[0]) > 100 and len(wl) == 100
 
 
+def test_percentile_reservation_is_one_size_whatever_the_request_count():
+    """``allocator.reserve: p95`` near a cliff of the length distribution (5 % outliers ten times
+    as long sit right at the 95th percentile) is the reference's p95 for every run size, not the
+    p95 of however many requests a run draws."""
+    from sim.engine.deployment import Deployment
+    from sim.workload.generator import total_length_percentile
+
+    # Requests of 2,048 + 128 tokens, 5 % of them ten times as long.
+    over = {
+        "allocator.kind": "static",
+        "allocator.reserve": "p95",
+        "workload.max_model_len": 32768,
+        "workload.lengths.outlier_fraction": 0.05,
+        "workload.lengths.outlier_multiplier": 10.0,
+        "workload.lengths.base.outlier_fraction": 0.0,
+    }
+    reserves, own = [], []
+    for n in (40, 400, 800, 1600):
+        sc = load_scenario("variable-length-batch", {**over, "workload.num_requests": n})
+        wl = build_workload(sc)
+        reserves.append(Deployment.from_scenario(sc, lambda q, wl=wl: total_length_percentile(wl, q)).reserve_tokens)
+        own.append(int(np.ceil(np.percentile(wl.prompt_tokens + wl.output_tokens, 95))))
+        ref_p, ref_o = wl.reference_lengths()
+        assert reserves[-1] == min(sc.workload.max_model_len, int(np.ceil(np.percentile(ref_p + ref_o, 95))))
+    assert len(set(reserves)) == 1
+    # The runs' own 95th percentiles straddle the cliff: sizing on them would flip the reservation.
+    assert max(own) > 2 * min(own)
+
+
 # --- whole simulations: invariants after every operation, every request accounted for -------------
 
 

@@ -126,7 +126,7 @@ def _profile_path(sc) -> str | None:
     from sim.workload.generator import build_workload, total_length_percentile
 
     wl = build_workload(sc)
-    cost = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).make_cost_model(sc)
+    cost = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q)).make_cost_model(sc)
     if not cost.calibrated:
         return None  # auto fell back to the roofline prior
     path = Path(ref)

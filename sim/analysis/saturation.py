@@ -16,6 +16,11 @@ steady state of continuous batching at full occupancy:
 Means are over the scenario's own length draws (requests longer than ``max_model_len`` are
 refused, so they do not count). It ignores queueing, preemption and allocator work, so it is a
 starting point, not an answer: the search verifies every rate it reports by simulation.
+
+:func:`tail_room` counts how many of the longest requests fit at once in the memory that holds
+them. Where only a few do (a small fallback region, a static partition of a few slots), a run is
+decided by how often long requests coincide, which is rare and does not show in its first
+requests: the planner then lets a run stop early only on a miss.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ def saturation_rate(sc: Scenario) -> float:
     from sim.workload.generator import build_workload, total_length_percentile
 
     wl = build_workload(sc)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
     cost = dep.make_cost_model(sc)
     sched = dep.scheduler or sc.scheduler
     keep = wl.prompt_tokens + wl.output_tokens <= sc.workload.max_model_len
@@ -56,3 +61,33 @@ def saturation_rate(sc: Scenario) -> float:
     t_prefill = n_chunks * max(mixed - t_decode, 0.0)
     per_request_s = t_prefill + float(np.mean(output)) * t_decode / seqs
     return sc.gpu.replicas / per_request_s if per_request_s > 0 else math.inf
+
+
+def tail_room(sc: Scenario) -> float:
+    """How many of the workload's longest requests fit at once in the memory that holds them
+    (``inf`` when no request needs it): the paged fallback region of ``static`` with ``overflow:
+    fallback`` for the requests longer than the reservation, the ``max_model_len`` slots of
+    ``hybrid_tail``'s static partition, the reservations of other ``static`` allocators, and the
+    whole KV capacity otherwise. "Longest" is the 99th percentile of total tokens of the lengths the
+    workload is drawn from (:meth:`sim.workload.generator.Workload.reference_lengths`), among the
+    requests the memory serves."""
+    from sim.engine.deployment import Deployment
+    from sim.workload.generator import build_workload, total_length_percentile
+
+    wl = build_workload(sc)
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
+    a, cap = sc.allocator, float(dep.kv_capacity_tokens)
+    p, o = wl.reference_lengths()
+    total = (p + o).astype(np.float64)
+    total = total[total <= sc.workload.max_model_len]
+    if a.kind == "hybrid_tail":
+        return float(int(cap * a.static_fraction) // max(int(sc.workload.max_model_len), 1))
+    reserve = dep.reserve_tokens
+    if a.kind == "static" and reserve:
+        if a.overflow != "fallback":
+            return float((cap // reserve) if total.size else math.inf)
+        total = total[total > reserve]
+        cap = float(int(cap * a.fallback_fraction))
+    if not total.size:
+        return math.inf
+    return cap / max(float(np.percentile(total, 99)), 1.0)

@@ -62,6 +62,7 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
     """``["ttft_p90_s=0.5", "tpot_p90_s=0.05"]`` → :class:`SLO` (see the module docstring)."""
     bounds: dict[str, float] = {}
     percentiles: set[float] = set()
+    with_percentile: list[str] = []
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -94,14 +95,16 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
                     "bound, e.g. ttft_p90_s",
                 )
             percentiles.add(pct / 100.0)
+            with_percentile.append(key)
     if not bounds:
         raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
     if attainment is None:
         if len(percentiles) > 1:
             raise ConfigError(
                 "--slo",
-                sorted(percentiles),
-                "one attainment target for all bounds (the SLO is joint); give --attainment",
+                ", ".join(with_percentile),
+                "one percentile for all bounds (the SLO is joint: one share of requests meets every "
+                "bound), e.g. ttft_p90_s and tpot_p90_s; or give --attainment, which overrides them",
             )
         attainment = percentiles.pop() if percentiles else DEFAULT_ATTAINMENT
     if not 0 < attainment <= 1:

@@ -129,6 +129,21 @@ MODEL_ALLOWED = (
 )
 
 
+def model_option_section(model: str) -> dict:
+    """The model section ``--model`` stands for (``kvsim run``, ``kvsim plan``); a variant note
+    (a shipped config standing in for the one named) goes to stderr."""
+    from sim.model_ids import model_argument, variant_note
+
+    if not model.strip():
+        # An empty path resolves to the working directory: it would be read as a model folder.
+        raise ConfigError("--model", model, MODEL_ALLOWED)
+    section = model_argument(model)
+    note = variant_note(model, section)
+    if note is not None:
+        typer.echo(f"kvsim: {note}", err=True)
+    return section
+
+
 class _StderrWarnings(logging.Handler):
     """``warning: …`` lines on stderr for the ``kvsim`` logger (the roofline fallback) during one command."""
 
@@ -170,16 +185,7 @@ def run(
         budget = budget_from_options(max_requests, max_events, max_wall_s)
         data, base = read_scenario_dict(scenario)
         if model is not None:
-            from sim.model_ids import model_argument, variant_note
-
-            if not model.strip():
-                # An empty path resolves to the working directory: it would be read as a model folder.
-                raise ConfigError("--model", model, MODEL_ALLOWED)
-            section = model_argument(model)
-            note = variant_note(model, section)
-            if note is not None:
-                typer.echo(f"kvsim: {note}", err=True)
-            data = {**data, "model": section}
+            data = {**data, "model": model_option_section(model)}
         sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
         # Every file is written into a staging folder and moved into place at the end: an

@@ -66,13 +66,24 @@ def plan_command(
     workers: int | None = typer.Option(
         None, "--workers", "-w", help="Candidates searched in parallel (default: cores)."
     ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Replace the scenario's model, as kvsim run --model does: a catalog name, a Hugging Face "
+        "config.json path, or a shipped config's id such as Qwen/Qwen3-32B (--set model.* applies after).",
+    ),
+    tp: str | None = typer.Option(
+        None,
+        "--tp",
+        help="Plan at several tensor-parallel sizes (e.g. 1,2,4,8, or auto: those the model fits) "
+        "and use the one needing the fewest GPUs; each size's plan goes to OUT/tpN/.",
+    ),
     out: str | None = typer.Option(None, "--out", "-o", help="Output directory (default plans/<scenario name>)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
 ):
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
-    from rich.table import Table
-
-    from sim.analysis.planner import assumption_lines, plan, plan_columns, plan_rows, problem_lines, write_plan
+    from sim.analysis.planner import plan, write_plan
     from sim.analysis.slo import parse_slos
     from sim.config import parse_override
 
@@ -80,6 +91,15 @@ def plan_command(
         slo_ = parse_slos(slo, attainment)
         rate = _target_rate(target_rate)
         overrides = dict(parse_override(i) for i in set_ or [])
+        if model is not None:
+            from sim.cli.main import model_option_section
+
+            overrides = {"model": model_option_section(model), **overrides}
+        sizes = None
+        if tp is not None:
+            from sim.analysis.tp_search import parse_tp
+
+            sizes = parse_tp(tp)
         names = [n.strip() for n in allocators.split(",") if n.strip()] if allocators else None
         from sim.limits import MAX_WORKERS
 
@@ -97,64 +117,108 @@ def plan_command(
         kw["start_method"] = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
         from sim.output.progress import Progress
 
-        # Started (bar thread, first line) only once the workers exist: on_start.
-        shown = Progress("plan", "candidates", show=not quiet, note="searching goodput")
-        try:
-            p = plan(
+        def run_plan(over: dict, label: str = "plan") -> dict:
+            # Started (bar thread, first line) only once the workers exist: on_start.
+            shown = Progress(label, "candidates", show=not quiet, note="searching goodput")
+            try:
+                p = plan(
+                    scenario,
+                    slo_,
+                    over,
+                    names,
+                    rate,
+                    tolerance,
+                    workers,
+                    **kw,
+                    on_start=shown.start,
+                    progress=lambda d, n, name: shown.update(d, total=n, note=f"{name} done"),
+                )
+            except BaseException:
+                shown.stop(ok=False)
+                raise
+            shown.stop()
+            return p
+
+        if tp is None:
+            p = run_plan(overrides)
+            dest = write_plan(p, out if out is not None else Path("plans") / p["scenario"])
+            search_ = None
+        else:
+            from sim.analysis.tp_search import plan_tensor_parallel
+
+            search_ = plan_tensor_parallel(
                 scenario,
-                slo_,
+                sizes,
                 overrides,
-                names,
+                lambda over: run_plan(over, f"plan TP{over['gpu.tensor_parallel']}"),
                 rate,
                 tolerance,
-                workers,
-                **kw,
-                on_start=shown.start,
-                progress=lambda d, n, name: shown.update(d, total=n, note=f"{name} done"),
             )
-        except BaseException:
-            shown.stop(ok=False)
-            raise
-        shown.stop()
-        dest = write_plan(p, out or Path("plans") / p["scenario"])
+            first = next(iter(search_["plans"].values()))
+            dest = Path(out if out is not None else Path("plans") / first["scenario"])
+            for size, sp in search_["plans"].items():
+                write_plan(sp, dest / f"tp{size}")
+            p = search_["plans"].get(search_["chosen"], first)
+            p = {**p, "tensor_parallel_search": search_["sizes"], "tensor_parallel_chosen": search_["chosen"]}
+            write_plan(p, dest)
     except ConfigError as exc:
         fail(exc)
     if quiet:
         print(dest / "plan.json")
     else:
-        console = stdout_console()
-        cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
-        t = Table(
-            title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
-            f"SLO: {p['slo_text']}{cal}"
-        )
-        for c in plan_columns(p):
-            t.add_column(c, justify="left" if c == "candidate" else "right")
-        for r in plan_rows(p):
-            t.add_row(*r)
-        console.print(t)
-        for line in problem_lines(p):
-            console.print(line, highlight=False, markup=False)
-        rec = p["recommendation"]
-        console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
-        for r in rec["reasons"]:
-            console.print(f"  • {r}", highlight=False)
-        lines = assumption_lines(p)
-        if lines:
-            console.print(
-                "\n[bold]Assumptions[/bold] (unmeasured constants of the cost model and the KV capacity):",
-                highlight=False,
-            )
-            for line in lines:
-                console.print(f"  • {line}", highlight=False)
+        _print_plan(p, dest, search_, rate)
+    if p["recommendation"]["candidate"] is None or (search_ is not None and search_["chosen"] is None):
+        raise typer.Exit(1)
+
+
+def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -> None:
+    from rich.table import Table
+
+    from sim.analysis.planner import assumption_lines, plan_columns, plan_rows, problem_lines
+
+    console = stdout_console()
+    if search_ is not None:
+        from sim.analysis.tp_search import size_lines
+
+        console.print("[bold]Tensor-parallel sizes[/bold] (each plan in its tpN/ folder):", highlight=False)
+        for line in size_lines(search_, rate):
+            console.print(f"  • {line}", highlight=False, markup=False)
+        if search_["chosen"] is None:
+            console.print("\nNo size gives a recommendation.", highlight=False)
+        else:
+            console.print(f"\nThe plan at TP{search_['chosen']}:\n", highlight=False)
+    cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
+    t = Table(
+        title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
+        f"SLO: {p['slo_text']}{cal}"
+    )
+    for c in plan_columns(p):
+        t.add_column(c, justify="left" if c == "candidate" else "right")
+    for r in plan_rows(p):
+        t.add_row(*r)
+    console.print(t)
+    for line in problem_lines(p):
+        console.print(line, highlight=False, markup=False)
+    rec = p["recommendation"]
+    console.print(f"\n[bold]{rec['text']}[/bold]", highlight=False)
+    for r in rec["reasons"]:
+        console.print(f"  • {r}", highlight=False)
+    lines = assumption_lines(p)
+    if lines:
         console.print(
-            f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
-            f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
-            f"in {p['wall_s']:.1f} s",
+            "\n[bold]Assumptions[/bold] (unmeasured constants of the cost model and the KV capacity):",
             highlight=False,
         )
-    if p["recommendation"]["candidate"] is None:
-        raise typer.Exit(1)
+        for line in lines:
+            console.print(f"  • {line}", highlight=False)
+    if p.get("accuracy"):
+        console.print(f"\n[bold]Accuracy[/bold]: {p['accuracy']}.", highlight=False)
+    console.print(
+        f"\nwrote {dest}/ (plan.json, plan.html); {p['simulations']} simulations "
+        f"({p['quick_simulations']} stopped early when decided, {p['simulated_requests']} requests) "
+        f"in {p['wall_s']:.1f} s",
+        highlight=False,
+    )
 
 
 def _target_rate(raw: str | None) -> float | None:

@@ -101,7 +101,7 @@ def simulate(
     wl = build_workload(sc)
     if budget is not None:
         budget.check_workload(wl)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
     env = simpy.Environment()
     out = Path(out_dir) if out_dir is not None else None
     rec = Recorder(dep.kv_slot_bytes, out, sc.timeseries.every_s)

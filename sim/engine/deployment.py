@@ -498,7 +498,7 @@ def derived_kv_cache_tokens(sc: Scenario) -> int:
 
     sc = with_engine_defaults(sc)
     wl = build_workload(sc)
-    return Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q)).kv_cache_tokens
+    return Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q)).kv_cache_tokens
 
 
 def with_engine_defaults(sc: Scenario) -> Scenario:

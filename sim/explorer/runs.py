@@ -127,6 +127,6 @@ def check_runnable(sc: Scenario) -> None:
     if n is not None and n > limit:
         sc = sc.model_copy(update={"workload": sc.workload.model_copy(update={"num_requests": limit})})
     wl = build_workload(sc)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(sc, wl, q))
+    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
     dep.make_allocator(sc)
     dep.make_cost_model(sc)

@@ -330,6 +330,10 @@ def _add_client_timing(sc: Scenario, wl: Workload) -> None:
         wl.frontend_jitter = _gamma(rng, 1.0, arr.client_cv, n)
 
 
-def total_length_percentile(sc: Scenario, wl: Workload, q: float) -> int:
-    """The ``q``-th percentile of prompt + output tokens over the scenario's requests."""
-    return int(np.ceil(np.percentile(wl.prompt_tokens + wl.output_tokens, q)))
+def total_length_percentile(wl: Workload, q: float) -> int:
+    """The ``q``-th percentile of prompt + output tokens, in tokens, over the lengths the workload
+    is drawn from (:meth:`Workload.reference_lengths`), not over its own requests: a reservation
+    sized as ``p95`` must not move with ``num_requests`` or the seed, or one plan or sweep would
+    compare deployments that reserve different amounts for the same traffic."""
+    p, o = wl.reference_lengths()
+    return int(np.ceil(np.percentile(p + o, q)))
