@@ -175,6 +175,11 @@ def test_plan_default_scenario(tmp_path):
     # Reserving max_model_len (16384 tokens) per request caps concurrency: paged serves more.
     assert by["paged"]["goodput_rps"] > by["static"]["goodput_rps"]
     assert p["recommendation"]["candidate"] in by and p["recommendation"]["reasons"]
+    # The reasons say what stops the recommended candidate above its goodput.
+    assert any(
+        r.startswith(f"{p['recommendation']['candidate']}: what binds above the goodput")
+        for r in p["recommendation"]["reasons"]
+    )
     # The plan carries each candidate's upper-bound flag, which keeps the oracle from being picked.
     assert {n for n, c in by.items() if c["upper_bound"]} == {n for n in by if CANDIDATES[n].get("upper_bound")}
     assert not by[p["recommendation"]["candidate"]]["upper_bound"]
@@ -265,3 +270,56 @@ def test_an_upper_bound_is_reported_but_never_recommended():
     assert not any("vs hybrid_tail-oracle" in r for r in rec["reasons"])
     assert CANDIDATES["hybrid_tail-oracle"]["upper_bound"] and not CANDIDATES["hybrid_tail"].get("upper_bound")
     assert CANDIDATES["hybrid_tail"]["overrides"]["allocator.length_predictor"] != "oracle"
+
+
+def test_miss_shares_add_up_to_the_misses():
+    """With one bound, refused + truncated + that bound's misses are exactly the requests that miss
+    the SLO; with two, each request that misses is counted at least once."""
+    from sim.analysis.slo import miss_shares
+
+    over = {"workload.num_requests": 300, "workload.arrival.rate": 60.0, "allocator.kind": "static"}
+    over.update({"allocator.reserve": "p90", "allocator.overflow": "truncate"})
+    req = simulate(scenario_from_dict(apply_overrides(read_scenario_dict("chat-api")[0], over))).requests
+    for slo in (SLO(ttft_s=0.3), SLO(tpot_s=0.015), SLO(ttft_s=0.3, tpot_s=0.015)):
+        m = miss_shares(req, slo)
+        missed = 1.0 - attainment(req, slo)
+        assert missed > 0.05, slo  # the case is not trivial
+        if len(m) == 3:
+            assert sum(m.values()) == pytest.approx(missed)
+        else:
+            assert sum(m.values()) >= missed - 1e-12 and max(m.values()) <= missed + 1e-12
+
+
+def _probe(rate, att, misses, peak, preemptions=0):
+    return {
+        "rate": rate,
+        "replicas": 1,
+        "attainment": att,
+        "misses": misses,
+        "kv_reserved_peak": peak,
+        "preemptions": preemptions,
+    }
+
+
+def test_binding_line_names_the_bound_and_whether_memory_filled():
+    from sim.analysis.planner import binding_line
+
+    latency = {
+        "goodput_rps": 10.0,
+        "probes": [_probe(9.0, 0.95, {"ttft": 0.02}, 0.3), _probe(10.5, 0.8, {"refused": 0.0, "tpot": 0.2}, 0.6)],
+    }
+    line = binding_line(latency, 1, 0.9)
+    assert "at 10.5 req/s (80.0% within the SLO)" in line and "TPOT 20.0%" in line
+    assert "not KV memory but TPOT binds" in line and "at most 60% of capacity" in line
+    memory = {
+        "goodput_rps": 10.0,
+        "quick_probes": [_probe(11.0, 0.7, {"ttft": 0.3}, 0.99), _probe(12.0, 0.5, {"ttft": 0.5}, 0.99)],
+    }
+    assert "at 11 req/s" in binding_line(memory, 1, 0.9) and "KV memory binds" in binding_line(memory, 1, 0.9)
+    # Preemptions or refusals say memory ran out even below the full mark.
+    assert "KV memory binds" in binding_line(
+        {"goodput_rps": 1.0, "probes": [_probe(2.0, 0.5, {"ttft": 0.5}, 0.5, 3)]}, 1, 0.9
+    )
+    # No run above the goodput missed the target (or none at the base replica count): nothing to say.
+    assert binding_line({"goodput_rps": 10.0, "probes": [_probe(9.0, 0.95, {}, 0.3)]}, 1, 0.9) is None
+    assert binding_line({"goodput_rps": 10.0, "probes": [_probe(11.0, 0.5, {"ttft": 0.5}, 0.3)]}, 2, 0.9) is None

@@ -39,7 +39,7 @@ from sim.analysis.search import (
     find_goodput_guided,
     interpolated_goodput,
 )
-from sim.analysis.slo import SLO, attainment
+from sim.analysis.slo import SLO, attainment, miss_shares
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
 from sim.engine.budget import RunBudget
 from sim.errors import ConfigError
@@ -224,6 +224,71 @@ def measure(result, slo: SLO) -> dict:
     return out
 
 
+def kv_reserved_peak(ts) -> float | None:
+    """The fullest replica's peak of reserved KV memory, as a share of its capacity (``None``
+    without time-series rows)."""
+    from sim.analysis.columns import column
+
+    if ts.num_rows == 0:
+        return None
+    cap = column(ts, "kv_capacity_bytes").astype(np.float64)
+    peak = column(ts, "kv_reserved_bytes_max").astype(np.float64)
+    ok = cap > 0
+    return float((peak[ok] / cap[ok]).max()) if ok.any() else None
+
+
+#: A replica whose reserved KV memory peaks at this share of its capacity has run out of it.
+KV_FULL = 0.95
+_BOUND_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "e2e latency", "refused": "refused", "truncated": "truncated"}
+
+
+def binding_line(c: dict, base_replicas: int, target: float) -> str | None:
+    """What stops ``c`` above its goodput, from the lowest-rate run at the base replica count that
+    missed the target above the goodput: which bound its requests missed, and whether KV memory
+    filled (reserved peak ≥ :data:`KV_FULL` of capacity, preemptions, refusals) or not."""
+    goodput = c.get("goodput_rps") or 0.0
+    runs = [
+        r
+        for r in [*c.get("probes", []), *c.get("quick_probes", [])]
+        if r.get("replicas") == base_replicas
+        and r.get("misses")
+        and r.get("attainment") is not None
+        and r["attainment"] < target
+        and r["rate"] > goodput
+    ]
+    if not runs:
+        return None
+    r = min(runs, key=lambda x: x["rate"])
+    m = r["misses"]
+    parts = ", ".join(f"{_BOUND_NAMES[k]} {v:.1%}" for k, v in m.items() if v > 0) or "none"
+    peak = r.get("kv_reserved_peak")
+    full = (peak is not None and peak >= KV_FULL) or r["preemptions"] > 0 or m.get("refused", 0) > 0
+    memory = f"KV memory reserved at most {peak:.0%} of capacity" if peak is not None else "KV memory unknown"
+    memory += f", {r['preemptions']} preemptions" if r["preemptions"] else ", no preemptions"
+    latency = max(("ttft", "tpot", "e2e"), key=lambda k: m.get(k, 0.0))
+    if full:
+        verdict = (
+            "KV memory binds: it fills, so requests wait for room, are preempted or refused; memory wasted less "
+            "(another allocator), more of it (a larger GPU, a wider --tp) or shorter max_model_len lifts the goodput"
+        )
+    elif m.get(latency, 0.0) > 0:
+        why = {
+            "ttft": "time in the queue and in prefill",
+            "tpot": "the decode step at that batch size",
+            "e2e": "time in the queue, prefill and decode",
+        }[latency]
+        verdict = (
+            f"not KV memory but {_BOUND_NAMES[latency]} binds ({why}): an allocator that saves memory would not "
+            "lift the goodput, faster iterations would (a wider --tp, a faster GPU)"
+        )
+    else:
+        verdict = "no single bound stands out"
+    return (
+        f"what binds above the goodput: at {r['rate']:.3g} req/s ({r['attainment']:.1%} within the SLO) the misses "
+        f"are {parts} of requests; {memory} — {verdict}"
+    )
+
+
 def _kv_series(ts, max_points: int = 1500) -> dict:
     from sim.analysis.plots import summed_over_replicas
 
@@ -296,6 +361,8 @@ class _Runner:
             "rejected": s["rejected"],
             "truncated": s["truncated"],
             "preemptions": s["preemptions"],
+            "misses": miss_shares(res.requests, self.slo),
+            "kv_reserved_peak": kv_reserved_peak(res.timeseries),
         }
 
     def full(self, rate: float, replicas: int, seed: int = 0) -> tuple[dict, Any]:
@@ -1262,6 +1329,9 @@ def recommend(p: dict) -> dict:
             f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
             f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
         )
+    binds = binding_line(best, p["replicas"], p["attainment_target"])
+    if binds:
+        reasons.append(f"{best['name']}: {binds}")
     if len(tied) > 1:
         why = "; ".join(f"{c['name']} is {kinds[c['name']]}" for c in tied if c is not leader)
         reasons.append(

@@ -134,6 +134,35 @@ def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
     return ok
 
 
+def miss_shares(requests: pa.Table, slo: SLO) -> dict[str, float]:
+    """Share of all requests that miss the SLO, by cause: ``refused`` (not completed), ``truncated``,
+    and for requests completed whole each bound they exceed (``ttft``, ``tpot``, ``e2e``, where the
+    SLO has it; one request may exceed several). Empty for an empty run."""
+    from sim.analysis.columns import column
+
+    n = requests.num_rows
+    if not n:
+        return {}
+    status = np.asarray(requests.column("status").to_pylist())
+    done = status == "completed"
+    truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
+    arrival = column(requests, "arrival_s")
+    first = column(requests, "first_token_s")
+    finish = column(requests, "finish_s")
+    gen = column(requests, "generated_tokens")
+    out = {"refused": float((~done).sum()) / n, "truncated": float((done & truncated).sum()) / n}
+    done &= ~truncated
+    if slo.ttft_s is not None:
+        out["ttft"] = float((done & ((first - arrival) > slo.ttft_s)).sum()) / n
+    if slo.tpot_s is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), 0.0)
+        out["tpot"] = float((done & (tpot > slo.tpot_s)).sum()) / n
+    if slo.e2e_s is not None:
+        out["e2e"] = float((done & ((finish - arrival) > slo.e2e_s)).sum()) / n
+    return out
+
+
 def attainment(requests: pa.Table, slo: SLO) -> float:
     """Fraction of all requests that meet ``slo`` (0 for an empty run)."""
     n = requests.num_rows
