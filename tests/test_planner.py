@@ -323,3 +323,21 @@ def test_binding_line_names_the_bound_and_whether_memory_filled():
     # No run above the goodput missed the target (or none at the base replica count): nothing to say.
     assert binding_line({"goodput_rps": 10.0, "probes": [_probe(9.0, 0.95, {}, 0.3)]}, 1, 0.9) is None
     assert binding_line({"goodput_rps": 10.0, "probes": [_probe(11.0, 0.5, {"ttft": 0.5}, 0.3)]}, 2, 0.9) is None
+
+
+def test_plan_text_helpers():
+    from sim.analysis.planner import jitter_text, plan_columns, plan_dtypes
+
+    # Two decimals, except where they would print a jitter above (or below) the 1.10 rule as 1.10.
+    assert [jitter_text(j) for j in (1.1, 1.3, 1.104, 1.0996, 1.10000004)] == [
+        "1.10",
+        "1.30",
+        "1.104",
+        "1.0996",
+        "1.10000004",
+    ]
+    assert plan_dtypes({"weight_dtype": "fp8_block", "kv_dtype": "bf16"}) == " (weights fp8_block, KV bf16)"
+    assert plan_dtypes({}) == ""
+    cols = plan_columns({"replicas": 2, "seeds": 1})
+    assert cols[1:3] == ["goodput req/s (2 replicas)", "edge req/s (2 replicas)"]
+    assert plan_columns({"replicas": 1, "seeds": 1})[1:3] == ["goodput req/s", "edge req/s"]

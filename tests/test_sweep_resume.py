@@ -3,6 +3,7 @@ the dataset holds exactly the current file's points (reused rows rewritten, othe
 columns keep one type, an integer past int64 fails only its point, numbers YAML reads as text are
 numbers, and a value given twice is refused."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -239,3 +240,23 @@ def test_a_point_whose_named_file_changed_runs_again_and_one_reading_shipped_fil
     from sim.analysis.sweep import canonical_scenario, json_digest
 
     assert point_id(sc) == json_digest({"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)})
+
+
+def test_the_command_prints_each_points_results_and_no_empty_progress(tmp_path):
+    out = tmp_path / "ds"
+    f = write(tmp_path, "grid:\n  workload.arrival.rate: {r4: 4, r8: 8}\n  allocator.kind: [static, paged]\n", "s.yaml")
+    cmd = [sys.executable, "-m", "sim.cli.sweep", str(f), "-w", "1", "--out", str(out)]
+    env = {**os.environ, "COLUMNS": "200"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("│ r")]
+    assert len(lines) == 4
+    for row, line in zip(rows(out), lines):
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        assert cells[:2] == [row["workload.arrival.rate"], row["allocator.kind"]]
+        assert cells[2] == f"{row['completed']} / {row['rejected']}"
+        assert cells[3] == f"{row['ttft_s.p90']:.3g}" and cells[5] == f"{row['throughput_requests_per_s']:.3g}"
+    # Everything reused: the counts on stderr, no "0/0 points" progress line.
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "reused 4 finished point(s) of 4" in r.stderr, r.stderr
+    assert "0/0" not in r.stderr, r.stderr

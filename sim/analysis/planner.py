@@ -224,6 +224,24 @@ def measure(result, slo: SLO) -> dict:
     return out
 
 
+def plan_dtypes(p: dict) -> str:
+    """`` (weights fp8, KV fp8)`` for a plan's title: what the model serves, which a checkpoint may
+    set without the scenario saying so (empty for a plan written before the fields existed)."""
+    if not p.get("weight_dtype"):
+        return ""
+    return f" (weights {p['weight_dtype']}, KV {p['kv_dtype']})"
+
+
+def jitter_text(j: float) -> str:
+    """A decode jitter (p99/p50) at two decimals, or more where two would print a value on the
+    wrong side of the article's rule as the rule itself (1.104 is above 1.10, not at it)."""
+    for d in range(2, 7):
+        text = f"{j:.{d}f}"
+        if float(text) != JITTER_RULE or j == JITTER_RULE:
+            return text
+    return repr(float(j))
+
+
 def kv_reserved_peak(ts) -> float | None:
     """The fullest replica's peak of reserved KV memory, as a share of its capacity (``None``
     without time-series rows)."""
@@ -769,6 +787,8 @@ def plan(
             "tensor_parallel": sc.gpu.tensor_parallel,
             "gpu": sc.gpu.name,
             "model": sc.model.name,
+            "weight_dtype": sc.model.weight_dtype,
+            "kv_dtype": sc.model.kv_dtype,
             # From the cost model the runs build: ``auto`` falls back to the roofline prior where no
             # built-in profile covers the GPU, model or dtypes (as cost_model_profile then says).
             "cost_model_profile": profile_block,
@@ -1329,7 +1349,8 @@ def recommend(p: dict) -> dict:
             f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
             f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
         )
-    binds = binding_line(best, p["replicas"], p["attainment_target"])
+    target_share = p.get("attainment_target")
+    binds = binding_line(best, p.get("replicas") or 1, target_share) if target_share else None
     if binds:
         reasons.append(f"{best['name']}: {binds}")
     if len(tied) > 1:
@@ -1375,7 +1396,7 @@ def recommend(p: dict) -> dict:
     reasons.append(f"external fragmentation (1 − largest free extent / free, time-weighted mean): {frag}")
     everyone = [best, *others]
     jit = ", ".join(
-        f"{c['name']} {c['operating_point']['decode_jitter']:.2f}"
+        f"{c['name']} {jitter_text(c['operating_point']['decode_jitter'])}"
         for c in everyone
         if c["operating_point"].get("decode_jitter") is not None
     )
@@ -1644,6 +1665,9 @@ def _table_basis(p: dict) -> str:
 def plan_columns(p: dict) -> list[str]:
     cols = list(PLAN_COLUMNS)
     cols[4] = _PER_GPU_COLUMN[_table_basis(p)]
+    if (p.get("replicas") or 1) > 1:
+        # The goodput search runs at the scenario's replica count: say so where it is not one.
+        cols[1], cols[2] = (f"{c} ({p['replicas']} replicas)" for c in cols[1:3])
     if (p.get("seeds") or 1) > 1:
         # The verified goodput, its edge and the attainments beside them are the first seed's search.
         seed = p.get("seed")
@@ -1679,7 +1703,7 @@ def candidate_row(p: dict, c: dict) -> list[str]:
         _num(op.get("tpot_p90_s")),
         _pct(op.get("memory_waste")),
         _pct(op.get("external_frag_mean")),
-        "-" if op.get("decode_jitter") is None else f"{op['decode_jitter']:.2f}",
+        "-" if op.get("decode_jitter") is None else jitter_text(op["decode_jitter"]),
         str(op.get("preemptions", "-")),
         str(op.get("rejected", "-")),
     ]

@@ -1455,8 +1455,9 @@ class _Progress:
         self.total = total
         self.done = 0
         # The last state of the bar stays on the terminal (not transient), as it always has.
+        # Nothing to run (every point reused): no 0/0 line; the command says what it reused.
         self.shown = Progress(
-            f"sweep {name}", "points", total, show=progress is True, transient=False, extra=", 0 failed"
+            f"sweep {name}", "points", total, show=progress is True and total > 0, transient=False, extra=", 0 failed"
         )
 
     def __enter__(self):
@@ -1472,6 +1473,41 @@ class _Progress:
     def __exit__(self, exc_type, *exc):
         self.shown.stop(ok=exc_type is None)
         return False
+
+
+#: The metrics ``kvsim sweep`` prints per point: (column, header, format).
+RESULT_COLUMNS = (
+    ("ttft_s.p90", "TTFT p90 s", "{:.3g}"),
+    ("tpot_s.p90", "TPOT p90 s", "{:.3g}"),
+    ("throughput_requests_per_s", "req/s", "{:.3g}"),
+    ("preemptions", "preempt", "{:d}"),
+    ("kv_internal_fragmentation", "KV waste", "{:.0%}"),
+)
+
+
+def result_rows(table: pa.Table, axes: Sequence[str], limit: int = 40) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of a sweep's results as ``kvsim sweep`` prints them: each point's axis values,
+    ``completed / refused`` and :data:`RESULT_COLUMNS` (a failed point: its error), at most ``limit``
+    rows in point order."""
+    cols = table.column_names
+    seeds = "seed" in cols and len(set(table.column("seed").to_pylist())) > 1
+    head = [*axes, *(["seed"] if seeds else []), "completed / refused", *(h for _, h, _ in RESULT_COLUMNS)]
+    rows = []
+    for r in table.slice(0, limit).to_pylist():
+        row = [_cell(r.get(a)) for a in axes] + ([str(r.get("seed"))] if seeds else [])
+        if r.get("status") != "ok":
+            rows.append(row + [f"failed: {r.get('error') or ''}"[:80]] + [""] * len(RESULT_COLUMNS))
+            continue
+        row.append(f"{r.get('completed')} / {r.get('rejected')}")
+        for c, _, fmt in RESULT_COLUMNS:
+            v = r.get(c)
+            row.append("-" if v is None else fmt.format(v))
+        rows.append(row)
+    return head, rows
+
+
+def _cell(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def describe_params(params: dict[str, Any]) -> str:

@@ -174,7 +174,7 @@ def plan_command(
 def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -> None:
     from rich.table import Table
 
-    from sim.analysis.planner import assumption_lines, plan_columns, plan_rows, problem_lines
+    from sim.analysis.planner import assumption_lines, plan_columns, plan_dtypes, plan_rows, problem_lines
 
     console = stdout_console()
     if search_ is not None:
@@ -189,7 +189,7 @@ def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -
             console.print(f"\nThe plan at TP{search_['chosen']}:\n", highlight=False)
     cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
     t = Table(
-        title=f"kvsim plan: {p['scenario']} ({p['model']} on {p['gpu']}, TP{p['tensor_parallel']}); "
+        title=f"kvsim plan: {p['scenario']} ({p['model']}{plan_dtypes(p)} on {p['gpu']}, TP{p['tensor_parallel']}); "
         f"SLO: {p['slo_text']}{cal}"
     )
     for c in plan_columns(p):

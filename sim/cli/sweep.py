@@ -72,14 +72,41 @@ def sweep_command(
             t.add_row(k, str(v))
         console = stdout_console()
         console.print(t)
+        _print_results(console, res)
         console.print(
-            f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.analysis.sweep.read_dataset)"
+            f"dataset: {res.out}/ (part-*.parquet, one row per point; read with sim.analysis.sweep.read_dataset, "
+            f"a pyarrow Table; kvsim report {res.out} plots it)",
+            highlight=False,
         )
     if res.failures:
         sys.stderr.write(f"{len(res.failures)} of {res.total} points failed:\n")
         for f in res.failures:
             sys.stderr.write(f"failed {f['point_id']} ({describe_params(f['params'])}): {f['error']}\n")
         raise typer.Exit(1)
+
+
+def _print_results(console, res) -> None:
+    """Each point's axis values and headline metrics (the first :data:`LIMIT` points)."""
+    from rich.table import Table
+
+    from sim.analysis.sweep import result_rows
+
+    table = res.table()
+    head, rows = result_rows(table, res.axes, LIMIT)
+    if not rows:
+        return
+    t = Table(title=f"results (KV waste: reserved but unused; kvsim report {res.out} for plots)")
+    for h in head:
+        t.add_column(h, justify="left" if h in res.axes else "right")
+    for r in rows:
+        t.add_row(*r)
+    console.print(t)
+    if table.num_rows > LIMIT:
+        console.print(f"… and {table.num_rows - LIMIT} more points in the dataset", highlight=False)
+
+
+#: Points whose results ``kvsim sweep`` prints.
+LIMIT = 40
 
 
 def _main() -> None:
