@@ -305,6 +305,9 @@ class LengthsConfig(_Section):
     base: LengthsConfig | None = None
     outlier_fraction: float = Field(0.1, ge=0, le=1)
     outlier_multiplier: float = Field(4.0, gt=0, le=MAX_MULTIPLIER)
+    #: mixture: what the multiplier scales in an outlier: its prompt and output, or one of them
+    #: (long documents with ordinary answers: ``prompt``).
+    outlier_scales: Literal["both", "prompt", "output"] = "both"
 
     @model_validator(mode="after")
     def _needs(self):

@@ -325,3 +325,25 @@ def test_preemption_stays_in_the_growing_requests_region():
     assert plan.preempted == 1 and list(sched.waiting) == [a]  # the pool (200 tokens) was a's alone
     assert [r for r, _ in plan.items] == [b]
     alloc.check_invariants()
+
+
+@pytest.mark.parametrize("scales", ["both", "prompt", "output"])
+def test_mixture_outliers_scale_what_they_say(scales):
+    """``outlier_scales``: the multiplier lengthens the prompt, the output or both of an outlier; the
+    other length stays the base's."""
+    over = {
+        "workload.num_requests": 400,
+        "workload.max_model_len": 32768,
+        "workload.lengths.outlier_fraction": 0.1,
+        "workload.lengths.outlier_multiplier": 8.0,
+        "workload.lengths.outlier_scales": scales,
+        "workload.lengths.base.outlier_fraction": 0.0,
+    }
+    wl = build_workload(load_scenario("variable-length-batch", over))
+    p, o = wl.prompt_tokens, wl.output_tokens
+    long_p, long_o = p == 8 * 2048, o == 8 * 128
+    assert set(p.tolist()) <= {2048, 8 * 2048} and set(o.tolist()) <= {128, 8 * 128}
+    n_out = int((long_p | long_o).sum())
+    assert 20 < n_out < 60  # about 10 % of 400
+    assert long_p.sum() == (n_out if scales != "output" else 0)
+    assert long_o.sum() == (n_out if scales != "prompt" else 0)

@@ -149,8 +149,10 @@ class LengthSampler:
     def _outliers(self, rng: np.random.Generator, p: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         c = self.cfg
         out = rng.random(len(p)) < c.outlier_fraction
-        p = np.where(out, _tokens(p * c.outlier_multiplier), p).astype(np.int64)
-        o = np.where(out, _tokens(o * c.outlier_multiplier), o).astype(np.int64)
+        if c.outlier_scales != "output":
+            p = np.where(out, _tokens(p * c.outlier_multiplier), p).astype(np.int64)
+        if c.outlier_scales != "prompt":
+            o = np.where(out, _tokens(o * c.outlier_multiplier), o).astype(np.int64)
         return p, o
 
     def reference(self, rng: np.random.Generator, n: int = REFERENCE_SAMPLE) -> tuple[np.ndarray, np.ndarray]:
