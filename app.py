@@ -781,7 +781,8 @@ def page_sweeps() -> None:
         )
     st.divider()
     st.subheader("Goodput plan")
-    from sim.analysis import planner as PL
+    from sim.analysis import plan_output as PO, planner as PL
+    from sim.analysis.recommend import problem_lines
 
     slo = X.slo_from_knobs(S.knobs)
     st.caption(
@@ -859,14 +860,16 @@ def page_sweeps() -> None:
         st.success(p["recommendation"]["text"])
         for r in p["recommendation"].get("reasons", []):
             st.markdown(f"- {r}")
-        st.dataframe([dict(zip(PL.plan_columns(p), r)) for r in PL.plan_rows(p)], key="plan_table", hide_index=True)
-        lines = PL.assumption_lines(p)
+        st.dataframe([dict(zip(PO.plan_columns(p), r)) for r in PO.plan_rows(p)], key="plan_table", hide_index=True)
+        lines = PO.assumption_lines(p)
         if lines:
             st.markdown("**Assumptions** (unmeasured constants of the cost model and the KV capacity)")
             for a in lines:
                 st.markdown(f"- {a}")
-        st.caption(PL.search_summary(p))
-        for line in PL.problem_lines(p):
+        if p.get("accuracy"):
+            st.caption(f"Accuracy: {p['accuracy']}.")
+        st.caption(PO.search_summary(p))
+        for line in problem_lines(p):
             st.caption(line)
         a, b = st.columns(2)
         a.plotly_chart(plots.attainment_vs_rate(p), key="plan_attain", theme=None)

@@ -140,7 +140,8 @@ def test_serving_validation_html_offline(browser, tmp_path):
 def test_run_sweep_plan_and_explorer_pages_offline(browser, tmp_path):
     from sim import explorer as X
     from sim.analysis import plots
-    from sim.analysis.planner import plan, write_plan
+    from sim.analysis.plan_output import write_plan
+    from sim.analysis.planner import plan
     from sim.analysis.report import report
     from sim.analysis.slo import parse_slos
     from sim.analysis.sweep import run_sweep

@@ -253,7 +253,7 @@ def _cand(name: str, goodput: float, upper_bound: bool = False) -> dict:
 
 
 def test_an_upper_bound_is_reported_but_never_recommended():
-    from sim.analysis.planner import recommend
+    from sim.analysis.recommend import recommend
 
     p = {
         "tolerance": 0.05,
@@ -302,7 +302,7 @@ def _probe(rate, att, misses, peak, preemptions=0):
 
 
 def test_binding_line_names_the_bound_and_whether_memory_filled():
-    from sim.analysis.planner import binding_line
+    from sim.analysis.recommend import binding_line
 
     latency = {
         "goodput_rps": 10.0,
@@ -326,7 +326,8 @@ def test_binding_line_names_the_bound_and_whether_memory_filled():
 
 
 def test_plan_text_helpers():
-    from sim.analysis.planner import jitter_text, plan_columns, plan_dtypes
+    from sim.analysis.plan_output import plan_columns, plan_dtypes
+    from sim.analysis.recommend import jitter_text
 
     # Two decimals, except where they would print a jitter above (or below) the 1.10 rule as 1.10.
     assert [jitter_text(j) for j in (1.1, 1.3, 1.104, 1.0996, 1.10000004)] == [

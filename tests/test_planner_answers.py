@@ -9,7 +9,8 @@ import json
 import pytest
 
 from bench.planner import compare
-from sim.analysis.planner import mean_interval, plan
+from sim.analysis.planner import plan
+from sim.analysis.recommend import mean_interval
 from sim.analysis.slo import parse_slos
 
 CHAT_SLO = ["ttft_p90_s=0.5", "tpot_p90_s=0.05"]
@@ -88,7 +89,7 @@ def test_mean_interval_covers_at_its_confidence():
     true mean about 95 % of the time (a normal-quantile or n-instead-of-√n interval would not)."""
     import numpy as np
 
-    from sim.analysis.planner import mean_interval
+    from sim.analysis.recommend import mean_interval
 
     rng = np.random.default_rng(7)
     hits = 0

@@ -16,15 +16,9 @@ import sys
 import numpy as np
 import pytest
 
-from sim.analysis.planner import (
-    candidate_row,
-    plan,
-    plan_columns,
-    problem_lines,
-    recommend,
-    seed_intervals,
-    write_plan,
-)
+from sim.analysis.plan_output import candidate_row, plan_columns, write_plan
+from sim.analysis.planner import plan
+from sim.analysis.recommend import problem_lines, recommend, seed_intervals
 from sim.analysis.slo import SLO, parse_slos
 from sim.errors import ConfigError
 

@@ -17,7 +17,9 @@ Regression tests for defects a tester reproduced:
 
 import re
 
-from sim.analysis.planner import candidate_row, plan, plan_columns, recommend, seed_intervals
+from sim.analysis.plan_output import candidate_row, plan_columns
+from sim.analysis.planner import plan
+from sim.analysis.recommend import recommend, seed_intervals
 from sim.analysis.slo import SLO
 
 

@@ -26,7 +26,7 @@ tried, the candidates whose runs depend on the constant are re-planned exactly a
 searched them (the guided search from the saturation estimate of the changed cost model, so a
 full plan with the constant at that value finds the same goodputs; with a target rate, the
 replica search starts from the nominal count) and the same rules pick a recommendation
-(:func:`sim.analysis.planner.recommend`; operating-point facts, which only break ties, are kept
+(:func:`sim.analysis.recommend.recommend`; operating-point facts, which only break ties, are kept
 from the nominal plan).
 
 Pruning, from monotonicity (a faster kernel or a cheaper allocator event never lowers a
@@ -281,7 +281,7 @@ def break_evens(p: dict, common: dict, pool, kinds: list[str] | None = None) -> 
 
 
 def _one(c: Constant, p: dict, common: dict, pool, variants: _Variants) -> dict:
-    from sim.analysis.planner import recommend
+    from sim.analysis.recommend import recommend
 
     best = p["recommendation"]["candidate"]
     cands = {x["name"]: x for x in p["candidates"] if x["status"] == "ok"}

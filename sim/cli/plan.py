@@ -83,7 +83,8 @@ def plan_command(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress or table; print the plan.json path only."),
 ):
     """Goodput of each allocation strategy under SLOs, GPUs for a target rate, and a recommendation."""
-    from sim.analysis.planner import plan, write_plan
+    from sim.analysis.plan_output import write_plan
+    from sim.analysis.planner import plan
     from sim.analysis.slo import parse_slos
     from sim.config import parse_override
 
@@ -174,7 +175,8 @@ def plan_command(
 def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -> None:
     from rich.table import Table
 
-    from sim.analysis.planner import assumption_lines, plan_columns, plan_dtypes, plan_rows, problem_lines
+    from sim.analysis.plan_output import assumption_lines, plan_columns, plan_dtypes, plan_rows
+    from sim.analysis.recommend import problem_lines
 
     console = stdout_console()
     if search_ is not None:

@@ -98,7 +98,7 @@ def plan_download(p: Mapping[str, Any], hidden_dirs: Sequence[str | os.PathLike]
     private folder, a server path that means nothing to the user (and should not be shown), so
     ``scenario_file`` is left out and any other path under ``hidden_dirs`` or the package's folder
     (``assumptions[].profile``) is made relative (:func:`hide_server_paths`)."""
-    from sim.analysis.planner import plan_json
+    from sim.analysis.plan_output import plan_json
 
     out = dict(p)
     out.pop("scenario_file", None)

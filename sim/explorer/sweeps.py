@@ -170,7 +170,7 @@ def run_small_plan(
 
 def plan_stream_rows(cands: list[dict], seeds: int = 1) -> list[dict]:
     """The plan table's rows for the candidates finished so far (before the recommendation exists)."""
-    from sim.analysis.planner import candidate_row, plan_columns
+    from sim.analysis.plan_output import candidate_row, plan_columns
 
     partial = {"seeds": seeds, "target_rate": None}
     cols = plan_columns(partial)

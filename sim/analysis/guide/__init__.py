@@ -6,7 +6,7 @@ scenario (in ``scenarios/``), its allocator variants (scenario overrides), its S
 article's claims about it, each bound to a check (:mod:`.situations` reads and validates them).
 :func:`run_situation` simulates every variant (:mod:`.runs` holds the measurements of one),
 evaluates the claims (:mod:`.claims`: reproduced / partly / did not reproduce, with numbers)
-and asks the goodput planner's :func:`sim.analysis.planner.recommend` to pick a variant;
+and asks the goodput planner's :func:`sim.analysis.recommend.recommend` to pick a variant;
 :mod:`.render` writes it all as ``docs/decision-guide.md``.
 
 **SLO attainment and goodput at load**: the planner's goodput search (the highest rate meeting
@@ -29,7 +29,8 @@ from sim.analysis.guide.claims import NOT_REPRODUCED, PARTLY, REPRODUCED, SKIPPE
 from sim.analysis.guide.render import render
 from sim.analysis.guide.runs import Run, SituationResult, fmt_pct
 from sim.analysis.guide.situations import Claim, Situation, Variant, by_key, situations
-from sim.analysis.planner import measure, recommend
+from sim.analysis.planner import measure
+from sim.analysis.recommend import recommend
 from sim.catalog import MODELS
 from sim.config import load_scenario
 
@@ -135,7 +136,7 @@ def _safe_check(c: Claim, r: SituationResult) -> ClaimResult:
 
 
 def recommendation(r: SituationResult) -> dict:
-    """The goodput planner's recommendation (:func:`sim.analysis.planner.recommend`) over the non-contrast
+    """The goodput planner's recommendation (:func:`sim.analysis.recommend.recommend`) over the non-contrast
     variants, with goodput = SLO-meeting requests/s per GPU at the scenario's load (upper-bound variants
     are reported beside, never picked)."""
     sit = r.situation

@@ -162,7 +162,7 @@ def render(results: list[SituationResult], num_requests: int | None = None) -> s
         "not edit by hand. Each section is one situation of the seed article *When KV Cache Management Becomes the "
         "Bottleneck: Choosing Between Static and Dynamic Allocation* (its situations, variants and quoted claims: "
         "`scenarios/guide/`): the scenario, a table per allocator "
-        "variant, the recommendation of the goodput planner's rules (`sim.analysis.planner.recommend`) with its reasons, and "
+        "variant, the recommendation of the goodput planner's rules (`sim.analysis.recommend.recommend`) with its reasons, and "
         "the article's claims checked against the simulation, with the numbers.",
         "",
     ]
