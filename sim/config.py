@@ -637,6 +637,36 @@ def _set_data(value: Any) -> Any:
     return to_jsonable_python(value)
 
 
+def sub_model(annotation: Any) -> type[BaseModel] | None:
+    """The section model a field's annotation holds (``LengthsConfig | None`` → ``LengthsConfig``),
+    or ``None`` for a plain value."""
+    for cand in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(cand, type) and issubclass(cand, BaseModel):
+            return cand
+    return None
+
+
+def check_key_path(key: str, where: str, value: Any = None) -> None:
+    """Raise a :class:`ConfigError` naming ``where`` unless ``key`` is a dotted path of
+    :class:`Scenario` (``workload.arrival.rate``; a section such as ``workload.lengths`` too)."""
+    if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+        raise ConfigError(where, key, "a dotted scenario key such as workload.arrival.rate")
+    model: type[BaseModel] | None = Scenario
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        section = ".".join(parts[:i]) or "the top level"
+        if model is None:
+            raise ConfigError(f"{where} {key}", value, f"'{parts[i - 1]}' is a value, not a section")
+        fields = {k: f for k, f in model.model_fields.items() if k != "base_dir"}
+        if part not in fields:
+            raise ConfigError(
+                f"{where} {key}",
+                value,
+                f"unknown scenario key '{part}' in {section}; allowed there: {', '.join(fields)}",
+            )
+        model = sub_model(fields[part].annotation)
+
+
 def file_fields() -> set[str]:
     """Names of every scenario field, at any depth, whose value names a file (:data:`NAMES_FILE`)."""
     out: set[str] = set()
@@ -649,9 +679,9 @@ def file_fields() -> set[str]:
         for name, f in model.model_fields.items():
             if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("names_file"):
                 out.add(name)
-            for cand in (f.annotation, *getattr(f.annotation, "__args__", ())):
-                if isinstance(cand, type) and issubclass(cand, BaseModel):
-                    walk(cand)
+            sub = sub_model(f.annotation)
+            if sub is not None:
+                walk(sub)
 
     walk(Scenario)
     return out
@@ -666,9 +696,7 @@ def _allowed_keys(loc: tuple) -> list[str]:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        ann = field.annotation
-        cands = [ann, *getattr(ann, "__args__", ())]
-        nxt = next((c for c in cands if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        nxt = sub_model(field.annotation)
         if nxt is None:
             return []
         model = nxt
@@ -683,10 +711,7 @@ def _field_info(loc: tuple) -> Any:
         info = getattr(model, "model_fields", {}).get(part)
         if info is None:
             return None
-        ann = info.annotation
-        model = next(
-            (c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
+        model = sub_model(info.annotation)
     return info
 
 
@@ -732,10 +757,7 @@ def key_ranges() -> dict[str, str]:
             if name == "base_dir":
                 continue
             ann = info.annotation
-            sub = next(
-                (c for c in [ann, *getattr(ann, "__args__", ())] if isinstance(c, type) and issubclass(c, BaseModel)),
-                None,
-            )
+            sub = sub_model(ann)
             if sub is not None:
                 if sub not in seen:  # lengths.base is a lengths block again
                     walk(sub, f"{prefix}{name}.", (*seen, sub))

@@ -78,13 +78,13 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel
 
 from sim.config import (
     AllocatorConfig,
     ArrivalConfig,
     Scenario,
     apply_overrides,
+    check_key_path,
     check_name,
     read_scenario_dict,
     scenario_from_dict,
@@ -319,33 +319,6 @@ def json_digest(data: dict) -> str:
     """16 hex digits of the SHA-256 of ``data`` as canonical JSON (sorted keys, no spaces)."""
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _model_of(annotation) -> type[BaseModel] | None:
-    for cand in (annotation, *getattr(annotation, "__args__", ())):
-        if isinstance(cand, type) and issubclass(cand, BaseModel):
-            return cand
-    return None
-
-
-def check_key_path(key: str, where: str, value: Any = None) -> None:
-    """Raise a :class:`ConfigError` unless ``key`` is a dotted path of :class:`Scenario`."""
-    if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
-        raise ConfigError(where, key, "a dotted scenario key such as workload.arrival.rate")
-    model: type[BaseModel] | None = Scenario
-    parts = key.split(".")
-    for i, part in enumerate(parts):
-        section = ".".join(parts[:i]) or "the top level"
-        if model is None:
-            raise ConfigError(f"{where} {key}", value, f"'{parts[i - 1]}' is a value, not a section")
-        fields = {k: f for k, f in model.model_fields.items() if k != "base_dir"}
-        if part not in fields:
-            raise ConfigError(
-                f"{where} {key}",
-                value,
-                f"unknown scenario key '{part}' in {section}; allowed there: {', '.join(fields)}",
-            )
-        model = _model_of(fields[part].annotation)
 
 
 def _axis(key: str, spec: Any, where: str) -> Axis:
@@ -1542,7 +1515,6 @@ __all__ = [
     "point_id",
     "json_digest",
     "run_points_locally",
-    "check_key_path",
     "process_pool",
     "default_workers",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from sim.catalog import MODELS
-from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict
+from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict, sub_model
 from sim.errors import ConfigError
 from sim.hf_config import shipped_models
 
@@ -44,14 +44,7 @@ def allocator_fields() -> list[str]:
     """Scalar ``allocator.*`` keys (nested sections such as compaction are left to the YAML)."""
     from sim.config import AllocatorConfig
 
-    return [f for f, info in AllocatorConfig.model_fields.items() if f != "kind" and not _is_model(info.annotation)]
-
-
-def _is_model(annotation) -> bool:
-    from pydantic import BaseModel
-
-    cands = [annotation, *getattr(annotation, "__args__", ())]
-    return any(isinstance(c, type) and issubclass(c, BaseModel) for c in cands)
+    return [f for f, info in AllocatorConfig.model_fields.items() if f != "kind" and sub_model(info.annotation) is None]
 
 
 def allocator_knobs(kind: str) -> dict[str, Any]:
