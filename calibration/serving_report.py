@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sim.engine_presets import FITTED_TERMS
+from sim.engine_presets import FITTED_TERMS, normalize_engine
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
@@ -39,7 +39,6 @@ from .serving_bench import (
     kv_from_runs,
     least_cached_share,
     none_left,
-    normalize_engine,
     read_bench,
     resolve_model,
     runs_faster_than_kernels,

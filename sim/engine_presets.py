@@ -354,3 +354,46 @@ def _parse_terms(path: str, text: str) -> dict[str, dict[str, float]]:
                 raise ConfigError(f"{path}: engines.{engine}.{name}", v, f"a number in [{lo}, {hi}]")
             out.setdefault(engine, {})[name] = float(v)
     return out
+
+
+# --- engine facts beyond the terms -------------------------------------------------------
+
+#: Other spellings of the engine column's values (benchmark tools and papers write TensorRT-LLM
+#: several ways); matched after lower-casing.
+ENGINE_ALIASES = {
+    "tensorrt-llm": "trtllm",
+    "tensorrt_llm": "trtllm",
+    "tensorrtllm": "trtllm",
+    "trt-llm": "trtllm",
+    "trt_llm": "trtllm",
+}
+
+
+def normalize_engine(name: str) -> str:
+    """The engine ``name`` spells (lower case; :data:`ENGINE_ALIASES` resolved); unknown names as given."""
+    key = str(name).strip().lower()
+    return ENGINE_ALIASES.get(key, key)
+
+
+#: KV block size each engine's server uses by default (vLLM 16, SGLang 1 token, TensorRT-LLM 32).
+ENGINE_BLOCK_SIZE = {"vllm": 16, "sglang": 1, "trtllm": 32}
+
+
+def default_kv(engine: str, weights: str, gpu: str | None = None) -> str:
+    """The KV cache dtype a server runs when its command line does not set one.
+
+    TensorRT-LLM's ``KvCacheConfig.dtype`` defaults to ``auto``, which follows the checkpoint's
+    quantisation metadata, and the FP8 checkpoints it serves (NVIDIA Model Optimizer's) quantise
+    the KV cache too (``kv_cache_quant_algo: FP8``). The shipped training file bears this out: its
+    TensorRT-LLM Qwen3-32B fp8 runs on one H100 hold 128 clients of 2048 + 128 tokens with a TTFT
+    of 1.6 s, so nearly all of them are resident: about 280 k tokens of KV, 73 GB in bf16 beside
+    34 GB of weights on an 80 GB GPU, 36 GB in fp8. vLLM's and SGLang's ``kv_cache_dtype auto`` is
+    the model's activation dtype (bf16). A GPU without FP8 tensor cores (``gpu``: a catalog name;
+    the A100) has no FP8 KV cache: TensorRT-LLM keeps it in bf16 there.
+    """
+    from sim.catalog import GPUS
+
+    spec = GPUS.get(gpu) if gpu is not None else None
+    if spec is not None and spec.peak_fp8_flops <= 0:
+        return "bf16"
+    return "fp8" if engine == "trtllm" and (weights.startswith("fp8") or weights == "nvfp4") else "bf16"

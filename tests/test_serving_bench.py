@@ -26,7 +26,6 @@ from calibration.serving_bench import (
     APART_SPREAD_CYCLES,
     BUSY_LIMIT,
     CACHE_BLOCK_TOKENS,
-    ENGINE_BLOCK_SIZE,
     GPU_IDS,
     SPLIT_MIN_ROWS,
     SPLIT_MIN_SPREAD,
@@ -40,7 +39,6 @@ from calibration.serving_bench import (
     cache_flagged,
     clients_apart,
     completion_gap_ratios,
-    default_kv,
     faster_than_kernels,
     gpu_shares,
     hold_back_flagged,
@@ -90,7 +88,7 @@ from calibration.serving_report import (
 from sim.config import scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
-from sim.engine_presets import FITTED_TERMS, PRESETS, read_terms_file
+from sim.engine_presets import ENGINE_BLOCK_SIZE, FITTED_TERMS, PRESETS, default_kv, read_terms_file
 from sim.errors import ConfigError
 from sim.hf_config import MODELS_DIR
 from sim.model_ids import model_key

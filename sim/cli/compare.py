@@ -127,17 +127,15 @@ def compare_command(
     """Simulate the requests of serving-benchmark results with the same arrivals; measured vs simulated latencies."""
     from typing import get_args
 
-    from calibration.serving_bench import normalize_engine
     from sim.analysis.bench_compare import compare_result, run_name, strict_json
     from sim.analysis.bench_results import BenchResult, read_bench_result, result_files
     from sim.config import GpuConfig, parse_override
-    from sim.engine_presets import ENGINE_KINDS
+    from sim.engine_presets import ENGINE_KINDS, normalize_engine
     from sim.output.staging import out_dir, out_file
 
     # Options first: a bad one would refuse every file the same way, so it stops the command at once.
     try:
-        # The spellings serving-bench files' engine column accepts (TensorRT-LLM, trt-llm, any case);
-        # sim.cli already depends on calibration (sim.cli.main mounts its commands).
+        # The spellings serving-bench files' engine column accepts (TensorRT-LLM, trt-llm, any case).
         kind = normalize_engine(engine) if engine is not None else None
         if kind is not None and kind not in ENGINE_KINDS:
             raise ConfigError(

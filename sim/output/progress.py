@@ -16,9 +16,8 @@ A line reads ``COMMAND: DONE/TOTAL UNIT[EXTRA] (NOTE), ELAPSED elapsed, about ET
 
 Which layer imports which: ``calibration`` imports this module (and the rest of ``sim``). The
 simulator itself (everything in ``sim`` outside ``sim/cli`` and ``sim/explorer``) imports nothing
-from ``calibration``, so using it as a library loads none of calibration. Three front-end
-modules do import it: ``sim/cli/main.py`` mounts calibration's commands on ``kvsim``,
-``sim/cli/compare.py`` takes its engine-name spellings (``normalize_engine``), and
+from ``calibration``, so using it as a library loads none of calibration. Two front-end
+modules do import it: ``sim/cli/main.py`` mounts calibration's commands on ``kvsim``, and
 ``sim/explorer/calibration_view.py`` reads the measured kernel tables behind a profile's curves.
 """
 
