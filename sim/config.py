@@ -532,12 +532,24 @@ class EngineConfig(_Section):
     terms_file: str | None = Field(None, min_length=1, json_schema_extra=NAMES_FILE)
 
 
+class LengthSplitConfig(_Section):
+    """``router: length_split``: a pool of replicas kept for long prompts, so that their prefills
+    do not hold up the short requests' first tokens. Requests whose prompt has at least
+    ``prompt_tokens`` tokens go to the last ``replicas`` replicas, the others to the rest; within a
+    pool, the replica with the fewest running + waiting requests."""
+
+    prompt_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
+
+
 class Scenario(_Section):
     #: Also the default run directory's name (``runs/<name>``).
     name: str = "unnamed"
     description: str = ""
     seed: int = Field(0, ge=0, le=MAX_SEED)
-    router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
+    router: Literal["round_robin", "least_outstanding", "prefix_affinity", "length_split"] = "least_outstanding"
+    #: The long-prompt pool of ``router: length_split`` (read only with that router).
+    length_split: LengthSplitConfig = LengthSplitConfig()
     model: ModelConfig = ModelConfig()
     gpu: GpuConfig = GpuConfig()
     workload: WorkloadConfig = WorkloadConfig()
@@ -553,6 +565,17 @@ class Scenario(_Section):
     @classmethod
     def _safe_name(cls, v: str) -> str:
         return check_name(v)
+
+    @model_validator(mode="after")
+    def _split_pools(self):
+        if self.router == "length_split" and self.length_split.replicas >= self.gpu.replicas:
+            raise FieldError(
+                "length_split.replicas",
+                self.length_split.replicas,
+                f"fewer than gpu.replicas ({self.gpu.replicas}): router length_split keeps that many replicas "
+                "for long prompts and needs at least one for the others",
+            )
+        return self
 
     def resolve_path(self, path: str, key: str) -> Path:
         """A trace path: absolute, relative to the scenario file, or relative to ``scenarios/``."""

@@ -176,7 +176,8 @@ def simulate(
             )
         )
     assert cost is not None  # at least one replica (the config requires it)
-    router = Router(sc.router, replicas, wl.hash_block_tokens)
+    split = (sc.length_split.prompt_tokens, sc.length_split.replicas) if sc.router == "length_split" else (0, 0)
+    router = Router(sc.router, replicas, wl.hash_block_tokens, split)
     prompts: list[int] = wl.prompt_tokens.tolist()
     outputs: list[int] = wl.output_tokens.tolist()
 
