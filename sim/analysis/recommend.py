@@ -360,149 +360,175 @@ def recommend(p: dict) -> dict:
     ]
     if not feasible:
         return _no_recommendation(p)
-    tol = p["tolerance"]
-    target = p.get("target_rate")
-    conf = p.get("confidence", DEFAULT_CONFIDENCE)
-    basis = goodput_basis(feasible)
-    label = basis_label(basis, p)
-    named = f" ({label})" if label else ""
+    d = _Decision(p, feasible)
+    reasons = _comparison_reasons(d) + _measure_reasons(d)
+    text = _headline(d)
+    text, noise = _noise(d, text, reasons)
+    return {"candidate": d.best["name"], "text": text, "reasons": reasons, "noise": noise, "basis": d.basis}
 
-    def value(c):
-        return _basis_value(c, basis)
 
-    def ranked(c):
-        return per_gpu(c, basis)
+def _jitter(c: dict) -> float:
+    j = c["operating_point"].get("decode_jitter")
+    return j if j is not None else math.inf
 
-    if target:
-        sized = [c for c in feasible if c.get("replicas_needed")]
-        pool = sized or feasible
-        fewest = min(c.get("gpus_needed") or math.inf for c in pool)
-        pool = [c for c in pool if (c.get("gpus_needed") or math.inf) == fewest]
-    else:
-        pool = feasible
-    leader = max(pool, key=ranked)
-    best_g = ranked(leader)
 
-    # Goodputs within the search tolerance are a tie: the search cannot tell them apart. With
-    # seeds, so are those whose paired difference from the leader is within noise: the seeds cannot.
-    def tie_kind(c) -> str | None:
-        if c is leader:
+def _over_rule(c: dict) -> bool:
+    return _jitter(c) > JITTER_RULE
+
+
+def _rule_text(cs: list[dict], ref: dict) -> dict[str, str]:
+    # At digits that print every jitter apart from the rule's 1.10 (1.1004 is above it, not at it).
+    rule = {"name": "", "operating_point": {"decode_jitter": JITTER_RULE}}
+    return _apart([*cs, rule], rule, _jitter, "", JITTER_RESOLUTION, decimals=2)
+
+
+def _waste(c: dict) -> float:
+    return c["operating_point"].get("memory_waste") or 0.0
+
+
+def _unserved(c: dict) -> int:
+    o = c["operating_point"]
+    return o["rejected"] + (o.get("truncated") or 0)
+
+
+def _unserved_share(c: dict) -> float:
+    return round(_unserved(c) / max(c["operating_point"]["requests"], 1), 3)
+
+
+class _Decision:
+    """The recommendation's working state: the ranking basis, the pool the pick is made from (the
+    fewest GPUs with a target rate, else every feasible candidate), its leader and the candidates
+    tied with it, and the pick after the tie-break steps (:meth:`tie_steps`)."""
+
+    def __init__(self, p: dict, feasible: list[dict]):
+        self.p, self.feasible = p, feasible
+        self.tol = p["tolerance"]
+        self.target = p.get("target_rate")
+        self.conf = p.get("confidence", DEFAULT_CONFIDENCE)
+        self.basis = goodput_basis(feasible)
+        label = basis_label(self.basis, p)
+        self.named = f" ({label})" if label else ""
+        if self.target:
+            sized = [c for c in feasible if c.get("replicas_needed")]
+            pool = sized or feasible
+            fewest = min(c.get("gpus_needed") or math.inf for c in pool)
+            pool = [c for c in pool if (c.get("gpus_needed") or math.inf) == fewest]
+        else:
+            pool = feasible
+        self.pool = pool
+        self.leader = max(pool, key=self.ranked)
+        self.kinds = {c["name"]: self.tie_kind(c) for c in pool}
+        self.tied = [c for c in pool if self.kinds[c["name"]]]
+        self.steps = self.tie_steps()
+        keep, self.decided = self.tied, []
+        for step in self.steps:
+            ref = step.best(keep)
+            nxt = [c for c in keep if c is ref or step.same(ref, c)]
+            if len(nxt) < len(keep):
+                self.decided.append(step.clause(keep, ref, nxt))
+            keep = nxt
+        self.best = keep[0]
+        if len(keep) > 1:
+            self.decided.append(_list_order_clause(keep, self.steps))
+        self.others = [c for c in feasible if c is not self.best]
+        self.gpus = self.best.get("gpus_needed") if self.target else self.best["gpus"]
+
+    def value(self, c: dict) -> float:
+        return _basis_value(c, self.basis)
+
+    def ranked(self, c: dict) -> float:
+        return per_gpu(c, self.basis)
+
+    def tie_kind(self, c: dict) -> str | None:
+        """Why ``c`` ties with the leader (``None``: it does not). Goodputs within the search
+        tolerance are a tie: the search cannot tell them apart. With seeds, so are those whose paired
+        difference from the leader is within noise: the seeds cannot."""
+        if c is self.leader:
             return "leader"
-        if ranked(c) >= best_g / (1 + tol):
-            return f"within the {tol:.0%} search tolerance"
-        n = noise_comparison(leader, c, conf) if basis == "goodput_mean_rps" else None
+        if self.ranked(c) >= self.ranked(self.leader) / (1 + self.tol):
+            return f"within the {self.tol:.0%} search tolerance"
+        n = noise_comparison(self.leader, c, self.conf) if self.basis == "goodput_mean_rps" else None
         if n and n["within_noise"]:
             return (
                 f"within noise over {n['seeds']} seeds (paired difference {n['diff_rps']:+.3g} req/s, "
-                f"{conf:.0%} interval {n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g})"
+                f"{self.conf:.0%} interval {n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g})"
             )
         return None
 
-    kinds = {c["name"]: tie_kind(c) for c in pool}
-    tied = [c for c in pool if kinds[c["name"]]]
-
-    def jitter(c):
-        j = c["operating_point"].get("decode_jitter")
-        return j if j is not None else math.inf
-
-    def over_rule(c) -> bool:
-        return jitter(c) > JITTER_RULE
-
-    def rule_text(cs, ref):
-        # At digits that print every jitter apart from the rule's 1.10 (1.1004 is above it, not at it).
-        rule = {"name": "", "operating_point": {"decode_jitter": JITTER_RULE}}
-        return _apart([*cs, rule], rule, jitter, "", JITTER_RESOLUTION, decimals=2)
-
-    def waste(c):
-        return c["operating_point"].get("memory_waste") or 0.0
-
-    def unserved(c):
-        o = c["operating_point"]
-        return o["rejected"] + (o.get("truncated") or 0)
-
-    def goodput_same(b, c) -> bool:
-        if _within(ranked(b), ranked(c), GOODPUT_RESOLUTION, relative=True):
+    def goodput_same(self, b: dict, c: dict) -> bool:
+        if _within(self.ranked(b), self.ranked(c), GOODPUT_RESOLUTION, relative=True):
             return True
-        n = noise_comparison(b, c, conf) if basis == "goodput_mean_rps" else None
+        n = noise_comparison(b, c, self.conf) if self.basis == "goodput_mean_rps" else None
         return bool(n and n["within_noise"])
 
-    # Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
-    # edges, since the brackets are only known to the tolerance); the article's jitter rule (a
-    # candidate within it over one above it, however close their jitters: the rule is the
-    # article's line, the resolution only says which gaps are noise); the article's preference for
-    # steady decode steps; less reserved-but-unused memory; the order of the candidate list (the
-    # simpler strategy first). Each step keeps the best of the candidates still in the running and
-    # every one that measures the same as that best (within the step's resolution of it: judged
-    # against the best, never from one kept candidate to the next, so that small gaps do not chain
-    # into a large one), so that differences smaller than the measurement can resolve do not decide.
-    steps = [
-        TieStep(
-            "fewer requests refused or truncated at the operating point",
-            "refused or truncated",
-            best=lambda cs: min(cs, key=lambda c: round(unserved(c) / max(c["operating_point"]["requests"], 1), 3)),
-            same=lambda b, c: (
-                round(unserved(b) / max(b["operating_point"]["requests"], 1), 3)
-                == round(unserved(c) / max(c["operating_point"]["requests"], 1), 3)
+    def tie_steps(self) -> list[TieStep]:
+        """Among ties, in turn: fewer requests refused or cut short; higher goodput (the interpolated
+        edges, since the brackets are only known to the tolerance); the article's jitter rule (a
+        candidate within it over one above it, however close their jitters: the rule is the
+        article's line, the resolution only says which gaps are noise); the article's preference for
+        steady decode steps; less reserved-but-unused memory; the order of the candidate list (the
+        simpler strategy first). Each step keeps the best of the candidates still in the running and
+        every one that measures the same as that best (within the step's resolution of it: judged
+        against the best, never from one kept candidate to the next, so that small gaps do not chain
+        into a large one), so that differences smaller than the measurement can resolve do not decide."""
+        named, seeds = self.named, self.basis == "goodput_mean_rps"
+        return [
+            TieStep(
+                "fewer requests refused or truncated at the operating point",
+                "refused or truncated",
+                best=lambda cs: min(cs, key=_unserved_share),
+                same=lambda b, c: _unserved_share(b) == _unserved_share(c),
+                show=lambda cs, ref: {c["name"]: f"{_unserved(c)} of {c['operating_point']['requests']}" for c in cs},
+                out="more than",
+                within="",
             ),
-            show=lambda cs, ref: {c["name"]: f"{unserved(c)} of {c['operating_point']['requests']}" for c in cs},
-            out="more than",
-            within="",
-        ),
-        TieStep(
-            f"higher goodput{named}",
-            f"goodput{named}",
-            best=lambda cs: max(cs, key=ranked),
-            same=goodput_same,
-            show=lambda cs, ref: _apart(cs, ref, value, "req/s", GOODPUT_RESOLUTION, relative=True),
-            out=f"more than {GOODPUT_RESOLUTION:.0%} below"
-            + (" and not within noise of" if basis == "goodput_mean_rps" else ""),
-            within=f"within {GOODPUT_RESOLUTION:.0%}" + (" or within noise" if basis == "goodput_mean_rps" else ""),
-        ),
-        TieStep(
-            f"the article's 10 % rule on decode jitter (p99/p50 at most {JITTER_RULE:.2f})",
-            "",
-            best=lambda cs: min(cs, key=jitter),
-            same=lambda b, c: over_rule(b) == over_rule(c),
-            show=rule_text,
-            out="above the rule, unlike",
-            within="",
-        ),
-        TieStep(
-            "steadier decode steps (p99/p50)",
-            "decode jitter",
-            best=lambda cs: min(cs, key=jitter),
-            same=lambda b, c: _within(jitter(b), jitter(c), JITTER_RESOLUTION),
-            show=lambda cs, ref: _apart(cs, ref, jitter, "", JITTER_RESOLUTION, decimals=2),
-            out=f"more than {JITTER_RESOLUTION:g} above",
-            within=f"within {JITTER_RESOLUTION:g}",
-        ),
-        TieStep(
-            "less memory waste",
-            "memory waste",
-            best=lambda cs: min(cs, key=waste),
-            same=lambda b, c: _within(waste(b), waste(c), WASTE_RESOLUTION),
-            show=lambda cs, ref: _apart(cs, ref, waste, "%", WASTE_RESOLUTION, percent=True),
-            out="more than one point above",
-            within="within one point",
-        ),
-    ]
-    keep, decided = tied, []
-    for step in steps:
-        ref = step.best(keep)
-        nxt = [c for c in keep if c is ref or step.same(ref, c)]
-        if len(nxt) < len(keep):
-            decided.append(step.clause(keep, ref, nxt))
-        keep = nxt
-    best = keep[0]
-    if len(keep) > 1:
-        decided.append(_list_order_clause(keep, steps))
+            TieStep(
+                f"higher goodput{named}",
+                f"goodput{named}",
+                best=lambda cs: max(cs, key=self.ranked),
+                same=self.goodput_same,
+                show=lambda cs, ref: _apart(cs, ref, self.value, "req/s", GOODPUT_RESOLUTION, relative=True),
+                out=f"more than {GOODPUT_RESOLUTION:.0%} below" + (" and not within noise of" if seeds else ""),
+                within=f"within {GOODPUT_RESOLUTION:.0%}" + (" or within noise" if seeds else ""),
+            ),
+            TieStep(
+                f"the article's 10 % rule on decode jitter (p99/p50 at most {JITTER_RULE:.2f})",
+                "",
+                best=lambda cs: min(cs, key=_jitter),
+                same=lambda b, c: _over_rule(b) == _over_rule(c),
+                show=_rule_text,
+                out="above the rule, unlike",
+                within="",
+            ),
+            TieStep(
+                "steadier decode steps (p99/p50)",
+                "decode jitter",
+                best=lambda cs: min(cs, key=_jitter),
+                same=lambda b, c: _within(_jitter(b), _jitter(c), JITTER_RESOLUTION),
+                show=lambda cs, ref: _apart(cs, ref, _jitter, "", JITTER_RESOLUTION, decimals=2),
+                out=f"more than {JITTER_RESOLUTION:g} above",
+                within=f"within {JITTER_RESOLUTION:g}",
+            ),
+            TieStep(
+                "less memory waste",
+                "memory waste",
+                best=lambda cs: min(cs, key=_waste),
+                same=lambda b, c: _within(_waste(b), _waste(c), WASTE_RESOLUTION),
+                show=lambda cs, ref: _apart(cs, ref, _waste, "%", WASTE_RESOLUTION, percent=True),
+                out="more than one point above",
+                within="within one point",
+            ),
+        ]
+
+
+def _comparison_reasons(d: _Decision) -> list[str]:
+    """The GPU count, what binds, the tie and how the pick compares with every other candidate."""
+    p, best, target, named, value = d.p, d.best, d.target, d.named, d.value
     op = best["operating_point"]
-    others = [c for c in feasible if c is not best]
     reasons = []
-    gpus = best.get("gpus_needed") if target else best["gpus"]
     if target and best.get("replicas_needed"):
         reasons.append(
-            f"{best['replicas_needed']} replica(s) × TP{p['tensor_parallel']} = {gpus} GPU(s) sustain "
+            f"{best['replicas_needed']} replica(s) × TP{p['tensor_parallel']} = {d.gpus} GPU(s) sustain "
             f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
             f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
         )
@@ -510,33 +536,41 @@ def recommend(p: dict) -> dict:
     binds = binding_line(best, p.get("replicas") or 1, target_share) if target_share else None
     if binds:
         reasons.append(f"{best['name']}: {binds}")
-    if len(tied) > 1:
-        why = "; ".join(f"{c['name']} is {kinds[c['name']]}" for c in tied if c is not leader)
+    if len(d.tied) > 1:
+        why = "; ".join(f"{c['name']} is {d.kinds[c['name']]}" for c in d.tied if c is not d.leader)
         reasons.append(
-            f"a tie on goodput{named}: {leader['name']} is the highest; {why} — {best['name']} is picked: "
-            + "; ".join(decided)
+            f"a tie on goodput{named}: {d.leader['name']} is the highest; {why} — {best['name']} is picked: "
+            + "; ".join(d.decided)
         )
-    for c in others:
+    for c in d.others:
         ratio = value(best) / value(c) if value(c) else math.inf
         more = "∞" if ratio == math.inf else f"{ratio:.3g}×"
         if lower_bound_mark(best) or lower_bound_mark(c):
             more = "ratio unknown: a lower bound"
         extra = f", needs {c['gpus_needed']} GPU(s)" if target and c.get("gpus_needed") else ""
-        tie = "; a tie" if any(c is t for t in tied) else ""
+        tie = "; a tie" if any(c is t for t in d.tied) else ""
         reasons.append(
             f"goodput{named} {lower_bound_mark(best)}{value(best):.3g} req/s vs {c['name']} "
             f"{lower_bound_mark(c)}{value(c):.3g} req/s ({more}{extra}{tie})"
         )
-    for c in [best, *others]:
+    for c in [best, *d.others]:
         if lower_bound_mark(c):
             reasons.append(f"{c['name']}: {c['message']} (marked ≥ in the table)")
     for c in p["candidates"]:
         if c["status"] == "infeasible" and not c.get("upper_bound"):
             reasons.append(f"{c['name']} never meets the SLO: {c['message']}")
-    reasons += _upper_bound_reasons(p, basis)
-    wastes = ", ".join(f"{c['name']} {pct(c['operating_point'].get('memory_waste'))}" for c in [best, *others])
+    return reasons + _upper_bound_reasons(p, d.basis)
+
+
+def _measure_reasons(d: _Decision) -> list[str]:
+    """The article's measures at each operating point: waste, reservations, fragmentation, jitter,
+    refusals, preemptions."""
+    best, everyone = d.best, [d.best, *d.others]
+    op = best["operating_point"]
+    reasons = []
+    wastes = ", ".join(f"{c['name']} {pct(c['operating_point'].get('memory_waste'))}" for c in everyone)
     reasons.append(f"memory waste (reserved but unused KV, time-weighted) at each operating point: {wastes}")
-    statics = [c for c in [best, *others] if c["overrides"].get("allocator.kind") == "static"]
+    statics = [c for c in everyone if c["overrides"].get("allocator.kind") == "static"]
     if statics:
         s = statics[0]
         rt = s["operating_point"].get("reserve_tokens")
@@ -548,64 +582,13 @@ def recommend(p: dict) -> dict:
     frag = ", ".join(
         f"{c['name']} {pct(c['operating_point'].get('external_frag_mean'))} "
         f"(max {pct(c['operating_point'].get('external_frag_max'))})"
-        for c in [best, *others]
+        for c in everyone
     )
     reasons.append(f"external fragmentation (1 − largest free extent / free, time-weighted mean): {frag}")
-    everyone = [best, *others]
-    jit = ", ".join(
-        f"{c['name']} {jitter_text(c['operating_point']['decode_jitter'])}"
-        for c in everyone
-        if c["operating_point"].get("decode_jitter") is not None
-    )
-    if jit:
-        over = [c for c in everyone if (c["operating_point"].get("decode_jitter") or 0) > JITTER_RULE]
-        under = [c for c in everyone if c not in over and c["operating_point"].get("decode_jitter") is not None]
-
-        def batch(c):
-            o = c["operating_point"]
-            return f"{o['decode_batch_p50']:.0f}–{o['decode_batch_p99']:.0f}"
-
-        charged = {c["name"]: c["operating_point"].get("allocation_time_s") or 0.0 for c in everyone}
-        alloc_note = (
-            "the cost model charged no allocation work in these runs"
-            if not any(charged.values())
-            else "allocation work charged (s, whole run): " + ", ".join(f"{k} {v:.3g}" for k, v in charged.items())
-        )
-        if not over:
-            note = "all within the article's 10 % rule, so jitter does not call for static"
-        elif not under:
-            note = (
-                "every strategy exceeds the article's 10 % rule, so the spikes come from batch composition, "
-                "not from allocation: static would not remove them"
-            )
-        elif best not in over:
-            note = f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}"
-        else:
-            u = max(under, key=value)
-            if goodput_same(best, u):
-                # No goodput to trade: what kept u out is a tie-break before the rule, or its GPU count.
-                if any(c is u for c in tied):
-                    why_not = f"; {best['name']} is picked on the tie-break above"
-                elif target and u.get("gpus_needed") != best.get("gpus_needed"):
-                    why_not = f", but needs {u.get('gpus_needed') or 'more'} GPU(s) against {gpus}"
-                else:
-                    why_not = ""
-                trade = (
-                    f"{u['name']} stays within the rule at the same goodput{named} ({value(u):.3g} vs "
-                    f"{value(best):.3g} req/s, within {GOODPUT_RESOLUTION:.0%}){why_not}"
-                )
-            else:
-                trade = (
-                    f"{u['name']} stays within the rule; choose it only if steady decode steps matter more "
-                    f"than goodput{named} ({value(u):.3g} vs {value(best):.3g} req/s)"
-                )
-            note = (
-                f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
-                + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
-                + f": the step time follows the batch size; {alloc_note}. {trade}"
-            )
-        reasons.append(f"decode-step jitter p99/p50: {jit} — {note}")
-    for c in others:
+    jitter = _jitter_reason(d)
+    if jitter:
+        reasons.append(jitter)
+    for c in d.others:
         o = c["operating_point"]
         if o["rejected"] or o.get("truncated"):
             reasons.append(
@@ -617,6 +600,72 @@ def recommend(p: dict) -> dict:
         + (f" ({', '.join(f'{k}: {v}' for k, v in op['rejected_by_reason'].items())})" if op["rejected"] else "")
         + (f", {op['truncated']} truncated" if op.get("truncated") else "")
     )
+    return reasons
+
+
+def _jitter_reason(d: _Decision) -> str | None:
+    """Decode-step jitter at each operating point against the article's 10 % rule, and what it means."""
+    best, target, named, value = d.best, d.target, d.named, d.value
+    everyone = [best, *d.others]
+    jit = ", ".join(
+        f"{c['name']} {jitter_text(c['operating_point']['decode_jitter'])}"
+        for c in everyone
+        if c["operating_point"].get("decode_jitter") is not None
+    )
+    if not jit:
+        return None
+    over = [c for c in everyone if (c["operating_point"].get("decode_jitter") or 0) > JITTER_RULE]
+    under = [c for c in everyone if c not in over and c["operating_point"].get("decode_jitter") is not None]
+
+    def batch(c):
+        o = c["operating_point"]
+        return f"{o['decode_batch_p50']:.0f}–{o['decode_batch_p99']:.0f}"
+
+    charged = {c["name"]: c["operating_point"].get("allocation_time_s") or 0.0 for c in everyone}
+    alloc_note = (
+        "the cost model charged no allocation work in these runs"
+        if not any(charged.values())
+        else "allocation work charged (s, whole run): " + ", ".join(f"{k} {v:.3g}" for k, v in charged.items())
+    )
+    if not over:
+        note = "all within the article's 10 % rule, so jitter does not call for static"
+    elif not under:
+        note = (
+            "every strategy exceeds the article's 10 % rule, so the spikes come from batch composition, "
+            "not from allocation: static would not remove them"
+        )
+    elif best not in over:
+        note = f"{best['name']} is within the article's 10 % rule; above it: {', '.join(c['name'] for c in over)}"
+    else:
+        u = max(under, key=value)
+        if d.goodput_same(best, u):
+            # No goodput to trade: what kept u out is a tie-break before the rule, or its GPU count.
+            if any(c is u for c in d.tied):
+                why_not = f"; {best['name']} is picked on the tie-break above"
+            elif target and u.get("gpus_needed") != best.get("gpus_needed"):
+                why_not = f", but needs {u.get('gpus_needed') or 'more'} GPU(s) against {d.gpus}"
+            else:
+                why_not = ""
+            trade = (
+                f"{u['name']} stays within the rule at the same goodput{named} ({value(u):.3g} vs "
+                f"{value(best):.3g} req/s, within {GOODPUT_RESOLUTION:.0%}){why_not}"
+            )
+        else:
+            trade = (
+                f"{u['name']} stays within the rule; choose it only if steady decode steps matter more "
+                f"than goodput{named} ({value(u):.3g} vs {value(best):.3g} req/s)"
+            )
+        note = (
+            f"{best['name']} is above the article's 10 % rule. Decode batch (p50–p99 sequences): "
+            + ", ".join(f"{c['name']} {batch(c)}" for c in everyone)
+            + f": the step time follows the batch size; {alloc_note}. {trade}"
+        )
+    return f"decode-step jitter p99/p50: {jit} — {note}"
+
+
+def _headline(d: _Decision) -> str:
+    """``Use X — strategy (set knobs) on GPU: how many``, and what the pick refuses or truncates."""
+    p, best, target, basis, gpus = d.p, d.best, d.target, d.basis, d.gpus
     knobs = ", ".join(f"{k}={v}" for k, v in best["overrides"].items())
     if target:
         how_many = (
@@ -654,6 +703,13 @@ def recommend(p: dict) -> dict:
             f" It does so by refusing {o.get('rejected') or 0} and truncating {o.get('truncated') or 0} of "
             f"{o.get('requests')} requests at its operating point: serve them and compare the others."
         )
+    return text
+
+
+def _noise(d: _Decision, text: str, reasons: list[str]) -> tuple[str, list[dict]]:
+    """With seeds: the headline names the candidates within noise of the pick, and a reason line per
+    paired comparison goes first (``reasons`` is changed in place)."""
+    best, pool, conf, value = d.best, d.pool, d.conf, d.value
     noise = [n for n in (noise_comparison(best, c, conf) for c in pool if c is not best) if n is not None]
     close = [n for n in noise if n["within_noise"]]
     if close:
@@ -688,4 +744,4 @@ def recommend(p: dict) -> dict:
             f"{n['ci_rps'][0]:+.3g} … {n['ci_rps'][1]:+.3g} over {n['seeds']} seeds (same workloads per "
             f"seed) — {verdict}",
         )
-    return {"candidate": best["name"], "text": text, "reasons": reasons, "noise": noise, "basis": basis}
+    return text, noise
