@@ -75,14 +75,14 @@ def test_bad_spec_values_name_the_spec_key(tmp_path, change, match):
 def test_good_specs_still_load():
     for name in ("validate-cpu", "validate-cuda"):
         for quick in (False, True):
-            assert load_spec(name, quick=quick)["loads"]
+            assert load_spec(name, quick=quick).loads
 
 
 def test_default_quick_loads_only_checked_when_used(tmp_path):
     # quick.loads defaults to [medium]: a spec with other load names is fine until --quick uses it
     p = tmp_path / "spec.yaml"
     p.write_text("loads: [{name: busy, utilization: 0.9}]\n")
-    assert [ld["name"] for ld in load_spec(p)["loads"]] == ["busy"]
+    assert [ld.name for ld in load_spec(p).loads] == ["busy"]
     with pytest.raises(ConfigError, match=r"validate\.quick\.loads: got 'medium'; a name in loads: busy"):
         load_spec(p, quick=True)
 

@@ -357,17 +357,16 @@ def test_validation_grid_on_a_gpu_times_adds_past_launch_bound_sizes():
     5 %, where the 1-256-token points alone (the grid before) are a third off. The CPU grid is unchanged."""
     from pathlib import Path
 
-    import yaml
-
     from calibration.kernels.device_profile import elementwise_fit
+    from calibration.validate import load_spec
     from calibration.validate.rounds import validation_plan
     from sim.catalog import get_model
 
-    spec = yaml.safe_load((Path(__file__).resolve().parent.parent / "scenarios" / "validate-cuda.yaml").read_text())
-    hidden = get_model(spec["model"]).hidden
+    spec = load_spec(Path(__file__).resolve().parent.parent / "scenarios" / "validate-cuda.yaml")
+    hidden = get_model(spec.model).hidden
     gpu, cpu = validation_plan(spec, "cuda"), validation_plan(spec, "cpu")
     assert cpu.ew_tokens == (1, 16, 256)
-    assert max(gpu.ew_tokens) >= spec["scheduler"]["max_num_batched_tokens"]
+    assert max(gpu.ew_tokens) >= spec.scheduler.max_num_batched_tokens
     assert 3 * max(gpu.ew_tokens) * hidden * 2 > 2 * (60 << 20)
 
     def rows(tokens):  # x.add_(y): two reads and a write of tokens x hidden bf16

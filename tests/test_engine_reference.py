@@ -329,7 +329,11 @@ def test_repredict_prices_stored_shapes_like_engine_iteration_rows(net):
 def _spec(**over):
     spec = load_spec("scenarios/validate-cpu.yaml")
     for k, v in over.items():
-        spec[k] = {**spec[k], **v} if isinstance(v, dict) else v
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                setattr(getattr(spec, k), kk, vv)
+        else:
+            setattr(spec, k, v)
     return spec
 
 
@@ -341,8 +345,8 @@ def _semantics_case(tmp_path, allocator, rate, num_blocks, num_requests, output_
         static_reserve=400,
         allocators=[allocator],
     )
-    spec["workload"]["max_model_len"] = 400
-    spec["workload"]["lengths"] = {
+    spec.workload.max_model_len = 400
+    spec.workload.lengths = {
         "kind": "uniform",
         "prompt_min": 8,
         "prompt_max": 300,

@@ -117,9 +117,9 @@ def test_validation_html_offline(browser, tmp_path):
     from calibration.validate import load_spec, validate
 
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
-    spec["engine"].update(clocks=["wall"], replays=1)
-    spec["workload"]["num_requests"] = 5
-    spec["allocators"] = ["paged"]
+    spec.engine.clocks, spec.engine.replays = ["wall"], 1
+    spec.workload.num_requests = 5
+    spec.allocators = ["paged"]
     validate(spec, device="cpu", profile="cpu-reference", out=tmp_path, engine_overhead=False)
     assert_offline(browser, tmp_path / "validation.html")
 

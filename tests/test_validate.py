@@ -28,12 +28,12 @@ from sim.errors import ConfigError
 
 def test_spec_defaults_and_quick():
     spec = load_spec("scenarios/validate-cpu.yaml")
-    assert [ld["name"] for ld in spec["loads"]] == ["light", "medium", "saturating"]
-    assert spec["allocators"] == ["paged", "static"]
+    assert [ld.name for ld in spec.loads] == ["light", "medium", "saturating"]
+    assert spec.allocators == ["paged", "static"]
     q = load_spec("scenarios/validate-cpu.yaml", quick=True)
-    assert [ld["name"] for ld in q["loads"]] == ["medium"] and q["workload"]["num_requests"] < 50
+    assert [ld.name for ld in q.loads] == ["medium"] and q.workload.num_requests < 50
     # the full run calibrates on both batch mixes (docs/validation.md, "Overhead batch mix"); CI's subset on one
-    assert (spec["engine"]["overhead_mix"], q["engine"]["overhead_mix"]) == ("both", "offline")
+    assert (spec.engine.overhead_mix, q.engine.overhead_mix) == ("both", "offline")
 
 
 def test_spec_errors(tmp_path):
@@ -70,8 +70,113 @@ def test_spec_errors(tmp_path):
             load_spec(bad, quick=quick)
     # the quick subset may set its own calibration mix (CI keeps its calibration short)
     bad.write_text("engine: {overhead_mix: both}\nquick: {overhead_mix: offline}\n")
-    assert load_spec(bad)["engine"]["overhead_mix"] == "both"
-    assert load_spec(bad, quick=True)["engine"]["overhead_mix"] == "offline"
+    assert load_spec(bad).engine.overhead_mix == "both"
+    assert load_spec(bad, quick=True).engine.overhead_mix == "offline"
+
+
+#: The spec's defaults written out: the model's defaults and DEFAULT_SPEC must equal them.
+_DEFAULTS_AS_WRITTEN = {
+    "name": "validate",
+    "description": "",
+    "model": "tiny-llama",
+    "engine": {
+        "dtype": "fp32",
+        "threads": 1,
+        "seed": 0,
+        "clocks": ["cpu_norm", "cpu", "wall"],
+        "replays": 1,
+        "overhead_rounds": "spread",
+        "kernel_rounds": "spread",
+        "replay_order": "interleaved",
+        "prefill_probe": True,
+        "overhead_mix": "offline",
+        "kernels": "auto",
+    },
+    "kv": {"num_blocks": 256, "block_size": 16},
+    "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 256},
+    "static_reserve": 480,
+    "workload": {
+        "num_requests": 100,
+        "max_model_len": 480,
+        "seed": 1,
+        "lengths": {"kind": "uniform", "prompt_min": 16, "prompt_max": 384, "output_min": 8, "output_max": 96},
+    },
+    "loads": [
+        {"name": "light", "utilization": 0.3},
+        {"name": "medium", "utilization": 0.7},
+        {"name": "saturating", "utilization": 1.6},
+    ],
+    "allocators": ["paged", "static"],
+    "host_speed": "probe",
+    "quick": {"num_requests": 24, "loads": ["medium"], "allocators": ["paged", "static"]},
+}
+
+
+def test_spec_model_defaults_and_types(tmp_path):
+    from calibration.validate import DEFAULT_SPEC, LoadSpec, ValidationSpec
+
+    assert DEFAULT_SPEC == _DEFAULTS_AS_WRITTEN
+    assert ValidationSpec().model_dump(exclude_none=True) == _DEFAULTS_AS_WRITTEN
+    # a spec naming one key: the rest are the defaults, section by section (lengths replaced whole)
+    p = tmp_path / "one.yaml"
+    p.write_text("engine: {replays: 2}\nworkload: {lengths: {kind: fixed, prompt_tokens: 32, output_tokens: 8}}\n")
+    spec = load_spec(p)
+    assert isinstance(spec, ValidationSpec) and spec.source == str(p)
+    assert spec.engine.replays == 2 and spec.engine.clocks == ["cpu_norm", "cpu", "wall"]
+    assert (
+        spec.workload.lengths == {"kind": "fixed", "prompt_tokens": 32, "output_tokens": 8} and spec.workload.seed == 1
+    )
+    assert spec.capacity_tokens() == capacity_tokens(spec) == 256 * 16
+    # a load is written back as given: its name and its one rate
+    assert LoadSpec(name="x", rate=2).model_dump() == {"name": "x", "rate": 2}
+    assert LoadSpec(name="x", rate=2).arrival_rate(9.0) == 2.0
+    assert LoadSpec(name="x", utilization=0.5).arrival_rate(9.0) == 4.5
+    # assignments are checked as the loaded value was
+    with pytest.raises(ValueError, match="1 to 20"):
+        spec.engine.replays = 0
+
+
+def test_quick_subset_is_a_narrowed_copy():
+    spec = load_spec("scenarios/validate-cpu.yaml")
+    q = spec.quick_subset()
+    assert q == load_spec("scenarios/validate-cpu.yaml", quick=True).model_copy(update={"source": spec.source})
+    assert [ld.name for ld in q.loads] == ["medium"] and q.workload.num_requests == 24
+    assert (q.engine.replays, q.engine.overhead_mix) == (3, "offline")
+    # the spec it came from is as it was
+    assert [ld.name for ld in spec.loads] == ["light", "medium", "saturating"]
+    assert (spec.workload.num_requests, spec.engine.replays, spec.engine.overhead_mix) == (100, 5, "both")
+
+
+def test_spec_errors_name_the_key(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    for text, quick, match in (
+        # unknown keys in every section, engine and workload included
+        ("engine: {bogus: 1}", False, r"^validate\.engine\.bogus: got 1; unknown key; allowed: clocks, dtype, "),
+        ("workload: {arrival: 1}", False, r"^validate\.workload\.arrival: got 1; unknown key; allowed: lengths, "),
+        ("loads: [{name: a, rate: 1, burst: 2}]", False, r"^validate\.loads\[0\]\.burst: got 2; unknown key"),
+        ("source: x.yaml", False, r"^validate\.source: got 'x\.yaml'; unknown key; allowed: allocators, "),
+        ("loads: [{name: a, rate: 1}, {name: a, rate: 2}]", False, r"^validate\.loads\[1\]\.name: got 'a'; .*distinct"),
+        ("loads: [{name: a, rate: 1, utilization: 0.5}]", False, r"^validate\.loads\[0\]: .*exactly one of"),
+        ("loads: 5", False, r"^validate\.loads: got 5; a non-empty list"),
+        ("allocators: [paged, dynamic]", False, r"^validate\.allocators: got 'dynamic'; paged or static"),
+        ("model: no-such-model", False, r"^validate\.model: got 'no-such-model'; a catalog model: .*tiny-llama"),
+        ("name: 5", False, r"^validate\.name: got 5; a string"),
+        ("engine: {prefill_probe: 1}", False, r"^validate\.engine\.prefill_probe: got 1; true or false"),
+        ("engine: {kernels: fast}", False, r"^validate\.engine\.kernels: got 'fast'; one of auto, "),
+        ("engine: {clocks: []}", False, r"^validate\.engine\.clocks: got \[\]; a non-empty list of distinct"),
+        ("engine: {seed: -1}", False, r"^validate\.engine\.seed: got -1; an integer >= 0"),
+        ("engine: 5", False, r"^validate\.engine: got 5; a mapping"),
+        ("workload: {lengths: 5}", False, r"^validate\.workload\.lengths: got 5; a mapping"),
+        ("host_speed: true", False, r"^validate\.host_speed: got True; one of probe, fixed"),
+        ("quick: {replays: 0}", True, r"^validate\.quick\.replays: got 0; an integer from 1 to 20"),
+    ):
+        bad.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=match):
+            load_spec(bad, quick=quick)
+    bad.write_text("kind: validation\n")
+    with pytest.raises(ConfigError, match=r"^validate\.engine\.kernels: got 'fast'"):
+        load_spec(bad, kernels="fast")
+    assert load_spec(bad, kernels="sdpa").engine.kernels == "sdpa"
 
 
 def test_overhead_rounds_pool_every_pass(monkeypatch):
@@ -329,7 +434,7 @@ def test_host_speed_kernel_round_probes_after_freeze():
 def test_replay_order_interleaved_and_blocked():
     """replay_cells: interleaved sweeps every cell once per replay (the raw clocks after a cell's last
     table-clock replay); blocked finishes one cell first. ``before`` sees every table-clock replay."""
-    from calibration.validate import Replayed, replay_cells
+    from calibration.validate import LoadSpec, Replayed, replay_cells
 
     class FakeEngine:
         def __init__(self, name, log):
@@ -348,12 +453,12 @@ def test_replay_order_interleaved_and_blocked():
         ("blocked", ["pl", "pl", "pm", "pm", "sl", "sl"]),
     ):
         spec = load_spec("scenarios/validate-cpu.yaml")
-        spec["engine"].update(replays=2, clocks=["cpu_norm", "wall"], replay_order=order)
+        spec.engine.replays, spec.engine.clocks, spec.engine.replay_order = 2, ["cpu_norm", "wall"], order
         log, seen = [], []
         engines = {a: FakeEngine(a, log) for a in ("paged", "static")}
         rows = np.zeros((3, 3))
         cells = [
-            Replayed({"name": ld}, a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
+            Replayed(LoadSpec(name=ld, rate=1.0), a, 1.0, rows, Path("t.csv"), {"cpu_norm": [], "wall": []}, {})
             for a, ld in (("paged", "light"), ("paged", "medium"), ("static", "light"))
         ]
         replay_cells(
@@ -361,7 +466,7 @@ def test_replay_order_interleaved_and_blocked():
             cells,
             engines,
             FakeSpeed(),
-            before=lambda k, c, seen=seen: seen.append((k, c.allocator[0] + c.load["name"][0])),
+            before=lambda k, c, seen=seen: seen.append((k, c.allocator[0] + c.load.name[0])),
         )
         assert [x[1] for x in seen] == want and [x[0] for x in seen] == list(range(6))
         norm = [(name[0], clock) for name, n, clock, kind in log if n == 3]
@@ -682,11 +787,9 @@ def test_cuda_spec_and_clocks():
     from calibration.validate import check_clocks
 
     spec = load_spec("scenarios/validate-cuda.yaml")
-    assert (
-        spec["model"] == "llama-3.1-8b" and spec["engine"]["clocks"] == ["wall"] and spec["engine"]["dtype"] == "bf16"
-    )
+    assert spec.model == "llama-3.1-8b" and spec.engine.clocks == ["wall"] and spec.engine.dtype == "bf16"
     # a dedicated GPU: kernels and engine overhead measured once, before the replays
-    assert (spec["engine"]["kernel_rounds"], spec["engine"]["overhead_rounds"]) == ("upfront", "upfront")
+    assert (spec.engine.kernel_rounds, spec.engine.overhead_rounds) == ("upfront", "upfront")
     check_clocks(spec, "cuda")
     cpu = load_spec("scenarios/validate-cpu.yaml")
     check_clocks(cpu, "cpu")
@@ -723,9 +826,9 @@ def test_wall_clock_replays(tmp_path):
     from calibration.validate import validate
 
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
-    spec["engine"].update(clocks=["wall"], replays=2)
-    spec["workload"]["num_requests"] = 6
-    spec["allocators"] = ["paged"]
+    spec.engine.clocks, spec.engine.replays = ["wall"], 2
+    spec.workload.num_requests = 6
+    spec.allocators = ["paged"]
     doc = validate(spec, device="cpu", profile="cpu-reference", out=tmp_path, engine_overhead=False)
     assert doc["clock"] == "wall" and doc["replays"] == 2 and list(doc["rows_by_clock"]) == ["wall"]
     for r in doc["rows"]:
@@ -745,11 +848,8 @@ def test_wall_clock_replays(tmp_path):
 
 def test_spec_clocks():
     spec = load_spec("scenarios/validate-cpu.yaml")
-    assert spec["engine"]["clocks"] == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
-    assert (
-        spec["engine"]["replays"] == 5
-        and load_spec("scenarios/validate-cpu.yaml", quick=True)["engine"]["replays"] == 3
-    )
+    assert spec.engine.clocks == ["cpu_norm", "cpu", "wall"]  # the table's clock first; raw clocks kept
+    assert spec.engine.replays == 5 and load_spec("scenarios/validate-cpu.yaml", quick=True).engine.replays == 3
 
 
 def test_cell_sensitivity_is_one_without_a_queue_and_above_one_on_a_queue(tmp_path):
@@ -803,7 +903,7 @@ def test_simulator_capacity_matches_engine_blocks(tmp_path):
 
     spec = load_spec("scenarios/validate-cpu.yaml")
     rows = make_requests(spec, 5.0)
-    assert rows[0, 0] == 0.0 and np.all(np.diff(rows[:, 0]) >= 0) and len(rows) == spec["workload"]["num_requests"]
+    assert rows[0, 0] == 0.0 and np.all(np.diff(rows[:, 0]) >= 0) and len(rows) == spec.workload.num_requests
     path = write_trace(rows, tmp_path / "t.csv")
     for alloc in ("paged", "static"):
         sc = sim_scenario(spec, alloc, trace_path=str(path), profile="none")
@@ -851,8 +951,8 @@ def test_quick_validation_within_bound(tmp_path):
     from calibration.validate import validate
 
     spec = load_spec("scenarios/validate-cpu.yaml", quick=True)
-    assert spec["engine"]["clocks"][0] == "cpu_norm"
-    spec["engine"]["clocks"] = ["cpu_norm"]
+    assert spec.engine.clocks[0] == "cpu_norm"
+    spec.engine.clocks = ["cpu_norm"]
     for attempt in range(2):
         out = tmp_path / f"try{attempt}"
         doc = validate(spec, device="cpu", out=out)
@@ -860,7 +960,7 @@ def test_quick_validation_within_bound(tmp_path):
         on_disk = json.loads((out / "validation.json").read_text())
         assert on_disk["rows"] == json.loads(json.dumps(doc["rows"]))
         assert {r["metric"] for r in doc["rows"]} == set(METRICS) and doc["clock"] == "cpu_norm"
-        n = spec["engine"]["replays"]
+        n = spec.engine.replays
         assert doc["replays"] == n >= 2
         assert doc["summary"]["cells"] == 12 and "below_replay_spread" in doc["summary"]
         # each row carries the cell's sensitivity to step time (TPOT moves with it, at least ~1:1)

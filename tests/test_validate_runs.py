@@ -169,10 +169,10 @@ def test_load_run_recomputes_sensitivity_from_the_runs_own_files(tmp_path):
     path = _write_run(tmp_path / "old", e)
     spec = load_spec("scenarios/validate-cpu.yaml")
     doc = json.loads((path / "validation.json").read_text())
-    doc["config"] = {k: spec[k] for k in ("kv", "scheduler", "static_reserve", "workload", "loads")}
+    doc["config"] = spec.model_dump(include={"kv", "scheduler", "static_reserve", "workload", "loads"})
     doc["name"], doc["rates"] = "old", {"medium/static": 3.0}
     (path / "validation.json").write_text(json.dumps(doc))
-    spec["workload"]["num_requests"] = 20
+    spec.workload.num_requests = 20
     write_trace(make_requests(spec, 3.0), path / "trace-medium-static.csv")
     from sim.cost.profile import load_profile
 

@@ -34,7 +34,7 @@ torch is imported only through :mod:`calibration.engine` and :mod:`calibration.k
 
 The modules, in the order a run uses them:
 
-* :mod:`~calibration.validate.spec`: the spec's defaults, allowed values and loading;
+* :mod:`~calibration.validate.spec`: the spec (:class:`ValidationSpec`), its defaults, allowed values and loading;
 * :mod:`~calibration.validate.simulator`: the simulator's scenario, requests, traces and capacity;
 * :mod:`~calibration.validate.host_speed`: the host-speed probes (``cpu_norm`` clock) and host load;
 * :mod:`~calibration.validate.rounds`: the profiles (kernel and engine-overhead rounds, step 1);
@@ -98,6 +98,13 @@ from .spec import (
     QUICK_KEYS,
     REPLAY_CLOCKS,
     REPLAY_ORDERS,
+    EngineSpec,
+    KvSpec,
+    LoadSpec,
+    QuickSpec,
+    SchedulerSpec,
+    ValidationSpec,
+    WorkloadSpec,
     check_clocks,
     load_spec,
 )
@@ -119,12 +126,19 @@ __all__ = [
     "SENSITIVITY_MIN",
     "SIM_GPU",
     "TARGET_METRICS",
+    "EngineSpec",
     "HostProbeRun",
     "HostSpeed",
     "KernelRounds",
+    "KvSpec",
+    "LoadSpec",
     "OverheadRounds",
+    "QuickSpec",
     "Replayed",
     "Run",
+    "SchedulerSpec",
+    "ValidationSpec",
+    "WorkloadSpec",
     "capacity_tokens",
     "cell_sensitivity",
     "check_clocks",

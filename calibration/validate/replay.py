@@ -19,7 +19,7 @@ from .host_speed import HostProbeRun, host_probe, host_probe_run, probe_diagnost
 from .metrics import engine_metrics, median_metrics, percentiles, sim_metrics
 from .sensitivity import cell_sensitivity, scale_profile
 from .simulator import make_requests, sim_scenario, write_trace
-from .spec import KEY
+from .spec import KEY, LoadSpec, ValidationSpec
 
 if TYPE_CHECKING:
     from .host_speed import HostSpeed
@@ -48,24 +48,24 @@ class Run:
     sensitivity: dict = field(default_factory=dict)
 
 
-def engine_config(spec: dict, allocator: str, device: str):
+def engine_config(spec: ValidationSpec, allocator: str, device: str):
     from ..engine import EngineConfig
 
-    e = spec["engine"]
+    e = spec.engine
     return EngineConfig(
-        get_model(spec["model"]),
-        num_blocks=int(spec["kv"]["num_blocks"]),
-        block_size=int(spec["kv"]["block_size"]),
-        max_num_seqs=int(spec["scheduler"]["max_num_seqs"]),
-        max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
+        get_model(spec.model),
+        num_blocks=spec.kv.num_blocks,
+        block_size=spec.kv.block_size,
+        max_num_seqs=spec.scheduler.max_num_seqs,
+        max_num_batched_tokens=spec.scheduler.max_num_batched_tokens,
         allocator=allocator,
-        reserve=int(spec["static_reserve"]),
-        max_model_len=int(spec["workload"]["max_model_len"]),
-        dtype=e["dtype"],
-        threads=int(e["threads"]),
-        seed=int(e["seed"]),
+        reserve=spec.static_reserve,
+        max_model_len=spec.workload.max_model_len,
+        dtype=e.dtype,
+        threads=e.threads,
+        seed=e.seed,
         device=device,
-        kernels=e.get("kernels", "auto"),
+        kernels=e.kernels,
     )
 
 
@@ -132,7 +132,9 @@ def iteration_diagnostics(res, cost) -> dict:
     return out
 
 
-def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, sim_result, cost, net=None) -> dict:
+def semantics_check(
+    spec: ValidationSpec, allocator: str, device: str, rows: np.ndarray, sim_result, cost, net=None
+) -> dict:
     """Engine on a virtual clock driven by ``cost`` (no compute) vs the simulator: must be identical.
 
     ``net``: the validation's shared :class:`~calibration.engine.Transformer` (it is never run here;
@@ -160,7 +162,7 @@ def semantics_check(spec: dict, allocator: str, device: str, rows: np.ndarray, s
         for r in res.requests
     ]
     bpt = sim_result.summary["kv_bytes_per_token"]
-    B = int(spec["kv"]["block_size"])
+    B = spec.kv.block_size
     sim_peak = float(sim_result.timeseries["kv_reserved_bytes"].to_numpy().max() / bpt / B)
     out = {
         "engine_peak_kv_blocks": float(res.peak_blocks()),
@@ -185,7 +187,7 @@ class Replayed:
     """One cell's engine side (:func:`new_cell`, :func:`replay_cells`): the trace and, per replay
     clock, every replay and (raw clocks) the host probes around them."""
 
-    load: dict
+    load: LoadSpec
     allocator: str
     rate: float
     rows: np.ndarray
@@ -202,7 +204,7 @@ def write_measured(out: Path, cells: list[Replayed]) -> Path:
         "format": "kvsim-validate-measured",
         "cells": [
             {
-                "load": c.load["name"],
+                "load": c.load.name,
                 "allocator": c.allocator,
                 "rate_per_s": c.rate,
                 "requests": len(c.rows),
@@ -217,14 +219,14 @@ def write_measured(out: Path, cells: list[Replayed]) -> Path:
     return path
 
 
-def new_cell(spec: dict, allocator: str, load: dict, rate: float, out: Path, device: str) -> Replayed:
+def new_cell(spec: ValidationSpec, allocator: str, load: LoadSpec, rate: float, out: Path, device: str) -> Replayed:
     """One load × allocator cell before any replay: its requests and their CSV trace."""
     rows = make_requests(spec, rate, device)
-    trace = write_trace(rows, out / f"trace-{load['name']}-{allocator}.csv")
-    return Replayed(load, allocator, rate, rows, trace, {c: [] for c in spec["engine"]["clocks"]}, {})
+    trace = write_trace(rows, out / f"trace-{load.name}-{allocator}.csv")
+    return Replayed(load, allocator, rate, rows, trace, {c: [] for c in spec.engine.clocks}, {})
 
 
-def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: HostSpeed | None = None) -> None:
+def replay_once(spec: ValidationSpec, cell: Replayed, clock: str, engine, speed: HostSpeed | None = None) -> None:
     """The engine replays ``cell``'s trace once more on ``clock``; the result is appended to ``cell.results``.
 
     ``cpu_norm`` is normalised to calibration speed during the replay itself (``speed``'s probe);
@@ -244,7 +246,7 @@ def replay_once(spec: dict, cell: Replayed, clock: str, engine, speed: HostSpeed
 
 
 def replay_cells(
-    spec: dict, cells: list[Replayed], engines: dict, speed: HostSpeed | None = None, before=None, say=None
+    spec: ValidationSpec, cells: list[Replayed], engines: dict, speed: HostSpeed | None = None, before=None, say=None
 ) -> None:
     """Every cell's replays: the table's clock (the first) ``engine.replays`` times, each other clock once.
 
@@ -256,9 +258,9 @@ def replay_cells(
     to 12 %). Blocked, each cell's median carries its own minute's level; interleaved, each median
     draws on windows spread over the whole run, the same windows for every cell.
     ``before(k, cell)`` is called before the k-th replay of the table's clock (k from 0)."""
-    clocks = spec["engine"]["clocks"]
-    n = int(spec["engine"].get("replays", 1))
-    if spec["engine"].get("replay_order", "interleaved") == "blocked":
+    clocks = spec.engine.clocks
+    n = spec.engine.replays
+    if spec.engine.replay_order == "blocked":
         order = [(c, i) for c in cells for i in range(n)]
     else:
         order = [(c, i) for i in range(n) for c in cells]
@@ -267,7 +269,7 @@ def replay_cells(
             before(k, cell)
         if say is not None:
             say(
-                f"replay {k + 1}/{len(order)}: {cell.allocator} {cell.load['name']} ({i + 1} of {n}), "
+                f"replay {k + 1}/{len(order)}: {cell.allocator} {cell.load.name} ({i + 1} of {n}), "
                 f"{cell.rate:.2f} req/s, {len(cell.rows)} requests"
             )
         replay_once(spec, cell, clocks[0], engines[cell.allocator], speed)
@@ -276,7 +278,7 @@ def replay_cells(
                 replay_once(spec, cell, clock, engines[cell.allocator], speed)
 
 
-def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, device: str, net=None) -> Run:
+def compare_cell(spec: ValidationSpec, cell: Replayed, profile_path: str, out: Path, device: str, net=None) -> Run:
     """The simulator on one replayed cell's trace and the comparison, clock by clock.
 
     ``host_speed: probe``: the raw clocks' simulator runs on the profile with every time scaled by
@@ -290,7 +292,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
     allocator, load = cell.allocator, cell.load
     sc = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=profile_path, device=device)
     sim_raw = simulate(sc)
-    B = int(spec["kv"]["block_size"])
+    B = spec.kv.block_size
     raw = sim_metrics(sim_raw, B)
     cost = Deployment.from_scenario(sc).make_cost_model(sc)
     simulated, sims, measured, results, diags = {}, {}, {}, {}, {}
@@ -304,9 +306,9 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
             diags[clock]["speed_probes"] = probe_diagnostics(res)
         else:
             probe, probe_after = (host_probe(x, cost) for x in cell.probes[clock])
-            if spec.get("host_speed", "probe") == "probe":
+            if spec.host_speed == "probe":
                 f = round(math.sqrt(probe["measured_over_predicted"] * probe_after["measured_over_predicted"]), 4)
-                path = out / f"profile-{allocator}-{load['name']}-{clock}.json"
+                path = out / f"profile-{allocator}-{load.name}-{clock}.json"
                 scale_profile(load_profile(profile_path), f).write(path)
                 sc_c = sim_scenario(spec, allocator, trace_path=str(cell.trace), profile=str(path), device=device)
                 sims[clock] = simulate(sc_c)
@@ -328,7 +330,7 @@ def compare_cell(spec: dict, cell: Replayed, profile_path: str, out: Path, devic
                 for i, (r, m) in enumerate(zip(ress, per))
             ]
     return Run(
-        load["name"],
+        load.name,
         allocator,
         cell.rate,
         simulated,

@@ -7,24 +7,24 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim.catalog import get_model
 
-from .spec import OVERHEAD_MIX
+from .spec import OVERHEAD_MIX, ValidationSpec
 
 if TYPE_CHECKING:
     from .host_speed import HostSpeed
 
 
-def validation_plan(spec: dict, device: str):
+def validation_plan(spec: ValidationSpec, device: str):
     """A route-1 grid covering the spec's batch shapes only (seconds, not minutes)."""
     from ..kernels import Plan, pow2_grid
 
-    model = get_model(spec["model"])
-    T = int(spec["scheduler"]["max_num_batched_tokens"])
-    S = int(spec["scheduler"]["max_num_seqs"])
-    L = min(int(spec["workload"]["max_model_len"]), model.max_position)
+    model = get_model(spec.model)
+    T = spec.scheduler.max_num_batched_tokens
+    S = spec.scheduler.max_num_seqs
+    L = min(spec.workload.max_model_len, model.max_position)
     top = 1 << max(1, (max(T, S) - 1).bit_length())
     ltop = 1 << max(5, (L - 1).bit_length())
     return Plan(
@@ -48,12 +48,12 @@ def validation_plan(spec: dict, device: str):
         warmup=2,
         target_repeat_s=0.0005,
         passes=2 if device == "cpu" else 1,
-        static_decode="static" in spec["allocators"],
+        static_decode="static" in spec.allocators,
     )
 
 
 def prepare_profiles(
-    spec: dict,
+    spec: ValidationSpec,
     device: str,
     out: Path,
     profile: str | None,
@@ -77,11 +77,11 @@ def prepare_profiles(
     """
     from sim.cost.profile import load_profile
 
-    model = get_model(spec["model"])
-    eng = spec["engine"]
+    model = get_model(spec.model)
+    eng = spec.engine
     info: dict = {}
     t0 = time.perf_counter()
-    cpu_clock = device == "cpu" and eng["clocks"][0] in ("cpu", "cpu_norm")
+    cpu_clock = device == "cpu" and eng.clocks[0] in ("cpu", "cpu_norm")
     if speed is not None:
         speed.sample("before_calibration", 10)
     bases = {}
@@ -89,7 +89,7 @@ def prepare_profiles(
     if profile is None:
         kernels = KernelRounds(spec, device, model, speed=speed, cpu_time=cpu_clock, progress=progress)
         bases = kernels.bases()
-        base = bases[spec["allocators"][0]]
+        base = bases[spec.allocators[0]]
         info["calibrated"] = {
             "route": "kvsim calibrate --device (route 1), validation grid",
             "elapsed_s": kernels.log[0]["elapsed_s"],
@@ -101,9 +101,9 @@ def prepare_profiles(
         base = load_profile(profile)
         info["loaded"] = profile
         cdt = base.provenance.get("compute_dtype", base.dtypes.get("weight", ["?"])[0])
-        if cdt != eng["dtype"]:
-            info["dtype_mismatch"] = f"profile kernels timed in {cdt}, engine computes in {eng['dtype']}"
-        bases = {a: base for a in spec["allocators"]}
+        if cdt != eng.dtype:
+            info["dtype_mismatch"] = f"profile kernels timed in {cdt}, engine computes in {eng.dtype}"
+        bases = {a: base for a in spec.allocators}
     if speed is not None:
         speed.freeze()
     rounds = None
@@ -111,20 +111,20 @@ def prepare_profiles(
         norm_speed = speed if cpu_clock else None  # the host-speed normaliser: cpu clocks only
         norm = norm_speed is not None
         kw = dict(
-            allocators=tuple(spec["allocators"]),
-            block_size=int(spec["kv"]["block_size"]),
-            dtype=eng["dtype"],
-            threads=int(eng["threads"]),
+            allocators=tuple(spec.allocators),
+            block_size=spec.kv.block_size,
+            dtype=eng.dtype,
+            threads=eng.threads,
             device=device,
-            kernels=eng.get("kernels", "auto"),
+            kernels=eng.kernels,
             clock=("cpu_norm" if norm else "cpu") if cpu_clock else "wall",
-            probe_ref_s={a: norm_speed.reference(a) for a in spec["allocators"]} if norm_speed is not None else None,
+            probe_ref_s={a: norm_speed.reference(a) for a in spec.allocators} if norm_speed is not None else None,
             prefill_probe_ref_s={a: norm_speed.prefill_reference(a) for a in norm_speed.prefill_probes}
             if norm_speed is not None and norm_speed.prefill_probes
             else None,
-            max_num_batched_tokens=int(spec["scheduler"]["max_num_batched_tokens"]),
-            batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= int(spec["scheduler"]["max_num_seqs"])),
-            mixes=OVERHEAD_MIX[eng.get("overhead_mix", "offline")],
+            max_num_batched_tokens=spec.scheduler.max_num_batched_tokens,
+            batches=tuple(b for b in (1, 2, 4, 8, 16, 32) if b <= spec.scheduler.max_num_seqs),
+            mixes=OVERHEAD_MIX[eng.overhead_mix],
             net=net,
         )
         rounds = OverheadRounds(
@@ -133,14 +133,14 @@ def prepare_profiles(
             kw,
             norm_speed,
             between_runs=(lambda: speed.sample("engine_overhead", 1)) if speed and not norm else None,
-            kernels=kernels if eng.get("kernel_rounds", "spread") == "spread" else None,
+            kernels=kernels if eng.kernel_rounds == "spread" else None,
         )
         rounds.upfront()
         paths = rounds.write(out)
         info["engine_overhead"] = rounds.summary()
     else:
         paths = {}
-        for alloc in spec["allocators"]:
+        for alloc in spec.allocators:
             path = out / f"profile-{alloc}.json"
             bases[alloc].write(path)
             paths[alloc] = str(path)
@@ -168,18 +168,23 @@ class KernelRounds:
     """
 
     def __init__(
-        self, spec: dict, device: str, model, *, speed: HostSpeed | None, cpu_time: bool, progress: bool = False
+        self,
+        spec: ValidationSpec,
+        device: str,
+        model,
+        *,
+        speed: HostSpeed | None,
+        cpu_time: bool,
+        progress: bool = False,
     ):
         from ..kernels import measure_device
 
-        eng = spec["engine"]
+        eng = spec.engine
         self.spec, self.device, self.model, self.speed = spec, device, model, speed
-        self.allocators = tuple(spec["allocators"])
+        self.allocators = tuple(spec.allocators)
         self.plan = validation_plan(spec, device)
-        self.name = f"{device}-{model.name}-{eng['dtype']}-validate"
-        self.kw = dict(
-            dtype=eng["dtype"], threads=int(eng["threads"]), cpu_time=cpu_time, kernels=eng.get("kernels", "auto")
-        )
+        self.name = f"{device}-{model.name}-{eng.dtype}-validate"
+        self.kw: dict[str, Any] = dict(dtype=eng.dtype, threads=eng.threads, cpu_time=cpu_time, kernels=eng.kernels)
         t = time.perf_counter()
         meas, self.info = measure_device(device, model, self.plan, progress=progress, speed=speed, **self.kw)
         if speed is not None:
@@ -219,7 +224,7 @@ class KernelRounds:
                 self.info,
                 self.plan,
                 name=self.name,
-                dtype=self.spec["engine"]["dtype"],
+                dtype=self.spec.engine.dtype,
                 elapsed_s=sum(x["elapsed_s"] for x in self.log),
                 key_dtype="bf16",
             )

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import platform
@@ -19,11 +18,11 @@ from .report import write_html
 from .rounds import prepare_profiles
 from .sensitivity import sensitivity_fields
 from .simulator import estimate_capacity, sim_scenario
-from .spec import CLOCK_MEANING, KEY, check_clocks
+from .spec import CLOCK_MEANING, KEY, ValidationSpec, check_clocks
 
 
 def validate(
-    spec: dict,
+    spec: ValidationSpec,
     *,
     device: str = "cpu",
     profile: str | None = None,
@@ -38,8 +37,8 @@ def validate(
     check_clocks(spec, device)
     check_device(device, key=f"{KEY}.device")
     # one backend for calibration and every engine of the run (auto resolved here, once)
-    spec = copy.deepcopy(spec)
-    spec["engine"]["kernels"] = select(spec["engine"].get("kernels", "auto"), device, key=f"{KEY}.engine.kernels")
+    spec = spec.model_copy(deep=True)
+    spec.engine.kernels = select(spec.engine.kernels, device, key=f"{KEY}.engine.kernels")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: None)
@@ -49,44 +48,43 @@ def validate(
 
     from ..engine import PREFILL_PROBE_CHUNKS, PREFILL_PROBE_DECODE_KV, Engine, SpeedProbe, Transformer
 
-    first = engine_config(spec, spec["allocators"][0], device)
+    first = engine_config(spec, spec.allocators[0], device)
     # one set of weights for every engine of the run (the allocators differ in KV layout only)
     net = Transformer(first.model, first.dtype, first.device, first.seed)
-    engines = {a: Engine(engine_config(spec, a, device), model=net) for a in spec["allocators"]}
+    engines = {a: Engine(engine_config(spec, a, device), model=net) for a in spec.allocators}
     speed = None
-    if "cpu_norm" in spec["engine"]["clocks"]:
+    if "cpu_norm" in spec.engine.clocks:
         speed = HostSpeed(
-            {a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec["allocators"]},
+            {a: SpeedProbe(engines[a].cfg, engines[a].net) for a in spec.allocators},
             {
                 a: SpeedProbe(
                     engines[a].cfg, engines[a].net, decode_kv=PREFILL_PROBE_DECODE_KV, chunks=PREFILL_PROBE_CHUNKS
                 )
-                for a in spec["allocators"]
+                for a in spec.allocators
             }
-            if spec["engine"].get("prefill_probe", True)
+            if spec.engine.prefill_probe
             else None,
         )
     say(f"profile: {'calibrating ' + device if profile is None else profile} + engine overhead")
     paths, pinfo, rounds = prepare_profiles(spec, device, out, profile, engine_overhead, speed=speed, net=net)
     # the overhead rounds spread between replays (None: all of them up front, or none)
-    spread = rounds if rounds is not None and spec["engine"].get("overhead_rounds", "spread") == "spread" else None
+    spread = rounds if rounds is not None and spec.engine.overhead_rounds == "spread" else None
     probe_runs = {
         a: host_probe_run(engines[a], "cpu" if device == "cpu" else "wall")  # thread CPU time does not
-        for a in spec["allocators"]
+        for a in spec.allocators
     }  # time GPU work
     caps = {}
     cells: list[Replayed] = []
-    for alloc in spec["allocators"]:
+    for alloc in spec.allocators:
         caps[alloc] = estimate_capacity(spec, alloc, paths[alloc], out, device)
-        for load in spec["loads"]:
-            rate = float(load["rate"]) if "rate" in load else float(load["utilization"]) * caps[alloc]
-            cells.append(new_cell(spec, alloc, load, rate, out, device))
-    n_rep = int(spec["engine"].get("replays", 1))
+        for load in spec.loads:
+            cells.append(new_cell(spec, alloc, load, load.arrival_rate(caps[alloc]), out, device))
+    n_rep = spec.engine.replays
 
     def before(k: int, cell: Replayed) -> None:
         # as many rounds as cells, evenly among the table clock's replays
         if spread is not None and k % n_rep == 0:
-            spread.round(f"before replay {k + 1} ({cell.load['name']}/{cell.allocator})")
+            spread.round(f"before replay {k + 1} ({cell.load.name}/{cell.allocator})")
 
     replay_cells(spec, cells, engines, speed, before=before, say=say)
     say(f"engine side written to {write_measured(out, cells)}")
@@ -108,11 +106,11 @@ def validate(
     if rounds is not None:  # every overhead-run iteration (full precision: a refit reproduces the fit)
         (out / "overhead_rows.json").write_text(json.dumps(rounds.rows))
     probes = {}
-    for alloc in spec["allocators"]:  # the host's speed right after calibration (see host_probe_run)
+    for alloc in spec.allocators:  # the host's speed right after calibration (see host_probe_run)
         sc = sim_scenario(spec, alloc, profile=paths[alloc], arrival={"kind": "poisson", "rate": 1.0}, device=device)
         probes[alloc] = host_probe(probe_runs[alloc], Deployment.from_scenario(sc).make_cost_model(sc))
     runs = [compare_cell(spec, c, paths[c.allocator], out, device, net=net) for c in cells]
-    clocks = list(spec["engine"]["clocks"])
+    clocks = list(spec.engine.clocks)
     by_clock: dict[str, list[dict]] = {c: [] for c in clocks}
     for r in runs:
         for c in clocks:
@@ -139,21 +137,21 @@ def validate(
                     )
                 by_clock[c].append(row)
     rows = by_clock[clocks[0]]
-    model = get_model(spec["model"])
+    model = get_model(spec.model)
     doc = {
         "format": "kvsim-validation",
         "version": 1,
-        "spec": spec["source"],
-        "name": spec["name"],
+        "spec": spec.source,
+        "name": spec.name,
         "device": {
             "kind": device,
             "host": platform.node(),
             "cpu": _cpu_name(),
-            "threads": int(spec["engine"]["threads"]),
-            "dtype": spec["engine"]["dtype"],
+            "threads": spec.engine.threads,
+            "dtype": spec.engine.dtype,
             "torch": _torch_version(),
-            "kernels": spec["engine"]["kernels"],
-            "attention": engines[spec["allocators"][0]].attention.describe(),
+            "kernels": spec.engine.kernels,
+            "attention": engines[spec.allocators[0]].attention.describe(),
         },
         "profile": {"files": paths, **pinfo},
         "shape": {
@@ -167,18 +165,18 @@ def validate(
             "vocab": model.vocab,
         },
         "config": {
-            "kv": spec["kv"],
-            "scheduler": spec["scheduler"],
-            "static_reserve": spec["static_reserve"],
-            "workload": spec["workload"],
-            "loads": spec["loads"],
-            "engine": spec["engine"],
+            "kv": spec.kv.model_dump(),
+            "scheduler": spec.scheduler.model_dump(),
+            "static_reserve": spec.static_reserve,
+            "workload": spec.workload.model_dump(),
+            "loads": [ld.model_dump() for ld in spec.loads],
+            "engine": spec.engine.model_dump(),
         },
         "capacity_requests_per_s": caps,
         "rates": {f"{r.load}/{r.allocator}": r.rate for r in runs},
         "clock": clocks[0],
-        "replays": int(spec["engine"].get("replays", 1)),
-        "host_speed": spec.get("host_speed", "probe"),
+        "replays": spec.engine.replays,
+        "host_speed": spec.host_speed,
         "clock_meaning": {c: CLOCK_MEANING[c] for c in clocks},
         "rows": rows,
         "rows_by_clock": by_clock,

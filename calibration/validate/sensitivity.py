@@ -10,6 +10,7 @@ import numpy as np
 
 from .metrics import sim_metrics
 from .simulator import sim_scenario
+from .spec import ValidationSpec
 
 
 def scale_profile(profile, f: float):
@@ -51,7 +52,7 @@ SENSITIVITY_FACTORS = (0.97, 0.98, 0.99, 1.0, 1.01, 1.02, 1.03)
 
 
 def cell_sensitivity(
-    spec: dict,
+    spec: ValidationSpec,
     allocator: str,
     trace: Path,
     profile_path: str,
@@ -74,7 +75,7 @@ def cell_sensitivity(
     from sim.cost.profile import load_profile
     from sim.engine.cluster import simulate
 
-    B = int(spec["kv"]["block_size"])
+    B = spec.kv.block_size
     base = load_profile(profile_path)
     per: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="kvsim-sens-") as tmp:
@@ -108,7 +109,11 @@ def run_sensitivity(folder: str | Path) -> dict:
     f = folder / "validation.json"
     doc = load_json(read_text(f, "validate.runs", "validation.json"), "validate.runs", str(f))  # bounded
     cfg = doc.get("config") or {}
-    spec = {**cfg, "name": doc.get("name", "validate"), "model": (doc.get("shape") or {}).get("model")}
+    # what the simulator's side reads of the run's spec (its engine options may be another version's)
+    keys = {k: cfg[k] for k in ("kv", "scheduler", "static_reserve", "workload") if k in cfg}
+    spec = ValidationSpec.from_dict(
+        {**keys, "name": doc.get("name", "validate"), "model": (doc.get("shape") or {}).get("model")}
+    )
     device = (doc.get("device") or {}).get("kind", "cpu")
     out = {}
     for key in doc.get("rates", {}):

@@ -12,16 +12,18 @@ import numpy as np
 from sim.catalog import GPUS, get_model
 from sim.config import scenario_from_dict
 
+from .spec import ValidationSpec
+
 #: GPU catalog entry whose memory arithmetic the simulator uses (capacity is forced to the engine's anyway).
 SIM_GPU = {"cpu": "cpu", "cuda": "H200-SXM-141GB"}
 
 
-def capacity_tokens(spec: dict) -> int:
-    return int(spec["kv"]["num_blocks"]) * int(spec["kv"]["block_size"])
+def capacity_tokens(spec: ValidationSpec) -> int:
+    return spec.capacity_tokens()
 
 
 def sim_scenario(
-    spec: dict,
+    spec: ValidationSpec,
     allocator: str,
     *,
     trace_path: str | None = None,
@@ -31,31 +33,31 @@ def sim_scenario(
     device: str = "cpu",
 ):
     """The Scenario the simulator runs for ``spec``: same knobs, KV capacity = the engine's."""
-    model = get_model(spec["model"])
+    model = get_model(spec.model)
     gpu = GPUS[SIM_GPU[device]]
     bpt = model.kv_bytes_per_token("bf16")
     act = int(gpu.memory_bytes * 0.9) - model.weight_bytes("bf16") - capacity_tokens(spec) * bpt
-    w = spec["workload"]
+    w = spec.workload
     if arrival is None:
         arrival = {"kind": "trace", "path": str(trace_path), "format": "csv"}
     d: dict[str, Any] = {
-        "name": f"{spec['name']}-{allocator}",
-        "seed": int(w.get("seed", 0)),
-        "model": {"name": spec["model"]},
+        "name": f"{spec.name}-{allocator}",
+        "seed": w.seed,
+        "model": {"name": spec.model},
         "gpu": {"name": gpu.name, "gpu_memory_utilization": 0.9, "activation_reserve_bytes": act},
         "workload": {
-            "num_requests": int(num_requests or w["num_requests"]),
-            "max_model_len": int(w["max_model_len"]),
+            "num_requests": int(num_requests or w.num_requests),
+            "max_model_len": w.max_model_len,
             "arrival": arrival,
         },
         "scheduler": {
-            "max_num_seqs": int(spec["scheduler"]["max_num_seqs"]),
-            "max_num_batched_tokens": int(spec["scheduler"]["max_num_batched_tokens"]),
+            "max_num_seqs": spec.scheduler.max_num_seqs,
+            "max_num_batched_tokens": spec.scheduler.max_num_batched_tokens,
         },
         "allocator": {
             "kind": allocator,
-            "block_size": int(spec["kv"]["block_size"]),
-            "reserve": int(spec["static_reserve"]),
+            "block_size": spec.kv.block_size,
+            "reserve": spec.static_reserve,
         },
         "cost_model": {"profile": profile or "none"},
         # The subject is kvsim's own torch engine: the profile's measured CPU overhead and kernels as
@@ -64,11 +66,11 @@ def sim_scenario(
         "engine": {"kind": "reference"},
     }
     if arrival.get("kind") != "trace":
-        d["workload"]["lengths"] = copy.deepcopy(w["lengths"])
+        d["workload"]["lengths"] = copy.deepcopy(w.lengths)
     return scenario_from_dict(d)
 
 
-def make_requests(spec: dict, rate: float, device: str = "cpu") -> np.ndarray:
+def make_requests(spec: ValidationSpec, rate: float, device: str = "cpu") -> np.ndarray:
     """``[n, 3]`` rows ``(arrival_s, prompt, output)``: the spec's lengths, Poisson arrivals at ``rate``, first at 0.
 
     ``device`` only picks the GPU entry whose memory must hold the model (an 8B shape does not fit the
@@ -90,7 +92,7 @@ def write_trace(rows: np.ndarray, path: Path) -> Path:
     return path
 
 
-def estimate_capacity(spec: dict, allocator: str, profile: str, out: Path, device: str = "cpu") -> float:
+def estimate_capacity(spec: ValidationSpec, allocator: str, profile: str, out: Path, device: str = "cpu") -> float:
     """Requests/s the simulator sustains for ``allocator`` when every request arrives at once."""
     from sim.engine.cluster import simulate
 
