@@ -168,15 +168,24 @@ class ContinuousScheduler:
             return True
         if self._prefix is not None:
             return False
-        cfg = self.cfg
-        budget = cfg.max_num_batched_tokens - start
-        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+        head = self._head_chunk(start)
+        if head is None:
             return True
-        req = waiting[0]
-        need = self._chunk(req, budget)
+        req, need, _ = head
         if need is None:
             return not self._never_fits(req)  # schedule() turns such a request away
         return self._refused == (req.id, need, self.alloc.releases)
+
+    def _head_chunk(self, start: int) -> tuple[Request, int | None, int] | None:
+        """The queue's head, its chunk (``None``: none fits) and the token budget of the next
+        ``schedule(start=start)``, when that schedule would come to the head (a queue, a free
+        sequence slot and budget left); ``None`` otherwise."""
+        cfg = self.cfg
+        budget = cfg.max_num_batched_tokens - start
+        if not self.waiting or len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return None
+        req = self.waiting[0]
+        return req, self._chunk(req, budget), budget
 
     def _admission_need(self, req: Request, need: int, budget: int) -> int:
         """The tokens ``schedule`` asks the allocator to admit ``req`` with (its refusal key):
@@ -198,12 +207,10 @@ class ContinuousScheduler:
         waiting, refused = self.waiting, self._refused
         if not waiting or refused is None or refused[0] != waiting[0].id:
             return None
-        cfg = self.cfg
-        budget = cfg.max_num_batched_tokens - start
-        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+        head = self._head_chunk(start)
+        if head is None:
             return None
-        req = waiting[0]
-        need = self._chunk(req, budget)
+        req, need, budget = head
         if need is None or (self.reserve_output and not self._fits_whole_output(req)):
             return None
         return req, need, budget
