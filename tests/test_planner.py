@@ -117,6 +117,14 @@ def test_plan_operating_point_is_the_replica_search_scale(tmp_path):
     assert (op["replicas"], op["requests"]) == (n, n * 200)
 
 
+def test_plan_refuses_a_length_split_router():
+    # The replica search goes down to one replica, where length_split has no pool for short prompts.
+    with pytest.raises(ConfigError) as exc:
+        over = {"gpu.replicas": 4, "router": "length_split"}
+        plan("chat-api", SLO(ttft_s=0.5, tpot_s=0.05), over, ["paged"], target_rate=40, workers=1)
+    assert exc.value.key == "router" and "sweep length_split.replicas" in str(exc.value)
+
+
 @pytest.mark.parametrize(
     "over",
     [

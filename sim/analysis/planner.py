@@ -610,6 +610,16 @@ def plan(
             sc.workload.arrival.kind,
             "poisson or gamma: the planner varies workload.arrival.rate",
         )
+    if sc.router == "length_split":
+        # The replica search tries counts down to one, where a pool kept for long prompts leaves none
+        # for the others: length_split.replicas is a count, not a share of the replicas.
+        raise ConfigError(
+            "router",
+            sc.router,
+            "round_robin, least_outstanding or prefix_affinity: the planner varies gpu.replicas, and "
+            "length_split keeps a fixed count of them for long prompts; plan without it, then sweep "
+            "length_split.replicas at the planned replica count (kvsim sweep)",
+        )
     if sc.workload.arrival.max_concurrency is not None:
         # A client cap holds back what the client offers: at any rate the server sees at most that
         # many requests, every one within the SLO, so the search would answer one GPU for any load.
