@@ -69,20 +69,21 @@ def request_outcome(req: Request, slo: SLO) -> tuple[bool, float]:
     """(meets the SLO, slack) of an ended request; the same rule as :func:`sim.analysis.slo.meets`."""
     if req.status != COMPLETED or req.truncated:
         return False, SLACK_CAP
+    ttft_s, tpot_s, e2e_s = (slo.bound(m, req.prompt) for m in ("ttft", "tpot", "e2e"))
     slack = 0.0
-    if slo.ttft_s is not None:
-        slack = max(slack, (req.first_token - req.arrival) / slo.ttft_s)
-    if slo.tpot_s is not None and req.generated > 1:
-        slack = max(slack, (req.finish - req.first_token) / (req.generated - 1) / slo.tpot_s)
-    if slo.e2e_s is not None:
-        slack = max(slack, (req.finish - req.arrival) / slo.e2e_s)
+    if ttft_s is not None:
+        slack = max(slack, (req.first_token - req.arrival) / ttft_s)
+    if tpot_s is not None and req.generated > 1:
+        slack = max(slack, (req.finish - req.first_token) / (req.generated - 1) / tpot_s)
+    if e2e_s is not None:
+        slack = max(slack, (req.finish - req.arrival) / e2e_s)
     ok = True
-    if slo.ttft_s is not None:
-        ok = (req.first_token - req.arrival) <= slo.ttft_s
-    if ok and slo.tpot_s is not None and req.generated > 1:
-        ok = (req.finish - req.first_token) / (req.generated - 1) <= slo.tpot_s
-    if ok and slo.e2e_s is not None:
-        ok = (req.finish - req.arrival) <= slo.e2e_s
+    if ttft_s is not None:
+        ok = (req.first_token - req.arrival) <= ttft_s
+    if ok and tpot_s is not None and req.generated > 1:
+        ok = (req.finish - req.first_token) / (req.generated - 1) <= tpot_s
+    if ok and e2e_s is not None:
+        ok = (req.finish - req.arrival) <= e2e_s
     return bool(ok), min(slack, SLACK_CAP)
 
 

@@ -13,6 +13,9 @@ Definitions (DistServe, Zhong et al. 2024, §2):
   bound". The target is shared by all bounds (attainment is joint), so their percentiles must
   agree, or ``--attainment`` must say which target to use; ``ttft_s=0.5`` (no percentile) takes
   ``--attainment`` or the default 0.9.
+* **Two classes** (``long:ttft_p90_s=5`` with ``--long-prompt-tokens 8192``): a request whose prompt
+  has at least that many tokens meets the ``long:`` bounds where they are given, and the others
+  where not; every other request meets the others. Attainment stays one share of all requests.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from sim.errors import ConfigError
+from sim.limits import MAX_TOKENS
 
 DEFAULT_ATTAINMENT = 0.9
 _METRICS = ("ttft", "tpot", "e2e")
@@ -34,21 +38,63 @@ _SLO_RE = re.compile(r"^(ttft|tpot|e2e)(?:_p(\d{1,2}(?:\.\d+)?))?_s$")
 
 @dataclass(frozen=True)
 class SLO:
-    """Per-request latency bounds (s; ``None`` = no bound) and the attainment target (0–1]."""
+    """Per-request latency bounds (s; ``None`` = no bound) and the attainment target (0–1]; with
+    ``long_prompt_tokens``, the ``long_*`` bounds replace the others for requests whose prompt has
+    at least that many tokens (``None``: the other bound holds for them too)."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
+    long_prompt_tokens: int | None = None
+    long_ttft_s: float | None = None
+    long_tpot_s: float | None = None
+    long_e2e_s: float | None = None
+
+    def bound(self, metric: str, prompt_tokens: int) -> float | None:
+        """The ``metric`` bound (s) of a request with ``prompt_tokens`` prompt tokens (``None``: none)."""
+        if self.long_prompt_tokens is not None and prompt_tokens >= self.long_prompt_tokens:
+            v = getattr(self, f"long_{metric}_s")
+            if v is not None:
+                return v
+        return getattr(self, f"{metric}_s")
+
+    def bounds(self, metric: str, prompt_tokens: np.ndarray) -> np.ndarray | None:
+        """:meth:`bound` per request (``inf`` where a request has none); ``None`` when none has one."""
+        general = getattr(self, f"{metric}_s")
+        long = getattr(self, f"long_{metric}_s") if self.long_prompt_tokens is not None else None
+        if general is None and long is None:
+            return None
+        out = np.full(len(prompt_tokens), math.inf if general is None else float(general))
+        if long is not None:
+            out[prompt_tokens >= self.long_prompt_tokens] = float(long)
+        return out
 
     def describe(self) -> str:
         bounds = [
             f"{m.upper()} ≤ {getattr(self, m + '_s'):g} s" for m in _METRICS if getattr(self, m + "_s") is not None
         ]
-        return f"{percent_text(self.attainment)} of requests with " + " and ".join(bounds)
+        text = f"{percent_text(self.attainment)} of requests with " + (" and ".join(bounds) or "no bound")
+        longs = [
+            f"{m.upper()} ≤ {getattr(self, f'long_{m}_s'):g} s"
+            for m in _METRICS
+            if getattr(self, f"long_{m}_s") is not None
+        ]
+        if self.long_prompt_tokens is not None and longs:
+            text += f" (prompts of {self.long_prompt_tokens}+ tokens: " + " and ".join(longs) + ")"
+        return text
 
     def as_dict(self) -> dict:
-        return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s, "attainment": self.attainment}
+        return {
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s,
+            "attainment": self.attainment,
+            "long_prompt_tokens": self.long_prompt_tokens,
+            "long_ttft_s": self.long_ttft_s,
+            "long_tpot_s": self.long_tpot_s,
+            "long_e2e_s": self.long_e2e_s,
+        }
 
 
 def percent_text(fraction: float) -> str:
@@ -58,21 +104,26 @@ def percent_text(fraction: float) -> str:
     return f"{fraction * 100:.12g}%"
 
 
-def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
-    """``["ttft_p90_s=0.5", "tpot_p90_s=0.05"]`` → :class:`SLO` (see the module docstring)."""
+def parse_slos(items: list[str], attainment: float | None = None, long_prompt_tokens: int | None = None) -> SLO:
+    """``["ttft_p90_s=0.5", "tpot_p90_s=0.05", "long:ttft_p90_s=5"]`` → :class:`SLO` (see the module
+    docstring); ``long:`` entries need ``long_prompt_tokens`` (``--long-prompt-tokens``)."""
     bounds: dict[str, float] = {}
+    long_bounds: dict[str, float] = {}
     percentiles: set[float] = set()
     with_percentile: list[str] = []
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
+        is_long = key.startswith("long:")
+        key = key.removeprefix("long:").strip()
         m = _SLO_RE.match(key)
         if not sep or m is None:
             raise ConfigError(
                 "--slo",
                 item,
                 "METRIC=SECONDS with METRIC one of ttft_s, tpot_s, e2e_s, "
-                "optionally with a percentile: ttft_p90_s, tpot_p99_s",
+                "optionally with a percentile: ttft_p90_s, tpot_p99_s, and long: in front for the "
+                "bound of long prompts (--long-prompt-tokens)",
             )
         try:
             value = float(raw)
@@ -81,9 +132,10 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
         # An infinite bound is no bound: every rate would meet it, and plan.json cannot hold it.
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--slo {key}", raw, _BOUND)
-        if m.group(1) in bounds:
+        target = long_bounds if is_long else bounds
+        if m.group(1) in target:
             raise ConfigError("--slo", item, f"one bound per metric ({m.group(1)} given twice)")
-        bounds[m.group(1)] = value
+        target[m.group(1)] = value
         if m.group(2) is not None:
             pct = float(m.group(2))
             if not pct > 0:
@@ -95,9 +147,25 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
                     "bound, e.g. ttft_p90_s",
                 )
             percentiles.add(pct / 100.0)
-            with_percentile.append(key)
-    if not bounds:
+            with_percentile.append(("long:" if is_long else "") + key)
+    if not bounds and not long_bounds:
         raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
+    if long_prompt_tokens is not None:
+        if isinstance(long_prompt_tokens, bool) or not 1 <= long_prompt_tokens <= MAX_TOKENS:
+            raise ConfigError("--long-prompt-tokens", long_prompt_tokens, f"an integer in [1, {MAX_TOKENS}]")
+        if not long_bounds:
+            raise ConfigError(
+                "--long-prompt-tokens",
+                long_prompt_tokens,
+                "given with at least one bound for long prompts, e.g. --slo long:ttft_p90_s=5",
+            )
+    elif long_bounds:
+        raise ConfigError(
+            "--slo",
+            ", ".join(f"long:{k}" for k in long_bounds),
+            "bounds for long prompts with --long-prompt-tokens N, the prompt length (tokens) from which a "
+            "request is long",
+        )
     if attainment is None:
         if len(percentiles) > 1:
             raise ConfigError(
@@ -109,7 +177,46 @@ def parse_slos(items: list[str], attainment: float | None = None) -> SLO:
         attainment = percentiles.pop() if percentiles else DEFAULT_ATTAINMENT
     if not 0 < attainment <= 1:
         raise ConfigError("--attainment", attainment, "a fraction of requests in (0, 1]")
-    return SLO(ttft_s=bounds.get("ttft"), tpot_s=bounds.get("tpot"), e2e_s=bounds.get("e2e"), attainment=attainment)
+    return SLO(
+        ttft_s=bounds.get("ttft"),
+        tpot_s=bounds.get("tpot"),
+        e2e_s=bounds.get("e2e"),
+        attainment=attainment,
+        long_prompt_tokens=long_prompt_tokens,
+        long_ttft_s=long_bounds.get("ttft"),
+        long_tpot_s=long_bounds.get("tpot"),
+        long_e2e_s=long_bounds.get("e2e"),
+    )
+
+
+def _latencies(requests: pa.Table, slo: SLO) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """``(metric, latency s, bound s)`` per request for each metric the SLO bounds."""
+    from sim.analysis.columns import column
+
+    arrival = column(requests, "arrival_s")
+    first = column(requests, "first_token_s")
+    finish = column(requests, "finish_s")
+    gen = column(requests, "generated_tokens")
+    # Read only where the SLO has classes: a table of latencies alone needs no prompt lengths.
+    prompt = (
+        column(requests, "prompt_tokens")
+        if slo.long_prompt_tokens is not None
+        else np.zeros(requests.num_rows, dtype=np.int64)
+    )
+    out = []
+    for metric in _METRICS:
+        bound = slo.bounds(metric, prompt)
+        if bound is None:
+            continue
+        if metric == "ttft":
+            lat = first - arrival
+        elif metric == "tpot":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lat = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), 0.0)
+        else:
+            lat = finish - arrival
+        out.append((metric, lat, bound))
+    return out
 
 
 def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
@@ -117,20 +224,8 @@ def meets(requests: pa.Table, slo: SLO) -> np.ndarray:
     status = np.asarray(requests.column("status").to_pylist())
     truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
     ok = (status == "completed") & ~truncated
-    from sim.analysis.columns import column
-
-    arrival = column(requests, "arrival_s")
-    first = column(requests, "first_token_s")
-    finish = column(requests, "finish_s")
-    gen = column(requests, "generated_tokens")
-    if slo.ttft_s is not None:
-        ok &= (first - arrival) <= slo.ttft_s
-    if slo.tpot_s is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), 0.0)
-        ok &= tpot <= slo.tpot_s
-    if slo.e2e_s is not None:
-        ok &= (finish - arrival) <= slo.e2e_s
+    for _, lat, bound in _latencies(requests, slo):
+        ok &= lat <= bound
     return ok
 
 
@@ -138,28 +233,16 @@ def miss_shares(requests: pa.Table, slo: SLO) -> dict[str, float]:
     """Share of all requests that miss the SLO, by cause: ``refused`` (not completed), ``truncated``,
     and for requests completed whole each bound they exceed (``ttft``, ``tpot``, ``e2e``, where the
     SLO has it; one request may exceed several). Empty for an empty run."""
-    from sim.analysis.columns import column
-
     n = requests.num_rows
     if not n:
         return {}
     status = np.asarray(requests.column("status").to_pylist())
     done = status == "completed"
     truncated = np.asarray(requests.column("truncated").to_pylist(), dtype=bool)
-    arrival = column(requests, "arrival_s")
-    first = column(requests, "first_token_s")
-    finish = column(requests, "finish_s")
-    gen = column(requests, "generated_tokens")
     out = {"refused": float((~done).sum()) / n, "truncated": float((done & truncated).sum()) / n}
     done &= ~truncated
-    if slo.ttft_s is not None:
-        out["ttft"] = float((done & ((first - arrival) > slo.ttft_s)).sum()) / n
-    if slo.tpot_s is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            tpot = np.where(gen > 1, (finish - first) / np.maximum(gen - 1, 1), 0.0)
-        out["tpot"] = float((done & (tpot > slo.tpot_s)).sum()) / n
-    if slo.e2e_s is not None:
-        out["e2e"] = float((done & ((finish - arrival) > slo.e2e_s)).sum()) / n
+    for metric, lat, bound in _latencies(requests, slo):
+        out[metric] = float((done & (lat > bound)).sum()) / n
     return out
 
 

@@ -20,13 +20,19 @@ def plan_command(
     slo: list[str] = typer.Option(
         ...,
         "--slo",
-        help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05 "
-        "(repeatable; see docs/sweeps.md for what pNN means).",
+        help="Per-request bound, e.g. ttft_p90_s=0.5, tpot_p90_s=0.05, long:ttft_p90_s=5 "
+        "(repeatable; see docs/sweeps.md for what pNN and long: mean).",
     ),
     attainment: float | None = typer.Option(
         None,
         "--attainment",
         help="Fraction of requests that must meet every bound (default: the pNN of the SLO names, or 0.9).",
+    ),
+    long_prompt_tokens: int | None = typer.Option(
+        None,
+        "--long-prompt-tokens",
+        help="Prompts of at least this many tokens are long: they meet the --slo long:METRIC=SECONDS "
+        "bounds where given (e.g. long:ttft_p90_s=5), the others where not.",
     ),
     allocators: str | None = typer.Option(
         None,
@@ -89,7 +95,7 @@ def plan_command(
     from sim.config import parse_override
 
     try:
-        slo_ = parse_slos(slo, attainment)
+        slo_ = parse_slos(slo, attainment, long_prompt_tokens)
         rate = _target_rate(target_rate)
         overrides = dict(parse_override(i) for i in set_ or [])
         if model is not None:
