@@ -307,6 +307,16 @@ class _Runner:
             self._keep(key, self._record(rate, replicas, seed, res, att, True, res.requests.num_rows), res)
         return self._results[key]
 
+    def limits(self) -> None:
+        """Fill in :attr:`saturation` and :attr:`tail_room` where unknown, at the base replica count
+        and the scenario's rate (one draw of the workload for both)."""
+        if self.saturation is None or self.tail_room is None:
+            from sim.analysis.saturation import load_limits
+
+            sat, room = load_limits(self.scenario(self.task["start_rate"], self.base_replicas))
+            self.saturation = sat if self.saturation is None else self.saturation
+            self.tail_room = room if self.tail_room is None else self.tail_room
+
     def quick(self, rate: float, replicas: int, seed: int = 0) -> dict:
         """A run stopped as soon as its answer is decided (:mod:`sim.analysis.sequential`): on a
         statistical pass only well below saturation (:data:`TESTED_MAX_LOAD`). A run that
@@ -321,16 +331,10 @@ class _Runner:
         sc = self.scenario(rate, replicas, seed)
         n = sc.workload.num_requests if sc.workload.duration_s is None else len(build_workload(sc))
         sat = self.saturation
-        if self.tail_room is None:
-            from sim.analysis.saturation import tail_room
-
-            self.tail_room = tail_room(self.scenario(self.task["start_rate"], self.base_replicas))
-        tested_pass = bool(
-            sat
-            and math.isfinite(sat)
-            and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas
-            and self.tail_room >= MIN_TAIL_ROOM
-        )
+        tested_pass = bool(sat and math.isfinite(sat) and rate / replicas <= TESTED_MAX_LOAD * sat / self.base_replicas)
+        if tested_pass:
+            self.limits()
+            tested_pass = self.tail_room is not None and self.tail_room >= MIN_TAIL_ROOM
         test = AttainmentTest(self.slo, n, self.task["confidence"], tested_pass=tested_pass)
         res = simulate(sc, budget=self.budget, stop=test)
         test.finish()
@@ -380,13 +384,11 @@ def _search_seed(runner: _Runner, task: dict, seed: int, start: float) -> tuple[
 
 
 def _guided_start(runner: _Runner, task: dict) -> float:
-    from sim.analysis.saturation import saturation_rate
-
-    if runner.saturation is None:
-        runner.saturation = saturation_rate(runner.scenario(task["start_rate"], runner.base_replicas))
+    runner.limits()
     if task.get("hint_goodput"):
         return float(task["hint_goodput"])
     sat = runner.saturation
+    assert sat is not None  # limits() filled it in
     return START_FRACTION * sat if math.isfinite(sat) and sat > 0 else task["start_rate"]
 
 

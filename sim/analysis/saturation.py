@@ -33,13 +33,27 @@ from sim.config import Scenario
 from sim.cost.model import BatchShape
 
 
-def saturation_rate(sc: Scenario) -> float:
-    """Estimated saturation arrival rate of ``sc``'s deployment, requests/s (all replicas)."""
+def _sized(sc: Scenario):
+    """``sc``'s workload and deployment (what both estimates read)."""
     from sim.engine.deployment import Deployment
     from sim.workload.generator import build_workload, total_length_percentile
 
     wl = build_workload(sc)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
+    return wl, Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
+
+
+def load_limits(sc: Scenario) -> tuple[float, float]:
+    """:func:`saturation_rate` and :func:`tail_room` of ``sc`` from one draw of its workload."""
+    wl, dep = _sized(sc)
+    return _saturation(sc, wl, dep), _tail_room(sc, wl, dep)
+
+
+def saturation_rate(sc: Scenario) -> float:
+    """Estimated saturation arrival rate of ``sc``'s deployment, requests/s (all replicas)."""
+    return _saturation(sc, *_sized(sc))
+
+
+def _saturation(sc: Scenario, wl, dep) -> float:
     cost = dep.make_cost_model(sc)
     sched = dep.scheduler or sc.scheduler
     keep = wl.prompt_tokens + wl.output_tokens <= sc.workload.max_model_len
@@ -71,11 +85,10 @@ def tail_room(sc: Scenario) -> float:
     whole KV capacity otherwise. "Longest" is the 99th percentile of total tokens of the lengths the
     workload is drawn from (:meth:`sim.workload.generator.Workload.reference_lengths`), among the
     requests the memory serves."""
-    from sim.engine.deployment import Deployment
-    from sim.workload.generator import build_workload, total_length_percentile
+    return _tail_room(sc, *_sized(sc))
 
-    wl = build_workload(sc)
-    dep = Deployment.from_scenario(sc, lambda q: total_length_percentile(wl, q))
+
+def _tail_room(sc: Scenario, wl, dep) -> float:
     a, cap = sc.allocator, float(dep.kv_capacity_tokens)
     p, o = wl.reference_lengths()
     total = (p + o).astype(np.float64)

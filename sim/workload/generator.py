@@ -10,7 +10,7 @@ become due; the engine sends each when fewer than that many are in flight.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class Workload:
     #: What the lengths were drawn from, and the scenario (for :meth:`reference_lengths`).
     sampler: LengthSampler | None = None
     scenario: Scenario | None = None
+    #: :meth:`reference_lengths` once drawn: a reservation, a length threshold and a predictor
+    #: each ask for it.
+    _reference: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -75,6 +78,8 @@ class Workload:
         requests: every row of a trace or length-stats file, or :data:`REFERENCE_SAMPLE` draws of a
         distribution from a stream of its own (shared prefixes added as the workload adds them).
         What a length predictor may be fitted on (``sim/workload/predictor.py``)."""
+        if self._reference is not None:
+            return self._reference
         assert self.sampler is not None and self.scenario is not None, "a Workload from build_workload"
         sc = self.scenario
         rng = np.random.default_rng(np.random.SeedSequence(sc.seed).spawn(_REFERENCE_STREAM + 1)[_REFERENCE_STREAM])
@@ -82,6 +87,7 @@ class Workload:
         pre = sc.workload.prefix
         if pre.fraction > 0:
             p = p + np.where(rng.random(len(p)) < pre.fraction, pre.prefix_tokens, 0)
+        self._reference = (p, o)
         return p, o
 
 
@@ -335,7 +341,7 @@ def _add_client_timing(sc: Scenario, wl: Workload) -> None:
 def total_length_percentile(wl: Workload, q: float) -> int:
     """The ``q``-th percentile of prompt + output tokens, in tokens, over the lengths the workload
     is drawn from (:meth:`Workload.reference_lengths`), not over its own requests: a reservation
-    sized as ``p95`` must not move with ``num_requests`` or the seed, or one plan or sweep would
-    compare deployments that reserve different amounts for the same traffic."""
+    sized as ``p95`` must not move with ``num_requests``, or one plan or sweep would compare
+    deployments that reserve different amounts for the same traffic."""
     p, o = wl.reference_lengths()
     return int(np.ceil(np.percentile(p + o, q)))
