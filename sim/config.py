@@ -713,29 +713,27 @@ def file_fields() -> set[str]:
 # --- loading --------------------------------------------------------------------------
 
 
+def _section_at(parts: tuple) -> type[BaseModel] | None:
+    """The section model at a dotted location of the schema (``()``: the scenario itself), or
+    ``None`` where a part is no field or names a value."""
+    model: type[BaseModel] | None = Scenario
+    for part in parts:
+        info = model.model_fields.get(part) if model is not None else None
+        if info is None:
+            return None
+        model = sub_model(info.annotation)
+    return model
+
+
 def _allowed_keys(loc: tuple) -> list[str]:
-    model: Any = Scenario
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return []
-        nxt = sub_model(field.annotation)
-        if nxt is None:
-            return []
-        model = nxt
-    return list(getattr(model, "model_fields", {}))
+    model = _section_at(loc[:-1])
+    return list(model.model_fields) if model is not None else []
 
 
 def _field_info(loc: tuple) -> Any:
     """The pydantic ``FieldInfo`` at a (dotted) location of the schema, or ``None``."""
-    model: Any = Scenario
-    info = None
-    for part in loc:
-        info = getattr(model, "model_fields", {}).get(part)
-        if info is None:
-            return None
-        model = sub_model(info.annotation)
-    return info
+    model = _section_at(loc[:-1]) if loc else None
+    return model.model_fields.get(loc[-1]) if model is not None else None
 
 
 def _num(x: float) -> str:
