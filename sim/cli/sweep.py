@@ -85,6 +85,10 @@ def sweep_command(
         raise typer.Exit(1)
 
 
+#: Points whose results ``kvsim sweep`` prints.
+LIMIT = 40
+
+
 def _print_results(console, res) -> None:
     """Each point's axis values and headline metrics (the first :data:`LIMIT` points)."""
     from rich.table import Table
@@ -103,10 +107,6 @@ def _print_results(console, res) -> None:
     console.print(t)
     if table.num_rows > LIMIT:
         console.print(f"… and {table.num_rows - LIMIT} more points in the dataset", highlight=False)
-
-
-#: Points whose results ``kvsim sweep`` prints.
-LIMIT = 40
 
 
 def _main() -> None:
