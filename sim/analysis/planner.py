@@ -135,8 +135,8 @@ TESTED_MAX_LOAD = 0.8
 #: Nor when fewer than this many of the workload's longest requests fit at once in the memory
 #: that holds them (:func:`sim.analysis.saturation.tail_room`): two long requests that coincide
 #: then queue or preempt each other, which is rare enough not to show in a run's first requests
-#: (a static p95 reservation with a fallback region holding 1.6 of them passed runs after 450 of
-#: 800 requests at 0.92 attainment whose complete runs reached 0.56-0.73).
+#: (with a static p95 reservation and a fallback region holding 1.6 of them, the test would pass
+#: runs after 450 of 800 requests at 0.92 attainment whose complete runs reach 0.56-0.73).
 MIN_TAIL_ROOM = 2.0
 
 
