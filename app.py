@@ -96,6 +96,12 @@ def cached_run(key: str, _progress=None) -> X.RunData:
     return X.run_canonical(key, _progress)
 
 
+@st.cache_data(max_entries=16, show_spinner=False)
+def cached_breakdown(key: str) -> dict:
+    """Where a run's iteration time goes: one step-mode run per resolved scenario."""
+    return X.step_breakdown(key)
+
+
 @st.cache_resource
 def _prewarm_queue() -> XP.PrewarmQueue:
     """One queue for the whole server: at most one background run at once (sim/explorer/prewarm.py)."""
@@ -549,7 +555,27 @@ def page_explore() -> None:
     figs = run_figures(rd if rd is not None else X.empty_run())
     render_charts(figs)
     if rd is not None:
+        breakdown_panel(rd)
         downloads(rd, figs)
+
+
+def breakdown_panel(rd: X.RunData) -> None:
+    with st.expander("Where the iteration time goes"):
+        st.caption(
+            "GEMMs, attention and what the paged layout adds to it, all-reduce, host time, the allocator's "
+            "work: the run priced iteration by iteration (engine.mode step: the same results, a little slower)."
+        )
+        if st.button("Split this run's time", key="breakdown_run"):
+            try:
+                S.breakdown = (rd.key, cached_breakdown(rd.key))
+            except ConfigError as exc:
+                S.breakdown = (rd.key, X.error_text(exc))
+        got = S.get("breakdown")
+        if got is not None and got[0] == rd.key:
+            if isinstance(got[1], str):
+                st.error(got[1])
+            else:
+                st.plotly_chart(plots.step_breakdown(got[1]), key="chart_breakdown", theme=None)
 
 
 # --- Compare --------------------------------------------------------------------------------
@@ -686,7 +712,8 @@ def page_sweeps() -> None:
     else:
         st.caption(
             f"Sweeps the Explore scenario (**{S.base_label}** with the sidebar knobs) over one or two axes; "
-            "keep it small: every point is a full run."
+            "keep it small: every point is a full run. With an SLO in the sidebar, each point's share of "
+            "requests meeting it is the column slo.attainment."
         )
         axes = X.SWEEP_AXES
         c1, c2 = st.columns(2)
@@ -695,7 +722,8 @@ def page_sweeps() -> None:
         a2 = c2.selectbox("Axis 2", ["(none)", *axes], index=2, key="sw_a2")
         v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}", disabled=a2 == "(none)")
         n_req = st.number_input("Requests per point", 50, 5000, 300, 50, key="sw_n")
-        sweep_inputs = action_inputs(a1, v1, a2, v2 if a2 != "(none)" else "", int(n_req))
+        slo_knobs = {k: S.knobs[k] for k in X.DEFAULT_SLO}  # each point's SLO attainment follows the sidebar
+        sweep_inputs = action_inputs(a1, v1, a2, v2 if a2 != "(none)" else "", int(n_req), slo_knobs)
         if st.button("▶ Run sweep", type="primary", key="sweep_run"):
             bar = st.progress(0.0, text="sweeping…")
             try:
@@ -709,6 +737,7 @@ def page_sweeps() -> None:
                     int(n_req),
                     store(),
                     progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"),
+                    slo=X.slo_from_knobs(S.knobs),
                 )
                 S.sweep_table = XD.public_table(table, (str(store().dir),))
                 S.sweep_inputs = sweep_inputs

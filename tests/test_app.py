@@ -64,6 +64,21 @@ def test_explore_allocator_changes_kpis(at):
     assert metrics(at) == static
 
 
+def test_explore_splits_a_runs_iteration_time(at):
+    small_run(at)
+    assert charts(at) == 5
+    at.button(key="breakdown_run").click().run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert charts(at) == 6
+    key, breakdown = at.session_state["breakdown"]
+    assert sum(breakdown["seconds"].values()) == pytest.approx(breakdown["busy_s"])
+    assert breakdown["seconds"]["linear"] > 0 and breakdown["seconds"]["attention"] > 0
+    # Another scenario: the split of the old run is not shown for it.
+    at.selectbox(key="knob.allocator.kind").set_value("static").run()
+    small_run(at)
+    assert charts(at) == 5
+
+
 def test_knobs_changed_marks_results_stale(at):
     small_run(at)
     at.number_input(key="knob.workload.arrival.rate").set_value(3.0).run()

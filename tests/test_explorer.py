@@ -382,6 +382,21 @@ def test_small_sweep_from_the_page(store):
         )
 
 
+def test_the_page_sweep_judges_each_point_against_the_sidebar_slo(store):
+    from sim.analysis.slo import SLO
+
+    slo = SLO(ttft_s=0.05, tpot_s=0.02, attainment=0.8)
+    table, failures = X.run_small_sweep(SMALL, {"workload.arrival.rate": [2, 50]}, 40, store, slo=slo)
+    assert not failures
+    rows = sorted(table.to_pylist(), key=lambda r: r["workload.arrival.rate"])
+    assert all(0 <= r["slo.attainment"] <= 1 and r["slo.met"] == (r["slo.attainment"] >= 0.8) for r in rows)
+    assert rows[0]["slo.attainment"] >= rows[1]["slo.attainment"]
+    assert "slo.attainment" in X.numeric_columns(table)
+    # No bound in the sidebar: no SLO columns.
+    plain, _ = X.run_small_sweep(SMALL, {"workload.arrival.rate": [2, 50]}, 40, store, slo=SLO())
+    assert "slo.attainment" not in plain.column_names
+
+
 def test_sweep_axis_the_allocator_ignores_is_refused(store):
     """Sweeping a key the scenario's allocator kind does not read would give identical points."""
     static = apply_overrides(SMALL, {"allocator.kind": "static"})

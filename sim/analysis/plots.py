@@ -238,6 +238,30 @@ def step_latency(timeseries: pa.Table) -> Figure:
     return fig
 
 
+def step_breakdown(breakdown: Mapping) -> Figure:
+    """Where the busy time went (``summary.json`` ``step_time_breakdown``): one bar per part,
+    largest first, seconds with the share on hover."""
+    go = graph_objects()
+    seconds = {k: float(v) for k, v in breakdown.get("seconds", {}).items() if v}
+    order = sorted(seconds, key=lambda k: -abs(seconds[k]))
+    busy = float(breakdown.get("busy_s") or 0.0)
+    fig = go.Figure(
+        go.Bar(
+            x=[seconds[k] for k in order],
+            y=order,
+            orientation="h",
+            text=[f"{seconds[k] / busy:.1%}" if busy > 0 else "" for k in order],
+            textposition="auto",
+        )
+    )
+    fig.update_layout(
+        title=f"Where the busy time went ({busy:.4g} s over {breakdown.get('iterations', '?')} iterations)",
+        xaxis_title="seconds (all replicas)",
+        yaxis=dict(autorange="reversed"),
+    )
+    return fig
+
+
 def decode_only_mask(timeseries: pa.Table) -> np.ndarray:
     """Rows whose iterations computed one token per running sequence and nothing else."""
     return column(timeseries, "batch_tokens") == column(timeseries, "running")

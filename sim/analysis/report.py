@@ -21,7 +21,7 @@ from sim.output.results import replace_file
 from sim.output.staging import out_dir
 
 #: Heatmap metrics when ``--z`` is not given.
-DEFAULT_Z = ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", "kv_token_utilization")
+DEFAULT_Z = ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", "kv_token_utilization", "slo.attainment")
 _STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:.9em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.fig{margin:1.5em 0}"""
@@ -157,6 +157,10 @@ def report_run(run_dir: str | Path, png: bool = False, out: str | Path | None = 
     d = Path(run_dir)
     summary = _json_file(d / "summary.json", "run summary.json") if (d / "summary.json").is_file() else {}
     figs = run_figures(pq.read_table(d / "requests.parquet"), pq.read_table(d / "timeseries.parquet"))
+    if isinstance(summary.get("step_time_breakdown"), dict):  # kvsim run --step-breakdown
+        from sim.analysis.plots import step_breakdown
+
+        figs["step_breakdown"] = step_breakdown(summary["step_time_breakdown"])
     rows = []
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         if key in summary:
@@ -310,7 +314,7 @@ def sweep_figures(
             t_series, "throughput_tokens_per_s", metric, color, by=x or "", with_by=with_x, order=order
         )
     if x is not None:
-        for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s"):
+        for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", *_slo_metrics(ok)):
             figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color, with_by=with_x, order=order)
     if x is not None and y is not None:
         shown = {x, y, *with_x, *_partners(zips, y, vary)}
@@ -331,6 +335,22 @@ def sweep_figures(
                 )
                 break
     return figs
+
+
+def _slo_metrics(table: pa.Table) -> list[str]:
+    """The SLO attainment columns of a sweep run with an ``slo`` (none without): all requests', then
+    each prompt class's."""
+    return [c for c in ("slo.attainment", "slo.attainment.short", "slo.attainment.long") if c in table.column_names]
+
+
+def _slo_text(data: object) -> str | None:
+    """:meth:`SLO.describe` of the SLO a sweep's ``_sweep.json`` records (``None``: none, or not one kvsim wrote)."""
+    from sim.analysis.slo import SLO
+
+    try:
+        return SLO(**data).describe() if isinstance(data, dict) else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _zip_groups(meta: dict, where: str) -> list[list[str]]:
@@ -371,6 +391,12 @@ def report_sweep(
         "but their seed are averaged: a curve per combination of the other axes, a heatmap panel per "
         "combination of the axes other than its x and y.</p>"
     )
+    slo = _slo_text(meta.get("slo"))
+    if slo:
+        intro += (
+            f"<p>SLO: {html.escape(slo)}. slo.attainment is the share of all requests that met it; "
+            "slo.attainment.long and .short, where the SLO has two classes, the share of each class.</p>"
+        )
     tab = None
     if failed:
         tab = (

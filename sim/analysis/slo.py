@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,20 +105,59 @@ def percent_text(fraction: float) -> str:
     return f"{fraction * 100:.12g}%"
 
 
+@dataclass(frozen=True)
+class _Names:
+    """How the user spelled the SLO, for the errors: command-line flags or a sweep file's keys."""
+
+    slo: str
+    attainment: str
+    long_tokens: str
+    example: str
+    long_example: str
+    #: ``True``: entries are ``key: value`` under ``slo`` (``long`` a mapping of its own); else ``KEY=VALUE``.
+    mapping: bool = False
+
+    def entry(self, key: str, is_long: bool) -> str:
+        if self.mapping:
+            return f"{self.slo}.{'long.' if is_long else ''}{key}"
+        return f"{self.slo} {'long:' if is_long else ''}{key}"
+
+    def item(self, key: str, is_long: bool, raw: object) -> str:
+        return f"{self.entry(key, is_long)}: {raw}" if self.mapping else f"{'long:' if is_long else ''}{key}={raw}"
+
+    def named(self, key: str, is_long: bool) -> str:
+        return self.entry(key, is_long) if self.mapping else f"{'long:' if is_long else ''}{key}"
+
+
+_FLAGS = _Names(
+    "--slo",
+    "--attainment",
+    "--long-prompt-tokens",
+    "--slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05",
+    "--slo long:ttft_p90_s=5",
+)
+_SWEEP = _Names(
+    "slo",
+    "slo.attainment",
+    "slo.long_prompt_tokens",
+    "slo: {ttft_p90_s: 0.5, tpot_p90_s: 0.05}",
+    "slo.long: {ttft_p90_s: 5}",
+    mapping=True,
+)
+#: The keys of a sweep file's ``slo`` mapping besides the bounds.
+SLO_MAPPING_KEYS = ("attainment", "long_prompt_tokens", "long")
+
+
 def parse_slos(items: list[str], attainment: float | None = None, long_prompt_tokens: int | None = None) -> SLO:
     """``["ttft_p90_s=0.5", "tpot_p90_s=0.05", "long:ttft_p90_s=5"]`` → :class:`SLO` (see the module
     docstring); ``long:`` entries need ``long_prompt_tokens`` (``--long-prompt-tokens``)."""
-    bounds: dict[str, float] = {}
-    long_bounds: dict[str, float] = {}
-    percentiles: set[float] = set()
-    with_percentile: list[str] = []
+    entries = []
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
         is_long = key.startswith("long:")
         key = key.removeprefix("long:").strip()
-        m = _SLO_RE.match(key)
-        if not sep or m is None:
+        if not sep or _SLO_RE.match(key) is None:
             raise ConfigError(
                 "--slo",
                 item,
@@ -125,58 +165,112 @@ def parse_slos(items: list[str], attainment: float | None = None, long_prompt_to
                 "optionally with a percentile: ttft_p90_s, tpot_p99_s, and long: in front for the "
                 "bound of long prompts (--long-prompt-tokens)",
             )
+        entries.append((key, is_long, raw))
+    return _build(entries, attainment, long_prompt_tokens, _FLAGS)
+
+
+def slo_from_mapping(data: object) -> SLO:
+    """A sweep file's ``slo`` mapping → :class:`SLO`: the bounds as keys (``ttft_p90_s: 0.5``),
+    optionally ``attainment``, ``long_prompt_tokens`` and ``long`` (a mapping of bounds for long
+    prompts), read as :func:`parse_slos` reads the flags; errors name ``slo.<key>``."""
+    what = (
+        "a mapping of latency bounds in seconds, e.g. slo: {ttft_p90_s: 0.5, tpot_p90_s: 0.05}, optionally "
+        "with attainment, long_prompt_tokens and long: {ttft_p90_s: 5}"
+    )
+    if not isinstance(data, dict):
+        raise ConfigError("slo", data, what)
+    allowed = "ttft_s, tpot_s, e2e_s, optionally with a percentile (ttft_p90_s, tpot_p99_s); " + ", ".join(
+        SLO_MAPPING_KEYS
+    )
+    entries: list[tuple[str, bool, object]] = []
+    long = data.get("long")
+    if long is not None and not isinstance(long, dict):
+        raise ConfigError("slo.long", long, "a mapping of bounds for long prompts, e.g. {ttft_p90_s: 5}")
+    for is_long, section in ((False, data), (True, long or {})):
+        for key, raw in section.items():
+            if not is_long and key in SLO_MAPPING_KEYS:
+                continue
+            if not isinstance(key, str) or _SLO_RE.match(key) is None:
+                where = "slo.long" if is_long else "slo"
+                raise ConfigError(
+                    f"{where}.{key}", raw, "a bound named " + (allowed.split(";")[0] if is_long else allowed)
+                )
+            entries.append((key, is_long, raw))
+    attainment = data.get("attainment")
+    if attainment is not None and (isinstance(attainment, bool) or not isinstance(attainment, (int, float))):
+        raise ConfigError("slo.attainment", attainment, "a fraction of requests in (0, 1]")
+    tokens = data.get("long_prompt_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)):
+        raise ConfigError("slo.long_prompt_tokens", tokens, f"an integer in [1, {MAX_TOKENS}]")
+    return _build(entries, attainment, tokens, _SWEEP)
+
+
+def _build(
+    entries: Sequence[tuple[str, bool, object]], attainment: float | None, long_prompt_tokens: int | None, names: _Names
+) -> SLO:
+    """The checks and the :class:`SLO` of :func:`parse_slos` and :func:`slo_from_mapping`:
+    ``entries`` are ``(bound key, for long prompts, value as given)`` with keys already matched."""
+    bounds: dict[str, float] = {}
+    long_bounds: dict[str, float] = {}
+    percentiles: set[float] = set()
+    with_percentile: list[str] = []
+    for key, is_long, raw in entries:
+        m = _SLO_RE.match(key)
+        assert m is not None
         try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"--slo {key}", raw, _BOUND) from None
+            value = float(raw) if not isinstance(raw, bool) else math.nan  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ConfigError(names.entry(key, is_long), raw, _BOUND) from None
         # An infinite bound is no bound: every rate would meet it, and plan.json cannot hold it.
         if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--slo {key}", raw, _BOUND)
+            raise ConfigError(names.entry(key, is_long), raw, _BOUND)
         target = long_bounds if is_long else bounds
         if m.group(1) in target:
-            raise ConfigError("--slo", item, f"one bound per metric ({m.group(1)} given twice)")
+            raise ConfigError(
+                names.slo, names.item(key, is_long, raw), f"one bound per metric ({m.group(1)} given twice)"
+            )
         target[m.group(1)] = value
         if m.group(2) is not None:
             pct = float(m.group(2))
             if not pct > 0:
-                # Checked here, not as --attainment below: the user typed this entry, not that flag.
+                # Checked here, not as the attainment below: the user typed this entry, not that one.
                 raise ConfigError(
-                    "--slo",
-                    item,
+                    names.slo,
+                    names.item(key, is_long, raw),
                     "a percentile in (0, 100) in the name, the share of requests that must meet the "
                     "bound, e.g. ttft_p90_s",
                 )
             percentiles.add(pct / 100.0)
-            with_percentile.append(("long:" if is_long else "") + key)
+            with_percentile.append(names.named(key, is_long))
     if not bounds and not long_bounds:
-        raise ConfigError("--slo", None, "at least one bound, e.g. --slo ttft_p90_s=0.5 --slo tpot_p90_s=0.05")
+        raise ConfigError(names.slo, None, f"at least one bound, e.g. {names.example}")
     if long_prompt_tokens is not None:
         if isinstance(long_prompt_tokens, bool) or not 1 <= long_prompt_tokens <= MAX_TOKENS:
-            raise ConfigError("--long-prompt-tokens", long_prompt_tokens, f"an integer in [1, {MAX_TOKENS}]")
+            raise ConfigError(names.long_tokens, long_prompt_tokens, f"an integer in [1, {MAX_TOKENS}]")
         if not long_bounds:
             raise ConfigError(
-                "--long-prompt-tokens",
+                names.long_tokens,
                 long_prompt_tokens,
-                "given with at least one bound for long prompts, e.g. --slo long:ttft_p90_s=5",
+                f"given with at least one bound for long prompts, e.g. {names.long_example}",
             )
     elif long_bounds:
         raise ConfigError(
-            "--slo",
-            ", ".join(f"long:{k}" for k in long_bounds),
-            "bounds for long prompts with --long-prompt-tokens N, the prompt length (tokens) from which a "
-            "request is long",
+            names.slo,
+            ", ".join(names.named(k, True) for k in long_bounds),
+            f"bounds for long prompts with {names.long_tokens}{'' if names.mapping else ' N'}, the prompt length "
+            "(tokens) from which a request is long",
         )
     if attainment is None:
         if len(percentiles) > 1:
             raise ConfigError(
-                "--slo",
+                names.slo,
                 ", ".join(with_percentile),
                 "one percentile for all bounds (the SLO is joint: one share of requests meets every "
-                "bound), e.g. ttft_p90_s and tpot_p90_s; or give --attainment, which overrides them",
+                f"bound), e.g. ttft_p90_s and tpot_p90_s; or give {names.attainment}, which overrides them",
             )
         attainment = percentiles.pop() if percentiles else DEFAULT_ATTAINMENT
     if not 0 < attainment <= 1:
-        raise ConfigError("--attainment", attainment, "a fraction of requests in (0, 1]")
+        raise ConfigError(names.attainment, attainment, "a fraction of requests in (0, 1]")
     return SLO(
         ttft_s=bounds.get("ttft"),
         tpot_s=bounds.get("tpot"),
@@ -250,3 +344,22 @@ def attainment(requests: pa.Table, slo: SLO) -> float:
     """Fraction of all requests that meet ``slo`` (0 for an empty run)."""
     n = requests.num_rows
     return float(meets(requests, slo).sum()) / n if n else 0.0
+
+
+def slo_columns(requests: pa.Table, slo: SLO) -> dict[str, float | bool | None]:
+    """A run's SLO figures as a sweep's dataset holds them: ``slo.attainment`` (share of all
+    requests meeting the SLO), ``slo.met`` (attainment ≥ the target), ``slo.miss.<cause>``
+    (:func:`miss_shares`) and, with classes, ``slo.attainment.long`` / ``slo.attainment.short``:
+    the share of long-prompt (other) requests meeting their bounds (``None`` where the run has none)."""
+    ok = meets(requests, slo)
+    n = requests.num_rows
+    share = float(ok.sum()) / n if n else 0.0
+    out: dict[str, float | bool | None] = {"slo.attainment": share, "slo.met": bool(n) and share >= slo.attainment}
+    out.update({f"slo.miss.{k}": v for k, v in miss_shares(requests, slo).items()})
+    if slo.long_prompt_tokens is not None:
+        from sim.analysis.columns import column
+
+        long = column(requests, "prompt_tokens") >= slo.long_prompt_tokens
+        for name, rows in (("long", long), ("short", ~long)):
+            out[f"slo.attainment.{name}"] = float(ok[rows].mean()) if rows.any() else None
+    return out

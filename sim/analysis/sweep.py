@@ -13,6 +13,9 @@ A sweep file (YAML, format in ``docs/sweeps.md``)::
       allocator.block_size: [16, 32]
       scheduler.max_num_seqs: [128, 256]
     seeds: 3                       # replicates: seed = base seed + i
+    slo:                           # optional: each point's attainment of this SLO (slo.* columns)
+      ttft_p90_s: 0.5
+      tpot_p90_s: 0.05
 
 Points = product(grid axes, each zip group) × seeds. An axis is a list of values, or a
 mapping ``label: value`` (the label is what the dataset column holds; use it for whole
@@ -79,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sim.analysis.slo import SLO, slo_columns, slo_from_mapping
 from sim.config import (
     AllocatorConfig,
     ArrivalConfig,
@@ -100,7 +104,7 @@ from sim.output.staging import out_dir
 if TYPE_CHECKING:
     from sim.analysis.worker_lifetime import WorkerPool
 
-SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds")
+SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "slo")
 META_FILE = "_sweep.json"
 #: Finished points of earlier sweeps into the folder that the current sweep file no longer has.
 DROPPED_DIR = "_dropped"
@@ -139,6 +143,8 @@ class Point:
     scenario: dict | None
     base_dir: str
     error: str | None = None
+    #: The sweep's SLO (:meth:`SLO.as_dict`), judged on the point's requests; ``None`` without one.
+    slo: dict | None = None
 
 
 @dataclass
@@ -152,6 +158,8 @@ class SweepSpec:
     #: Each group multiplies the number of points: one grid axis, or one zip group of paired axes.
     groups: list[list[Axis]]
     seeds: int | None
+    #: Each point's requests are judged against it (``slo.*`` columns); ``None``: the sweep has none.
+    slo: SLO | None = None
 
     @property
     def axes(self) -> list[Axis]:
@@ -196,7 +204,9 @@ class SweepSpec:
                     arrivals.append(sc.workload.arrival)
                     dump = canonical_scenario(sc)
                     params = {ax.key: _ran_with(ax, i, dump) for g, i in zip(self.groups, combo) for ax in g}
-                    point = Point(len(out), point_id(sc), sc.seed, params, dump, str(self.base_dir))
+                    slo = self.slo.as_dict() if self.slo is not None else None
+                    pid = point_id(sc, slo)
+                    point = Point(len(out), pid, sc.seed, params, dump, str(self.base_dir), slo=slo)
                 if point.point_id in seen:
                     # Two spellings of one scenario ([8, "8"], gpu names that alias): one point run
                     # twice under two labels, or silently once. Distinct values are asked for.
@@ -279,7 +289,7 @@ def canonical_scenario(sc: Scenario) -> dict:
     return set_keys(sc)
 
 
-def point_id(sc: Scenario) -> str:
+def point_id(sc: Scenario, slo: dict | None = None) -> str:
     """Stable id of a scenario: 16 hex digits of the SHA-256 of the canonical JSON of its resolved
     values (every key, defaults filled) together with the keys it sets (:func:`canonical_scenario`)
     and, where it names files of the user's (a trace, a terms file, a model's config, a profile;
@@ -287,8 +297,13 @@ def point_id(sc: Scenario) -> str:
     in whether a key is set or in what a named file holds get different ids: a sweep rerun after such
     a file was edited runs those points again instead of reusing what the old file gave. A dataset
     whose ids hash the resolved values alone (as older kvsim releases wrote them) shares no id with
-    these: a sweep rerun into it runs every point again and moves its rows to ``_dropped/``."""
+    these: a sweep rerun into it runs every point again and moves its rows to ``_dropped/``.
+
+    ``slo`` (:meth:`SLO.as_dict`), where the sweep judges its points against one, is hashed too: the
+    dataset keeps each point's SLO figures, not its requests, so another SLO runs the point again."""
     data: dict[str, Any] = {"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)}
+    if slo is not None:  # only then: a sweep without one keeps the ids it always had
+        data["slo"] = slo
     files = {key: _file_digest(path) for key, path in user_files(sc).items()}
     if files:  # only then: a scenario naming none has the same id in datasets whose ids leave files out
         data["files"] = files
@@ -495,7 +510,8 @@ def load_sweep(path: str | Path) -> SweepSpec:
     else:
         # The file's stem, made safe as a directory name (sweeps/<name>).
         name = re.sub(r"[^A-Za-z0-9_.+=@,-]", "_", p.stem).lstrip(".").replace("..", "_")[:128] or "sweep"
-    return SweepSpec(p, str(name), base, base_data, Path(base_dir), dict(fixed), groups, seeds)
+    slo = slo_from_mapping(data["slo"]) if data.get("slo") is not None else None
+    return SweepSpec(p, str(name), base, base_data, Path(base_dir), dict(fixed), groups, seeds, slo)
 
 
 # --- running a point ------------------------------------------------------------------
@@ -526,8 +542,11 @@ def run_point(task: dict) -> dict:
     try:
         sc = scenario_from_dict(task["scenario"], base_dir=task["base_dir"])
         budget = task.get("budget")
-        summary = simulate(sc, budget=RunBudget(**budget) if budget else None).summary
-        return {"status": "ok", "error": None, "metrics": flatten_summary(summary), "wall_s": time.perf_counter() - t0}
+        result = simulate(sc, budget=RunBudget(**budget) if budget else None)
+        metrics = flatten_summary(result.summary)
+        if task.get("slo") is not None:
+            metrics.update(slo_columns(result.requests, SLO(**task["slo"])))
+        return {"status": "ok", "error": None, "metrics": metrics, "wall_s": time.perf_counter() - t0}
     except Exception as exc:  # a point's failure is a result, not a crash of the sweep
         return {
             "status": "failed",
@@ -777,6 +796,8 @@ class SweepResult:
     dropped: int = 0
     #: Of the dropped points, the finished ones, moved to ``out/_dropped/``.
     kept_apart: int = 0
+    #: The SLO the points were judged against (:meth:`SLO.describe`), or ``None``.
+    slo_text: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -868,6 +889,7 @@ def _sweep_into(
                 # Paired axes (each zip group of two or more): the report draws them as one axis.
                 "zip": [[a.key for a in g] for g in spec.groups if len(g) > 1],
                 "seeds": spec.seeds,
+                "slo": spec.slo.as_dict() if spec.slo is not None else None,
                 "points": len(points),
                 "point_ids": [p.point_id for p in points],
             },
@@ -920,6 +942,7 @@ def _sweep_into(
         relabelled,
         dropped,
         kept_apart,
+        spec.slo.describe() if spec.slo is not None else None,
     )
 
 
@@ -979,6 +1002,7 @@ def _task(p: Point, budget: RunBudget | None = None) -> dict:
         "scenario": p.scenario,
         "base_dir": p.base_dir,
         "budget": None if budget is None else budget.__dict__,
+        "slo": p.slo,
     }
 
 
@@ -1460,21 +1484,36 @@ RESULT_COLUMNS = (
 
 def result_rows(table: pa.Table, axes: Sequence[str], limit: int = 40) -> tuple[list[str], list[list[str]]]:
     """Header and rows of a sweep's results as ``kvsim sweep`` prints them: each point's axis values,
-    ``completed / refused`` and :data:`RESULT_COLUMNS` (a failed point: its error), at most ``limit``
-    rows in point order."""
+    ``completed / refused``, :data:`RESULT_COLUMNS` and, where the sweep has an SLO, the share of
+    requests that met it and whether that reaches the target (a failed point: its error), at most
+    ``limit`` rows in point order."""
     cols = table.column_names
     seeds = "seed" in cols and len(set(table.column("seed").to_pylist())) > 1
-    head = [*axes, *(["seed"] if seeds else []), "completed / refused", *(h for _, h, _ in RESULT_COLUMNS)]
+    slo = "slo.attainment" in cols
+    head = [
+        *axes,
+        *(["seed"] if seeds else []),
+        "completed / refused",
+        *(h for _, h, _ in RESULT_COLUMNS),
+        *(["SLO attained"] if slo else []),
+    ]
     rows = []
     for r in table.slice(0, limit).to_pylist():
         row = [_cell(r.get(a)) for a in axes] + ([str(r.get("seed"))] if seeds else [])
         if r.get("status") != "ok":
-            rows.append(row + [f"failed: {r.get('error') or ''}"[:80]] + [""] * len(RESULT_COLUMNS))
+            rows.append(row + [f"failed: {r.get('error') or ''}"[:80]] + [""] * (len(head) - len(row) - 1))
             continue
         row.append(f"{r.get('completed')} / {r.get('rejected')}")
         for c, _, fmt in RESULT_COLUMNS:
             v = r.get(c)
             row.append("-" if v is None else fmt.format(v))
+        if slo:
+            att = r.get("slo.attainment")
+            # One decimal: 89.6 % against a 90 % target must not print as a met 90 %.
+            cell = "-" if att is None else f"{att * 100:.1f}% " + ("met" if r.get("slo.met") else "missed")
+            long = r.get("slo.attainment.long")
+            # The joint share can pass while every long prompt misses (they are few): say so.
+            row.append(cell if long is None else f"{cell} (long {long * 100:.1f}%)")
         rows.append(row)
     return head, rows
 

@@ -120,6 +120,22 @@ def print_summary(
     for a, b in rows:
         k.add_row(a, str(b))
     console.print(k)
+    if summary.get("step_time_breakdown"):
+        print_breakdown(summary["step_time_breakdown"])
+
+
+def print_breakdown(b: dict) -> None:
+    """Where the replicas' busy time went (``summary.json`` ``step_time_breakdown``), largest part
+    first; parts of zero are left out."""
+    from sim.cost.breakdown import PARTS
+
+    t = Table(title=f"where the busy time went ({_fmt(b['busy_s'])} s over {b['iterations']} iterations)")
+    for h, justify in (("part", "left"), ("s", "right"), ("share", "right"), ("what", "left")):
+        t.add_column(h, justify=justify)  # type: ignore[arg-type]
+    for part, sec in sorted(b["seconds"].items(), key=lambda kv: -abs(kv[1])):
+        if sec:
+            t.add_row(part, _fmt(sec), f"{b['share'][part]:.1%}", PARTS.get(part, ""))
+    console.print(t)
 
 
 #: What ``kvsim run --model`` takes.
@@ -170,6 +186,12 @@ def run(
     ),
     max_events: int | None = typer.Option(None, "--max-events", help="Stop a run past this many simulated events."),
     max_wall_s: float | None = typer.Option(None, "--max-wall-s", help="Stop a run past this many wall-clock seconds."),
+    step_breakdown: bool = typer.Option(
+        False,
+        "--step-breakdown",
+        help="Also say where the iteration time went (GEMMs, attention, the paged layout's share, all-reduce, "
+        "host, allocator work); runs with engine.mode=step, which gives the same results more slowly.",
+    ),
 ):
     """Simulate a scenario and write requests.parquet, timeseries.parquet, summary.json."""
     from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
@@ -186,7 +208,11 @@ def run(
         data, base = read_scenario_dict(scenario)
         if model is not None:
             data = {**data, "model": model_option_section(model)}
-        sc = scenario_from_dict(apply_overrides(data, _overrides(set_)), base_dir=base)
+        overrides = _overrides(set_)
+        if step_breakdown:
+            # After the user's --set: every iteration priced on its own is what the breakdown adds up.
+            overrides["engine.mode"] = "step"
+        sc = scenario_from_dict(apply_overrides(data, overrides), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
         # Every file is written into a staging folder and moved into place at the end: an
         # interrupted or failed run leaves an earlier run in ``dest`` as it was.
@@ -200,6 +226,7 @@ def run(
                     progress=None if quiet else lambda d, n: shown.update(d, total=n),
                     out_dir=stage,
                     budget=budget,
+                    step_breakdown=step_breakdown,
                 )
             write_run(result, stage, run_dir=dest)
     except ConfigError as exc:

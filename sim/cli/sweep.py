@@ -68,6 +68,7 @@ def sweep_command(
             ("invalid (recorded failed)", res.invalid),
             ("failed", len(res.failures)),
             ("wall time (s)", f"{res.wall_s:.1f}"),
+            *((("SLO", res.slo_text),) if res.slo_text else ()),
         ):
             t.add_row(k, str(v))
         console = stdout_console()

@@ -162,6 +162,13 @@ class CostModel(ABC):
     def alloc_time_s(self, events: int) -> float:
         """Allocator bookkeeping for ``events`` page or extent allocations."""
 
+    def step_parts(self, batch: BatchShape) -> dict[str, float]:
+        """What one iteration of ``batch`` spends its :meth:`step_time_s` on, seconds by part
+        (:data:`sim.cost.breakdown.PARTS`; the parts sum to the step time up to rounding). A
+        diagnostic path, apart from the priced one: it counts no out-of-range queries. A model that
+        cannot tell its parts apart returns the whole as ``unsplit``."""
+        return {"unsplit": self.step_time_s(batch)}
+
     def describe(self) -> dict:
         return {"name": self.name, "calibrated": self.calibrated}
 
@@ -319,6 +326,27 @@ class RooflineCostModel(CostModel):
         return (
             self._linear_s(tokens, seqs) + self._allreduce_s(tokens) + self._fixed_s(seqs) + attn * self._paged_factor
         )
+
+    def step_parts(self, batch: BatchShape) -> dict[str, float]:
+        if not batch.prefill_chunks and batch.decode_seqs <= 0:
+            return {}
+        if batch.prefill_chunks:
+            seqs = float(batch.decode_seqs + len(batch.prefill_chunks))
+            tokens = float(batch.num_tokens)
+            whole = self.mixed_step_time_s(batch)
+        else:
+            seqs = tokens = float(batch.decode_seqs)
+            whole = self.step_time_s(batch)
+        linear, allreduce, host = self._linear_s(tokens, seqs), self._allreduce_s(tokens), self._fixed_s(seqs)
+        # Attention is what is left, as a contiguous cache would run it and what the layout adds.
+        attn = (whole - linear - allreduce - host) / self._paged_factor
+        return {
+            "linear": linear,
+            "attention": attn,
+            "attention_layout": whole - linear - allreduce - host - attn,
+            "allreduce": allreduce,
+            "host": host,
+        }
 
     def copy_time_s(self, nbytes: float) -> float:
         return 2.0 * nbytes / self._bw  # read + write

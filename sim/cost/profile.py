@@ -1250,22 +1250,7 @@ class ProfileCostModel(CostModel):
         if hit is not None:
             return hit
         counts: list = []
-        total = 0.0
-        mlp = 0.0
-        less = self._gemm_less
-        for j, (proj, curve) in enumerate(self._gemm_tok):
-            t, oor = curve.at(tokens)
-            if oor:
-                counts.append((f"gemm_{proj}", oor))
-            if less:
-                floor = self._gemm_floor[j]
-                t = t - less if t - less > floor else floor
-            if j >= 2 and self._moe_layers:
-                mlp += t
-            else:
-                total += t
-        if self._gemm_extra:
-            total += self._curves_s(self._gemm_extra, tokens, counts)
+        total, mlp = self._gemm_sums(tokens, counts)
         per_layer = total + self._ew_fixed + self._ew_per_token * tokens
         val = self.model.layers * per_layer
         if self._moe_layers:
@@ -1283,6 +1268,28 @@ class ProfileCostModel(CostModel):
         if len(self._tok_cache) < 65536:
             self._tok_cache[tokens] = out
         return out
+
+    def _gemm_sums(self, tokens: float, counts: list) -> tuple[float, float]:
+        """One layer's per-token GEMM seconds at ``tokens`` (the engine's fused input quantization
+        taken off), the MLP's apart on a mixture-of-experts model: ``(the rest, the dense MLP)``;
+        out-of-range counts appended to ``counts``."""
+        total = 0.0
+        mlp = 0.0
+        less = self._gemm_less
+        for j, (proj, curve) in enumerate(self._gemm_tok):
+            t, oor = curve.at(tokens)
+            if oor:
+                counts.append((f"gemm_{proj}", oor))
+            if less:
+                floor = self._gemm_floor[j]
+                t = t - less if t - less > floor else floor
+            if j >= 2 and self._moe_layers:
+                mlp += t
+            else:
+                total += t
+        if self._gemm_extra:
+            total += self._curves_s(self._gemm_extra, tokens, counts)
+        return total, mlp
 
     def _seqs_part(self, seqs: float) -> tuple[float, float, tuple]:
         """LM head and CPU overhead at ``seqs`` sequences, and their out-of-range counts."""
@@ -1453,6 +1460,84 @@ class ProfileCostModel(CostModel):
             v += self._window_step_s(batch)
         lo = self._floor_s(d + m, is_eager)
         return v if v > lo else lo
+
+    def step_parts(self, batch: BatchShape) -> dict[str, float]:
+        # A second path beside the priced one (which caches sums, not parts); the property test in
+        # tests/test_step_breakdown.py holds the two equal. The counts it makes are put back.
+        saved = dict(self.out_of_range)
+        try:
+            return self._parts(batch)
+        finally:
+            self.out_of_range.clear()
+            self.out_of_range.update(saved)
+
+    def _parts(self, batch: BatchShape) -> dict[str, float]:
+        chunks = batch.prefill_chunks
+        d = int(batch.decode_seqs)
+        m = len(chunks)
+        tokens = d + sum(c for c, _ in chunks)
+        if tokens <= 0 or (not chunks and d <= 0):
+            return {}
+        seqs = d + m
+        parts = dict.fromkeys(
+            ("linear", "lm_head", "attention", "attention_layout", "allreduce", "elementwise", "host", "launch"), 0.0
+        )
+        self._token_parts(float(tokens), parts)
+        lm, cpu, _ = self._seqs_part(float(seqs))
+        parts["lm_head"], parts["host"] = lm, cpu + self._mixed_decode_s * d if chunks else cpu
+        f = self._attn_factor
+        # Attention as a contiguous cache runs it; the layout's part is what this run's layout adds
+        # (the paged indirection; 0 for a contiguous one).
+        contiguous = attention_layout_factor(self.profile.layout, Layout(paged=False))
+        for layers, window in ((self._layers, 0), (self._window_layers, self._window)):
+            if not layers:
+                continue
+            if d > 0:
+                kv = (batch.decode_window_kv_tokens or batch.decode_kv_tokens) if window else batch.decode_kv_tokens
+                t = self._gen.at(d, kv / d)[0]
+                parts["attention"] += layers * contiguous * t
+                parts["attention_layout"] += layers * (f * t - contiguous * t)
+            if chunks:
+                capped = [(c, min(x, window)) for c, x in chunks] if window else list(chunks)
+                plain, laid = self._chunk_parts(capped, contiguous)
+                parts["attention"] += layers * plain
+                parts["attention_layout"] += layers * (laid - plain)
+        eager = (not self._graph_mixed or tokens > self._graph_max) if chunks else d > self._graph_max
+        parts["launch"] = self._eager_s if eager else 0.0
+        gpu = sum(parts.values())
+        lo = self._floor_s(seqs, eager)
+        parts["host_bound"] = lo - gpu if lo > gpu else 0.0
+        return parts
+
+    def _token_parts(self, tokens: float, parts: dict[str, float]) -> None:
+        """``linear``, ``elementwise`` and ``allreduce`` of :meth:`_tokens_part` at ``tokens``, apart."""
+        counts: list = []
+        total, mlp = self._gemm_sums(tokens, counts)
+        linear = self.model.layers * total
+        if self._moe_layers:
+            linear += self._dense_layers * mlp + self._moe_layers * self._moe_layer_s(tokens, counts)
+        parts["linear"] = linear
+        parts["elementwise"] = self.model.layers * (self._ew_fixed + self._ew_per_token * tokens)
+        if self._allreduce is not None:
+            nbytes = tokens * self.model.hidden * ACT_BYTES
+            t = self._allreduce.at(nbytes)[0]
+            if self._custom_ar is not None and nbytes <= self._custom_max:
+                t = min(t, self._custom_ar.at(nbytes)[0])
+            parts["allreduce"] = 2.0 * self.model.layers * t
+
+    def _chunk_parts(self, chunks: list[tuple[int, int]], contiguous: float) -> tuple[float, float]:
+        """Per-layer attention seconds of prefill chunks as a contiguous cache would run them (the
+        decode kernel's share at the ``contiguous`` factor), and as :meth:`_chunks_attention` prices
+        them on this layout."""
+        laid = self._chunks_attention(chunks[0] if len(chunks) == 1 else tuple(chunks), chunks)
+        if self._attn_factor == contiguous:
+            return laid, laid
+        new = np.array([c for c, _ in chunks], dtype=np.float64)
+        ctx = np.array([x for _, x in chunks], dtype=np.float64)
+        l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
+        t = self._ctx.at(len(chunks), max(l_eq, 1.0))[0]
+        g = self._gen.at(len(chunks), float(np.mean(new + ctx)))[0]
+        return min(laid, max(t, contiguous * g)), laid
 
     def _window_step_s(self, batch: BatchShape) -> float:
         """Attention seconds of a mixed model's sliding-window layers in one iteration: decodes at

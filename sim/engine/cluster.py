@@ -14,12 +14,14 @@ import simpy
 from sim import NATIVE_STATE, __version__
 from sim.allocators.capabilities import LengthHints
 from sim.config import Scenario, SchedulerConfig
+from sim.cost.breakdown import PartsMeter
 from sim.cost.model import BatchShape, CostModel
 from sim.engine.budget import RunBudget, run_within
 from sim.engine.deployment import Deployment, with_engine_defaults
 from sim.engine.replica import Later, Replica
 from sim.engine.router import Router
 from sim.engine.simpy_shortcuts import events_scheduled, now as clock
+from sim.errors import ConfigError
 from sim.output.metrics import Recorder, clean_json, percentiles, summarize
 from sim.output.provenance import cost_model_block
 from sim.output.results import RunResult
@@ -84,6 +86,7 @@ def simulate(
     out_dir: str | Path | None = None,
     budget: RunBudget | None = None,
     stop: StopFn | None = None,
+    step_breakdown: bool = False,
 ) -> RunResult:
     """Simulate ``sc`` to the end of its workload. Same scenario and seed ⇒ identical result.
 
@@ -93,8 +96,16 @@ def simulate(
     With ``stop``, the run ends at the first request end for which ``stop`` returns True (the
     planner's sequential test); the result then covers the requests ended so far and
     ``info["halted"]`` is True.
+    With ``step_breakdown`` (the scenario in ``engine.mode: step``), ``summary["step_time_breakdown"]``
+    says where the replicas' busy time went (:mod:`sim.cost.breakdown`).
     """
     wall0 = time.perf_counter()
+    if step_breakdown and sc.engine.mode != "step":
+        raise ConfigError(
+            "engine.mode",
+            sc.engine.mode,
+            "step for a step-time breakdown (one priced iteration per iteration run; same results)",
+        )
     sc = with_engine_defaults(sc)
     if budget is not None:
         budget.check_scenario(sc)
@@ -138,12 +149,15 @@ def simulate(
                 env.process(_client_next(req.client))
 
     cost: CostModel | None = None
+    meter: PartsMeter | None = None
     predictor: LengthPredictor | None = None
     replicas: list[Replica] = []
     for i in range(sc.gpu.replicas):
         alloc = dep.make_allocator(sc)
         if cost is None:
             cost = dep.make_cost_model(sc)
+            if step_breakdown:
+                meter = PartsMeter(cost)
         if predictor is None and isinstance(alloc, LengthHints):
             predictor = length_predictor(sc, wl)
         swap = sc.allocator.preemption.swap_capacity_bytes if sc.allocator.preemption.mode == "swap" else 0
@@ -163,7 +177,7 @@ def simulate(
                 i,
                 sched,
                 alloc,
-                cost,
+                cost if meter is None else meter,
                 rec,
                 fast_forward=sc.engine.mode == "fast_forward",
                 overflow=sc.allocator.overflow,
@@ -329,6 +343,10 @@ def simulate(
     if cap is not None:
         # Seconds each sent request waited in the client for a slot (not in TTFT or latency).
         summary["client_wait_s"] = client_wait_stats(client_wait)
+    if meter is not None:
+        summary["step_time_breakdown"] = meter.breakdown(
+            float(sum(r.stats.busy_s for r in replicas)), float(sum(r.stats.alloc_work_s for r in replicas))
+        )
     groups = dep.kv_layer_groups()
     if groups is not None:
         summary["kv_layer_groups"] = groups

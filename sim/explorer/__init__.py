@@ -70,7 +70,14 @@ from sim.explorer.knobs import (
 )
 from sim.explorer.kpi import DEFAULT_SLO, KPI_LABELS, KPI_SPEC, format_kpi, kpi_delta, kpis, slo_from_knobs
 from sim.explorer.launcher import APP_PATH, app_command
-from sim.explorer.runs import RunData, canonical_json, empty_run, run_canonical, scenario_from_canonical
+from sim.explorer.runs import (
+    RunData,
+    canonical_json,
+    empty_run,
+    run_canonical,
+    scenario_from_canonical,
+    step_breakdown,
+)
 from sim.explorer.shipped import (
     TRACE_EXTENSIONS,
     builtin_arrival_traces,
@@ -187,6 +194,7 @@ __all__ = [
     "scenario_caption",
     "scenario_from_canonical",
     "slo_from_knobs",
+    "step_breakdown",
     "sweep_param_columns",
     "table_bytes",
     "unique_labels",

@@ -103,8 +103,10 @@ def run_small_sweep(
     progress: Callable[[int, int, int], None] | None = None,
     workers: int = 1,
     total_wall_s: float | None = ACTION_BUDGET_S,
+    slo=None,
 ):
     """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures).
+    ``slo`` (:class:`sim.analysis.slo.SLO` with a bound): each point's attainment of it (``slo.*`` columns).
     No point starts after ``total_wall_s`` seconds: those not run are rows of status ``skipped``
     (:func:`sim.explorer.page_budget.sweep_within`)."""
     points = 1
@@ -122,6 +124,11 @@ def run_small_sweep(
         "set": {"workload.num_requests": int(num_requests)},
         "grid": {k: list(v) for k, v in grid.items()},
     }
+    if slo is not None and (slo.ttft_s or slo.tpot_s or slo.e2e_s):
+        spec["slo"] = {
+            **{f"{m}_s": getattr(slo, f"{m}_s") for m in ("ttft", "tpot", "e2e") if getattr(slo, f"{m}_s")},
+            "attainment": slo.attainment,
+        }
     sweep_file = base.parent / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     return sweep_within(
