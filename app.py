@@ -677,6 +677,26 @@ def page_compare() -> None:
         f = plots.kv_memory(rd.timeseries, title=f"KV memory — {lb}")
         figs[f"KV memory — {lb}"] = f
         col.plotly_chart(f, key=f"cmp_kv_{lb}", theme=None)
+    with st.expander("Where the iteration time goes, per configuration"):
+        st.caption(
+            "Each configuration run again iteration by iteration (same results): GEMMs, attention and what "
+            "the paged layout adds to it, host time, the allocator's work (growth copies, zero-fill, swaps)."
+        )
+        keys = tuple(rd.key for rd in results.values())
+        if st.button("Split each configuration's time", key="cmp_breakdown_run"):
+            try:
+                S.compare_breakdown = (keys, {lb: cached_breakdown(rd.key) for lb, rd in results.items()})
+            except ConfigError as exc:
+                S.compare_breakdown = (keys, X.error_text(exc))
+        got = S.get("compare_breakdown")
+        if got is not None and got[0] == keys:
+            if isinstance(got[1], str):
+                st.error(got[1])
+            else:
+                st.dataframe(X.breakdown_rows(got[1]), key="cmp_breakdown_table", hide_index=True)
+                f = plots.step_breakdown(got[1])
+                figs["Where the busy time went"] = f
+                st.plotly_chart(f, key="cmp_breakdown", theme=None)
     csv = (
         "KPI,"
         + ",".join(results)

@@ -163,6 +163,14 @@ def test_compare_page(at):
     assert list(table.columns) == ["paged b=16", "static max_model_len (reject)"]
     assert table.loc["KV waste", "paged b=16"] != table.loc["KV waste", "static max_model_len (reject)"]
     assert charts(at) == 3  # CDFs + one KV memory chart per configuration
+    at.button(key="cmp_breakdown_run").click().run()
+    assert not at.exception and not at.error, (at.exception, [e.value for e in at.error])
+    assert charts(at) == 4
+    split = at.dataframe[1].value
+    assert list(split.columns) == ["part", "what", "paged b=16", "static max_model_len (reject)"]
+    layout = split[split["part"] == "attention_layout"].iloc[0]
+    # The paged indirection is the paged column's only: a contiguous reservation pays none.
+    assert layout["paged b=16"] != "–" and layout["static max_model_len (reject)"] == "–"
 
 
 def test_compare_names_the_configuration_a_bad_value_belongs_to(at):

@@ -352,6 +352,27 @@ def test_allocator_configs_and_compare_rows():
     assert not {r["KPI"]: r for r in X.compare_rows(same)}["preemptions"]["_differs"]
 
 
+def test_breakdown_rows_put_runs_side_by_side():
+    a = {
+        "busy_s": 10.0,
+        "iterations": 1200,
+        "seconds": {"linear": 6.0, "attention": 3.0, "attention_layout": 0.5, "kv_memory_ops": 0.5, "other": 0.0},
+        "share": {"linear": 0.6, "attention": 0.3, "attention_layout": 0.05, "kv_memory_ops": 0.05, "other": 0.0},
+    }
+    b = {
+        "busy_s": 8.0,
+        "iterations": 900,
+        "seconds": {"linear": 6.0, "attention": 2.0, "kv_memory_ops": 0.0},
+        "share": {"linear": 0.75, "attention": 0.25, "kv_memory_ops": 0.0},
+    }
+    rows = X.breakdown_rows({"paged": a, "static": b})
+    assert [r["part"] for r in rows] == ["busy time", "linear", "attention", "attention_layout", "kv_memory_ops"]
+    assert rows[0]["paged"] == "10 s (1,200 iterations)"
+    by = {r["part"]: r for r in rows}
+    assert by["linear"]["static"] == "6 s (75.0%)" and by["attention_layout"]["static"] == "–"
+    assert by["kv_memory_ops"]["paged"] == "0.5 s (5.0%)"
+
+
 def test_kpi_delta_direction():
     assert X.kpi_delta("ttft_p99_s", 2.0, 1.0) == ("+1.000", "inverse")
     assert X.kpi_delta("throughput_tokens_per_s", 900.0, 1000.0) == ("-100", "normal")

@@ -239,25 +239,35 @@ def step_latency(timeseries: pa.Table) -> Figure:
 
 
 def step_breakdown(breakdown: Mapping) -> Figure:
-    """Where the busy time went (``summary.json`` ``step_time_breakdown``): one bar per part,
-    largest first, seconds with the share on hover."""
+    """Where the busy time went (``summary.json`` ``step_time_breakdown``): one bar per part, largest
+    first, labelled with its share of the busy time. ``breakdown`` may also map run labels to
+    breakdowns: one bar per run and part, grouped by part."""
     go = graph_objects()
-    seconds = {k: float(v) for k, v in breakdown.get("seconds", {}).items() if v}
-    order = sorted(seconds, key=lambda k: -abs(seconds[k]))
-    busy = float(breakdown.get("busy_s") or 0.0)
-    fig = go.Figure(
-        go.Bar(
-            x=[seconds[k] for k in order],
-            y=order,
-            orientation="h",
-            text=[f"{seconds[k] / busy:.1%}" if busy > 0 else "" for k in order],
-            textposition="auto",
+    runs = {"": breakdown} if "seconds" in breakdown else dict(breakdown)
+    seconds = {lb: {k: float(v) for k, v in b.get("seconds", {}).items() if v} for lb, b in runs.items()}
+    parts = {k for s in seconds.values() for k in s}
+    order = sorted(parts, key=lambda k: -max(abs(s.get(k, 0.0)) for s in seconds.values()))
+    fig = go.Figure()
+    for lb, b in runs.items():
+        busy = float(b.get("busy_s") or 0.0)
+        s = seconds[lb]
+        fig.add_trace(
+            go.Bar(
+                x=[s.get(k, 0.0) for k in order],
+                y=order,
+                orientation="h",
+                name=lb or "busy time",
+                text=[f"{s.get(k, 0.0) / busy:.1%}" if busy > 0 else "" for k in order],
+                textposition="auto",
+            )
         )
-    )
+    if len(runs) == 1:
+        b = next(iter(runs.values()))
+        title = f"Where the busy time went ({float(b.get('busy_s') or 0.0):.4g} s over {b.get('iterations', '?')} iterations)"
+    else:
+        title = "Where the busy time went, per run (bar labels: share of each run's busy time)"
     fig.update_layout(
-        title=f"Where the busy time went ({busy:.4g} s over {breakdown.get('iterations', '?')} iterations)",
-        xaxis_title="seconds (all replicas)",
-        yaxis=dict(autorange="reversed"),
+        title=title, xaxis_title="seconds (all replicas)", yaxis=dict(autorange="reversed"), barmode="group"
     )
     return fig
 

@@ -36,6 +36,30 @@ def compare_rows(kpis_by_label: Mapping[str, Mapping[str, Any]]) -> list[dict[st
     return rows
 
 
+def breakdown_rows(breakdowns: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Runs' ``step_time_breakdown`` side by side: a ``busy time`` row, then one row per part that
+    some run spent time on, in :data:`sim.cost.breakdown.PARTS` order: ``{"part", "what", <run
+    label>: "seconds s (share)"}``."""
+    from sim.cost.breakdown import PARTS
+
+    rows: list[dict[str, Any]] = [
+        {
+            "part": "busy time",
+            "what": "the replicas' iterations, all parts",
+            **{lb: f"{float(b['busy_s']):.4g} s ({b['iterations']:,} iterations)" for lb, b in breakdowns.items()},
+        }
+    ]
+    for part, what in PARTS.items():
+        if not any(b["seconds"].get(part) for b in breakdowns.values()):
+            continue
+        row: dict[str, Any] = {"part": part, "what": what}
+        for lb, b in breakdowns.items():
+            v = float(b["seconds"].get(part, 0.0))
+            row[lb] = f"{v:.4g} s ({float(b['share'].get(part, 0.0)):.1%})" if v else "–"
+        rows.append(row)
+    return rows
+
+
 ALLOCATOR_KNOBS = ("kind", "block_size", "reserve", "overflow")
 
 
