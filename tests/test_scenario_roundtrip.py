@@ -222,7 +222,7 @@ def test_a_sweep_resumed_over_a_dataset_of_old_point_ids_reruns_its_points(tmp_p
     with monkeypatch.context() as m:
         # The functions as they were: a full dump sent to the worker, and its hash as the id.
         m.setattr(sweep_mod, "canonical_scenario", lambda sc: sc.model_dump(mode="json"))
-        m.setattr(sweep_mod, "point_id", lambda sc, slo=None: sweep_mod.json_digest(sc.model_dump(mode="json")))
+        m.setattr(sweep_mod, "point_id", lambda sc, *_: sweep_mod.json_digest(sc.model_dump(mode="json")))
         old = run_sweep(f, workers=1, out=out, progress=False)
         old_ids = set(read_dataset(out).column("point_id").to_pylist())
     assert old.ok and old.ran == 2

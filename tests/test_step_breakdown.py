@@ -126,3 +126,58 @@ def test_kvsim_run_prints_and_writes_the_breakdown(tmp_path):
     from sim.analysis.report import report
 
     assert "Where the busy time went" in report(tmp_path / "r").read_text()
+
+
+SWEEP = """\
+name: split
+base: chat-api
+set:
+  workload.num_requests: 80
+grid:
+  allocator.kind: [paged, dynamic]
+"""
+
+
+def test_a_sweep_splits_each_points_time_into_columns(tmp_path):
+    from sim.analysis.sweep import load_sweep, read_dataset, run_sweep
+
+    f = tmp_path / "s.yaml"
+    f.write_text(SWEEP + "step_breakdown: true\n")
+    res = run_sweep(f, workers=1, out=tmp_path / "ds", progress=False)
+    assert res.ok
+    rows = read_dataset(tmp_path / "ds").to_pylist()
+    for point, row in zip(load_sweep(f).points(), rows):
+        assert row["engine_mode"] == "step"
+        sc = scenario_from_dict(point.scenario, base_dir=point.base_dir)
+        b = simulate(sc, step_breakdown=True).summary["step_time_breakdown"]
+        assert row["step_s.busy"] == b["busy_s"]
+        for part, sec in b["seconds"].items():
+            assert row[f"step_s.{part}"] == sec and row[f"step_share.{part}"] == b["share"][part]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SWEEP)
+    assert not {p.point_id for p in load_sweep(plain).points()} & {p.point_id for p in load_sweep(f).points()}
+
+
+@pytest.mark.parametrize(
+    "extra, starts",
+    [
+        ("step_breakdown: yes please\n", "step_breakdown: got 'yes please'; true or false"),
+        (
+            "step_breakdown: true\nzip: {engine.mode: [fast_forward, step], seed: [1, 2]}\n",
+            "step_breakdown: got True; points in engine.mode step",
+        ),
+        (
+            "step_breakdown: true\nset: {engine.mode: fast_forward}\n",
+            "step_breakdown: got True; points in engine.mode step",
+        ),
+    ],
+)
+def test_a_sweep_breakdown_that_cannot_hold_is_refused(tmp_path, extra, starts):
+    from sim.analysis.sweep import load_sweep
+
+    f = tmp_path / "s.yaml"
+    body = SWEEP if "set:" not in extra else SWEEP.replace("set:\n  workload.num_requests: 80\n", "")
+    f.write_text(body + extra)
+    with pytest.raises(ConfigError) as e:
+        load_sweep(f)
+    assert str(e.value).startswith(starts), str(e.value)

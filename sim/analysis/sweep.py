@@ -16,6 +16,7 @@ A sweep file (YAML, format in ``docs/sweeps.md``)::
     slo:                           # optional: each point's attainment of this SLO (slo.* columns)
       ttft_p90_s: 0.5
       tpot_p90_s: 0.05
+    step_breakdown: true           # optional: each point's iteration time by part (step_s.*, step_share.*)
 
 Points = product(grid axes, each zip group) × seeds. An axis is a list of values, or a
 mapping ``label: value`` (the label is what the dataset column holds; use it for whole
@@ -104,7 +105,7 @@ from sim.output.staging import out_dir
 if TYPE_CHECKING:
     from sim.analysis.worker_lifetime import WorkerPool
 
-SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "slo")
+SWEEP_KEYS = ("name", "description", "base", "set", "grid", "zip", "seeds", "slo", "step_breakdown")
 META_FILE = "_sweep.json"
 #: Finished points of earlier sweeps into the folder that the current sweep file no longer has.
 DROPPED_DIR = "_dropped"
@@ -145,6 +146,8 @@ class Point:
     error: str | None = None
     #: The sweep's SLO (:meth:`SLO.as_dict`), judged on the point's requests; ``None`` without one.
     slo: dict | None = None
+    #: Split the point's iteration time by part (``step_s.*`` / ``step_share.*`` columns).
+    step_breakdown: bool = False
 
 
 @dataclass
@@ -160,6 +163,9 @@ class SweepSpec:
     seeds: int | None
     #: Each point's requests are judged against it (``slo.*`` columns); ``None``: the sweep has none.
     slo: SLO | None = None
+    #: Each point's iteration time split by part (:mod:`sim.cost.breakdown`; its points run in
+    #: ``engine.mode: step``).
+    step_breakdown: bool = False
 
     @property
     def axes(self) -> list[Axis]:
@@ -205,8 +211,17 @@ class SweepSpec:
                     dump = canonical_scenario(sc)
                     params = {ax.key: _ran_with(ax, i, dump) for g, i in zip(self.groups, combo) for ax in g}
                     slo = self.slo.as_dict() if self.slo is not None else None
-                    pid = point_id(sc, slo)
-                    point = Point(len(out), pid, sc.seed, params, dump, str(self.base_dir), slo=slo)
+                    pid = point_id(sc, slo, self.step_breakdown)
+                    point = Point(
+                        len(out),
+                        pid,
+                        sc.seed,
+                        params,
+                        dump,
+                        str(self.base_dir),
+                        slo=slo,
+                        step_breakdown=self.step_breakdown,
+                    )
                 if point.point_id in seen:
                     # Two spellings of one scenario ([8, "8"], gpu names that alias): one point run
                     # twice under two labels, or silently once. Distinct values are asked for.
@@ -289,7 +304,7 @@ def canonical_scenario(sc: Scenario) -> dict:
     return set_keys(sc)
 
 
-def point_id(sc: Scenario, slo: dict | None = None) -> str:
+def point_id(sc: Scenario, slo: dict | None = None, step_breakdown: bool = False) -> str:
     """Stable id of a scenario: 16 hex digits of the SHA-256 of the canonical JSON of its resolved
     values (every key, defaults filled) together with the keys it sets (:func:`canonical_scenario`)
     and, where it names files of the user's (a trace, a terms file, a model's config, a profile;
@@ -300,10 +315,13 @@ def point_id(sc: Scenario, slo: dict | None = None) -> str:
     these: a sweep rerun into it runs every point again and moves its rows to ``_dropped/``.
 
     ``slo`` (:meth:`SLO.as_dict`), where the sweep judges its points against one, is hashed too: the
-    dataset keeps each point's SLO figures, not its requests, so another SLO runs the point again."""
+    dataset keeps each point's SLO figures, not its requests, so another SLO runs the point again;
+    so is ``step_breakdown`` where it is on (a point without the split's columns is not reused for it)."""
     data: dict[str, Any] = {"resolved": sc.model_dump(mode="json"), "set": canonical_scenario(sc)}
     if slo is not None:  # only then: a sweep without one keeps the ids it always had
         data["slo"] = slo
+    if step_breakdown:
+        data["step_breakdown"] = True
     files = {key: _file_digest(path) for key, path in user_files(sc).items()}
     if files:  # only then: a scenario naming none has the same id in datasets whose ids leave files out
         data["files"] = files
@@ -511,18 +529,39 @@ def load_sweep(path: str | Path) -> SweepSpec:
         # The file's stem, made safe as a directory name (sweeps/<name>).
         name = re.sub(r"[^A-Za-z0-9_.+=@,-]", "_", p.stem).lstrip(".").replace("..", "_")[:128] or "sweep"
     slo = slo_from_mapping(data["slo"]) if data.get("slo") is not None else None
-    return SweepSpec(p, str(name), base, base_data, Path(base_dir), dict(fixed), groups, seeds, slo)
+    breakdown = data.get("step_breakdown", False)
+    if not isinstance(breakdown, bool):
+        raise ConfigError("step_breakdown", breakdown, "true or false (split each point's iteration time by part)")
+    if breakdown:
+        given = fixed.get("engine.mode", "step")
+        modes = next((a.values for g in groups for a in g if a.key == "engine.mode"), (given,))
+        if any(m != "step" for m in modes) or "engine" in keys:
+            raise ConfigError(
+                "step_breakdown",
+                True,
+                "points in engine.mode step, which it sets (each iteration priced on its own; the same "
+                "results as fast_forward): leave engine.mode and the engine section out of set, grid and zip",
+            )
+        fixed["engine.mode"] = "step"
+    return SweepSpec(p, str(name), base, base_data, Path(base_dir), dict(fixed), groups, seeds, slo, breakdown)
 
 
 # --- running a point ------------------------------------------------------------------
 
 
 def flatten_summary(summary: dict) -> dict[str, Any]:
-    """Run summary → flat metric columns: percentile dicts become ``ttft_s.p90`` etc.; other
-    dicts (reasons, refusals, whose keys vary) become JSON strings."""
+    """Run summary → flat metric columns: percentile dicts become ``ttft_s.p90`` etc.; a step-time
+    breakdown ``step_s.<part>`` (seconds; ``step_s.busy`` all of them) and ``step_share.<part>``;
+    other dicts (reasons, refusals, whose keys vary) become JSON strings."""
     out: dict[str, Any] = {}
     for k, v in summary.items():
         if k in _ROW_KEYS:
+            continue
+        if k == "step_time_breakdown":
+            # Numbers to plot, not a JSON text: seconds and share of the busy time per part.
+            out["step_s.busy"] = v["busy_s"]
+            out.update({f"step_s.{part}": x for part, x in v["seconds"].items()})
+            out.update({f"step_share.{part}": x for part, x in v["share"].items()})
             continue
         if isinstance(v, dict) and v and set(v) <= _PCT_KEYS:
             for c, x in v.items():
@@ -542,7 +581,8 @@ def run_point(task: dict) -> dict:
     try:
         sc = scenario_from_dict(task["scenario"], base_dir=task["base_dir"])
         budget = task.get("budget")
-        result = simulate(sc, budget=RunBudget(**budget) if budget else None)
+        breakdown = bool(task.get("step_breakdown"))
+        result = simulate(sc, budget=RunBudget(**budget) if budget else None, step_breakdown=breakdown)
         metrics = flatten_summary(result.summary)
         if task.get("slo") is not None:
             metrics.update(slo_columns(result.requests, SLO(**task["slo"])))
@@ -890,6 +930,7 @@ def _sweep_into(
                 "zip": [[a.key for a in g] for g in spec.groups if len(g) > 1],
                 "seeds": spec.seeds,
                 "slo": spec.slo.as_dict() if spec.slo is not None else None,
+                "step_breakdown": spec.step_breakdown,
                 "points": len(points),
                 "point_ids": [p.point_id for p in points],
             },
@@ -1003,6 +1044,7 @@ def _task(p: Point, budget: RunBudget | None = None) -> dict:
         "base_dir": p.base_dir,
         "budget": None if budget is None else budget.__dict__,
         "slo": p.slo,
+        "step_breakdown": p.step_breakdown,
     }
 
 
