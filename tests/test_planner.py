@@ -184,10 +184,17 @@ def test_plan_default_scenario(tmp_path):
     assert by["paged"]["goodput_rps"] > by["static"]["goodput_rps"]
     assert p["recommendation"]["candidate"] in by and p["recommendation"]["reasons"]
     # The reasons say what stops the recommended candidate above its goodput.
-    assert any(
-        r.startswith(f"{p['recommendation']['candidate']}: what binds above the goodput")
+    binds = [
+        r
         for r in p["recommendation"]["reasons"]
-    )
+        if r.startswith(f"{p['recommendation']['candidate']}: what binds above the goodput")
+    ]
+    assert len(binds) == 1
+    # ... and where that run's iteration time went, from one more run of it, iteration by iteration.
+    split = by[p["recommendation"]["candidate"]]["binding_split"]
+    assert sum(split["seconds"].values()) == pytest.approx(split["busy_s"])
+    top = max(split["share"], key=split["share"].get)
+    assert "its iterations there: " in binds[0] and top == "linear" and "GEMMs" in binds[0].split("there: ")[1][:6]
     # The plan carries each candidate's upper-bound flag, which keeps the oracle from being picked.
     assert {n for n, c in by.items() if c["upper_bound"]} == {n for n in by if CANDIDATES[n].get("upper_bound")}
     assert not by[p["recommendation"]["candidate"]]["upper_bound"]

@@ -181,3 +181,28 @@ def test_a_sweep_breakdown_that_cannot_hold_is_refused(tmp_path, extra, starts):
     with pytest.raises(ConfigError) as e:
         load_sweep(f)
     assert str(e.value).startswith(starts), str(e.value)
+
+
+def test_a_plan_reason_names_the_largest_parts_and_the_layouts():
+    from sim.analysis.recommend import split_text
+
+    b = {
+        "share": {
+            "linear": 0.5,
+            "attention": 0.25,
+            "host": 0.12,
+            "elementwise": 0.06,
+            "lm_head": 0.04,
+            "attention_layout": 0.006,
+            "kv_memory_ops": 0.003,
+            "allreduce": 0.0,
+        }
+    }
+    assert (
+        split_text(b) == "GEMMs 50%, attention 25%, host 12%, elementwise 6% (paged layout 0.6%, allocator work 0.3%)"
+    )
+    # A part among the largest is not repeated; parts of nothing are not named.
+    assert (
+        split_text({"share": {"kv_memory_ops": 0.4, "linear": 0.6, "allreduce": 0.0}})
+        == "GEMMs 60%, allocator work 40%"
+    )

@@ -44,7 +44,7 @@ from sim.analysis.search import (
 from sim.analysis.sequential import DEFAULT_CONFIDENCE
 from sim.analysis.slo import SLO, attainment, miss_shares
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
-from sim.engine.budget import RunBudget
+from sim.engine.budget import BudgetExceeded, RunBudget
 from sim.errors import ConfigError
 from sim.limits import MAX_RATE, MIN_RATE
 
@@ -720,6 +720,8 @@ def plan(
             "skipped": skipped,
         }
         out["recommendation"] = recommend(out)
+        if _split_binding_run(out, {t["name"]: t for t in tasks}):
+            out["recommendation"] = recommend(out)  # its what-binds line now says where the time went
         from sim.analysis.assumptions import break_evens, listed
 
         if break_even and out["recommendation"]["candidate"] is not None:
@@ -760,6 +762,32 @@ _TASK_CPU_S = {
     "paged": 0.2,
     "paged-b32": 0.15,
 }
+
+
+def _split_binding_run(p: dict, tasks: dict[str, dict]) -> bool:
+    """Run the recommended candidate's :func:`binding_run` again, iteration by iteration, and keep
+    where its iteration time went (``binding_split``: :mod:`sim.cost.breakdown`). One more full
+    simulation; ``False`` when there is no such run."""
+    from sim.analysis.recommend import binding_run
+    from sim.engine.cluster import simulate
+
+    best = next((c for c in p["candidates"] if c["name"] == p["recommendation"].get("candidate")), None)
+    if best is None or best["name"] not in tasks:
+        return False
+    r = binding_run(best, p["replicas"] or 1, p["attainment_target"])
+    if r is None:
+        return False
+    runner = _Runner(tasks[best["name"]])
+    sc = runner.scenario(r["rate"], r["replicas"], r["seed"] - runner.task["base_seed"])
+    sc = sc.model_copy(update={"engine": sc.engine.model_copy(update={"mode": "step"})})
+    try:
+        res = simulate(sc, budget=runner.budget, step_breakdown=True)
+    except BudgetExceeded:  # the page's budget: the plan stands without it
+        return False
+    best["binding_split"] = res.summary["step_time_breakdown"]
+    best["simulations"] = best.get("simulations", 0) + 1
+    best["simulated_requests"] = best.get("simulated_requests", 0) + res.requests.num_rows
+    return True
 
 
 def _cost_model_profile(sc) -> dict:

@@ -42,10 +42,9 @@ def jitter_text(j: float) -> str:
     return repr(float(j))
 
 
-def binding_line(c: dict, base_replicas: int, target: float) -> str | None:
-    """What stops ``c`` above its goodput, from the lowest-rate run at the base replica count that
-    missed the target above the goodput: which bound its requests missed, and whether KV memory
-    filled (reserved peak ≥ :data:`KV_FULL` of capacity, preemptions, refusals) or not."""
+def binding_run(c: dict, base_replicas: int, target: float) -> dict | None:
+    """The lowest-rate run of ``c`` at the base replica count that missed the ``target`` above the
+    goodput (a probe record), or ``None``."""
     goodput = c.get("goodput_rps") or 0.0
     runs = [
         r
@@ -56,9 +55,47 @@ def binding_line(c: dict, base_replicas: int, target: float) -> str | None:
         and r["attainment"] < target
         and r["rate"] > goodput
     ]
-    if not runs:
+    return min(runs, key=lambda x: x["rate"]) if runs else None
+
+
+def split_text(b: dict, top: int = 4) -> str:
+    """A step-time breakdown (:mod:`sim.cost.breakdown`) in a few words: its ``top`` largest parts,
+    then the paged layout's and the allocator's shares where they are not among them."""
+    share = {k: v for k, v in b["share"].items() if v > 0}
+    named = sorted(share, key=lambda k: -share[k])[:top]
+    text = ", ".join(f"{_PART_NAMES.get(k, k)} {share[k]:.0%}" for k in named)
+    extra = [
+        f"{_PART_NAMES[k]} {share[k]:.1%}"
+        for k in ("attention_layout", "kv_memory_ops")
+        if k in share and k not in named
+    ]
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
+#: The parts of an iteration as a reason line names them.
+_PART_NAMES = {
+    "linear": "GEMMs",
+    "lm_head": "LM head",
+    "attention": "attention",
+    "attention_layout": "paged layout",
+    "allreduce": "all-reduce",
+    "elementwise": "elementwise",
+    "host": "host",
+    "launch": "eager launches",
+    "host_bound": "waiting on the host",
+    "kv_memory_ops": "allocator work",
+    "other": "other",
+}
+
+
+def binding_line(c: dict, base_replicas: int, target: float) -> str | None:
+    """What stops ``c`` above its goodput, from :func:`binding_run`: which bound its requests
+    missed, and whether KV memory filled (reserved peak ≥ :data:`KV_FULL` of capacity,
+    preemptions, refusals) or not; with ``c["binding_split"]`` (that run's step-time breakdown,
+    which the planner adds), where its iteration time went."""
+    r = binding_run(c, base_replicas, target)
+    if r is None:
         return None
-    r = min(runs, key=lambda x: x["rate"])
     m = r["misses"]
     parts = ", ".join(f"{_BOUND_NAMES[k]} {v:.1%}" for k, v in m.items() if v > 0) or "none"
     peak = r.get("kv_reserved_peak")
@@ -83,9 +120,11 @@ def binding_line(c: dict, base_replicas: int, target: float) -> str | None:
         )
     else:
         verdict = "no single bound stands out"
+    split = c.get("binding_split")
+    where = f"; its iterations there: {split_text(split)}" if split else ""
     return (
         f"what binds above the goodput: at {r['rate']:.3g} req/s ({r['attainment']:.1%} within the SLO) the misses "
-        f"are {parts} of requests; {memory} — {verdict}"
+        f"are {parts} of requests; {memory} — {verdict}{where}"
     )
 
 
