@@ -742,8 +742,11 @@ def page_sweeps() -> None:
         a2 = c2.selectbox("Axis 2", ["(none)", *axes], index=2, key="sw_a2")
         v2 = c2.text_input("values (comma-separated)", axes.get(a2, ""), key=f"sw_v2_{a2}", disabled=a2 == "(none)")
         n_req = st.number_input("Requests per point", 50, 5000, 300, 50, key="sw_n")
+        split = st.checkbox(
+            "Split each point's iteration time (step_share.* columns; runs iteration by iteration)", key="sw_split"
+        )
         slo_knobs = {k: S.knobs[k] for k in X.DEFAULT_SLO}  # each point's SLO attainment follows the sidebar
-        sweep_inputs = action_inputs(a1, v1, a2, v2 if a2 != "(none)" else "", int(n_req), slo_knobs)
+        sweep_inputs = action_inputs(a1, v1, a2, v2 if a2 != "(none)" else "", int(n_req), slo_knobs, split)
         if st.button("▶ Run sweep", type="primary", key="sweep_run"):
             bar = st.progress(0.0, text="sweeping…")
             try:
@@ -758,6 +761,7 @@ def page_sweeps() -> None:
                     store(),
                     progress=lambda d, n, f: bar.progress(min(1.0, d / max(n, 1)), text=f"sweeping… {d}/{n} points"),
                     slo=X.slo_from_knobs(S.knobs),
+                    step_breakdown=split,
                 )
                 S.sweep_table = XD.public_table(table, (str(store().dir),))
                 S.sweep_inputs = sweep_inputs

@@ -416,6 +416,10 @@ def test_the_page_sweep_judges_each_point_against_the_sidebar_slo(store):
     # No bound in the sidebar: no SLO columns.
     plain, _ = X.run_small_sweep(SMALL, {"workload.arrival.rate": [2, 50]}, 40, store, slo=SLO())
     assert "slo.attainment" not in plain.column_names
+    split, failures = X.run_small_sweep(SMALL, {"allocator.kind": ["paged", "static"]}, 40, store, step_breakdown=True)
+    assert not failures and "step_share.linear" in X.numeric_columns(split)
+    shares = {r["allocator.kind"]: r["step_share.attention_layout"] for r in split.to_pylist()}
+    assert shares["paged"] > 0 and shares["static"] == 0
 
 
 def test_sweep_axis_the_allocator_ignores_is_refused(store):

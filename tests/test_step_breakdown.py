@@ -153,6 +153,9 @@ def test_a_sweep_splits_each_points_time_into_columns(tmp_path):
         assert row["step_s.busy"] == b["busy_s"]
         for part, sec in b["seconds"].items():
             assert row[f"step_s.{part}"] == sec and row[f"step_share.{part}"] == b["share"][part]
+    from sim.analysis.report import report
+
+    assert "Where each point's busy time went" in report(tmp_path / "ds").read_text()
     plain = tmp_path / "plain.yaml"
     plain.write_text(SWEEP)
     assert not {p.point_id for p in load_sweep(plain).points()} & {p.point_id for p in load_sweep(f).points()}

@@ -272,6 +272,28 @@ def step_breakdown(breakdown: Mapping) -> Figure:
     return fig
 
 
+def step_shares(table: pa.Table, label_columns: Sequence[str]) -> Figure:
+    """A sweep's ``step_share.<part>`` columns (``step_breakdown: true``) as one stacked bar per point,
+    labelled by its ``label_columns`` values: the share of its busy time each part took."""
+    go = graph_objects()
+    title = "Where each point's busy time went (share of its busy time)"
+    parts = [c for c in table.column_names if c.startswith("step_share.")]
+    fig = go.Figure()
+    if not parts or table.num_rows == 0:
+        return _empty(fig, title)
+    if table.num_rows > MAX_DISTINCT:
+        # A bar per point stops being readable long before this: heatmaps of one part say more.
+        return _empty(fig, f"{title}: {table.num_rows} points, too many bars (kvsim report --z step_share.<part>)")
+    rows = table.to_pylist()
+    labels = [", ".join(f"{c.split('.')[-1]}={r.get(c)}" for c in label_columns) or str(r.get("point")) for r in rows]
+    for c in sorted(parts, key=lambda c: -sum(float(r.get(c) or 0.0) for r in rows)):
+        y = [float(r.get(c) or 0.0) for r in rows]
+        if any(y):
+            fig.add_trace(go.Bar(x=labels, y=y, name=c.removeprefix("step_share.")))
+    fig.update_layout(title=title, barmode="stack", yaxis=dict(title="share of busy time", tickformat=".0%"))
+    return fig
+
+
 def decode_only_mask(timeseries: pa.Table) -> np.ndarray:
     """Rows whose iterations computed one token per running sequence and nothing else."""
     return column(timeseries, "batch_tokens") == column(timeseries, "running")

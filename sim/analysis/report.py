@@ -316,6 +316,8 @@ def sweep_figures(
     if x is not None:
         for metric in ("ttft_s.p90", "tpot_s.p90", "throughput_tokens_per_s", *_slo_metrics(ok)):
             figs[f"{metric}_vs_{x}"] = plots.sweep_curves(t_series, x, metric, color, with_by=with_x, order=order)
+    if any(c.startswith("step_share.") for c in ok.column_names):
+        figs["step_shares"] = plots.step_shares(ok, vary)
     if x is not None and y is not None:
         shown = {x, y, *with_x, *_partners(zips, y, vary)}
         facets = [a for a in vary if a not in shown]

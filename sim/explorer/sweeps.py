@@ -7,6 +7,7 @@ import hashlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import yaml
@@ -104,9 +105,11 @@ def run_small_sweep(
     workers: int = 1,
     total_wall_s: float | None = ACTION_BUDGET_S,
     slo=None,
+    step_breakdown: bool = False,
 ):
     """Run a grid sweep of the edited scenario (``sim.analysis.sweep``); returns (dataset table, failures).
-    ``slo`` (:class:`sim.analysis.slo.SLO` with a bound): each point's attainment of it (``slo.*`` columns).
+    ``slo`` (:class:`sim.analysis.slo.SLO` with a bound): each point's attainment of it (``slo.*`` columns);
+    ``step_breakdown``: each point's iteration time by part (``step_share.*`` columns).
     No point starts after ``total_wall_s`` seconds: those not run are rows of status ``skipped``
     (:func:`sim.explorer.page_budget.sweep_within`)."""
     points = 1
@@ -118,7 +121,7 @@ def run_small_sweep(
         )
     _check_page_requests(num_requests)
     base = _write_run_scenario(data, store, "sweeps", lambda sc: check_axes_read(sc, grid))
-    spec = {
+    spec: dict[str, Any] = {
         "name": "explorer",
         "base": base.name,
         "set": {"workload.num_requests": int(num_requests)},
@@ -129,6 +132,8 @@ def run_small_sweep(
             **{f"{m}_s": getattr(slo, f"{m}_s") for m in ("ttft", "tpot", "e2e") if getattr(slo, f"{m}_s")},
             "attainment": slo.attainment,
         }
+    if step_breakdown:
+        spec["step_breakdown"] = True
     sweep_file = base.parent / "sweep.yaml"
     sweep_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     return sweep_within(
