@@ -43,7 +43,7 @@ def measure(
     """Every point on every available backend; ``budget_s``: stop starting new backends past it."""
     from calibration import attention_backends as AB, kernels as K
     from sim.catalog import get_model
-    from sim.cost.profile import per_gpu_heads
+    from sim.cost.profile_model import per_gpu_heads
 
     model = get_model(model_name)
     h, kvh = per_gpu_heads(model, 1)

@@ -21,7 +21,7 @@ SCENARIO = "chat-api"
 def _recording(inner):
     """A copy of the calibrated model ``inner`` that keeps the arguments of the engine's pricing
     calls. A subclass, not a wrapper: the compiled engine (sim/native.py) accepts only CostModels."""
-    from sim.cost.profile import ProfileCostModel
+    from sim.cost.profile_model import ProfileCostModel
 
     class _Recording(ProfileCostModel):
         # Only the engine's calls: the model's own calls between these methods (a long window

@@ -1,6 +1,6 @@
 """The plain evaluation of a profile's curves that the fast ProfileCostModel is held to.
 
-``sim/cost/profile.py`` prices through scalar curve lookups, per-argument caches and
+``sim/cost/profile_model.py`` prices through scalar curve lookups, per-argument caches and
 ``Grid2D.at_many``. :class:`ReferenceProfileCostModel` prices the same batches the plain way
 (numpy on 1-element arrays, no per-argument caches): the curve lookups as functions of a curve's
 data, the cost-model methods as a subclass that only swaps the evaluation. The fast model must
@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from sim.cost.profile import ACT_BYTES, Curve1D, Grid2D, ProfileCostModel
+from sim.cost.profile import Curve1D, Grid2D
+from sim.cost.profile_model import ACT_BYTES, ProfileCostModel
 
 
 def reference_curve(c: Curve1D, x):

@@ -64,9 +64,9 @@ def model_option(model: str) -> ModelSpec:
 
 def _tp_pairs(spec: ModelSpec, tps: tuple[int, ...]) -> list[tuple[ModelSpec, int]]:
     """(model, TP) for the degrees in ``tps`` that split its heads, KV heads, intermediate size and
-    vocabulary evenly: those :func:`sim.cost.profile.shape_keys` prices (the pairs
+    vocabulary evenly: those :func:`sim.cost.profile_model.shape_keys` prices (the pairs
     :func:`calibration.profile_builder.default_models` makes of catalog names, for any shape)."""
-    from sim.cost.profile import shape_keys
+    from sim.cost.profile_model import shape_keys
 
     pairs = []
     for tp in tps:

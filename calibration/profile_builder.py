@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from sim.catalog import MODELS, ModelSpec
-from sim.cost.profile import Curve1D, Grid2D, Profile, shape_keys
+from sim.cost.profile import Curve1D, Grid2D, Profile
+from sim.cost.profile_model import shape_keys
 from sim.errors import ConfigError
 
 from . import fit as F

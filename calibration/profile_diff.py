@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from sim.catalog import ModelSpec, get_gpu
-from sim.cost.profile import ProfileCostModel, build_profile_cost_model
+from sim.cost.profile_model import ProfileCostModel, build_profile_cost_model
 from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU
 from sim.errors import ConfigError
 

@@ -300,7 +300,7 @@ def _read_cached(path_str: str, _mtime_ns: int, _siblings: tuple[int, ...]) -> H
     if wq == "fp8" and _block_scaled(qtop):
         # Block-scaled fp8 runs kernels of its own (DeepGEMM, TensorRT-LLM's block-scale GEMMs and
         # fused MoE), timed apart from per-tensor fp8 ones: each engine prices them from its block
-        # table where it has one, from its per-tensor table where it does not (sim/cost/profile.py).
+        # table where it has one, from its per-tensor table where it does not (sim/cost/profile_model.py).
         wq = "fp8_block"
         block = _weight_block(path, qtop)
         if moe is not None:

@@ -40,6 +40,7 @@ MODULES = (
     "sim.request",
     "sim.cost.model",
     "sim.cost.profile",
+    "sim.cost.profile_model",
     "sim.allocators.base",
     "sim.allocators.cohort",
     "sim.allocators.paged",

@@ -19,7 +19,8 @@ from calibration import fit as F
 from sim.catalog import get_gpu, get_model, with_overrides
 from sim.cost.kernel_model import Peaks, attention_grid, gemm_curve
 from sim.cost.model import BatchShape
-from sim.cost.profile import Curve1D, Grid2D, ProfileCostModel, load_profile
+from sim.cost.profile import Curve1D, Grid2D, load_profile
+from sim.cost.profile_model import ProfileCostModel
 
 BAKED = json.loads((Path(__file__).parent / "data" / "baked_curves_v1.json").read_text())
 

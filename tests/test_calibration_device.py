@@ -22,7 +22,8 @@ from calibration import kernels as K  # noqa: E402
 from sim.catalog import get_gpu, get_model  # noqa: E402
 from sim.config import scenario_from_dict  # noqa: E402
 from sim.cost.model import BatchShape, Layout  # noqa: E402
-from sim.cost.profile import ProfileCostModel, list_profiles, load_profile  # noqa: E402
+from sim.cost.profile import list_profiles, load_profile  # noqa: E402
+from sim.cost.profile_model import ProfileCostModel  # noqa: E402
 from sim.engine.cluster import simulate  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
 

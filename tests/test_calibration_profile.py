@@ -13,14 +13,8 @@ from typer.testing import CliRunner
 from calibration.tables import DEFAULT_TABLES_DIR, load_kernel_tables, read_gemm
 from sim.catalog import get_gpu, get_model, with_overrides
 from sim.cost.model import BatchShape, Layout
-from sim.cost.profile import (
-    PROFILE_DIR,
-    Profile,
-    ProfileCostModel,
-    build_profile_cost_model,
-    list_profiles,
-    load_profile,
-)
+from sim.cost.profile import PROFILE_DIR, Profile, list_profiles, load_profile
+from sim.cost.profile_model import ProfileCostModel, build_profile_cost_model
 from sim.errors import ConfigError
 
 H100 = get_gpu("H100-SXM-80GB")

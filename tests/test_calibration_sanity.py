@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sim.catalog import get_gpu, get_model
-from sim.cost.profile import build_profile_cost_model, list_profiles, load_profile
+from sim.cost.profile import list_profiles, load_profile
+from sim.cost.profile_model import build_profile_cost_model
 
 
 def _curves(p, family):

@@ -11,7 +11,8 @@ import textwrap
 from pathlib import Path
 
 from sim.config import load_scenario
-from sim.cost.profile import PROFILE_DIR, build_profile_cost_model, load_profile
+from sim.cost.profile import PROFILE_DIR, load_profile
+from sim.cost.profile_model import build_profile_cost_model
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.output.results import write_run

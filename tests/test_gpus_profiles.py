@@ -17,7 +17,8 @@ from sim.catalog import GPUS, MODELS, find_gpu, tensor_core_peak
 from sim.config import scenario_from_dict
 from sim.cost.kernel_model import Peaks
 from sim.cost.model import BatchShape
-from sim.cost.profile import build_profile_cost_model, load_profile
+from sim.cost.profile import load_profile
+from sim.cost.profile_model import build_profile_cost_model
 from sim.engine.cluster import simulate
 from sim.engine.deployment import BUILTIN_PROFILE_FOR_GPU, Deployment
 from sim.errors import ConfigError

@@ -14,7 +14,7 @@ import pytest
 from helpers import write_config
 from sim.catalog import FULL, MODELS, SLIDING
 from sim.config import scenario_from_dict
-from sim.cost.profile import shape_keys
+from sim.cost.profile_model import shape_keys
 from sim.engine.deployment import Deployment, model_spec
 from sim.errors import ConfigError
 from sim.hf_config import MODELS_DIR, read_hf_config, resolve_hf_config, shipped_models
@@ -432,7 +432,8 @@ def test_quantized_checkpoints_keep_embeddings_and_lm_head_in_16_bits():
     from dataclasses import replace
 
     from sim.catalog import get_gpu, get_model
-    from sim.cost.profile import ProfileCostModel, load_profile
+    from sim.cost.profile import load_profile
+    from sim.cost.profile_model import ProfileCostModel
 
     q = get_model("qwen3-32b")
     assert q.embedding_params == 2 * 151936 * 5120

@@ -21,7 +21,7 @@ from sim.allocators.sliding_window import SlidingWindowPagedAllocator
 from sim.catalog import FULL, GPUS, MODELS, SLIDING, KVGroups, ModelSpec, kv_groups_of
 from sim.config import load_scenario
 from sim.cost.model import BatchShape, RooflineCostModel
-from sim.cost.profile import build_profile_cost_model
+from sim.cost.profile_model import build_profile_cost_model
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment, derived_kv_cache_tokens, with_engine_defaults
 from sim.errors import ConfigError

@@ -7,7 +7,8 @@ import pytest
 from helpers import write_config
 from sim.catalog import GPUS, MlaSpec
 from sim.cost.model import BatchShape, RooflineCostModel
-from sim.cost.profile import ProfileCostModel, load_profile
+from sim.cost.profile import load_profile
+from sim.cost.profile_model import ProfileCostModel
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
 from sim.hf_config import read_hf_config, resolve_hf_config

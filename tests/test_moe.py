@@ -15,7 +15,8 @@ from helpers import write_config
 from sim.catalog import GPUS, MoeSpec
 from sim.cost.model import BatchShape, RooflineCostModel
 from sim.cost.moe import MoeKernelFit, experts_woken, moe_layer_s
-from sim.cost.profile import ProfileCostModel, load_profile
+from sim.cost.profile import load_profile
+from sim.cost.profile_model import ProfileCostModel
 from sim.engine_presets import get_preset
 from sim.errors import ConfigError
 from sim.hf_config import read_hf_config, resolve_hf_config
@@ -291,7 +292,8 @@ def test_moe_error_names_the_profile_as_given(tmp_path):
     name recorded inside the file."""
     import shutil
 
-    from sim.cost.profile import PROFILE_DIR, build_profile_cost_model
+    from sim.cost.profile import PROFILE_DIR
+    from sim.cost.profile_model import build_profile_cost_model
 
     m, a100, vllm = _spec("Qwen/Qwen3-30B-A3B"), GPUS["A100-SXM-80GB"], get_preset("vllm")
     path = tmp_path / "my-a100.json"

@@ -15,7 +15,8 @@ import pytest
 from bench.costmodel_reference import ReferenceProfileCostModel, reference_curve, reference_grid
 from sim.catalog import get_gpu, get_model
 from sim.cost.model import BatchShape, Layout
-from sim.cost.profile import ProfileCostModel, load_profile
+from sim.cost.profile import load_profile
+from sim.cost.profile_model import ProfileCostModel
 
 REL = 1e-12
 

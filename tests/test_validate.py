@@ -623,7 +623,8 @@ def test_overhead_fit_mixed_decode_cost():
     from calibration.kernels import fit_overhead, with_engine_overhead
     from sim.catalog import GPUS, get_model
     from sim.cost.model import BatchShape
-    from sim.cost.profile import ProfileCostModel, load_profile
+    from sim.cost.profile import load_profile
+    from sim.cost.profile_model import ProfileCostModel
 
     a, b, c, g = 1e-3, 2e-4, 20e-6, 1.5e-4
     rng = np.random.default_rng(3)

@@ -12,7 +12,8 @@ import pytest
 
 from sim.catalog import GPUS, MODELS, GiB, tensor_parallel_problem
 from sim.config import Scenario, apply_overrides, list_scenarios, load_scenario, read_scenario_dict, scenario_from_dict
-from sim.cost.profile import gemm_key, padded_vocab, shape_keys
+from sim.cost.profile import gemm_key
+from sim.cost.profile_model import padded_vocab, shape_keys
 from sim.engine.cluster import simulate
 from sim.engine.deployment import Deployment
 from sim.errors import ConfigError

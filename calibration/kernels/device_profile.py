@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from sim.catalog import ModelSpec
-from sim.cost.profile import Curve1D, Grid2D, Profile, per_gpu_heads, shape_keys
+from sim.cost.profile import Curve1D, Grid2D, Profile
+from sim.cost.profile_model import per_gpu_heads, shape_keys
 
 from .. import attention_backends as AB, fit as F
 from ..tables import AttentionTable, GemmTable

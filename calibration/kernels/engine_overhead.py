@@ -51,7 +51,7 @@ def kernel_cost(profile: Profile, model: ModelSpec, allocator: str, block_size: 
     reference engine's ``allocator`` layout: what the engine overhead is measured against."""
     from sim.catalog import GPUS
     from sim.cost.model import Layout
-    from sim.cost.profile import ProfileCostModel
+    from sim.cost.profile_model import ProfileCostModel
 
     dt = profile.dtypes["weight"][0]
     return ProfileCostModel(
@@ -294,7 +294,7 @@ BY_SEQS_MIN = 20
 def step_overhead_s(fit: dict, seqs) -> np.ndarray:
     """The overhead fit's seconds per iteration of ``seqs`` sequences before its per-prefill-token part:
     ``intercept_s + per_seq_s·S``, plus ``per_seq_delta_s`` interpolated between its measured counts
-    (nothing beyond them), as ``sim.cost.profile.ProfileCostModel`` charges it."""
+    (nothing beyond them), as ``sim.cost.profile_model.ProfileCostModel`` charges it."""
     S = np.asarray(seqs, dtype=np.float64)
     out = fit["intercept_s"] + fit["per_seq_s"] * S
     delta = fit.get("per_seq_delta_s") or {}
@@ -470,7 +470,7 @@ def with_engine_overhead(profile: Profile, overhead: dict, model: ModelSpec) -> 
     import copy
 
     from sim.catalog import GPUS
-    from sim.cost.profile import ProfileCostModel
+    from sim.cost.profile_model import ProfileCostModel
 
     p = copy.deepcopy(profile)
     c = float(overhead.get("per_token_s", 0.0))

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.catalog import ModelSpec
-from sim.cost.profile import per_gpu_heads, shape_keys
+from sim.cost.profile_model import per_gpu_heads, shape_keys
 from sim.errors import ConfigError
 
 from .. import attention_backends as AB

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.catalog import ModelSpec
-from sim.cost.profile import Profile, per_gpu_heads
+from sim.cost.profile import Profile
+from sim.cost.profile_model import per_gpu_heads
 
 from .. import fit as F
 from .measure import Measurements

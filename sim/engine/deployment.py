@@ -355,7 +355,7 @@ class Deployment:
                     ", ".join(g for g in BUILTIN_PROFILE_FOR_GPU if g != "cpu"),
                 )
         if ref:
-            from sim.cost.profile import build_profile_cost_model  # only when needed: keeps startup light
+            from sim.cost.profile_model import build_profile_cost_model  # only when needed: keeps startup light
 
             try:
                 cost = build_profile_cost_model(

@@ -8,7 +8,7 @@ digits of the SHA-256 of the file's bytes). Nothing in it depends on when or whe
 the same scenario and seed still write the same ``summary.json``.
 
 :func:`cost_model_block` builds it from the cost model that priced the run
-(``sim.cost.profile.ProfileCostModel.provenance``: the hash is that of the exact bytes the cost model
+(``sim.cost.profile_model.ProfileCostModel.provenance``: the hash is that of the exact bytes the cost model
 parsed, the file is not read again), so ``simulate()``'s summary, and with it ``kvsim run``, sweep
 points and the explorer's runs, all carry the same block; ``cost_model: profile: auto`` that falls
 back to the roofline prior (the GPU's profile does not cover the model) gets :func:`roofline_block`.
