@@ -6,6 +6,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from sim.analysis.report import report
 from sim.analysis.slo import SLO, parse_slos, slo_from_mapping
@@ -189,3 +190,33 @@ def test_the_slo_is_part_of_the_point_so_another_runs_it_again(tmp_path):
     # Without the block, the dataset has no SLO columns.
     run_sweep(plain, workers=1, out=tmp_path / "plain", progress=False)
     assert not [c for c in read_dataset(tmp_path / "plain").column_names if c.startswith("slo")]
+
+
+_junk = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-10, 10**7), st.floats(allow_nan=True), st.text(max_size=6)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=12), inner, max_size=3)),
+    max_leaves=8,
+)
+_keys = st.sampled_from(
+    ["ttft_s", "tpot_p90_s", "e2e_p99_s", "attainment", "long_prompt_tokens", "long", "ttft_p0_s", "x"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_junk, st.dictionaries(_keys, _junk, max_size=4)))
+def test_any_slo_block_is_an_slo_or_one_line_naming_it(data):
+    try:
+        slo = slo_from_mapping(data)
+    except ConfigError as exc:
+        assert str(exc).startswith("slo") and "\n" not in str(exc), str(exc)
+    else:
+        assert 0 < slo.attainment <= 1 and (slo.ttft_s or slo.tpot_s or slo.e2e_s or slo.long_prompt_tokens)
+
+
+def test_a_failed_point_keeps_the_table_square(tmp_path):
+    f = _write(tmp_path, SWEEP.replace("[4, 40]", "[4, -1]") + SLO_BLOCK)
+    res = run_sweep(f, workers=1, out=tmp_path / "ds", progress=False)
+    assert len(res.failures) == 1
+    head, rows = result_rows(read_dataset(tmp_path / "ds"), res.axes)
+    assert all(len(r) == len(head) for r in rows)
+    assert any(c.startswith("failed: ConfigError: workload.arrival.rate") for r in rows for c in r)
