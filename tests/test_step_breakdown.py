@@ -112,6 +112,28 @@ def test_a_breakdown_needs_one_priced_iteration_per_iteration():
         simulate(_scenario({"workload.num_requests": 20}), step_breakdown=True)
 
 
+def test_kvsim_run_says_when_it_replaces_the_engine_mode_asked_for(tmp_path):
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "chat-api",
+            "-s",
+            "workload.num_requests=20",
+            "-s",
+            "engine.mode=fast_forward",
+            "--step-breakdown",
+            "-q",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        catch_exceptions=False,
+        env={"COLUMNS": "200"},
+    )
+    assert res.exit_code == 0
+    assert "--step-breakdown runs engine.mode=step, not fast_forward (the same results)" in res.stderr
+
+
 def test_kvsim_run_prints_and_writes_the_breakdown(tmp_path):
     res = CliRunner().invoke(
         app, ["run", "chat-api", "--set", "workload.num_requests=60", "--step-breakdown", "--out", str(tmp_path / "r")]

@@ -211,6 +211,11 @@ def run(
         overrides = _overrides(set_)
         if step_breakdown:
             # After the user's --set: every iteration priced on its own is what the breakdown adds up.
+            if overrides.get("engine.mode", "step") != "step":
+                typer.echo(
+                    f"kvsim: --step-breakdown runs engine.mode=step, not {overrides['engine.mode']} (the same results)",
+                    err=True,
+                )
             overrides["engine.mode"] = "step"
         sc = scenario_from_dict(apply_overrides(data, overrides), base_dir=base)
         dest = out_dir(out if out is not None else Path("runs") / sc.name)
