@@ -49,15 +49,18 @@ def warn_debug() -> None:
         console.print("[yellow]KVSIM_DEBUG is set: engine self-checks slow every run; unset it to benchmark[/]")
 
 
-def timed_run(scenario: str, overrides: dict | None = None, out_dir: Path | None = None) -> dict:
-    """Simulate a scenario in this process: its summary, wall and CPU seconds, load average around it."""
+def timed_run(
+    scenario: str, overrides: dict | None = None, out_dir: Path | None = None, step_breakdown: bool = False
+) -> dict:
+    """Simulate a scenario in this process: its summary, wall and CPU seconds, load average around it
+    (``step_breakdown``: split its iteration time too, :mod:`sim.cost.breakdown`)."""
     from sim.config import load_scenario
     from sim.engine.cluster import simulate
 
     sc = load_scenario(scenario, dict(overrides or {}))
     load0 = load_avg()
     w0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(sc, out_dir=out_dir)
+    res = simulate(sc, out_dir=out_dir, step_breakdown=step_breakdown)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     return {
         "scenario": scenario,

@@ -3,7 +3,9 @@
 For each scenario both engine modes run in this process, side by side: wall and CPU time, SimPy
 events (``sim_events``), windows and iterations, and the largest relative difference between
 the two modes over the summary's percentiles and counts (0 up to float rounding: the modes are
-equivalent, ``tests/test_engine.py``).
+equivalent, ``tests/test_engine.py``). A third run steps with the step-time breakdown on
+(``kvsim run --step-breakdown``): its CPU time against fast-forward's, and whether its summary
+differs from the plain step run's (it must not).
 """
 
 from __future__ import annotations
@@ -61,13 +63,15 @@ def run(quick: bool, out: Path) -> dict:
     for label, scenario, over, qover in CASES:
         o = qover if quick else over
         timed_run(scenario, {**o, "workload.num_requests": 20})  # warm-up: imports, traces, profile
-        ffs, sts = [], []
+        ffs, sts, sps = [], [], []
         for _ in range(repeats):  # alternate the modes so load drifts hit both alike
             ffs.append(timed_run(scenario, {**o, "engine.mode": "fast_forward"}))
             sts.append(timed_run(scenario, {**o, "engine.mode": "step"}))
-        ff, st = _best(ffs), _best(sts)
+            sps.append(timed_run(scenario, {**o, "engine.mode": "step"}, step_breakdown=True))
+        ff, st, sp = _best(ffs), _best(sts), _best(sps)
         sf, ss = ff["summary"], st["summary"]
         worst, where = compare(sf, ss)
+        split_diff, _ = compare(ss, sp["summary"])
         n = sf["requests"]
         r = {
             "case": label,
@@ -80,6 +84,9 @@ def run(quick: bool, out: Path) -> dict:
             | {k: ss[k] for k in ("sim_events", "windows", "iterations", "preemptions")},
             "events_ratio_step_over_ff": ss["sim_events"] / max(sf["sim_events"], 1),
             "cpu_ratio_step_over_ff": st["cpu_s"] / max(ff["cpu_s"], 1e-9),
+            "split_cpu_s": sp["cpu_s"],
+            "cpu_ratio_split_over_ff": sp["cpu_s"] / max(ff["cpu_s"], 1e-9),
+            "split_max_rel_diff_from_step": split_diff,
             "ff_events_per_request": sf["sim_events"] / n,
             "iterations_per_request": sf["iterations"] / n,
             "iterations_per_window_ff": sf["iterations"] / max(sf["windows"], 1),
@@ -95,6 +102,9 @@ def run(quick: bool, out: Path) -> dict:
                 st["wall_s"],
                 ff["cpu_s"],
                 st["cpu_s"],
+                sp["cpu_s"],
+                r["cpu_ratio_split_over_ff"],
+                f"{split_diff:.0e}",
                 sf["sim_events"],
                 ss["sim_events"],
                 r["events_ratio_step_over_ff"],
@@ -115,6 +125,9 @@ def run(quick: bool, out: Path) -> dict:
             "step wall",
             "ff cpu",
             "step cpu",
+            "split cpu",
+            "split/ff cpu",
+            "split vs step",
             "ff events",
             "step events",
             "step/ff",

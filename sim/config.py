@@ -10,6 +10,7 @@ allowed (:class:`sim.errors.ConfigError`).
 from __future__ import annotations
 
 import copy
+import math
 import re
 import typing
 from pathlib import Path
@@ -535,11 +536,21 @@ class EngineConfig(_Section):
 class LengthSplitConfig(_Section):
     """``router: length_split``: a pool of replicas kept for long prompts, so that their prefills
     do not hold up the short requests' first tokens. Requests whose prompt has at least
-    ``prompt_tokens`` tokens go to the last ``replicas`` replicas, the others to the rest; within a
-    pool, the replica with the fewest running + waiting requests."""
+    ``prompt_tokens`` tokens go to the last ``replicas`` replicas (or ``share`` of them), the others
+    to the rest; within a pool, the replica with the fewest running + waiting requests."""
 
     prompt_tokens: int = Field(8192, ge=1, le=MAX_TOKENS)
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
+    #: The long-prompt pool as a share of ``gpu.replicas`` instead of a count (the planner varies
+    #: the replica count and needs one).
+    share: float | None = Field(None, gt=0, lt=1)
+
+    def long_replicas(self, total: int) -> int:
+        """Replicas kept for long prompts out of ``total``: ``replicas``, or ``share`` of ``total``
+        rounded half up, at least 1 and leaving at least 1 for the others."""
+        if self.share is None:
+            return self.replicas
+        return min(total - 1, max(1, math.floor(self.share * total + 0.5)))
 
 
 class Scenario(_Section):
@@ -568,7 +579,24 @@ class Scenario(_Section):
 
     @model_validator(mode="after")
     def _split_pools(self):
-        if self.router == "length_split" and self.length_split.replicas >= self.gpu.replicas:
+        split = self.length_split
+        if split.share is not None and "replicas" in split.model_fields_set:
+            raise FieldError(
+                "length_split.replicas",
+                split.replicas,
+                "left out with length_split.share (the long-prompt pool is a count or a share of gpu.replicas)",
+            )
+        if self.router != "length_split":
+            return self
+        if split.share is not None:
+            if self.gpu.replicas < 2:
+                raise FieldError(
+                    "gpu.replicas",
+                    self.gpu.replicas,
+                    "at least 2 with router length_split: a pool for long prompts and one for the others",
+                )
+            return self
+        if self.length_split.replicas >= self.gpu.replicas:
             raise FieldError(
                 "length_split.replicas",
                 self.length_split.replicas,

@@ -117,12 +117,42 @@ def test_plan_operating_point_is_the_replica_search_scale(tmp_path):
     assert (op["replicas"], op["requests"]) == (n, n * 200)
 
 
-def test_plan_refuses_a_length_split_router():
-    # The replica search goes down to one replica, where length_split has no pool for short prompts.
+def test_plan_refuses_a_length_split_router_with_a_fixed_count():
+    # The replica search varies the count: a fixed pool for long prompts would leave none for the others.
     with pytest.raises(ConfigError) as exc:
         over = {"gpu.replicas": 4, "router": "length_split"}
         plan("chat-api", SLO(ttft_s=0.5, tpot_s=0.05), over, ["paged"], target_rate=40, workers=1)
-    assert exc.value.key == "router" and "sweep length_split.replicas" in str(exc.value)
+    assert str(exc.value).startswith("length_split.replicas: got 1; a share of the replicas for the planner")
+    assert "--set length_split.share=0.25" in str(exc.value)
+
+
+def test_plan_sizes_a_length_split_deployment_from_two_replicas_up():
+    over = {
+        "gpu.replicas": 4,
+        "router": "length_split",
+        "length_split.share": 0.25,
+        "workload.num_requests": 200,
+        "workload.lengths.outlier_fraction": 0.05,
+        "workload.lengths.outlier_multiplier": 16.0,
+        "workload.lengths.outlier_scales": "prompt",
+        "workload.max_model_len": 65536,
+    }
+    slo = parse_slos(["ttft_p90_s=0.5", "tpot_p90_s=0.05", "long:ttft_p90_s=10"], long_prompt_tokens=8192)
+    p = plan("worst-case-outliers", slo, over, ["paged"], target_rate=5, workers=1)
+    c = p["candidates"][0]
+    assert p["router"] == "length_split" and p["length_split"] == {"prompt_tokens": 8192, "share": 0.25}
+    # One replica cannot hold two pools: the search never tries it, and says why it stops at two.
+    assert min(r["replicas"] for r in c["replica_probes"]) >= 2
+    assert c["replicas_needed"] == 2
+    assert any("router length_split needs 2 at least" in r for r in p["recommendation"]["reasons"])
+
+
+def test_fewest_replicas_never_asks_below_its_lowest():
+    for threshold in (1, 2, 3, 7):
+        for start in (1, 2, 5, 40):
+            calls: list[int] = []
+            n, _ = fewest_replicas(lambda k, t=threshold, c=calls: c.append(k) or k >= t, start, limit=64, lowest=2)
+            assert n == max(threshold, 2) and min(calls) >= 2
 
 
 @pytest.mark.parametrize(

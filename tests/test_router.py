@@ -54,6 +54,41 @@ def test_round_robin_cycles():
     assert rep.tolist() == [i % 4 for i in range(40)]
 
 
+def test_a_share_of_the_replicas_is_the_count_it_rounds_to():
+    from sim.config import LengthSplitConfig
+
+    split = LengthSplitConfig(share=0.25)
+    assert [split.long_replicas(n) for n in (2, 3, 4, 6, 8, 10, 40)] == [1, 1, 1, 2, 2, 3, 10]
+    assert LengthSplitConfig(share=0.9).long_replicas(4) == 3  # one left for the others
+    shared = simulate(
+        load_scenario("worst-case-outliers", {**LONG_TAIL, "router": "length_split", "length_split.share": 0.5})
+    )
+    counted = simulate(
+        load_scenario("worst-case-outliers", {**LONG_TAIL, "router": "length_split", "length_split.replicas": 2})
+    )
+    assert shared.summary["length_split_replicas"] == 2
+    assert column(shared.requests, "replica").tolist() == column(counted.requests, "replica").tolist()
+    assert shared.summary["ttft_s"] == counted.summary["ttft_s"]
+
+
+@pytest.mark.parametrize(
+    "over, starts",
+    [
+        (
+            {"length_split.share": 0.5, "length_split.replicas": 1},
+            "length_split.replicas: got 1; left out with length_split.share",
+        ),
+        ({"length_split.share": 0.5, "gpu.replicas": 1}, "gpu.replicas: got 1; at least 2 with router length_split"),
+        ({"length_split.share": 1.0}, "length_split.share: got 1.0;"),
+        ({"length_split.share": 0}, "length_split.share: got 0;"),
+    ],
+)
+def test_a_bad_share_is_one_line(over, starts):
+    with pytest.raises(ConfigError) as e:
+        load_scenario("worst-case-outliers", {"gpu.replicas": 4, "router": "length_split", **over})
+    assert str(e.value).startswith(starts), str(e.value)
+
+
 @pytest.mark.parametrize("long_replicas", [2, 3])
 def test_length_split_needs_a_pool_for_the_others(long_replicas):
     with pytest.raises(ConfigError) as e:

@@ -23,6 +23,18 @@ def plan_dtypes(p: dict) -> str:
     return f" (weights {p['weight_dtype']}, KV {p['kv_dtype']})"
 
 
+def plan_router(p: dict) -> str:
+    """``; router length_split: 25% of the replicas for prompts of 8192+ tokens`` for a plan's title
+    (empty for the other routers, which serve every request alike)."""
+    split = p.get("length_split")
+    if not split:
+        return ""
+    return (
+        f"; router length_split: {split['share']:.0%} of the replicas (at least 1 each side) for prompts of "
+        f"{split['prompt_tokens']}+ tokens"
+    )
+
+
 def plan_json(p: dict) -> str:
     """``p`` as strict JSON (no NaN or infinity: ``null``), as ``plan.json`` holds it."""
     import json
@@ -54,7 +66,8 @@ def write_plan(p: dict, out: str | Path) -> Path:
     if p.get("accuracy"):
         intro.append(f"<p>Accuracy: {_esc(p['accuracy'])}.</p>")
     intro.append(
-        f"<p>SLO: {_esc(p['slo_text'])}; goodput tolerance {p['tolerance']:.0%}; {_esc(search_summary(p))}.</p>"
+        f"<p>SLO: {_esc(p['slo_text'])}{_esc(plan_router(p))}; goodput tolerance {p['tolerance']:.0%}; "
+        f"{_esc(search_summary(p))}.</p>"
     )
     problems = problem_lines(p)
     if problems:

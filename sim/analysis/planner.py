@@ -526,7 +526,9 @@ def _replica_search(runner: _Runner, task: dict, out: dict, goodput: float) -> i
         rprobes[n] = runner.quick(target_rate, n)
         return rprobes[n]["decision"] == "pass"
 
-    n, _ = fewest_replicas(sustains, start, task["max_replicas"])
+    # A pool for long prompts and one for the others: two replicas at least.
+    lowest = 2 if task.get("split_router") else 1
+    n, _ = fewest_replicas(sustains, max(start, lowest), task["max_replicas"], lowest)
     out["replica_probes"] = [rprobes[k] for k in sorted(rprobes)]
     return n
 
@@ -612,15 +614,14 @@ def plan(
             sc.workload.arrival.kind,
             "poisson or gamma: the planner varies workload.arrival.rate",
         )
-    if sc.router == "length_split":
-        # The replica search tries counts down to one, where a pool kept for long prompts leaves none
-        # for the others: length_split.replicas is a count, not a share of the replicas.
+    if sc.router == "length_split" and sc.length_split.share is None:
+        # The replica search varies the count: a fixed count kept for long prompts would leave none
+        # for the others at the low end, and mean another split at each count.
         raise ConfigError(
-            "router",
-            sc.router,
-            "round_robin, least_outstanding or prefix_affinity: the planner varies gpu.replicas, and "
-            "length_split keeps a fixed count of them for long prompts; plan without it, then sweep "
-            "length_split.replicas at the planned replica count (kvsim sweep)",
+            "length_split.replicas",
+            sc.length_split.replicas,
+            "a share of the replicas for the planner, which varies gpu.replicas: --set "
+            "length_split.share=0.25 (the long-prompt pool rounded from it, at least one replica each side)",
         )
     if sc.workload.arrival.max_concurrency is not None:
         # A client cap holds back what the client offers: at any rate the server sees at most that
@@ -650,6 +651,7 @@ def plan(
         "seeds": seeds,
         "confidence": confidence,
         "budget": None if budget is None else budget.__dict__,
+        "split_router": sc.router == "length_split",
     }
     skipped, tasks = [], []
     for n in names:
@@ -707,6 +709,13 @@ def plan(
             "start_rate": sc.workload.arrival.rate,
             "num_requests": sc.workload.num_requests,
             "replicas": sc.gpu.replicas,
+            "router": sc.router,
+            # The long-prompt pool of router length_split, a share of each replica count tried.
+            "length_split": (
+                {"prompt_tokens": sc.length_split.prompt_tokens, "share": sc.length_split.share}
+                if sc.router == "length_split"
+                else None
+            ),
             "tensor_parallel": sc.gpu.tensor_parallel,
             "gpu": sc.gpu.name,
             "model": sc.model.name,

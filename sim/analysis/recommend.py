@@ -566,10 +566,14 @@ def _comparison_reasons(d: _Decision) -> list[str]:
     op = best["operating_point"]
     reasons = []
     if target and best.get("replicas_needed"):
+        n = best["replicas_needed"]
+        fewer = f"{n - 1 or 'fewer'} replica(s) do not"
+        if p.get("router") == "length_split" and n <= 2:
+            fewer = "router length_split needs 2 at least (a pool for long prompts and one for the others)"
         reasons.append(
-            f"{best['replicas_needed']} replica(s) × TP{p['tensor_parallel']} = {d.gpus} GPU(s) sustain "
+            f"{n} replica(s) × TP{p['tensor_parallel']} = {d.gpus} GPU(s) sustain "
             f"{target:g} req/s with {op['attainment']:.1%} of requests within the SLO "
-            f"({p['slo_text']}); {best['replicas_needed'] - 1 or 'fewer'} replica(s) do not"
+            f"({p['slo_text']}); {fewer}"
         )
     target_share = p.get("attainment_target")
     binds = binding_line(best, p.get("replicas") or 1, target_share) if target_share else None

@@ -267,9 +267,11 @@ def find_goodput_guided(
     return s
 
 
-def fewest_replicas(passes: Callable[[int], bool], start: int, limit: int = 4096) -> tuple[int | None, dict[int, bool]]:
-    """Smallest n ≥ 1 with ``passes(n)``, searching from ``start`` and assuming ``passes`` is
-    monotone; ``None`` when even ``limit`` fails. Down: ``start − 1`` first, then halving, then
+def fewest_replicas(
+    passes: Callable[[int], bool], start: int, limit: int = 4096, lowest: int = 1
+) -> tuple[int | None, dict[int, bool]]:
+    """Smallest n ≥ ``lowest`` with ``passes(n)``, searching from ``start`` and assuming ``passes``
+    is monotone; ``None`` when even ``limit`` fails. Down: ``start − 1`` first, then halving, then
     bisection; up: doubling, then bisection."""
     seen: dict[int, bool] = {}
 
@@ -278,16 +280,16 @@ def fewest_replicas(passes: Callable[[int], bool], start: int, limit: int = 4096
             seen[n] = passes(n)
         return seen[n]
 
-    n = max(1, min(start, limit))
+    n = max(lowest, min(start, limit))
     if ok(n):
         # start − 1 first: a good start settles in two runs. Past it the start overshoots (one
         # replica's goodput understates what pooled replicas serve: 2.7× for static on qwen3-32b), and
         # stepping down by one would cost a run per replica, each over n replicas' requests.
         good, bad = n, n - 1
-        if n > 1 and ok(n - 1):
-            good, bad = n - 1, 0
-            while good > 1:
-                cand = good // 2
+        if n > lowest and ok(n - 1):
+            good, bad = n - 1, lowest - 1
+            while good > lowest:
+                cand = max(good // 2, lowest)
                 if ok(cand):
                     good = cand
                 else:

@@ -181,7 +181,7 @@ def plan_command(
 def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -> None:
     from rich.table import Table
 
-    from sim.analysis.plan_output import assumption_lines, plan_columns, plan_dtypes, plan_rows
+    from sim.analysis.plan_output import assumption_lines, plan_columns, plan_dtypes, plan_router, plan_rows
     from sim.analysis.recommend import problem_lines
 
     console = stdout_console()
@@ -198,7 +198,7 @@ def _print_plan(p: dict, dest: Path, search_: dict | None, rate: float | None) -
     cal = "" if p["cost_model_calibrated"] else " — UNCALIBRATED roofline cost model"
     t = Table(
         title=f"kvsim plan: {p['scenario']} ({p['model']}{plan_dtypes(p)} on {p['gpu']}, TP{p['tensor_parallel']}); "
-        f"SLO: {p['slo_text']}{cal}"
+        f"SLO: {p['slo_text']}{plan_router(p)}{cal}"
     )
     for c in plan_columns(p):
         t.add_column(c, justify="left" if c == "candidate" else "right")

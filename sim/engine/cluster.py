@@ -190,7 +190,11 @@ def simulate(
             )
         )
     assert cost is not None  # at least one replica (the config requires it)
-    split = (sc.length_split.prompt_tokens, sc.length_split.replicas) if sc.router == "length_split" else (0, 0)
+    split = (
+        (sc.length_split.prompt_tokens, sc.length_split.long_replicas(sc.gpu.replicas))
+        if sc.router == "length_split"
+        else (0, 0)
+    )
     router = Router(sc.router, replicas, wl.hash_block_tokens, split)
     prompts: list[int] = wl.prompt_tokens.tolist()
     outputs: list[int] = wl.output_tokens.tolist()
@@ -343,6 +347,8 @@ def simulate(
     if cap is not None:
         # Seconds each sent request waited in the client for a slot (not in TTFT or latency).
         summary["client_wait_s"] = client_wait_stats(client_wait)
+    if sc.router == "length_split":
+        summary["length_split_replicas"] = split[1]
     if meter is not None:
         summary["step_time_breakdown"] = meter.breakdown(
             float(sum(r.stats.busy_s for r in replicas)), float(sum(r.stats.alloc_work_s for r in replicas))
