@@ -563,7 +563,7 @@ def breakdown_panel(rd: X.RunData) -> None:
     with st.expander("Where the iteration time goes"):
         st.caption(
             "GEMMs, attention and what the paged layout adds to it, all-reduce, host time, the allocator's "
-            "work: the run priced iteration by iteration (engine.mode step: the same results, 5 to 7 times the simulation time)."
+            "work: the run priced iteration by iteration (engine.mode step: the same results, 4 to 6 times the simulation time)."
         )
         if st.button("Split this run's time", key="breakdown_run"):
             try:
