@@ -254,6 +254,18 @@ def knob_widgets(allocator: bool = True) -> None:
         c1, c2 = st.columns(2)
         knob("number_input", "Replicas", "gpu.replicas", c1, min_value=1, max_value=4096, step=1)
         knob("selectbox", "Tensor parallel", "gpu.tensor_parallel", c2, options=[1, 2, 4, 8])
+        knob(
+            "selectbox",
+            "Router (across replicas)",
+            "router",
+            st,
+            options=list(X.ROUTERS),
+            help="least_outstanding: fewest running + waiting; length_split: a pool of replicas for long prompts",
+        )
+        if K["router"] == "length_split":
+            c1, c2 = st.columns(2)
+            knob("number_input", "Long from (prompt tokens)", "length_split.prompt_tokens", c1, min_value=1, step=1024)
+            knob("number_input", "Replicas for long", "length_split.replicas", c2, min_value=1, max_value=4096, step=1)
         knob("selectbox", "KV dtype", "model.kv_dtype", st, options=["bf16", "fp16", "fp8", "int4"])
         dtypes = st.empty()  # filled once every knob is read: the dtypes depend on the model picked
         profiles = ["auto", "none", *X.builtin_profiles(), *store().profiles]

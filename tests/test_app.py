@@ -79,6 +79,18 @@ def test_explore_splits_a_runs_iteration_time(at):
     assert charts(at) == 5
 
 
+def test_explore_runs_a_pool_for_long_prompts(at):
+    at.number_input(key="knob.gpu.replicas").set_value(3).run()
+    at.selectbox(key="knob.router").set_value("length_split").run()
+    at.number_input(key="knob.length_split.prompt_tokens").set_value(2048).run()
+    small_run(at)
+    assert at.session_state["explore_result"].summary["length_split_replicas"] == 1
+    replicas = at.session_state["explore_result"].requests.column("replica").to_pylist()
+    prompts = at.session_state["explore_result"].requests.column("prompt_tokens").to_pylist()
+    assert {r for r, p in zip(replicas, prompts) if p >= 2048} == {2}  # the last replica
+    assert {r for r, p in zip(replicas, prompts) if p < 2048} == {0, 1}
+
+
 def test_knobs_changed_marks_results_stale(at):
     small_run(at)
     at.number_input(key="knob.workload.arrival.rate").set_value(3.0).run()

@@ -27,6 +27,25 @@ def test_unchanged_knobs_make_no_overrides():
         assert X.overrides_from_knobs(X.knobs_from_scenario(data), scenario_from_dict(data)) == {}
 
 
+def test_router_knobs_reach_the_scenario_only_with_their_router():
+    base = X.builtin_scenario("chat-api")
+    k = X.knobs_from_scenario(base)
+    assert k["router"] == "least_outstanding" and "length_split" in X.ROUTERS
+    # The pool's knobs, hidden under another router, do not leak into the run.
+    assert X.overrides_from_knobs({**k, "length_split.replicas": 3}, base) == {}
+    split = {**k, "router": "length_split", "gpu.replicas": 4, "length_split.replicas": 2}
+    over = X.overrides_from_knobs(split, base)
+    assert over == {"gpu.replicas": 4, "router": "length_split", "length_split.replicas": 2}
+    assert X.resolve_scenario(apply_overrides(base, over)).length_split.long_replicas(4) == 2
+    # A scenario giving the pool as a share shows its count; a new count replaces the share.
+    shared = apply_overrides(base, {"gpu.replicas": 8, "router": "length_split", "length_split.share": 0.25})
+    ks = X.knobs_from_scenario(shared)
+    assert ks["length_split.replicas"] == 2 and X.overrides_from_knobs(ks, shared) == {}
+    over = X.overrides_from_knobs({**ks, "length_split.replicas": 3}, shared)
+    assert over == {"length_split.replicas": 3, "length_split.share": None}
+    assert X.resolve_scenario(apply_overrides(shared, over)).length_split.long_replicas(8) == 3
+
+
 def test_overrides_only_for_changed_and_relevant_knobs():
     base = X.builtin_scenario("chat-api")
     k = X.knobs_from_scenario(base)

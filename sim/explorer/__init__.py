@@ -58,6 +58,7 @@ from sim.explorer.downloads import figures_html, plan_download, table_bytes
 from sim.explorer.knobs import (
     ARRIVAL_KNOBS,
     LENGTH_KNOBS,
+    ROUTERS,
     allocator_choices,
     allocator_fields,
     allocator_knobs,
@@ -137,6 +138,7 @@ __all__ = [
     "MAX_SWEEP_POINTS",
     "MAX_DATASET_BYTES",
     "MAX_UPLOAD_BYTES",
+    "ROUTERS",
     "plan_download",
     "plan_stream_rows",
     "SWEEP_AXES",

@@ -7,6 +7,7 @@ stay unset); :func:`edited_scenario_yaml` writes the result as YAML that ``kvsim
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,12 @@ from typing import Any
 import yaml
 
 from sim.catalog import MODELS
-from sim.config import LengthsConfig, Scenario, apply_overrides, scenario_from_dict, sub_model
+from sim.config import LengthsConfig, LengthSplitConfig, Scenario, apply_overrides, scenario_from_dict, sub_model
 from sim.errors import ConfigError
 from sim.hf_config import shipped_models
+
+#: The routers the sidebar offers: every ``router`` the scenario takes.
+ROUTERS: tuple[str, ...] = typing.get_args(Scenario.model_fields["router"].annotation)
 
 #: Knobs shown in Explore, as dotted scenario keys (plus the ``slo.*`` keys, which are not).
 LENGTH_KNOBS = {
@@ -79,6 +83,10 @@ def knobs_from_scenario(sc: Scenario | dict) -> dict[str, Any]:
         "gpu.name": sc.gpu.name,
         "gpu.replicas": sc.gpu.replicas,
         "gpu.tensor_parallel": sc.gpu.tensor_parallel,
+        "router": sc.router,
+        "length_split.prompt_tokens": sc.length_split.prompt_tokens,
+        # The pool as the count it is at this replica count (a scenario may give it as a share).
+        "length_split.replicas": sc.length_split.long_replicas(max(sc.gpu.replicas, 2)),
         "workload.num_requests": w.num_requests,
         "workload.max_model_len": w.max_model_len,
         "workload.arrival.kind": w.arrival.kind,
@@ -121,7 +129,14 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
     arrival_kind = knobs.get("workload.arrival.kind", ref["workload.arrival.kind"])
     lengths_kind = knobs.get("workload.lengths.kind", ref["workload.lengths.kind"])
     alloc_kind = knobs.get("allocator.kind", ref["allocator.kind"])
-    relevant = [k for k in ref if not k.startswith(("workload.arrival.", "workload.lengths.", "allocator."))]
+    router = knobs.get("router", ref["router"])
+    relevant = [
+        k
+        for k in ref
+        if not k.startswith(("workload.arrival.", "workload.lengths.", "allocator."))
+        # The long-prompt pool only with its router (the hidden widgets keep their values).
+        and (router == "length_split" or not k.startswith("length_split."))
+    ]
     relevant += ["allocator.kind"] + [f"allocator.{f}" for f in allocator_knobs(alloc_kind)]
     relevant += ["workload.arrival.kind"] + [f"workload.arrival.{f}" for f in ARRIVAL_KNOBS.get(arrival_kind, ())]
     relevant += ["workload.lengths.kind"] + [f"workload.lengths.{f}" for f in LENGTH_KNOBS.get(lengths_kind, ())]
@@ -167,6 +182,11 @@ def overrides_from_knobs(knobs: Mapping[str, Any], base: Scenario | dict) -> dic
         out["model.hf_config"] = None  # a catalog model picked in the page replaces the config's model
     if isinstance(out.get("workload.num_requests"), float):
         out["workload.num_requests"] = int(out["workload.num_requests"])
+    if "length_split.replicas" in out:
+        base_split = base.length_split if isinstance(base, Scenario) else (base.get("length_split") or {})
+        share = base_split.share if isinstance(base_split, LengthSplitConfig) else base_split.get("share")
+        if share is not None:
+            out["length_split.share"] = None  # the page sets a count, which replaces the scenario's share
     return out
 
 
@@ -231,6 +251,8 @@ def edited_scenario_yaml(
 
 #: The parts of a scenario :func:`changed_sections` names, in the order of the scenario file.
 _SECTION_ORDER = (
+    "router",
+    "length_split",
     "model",
     "gpu",
     "workload",
