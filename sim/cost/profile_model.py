@@ -546,13 +546,7 @@ class ProfileCostModel(CostModel):
             # A mixture-of-experts model: the dense MLP on its dense layers only, the experts on the rest.
             val = val + self._dense_layers * mlp + self._moe_layers * self._moe_layer_s(tokens, counts)
         if self._allreduce is not None:
-            nbytes = tokens * self.model.hidden * ACT_BYTES
-            t, oor = self._allreduce.at(nbytes)
-            if self._custom_ar is not None and nbytes <= self._custom_max:
-                t = min(t, self._custom_ar.at(nbytes)[0])
-            if oor:
-                counts.append(("allreduce", oor))
-            val = val + 2.0 * self.model.layers * t
+            val = val + 2.0 * self.model.layers * self._allreduce_s(tokens, counts)
         out = (val, tuple(counts))
         if len(self._tok_cache) < 65536:
             self._tok_cache[tokens] = out
@@ -579,6 +573,18 @@ class ProfileCostModel(CostModel):
         if self._gemm_extra:
             total += self._curves_s(self._gemm_extra, tokens, counts)
         return total, mlp
+
+    def _allreduce_s(self, tokens: float, counts: list) -> float:
+        """One tensor-parallel all-reduce of ``tokens`` tokens' activations: NCCL's, or the engine's
+        own where it is faster for a message that small; out-of-range counts appended to ``counts``."""
+        assert self._allreduce is not None
+        nbytes = tokens * self.model.hidden * ACT_BYTES
+        t, oor = self._allreduce.at(nbytes)
+        if self._custom_ar is not None and nbytes <= self._custom_max:
+            t = min(t, self._custom_ar.at(nbytes)[0])
+        if oor:
+            counts.append(("allreduce", oor))
+        return t
 
     def _seqs_part(self, seqs: float) -> tuple[float, float, tuple]:
         """LM head and CPU overhead at ``seqs`` sequences, and their out-of-range counts."""
@@ -808,25 +814,14 @@ class ProfileCostModel(CostModel):
         parts["linear"] = linear
         parts["elementwise"] = self.model.layers * (self._ew_fixed + self._ew_per_token * tokens)
         if self._allreduce is not None:
-            nbytes = tokens * self.model.hidden * ACT_BYTES
-            t = self._allreduce.at(nbytes)[0]
-            if self._custom_ar is not None and nbytes <= self._custom_max:
-                t = min(t, self._custom_ar.at(nbytes)[0])
-            parts["allreduce"] = 2.0 * self.model.layers * t
+            parts["allreduce"] = 2.0 * self.model.layers * self._allreduce_s(tokens, counts)
 
     def _chunk_parts(self, chunks: list[tuple[int, int]], contiguous: float) -> tuple[float, float]:
         """Per-layer attention seconds of prefill chunks as a contiguous cache would run them (the
         decode kernel's share at the ``contiguous`` factor), and as :meth:`_chunks_attention` prices
         them on this layout."""
-        laid = self._chunks_attention(chunks[0] if len(chunks) == 1 else tuple(chunks), chunks)
-        if self._attn_factor == contiguous:
-            return laid, laid
-        new = np.array([c for c, _ in chunks], dtype=np.float64)
-        ctx = np.array([x for _, x in chunks], dtype=np.float64)
-        l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
-        t = self._ctx.at(len(chunks), max(l_eq, 1.0))[0]
-        g = self._gen.at(len(chunks), float(np.mean(new + ctx)))[0]
-        return min(laid, max(t, contiguous * g)), laid
+        t, g = self._chunk_terms(chunks, [])
+        return max(t, contiguous * g), max(t, self._attn_factor * g)
 
     def _window_step_s(self, batch: BatchShape) -> float:
         """Attention seconds of a mixed model's sliding-window layers in one iteration: decodes at
@@ -855,6 +850,19 @@ class ProfileCostModel(CostModel):
             if hit[1]:
                 self._replay(hit[1])
             return hit[0]
+        counts: list = []
+        t, g = self._chunk_terms(chunks, counts)
+        out = (max(t, self._attn_factor * g), tuple(counts))
+        if counts:
+            self._replay(out[1])
+        if len(self._chunk_cache) < 65536:
+            self._chunk_cache[key] = out
+        return out[0]
+
+    def _chunk_terms(self, chunks: list[tuple[int, int]], counts: list) -> tuple[float, float]:
+        """Per-layer seconds of prefill chunks ``(new, context)``: the context-attention kernel's, and
+        the decode kernel's read of their whole KV (on the profile's paged layout), which
+        :meth:`_chunks_attention` weighs against each other; out-of-range counts appended to ``counts``."""
         m = len(chunks)
         if m < 8:
             # numpy sums fewer than 8 values left to right: the same floats as np.mean below.
@@ -872,7 +880,6 @@ class ProfileCostModel(CostModel):
             # a chunk of `new` tokens after `ctx` has new·ctx + new²/2.
             l_eq = float(np.sqrt(np.mean(new * new + 2.0 * new * ctx)))
             mean_len = float(np.mean(new + ctx))
-        counts = []
         t, oor = self._ctx.at(m, max(l_eq, 1.0))
         if oor:
             counts.append(("context_attention", oor))
@@ -880,12 +887,7 @@ class ProfileCostModel(CostModel):
         g, oor2 = self._gen.at(m, mean_len)
         if oor2:
             counts.append(("generation_attention", oor2))
-        out = (max(t, self._attn_factor * g), tuple(counts))
-        if counts:
-            self._replay(out[1])
-        if len(self._chunk_cache) < 65536:
-            self._chunk_cache[key] = out
-        return out[0]
+        return t, g
 
     def _memory_s(self, op: str, nbytes: float, latency_s: float, traffic_bytes: float, bandwidth: float) -> float:
         """A memory operation of ``nbytes``: the profile's measured size curve for ``op`` where it has
