@@ -778,6 +778,7 @@ def _split_binding_run(p: dict, tasks: dict[str, dict]) -> bool:
     where its iteration time went (``binding_split``: :mod:`sim.cost.breakdown`). One more full
     simulation; ``False`` when there is no such run."""
     from sim.analysis.recommend import binding_run
+    from sim.cost.breakdown import stepped
     from sim.engine.cluster import simulate
 
     best = next((c for c in p["candidates"] if c["name"] == p["recommendation"].get("candidate")), None)
@@ -788,9 +789,8 @@ def _split_binding_run(p: dict, tasks: dict[str, dict]) -> bool:
         return False
     runner = _Runner(tasks[best["name"]])
     sc = runner.scenario(r["rate"], r["replicas"], r["seed"] - runner.task["base_seed"])
-    sc = sc.model_copy(update={"engine": sc.engine.model_copy(update={"mode": "step"})})
     try:
-        res = simulate(sc, budget=runner.budget, step_breakdown=True)
+        res = simulate(stepped(sc), budget=runner.budget, step_breakdown=True)
     except BudgetExceeded:  # the page's budget: the plan stands without it
         return False
     best["binding_split"] = res.summary["step_time_breakdown"]

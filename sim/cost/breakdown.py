@@ -10,10 +10,14 @@ on its own (the after-prefill excess, background compaction copies) come from th
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.cost.model import BatchShape, CostModel
+
+if TYPE_CHECKING:
+    from sim.config import Scenario
 
 #: The parts of an iteration, in the order they are shown, with what each holds.
 PARTS: dict[str, str] = {
@@ -30,6 +34,12 @@ PARTS: dict[str, str] = {
     "kv_memory_ops": "the allocator's work: allocations, copies, zero-fill, swaps",
     "other": "the rest of the busy time: the after-prefill excess, background compaction copies",
 }
+
+
+def stepped(sc: Scenario) -> Scenario:
+    """``sc`` in ``engine.mode: step``, which a breakdown needs (the same results, priced iteration by
+    iteration)."""
+    return sc.model_copy(update={"engine": sc.engine.model_copy(update={"mode": "step"})})
 
 
 class PartsMeter(CostModel):

@@ -68,12 +68,12 @@ def step_breakdown(key: str, budget: RunBudget = EXPLORER_BUDGET) -> dict:
     """Where the iteration time of the run of ``key`` goes (``summary.json``'s ``step_time_breakdown``,
     :mod:`sim.cost.breakdown`): the scenario run again with ``engine.mode: step``, which gives the same
     results and prices each iteration on its own, within ``budget``."""
+    from sim.cost.breakdown import stepped
     from sim.engine.cluster import simulate
 
     sc = scenario_from_canonical(key)
     run_sc, run_budget = closed_loop_bound(sc, budget)
-    run_sc = run_sc.model_copy(update={"engine": run_sc.engine.model_copy(update={"mode": "step"})})
-    res = simulate(run_sc, budget=run_budget, step_breakdown=True)
+    res = simulate(stepped(run_sc), budget=run_budget, step_breakdown=True)
     check_closed_loop_requests(sc, res.summary, budget)
     return res.summary["step_time_breakdown"]
 
