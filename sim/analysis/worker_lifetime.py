@@ -88,6 +88,7 @@ class WorkerPool(ProcessPoolExecutor):
     def stop(self) -> None:
         """Cancel queued tasks and kill the workers now (finished results are already delivered)."""
         procs = list((getattr(self, "_processes", None) or {}).values())
+        manager = getattr(self, "_executor_manager_thread", None)
         self.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             try:
@@ -99,6 +100,12 @@ class WorkerPool(ProcessPoolExecutor):
                 p.join(timeout=5)
             except (OSError, ValueError, AttributeError, AssertionError):
                 pass
+        # The pool's manager thread closes its wake-up pipe as it ends; the interpreter's exit hook
+        # (concurrent.futures.process._python_exit) writes to that pipe without a lock, and if the
+        # two meet it prints "Exception ignored in: <module 'threading'>" after the command's one
+        # line. With the workers dead the thread ends at once: wait for it here.
+        if manager is not None and manager is not threading.current_thread():
+            manager.join(timeout=5)
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         if exc_type is not None:
