@@ -172,6 +172,15 @@ def test_plan_is_ended_at_the_page_budget(store):
     assert seen == ["paged"] and p["recommendation"]["text"]
 
 
+def test_page_plan_runs_a_length_split_router_with_the_knobs_count(store):
+    # The page's router knob sets a count; its plan has no target rate, so the count stands.
+    split = {**SMALL, "router": "length_split", "gpu": {**SMALL.get("gpu", {}), "replicas": 2}}
+    split["length_split"] = {"prompt_tokens": 1024, "replicas": 1}
+    p = X.run_small_plan(split, X.slo_from_knobs(X.DEFAULT_SLO), ["paged"], 50, store, max_evals=3)
+    assert p["router"] == "length_split" and p["length_split"] == {"prompt_tokens": 1024, "replicas": 1}
+    assert p["candidates"][0]["status"] == "ok"
+
+
 def test_plan_budget_reports_a_bad_scenario_as_one_line(store):
     slo = X.slo_from_knobs(X.DEFAULT_SLO)
     closed = {**SMALL, "workload": {**SMALL["workload"], "arrival": {"kind": "closed_loop", "concurrency": 4}}}

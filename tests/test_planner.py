@@ -7,6 +7,7 @@ import sys
 import pyarrow as pa
 import pytest
 
+from sim.analysis.plan_output import plan_router
 from sim.analysis.planner import CANDIDATES, fewest_replicas, find_goodput, plan
 from sim.analysis.slo import SLO, attainment, parse_slos
 from sim.config import apply_overrides, read_scenario_dict, scenario_from_dict
@@ -122,8 +123,26 @@ def test_plan_refuses_a_length_split_router_with_a_fixed_count():
     with pytest.raises(ConfigError) as exc:
         over = {"gpu.replicas": 4, "router": "length_split"}
         plan("chat-api", SLO(ttft_s=0.5, tpot_s=0.05), over, ["paged"], target_rate=40, workers=1)
-    assert str(exc.value).startswith("length_split.replicas: got 1; a share of the replicas for the planner")
+    assert str(exc.value).startswith(
+        "length_split.replicas: got 1; a share of the replicas for a plan with --target-rate"
+    )
     assert "--set length_split.share=0.25" in str(exc.value)
+
+
+def test_plan_without_a_target_rate_keeps_a_length_split_count():
+    # No replica search: the goodput at gpu.replicas, with the pool the scenario gives (1 of 3).
+    over = {
+        "gpu.replicas": 3,
+        "router": "length_split",
+        "length_split.prompt_tokens": 2048,
+        "workload.num_requests": 120,
+    }
+    p = plan("chat-api", SLO(ttft_s=2.0, tpot_s=0.2), over, ["paged"], workers=1, max_evals=3)
+    c = p["candidates"][0]
+    assert c["status"] == "ok", c.get("message")
+    assert "replicas_needed" not in c and c["operating_point"]["replicas"] == 3
+    assert p["router"] == "length_split" and p["length_split"] == {"prompt_tokens": 2048, "replicas": 1}
+    assert plan_router(p) == "; router length_split: 1 of the replicas for prompts of 2048+ tokens"
 
 
 def test_plan_sizes_a_length_split_deployment_from_two_replicas_up():

@@ -25,14 +25,17 @@ def plan_dtypes(p: dict) -> str:
 
 def plan_router(p: dict) -> str:
     """``; router length_split: 25% of the replicas for prompts of 8192+ tokens`` for a plan's title
-    (empty for the other routers, which serve every request alike)."""
+    (``1 of the replicas`` for a pool given as a count; empty for the other routers, which serve
+    every request alike)."""
     split = p.get("length_split")
     if not split:
         return ""
-    return (
-        f"; router length_split: {split['share']:.0%} of the replicas (at least 1 each side) for prompts of "
-        f"{split['prompt_tokens']}+ tokens"
+    pool = (
+        f"{split['share']:.0%} of the replicas (at least 1 each side)"
+        if split.get("share") is not None
+        else f"{split['replicas']} of the replicas"
     )
+    return f"; router length_split: {pool} for prompts of {split['prompt_tokens']}+ tokens"
 
 
 def plan_json(p: dict) -> str:

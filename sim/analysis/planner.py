@@ -614,13 +614,14 @@ def plan(
             sc.workload.arrival.kind,
             "poisson or gamma: the planner varies workload.arrival.rate",
         )
-    if sc.router == "length_split" and sc.length_split.share is None:
+    if sc.router == "length_split" and sc.length_split.share is None and target_rate is not None:
         # The replica search varies the count: a fixed count kept for long prompts would leave none
-        # for the others at the low end, and mean another split at each count.
+        # for the others at the low end, and mean another split at each count. Without a target
+        # rate the plan runs at gpu.replicas only, where the count is what the scenario says.
         raise ConfigError(
             "length_split.replicas",
             sc.length_split.replicas,
-            "a share of the replicas for the planner, which varies gpu.replicas: --set "
+            "a share of the replicas for a plan with --target-rate, which varies gpu.replicas: --set "
             "length_split.share=0.25 (the long-prompt pool rounded from it, at least one replica each side)",
         )
     if sc.workload.arrival.max_concurrency is not None:
@@ -710,9 +711,12 @@ def plan(
             "num_requests": sc.workload.num_requests,
             "replicas": sc.gpu.replicas,
             "router": sc.router,
-            # The long-prompt pool of router length_split, a share of each replica count tried.
+            # The long-prompt pool of router length_split: a share of each replica count tried, or
+            # (a plan without --target-rate, at gpu.replicas only) the scenario's count.
             "length_split": (
                 {"prompt_tokens": sc.length_split.prompt_tokens, "share": sc.length_split.share}
+                if sc.router == "length_split" and sc.length_split.share is not None
+                else {"prompt_tokens": sc.length_split.prompt_tokens, "replicas": sc.length_split.replicas}
                 if sc.router == "length_split"
                 else None
             ),
