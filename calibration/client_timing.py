@@ -18,8 +18,9 @@ import numpy as np
 
 from sim.config import APART_SPREAD_CYCLES
 
-from .serving_bench import BenchRow, Clients, RowResult, score
+from .serving_bench import BenchRow
 from .serving_fit import EngineTerms, evaluate
+from .serving_runs import Clients, RowResult, score
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _with_moves(stats: dict, moved: list[float]) -> dict:
 
 
 def median_pct(stats: dict | None) -> float | None:
-    """The TTFT or TPOT median |error| of :func:`calibration.serving_bench.error_stats` in percent
+    """The TTFT or TPOT median |error| of :func:`calibration.serving_runs.error_stats` in percent
     (``None`` without rows)."""
     return None if not stats or not stats.get("n") else 100 * stats["median_abs"]
 
@@ -80,7 +81,7 @@ def client_timing(
     """Every row simulated again under each of ``timings`` (a row's own ``start_spread_cycles``
     replaced), with ``terms`` and ``clients``' request counts; ``base``: the rows as simulated, in
     ``rows``' order. Per timing, overall and per (model, GPU, engine) group: TTFT and TPOT error
-    statistics (:func:`calibration.serving_bench.error_stats`) and how far the simulated TTFT moved
+    statistics (:func:`calibration.serving_runs.error_stats`) and how far the simulated TTFT moved
     from ``base`` (median of sim under the timing ÷ sim as simulated − 1, and the 90th percentile of
     its size)."""
     out: dict = {}

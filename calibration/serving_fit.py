@@ -7,7 +7,7 @@ chosen to minimise, over the benchmark rows::
 
     mean over (model, GPU, engine) groups of  mean |log(sim TPOT / meas TPOT)| + mean |log(sim TTFT / meas TTFT)|
 
-each row simulated by kvsim with those terms (:mod:`calibration.serving_bench`). Nelder–Mead in
+each row simulated by kvsim with those terms (:mod:`calibration.serving_runs`). Nelder–Mead in
 transformed coordinates (logarithms of times, logits of shares), from the built-in presets.
 Groups, not rows, are weighted equally, so a large group does not dominate.
 
@@ -34,7 +34,8 @@ import numpy as np
 from sim.engine_presets import FITTED_TERMS, PRESETS, TERM_RANGES, TERMS_FORMAT
 from sim.errors import ConfigError
 
-from .serving_bench import BenchRow, Clients, RowResult, simulate_row
+from .serving_bench import BenchRow
+from .serving_runs import Clients, RowResult, simulate_row
 
 FORMAT = TERMS_FORMAT
 

@@ -16,19 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sim.config import APART_SPREAD_CYCLES
 from sim.engine_presets import FITTED_TERMS, normalize_engine
 from sim.errors import ConfigError
 from sim.output.staging import out_dir, out_file
 
-from .serving_bench import (
-    APART_SPREAD_CYCLES,
+from .served_by import aiconfigurator_run, aiconfigurator_server
+from .serving_bench import TRAINING_FILE, BenchRow, none_left, read_bench, resolve_model
+from .serving_evidence import (
     BUSY_LIMIT,
-    TRAINING_FILE,
-    BenchRow,
-    Clients,
-    RowResult,
-    aiconfigurator_run,
-    aiconfigurator_server,
     cache_flagged,
     clients_apart,
     faster_than_kernels,
@@ -38,12 +34,7 @@ from .serving_bench import (
     kv_capacity_evidence,
     kv_from_runs,
     least_cached_share,
-    none_left,
-    read_bench,
-    resolve_model,
     runs_faster_than_kernels,
-    score,
-    setup_error,
     spread_flagged,
     tp_scaling,
     tpot_error_split,
@@ -62,6 +53,7 @@ from .serving_fit import (
     term_sensitivity,
     unfitted_terms,
 )
+from .serving_runs import Clients, RowResult, score, setup_error
 
 
 def _terms_from(path: str | None) -> EngineTerms:
@@ -131,9 +123,9 @@ def selected_rows(
 
 #: How a benchmark file's servers may have been configured (``--served-by``): ``aiconfigurator``,
 #: the settings aiconfigurator-core's generator gives an aggregated deployment
-#: (:func:`calibration.serving_bench.aiconfigurator_server`); ``defaults``, each engine's own;
+#: (:func:`calibration.served_by.aiconfigurator_server`); ``defaults``, each engine's own;
 #: ``auto`` (the default), per row: aiconfigurator's where the row's ``source_id`` names one of its
-#: collector's runs (:func:`calibration.serving_bench.aiconfigurator_run`: every run of the shipped
+#: collector's runs (:func:`calibration.served_by.aiconfigurator_run`: every run of the shipped
 #: file), else the engine's defaults.
 SERVED_BY = ("auto", "aiconfigurator", "defaults")
 

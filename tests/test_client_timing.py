@@ -8,8 +8,10 @@ import sys
 from dataclasses import replace
 
 from calibration.client_timing import CLIENT_TIMINGS, client_timing, timing_header, timing_rows
-from calibration.serving_bench import TRAINING_FILE, Clients, aiconfigurator_server, read_bench, score
+from calibration.served_by import aiconfigurator_server
+from calibration.serving_bench import TRAINING_FILE, read_bench
 from calibration.serving_fit import builtin_terms, evaluate
+from calibration.serving_runs import Clients, score
 
 CLIENTS = Clients(requests_per_client=4)
 

@@ -20,22 +20,23 @@ from pathlib import Path
 
 import pytest
 
+from calibration.served_by import AIC_BUDGET_EXTRA, aiconfigurator_run, aiconfigurator_server
 from calibration.serving_bench import (
-    AIC_BUDGET_EXTRA,
+    GPU_IDS,
+    TRAINING_FILE,
+    BenchRow,
+    normalize_gpu,
+    read_bench,
+    read_csv,
+    resolve_model,
+)
+from calibration.serving_evidence import (
     APART_MAX_PER_PREFILL,
-    APART_SPREAD_CYCLES,
     BUSY_LIMIT,
     CACHE_BLOCK_TOKENS,
-    GPU_IDS,
     SPLIT_MIN_ROWS,
     SPLIT_MIN_SPREAD,
-    TRAINING_FILE,
     TTFT_LINE_MIN_ROWS,
-    BenchRow,
-    Clients,
-    RowResult,
-    aiconfigurator_run,
-    aiconfigurator_server,
     cache_flagged,
     clients_apart,
     completion_gap_ratios,
@@ -46,15 +47,8 @@ from calibration.serving_bench import (
     kv_capacity_evidence,
     kv_from_runs,
     least_cached_share,
-    normalize_gpu,
     prompt_costs,
-    read_bench,
-    read_csv,
-    resolve_model,
-    row_scenario,
     runs_faster_than_kernels,
-    score,
-    simulate_row,
     spread_flagged,
     tp_scaling,
     tpot_error_split,
@@ -85,7 +79,8 @@ from calibration.serving_report import (
     served_by_rows,
     variant_lines,
 )
-from sim.config import scenario_from_dict
+from calibration.serving_runs import Clients, RowResult, row_scenario, score, simulate_row
+from sim.config import APART_SPREAD_CYCLES, scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
 from sim.engine_presets import ENGINE_BLOCK_SIZE, FITTED_TERMS, PRESETS, default_kv, read_terms_file

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from calibration.serving_bench import read_bench, read_csv, read_vllm_result, row_scenario
+from calibration.serving_bench import read_bench, read_csv, read_vllm_result
+from calibration.serving_runs import row_scenario
 from sim.analysis.bench_results import parse_request_rate
 from sim.config import scenario_from_dict
 from sim.errors import ConfigError

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import calibration.serving_fit as sf
 from calibration.fit_progress import PlainReporter
-from calibration.serving_bench import BenchRow, RowResult, read_csv
+from calibration.serving_bench import BenchRow, read_csv
+from calibration.serving_runs import RowResult
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 HEADER = "model,gpu,engine,tp,isl,osl,concurrency,ttft_ms,tpot_ms"
