@@ -25,7 +25,7 @@ from . import serving_options as opt
 if TYPE_CHECKING:
     from sim.catalog import ModelSpec
 
-    from .serving_report import Treatments
+    from .serving_selection import Treatments
 
 # The fitting stack (scipy) is imported inside the commands: every `kvsim` start mounts this module.
 DEFAULT_TPS = (1, 2, 4, 8)
@@ -102,7 +102,9 @@ def _serving_bench(
     from rich.console import Console
 
     from .serving_bench import TRAINING_FILE
-    from .serving_report import Treatments, calibrate_from_serving_bench, sensitivity_lines
+    from .serving_notes import sensitivity_lines
+    from .serving_report import calibrate_from_serving_bench
+    from .serving_selection import Treatments
 
     err = Console(stderr=True)
     src = str(TRAINING_FILE) if path == "builtin" else path
@@ -230,7 +232,7 @@ def calibrate_command(
     from sim.output.staging import out_file, staged
 
     if from_serving_bench is not None:
-        from .serving_report import Treatments
+        from .serving_selection import Treatments
 
         _serving_bench(
             from_serving_bench,

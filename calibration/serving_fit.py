@@ -359,7 +359,7 @@ def fit_shared(
 #: A fitted time or spread is probed at this factor below and above its value by
 #: :func:`term_sensitivity`; a share (``host_hidden``) at :data:`SENSITIVITY_SHARE_STEP` either side.
 SENSITIVITY_FACTOR = 2.0
-SENSITIVITY_SHARE_STEP = 0.25  # calibration.serving_report.PROBED says both in words
+SENSITIVITY_SHARE_STEP = 0.25  # calibration.serving_notes.PROBED says both in words
 #: A term is pinned by the rows when one of its probes raises the objective (a mean |log ratio|,
 #: close to a relative error) by at least this much: half a point of error.
 PINNED_RISE = 0.005

@@ -33,7 +33,7 @@ class Clients:
     ``--num-prompts``, which a vLLM result's ``completed`` gives: :attr:`BenchRow.requests`). A row
     without its own ``start_spread_cycles`` starts its clients this many request cycles apart (0:
     together, whatever a preset's scenario default; ``None``: the preset's); ``validate`` and
-    ``calibrate`` give every row its own first (:func:`calibration.serving_report.clients_rows`). Each
+    ``calibrate`` give every row its own first (:func:`calibration.serving_selection.clients_rows`). Each
     request's client and front-end jitter (``client_cv``) is the engine preset's unless set here."""
 
     requests_per_client: int = 10

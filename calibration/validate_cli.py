@@ -16,7 +16,7 @@ from sim.errors import ConfigError
 from . import serving_options as opt
 
 if TYPE_CHECKING:
-    from .serving_report import Treatments
+    from .serving_selection import Treatments
 
 _SB = "--serving-bench"
 
@@ -125,7 +125,7 @@ def validate_command(
     from rich.table import Table
 
     if serving_bench is not None:
-        from .serving_report import Treatments
+        from .serving_selection import Treatments
 
         _serving(
             serving_bench,
@@ -328,12 +328,7 @@ def _serving(
 
     from .fit_progress import progress_display
     from .serving_bench import TRAINING_FILE
-    from .serving_report import (
-        HEADER,
-        SCALING_HEADER,
-        SPLIT_HEADER,
-        TTFT_LINE_HEADER,
-        Treatments,
+    from .serving_notes import (
         apart_warnings,
         completion_warnings,
         fast_run_warnings,
@@ -341,12 +336,19 @@ def _serving(
         kv_warnings,
         listed_lines,
         roofline_warnings,
+        unpinned_warnings,
+    )
+    from .serving_report import validate_serving_bench
+    from .serving_selection import Treatments
+    from .serving_tables import (
+        HEADER,
+        SCALING_HEADER,
+        SPLIT_HEADER,
+        TTFT_LINE_HEADER,
         scaling_rows,
         split_rows,
         table_rows,
         ttft_line_rows,
-        unpinned_warnings,
-        validate_serving_bench,
     )
 
     err = Console(stderr=True)

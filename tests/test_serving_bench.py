@@ -66,20 +66,17 @@ from calibration.serving_fit import (
     prior_penalty,
     term_sensitivity,
 )
-from calibration.serving_report import (
+from calibration.serving_notes import fast_run_warnings, few_runs_lines, kernel_warnings, kv_warnings
+from calibration.serving_runs import Clients, RowResult, row_scenario, score, simulate_row
+from calibration.serving_selection import (
     CLIENT_MODES,
     check_rows,
     clients_rows,
-    fast_run_warnings,
-    few_runs_lines,
-    kernel_warnings,
-    kv_warnings,
     selected_rows,
     served_by_line,
     served_by_rows,
     variant_lines,
 )
-from calibration.serving_runs import Clients, RowResult, row_scenario, score, simulate_row
 from sim.config import APART_SPREAD_CYCLES, scenario_from_dict
 from sim.engine.cluster import simulate
 from sim.engine.deployment import engine_preset, with_engine_defaults
@@ -1268,7 +1265,7 @@ def test_tpot_error_split_recovers_the_decode_error_and_the_prefill_slope():
 
 
 def test_tpot_error_split_table_lists_each_group_then_its_gpu_counts():
-    from calibration.serving_report import SPLIT_HEADER, split_rows
+    from calibration.serving_tables import SPLIT_HEADER, split_rows
 
     res, shares = split_case(0.10, -0.5, 1, 8)
     r8, s8 = split_case(-0.12, 0.25, 8, 8)
@@ -1295,7 +1292,7 @@ def test_host_time_the_simulator_lacks_shows_as_a_decode_error_that_prefills_dil
     assert fit_all["rows"] == 6 and fit_all["prefill_share"][1] - fit_all["prefill_share"][0] > SPLIT_MIN_SPREAD
     assert fit_all["decode"] < -0.2 and fit_all["per_prefill"] > 0.1, fit_all
     # The HTML report plots each row's error against its share, with the group's line.
-    from calibration.serving_report import write_html
+    from calibration.serving_html import write_html
 
     shares = dict(zip(rows, gpu_shares(rows)))
     doc = {
@@ -1348,7 +1345,7 @@ def test_ttft_vs_prefill_fits_the_lowest_concurrency_measured_and_simulated():
 
 
 def test_ttft_vs_prefill_table_row():
-    from calibration.serving_report import TTFT_LINE_HEADER, ttft_line_rows
+    from calibration.serving_tables import TTFT_LINE_HEADER, ttft_line_rows
 
     res, shares = ttft_case([(x, 110.0 + 5.0 * x, 150.0 + 1.5 * x) for x in (10.0, 20.0, 50.0, 100.0)])
     rows = ttft_line_rows(ttft_vs_prefill(res, shares))
@@ -1393,7 +1390,7 @@ def test_tp_scaling_pairs_each_gpu_count_with_the_next_and_takes_medians_over_le
 
 
 def test_tp_scaling_table_shows_each_groups_largest_pair_of_gpu_counts():
-    from calibration.serving_report import SCALING_HEADER, scaling_rows
+    from calibration.serving_tables import SCALING_HEADER, scaling_rows
 
     res = scaling_case({1: 10.0, 2: 5.0, 4: 4.0}, {1: 10.0, 2: 6.0, 4: 4.0}, concurrency=8)
     res += scaling_case({1: 12.0, 2: 8.0, 4: 8.0}, {1: 12.0, 2: 6.0, 4: 4.0}, concurrency=32)
@@ -1444,7 +1441,7 @@ def test_term_sensitivity_tells_the_terms_the_rows_pin_from_those_they_do_not():
     assert [p["value"] for p in got["host_s"]["probes"]] == [1.5e-3, 6e-3]
     # What the printed notes say of the probes is what they are.
     from calibration.serving_fit import SENSITIVITY_FACTOR, SENSITIVITY_SHARE_STEP
-    from calibration.serving_report import PROBED
+    from calibration.serving_notes import PROBED
 
     assert SENSITIVITY_FACTOR == 2 and PROBED == f"halved and doubled, a share by {SENSITIVITY_SHARE_STEP:g}"
     # The clients' jitter is the benchmark's (FIXED sets it), and the token stream never binds at a few
@@ -1976,7 +1973,7 @@ def test_cli_validate_logo_names_the_terms_each_folds_training_runs_leave_unpinn
 
 
 def test_unpinned_warnings_name_loose_terms_and_fits_stopped_short():
-    from calibration.serving_report import unpinned_warnings
+    from calibration.serving_notes import unpinned_warnings
 
     def term(pinned, short=False):
         return {"value": 1.0, "probes": [], "pinned": pinned, "short_of_minimum": short}
