@@ -13,8 +13,7 @@ import typing
 import pytest
 
 from helpers import SMALL_EXPLORER as SMALL, tiny_scenario
-from sim.analysis import sweep as sweep_mod
-from sim.analysis.sweep import load_sweep
+from sim.analysis.sweep import load_sweep, spec as sweep_spec
 from sim.config import ARRIVAL_COMMON_KEYS, ARRIVAL_KEYS, ArrivalConfig, apply_overrides
 from sim.engine.cluster import simulate
 from sim.errors import ConfigError
@@ -234,7 +233,7 @@ def test_kvsim_sweep_refuses_an_arrival_axis_the_kind_ignores(tmp_path):
 
 def test_cli_and_explorer_ask_one_function(monkeypatch, tmp_path):
     """``kvsim sweep`` (SweepSpec.points) and the explorer's early check both go through
-    sim.analysis.sweep.check_sweep_axes, with the points' allocator and arrival sections."""
+    sim.analysis.sweep.spec.check_sweep_axes, with the points' allocator and arrival sections."""
     from sim import explorer as X
 
     calls = []
@@ -242,7 +241,7 @@ def test_cli_and_explorer_ask_one_function(monkeypatch, tmp_path):
     def spy(axes, allocators, arrivals):
         calls.append((dict(axes), [a.kind for a in allocators], [a.kind for a in arrivals]))
 
-    monkeypatch.setattr(sweep_mod, "check_sweep_axes", spy)
+    monkeypatch.setattr(sweep_spec, "check_sweep_axes", spy)
     f = write(
         tmp_path,
         """

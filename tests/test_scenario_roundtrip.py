@@ -214,15 +214,15 @@ def test_a_sweep_resumed_over_a_dataset_of_old_point_ids_reruns_its_points(tmp_p
     """Point ids before this version hashed the full dump: a rerun into such a folder finds no point
     of its own there, moves the old rows to ``_dropped/`` and runs every point; the dataset then holds
     exactly the new points, never a mix."""
-    import sim.analysis.sweep as sweep_mod
+    import sim.analysis.sweep.spec as sweep_spec
 
     f = tmp_path / "s.yaml"
     f.write_text("base: chat-api\nset: {workload.num_requests: 15}\ngrid: {engine.kind: [vllm, sglang]}\n")
     out = tmp_path / "ds"
     with monkeypatch.context() as m:
         # The functions as they were: a full dump sent to the worker, and its hash as the id.
-        m.setattr(sweep_mod, "canonical_scenario", lambda sc: sc.model_dump(mode="json"))
-        m.setattr(sweep_mod, "point_id", lambda sc, *_: sweep_mod.json_digest(sc.model_dump(mode="json")))
+        m.setattr(sweep_spec, "canonical_scenario", lambda sc: sc.model_dump(mode="json"))
+        m.setattr(sweep_spec, "point_id", lambda sc, *_: sweep_spec.json_digest(sc.model_dump(mode="json")))
         old = run_sweep(f, workers=1, out=out, progress=False)
         old_ids = set(read_dataset(out).column("point_id").to_pylist())
     assert old.ok and old.ran == 2

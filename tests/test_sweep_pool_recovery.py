@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from sim.analysis import sweep
-from sim.analysis.sweep import Point, read_dataset, run_point, run_sweep
+from sim.analysis.sweep import Point, read_dataset, run_point, run_sweep, runner as sweep_runner
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals and exit statuses")
 
@@ -50,7 +50,7 @@ def _points(*hows: dict) -> list[Point]:
 
 def _run(monkeypatch, points: list[Point], workers: int = 2) -> dict[str, list[dict]]:
     """point id → every result recorded for it."""
-    monkeypatch.setattr(sweep, "run_point", _stand_in)
+    monkeypatch.setattr(sweep_runner, "run_point", _stand_in)
     got: dict[str, list[dict]] = {}
     sweep.run_points_locally(points, workers, None, lambda p, r: got.setdefault(p.point_id, []).append(r))
     return got
@@ -135,7 +135,7 @@ def test_a_sweep_finishes_every_point_but_the_one_that_kills_its_worker(tmp_path
           allocator.kind: [static, paged]
     """)
     )
-    monkeypatch.setattr(sweep, "run_point", _kills_at_rate_13)
+    monkeypatch.setattr(sweep_runner, "run_point", _kills_at_rate_13)
     res = run_sweep(f, workers=2, out=tmp_path / "ds", progress=False)
     assert len(res.failures) == 2, res.failures
     for fail in res.failures:

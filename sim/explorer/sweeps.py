@@ -73,7 +73,7 @@ def check_axes_read(base: Scenario, grid: Mapping[str, Sequence]) -> None:
     :func:`sim.analysis.sweep.check_sweep_axes`, which ``kvsim sweep`` (and so
     :func:`run_small_sweep`) applies too: asked here before the scenario is written."""
     from sim.allocators.knob_use import grid_configs
-    from sim.analysis.sweep import check_sweep_axes
+    from sim.analysis.sweep.spec import check_sweep_axes
     from sim.workload.arrival_use import grid_arrivals
 
     check_sweep_axes(grid, grid_configs(base.allocator, grid), grid_arrivals(base.workload.arrival, grid))
