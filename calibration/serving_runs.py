@@ -10,6 +10,7 @@ TTFT and TPOT over the requests after each client's warm-up requests, as benchma
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -218,25 +219,31 @@ def error_stats(errs: list[float | None]) -> dict:
     }
 
 
-def score(results: list[RowResult]) -> dict:
-    """Per (model, GPU, engine) group and overall: TTFT and TPOT error statistics, failed rows."""
+def _stats(rs: list[RowResult]) -> dict:
+    return {
+        "ttft": error_stats([r.ttft_err for r in rs]),
+        "tpot": error_stats([r.tpot_err for r in rs]),
+        "rows": len(rs),
+        "failed": sum(r.error is not None for r in rs),
+    }
+
+
+def score(results: list[RowResult], set_aside: Iterable[str] = ()) -> dict:
+    """Per (model, GPU, engine) group and overall: TTFT and TPOT error statistics, failed rows.
+
+    ``set_aside``: groups whose measurements look wrong as a whole (faster than their kernels,
+    clients that cannot have started together: :mod:`calibration.serving_evidence`); where any of
+    them is among the results and rows remain without them, ``overall_unflagged`` gives the same
+    statistics over the other groups' rows of the same predictions, and names the groups left out.
+    """
     groups: dict[str, list[RowResult]] = {}
     for r in results:
         groups.setdefault(r.row.group, []).append(r)
-    out: dict[str, Any] = {
-        "groups": {},
-        "overall": {
-            "ttft": error_stats([r.ttft_err for r in results]),
-            "tpot": error_stats([r.tpot_err for r in results]),
-            "rows": len(results),
-            "failed": sum(r.error is not None for r in results),
-        },
-    }
+    out: dict[str, Any] = {"groups": {}, "overall": _stats(results)}
     for g, rs in sorted(groups.items()):
-        out["groups"][g] = {
-            "ttft": error_stats([r.ttft_err for r in rs]),
-            "tpot": error_stats([r.tpot_err for r in rs]),
-            "rows": len(rs),
-            "failed": sum(r.error is not None for r in rs),
-        }
+        out["groups"][g] = _stats(rs)
+    aside = sorted(set(set_aside) & set(groups))
+    rest = [r for r in results if r.row.group not in aside]
+    if aside and rest:
+        out["overall_unflagged"] = {**_stats(rest), "set_aside": aside}
     return out

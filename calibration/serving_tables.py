@@ -11,9 +11,14 @@ def _pct(x) -> str:
 
 
 def table_rows(sc: dict) -> list[list[str]]:
-    """Rows of the printed table: group, n, TTFT median |err| / p90 / within 10 %, 20 % / bias, the same for TPOT."""
+    """Rows of the printed table: group, n, TTFT median |err| / p90 / within 10 %, 20 % / bias, the same for
+    TPOT; then all rows, and all but the groups flagged as a whole where the score has that figure."""
     out = []
-    for name, g in [*sc["groups"].items(), ("ALL", sc["overall"])]:
+    totals = [("ALL", sc["overall"])]
+    if "overall_unflagged" in sc:
+        n = len(sc["overall_unflagged"]["set_aside"])
+        totals.append((f"ALL but the {n} group{'s' if n > 1 else ''} flagged whole", sc["overall_unflagged"]))
+    for name, g in [*sc["groups"].items(), *totals]:
         row = [name, str(g["rows"])]
         for m in ("ttft", "tpot"):
             s = g[m]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from _serving_helpers import GOOD, HEADER, LLAMA, apart_runs, kv_bound_runs, kvsim, row, vllm_result
+from _serving_helpers import GOOD, HEADER, LLAMA, TINY, apart_runs, kv_bound_runs, kvsim, measured, row, vllm_result
 from calibration.serving_bench import (
     BenchRow,
     read_bench,
@@ -356,6 +356,23 @@ def test_cli_says_which_groups_are_faster_than_their_kernels(tmp_path):
     assert "at least" not in line and "--cache-flagged simulates" not in line
     (line,) = kernel_warnings({g: 10.0}, {g: 1.0}, [g])
     assert "simulated with all but one prompt token cached, --cache-flagged" in line
+
+
+def test_cli_validate_scores_all_rows_and_all_but_the_groups_flagged_whole(tmp_path):
+    # The fast group of the test above beside one that kvsim prices as measured (its own runs).
+    fast = f"{LLAMA},h100_sxm,vllm,1,1024,64,16,2.0,7.5\n{LLAMA},h100_sxm,vllm,1,1024,64,32,3.0,9.0\n"
+    own = measured([row(gpu="h200_sxm", concurrency=c) for c in (2, 4)], builtin_terms(), TINY)
+    mine = "".join(f"{LLAMA},h200_sxm,vllm,1,128,16,{r.concurrency},{r.ttft_ms},{r.tpot_ms}\n" for r in own)
+    (tmp_path / "runs.csv").write_text(f"{HEADER}\n{fast}{mine}")
+    r = kvsim("validate", "--serving-bench", "runs.csv", "--requests-per-client", "2", "--out", "val", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((tmp_path / "val" / "serving_validation.json").read_text())
+    g = f"{LLAMA}/h100_sxm/vllm"
+    assert list(doc["faster_than_kernels"]) == [g]
+    u = doc["score"]["overall_unflagged"]
+    assert u["set_aside"] == [g] and u["rows"] == 2 and doc["score"]["overall"]["rows"] == 4
+    assert u["ttft"] == doc["score"]["groups"][f"{LLAMA}/h200_sxm/vllm"]["ttft"]
+    assert "ALL but the 1 group flagged whole" in r.stdout
 
 
 def test_cli_says_which_groups_ttft_waits_for_completions(tmp_path):

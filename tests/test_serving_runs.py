@@ -387,6 +387,22 @@ def test_score_statistics():
     assert o["ttft"]["median_abs"] == pytest.approx(0.275) and o["ttft"]["within_10"] == 0.5
     assert o["tpot"]["bias"] == pytest.approx(-0.1) and o["tpot"]["within_20"] == 1.0
     assert set(sc["groups"]) == {rows[0].group, rows[1].group}
+    assert "overall_unflagged" not in sc
+
+
+def test_score_gives_an_overall_without_the_groups_set_aside():
+    good = [row(ttft_ms=10.0, tpot_ms=10.0, concurrency=c) for c in (2, 4, 8)]
+    bad = [row(ttft_ms=10.0, tpot_ms=10.0, engine="sglang", concurrency=c) for c in (2, 4)]
+    res = [RowResult(r, 11.0, 9.0) for r in good] + [RowResult(r, 40.0, 30.0) for r in bad]
+    sc = score(res, set_aside=[bad[0].group, "a/group/not/in/the/file"])
+    o, u = sc["overall"], sc["overall_unflagged"]
+    assert o["rows"] == 5 and o["ttft"]["median_abs"] == pytest.approx(0.1)
+    assert u["rows"] == 3 and u["set_aside"] == [bad[0].group]
+    assert u["ttft"]["median_abs"] == pytest.approx(0.1) and u["tpot"]["bias"] == pytest.approx(-0.1)
+    assert u["ttft"]["p90_abs"] == pytest.approx(0.1) and o["ttft"]["p90_abs"] > 1.0
+    # Nothing left without them, or nothing to set aside: no second figure.
+    assert "overall_unflagged" not in score(res[3:], set_aside=[bad[0].group])
+    assert "overall_unflagged" not in score(res, set_aside=["a/group/not/in/the/file"])
 
 
 def test_clients_meet_as_their_harness_lets_them():
