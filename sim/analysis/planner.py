@@ -694,6 +694,7 @@ def plan(
             if c["status"] == "skipped":
                 skipped.append({"name": c["name"], "reason": c["message"]})
         cands = [c for c in cands if c["status"] != "skipped"]
+        split = sc.length_split
         out: dict[str, Any] = {
             "scenario": sc.name,
             "scenario_file": str(scenario),
@@ -714,9 +715,10 @@ def plan(
             # The long-prompt pool of router length_split: a share of each replica count tried, or
             # (a plan without --target-rate, at gpu.replicas only) the scenario's count.
             "length_split": (
-                {"prompt_tokens": sc.length_split.prompt_tokens, "share": sc.length_split.share}
-                if sc.router == "length_split" and sc.length_split.share is not None
-                else {"prompt_tokens": sc.length_split.prompt_tokens, "replicas": sc.length_split.replicas}
+                {
+                    "prompt_tokens": split.prompt_tokens,
+                    **({"share": split.share} if split.share is not None else {"replicas": split.replicas}),
+                }
                 if sc.router == "length_split"
                 else None
             ),
