@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
+from _serving_helpers import kvsim
 from calibration.client_timing import CLIENT_TIMINGS, client_timing, timing_header, timing_rows
 from calibration.served_by import aiconfigurator_server
 from calibration.serving_bench import TRAINING_FILE, read_bench
@@ -64,12 +63,6 @@ def test_a_rows_own_start_spread_is_replaced_by_each_timing():
     # The row's clients were spread; in step they queue again.
     assert doc["together, no jitter"]["overall"]["ttft_moved_median"] > 0.2
     assert abs(doc["spread over a cycle"]["overall"]["ttft_moved_median"]) < 0.05
-
-
-def kvsim(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=180
-    )
 
 
 def _small_csv(tmp_path):

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from _serving_helpers import kvsim
 from calibration.serving_bench import read_bench, read_csv, read_vllm_result
 from calibration.serving_runs import row_scenario
 from sim.analysis.bench_results import parse_request_rate
@@ -352,12 +351,6 @@ def test_a_missing_column_with_a_near_miss_says_did_you_mean(tmp_path, header, m
 
 
 # --- the command lines ------------------------------------------------------------------------
-
-
-def kvsim(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=180
-    )
 
 
 def test_cli_validate_reads_a_folder_of_jsonl_runs_with_model_and_says_what_it_skipped(tmp_path):
